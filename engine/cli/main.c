@@ -1,0 +1,94 @@
+/* main.c — the ferry command: dispatches to train, eval, info and bench. Only this file
+ * exits. */
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/cli/opts.h"
+#include "engine/core/status.h"
+#include "engine/device/device.h"
+#include "engine/model/gpt2.h"
+#include "engine/train.h"
+
+#ifdef FY_HAVE_BENCH
+#include "bench/bench_adam.h"
+#endif
+
+#define FY_VERSION "0.1.0"
+
+static const char *usage_main =
+    "ferry " FY_VERSION " — train transformer language models larger than the GPU\n\n"
+    "usage: ferry <command> [options]\n\n"
+    "commands:\n"
+    "  train   train a GPT-2 (default: gpt2-mini on the embedded corpus)\n"
+    "  eval    mean loss of a weights file on a data file\n"
+    "  info    build features and devices\n"
+    "  bench   microbenchmarks (bench adam)\n\n"
+    "`ferry <command> --help` lists a command's options.";
+
+static void cpu_features(char *buf, size_t cap) {
+    buf[0] = 0;
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    static const struct { const char *name; int on; } f[] = {
+        {"avx2", 0}, {"fma", 0}, {"avx512f", 0}, {"avx512bw", 0}, {"avx512bf16", 0}, {"f16c", 0}};
+    int on[6] = {__builtin_cpu_supports("avx2"), __builtin_cpu_supports("fma"),
+                 __builtin_cpu_supports("avx512f"), __builtin_cpu_supports("avx512bw"),
+                 __builtin_cpu_supports("avx512bf16"), __builtin_cpu_supports("f16c")};
+    for (int i = 0; i < 6; i++)
+        if (on[i]) snprintf(buf + strlen(buf), cap - strlen(buf), "%s%s", buf[0] ? " " : "", f[i].name);
+#else
+    snprintf(buf, cap, "portable C");
+#endif
+}
+
+static int cmd_info(void) {
+    char feats[128];
+    cpu_features(feats, sizeof feats);
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGE_SIZE);
+    printf("ferry %s\n", FY_VERSION);
+    printf("build     C11, OpenMP, OpenBLAS (cpu GEMMs), cJSON; cuda backend: %s\n",
+           fy_dev_kind_compiled(FY_DEV_CUDA) ? "compiled in" : "not compiled in");
+    printf("cpu       %ld cores, %.1f GiB memory, features: %s\n", ncpu,
+           (double)pages * (double)psz / 1073741824.0, feats);
+    printf("devices   cpu (reference backend)%s\n",
+           fy_dev_kind_compiled(FY_DEV_CUDA) ? "" : "; no GPU backend");
+    printf("models    %s\n", fy_gpt2_config_names());
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
+        !strcmp(argv[1], "help")) {
+        puts(usage_main);
+        return argc < 2 ? 2 : 0;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "--version")) { puts("ferry " FY_VERSION); return 0; }
+    if (!strcmp(cmd, "info")) return cmd_info();
+    if (!strcmp(cmd, "bench")) {
+#ifdef FY_HAVE_BENCH
+        if (argc >= 3 && !strcmp(argv[2], "adam")) return fy_bench_adam_main(argc - 2, argv + 2);
+#endif
+        fy_log_error("usage: ferry bench adam [options] (see ferry bench adam --help)");
+        return 2;
+    }
+    unsigned c = !strcmp(cmd, "train") ? FY_CMD_TRAIN : !strcmp(cmd, "eval") ? FY_CMD_EVAL : 0;
+    if (!c) {
+        fy_log_error("unknown command '%s' (commands: train, eval, info, bench)", cmd);
+        return 2;
+    }
+    fy_opts o;
+    int rc = fy_opts_parse(&o, c, argc, argv, 2);
+    if (rc == 1) {
+        fy_opts_help(c, c == FY_CMD_TRAIN
+            ? "usage: ferry train [options]\n\ntrains a GPT-2; models: gpt2-tiny, gpt2-mini, "
+              "gpt2-small-byte, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1558m"
+            : "usage: ferry eval --init FILE --data PATH [options]\n\nprints the mean loss "
+              "as a JSON object on the last line");
+        return 0;
+    }
+    if (rc < 0) return 2;
+    return c == FY_CMD_TRAIN ? fy_train_main(&o) : fy_eval_main(&o);
+}

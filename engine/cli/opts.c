@@ -1,0 +1,220 @@
+/* opts.c — the option table, its parser and its --help. */
+#include "engine/cli/opts.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "engine/core/status.h"
+#include "engine/core/util.h"
+
+typedef enum { T_INT, T_FLOAT, T_STR, T_SIZE, T_BOOL } opt_type;
+typedef enum { R_ANY, R_POS, R_NONNEG, R_UNIT } opt_range; /* R_UNIT: [0, 1) */
+
+typedef struct opt {
+    const char *name;
+    opt_type type;
+    size_t offset;
+    unsigned cmds;
+    const char *def;     /* parsed like user input; NULL = unset */
+    opt_range range;
+    const char *choices; /* "a|b|c" for strings limited to a set */
+    const char *metavar;
+    const char *help;
+} opt;
+
+#define O(field) offsetof(fy_opts, field)
+#define TR FY_CMD_TRAIN
+#define EV FY_CMD_EVAL
+
+static const opt table[] = {
+    {"device", T_STR, O(device), TR | EV, "auto", R_ANY, "auto|cpu|cuda", "KIND",
+     "backend; auto = cuda when a GPU is present, else cpu"},
+    {"gpu-mem", T_SIZE, O(gpu_mem), TR | EV, "0", R_NONNEG, NULL, "SIZE",
+     "device memory budget, e.g. 512MiB, 16GiB (0 = all of it)"},
+    {"sim-pcie-gbps", T_FLOAT, O(sim_pcie_gbps), TR | EV, "0", R_NONNEG, NULL, "X",
+     "cpu backend: throttle host<->device copies to X GB/s (0 = off)"},
+    {"threads", T_INT, O(threads), TR | EV, "0", R_NONNEG, NULL, "N",
+     "cpu backend: kernel threads (0 = all cores)"},
+    {"model", T_STR, O(model), TR, "gpt2-mini", R_ANY, NULL, "NAME",
+     "named model config (see below); ignored shape when --init is given"},
+    {"init", T_STR, O(init), TR | EV, NULL, R_ANY, NULL, "FILE",
+     "start from these weights (safetensors, Hugging Face GPT-2 names)"},
+    {"heads", T_INT, O(heads), TR | EV, "0", R_NONNEG, NULL, "N",
+     "attention heads, when the weights file does not say"},
+    {"data", T_STR, O(data), TR | EV, NULL, R_ANY, NULL, "PATH",
+     "token shard(s) (llm.c .bin, glob allowed) or a text file; default: embedded corpus"},
+    {"val-data", T_STR, O(val_data), TR, NULL, R_ANY, NULL, "PATH",
+     "validation tokens (same formats as --data)"},
+    {"val-split", T_FLOAT, O(val_split), TR, "0", R_UNIT, NULL, "F",
+     "without --val-data: hold out the last fraction F of --data for validation"},
+    {"batch", T_INT, O(batch), TR | EV, "8", R_POS, NULL, "B", "micro-batch size"},
+    {"seq", T_INT, O(seq), TR | EV, "128", R_POS, NULL, "T", "sequence length"},
+    {"grad-accum", T_INT, O(grad_accum), TR, "1", R_POS, NULL, "N",
+     "micro-batches per optimizer step"},
+    {"steps", T_INT, O(steps), TR, "300", R_POS, NULL, "N", "optimizer steps"},
+    {"lr", T_FLOAT, O(lr), TR, "2e-3", R_POS, NULL, "X", "peak learning rate"},
+    {"lr-schedule", T_STR, O(lr_schedule), TR, "cosine", R_ANY, "const|cosine", "S",
+     "const, or linear warmup then cosine decay to --min-lr"},
+    {"warmup", T_INT, O(warmup), TR, "20", R_NONNEG, NULL, "N", "warmup steps (cosine)"},
+    {"min-lr", T_FLOAT, O(min_lr), TR, NULL, R_NONNEG, NULL, "X",
+     "floor of the cosine schedule (default: lr / 10)"},
+    {"weight-decay", T_FLOAT, O(weight_decay), TR, "0.1", R_NONNEG, NULL, "X",
+     "AdamW decoupled weight decay (2-D tensors only)"},
+    {"beta1", T_FLOAT, O(beta1), TR, "0.9", R_UNIT, NULL, "X", "AdamW beta1"},
+    {"beta2", T_FLOAT, O(beta2), TR, "0.95", R_UNIT, NULL, "X", "AdamW beta2"},
+    {"eps", T_FLOAT, O(eps), TR, "1e-8", R_POS, NULL, "X", "AdamW epsilon"},
+    {"clip", T_FLOAT, O(clip), TR, "1.0", R_NONNEG, NULL, "X",
+     "clip the global gradient norm to X (0 = off)"},
+    {"seed", T_INT, O(seed), TR, "1337", R_NONNEG, NULL, "N", "initialisation seed"},
+    {"val-every", T_INT, O(val_every), TR, "0", R_NONNEG, NULL, "N",
+     "evaluate every N steps (0 = only at the end)"},
+    {"val-batches", T_INT, O(val_batches), TR, "20", R_POS, NULL, "N",
+     "batches per validation"},
+    {"batches", T_INT, O(batches), EV, "0", R_NONNEG, NULL, "N",
+     "batches to evaluate (0 = one pass over the data)"},
+    {"log-every", T_INT, O(log_every), TR, "0", R_NONNEG, NULL, "N",
+     "print a line every N steps (0 = every step up to 100 steps, else 1/50 of the run)"},
+    {"save", T_STR, O(save), TR, NULL, R_ANY, NULL, "FILE",
+     "write the trained weights (safetensors) at the end"},
+    {"metrics", T_STR, O(metrics), TR, NULL, R_ANY, NULL, "FILE",
+     "append one JSON object per step (JSON Lines)"},
+    {"quiet", T_BOOL, O(quiet), TR | EV, "0", R_ANY, NULL, NULL, "only errors and results"},
+};
+#define NOPTS (int)(sizeof table / sizeof table[0])
+_Static_assert(sizeof table / sizeof table[0] <= 64, "set_mask holds 64 options");
+
+static int set_value(fy_opts *o, const opt *op, const char *v, bool from_user) {
+    char *base = (char *)o + op->offset;
+    switch (op->type) {
+    case T_STR:
+        if (op->choices) {
+            size_t n = strlen(v);
+            const char *c = op->choices;
+            bool ok = false;
+            while (*c) {
+                const char *bar = strchr(c, '|');
+                size_t len = bar ? (size_t)(bar - c) : strlen(c);
+                if (len == n && !strncmp(c, v, n)) ok = true;
+                c += len + (bar ? 1 : 0);
+            }
+            if (!ok) {
+                fy_log_error("--%s: '%s' is not one of %s", op->name, v, op->choices);
+                return -1;
+            }
+        }
+        if (!*v) { fy_log_error("--%s: empty value", op->name); return -1; }
+        *(const char **)base = v;
+        return 0;
+    case T_BOOL:
+        *(bool *)base = !strcmp(v, "1");
+        return 0;
+    case T_INT: {
+        int64_t x;
+        if (fy_parse_i64(v, &x)) {
+            fy_log_error("--%s: '%s' is not an integer", op->name, v);
+            return -1;
+        }
+        if ((op->range == R_POS && x <= 0) || (op->range == R_NONNEG && x < 0)) {
+            fy_log_error("--%s: must be %s, got %s", op->name,
+                         op->range == R_POS ? "positive" : "zero or positive", v);
+            return -1;
+        }
+        if (x > (int64_t)1 << 40) {
+            fy_log_error("--%s: %s is too large", op->name, v);
+            return -1;
+        }
+        *(int64_t *)base = x;
+        return 0;
+    }
+    case T_FLOAT: {
+        double x;
+        if (fy_parse_f64(v, &x)) {
+            fy_log_error("--%s: '%s' is not a number", op->name, v);
+            return -1;
+        }
+        const char *need = NULL;
+        if (op->range == R_POS && !(x > 0)) need = "positive";
+        if (op->range == R_NONNEG && !(x >= 0)) need = "zero or positive";
+        if (op->range == R_UNIT && !(x >= 0 && x < 1)) need = "in [0, 1)";
+        if (need) {
+            fy_log_error("--%s: must be %s, got %s", op->name, need, v);
+            return -1;
+        }
+        *(double *)base = x;
+        return 0;
+    }
+    case T_SIZE: {
+        size_t x;
+        if (fy_parse_size(v, &x)) {
+            fy_log_error("--%s: '%s' is not a size (examples: 512MiB, 16GiB, 1.5GB)", op->name, v);
+            return -1;
+        }
+        *(size_t *)base = x;
+        return 0;
+    }
+    }
+    (void)from_user;
+    return -1;
+}
+
+int fy_opts_parse(fy_opts *o, unsigned cmd, int argc, char **argv, int first) {
+    memset(o, 0, sizeof *o);
+    for (int i = 0; i < NOPTS; i++)
+        if (table[i].def && set_value(o, &table[i], table[i].def, false))
+            FY_ASSERT(0, "bad default in the option table");
+    for (int a = first; a < argc; a++) {
+        const char *arg = argv[a];
+        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) return 1;
+        if (strncmp(arg, "--", 2) != 0) {
+            fy_log_error("unexpected argument '%s' (options start with --; see --help)", arg);
+            return -1;
+        }
+        const char *name = arg + 2, *eq = strchr(name, '=');
+        size_t nlen = eq ? (size_t)(eq - name) : strlen(name);
+        int k = -1;
+        for (int i = 0; i < NOPTS; i++)
+            if (strlen(table[i].name) == nlen && !strncmp(table[i].name, name, nlen) &&
+                (table[i].cmds & cmd)) k = i;
+        if (k < 0) {
+            fy_log_error("unknown option '--%.*s' (see --help)", (int)nlen, name);
+            return -1;
+        }
+        const char *val;
+        if (table[k].type == T_BOOL) {
+            if (eq) { fy_log_error("--%s takes no value", table[k].name); return -1; }
+            val = "1";
+        } else if (eq) {
+            val = eq + 1;
+        } else {
+            if (a + 1 >= argc) {
+                fy_log_error("--%s needs a value (%s)", table[k].name, table[k].metavar);
+                return -1;
+            }
+            val = argv[++a];
+        }
+        if (set_value(o, &table[k], val, true)) return -1;
+        o->set_mask[k / 32] |= 1u << (k % 32);
+    }
+    return 0;
+}
+
+bool fy_opts_given(const fy_opts *o, const char *name) {
+    for (int i = 0; i < NOPTS; i++)
+        if (!strcmp(table[i].name, name)) return (o->set_mask[i / 32] >> (i % 32)) & 1u;
+    FY_ASSERT(0, "fy_opts_given: no such option");
+}
+
+void fy_opts_help(unsigned cmd, const char *usage) {
+    printf("%s\n\noptions:\n", usage);
+    for (int i = 0; i < NOPTS; i++) {
+        const opt *op = &table[i];
+        if (!(op->cmds & cmd)) continue;
+        char left[48];
+        snprintf(left, sizeof left, "--%s%s%s", op->name, op->metavar ? " " : "",
+                 op->metavar ? op->metavar : "");
+        printf("  %-24s %s", left, op->help);
+        if (op->choices) printf(" [%s]", op->choices);
+        if (op->def && op->type != T_BOOL) printf(" (default %s)", op->def);
+        printf("\n");
+    }
+}

@@ -1,0 +1,60 @@
+/* opts.h — every command-line option of every ferry command, in one table.
+ *
+ * The table (opts.c) gives each flag its type, default, range, the commands that take
+ * it and its help text; the same table parses argv (defaults are parsed like user input),
+ * checks ranges and prints --help, so a flag cannot be documented one way and parsed
+ * another. Errors are one line naming the flag and the problem. */
+#ifndef FY_OPTS_H
+#define FY_OPTS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { FY_CMD_TRAIN = 1 << 0, FY_CMD_EVAL = 1 << 1, FY_CMD_INFO = 1 << 2 };
+
+typedef struct fy_opts {
+    /* device */
+    const char *device;
+    size_t gpu_mem;
+    double sim_pcie_gbps;
+    int64_t threads;
+    /* model */
+    const char *model;
+    const char *init;
+    int64_t heads;
+    /* data */
+    const char *data;
+    const char *val_data;
+    double val_split;
+    int64_t batch, seq, grad_accum;
+    /* schedule and optimizer */
+    int64_t steps;
+    double lr, min_lr;
+    const char *lr_schedule;
+    int64_t warmup;
+    double weight_decay, beta1, beta2, eps, clip;
+    int64_t seed;
+    /* evaluation and output */
+    int64_t val_every, val_batches, batches, log_every;
+    const char *save;
+    const char *metrics;
+    bool quiet;
+    unsigned set_mask[2]; /* which table entries the user gave (bit per entry) */
+} fy_opts;
+
+/* Parses argv[first..argc) for command cmd (FY_CMD_*) into o, defaults first.
+ * Returns 0, 1 if --help was printed, or -1 after logging one error line. */
+int fy_opts_parse(fy_opts *o, unsigned cmd, int argc, char **argv, int first);
+/* Whether the user gave flag `name` (without dashes). */
+bool fy_opts_given(const fy_opts *o, const char *name);
+void fy_opts_help(unsigned cmd, const char *usage);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,71 @@
+/* util.c — strict number and size parsing, clocks. */
+#include "engine/core/util.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+int fy_parse_i64(const char *s, int64_t *out) {
+    if (!s || !*s || isspace((unsigned char)*s)) return -1;
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || *end) return -1;
+    *out = v;
+    return 0;
+}
+
+int fy_parse_f64(const char *s, double *out) {
+    if (!s || !*s || isspace((unsigned char)*s)) return -1;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end || !isfinite(v)) return -1;
+    *out = v;
+    return 0;
+}
+
+int fy_parse_size(const char *s, size_t *out) {
+    if (!s || !*s || isspace((unsigned char)*s) || *s == '-') return -1;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || !isfinite(v) || v < 0) return -1;
+    static const struct { const char *unit; double mul; } units[] = {
+        {"", 1}, {"B", 1},
+        {"K", 1024.0}, {"KiB", 1024.0}, {"KB", 1e3},
+        {"M", 1048576.0}, {"MiB", 1048576.0}, {"MB", 1e6},
+        {"G", 1073741824.0}, {"GiB", 1073741824.0}, {"GB", 1e9},
+        {"T", 1099511627776.0}, {"TiB", 1099511627776.0}, {"TB", 1e12},
+    };
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strcasecmp(end, units[i].unit) == 0) {
+            double b = v * units[i].mul;
+            if (b > 9.0e18) return -1;
+            *out = (size_t)llround(b);
+            return 0;
+        }
+    }
+    return -1;
+}
+
+const char *fy_fmt_size(size_t n, char *buf, size_t cap) {
+    static const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)n;
+    int i = 0;
+    while (v >= 1024.0 && i < 4) { v /= 1024.0; i++; }
+    if (i == 0) snprintf(buf, cap, "%zu B", n);
+    else snprintf(buf, cap, "%.2f %s", v, u[i]);
+    return buf;
+}
+
+double fy_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}

@@ -1,0 +1,32 @@
+/* util.h — strict parsing of numbers and sizes, clocks, aligned allocation.
+ *
+ * The parsers accept a whole string or nothing: trailing junk, empty strings and
+ * out-of-range values are errors, so a flag like "--steps 10x" is refused. */
+#ifndef FY_UTIL_H
+#define FY_UTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+int fy_parse_i64(const char *s, int64_t *out);
+int fy_parse_f64(const char *s, double *out);
+/* "512MiB", "16GiB", "1.5GB", "4096" (bytes), "2K"; binary (KiB/MiB/GiB/TiB, K/M/G/T)
+ * and decimal (KB/MB/GB/TB) units. Returns 0 on success. */
+int fy_parse_size(const char *s, size_t *out);
+/* Writes a human size such as "1.50 GiB" into buf. */
+const char *fy_fmt_size(size_t nbytes, char *buf, size_t cap);
+
+/* Monotonic clock in milliseconds. */
+double fy_now_ms(void);
+
+static inline size_t fy_round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+#ifdef __cplusplus
+}
+#endif
+#endif

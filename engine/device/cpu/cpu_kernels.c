@@ -1,0 +1,319 @@
+/* cpu_kernels.c — the cpu backend's kernels: the reference every other backend is
+ * compared with. GEMMs go to BLAS (OpenBLAS's OpenMP build: called inside an OpenMP
+ * region it runs serially, so attention parallelises over (b, h) itself); the rest are
+ * OpenMP loops.
+ *
+ * Determinism: results depend on inputs (and at most the thread count), never on timing
+ * or addresses. Reductions across rows (bias, gain and embedding gradients, sums) are
+ * parallelised over columns or fixed chunks, so each output is summed in one fixed order. */
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/device/device_impl.h"
+#include "optim_cpu/adam.h"
+
+#define LN_EPS 1e-5f
+#define COLS_PER_TASK 16 /* column tile for column-parallel reductions (one cache line) */
+
+static void encoder_fwd(float *out, const int32_t *tok, const float *wte, const float *wpe,
+                        int B, int T, int C) {
+    #pragma omp parallel for schedule(static)
+    for (int bt = 0; bt < B * T; bt++) {
+        const float *we = wte + (size_t)tok[bt] * C, *pe = wpe + (size_t)(bt % T) * C;
+        float *o = out + (size_t)bt * C;
+        for (int c = 0; c < C; c++) o[c] = we[c] + pe[c];
+    }
+}
+
+static void encoder_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *tok,
+                        int B, int T, int C) {
+    /* parallel over column tiles: every row of dwte/dwpe is summed in bt order */
+    int ntiles = (C + COLS_PER_TASK - 1) / COLS_PER_TASK;
+    #pragma omp parallel for schedule(static)
+    for (int tile = 0; tile < ntiles; tile++) {
+        int c0 = tile * COLS_PER_TASK, c1 = c0 + COLS_PER_TASK < C ? c0 + COLS_PER_TASK : C;
+        for (int bt = 0; bt < B * T; bt++) {
+            const float *d = dout + (size_t)bt * C;
+            float *we = dwte + (size_t)tok[bt] * C, *pe = dwpe + (size_t)(bt % T) * C;
+            for (int c = c0; c < c1; c++) { we[c] += d[c]; pe[c] += d[c]; }
+        }
+    }
+}
+
+static void layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
+                          const float *w, const float *b, int N, int C) {
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        float m = 0.0f;
+        for (int c = 0; c < C; c++) m += x[c];
+        m /= (float)C;
+        float v = 0.0f;
+        for (int c = 0; c < C; c++) { float d = x[c] - m; v += d * d; }
+        v /= (float)C;
+        float r = 1.0f / sqrtf(v + LN_EPS);
+        float *o = out + (size_t)n * C;
+        for (int c = 0; c < C; c++) o[c] = (x[c] - m) * r * w[c] + b[c];
+        mean[n] = m;
+        rstd[n] = r;
+    }
+}
+
+static void layernorm_bwd(float *dinp, float *dw, float *db, const float *dout,
+                          const float *inp, const float *w, const float *mean,
+                          const float *rstd, int N, int C) {
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C, *d = dout + (size_t)n * C;
+        float m = mean[n], r = rstd[n];
+        float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+        for (int c = 0; c < C; c++) {
+            float norm = (x[c] - m) * r, dnorm = w[c] * d[c];
+            dnorm_mean += dnorm;
+            dnorm_norm_mean += dnorm * norm;
+        }
+        dnorm_mean /= (float)C;
+        dnorm_norm_mean /= (float)C;
+        float *di = dinp + (size_t)n * C;
+        for (int c = 0; c < C; c++) {
+            float norm = (x[c] - m) * r, dnorm = w[c] * d[c];
+            di[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * r;
+        }
+    }
+    int ntiles = (C + COLS_PER_TASK - 1) / COLS_PER_TASK;
+    #pragma omp parallel for schedule(static)
+    for (int tile = 0; tile < ntiles; tile++) {
+        int c0 = tile * COLS_PER_TASK, c1 = c0 + COLS_PER_TASK < C ? c0 + COLS_PER_TASK : C;
+        float sw[COLS_PER_TASK] = {0}, sb[COLS_PER_TASK] = {0};
+        for (int n = 0; n < N; n++) {
+            const float *x = inp + (size_t)n * C, *d = dout + (size_t)n * C;
+            float m = mean[n], r = rstd[n];
+            for (int c = c0; c < c1; c++) {
+                sw[c - c0] += (x[c] - m) * r * d[c];
+                sb[c - c0] += d[c];
+            }
+        }
+        for (int c = c0; c < c1; c++) { dw[c] += sw[c - c0]; db[c] += sb[c - c0]; }
+    }
+}
+
+static void matmul_fwd(float *out, const float *inp, const float *w, const float *bias,
+                       int N, int C, int OC) {
+    float beta = 0.0f;
+    if (bias) {
+        #pragma omp parallel for schedule(static)
+        for (int n = 0; n < N; n++) memcpy(out + (size_t)n * OC, bias, (size_t)OC * sizeof(float));
+        beta = 1.0f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, w, C, beta,
+                out, OC);
+}
+
+static void matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout,
+                       const float *inp, const float *w, int N, int C, int OC) {
+    if (dinp)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, w, C,
+                    0.0f, dinp, C);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C,
+                1.0f, dw, C);
+    if (dbias) {
+        int ntiles = (OC + COLS_PER_TASK - 1) / COLS_PER_TASK;
+        #pragma omp parallel for schedule(static)
+        for (int tile = 0; tile < ntiles; tile++) {
+            int o0 = tile * COLS_PER_TASK, o1 = o0 + COLS_PER_TASK < OC ? o0 + COLS_PER_TASK : OC;
+            float sb[COLS_PER_TASK] = {0};
+            for (int n = 0; n < N; n++) {
+                const float *d = dout + (size_t)n * OC;
+                for (int o = o0; o < o1; o++) sb[o - o0] += d[o];
+            }
+            for (int o = o0; o < o1; o++) dbias[o] += sb[o - o0];
+        }
+    }
+}
+
+/* One (b, h) pair: P = softmax(mask(Q K^T / sqrt(hs))), Y = P V. */
+static void attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C,
+                          int NH) {
+    int hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    #pragma omp parallel for schedule(dynamic, 1)
+    for (int bh = 0; bh < B * NH; bh++) {
+        int b = bh / NH, h = bh % NH;
+        const float *q = qkv + (size_t)b * T * 3 * C + (size_t)h * hs;
+        const float *k = q + C, *v = q + 2 * C;
+        float *p = att + (size_t)bh * T * T;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, 3 * C, k,
+                    3 * C, 0.0f, p, T);
+        for (int t = 0; t < T; t++) {
+            float *row = p + (size_t)t * T;
+            float mx = -INFINITY;
+            for (int j = 0; j <= t; j++) mx = row[j] > mx ? row[j] : mx;
+            float sum = 0.0f;
+            for (int j = 0; j <= t; j++) { row[j] = expf(row[j] - mx); sum += row[j]; }
+            float inv = 1.0f / sum;
+            for (int j = 0; j <= t; j++) row[j] *= inv;
+            for (int j = t + 1; j < T; j++) row[j] = 0.0f;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, p, T, v, 3 * C,
+                    0.0f, out + (size_t)b * T * C + (size_t)h * hs, C);
+    }
+}
+
+static void attention_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                          const float *att, int B, int T, int C, int NH) {
+    int hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    #pragma omp parallel for schedule(dynamic, 1)
+    for (int bh = 0; bh < B * NH; bh++) {
+        int b = bh / NH, h = bh % NH;
+        size_t qoff = (size_t)b * T * 3 * C + (size_t)h * hs;
+        const float *q = qkv + qoff, *k = q + C, *v = q + 2 * C;
+        float *dq = dqkv + qoff, *dk = dq + C, *dv = dq + 2 * C;
+        const float *dy = dout + (size_t)b * T * C + (size_t)h * hs;
+        const float *p = att + (size_t)bh * T * T;
+        float *ds = scratch + (size_t)bh * T * T;
+        /* dP = dY V^T; dV = P^T dY */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dy, C, v, 3 * C,
+                    0.0f, ds, T);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, p, T, dy, C, 0.0f,
+                    dv, 3 * C);
+        /* dS = P * (dP - rowsum(P * dP)), zero above the diagonal */
+        for (int t = 0; t < T; t++) {
+            const float *pr = p + (size_t)t * T;
+            float *dr = ds + (size_t)t * T;
+            float dot = 0.0f;
+            for (int j = 0; j <= t; j++) dot += pr[j] * dr[j];
+            for (int j = 0; j <= t; j++) dr[j] = pr[j] * (dr[j] - dot);
+            for (int j = t + 1; j < T; j++) dr[j] = 0.0f;
+        }
+        /* dQ = scale dS K; dK = scale dS^T Q */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, ds, T, k, 3 * C,
+                    0.0f, dq, 3 * C);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, ds, T, q, 3 * C,
+                    0.0f, dk, 3 * C);
+    }
+}
+
+#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+
+static void gelu_fwd(float *out, const float *inp, size_t n) {
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        out[i] = 0.5f * x * (1.0f + tanhf(GELU_K * (x + 0.044715f * x * x * x)));
+    }
+}
+
+static void gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n) {
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        float u = GELU_K * (x + 0.044715f * x * x * x);
+        float th = tanhf(u);
+        float sech2 = 1.0f - th * th;
+        float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] = grad * dout[i];
+    }
+}
+
+static void residual_fwd(float *out, const float *a, const float *b, size_t n) {
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+static void crossentropy(float *losses, float *logits, const int32_t *targets, int N, int V,
+                         float dloss) {
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        float *x = logits + (size_t)n * V;
+        float mx = -INFINITY;
+        for (int j = 0; j < V; j++) mx = x[j] > mx ? x[j] : mx;
+        double sum = 0.0;
+        for (int j = 0; j < V; j++) sum += exp((double)(x[j] - mx));
+        float lse = mx + (float)log(sum);
+        int y = targets[n];
+        losses[n] = lse - x[y];
+        if (dloss != 0.0f) {
+            float inv = (float)(1.0 / sum);
+            for (int j = 0; j < V; j++) x[j] = expf(x[j] - mx) * inv * dloss;
+            x[y] -= dloss;
+        }
+    }
+}
+
+static void mean(float *out, const float *x, size_t n) {
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++) s += x[i];
+    out[0] = (float)(s / (double)n);
+}
+
+#define SUMSQ_CHUNK 16384
+
+static void sumsq(double *out, const float *x, size_t n) {
+    size_t nchunks = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
+    double *part = malloc((nchunks ? nchunks : 1) * sizeof *part);
+    FY_ASSERT(part, "out of host memory in sumsq");
+    #pragma omp parallel for schedule(static)
+    for (size_t c = 0; c < nchunks; c++) {
+        size_t i0 = c * SUMSQ_CHUNK, i1 = i0 + SUMSQ_CHUNK < n ? i0 + SUMSQ_CHUNK : n;
+        double s = 0.0;
+        for (size_t i = i0; i < i1; i++) s += (double)x[i] * (double)x[i];
+        part[c] = s;
+    }
+    double s = 0.0;
+    for (size_t c = 0; c < nchunks; c++) s += part[c];
+    free(part);
+    out[0] = s;
+}
+
+#define ADAM_CHUNK 65536 /* elements per parallel piece; results do not depend on it */
+
+static void adamw(const fy_op *op) {
+    fy_adam_hparams hp = {.lr = op->f[0], .beta1 = op->f[1], .beta2 = op->f[2],
+                          .eps = op->f[3], .weight_decay = op->f[4], .grad_scale = op->f[5],
+                          .step = op->i[4], .check_finite = false};
+    size_t n = (size_t)op->i[0];
+    fy_dtype gt = (fy_dtype)op->i[1], ot = (fy_dtype)op->i[2];
+    size_t gsz = fy_dtype_size(gt), osz = fy_dtype_size(ot);
+    size_t nchunks = (n + ADAM_CHUNK - 1) / ADAM_CHUNK;
+    #pragma omp parallel for schedule(static)
+    for (size_t c = 0; c < nchunks; c++) {
+        size_t i0 = c * ADAM_CHUNK, len = i0 + ADAM_CHUNK < n ? ADAM_CHUNK : n - i0;
+        fy_adam_range r = {
+            .param = (float *)op->p[0] + i0, .m = (float *)op->p[1] + i0,
+            .v = (float *)op->p[2] + i0, .grad = (const char *)op->p[3] + i0 * gsz,
+            .grad_dtype = gt,
+            .param_out = op->p[4] ? (char *)op->p[4] + i0 * osz : NULL, .out_dtype = ot,
+            .n = len, .decay = op->i[3] != 0};
+        fy_adam_step(&hp, &r);
+    }
+}
+
+void fy_cpu_exec(const fy_op *op) {
+    const int64_t *i = op->i;
+    void *const *p = op->p;
+    switch (op->kind) {
+    case FY_OP_ENCODER_FWD: encoder_fwd(p[0], p[1], p[2], p[3], i[0], i[1], i[2]); break;
+    case FY_OP_ENCODER_BWD: encoder_bwd(p[0], p[1], p[2], p[3], i[0], i[1], i[2]); break;
+    case FY_OP_LAYERNORM_FWD: layernorm_fwd(p[0], p[1], p[2], p[3], p[4], p[5], i[0], i[1]); break;
+    case FY_OP_LAYERNORM_BWD:
+        layernorm_bwd(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], i[0], i[1]);
+        break;
+    case FY_OP_MATMUL_FWD: matmul_fwd(p[0], p[1], p[2], p[3], i[0], i[1], i[2]); break;
+    case FY_OP_MATMUL_BWD: matmul_bwd(p[0], p[1], p[2], p[3], p[4], p[5], i[0], i[1], i[2]); break;
+    case FY_OP_ATTENTION_FWD: attention_fwd(p[0], p[1], p[2], i[0], i[1], i[2], i[3]); break;
+    case FY_OP_ATTENTION_BWD:
+        attention_bwd(p[0], p[1], p[2], p[3], p[4], i[0], i[1], i[2], i[3]);
+        break;
+    case FY_OP_GELU_FWD: gelu_fwd(p[0], p[1], (size_t)i[0]); break;
+    case FY_OP_GELU_BWD: gelu_bwd(p[0], p[1], p[2], (size_t)i[0]); break;
+    case FY_OP_RESIDUAL_FWD: residual_fwd(p[0], p[1], p[2], (size_t)i[0]); break;
+    case FY_OP_CROSSENTROPY: crossentropy(p[0], p[1], p[2], i[0], i[1], op->f[0]); break;
+    case FY_OP_MEAN: mean(p[0], p[1], (size_t)i[0]); break;
+    case FY_OP_SUMSQ: sumsq(p[0], p[1], (size_t)i[0]); break;
+    case FY_OP_ADAMW: adamw(op); break;
+    default: FY_ASSERT(0, "op not handled by the cpu backend");
+    }
+}

@@ -1,0 +1,113 @@
+/* device.h — the device interface every layer above computes through.
+ *
+ * A device has three kinds of memory (device, host-pinned, host), in-order streams,
+ * events that order streams, asynchronous copies, host functions run in stream order,
+ * and the kernels of kernels.h. Two backends implement it, chosen at run time:
+ *
+ *  - cpu: the reference and the test bed. Device memory is host memory under a capacity
+ *    cap, so offload logic is exercised for real; each stream is a worker thread that
+ *    runs its queue in order; copies between host and device memory can be throttled to
+ *    a bandwidth (emulated PCIe) so overlap is real and measurable on a CPU-only machine.
+ *  - cuda (its own issue): streams and events are CUDA's.
+ *
+ * Memory: every allocation of kind FY_MEM_DEVICE counts against the device's capacity
+ * (cfg.mem_cap_nbytes); exceeding it is FY_ERR_DEVICE_OOM with one logged line saying
+ * what did not fit and by how much, never an abort. Big buffers are pre-touched (and
+ * zeroed) at allocation, so first use pays no page faults.
+ *
+ * Threads: a fy_dev may be used from any thread for allocation and stream creation.
+ * A stream must be fed (kernels, copies, records) from one thread at a time. Pointers
+ * handed to stream work must stay valid until the work completes (sync or an event).
+ *
+ * This header is plain C and never mentions CUDA types. */
+#ifndef FY_DEVICE_H
+#define FY_DEVICE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/core/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum fy_dev_kind { FY_DEV_CPU = 0, FY_DEV_CUDA } fy_dev_kind;
+
+typedef enum fy_mem_kind {
+    FY_MEM_DEVICE = 0, /* counted against the device capacity */
+    FY_MEM_PINNED,     /* host memory the device can copy from at full speed */
+    FY_MEM_HOST,       /* ordinary host memory */
+} fy_mem_kind;
+
+typedef enum fy_copy_dir { FY_H2D = 0, FY_D2H, FY_D2D, FY_H2H } fy_copy_dir;
+
+typedef struct fy_dev_cfg {
+    fy_dev_kind kind;
+    size_t mem_cap_nbytes; /* device memory capacity; 0 = the backend's own (cpu: no cap) */
+    double sim_pcie_gbps;  /* cpu: throttle H2D/D2H copies to this many GB/s; 0 = off */
+    int threads;           /* cpu: kernel threads; 0 = all online cores */
+    int ordinal;           /* cuda: which GPU */
+} fy_dev_cfg;
+
+typedef struct fy_dev fy_dev;
+typedef struct fy_stream fy_stream;
+typedef struct fy_event fy_event;
+
+/* Opens a device. FY_ERR_UNSUPPORTED (logged) if the backend is not compiled in or no
+ * such device exists. */
+fy_status fy_dev_new(const fy_dev_cfg *cfg, fy_dev **out);
+void fy_dev_free(fy_dev *dev); /* frees all remaining allocations, streams must be freed */
+
+fy_dev_kind fy_dev_get_kind(const fy_dev *dev);
+const char *fy_dev_name(const fy_dev *dev);
+int fy_dev_threads(const fy_dev *dev);
+
+/* Allocates nbytes (zeroed, pre-touched, 64-byte aligned at least) of the given kind.
+ * `what` names the buffer in error messages ("layer 3 parameters"). */
+fy_status fy_dev_alloc(fy_dev *dev, fy_mem_kind kind, size_t nbytes, const char *what,
+                       void **out);
+/* Frees an allocation made by fy_dev_alloc; NULL is a no-op. */
+void fy_dev_release(fy_dev *dev, void *ptr);
+
+typedef struct fy_dev_mem_stats {
+    size_t cap_nbytes;       /* device capacity (0 = unlimited) */
+    size_t used_nbytes[3];   /* by fy_mem_kind, now */
+    size_t peak_nbytes[3];   /* by fy_mem_kind, high-water mark */
+} fy_dev_mem_stats;
+void fy_dev_mem_stats_get(const fy_dev *dev, fy_dev_mem_stats *out);
+void fy_dev_mem_reset_peak(fy_dev *dev);
+
+/* Streams: in-order queues of work. */
+fy_status fy_stream_new(fy_dev *dev, const char *name, fy_stream **out);
+void fy_stream_free(fy_stream *s); /* waits for queued work first; NULL is a no-op */
+fy_dev *fy_stream_dev(const fy_stream *s);
+/* Blocks until all work queued on s so far has completed. */
+void fy_stream_sync(fy_stream *s);
+
+/* Events: record captures the work queued on s so far; wait makes later work on s
+ * wait for it; sync blocks the caller. An event never recorded counts as complete. */
+fy_status fy_event_new(fy_dev *dev, fy_event **out);
+void fy_event_free(fy_event *e);
+void fy_event_record(fy_event *e, fy_stream *s);
+void fy_stream_wait_event(fy_stream *s, fy_event *e);
+void fy_event_sync(fy_event *e);
+bool fy_event_done(fy_event *e);
+
+/* Copies nbytes from src to dst in stream order. dir says which memories are involved
+ * (the cpu backend throttles H2D and D2H when sim_pcie_gbps is set). */
+void fy_copy_async(fy_stream *s, void *dst, const void *src, size_t nbytes, fy_copy_dir dir);
+void fy_memset_async(fy_stream *s, void *dst, int byte, size_t nbytes);
+/* Runs fn(arg) on the host in stream order (after earlier work, before later work). */
+void fy_stream_host_fn(fy_stream *s, void (*fn)(void *arg), void *arg);
+
+/* Which backends this build has, for `ferry info`. */
+bool fy_dev_kind_compiled(fy_dev_kind kind);
+const char *fy_dev_kind_name(fy_dev_kind kind);
+int fy_dev_parse_kind(const char *s, fy_dev_kind *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

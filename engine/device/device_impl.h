@@ -1,0 +1,89 @@
+/* device_impl.h — what a backend implements; included by backends and device.c only.
+ *
+ * A device is {iface, ctx}. The wrapper (device.c) owns what every backend shares:
+ * the capacity check, the allocation registry and the usage/peak counters. Kernels are
+ * described by a fy_op (kind plus pointer, integer and float arguments in launcher order)
+ * and handed to iface->launch; the cpu backend queues the op on the stream's worker, a
+ * cuda backend would launch it at once. */
+#ifndef FY_DEVICE_IMPL_H
+#define FY_DEVICE_IMPL_H
+
+#include <pthread.h>
+
+#include "engine/device/device.h"
+
+#define FY_OPS(X) \
+    X(ENCODER_FWD) X(ENCODER_BWD) X(LAYERNORM_FWD) X(LAYERNORM_BWD) \
+    X(MATMUL_FWD) X(MATMUL_BWD) X(ATTENTION_FWD) X(ATTENTION_BWD) \
+    X(GELU_FWD) X(GELU_BWD) X(RESIDUAL_FWD) X(CROSSENTROPY) X(MEAN) X(SUMSQ) X(ADAMW) \
+    X(COPY) X(MEMSET) X(HOST_FN) X(EVENT_RECORD) X(EVENT_WAIT)
+
+typedef enum fy_op_kind {
+#define FY_OP_ENUM(name) FY_OP_##name,
+    FY_OPS(FY_OP_ENUM)
+#undef FY_OP_ENUM
+    FY_OP_COUNT
+} fy_op_kind;
+
+const char *fy_op_name(fy_op_kind k);
+
+typedef struct fy_op {
+    fy_op_kind kind;
+    void *p[8];    /* pointers, outputs first, in launcher order */
+    int64_t i[8];  /* sizes and flags, in launcher order */
+    float f[8];    /* scalars */
+} fy_op;
+
+typedef struct fy_dev_iface {
+    const char *name;
+    void (*free)(fy_dev *dev);
+    fy_status (*alloc)(fy_dev *dev, fy_mem_kind kind, size_t nbytes, void **out);
+    void (*release)(fy_dev *dev, fy_mem_kind kind, void *ptr, size_t nbytes);
+    fy_status (*stream_new)(fy_stream *s);  /* fills s->ctx */
+    void (*stream_free)(fy_stream *s);
+    void (*stream_sync)(fy_stream *s);
+    void (*launch)(fy_stream *s, const fy_op *op);  /* kernels, copies, memsets, host fns */
+    fy_status (*event_new)(fy_event *e);    /* fills e->ctx */
+    void (*event_free)(fy_event *e);
+    void (*event_record)(fy_event *e, fy_stream *s);
+    void (*stream_wait_event)(fy_stream *s, fy_event *e);
+    void (*event_sync)(fy_event *e);
+    bool (*event_done)(fy_event *e);
+} fy_dev_iface;
+
+typedef struct fy_alloc_rec {
+    void *ptr;
+    size_t nbytes;
+    fy_mem_kind kind;
+} fy_alloc_rec;
+
+struct fy_dev {
+    const fy_dev_iface *iface;
+    void *ctx;
+    fy_dev_cfg cfg;
+    char name[96];
+    int threads;
+    pthread_mutex_t mu;          /* guards the registry and counters */
+    fy_alloc_rec *recs;
+    size_t nrecs, caprecs;
+    fy_dev_mem_stats mem;
+};
+
+struct fy_stream {
+    fy_dev *dev;
+    void *ctx;
+    char name[32];
+};
+
+struct fy_event {
+    fy_dev *dev;
+    void *ctx;
+};
+
+/* Backend constructors: fill dev->iface, dev->ctx, dev->name, dev->threads. */
+fy_status fy_cpu_dev_init(fy_dev *dev);
+
+/* The cpu backend's kernel bodies, also used by tests as the oracle. */
+void fy_cpu_exec(const fy_op *op);
+
+#endif

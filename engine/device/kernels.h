@@ -1,0 +1,90 @@
+/* kernels.h — the kernels a GPT-2 block needs, launched on a stream.
+ *
+ * Launchers follow llm.c's order: outputs, inputs, sizes, then the stream. All tensors
+ * are fp32, row-major, in device memory; shapes are in the comments with llm.c's
+ * letters: B batch, T time, C channels, NH heads, V vocabulary, N = B*T rows, OC output
+ * channels. Weights are (OC, C) like torch.nn.Linear (the safetensors loader transposes
+ * Hugging Face's Conv1D (in, out) layout).
+ *
+ * Accumulation: parameter gradients always accumulate (+=), so micro-batches add up and
+ * a step starts by zeroing them. Activation gradients are overwritten unless a launcher
+ * says "accumulates" (layernorm's dinp, which sits on the residual stream).
+ *
+ * Determinism: on the cpu backend every kernel's result depends only on its inputs and
+ * the thread count, never on timing or on where the buffers live; reductions over rows
+ * (bias and norm-gain gradients, embedding scatter, sums) run in a fixed order. */
+#ifndef FY_KERNELS_H
+#define FY_KERNELS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/device/device.h"
+#include "optim_cpu/adam.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* out (B,T,C) = wte[tokens] (V,C) + wpe[t] (maxT,C). Tokens must be < V (checked by the
+ * data layer, not here). */
+void fy_k_encoder_fwd(float *out, const int32_t *tokens, const float *wte, const float *wpe,
+                      int B, int T, int C, fy_stream *s);
+/* dwte[tokens[b,t]] += dout[b,t]; dwpe[t] += dout[b,t]. */
+void fy_k_encoder_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
+                      int B, int T, int C, fy_stream *s);
+
+/* out (N,C) = (inp - mean) * rstd * w + b, eps 1e-5; saves mean, rstd (N). */
+void fy_k_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
+                        const float *w, const float *b, int N, int C, fy_stream *s);
+/* dinp (N,C) accumulates; dw, db (C) accumulate. */
+void fy_k_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout,
+                        const float *inp, const float *w, const float *mean,
+                        const float *rstd, int N, int C, fy_stream *s);
+
+/* out (N,OC) = inp (N,C) @ w^T (OC,C) + bias (OC, may be NULL). */
+void fy_k_matmul_fwd(float *out, const float *inp, const float *w, const float *bias,
+                     int N, int C, int OC, fy_stream *s);
+/* dinp (N,C) = dout @ w (overwritten; may be NULL to skip); dw (OC,C) += dout^T @ inp;
+ * dbias (OC) += column sums of dout (may be NULL). */
+void fy_k_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout,
+                     const float *inp, const float *w, int N, int C, int OC, fy_stream *s);
+
+/* Causal self-attention. qkv (B,T,3C) holds q, k, v each (B,T,C) with heads contiguous
+ * (C = NH * hs). out (B,T,C); att (B,NH,T,T) keeps the softmax probabilities (zero above
+ * the diagonal) for backward. Scores are scaled by 1/sqrt(hs). */
+void fy_k_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C,
+                        int NH, fy_stream *s);
+/* dqkv (B,T,3C) overwritten; scratch (B,NH,T,T) is workspace. */
+void fy_k_attention_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                        const float *att, int B, int T, int C, int NH, fy_stream *s);
+
+/* GELU, tanh approximation. */
+void fy_k_gelu_fwd(float *out, const float *inp, size_t n, fy_stream *s);
+/* dinp = dout * gelu'(inp), overwritten. */
+void fy_k_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n, fy_stream *s);
+
+/* out = a + b (n). */
+void fy_k_residual_fwd(float *out, const float *a, const float *b, size_t n, fy_stream *s);
+
+/* Softmax cross-entropy over rows of logits (N,V) with targets (N): losses (N) =
+ * logsumexp - logit[target]. If dloss != 0 the logits are overwritten in place with
+ * their gradient (softmax - onehot) * dloss (for a mean loss, dloss = 1/N). */
+void fy_k_crossentropy(float *losses, float *logits, const int32_t *targets, int N, int V,
+                       float dloss, fy_stream *s);
+
+/* out[0] = sum(x) / n, summed in double in index order. */
+void fy_k_mean(float *out, const float *x, size_t n, fy_stream *s);
+/* out[0] = sum(x*x) in double, in a fixed order independent of the thread count. */
+void fy_k_sumsq(double *out, const float *x, size_t n, fy_stream *s);
+
+/* AdamW on device-resident state (the "GPU optimizer" blocks): optim_cpu's contract
+ * (adam.h), bit-identical to fy_adam_step on the same range. hp->check_finite is not
+ * supported here (the caller checks the gradient norm). */
+void fy_k_adamw(const fy_adam_hparams *hp, const fy_adam_range *r, fy_stream *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

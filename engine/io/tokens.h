@@ -1,0 +1,67 @@
+/* tokens.h — token data: llm.c shards, plain text files, and the batch loader.
+ *
+ * Files:
+ *  - llm.c shards: int32 header[256] with header[0] = magic, header[1] = version,
+ *    header[2] = token count; magic 20240520 version 1 stores uint16 tokens, magic
+ *    20240801 version 7 stores uint32 tokens. The file size must equal
+ *    1024 + count * token size exactly.
+ *  - plain text: every byte is a token (0..255).
+ * A file whose first int32 is one of the magics is a shard (and must be a valid one);
+ * a file named *.bin that is not a valid shard is an error ("bad magic"); anything else
+ * is text. Empty files are errors. A path containing glob characters (*?[) names the
+ * shards matching it, sorted, read as one stream in order.
+ *
+ * Loader (llm.c's sequential order): a step reads B*T+1 tokens at the current position;
+ * x is the first B*T, y the same shifted by one; the position advances by B*T and wraps
+ * to the start of the range when fewer than B*T+1 tokens remain. */
+#ifndef FY_TOKENS_H
+#define FY_TOKENS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/core/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FY_SHARD_MAGIC_V1 20240520
+#define FY_SHARD_MAGIC_V7 20240801
+
+typedef struct fy_tokens fy_tokens; /* all tokens of a file (or glob), as uint32 */
+
+fy_status fy_tokens_open(const char *path, fy_tokens **out);
+/* Takes a copy of a byte buffer as text tokens. */
+fy_status fy_tokens_from_bytes(const uint8_t *bytes, size_t n, const char *label,
+                               fy_tokens **out);
+void fy_tokens_free(fy_tokens *t); /* NULL is a no-op */
+
+size_t fy_tokens_count(const fy_tokens *t);
+const uint32_t *fy_tokens_data(const fy_tokens *t);
+const char *fy_tokens_label(const fy_tokens *t); /* path or label, for messages */
+/* FY_ERR_INVALID (logged: first offending token id, its position, the file) if any
+ * token is >= vocab. */
+fy_status fy_tokens_check_vocab(const fy_tokens *t, int vocab);
+
+typedef struct fy_loader fy_loader; /* a view: does not own the tokens */
+
+/* Batches of B x T from tokens [begin, end) of t. FY_ERR_INVALID (logged) if the range
+ * holds fewer than B*T+1 tokens. */
+fy_status fy_loader_new(const fy_tokens *t, size_t begin, size_t end, int B, int T,
+                        fy_loader **out);
+void fy_loader_free(fy_loader *l);
+/* Fills x and y (B*T int32 each) and advances. */
+void fy_loader_next(fy_loader *l, int32_t *x, int32_t *y);
+void fy_loader_reset(fy_loader *l);
+size_t fy_loader_pos(const fy_loader *l);        /* offset from begin, for checkpoints */
+/* Moves to pos (an offset from begin, as fy_loader_pos gives). FY_ERR_INVALID (logged)
+ * if fewer than B*T+1 tokens of the range remain there. */
+fy_status fy_loader_set_pos(fy_loader *l, size_t pos);
+/* Number of distinct batches in one pass over the range: (end-begin-1) / (B*T). */
+size_t fy_loader_batches(const fy_loader *l);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

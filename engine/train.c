@@ -1,0 +1,297 @@
+/* train.c — `ferry train` and `ferry eval`: everything between the options and the
+ * trainer (model resolution, data, device, schedule, logging, metrics, saving). */
+#include "engine/train.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/core/util.h"
+#include "engine/io/corpus.h"
+#include "engine/io/tokens.h"
+#include "engine/model/gpt2_io.h"
+#include "engine/trainer.h"
+
+#define CORPUS_TRAIN_BYTES (4u << 20)
+#define CORPUS_VAL_BYTES (256u << 10)
+#define CORPUS_TRAIN_SEED 1
+#define CORPUS_VAL_SEED 2
+
+double fy_lr_at(int64_t s, int64_t steps, double lr, double min_lr, int64_t warmup,
+                bool cosine) {
+    if (!cosine) return lr;
+    if (s < warmup) return lr * (double)(s + 1) / (double)warmup;
+    int64_t span = steps - warmup > 1 ? steps - warmup : 1;
+    double r = (double)(s - warmup) / (double)span;
+    if (r > 1.0) r = 1.0;
+    return min_lr + 0.5 * (1.0 + cos(M_PI * r)) * (lr - min_lr);
+}
+
+/* Everything a run holds, freed in one place. */
+typedef struct run {
+    fy_st_file *init;
+    fy_tokens *train_tok, *val_tok;
+    fy_loader *train, *val;
+    fy_dev *dev;
+    fy_trainer *tr;
+    int32_t *x, *y;
+    FILE *metrics;
+} run;
+
+static void run_free(run *r) {
+    if (r->metrics) fclose(r->metrics);
+    free(r->x);
+    free(r->y);
+    fy_trainer_free(r->tr);
+    fy_dev_free(r->dev);
+    fy_loader_free(r->train);
+    fy_loader_free(r->val);
+    fy_tokens_free(r->train_tok);
+    fy_tokens_free(r->val_tok);
+    fy_st_close(r->init);
+}
+
+static fy_status open_device(const fy_opts *o, fy_dev **out) {
+    fy_dev_kind kind = FY_DEV_CPU;
+    if (!strcmp(o->device, "cuda")) {
+        kind = FY_DEV_CUDA;
+    } else if (!strcmp(o->device, "auto") && !fy_dev_kind_compiled(FY_DEV_CUDA)) {
+        fy_log_info("no CUDA backend in this build: using the cpu backend");
+    }
+    fy_dev_cfg dc = {.kind = kind, .mem_cap_nbytes = o->gpu_mem,
+                     .sim_pcie_gbps = o->sim_pcie_gbps, .threads = (int)o->threads};
+    return fy_dev_new(&dc, out);
+}
+
+/* The model: from the weights file when --init is given (a --model given too must
+ * agree with it), else the named config. */
+static fy_status resolve_model(const fy_opts *o, bool model_given, run *r, fy_gpt2_config *cfg) {
+    if (o->init) {
+        FY_TRY(fy_st_open(o->init, &r->init));
+        FY_TRY(fy_gpt2_file_config(r->init, (int)o->heads, cfg));
+        if (model_given) {
+            fy_gpt2_config named;
+            FY_TRY(fy_gpt2_config_named(o->model, &named));
+            if (memcmp(&named, cfg, sizeof named) != 0) {
+                fy_log_error("--model %s does not match the weights in %s (file: vocab %d, "
+                             "positions %d, channels %d, layers %d, heads %d)", o->model,
+                             o->init, cfg->vocab, cfg->max_seq, cfg->channels, cfg->layers,
+                             cfg->heads);
+                return FY_ERR_INVALID;
+            }
+        }
+    } else {
+        FY_TRY(fy_gpt2_config_named(o->model, cfg));
+        if (o->heads > 0) cfg->heads = (int)o->heads;
+    }
+    FY_TRY(fy_gpt2_config_check(cfg));
+    if (o->seq > cfg->max_seq) {
+        fy_log_error("--seq %lld is longer than the model's %d positions", (long long)o->seq,
+                     cfg->max_seq);
+        return FY_ERR_INVALID;
+    }
+    return FY_OK;
+}
+
+static fy_status corpus_tokens(size_t nbytes, uint64_t seed, const char *label, fy_tokens **out) {
+    uint8_t *text;
+    FY_TRY(fy_corpus_generate(nbytes, seed, &text));
+    fy_status st = fy_tokens_from_bytes(text, nbytes, label, out);
+    free(text);
+    return st;
+}
+
+/* Training and validation token ranges. */
+static fy_status open_data(const fy_opts *o, const fy_gpt2_config *cfg, run *r) {
+    int B = (int)o->batch, T = (int)o->seq;
+    if (o->data) {
+        FY_TRY(fy_tokens_open(o->data, &r->train_tok));
+    } else {
+        FY_TRY(corpus_tokens(CORPUS_TRAIN_BYTES, CORPUS_TRAIN_SEED, "embedded corpus",
+                             &r->train_tok));
+        if (!o->val_data)
+            FY_TRY(corpus_tokens(CORPUS_VAL_BYTES, CORPUS_VAL_SEED, "embedded corpus (validation)",
+                                 &r->val_tok));
+    }
+    FY_TRY(fy_tokens_check_vocab(r->train_tok, cfg->vocab));
+    size_t n = fy_tokens_count(r->train_tok), train_end = n;
+    if (o->val_data) {
+        FY_TRY(fy_tokens_open(o->val_data, &r->val_tok));
+    } else if (o->val_split > 0 && o->data) {
+        train_end = n - (size_t)((double)n * o->val_split);
+    }
+    FY_TRY(fy_loader_new(r->train_tok, 0, train_end, B, T, &r->train));
+    if (r->val_tok) {
+        FY_TRY(fy_tokens_check_vocab(r->val_tok, cfg->vocab));
+        FY_TRY(fy_loader_new(r->val_tok, 0, fy_tokens_count(r->val_tok), B, T, &r->val));
+    } else if (train_end < n) {
+        FY_TRY(fy_loader_new(r->train_tok, train_end, n, B, T, &r->val));
+    }
+    return FY_OK;
+}
+
+static fy_status validate(run *r, int64_t nbatches, int B, int T, float *loss) {
+    fy_loader_reset(r->val);
+    int64_t avail = (int64_t)fy_loader_batches(r->val);
+    if (nbatches > avail) nbatches = avail;
+    double sum = 0.0;
+    for (int64_t i = 0; i < nbatches; i++) {
+        fy_loader_next(r->val, r->x, r->y);
+        float l;
+        FY_TRY(fy_trainer_eval(r->tr, r->x, r->y, &l));
+        sum += l;
+    }
+    *loss = (float)(sum / (double)nbatches);
+    (void)B; (void)T;
+    return FY_OK;
+}
+
+static void progress(int64_t step, int64_t steps, double elapsed_ms, float loss) {
+    int width = 30, done = (int)(width * step / steps);
+    double eta_s = elapsed_ms / 1e3 / (double)step * (double)(steps - step);
+    fprintf(stdout, "\r[%.*s%*s] %3d%% step %lld/%lld loss %.4f eta %dm%02ds ", done,
+            "==============================", width - done, "", (int)(100 * step / steps),
+            (long long)step, (long long)steps, loss, (int)eta_s / 60, (int)eta_s % 60);
+    fflush(stdout);
+}
+
+static void print_header(const fy_opts *o, const fy_gpt2_config *c, const run *r) {
+    char a[32];
+    size_t np = fy_gpt2_num_params(c);
+    printf("model   %s: %.2fM parameters (vocab %d, positions %d, channels %d, layers %d, "
+           "heads %d)\n", o->init ? o->init : o->model, (double)np / 1e6, c->vocab,
+           c->max_seq, c->channels, c->layers, c->heads);
+    printf("device  %s\n", fy_dev_name(r->dev));
+    printf("data    %s: %zu tokens; batch %lld x %lld", fy_tokens_label(r->train_tok),
+           fy_tokens_count(r->train_tok), (long long)o->batch, (long long)o->seq);
+    if (o->grad_accum > 1) printf(" x %lld accumulated", (long long)o->grad_accum);
+    printf("; validation: %s\n", r->val ? (r->val_tok ? fy_tokens_label(r->val_tok)
+                                                      : "held-out tail") : "none");
+    fy_dev_mem_stats ms;
+    fy_dev_mem_stats_get(r->dev, &ms);
+    printf("memory  device %s in use\n", fy_fmt_size(ms.used_nbytes[FY_MEM_DEVICE], a, sizeof a));
+    fflush(stdout);
+}
+
+int fy_train_main(const fy_opts *o) {
+    run r = {0};
+    fy_status st;
+    fy_gpt2_config cfg;
+    const int B = (int)o->batch, T = (int)o->seq, accum = (int)o->grad_accum;
+    const size_t N = (size_t)B * T;
+    if (o->quiet) fy_log_set_level(FY_LOG_WARN);
+    if ((st = resolve_model(o, fy_opts_given(o, "model"), &r, &cfg)) != FY_OK) goto fail;
+    if ((st = open_data(o, &cfg, &r)) != FY_OK) goto fail;
+    if (o->metrics && !(r.metrics = fopen(o->metrics, "a"))) {
+        fy_log_error("cannot open metrics file %s", o->metrics);
+        st = FY_ERR_IO;
+        goto fail;
+    }
+    r.x = malloc(N * accum * sizeof(int32_t));
+    r.y = malloc(N * accum * sizeof(int32_t));
+    if (!r.x || !r.y) { st = FY_ERR_NOMEM; goto fail; }
+    if ((st = open_device(o, &r.dev)) != FY_OK) goto fail;
+    fy_trainer_cfg tc = {.model = cfg, .B = B, .T = T, .beta1 = (float)o->beta1,
+                         .beta2 = (float)o->beta2, .eps = (float)o->eps,
+                         .weight_decay = (float)o->weight_decay, .clip = (float)o->clip,
+                         .seed = (uint64_t)o->seed};
+    if ((st = fy_trainer_new(r.dev, &tc, &r.tr)) != FY_OK) goto fail;
+    if (r.init && (st = fy_trainer_load(r.tr, r.init)) != FY_OK) goto fail;
+    if (!o->quiet) print_header(o, &cfg, &r);
+
+    const bool cosine = !strcmp(o->lr_schedule, "cosine");
+    const double min_lr = fy_opts_given(o, "min-lr") ? o->min_lr : o->lr / 10.0;
+    int64_t log_every = o->log_every ? o->log_every : (o->steps <= 100 ? 1 : o->steps / 50);
+    const bool tty = isatty(STDOUT_FILENO) && !o->quiet;
+    double t_start = fy_now_ms(), ms_sum = 0.0;
+    int64_t ms_count = 0;
+    float loss = NAN, val_loss = NAN;
+    for (int64_t s = 0; s < o->steps; s++) {
+        double lr = fy_lr_at(s, o->steps, o->lr, min_lr, o->warmup, cosine);
+        for (int a = 0; a < accum; a++) fy_loader_next(r.train, r.x + a * N, r.y + a * N);
+        double t0 = fy_now_ms();
+        fy_step_stats ss;
+        if ((st = fy_trainer_step(r.tr, r.x, r.y, accum, (float)lr, &ss)) != FY_OK) goto fail;
+        double ms = fy_now_ms() - t0;
+        double tok_s = (double)N * accum / (ms / 1e3);
+        if (s > 0) { ms_sum += ms; ms_count++; } /* the first step warms caches */
+        loss = ss.loss;
+        bool last = s + 1 == o->steps;
+        bool do_val = r.val && (last || (o->val_every && (s + 1) % o->val_every == 0));
+        if (do_val && (st = validate(&r, o->val_batches, B, T, &val_loss)) != FY_OK) goto fail;
+        if (r.metrics) {
+            fprintf(r.metrics, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,"
+                    "\"clip_coef\":%.9g,\"step_ms\":%.6f,\"tokens_per_s\":%.3f",
+                    (long long)s + 1, ss.loss, lr, ss.grad_norm, ss.clip_coef, ms, tok_s);
+            if (ss.skipped) fprintf(r.metrics, ",\"skipped\":true");
+            if (do_val) fprintf(r.metrics, ",\"val_loss\":%.9g", val_loss);
+            fprintf(r.metrics, "}\n");
+            fflush(r.metrics);
+        }
+        if (o->quiet) continue;
+        if ((s + 1) % log_every == 0 || last || s == 0 || do_val) {
+            if (tty && log_every > 1) printf("\r%*s\r", 78, "");
+            printf("step %6lld/%lld | loss %.4f | norm %.4f | lr %.2e | %7.1f ms | %8.0f tok/s",
+                   (long long)s + 1, (long long)o->steps, ss.loss, ss.grad_norm, lr, ms, tok_s);
+            if (do_val) printf(" | val %.4f", val_loss);
+            printf("\n");
+        } else if (tty) {
+            progress(s + 1, o->steps, fy_now_ms() - t_start, ss.loss);
+        }
+        fflush(stdout);
+    }
+    double total_s = (fy_now_ms() - t_start) / 1e3;
+    if (o->save && (st = fy_trainer_save(r.tr, o->save)) != FY_OK) goto fail;
+    fy_dev_mem_stats ms;
+    fy_dev_mem_stats_get(r.dev, &ms);
+    char peak[32];
+    double mean_ms = ms_count ? ms_sum / (double)ms_count : 0.0;
+    printf("done    %lld steps in %.1f s | %.1f ms/step | %.0f tok/s | final loss %.4f",
+           (long long)o->steps, total_s, mean_ms,
+           mean_ms > 0 ? (double)N * accum / (mean_ms / 1e3) : 0.0, loss);
+    if (r.val) printf(" | val loss %.4f", val_loss);
+    printf(" | device peak %s\n", fy_fmt_size(ms.peak_nbytes[FY_MEM_DEVICE], peak, sizeof peak));
+    if (o->save) printf("saved   %s\n", o->save);
+    run_free(&r);
+    return 0;
+fail:
+    run_free(&r);
+    return 1;
+}
+
+int fy_eval_main(const fy_opts *o) {
+    run r = {0};
+    fy_status st;
+    fy_gpt2_config cfg;
+    const int B = (int)o->batch, T = (int)o->seq;
+    if (o->quiet) fy_log_set_level(FY_LOG_WARN);
+    if (!o->init || !o->data) {
+        fy_log_error("eval needs --init FILE and --data PATH");
+        return 1;
+    }
+    if ((st = resolve_model(o, false, &r, &cfg)) != FY_OK) goto fail;
+    if ((st = fy_tokens_open(o->data, &r.val_tok)) != FY_OK) goto fail;
+    if ((st = fy_tokens_check_vocab(r.val_tok, cfg.vocab)) != FY_OK) goto fail;
+    if ((st = fy_loader_new(r.val_tok, 0, fy_tokens_count(r.val_tok), B, T, &r.val)) != FY_OK)
+        goto fail;
+    r.x = malloc((size_t)B * T * sizeof(int32_t));
+    r.y = malloc((size_t)B * T * sizeof(int32_t));
+    if (!r.x || !r.y) { st = FY_ERR_NOMEM; goto fail; }
+    if ((st = open_device(o, &r.dev)) != FY_OK) goto fail;
+    fy_trainer_cfg tc = {.model = cfg, .B = B, .T = T};
+    if ((st = fy_trainer_new(r.dev, &tc, &r.tr)) != FY_OK) goto fail;
+    if ((st = fy_trainer_load(r.tr, r.init)) != FY_OK) goto fail;
+    int64_t avail = (int64_t)fy_loader_batches(r.val);
+    int64_t nb = o->batches && o->batches < avail ? o->batches : avail;
+    float loss;
+    if ((st = validate(&r, nb, B, T, &loss)) != FY_OK) goto fail;
+    printf("{\"loss\":%.9g,\"batches\":%lld,\"tokens\":%lld}\n", loss, (long long)nb,
+           (long long)nb * B * T);
+    run_free(&r);
+    return 0;
+fail:
+    run_free(&r);
+    return 1;
+}

@@ -1,0 +1,1379 @@
+/* test_device.c — the device interface (engine/device/device.h) and the GPT-2 kernels
+ * (kernels.h, and the layer built from them in engine/model/gpt2.h) on the cpu backend.
+ *
+ * Kernels: every backward is checked against central finite differences of its forward;
+ * the forwards are checked against host references in double; the accumulation rules of
+ * kernels.h (parameter gradients and layernorm's dinp add, other activation gradients
+ * are overwritten) are checked directly; results must not change from run to run or with
+ * the buffers' addresses. Device: stream order, events across streams, copies in every
+ * direction, memsets, zeroed allocations, the capacity cap and its error, usage counters,
+ * and the emulated PCIe link (lower bounds on copy time: a property of the emulation).
+ *
+ * Finite differences. The objective is L = sum(out * R) with R fixed and random, summed
+ * in double on the host from the kernel's fp32 output; the analytic gradient is the
+ * backward kernel's with dout = R. For a coordinate x_i the numeric gradient is
+ * (L(x_i + h) - L(x_i - h)) / (x_i+h - x_i-h), the denominator taken from the fp32 values
+ * actually stored. Over the checked coordinates we require
+ *     ||num - ana|| <= tol * ||ana||.
+ * The error of num has two parts: fp32 rounding in the forward, about u*|L_affected|/h
+ * (u = 2^-24, L_affected the part of L the coordinate moves), and the curvature term
+ * h^2/6 * f'''. For kernels linear in the perturbed input the second part is zero, so h
+ * is large and tol tight; for the others h ~ u^(1/3) * scale ~ 5e-3..1e-2 balances the
+ * two. Each tolerance below says what it covers.
+ *
+ * Every test opens its own device (Criterion forks per test): cpu, 2 threads. */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <float.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/core/util.h"
+#include "engine/device/device.h"
+#include "engine/device/kernels.h"
+#include "engine/model/gpt2.h"
+#include "optim_cpu/adam.h"
+
+#define U_F32 0x1p-24 /* unit roundoff of fp32 */
+
+/* ---- fixtures and helpers ---------------------------------------------------------- */
+
+static fy_dev *g_dev;
+static fy_stream *g_s;
+static void *g_host[512];
+static int g_nhost;
+
+static fy_dev *open_dev(size_t cap_nbytes, double gbps, int threads) {
+    fy_dev_cfg cfg = {.kind = FY_DEV_CPU, .threads = threads, .mem_cap_nbytes = cap_nbytes,
+                      .sim_pcie_gbps = gbps};
+    fy_dev *d = NULL;
+    cr_assert_eq(fy_dev_new(&cfg, &d), FY_OK, "fy_dev_new: %s", fy_last_error());
+    return d;
+}
+
+static void setup_with(size_t cap_nbytes, double gbps) {
+    fy_log_set_level(FY_LOG_QUIET); /* expected errors (OOM) stay out of the output */
+    g_dev = open_dev(cap_nbytes, gbps, 2);
+    cr_assert_eq(fy_stream_new(g_dev, "main", &g_s), FY_OK);
+}
+static void setup(void) { setup_with(0, 0.0); }
+
+static void teardown(void) {
+    fy_stream_free(g_s);
+    fy_dev_free(g_dev);
+    while (g_nhost > 0) free(g_host[--g_nhost]);
+}
+
+/* Host scratch, zeroed, freed at teardown. */
+static void *hnew(size_t nbytes) {
+    cr_assert(g_nhost < (int)(sizeof g_host / sizeof g_host[0]));
+    void *p = calloc(1, nbytes ? nbytes : 1);
+    cr_assert(p);
+    return g_host[g_nhost++] = p;
+}
+static float *hnewf(size_t n) { return hnew(n * sizeof(float)); }
+
+static void *dnew(size_t nbytes) {
+    void *p = NULL;
+    fy_status st = fy_dev_alloc(g_dev, FY_MEM_DEVICE, nbytes, "test buffer", &p);
+    cr_assert_eq(st, FY_OK, "fy_dev_alloc: %s", fy_last_error());
+    return p;
+}
+static float *dnewf(size_t n) { return dnew(n * sizeof(float)); }
+
+static void put(void *d, const void *h, size_t nbytes) {
+    fy_copy_async(g_s, d, h, nbytes, FY_H2D);
+    fy_stream_sync(g_s);
+}
+static void get(void *h, const void *d, size_t nbytes) {
+    fy_copy_async(g_s, h, d, nbytes, FY_D2H);
+    fy_stream_sync(g_s);
+}
+static float *dputf(const float *h, size_t n) {
+    float *d = dnewf(n);
+    put(d, h, n * sizeof(float));
+    return d;
+}
+static float *dgetf(const float *d, size_t n) {
+    float *h = hnewf(n);
+    get(h, d, n * sizeof(float));
+    return h;
+}
+
+typedef struct rng { uint64_t s; } rng;
+static uint64_t rng_u64(rng *r) { /* splitmix64 */
+    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static float rng_unif(rng *r, float lo, float hi) {
+    return lo + (hi - lo) * (float)((double)(rng_u64(r) >> 11) * 0x1p-53);
+}
+static int rng_int(rng *r, int n) { return (int)(rng_u64(r) % (uint64_t)n); }
+static float *hrand(rng *r, size_t n, float lo, float hi) {
+    float *x = hnewf(n);
+    for (size_t i = 0; i < n; i++) x[i] = rng_unif(r, lo, hi);
+    return x;
+}
+
+static void sleep_ms(double ms) {
+    struct timespec ts = {(time_t)(ms / 1e3), (long)(fmod(ms, 1e3) * 1e6)};
+    nanosleep(&ts, NULL);
+}
+
+/* L = sum(out * R) in double, out read back from the device into tmp. */
+static double dot_dev(const float *out, const float *R, float *tmp, size_t n) {
+    get(tmp, out, n * sizeof(float));
+    double L = 0.0;
+    for (size_t i = 0; i < n; i++) L += (double)tmp[i] * (double)R[i];
+    return L;
+}
+
+/* ---- the finite-difference engine -------------------------------------------------- */
+
+/* Queues a forward on g_s and returns the objective L read back in double. */
+typedef double (*fd_objective)(void *ctx);
+
+typedef struct fd_check {
+    const char *name;
+    float *x;         /* the input perturbed, device memory (n) */
+    size_t n;
+    const float *ana; /* dL/dx from the backward kernel, host (n) */
+    float h;          /* step */
+    size_t max_coords;/* coordinates checked: all if n is not larger, else a fixed sample */
+    double tol;       /* on ||num - ana|| / ||ana|| */
+} fd_check;
+
+static double fd_rel_err(fd_objective f, void *ctx, const fd_check *c) {
+    float *x = malloc(c->n * sizeof *x);
+    size_t *idx = malloc(c->n * sizeof *idx);
+    cr_assert(x && idx);
+    get(x, c->x, c->n * sizeof(float));
+    for (size_t i = 0; i < c->n; i++) idx[i] = i;
+    size_t m = c->n;
+    if (m > c->max_coords) { /* partial Fisher-Yates: a fixed sample without repeats */
+        rng r = {0xfd5eed ^ c->n};
+        for (size_t k = 0; k < c->max_coords; k++) {
+            size_t j = k + (size_t)(rng_u64(&r) % (c->n - k));
+            size_t t = idx[k]; idx[k] = idx[j]; idx[j] = t;
+        }
+        m = c->max_coords;
+    }
+    double e2 = 0.0, a2 = 0.0;
+    for (size_t k = 0; k < m; k++) {
+        size_t i = idx[k];
+        float x0 = x[i], xp = x0 + c->h, xm = x0 - c->h;
+        put(c->x + i, &xp, sizeof xp);
+        double lp = f(ctx);
+        put(c->x + i, &xm, sizeof xm);
+        double lm = f(ctx);
+        put(c->x + i, &x0, sizeof x0);
+        double num = (lp - lm) / ((double)xp - (double)xm);
+        e2 += (num - c->ana[i]) * (num - c->ana[i]);
+        a2 += (double)c->ana[i] * c->ana[i];
+    }
+    free(x);
+    free(idx);
+    return sqrt(e2) / sqrt(a2); /* NaN or inf (a failure) if ana is all zeros */
+}
+
+static void expect_fd(fd_objective f, void *ctx, const fd_check *c) {
+    double rel = fd_rel_err(f, ctx, c);
+    cr_log_info("fd %-26s ||num-ana||/||ana|| = %.2e (tol %.0e)", c->name, rel, c->tol);
+    cr_expect(rel <= c->tol,
+              "%s: finite differences disagree with the backward kernel: "
+              "||num - ana|| / ||ana|| = %.3g > tol %.3g", c->name, rel, c->tol);
+}
+
+/* got == base + inc up to the rounding of one fp32 addition (and of the sum, if the
+ * kernel adds a differently rounded partial): 4u * (|base| + |inc|). */
+static void expect_accumulated(const char *name, const float *got, const float *base,
+                               const float *inc, size_t n) {
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < n; i++) {
+        double want = (double)base[i] + inc[i];
+        double tol = 4 * U_F32 * (fabs(base[i]) + fabs(inc[i]));
+        if (!(fabs(got[i] - want) <= tol)) { if (!bad) first = i; bad++; }
+    }
+    cr_expect(bad == 0, "%s does not accumulate: %zu of %zu wrong, first [%zu] = %.9g, "
+              "want %.9g + %.9g", name, bad, n, first, got[first], base[first], inc[first]);
+}
+
+static void expect_same_bits(const char *name, const void *a, const void *b, size_t nbytes) {
+    cr_expect(memcmp(a, b, nbytes) == 0, "%s: results differ bitwise", name);
+}
+
+/* ---- kernel objectives ------------------------------------------------------------- */
+
+typedef struct enc_ctx {
+    float *out, *wte, *wpe;
+    int32_t *tok;
+    const float *R;
+    float *tmp;
+    int B, T, C;
+} enc_ctx;
+static double enc_obj(void *p) {
+    enc_ctx *c = p;
+    fy_k_encoder_fwd(c->out, c->tok, c->wte, c->wpe, c->B, c->T, c->C, g_s);
+    return dot_dev(c->out, c->R, c->tmp, (size_t)c->B * c->T * c->C);
+}
+
+typedef struct ln_ctx {
+    float *out, *mean, *rstd, *inp, *w, *b;
+    const float *R;
+    float *tmp;
+    int N, C;
+} ln_ctx;
+static double ln_obj(void *p) {
+    ln_ctx *c = p;
+    fy_k_layernorm_fwd(c->out, c->mean, c->rstd, c->inp, c->w, c->b, c->N, c->C, g_s);
+    return dot_dev(c->out, c->R, c->tmp, (size_t)c->N * c->C);
+}
+
+typedef struct mm_ctx {
+    float *out, *inp, *w, *bias;
+    const float *R;
+    float *tmp;
+    int N, C, OC;
+} mm_ctx;
+static double mm_obj(void *p) {
+    mm_ctx *c = p;
+    fy_k_matmul_fwd(c->out, c->inp, c->w, c->bias, c->N, c->C, c->OC, g_s);
+    return dot_dev(c->out, c->R, c->tmp, (size_t)c->N * c->OC);
+}
+
+typedef struct att_ctx {
+    float *out, *att, *qkv;
+    const float *R;
+    float *tmp;
+    int B, T, C, NH;
+} att_ctx;
+static double att_obj(void *p) {
+    att_ctx *c = p;
+    fy_k_attention_fwd(c->out, c->att, c->qkv, c->B, c->T, c->C, c->NH, g_s);
+    return dot_dev(c->out, c->R, c->tmp, (size_t)c->B * c->T * c->C);
+}
+
+typedef struct gelu_ctx {
+    float *out, *inp;
+    const float *R;
+    float *tmp;
+    size_t n;
+} gelu_ctx;
+static double gelu_obj(void *p) {
+    gelu_ctx *c = p;
+    fy_k_gelu_fwd(c->out, c->inp, c->n, g_s);
+    return dot_dev(c->out, c->R, c->tmp, c->n);
+}
+
+/* The mean loss: crossentropy's backward takes a scalar dloss, i.e. R = 1/N everywhere. */
+typedef struct ce_ctx {
+    float *losses, *logits;
+    int32_t *targets;
+    float *tmp;
+    int N, V;
+} ce_ctx;
+static double ce_obj(void *p) {
+    ce_ctx *c = p;
+    fy_k_crossentropy(c->losses, c->logits, c->targets, c->N, c->V, 0.0f, g_s);
+    get(c->tmp, c->losses, (size_t)c->N * sizeof(float));
+    double L = 0.0;
+    for (int n = 0; n < c->N; n++) L += c->tmp[n];
+    return L / c->N;
+}
+
+/* ---- finite differences: kernels --------------------------------------------------- */
+
+TestSuite(kernel_grad, .init = setup, .fini = teardown);
+
+Test(kernel_grad, encoder_bwd_matches_fd) {
+    enum { B = 2, T = 6, C = 8, V = 11, maxT = 8 };
+    rng r = {101};
+    int32_t tok[B * T];
+    /* 12 positions over 10 tokens: some repeat (the scatter must add); token V-1 never
+     * occurs and positions >= T are unused, so their gradients must stay zero. */
+    for (int i = 0; i < B * T; i++) tok[i] = rng_int(&r, V - 1);
+    float *R = hrand(&r, B * T * C, -1, 1);
+    enc_ctx c = {.out = dnewf(B * T * C), .wte = dputf(hrand(&r, V * C, -1, 1), V * C),
+                 .wpe = dputf(hrand(&r, maxT * C, -1, 1), maxT * C), .tok = dnew(sizeof tok),
+                 .R = R, .tmp = hnewf(B * T * C), .B = B, .T = T, .C = C};
+    put(c.tok, tok, sizeof tok);
+    float *dwte = dnewf(V * C), *dwpe = dnewf(maxT * C);
+    fy_k_encoder_bwd(dwte, dwpe, dputf(R, B * T * C), c.tok, B, T, C, g_s);
+    float *ana_wte = dgetf(dwte, V * C), *ana_wpe = dgetf(dwpe, maxT * C);
+    /* Linear in wte and wpe: central differences are exact for any h, leaving only the
+     * rounding of out = wte + wpe (u*|out| <= 1.2e-7 for each of <= 12 outputs a
+     * coordinate feeds) over 2h = 1: ~1e-6 absolute on gradients of order 1. */
+    expect_fd(enc_obj, &c, &(fd_check){"encoder dwte", c.wte, V * C, ana_wte, 0.5f, 1000, 1e-4});
+    expect_fd(enc_obj, &c, &(fd_check){"encoder dwpe", c.wpe, maxT * C, ana_wpe, 0.5f, 1000, 1e-4});
+}
+
+Test(kernel_grad, layernorm_bwd_matches_fd) {
+    enum { N = 14, C = 24 }; /* C = 24: one full and one partial column tile of 16 */
+    rng r = {202};
+    float *inp = hnewf(N * C);
+    for (int n = 0; n < N; n++) {
+        float off = rng_unif(&r, -2, 2), scale = rng_unif(&r, 0.5f, 2);
+        for (int c = 0; c < C; c++) inp[n * C + c] = off + scale * rng_unif(&r, -1, 1);
+    }
+    float *R = hrand(&r, N * C, -1, 1);
+    ln_ctx c = {.out = dnewf(N * C), .mean = dnewf(N), .rstd = dnewf(N),
+                .inp = dputf(inp, N * C), .w = dputf(hrand(&r, C, 0.5f, 1.5f), C),
+                .b = dputf(hrand(&r, C, -0.5f, 0.5f), C), .R = R, .tmp = hnewf(N * C),
+                .N = N, .C = C};
+    ln_obj(&c);
+    float *dinp = dnewf(N * C), *dw = dnewf(C), *db = dnewf(C);
+    fy_k_layernorm_bwd(dinp, dw, db, dputf(R, N * C), c.inp, c.w, c.mean, c.rstd, N, C, g_s);
+    float *ana_inp = dgetf(dinp, N * C), *ana_w = dgetf(dw, C), *ana_b = dgetf(db, C);
+    /* Nonlinear in inp (rstd <= 2.5): h = 5e-3. Rounding: a coordinate moves one row of
+     * 24 outputs of size ~2, ~sqrt(24)*2u*2 / 2h ~ 1e-4 of gradients ~1; curvature
+     * h^2/6 * rstd^3 ~ 6e-5. Measured ~1e-4; tol 2e-3 leaves a 10x margin. */
+    expect_fd(ln_obj, &c, &(fd_check){"layernorm dinp", c.inp, N * C, ana_inp, 5e-3f, 1000, 2e-3});
+    /* Linear in w and b: exact up to rounding of ~N outputs over 2h = 1, ~1e-6. */
+    expect_fd(ln_obj, &c, &(fd_check){"layernorm dw", c.w, C, ana_w, 0.5f, 1000, 1e-4});
+    expect_fd(ln_obj, &c, &(fd_check){"layernorm db", c.b, C, ana_b, 0.5f, 1000, 1e-4});
+}
+
+static void check_matmul_fd(bool with_bias) {
+    enum { N = 12, C = 12, OC = 20 }; /* OC = 20: a partial column tile for dbias */
+    rng r = {with_bias ? 303u : 304u};
+    float *R = hrand(&r, N * OC, -1, 1);
+    mm_ctx c = {.out = dnewf(N * OC), .inp = dputf(hrand(&r, N * C, -1, 1), N * C),
+                .w = dputf(hrand(&r, OC * C, -1, 1), OC * C),
+                .bias = with_bias ? dputf(hrand(&r, OC, -1, 1), OC) : NULL,
+                .R = R, .tmp = hnewf(N * OC), .N = N, .C = C, .OC = OC};
+    float *dinp = dnewf(N * C), *dw = dnewf(OC * C), *dbias = with_bias ? dnewf(OC) : NULL;
+    fy_k_matmul_bwd(dinp, dw, dbias, dputf(R, N * OC), c.inp, c.w, N, C, OC, g_s);
+    /* Linear in each of inp, w and bias: exact for any h up to rounding of the outputs,
+     * (C+1)u * sum|terms| ~ 1e-6 each, a few of them per coordinate, over 2h = 0.5:
+     * ~1e-6 relative. */
+    expect_fd(mm_obj, &c, &(fd_check){"matmul dinp", c.inp, N * C, dgetf(dinp, N * C),
+                                      0.25f, 1000, 1e-4});
+    expect_fd(mm_obj, &c, &(fd_check){"matmul dw", c.w, OC * C, dgetf(dw, OC * C), 0.25f,
+                                      1000, 1e-4});
+    if (with_bias)
+        expect_fd(mm_obj, &c, &(fd_check){"matmul dbias", c.bias, OC, dgetf(dbias, OC), 0.25f,
+                                          1000, 1e-4});
+}
+
+Test(kernel_grad, matmul_bwd_matches_fd_with_bias) { check_matmul_fd(true); }
+Test(kernel_grad, matmul_bwd_matches_fd_without_bias) { check_matmul_fd(false); }
+
+Test(kernel_grad, attention_bwd_matches_fd) {
+    enum { B = 2, T = 7, C = 16, NH = 2 };
+    rng r = {404};
+    float *R = hrand(&r, B * T * C, -1, 1);
+    att_ctx c = {.out = dnewf(B * T * C), .att = dnewf(B * NH * T * T),
+                 .qkv = dputf(hrand(&r, B * T * 3 * C, -1.5f, 1.5f), B * T * 3 * C),
+                 .R = R, .tmp = hnewf(B * T * C), .B = B, .T = T, .C = C, .NH = NH};
+    att_obj(&c);
+    float *dqkv = dnewf(B * T * 3 * C), *scratch = dnewf(B * NH * T * T);
+    fy_k_attention_bwd(dqkv, scratch, dputf(R, B * T * C), c.qkv, c.att, B, T, C, NH, g_s);
+    /* Softmax is smooth on the scale of the scores (~1): h = 5e-3 on inputs of ~1.
+     * Rounding: a coordinate moves up to T*hs = 56 outputs of ~1, ~sqrt(56)*2u / 2h
+     * ~ 2e-4 of gradients ~0.5; curvature h^2/6 ~ 4e-6. tol 5e-3. */
+    expect_fd(att_obj, &c, &(fd_check){"attention dqkv", c.qkv, B * T * 3 * C,
+                                       dgetf(dqkv, B * T * 3 * C), 5e-3f, 1000, 5e-3});
+}
+
+Test(kernel_grad, gelu_bwd_matches_fd) {
+    enum { n = 96 };
+    rng r = {505};
+    float *x = hrand(&r, n, -4, 4);
+    x[0] = 0.0f; x[1] = -0.7f; x[2] = 3.5f; /* the flat, curved and saturated parts */
+    float *R = hrand(&r, n, -1, 1);
+    gelu_ctx c = {.out = dnewf(n), .inp = dputf(x, n), .R = R, .tmp = hnewf(n), .n = n};
+    float *dinp = dnewf(n);
+    fy_k_gelu_bwd(dinp, c.inp, dputf(R, n), n, g_s);
+    /* Elementwise: rounding ~2u*|out| (tanhf is within ~2 ulp) <= 1e-6 over 2h = 1e-2:
+     * 1e-4; curvature h^2/6 * |gelu'''| (<= ~1) ~ 4e-6. tol 1e-3. */
+    expect_fd(gelu_obj, &c, &(fd_check){"gelu dinp", c.inp, n, dgetf(dinp, n), 5e-3f, 1000,
+                                        1e-3});
+}
+
+Test(kernel_grad, crossentropy_dlogits_match_fd) {
+    enum { N = 12, V = 11 };
+    rng r = {606};
+    int32_t tgt[N];
+    for (int n = 0; n < N; n++) tgt[n] = rng_int(&r, V);
+    float *logits = hrand(&r, N * V, -3, 3);
+    ce_ctx c = {.losses = dnewf(N), .logits = dputf(logits, N * V), .targets = dnew(sizeof tgt),
+                .tmp = hnewf(N), .N = N, .V = V};
+    put(c.targets, tgt, sizeof tgt);
+    float *dlogits = dputf(logits, N * V);
+    fy_k_crossentropy(dnewf(N), dlogits, c.targets, N, V, 1.0f / N, g_s);
+    /* L = mean loss ~2.4. Rounding: one loss moves, ~3u*2.4/N / 2h ~ 6e-7 of gradients
+     * ~(1/V)/N ~ 8e-3: 1e-4; curvature h^2/6 * |lse'''| (<= 0.4) / N ~ 1e-7. tol 2e-3. */
+    expect_fd(ce_obj, &c, &(fd_check){"crossentropy dlogits", c.logits, N * V,
+                                      dgetf(dlogits, N * V), 1e-2f, 1000, 2e-3});
+}
+
+Test(kernel_grad, crossentropy_losses_and_grads_match_host_log_softmax) {
+    enum { N = 12, V = 11 };
+    rng r = {607};
+    int32_t tgt[N];
+    for (int n = 0; n < N; n++) tgt[n] = rng_int(&r, V);
+    float *logits = hrand(&r, N * V, -4, 4);
+    for (int j = 0; j < V; j++) { logits[0 * V + j] += 90.0f; logits[1 * V + j] -= 90.0f; }
+    int32_t *dtgt = dnew(sizeof tgt);
+    put(dtgt, tgt, sizeof tgt);
+    float *dlog = dputf(logits, N * V), *dloss = dnewf(N);
+    const float scale = 1.0f / N;
+    fy_k_crossentropy(dloss, dlog, dtgt, N, V, scale, g_s);
+    float *losses = dgetf(dloss, N), *grad = dgetf(dlog, N * V);
+    for (int n = 0; n < N; n++) {
+        const float *x = logits + n * V;
+        double mx = -INFINITY, sum = 0.0;
+        for (int j = 0; j < V; j++) mx = fmax(mx, x[j]);
+        for (int j = 0; j < V; j++) sum += exp((double)x[j] - mx);
+        double lse = mx + log(sum), want = lse - x[tgt[n]];
+        /* fp32: lse is rounded once or twice and then the target logit is subtracted,
+         * so the error is a few ulps of |lse| (rows 0 and 1 are offset by +-90). */
+        double tol = 4 * U_F32 * (fabs(lse) + fabs(want));
+        cr_expect(fabs(losses[n] - want) <= tol, "loss[%d] = %.9g, host log-softmax %.9g",
+                  n, losses[n], want);
+        for (int j = 0; j < V; j++) {
+            double g = (exp((double)x[j] - lse) - (j == tgt[n])) * scale;
+            /* expf, two products and the -dloss each add <= ~1 ulp of dloss */
+            cr_expect(fabs(grad[n * V + j] - g) <= 8 * U_F32 * scale,
+                      "dlogits[%d,%d] = %.9g, host %.9g", n, j, grad[n * V + j], g);
+        }
+    }
+}
+
+Test(kernel_grad, crossentropy_with_zero_dloss_leaves_logits) {
+    enum { N = 6, V = 11 };
+    rng r = {608};
+    int32_t tgt[N] = {0, 10, 3, 3, 7, 1};
+    float *logits = hrand(&r, N * V, -3, 3);
+    int32_t *dtgt = dnew(sizeof tgt);
+    put(dtgt, tgt, sizeof tgt);
+    float *dlog = dputf(logits, N * V);
+    fy_k_crossentropy(dnewf(N), dlog, dtgt, N, V, 0.0f, g_s);
+    expect_same_bits("logits after dloss = 0", dgetf(dlog, N * V), logits, N * V * sizeof(float));
+}
+
+/* ---- finite differences: the GPT-2 layer ------------------------------------------- */
+
+typedef struct layer_fix {
+    fy_gpt2_config cfg;
+    fy_gpt2_layout lay;
+    const fy_block_spec *blk;
+    int B, T;
+    size_t NC;
+    float *wbase, *gbase, *x_in;
+    fy_gpt2_layer_w w, g;
+    fy_gpt2_layer_acts a;
+    fy_gpt2_scratch sc;
+    const float *R;
+    float *tmp;
+} layer_fix;
+
+/* A 1-layer GPT-2 (C 16, NH 2) with parameters drawn so every nonlinearity works in
+ * its curved range: gains 1 +- 0.3, biases +- 0.2, weights of unit output variance. */
+static void layer_fix_init(layer_fix *f, uint64_t seed) {
+    memset(f, 0, sizeof *f);
+    f->cfg = (fy_gpt2_config){.vocab = 11, .max_seq = 8, .channels = 16, .layers = 1, .heads = 2};
+    f->B = 2;
+    f->T = 5;
+    f->NC = (size_t)f->B * f->T * f->cfg.channels;
+    cr_assert_eq(fy_gpt2_layout_new(&f->cfg, &f->lay), FY_OK);
+    f->blk = &f->lay.blocks[1];
+    rng r = {seed};
+    float *host = hnewf(f->blk->nelem);
+    for (int i = 0; i < f->blk->ntensors; i++) {
+        const fy_tensor_spec *t = &f->blk->tensors[i];
+        float *p = host + t->offset;
+        size_t n = (size_t)t->rows * t->cols;
+        bool gain = t->cols == 1 && strstr(t->name, ".weight");
+        float a = t->cols == 1 ? (gain ? 0.3f : 0.2f) : sqrtf(3.0f / t->cols);
+        for (size_t j = 0; j < n; j++) p[j] = (gain ? 1.0f : 0.0f) + rng_unif(&r, -a, a);
+    }
+    f->wbase = dputf(host, f->blk->nelem);
+    f->gbase = dnewf(f->blk->nelem);
+    fy_gpt2_layer_view(f->blk, f->wbase, &f->w);
+    fy_gpt2_layer_view(f->blk, f->gbase, &f->g);
+    fy_gpt2_layer_acts_bind(&f->cfg, f->B, f->T,
+                            dnewf(fy_gpt2_layer_acts_nelem(&f->cfg, f->B, f->T)), &f->a);
+    fy_gpt2_scratch_bind(&f->cfg, f->B, f->T,
+                         dnewf(fy_gpt2_scratch_nelem(&f->cfg, f->B, f->T)), &f->sc);
+    f->x_in = dputf(hrand(&r, f->NC, -1.5f, 1.5f), f->NC);
+    f->R = hrand(&r, f->NC, -1, 1);
+    f->tmp = hnewf(f->NC);
+}
+
+static double layer_obj(void *p) {
+    layer_fix *f = p;
+    fy_gpt2_layer_fwd(&f->cfg, &f->w, &f->a, f->x_in, &f->sc, f->B, f->T, g_s);
+    return dot_dev(f->a.out, f->R, f->tmp, f->NC);
+}
+
+/* Backward with d out = R; parameter gradients add into gbase. Returns d x_in. */
+static float *layer_bwd(layer_fix *f) {
+    put(f->sc.dres, f->R, f->NC * sizeof(float));
+    fy_gpt2_layer_bwd(&f->cfg, &f->w, &f->g, &f->a, f->x_in, &f->sc, f->B, f->T, g_s);
+    return dgetf(f->sc.dres, f->NC);
+}
+
+Test(kernel_grad, gpt2_layer_bwd_matches_fd) {
+    layer_fix f;
+    layer_fix_init(&f, 707);
+    layer_obj(&f);
+    float *ana_x = layer_bwd(&f);
+    float *ana_p = dgetf(f.gbase, f.blk->nelem);
+    /* Ten kernels deep: rounding of out (~2 over 80 outputs) grows to ~10u per output,
+     * ~sqrt(80)*10u*2 / 2h ~ 2e-4 absolute at h = 5e-3 against gradients of 0.1..3;
+     * curvature h^2/6 * O(1-10) ~ 4e-5. Measured <= ~2e-3; tol 2e-2. Up to 48 coordinates
+     * per tensor keep the test well under a second. */
+    const double tol = 2e-2;
+    expect_fd(layer_obj, &f, &(fd_check){"layer d x_in", f.x_in, f.NC, ana_x, 5e-3f, 48, tol});
+    for (int i = 0; i < f.blk->ntensors; i++) {
+        const fy_tensor_spec *t = &f.blk->tensors[i];
+        expect_fd(layer_obj, &f, &(fd_check){t->name, f.wbase + t->offset,
+                                             (size_t)t->rows * t->cols, ana_p + t->offset,
+                                             5e-3f, 48, tol});
+    }
+    fy_gpt2_layout_free(&f.lay);
+}
+
+/* ---- accumulation rules ------------------------------------------------------------ */
+
+TestSuite(accumulate, .init = setup, .fini = teardown);
+
+Test(accumulate, encoder_bwd_adds_into_dwte_dwpe) {
+    enum { B = 2, T = 6, C = 8, V = 11 };
+    rng r = {111};
+    int32_t tok[B * T];
+    for (int i = 0; i < B * T; i++) tok[i] = rng_int(&r, V);
+    int32_t *dtok = dnew(sizeof tok);
+    put(dtok, tok, sizeof tok);
+    float *dout = dputf(hrand(&r, B * T * C, -1, 1), B * T * C);
+    float *dwte = dnewf(V * C), *dwpe = dnewf(T * C);
+    fy_k_encoder_bwd(dwte, dwpe, dout, dtok, B, T, C, g_s);
+    float *wte1 = dgetf(dwte, V * C), *wpe1 = dgetf(dwpe, T * C);
+    fy_k_encoder_bwd(dwte, dwpe, dout, dtok, B, T, C, g_s);
+    expect_accumulated("encoder dwte", dgetf(dwte, V * C), wte1, wte1, V * C);
+    expect_accumulated("encoder dwpe", dgetf(dwpe, T * C), wpe1, wpe1, T * C);
+}
+
+Test(accumulate, layernorm_bwd_adds_into_dinp_dw_db) {
+    enum { N = 10, C = 24 };
+    rng r = {222};
+    float *inp = dputf(hrand(&r, N * C, -2, 2), N * C), *w = dputf(hrand(&r, C, 0.5f, 1.5f), C);
+    float *b = dputf(hrand(&r, C, -1, 1), C), *out = dnewf(N * C), *mean = dnewf(N);
+    float *rstd = dnewf(N), *dout = dputf(hrand(&r, N * C, -1, 1), N * C);
+    fy_k_layernorm_fwd(out, mean, rstd, inp, w, b, N, C, g_s);
+    /* into zeros: the increment itself */
+    float *dinp = dnewf(N * C), *dw = dnewf(C), *db = dnewf(C);
+    fy_k_layernorm_bwd(dinp, dw, db, dout, inp, w, mean, rstd, N, C, g_s);
+    float *inc_inp = dgetf(dinp, N * C), *inc_w = dgetf(dw, C), *inc_b = dgetf(db, C);
+    /* into prefilled buffers: base + increment */
+    float *base_inp = hrand(&r, N * C, -1, 1), *base_w = hrand(&r, C, -1, 1);
+    float *base_b = hrand(&r, C, -1, 1);
+    put(dinp, base_inp, N * C * sizeof(float));
+    put(dw, base_w, C * sizeof(float));
+    put(db, base_b, C * sizeof(float));
+    fy_k_layernorm_bwd(dinp, dw, db, dout, inp, w, mean, rstd, N, C, g_s);
+    expect_accumulated("layernorm dinp", dgetf(dinp, N * C), base_inp, inc_inp, N * C);
+    expect_accumulated("layernorm dw", dgetf(dw, C), base_w, inc_w, C);
+    expect_accumulated("layernorm db", dgetf(db, C), base_b, inc_b, C);
+}
+
+Test(accumulate, matmul_bwd_adds_into_dw_dbias) {
+    enum { N = 12, C = 12, OC = 20 };
+    rng r = {333};
+    float *inp = dputf(hrand(&r, N * C, -1, 1), N * C), *w = dputf(hrand(&r, OC * C, -1, 1), OC * C);
+    float *dout = dputf(hrand(&r, N * OC, -1, 1), N * OC);
+    float *dinp = dnewf(N * C), *dw = dnewf(OC * C), *dbias = dnewf(OC);
+    fy_k_matmul_bwd(dinp, dw, dbias, dout, inp, w, N, C, OC, g_s);
+    float *w1 = dgetf(dw, OC * C), *b1 = dgetf(dbias, OC);
+    fy_k_matmul_bwd(dinp, dw, dbias, dout, inp, w, N, C, OC, g_s);
+    expect_accumulated("matmul dw", dgetf(dw, OC * C), w1, w1, OC * C);
+    expect_accumulated("matmul dbias", dgetf(dbias, OC), b1, b1, OC);
+}
+
+Test(accumulate, matmul_bwd_overwrites_dinp) {
+    enum { N = 12, C = 12, OC = 20 };
+    rng r = {334};
+    float *inp = dputf(hrand(&r, N * C, -1, 1), N * C), *w = dputf(hrand(&r, OC * C, -1, 1), OC * C);
+    float *dout = dputf(hrand(&r, N * OC, -1, 1), N * OC);
+    float *dinp = dnewf(N * C);
+    fy_k_matmul_bwd(dinp, dnewf(OC * C), NULL, dout, inp, w, N, C, OC, g_s);
+    float *clean = dgetf(dinp, N * C);
+    put(dinp, hrand(&r, N * C, 100, 1000), N * C * sizeof(float)); /* stale contents */
+    fy_k_matmul_bwd(dinp, dnewf(OC * C), NULL, dout, inp, w, N, C, OC, g_s);
+    expect_same_bits("matmul dinp over stale contents", dgetf(dinp, N * C), clean,
+                     N * C * sizeof(float));
+}
+
+Test(accumulate, matmul_bwd_without_dinp_gives_same_dw) {
+    enum { N = 12, C = 12, OC = 20 };
+    rng r = {335};
+    float *inp = dputf(hrand(&r, N * C, -1, 1), N * C), *w = dputf(hrand(&r, OC * C, -1, 1), OC * C);
+    float *dout = dputf(hrand(&r, N * OC, -1, 1), N * OC);
+    float *dw1 = dnewf(OC * C), *dw2 = dnewf(OC * C), *db1 = dnewf(OC), *db2 = dnewf(OC);
+    fy_k_matmul_bwd(dnewf(N * C), dw1, db1, dout, inp, w, N, C, OC, g_s);
+    fy_k_matmul_bwd(NULL, dw2, db2, dout, inp, w, N, C, OC, g_s);
+    expect_same_bits("matmul dw with dinp NULL", dgetf(dw2, OC * C), dgetf(dw1, OC * C),
+                     OC * C * sizeof(float));
+    expect_same_bits("matmul dbias with dinp NULL", dgetf(db2, OC), dgetf(db1, OC),
+                     OC * sizeof(float));
+}
+
+Test(accumulate, attention_bwd_overwrites_dqkv) {
+    enum { B = 2, T = 6, C = 16, NH = 2 };
+    rng r = {444};
+    float *qkv = dputf(hrand(&r, B * T * 3 * C, -1, 1), B * T * 3 * C);
+    float *out = dnewf(B * T * C), *att = dnewf(B * NH * T * T);
+    float *dout = dputf(hrand(&r, B * T * C, -1, 1), B * T * C);
+    fy_k_attention_fwd(out, att, qkv, B, T, C, NH, g_s);
+    float *dqkv = dnewf(B * T * 3 * C), *scratch = dnewf(B * NH * T * T);
+    fy_k_attention_bwd(dqkv, scratch, dout, qkv, att, B, T, C, NH, g_s);
+    float *clean = dgetf(dqkv, B * T * 3 * C);
+    put(dqkv, hrand(&r, B * T * 3 * C, 100, 1000), B * T * 3 * C * sizeof(float));
+    put(scratch, hrand(&r, B * NH * T * T, 100, 1000), B * NH * T * T * sizeof(float));
+    fy_k_attention_bwd(dqkv, scratch, dout, qkv, att, B, T, C, NH, g_s);
+    expect_same_bits("attention dqkv over stale contents", dgetf(dqkv, B * T * 3 * C), clean,
+                     B * T * 3 * C * sizeof(float));
+}
+
+Test(accumulate, gelu_bwd_overwrites_dinp) {
+    enum { n = 200 };
+    rng r = {555};
+    float *x = dputf(hrand(&r, n, -4, 4), n), *dout = dputf(hrand(&r, n, -1, 1), n);
+    float *dinp = dnewf(n);
+    fy_k_gelu_bwd(dinp, x, dout, n, g_s);
+    float *clean = dgetf(dinp, n);
+    put(dinp, hrand(&r, n, 100, 1000), n * sizeof(float));
+    fy_k_gelu_bwd(dinp, x, dout, n, g_s);
+    expect_same_bits("gelu dinp over stale contents", dgetf(dinp, n), clean, n * sizeof(float));
+}
+
+Test(accumulate, gpt2_layer_bwd_adds_param_grads) {
+    layer_fix f;
+    layer_fix_init(&f, 777);
+    layer_obj(&f);
+    float *dx1 = layer_bwd(&f);
+    float *g1 = dgetf(f.gbase, f.blk->nelem);
+    float *dx2 = layer_bwd(&f);
+    float *g2 = dgetf(f.gbase, f.blk->nelem);
+    for (int i = 0; i < f.blk->ntensors; i++) {
+        const fy_tensor_spec *t = &f.blk->tensors[i];
+        size_t off = t->offset, n = (size_t)t->rows * t->cols;
+        expect_accumulated(t->name, g2 + off, g1 + off, g1 + off, n);
+    }
+    /* d x_in is an activation gradient: the same both times, not doubled */
+    expect_same_bits("layer d x_in on the second backward", dx2, dx1, f.NC * sizeof(float));
+    fy_gpt2_layout_free(&f.lay);
+}
+
+/* ---- forwards against host references ---------------------------------------------- */
+
+TestSuite(kernel_fwd, .init = setup, .fini = teardown);
+
+Test(kernel_fwd, encoder_and_residual_are_exact_sums) {
+    enum { B = 2, T = 5, C = 12, V = 11 };
+    rng r = {121};
+    int32_t tok[B * T];
+    for (int i = 0; i < B * T; i++) tok[i] = rng_int(&r, V);
+    int32_t *dtok = dnew(sizeof tok);
+    put(dtok, tok, sizeof tok);
+    float *wte = hrand(&r, V * C, -1, 1), *wpe = hrand(&r, T * C, -1, 1);
+    float *out = dnewf(B * T * C);
+    fy_k_encoder_fwd(out, dtok, dputf(wte, V * C), dputf(wpe, T * C), B, T, C, g_s);
+    float *got = dgetf(out, B * T * C), *want = hnewf(B * T * C);
+    for (int bt = 0; bt < B * T; bt++)
+        for (int c = 0; c < C; c++) want[bt * C + c] = wte[tok[bt] * C + c] + wpe[(bt % T) * C + c];
+    /* one fp32 addition per element: the host's sum has the same bits */
+    expect_same_bits("encoder out", got, want, B * T * C * sizeof(float));
+    float *a = hrand(&r, 100, -1, 1), *b = hrand(&r, 100, -1, 1), *sum = dnewf(100);
+    fy_k_residual_fwd(sum, dputf(a, 100), dputf(b, 100), 100, g_s);
+    for (int i = 0; i < 100; i++) want[i] = a[i] + b[i];
+    expect_same_bits("residual out", dgetf(sum, 100), want, 100 * sizeof(float));
+}
+
+Test(kernel_fwd, layernorm_matches_host_double) {
+    enum { N = 9, C = 24 };
+    rng r = {131};
+    float *x = hrand(&r, N * C, -2, 2), *w = hrand(&r, C, 0.5f, 1.5f), *b = hrand(&r, C, -1, 1);
+    float *out = dnewf(N * C), *mean = dnewf(N), *rstd = dnewf(N);
+    fy_k_layernorm_fwd(out, mean, rstd, dputf(x, N * C), dputf(w, C), dputf(b, C), N, C, g_s);
+    float *go = dgetf(out, N * C), *gm = dgetf(mean, N), *gr = dgetf(rstd, N);
+    for (int n = 0; n < N; n++) {
+        double m = 0, v = 0;
+        for (int c = 0; c < C; c++) m += x[n * C + c];
+        m /= C;
+        for (int c = 0; c < C; c++) v += (x[n * C + c] - m) * (x[n * C + c] - m);
+        double rs = 1.0 / sqrt(v / C + 1e-5);
+        /* fp32 sums of C = 24 terms: <= C*u relative on mean and variance, 1e-5 covers
+         * it with margin; outputs are ~2, hence 2e-5 absolute there */
+        cr_expect(fabs(gm[n] - m) <= 1e-5 * (1 + fabs(m)), "mean[%d] %.9g vs %.9g", n, gm[n], m);
+        cr_expect(fabs(gr[n] - rs) <= 1e-5 * rs, "rstd[%d] %.9g vs %.9g", n, gr[n], rs);
+        for (int c = 0; c < C; c++) {
+            double want = (x[n * C + c] - m) * rs * w[c] + b[c];
+            cr_expect(fabs(go[n * C + c] - want) <= 2e-5, "out[%d,%d] %.9g vs %.9g", n, c,
+                      go[n * C + c], want);
+        }
+    }
+}
+
+static void check_matmul_fwd(bool with_bias) {
+    enum { N = 7, C = 24, OC = 20 };
+    rng r = {with_bias ? 141u : 142u};
+    float *x = hrand(&r, N * C, -1, 1), *w = hrand(&r, OC * C, -1, 1), *bias = hrand(&r, OC, -1, 1);
+    float *out = dnewf(N * OC);
+    fy_k_matmul_fwd(out, dputf(x, N * C), dputf(w, OC * C), with_bias ? dputf(bias, OC) : NULL,
+                    N, C, OC, g_s);
+    float *got = dgetf(out, N * OC);
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double s = with_bias ? bias[o] : 0.0, mag = fabs(s);
+            for (int c = 0; c < C; c++) {
+                s += (double)x[n * C + c] * w[o * C + c];
+                mag += fabs((double)x[n * C + c] * w[o * C + c]);
+            }
+            /* the classical bound for an fp32 dot product of C+1 terms: (C+1)u sum|terms| */
+            cr_expect(fabs(got[n * OC + o] - s) <= (C + 2) * U_F32 * mag,
+                      "out[%d,%d] %.9g vs %.9g (bias %d)", n, o, got[n * OC + o], s, with_bias);
+        }
+}
+
+Test(kernel_fwd, matmul_with_bias_matches_host_double) { check_matmul_fwd(true); }
+Test(kernel_fwd, matmul_without_bias_matches_host_double) { check_matmul_fwd(false); }
+
+Test(kernel_fwd, attention_matches_host_double) {
+    enum { B = 2, T = 6, C = 16, NH = 2, hs = C / NH };
+    rng r = {151};
+    float *qkv = hrand(&r, B * T * 3 * C, -1.5f, 1.5f);
+    float *out = dnewf(B * T * C), *att = dnewf(B * NH * T * T);
+    put(att, hrand(&r, B * NH * T * T, 5, 6), B * NH * T * T * sizeof(float)); /* stale */
+    fy_k_attention_fwd(out, att, dputf(qkv, B * T * 3 * C), B, T, C, NH, g_s);
+    float *go = dgetf(out, B * T * C), *gp = dgetf(att, B * NH * T * T);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                const float *q = qkv + (b * T + t) * 3 * C + h * hs;
+                double p[T], mx = -INFINITY, sum = 0;
+                for (int j = 0; j <= t; j++) {
+                    const float *k = qkv + (b * T + j) * 3 * C + C + h * hs;
+                    double s = 0;
+                    for (int d = 0; d < hs; d++) s += (double)q[d] * k[d];
+                    p[j] = s / sqrt((double)hs);
+                    mx = fmax(mx, p[j]);
+                }
+                for (int j = 0; j <= t; j++) sum += (p[j] = exp(p[j] - mx));
+                const float *prow = gp + ((b * NH + h) * T + t) * T;
+                for (int j = 0; j < T; j++) {
+                    double want = j <= t ? p[j] / sum : 0.0;
+                    /* probabilities <= 1 after an fp32 dot of 8 terms, exp and a
+                     * normalisation: a few ulps of 1; 1e-6 */
+                    cr_expect(fabs(prow[j] - want) <= 1e-6, "att[%d,%d,%d,%d] %.9g vs %.9g",
+                              b, h, t, j, prow[j], want);
+                }
+                for (int d = 0; d < hs; d++) {
+                    double y = 0;
+                    for (int j = 0; j <= t; j++) y += p[j] / sum * qkv[(b * T + j) * 3 * C + 2 * C + h * hs + d];
+                    float got = go[(b * T + t) * C + h * hs + d];
+                    /* a convex combination of values <= 1.5 with probabilities off by
+                     * <= 1e-6 each: 1e-5 */
+                    cr_expect(fabs(got - y) <= 1e-5, "out[%d,%d,%d] %.9g vs %.9g", b, t,
+                              h * hs + d, got, y);
+                }
+            }
+}
+
+Test(kernel_fwd, gelu_matches_host_double) {
+    enum { n = 257 };
+    rng r = {161};
+    float *x = hrand(&r, n, -6, 6);
+    float *out = dnewf(n);
+    fy_k_gelu_fwd(out, dputf(x, n), n, g_s);
+    float *got = dgetf(out, n);
+    for (int i = 0; i < n; i++) {
+        double xi = x[i];
+        double want = 0.5 * xi * (1 + tanh(0.7978845608028654 * (xi + 0.044715 * xi * xi * xi)));
+        /* tanhf within ~2 ulp and a handful of fp32 roundings on values <= |x| */
+        cr_expect(fabs(got[i] - want) <= 8 * U_F32 * (1 + fabs(xi)), "gelu(%.9g) = %.9g vs %.9g",
+                  xi, got[i], want);
+    }
+}
+
+Test(kernel_fwd, mean_and_sumsq_match_host_double) {
+    enum { n = 100003 }; /* several sumsq chunks and a ragged tail */
+    rng r = {171};
+    float *x = hrand(&r, n, -3, 3);
+    float *dx = dputf(x, n), *dmean = dnewf(1);
+    double *dsq = dnew(sizeof(double));
+    fy_k_mean(dmean, dx, n, g_s);
+    fy_k_sumsq(dsq, dx, n, g_s);
+    float mean;
+    double sq;
+    get(&mean, dmean, sizeof mean);
+    get(&sq, dsq, sizeof sq);
+    double s = 0, s2 = 0;
+    for (int i = 0; i < n; i++) { s += x[i]; s2 += (double)x[i] * x[i]; }
+    /* kernels.h: the mean is summed in double in index order, so it has these bits */
+    cr_expect(mean == (float)(s / n), "mean %.9g vs %.9g", mean, (float)(s / n));
+    /* double sums of 1e5 positive terms in another order: ~1e5 * 1.1e-16 relative */
+    cr_expect(fabs(sq - s2) <= 1e-10 * s2, "sumsq %.17g vs %.17g", sq, s2);
+}
+
+Test(kernel_fwd, adamw_kernel_bit_identical_to_fy_adam_step) {
+    const size_t n = 150001; /* three of the kernel's parallel chunks, a ragged tail */
+    rng r = {181};
+    float *p = hrand(&r, n, -1, 1), *m = hrand(&r, n, -0.01f, 0.01f);
+    float *v = hrand(&r, n, 0, 1e-4f), *grad = hrand(&r, n, -0.1f, 0.1f);
+    fy_adam_hparams hp = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                          .weight_decay = 0.1f, .step = 7, .grad_scale = 0.5f};
+    fy_adam_range dr = {.param = dputf(p, n), .m = dputf(m, n), .v = dputf(v, n),
+                        .grad = dputf(grad, n), .grad_dtype = FY_F32, .n = n, .decay = true};
+    fy_k_adamw(&hp, &dr, g_s);
+    fy_stream_sync(g_s);
+    fy_adam_range hr = {.param = p, .m = m, .v = v, .grad = grad, .grad_dtype = FY_F32,
+                        .n = n, .decay = true};
+    cr_assert_eq(fy_adam_step(&hp, &hr), FY_OK);
+    expect_same_bits("adamw param", dgetf(dr.param, n), p, n * sizeof(float));
+    expect_same_bits("adamw m", dgetf(dr.m, n), m, n * sizeof(float));
+    expect_same_bits("adamw v", dgetf(dr.v, n), v, n * sizeof(float));
+}
+
+/* ---- determinism ------------------------------------------------------------------- */
+
+/* Every kernel once, on one set of tensors laid out in one device buffer with a chosen
+ * misalignment: tensor k starts at base + off + sum over earlier tensors of
+ * (round_up(n, 16) + gap) floats. */
+enum { KB = 2, KT = 7, KC = 16, KNH = 2, KV = 11, KN = KB * KT, KOC = 20 };
+#define KSET(X)                                                                           \
+    X(tok, KN, 1) X(wte, KV * KC, 1) X(wpe, KT * KC, 1) X(enc_dout, KN * KC, 1)           \
+    X(enc_out, KN * KC, 0) X(dwte, KV * KC, 0) X(dwpe, KT * KC, 0)                        \
+    X(ln_inp, KN * KC, 1) X(ln_w, KC, 1) X(ln_b, KC, 1) X(ln_dout, KN * KC, 1)            \
+    X(ln_out, KN * KC, 0) X(ln_mean, KN, 0) X(ln_rstd, KN, 0) X(ln_dinp, KN * KC, 0)      \
+    X(ln_dw, KC, 0) X(ln_db, KC, 0)                                                       \
+    X(mm_inp, KN * KC, 1) X(mm_w, KOC * KC, 1) X(mm_bias, KOC, 1) X(mm_dout, KN * KOC, 1) \
+    X(mm_out, KN * KOC, 0) X(mm_dinp, KN * KC, 0) X(mm_dw, KOC * KC, 0) X(mm_dbias, KOC, 0) \
+    X(qkv, KN * 3 * KC, 1) X(att_dout, KN * KC, 1) X(att_out, KN * KC, 0)                 \
+    X(att_p, KB * KNH * KT * KT, 0) X(dqkv, KN * 3 * KC, 0) X(att_scratch, KB * KNH * KT * KT, 2) \
+    X(gelu_inp, KN * 4 * KC, 1) X(gelu_dout, KN * 4 * KC, 1) X(gelu_out, KN * 4 * KC, 0)  \
+    X(gelu_dinp, KN * 4 * KC, 0) X(res_out, KN * KC, 0)                                   \
+    X(logits, KN * KV, 1) X(targets, KN, 1) X(losses, KN, 0) X(mean_out, 1, 0)
+/* role: 1 input, 0 output, 2 workspace (contents not part of any contract) */
+
+enum {
+#define KSET_ID(name, n, role) K_##name,
+    KSET(KSET_ID)
+#undef KSET_ID
+    K_COUNT
+};
+static const size_t kset_n[] = {
+#define KSET_N(name, n, role) n,
+    KSET(KSET_N)
+#undef KSET_N
+};
+static const int kset_role[] = {
+#define KSET_ROLE(name, n, role) role,
+    KSET(KSET_ROLE)
+#undef KSET_ROLE
+};
+static const char *kset_name[] = {
+#define KSET_NAME(name, n, role) #name,
+    KSET(KSET_NAME)
+#undef KSET_NAME
+};
+
+static size_t kset_span(size_t gap) {
+    size_t total = 0;
+    for (int k = 0; k < K_COUNT; k++) total += fy_round_up(kset_n[k], 16) + gap;
+    return total;
+}
+
+/* Host images of the inputs (token ids stored as int32 bits in the float slots). */
+static void kset_inputs(float *img[K_COUNT]) {
+    rng r = {999};
+    for (int k = 0; k < K_COUNT; k++) {
+        img[k] = kset_role[k] == 1 ? hrand(&r, kset_n[k], -1.5f, 1.5f) : NULL;
+    }
+    for (int i = 0; i < KN; i++) {
+        int32_t t = rng_int(&r, KV), y = rng_int(&r, KV);
+        memcpy(&img[K_tok][i], &t, 4);
+        memcpy(&img[K_targets][i], &y, 4);
+    }
+    for (int c = 0; c < KC; c++) img[K_ln_w][c] += 1.0f;
+}
+
+/* Runs every kernel with the tensors at base + off (gap floats between them) and returns
+ * host copies of all tensors afterwards; sumsq goes to its own (aligned) slot. */
+static void kset_run(float *const img[K_COUNT], float *base, size_t off, size_t gap,
+                     float *res[K_COUNT], double *sumsq) {
+    float *t[K_COUNT];
+    size_t at = off;
+    for (int k = 0; k < K_COUNT; k++) {
+        t[k] = base + at;
+        at += fy_round_up(kset_n[k], 16) + gap;
+    }
+    fy_memset_async(g_s, base, 0, at * sizeof(float));
+    for (int k = 0; k < K_COUNT; k++)
+        if (img[k]) fy_copy_async(g_s, t[k], img[k], kset_n[k] * sizeof(float), FY_H2D);
+#define T(name) t[K_##name]
+    const int32_t *tok = (const int32_t *)T(tok), *tgt = (const int32_t *)T(targets);
+    fy_k_encoder_fwd(T(enc_out), tok, T(wte), T(wpe), KB, KT, KC, g_s);
+    fy_k_encoder_bwd(T(dwte), T(dwpe), T(enc_dout), tok, KB, KT, KC, g_s);
+    fy_k_layernorm_fwd(T(ln_out), T(ln_mean), T(ln_rstd), T(ln_inp), T(ln_w), T(ln_b), KN, KC, g_s);
+    fy_k_layernorm_bwd(T(ln_dinp), T(ln_dw), T(ln_db), T(ln_dout), T(ln_inp), T(ln_w),
+                       T(ln_mean), T(ln_rstd), KN, KC, g_s);
+    fy_k_matmul_fwd(T(mm_out), T(mm_inp), T(mm_w), T(mm_bias), KN, KC, KOC, g_s);
+    fy_k_matmul_bwd(T(mm_dinp), T(mm_dw), T(mm_dbias), T(mm_dout), T(mm_inp), T(mm_w), KN, KC,
+                    KOC, g_s);
+    fy_k_attention_fwd(T(att_out), T(att_p), T(qkv), KB, KT, KC, KNH, g_s);
+    fy_k_attention_bwd(T(dqkv), T(att_scratch), T(att_dout), T(qkv), T(att_p), KB, KT, KC, KNH,
+                       g_s);
+    fy_k_gelu_fwd(T(gelu_out), T(gelu_inp), KN * 4 * KC, g_s);
+    fy_k_gelu_bwd(T(gelu_dinp), T(gelu_inp), T(gelu_dout), KN * 4 * KC, g_s);
+    fy_k_residual_fwd(T(res_out), T(att_out), T(ln_out), KN * KC, g_s);
+    fy_k_crossentropy(T(losses), T(logits), tgt, KN, KV, 1.0f / KN, g_s);
+    fy_k_mean(T(mean_out), T(losses), KN, g_s);
+    double *dsq = dnew(sizeof(double));
+    fy_k_sumsq(dsq, T(gelu_dinp), KN * 4 * KC, g_s);
+#undef T
+    for (int k = 0; k < K_COUNT; k++) {
+        res[k] = hnewf(kset_n[k]);
+        fy_copy_async(g_s, res[k], t[k], kset_n[k] * sizeof(float), FY_D2H);
+    }
+    fy_copy_async(g_s, sumsq, dsq, sizeof *sumsq, FY_D2H);
+    fy_stream_sync(g_s);
+    fy_dev_release(g_dev, dsq);
+}
+
+static void kset_expect_same(const char *what, float *const a[K_COUNT], float *const b[K_COUNT],
+                             double sa, double sb) {
+    for (int k = 0; k < K_COUNT; k++) {
+        if (kset_role[k] == 2) continue;
+        cr_expect(memcmp(a[k], b[k], kset_n[k] * sizeof(float)) == 0,
+                  "%s: %s differs bitwise", what, kset_name[k]);
+    }
+    cr_expect(memcmp(&sa, &sb, sizeof sa) == 0, "%s: sumsq differs bitwise", what);
+}
+
+TestSuite(determinism, .init = setup, .fini = teardown);
+
+Test(determinism, every_kernel_bit_identical_when_rerun) {
+    float *img[K_COUNT], *r1[K_COUNT], *r2[K_COUNT];
+    double s1, s2;
+    kset_inputs(img);
+    float *base = dnewf(kset_span(0));
+    kset_run(img, base, 0, 0, r1, &s1);
+    kset_run(img, base, 0, 0, r2, &s2);
+    kset_expect_same("same buffers, second run", r1, r2, s1, s2);
+}
+
+Test(determinism, kernel_results_independent_of_buffer_addresses) {
+    float *img[K_COUNT], *r1[K_COUNT], *r2[K_COUNT];
+    double s1, s2;
+    kset_inputs(img);
+    float *base = dnewf(kset_span(0));
+    kset_run(img, base, 0, 0, r1, &s1);
+    /* every tensor 64-byte aligned before; now 4, 12, 20, ... bytes off, in another
+     * allocation, and then with odd gaps so neighbours shift differently */
+    static const size_t offs[][2] = {{1, 0}, {3, 5}, {7, 1}};
+    for (int i = 0; i < 3; i++) {
+        size_t off = offs[i][0], gap = offs[i][1];
+        float *other = dnewf(kset_span(gap) + 2 * off);
+        kset_run(img, other, off, gap, r2, &s2);
+        char what[64];
+        snprintf(what, sizeof what, "offset %zu floats, gap %zu", off, gap);
+        kset_expect_same(what, r1, r2, s1, s2);
+        fy_dev_release(g_dev, other);
+    }
+}
+
+Test(determinism, gpt2_layer_fwd_bwd_bit_identical_when_rerun) {
+    layer_fix f;
+    layer_fix_init(&f, 717);
+    size_t na = fy_gpt2_layer_acts_nelem(&f.cfg, f.B, f.T);
+    float *acts[2], *dx[2], *grads[2];
+    for (int run = 0; run < 2; run++) {
+        fy_memset_async(g_s, f.gbase, 0, f.blk->nelem * sizeof(float));
+        layer_obj(&f);
+        acts[run] = dgetf(f.a.ln1, na);
+        dx[run] = layer_bwd(&f);
+        grads[run] = dgetf(f.gbase, f.blk->nelem);
+    }
+    expect_same_bits("layer activations", acts[0], acts[1], na * sizeof(float));
+    expect_same_bits("layer d x_in", dx[0], dx[1], f.NC * sizeof(float));
+    expect_same_bits("layer parameter gradients", grads[0], grads[1],
+                     f.blk->nelem * sizeof(float));
+    fy_gpt2_layout_free(&f.lay);
+}
+
+Test(determinism, sumsq_and_mean_independent_of_thread_count) {
+    const size_t n = 300007;
+    rng r = {191};
+    float *x = hrand(&r, n, -2, 2);
+    double sq[2];
+    float mean[2];
+    for (int i = 0; i < 2; i++) {
+        fy_dev *d = i == 0 ? g_dev : open_dev(0, 0, 1);
+        fy_stream *s = g_s;
+        if (i == 1) cr_assert_eq(fy_stream_new(d, "one thread", &s), FY_OK);
+        void *dx, *dsq, *dm;
+        cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, n * sizeof(float), "x", &dx), FY_OK);
+        cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, sizeof(double), "sq", &dsq), FY_OK);
+        cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, sizeof(float), "mean", &dm), FY_OK);
+        fy_copy_async(s, dx, x, n * sizeof(float), FY_H2D);
+        fy_k_sumsq(dsq, dx, n, s);
+        fy_k_mean(dm, dx, n, s);
+        fy_copy_async(s, &sq[i], dsq, sizeof(double), FY_D2H);
+        fy_copy_async(s, &mean[i], dm, sizeof(float), FY_D2H);
+        fy_stream_sync(s);
+        if (i == 1) { fy_stream_free(s); fy_dev_free(d); }
+    }
+    cr_expect(memcmp(&sq[0], &sq[1], sizeof(double)) == 0, "sumsq: 2 threads %.17g, 1 thread %.17g",
+              sq[0], sq[1]);
+    cr_expect(memcmp(&mean[0], &mean[1], sizeof(float)) == 0, "mean: 2 threads %.9g, 1 thread %.9g",
+              mean[0], mean[1]);
+}
+
+/* ---- streams and events ------------------------------------------------------------ */
+
+TestSuite(stream, .init = setup, .fini = teardown);
+
+typedef struct op_log {
+    int n;
+    int seq[4096];
+    int byte[4096];
+} op_log;
+typedef struct log_item {
+    op_log *log;
+    int seq;
+    const unsigned char *slot; /* host byte copied from the device just before */
+} log_item;
+static void log_append(void *p) {
+    log_item *it = p;
+    it->log->seq[it->log->n] = it->seq;
+    it->log->byte[it->log->n] = *it->slot;
+    it->log->n++;
+}
+
+Test(stream, ops_run_in_submission_order) {
+    enum { n = 3000 }; /* several times the cpu stream's ring: ordering across wrap-around */
+    op_log *log = hnew(sizeof *log);
+    log_item *items = hnew(n * sizeof *items);
+    unsigned char *slots = hnew(n), *dbyte = dnew(64);
+    for (int i = 0; i < n; i++) {
+        items[i] = (log_item){log, i, &slots[i]};
+        fy_memset_async(g_s, dbyte, i & 0xff, 1);
+        fy_copy_async(g_s, &slots[i], dbyte, 1, FY_D2H);
+        fy_stream_host_fn(g_s, log_append, &items[i]);
+    }
+    fy_stream_sync(g_s);
+    cr_assert_eq(log->n, n, "%d host functions ran, %d queued", log->n, n);
+    for (int i = 0; i < n; i++) {
+        cr_assert_eq(log->seq[i], i, "host function %d ran in place %d", log->seq[i], i);
+        cr_assert_eq(log->byte[i], i & 0xff, "host function %d saw byte %d: the memset and "
+                     "copy before it had not completed", i, log->byte[i]);
+    }
+}
+
+typedef struct slow_flag { double sleep_ms; atomic_int flag; atomic_int seen; } slow_flag;
+static void set_flag_slowly(void *p) {
+    slow_flag *f = p;
+    sleep_ms(f->sleep_ms);
+    atomic_store(&f->flag, 1);
+}
+static void read_flag(void *p) {
+    slow_flag *f = p;
+    atomic_store(&f->seen, atomic_load(&f->flag) + 1); /* 1: not yet set, 2: set */
+}
+
+Test(stream, event_orders_two_streams) {
+    enum { n = 1 << 16 };
+    fy_stream *b;
+    fy_event *e;
+    cr_assert_eq(fy_stream_new(g_dev, "b", &b), FY_OK);
+    cr_assert_eq(fy_event_new(g_dev, &e), FY_OK);
+    slow_flag *f = hnew(sizeof *f);
+    f->sleep_ms = 60;
+    unsigned char *src = hnew(n), *out = hnew(n), *buf = dnew(n);
+    for (int i = 0; i < n; i++) src[i] = (unsigned char)(i * 7 + 1);
+    /* stream A: slow work, then the data B needs, then the event */
+    fy_stream_host_fn(g_s, set_flag_slowly, f);
+    fy_copy_async(g_s, buf, src, n, FY_H2D);
+    fy_event_record(e, g_s);
+    /* stream B: wait, then read what A wrote */
+    fy_stream_wait_event(b, e);
+    fy_stream_host_fn(b, read_flag, f);
+    fy_copy_async(b, out, buf, n, FY_D2H);
+    fy_stream_sync(b);
+    cr_expect_eq(atomic_load(&f->seen), 2, "stream B ran before A's host function finished");
+    cr_expect(memcmp(out, src, n) == 0, "stream B did not see stream A's copy");
+    fy_stream_sync(g_s);
+    fy_event_free(e);
+    fy_stream_free(b);
+}
+
+typedef struct gate { atomic_int open, passed; } gate;
+static void gate_wait(void *p) {
+    gate *g = p;
+    while (!atomic_load(&g->open)) sleep_ms(0.5);
+    atomic_store(&g->passed, 1);
+}
+
+Test(stream, event_done_and_sync) {
+    fy_event *e, *never;
+    cr_assert_eq(fy_event_new(g_dev, &e), FY_OK);
+    cr_assert_eq(fy_event_new(g_dev, &never), FY_OK);
+    cr_expect(fy_event_done(never), "an event never recorded counts as complete");
+    fy_event_sync(never); /* must return at once */
+    for (int round = 0; round < 2; round++) { /* a re-recorded event is pending again */
+        gate *g = hnew(sizeof *g);
+        fy_stream_host_fn(g_s, gate_wait, g);
+        fy_event_record(e, g_s);
+        sleep_ms(5);
+        cr_expect(!fy_event_done(e), "round %d: event done while the work before it is blocked",
+                  round);
+        atomic_store(&g->open, 1);
+        fy_event_sync(e);
+        cr_expect(atomic_load(&g->passed), "round %d: fy_event_sync returned before the "
+                  "work recorded before it", round);
+        cr_expect(fy_event_done(e), "round %d: event not done after fy_event_sync", round);
+    }
+    fy_event_free(never);
+    fy_event_free(e);
+}
+
+Test(stream, event_wait_uses_the_record_submitted_before_it) {
+    /* B waits on the first record; a later record of the same event behind a closed gate
+     * must not hold B back (CUDA's semantics: the wait captures the latest record). */
+    fy_stream *b;
+    fy_event *e;
+    cr_assert_eq(fy_stream_new(g_dev, "b", &b), FY_OK);
+    cr_assert_eq(fy_event_new(g_dev, &e), FY_OK);
+    fy_event_record(e, g_s);
+    fy_stream_sync(g_s);
+    fy_stream_wait_event(b, e);
+    gate *g = hnew(sizeof *g);
+    fy_stream_host_fn(g_s, gate_wait, g);
+    fy_event_record(e, g_s);
+    fy_event *bdone;
+    cr_assert_eq(fy_event_new(g_dev, &bdone), FY_OK);
+    fy_event_record(bdone, b);
+    double t0 = fy_now_ms();
+    while (!fy_event_done(bdone) && fy_now_ms() - t0 < 1000) sleep_ms(1);
+    cr_expect(fy_event_done(bdone), "stream B waited for a record submitted after its wait");
+    atomic_store(&g->open, 1);
+    fy_stream_sync(g_s);
+    fy_stream_sync(b);
+    fy_event_free(bdone);
+    fy_event_free(e);
+    fy_stream_free(b);
+}
+
+/* ---- copies and memsets ------------------------------------------------------------ */
+
+Test(stream, copies_in_every_direction) {
+    const size_t n = 1000003; /* odd, so no copy is a whole number of words */
+    rng r = {808};
+    unsigned char *src, *pinned, *back, *host2;
+    void *d1, *d2;
+    cr_assert_eq(fy_dev_alloc(g_dev, FY_MEM_PINNED, n + 8, "pinned", (void **)&pinned), FY_OK);
+    cr_assert_eq(fy_dev_alloc(g_dev, FY_MEM_DEVICE, n + 8, "d1", &d1), FY_OK);
+    cr_assert_eq(fy_dev_alloc(g_dev, FY_MEM_DEVICE, n + 8, "d2", &d2), FY_OK);
+    cr_assert_eq(fy_dev_alloc(g_dev, FY_MEM_HOST, n + 8, "host", (void **)&host2), FY_OK);
+    src = hnew(n);
+    back = hnew(n + 8);
+    for (size_t i = 0; i < n; i++) src[i] = (unsigned char)rng_u64(&r);
+    memcpy(pinned + 3, src, n);
+    fy_copy_async(g_s, (char *)d1 + 1, pinned + 3, n, FY_H2D);      /* pinned -> device */
+    fy_copy_async(g_s, (char *)d2 + 5, (char *)d1 + 1, n, FY_D2D);  /* device -> device */
+    fy_copy_async(g_s, host2 + 2, (char *)d2 + 5, n, FY_D2H);       /* device -> host */
+    fy_copy_async(g_s, back + 7, host2 + 2, n, FY_H2H);             /* host -> host */
+    fy_stream_sync(g_s);
+    cr_expect(memcmp(back + 7, src, n) == 0, "H2D, D2D, D2H, H2H chain corrupted the data");
+    for (int i = 0; i < 7; i++) cr_expect_eq(back[i], 0, "H2H wrote before its destination");
+    cr_expect_eq(back[n + 7], 0, "H2H wrote past its destination");
+    unsigned char edge[2];
+    get(&edge[0], (char *)d2 + 4, 1);
+    get(&edge[1], (char *)d2 + 5 + n, 1);
+    cr_expect(edge[0] == 0 && edge[1] == 0, "D2D wrote outside its destination");
+}
+
+Test(stream, memset_sets_exactly_its_range) {
+    const size_t n = 4099;
+    unsigned char *d = dnew(n + 64), *h = hnew(n + 64);
+    fy_memset_async(g_s, d, 0x11, n + 64);
+    fy_memset_async(g_s, d + 13, 0xA5, n);
+    get(h, d, n + 64);
+    for (size_t i = 0; i < n + 64; i++) {
+        int want = i >= 13 && i < 13 + n ? 0xA5 : 0x11;
+        cr_assert_eq(h[i], want, "byte %zu is 0x%02x, want 0x%02x", i, h[i], want);
+    }
+}
+
+/* ---- memory ------------------------------------------------------------------------ */
+
+TestSuite(memory, .fini = teardown);
+
+Test(memory, alloc_returns_zeroed_memory_of_every_kind, .init = setup) {
+    static const size_t sizes[] = {1000, 3u << 20, 17u << 20}; /* small, huge-page, parallel */
+    static const fy_copy_dir to_host[] = {FY_D2H, FY_H2H, FY_H2H};
+    unsigned char *h = hnew(17u << 20);
+    for (int kind = 0; kind < 3; kind++)
+        for (int si = 0; si < 3; si++)
+            for (int round = 0; round < 2; round++) { /* the second reuses freed memory */
+                size_t n = sizes[si];
+                void *p;
+                cr_assert_eq(fy_dev_alloc(g_dev, kind, n, "zeroed", &p), FY_OK);
+                cr_expect_eq((uintptr_t)p % 64, 0, "allocation not 64-byte aligned");
+                memset(h, 0xAB, n);
+                fy_copy_async(g_s, h, p, n, to_host[kind]);
+                fy_stream_sync(g_s);
+                size_t bad = 0;
+                for (size_t i = 0; i < n; i++) bad += h[i] != 0;
+                cr_expect_eq(bad, 0, "kind %d, %zu bytes, round %d: %zu bytes not zero", kind, n,
+                             round, bad);
+                fy_memset_async(g_s, p, 0xCD, n); /* dirty it before it is freed */
+                fy_stream_sync(g_s);
+                fy_dev_release(g_dev, p);
+            }
+}
+
+Test(memory, cap_refuses_with_oom_and_names_buffer_and_shortfall) {
+    setup_with(1u << 20, 0.0); /* 1 MiB of device memory */
+    void *a, *b, *c;
+    cr_assert_eq(fy_dev_alloc(g_dev, FY_MEM_DEVICE, 640u << 10, "first", &a), FY_OK);
+    b = (void *)1;
+    fy_status st = fy_dev_alloc(g_dev, FY_MEM_DEVICE, 512u << 10, "layer 3 parameters", &b);
+    cr_assert_eq(st, FY_ERR_DEVICE_OOM, "allocating past the cap gave %s", fy_status_str(st));
+    cr_expect_null(b, "a failed allocation must return NULL");
+    const char *msg = fy_last_error();
+    /* 512 KiB asked, 384 KiB free of 1 MiB: short by 128 KiB */
+    cr_expect(strstr(msg, "layer 3 parameters"), "error does not name the buffer: %s", msg);
+    cr_expect(strstr(msg, "128.00 KiB"), "error does not give the shortfall (128 KiB): %s", msg);
+    cr_expect(strstr(msg, "384.00 KiB"), "error does not give the free memory (384 KiB): %s", msg);
+    cr_expect(strstr(msg, "1.00 MiB"), "error does not give the budget (1 MiB): %s", msg);
+    /* the device is still usable and the failure left no trace in the accounting */
+    fy_dev_mem_stats ms;
+    fy_dev_mem_stats_get(g_dev, &ms);
+    cr_expect_eq(ms.used_nbytes[FY_MEM_DEVICE], 640u << 10, "failed allocation was counted");
+    cr_expect_eq(ms.cap_nbytes, 1u << 20);
+    cr_assert_eq(fy_dev_alloc(g_dev, FY_MEM_DEVICE, 384u << 10, "rest", &c), FY_OK,
+                 "what is left of the cap must still be allocatable");
+    cr_expect_eq(fy_dev_alloc(g_dev, FY_MEM_DEVICE, 1, "one more byte", &b), FY_ERR_DEVICE_OOM);
+    cr_expect_eq(fy_dev_alloc(g_dev, FY_MEM_PINNED, 4u << 20, "pinned", &b), FY_OK,
+                 "host memory kinds do not count against the device cap");
+    fy_dev_release(g_dev, a);
+    fy_dev_release(g_dev, c);
+    cr_expect_eq(fy_dev_alloc(g_dev, FY_MEM_DEVICE, 1u << 20, "all of it", &a), FY_OK,
+                 "released memory must be allocatable again");
+    fy_memset_async(g_s, a, 1, 1u << 20);
+    fy_stream_sync(g_s);
+}
+
+Test(memory, used_and_peak_accounting, .init = setup) {
+    void *a, *b, *c;
+    fy_dev_mem_stats ms;
+    fy_dev_mem_stats_get(g_dev, &ms);
+    size_t used0 = ms.used_nbytes[FY_MEM_DEVICE];
+    cr_assert_eq(fy_dev_alloc(g_dev, FY_MEM_DEVICE, 1u << 20, "a", &a), FY_OK);
+    cr_assert_eq(fy_dev_alloc(g_dev, FY_MEM_DEVICE, 2u << 20, "b", &b), FY_OK);
+    fy_dev_mem_stats_get(g_dev, &ms);
+    cr_expect_eq(ms.used_nbytes[FY_MEM_DEVICE], used0 + (3u << 20));
+    cr_expect_eq(ms.peak_nbytes[FY_MEM_DEVICE], used0 + (3u << 20));
+    fy_dev_release(g_dev, b);
+    fy_dev_mem_stats_get(g_dev, &ms);
+    cr_expect_eq(ms.used_nbytes[FY_MEM_DEVICE], used0 + (1u << 20), "release not subtracted");
+    cr_expect_eq(ms.peak_nbytes[FY_MEM_DEVICE], used0 + (3u << 20), "peak fell on release");
+    cr_assert_eq(fy_dev_alloc(g_dev, FY_MEM_PINNED, 4u << 20, "c", &c), FY_OK);
+    fy_dev_mem_stats_get(g_dev, &ms);
+    cr_expect_eq(ms.used_nbytes[FY_MEM_PINNED], 4u << 20, "pinned not counted by kind");
+    cr_expect_eq(ms.used_nbytes[FY_MEM_DEVICE], used0 + (1u << 20), "pinned counted as device");
+    fy_dev_mem_reset_peak(g_dev);
+    fy_dev_mem_stats_get(g_dev, &ms);
+    cr_expect_eq(ms.peak_nbytes[FY_MEM_DEVICE], used0 + (1u << 20), "reset_peak: peak != used");
+    cr_expect_eq(ms.peak_nbytes[FY_MEM_PINNED], 4u << 20);
+    fy_dev_release(g_dev, a);
+    fy_dev_release(g_dev, c);
+    fy_dev_release(g_dev, NULL); /* no-op */
+    fy_dev_mem_stats_get(g_dev, &ms);
+    cr_expect_eq(ms.used_nbytes[FY_MEM_DEVICE], used0);
+    cr_expect_eq(ms.used_nbytes[FY_MEM_PINNED], 0);
+}
+
+/* ---- the emulated PCIe link -------------------------------------------------------- */
+
+/* The link books nbytes / bandwidth per direction and a copy completes no earlier than
+ * its booking ends, so these are lower bounds (exact properties of the emulation, less
+ * 1% for clock rounding). The upper bounds only tell sharing from overlapping and are
+ * generous: a quarter of a GB/s makes each copy ~84 ms, far above scheduling noise. */
+
+typedef struct pcie_bufs { void *host[2], *dev[2]; } pcie_bufs;
+static void pcie_alloc(pcie_bufs *p, size_t n) {
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(fy_dev_alloc(g_dev, FY_MEM_PINNED, n, "pinned", &p->host[i]), FY_OK);
+        cr_assert_eq(fy_dev_alloc(g_dev, FY_MEM_DEVICE, n, "device", &p->dev[i]), FY_OK);
+    }
+}
+
+Test(memory, pcie_throttle_h2d_takes_bytes_over_bandwidth) {
+    setup_with(0, 1.0);
+    const size_t n = 20u << 20;
+    const double want_ms = (double)n / 1e9 * 1e3; /* 1 GB/s: 20.97 ms */
+    pcie_bufs p;
+    pcie_alloc(&p, n);
+    memset(p.host[0], 0x3C, n);
+    double t0 = fy_now_ms();
+    fy_copy_async(g_s, p.dev[0], p.host[0], n, FY_H2D);
+    fy_stream_sync(g_s);
+    double h2d = fy_now_ms() - t0;
+    t0 = fy_now_ms();
+    fy_copy_async(g_s, p.host[1], p.dev[0], n, FY_D2H);
+    fy_stream_sync(g_s);
+    double d2h = fy_now_ms() - t0;
+    cr_expect(h2d >= 0.99 * want_ms, "20 MiB H2D at 1 GB/s took %.2f ms < %.2f ms", h2d, want_ms);
+    cr_expect(d2h >= 0.99 * want_ms, "20 MiB D2H at 1 GB/s took %.2f ms < %.2f ms", d2h, want_ms);
+    cr_expect(memcmp(p.host[1], p.host[0], n) == 0, "throttled copies corrupted the data");
+}
+
+static double time_two_copies(fy_stream *b, pcie_bufs *p, size_t n, fy_copy_dir d0,
+                              fy_copy_dir d1) {
+    void *dst0 = d0 == FY_H2D ? p->dev[0] : p->host[0], *src0 = d0 == FY_H2D ? p->host[0] : p->dev[0];
+    void *dst1 = d1 == FY_H2D ? p->dev[1] : p->host[1], *src1 = d1 == FY_H2D ? p->host[1] : p->dev[1];
+    double t0 = fy_now_ms();
+    fy_copy_async(g_s, dst0, src0, n, d0);
+    fy_copy_async(b, dst1, src1, n, d1);
+    fy_stream_sync(g_s);
+    fy_stream_sync(b);
+    return fy_now_ms() - t0;
+}
+
+Test(memory, pcie_same_direction_shares_opposite_directions_overlap) {
+    setup_with(0, 0.25);
+    const size_t n = 20u << 20;
+    const double one_ms = (double)n / 0.25e9 * 1e3; /* 83.9 ms */
+    fy_stream *b;
+    cr_assert_eq(fy_stream_new(g_dev, "b", &b), FY_OK);
+    pcie_bufs p;
+    pcie_alloc(&p, n);
+    double t_one = fy_now_ms();
+    fy_copy_async(g_s, p.dev[0], p.host[0], n, FY_H2D);
+    fy_stream_sync(g_s);
+    t_one = fy_now_ms() - t_one;
+    double t_same = time_two_copies(b, &p, n, FY_H2D, FY_H2D);
+    double t_dup = time_two_copies(b, &p, n, FY_H2D, FY_D2H);
+    cr_log_info("pcie: one H2D %.1f ms, two H2D %.1f ms, H2D + D2H %.1f ms (one = %.1f ms)",
+                t_one, t_same, t_dup, one_ms);
+    cr_expect(t_one >= 0.99 * one_ms, "one H2D took %.1f ms < %.1f ms", t_one, one_ms);
+    cr_expect(t_same >= 0.99 * 2 * one_ms, "two concurrent H2D copies took %.1f ms, less than "
+              "twice one (%.1f ms): they did not share the link", t_same, 2 * one_ms);
+    cr_expect(t_same <= 3.0 * one_ms, "two concurrent H2D copies took %.1f ms, over 3x one",
+              t_same);
+    cr_expect(t_dup >= 0.99 * one_ms, "H2D + D2H took %.1f ms < one copy", t_dup);
+    cr_expect(t_dup <= 1.5 * one_ms, "H2D + D2H on two streams took %.1f ms, not overlapped "
+              "(one copy: %.1f ms)", t_dup, one_ms);
+    fy_stream_free(b);
+}

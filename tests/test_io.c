@@ -1,0 +1,1042 @@
+/* test_io.c — safetensors, token files, the batch loader and the generated corpus.
+ *
+ * Every test works in its own temporary directory (made in .init, removed in .fini) and
+ * writes the files it reads, byte by byte where the point is the format, so nothing here
+ * depends on a committed fixture. Error cases check the status, that nothing was handed
+ * out, and that exactly one line was logged naming the file and the problem (stderr is
+ * captured through a file for that). */
+#include <criterion/criterion.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine/core/dtype.h"
+#include "engine/core/status.h"
+#include "engine/io/corpus.h"
+#include "engine/io/safetensors.h"
+#include "engine/io/tokens.h"
+
+/* ---- temporary directory, files, stderr capture ---- */
+
+static char g_dir[64];
+
+static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb; (void)flag; (void)ftw;
+    return remove(p);
+}
+
+static void make_dir(void) {
+    snprintf(g_dir, sizeof g_dir, "/tmp/ferry-test-io-XXXXXX");
+    cr_assert_not_null(mkdtemp(g_dir), "mkdtemp: %s", strerror(errno));
+}
+
+static void remove_dir(void) {
+    chmod(g_dir, 0700);
+    nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* A path inside the test directory (one of a few rotating buffers). */
+static const char *P(const char *fmt, ...) {
+    static char bufs[8][512];
+    static int k;
+    char name[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    char *b = bufs[k++ % 8];
+    snprintf(b, 512, "%s/%s", g_dir, name);
+    return b;
+}
+
+static void write_file(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f, "cannot create %s", path);
+    cr_assert_eq(fwrite(data, 1, n, f), n);
+    cr_assert_eq(fclose(f), 0);
+}
+
+/* Reads a whole file into a malloc'd buffer; *n gets its size. */
+static uint8_t *read_file(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long sz = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *b = malloc((size_t)sz + 1);
+    cr_assert_eq(fread(b, 1, (size_t)sz, f), (size_t)sz);
+    fclose(f);
+    *n = (size_t)sz;
+    return b;
+}
+
+static int exists(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0;
+}
+
+static int g_saved_fd = -1;
+static char g_cap_path[128];
+
+static void capture_begin(void) {
+    snprintf(g_cap_path, sizeof g_cap_path, "/tmp/ferry-test-io-stderr-%d", (int)getpid());
+    fflush(stderr);
+    g_saved_fd = dup(2);
+    int fd = open(g_cap_path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+    cr_assert(fd >= 0 && g_saved_fd >= 0);
+    dup2(fd, 2);
+    close(fd);
+}
+
+/* Ends the capture; returns what was written to stderr (static buffer). */
+static const char *capture_end(void) {
+    static char out[8192];
+    fflush(stderr);
+    dup2(g_saved_fd, 2);
+    close(g_saved_fd);
+    FILE *f = fopen(g_cap_path, "rb");
+    size_t n = f ? fread(out, 1, sizeof out - 1, f) : 0;
+    if (f) fclose(f);
+    out[n] = '\0';
+    unlink(g_cap_path);
+    return out;
+}
+
+/* Exactly one "ferry: error:" line that contains every given word (NULL-terminated). */
+static void assert_one_error(const char *log, ...) {
+    int lines = 0;
+    for (const char *p = log; *p; p++) lines += *p == '\n';
+    cr_assert_eq(lines, 1, "expected one logged line, got %d:\n%s", lines, log);
+    cr_assert(!strncmp(log, "ferry: error: ", 14), "not an error line: %s", log);
+    va_list ap;
+    va_start(ap, log);
+    for (const char *w = va_arg(ap, const char *); w; w = va_arg(ap, const char *))
+        cr_assert_not_null(strstr(log, w), "\"%s\" missing from: %s", w, log);
+    va_end(ap);
+}
+
+/* ---- safetensors ---- */
+
+TestSuite(safetensors, .init = make_dir, .fini = remove_dir);
+
+/* A file with the given header length field, header text and data bytes. */
+static void st_raw_len(const char *path, uint64_t hlen, const char *json, const void *data,
+                       size_t data_n) {
+    size_t jn = strlen(json);
+    uint8_t *b = calloc(1, 8 + jn + data_n + 1);
+    memcpy(b, &hlen, 8);
+    memcpy(b + 8, json, jn);
+    if (data_n) memcpy(b + 8 + jn, data, data_n);
+    write_file(path, b, 8 + jn + data_n);
+    free(b);
+}
+
+static void st_raw(const char *path, const char *json, size_t data_n) {
+    uint8_t zeros[256] = {0};
+    cr_assert(data_n <= sizeof zeros);
+    st_raw_len(path, strlen(json), json, zeros, data_n);
+}
+
+/* fy_st_open fails with `want`, hands out nothing and logs one line with the path and
+ * the keyword. */
+static void expect_open_fails(const char *path, fy_status want, const char *keyword) {
+    fy_st_file *f = (fy_st_file *)(uintptr_t)1;
+    capture_begin();
+    fy_status st = fy_st_open(path, &f);
+    const char *log = capture_end();
+    cr_assert_eq(st, want, "%s: status %s, want %s (log: %s)", keyword, fy_status_str(st),
+                 fy_status_str(want), log);
+    cr_assert_null(f);
+    assert_one_error(log, path, keyword, NULL);
+}
+
+Test(safetensors, round_trip_dtypes_shapes_metadata) {
+    float a[6] = {1.0f, -2.5f, 3.25f, 1e-30f, -0.0f, 123456.789f};
+    float scalar = 42.5f;
+    const float bvals[4] = {1.0f, -2.5f, 0.15625f, 1.7014118346046923e38f}; /* exact in bf16 */
+    const float hvals[8] = {0.5f, -3.25f, 1024.0f, 6.103515625e-05f, /* exact in fp16 */
+                            5.9604644775390625e-08f, -65504.0f, 0.0f, 7.0f};
+    uint16_t b[4], h[8];
+    for (int i = 0; i < 4; i++) b[i] = fy_f32_to_bf16(bvals[i]);
+    for (int i = 0; i < 8; i++) h[i] = fy_f32_to_f16(hvals[i]);
+    fy_st_entry es[] = {
+        {.name = "h.0.attn.c_attn.weight", .dtype = FY_F32, .ndim = 2, .shape = {2, 3}, .data = a},
+        {.name = "scalar", .dtype = FY_F32, .ndim = 0, .data = &scalar},
+        {.name = "b", .dtype = FY_BF16, .ndim = 1, .shape = {4}, .data = b},
+        {.name = "h", .dtype = FY_F16, .ndim = 3, .shape = {2, 2, 2}, .data = h},
+        {.name = "empty", .dtype = FY_F32, .ndim = 2, .shape = {0, 5}, .data = NULL},
+    };
+    const char *meta[] = {"format", "pt", "ferry.n_layer", "2", NULL};
+    const char *path = P("m.safetensors");
+    cr_assert_eq(fy_st_write(path, es, 5, meta), FY_OK);
+
+    fy_st_file *f;
+    cr_assert_eq(fy_st_open(path, &f), FY_OK);
+    cr_assert_str_eq(fy_st_path(f), path);
+    cr_assert_eq(fy_st_count(f), 5);
+    const char *dts[] = {"F32", "F32", "BF16", "F16", "F32"};
+    const fy_dtype dt[] = {FY_F32, FY_F32, FY_BF16, FY_F16, FY_F32};
+    const size_t nelem[] = {6, 1, 4, 8, 0};
+    for (int i = 0; i < 5; i++) {
+        const fy_st_tensor *t = fy_st_at(f, i);
+        cr_assert_str_eq(t->name, es[i].name, "tensor %d out of order", i);
+        cr_assert_str_eq(t->dtype_str, dts[i]);
+        cr_assert_eq(t->dtype, dt[i]);
+        cr_assert_eq(t->ndim, es[i].ndim);
+        for (int d = 0; d < t->ndim; d++) cr_assert_eq(t->shape[d], es[i].shape[d]);
+        cr_assert_eq(t->nelem, nelem[i]);
+        cr_assert_eq(t->nbytes, nelem[i] * fy_dtype_size(dt[i]));
+        if (t->nbytes) cr_assert_eq(memcmp(t->data, es[i].data, t->nbytes), 0);
+    }
+    float out[8];
+    cr_assert_eq(fy_st_read_f32(f, fy_st_find(f, "h.0.attn.c_attn.weight"), out), FY_OK);
+    for (int i = 0; i < 6; i++) cr_assert_eq(fy_f32_bits(out[i]), fy_f32_bits(a[i]));
+    cr_assert_eq(fy_st_read_f32(f, fy_st_find(f, "scalar"), out), FY_OK);
+    cr_assert_eq(out[0], 42.5f);
+    cr_assert_eq(fy_st_read_f32(f, fy_st_find(f, "b"), out), FY_OK);
+    for (int i = 0; i < 4; i++) cr_assert_eq(out[i], bvals[i], "bf16 %d: %g", i, out[i]);
+    cr_assert_eq(fy_st_read_f32(f, fy_st_find(f, "h"), out), FY_OK);
+    for (int i = 0; i < 8; i++) cr_assert_eq(out[i], hvals[i], "f16 %d: %g", i, out[i]);
+    cr_assert_str_eq(fy_st_meta(f, "format"), "pt");
+    cr_assert_str_eq(fy_st_meta(f, "ferry.n_layer"), "2");
+    cr_assert_null(fy_st_meta(f, "absent"));
+    cr_assert_null(fy_st_find(f, "absent"));
+    fy_st_close(f);
+}
+
+Test(safetensors, writer_layout_metadata_first_padded_contiguous) {
+    float x[3] = {1, 2, 3};
+    uint16_t y[5] = {1, 2, 3, 4, 5};
+    float z[1] = {9};
+    fy_st_entry es[] = {
+        {.name = "zeta", .dtype = FY_F32, .ndim = 1, .shape = {3}, .data = x},
+        {.name = "alpha", .dtype = FY_BF16, .ndim = 1, .shape = {5}, .data = y},
+        {.name = "mid", .dtype = FY_F32, .ndim = 1, .shape = {1}, .data = z},
+    };
+    const char *meta[] = {"format", "pt", NULL};
+    const char *path = P("layout.safetensors");
+    cr_assert_eq(fy_st_write(path, es, 3, meta), FY_OK);
+    size_t n;
+    uint8_t *b = read_file(path, &n);
+    uint64_t hlen;
+    memcpy(&hlen, b, 8);
+    cr_assert_eq(hlen % 8, 0, "header length %llu not a multiple of 8", (unsigned long long)hlen);
+    cr_assert_eq(n, 8 + hlen + 12 + 10 + 4);
+    cr_assert(!strncmp((char *)b + 8, "{\"__metadata__\":", 16), "metadata not first");
+    /* padding after the closing brace is spaces only */
+    size_t end = 8 + hlen;
+    while (b[end - 1] == ' ') end--;
+    cr_assert_eq(b[end - 1], '}');
+    /* data in the given order, contiguous, right after the header */
+    cr_assert_eq(memcmp(b + 8 + hlen, x, 12), 0);
+    cr_assert_eq(memcmp(b + 8 + hlen + 12, y, 10), 0);
+    cr_assert_eq(memcmp(b + 8 + hlen + 22, z, 4), 0);
+    free(b);
+    fy_st_file *f;
+    cr_assert_eq(fy_st_open(path, &f), FY_OK);
+    cr_assert_str_eq(fy_st_at(f, 0)->name, "zeta");
+    cr_assert_str_eq(fy_st_at(f, 1)->name, "alpha");
+    cr_assert_str_eq(fy_st_at(f, 2)->name, "mid");
+    fy_st_close(f);
+}
+
+Test(safetensors, no_metadata_when_none_given) {
+    float x = 1;
+    fy_st_entry e = {.name = "x", .dtype = FY_F32, .ndim = 0, .data = &x};
+    const char *path = P("nometa.safetensors");
+    cr_assert_eq(fy_st_write(path, &e, 1, NULL), FY_OK);
+    size_t n;
+    uint8_t *b = read_file(path, &n);
+    b[n] = 0;
+    cr_assert_null(strstr((char *)b + 8, "__metadata__"));
+    free(b);
+    fy_st_file *f;
+    cr_assert_eq(fy_st_open(path, &f), FY_OK);
+    cr_assert_null(fy_st_meta(f, "format"));
+    cr_assert_eq(fy_st_count(f), 1);
+    fy_st_close(f);
+}
+
+Test(safetensors, many_tensors_round_trip) {
+    enum { NT = 1000 };
+    static fy_st_entry es[NT];
+    static char names[NT][32];
+    static float vals[NT][4];
+    for (int i = 0; i < NT; i++) {
+        snprintf(names[i], sizeof names[i], "h.%d.mlp.c_fc.bias", i);
+        int len = 1 + i % 4;
+        for (int k = 0; k < len; k++) vals[i][k] = (float)(i * 10 + k);
+        es[i] = (fy_st_entry){.name = names[i], .dtype = FY_F32, .ndim = 1, .shape = {len},
+                              .data = vals[i]};
+    }
+    const char *path = P("many.safetensors");
+    cr_assert_eq(fy_st_write(path, es, NT, NULL), FY_OK);
+    fy_st_file *f;
+    cr_assert_eq(fy_st_open(path, &f), FY_OK);
+    cr_assert_eq(fy_st_count(f), NT);
+    for (int i = NT - 1; i >= 0; i--) {
+        const fy_st_tensor *t = fy_st_find(f, names[i]);
+        cr_assert_not_null(t, "%s not found", names[i]);
+        cr_assert_eq(t->nelem, (size_t)(1 + i % 4));
+        float out[4];
+        cr_assert_eq(fy_st_read_f32(f, t, out), FY_OK);
+        for (size_t k = 0; k < t->nelem; k++) cr_assert_eq(out[k], vals[i][k]);
+    }
+    fy_st_close(f);
+}
+
+/* A file as another writer lays it out: keys sorted, data in a different order than the
+ * keys, an integer tensor, no padding. */
+Test(safetensors, reads_hand_built_file_and_refuses_int_as_f32) {
+    const char *json = "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]},"
+                       "\"b\":{\"dtype\":\"I32\",\"shape\":[2],\"data_offsets\":[0,8]}}";
+    int32_t ints[2] = {-7, 1 << 30};
+    float one = 0.75f;
+    uint8_t data[12];
+    memcpy(data, ints, 8);
+    memcpy(data + 8, &one, 4);
+    const char *path = P("hand.safetensors");
+    st_raw_len(path, strlen(json), json, data, 12);
+    fy_st_file *f;
+    cr_assert_eq(fy_st_open(path, &f), FY_OK);
+    cr_assert_eq(fy_st_count(f), 2);
+    const fy_st_tensor *a = fy_st_find(f, "a"), *b = fy_st_find(f, "b");
+    float out[2];
+    cr_assert_eq(fy_st_read_f32(f, a, out), FY_OK);
+    cr_assert_eq(out[0], 0.75f);
+    cr_assert_eq(b->dtype, FY_DTYPE_NONE);
+    cr_assert_str_eq(b->dtype_str, "I32");
+    cr_assert_eq(memcmp(b->data, ints, 8), 0);
+    capture_begin();
+    fy_status st = fy_st_read_f32(f, b, out);
+    const char *log = capture_end();
+    cr_assert_eq(st, FY_ERR_FORMAT);
+    assert_one_error(log, path, "\"b\"", "I32", NULL);
+    fy_st_close(f);
+}
+
+Test(safetensors, writer_rejects_bad_entries_and_writes_nothing) {
+    float x = 1;
+    fy_st_entry dup[] = {
+        {.name = "x", .dtype = FY_F32, .ndim = 0, .data = &x},
+        {.name = "x", .dtype = FY_F32, .ndim = 0, .data = &x},
+    };
+    fy_st_entry none = {.name = "y", .dtype = FY_DTYPE_NONE, .ndim = 0, .data = &x};
+    fy_st_entry neg = {.name = "z", .dtype = FY_F32, .ndim = 1, .shape = {-1}, .data = &x};
+    const char *odd_meta[] = {"format", NULL};
+    const char *path = P("bad.safetensors");
+    capture_begin();
+    fy_status s1 = fy_st_write(path, dup, 2, NULL);
+    fy_status s2 = fy_st_write(path, &none, 1, NULL);
+    fy_status s3 = fy_st_write(path, &neg, 1, NULL);
+    fy_status s4 = fy_st_write(path, dup, 1, odd_meta);
+    const char *log = capture_end();
+    cr_assert_eq(s1, FY_ERR_INVALID);
+    cr_assert_eq(s2, FY_ERR_INVALID);
+    cr_assert_eq(s3, FY_ERR_INVALID);
+    cr_assert_eq(s4, FY_ERR_INVALID);
+    cr_assert_not_null(strstr(log, "duplicate"), "%s", log);
+    cr_assert(!exists(path) && !exists(P("bad.safetensors.tmp")));
+}
+
+Test(safetensors, overwrite_replaces_and_leaves_no_tmp) {
+    float x = 1, y = 2;
+    fy_st_entry e = {.name = "x", .dtype = FY_F32, .ndim = 0, .data = &x};
+    const char *path = P("w.safetensors");
+    cr_assert_eq(fy_st_write(path, &e, 1, NULL), FY_OK);
+    e.data = &y;
+    cr_assert_eq(fy_st_write(path, &e, 1, NULL), FY_OK);
+    cr_assert(!exists(P("w.safetensors.tmp")));
+    fy_st_file *f;
+    cr_assert_eq(fy_st_open(path, &f), FY_OK);
+    float out;
+    cr_assert_eq(fy_st_read_f32(f, fy_st_at(f, 0), &out), FY_OK);
+    cr_assert_eq(out, 2.0f);
+    fy_st_close(f);
+}
+
+/* Writes an "old" file, then makes a write fail; the old bytes must survive. */
+static void write_old(const char *path, uint8_t **old, size_t *old_n) {
+    float x = 123;
+    fy_st_entry e = {.name = "old", .dtype = FY_F32, .ndim = 0, .data = &x};
+    cr_assert_eq(fy_st_write(path, &e, 1, NULL), FY_OK);
+    *old = read_file(path, old_n);
+}
+
+static void assert_unchanged(const char *path, const uint8_t *old, size_t old_n) {
+    size_t n;
+    uint8_t *now = read_file(path, &n);
+    cr_assert(n == old_n && !memcmp(now, old, n), "%s was modified by a failed write", path);
+    free(now);
+}
+
+static fy_st_entry big_entry(void) {
+    static float big[64 * 1024];
+    for (size_t i = 0; i < 64 * 1024; i++) big[i] = (float)i;
+    return (fy_st_entry){.name = "big", .dtype = FY_F32, .ndim = 1, .shape = {64 * 1024},
+                         .data = big};
+}
+
+Test(safetensors, failed_create_leaves_existing_file_intact) {
+    const char *path = P("keep.safetensors");
+    uint8_t *old;
+    size_t old_n;
+    write_old(path, &old, &old_n);
+    cr_assert_eq(mkdir(P("keep.safetensors.tmp"), 0700), 0); /* the tmp name is taken */
+    fy_st_entry e = big_entry();
+    capture_begin();
+    fy_status st = fy_st_write(path, &e, 1, NULL);
+    const char *log = capture_end();
+    cr_assert_eq(st, FY_ERR_IO);
+    assert_one_error(log, "keep.safetensors.tmp", NULL);
+    assert_unchanged(path, old, old_n);
+    free(old);
+}
+
+Test(safetensors, failed_write_midway_removes_tmp_and_keeps_existing) {
+    const char *path = P("fsize.safetensors");
+    uint8_t *old;
+    size_t old_n;
+    write_old(path, &old, &old_n);
+    /* a file size limit makes write() fail part way (EFBIG), even for root */
+    signal(SIGXFSZ, SIG_IGN);
+    struct rlimit rl = {.rlim_cur = 4096, .rlim_max = RLIM_INFINITY};
+    cr_assert_eq(setrlimit(RLIMIT_FSIZE, &rl), 0);
+    fy_st_entry e = big_entry();
+    capture_begin();
+    fy_status st = fy_st_write(path, &e, 1, NULL);
+    const char *log = capture_end();
+    cr_assert_eq(st, FY_ERR_IO);
+    assert_one_error(log, "fsize.safetensors.tmp", "cannot write", NULL);
+    cr_assert(!exists(P("fsize.safetensors.tmp")), "tmp file left behind");
+    assert_unchanged(path, old, old_n);
+    free(old);
+}
+
+Test(safetensors, unwritable_directory_leaves_existing_file_intact) {
+    if (geteuid() == 0) {
+        remove_dir(); /* .fini does not run after a skip */
+        cr_skip_test("root ignores directory permissions");
+    }
+    const char *path = P("ro.safetensors");
+    uint8_t *old;
+    size_t old_n;
+    write_old(path, &old, &old_n);
+    cr_assert_eq(chmod(g_dir, 0500), 0);
+    fy_st_entry e = big_entry();
+    capture_begin();
+    fy_status st = fy_st_write(path, &e, 1, NULL);
+    const char *log = capture_end();
+    chmod(g_dir, 0700);
+    cr_assert_eq(st, FY_ERR_IO);
+    assert_one_error(log, "ro.safetensors.tmp", NULL);
+    assert_unchanged(path, old, old_n);
+    free(old);
+}
+
+Test(safetensors, write_into_missing_directory_fails) {
+    float x = 1;
+    fy_st_entry e = {.name = "x", .dtype = FY_F32, .ndim = 0, .data = &x};
+    const char *path = P("no/such/dir/x.safetensors");
+    capture_begin();
+    fy_status st = fy_st_write(path, &e, 1, NULL);
+    const char *log = capture_end();
+    cr_assert_eq(st, FY_ERR_IO);
+    assert_one_error(log, path, NULL);
+}
+
+Test(safetensors, missing_empty_short_and_truncated_files) {
+    expect_open_fails(P("absent.safetensors"), FY_ERR_IO, "cannot open");
+    write_file(P("empty.safetensors"), "", 0);
+    expect_open_fails(P("empty.safetensors"), FY_ERR_FORMAT, "empty");
+    write_file(P("short.safetensors"), "\x10\0\0\0\0", 5);
+    expect_open_fails(P("short.safetensors"), FY_ERR_FORMAT, "shorter than");
+    /* header length says more than the file holds */
+    st_raw_len(P("hlen.safetensors"), 1000, "{}", NULL, 0);
+    expect_open_fails(P("hlen.safetensors"), FY_ERR_FORMAT, "exceeds");
+    st_raw_len(P("absurd.safetensors"), (uint64_t)1 << 40, "{}", NULL, 0);
+    expect_open_fails(P("absurd.safetensors"), FY_ERR_FORMAT, "absurd header length");
+    st_raw_len(P("absurd2.safetensors"), 100000001, "{}", NULL, 0);
+    expect_open_fails(P("absurd2.safetensors"), FY_ERR_FORMAT, "absurd header length");
+
+    /* a valid file cut short: the last tensor runs past the end */
+    float x[4] = {1, 2, 3, 4};
+    fy_st_entry e = {.name = "x", .dtype = FY_F32, .ndim = 1, .shape = {4}, .data = x};
+    const char *path = P("cut.safetensors");
+    cr_assert_eq(fy_st_write(path, &e, 1, NULL), FY_OK);
+    size_t n;
+    uint8_t *b = read_file(path, &n);
+    write_file(path, b, n - 3);
+    free(b);
+    expect_open_fails(path, FY_ERR_FORMAT, "past the end");
+    /* cut inside the header */
+    b = read_file(path, &n);
+    write_file(path, b, 20);
+    free(b);
+    expect_open_fails(path, FY_ERR_FORMAT, "exceeds");
+}
+
+/* Header JSON cases: each is rejected with one line naming the file and the problem. */
+Test(safetensors, malformed_headers) {
+    static const struct { const char *json; size_t data_n; const char *keyword; } cases[] = {
+        {"{not json", 0, "not valid JSON"},
+        {"", 0, "not valid JSON"},
+        {"[1,2]", 0, "not a JSON object"},
+        {"{} x", 0, "junk"},
+        {"{\"a\":3}", 0, "not an object"},
+        {"{\"a\":{\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "missing \"dtype\""},
+        {"{\"a\":{\"dtype\":4,\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "not a string"},
+        {"{\"a\":{\"dtype\":\"F31\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "unknown dtype"},
+        {"{\"a\":{\"dtype\":\"F32\",\"data_offsets\":[0,4]}}", 4, "missing \"shape\""},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":1,\"data_offsets\":[0,4]}}", 4, "not an array"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4, "shape[0]"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,4]}}", 4, "shape[0]"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1,\"2\"],\"data_offsets\":[0,8]}}", 8, "shape[1]"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", 4,
+         "dims"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1]}}", 4, "missing \"data_offsets\""},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4,8]}}", 4, "data_offsets"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[\"0\",4]}}", 4, "data_offsets"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[4,0]}}", 4, "end before begin"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 4, "past the end"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8, "elements"},
+        {"{\"a\":{\"dtype\":\"BF16\",\"shape\":[2,2],\"data_offsets\":[0,4]}}", 4, "elements"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 12, "overlaps"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}", 12, "no tensor"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 8, "no tensor"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "no tensor"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+         "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "duplicate"},
+        {"{\"__metadata__\":{\"k\":1},"
+         "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "not a string"},
+        {"{\"__metadata__\":[],"
+         "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "not an object"},
+        {"{\"__metadata__\":{},\"__metadata__\":{},"
+         "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "duplicate"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *path = P("bad%zu.safetensors", i);
+        st_raw(path, cases[i].json, cases[i].data_n);
+        expect_open_fails(path, FY_ERR_FORMAT, cases[i].keyword);
+    }
+}
+
+Test(safetensors, trailing_whitespace_in_header_is_accepted) {
+    const char *json = "{\"a\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[0,4]}}   \n ";
+    const char *path = P("ws.safetensors");
+    st_raw(path, json, 4);
+    fy_st_file *f;
+    cr_assert_eq(fy_st_open(path, &f), FY_OK);
+    cr_assert_eq(fy_st_at(f, 0)->ndim, 0);
+    cr_assert_eq(fy_st_at(f, 0)->nelem, 1);
+    fy_st_close(f);
+}
+
+/* ---- token files ---- */
+
+TestSuite(tokens, .init = make_dir, .fini = remove_dir);
+
+static void write_shard(const char *path, int32_t magic, int32_t version, int32_t count,
+                        const uint32_t *toks, size_t ntoks, int tok_nbytes) {
+    int32_t hdr[256] = {magic, version, count};
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f);
+    cr_assert_eq(fwrite(hdr, 4, 256, f), 256);
+    for (size_t i = 0; i < ntoks; i++) {
+        uint8_t b[4] = {(uint8_t)toks[i], (uint8_t)(toks[i] >> 8), (uint8_t)(toks[i] >> 16),
+                        (uint8_t)(toks[i] >> 24)};
+        cr_assert_eq(fwrite(b, 1, (size_t)tok_nbytes, f), (size_t)tok_nbytes);
+    }
+    cr_assert_eq(fclose(f), 0);
+}
+
+static void write_v1(const char *path, const uint32_t *toks, size_t n) {
+    write_shard(path, FY_SHARD_MAGIC_V1, 1, (int32_t)n, toks, n, 2);
+}
+static void write_v7(const char *path, const uint32_t *toks, size_t n) {
+    write_shard(path, FY_SHARD_MAGIC_V7, 7, (int32_t)n, toks, n, 4);
+}
+
+static void expect_tokens(const fy_tokens *t, const uint32_t *want, size_t n) {
+    cr_assert_eq(fy_tokens_count(t), n);
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(fy_tokens_data(t)[i], want[i], "token %zu: %u != %u", i,
+                     fy_tokens_data(t)[i], want[i]);
+}
+
+static void expect_tokens_fail(const char *path, fy_status want, const char *keyword,
+                               const char *names) {
+    fy_tokens *t = (fy_tokens *)(uintptr_t)1;
+    capture_begin();
+    fy_status st = fy_tokens_open(path, &t);
+    const char *log = capture_end();
+    cr_assert_eq(st, want, "%s: status %s (log: %s)", keyword, fy_status_str(st), log);
+    cr_assert_null(t);
+    assert_one_error(log, names ? names : path, keyword, NULL);
+}
+
+Test(tokens, shard_v1_round_trip) {
+    const uint32_t toks[] = {0, 1, 255, 256, 50256, 65535, 12345};
+    const char *path = P("v1.bin");
+    write_v1(path, toks, 7);
+    fy_tokens *t;
+    cr_assert_eq(fy_tokens_open(path, &t), FY_OK);
+    expect_tokens(t, toks, 7);
+    cr_assert_str_eq(fy_tokens_label(t), path);
+    fy_tokens_free(t);
+}
+
+Test(tokens, shard_v7_round_trip) {
+    const uint32_t toks[] = {0, 65536, 128255, 1u << 31, 4294967295u, 7};
+    const char *path = P("v7.bin");
+    write_v7(path, toks, 6);
+    fy_tokens *t;
+    cr_assert_eq(fy_tokens_open(path, &t), FY_OK);
+    expect_tokens(t, toks, 6);
+    fy_tokens_free(t);
+}
+
+Test(tokens, large_shard_crosses_read_chunks) {
+    enum { NTOK = 100003 };
+    static uint32_t toks[NTOK];
+    for (size_t i = 0; i < NTOK; i++) toks[i] = (uint32_t)(i * 2654435761u) & 0xffff;
+    write_v1(P("big.bin"), toks, NTOK);
+    fy_tokens *t;
+    cr_assert_eq(fy_tokens_open(P("big.bin"), &t), FY_OK);
+    expect_tokens(t, toks, NTOK);
+    fy_tokens_free(t);
+}
+
+Test(tokens, text_file_bytes_are_tokens) {
+    uint8_t bytes[300];
+    for (int i = 0; i < 300; i++) bytes[i] = (uint8_t)(i * 7 + 3);
+    const char *path = P("text.txt");
+    write_file(path, bytes, 300);
+    fy_tokens *t;
+    cr_assert_eq(fy_tokens_open(path, &t), FY_OK);
+    cr_assert_eq(fy_tokens_count(t), 300);
+    for (int i = 0; i < 300; i++) cr_assert_eq(fy_tokens_data(t)[i], bytes[i]);
+    fy_tokens_free(t);
+    /* a short file with no extension is text too */
+    write_file(P("tiny"), "hi", 2);
+    cr_assert_eq(fy_tokens_open(P("tiny"), &t), FY_OK);
+    const uint32_t want[] = {'h', 'i'};
+    expect_tokens(t, want, 2);
+    fy_tokens_free(t);
+}
+
+Test(tokens, from_bytes_copies_and_refuses_empty) {
+    uint8_t b[3] = {'a', 200, '\n'};
+    fy_tokens *t;
+    cr_assert_eq(fy_tokens_from_bytes(b, 3, "corpus", &t), FY_OK);
+    b[0] = 'z'; /* a copy: later changes to the buffer do not show */
+    const uint32_t want[] = {'a', 200, '\n'};
+    expect_tokens(t, want, 3);
+    cr_assert_str_eq(fy_tokens_label(t), "corpus");
+    fy_tokens_free(t);
+    capture_begin();
+    fy_status st = fy_tokens_from_bytes(b, 0, "nothing", &t);
+    const char *log = capture_end();
+    cr_assert_eq(st, FY_ERR_INVALID);
+    cr_assert_null(t);
+    assert_one_error(log, "nothing", NULL);
+}
+
+Test(tokens, missing_and_empty_files) {
+    expect_tokens_fail(P("absent.bin"), FY_ERR_IO, "cannot open", NULL);
+    write_file(P("empty.bin"), "", 0);
+    expect_tokens_fail(P("empty.bin"), FY_ERR_FORMAT, "empty", NULL);
+    write_file(P("empty.txt"), "", 0);
+    expect_tokens_fail(P("empty.txt"), FY_ERR_FORMAT, "empty", NULL);
+    cr_assert_eq(mkdir(P("adir"), 0700), 0);
+    expect_tokens_fail(P("adir"), FY_ERR_IO, "not a regular file", NULL);
+}
+
+Test(tokens, bin_without_magic_is_refused) {
+    uint8_t junk[2000];
+    for (int i = 0; i < 2000; i++) junk[i] = (uint8_t)i;
+    write_file(P("junk.bin"), junk, sizeof junk);
+    expect_tokens_fail(P("junk.bin"), FY_ERR_FORMAT, "bad magic", NULL);
+    write_file(P("small.bin"), "ab", 2);
+    expect_tokens_fail(P("small.bin"), FY_ERR_FORMAT, "bad magic", NULL);
+}
+
+Test(tokens, bad_shards_are_refused) {
+    const uint32_t toks[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+    /* count says 10, only 9 tokens present */
+    write_shard(P("trunc.bin"), FY_SHARD_MAGIC_V1, 1, 10, toks, 9, 2);
+    expect_tokens_fail(P("trunc.bin"), FY_ERR_FORMAT, "truncated", NULL);
+    write_shard(P("trunc7.bin"), FY_SHARD_MAGIC_V7, 7, 10, toks, 10, 2); /* uint16 in a v7 */
+    expect_tokens_fail(P("trunc7.bin"), FY_ERR_FORMAT, "truncated", NULL);
+    write_shard(P("long.bin"), FY_SHARD_MAGIC_V1, 1, 9, toks, 10, 2);
+    expect_tokens_fail(P("long.bin"), FY_ERR_FORMAT, "size mismatch", NULL);
+    write_shard(P("ver1.bin"), FY_SHARD_MAGIC_V1, 7, 10, toks, 10, 2);
+    expect_tokens_fail(P("ver1.bin"), FY_ERR_FORMAT, "version 7", NULL);
+    write_shard(P("ver7.bin"), FY_SHARD_MAGIC_V7, 1, 10, toks, 10, 4);
+    expect_tokens_fail(P("ver7.bin"), FY_ERR_FORMAT, "version 1", NULL);
+    write_shard(P("zero.bin"), FY_SHARD_MAGIC_V1, 1, 0, toks, 0, 2);
+    expect_tokens_fail(P("zero.bin"), FY_ERR_FORMAT, "count 0", NULL);
+    write_shard(P("neg.bin"), FY_SHARD_MAGIC_V7, 7, -5, toks, 0, 4);
+    expect_tokens_fail(P("neg.bin"), FY_ERR_FORMAT, "absurd", NULL);
+    write_shard(P("huge.bin"), FY_SHARD_MAGIC_V7, 7, 2147483647, toks, 10, 4);
+    expect_tokens_fail(P("huge.bin"), FY_ERR_FORMAT, "truncated", NULL);
+    /* a header cut short */
+    int32_t hdr[10] = {FY_SHARD_MAGIC_V1, 1, 3};
+    write_file(P("hdr.bin"), hdr, sizeof hdr);
+    expect_tokens_fail(P("hdr.bin"), FY_ERR_FORMAT, "shorter than the 1024-byte header", NULL);
+    /* the magic makes any file a shard, whatever its name */
+    write_shard(P("shard.tok"), FY_SHARD_MAGIC_V7, 7, 10, toks, 3, 4);
+    expect_tokens_fail(P("shard.tok"), FY_ERR_FORMAT, "truncated", NULL);
+}
+
+Test(tokens, glob_reads_shards_sorted_as_one_stream) {
+    const uint32_t a[] = {10, 11, 12}, b[] = {20, 70000}, c[] = {30, 31, 32, 33};
+    /* created out of order; v1 and v7 mixed */
+    write_v7(P("d_002.bin"), c, 4);
+    write_v1(P("d_000.bin"), a, 3);
+    write_v7(P("d_001.bin"), b, 2);
+    write_v1(P("other_000.bin"), a, 3); /* does not match */
+    fy_tokens *t;
+    const char *pattern = P("d_*.bin");
+    cr_assert_eq(fy_tokens_open(pattern, &t), FY_OK);
+    const uint32_t want[] = {10, 11, 12, 20, 70000, 30, 31, 32, 33};
+    expect_tokens(t, want, 9);
+    cr_assert_str_eq(fy_tokens_label(t), pattern);
+    fy_tokens_free(t);
+    cr_assert_eq(fy_tokens_open(P("d_00[02].bin"), &t), FY_OK);
+    const uint32_t want2[] = {10, 11, 12, 30, 31, 32, 33};
+    expect_tokens(t, want2, 7);
+    fy_tokens_free(t);
+}
+
+Test(tokens, glob_errors_name_the_file) {
+    expect_tokens_fail(P("nothing_*.bin"), FY_ERR_IO, "no files match", NULL);
+    const uint32_t a[] = {1, 2, 3};
+    write_v1(P("s_000.bin"), a, 3);
+    write_shard(P("s_001.bin"), FY_SHARD_MAGIC_V1, 1, 5, a, 3, 2);
+    write_v1(P("s_002.bin"), a, 3);
+    expect_tokens_fail(P("s_*.bin"), FY_ERR_FORMAT, "truncated", P("s_001.bin"));
+}
+
+Test(tokens, check_vocab_names_first_offender) {
+    const uint32_t toks[] = {1, 2, 3, 4, 5, 6, 7, 300, 9, 400};
+    const char *path = P("v.bin");
+    write_v1(path, toks, 10);
+    fy_tokens *t;
+    cr_assert_eq(fy_tokens_open(path, &t), FY_OK);
+    capture_begin();
+    fy_status st = fy_tokens_check_vocab(t, 256);
+    const char *log = capture_end();
+    cr_assert_eq(st, FY_ERR_INVALID);
+    assert_one_error(log, path, "token id 300", "position 7", "256", NULL);
+    cr_assert_eq(fy_tokens_check_vocab(t, 401), FY_OK);
+    capture_begin();
+    st = fy_tokens_check_vocab(t, 400);
+    log = capture_end();
+    cr_assert_eq(st, FY_ERR_INVALID);
+    assert_one_error(log, "token id 400", "position 9", NULL);
+    fy_tokens_free(t);
+}
+
+Test(tokens, check_vocab_in_a_glob_names_the_shard_and_its_position) {
+    const uint32_t a[] = {1, 2, 3}, b[] = {4, 5, 6, 999, 7};
+    write_v1(P("g_0.bin"), a, 3);
+    write_v1(P("g_1.bin"), b, 5);
+    fy_tokens *t;
+    cr_assert_eq(fy_tokens_open(P("g_*.bin"), &t), FY_OK);
+    capture_begin();
+    fy_status st = fy_tokens_check_vocab(t, 512);
+    const char *log = capture_end();
+    cr_assert_eq(st, FY_ERR_INVALID);
+    assert_one_error(log, P("g_1.bin"), "token id 999", "position 3", NULL);
+    fy_tokens_free(t);
+}
+
+/* ---- loader ---- */
+
+TestSuite(loader, .init = make_dir, .fini = remove_dir);
+
+/* Tokens 0..n-1, so a token's value is its position. */
+static fy_tokens *iota(size_t n) {
+    uint32_t *v = malloc(n * sizeof *v);
+    for (size_t i = 0; i < n; i++) v[i] = (uint32_t)i;
+    const char *path = P("iota%zu.bin", n);
+    write_v7(path, v, n);
+    free(v);
+    fy_tokens *t;
+    cr_assert_eq(fy_tokens_open(path, &t), FY_OK);
+    return t;
+}
+
+static void expect_batch(fy_loader *l, int bt, int32_t first) {
+    int32_t x[64], y[64];
+    fy_loader_next(l, x, y);
+    for (int i = 0; i < bt; i++) {
+        cr_assert_eq(x[i], first + i, "x[%d] = %d, want %d", i, x[i], first + i);
+        cr_assert_eq(y[i], first + i + 1, "y[%d] = %d, want %d", i, y[i], first + i + 1);
+    }
+}
+
+Test(loader, llm_c_order_shift_advance_wrap) {
+    fy_tokens *t = iota(20);
+    fy_loader *l;
+    cr_assert_eq(fy_loader_new(t, 0, 20, 2, 3, &l), FY_OK);
+    cr_assert_eq(fy_loader_batches(l), 3); /* (20 - 1) / 6 */
+    cr_assert_eq(fy_loader_pos(l), 0);
+    expect_batch(l, 6, 0);
+    cr_assert_eq(fy_loader_pos(l), 6);
+    expect_batch(l, 6, 6);
+    cr_assert_eq(fy_loader_pos(l), 12);
+    expect_batch(l, 6, 12); /* reads tokens 12..18: 19 of 20 needed, still fits */
+    cr_assert_eq(fy_loader_pos(l), 0, "18 + 7 > 20 must wrap");
+    expect_batch(l, 6, 0);
+    fy_loader_free(l);
+    fy_tokens_free(t);
+}
+
+Test(loader, sub_range_is_respected) {
+    fy_tokens *t = iota(30);
+    fy_loader *l;
+    cr_assert_eq(fy_loader_new(t, 5, 20, 2, 3, &l), FY_OK);
+    cr_assert_eq(fy_loader_batches(l), 2); /* (15 - 1) / 6 */
+    expect_batch(l, 6, 5);
+    expect_batch(l, 6, 11);
+    expect_batch(l, 6, 5);
+    fy_loader_free(l);
+    fy_tokens_free(t);
+}
+
+/* Over several passes, step s reads the batch (s mod batches) * B*T of the range. */
+Test(loader, many_steps_follow_the_closed_form) {
+    fy_tokens *t = iota(1000);
+    const int shapes[][4] = {{1, 1, 0, 1000}, {4, 8, 0, 1000}, {3, 7, 100, 950}, {8, 8, 0, 65},
+                             {2, 16, 17, 50}};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        int B = shapes[k][0], T = shapes[k][1], begin = shapes[k][2], end = shapes[k][3];
+        size_t bt = (size_t)B * T, nb = (size_t)(end - begin - 1) / bt;
+        fy_loader *l;
+        cr_assert_eq(fy_loader_new(t, (size_t)begin, (size_t)end, B, T, &l), FY_OK);
+        cr_assert_eq(fy_loader_batches(l), nb);
+        int32_t *x = malloc(bt * 4), *y = malloc(bt * 4);
+        for (size_t s = 0; s < 3 * nb + 2; s++) {
+            fy_loader_next(l, x, y);
+            size_t at = (size_t)begin + (s % nb) * bt;
+            for (size_t i = 0; i < bt; i++) {
+                cr_assert_eq((size_t)x[i], at + i, "shape %zu step %zu x[%zu]", k, s, i);
+                cr_assert_eq((size_t)y[i], at + i + 1, "shape %zu step %zu y[%zu]", k, s, i);
+            }
+        }
+        free(x);
+        free(y);
+        fy_loader_free(l);
+    }
+    fy_tokens_free(t);
+}
+
+Test(loader, exact_fit_range_repeats_one_batch) {
+    fy_tokens *t = iota(13);
+    fy_loader *l;
+    cr_assert_eq(fy_loader_new(t, 0, 13, 3, 4, &l), FY_OK);
+    cr_assert_eq(fy_loader_batches(l), 1);
+    for (int s = 0; s < 3; s++) expect_batch(l, 12, 0);
+    fy_loader_free(l);
+    fy_tokens_free(t);
+}
+
+Test(loader, set_pos_reset_and_resume) {
+    fy_tokens *t = iota(100);
+    fy_loader *a, *b;
+    cr_assert_eq(fy_loader_new(t, 0, 100, 2, 5, &a), FY_OK);
+    cr_assert_eq(fy_loader_new(t, 0, 100, 2, 5, &b), FY_OK);
+    int32_t x[10], y[10], x2[10], y2[10];
+    for (int s = 0; s < 4; s++) fy_loader_next(a, x, y);
+    cr_assert_eq(fy_loader_pos(a), 40);
+    /* a checkpoint: b resumes where a stands and both continue identically */
+    cr_assert_eq(fy_loader_set_pos(b, fy_loader_pos(a)), FY_OK);
+    for (int s = 0; s < 12; s++) {
+        fy_loader_next(a, x, y);
+        fy_loader_next(b, x2, y2);
+        cr_assert(!memcmp(x, x2, sizeof x) && !memcmp(y, y2, sizeof y), "step %d differs", s);
+    }
+    cr_assert_eq(fy_loader_set_pos(a, 3), FY_OK);
+    expect_batch(a, 10, 3);
+    fy_loader_reset(a);
+    cr_assert_eq(fy_loader_pos(a), 0);
+    expect_batch(a, 10, 0);
+    /* 89 + 11 = 100 fits; 90 does not */
+    cr_assert_eq(fy_loader_set_pos(a, 89), FY_OK);
+    expect_batch(a, 10, 89);
+    size_t before = fy_loader_pos(a);
+    capture_begin();
+    fy_status st = fy_loader_set_pos(a, 90);
+    const char *log = capture_end();
+    cr_assert_eq(st, FY_ERR_INVALID);
+    assert_one_error(log, "90", NULL);
+    cr_assert_eq(fy_loader_pos(a), before);
+    fy_loader_free(a);
+    fy_loader_free(b);
+    fy_tokens_free(t);
+}
+
+static void expect_loader_fails(const fy_tokens *t, size_t begin, size_t end, int B, int T,
+                                const char *keyword) {
+    fy_loader *l = (fy_loader *)(uintptr_t)1;
+    capture_begin();
+    fy_status st = fy_loader_new(t, begin, end, B, T, &l);
+    const char *log = capture_end();
+    cr_assert_eq(st, FY_ERR_INVALID, "%s", keyword);
+    cr_assert_null(l);
+    assert_one_error(log, fy_tokens_label(t), keyword, NULL);
+}
+
+Test(loader, bad_ranges_and_sizes) {
+    fy_tokens *t = iota(20);
+    expect_loader_fails(t, 0, 20, 4, 5, "too few"); /* needs 21 */
+    expect_loader_fails(t, 10, 20, 2, 5, "too few");
+    expect_loader_fails(t, 0, 20, 0, 5, "positive");
+    expect_loader_fails(t, 0, 20, 2, -1, "positive");
+    expect_loader_fails(t, 0, 21, 1, 1, "not inside");
+    expect_loader_fails(t, 15, 10, 1, 1, "not inside");
+    fy_loader *l;
+    cr_assert_eq(fy_loader_new(t, 0, 20, 1, 19, &l), FY_OK); /* exactly B*T+1 */
+    fy_loader_free(l);
+    fy_tokens_free(t);
+}
+
+/* ---- corpus ---- */
+
+static uint8_t *corpus(size_t n, uint64_t seed) {
+    uint8_t *b;
+    cr_assert_eq(fy_corpus_generate(n, seed, &b), FY_OK);
+    cr_assert_not_null(b);
+    return b;
+}
+
+Test(corpus, same_seed_same_bytes_other_seed_other_bytes) {
+    size_t n = 1 << 20;
+    uint8_t *a = corpus(n, 1), *b = corpus(n, 1), *c = corpus(n, 2);
+    cr_assert_eq(memcmp(a, b, n), 0);
+    size_t differ = 0;
+    for (size_t i = 0; i < 4096; i++) differ += a[i] != c[i];
+    cr_assert_gt(differ, 1000, "seeds 1 and 2 agree on %zu of 4096 bytes", 4096 - differ);
+    free(a);
+    free(b);
+    free(c);
+}
+
+/* The bytes are pinned: a change to the grammar or the PRNG changes the default corpus,
+ * and so every loss a user has seen on it; update the hash only on purpose. */
+Test(corpus, output_is_pinned_across_machines) {
+    size_t n = 1 << 20;
+    uint8_t *a = corpus(n, 1);
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+    for (size_t i = 0; i < n; i++) h = (h ^ a[i]) * 0x100000001b3ull;
+    cr_assert_eq(h, 0x5738265d01d375ebull, "corpus hash is 0x%016llx", (unsigned long long)h);
+    free(a);
+}
+
+Test(corpus, exact_length_and_prefix_property) {
+    const size_t sizes[] = {0, 1, 7, 1000, 12345, 300000};
+    uint8_t *full = corpus(300000, 99);
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        uint8_t *b = corpus(sizes[k], 99);
+        cr_assert_eq(memcmp(b, full, sizes[k]), 0, "%zu bytes are not a prefix", sizes[k]);
+        free(b);
+    }
+    free(full);
+}
+
+Test(corpus, structure_of_prose_and_play) {
+    size_t n = 2 << 20;
+    uint8_t *b = corpus(n, 5);
+    size_t speakers = 0, enters = 0, blank = 0, lines = 0, longest = 0, quotes = 0;
+    size_t start = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t c = b[i];
+        cr_assert((c >= 32 && c < 127) || c == '\n', "byte %zu is 0x%02x", i, c);
+        quotes += c == '"';
+        if (c != '\n') continue;
+        size_t len = i - start;
+        const char *s = (const char *)b + start;
+        lines++;
+        if (len == 0) blank++;
+        if (len > longest) longest = len;
+        if (len >= 3 && s[len - 1] == ':') {
+            int caps = 1;
+            for (size_t k = 0; k + 1 < len; k++) caps &= s[k] >= 'A' && s[k] <= 'Z';
+            speakers += caps;
+        }
+        enters += len > 6 && !strncmp(s, "Enter ", 6);
+        start = i + 1;
+    }
+    cr_assert_gt(speakers, 5000, "speaker lines: %zu", speakers);
+    cr_assert_gt(enters, 500);
+    cr_assert_gt(blank, lines / 5, "paragraphs: %zu blank of %zu lines", blank, lines);
+    cr_assert_leq(longest, 80, "a line of %zu bytes", longest);
+    cr_assert_gt(quotes, 1000);
+    cr_assert_eq(quotes % 2, 0, "unbalanced quotes");
+    /* sentences start with a capital */
+    for (size_t i = 0; i + 2 < n; i++) {
+        if ((b[i] == '.' || b[i] == '?' || b[i] == '!') && b[i + 1] == ' ')
+            cr_assert((b[i + 2] >= 'A' && b[i + 2] <= 'Z') || b[i + 2] == '"',
+                      "lower case after '%c' at %zu", b[i], i);
+    }
+    free(b);
+}
+
+/* Predictable but not trivial: the unigram entropy is English-like, the next byte given
+ * two bytes of context is much more certain, and lines seldom repeat. */
+Test(corpus, entropy_and_variety) {
+    size_t n = 2 << 20;
+    uint8_t *b = corpus(n, 3);
+    static double c1[256];
+    memset(c1, 0, sizeof c1);
+    for (size_t i = 0; i < n; i++) c1[b[i]]++;
+    double h1 = 0;
+    for (int i = 0; i < 256; i++)
+        if (c1[i] > 0) h1 -= c1[i] / (double)n * log(c1[i] / (double)n);
+    /* H(next | two previous), over the 128 ASCII values */
+    static double ctx[128 * 128];
+    memset(ctx, 0, sizeof ctx);
+    double *c3x = calloc(128 * 128 * 128, sizeof *c3x);
+    for (size_t i = 2; i < n; i++) {
+        ctx[b[i - 2] * 128 + b[i - 1]]++;
+        c3x[(b[i - 2] * 128 + b[i - 1]) * 128 + b[i]]++;
+    }
+    double h3 = 0, m = (double)(n - 2);
+    for (size_t k = 0; k < 128 * 128 * 128; k++)
+        if (c3x[k] > 0) h3 -= c3x[k] / m * log(c3x[k] / ctx[k / 128]);
+    free(c3x);
+    cr_assert(h1 > 2.8 && h1 < 3.6, "unigram entropy %.3f nats", h1);
+    cr_assert_lt(h3, h1 - 1.0, "H(next|2) %.3f vs unigram %.3f", h3, h1);
+    cr_assert_gt(h3, 0.8, "too predictable: H(next|2) %.3f", h3);
+    /* long lines are nearly all distinct */
+    size_t nlong = 0, ndup = 0;
+    const char **ls = malloc(sizeof *ls * (n / 40 + 1));
+    size_t start = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (b[i] != '\n') continue;
+        b[i] = '\0';
+        if (i - start >= 40) ls[nlong++] = (const char *)b + start;
+        start = i + 1;
+    }
+    for (size_t i = 0; i < nlong; i += 50)
+        for (size_t j = 0; j < nlong; j++)
+            if (j != i && !strcmp(ls[i], ls[j])) { ndup++; break; }
+    cr_assert_lt(ndup * 50, nlong / 20, "%zu of %zu sampled long lines repeat", ndup,
+                 nlong / 50);
+    free(ls);
+    free(b);
+}
