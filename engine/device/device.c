@@ -67,7 +67,7 @@ fy_status fy_dev_alloc(fy_dev *dev, fy_mem_kind kind, size_t nbytes, const char 
                        void **out) {
     *out = NULL;
     if (nbytes == 0) nbytes = 64;
-    char a[32], b[32], c[32];
+    char a[32], b[32], c[32], d[32];
     pthread_mutex_lock(&dev->mu);
     size_t used = dev->mem.used_nbytes[kind];
     if (kind == FY_MEM_DEVICE && dev->mem.cap_nbytes && used + nbytes > dev->mem.cap_nbytes) {
@@ -76,7 +76,7 @@ fy_status fy_dev_alloc(fy_dev *dev, fy_mem_kind kind, size_t nbytes, const char 
                      "(short by %s)", what, fy_fmt_size(nbytes, a, sizeof a),
                      fy_fmt_size(dev->mem.cap_nbytes - used, b, sizeof b),
                      fy_fmt_size(dev->mem.cap_nbytes, c, sizeof c),
-                     fy_fmt_size(used + nbytes - dev->mem.cap_nbytes, c, sizeof c));
+                     fy_fmt_size(used + nbytes - dev->mem.cap_nbytes, d, sizeof d));
         return FY_ERR_DEVICE_OOM;
     }
     if (dev->nrecs == dev->caprecs) {
