@@ -87,7 +87,9 @@ fy_dev *fy_stream_dev(const fy_stream *s);
 void fy_stream_sync(fy_stream *s);
 
 /* Events: record captures the work queued on s so far; wait makes later work on s
- * wait for it; sync blocks the caller. An event never recorded counts as complete. */
+ * wait for it; sync blocks the caller. An event never recorded counts as complete.
+ * As in CUDA, a wait (or sync) refers to the latest record submitted before it: a
+ * record made afterwards does not hold it back. */
 fy_status fy_event_new(fy_dev *dev, fy_event **out);
 void fy_event_free(fy_event *e);
 void fy_event_record(fy_event *e, fy_stream *s);
