@@ -29,6 +29,29 @@ double fy_lr_at(int64_t s, int64_t steps, double lr, double min_lr, int64_t warm
     return min_lr + 0.5 * (1.0 + cos(M_PI * r)) * (lr - min_lr);
 }
 
+/* Checks that need several options at once, before anything is allocated. */
+static fy_status check_run_opts(const fy_opts *o) {
+    if (o->batch * o->seq > ((int64_t)1 << 26)) {
+        fy_log_error("--batch %lld x --seq %lld = %lld tokens per micro-batch is too many "
+                     "(at most %d)", (long long)o->batch, (long long)o->seq,
+                     (long long)(o->batch * o->seq), 1 << 26);
+        return FY_ERR_INVALID;
+    }
+    if (o->save) { /* fail now, not after the whole run */
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s", o->save);
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = 0;
+        else snprintf(dir, sizeof dir, ".");
+        if (access(*dir ? dir : "/", W_OK) != 0) {
+            fy_log_error("--save %s: directory %s does not exist or is not writable", o->save,
+                         *dir ? dir : "/");
+            return FY_ERR_IO;
+        }
+    }
+    return FY_OK;
+}
+
 /* Everything a run holds, freed in one place. */
 typedef struct run {
     fy_st_file *init;
@@ -55,6 +78,10 @@ static void run_free(run *r) {
 
 static fy_status open_device(const fy_opts *o, fy_dev **out) {
     fy_dev_kind kind = FY_DEV_CPU;
+    if (o->sim_pcie_gbps > 0 && o->sim_pcie_gbps < 1e-3) {
+        fy_log_error("--sim-pcie-gbps: must be 0 (off) or at least 0.001, got %g", o->sim_pcie_gbps);
+        return FY_ERR_INVALID;
+    }
     if (!strcmp(o->device, "cuda")) {
         kind = FY_DEV_CUDA;
     } else if (!strcmp(o->device, "auto") && !fy_dev_kind_compiled(FY_DEV_CUDA)) {
@@ -182,6 +209,7 @@ int fy_train_main(const fy_opts *o) {
     const int B = (int)o->batch, T = (int)o->seq, accum = (int)o->grad_accum;
     const size_t N = (size_t)B * T;
     if (o->quiet) fy_log_set_level(FY_LOG_WARN);
+    if ((st = check_run_opts(o)) != FY_OK) goto fail;
     if ((st = resolve_model(o, fy_opts_given(o, "model"), &r, &cfg)) != FY_OK) goto fail;
     if ((st = open_data(o, &cfg, &r)) != FY_OK) goto fail;
     if (o->metrics && !(r.metrics = fopen(o->metrics, "a"))) {
@@ -191,7 +219,11 @@ int fy_train_main(const fy_opts *o) {
     }
     r.x = malloc(N * accum * sizeof(int32_t));
     r.y = malloc(N * accum * sizeof(int32_t));
-    if (!r.x || !r.y) { st = FY_ERR_NOMEM; goto fail; }
+    if (!r.x || !r.y) {
+        fy_log_error("out of host memory for %zu tokens of batch staging", 2 * N * accum);
+        st = FY_ERR_NOMEM;
+        goto fail;
+    }
     if ((st = open_device(o, &r.dev)) != FY_OK) goto fail;
     fy_trainer_cfg tc = {.model = cfg, .B = B, .T = T, .beta1 = (float)o->beta1,
                          .beta2 = (float)o->beta2, .eps = (float)o->eps,
@@ -271,6 +303,7 @@ int fy_eval_main(const fy_opts *o) {
         fy_log_error("eval needs --init FILE and --data PATH");
         return 1;
     }
+    if ((st = check_run_opts(o)) != FY_OK) return 1;
     if ((st = resolve_model(o, false, &r, &cfg)) != FY_OK) goto fail;
     if ((st = fy_tokens_open(o->data, &r.val_tok)) != FY_OK) goto fail;
     if ((st = fy_tokens_check_vocab(r.val_tok, cfg.vocab)) != FY_OK) goto fail;
@@ -278,7 +311,11 @@ int fy_eval_main(const fy_opts *o) {
         goto fail;
     r.x = malloc((size_t)B * T * sizeof(int32_t));
     r.y = malloc((size_t)B * T * sizeof(int32_t));
-    if (!r.x || !r.y) { st = FY_ERR_NOMEM; goto fail; }
+    if (!r.x || !r.y) {
+        fy_log_error("out of host memory for %d tokens of batch staging", 2 * B * T);
+        st = FY_ERR_NOMEM;
+        goto fail;
+    }
     if ((st = open_device(o, &r.dev)) != FY_OK) goto fail;
     fy_trainer_cfg tc = {.model = cfg, .B = B, .T = T};
     if ((st = fy_trainer_new(r.dev, &tc, &r.tr)) != FY_OK) goto fail;

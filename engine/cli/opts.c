@@ -1,6 +1,7 @@
 /* opts.c — the option table, its parser and its --help. */
 #include "engine/cli/opts.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -20,6 +21,7 @@ typedef struct opt {
     const char *choices; /* "a|b|c" for strings limited to a set */
     const char *metavar;
     const char *help;
+    int64_t max;         /* integers: largest accepted value (0 = INT32_MAX) */
 } opt;
 
 #define O(field) offsetof(fy_opts, field)
@@ -28,57 +30,57 @@ typedef struct opt {
 
 static const opt table[] = {
     {"device", T_STR, O(device), TR | EV, "auto", R_ANY, "auto|cpu|cuda", "KIND",
-     "backend; auto = cuda when a GPU is present, else cpu"},
+     "backend; auto = cuda when a GPU is present, else cpu", 0},
     {"gpu-mem", T_SIZE, O(gpu_mem), TR | EV, "0", R_NONNEG, NULL, "SIZE",
-     "device memory budget, e.g. 512MiB, 16GiB (0 = all of it)"},
+     "device memory budget, e.g. 512MiB, 16GiB (0 = all of it)", 0},
     {"sim-pcie-gbps", T_FLOAT, O(sim_pcie_gbps), TR | EV, "0", R_NONNEG, NULL, "X",
-     "cpu backend: throttle host<->device copies to X GB/s (0 = off)"},
+     "cpu backend: throttle host<->device copies to X GB/s (0 = off)", 0},
     {"threads", T_INT, O(threads), TR | EV, "0", R_NONNEG, NULL, "N",
-     "cpu backend: kernel threads (0 = all cores)"},
+     "cpu backend: kernel threads (0 = all cores)", 1024},
     {"model", T_STR, O(model), TR, "gpt2-mini", R_ANY, NULL, "NAME",
-     "named model config (see below); ignored shape when --init is given"},
+     "named model config (see below); ignored shape when --init is given", 0},
     {"init", T_STR, O(init), TR | EV, NULL, R_ANY, NULL, "FILE",
-     "start from these weights (safetensors, Hugging Face GPT-2 names)"},
+     "start from these weights (safetensors, Hugging Face GPT-2 names)", 0},
     {"heads", T_INT, O(heads), TR | EV, "0", R_NONNEG, NULL, "N",
-     "attention heads, when the weights file does not say"},
+     "attention heads, when the weights file does not say", 65536},
     {"data", T_STR, O(data), TR | EV, NULL, R_ANY, NULL, "PATH",
-     "token shard(s) (llm.c .bin, glob allowed) or a text file; default: embedded corpus"},
+     "token shard(s) (llm.c .bin, glob allowed) or a text file; default: embedded corpus", 0},
     {"val-data", T_STR, O(val_data), TR, NULL, R_ANY, NULL, "PATH",
-     "validation tokens (same formats as --data)"},
+     "validation tokens (same formats as --data)", 0},
     {"val-split", T_FLOAT, O(val_split), TR, "0", R_UNIT, NULL, "F",
-     "without --val-data: hold out the last fraction F of --data for validation"},
-    {"batch", T_INT, O(batch), TR | EV, "8", R_POS, NULL, "B", "micro-batch size"},
-    {"seq", T_INT, O(seq), TR | EV, "128", R_POS, NULL, "T", "sequence length"},
+     "without --val-data: hold out the last fraction F of --data for validation", 0},
+    {"batch", T_INT, O(batch), TR | EV, "8", R_POS, NULL, "B", "micro-batch size", 65536},
+    {"seq", T_INT, O(seq), TR | EV, "128", R_POS, NULL, "T", "sequence length", 1 << 20},
     {"grad-accum", T_INT, O(grad_accum), TR, "1", R_POS, NULL, "N",
-     "micro-batches per optimizer step"},
-    {"steps", T_INT, O(steps), TR, "300", R_POS, NULL, "N", "optimizer steps"},
-    {"lr", T_FLOAT, O(lr), TR, "2e-3", R_POS, NULL, "X", "peak learning rate"},
+     "micro-batches per optimizer step", 1024},
+    {"steps", T_INT, O(steps), TR, "300", R_POS, NULL, "N", "optimizer steps", (int64_t)1 << 40},
+    {"lr", T_FLOAT, O(lr), TR, "2e-3", R_POS, NULL, "X", "peak learning rate", 0},
     {"lr-schedule", T_STR, O(lr_schedule), TR, "cosine", R_ANY, "const|cosine", "S",
-     "const, or linear warmup then cosine decay to --min-lr"},
-    {"warmup", T_INT, O(warmup), TR, "20", R_NONNEG, NULL, "N", "warmup steps (cosine)"},
+     "const, or linear warmup then cosine decay to --min-lr", 0},
+    {"warmup", T_INT, O(warmup), TR, "20", R_NONNEG, NULL, "N", "warmup steps (cosine)", 0},
     {"min-lr", T_FLOAT, O(min_lr), TR, NULL, R_NONNEG, NULL, "X",
-     "floor of the cosine schedule (default: lr / 10)"},
+     "floor of the cosine schedule (default: lr / 10)", 0},
     {"weight-decay", T_FLOAT, O(weight_decay), TR, "0.1", R_NONNEG, NULL, "X",
-     "AdamW decoupled weight decay (2-D tensors only)"},
-    {"beta1", T_FLOAT, O(beta1), TR, "0.9", R_UNIT, NULL, "X", "AdamW beta1"},
-    {"beta2", T_FLOAT, O(beta2), TR, "0.95", R_UNIT, NULL, "X", "AdamW beta2"},
-    {"eps", T_FLOAT, O(eps), TR, "1e-8", R_POS, NULL, "X", "AdamW epsilon"},
+     "AdamW decoupled weight decay (2-D tensors only)", 0},
+    {"beta1", T_FLOAT, O(beta1), TR, "0.9", R_UNIT, NULL, "X", "AdamW beta1", 0},
+    {"beta2", T_FLOAT, O(beta2), TR, "0.95", R_UNIT, NULL, "X", "AdamW beta2", 0},
+    {"eps", T_FLOAT, O(eps), TR, "1e-8", R_POS, NULL, "X", "AdamW epsilon", 0},
     {"clip", T_FLOAT, O(clip), TR, "1.0", R_NONNEG, NULL, "X",
-     "clip the global gradient norm to X (0 = off)"},
-    {"seed", T_INT, O(seed), TR, "1337", R_NONNEG, NULL, "N", "initialisation seed"},
+     "clip the global gradient norm to X (0 = off)", 0},
+    {"seed", T_INT, O(seed), TR, "1337", R_NONNEG, NULL, "N", "initialisation seed", (int64_t)1 << 62},
     {"val-every", T_INT, O(val_every), TR, "0", R_NONNEG, NULL, "N",
-     "evaluate every N steps (0 = only at the end)"},
+     "evaluate every N steps (0 = only at the end)", 0},
     {"val-batches", T_INT, O(val_batches), TR, "20", R_POS, NULL, "N",
-     "batches per validation"},
+     "batches per validation", 0},
     {"batches", T_INT, O(batches), EV, "0", R_NONNEG, NULL, "N",
-     "batches to evaluate (0 = one pass over the data)"},
+     "batches to evaluate (0 = one pass over the data)", 0},
     {"log-every", T_INT, O(log_every), TR, "0", R_NONNEG, NULL, "N",
-     "print a line every N steps (0 = every step up to 100 steps, else 1/50 of the run)"},
+     "print a line every N steps (0 = every step up to 100 steps, else 1/50 of the run)", 0},
     {"save", T_STR, O(save), TR, NULL, R_ANY, NULL, "FILE",
-     "write the trained weights (safetensors) at the end"},
+     "write the trained weights (safetensors) at the end", 0},
     {"metrics", T_STR, O(metrics), TR, NULL, R_ANY, NULL, "FILE",
-     "append one JSON object per step (JSON Lines)"},
-    {"quiet", T_BOOL, O(quiet), TR | EV, "0", R_ANY, NULL, NULL, "only errors and results"},
+     "append one JSON object per step (JSON Lines)", 0},
+    {"quiet", T_BOOL, O(quiet), TR | EV, "0", R_ANY, NULL, NULL, "only errors and results", 0},
 };
 #define NOPTS (int)(sizeof table / sizeof table[0])
 _Static_assert(sizeof table / sizeof table[0] <= 64, "set_mask holds 64 options");
@@ -119,8 +121,9 @@ static int set_value(fy_opts *o, const opt *op, const char *v, bool from_user) {
                          op->range == R_POS ? "positive" : "zero or positive", v);
             return -1;
         }
-        if (x > (int64_t)1 << 40) {
-            fy_log_error("--%s: %s is too large", op->name, v);
+        int64_t max = op->max ? op->max : INT32_MAX;
+        if (x > max) {
+            fy_log_error("--%s: %s is too large (at most %lld)", op->name, v, (long long)max);
             return -1;
         }
         *(int64_t *)base = x;

@@ -86,6 +86,7 @@ typedef struct fy_tensor_spec {
 } fy_tensor_spec;
 
 #define FY_GPT2_MAX_TENSORS 12
+#define FY_GPT2_MAX_LAYERS 4096
 
 typedef struct fy_block_spec {
     fy_block_kind kind;

@@ -46,11 +46,30 @@ fy_status fy_gpt2_file_config(const fy_st_file *f, int heads_flag, fy_gpt2_confi
                      "of equal width)", path);
         return FY_ERR_FORMAT;
     }
+    /* layers: one past the highest h.{i}; every layer below it must be there */
     int layers = 0;
     for (int i = 0; i < fy_st_count(f); i++) {
-        const char *name = fy_st_at(f, i)->name + strlen(pre);
-        int l;
-        if (sscanf(name, "h.%d.", &l) == 1 && l + 1 > layers) layers = l + 1;
+        const char *name = fy_st_at(f, i)->name;
+        if (strncmp(name, pre, strlen(pre)) || strncmp(name + strlen(pre), "h.", 2)) continue;
+        const char *digits = name + strlen(pre) + 2;
+        char *end;
+        long l = strtol(digits, &end, 10);
+        if (end == digits || *end != '.') continue;
+        if (l < 0 || l >= FY_GPT2_MAX_LAYERS) {
+            fy_log_error("%s: tensor %s has an implausible layer index (at most %d layers)",
+                         path, name, FY_GPT2_MAX_LAYERS);
+            return FY_ERR_FORMAT;
+        }
+        if ((int)l + 1 > layers) layers = (int)l + 1;
+    }
+    for (int l = 0; l < layers; l++) {
+        char name[64];
+        snprintf(name, sizeof name, "h.%d.ln_1.weight", l);
+        if (!find(f, pre, name)) {
+            fy_log_error("%s: tensor %s%s is missing (the file has layers up to h.%d)", path,
+                         pre, name, layers - 1);
+            return FY_ERR_FORMAT;
+        }
     }
     int heads = heads_flag;
     const char *meta = fy_st_meta(f, "ferry.heads");

@@ -1,0 +1,1212 @@
+/* test_cli.c — the ferry binary on good and bad input.
+ *
+ * Every test runs the real binary ($FERRY_BIN) in a child process, with stdout and stderr
+ * captured to files in the test's own temporary directory (made in .init, removed in
+ * .fini, also the child's working directory) and an alarm() in the child, so a hang ends
+ * as a SIGALRM death that the test reports instead of blocking the suite.
+ *
+ * The contract checked for bad input (README, "Bad input"): the process exits (no signal)
+ * with status 1, or 2 for command-line errors; stderr holds exactly one line starting
+ * with "ferry: error:", that line names the problem (the flag, the file, a key word), and
+ * every other stderr line is one of ferry's own ("ferry: ..."), so an abort, a sanitizer
+ * report, an "internal error" or a library's complaint fails the test.
+ *
+ * The bad files are written here byte by byte (shards, text, safetensors), so the cases
+ * do not depend on committed fixtures, except the PyTorch-made tiny GPT-2
+ * (gpt2_tiny_init.safetensors: V=256, 64 positions, C=64, L=2, no ferry.heads metadata).
+ * Runs are tiny (gpt2-tiny, batch 2 x 16, 1..3 steps, one thread): the machine is shared. */
+#include <criterion/criterion.h>
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define RUN_TIMEOUT_S 60
+
+/* ---- temporary directory and files ---- */
+
+static char g_dir[64];
+
+static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb; (void)flag; (void)ftw;
+    return remove(p);
+}
+
+static void make_dir(void) {
+    snprintf(g_dir, sizeof g_dir, "/tmp/ferry-test-cli-XXXXXX");
+    cr_assert_not_null(mkdtemp(g_dir), "mkdtemp: %s", strerror(errno));
+    cr_assert_not_null(getenv("FERRY_BIN"), "FERRY_BIN must name the ferry binary");
+}
+
+static void remove_dir(void) { nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+TestSuite(cli, .init = make_dir, .fini = remove_dir);
+
+/* cr_skip_test does not run .fini */
+#define SKIP(...) do { remove_dir(); cr_skip_test(__VA_ARGS__); } while (0)
+
+/* A path inside the test directory (one of a few rotating buffers). */
+static const char *P(const char *fmt, ...) {
+    static char bufs[16][512];
+    static int k;
+    char name[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    char *b = bufs[k++ % 16];
+    snprintf(b, 512, "%s/%s", g_dir, name);
+    return b;
+}
+
+/* A fixture path ($FERRY_FIXTURES/name), in a rotating buffer. */
+static const char *fixture(const char *name) {
+    static char bufs[4][1024];
+    static int k;
+    const char *d = getenv("FERRY_FIXTURES");
+    cr_assert_not_null(d, "FERRY_FIXTURES must name tests/fixtures");
+    char *b = bufs[k++ % 4];
+    snprintf(b, 1024, "%s/%s", d, name);
+    return b;
+}
+
+static void write_bytes(const char *path, const void *p, size_t n) {
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f, "cannot create %s: %s", path, strerror(errno));
+    cr_assert_eq(fwrite(p, 1, n, f), n);
+    cr_assert_eq(fclose(f), 0);
+}
+
+/* The whole file, NUL-terminated (n gets its size); NULL if it cannot be read. */
+static char *slurp(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 4096, len = 0;
+    char *b = malloc(cap);
+    size_t got;
+    while (b && (got = fread(b + len, 1, cap - len - 1, f)) > 0) {
+        len += got;
+        if (cap - len - 1 == 0) b = realloc(b, cap *= 2);
+    }
+    fclose(f);
+    if (!b) return NULL;
+    b[len] = 0;
+    if (n) *n = len;
+    return b;
+}
+
+static void copy_file(const char *from, const char *to) {
+    size_t n;
+    char *b = slurp(from, &n);
+    cr_assert_not_null(b, "cannot read %s", from);
+    write_bytes(to, b, n);
+    free(b);
+}
+
+/* n bytes of English-like text. */
+static void write_text(const char *path, size_t n) {
+    static const char words[] = "the quick brown fox jumps over the lazy dog; a ferry "
+                                "carries tokens across the narrow sea at dawn.\n";
+    char *b = malloc(n ? n : 1);
+    for (size_t i = 0; i < n; i++) b[i] = words[i % (sizeof words - 1)];
+    write_bytes(path, b, n);
+    free(b);
+}
+
+/* An llm.c shard: header int32[256] {magic, version, count_field}, then n tokens of
+ * tok_nbytes (2 or 4) each, little-endian (the host's order on the machines we run). */
+static void write_shard(const char *path, int32_t magic, int32_t version, int32_t count_field,
+                        int tok_nbytes, const uint32_t *tok, size_t n) {
+    size_t nbytes = 1024 + n * (size_t)tok_nbytes;
+    uint8_t *b = calloc(1, nbytes);
+    int32_t hdr[256] = {magic, version, count_field};
+    memcpy(b, hdr, sizeof hdr);
+    for (size_t i = 0; i < n; i++) {
+        if (tok_nbytes == 2) { uint16_t v = (uint16_t)tok[i]; memcpy(b + 1024 + 2 * i, &v, 2); }
+        else memcpy(b + 1024 + 4 * i, &tok[i], 4);
+    }
+    write_bytes(path, b, nbytes);
+    free(b);
+}
+
+/* A shard of n valid byte-level tokens (i*7 mod 256). */
+static void write_good_shard(const char *path, int32_t magic, int32_t version, size_t n) {
+    uint32_t *t = malloc(n * sizeof *t);
+    for (size_t i = 0; i < n; i++) t[i] = (uint32_t)(i * 7 % 256);
+    write_shard(path, magic, version, (int32_t)n, version == 7 ? 4 : 2, t, n);
+    free(t);
+}
+
+/* ---- GPT-2 safetensors written here ---- */
+
+typedef struct gpt2_file {
+    int V, P, C, L;
+    const char *heads;   /* ferry.heads metadata, or NULL for none */
+    const char *omit;    /* a tensor left out, or NULL */
+    const char *widen;   /* a tensor whose last dimension gets one more element, or NULL */
+    const char *extra;   /* an extra 1-D tensor of C elements (a stray name), or NULL */
+} gpt2_file;
+
+/* Writes an F32 GPT-2 with Hugging Face names and Conv1D (in, out) layouts. */
+static void write_gpt2(const char *path, const gpt2_file *g) {
+    struct { char name[64]; int ndim; int64_t shape[2]; } t[256];
+    int n = 0;
+#define ADD(nm, d0, d1) do { snprintf(t[n].name, 64, "%s", nm); t[n].shape[0] = (d0); \
+        t[n].shape[1] = (d1); t[n].ndim = t[n].shape[1] != 0 ? 2 : 1; n++; } while (0)
+    const int C = g->C;
+    ADD("wte.weight", g->V, C);
+    ADD("wpe.weight", g->P, C);
+    for (int l = 0; l < g->L; l++) {
+        static const struct { const char *s; int d0, d1; } lt[] = {
+            {"ln_1.weight", 1, 0}, {"ln_1.bias", 1, 0}, {"attn.c_attn.weight", 1, 3},
+            {"attn.c_attn.bias", 3, 0}, {"attn.c_proj.weight", 1, 1}, {"attn.c_proj.bias", 1, 0},
+            {"ln_2.weight", 1, 0}, {"ln_2.bias", 1, 0}, {"mlp.c_fc.weight", 1, 4},
+            {"mlp.c_fc.bias", 4, 0}, {"mlp.c_proj.weight", 4, 1}, {"mlp.c_proj.bias", 1, 0}};
+        for (size_t k = 0; k < sizeof lt / sizeof lt[0]; k++) {
+            char nm[64];
+            snprintf(nm, sizeof nm, "h.%d.%s", l, lt[k].s);
+            ADD(nm, lt[k].d0 * C, lt[k].d1 * C);
+        }
+    }
+    ADD("ln_f.weight", C, 0);
+    ADD("ln_f.bias", C, 0);
+    if (g->extra) ADD(g->extra, C, 0);
+#undef ADD
+    size_t hcap = 65536, hlen = 0, off = 0;
+    char *h = malloc(hcap);
+    hlen += (size_t)snprintf(h + hlen, hcap - hlen, "{");
+    for (int i = 0; i < n; i++) {
+        if (g->omit && !strcmp(g->omit, t[i].name)) continue;
+        if (g->widen && !strcmp(g->widen, t[i].name)) t[i].shape[t[i].ndim - 1]++;
+        size_t nelem = (size_t)t[i].shape[0] * (size_t)(t[i].ndim == 2 ? t[i].shape[1] : 1);
+        char shape[64];
+        if (t[i].ndim == 2) snprintf(shape, sizeof shape, "%lld,%lld", (long long)t[i].shape[0],
+                                     (long long)t[i].shape[1]);
+        else snprintf(shape, sizeof shape, "%lld", (long long)t[i].shape[0]);
+        hlen += (size_t)snprintf(h + hlen, hcap - hlen,
+                                 "%s\"%s\":{\"dtype\":\"F32\",\"shape\":[%s],\"data_offsets\":[%zu,%zu]}",
+                                 hlen > 1 ? "," : "", t[i].name, shape, off, off + 4 * nelem);
+        off += 4 * nelem;
+    }
+    hlen += (size_t)snprintf(h + hlen, hcap - hlen, ",\"__metadata__\":{\"format\":\"pt\"%s%s%s}}",
+                             g->heads ? ",\"ferry.heads\":\"" : "", g->heads ? g->heads : "",
+                             g->heads ? "\"" : "");
+    cr_assert_lt(hlen, hcap - 1);
+    size_t total = 8 + hlen + off;
+    uint8_t *b = calloc(1, total);
+    uint64_t hl = hlen;
+    memcpy(b, &hl, 8);
+    memcpy(b + 8, h, hlen);
+    /* small deterministic weights; zeros would do for loading but not for a real step */
+    for (size_t i = 0; i < off / 4; i++) {
+        float v = 0.02f * (float)((int)((i * 2654435761u) % 1001u) - 500) / 500.0f;
+        memcpy(b + 8 + hlen + 4 * i, &v, 4);
+    }
+    write_bytes(path, b, total);
+    free(b);
+    free(h);
+}
+
+static const gpt2_file TINY_FILE = {.V = 256, .P = 128, .C = 64, .L = 1, .heads = "4"};
+
+/* ---- running the binary ---- */
+
+typedef struct run_result {
+    int code;        /* exit status; -1 when killed by a signal */
+    int sig;         /* the signal that ended it, or 0 */
+    char cmd[4096];  /* the command line, for messages */
+    char *out, *err; /* what it wrote to stdout and stderr (NUL-terminated; leaked: the
+                        test process is forked per test and exits soon) */
+} run_result;
+
+static void run_args(run_result *r, const char *const *args) {
+    const char *bin = getenv("FERRY_BIN");
+    char outp[512], errp[512];
+    snprintf(outp, sizeof outp, "%s/.stdout", g_dir);
+    snprintf(errp, sizeof errp, "%s/.stderr", g_dir);
+    size_t len = (size_t)snprintf(r->cmd, sizeof r->cmd, "ferry");
+    int n = 0;
+    while (args[n]) {
+        if (len < sizeof r->cmd)
+            len += (size_t)snprintf(r->cmd + len, sizeof r->cmd - len, " %s", args[n]);
+        n++;
+    }
+    const char **argv = calloc((size_t)n + 2, sizeof *argv);
+    argv[0] = bin;
+    for (int i = 0; i < n; i++) argv[i + 1] = args[i];
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        int in = open("/dev/null", O_RDONLY);
+        int fo = open(outp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int fe = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (in < 0 || fo < 0 || fe < 0 || dup2(in, 0) < 0 || dup2(fo, 1) < 0 || dup2(fe, 2) < 0)
+            _exit(126);
+        if (chdir(g_dir) != 0) _exit(126);
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        signal(SIGALRM, SIG_DFL);
+        alarm(RUN_TIMEOUT_S); /* survives exec: a hang dies of SIGALRM */
+        execv(bin, (char *const *)argv);
+        _exit(127);
+    }
+    int st;
+    while (waitpid(pid, &st, 0) < 0) cr_assert_eq(errno, EINTR, "waitpid: %s", strerror(errno));
+    free(argv);
+    r->code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    r->sig = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
+    r->out = slurp(outp, NULL);
+    r->err = slurp(errp, NULL);
+    cr_assert(r->out && r->err, "cannot read the captured output");
+    cr_assert_neq(r->code, 127, "cannot execute %s", bin);
+    unlink(outp);
+    unlink(errp);
+}
+
+#define FERRY(r, ...) run_args((r), (const char *const[]){__VA_ARGS__, NULL})
+
+/* Small, fast run options; later flags override earlier ones. */
+#define SMALL "--batch", "2", "--seq", "16", "--steps", "1", "--threads", "1", "--device", "cpu"
+#define TINY "--model", "gpt2-tiny", SMALL
+
+/* Asserts no signal, no hang, and nothing on stderr that is not a "ferry: " line. */
+static void expect_clean(const run_result *r) {
+    cr_assert_eq(r->sig, 0, "`%s` was killed by signal %d (%s)%s\nstderr:\n%s", r->cmd, r->sig,
+                 strsignal(r->sig), r->sig == SIGALRM ? ": it hung" : "", r->err);
+    cr_assert_null(strstr(r->err, "internal error"), "`%s`: internal error\n%s", r->cmd, r->err);
+    for (const char *l = r->err; *l;) {
+        const char *nl = strchr(l, '\n');
+        size_t n = nl ? (size_t)(nl - l) : strlen(l);
+        cr_assert(n == 0 || !strncmp(l, "ferry: ", 7),
+                  "`%s`: stderr holds a line that is not ferry's: '%.*s'\nstderr:\n%s", r->cmd,
+                  (int)n, l, r->err);
+        l += n + (nl ? 1 : 0);
+    }
+}
+
+/* The one "ferry: error:" line (asserted to be exactly one), copied into line. */
+static void error_line(const run_result *r, char *line, size_t cap) {
+    int count = 0;
+    line[0] = 0;
+    for (const char *l = r->err; *l;) {
+        const char *nl = strchr(l, '\n');
+        size_t n = nl ? (size_t)(nl - l) : strlen(l);
+        if (!strncmp(l, "ferry: error:", 13)) {
+            if (count++ == 0) snprintf(line, cap, "%.*s", (int)n, l);
+        }
+        l += n + (nl ? 1 : 0);
+    }
+    cr_assert_eq(count, 1, "`%s`: expected exactly one 'ferry: error:' line, got %d\nstderr:\n%s",
+                 r->cmd, count, r->err);
+}
+
+/* Asserts a clean failure: exit status `want` (0: 1 or 2), exactly one error line, and
+ * that line holds every key word. */
+static void expect_error_kw(const run_result *r, int want, const char *const *kw) {
+    expect_clean(r);
+    cr_assert_neq(r->code, 0, "`%s` succeeded; it should fail\nstdout:\n%s", r->cmd, r->out);
+    if (want) cr_assert_eq(r->code, want, "`%s`: exit status %d, expected %d\nstderr:\n%s", r->cmd,
+                           r->code, want, r->err);
+    else cr_assert(r->code == 1 || r->code == 2, "`%s`: exit status %d, expected 1 or 2\n%s",
+                   r->cmd, r->code, r->err);
+    char line[2048];
+    error_line(r, line, sizeof line);
+    cr_log_info("`%s` -> %d: %s", r->cmd, r->code, line); /* shown with --verbose */
+    for (int i = 0; kw[i]; i++)
+        cr_assert_not_null(strstr(line, kw[i]), "`%s`: the error does not mention '%s': %s",
+                           r->cmd, kw[i], line);
+}
+
+#define EXPECT_ERROR(r, want, ...) expect_error_kw((r), (want), (const char *const[]){__VA_ARGS__, NULL})
+
+static void expect_ok(const run_result *r) {
+    expect_clean(r);
+    cr_assert_eq(r->code, 0, "`%s` failed with status %d\nstderr:\n%s", r->cmd, r->code, r->err);
+    cr_assert_null(strstr(r->err, "ferry: error:"), "`%s` succeeded but logged an error:\n%s",
+                   r->cmd, r->err);
+}
+
+/* The last non-empty line of s, copied into line. */
+static void last_line(const char *s, char *line, size_t cap) {
+    size_t n = strlen(s);
+    while (n && s[n - 1] == '\n') n--;
+    size_t b = n;
+    while (b && s[b - 1] != '\n') b--;
+    snprintf(line, cap, "%.*s", (int)(n - b), s + b);
+}
+
+/* Caps this test's address space (and so its children's) at 2 GiB, for cases where a
+ * bug would make ferry allocate far more; skips the test when ferry cannot even start
+ * under the cap (a sanitizer build reserves terabytes of shadow memory). */
+static void cap_address_space(void) {
+    struct rlimit lim = {(rlim_t)2 << 30, (rlim_t)2 << 30};
+    cr_assert_eq(setrlimit(RLIMIT_AS, &lim), 0, "setrlimit: %s", strerror(errno));
+    run_result r;
+    FERRY(&r, "--version");
+    if (r.code != 0) SKIP("ferry does not start with a 2 GiB address space");
+}
+
+/* ---- help, info ---- */
+
+Test(cli, help_lists_commands) {
+    run_result r;
+    FERRY(&r, "--help");
+    expect_ok(&r);
+    for (const char *const *c = (const char *const[]){"train", "eval", "info", NULL}; *c; c++)
+        cr_assert_not_null(strstr(r.out, *c), "ferry --help does not list '%s':\n%s", *c, r.out);
+}
+
+/* The options the issue's CLI names must all be in the help. */
+Test(cli, train_help_lists_the_issue_options) {
+    run_result r;
+    FERRY(&r, "train", "--help");
+    expect_ok(&r);
+    static const char *const want[] = {
+        "--device", "--model", "--init", "--heads", "--data", "--val-data", "--batch", "--seq",
+        "--steps", "--lr", "--lr-schedule", "--warmup", "--weight-decay", "--beta1", "--beta2",
+        "--eps", "--clip", "--seed", "--threads", "--save", "--metrics", "--gpu-mem",
+        "--sim-pcie-gbps", NULL};
+    for (int i = 0; want[i]; i++) {
+        char pat[64];
+        snprintf(pat, sizeof pat, "  %s ", want[i]);
+        cr_assert_not_null(strstr(r.out, pat), "train --help does not list %s:\n%s", want[i], r.out);
+    }
+}
+
+Test(cli, eval_help_lists_its_options) {
+    run_result r;
+    FERRY(&r, "eval", "--help");
+    expect_ok(&r);
+    static const char *const want[] = {"--init", "--data", "--batch", "--seq", "--batches", NULL};
+    for (int i = 0; want[i]; i++) {
+        char pat[64];
+        snprintf(pat, sizeof pat, "  %s ", want[i]);
+        cr_assert_not_null(strstr(r.out, pat), "eval --help does not list %s:\n%s", want[i], r.out);
+    }
+}
+
+/* A valid value for an option shown as METAVAR in the help. */
+static const char *value_for(const char *metavar) {
+    static const struct { const char *mv, *v; } tab[] = {
+        {"SIZE", "64MiB"}, {"X", "0.5"}, {"N", "3"}, {"NAME", "gpt2-tiny"}, {"FILE", "w.safetensors"},
+        {"PATH", "data.txt"}, {"F", "0.25"}, {"B", "4"}, {"T", "16"}};
+    for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
+        if (!strcmp(tab[i].mv, metavar)) return tab[i].v;
+    return "1";
+}
+
+static void check_parse(const char *cmd, const char *flag, const char *value, const char *why) {
+    run_result r;
+    if (!value) {
+        FERRY(&r, cmd, flag, "--help");
+    } else {
+        FERRY(&r, cmd, flag, value, "--help");
+    }
+    expect_clean(&r);
+    cr_assert_eq(r.code, 0, "`%s`: the parser rejects %s, which --help shows (%s)\nstderr:\n%s",
+                 r.cmd, flag, why, r.err);
+    if (value) {
+        char eq[256];
+        snprintf(eq, sizeof eq, "%s=%s", flag, value);
+        FERRY(&r, cmd, eq, "--help");
+        expect_clean(&r);
+        cr_assert_eq(r.code, 0, "`%s`: the --flag=value form is rejected\nstderr:\n%s", r.cmd, r.err);
+    }
+}
+
+/* Every option --help prints is accepted by the parser with a value of its kind, with
+ * each of its listed choices, and with the default --help shows for it ("--flag value
+ * --help": the value is parsed and checked before --help stops the command). */
+static void help_options_parse(const char *cmd) {
+    run_result r;
+    FERRY(&r, cmd, "--help");
+    expect_ok(&r);
+    int nopts = 0;
+    for (char *l = r.out; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        if (strncmp(l, "  --", 4)) continue;
+        char line[512], flag[64] = "", metavar[64] = "";
+        size_t n = strchr(l, '\n') ? (size_t)(strchr(l, '\n') - l) : strlen(l);
+        snprintf(line, sizeof line, "%.*s", (int)n, l);
+        cr_assert(sscanf(line + 2, "%63s", flag) == 1);
+        /* "  --name METAVAR   help": a metavar is a single upper-case word right after */
+        const char *after = line + 2 + strlen(flag);
+        if (after[0] == ' ' && after[1] >= 'A' && after[1] <= 'Z') sscanf(after + 1, "%63s", metavar);
+        nopts++;
+        if (!metavar[0]) { check_parse(cmd, flag, NULL, "a switch"); continue; }
+        const char *ch = strchr(line, '[');
+        if (ch && strchr(ch, ']')) {
+            char choices[128];
+            snprintf(choices, sizeof choices, "%.*s", (int)(strchr(ch, ']') - ch - 1), ch + 1);
+            for (char *save, *c = strtok_r(choices, "|", &save); c; c = strtok_r(NULL, "|", &save))
+                check_parse(cmd, flag, c, "a listed choice");
+        } else {
+            check_parse(cmd, flag, value_for(metavar), metavar);
+        }
+        const char *def = strstr(line, "(default ");
+        if (def) {
+            char dv[64];
+            snprintf(dv, sizeof dv, "%.*s", (int)strcspn(def + 9, ")"), def + 9);
+            check_parse(cmd, flag, dv, "its default");
+        }
+    }
+    cr_assert_geq(nopts, 5, "`ferry %s --help` lists only %d options:\n%s", cmd, nopts, r.out);
+}
+
+Test(cli, train_help_options_all_parse) { help_options_parse("train"); }
+Test(cli, eval_help_options_all_parse) { help_options_parse("eval"); }
+
+Test(cli, info_exits_0) {
+    run_result r;
+    FERRY(&r, "info");
+    expect_ok(&r);
+    cr_assert_not_null(strstr(r.out, "gpt2-tiny"), "ferry info lists no models:\n%s", r.out);
+    cr_assert_not_null(strstr(r.out, "cuda"), "ferry info does not say whether cuda is built:\n%s",
+                       r.out);
+}
+
+/* ---- good runs ---- */
+
+/* A float printed with enough digits reads back to the same float and prints the same. */
+static void expect_exact_float(const char *line, const char *key) {
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *p = strstr(line, pat);
+    cr_assert_not_null(p, "no %s in %s", key, line);
+    p += strlen(pat);
+    char raw[64];
+    snprintf(raw, sizeof raw, "%.*s", (int)strcspn(p, ",}"), p);
+    float f = strtof(raw, NULL);
+    cr_assert(isfinite(f), "%s is not finite: %s", key, raw);
+    char again[64];
+    snprintf(again, sizeof again, "%.9g", (double)f);
+    cr_assert_str_eq(again, raw, "%s printed as %s does not round-trip as a float (%%.9g: %s)",
+                     key, raw, again);
+}
+
+Test(cli, train_metrics_save_then_eval) {
+    const char *data = P("data.txt"), *w = P("w.safetensors"), *m = P("m.jsonl");
+    write_text(data, 4000);
+    run_result r;
+    FERRY(&r, "train", TINY, "--steps", "3", "--data", data, "--metrics", m, "--save", w);
+    expect_ok(&r);
+    cr_assert_not_null(strstr(r.out, "tok/s"), "no per-step line with tok/s:\n%s", r.out);
+
+    char *jl = slurp(m, NULL);
+    cr_assert_not_null(jl, "no metrics file %s", m);
+    int nlines = 0;
+    for (char *save, *line = strtok_r(jl, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        nlines++;
+        cJSON *j = cJSON_Parse(line);
+        cr_assert_not_null(j, "metrics line %d is not JSON: %s", nlines, line);
+        static const char *const keys[] = {"step", "loss", "lr", "grad_norm", "step_ms",
+                                           "tokens_per_s", NULL};
+        for (int k = 0; keys[k]; k++) {
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, keys[k]);
+            cr_assert(cJSON_IsNumber(v), "metrics line %d: '%s' missing or not a number: %s",
+                      nlines, keys[k], line);
+            cr_assert(isfinite(v->valuedouble), "metrics line %d: %s not finite", nlines, keys[k]);
+        }
+        cr_assert_eq(cJSON_GetObjectItemCaseSensitive(j, "step")->valuedouble, nlines,
+                     "metrics line %d has step %g", nlines,
+                     cJSON_GetObjectItemCaseSensitive(j, "step")->valuedouble);
+        double loss = cJSON_GetObjectItemCaseSensitive(j, "loss")->valuedouble;
+        cr_assert(loss > 0 && loss < 20, "implausible loss %g", loss);
+        cr_assert_gt(cJSON_GetObjectItemCaseSensitive(j, "lr")->valuedouble, 0);
+        cr_assert_gt(cJSON_GetObjectItemCaseSensitive(j, "tokens_per_s")->valuedouble, 0);
+        expect_exact_float(line, "loss");
+        expect_exact_float(line, "grad_norm");
+        cJSON_Delete(j);
+    }
+    cr_assert_eq(nlines, 3, "%d metrics lines for 3 steps", nlines);
+    free(jl);
+
+    FERRY(&r, "eval", "--init", w, "--data", data, "--batch", "2", "--seq", "16", "--batches", "2",
+          "--threads", "1", "--device", "cpu");
+    expect_ok(&r);
+    char last[1024];
+    last_line(r.out, last, sizeof last);
+    cJSON *j = cJSON_Parse(last);
+    cr_assert_not_null(j, "eval's last stdout line is not JSON: '%s'\nstdout:\n%s", last, r.out);
+    const cJSON *loss = cJSON_GetObjectItemCaseSensitive(j, "loss");
+    cr_assert(cJSON_IsNumber(loss) && isfinite(loss->valuedouble) && loss->valuedouble > 0,
+              "eval: no finite positive loss in %s", last);
+    const cJSON *nb = cJSON_GetObjectItemCaseSensitive(j, "batches");
+    cr_assert(cJSON_IsNumber(nb) && nb->valuedouble == 2, "eval: batches should be 2: %s", last);
+    cJSON_Delete(j);
+}
+
+Test(cli, train_on_tinyshakespeare) {
+    const char *shared = getenv("FERRY_SHARED");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/data/tinyshakespeare.txt", shared ? shared : "");
+    if (!shared || access(path, R_OK) != 0) {
+        SKIP("no %s (FERRY_SHARED unset or the data is missing)", path);
+    }
+    run_result r;
+    FERRY(&r, "train", TINY, "--steps", "2", "--data", path, "--val-split", "0.1",
+          "--val-batches", "2");
+    expect_ok(&r);
+    cr_assert_not_null(strstr(r.out, "val loss"), "no validation loss reported:\n%s", r.out);
+}
+
+Test(cli, train_on_shard_glob_v1_and_v7) {
+    write_good_shard(P("train_000.bin"), 20240520, 1, 200);
+    write_good_shard(P("train_001.bin"), 20240520, 1, 200);
+    write_good_shard(P("v7.bin"), 20240801, 7, 200);
+    run_result r;
+    FERRY(&r, "train", TINY, "--data", P("train_*.bin"));
+    expect_ok(&r);
+    cr_assert_not_null(strstr(r.out, "400 tokens"), "the glob did not read both shards:\n%s", r.out);
+    FERRY(&r, "train", TINY, "--data", P("v7.bin"));
+    expect_ok(&r);
+}
+
+/* Control for the weights cases below: the generator writes a file ferry accepts. */
+Test(cli, generated_weights_are_accepted) {
+    const char *w = P("ok.safetensors");
+    write_gpt2(w, &TINY_FILE);
+    run_result r;
+    FERRY(&r, "train", SMALL, "--init", w);
+    expect_ok(&r);
+    FERRY(&r, "train", SMALL, "--init", w, "--model", "gpt2-tiny", "--heads", "4", "--seq", "128");
+    /* gpt2-tiny is L=2; this file has L=1, so --model must be refused */
+    EXPECT_ERROR(&r, 0, "gpt2-tiny");
+}
+
+Test(cli, fixture_heads_from_flag_or_config_json) {
+    run_result r;
+    FERRY(&r, "train", SMALL, "--init", fixture("gpt2_tiny_init.safetensors"), "--heads", "4");
+    expect_ok(&r);
+    const char *w = P("model.safetensors");
+    copy_file(fixture("gpt2_tiny_init.safetensors"), w);
+    const char cfg[] = "{\"model_type\": \"gpt2\", \"n_head\": 4, \"n_embd\": 64}\n";
+    write_bytes(P("config.json"), cfg, sizeof cfg - 1);
+    FERRY(&r, "train", SMALL, "--init", w);
+    expect_ok(&r);
+}
+
+/* ---- command line ---- */
+
+Test(cli, unknown_command) {
+    run_result r;
+    FERRY(&r, "bogus");
+    EXPECT_ERROR(&r, 2, "bogus");
+}
+
+Test(cli, unknown_flag) {
+    run_result r;
+    FERRY(&r, "train", TINY, "--nope", "3");
+    EXPECT_ERROR(&r, 2, "--nope");
+}
+
+Test(cli, flag_of_another_command) {
+    run_result r;
+    FERRY(&r, "eval", "--steps", "3");
+    EXPECT_ERROR(&r, 2, "--steps");
+}
+
+Test(cli, stray_argument) {
+    run_result r;
+    FERRY(&r, "train", TINY, "extra");
+    EXPECT_ERROR(&r, 2, "extra");
+}
+
+Test(cli, flag_missing_its_value) {
+    run_result r;
+    FERRY(&r, "train", TINY, "--steps");
+    EXPECT_ERROR(&r, 2, "--steps");
+}
+
+Test(cli, switch_given_a_value) {
+    run_result r;
+    FERRY(&r, "train", TINY, "--quiet=1");
+    EXPECT_ERROR(&r, 2, "--quiet");
+}
+
+Test(cli, empty_path) {
+    run_result r;
+    FERRY(&r, "train", TINY, "--data", "");
+    EXPECT_ERROR(&r, 2, "--data");
+}
+
+Test(cli, malformed_steps) {
+    run_result r;
+    FERRY(&r, "train", TINY, "--steps", "10x");
+    EXPECT_ERROR(&r, 2, "--steps", "10x");
+}
+
+Test(cli, malformed_lr) {
+    run_result r;
+    FERRY(&r, "train", TINY, "--lr", "abc");
+    EXPECT_ERROR(&r, 2, "--lr", "abc");
+}
+
+Test(cli, fractional_batch) {
+    run_result r;
+    FERRY(&r, "train", TINY, "--batch", "1.5");
+    EXPECT_ERROR(&r, 2, "--batch", "1.5");
+}
+
+Test(cli, non_finite_numbers) {
+    run_result r;
+    FERRY(&r, "train", TINY, "--lr", "nan");
+    EXPECT_ERROR(&r, 2, "--lr");
+    FERRY(&r, "train", TINY, "--clip", "inf");
+    EXPECT_ERROR(&r, 2, "--clip");
+}
+
+Test(cli, zero_batch) {
+    run_result r;
+    FERRY(&r, "train", TINY, "--batch", "0");
+    EXPECT_ERROR(&r, 2, "--batch");
+}
+
+Test(cli, negative_seq) {
+    run_result r;
+    FERRY(&r, "train", TINY, "--seq", "-1");
+    EXPECT_ERROR(&r, 2, "--seq");
+}
+
+Test(cli, zero_steps) {
+    run_result r;
+    FERRY(&r, "train", TINY, "--steps", "0");
+    EXPECT_ERROR(&r, 2, "--steps");
+}
+
+/* Accepted as positive by the parser, then truncated to int: must be refused as a flag
+ * value, not reported later as a negative batch. */
+Test(cli, batch_too_large_for_int) {
+    run_result r;
+    FERRY(&r, "train", TINY, "--batch", "3000000000");
+    EXPECT_ERROR(&r, 2, "--batch");
+    cr_assert_null(strstr(r.err, "-1294967296"), "`%s`: the batch wrapped to a negative int: %s",
+                   r.cmd, r.err);
+}
+
+/* Integer flags the parser accepts (up to 2^40) but ferry keeps in an int must not wrap
+ * silently: 2^32 + 4 heads became 4 heads, 2^32 + 1 threads or accumulation steps 1. */
+Test(cli, heads_too_large_for_int) {
+    run_result r;
+    FERRY(&r, "train", TINY, "--heads", "4294967300");
+    EXPECT_ERROR(&r, 0, "--heads");
+}
+
+Test(cli, threads_too_large_for_int) {
+    run_result r;
+    FERRY(&r, "train", TINY, "--threads", "4294967297");
+    EXPECT_ERROR(&r, 0, "--threads");
+}
+
+Test(cli, grad_accum_too_large_for_int) {
+    run_result r;
+    FERRY(&r, "train", TINY, "--grad-accum", "4294967297");
+    EXPECT_ERROR(&r, 0, "accum");
+}
+
+/* An accumulation count beyond the trainer's limit must be refused before ferry sizes
+ * buffers by it (B*T*accum tokens: 400 GB here). The child's address space is capped so
+ * the attempt fails fast instead of eating the machine. */
+Test(cli, grad_accum_beyond_the_limit) {
+    cap_address_space();
+    run_result r;
+    FERRY(&r, "train", TINY, "--grad-accum", "1025");
+    EXPECT_ERROR(&r, 0, "accum", "1025");
+    FERRY(&r, "train", TINY, "--batch", "8", "--seq", "128", "--grad-accum", "100000000");
+    EXPECT_ERROR(&r, 0, "accum");
+}
+
+Test(cli, val_split_out_of_range) {
+    run_result r;
+    FERRY(&r, "train", TINY, "--val-split", "1.5");
+    EXPECT_ERROR(&r, 2, "--val-split");
+}
+
+Test(cli, bad_gpu_mem) {
+    run_result r;
+    FERRY(&r, "train", TINY, "--gpu-mem", "12XB");
+    EXPECT_ERROR(&r, 2, "--gpu-mem", "12XB");
+}
+
+Test(cli, bogus_lr_schedule) {
+    run_result r;
+    FERRY(&r, "train", TINY, "--lr-schedule", "bogus");
+    EXPECT_ERROR(&r, 2, "--lr-schedule", "bogus");
+}
+
+Test(cli, bogus_device) {
+    run_result r;
+    FERRY(&r, "train", TINY, "--device", "tpu");
+    EXPECT_ERROR(&r, 2, "--device", "tpu");
+}
+
+Test(cli, unknown_model) {
+    run_result r;
+    FERRY(&r, "train", TINY, "--model", "gpt2-huge");
+    EXPECT_ERROR(&r, 0, "gpt2-huge");
+}
+
+Test(cli, heads_not_dividing_channels_named_model) {
+    run_result r;
+    FERRY(&r, "train", TINY, "--heads", "5");
+    EXPECT_ERROR(&r, 0, "heads", "5", "64");
+}
+
+Test(cli, seq_longer_than_positions_named_model) {
+    run_result r;
+    FERRY(&r, "train", TINY, "--seq", "129");
+    EXPECT_ERROR(&r, 0, "--seq", "128");
+}
+
+/* Absurd thread counts must end in a ferry error (or be capped and run), not a crash in
+ * the thread libraries. */
+Test(cli, absurd_thread_count) {
+    run_result r;
+    FERRY(&r, "train", TINY, "--threads", "100000");
+    expect_clean(&r);
+    if (r.code != 0) EXPECT_ERROR(&r, 0, "--threads");
+}
+
+/* With no CUDA backend compiled in, asking for it is a clear error. */
+Test(cli, device_cuda_without_backend) {
+    run_result r;
+    FERRY(&r, "info");
+    expect_ok(&r);
+    if (!strstr(r.out, "cuda backend: not compiled in"))
+        SKIP("this build has a cuda backend");
+    FERRY(&r, "train", TINY, "--device", "cuda");
+    EXPECT_ERROR(&r, 0, "cuda");
+}
+
+Test(cli, eval_without_init_or_data) {
+    const char *data = P("data.txt");
+    write_text(data, 4000);
+    run_result r;
+    FERRY(&r, "eval", "--data", data);
+    EXPECT_ERROR(&r, 0, "--init");
+    FERRY(&r, "eval", "--init", fixture("gpt2_tiny_init.safetensors"), "--heads", "4");
+    EXPECT_ERROR(&r, 0, "--data");
+}
+
+/* A size as fy_fmt_size prints it ("96.00 KiB", "512 B") after `key` in s, in bytes;
+ * -1 if absent. */
+static double size_after(const char *s, const char *key) {
+    const char *p = strstr(s, key);
+    double v;
+    char unit[8];
+    if (!p || sscanf(p + strlen(key), "%lf %7[A-Za-z]", &v, unit) != 2) return -1;
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    for (int i = 0; i < 5; i++, v *= 1024)
+        if (!strcmp(unit, units[i])) return v;
+    return -1;
+}
+
+/* The budget cannot hold the model: the error names what did not fit and the budget, and
+ * its sizes add up (the shortfall is what is needed less what is free; sizes are printed
+ * to 0.01 of their unit). */
+Test(cli, gpu_mem_smaller_than_the_model) {
+    run_result r;
+    FERRY(&r, "train", TINY, "--gpu-mem", "1KiB");
+    EXPECT_ERROR(&r, 1, "needs");
+    char line[2048];
+    error_line(&r, line, sizeof line);
+    cr_assert(strstr(line, "budget") || strstr(line, "gpu-mem"), "no budget named: %s", line);
+    const char *what = strstr(line, "memory: "), *needs = strstr(line, " needs ");
+    cr_assert(what && needs && needs > what + 8, "the error does not say what did not fit: %s",
+              line);
+    double need = size_after(line, " needs "), avail = size_after(line, " only ");
+    double short_by = size_after(line, "short by ");
+    cr_assert_gt(need, 1024, "the need is not above the 1 KiB budget: %s", line);
+    if (avail >= 0 && short_by >= 0)
+        cr_assert(fabs(short_by - (need - avail)) <= 0.01 * 1024,
+                  "'short by' is not needed - free (%g - %g bytes): %s", need, avail, line);
+}
+
+/* ---- data files ---- */
+
+Test(cli, data_file_missing) {
+    const char *d = P("no-such.txt");
+    run_result r;
+    FERRY(&r, "train", TINY, "--data", d);
+    EXPECT_ERROR(&r, 1, d);
+}
+
+Test(cli, data_path_is_a_directory) {
+    const char *d = P("adir");
+    cr_assert_eq(mkdir(d, 0755), 0);
+    run_result r;
+    FERRY(&r, "train", TINY, "--data", d);
+    EXPECT_ERROR(&r, 1, d);
+}
+
+Test(cli, data_glob_matches_nothing) {
+    const char *d = P("none_*.bin");
+    run_result r;
+    FERRY(&r, "train", TINY, "--data", d);
+    EXPECT_ERROR(&r, 1, d);
+}
+
+Test(cli, data_file_empty) {
+    const char *d = P("empty.txt");
+    write_bytes(d, "", 0);
+    run_result r;
+    FERRY(&r, "train", TINY, "--data", d);
+    EXPECT_ERROR(&r, 1, d, "empty");
+}
+
+Test(cli, val_data_missing) {
+    const char *d = P("data.txt"), *v = P("no-val.txt");
+    write_text(d, 4000);
+    run_result r;
+    FERRY(&r, "train", TINY, "--data", d, "--val-data", v);
+    EXPECT_ERROR(&r, 1, v);
+}
+
+Test(cli, shard_wrong_magic) {
+    const char *d = P("bad.bin");
+    uint32_t tok[100] = {0};
+    write_shard(d, 12345678, 1, 100, 2, tok, 100);
+    run_result r;
+    FERRY(&r, "train", TINY, "--data", d);
+    EXPECT_ERROR(&r, 1, d, "magic");
+}
+
+Test(cli, shard_truncated) {
+    const char *d = P("short.bin");
+    uint32_t tok[100] = {0};
+    write_shard(d, 20240520, 1, 1000, 2, tok, 100); /* says 1000 tokens, holds 100 */
+    run_result r;
+    FERRY(&r, "train", TINY, "--data", d);
+    EXPECT_ERROR(&r, 1, d);
+}
+
+Test(cli, shard_longer_than_its_count) {
+    const char *d = P("long.bin");
+    uint32_t tok[100] = {0};
+    write_shard(d, 20240520, 1, 50, 2, tok, 100); /* says 50 tokens, holds 100 */
+    run_result r;
+    FERRY(&r, "train", TINY, "--data", d);
+    EXPECT_ERROR(&r, 1, d);
+}
+
+Test(cli, shard_header_only_cut) {
+    const char *d = P("cut.bin");
+    int32_t hdr[16] = {20240520, 1, 100};
+    write_bytes(d, hdr, sizeof hdr); /* the magic, then the file ends inside the header */
+    run_result r;
+    FERRY(&r, "train", TINY, "--data", d);
+    EXPECT_ERROR(&r, 1, d);
+}
+
+Test(cli, shard_bad_version) {
+    const char *d = P("v3.bin");
+    uint32_t tok[100] = {0};
+    write_shard(d, 20240520, 3, 100, 2, tok, 100);
+    run_result r;
+    FERRY(&r, "train", TINY, "--data", d);
+    EXPECT_ERROR(&r, 1, d, "version");
+}
+
+Test(cli, shard_negative_count) {
+    const char *d = P("neg.bin");
+    uint32_t tok[100] = {0};
+    write_shard(d, 20240801, 7, -5, 4, tok, 100);
+    run_result r;
+    FERRY(&r, "train", TINY, "--data", d);
+    EXPECT_ERROR(&r, 1, d);
+}
+
+Test(cli, token_not_below_vocab) {
+    const char *d = P("v7.bin");
+    uint32_t tok[200];
+    for (int i = 0; i < 200; i++) tok[i] = (uint32_t)(i % 256);
+    tok[150] = 300;
+    write_shard(d, 20240801, 7, 200, 4, tok, 200);
+    run_result r;
+    FERRY(&r, "train", TINY, "--data", d);
+    EXPECT_ERROR(&r, 1, d, "300", "256");
+}
+
+Test(cli, token_not_below_vocab_in_eval) {
+    const char *d = P("v1.bin"), *w = P("w.safetensors");
+    uint32_t tok[200];
+    for (int i = 0; i < 200; i++) tok[i] = (uint32_t)(i % 256);
+    tok[7] = 256;
+    write_shard(d, 20240520, 1, 200, 2, tok, 200);
+    write_gpt2(w, &TINY_FILE);
+    run_result r;
+    FERRY(&r, "eval", "--init", w, "--data", d, "--batch", "2", "--seq", "16", "--threads", "1",
+          "--device", "cpu");
+    EXPECT_ERROR(&r, 1, d, "256");
+}
+
+Test(cli, data_too_small_for_one_batch) {
+    const char *d = P("small.txt");
+    write_text(d, 32); /* B*T+1 = 33 */
+    run_result r;
+    FERRY(&r, "train", TINY, "--data", d);
+    EXPECT_ERROR(&r, 1, d, "33");
+}
+
+/* ---- weights files ---- */
+
+Test(cli, weights_file_missing) {
+    const char *w = P("no-such.safetensors");
+    run_result r;
+    FERRY(&r, "train", SMALL, "--init", w);
+    EXPECT_ERROR(&r, 1, w);
+}
+
+Test(cli, weights_file_empty) {
+    const char *w = P("empty.safetensors");
+    write_bytes(w, "", 0);
+    run_result r;
+    FERRY(&r, "train", SMALL, "--init", w);
+    EXPECT_ERROR(&r, 1, w, "empty");
+}
+
+Test(cli, weights_path_is_a_directory) {
+    const char *w = P("wdir");
+    cr_assert_eq(mkdir(w, 0755), 0);
+    run_result r;
+    FERRY(&r, "train", SMALL, "--init", w);
+    EXPECT_ERROR(&r, 1, w);
+}
+
+Test(cli, weights_truncated) {
+    const char *w = P("full.safetensors"), *t = P("cut.safetensors");
+    write_gpt2(w, &TINY_FILE);
+    size_t n;
+    char *b = slurp(w, &n);
+    write_bytes(t, b, n / 2);
+    free(b);
+    run_result r;
+    FERRY(&r, "train", SMALL, "--init", t);
+    EXPECT_ERROR(&r, 1, t);
+}
+
+Test(cli, weights_cut_inside_the_header) {
+    const char *w = P("full.safetensors"), *t = P("cut.safetensors");
+    write_gpt2(w, &TINY_FILE);
+    size_t n;
+    char *b = slurp(w, &n);
+    write_bytes(t, b, 100);
+    free(b);
+    run_result r;
+    FERRY(&r, "train", SMALL, "--init", t);
+    EXPECT_ERROR(&r, 1, t);
+}
+
+Test(cli, weights_shorter_than_the_length_field) {
+    const char *t = P("tiny.safetensors");
+    write_bytes(t, "\x10\0\0", 3);
+    run_result r;
+    FERRY(&r, "train", SMALL, "--init", t);
+    EXPECT_ERROR(&r, 1, t);
+}
+
+Test(cli, weights_absurd_header_length) {
+    const char *w = P("absurd.safetensors");
+    write_gpt2(w, &TINY_FILE);
+    size_t n;
+    char *b = slurp(w, &n);
+    uint64_t huge = (uint64_t)1 << 62;
+    memcpy(b, &huge, 8);
+    write_bytes(w, b, n);
+    free(b);
+    run_result r;
+    FERRY(&r, "train", SMALL, "--init", w);
+    EXPECT_ERROR(&r, 1, w, "header");
+}
+
+Test(cli, weights_header_not_json) {
+    const char *w = P("notjson.safetensors");
+    const char body[] = "this is not json at all, sorry!!";
+    uint8_t b[8 + sizeof body - 1];
+    uint64_t len = sizeof body - 1;
+    memcpy(b, &len, 8);
+    memcpy(b + 8, body, len);
+    write_bytes(w, b, sizeof b);
+    run_result r;
+    FERRY(&r, "train", SMALL, "--init", w);
+    EXPECT_ERROR(&r, 1, w);
+}
+
+Test(cli, weights_not_gpt2) {
+    const char *w = P("other.safetensors");
+    const char hdr[] = "{\"foo\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}";
+    uint8_t b[8 + sizeof hdr - 1 + 8] = {0};
+    uint64_t len = sizeof hdr - 1;
+    memcpy(b, &len, 8);
+    memcpy(b + 8, hdr, len);
+    write_bytes(w, b, sizeof b);
+    run_result r;
+    FERRY(&r, "train", SMALL, "--init", w, "--heads", "4");
+    EXPECT_ERROR(&r, 1, w);
+}
+
+/* tiny weights (L=2 from a saved gpt2-tiny) given with --model gpt2-mini: mismatch */
+Test(cli, weights_shape_mismatch_with_model) {
+    const char *w = P("tiny.safetensors");
+    run_result r;
+    FERRY(&r, "train", TINY, "--save", w);
+    expect_ok(&r);
+    FERRY(&r, "train", SMALL, "--init", w, "--model", "gpt2-mini");
+    EXPECT_ERROR(&r, 1, "gpt2-mini", w);
+}
+
+Test(cli, weights_tensor_with_wrong_shape) {
+    const char *w = P("wide.safetensors");
+    gpt2_file g = TINY_FILE;
+    g.widen = "h.0.mlp.c_fc.weight";
+    write_gpt2(w, &g);
+    run_result r;
+    FERRY(&r, "train", SMALL, "--init", w);
+    EXPECT_ERROR(&r, 1, w, "c_fc");
+}
+
+Test(cli, weights_tensor_missing) {
+    const char *w = P("noln.safetensors");
+    gpt2_file g = TINY_FILE;
+    g.omit = "ln_f.bias";
+    write_gpt2(w, &g);
+    run_result r;
+    FERRY(&r, "train", SMALL, "--init", w);
+    EXPECT_ERROR(&r, 1, w, "ln_f.bias");
+}
+
+/* A stray tensor name with a huge layer index: the missing layers must be reported, not
+ * a model of 100001 layers allocated first (the child's address space is capped so the
+ * attempt fails fast instead of eating the machine). */
+/* A stray layer beyond the file's real ones: the gap is named before any allocation. */
+Test(cli, weights_stray_layer_index) {
+    const char *w = P("stray.safetensors");
+    gpt2_file g = TINY_FILE;
+    g.extra = "h.7.ln_1.weight";
+    write_gpt2(w, &g);
+    cap_address_space();
+    run_result r;
+    FERRY(&r, "train", SMALL, "--init", w);
+    EXPECT_ERROR(&r, 1, w, "ln_1.weight", "missing", "h.7");
+}
+
+/* A huge layer index is refused as implausible instead of sizing a model by it. */
+Test(cli, weights_huge_layer_index) {
+    const char *w = P("stray.safetensors");
+    gpt2_file g = TINY_FILE;
+    g.extra = "h.100000.ln_1.weight";
+    write_gpt2(w, &g);
+    cap_address_space();
+    run_result r;
+    FERRY(&r, "train", SMALL, "--init", w);
+    EXPECT_ERROR(&r, 1, w, "layer index");
+}
+
+Test(cli, weights_layer_index_overflow) {
+    const char *w = P("stray.safetensors");
+    gpt2_file g = TINY_FILE;
+    g.extra = "h.2147483647.ln_1.weight";
+    write_gpt2(w, &g);
+    run_result r;
+    FERRY(&r, "train", SMALL, "--init", w);
+    EXPECT_ERROR(&r, 1, w);
+    cr_assert_null(strstr(r.err, "layers -"), "`%s`: the layer count overflowed: %s", r.cmd, r.err);
+}
+
+Test(cli, weights_heads_not_dividing_channels) {
+    run_result r;
+    FERRY(&r, "train", SMALL, "--init", fixture("gpt2_tiny_init.safetensors"), "--heads", "5");
+    EXPECT_ERROR(&r, 0, "heads", "5", "64");
+}
+
+Test(cli, weights_heads_metadata_not_dividing_channels) {
+    const char *w = P("h5.safetensors");
+    gpt2_file g = TINY_FILE;
+    g.heads = "5";
+    write_gpt2(w, &g);
+    run_result r;
+    FERRY(&r, "train", SMALL, "--init", w);
+    EXPECT_ERROR(&r, 1, "5", "64");
+}
+
+/* No ferry.heads metadata and no config.json beside it: ask for --heads. */
+Test(cli, weights_without_head_count) {
+    const char *w = P("noheads.safetensors");
+    copy_file(fixture("gpt2_tiny_init.safetensors"), w);
+    run_result r;
+    FERRY(&r, "train", SMALL, "--init", w);
+    EXPECT_ERROR(&r, 1, w, "--heads");
+    write_text(P("data.txt"), 4000);
+    FERRY(&r, "eval", "--init", w, "--data", P("data.txt"), "--batch", "2", "--seq", "16");
+    EXPECT_ERROR(&r, 1, w, "--heads");
+}
+
+/* The fixture has 64 positions. */
+Test(cli, seq_longer_than_the_files_positions) {
+    run_result r;
+    FERRY(&r, "train", SMALL, "--init", fixture("gpt2_tiny_init.safetensors"), "--heads", "4",
+          "--seq", "65");
+    EXPECT_ERROR(&r, 0, "--seq", "64");
+}
+
+/* ---- output files ---- */
+
+static int count_entries(const char *dir, const char *prefix) {
+    char cmd[1024];
+    int n = 0;
+    snprintf(cmd, sizeof cmd, "ls -A '%s'", dir);
+    FILE *p = popen(cmd, "r");
+    char line[512];
+    while (p && fgets(line, sizeof line, p))
+        if (!strncmp(line, prefix, strlen(prefix))) n++;
+    if (p) pclose(p);
+    return n;
+}
+
+Test(cli, save_into_a_missing_directory) {
+    const char *w = P("nodir/w.safetensors");
+    run_result r;
+    FERRY(&r, "train", TINY, "--save", w);
+    EXPECT_ERROR(&r, 1, w);
+    struct stat sb;
+    cr_assert_neq(stat(P("nodir"), &sb), 0, "ferry created the missing directory");
+    cr_assert_eq(count_entries(g_dir, "w.safetensors"), 0);
+}
+
+/* Saving fails (the temporary name is taken by a directory): the existing file is kept
+ * byte for byte, and one error names the problem. */
+Test(cli, failed_save_keeps_the_existing_file) {
+    const char *w = P("keep.safetensors"), *tmp = P("keep.safetensors.tmp");
+    const char precious[] = "precious bytes that must survive";
+    write_bytes(w, precious, sizeof precious - 1);
+    cr_assert_eq(mkdir(tmp, 0755), 0);
+    run_result r;
+    FERRY(&r, "train", TINY, "--save", w);
+    EXPECT_ERROR(&r, 1, "keep.safetensors");
+    size_t n;
+    char *b = slurp(w, &n);
+    cr_assert_not_null(b, "%s is gone", w);
+    cr_assert(n == sizeof precious - 1 && !memcmp(b, precious, n), "%s was changed", w);
+    free(b);
+}
+
+Test(cli, metrics_into_a_missing_directory) {
+    const char *m = P("nodir/m.jsonl");
+    run_result r;
+    FERRY(&r, "train", TINY, "--metrics", m);
+    EXPECT_ERROR(&r, 1, m);
+}
