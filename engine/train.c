@@ -159,7 +159,7 @@ static fy_status open_data(const fy_opts *o, const fy_gpt2_config *cfg, run *r) 
     return FY_OK;
 }
 
-static fy_status validate(run *r, int64_t nbatches, int B, int T, float *loss) {
+static fy_status validate(run *r, int64_t nbatches, float *loss) {
     fy_loader_reset(r->val);
     int64_t avail = (int64_t)fy_loader_batches(r->val);
     if (nbatches > avail) nbatches = avail;
@@ -171,7 +171,6 @@ static fy_status validate(run *r, int64_t nbatches, int B, int T, float *loss) {
         sum += l;
     }
     *loss = (float)(sum / (double)nbatches);
-    (void)B; (void)T;
     return FY_OK;
 }
 
@@ -252,7 +251,7 @@ int fy_train_main(const fy_opts *o) {
         loss = ss.loss;
         bool last = s + 1 == o->steps;
         bool do_val = r.val && (last || (o->val_every && (s + 1) % o->val_every == 0));
-        if (do_val && (st = validate(&r, o->val_batches, B, T, &val_loss)) != FY_OK) goto fail;
+        if (do_val && (st = validate(&r, o->val_batches, &val_loss)) != FY_OK) goto fail;
         if (r.metrics) {
             fprintf(r.metrics, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,"
                     "\"clip_coef\":%.9g,\"step_ms\":%.6f,\"tokens_per_s\":%.3f",
@@ -323,7 +322,7 @@ int fy_eval_main(const fy_opts *o) {
     int64_t avail = (int64_t)fy_loader_batches(r.val);
     int64_t nb = o->batches && o->batches < avail ? o->batches : avail;
     float loss;
-    if ((st = validate(&r, nb, B, T, &loss)) != FY_OK) goto fail;
+    if ((st = validate(&r, nb, &loss)) != FY_OK) goto fail;
     printf("{\"loss\":%.9g,\"batches\":%lld,\"tokens\":%lld}\n", loss, (long long)nb,
            (long long)nb * B * T);
     run_free(&r);
