@@ -13,6 +13,8 @@
 #include "engine/io/tokens.h"
 #include "engine/model/gpt2_io.h"
 #include "engine/trainer.h"
+#include "offload/plan.h"
+#include "offload/storage.h"
 
 #define CORPUS_TRAIN_BYTES (4u << 20)
 #define CORPUS_VAL_BYTES (256u << 10)
@@ -61,6 +63,7 @@ typedef struct run {
     fy_trainer *tr;
     int32_t *x, *y;
     FILE *metrics;
+    fy_plan plan;
 } run;
 
 static void run_free(run *r) {
@@ -74,6 +77,7 @@ static void run_free(run *r) {
     fy_tokens_free(r->train_tok);
     fy_tokens_free(r->val_tok);
     fy_st_close(r->init);
+    fy_plan_free(&r->plan);
 }
 
 static fy_status open_device(const fy_opts *o, fy_dev **out) {
@@ -122,6 +126,36 @@ static fy_status resolve_model(const fy_opts *o, bool model_given, run *r, fy_gp
     return FY_OK;
 }
 
+/* The placement plan: a file, or the shorthands over the all-resident plan. */
+static fy_status resolve_plan(const fy_opts *o, const fy_gpt2_config *cfg, fy_plan *plan) {
+    bool shorthands = fy_opts_given(o, "offload-params") || fy_opts_given(o, "offload-optim") ||
+                      fy_opts_given(o, "ckpt-layers");
+    if (o->plan) {
+        if (shorthands) {
+            fy_log_error("--plan cannot be combined with --offload-params, --offload-optim "
+                         "or --ckpt-layers");
+            return FY_ERR_INVALID;
+        }
+        FY_TRY(fy_plan_load(o->plan, cfg->layers, plan));
+        if ((fy_opts_given(o, "batch") && o->batch != plan->micro_batch) ||
+            (fy_opts_given(o, "grad-accum") && o->grad_accum != plan->grad_accum)) {
+            fy_log_error("--batch/--grad-accum disagree with plan %s (micro_batch %d, "
+                         "grad_accum %d)", o->plan, plan->micro_batch, plan->grad_accum);
+            return FY_ERR_INVALID;
+        }
+    } else {
+        FY_TRY(fy_plan_new(cfg->layers, (int)o->batch, (int)o->grad_accum, plan));
+        if (o->ckpt_layers > cfg->layers) {
+            fy_log_error("--ckpt-layers %lld: the model has %d layers", (long long)o->ckpt_layers,
+                         cfg->layers);
+            return FY_ERR_INVALID;
+        }
+        FY_TRY(fy_plan_shorthands(plan, o->offload_params, o->offload_optim, (int)o->ckpt_layers));
+    }
+    if (o->save_plan) FY_TRY(fy_plan_save(o->save_plan, plan));
+    return FY_OK;
+}
+
 static fy_status corpus_tokens(size_t nbytes, uint64_t seed, const char *label, fy_tokens **out) {
     uint8_t *text;
     FY_TRY(fy_corpus_generate(nbytes, seed, &text));
@@ -131,8 +165,8 @@ static fy_status corpus_tokens(size_t nbytes, uint64_t seed, const char *label, 
 }
 
 /* Training and validation token ranges. */
-static fy_status open_data(const fy_opts *o, const fy_gpt2_config *cfg, run *r) {
-    int B = (int)o->batch, T = (int)o->seq;
+static fy_status open_data(const fy_opts *o, const fy_gpt2_config *cfg, int B, run *r) {
+    int T = (int)o->seq;
     if (o->data) {
         FY_TRY(fy_tokens_open(o->data, &r->train_tok));
     } else {
@@ -184,20 +218,16 @@ static void progress(int64_t step, int64_t steps, double elapsed_ms, float loss)
 }
 
 static void print_header(const fy_opts *o, const fy_gpt2_config *c, const run *r) {
-    char a[32];
     size_t np = fy_gpt2_num_params(c);
     printf("model   %s: %.2fM parameters (vocab %d, positions %d, channels %d, layers %d, "
            "heads %d)\n", o->init ? o->init : o->model, (double)np / 1e6, c->vocab,
            c->max_seq, c->channels, c->layers, c->heads);
     printf("device  %s\n", fy_dev_name(r->dev));
-    printf("data    %s: %zu tokens; batch %lld x %lld", fy_tokens_label(r->train_tok),
-           fy_tokens_count(r->train_tok), (long long)o->batch, (long long)o->seq);
-    if (o->grad_accum > 1) printf(" x %lld accumulated", (long long)o->grad_accum);
+    printf("data    %s: %zu tokens; batch %d x %lld", fy_tokens_label(r->train_tok),
+           fy_tokens_count(r->train_tok), r->plan.micro_batch, (long long)o->seq);
+    if (r->plan.grad_accum > 1) printf(" x %d accumulated", r->plan.grad_accum);
     printf("; validation: %s\n", r->val ? (r->val_tok ? fy_tokens_label(r->val_tok)
                                                       : "held-out tail") : "none");
-    fy_dev_mem_stats ms;
-    fy_dev_mem_stats_get(r->dev, &ms);
-    printf("memory  device %s in use\n", fy_fmt_size(ms.used_nbytes[FY_MEM_DEVICE], a, sizeof a));
     fflush(stdout);
 }
 
@@ -205,12 +235,28 @@ int fy_train_main(const fy_opts *o) {
     run r = {0};
     fy_status st;
     fy_gpt2_config cfg;
-    const int B = (int)o->batch, T = (int)o->seq, accum = (int)o->grad_accum;
-    const size_t N = (size_t)B * T;
     if (o->quiet) fy_log_set_level(FY_LOG_WARN);
     if ((st = check_run_opts(o)) != FY_OK) goto fail;
     if ((st = resolve_model(o, fy_opts_given(o, "model"), &r, &cfg)) != FY_OK) goto fail;
-    if ((st = open_data(o, &cfg, &r)) != FY_OK) goto fail;
+    if ((st = resolve_plan(o, &cfg, &r.plan)) != FY_OK) goto fail;
+    const int B = r.plan.micro_batch, T = (int)o->seq, accum = r.plan.grad_accum;
+    const size_t N = (size_t)B * T;
+    fy_gpt2_layout lay;
+    if ((st = fy_gpt2_layout_new(&cfg, &lay)) != FY_OK) goto fail;
+    fy_mem_model model;
+    fy_storage_model(&lay, &r.plan, T, &model);
+    fy_gpt2_layout_free(&lay);
+    if (!o->quiet || o->dry_run) {
+        char desc[512];
+        fy_plan_describe(&r.plan, desc, sizeof desc);
+        printf("plan    micro-batch %d x %d accumulated | %s\n", B, accum, desc);
+        fy_mem_model_print(&model, stdout);
+    }
+    if (o->dry_run) {
+        run_free(&r);
+        return 0;
+    }
+    if ((st = open_data(o, &cfg, B, &r)) != FY_OK) goto fail;
     if (o->metrics && !(r.metrics = fopen(o->metrics, "a"))) {
         fy_log_error("cannot open metrics file %s", o->metrics);
         st = FY_ERR_IO;
@@ -227,7 +273,7 @@ int fy_train_main(const fy_opts *o) {
     fy_trainer_cfg tc = {.model = cfg, .B = B, .T = T, .beta1 = (float)o->beta1,
                          .beta2 = (float)o->beta2, .eps = (float)o->eps,
                          .weight_decay = (float)o->weight_decay, .clip = (float)o->clip,
-                         .seed = (uint64_t)o->seed};
+                         .seed = (uint64_t)o->seed, .grad_accum = accum, .plan = &r.plan};
     if ((st = fy_trainer_new(r.dev, &tc, &r.tr)) != FY_OK) goto fail;
     if (r.init && (st = fy_trainer_load(r.tr, r.init)) != FY_OK) goto fail;
     if (!o->quiet) print_header(o, &cfg, &r);
@@ -244,7 +290,7 @@ int fy_train_main(const fy_opts *o) {
         for (int a = 0; a < accum; a++) fy_loader_next(r.train, r.x + a * N, r.y + a * N);
         double t0 = fy_now_ms();
         fy_step_stats ss;
-        if ((st = fy_trainer_step(r.tr, r.x, r.y, accum, (float)lr, &ss)) != FY_OK) goto fail;
+        if ((st = fy_trainer_step(r.tr, r.x, r.y, (float)lr, &ss)) != FY_OK) goto fail;
         double ms = fy_now_ms() - t0;
         double tok_s = (double)N * accum / (ms / 1e3);
         if (s > 0) { ms_sum += ms; ms_count++; } /* the first step warms caches */
@@ -283,7 +329,10 @@ int fy_train_main(const fy_opts *o) {
            (long long)o->steps, total_s, mean_ms,
            mean_ms > 0 ? (double)N * accum / (mean_ms / 1e3) : 0.0, loss);
     if (r.val) printf(" | val loss %.4f", val_loss);
-    printf(" | device peak %s\n", fy_fmt_size(ms.peak_nbytes[FY_MEM_DEVICE], peak, sizeof peak));
+    char pred[32];
+    printf(" | device peak %s (model %s)\n",
+           fy_fmt_size(ms.peak_nbytes[FY_MEM_DEVICE], peak, sizeof peak),
+           fy_fmt_size(model.device_total, pred, sizeof pred));
     if (o->save) printf("saved   %s\n", o->save);
     run_free(&r);
     return 0;

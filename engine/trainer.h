@@ -1,11 +1,18 @@
-/* trainer.h — the state of one model being trained on one device, and one optimizer
- * step over it.
+/* trainer.h — one model being trained on one device under a placement plan, and one
+ * optimizer step over it.
  *
- * A trainer owns, per block (embedding, each layer, head), the parameters, gradients
- * and AdamW moments, and the activations and workspace for micro-batches of B x T. A
- * step runs forward and backward over `accum` micro-batches (gradients add up; the loss
- * is the mean over all of them), takes the global gradient norm (summed per block in
- * block order, so it is the same under any placement), clips, and updates every block.
+ * A trainer owns the storage of a run (offload/storage.h: each block's parameters,
+ * gradients and AdamW moments where the plan puts them, staging slots, activations).
+ * A step runs forward and backward over the plan's micro-batches, fetching streamed
+ * blocks into staging slots, recomputing checkpointed layers in backward and sending the
+ * gradients of cpu-optimised blocks to the host; it takes the global gradient norm
+ * (summed per block in block order), clips, and updates every block where its optimizer
+ * lives, sending updated weights back to the device. Execution is serial, on one stream.
+ *
+ * Invariance: every plan computes the same floating-point operations in the same order
+ * (micro-batch gradients are produced into zeroed buffers and accumulated with one add
+ * per element wherever they live; device and host AdamW and norms share their
+ * arithmetic), so on the cpu backend losses and weights are bit-identical across plans.
  *
  * Clipping follows torch.nn.utils.clip_grad_norm_: coef = clip / (norm + 1e-6), applied
  * when below 1. A non-finite norm skips the update (nothing changes, the step counter
@@ -21,6 +28,8 @@
 #include "engine/device/device.h"
 #include "engine/io/safetensors.h"
 #include "engine/model/gpt2.h"
+#include "offload/plan.h"
+#include "offload/storage.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -28,7 +37,9 @@ extern "C" {
 
 typedef struct fy_trainer_cfg {
     fy_gpt2_config model;
-    int B, T;          /* micro-batch */
+    int B, T;          /* micro-batch (B is taken from the plan when one is given) */
+    int grad_accum;    /* micro-batches per step (0 = 1; taken from the plan if given) */
+    const fy_plan *plan; /* NULL: everything resident on the device */
     float beta1, beta2, eps, weight_decay;
     float clip;        /* global-norm clipping threshold; 0 = off */
     uint64_t seed;     /* initialisation when no weights are loaded */
@@ -53,10 +64,10 @@ const fy_gpt2_layout *fy_trainer_layout(const fy_trainer *tr);
 fy_status fy_trainer_load(fy_trainer *tr, const fy_st_file *f);
 fy_status fy_trainer_save(fy_trainer *tr, const char *path);
 
-/* One optimizer step over accum micro-batches: x and y hold accum*B*T tokens each
- * (host memory), micro-batch after micro-batch. */
-fy_status fy_trainer_step(fy_trainer *tr, const int32_t *x, const int32_t *y, int accum,
-                          float lr, fy_step_stats *out);
+/* One optimizer step over the plan's grad_accum micro-batches: x and y hold
+ * grad_accum*B*T tokens each (host memory), micro-batch after micro-batch. */
+fy_status fy_trainer_step(fy_trainer *tr, const int32_t *x, const int32_t *y, float lr,
+                          fy_step_stats *out);
 /* Mean loss of one B x T batch, no gradients. */
 fy_status fy_trainer_eval(fy_trainer *tr, const int32_t *x, const int32_t *y, float *loss);
 
@@ -64,6 +75,7 @@ fy_status fy_trainer_eval(fy_trainer *tr, const int32_t *x, const int32_t *y, fl
 void fy_trainer_get_params(fy_trainer *tr, int b, float *host);
 void fy_trainer_get_grads(fy_trainer *tr, int b, float *host);
 int64_t fy_trainer_steps_done(const fy_trainer *tr);
+const fy_storage *fy_trainer_storage(const fy_trainer *tr);
 
 #ifdef __cplusplus
 }

@@ -504,6 +504,7 @@ static void layer_fix_init(layer_fix *f, uint64_t seed) {
     fy_gpt2_layer_view(f->blk, f->gbase, &f->g);
     fy_gpt2_layer_acts_bind(&f->cfg, f->B, f->T,
                             dnewf(fy_gpt2_layer_acts_nelem(&f->cfg, f->B, f->T)), &f->a);
+    f->a.out = dnewf(f->NC); /* the output is bound apart from the other activations */
     fy_gpt2_scratch_bind(&f->cfg, f->B, f->T,
                          dnewf(fy_gpt2_scratch_nelem(&f->cfg, f->B, f->T)), &f->sc);
     f->x_in = dputf(hrand(&r, f->NC, -1.5f, 1.5f), f->NC);

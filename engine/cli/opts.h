@@ -39,6 +39,12 @@ typedef struct fy_opts {
     int64_t warmup;
     double weight_decay, beta1, beta2, eps, clip;
     int64_t seed;
+    /* placement plan */
+    const char *plan;
+    const char *save_plan;
+    double offload_params, offload_optim;
+    int64_t ckpt_layers;
+    bool dry_run;
     /* evaluation and output */
     int64_t val_every, val_batches, batches, log_every;
     const char *save;

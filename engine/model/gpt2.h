@@ -116,7 +116,9 @@ void fy_gpt2_head_view(const fy_block_spec *blk, float *base, fy_gpt2_head_w *ou
 void fy_gpt2_init_block(const fy_gpt2_config *cfg, const fy_block_spec *blk, uint64_t seed,
                         float *host);
 
-/* Activations of one layer for a micro-batch of B x T (N = B*T). */
+/* Activations of one layer for a micro-batch of B x T (N = B*T). The layer's output
+ * (N*C floats, the next layer's input) is not in this list: it is `out`, bound by the
+ * caller, because a recomputed layer keeps its output but shares everything else. */
 #define FY_GPT2_LAYER_ACTS(X)          \
     X(ln1, (size_t)N * C)               \
     X(ln1_mean, (size_t)N)              \
@@ -129,10 +131,12 @@ void fy_gpt2_init_block(const fy_gpt2_config *cfg, const fy_block_spec *blk, uin
     X(ln2_mean, (size_t)N)              \
     X(ln2_rstd, (size_t)N)              \
     X(fch, (size_t)N * 4 * C)           \
-    X(fch_gelu, (size_t)N * 4 * C)      \
-    X(out, (size_t)N * C)
+    X(fch_gelu, (size_t)N * 4 * C)
 #define FY_GPT2_ACT_FIELD(field, size) float *field;
-typedef struct fy_gpt2_layer_acts { FY_GPT2_LAYER_ACTS(FY_GPT2_ACT_FIELD) } fy_gpt2_layer_acts;
+typedef struct fy_gpt2_layer_acts {
+    FY_GPT2_LAYER_ACTS(FY_GPT2_ACT_FIELD)
+    float *out; /* (N, C), bound separately */
+} fy_gpt2_layer_acts;
 
 /* The head's activations: the final norm, logits (overwritten by their gradient in a
  * training step) and per-position losses. */
@@ -157,7 +161,7 @@ typedef struct fy_gpt2_head_acts { FY_GPT2_HEAD_ACTS(FY_GPT2_ACT_FIELD) } fy_gpt
 typedef struct fy_gpt2_scratch { FY_GPT2_SCRATCH(FY_GPT2_ACT_FIELD) } fy_gpt2_scratch;
 
 /* Floats needed for each struct (16-float aligned fields), and binding the fields to
- * consecutive pieces of a buffer of that many floats. */
+ * consecutive pieces of a buffer of that many floats (a layer's `out` is left alone). */
 size_t fy_gpt2_layer_acts_nelem(const fy_gpt2_config *cfg, int B, int T);
 size_t fy_gpt2_head_acts_nelem(const fy_gpt2_config *cfg, int B, int T);
 size_t fy_gpt2_scratch_nelem(const fy_gpt2_config *cfg, int B, int T);

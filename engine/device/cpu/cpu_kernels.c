@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/core/reduce.h"
 #include "engine/device/device_impl.h"
 #include "optim_cpu/adam.h"
 
@@ -249,18 +250,14 @@ static void mean(float *out, const float *x, size_t n) {
     out[0] = (float)(s / (double)n);
 }
 
-#define SUMSQ_CHUNK 16384
-
 static void sumsq(double *out, const float *x, size_t n) {
-    size_t nchunks = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
+    size_t nchunks = (n + FY_SUMSQ_CHUNK - 1) / FY_SUMSQ_CHUNK;
     double *part = malloc((nchunks ? nchunks : 1) * sizeof *part);
     FY_ASSERT(part, "out of host memory in sumsq");
     #pragma omp parallel for schedule(static)
     for (size_t c = 0; c < nchunks; c++) {
-        size_t i0 = c * SUMSQ_CHUNK, i1 = i0 + SUMSQ_CHUNK < n ? i0 + SUMSQ_CHUNK : n;
-        double s = 0.0;
-        for (size_t i = i0; i < i1; i++) s += (double)x[i] * (double)x[i];
-        part[c] = s;
+        size_t i0 = c * FY_SUMSQ_CHUNK;
+        part[c] = fy_sumsq_chunk(x + i0, n - i0 < FY_SUMSQ_CHUNK ? n - i0 : FY_SUMSQ_CHUNK);
     }
     double s = 0.0;
     for (size_t c = 0; c < nchunks; c++) s += part[c];

@@ -1,0 +1,15 @@
+/* reduce.c — chunked sum of squares (see reduce.h for the order contract). */
+#include "engine/core/reduce.h"
+
+double fy_sumsq_chunk(const float *x, size_t n) {
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++) s += (double)x[i] * (double)x[i];
+    return s;
+}
+
+double fy_sumsq(const float *x, size_t n) {
+    double s = 0.0;
+    for (size_t i0 = 0; i0 < n; i0 += FY_SUMSQ_CHUNK)
+        s += fy_sumsq_chunk(x + i0, n - i0 < FY_SUMSQ_CHUNK ? n - i0 : FY_SUMSQ_CHUNK);
+    return s;
+}

@@ -1,0 +1,26 @@
+/* reduce.h — the sum of squares used for gradient norms, in one fixed order.
+ *
+ * x is cut into chunks of FY_SUMSQ_CHUNK elements; each chunk is summed in double in
+ * index order, and the chunk sums are added in chunk order. The device kernel
+ * parallelises over chunks and the host path runs them serially: both give the same
+ * bits, so a gradient norm does not depend on where the gradient lives. */
+#ifndef FY_REDUCE_H
+#define FY_REDUCE_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FY_SUMSQ_CHUNK 16384
+
+/* Sum of x[i]^2 over one chunk (n <= FY_SUMSQ_CHUNK), in double, in index order. */
+double fy_sumsq_chunk(const float *x, size_t n);
+/* All chunks, serially. */
+double fy_sumsq(const float *x, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

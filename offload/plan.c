@@ -1,0 +1,251 @@
+/* plan.c — plans: construction, AutoHete shorthands, JSON files, descriptions. */
+#include "offload/plan.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *params_names[] = {"resident", "streamed"};
+static const char *optim_names[] = {"gpu", "cpu"};
+static const char *acts_names[] = {"keep", "recompute"};
+
+fy_status fy_plan_new(int layers, int micro_batch, int grad_accum, fy_plan *out) {
+    memset(out, 0, sizeof *out);
+    if (layers <= 0 || micro_batch <= 0 || grad_accum <= 0) {
+        fy_log_error("plan: layers, micro-batch and accumulation must be positive");
+        return FY_ERR_INVALID;
+    }
+    out->blocks = calloc((size_t)layers + 2, sizeof *out->blocks);
+    if (!out->blocks) return FY_ERR_NOMEM;
+    out->layers = layers;
+    out->micro_batch = micro_batch;
+    out->grad_accum = grad_accum;
+    return FY_OK;
+}
+
+void fy_plan_free(fy_plan *p) {
+    free(p->blocks);
+    p->blocks = NULL;
+}
+
+fy_status fy_plan_copy(const fy_plan *src, fy_plan *dst) {
+    FY_TRY(fy_plan_new(src->layers, src->micro_batch, src->grad_accum, dst));
+    memcpy(dst->blocks, src->blocks, ((size_t)src->layers + 2) * sizeof *dst->blocks);
+    return FY_OK;
+}
+
+bool fy_plan_equal(const fy_plan *a, const fy_plan *b) {
+    return a->layers == b->layers && a->micro_batch == b->micro_batch &&
+           a->grad_accum == b->grad_accum &&
+           !memcmp(a->blocks, b->blocks, ((size_t)a->layers + 2) * sizeof *a->blocks);
+}
+
+fy_status fy_plan_shorthands(fy_plan *p, double params_ratio, double optim_ratio,
+                             int ckpt_layers) {
+    const int L = p->layers;
+    if (!(params_ratio >= 0 && params_ratio <= 1) || !(optim_ratio >= 0 && optim_ratio <= 1)) {
+        fy_log_error("--offload-params and --offload-optim take a ratio in [0, 1]");
+        return FY_ERR_INVALID;
+    }
+    if (ckpt_layers < 0 || ckpt_layers > L) {
+        fy_log_error("--ckpt-layers %d: the model has %d layers", ckpt_layers, L);
+        return FY_ERR_INVALID;
+    }
+    /* ceil with a guard so 0.5 * 12 is 6, not 7 from rounding noise */
+    int kp = (int)ceil(params_ratio * L - 1e-9), ko = (int)ceil(optim_ratio * L - 1e-9);
+    for (int l = 0; l < L; l++) {
+        fy_block_plan *b = &p->blocks[1 + l];
+        b->params = l < kp ? FY_PARAMS_STREAMED : FY_PARAMS_RESIDENT;
+        b->optim = l >= L - ko ? FY_OPTIM_CPU : FY_OPTIM_GPU;
+        b->acts = l < ckpt_layers ? FY_ACTS_RECOMPUTE : FY_ACTS_KEEP;
+    }
+    fy_block_plan *ends[2] = {&p->blocks[0], &p->blocks[L + 1]};
+    for (int i = 0; i < 2; i++) {
+        ends[i]->params = params_ratio >= 1 ? FY_PARAMS_STREAMED : FY_PARAMS_RESIDENT;
+        ends[i]->optim = optim_ratio >= 1 ? FY_OPTIM_CPU : FY_OPTIM_GPU;
+        ends[i]->acts = FY_ACTS_KEEP;
+    }
+    return FY_OK;
+}
+
+static void block_name(const fy_plan *p, int b, char *buf, size_t cap) {
+    if (b == 0) snprintf(buf, cap, "embed");
+    else if (b == p->layers + 1) snprintf(buf, cap, "head");
+    else snprintf(buf, cap, "layer.%d", b - 1);
+}
+
+static int pick(const char *s, const char *const *names, int n) {
+    for (int i = 0; i < n; i++)
+        if (s && !strcmp(s, names[i])) return i;
+    return -1;
+}
+
+fy_status fy_plan_save(const char *path, const fy_plan *p) {
+    cJSON *root = cJSON_CreateObject(), *blocks = cJSON_CreateArray();
+    cJSON_AddStringToObject(root, "format", "ferry-plan");
+    cJSON_AddNumberToObject(root, "version", 1);
+    cJSON_AddNumberToObject(root, "layers", p->layers);
+    cJSON_AddNumberToObject(root, "micro_batch", p->micro_batch);
+    cJSON_AddNumberToObject(root, "grad_accum", p->grad_accum);
+    for (int b = 0; b < p->layers + 2; b++) {
+        char name[32];
+        block_name(p, b, name, sizeof name);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "block", name);
+        cJSON_AddStringToObject(o, "params", params_names[p->blocks[b].params]);
+        cJSON_AddStringToObject(o, "optim", optim_names[p->blocks[b].optim]);
+        cJSON_AddStringToObject(o, "acts", acts_names[p->blocks[b].acts]);
+        cJSON_AddItemToArray(blocks, o);
+    }
+    cJSON_AddItemToObject(root, "blocks", blocks);
+    char *text = cJSON_Print(root);
+    cJSON_Delete(root);
+    if (!text) return FY_ERR_NOMEM;
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "wb");
+    fy_status st = FY_OK;
+    if (!f || fputs(text, f) < 0 || fputc('\n', f) < 0 || fclose(f) != 0) {
+        if (f) fclose(f);
+        remove(tmp);
+        fy_log_error("cannot write plan %s", path);
+        st = FY_ERR_IO;
+    } else if (rename(tmp, path) != 0) {
+        remove(tmp);
+        fy_log_error("cannot write plan %s", path);
+        st = FY_ERR_IO;
+    }
+    free(text);
+    return st;
+}
+
+fy_status fy_plan_load(const char *path, int layers, fy_plan *out) {
+    memset(out, 0, sizeof *out);
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fy_log_error("cannot open plan %s", path);
+        return FY_ERR_IO;
+    }
+    char *text = malloc(1 << 20);
+    size_t n = text ? fread(text, 1, (1 << 20) - 1, f) : 0;
+    fclose(f);
+    if (!text) return FY_ERR_NOMEM;
+    text[n] = 0;
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    fy_status st = FY_ERR_FORMAT;
+    const char *why = NULL;
+    char whybuf[128];
+    if (!root) { why = "not JSON"; goto done; }
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root, "format");
+    const cJSON *jl = cJSON_GetObjectItemCaseSensitive(root, "layers");
+    const cJSON *jb = cJSON_GetObjectItemCaseSensitive(root, "micro_batch");
+    const cJSON *ja = cJSON_GetObjectItemCaseSensitive(root, "grad_accum");
+    const cJSON *blocks = cJSON_GetObjectItemCaseSensitive(root, "blocks");
+    if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "ferry-plan")) {
+        why = "\"format\" is not \"ferry-plan\"";
+        goto done;
+    }
+    if (!cJSON_IsNumber(jl) || jl->valuedouble != layers) {
+        snprintf(whybuf, sizeof whybuf, "written for %g layers, the model has %d",
+                 cJSON_IsNumber(jl) ? jl->valuedouble : -1.0, layers);
+        why = whybuf;
+        goto done;
+    }
+    if (!cJSON_IsNumber(jb) || jb->valuedouble < 1 || jb->valuedouble > 65536 ||
+        jb->valuedouble != floor(jb->valuedouble) || !cJSON_IsNumber(ja) ||
+        ja->valuedouble < 1 || ja->valuedouble > 1024 || ja->valuedouble != floor(ja->valuedouble)) {
+        why = "micro_batch (1..65536) and grad_accum (1..1024) must be integers in range";
+        goto done;
+    }
+    if (!cJSON_IsArray(blocks) || cJSON_GetArraySize(blocks) != layers + 2) {
+        snprintf(whybuf, sizeof whybuf, "\"blocks\" must list %d blocks", layers + 2);
+        why = whybuf;
+        goto done;
+    }
+    if ((st = fy_plan_new(layers, (int)jb->valuedouble, (int)ja->valuedouble, out)) != FY_OK)
+        goto done;
+    st = FY_ERR_FORMAT;
+    for (int b = 0; b < layers + 2; b++) {
+        const cJSON *o = cJSON_GetArrayItem(blocks, b);
+        char name[32];
+        block_name(out, b, name, sizeof name);
+        const cJSON *jn = cJSON_GetObjectItemCaseSensitive(o, "block");
+        int pp = pick(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "params")), params_names, 2);
+        int po = pick(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "optim")), optim_names, 2);
+        int pa = pick(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "acts")), acts_names, 2);
+        if (!cJSON_IsString(jn) || strcmp(jn->valuestring, name)) {
+            snprintf(whybuf, sizeof whybuf, "block %d must be named \"%s\"", b, name);
+            why = whybuf;
+            goto done;
+        }
+        if (pp < 0 || po < 0 || pa < 0) {
+            snprintf(whybuf, sizeof whybuf, "block %s: params resident|streamed, optim gpu|cpu, "
+                     "acts keep|recompute", name);
+            why = whybuf;
+            goto done;
+        }
+        if (pa == FY_ACTS_RECOMPUTE && (b == 0 || b == layers + 1)) {
+            snprintf(whybuf, sizeof whybuf, "block %s: only layers can recompute", name);
+            why = whybuf;
+            goto done;
+        }
+        out->blocks[b] = (fy_block_plan){(fy_params_place)pp, (fy_optim_place)po, (fy_acts_policy)pa};
+    }
+    st = FY_OK;
+done:
+    cJSON_Delete(root);
+    if (st != FY_OK) {
+        fy_plan_free(out);
+        if (why) fy_log_error("plan %s: %s", path, why);
+    }
+    return st;
+}
+
+/* Appends "what: layers a-b, c, embed" for the blocks where pred holds. */
+static void describe_set(const fy_plan *p, const char *what, int field, int value, char *buf,
+                         size_t cap) {
+    size_t len = strlen(buf);
+    snprintf(buf + len, cap - len, "%s%s:", len ? " | " : "", what);
+    bool any = false;
+    const int L = p->layers;
+    for (int l = 0; l < L;) {
+        const fy_block_plan *bp = &p->blocks[1 + l];
+        int v = field == 0 ? (int)bp->params : field == 1 ? (int)bp->optim : (int)bp->acts;
+        if (v != value) { l++; continue; }
+        int e = l;
+        while (e + 1 < L) {
+            const fy_block_plan *bn = &p->blocks[2 + e];
+            int vn = field == 0 ? (int)bn->params : field == 1 ? (int)bn->optim : (int)bn->acts;
+            if (vn != value) break;
+            e++;
+        }
+        len = strlen(buf);
+        if (e > l) snprintf(buf + len, cap - len, "%s layers %d-%d", any ? "," : "", l, e);
+        else snprintf(buf + len, cap - len, "%s layer %d", any ? "," : "", l);
+        any = true;
+        l = e + 1;
+    }
+    const int ends[2] = {0, L + 1};
+    for (int i = 0; i < 2; i++) {
+        const fy_block_plan *bp = &p->blocks[ends[i]];
+        int v = field == 0 ? (int)bp->params : field == 1 ? (int)bp->optim : (int)bp->acts;
+        if (v != value) continue;
+        len = strlen(buf);
+        snprintf(buf + len, cap - len, "%s %s", any ? "," : "", i ? "head" : "embed");
+        any = true;
+    }
+    if (!any) {
+        len = strlen(buf);
+        snprintf(buf + len, cap - len, " none");
+    }
+}
+
+void fy_plan_describe(const fy_plan *p, char *buf, size_t cap) {
+    buf[0] = 0;
+    describe_set(p, "params streamed", 0, FY_PARAMS_STREAMED, buf, cap);
+    describe_set(p, "optim on cpu", 1, FY_OPTIM_CPU, buf, cap);
+    describe_set(p, "recompute", 2, FY_ACTS_RECOMPUTE, buf, cap);
+}

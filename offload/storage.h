@@ -1,0 +1,109 @@
+/* storage.h — the chunk table: where every byte of a training run lives under a plan,
+ * and the memory model that predicts it.
+ *
+ * For each block the chunk says where its parameters, gradients and AdamW moments are:
+ *   param_dev   resident blocks: the device copy (persistent)
+ *   param_host  streamed or cpu-optimised blocks: the fp32 master in the host arena
+ *   grad_dev    gpu-optimised blocks: the device accumulator
+ *   grad_host   cpu-optimised blocks: the host accumulator
+ *   m, v        on the device (gpu optimiser) or in the host arena (cpu optimiser)
+ * Streamed parameters are fetched into a ring of device staging slots; gradients that
+ * must leave the device (cpu optimiser) or be accumulated (grad_accum > 1) are computed
+ * into gradient staging slots. Activations: kept layers own theirs; recomputed layers
+ * own only their output and share one layer-sized buffer that forward and recompute
+ * overwrite.
+ *
+ * Everything is allocated once, in fy_storage_new, through one function that also feeds
+ * the memory model, so the model is the allocation list itself: fy_storage_model() with
+ * no device gives the same numbers as the device's measured peak. No allocation happens
+ * during training steps. Host block state comes from one arena of pinned memory (one
+ * warning and pageable memory if pinning fails).
+ *
+ * Threads: used from the thread driving the trainer. */
+#ifndef FY_STORAGE_H
+#define FY_STORAGE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "engine/device/device.h"
+#include "engine/model/gpt2.h"
+#include "offload/plan.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum fy_mem_cat {
+    FY_CAT_PARAMS = 0, FY_CAT_GRADS, FY_CAT_OPTIM, FY_CAT_ACTS, FY_CAT_STAGING,
+    FY_CAT_WORKSPACE, FY_CAT_COUNT
+} fy_mem_cat;
+
+typedef struct fy_mem_model {
+    size_t device[FY_CAT_COUNT];
+    size_t host[FY_CAT_COUNT];
+    size_t device_total, host_total;
+} fy_mem_model;
+
+typedef struct fy_chunk {
+    size_t nelem;
+    float *param_dev, *param_host;
+    float *grad_dev, *grad_host;
+    float *m, *v;
+    bool needs_grad_staging;  /* grads computed into a staging slot */
+} fy_chunk;
+
+typedef struct fy_slot {
+    float *buf;
+    int owner;                /* block using it, -1 if free */
+} fy_slot;
+
+typedef struct fy_storage {
+    fy_dev *dev;
+    const fy_gpt2_layout *lay;
+    fy_plan plan;             /* own copy */
+    int B, T;
+    fy_chunk *chunks;         /* nblocks */
+    fy_slot *param_slots, *grad_slots;
+    int nparam_slots, ngrad_slots;
+    size_t param_slot_nelem, grad_slot_nelem;
+    fy_gpt2_layer_acts *acts; /* per layer */
+    fy_gpt2_head_acts head;
+    fy_gpt2_scratch sc;
+    float *x0;                /* (B,T,C) embedding output */
+    int32_t *tok_dev;         /* (2,B,T) inputs, targets */
+    int32_t *tok_host;        /* pinned staging */
+    float *loss_dev, *loss_host;      /* one per micro-batch */
+    double *sumsq_dev, *sumsq_host;   /* one per block */
+    float *grad_host_tmp;     /* host landing slot for accumulated cpu-block gradients */
+    void *arena;              /* host block state */
+    size_t arena_nbytes, arena_used;
+    bool arena_pinned;
+    void **allocs;            /* device-interface allocations, for freeing */
+    int nallocs, capallocs;
+    fy_mem_model model;
+} fy_storage;
+
+/* Allocates all storage of a run under plan (micro-batch plan->micro_batch x T). */
+fy_status fy_storage_new(fy_dev *dev, const fy_gpt2_layout *lay, const fy_plan *plan, int T,
+                         fy_storage **out);
+void fy_storage_free(fy_storage *st);
+
+/* The memory model of a plan without allocating anything. */
+void fy_storage_model(const fy_gpt2_layout *lay, const fy_plan *plan, int T, fy_mem_model *out);
+void fy_mem_model_print(const fy_mem_model *m, FILE *f);
+const char *fy_mem_cat_name(fy_mem_cat c);
+
+/* Staging slots. acquire returns a free slot's buffer and marks it owned by block b
+ * (FY_ASSERT if none is free: the plan sized the ring for the serial schedule). */
+float *fy_storage_param_slot(fy_storage *st, int b);
+float *fy_storage_grad_slot(fy_storage *st, int b);
+void fy_storage_release_param(fy_storage *st, int b);
+void fy_storage_release_grad(fy_storage *st, int b);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,312 @@
+/* test_offload.c — placement plans: files and shorthands, the invariance (every plan
+ * gives bit-identical losses and weights to the all-resident plan on the cpu backend),
+ * the memory model against the measured device peak, and device budgets. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/io/corpus.h"
+#include "engine/io/tokens.h"
+#include "engine/trainer.h"
+#include "offload/plan.h"
+#include "offload/storage.h"
+
+/* A small model with 4 layers, so "half" is 2 layers; byte-level. */
+static const fy_gpt2_config small_cfg = {.vocab = 256, .max_seq = 32, .channels = 32,
+                                         .layers = 4, .heads = 4};
+enum { T_SEQ = 16, STEPS = 5 };
+
+typedef struct result {
+    float loss[STEPS];
+    float norm[STEPS];
+    float **w; /* final parameters per block */
+    size_t peak, model;
+} result;
+
+static fy_tokens *corpus(void) {
+    uint8_t *text;
+    cr_assert_eq(fy_corpus_generate(64 << 10, 3, &text), FY_OK);
+    fy_tokens *t;
+    cr_assert_eq(fy_tokens_from_bytes(text, 64 << 10, "test corpus", &t), FY_OK);
+    free(text);
+    return t;
+}
+
+/* Trains STEPS steps of `cfg` under `plan` on a fresh device; cap 0 = unlimited. */
+static fy_status train(const fy_gpt2_config *cfg, const fy_plan *plan, size_t cap, result *res) {
+    fy_dev_cfg dc = {.kind = FY_DEV_CPU, .threads = 2, .mem_cap_nbytes = cap};
+    fy_dev *dev;
+    cr_assert_eq(fy_dev_new(&dc, &dev), FY_OK);
+    fy_trainer_cfg tc = {.model = *cfg, .T = T_SEQ, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                         .weight_decay = 0.1f, .clip = 1.0f, .seed = 11, .plan = plan};
+    fy_trainer *tr;
+    fy_status st = fy_trainer_new(dev, &tc, &tr);
+    if (st != FY_OK) {
+        fy_dev_free(dev);
+        return st;
+    }
+    fy_tokens *tok = corpus();
+    const int B = plan->micro_batch, A = plan->grad_accum;
+    const size_t N = (size_t)B * T_SEQ;
+    fy_loader *ld;
+    cr_assert_eq(fy_loader_new(tok, 0, fy_tokens_count(tok), B, T_SEQ, &ld), FY_OK);
+    int32_t *x = malloc(N * A * 4), *y = malloc(N * A * 4);
+    for (int s = 0; s < STEPS; s++) {
+        for (int a = 0; a < A; a++) fy_loader_next(ld, x + a * N, y + a * N);
+        fy_step_stats ss;
+        cr_assert_eq(fy_trainer_step(tr, x, y, 1e-2f, &ss), FY_OK);
+        res->loss[s] = ss.loss;
+        res->norm[s] = ss.grad_norm;
+    }
+    const fy_gpt2_layout *lay = fy_trainer_layout(tr);
+    res->w = calloc((size_t)lay->nblocks, sizeof *res->w);
+    for (int b = 0; b < lay->nblocks; b++) {
+        res->w[b] = malloc(lay->blocks[b].nelem * sizeof(float));
+        fy_trainer_get_params(tr, b, res->w[b]);
+    }
+    fy_dev_mem_stats ms;
+    fy_dev_mem_stats_get(dev, &ms);
+    res->peak = ms.peak_nbytes[FY_MEM_DEVICE];
+    fy_mem_model mm;
+    fy_storage_model(lay, plan, T_SEQ, &mm);
+    res->model = mm.device_total;
+    free(x);
+    free(y);
+    fy_loader_free(ld);
+    fy_tokens_free(tok);
+    fy_trainer_free(tr);
+    fy_dev_free(dev);
+    return FY_OK;
+}
+
+static void result_free(const fy_gpt2_config *cfg, result *r) {
+    for (int b = 0; b < cfg->layers + 2; b++) free(r->w[b]);
+    free(r->w);
+}
+
+static fy_plan make_plan(const fy_gpt2_config *cfg, int B, int accum, double p, double o, int k) {
+    fy_plan plan;
+    cr_assert_eq(fy_plan_new(cfg->layers, B, accum, &plan), FY_OK);
+    cr_assert_eq(fy_plan_shorthands(&plan, p, o, k), FY_OK);
+    return plan;
+}
+
+static void expect_identical(const fy_gpt2_config *cfg, const result *a, const result *b,
+                             const char *what) {
+    fy_gpt2_layout lay;
+    cr_assert_eq(fy_gpt2_layout_new(cfg, &lay), FY_OK);
+    for (int s = 0; s < STEPS; s++) {
+        cr_expect(a->loss[s] == b->loss[s], "%s: step %d loss %.9g vs %.9g", what, s, b->loss[s],
+                  a->loss[s]);
+        cr_expect(a->norm[s] == b->norm[s], "%s: step %d norm differs", what, s);
+    }
+    for (int bl = 0; bl < lay.nblocks; bl++)
+        cr_expect(!memcmp(a->w[bl], b->w[bl], lay.blocks[bl].nelem * sizeof(float)),
+                  "%s: block %d weights differ", what, bl);
+    fy_gpt2_layout_free(&lay);
+}
+
+/* Every combination of parameters streamed 0/50/100%, optimizer on the CPU 0/50/100%
+ * and recomputation of none/half/all layers: bit-identical to all-resident, and the
+ * memory model equals the measured device peak (the bar is 5%; by construction it is
+ * exact, and the test holds it to that). */
+Test(offload, every_plan_is_bit_identical_to_all_resident, .timeout = 300) {
+    const fy_gpt2_config *cfg = &small_cfg;
+    fy_plan base = make_plan(cfg, 2, 1, 0, 0, 0);
+    result ref;
+    cr_assert_eq(train(cfg, &base, 0, &ref), FY_OK);
+    cr_expect(ref.peak == ref.model, "all-resident: peak %zu, model %zu", ref.peak, ref.model);
+    const double ratios[] = {0, 0.5, 1};
+    const int ckpts[] = {0, 2, 4};
+    int n = 0;
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++)
+            for (int k = 0; k < 3; k++) {
+                if (!i && !j && !k) continue;
+                fy_plan p = make_plan(cfg, 2, 1, ratios[i], ratios[j], ckpts[k]);
+                result r;
+                char what[96];
+                snprintf(what, sizeof what, "params %.1f optim %.1f ckpt %d", ratios[i],
+                         ratios[j], ckpts[k]);
+                cr_assert_eq(train(cfg, &p, 0, &r), FY_OK, "%s", what);
+                expect_identical(cfg, &ref, &r, what);
+                cr_expect(r.peak == r.model, "%s: device peak %zu, model %zu", what, r.peak, r.model);
+                /* the plan really moved something off the device */
+                cr_expect(r.peak < ref.peak, "%s: device peak %zu not below all-resident %zu",
+                          what, r.peak, ref.peak);
+                result_free(cfg, &r);
+                fy_plan_free(&p);
+                n++;
+            }
+    cr_expect_eq(n, 26);
+    result_free(cfg, &ref);
+    fy_plan_free(&base);
+}
+
+/* Hand-written per-block patterns the shorthands cannot express. */
+Test(offload, irregular_plans_are_bit_identical, .timeout = 120) {
+    const fy_gpt2_config *cfg = &small_cfg;
+    fy_plan base = make_plan(cfg, 2, 1, 0, 0, 0);
+    result ref;
+    cr_assert_eq(train(cfg, &base, 0, &ref), FY_OK);
+    fy_plan p = make_plan(cfg, 2, 1, 0, 0, 0);
+    for (int b = 0; b < cfg->layers + 2; b++) {
+        p.blocks[b].params = b % 2 ? FY_PARAMS_STREAMED : FY_PARAMS_RESIDENT;
+        p.blocks[b].optim = b % 3 ? FY_OPTIM_CPU : FY_OPTIM_GPU;
+        if (b >= 1 && b <= cfg->layers) p.blocks[b].acts = b % 2 ? FY_ACTS_KEEP : FY_ACTS_RECOMPUTE;
+    }
+    p.blocks[0].params = FY_PARAMS_STREAMED; /* the tied embedding streamed, gpu optimizer */
+    result r;
+    cr_assert_eq(train(cfg, &p, 0, &r), FY_OK);
+    expect_identical(cfg, &ref, &r, "irregular");
+    result_free(cfg, &r);
+    result_free(cfg, &ref);
+    fy_plan_free(&p);
+    fy_plan_free(&base);
+}
+
+/* With gradient accumulation every plan still matches all-resident bit for bit, and
+ * 2 micro-batches x 2 agree with one batch of 4 to fp32 summation order: the loss is a
+ * mean of two halves instead of one mean, gradients are two sums added instead of one
+ * sum, so results differ by a few ulps (bound 1e-6 relative). */
+Test(offload, accumulation_invariance_and_batch_equivalence, .timeout = 120) {
+    const fy_gpt2_config *cfg = &small_cfg;
+    fy_plan acc = make_plan(cfg, 2, 2, 0, 0, 0);
+    result ref;
+    cr_assert_eq(train(cfg, &acc, 0, &ref), FY_OK);
+    const double ratios[][3] = {{1, 1, 4}, {0.5, 0.5, 2}, {0, 1, 0}, {1, 0, 0}};
+    for (int i = 0; i < 4; i++) {
+        fy_plan p = make_plan(cfg, 2, 2, ratios[i][0], ratios[i][1], (int)ratios[i][2]);
+        result r;
+        cr_assert_eq(train(cfg, &p, 0, &r), FY_OK);
+        expect_identical(cfg, &ref, &r, "accumulated");
+        cr_expect(r.peak == r.model);
+        result_free(cfg, &r);
+        fy_plan_free(&p);
+    }
+    fy_plan big = make_plan(cfg, 4, 1, 0, 0, 0);
+    result one;
+    cr_assert_eq(train(cfg, &big, 0, &one), FY_OK);
+    for (int s = 0; s < STEPS; s++) {
+        cr_expect(fabsf(one.loss[s] - ref.loss[s]) <= 1e-6f * one.loss[s],
+                  "step %d: batch 4 loss %.9g, 2x2 %.9g", s, one.loss[s], ref.loss[s]);
+        cr_expect(fabsf(one.norm[s] - ref.norm[s]) <= 1e-5f * one.norm[s],
+                  "step %d: batch 4 norm %.9g, 2x2 %.9g", s, one.norm[s], ref.norm[s]);
+    }
+    result_free(cfg, &one);
+    result_free(cfg, &ref);
+    fy_plan_free(&big);
+    fy_plan_free(&acc);
+}
+
+/* Under a budget below the all-resident plan's need, that plan fails with the budget
+ * error while the fully offloaded plan trains; the model's full training state
+ * (parameters, gradients, two moments) is more than 4x the budget. */
+Test(offload, budget_refuses_resident_and_offloaded_plan_trains, .timeout = 120) {
+    const fy_gpt2_config cfg = {.vocab = 256, .max_seq = 32, .channels = 128, .layers = 8,
+                                .heads = 4};
+    fy_gpt2_layout lay;
+    cr_assert_eq(fy_gpt2_layout_new(&cfg, &lay), FY_OK);
+    fy_plan off = make_plan(&cfg, 2, 1, 1, 1, 8), res = make_plan(&cfg, 2, 1, 0, 0, 0);
+    fy_mem_model m_off, m_res;
+    fy_storage_model(&lay, &off, T_SEQ, &m_off);
+    fy_storage_model(&lay, &res, T_SEQ, &m_res);
+    size_t budget = m_off.device_total;
+    size_t state = 0;
+    for (int b = 0; b < lay.nblocks; b++) state += 4 * lay.blocks[b].nelem * sizeof(float);
+    cr_assert(state >= 4 * budget, "full state %zu is not 4x the budget %zu", state, budget);
+    cr_assert(m_res.device_total > budget);
+    result r;
+    fy_status st = train(&cfg, &res, budget, &r);
+    cr_expect_eq(st, FY_ERR_DEVICE_OOM);
+    cr_expect(strstr(fy_last_error(), "budget") && strstr(fy_last_error(), "short by"),
+              "error: %s", fy_last_error());
+    cr_assert_eq(train(&cfg, &off, budget, &r), FY_OK);
+    cr_expect(r.peak <= budget);
+    cr_expect(r.loss[STEPS - 1] < r.loss[0], "loss should fall: %g -> %g", r.loss[0],
+              r.loss[STEPS - 1]);
+    result_free(&cfg, &r);
+    fy_plan_free(&off);
+    fy_plan_free(&res);
+    fy_gpt2_layout_free(&lay);
+}
+
+Test(plan, shorthands_follow_autohete) {
+    fy_plan p;
+    cr_assert_eq(fy_plan_new(12, 8, 1, &p), FY_OK);
+    cr_assert_eq(fy_plan_shorthands(&p, 0.25, 0.5, 3), FY_OK);
+    for (int l = 0; l < 12; l++) {
+        cr_expect_eq(p.blocks[1 + l].params, l < 3 ? FY_PARAMS_STREAMED : FY_PARAMS_RESIDENT, "l %d", l);
+        cr_expect_eq(p.blocks[1 + l].optim, l >= 6 ? FY_OPTIM_CPU : FY_OPTIM_GPU, "l %d", l);
+        cr_expect_eq(p.blocks[1 + l].acts, l < 3 ? FY_ACTS_RECOMPUTE : FY_ACTS_KEEP, "l %d", l);
+    }
+    cr_expect_eq(p.blocks[0].params, FY_PARAMS_RESIDENT);
+    cr_expect_eq(p.blocks[13].optim, FY_OPTIM_GPU);
+    cr_assert_eq(fy_plan_shorthands(&p, 0.1, 1.0, 0), FY_OK); /* ceil(1.2) = 2 layers */
+    cr_expect_eq(p.blocks[2].params, FY_PARAMS_STREAMED);
+    cr_expect_eq(p.blocks[3].params, FY_PARAMS_RESIDENT);
+    cr_expect_eq(p.blocks[0].optim, FY_OPTIM_CPU, "ratio 1 moves the embedding too");
+    cr_expect_eq(p.blocks[13].optim, FY_OPTIM_CPU, "ratio 1 moves the head too");
+    cr_expect_eq(fy_plan_shorthands(&p, 1.5, 0, 0), FY_ERR_INVALID);
+    cr_expect_eq(fy_plan_shorthands(&p, 0, 0, 13), FY_ERR_INVALID);
+    fy_plan_free(&p);
+}
+
+static char *tmpfile_with(const char *text) {
+    static char path[64];
+    snprintf(path, sizeof path, "/tmp/ferry_plan_XXXXXX");
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    cr_assert(write(fd, text, strlen(text)) == (ssize_t)strlen(text));
+    close(fd);
+    return path;
+}
+
+Test(plan, json_round_trip) {
+    fy_plan p, q;
+    cr_assert_eq(fy_plan_new(4, 3, 2, &p), FY_OK);
+    cr_assert_eq(fy_plan_shorthands(&p, 0.5, 1, 1), FY_OK);
+    p.blocks[3].acts = FY_ACTS_RECOMPUTE;
+    char *path = tmpfile_with("");
+    cr_assert_eq(fy_plan_save(path, &p), FY_OK);
+    cr_assert_eq(fy_plan_load(path, 4, &q), FY_OK);
+    cr_expect(fy_plan_equal(&p, &q));
+    cr_expect_eq(fy_plan_load(path, 5, &q), FY_ERR_FORMAT, "a plan for 4 layers on 5");
+    unlink(path);
+    fy_plan_free(&p);
+    fy_plan_free(&q);
+}
+
+Test(plan, bad_files_are_refused) {
+    const char *bad[] = {
+        "not json",
+        "{\"format\":\"other\",\"layers\":1,\"micro_batch\":1,\"grad_accum\":1,\"blocks\":[]}",
+        "{\"format\":\"ferry-plan\",\"layers\":1,\"micro_batch\":0,\"grad_accum\":1,\"blocks\":[]}",
+        "{\"format\":\"ferry-plan\",\"layers\":1,\"micro_batch\":1,\"grad_accum\":1,\"blocks\":[]}",
+        "{\"format\":\"ferry-plan\",\"layers\":1,\"micro_batch\":1,\"grad_accum\":1,\"blocks\":["
+        "{\"block\":\"embed\",\"params\":\"resident\",\"optim\":\"gpu\",\"acts\":\"keep\"},"
+        "{\"block\":\"layer.0\",\"params\":\"floating\",\"optim\":\"gpu\",\"acts\":\"keep\"},"
+        "{\"block\":\"head\",\"params\":\"resident\",\"optim\":\"gpu\",\"acts\":\"keep\"}]}",
+        "{\"format\":\"ferry-plan\",\"layers\":1,\"micro_batch\":1,\"grad_accum\":1,\"blocks\":["
+        "{\"block\":\"embed\",\"params\":\"resident\",\"optim\":\"gpu\",\"acts\":\"recompute\"},"
+        "{\"block\":\"layer.0\",\"params\":\"resident\",\"optim\":\"gpu\",\"acts\":\"keep\"},"
+        "{\"block\":\"head\",\"params\":\"resident\",\"optim\":\"gpu\",\"acts\":\"keep\"}]}",
+        "{\"format\":\"ferry-plan\",\"layers\":1,\"micro_batch\":1,\"grad_accum\":1,\"blocks\":["
+        "{\"block\":\"head\",\"params\":\"resident\",\"optim\":\"gpu\",\"acts\":\"keep\"},"
+        "{\"block\":\"layer.0\",\"params\":\"resident\",\"optim\":\"gpu\",\"acts\":\"keep\"},"
+        "{\"block\":\"embed\",\"params\":\"resident\",\"optim\":\"gpu\",\"acts\":\"keep\"}]}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        fy_plan p;
+        char *path = tmpfile_with(bad[i]);
+        cr_expect_eq(fy_plan_load(path, 1, &p), FY_ERR_FORMAT, "case %zu accepted", i);
+        cr_expect(strstr(fy_last_error(), path) != NULL, "case %zu: error names no file: %s", i,
+                  fy_last_error());
+        unlink(path);
+    }
+    fy_plan p;
+    cr_expect_eq(fy_plan_load("/nonexistent/plan.json", 1, &p), FY_ERR_IO);
+}
