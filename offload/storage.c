@@ -66,7 +66,7 @@ static fy_status layout(walk *w, const fy_gpt2_layout *lay, const fy_plan *plan,
     float *base_dummy;
     size_t pslot = 0, gslot = 0;
     int nstreamed = 0, nstaged = 0;
-    bool any_cpu = false;
+    bool any_cpu = false, embed_staged = false;
     for (int b = 0; b < nb; b++) {
         const fy_block_plan *bp = &plan->blocks[b];
         fy_chunk *c = chunks ? &chunks[b] : &scratch_chunk;
@@ -78,6 +78,7 @@ static fy_status layout(walk *w, const fy_gpt2_layout *lay, const fy_plan *plan,
         if (streamed) { nstreamed++; if (c->nelem > pslot) pslot = c->nelem; }
         if (c->needs_grad_staging) {
             nstaged++;
+            if (b == 0) embed_staged = true;
             if (c->nelem > gslot) gslot = c->nelem;
         }
         any_cpu |= cpu;
@@ -99,11 +100,14 @@ static fy_status layout(walk *w, const fy_gpt2_layout *lay, const fy_plan *plan,
             FY_TRY(take(w, FY_CAT_OPTIM, nbytes, what, &c->v));
         }
     }
-    /* staging rings, sized for the serial schedule: the head's backward needs the head
-     * and the embedding (tied wte) at once; the embedding's gradient slot is held from
-     * the head's backward to the embedding's */
-    int npslots = nstreamed < 2 ? nstreamed : 2;
-    int ngslots = nstaged < 2 ? nstaged : 2;
+    /* staging rings, sized for the serial schedule: one slot, plus one when the head's
+     * forward and backward need the head and the tied embedding at once (parameters),
+     * or when the embedding's gradient, held from the head's backward to its own, shares
+     * the ring with others (gradients) */
+    const fy_block_plan *pe = &plan->blocks[0], *ph = &plan->blocks[L + 1];
+    int npslots = nstreamed == 0 ? 0
+                  : (pe->params == FY_PARAMS_STREAMED && ph->params == FY_PARAMS_STREAMED) ? 2 : 1;
+    int ngslots = nstaged == 0 ? 0 : (embed_staged && nstaged > 1) ? 2 : 1;
     if (st) {
         st->nparam_slots = npslots;
         st->ngrad_slots = ngslots;
