@@ -1210,3 +1210,78 @@ Test(cli, metrics_into_a_missing_directory) {
     FERRY(&r, "train", TINY, "--metrics", m);
     EXPECT_ERROR(&r, 1, m);
 }
+
+/* ---- placement plans ------------------------------------------------------------- */
+
+
+Test(cli, plan_flags_refuse_bad_input) {
+    run_result r;
+    FERRY(&r, "train", TINY, "--offload-params", "1.5");
+    EXPECT_ERROR(&r, 0, "offload-params");
+    FERRY(&r, "train", TINY, "--ckpt-layers", "9");
+    EXPECT_ERROR(&r, 0, "ckpt-layers", "9");
+    FERRY(&r, "train", TINY, "--plan", P("missing.json"));
+    EXPECT_ERROR(&r, 1, "missing.json");
+    const char *bad = P("bad.json");
+    write_bytes(bad, "{\"format\": 3}", 13);
+    FERRY(&r, "train", TINY, "--plan", bad);
+    EXPECT_ERROR(&r, 1, "bad.json");
+    const char *good = P("good.json");
+    FERRY(&r, "train", TINY, "--offload-params", "1", "--save-plan", good, "--dry-run");
+    expect_ok(&r);
+    FERRY(&r, "train", TINY, "--plan", good, "--offload-optim", "1");
+    EXPECT_ERROR(&r, 0, "--plan");
+    FERRY(&r, "train", TINY, "--plan", good, "--batch", "3");
+    EXPECT_ERROR(&r, 0, "plan", "batch");
+    FERRY(&r, "train", "--model", "gpt2-mini", "--plan", good, "--batch", "2", "--seq", "16");
+    EXPECT_ERROR(&r, 1, "good.json", "layers");
+}
+
+/* --dry-run prints the plan and the memory model and trains nothing. */
+Test(cli, dry_run_prints_the_memory_model) {
+    run_result r;
+    FERRY(&r, "train", TINY, "--offload-optim", "1", "--ckpt-layers", "1", "--dry-run");
+    expect_ok(&r);
+    cr_expect_not_null(strstr(r.out, "optim on cpu: layers 0-1, embed, head"), "%s", r.out);
+    cr_expect_not_null(strstr(r.out, "recompute: layer 0"), "%s", r.out);
+    cr_expect_not_null(strstr(r.out, "total"), "%s", r.out);
+    cr_expect_null(strstr(r.out, "step "), "a dry run trained:\n%s", r.out);
+}
+
+/* The same run under a saved offload plan and under shorthands prints the same losses
+ * as all-resident (the invariance, through the command line), and a device budget below
+ * the all-resident need fails that plan while the offloaded one trains under it. */
+Test(cli, offloaded_training_matches_and_fits_the_budget) {
+    const char *data = P("data.txt"), *plan = P("plan.json");
+    write_text(data, 6000);
+    const char *m[2] = {P("resident.jsonl"), P("offload.jsonl")};
+    run_result r;
+    FERRY(&r, "train", TINY, "--steps", "3", "--data", data, "--metrics", m[0]);
+    expect_ok(&r);
+    FERRY(&r, "train", TINY, "--steps", "3", "--data", data, "--offload-params", "1",
+          "--offload-optim", "1", "--ckpt-layers", "2", "--save-plan", plan, "--dry-run");
+    expect_ok(&r);
+    double budget = size_after(r.out, "total");
+    cr_assert(budget > 0, "no device total in:\n%s", r.out);
+    char cap[32]; /* the printed total is rounded to 0.01 of its unit: 2% of headroom */
+    snprintf(cap, sizeof cap, "%.0f", budget * 1.02);
+    FERRY(&r, "train", TINY, "--steps", "3", "--data", data, "--gpu-mem", cap);
+    EXPECT_ERROR(&r, 1, "budget", "short by");
+    FERRY(&r, "train", TINY, "--steps", "3", "--data", data, "--plan", plan, "--gpu-mem", cap,
+          "--metrics", m[1]);
+    expect_ok(&r);
+    char *a = slurp(m[0], NULL), *b = slurp(m[1], NULL);
+    cr_assert(a && b);
+    for (char *sa, *sb, *la = strtok_r(a, "\n", &sa), *lb = strtok_r(b, "\n", &sb); la && lb;
+         la = strtok_r(NULL, "\n", &sa), lb = strtok_r(NULL, "\n", &sb)) {
+        cJSON *ja = cJSON_Parse(la), *jb = cJSON_Parse(lb);
+        cr_expect_eq(cJSON_GetObjectItem(ja, "loss")->valuedouble,
+                     cJSON_GetObjectItem(jb, "loss")->valuedouble, "loss differs: %s vs %s", la, lb);
+        cr_expect_eq(cJSON_GetObjectItem(ja, "grad_norm")->valuedouble,
+                     cJSON_GetObjectItem(jb, "grad_norm")->valuedouble);
+        cJSON_Delete(ja);
+        cJSON_Delete(jb);
+    }
+    free(a);
+    free(b);
+}
