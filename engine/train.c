@@ -16,6 +16,7 @@
 #include "offload/plan.h"
 #include "offload/storage.h"
 
+#define TRAIN_WINDOW 20 /* steps per task graph: overlap within, a drain between */
 #define CORPUS_TRAIN_BYTES (4u << 20)
 #define CORPUS_VAL_BYTES (256u << 10)
 #define CORPUS_TRAIN_SEED 1
@@ -64,6 +65,7 @@ typedef struct run {
     int32_t *x, *y;
     FILE *metrics;
     fy_plan plan;
+    fy_trace_buf trace;
 } run;
 
 static void run_free(run *r) {
@@ -78,6 +80,14 @@ static void run_free(run *r) {
     fy_tokens_free(r->val_tok);
     fy_st_close(r->init);
     fy_plan_free(&r->plan);
+    fy_trace_buf_free(&r->trace);
+}
+
+/* The trainer's batch source: the training loader, in order (called from one lane). */
+static void next_train_batch(void *ctx, int64_t micro, int32_t *x, int32_t *y) {
+    run *r = ctx;
+    (void)micro;
+    fy_loader_next(r->train, x, y);
 }
 
 static fy_status open_device(const fy_opts *o, fy_dev **out) {
@@ -116,6 +126,15 @@ static fy_status resolve_model(const fy_opts *o, bool model_given, run *r, fy_gp
     } else {
         FY_TRY(fy_gpt2_config_named(o->model, cfg));
         if (o->heads > 0) cfg->heads = (int)o->heads;
+        if (o->layers > 0) cfg->layers = (int)o->layers;
+        if (o->channels > 0) cfg->channels = (int)o->channels;
+        if (o->vocab > 0) cfg->vocab = (int)o->vocab;
+        if (o->max_seq > 0) cfg->max_seq = (int)o->max_seq;
+    }
+    if (o->init && (o->layers || o->channels || o->vocab || o->max_seq)) {
+        fy_log_error("--layers/--channels/--vocab/--max-seq shape a new model; the weights in "
+                     "%s have their own shape", o->init);
+        return FY_ERR_INVALID;
     }
     FY_TRY(fy_gpt2_config_check(cfg));
     if (o->seq > cfg->max_seq) {
@@ -273,7 +292,9 @@ int fy_train_main(const fy_opts *o) {
     fy_trainer_cfg tc = {.model = cfg, .B = B, .T = T, .beta1 = (float)o->beta1,
                          .beta2 = (float)o->beta2, .eps = (float)o->eps,
                          .weight_decay = (float)o->weight_decay, .clip = (float)o->clip,
-                         .seed = (uint64_t)o->seed, .grad_accum = accum, .plan = &r.plan};
+                         .seed = (uint64_t)o->seed, .grad_accum = accum, .plan = &r.plan,
+                         .adam_threads = (int)o->adam_threads};
+    fy_sched_mode_parse(o->schedule, &tc.schedule); /* the option table checked the name */
     if ((st = fy_trainer_new(r.dev, &tc, &r.tr)) != FY_OK) goto fail;
     if (r.init && (st = fy_trainer_load(r.tr, r.init)) != FY_OK) goto fail;
     if (!o->quiet) print_header(o, &cfg, &r);
@@ -285,42 +306,68 @@ int fy_train_main(const fy_opts *o) {
     double t_start = fy_now_ms(), ms_sum = 0.0;
     int64_t ms_count = 0;
     float loss = NAN, val_loss = NAN;
-    for (int64_t s = 0; s < o->steps; s++) {
-        double lr = fy_lr_at(s, o->steps, o->lr, min_lr, o->warmup, cosine);
-        for (int a = 0; a < accum; a++) fy_loader_next(r.train, r.x + a * N, r.y + a * N);
-        double t0 = fy_now_ms();
-        fy_step_stats ss;
-        if ((st = fy_trainer_step(r.tr, r.x, r.y, (float)lr, &ss)) != FY_OK) goto fail;
-        double ms = fy_now_ms() - t0;
-        double tok_s = (double)N * accum / (ms / 1e3);
-        if (s > 0) { ms_sum += ms; ms_count++; } /* the first step warms caches */
-        loss = ss.loss;
-        bool last = s + 1 == o->steps;
-        bool do_val = r.val && (last || (o->val_every && (s + 1) % o->val_every == 0));
-        if (do_val && (st = validate(&r, o->val_batches, &val_loss)) != FY_OK) goto fail;
-        if (r.metrics) {
-            fprintf(r.metrics, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,"
-                    "\"clip_coef\":%.9g,\"step_ms\":%.6f,\"tokens_per_s\":%.3f",
-                    (long long)s + 1, ss.loss, lr, ss.grad_norm, ss.clip_coef, ms, tok_s);
-            if (ss.skipped) fprintf(r.metrics, ",\"skipped\":true");
-            if (do_val) fprintf(r.metrics, ",\"val_loss\":%.9g", val_loss);
-            fprintf(r.metrics, "}\n");
-            fflush(r.metrics);
+    float lrs[TRAIN_WINDOW];
+    fy_step_stats stats[TRAIN_WINDOW];
+    for (int64_t s0 = 0; s0 < o->steps;) {
+        /* a window of steps runs as one task graph; it ends at a validation point */
+        int64_t n = o->steps - s0 < TRAIN_WINDOW ? o->steps - s0 : TRAIN_WINDOW;
+        if (o->val_every && r.val) {
+            int64_t to_val = o->val_every - s0 % o->val_every;
+            if (to_val < n) n = to_val;
         }
-        if (o->quiet) continue;
-        if ((s + 1) % log_every == 0 || last || s == 0 || do_val) {
-            if (tty && log_every > 1) printf("\r%*s\r", 78, "");
-            printf("step %6lld/%lld | loss %.4f | norm %.4f | lr %.2e | %7.1f ms | %8.0f tok/s",
-                   (long long)s + 1, (long long)o->steps, ss.loss, ss.grad_norm, lr, ms, tok_s);
-            if (do_val) printf(" | val %.4f", val_loss);
-            printf("\n");
-        } else if (tty) {
-            progress(s + 1, o->steps, fy_now_ms() - t_start, ss.loss);
+        for (int64_t i = 0; i < n; i++)
+            lrs[i] = (float)fy_lr_at(s0 + i, o->steps, o->lr, min_lr, o->warmup, cosine);
+        fy_sched_result res = {0};
+        fy_graph g;
+        double t_win = fy_now_ms() - t_start;
+        if ((st = fy_trainer_run(r.tr, (int)n, lrs, next_train_batch, &r, stats,
+                                 o->trace ? &res : NULL, o->trace ? &g : NULL)) != FY_OK)
+            goto fail;
+        if (o->trace) {
+            st = fy_trace_append(&r.trace, &g, &res, t_win, (int)(s0 * accum));
+            fy_sched_result_free(&res);
+            fy_graph_free(&g);
+            if (st != FY_OK) goto fail;
         }
-        fflush(stdout);
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t s = s0 + i;
+            const fy_step_stats *ss = &stats[i];
+            double ms = ss->step_ms, tok_s = (double)N * accum / (ms / 1e3);
+            if (s > 0) { ms_sum += ms; ms_count++; } /* the first step warms caches */
+            loss = ss->loss;
+            bool last = s + 1 == o->steps;
+            bool do_val = r.val && i == n - 1 &&
+                          (last || (o->val_every && (s + 1) % o->val_every == 0));
+            if (do_val && (st = validate(&r, o->val_batches, &val_loss)) != FY_OK) goto fail;
+            if (r.metrics) {
+                fprintf(r.metrics, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,"
+                        "\"clip_coef\":%.9g,\"step_ms\":%.6f,\"tokens_per_s\":%.3f",
+                        (long long)s + 1, ss->loss, lrs[i], ss->grad_norm, ss->clip_coef, ms, tok_s);
+                if (ss->skipped) fprintf(r.metrics, ",\"skipped\":true");
+                if (do_val) fprintf(r.metrics, ",\"val_loss\":%.9g", val_loss);
+                fprintf(r.metrics, "}\n");
+                fflush(r.metrics);
+            }
+            if (ss->skipped) fy_log_warn("step %lld: gradient norm is %g; update skipped",
+                                         (long long)s + 1, ss->grad_norm);
+            if (o->quiet) continue;
+            if ((s + 1) % log_every == 0 || last || s == 0 || do_val) {
+                if (tty && log_every > 1) printf("\r%*s\r", 78, "");
+                printf("step %6lld/%lld | loss %.4f | norm %.4f | lr %.2e | %7.1f ms | %8.0f tok/s",
+                       (long long)s + 1, (long long)o->steps, ss->loss, ss->grad_norm, lrs[i], ms,
+                       tok_s);
+                if (do_val) printf(" | val %.4f", val_loss);
+                printf("\n");
+            } else if (tty) {
+                progress(s + 1, o->steps, fy_now_ms() - t_start, ss->loss);
+            }
+            fflush(stdout);
+        }
+        s0 += n;
     }
     double total_s = (fy_now_ms() - t_start) / 1e3;
     if (o->save && (st = fy_trainer_save(r.tr, o->save)) != FY_OK) goto fail;
+    if (o->trace && (st = fy_trace_save(&r.trace, o->trace, "ferry train")) != FY_OK) goto fail;
     fy_dev_mem_stats ms;
     fy_dev_mem_stats_get(r.dev, &ms);
     char peak[32];

@@ -30,6 +30,7 @@
 #include "engine/model/gpt2.h"
 #include "offload/plan.h"
 #include "offload/storage.h"
+#include "scheduler/scheduler.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -43,6 +44,8 @@ typedef struct fy_trainer_cfg {
     float beta1, beta2, eps, weight_decay;
     float clip;        /* global-norm clipping threshold; 0 = off */
     uint64_t seed;     /* initialisation when no weights are loaded */
+    fy_sched_mode schedule; /* how the step's tasks are ordered (default priority) */
+    int adam_threads;  /* cpu optimizer threads (0 = the device's thread count) */
 } fy_trainer_cfg;
 
 typedef struct fy_step_stats {
@@ -50,7 +53,12 @@ typedef struct fy_step_stats {
     float grad_norm;   /* before clipping */
     float clip_coef;   /* applied scale (1 when not clipped) */
     bool skipped;      /* non-finite gradients: no update */
+    double step_ms;    /* from the end of the previous step's last task to this one's */
 } fy_step_stats;
+
+/* Fills x and y (B*T tokens each, host memory) with global micro-batch number `micro`.
+ * Called from the transfer lane's thread, in micro-batch order. */
+typedef void (*fy_batch_fn)(void *ctx, int64_t micro, int32_t *x, int32_t *y);
 
 typedef struct fy_trainer fy_trainer;
 
@@ -63,6 +71,19 @@ const fy_gpt2_layout *fy_trainer_layout(const fy_trainer *tr);
 /* Replaces the weights with a file's (shape checked against the trainer's model). */
 fy_status fy_trainer_load(fy_trainer *tr, const fy_st_file *f);
 fy_status fy_trainer_save(fy_trainer *tr, const char *path);
+
+/* Runs nsteps optimizer steps as one task graph (steps overlap as dependencies allow),
+ * with learning rates lrs[nsteps], micro-batches from next_batch, and fills stats[nsteps].
+ * If trace is set, the run's task records are kept there (free with
+ * fy_sched_result_free) and *graph_out gets the graph (free with fy_graph_free). */
+fy_status fy_trainer_run(fy_trainer *tr, int nsteps, const float *lrs, fy_batch_fn next_batch,
+                         void *ctx, fy_step_stats *stats, fy_sched_result *trace,
+                         fy_graph *graph_out);
+
+/* Predicts, on the simulator, the run of nsteps steps under mode from the mean task
+ * durations measured by earlier fy_trainer_run calls. */
+fy_status fy_trainer_predict(fy_trainer *tr, int nsteps, fy_sched_mode mode,
+                             fy_sched_result *out);
 
 /* One optimizer step over the plan's grad_accum micro-batches: x and y hold
  * grad_accum*B*T tokens each (host memory), micro-batch after micro-batch. */

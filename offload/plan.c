@@ -22,6 +22,7 @@ fy_status fy_plan_new(int layers, int micro_batch, int grad_accum, fy_plan *out)
     out->layers = layers;
     out->micro_batch = micro_batch;
     out->grad_accum = grad_accum;
+    out->prefetch = 1;
     return FY_OK;
 }
 
@@ -33,12 +34,13 @@ void fy_plan_free(fy_plan *p) {
 fy_status fy_plan_copy(const fy_plan *src, fy_plan *dst) {
     FY_TRY(fy_plan_new(src->layers, src->micro_batch, src->grad_accum, dst));
     memcpy(dst->blocks, src->blocks, ((size_t)src->layers + 2) * sizeof *dst->blocks);
+    dst->prefetch = src->prefetch;
     return FY_OK;
 }
 
 bool fy_plan_equal(const fy_plan *a, const fy_plan *b) {
     return a->layers == b->layers && a->micro_batch == b->micro_batch &&
-           a->grad_accum == b->grad_accum &&
+           a->grad_accum == b->grad_accum && a->prefetch == b->prefetch &&
            !memcmp(a->blocks, b->blocks, ((size_t)a->layers + 2) * sizeof *a->blocks);
 }
 
@@ -89,6 +91,7 @@ fy_status fy_plan_save(const char *path, const fy_plan *p) {
     cJSON_AddNumberToObject(root, "layers", p->layers);
     cJSON_AddNumberToObject(root, "micro_batch", p->micro_batch);
     cJSON_AddNumberToObject(root, "grad_accum", p->grad_accum);
+    cJSON_AddNumberToObject(root, "prefetch", p->prefetch);
     for (int b = 0; b < p->layers + 2; b++) {
         char name[32];
         block_name(p, b, name, sizeof name);
@@ -165,8 +168,15 @@ fy_status fy_plan_load(const char *path, int layers, fy_plan *out) {
         why = whybuf;
         goto done;
     }
+    const cJSON *jp = cJSON_GetObjectItemCaseSensitive(root, "prefetch");
+    if (jp && (!cJSON_IsNumber(jp) || jp->valuedouble < 0 || jp->valuedouble > 64 ||
+               jp->valuedouble != floor(jp->valuedouble))) {
+        why = "prefetch must be an integer in 0..64";
+        goto done;
+    }
     if ((st = fy_plan_new(layers, (int)jb->valuedouble, (int)ja->valuedouble, out)) != FY_OK)
         goto done;
+    if (jp) out->prefetch = (int)jp->valuedouble;
     st = FY_ERR_FORMAT;
     for (int b = 0; b < layers + 2; b++) {
         const cJSON *o = cJSON_GetArrayItem(blocks, b);

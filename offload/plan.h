@@ -19,6 +19,7 @@
  *
  * Plans are JSON files (fy_plan_load / fy_plan_save):
  *   {"format": "ferry-plan", "version": 1, "layers": L, "micro_batch": B, "grad_accum": N,
+ *    "prefetch": 1,
  *    "blocks": [{"block": "embed", "params": "resident", "optim": "gpu", "acts": "keep"},
  *               {"block": "layer.0", ...}, ..., {"block": "head", ...}]} */
 #ifndef FY_PLAN_H
@@ -48,6 +49,8 @@ typedef struct fy_plan {
     fy_block_plan *blocks;
     int micro_batch;       /* B */
     int grad_accum;        /* micro-batches per optimizer step */
+    int prefetch;          /* staging slots beyond the serial minimum, so transfers can
+                              run ahead of compute (default 1; 0 = least device memory) */
 } fy_plan;
 
 /* The all-resident plan: everything on the device, nothing recomputed. */

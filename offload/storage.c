@@ -100,7 +100,7 @@ static fy_status layout(walk *w, const fy_gpt2_layout *lay, const fy_plan *plan,
             FY_TRY(take(w, FY_CAT_OPTIM, nbytes, what, &c->v));
         }
     }
-    /* staging rings, sized for the serial schedule: one slot, plus one when the head's
+    /* staging rings: the serial schedule needs one slot, plus one when the head's
      * forward and backward need the head and the tied embedding at once (parameters),
      * or when the embedding's gradient, held from the head's backward to its own, shares
      * the ring with others (gradients) */
@@ -108,6 +108,9 @@ static fy_status layout(walk *w, const fy_gpt2_layout *lay, const fy_plan *plan,
     int npslots = nstreamed == 0 ? 0
                   : (pe->params == FY_PARAMS_STREAMED && ph->params == FY_PARAMS_STREAMED) ? 2 : 1;
     int ngslots = nstaged == 0 ? 0 : (embed_staged && nstaged > 1) ? 2 : 1;
+    /* plus the plan's prefetch depth, so transfers can run ahead of compute */
+    if (npslots) npslots += plan->prefetch;
+    if (ngslots) ngslots += plan->prefetch;
     if (st) {
         st->nparam_slots = npslots;
         st->ngrad_slots = ngslots;
@@ -163,11 +166,12 @@ static fy_status layout(walk *w, const fy_gpt2_layout *lay, const fy_plan *plan,
     if (st) fy_gpt2_scratch_bind(mc, B, T, base, &st->sc);
     const size_t accum = (size_t)plan->grad_accum;
     void *tmp;
-    FY_TRY(take(w, FY_CAT_WORKSPACE, 2 * N * sizeof(int32_t), "tokens", st ? (void *)&st->tok_dev : &tmp));
+    /* tokens are double-buffered so the next micro-batch loads while this one computes */
+    FY_TRY(take(w, FY_CAT_WORKSPACE, 4 * N * sizeof(int32_t), "tokens", st ? (void *)&st->tok_dev : &tmp));
     FY_TRY(take(w, FY_CAT_WORKSPACE, accum * sizeof(float), "losses", st ? (void *)&st->loss_dev : &tmp));
     FY_TRY(take(w, FY_CAT_WORKSPACE, (size_t)nb * sizeof(double), "gradient norms",
                 st ? (void *)&st->sumsq_dev : &tmp));
-    carve(w, FY_CAT_WORKSPACE, 2 * N * sizeof(int32_t), st ? (void *)&st->tok_host : &tmp);
+    carve(w, FY_CAT_WORKSPACE, 4 * N * sizeof(int32_t), st ? (void *)&st->tok_host : &tmp);
     carve(w, FY_CAT_WORKSPACE, accum * sizeof(float), st ? (void *)&st->loss_host : &tmp);
     carve(w, FY_CAT_WORKSPACE, (size_t)nb * sizeof(double), st ? (void *)&st->sumsq_host : &tmp);
     return FY_OK;

@@ -73,8 +73,8 @@ typedef struct fy_storage {
     fy_gpt2_head_acts head;
     fy_gpt2_scratch sc;
     float *x0;                /* (B,T,C) embedding output */
-    int32_t *tok_dev;         /* (2,B,T) inputs, targets */
-    int32_t *tok_host;        /* pinned staging */
+    int32_t *tok_dev;         /* 2 x (2,B,T): double-buffered inputs, targets */
+    int32_t *tok_host;        /* pinned staging, same shape */
     float *loss_dev, *loss_host;      /* one per micro-batch */
     double *sumsq_dev, *sumsq_host;   /* one per block */
     float *grad_host_tmp;     /* host landing slot for accumulated cpu-block gradients */

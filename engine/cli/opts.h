@@ -26,7 +26,7 @@ typedef struct fy_opts {
     /* model */
     const char *model;
     const char *init;
-    int64_t heads;
+    int64_t heads, layers, channels, vocab, max_seq; /* 0: the named model's */
     /* data */
     const char *data;
     const char *val_data;
@@ -45,6 +45,10 @@ typedef struct fy_opts {
     double offload_params, offload_optim;
     int64_t ckpt_layers;
     bool dry_run;
+    /* scheduling */
+    const char *schedule;
+    const char *trace;
+    int64_t adam_threads;
     /* evaluation and output */
     int64_t val_every, val_batches, batches, log_every;
     const char *save;

@@ -1,0 +1,42 @@
+/* trainer_impl.h — the trainer's state, shared by trainer.c (construction, weights,
+ * evaluation) and step_graph.c (the training step as a task graph). Not a public header. */
+#ifndef FY_TRAINER_IMPL_H
+#define FY_TRAINER_IMPL_H
+
+#include "engine/trainer.h"
+#include "optim_cpu/adam_pool.h"
+#include "scheduler/scheduler.h"
+
+/* Task kinds of the step graph (step_graph.c). */
+typedef enum fy_task_kind {
+    FY_T_LOAD = 0, FY_T_H2D_PARAM, FY_T_FWD, FY_T_GOPEN, FY_T_HEAD, FY_T_RECOMPUTE, FY_T_BWD,
+    FY_T_D2H_GRAD, FY_T_NORM, FY_T_ADAM_GPU, FY_T_D2H_PARAM, FY_T_ADAM_CPU, FY_T_H2D_UPDATE,
+    FY_T_COUNT
+} fy_task_kind;
+
+const char *fy_task_kind_name(int kind);
+
+struct fy_trainer {
+    fy_dev *dev;
+    fy_stream *s;            /* compute lane */
+    fy_stream *s_h2d, *s_d2h;/* transfer lanes */
+    fy_trainer_cfg cfg;
+    fy_gpt2_layout lay;
+    fy_plan plan;
+    fy_storage *st;
+    fy_adam_pool *pool;      /* cpu optimizer threads, if any block needs them */
+    float **fetched;         /* eval only: per block, device parameters while fetched */
+    int64_t steps_done;      /* updates applied (skipped steps do not count) */
+    /* the window being run by fy_trainer_run */
+    fy_batch_fn next_batch;
+    void *batch_ctx;
+    const float *lrs;
+    fy_step_stats *stats;
+    int64_t *adam_step;      /* per step of the window: the update's step number */
+    int64_t micro_base;      /* micro-batches run before this window */
+    const fy_graph *graph;   /* the window's graph, for runners that look up related tasks */
+    int *gopen_id;           /* per micro-batch of the window: the embedding's gopen task */
+    double cost_ms[FY_T_COUNT][2]; /* measured mean duration per kind: [0] sum, [1] count */
+};
+
+#endif

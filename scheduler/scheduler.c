@@ -1,0 +1,482 @@
+/* scheduler.c — graph building, next-use priorities, and the dispatch rules shared by the
+ * executor (threads, real time) and the simulator (virtual time).
+ *
+ * The dispatch state (ready lists, pending counts, pool grants) is one struct driven by
+ * three operations: pick(lane), start(task), finish(task). The executor calls them under
+ * a mutex from its lane threads; the simulator calls them from an event loop. Same rules,
+ * so on exact costs both produce the same order. */
+#include "scheduler/scheduler.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/core/util.h"
+
+static const char *lane_names[FY_LANE_COUNT] = {"compute", "h2d", "d2h", "cpu"};
+const char *fy_lane_name(fy_lane l) { return l < FY_LANE_COUNT ? lane_names[l] : "?"; }
+
+static const char *mode_names[] = {"priority", "fifo", "serial"};
+const char *fy_sched_mode_name(fy_sched_mode m) { return mode_names[m]; }
+int fy_sched_mode_parse(const char *s, fy_sched_mode *out) {
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(s, mode_names[i])) { *out = (fy_sched_mode)i; return 0; }
+    return -1;
+}
+
+/* ---- graph ------------------------------------------------------------------------- */
+
+void fy_graph_init(fy_graph *g) { memset(g, 0, sizeof *g); }
+
+fy_task fy_task_make(fy_lane lane, int kind, int block, int iter, fy_task_fn run, void *ctx) {
+    return (fy_task){.lane = lane, .kind = kind, .block = block, .iter = iter, .arg = -1,
+                     .arg2 = -1, .use_pos = -1, .cost_ms = 1.0, .acquire_pool = -1,
+                     .release_of = {-1, -1, -1}, .run = run, .ctx = ctx};
+}
+
+void fy_graph_free(fy_graph *g) {
+    for (int i = 0; i < g->n; i++) free(g->tasks[i].succ);
+    free(g->tasks);
+    memset(g, 0, sizeof *g);
+}
+
+int fy_graph_add(fy_graph *g, const fy_task *t) {
+    if (g->n == g->cap) {
+        int ncap = g->cap ? 2 * g->cap : 256;
+        fy_task *nt = realloc(g->tasks, (size_t)ncap * sizeof *nt);
+        if (!nt) { fy_log_error("out of host memory for the task graph"); return -1; }
+        g->tasks = nt;
+        g->cap = ncap;
+    }
+    fy_task *d = &g->tasks[g->n];
+    *d = *t;
+    d->succ = NULL;
+    d->nsucc = d->capsucc = d->npred = 0;
+    d->prio = 0;
+    d->unit = -1;
+    return g->n++;
+}
+
+fy_status fy_graph_dep(fy_graph *g, int before, int after) {
+    FY_ASSERT(before >= 0 && before < g->n && after >= 0 && after < g->n && before != after,
+              "bad dependency");
+    fy_task *b = &g->tasks[before];
+    for (int i = 0; i < b->nsucc; i++)
+        if (b->succ[i] == after) return FY_OK;
+    if (b->nsucc == b->capsucc) {
+        int ncap = b->capsucc ? 2 * b->capsucc : 4;
+        int *ns = realloc(b->succ, (size_t)ncap * sizeof *ns);
+        if (!ns) return FY_ERR_NOMEM;
+        b->succ = ns;
+        b->capsucc = ncap;
+    }
+    b->succ[b->nsucc++] = after;
+    g->tasks[after].npred++;
+    return FY_OK;
+}
+
+int fy_graph_pool(fy_graph *g, int units) {
+    FY_ASSERT(g->npools < FY_SCHED_MAX_POOLS, "too many pools");
+    g->pool_units[g->npools] = units;
+    return g->npools++;
+}
+
+/* Kahn's order; returns NULL (logged) on a cycle. */
+static int *topo_order(const fy_graph *g) {
+    int *order = malloc((size_t)(g->n ? g->n : 1) * sizeof *order);
+    int *pend = malloc((size_t)(g->n ? g->n : 1) * sizeof *pend);
+    if (!order || !pend) { free(order); free(pend); return NULL; }
+    int head = 0, tail = 0;
+    for (int i = 0; i < g->n; i++) {
+        pend[i] = g->tasks[i].npred;
+        if (!pend[i]) order[tail++] = i;
+    }
+    while (head < tail) {
+        const fy_task *t = &g->tasks[order[head++]];
+        for (int k = 0; k < t->nsucc; k++)
+            if (--pend[t->succ[k]] == 0) order[tail++] = t->succ[k];
+    }
+    free(pend);
+    if (tail != g->n) {
+        fy_log_error("task graph has a cycle (%d of %d tasks reachable)", tail, g->n);
+        free(order);
+        return NULL;
+    }
+    return order;
+}
+
+/* Priorities pack (next use, topological index) into one integer: ties in next use are
+ * broken in a dependency-respecting order, which the pool grants rely on. */
+fy_status fy_graph_prioritize(fy_graph *g) {
+    int *order = topo_order(g);
+    if (!order) return FY_ERR_INVALID;
+    int64_t *use = malloc((size_t)(g->n ? g->n : 1) * sizeof *use);
+    int *rank = malloc((size_t)(g->n ? g->n : 1) * sizeof *rank);
+    if (!use || !rank) { free(order); free(use); free(rank); return FY_ERR_NOMEM; }
+    int64_t maxpos = 0;
+    for (int i = 0; i < g->n; i++) if (g->tasks[i].use_pos > maxpos) maxpos = g->tasks[i].use_pos;
+    for (int k = 0; k < g->n; k++) rank[order[k]] = k;
+    for (int k = g->n - 1; k >= 0; k--) {
+        const fy_task *t = &g->tasks[order[k]];
+        int64_t u = t->use_pos >= 0 ? t->use_pos : INT64_MAX;
+        for (int s = 0; s < t->nsucc; s++)
+            if (use[t->succ[s]] < u) u = use[t->succ[s]];
+        /* waited on by nothing: after everything, in program order */
+        if (u == INT64_MAX) u = maxpos + 1;
+        use[order[k]] = u;
+    }
+    for (int i = 0; i < g->n; i++) g->tasks[i].prio = use[i] * ((int64_t)g->n + 1) + rank[i];
+    free(order);
+    free(use);
+    free(rank);
+    return FY_OK;
+}
+
+void fy_sched_result_free(fy_sched_result *r) {
+    free(r->recs);
+    r->recs = NULL;
+    r->nrecs = 0;
+}
+
+/* ---- dispatch state ------------------------------------------------------------------ */
+
+typedef struct dispatch {
+    fy_graph *g;
+    fy_sched_mode mode;
+    int *pending;
+    int64_t *ready_seq;
+    int64_t seq;
+    int *ready[FY_LANE_COUNT];
+    int nready[FY_LANE_COUNT];
+    int *grants[FY_SCHED_MAX_POOLS]; /* pool tasks in priority order */
+    int ngrants[FY_SCHED_MAX_POOLS], next_grant[FY_SCHED_MAX_POOLS];
+    bool *unit_busy[FY_SCHED_MAX_POOLS];
+    int running, done;
+    bool lane_busy[FY_LANE_COUNT];
+} dispatch;
+
+static int by_prio(const void *a, const void *b, void *graph) {
+    const fy_graph *g = graph;
+    int64_t pa = g->tasks[*(const int *)a].prio, pb = g->tasks[*(const int *)b].prio;
+    return (pa > pb) - (pa < pb);
+}
+
+static void push_ready(dispatch *d, int id) {
+    fy_lane l = d->g->tasks[id].lane;
+    d->ready[l][d->nready[l]++] = id;
+    d->ready_seq[id] = d->seq++;
+}
+
+static void dispatch_free(dispatch *d) {
+    free(d->pending);
+    free(d->ready_seq);
+    for (int l = 0; l < FY_LANE_COUNT; l++) free(d->ready[l]);
+    for (int p = 0; p < FY_SCHED_MAX_POOLS; p++) { free(d->grants[p]); free(d->unit_busy[p]); }
+}
+
+static fy_status dispatch_init(dispatch *d, fy_graph *g, fy_sched_mode mode) {
+    memset(d, 0, sizeof *d);
+    d->g = g;
+    d->mode = mode;
+    size_t n = (size_t)(g->n ? g->n : 1);
+    d->pending = malloc(n * sizeof *d->pending);
+    d->ready_seq = malloc(n * sizeof *d->ready_seq);
+    bool ok = d->pending && d->ready_seq;
+    for (int l = 0; l < FY_LANE_COUNT; l++) ok = ok && (d->ready[l] = malloc(n * sizeof(int)));
+    for (int p = 0; p < g->npools && ok; p++) {
+        ok = (d->grants[p] = malloc(n * sizeof(int))) &&
+             (d->unit_busy[p] = calloc((size_t)(g->pool_units[p] ? g->pool_units[p] : 1), 1));
+    }
+    if (!ok) { dispatch_free(d); return FY_ERR_NOMEM; }
+    for (int i = 0; i < g->n; i++) {
+        const fy_task *t = &g->tasks[i];
+        FY_ASSERT(t->acquire_pool < g->npools, "task uses an unknown pool");
+        if (t->acquire_pool >= 0) d->grants[t->acquire_pool][d->ngrants[t->acquire_pool]++] = i;
+        g->tasks[i].unit = -1;
+    }
+    for (int p = 0; p < g->npools; p++)
+        qsort_r(d->grants[p], (size_t)d->ngrants[p], sizeof(int), by_prio, g);
+    for (int i = 0; i < g->n; i++) {
+        d->pending[i] = g->tasks[i].npred;
+        if (!d->pending[i]) push_ready(d, i);
+    }
+    return FY_OK;
+}
+
+/* May task id start now (pool grant order and a free unit)? */
+static bool can_start(const dispatch *d, int id) {
+    const fy_task *t = &d->g->tasks[id];
+    int p = t->acquire_pool;
+    if (p < 0) return true;
+    if (d->next_grant[p] >= d->ngrants[p] || d->grants[p][d->next_grant[p]] != id) return false;
+    for (int u = 0; u < d->g->pool_units[p]; u++)
+        if (!d->unit_busy[p][u]) return true;
+    return false;
+}
+
+static bool better(const dispatch *d, int a, int b) {
+    if (b < 0) return true;
+    if (d->mode == FY_SCHED_FIFO) return d->ready_seq[a] < d->ready_seq[b];
+    return d->g->tasks[a].prio < d->g->tasks[b].prio;
+}
+
+/* Index in ready[lane] of the task to run next on lane, or -1. */
+static int pick(const dispatch *d, fy_lane lane) {
+    if (d->lane_busy[lane]) return -1;
+    if (d->mode == FY_SCHED_SERIAL) {
+        if (d->running) return -1;
+        int best = -1, bl = -1, bi = -1;
+        for (int l = 0; l < FY_LANE_COUNT; l++)
+            for (int i = 0; i < d->nready[l]; i++) {
+                int id = d->ready[l][i];
+                if (can_start(d, id) && better(d, id, best)) { best = id; bl = l; bi = i; }
+            }
+        return bl == (int)lane ? bi : -1;
+    }
+    int best = -1, bi = -1;
+    for (int i = 0; i < d->nready[lane]; i++) {
+        int id = d->ready[lane][i];
+        if (can_start(d, id) && better(d, id, best)) { best = id; bi = i; }
+    }
+    return bi;
+}
+
+static int start(dispatch *d, fy_lane lane, int idx) {
+    int id = d->ready[lane][idx];
+    d->ready[lane][idx] = d->ready[lane][--d->nready[lane]];
+    fy_task *t = &d->g->tasks[id];
+    if (t->acquire_pool >= 0) {
+        int p = t->acquire_pool;
+        for (int u = 0; u < d->g->pool_units[p]; u++)
+            if (!d->unit_busy[p][u]) { d->unit_busy[p][u] = true; t->unit = u; break; }
+        d->next_grant[p]++;
+    }
+    d->lane_busy[lane] = true;
+    d->running++;
+    return id;
+}
+
+static void finish(dispatch *d, int id) {
+    fy_task *t = &d->g->tasks[id];
+    for (int r = 0; r < 3; r++) {
+        if (t->release_of[r] < 0) continue;
+        const fy_task *a = &d->g->tasks[t->release_of[r]];
+        FY_ASSERT(a->unit >= 0 && a->acquire_pool >= 0, "release of a unit never acquired");
+        d->unit_busy[a->acquire_pool][a->unit] = false;
+    }
+    for (int k = 0; k < t->nsucc; k++)
+        if (--d->pending[t->succ[k]] == 0) push_ready(d, t->succ[k]);
+    d->lane_busy[t->lane] = false;
+    d->running--;
+    d->done++;
+}
+
+static bool stuck(const dispatch *d) {
+    if (d->running || d->done == d->g->n) return false;
+    for (int l = 0; l < FY_LANE_COUNT; l++)
+        if (pick(d, (fy_lane)l) >= 0) return false;
+    return true;
+}
+
+static fy_status stuck_error(const dispatch *d) {
+    fy_log_error("scheduler: no task can start (%d of %d done); a pool is too small or a "
+                 "dependency is missing", d->done, d->g->n);
+    return FY_ERR_INVALID;
+}
+
+/* ---- executor ---------------------------------------------------------------------- */
+
+typedef struct exec {
+    dispatch d;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    double t0;
+    fy_sched_result *res;
+    bool failed;
+} exec;
+
+typedef struct lane_arg { exec *x; fy_lane lane; } lane_arg;
+
+static void *lane_main(void *arg) {
+    lane_arg *la = arg;
+    exec *x = la->x;
+    pthread_mutex_lock(&x->mu);
+    for (;;) {
+        if (x->d.done == x->d.g->n || x->failed) break;
+        int idx = pick(&x->d, la->lane);
+        if (idx < 0) {
+            if (stuck(&x->d)) { x->failed = true; pthread_cond_broadcast(&x->cv); break; }
+            pthread_cond_wait(&x->cv, &x->mu);
+            continue;
+        }
+        int id = start(&x->d, la->lane, idx);
+        fy_task *t = &x->d.g->tasks[id];
+        int rec = x->res->nrecs++;
+        pthread_mutex_unlock(&x->mu);
+        double t_start = fy_now_ms() - x->t0;
+        if (t->run) t->run(t->ctx, t);
+        double t_end = fy_now_ms() - x->t0;
+        pthread_mutex_lock(&x->mu);
+        x->res->recs[rec] = (fy_trace_rec){id, t_start, t_end};
+        x->res->busy_ms[la->lane] += t_end - t_start;
+        finish(&x->d, id);
+        pthread_cond_broadcast(&x->cv);
+    }
+    pthread_mutex_unlock(&x->mu);
+    return NULL;
+}
+
+fy_status fy_sched_execute(fy_graph *g, fy_sched_mode mode, fy_sched_result *out) {
+    memset(out, 0, sizeof *out);
+    exec x = {.res = out};
+    FY_TRY(dispatch_init(&x.d, g, mode));
+    out->recs = calloc((size_t)(g->n ? g->n : 1), sizeof *out->recs);
+    if (!out->recs) { dispatch_free(&x.d); return FY_ERR_NOMEM; }
+    pthread_mutex_init(&x.mu, NULL);
+    pthread_cond_init(&x.cv, NULL);
+    x.t0 = fy_now_ms();
+    pthread_t th[FY_LANE_COUNT];
+    lane_arg args[FY_LANE_COUNT];
+    int started = 0;
+    for (int l = 0; l < FY_LANE_COUNT; l++) {
+        args[l] = (lane_arg){&x, (fy_lane)l};
+        if (pthread_create(&th[l], NULL, lane_main, &args[l]) != 0) {
+            pthread_mutex_lock(&x.mu);
+            x.failed = true;
+            pthread_cond_broadcast(&x.cv);
+            pthread_mutex_unlock(&x.mu);
+            break;
+        }
+        started++;
+    }
+    for (int l = 0; l < started; l++) pthread_join(th[l], NULL);
+    out->makespan_ms = fy_now_ms() - x.t0;
+    fy_status st = FY_OK;
+    if (x.failed) st = started < FY_LANE_COUNT ? FY_ERR_NOMEM : stuck_error(&x.d);
+    pthread_mutex_destroy(&x.mu);
+    pthread_cond_destroy(&x.cv);
+    dispatch_free(&x.d);
+    /* records were reserved at start: order them by start time */
+    for (int i = 1; i < out->nrecs; i++) {
+        fy_trace_rec r = out->recs[i];
+        int j = i - 1;
+        while (j >= 0 && out->recs[j].start_ms > r.start_ms) { out->recs[j + 1] = out->recs[j]; j--; }
+        out->recs[j + 1] = r;
+    }
+    return st;
+}
+
+/* ---- simulator ----------------------------------------------------------------------- */
+
+fy_status fy_sched_simulate(fy_graph *g, fy_sched_mode mode, fy_sched_result *out) {
+    memset(out, 0, sizeof *out);
+    dispatch d;
+    FY_TRY(dispatch_init(&d, g, mode));
+    out->recs = calloc((size_t)(g->n ? g->n : 1), sizeof *out->recs);
+    if (!out->recs) { dispatch_free(&d); return FY_ERR_NOMEM; }
+    int running[FY_LANE_COUNT];
+    double end_at[FY_LANE_COUNT];
+    for (int l = 0; l < FY_LANE_COUNT; l++) running[l] = -1;
+    double now = 0.0;
+    fy_status st = FY_OK;
+    while (d.done < g->n) {
+        for (int l = 0; l < FY_LANE_COUNT; l++) {
+            int idx = pick(&d, (fy_lane)l);
+            if (idx < 0) continue;
+            int id = start(&d, (fy_lane)l, idx);
+            running[l] = id;
+            end_at[l] = now + g->tasks[id].cost_ms;
+            out->recs[out->nrecs++] = (fy_trace_rec){id, now, end_at[l]};
+            out->busy_ms[l] += g->tasks[id].cost_ms;
+            if (mode == FY_SCHED_SERIAL) break;
+        }
+        int first = -1;
+        for (int l = 0; l < FY_LANE_COUNT; l++)
+            if (running[l] >= 0 && (first < 0 || end_at[l] < end_at[first])) first = l;
+        if (first < 0) { st = stuck_error(&d); break; }
+        now = end_at[first];
+        for (int l = 0; l < FY_LANE_COUNT; l++)
+            if (running[l] >= 0 && end_at[l] <= now) {
+                finish(&d, running[l]);
+                running[l] = -1;
+            }
+    }
+    out->makespan_ms = now;
+    dispatch_free(&d);
+    return st;
+}
+
+/* ---- trace ----------------------------------------------------------------------------- */
+
+static fy_status tb_printf(fy_trace_buf *tb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static fy_status tb_printf(fy_trace_buf *tb, const char *fmt, ...) {
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(tb->text ? tb->text + tb->len : NULL, tb->text ? tb->cap - tb->len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) return FY_ERR_INVALID;
+        if (tb->text && tb->len + (size_t)n < tb->cap) { tb->len += (size_t)n; return FY_OK; }
+        size_t ncap = tb->cap ? 2 * tb->cap : 1 << 16;
+        while (ncap < tb->len + (size_t)n + 1) ncap *= 2;
+        char *t = realloc(tb->text, ncap);
+        if (!t) return FY_ERR_NOMEM;
+        tb->text = t;
+        tb->cap = ncap;
+    }
+}
+
+fy_status fy_trace_append(fy_trace_buf *tb, const fy_graph *g, const fy_sched_result *r,
+                          double offset_ms, int iter_offset) {
+    for (int i = 0; i < r->nrecs; i++) {
+        const fy_task *t = &g->tasks[r->recs[i].task];
+        const char *kind = g->kind_name ? g->kind_name(t->kind) : "task";
+        double ts = (r->recs[i].start_ms + offset_ms) * 1e3, dur = (r->recs[i].end_ms - r->recs[i].start_ms) * 1e3;
+        FY_TRY(tb_printf(tb, ",\n{\"name\":\"%s(%d) it %d\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":1,"
+                         "\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"block\":%d,\"iter\":%d,"
+                         "\"prio\":%lld}}", kind, t->block, t->iter + iter_offset, kind, (int)t->lane,
+                         ts, dur, t->block, t->iter + iter_offset, (long long)t->prio));
+        tb->nevents++;
+    }
+    return FY_OK;
+}
+
+void fy_trace_buf_free(fy_trace_buf *tb) {
+    free(tb->text);
+    memset(tb, 0, sizeof *tb);
+}
+
+fy_status fy_trace_save(const fy_trace_buf *tb, const char *path, const char *label) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        fy_log_error("cannot write trace %s", path);
+        return FY_ERR_IO;
+    }
+    fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
+    fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"args\":{\"name\":\"%s\"}}",
+            label ? label : "ferry");
+    for (int l = 0; l < FY_LANE_COUNT; l++)
+        fprintf(f, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":%d,"
+                "\"args\":{\"name\":\"%s\"}}", l, lane_names[l]);
+    if (tb->len) fwrite(tb->text, 1, tb->len, f);
+    fprintf(f, "\n]}\n");
+    if (fclose(f) != 0 || rename(tmp, path) != 0) {
+        remove(tmp);
+        fy_log_error("cannot write trace %s", path);
+        return FY_ERR_IO;
+    }
+    return FY_OK;
+}
+
+fy_status fy_sched_write_trace(const fy_graph *g, const fy_sched_result *r, const char *path,
+                               const char *label) {
+    fy_trace_buf tb = {0};
+    fy_status st = fy_trace_append(&tb, g, r, 0.0, 0);
+    if (st == FY_OK) st = fy_trace_save(&tb, path, label);
+    fy_trace_buf_free(&tb);
+    return st;
+}

@@ -1,0 +1,126 @@
+/* scheduler.h — task graphs run on lanes by next-use priority: executor, simulator, trace.
+ *
+ * A task runs on one lane (compute, h2d, d2h, cpu). Lanes run concurrently; each lane
+ * runs one task at a time, chosen among its ready tasks (all predecessors done) by the
+ * mode:
+ *   priority  the smallest priority value first (next use, below)
+ *   fifo      the task that became ready first (ties: lower id)
+ *   serial    one task at a time over all lanes, smallest priority first
+ * Priorities are "next use": a compute task's own program position (use_pos); any other
+ * task inherits the smallest priority among its successors, so a transfer or an optimizer
+ * step runs as early as the first computation that waits on it needs it (across
+ * iterations when the graph spans several).
+ *
+ * Resources: pools of interchangeable units (device staging slots). A task may acquire
+ * one unit of a pool when it starts (it learns which, in unit) and a task may release
+ * the unit another task acquired when it ends. Units are granted in priority order within
+ * a pool, whatever the mode: a task waits while a better-priority task of the same pool
+ * has not started, so prefetches never take the slots that earlier work needs (no
+ * deadlock when every task's needs fit the pool alone).
+ *
+ * The executor runs tasks' run() on one thread per lane; the simulator runs the same
+ * graph under the same rules on virtual time with each task's cost_ms. Both can record a
+ * trace (Chrome trace event JSON, one row per lane).
+ *
+ * Threads: build a graph on one thread; fy_sched_execute calls run() from lane threads
+ * (a task's run must only touch what its dependencies make safe). */
+#ifndef FY_SCHED_H
+#define FY_SCHED_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/core/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum fy_lane { FY_LANE_COMPUTE = 0, FY_LANE_H2D, FY_LANE_D2H, FY_LANE_CPU, FY_LANE_COUNT } fy_lane;
+typedef enum fy_sched_mode { FY_SCHED_PRIORITY = 0, FY_SCHED_FIFO, FY_SCHED_SERIAL } fy_sched_mode;
+
+const char *fy_lane_name(fy_lane l);
+int fy_sched_mode_parse(const char *s, fy_sched_mode *out);
+const char *fy_sched_mode_name(fy_sched_mode m);
+
+#define FY_SCHED_MAX_POOLS 4
+
+typedef struct fy_task fy_task;
+typedef void (*fy_task_fn)(void *ctx, const fy_task *t);
+
+struct fy_task {
+    /* set by the builder */
+    fy_lane lane;
+    int kind, block, iter;       /* for the runner and the trace name */
+    int arg, arg2;               /* free for the builder (e.g. ids of related tasks) */
+    int64_t use_pos;             /* compute tasks: program position; others -1 */
+    double cost_ms;              /* estimate, for the simulator */
+    int acquire_pool;            /* -1: none */
+    int release_of[3];           /* ids of tasks whose units this one releases; -1 none */
+    fy_task_fn run;
+    void *ctx;
+    /* filled by the graph and the schedulers */
+    int64_t prio;
+    int unit;                    /* unit acquired (valid while running and after) */
+    int *succ;
+    int nsucc, capsucc, npred;
+};
+
+typedef struct fy_graph {
+    fy_task *tasks;
+    int n, cap;
+    int npools;
+    int pool_units[FY_SCHED_MAX_POOLS];
+    const char *(*kind_name)(int kind); /* for traces */
+} fy_graph;
+
+void fy_graph_init(fy_graph *g);
+void fy_graph_free(fy_graph *g);
+/* Adds a copy of *t (deps empty) and returns its id, or -1 (logged) out of memory. */
+int fy_graph_add(fy_graph *g, const fy_task *t);
+/* `after` may start only when `before` has ended. */
+fy_status fy_graph_dep(fy_graph *g, int before, int after);
+int fy_graph_pool(fy_graph *g, int units); /* new pool, returns its id */
+/* Next-use priorities (see above). FY_ERR_INVALID (logged) if the graph has a cycle. */
+fy_status fy_graph_prioritize(fy_graph *g);
+
+/* A task with no pools and no releases, on lane, for kind/block/iter. */
+fy_task fy_task_make(fy_lane lane, int kind, int block, int iter, fy_task_fn run, void *ctx);
+
+/* A record of when each task ran. */
+typedef struct fy_trace_rec { int task; double start_ms, end_ms; } fy_trace_rec;
+typedef struct fy_sched_result {
+    double makespan_ms;
+    double busy_ms[FY_LANE_COUNT];
+    fy_trace_rec *recs;   /* n records in start order; owned, free with fy_sched_result_free */
+    int nrecs;
+} fy_sched_result;
+void fy_sched_result_free(fy_sched_result *r);
+
+/* Runs every task once. FY_ERR_INVALID (logged) if the graph cannot finish (a cycle, or
+ * a task needing a pool with no units). */
+fy_status fy_sched_execute(fy_graph *g, fy_sched_mode mode, fy_sched_result *out);
+/* The same, on virtual time: a task takes cost_ms. run() is not called. */
+fy_status fy_sched_simulate(fy_graph *g, fy_sched_mode mode, fy_sched_result *out);
+
+/* Chrome trace event files (open in Perfetto or chrome://tracing): one row per lane,
+ * each task named "<kind>(<block>) it <iter>". A buffer collects the runs of several
+ * graphs (shifted by offset_ms) and is written at once. */
+typedef struct fy_trace_buf {
+    char *text;
+    size_t len, cap;
+    int nevents;
+} fy_trace_buf;
+fy_status fy_trace_append(fy_trace_buf *tb, const fy_graph *g, const fy_sched_result *r,
+                          double offset_ms, int iter_offset);
+fy_status fy_trace_save(const fy_trace_buf *tb, const char *path, const char *label);
+void fy_trace_buf_free(fy_trace_buf *tb);
+/* One graph's run, written at once. */
+fy_status fy_sched_write_trace(const fy_graph *g, const fy_sched_result *r, const char *path,
+                               const char *label);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
