@@ -381,6 +381,23 @@ int fy_train_main(const fy_opts *o) {
            fy_fmt_size(ms.peak_nbytes[FY_MEM_DEVICE], peak, sizeof peak),
            fy_fmt_size(model.device_total, pred, sizeof pred));
     if (o->save) printf("saved   %s\n", o->save);
+    if (o->predict) {
+        /* what-if: the same window of steps under each schedule, on the simulator, with
+         * the mean task durations this run measured */
+        int n = o->steps < TRAIN_WINDOW ? (int)o->steps : TRAIN_WINDOW;
+        printf("predict");
+        for (int m = 0; m < 3; m++) {
+            fy_sched_result pr;
+            if ((st = fy_trainer_predict(r.tr, n, (fy_sched_mode)m, &pr)) != FY_OK) goto fail;
+            int busiest = 0;
+            for (int l = 1; l < FY_LANE_COUNT; l++) if (pr.busy_ms[l] > pr.busy_ms[busiest]) busiest = l;
+            printf(" | %s %.1f ms/step", fy_sched_mode_name((fy_sched_mode)m), pr.makespan_ms / n);
+            if (m == 0) printf(" (busiest lane %s %.1f ms/step)", fy_lane_name((fy_lane)busiest),
+                               pr.busy_ms[busiest] / n);
+            fy_sched_result_free(&pr);
+        }
+        printf("\n");
+    }
     run_free(&r);
     return 0;
 fail:

@@ -36,12 +36,14 @@ static fy_tokens *corpus(void) {
 }
 
 /* Trains STEPS steps of `cfg` under `plan` on a fresh device; cap 0 = unlimited. */
-static fy_status train(const fy_gpt2_config *cfg, const fy_plan *plan, size_t cap, result *res) {
+static fy_status train_mode(const fy_gpt2_config *cfg, const fy_plan *plan, size_t cap,
+                            fy_sched_mode mode, result *res) {
     fy_dev_cfg dc = {.kind = FY_DEV_CPU, .threads = 2, .mem_cap_nbytes = cap};
     fy_dev *dev;
     cr_assert_eq(fy_dev_new(&dc, &dev), FY_OK);
     fy_trainer_cfg tc = {.model = *cfg, .T = T_SEQ, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
-                         .weight_decay = 0.1f, .clip = 1.0f, .seed = 11, .plan = plan};
+                         .weight_decay = 0.1f, .clip = 1.0f, .seed = 11, .plan = plan,
+                         .schedule = mode};
     fy_trainer *tr;
     fy_status st = fy_trainer_new(dev, &tc, &tr);
     if (st != FY_OK) {
@@ -81,6 +83,10 @@ static fy_status train(const fy_gpt2_config *cfg, const fy_plan *plan, size_t ca
     fy_trainer_free(tr);
     fy_dev_free(dev);
     return FY_OK;
+}
+
+static fy_status train(const fy_gpt2_config *cfg, const fy_plan *plan, size_t cap, result *res) {
+    return train_mode(cfg, plan, cap, FY_SCHED_PRIORITY, res);
 }
 
 static void result_free(const fy_gpt2_config *cfg, result *r) {
@@ -310,4 +316,39 @@ Test(plan, bad_files_are_refused) {
     }
     fy_plan p;
     cr_expect_eq(fy_plan_load("/nonexistent/plan.json", 1, &p), FY_ERR_IO);
+}
+
+/* Every schedule mode runs the same arithmetic: serial, fifo and priority give
+ * bit-identical results for offloaded plans, with and without accumulation. */
+Test(offload, every_schedule_mode_is_bit_identical, .timeout = 120) {
+    const fy_gpt2_config *cfg = &small_cfg;
+    fy_plan base = make_plan(cfg, 2, 1, 0, 0, 0);
+    result ref;
+    cr_assert_eq(train_mode(cfg, &base, 0, FY_SCHED_SERIAL, &ref), FY_OK);
+    const double plans[][4] = {{1, 1, 4, 1}, {0.5, 0.5, 2, 1}, {1, 0, 0, 1}, {0, 1, 0, 1}};
+    const fy_sched_mode modes[] = {FY_SCHED_SERIAL, FY_SCHED_FIFO, FY_SCHED_PRIORITY};
+    for (int i = 0; i < 4; i++)
+        for (int m = 0; m < 3; m++) {
+            fy_plan p = make_plan(cfg, 2, 1, plans[i][0], plans[i][1], (int)plans[i][2]);
+            p.prefetch = m; /* deeper rings change the overlap, never the numbers */
+            result r;
+            char what[96];
+            snprintf(what, sizeof what, "plan %d under %s, prefetch %d", i,
+                     fy_sched_mode_name(modes[m]), m);
+            cr_assert_eq(train_mode(cfg, &p, 0, modes[m], &r), FY_OK, "%s", what);
+            expect_identical(cfg, &ref, &r, what);
+            result_free(cfg, &r);
+            fy_plan_free(&p);
+        }
+    fy_plan acc = make_plan(cfg, 2, 2, 1, 1, 2), acc0 = make_plan(cfg, 2, 2, 0, 0, 0);
+    result ra, rb;
+    cr_assert_eq(train_mode(cfg, &acc0, 0, FY_SCHED_SERIAL, &ra), FY_OK);
+    cr_assert_eq(train_mode(cfg, &acc, 0, FY_SCHED_FIFO, &rb), FY_OK);
+    expect_identical(cfg, &ra, &rb, "accumulated, fifo");
+    result_free(cfg, &ra);
+    result_free(cfg, &rb);
+    fy_plan_free(&acc);
+    fy_plan_free(&acc0);
+    result_free(cfg, &ref);
+    fy_plan_free(&base);
 }

@@ -94,6 +94,8 @@ static const opt table[] = {
      "write a Chrome trace (JSON) of every task, one row per lane", 0},
     {"adam-threads", T_INT, O(adam_threads), TR, "0", R_NONNEG, NULL, "N",
      "threads of the CPU optimizer (0 = --threads)", 1024},
+    {"predict", T_BOOL, O(predict), TR, "0", R_ANY, NULL, NULL,
+     "after training, simulate every schedule with the task times measured in this run", 0},
     {"val-every", T_INT, O(val_every), TR, "0", R_NONNEG, NULL, "N",
      "evaluate every N steps (0 = only at the end)", 0},
     {"val-batches", T_INT, O(val_batches), TR, "20", R_POS, NULL, "N",

@@ -49,6 +49,7 @@ typedef struct fy_opts {
     const char *schedule;
     const char *trace;
     int64_t adam_threads;
+    bool predict;
     /* evaluation and output */
     int64_t val_every, val_batches, batches, log_every;
     const char *save;
