@@ -22,7 +22,8 @@
  * and update come first because the next forward needs block 0 first.
  *
  * Exactness: clipping needs the global norm before any update, so every update of step
- * t waits for norm(t); the arithmetic is that of the serial schedule, task by task, so
+ * t waits for norm(t) (the "norm barrier"; fy_trainer_predict can simulate the graph
+ * without it to measure what exact clipping costs in overlap); the arithmetic is that of the serial schedule, task by task, so
  * every schedule mode gives bit-identical results. Each task ends by synchronising its
  * lane's stream, so a finished task's results are complete. */
 #include <math.h>
@@ -351,7 +352,7 @@ static void releases(builder *bd, int task, int holder) {
 
 /* Builds nsteps steps. ready[b]: the task after which block b's parameters are current
  * for the next use (-1 at the window's start). */
-static fy_status build(fy_trainer *tr, fy_graph *g, int nsteps) {
+static fy_status build(fy_trainer *tr, fy_graph *g, int nsteps, bool barrier) {
     const int L = tr->cfg.model.layers, nb = L + 2, h = L + 1, A = accum(tr);
     builder bd = {.tr = tr, .g = g};
     fy_graph_init(g);
@@ -470,7 +471,7 @@ static fy_status build(fy_trainer *tr, fy_graph *g, int nsteps) {
         for (int b = nb - 1; b >= 0; b--) {
             if (cpu_optim(tr, b)) {
                 int ad = add(&bd, FY_LANE_CPU, FY_T_ADAM_CPU, b, tm, run_adam_cpu);
-                dep(&bd, nm, ad); dep(&bd, last_d2h[b], ad);
+                dep(&bd, barrier ? nm : -1, ad); dep(&bd, last_d2h[b], ad);
                 ready[b] = ad;
                 if (!streamed(tr, b)) {
                     int up = add(&bd, FY_LANE_H2D, FY_T_H2D_UPDATE, b, tm, run_h2d_update);
@@ -484,7 +485,7 @@ static fy_status build(fy_trainer *tr, fy_graph *g, int nsteps) {
                     g->tasks[ad].arg = f;
                     g->tasks[ad].use_pos = -1;
                 }
-                dep(&bd, f, ad); dep(&bd, nm, ad); dep(&bd, final_grad[b], ad);
+                dep(&bd, f, ad); dep(&bd, barrier ? nm : -1, ad); dep(&bd, final_grad[b], ad);
                 ready[b] = ad;
                 if (f >= 0) {
                     int d = add(&bd, FY_LANE_D2H, FY_T_D2H_PARAM, b, tm, run_d2h_param);
@@ -551,7 +552,7 @@ fy_status fy_trainer_run(fy_trainer *tr, int nsteps, const float *lrs, fy_batch_
     tr->next_batch = next_batch;
     tr->batch_ctx = ctx;
     fy_graph g;
-    fy_status st = build(tr, &g, nsteps);
+    fy_status st = build(tr, &g, nsteps, true);
     fy_sched_result res = {0};
     if (st == FY_OK) {
         tr->graph = &g;
@@ -577,14 +578,15 @@ fy_status fy_trainer_run(fy_trainer *tr, int nsteps, const float *lrs, fy_batch_
     return st;
 }
 
-fy_status fy_trainer_predict(fy_trainer *tr, int nsteps, fy_sched_mode mode, fy_sched_result *out) {
+fy_status fy_trainer_predict(fy_trainer *tr, int nsteps, fy_sched_mode mode, bool norm_barrier,
+                             fy_sched_result *out) {
     fy_step_stats *stats = calloc((size_t)nsteps, sizeof *stats);
     float *lrs = calloc((size_t)nsteps, sizeof *lrs);
     if (!stats || !lrs) { free(stats); free(lrs); return FY_ERR_NOMEM; }
     fy_status st = window_begin(tr, nsteps, lrs, stats);
     fy_graph g;
     if (st == FY_OK) {
-        st = build(tr, &g, nsteps);
+        st = build(tr, &g, nsteps, norm_barrier);
         if (st == FY_OK) st = fy_sched_simulate(&g, mode, out);
         fy_graph_free(&g);
         window_end(tr);

@@ -388,12 +388,20 @@ int fy_train_main(const fy_opts *o) {
         printf("predict");
         for (int m = 0; m < 3; m++) {
             fy_sched_result pr;
-            if ((st = fy_trainer_predict(r.tr, n, (fy_sched_mode)m, &pr)) != FY_OK) goto fail;
+            if ((st = fy_trainer_predict(r.tr, n, (fy_sched_mode)m, true, &pr)) != FY_OK) goto fail;
             int busiest = 0;
             for (int l = 1; l < FY_LANE_COUNT; l++) if (pr.busy_ms[l] > pr.busy_ms[busiest]) busiest = l;
             printf(" | %s %.1f ms/step", fy_sched_mode_name((fy_sched_mode)m), pr.makespan_ms / n);
             if (m == 0) printf(" (busiest lane %s %.1f ms/step)", fy_lane_name((fy_lane)busiest),
                                pr.busy_ms[busiest] / n);
+            if (m == 0) {
+                double with = pr.makespan_ms;
+                fy_sched_result_free(&pr);
+                if ((st = fy_trainer_predict(r.tr, n, FY_SCHED_PRIORITY, false, &pr)) != FY_OK)
+                    goto fail;
+                printf(" (without the clipping barrier %.1f: exact clipping costs %.1f%%)",
+                       pr.makespan_ms / n, 100.0 * (with - pr.makespan_ms) / pr.makespan_ms);
+            }
             fy_sched_result_free(&pr);
         }
         printf("\n");

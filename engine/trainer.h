@@ -81,8 +81,10 @@ fy_status fy_trainer_run(fy_trainer *tr, int nsteps, const float *lrs, fy_batch_
                          fy_graph *graph_out);
 
 /* Predicts, on the simulator, the run of nsteps steps under mode from the mean task
- * durations measured by earlier fy_trainer_run calls. */
-fy_status fy_trainer_predict(fy_trainer *tr, int nsteps, fy_sched_mode mode,
+ * durations measured by earlier fy_trainer_run calls. Without norm_barrier, updates wait
+ * only for their own gradients (not what training does: exact clipping and skipping a
+ * non-finite step need the global norm first), which measures what the barrier costs. */
+fy_status fy_trainer_predict(fy_trainer *tr, int nsteps, fy_sched_mode mode, bool norm_barrier,
                              fy_sched_result *out);
 
 /* One optimizer step over the plan's grad_accum micro-batches: x and y hold
