@@ -19,7 +19,7 @@ static const char *lane_names[FY_LANE_COUNT] = {"compute", "h2d", "d2h", "cpu"};
 const char *fy_lane_name(fy_lane l) { return l < FY_LANE_COUNT ? lane_names[l] : "?"; }
 
 static const char *mode_names[] = {"priority", "fifo", "serial"};
-const char *fy_sched_mode_name(fy_sched_mode m) { return mode_names[m]; }
+const char *fy_sched_mode_name(fy_sched_mode m) { return (unsigned)m < 3 ? mode_names[m] : "?"; }
 int fy_sched_mode_parse(const char *s, fy_sched_mode *out) {
     for (int i = 0; i < 3; i++)
         if (!strcmp(s, mode_names[i])) { *out = (fy_sched_mode)i; return 0; }
@@ -68,7 +68,10 @@ fy_status fy_graph_dep(fy_graph *g, int before, int after) {
     if (b->nsucc == b->capsucc) {
         int ncap = b->capsucc ? 2 * b->capsucc : 4;
         int *ns = realloc(b->succ, (size_t)ncap * sizeof *ns);
-        if (!ns) return FY_ERR_NOMEM;
+        if (!ns) {
+            fy_log_error("out of host memory for the task graph");
+            return FY_ERR_NOMEM;
+        }
         b->succ = ns;
         b->capsucc = ncap;
     }
@@ -166,7 +169,7 @@ static int by_prio(const void *a, const void *b, void *graph) {
 static void push_ready(dispatch *d, int id) {
     fy_lane l = d->g->tasks[id].lane;
     d->ready[l][d->nready[l]++] = id;
-    d->ready_seq[id] = d->seq++;
+    d->ready_seq[id] = d->seq; /* one number per event: tasks readied together tie */
 }
 
 static void dispatch_free(dispatch *d) {
@@ -218,7 +221,8 @@ static bool can_start(const dispatch *d, int id) {
 
 static bool better(const dispatch *d, int a, int b) {
     if (b < 0) return true;
-    if (d->mode == FY_SCHED_FIFO) return d->ready_seq[a] < d->ready_seq[b];
+    if (d->mode == FY_SCHED_FIFO)
+        return d->ready_seq[a] != d->ready_seq[b] ? d->ready_seq[a] < d->ready_seq[b] : a < b;
     return d->g->tasks[a].prio < d->g->tasks[b].prio;
 }
 
@@ -314,6 +318,8 @@ static void *lane_main(void *arg) {
         int id = start(&x->d, la->lane, idx);
         fy_task *t = &x->d.g->tasks[id];
         int rec = x->res->nrecs++;
+        /* a granted unit moves the pool's grant on: another lane's task may start now */
+        if (t->acquire_pool >= 0) pthread_cond_broadcast(&x->cv);
         pthread_mutex_unlock(&x->mu);
         double t_start = fy_now_ms() - x->t0;
         if (t->run) t->run(t->ctx, t);
@@ -322,6 +328,7 @@ static void *lane_main(void *arg) {
         x->res->recs[rec] = (fy_trace_rec){id, t_start, t_end};
         x->res->busy_ms[la->lane] += t_end - t_start;
         finish(&x->d, id);
+        x->d.seq++;
         pthread_cond_broadcast(&x->cv);
     }
     pthread_mutex_unlock(&x->mu);
@@ -382,15 +389,19 @@ fy_status fy_sched_simulate(fy_graph *g, fy_sched_mode mode, fy_sched_result *ou
     double now = 0.0;
     fy_status st = FY_OK;
     while (d.done < g->n) {
-        for (int l = 0; l < FY_LANE_COUNT; l++) {
-            int idx = pick(&d, (fy_lane)l);
-            if (idx < 0) continue;
-            int id = start(&d, (fy_lane)l, idx);
-            running[l] = id;
-            end_at[l] = now + g->tasks[id].cost_ms;
-            out->recs[out->nrecs++] = (fy_trace_rec){id, now, end_at[l]};
-            out->busy_ms[l] += g->tasks[id].cost_ms;
-            if (mode == FY_SCHED_SERIAL) break;
+        /* start what can start now; a start can unblock another lane's pool grant */
+        for (bool started = true; started;) {
+            started = false;
+            for (int l = 0; l < FY_LANE_COUNT; l++) {
+                int idx = pick(&d, (fy_lane)l);
+                if (idx < 0) continue;
+                int id = start(&d, (fy_lane)l, idx);
+                running[l] = id;
+                end_at[l] = now + g->tasks[id].cost_ms;
+                out->recs[out->nrecs++] = (fy_trace_rec){id, now, end_at[l]};
+                out->busy_ms[l] += g->tasks[id].cost_ms;
+                started = true;
+            }
         }
         int first = -1;
         for (int l = 0; l < FY_LANE_COUNT; l++)
@@ -402,6 +413,7 @@ fy_status fy_sched_simulate(fy_graph *g, fy_sched_mode mode, fy_sched_result *ou
                 finish(&d, running[l]);
                 running[l] = -1;
             }
+        d.seq++;
     }
     out->makespan_ms = now;
     dispatch_free(&d);

@@ -6,10 +6,11 @@
  *   priority  the smallest priority value first (next use, below)
  *   fifo      the task that became ready first (ties: lower id)
  *   serial    one task at a time over all lanes, smallest priority first
- * Priorities are "next use": a compute task's own program position (use_pos); any other
- * task inherits the smallest priority among its successors, so a transfer or an optimizer
- * step runs as early as the first computation that waits on it needs it (across
- * iterations when the graph spans several).
+ * Priorities are "next use": a task's priority is the smallest of its own program
+ * position (use_pos, for compute work; -1 for none) and its successors' priorities, so a
+ * transfer or an optimizer step runs as early as the first computation that waits on it
+ * needs it (across iterations when the graph spans several). Call fy_graph_prioritize
+ * after building and before executing or simulating.
  *
  * Resources: pools of interchangeable units (device staging slots). A task may acquire
  * one unit of a pool when it starts (it learns which, in unit) and a task may release
