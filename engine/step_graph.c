@@ -308,6 +308,13 @@ static void run_h2d_update(void *ctx, const fy_task *t) {
 
 /* ---- the graph ---------------------------------------------------------------------- */
 
+/* The (sum, count) of measured durations of tasks of this kind and block. */
+static double *cost_slot(fy_trainer *tr, int kind, int block) {
+    int nb = tr->lay.nblocks;
+    int col = block >= 0 && block < nb ? block : nb;
+    return tr->cost_ms + 2 * ((size_t)kind * (nb + 1) + col);
+}
+
 typedef struct builder {
     fy_trainer *tr;
     fy_graph *g;
@@ -319,7 +326,7 @@ typedef struct builder {
 static int add(builder *bd, fy_lane lane, int kind, int block, int iter, fy_task_fn run) {
     fy_task t = fy_task_make(lane, kind, block, iter, run, bd->tr);
     if (lane == FY_LANE_COMPUTE) t.use_pos = bd->pos++;
-    double *c = bd->tr->cost_ms[kind];
+    double *c = cost_slot(bd->tr, kind, block);
     if (c[1] > 0) t.cost_ms = c[0] / c[1];
     int id = fy_graph_add(bd->g, &t);
     if (id < 0) bd->st = FY_ERR_NOMEM;
@@ -561,7 +568,8 @@ fy_status fy_trainer_run(fy_trainer *tr, int nsteps, const float *lrs, fy_batch_
     if (st == FY_OK) {
         step_times(tr, &g, &res, nsteps, stats);
         for (int i = 0; i < res.nrecs; i++) {
-            double *c = tr->cost_ms[g.tasks[res.recs[i].task].kind];
+            const fy_task *t = &g.tasks[res.recs[i].task];
+            double *c = cost_slot(tr, t->kind, t->block);
             c[0] += res.recs[i].end_ms - res.recs[i].start_ms;
             c[1] += 1;
         }

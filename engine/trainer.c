@@ -160,7 +160,8 @@ fy_status fy_trainer_new(fy_dev *dev, const fy_trainer_cfg *cfg, fy_trainer **ou
         goto fail;
     if ((st = fy_storage_new(dev, &tr->lay, &tr->plan, cfg->T, &tr->st)) != FY_OK) goto fail;
     tr->fetched = calloc((size_t)tr->lay.nblocks, sizeof *tr->fetched);
-    if (!tr->fetched) { st = FY_ERR_NOMEM; goto fail; }
+    tr->cost_ms = calloc((size_t)FY_T_COUNT * (tr->lay.nblocks + 1) * 2, sizeof *tr->cost_ms);
+    if (!tr->fetched || !tr->cost_ms) { st = FY_ERR_NOMEM; goto fail; }
     for (int b = 0; b < tr->lay.nblocks; b++)
         if (cpu_optim(tr, b)) {
             int at = cfg->adam_threads > 0 ? cfg->adam_threads : fy_dev_threads(dev);
@@ -189,6 +190,7 @@ void fy_trainer_free(fy_trainer *tr) {
     fy_storage_free(tr->st);
     fy_adam_pool_free(tr->pool);
     free(tr->fetched);
+    free(tr->cost_ms);
     fy_plan_free(&tr->plan);
     fy_gpt2_layout_free(&tr->lay);
     free(tr);

@@ -36,7 +36,9 @@ struct fy_trainer {
     int64_t micro_base;      /* micro-batches run before this window */
     const fy_graph *graph;   /* the window's graph, for runners that look up related tasks */
     int *gopen_id;           /* per micro-batch of the window: the embedding's gopen task */
-    double cost_ms[FY_T_COUNT][2]; /* measured mean duration per kind: [0] sum, [1] count */
+    /* measured durations per (kind, block): sum and count, FY_T_COUNT x (nblocks + 1)
+     * pairs; tasks of no block (load, norm) use the last column */
+    double *cost_ms;
 };
 
 #endif
