@@ -11,6 +11,16 @@
 
 #include <string.h>
 
+#ifdef FY_ADAM_X86
+#include <cpuid.h>
+
+/* F16C (CPUID.1:ECX bit 29); not every compiler's __builtin_cpu_supports knows it. */
+static bool cpu_has_f16c(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+}
+#endif
+
 static const char *const path_names[FY_ADAM_PATH_COUNT] = {
     "auto", "scalar", "avx2", "avx512", "avx512bf16",
 };
@@ -31,8 +41,7 @@ bool fy_adam_path_supported(fy_adam_path p) {
     case FY_ADAM_PATH_SCALAR: return true;
 #ifdef FY_ADAM_X86
     case FY_ADAM_PATH_AVX2:
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-               __builtin_cpu_supports("f16c");
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
     case FY_ADAM_PATH_AVX512:
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");

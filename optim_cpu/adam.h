@@ -106,12 +106,16 @@ fy_status fy_adam_grads_finite(fy_adam_path p, const fy_adam_hparams *hp, const 
 /* ---- tiles: bounded units of work for a scheduler ---------------------------------
  * A range is cut into tiles of FY_ADAM_TILE_NELEM elements (the last one shorter).
  * 256 Ki elements: 1 MiB per fp32 array, about 7 MiB of memory traffic per tile with
- * bf16 gradients in and a bf16 copy out, i.e. 0.1-0.2 ms for one thread at memory
- * bandwidth. That is 10-50x the cost of handing a tile to a pool thread (so the split
- * costs nothing measurable, see bench/RESULTS.md), and small enough that a scheduler
- * can update tile k while the gradients of tile k+1 (512 KiB in bf16, ~20 us of PCIe)
- * are in flight. A multiple of 64 elements, so tiles of a 64-byte aligned range start
- * 64-byte aligned for every element type. */
+ * bf16 gradients in and a bf16 copy out, 0.1-0.2 ms for one thread at memory bandwidth:
+ * small enough that a scheduler can update tile k while the gradients of tile k+1
+ * (512 KiB in bf16, ~20 us of PCIe 4) are in flight and no lane waits long behind one,
+ * large enough that a call costs nothing measurable (a kernel call is ~100 ns; the
+ * streams stay long for the prefetchers). A multiple of 64 elements, so tiles of a
+ * 64-byte aligned range start 64-byte aligned for every element type.
+ * fy_adam_step_tile() runs a tile on the calling thread (a scheduler's own CPU workers);
+ * the pool splits each call across its threads and pays a wake-up and a join per call
+ * (10-40 us on the reference VM), so hand the pool several tiles at once
+ * (bench/RESULTS.md has the numbers). */
 #define FY_ADAM_TILE_NELEM ((size_t)1 << 18)
 
 static inline size_t fy_adam_ntiles(size_t n) {

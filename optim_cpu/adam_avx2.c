@@ -45,15 +45,28 @@ INL __m256 load_grad(const void *g, size_t i, int G) {
     return _mm256_cvtph_ps(h);
 }
 
-INL void store_out(void *o, size_t i, __m256 w, int O) {
+INL void store_out(void *o, size_t i, __m256 w, int O, bool nt) {
     if (O == OUT_NONE) return;
-    if (O == OUT_F32) { _mm256_storeu_ps((float *)o + i, w); return; }
+    if (O == OUT_F32) {
+        if (nt) _mm256_stream_ps((float *)o + i, w);
+        else _mm256_storeu_ps((float *)o + i, w);
+        return;
+    }
     __m128i h = O == OUT_F16 ? _mm256_cvtps_ph(w, _MM_FROUND_TO_NEAREST_INT) : bf16_round_int(w);
-    _mm_storeu_si128((__m128i *)((uint16_t *)o + i), h);
+    if (nt) _mm_stream_si128((__m128i *)((uint16_t *)o + i), h);
+    else _mm_storeu_si128((__m128i *)((uint16_t *)o + i), h);
 }
 
+/* The arrays of a range, in locals: stores through them cannot alias the range struct,
+ * so the pointers stay in registers. */
+typedef struct arrays {
+    float *param, *m, *v;
+    const void *grad;
+    void *out;
+} arrays;
+
 /* Lanes i..i+7, in adam.h's order of operations. */
-INL void step8(const vconsts *c, const fy_adam_range *r, size_t i, int G, int O) {
+INL void step8(const vconsts *c, const arrays *r, size_t i, int G, int O, bool nt) {
     float *pp = r->param + i, *pm = r->m + i, *pv = r->v + i;
     __m256 g = _mm256_mul_ps(load_grad(r->grad, i, G), c->gs);
     __m256 w = _mm256_mul_ps(_mm256_loadu_ps(pp), c->dm);
@@ -65,11 +78,21 @@ INL void step8(const vconsts *c, const fy_adam_range *r, size_t i, int G, int O)
     _mm256_storeu_ps(pp, w);
     _mm256_storeu_ps(pm, m);
     _mm256_storeu_ps(pv, v);
-    store_out(r->param_out, i, w, O);
+    store_out(r->out, i, w, O, nt);
 }
 
-INL void run(const fy_adam_consts *cs, const fy_adam_range *r, size_t lo, size_t hi, int G,
+INL size_t body(const vconsts *c, const arrays *r, size_t i, size_t hi, int G, int O, bool nt) {
+    for (; i + 16 <= hi; i += 16) {
+        step8(c, r, i, G, O, nt);
+        step8(c, r, i + 8, G, O, nt);
+    }
+    for (; i + 8 <= hi; i += 8) step8(c, r, i, G, O, nt);
+    return i;
+}
+
+INL void run(const fy_adam_consts *cs, const fy_adam_range *range, size_t lo, size_t hi, int G,
              int O) {
+    const arrays a = {range->param, range->m, range->v, range->grad, range->param_out};
     vconsts c = {
         _mm256_set1_ps(cs->grad_scale), _mm256_set1_ps(cs->decay_mul),
         _mm256_set1_ps(cs->beta1), _mm256_set1_ps(cs->omb1),
@@ -78,15 +101,18 @@ INL void run(const fy_adam_consts *cs, const fy_adam_range *r, size_t lo, size_t
         _mm256_set1_ps(cs->neg_step_size),
     };
     size_t i = lo;
-    size_t head = ((32 - ((uintptr_t)(r->param + i) & 31)) & 31) / 4;
+    size_t head = ((32 - ((uintptr_t)(a.param + i) & 31)) & 31) / 4;
     if (head > hi - i) head = hi - i;
-    for (size_t e = i + head; i < e; i++) fy_adam_elem(cs, r, i);
-    for (; i + 16 <= hi; i += 16) {
-        step8(&c, r, i, G, O);
-        step8(&c, r, i + 8, G, O);
+    for (size_t e = i + head; i < e; i++) fy_adam_elem(cs, range, i);
+    /* streaming stores for the copy out when aligned, as in adam_avx512.c */
+    size_t osz = O == OUT_F32 ? 4 : 2;
+    if (O != OUT_NONE && ((uintptr_t)a.out + i * osz) % (8 * osz) == 0) {
+        i = body(&c, &a, i, hi, G, O, true);
+        _mm_sfence();
+    } else {
+        i = body(&c, &a, i, hi, G, O, false);
     }
-    for (; i + 8 <= hi; i += 8) step8(&c, r, i, G, O);
-    for (; i < hi; i++) fy_adam_elem(cs, r, i);
+    for (; i < hi; i++) fy_adam_elem(cs, range, i);
 }
 
 #define FOR_OUT(G)                                                                        \

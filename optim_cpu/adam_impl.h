@@ -23,7 +23,8 @@ typedef bool (*fy_adam_scan_fn)(float grad_scale, const void *grad, fy_dtype gra
 void fy_adam_kernel_scalar(const fy_adam_consts *c, const fy_adam_range *r, size_t lo, size_t hi);
 bool fy_adam_scan_scalar(float grad_scale, const void *grad, fy_dtype t, size_t lo, size_t hi);
 
-#if defined(__x86_64__) || defined(__i386__)
+/* FY_ADAM_NO_SIMD builds the portable scalar path only (what non-x86 targets get). */
+#if (defined(__x86_64__) || defined(__i386__)) && !defined(FY_ADAM_NO_SIMD)
 #define FY_ADAM_X86 1
 void fy_adam_kernel_avx2(const fy_adam_consts *c, const fy_adam_range *r, size_t lo, size_t hi);
 bool fy_adam_scan_avx2(float grad_scale, const void *grad, fy_dtype t, size_t lo, size_t hi);

@@ -50,9 +50,14 @@ fy_status fy_adam_pool_step_tiles(fy_adam_pool *pool, const fy_adam_hparams *hp,
 typedef void (*fy_adam_pool_fn)(void *ctx, int t, int nthreads);
 void fy_adam_pool_run(fy_adam_pool *pool, fy_adam_pool_fn fn, void *ctx);
 
-/* Allocates nbytes of zeroed memory, 2 MiB aligned, asks for transparent huge pages
- * (MADV_HUGEPAGE), places part t of nbytes/nthreads on the NUMA node of worker t and
- * touches every page from that worker, so no page fault is left for the first step.
+/* Allocates nbytes of zeroed memory for a state array (w, m, v, gradients, copies):
+ * 64-byte aligned, in a 2 MiB aligned mapping with transparent huge pages asked for
+ * (MADV_HUGEPAGE); part t of it on the NUMA node of worker t, every page touched from
+ * that worker, so no page fault is left for the first step. Successive calls start at
+ * different offsets modulo 2 MiB (16 "colours" 64 KiB + 64 B apart), so that w[i], m[i]
+ * and v[i] of arrays allocated one after the other do not fall in the same DRAM banks
+ * (which halves the bandwidth of the update; see bench/RESULTS.md). Allocate the w, m
+ * and v arrays (or arenas) of a range with consecutive calls.
  * pool may be NULL (the caller touches everything). nbytes == 0 gives *out = NULL.
  * FY_ERR_NOMEM (logged) on failure. Free with fy_adam_mem_free(p, nbytes). */
 fy_status fy_adam_mem_alloc(fy_adam_pool *pool, size_t nbytes, void **out);

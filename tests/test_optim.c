@@ -607,7 +607,7 @@ Test(pool, alloc_touched_zeroed_aligned) {
     for (int with_pool = 0; with_pool < 2; with_pool++) {
         size_t nbytes = (5u << 20) + 12345;
         cr_assert_eq(fy_adam_mem_alloc(with_pool ? pool : NULL, nbytes, &p), FY_OK);
-        cr_assert_eq((uintptr_t)p % (2u << 20), 0);
+        cr_assert_eq((uintptr_t)p % 64, 0);
         const unsigned char *b = p;
         for (size_t i = 0; i < nbytes; i++) cr_assert_eq(b[i], 0, "byte %zu not zero", i);
         memset(p, 0x5a, nbytes);
@@ -615,6 +615,25 @@ Test(pool, alloc_touched_zeroed_aligned) {
     }
     fy_adam_mem_free(NULL, 10);
     fy_adam_pool_free(pool);
+}
+
+/* w, m and v allocated one after the other must not alias modulo 2 MiB (DRAM banks):
+ * their offsets within a huge page are at least 64 KiB apart (circularly). */
+Test(pool, alloc_staggers_consecutive_arrays) {
+    const size_t huge = 2u << 20, nbytes = 3u << 20;
+    void *a[3];
+    for (int k = 0; k < 3; k++) cr_assert_eq(fy_adam_mem_alloc(NULL, nbytes, &a[k]), FY_OK);
+    for (int k = 0; k < 3; k++)
+        for (int l = k + 1; l < 3; l++) {
+            size_t x = (uintptr_t)a[k] % huge, y = (uintptr_t)a[l] % huge;
+            size_t d = x > y ? x - y : y - x;
+            if (huge - d < d) d = huge - d;
+            cr_assert_geq(d, 64u << 10, "arrays %d and %d are %zu bytes apart mod 2 MiB", k, l, d);
+        }
+    for (int k = 0; k < 3; k++) {
+        memset(a[k], 1, nbytes); /* the whole size is usable */
+        fy_adam_mem_free(a[k], nbytes);
+    }
 }
 
 /* ---- against PyTorch ----------------------------------------------------------------- */
