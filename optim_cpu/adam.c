@@ -107,15 +107,20 @@ fy_status fy_adam_grads_finite(fy_adam_path p, const fy_adam_hparams *hp, const 
     return scan(hp->grad_scale, r->grad, r->grad_dtype, 0, r->n) ? FY_OK : FY_ERR_NONFINITE;
 }
 
-fy_status fy_adam_step_path(fy_adam_path p, const fy_adam_hparams *hp, const fy_adam_range *r) {
-    fy_adam_kernel_fn kernel;
-    fy_adam_scan_fn scan;
-    fy_adam_path_impl(p, &kernel, &scan);
-    if (!kernel) {
+fy_status fy_adam_path_ready(fy_adam_path p, const fy_adam_range *r, fy_adam_kernel_fn *kernel,
+                             fy_adam_scan_fn *scan) {
+    fy_adam_path_impl(p, kernel, scan);
+    if (!*kernel) {
         fy_log_error("adam: path %s is not supported by this CPU or build", fy_adam_path_name(p));
         return FY_ERR_UNSUPPORTED;
     }
-    FY_TRY(fy_adam_range_check(r));
+    return fy_adam_range_check(r);
+}
+
+fy_status fy_adam_step_path(fy_adam_path p, const fy_adam_hparams *hp, const fy_adam_range *r) {
+    fy_adam_kernel_fn kernel;
+    fy_adam_scan_fn scan;
+    FY_TRY(fy_adam_path_ready(p, r, &kernel, &scan));
     if (hp->check_finite && !scan(hp->grad_scale, r->grad, r->grad_dtype, 0, r->n))
         return FY_ERR_NONFINITE;
     fy_adam_consts c;

@@ -39,6 +39,10 @@ void fy_adam_kernel_avx512bf16(const fy_adam_consts *c, const fy_adam_range *r, 
 
 /* The kernel and scan of path p (AUTO resolved), or NULL kernel if unsupported. */
 void fy_adam_path_impl(fy_adam_path p, fy_adam_kernel_fn *kernel, fy_adam_scan_fn *scan);
+/* The kernels of path p for a step over r: FY_ERR_UNSUPPORTED (logged) if this CPU or
+ * build lacks the path, FY_ERR_INVALID (logged) if r is malformed. */
+fy_status fy_adam_path_ready(fy_adam_path p, const fy_adam_range *r, fy_adam_kernel_fn *kernel,
+                             fy_adam_scan_fn *scan);
 
 /* Checks dtypes and pointers; logs and returns FY_ERR_INVALID if wrong. */
 fy_status fy_adam_range_check(const fy_adam_range *r);

@@ -280,12 +280,7 @@ fy_status fy_adam_pool_step_path(fy_adam_pool *pool, fy_adam_path p, const fy_ad
                                  const fy_adam_range *r) {
     fy_adam_kernel_fn kernel;
     fy_adam_scan_fn scan;
-    fy_adam_path_impl(p, &kernel, &scan);
-    if (!kernel) {
-        fy_log_error("adam: path %s is not supported by this CPU or build", fy_adam_path_name(p));
-        return FY_ERR_UNSUPPORTED;
-    }
-    FY_TRY(fy_adam_range_check(r));
+    FY_TRY(fy_adam_path_ready(p, r, &kernel, &scan));
     if (r->n == 0) return FY_OK;
     fy_adam_consts c;
     fy_adam_consts_init(hp, r->decay, &c);
