@@ -13,8 +13,8 @@ ferry="$build/engine/ferry"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 steps=${STEPS:-60}
-common=(--model gpt2-mini --channels 768 --layers 4 --heads 12 --batch 1 --seq 8
-        --steps "$steps" --offload-params 1 --offload-optim 1 --sim-pcie-gbps 3
+common=(--model gpt2-mini --channels 768 --layers 4 --heads 12 --batch 1 --seq 24
+        --steps "$steps" --offload-params 0.5 --offload-optim 1 --sim-pcie-gbps 3
         --threads 1 --adam-threads 1 --log-every 1000 --quiet "$@")
 for mode in serial fifo priority; do
     extra=()
