@@ -1,14 +1,7 @@
-/* trainer.c — the training step under a placement plan, in serial order on one stream.
- *
- * Per micro-batch: forward block by block (streamed blocks fetched into a staging slot
- * just before use and released after), the head's loss and logit gradients, then
- * backward from the head to the embedding (recomputing checkpointed layers first). Each
- * block's gradient for the micro-batch is produced into a zeroed buffer: its device
- * accumulator directly when nothing needs staging, else a staging slot whose contents
- * are copied (first micro-batch) or added (later ones) into the accumulator on the device
- * or, for cpu-optimised blocks, on the host. After the last micro-batch: the gradient
- * norm, the clip coefficient, and the AdamW update of every block where its optimizer
- * lives. */
+/* trainer.c — a trainer's life outside the step: building its storage under the plan
+ * (offload/storage.c), initialising, loading and saving weights, reading parameters and
+ * gradients back, and evaluation (a serial forward pass on the compute stream). The
+ * training step itself is a task graph run by the scheduler (step_graph.c). */
 #include "engine/trainer_impl.h"
 
 #include <math.h>
