@@ -555,6 +555,7 @@ fy_status fy_trainer_run(fy_trainer *tr, int nsteps, const float *lrs, fy_batch_
                          void *ctx, fy_step_stats *stats, fy_sched_result *trace,
                          fy_graph *graph_out) {
     if (nsteps <= 0) return FY_OK;
+    FY_ASSERT(!tr->cfg.eval_only, "an evaluation-only trainer cannot train");
     FY_TRY(window_begin(tr, nsteps, lrs, stats));
     tr->next_batch = next_batch;
     tr->batch_ctx = ctx;

@@ -437,7 +437,7 @@ int fy_eval_main(const fy_opts *o) {
         goto fail;
     }
     if ((st = open_device(o, &r.dev)) != FY_OK) goto fail;
-    fy_trainer_cfg tc = {.model = cfg, .B = B, .T = T};
+    fy_trainer_cfg tc = {.model = cfg, .B = B, .T = T, .eval_only = true};
     if ((st = fy_trainer_new(r.dev, &tc, &r.tr)) != FY_OK) goto fail;
     if ((st = fy_trainer_load(r.tr, r.init)) != FY_OK) goto fail;
     int64_t avail = (int64_t)fy_loader_batches(r.val);

@@ -151,11 +151,12 @@ fy_status fy_trainer_new(fy_dev *dev, const fy_trainer_cfg *cfg, fy_trainer **ou
         (st = fy_stream_new(dev, "h2d", &tr->s_h2d)) != FY_OK ||
         (st = fy_stream_new(dev, "d2h", &tr->s_d2h)) != FY_OK)
         goto fail;
-    if ((st = fy_storage_new(dev, &tr->lay, &tr->plan, cfg->T, &tr->st)) != FY_OK) goto fail;
+    if ((st = fy_storage_new(dev, &tr->lay, &tr->plan, cfg->T, !cfg->eval_only, &tr->st)) != FY_OK)
+        goto fail;
     tr->fetched = calloc((size_t)tr->lay.nblocks, sizeof *tr->fetched);
     tr->cost_ms = calloc((size_t)FY_T_COUNT * (tr->lay.nblocks + 1) * 2, sizeof *tr->cost_ms);
     if (!tr->fetched || !tr->cost_ms) { st = FY_ERR_NOMEM; goto fail; }
-    for (int b = 0; b < tr->lay.nblocks; b++)
+    for (int b = 0; b < tr->lay.nblocks && !cfg->eval_only; b++)
         if (cpu_optim(tr, b)) {
             int at = cfg->adam_threads > 0 ? cfg->adam_threads : fy_dev_threads(dev);
             if ((st = new_pool(fy_dev_threads(dev), at, &tr->pool)) != FY_OK) goto fail;
@@ -220,6 +221,7 @@ void fy_trainer_get_params(fy_trainer *tr, int b, float *host) {
 }
 
 void fy_trainer_get_grads(fy_trainer *tr, int b, float *host) {
+    FY_ASSERT(!tr->cfg.eval_only, "an evaluation-only trainer has no gradients");
     const fy_chunk *c = &tr->st->chunks[b];
     fy_stream_sync(tr->s);
     if (c->grad_host) memcpy(host, c->grad_host, nbytes_of(tr, b));

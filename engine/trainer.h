@@ -46,6 +46,7 @@ typedef struct fy_trainer_cfg {
     uint64_t seed;     /* initialisation when no weights are loaded */
     fy_sched_mode schedule; /* how the step's tasks are ordered (default priority) */
     int adam_threads;  /* cpu optimizer threads (0 = the device's thread count) */
+    bool eval_only;    /* evaluation only: no gradients, moments or optimizer threads */
 } fy_trainer_cfg;
 
 typedef struct fy_step_stats {

@@ -63,7 +63,7 @@ static void carve(walk *w, fy_mem_cat cat, size_t nbytes, void *out) {
 static size_t fsz(size_t nelem) { return nelem * sizeof(float); }
 
 static fy_status layout(walk *w, const fy_gpt2_layout *lay, const fy_plan *plan, int T,
-                        fy_chunk *chunks, fy_storage *st) {
+                        bool training, fy_chunk *chunks, fy_storage *st) {
     const fy_gpt2_config *mc = &lay->cfg;
     const int B = plan->micro_batch, L = mc->layers, nb = lay->nblocks;
     const size_t N = (size_t)B * T;
@@ -80,7 +80,7 @@ static fy_status layout(walk *w, const fy_gpt2_layout *lay, const fy_plan *plan,
         c->nelem = lay->blocks[b].nelem;
         const size_t nbytes = fsz(c->nelem);
         bool streamed = bp->params == FY_PARAMS_STREAMED, cpu = bp->optim == FY_OPTIM_CPU;
-        c->needs_grad_staging = cpu || plan->grad_accum > 1;
+        c->needs_grad_staging = training && (cpu || plan->grad_accum > 1);
         if (streamed) { nstreamed++; if (c->nelem > pslot) pslot = c->nelem; }
         if (c->needs_grad_staging) {
             nstaged++;
@@ -92,7 +92,8 @@ static fy_status layout(walk *w, const fy_gpt2_layout *lay, const fy_plan *plan,
             snprintf(what, sizeof what, "block %d parameters", b);
             FY_TRY(take(w, FY_CAT_PARAMS, nbytes, what, &c->param_dev));
         }
-        if (streamed || cpu) carve(w, FY_CAT_PARAMS, nbytes, &c->param_host);
+        if (streamed || (cpu && training)) carve(w, FY_CAT_PARAMS, nbytes, &c->param_host);
+        if (!training) continue; /* evaluation: parameters only */
         if (cpu) {
             carve(w, FY_CAT_GRADS, nbytes, &c->grad_host);
             carve(w, FY_CAT_OPTIM, nbytes, &c->m);
@@ -183,15 +184,20 @@ static fy_status layout(walk *w, const fy_gpt2_layout *lay, const fy_plan *plan,
     return FY_OK;
 }
 
-void fy_storage_model(const fy_gpt2_layout *lay, const fy_plan *plan, int T, fy_mem_model *out) {
+void fy_storage_model_for(const fy_gpt2_layout *lay, const fy_plan *plan, int T, bool training,
+                          fy_mem_model *out) {
     memset(out, 0, sizeof *out);
     walk w = {.m = out};
-    fy_status s = layout(&w, lay, plan, T, NULL, NULL);
+    fy_status s = layout(&w, lay, plan, T, training, NULL, NULL);
     FY_ASSERT(s == FY_OK, "a dry storage walk cannot fail");
 }
 
+void fy_storage_model(const fy_gpt2_layout *lay, const fy_plan *plan, int T, fy_mem_model *out) {
+    fy_storage_model_for(lay, plan, T, true, out);
+}
+
 fy_status fy_storage_new(fy_dev *dev, const fy_gpt2_layout *lay, const fy_plan *plan, int T,
-                         fy_storage **out) {
+                         bool training, fy_storage **out) {
     *out = NULL;
     fy_storage *st = calloc(1, sizeof *st);
     if (!st) return FY_ERR_NOMEM;
@@ -202,7 +208,7 @@ fy_status fy_storage_new(fy_dev *dev, const fy_gpt2_layout *lay, const fy_plan *
     fy_status s = fy_plan_copy(plan, &st->plan);
     if (s != FY_OK) { free(st); return s; }
     fy_mem_model dry;
-    fy_storage_model(lay, plan, T, &dry);
+    fy_storage_model_for(lay, plan, T, training, &dry);
     st->chunks = calloc((size_t)lay->nblocks, sizeof *st->chunks);
     st->acts = calloc((size_t)lay->cfg.layers, sizeof *st->acts);
     if (!st->chunks || !st->acts) { s = FY_ERR_NOMEM; goto fail; }
@@ -217,7 +223,7 @@ fy_status fy_storage_new(fy_dev *dev, const fy_gpt2_layout *lay, const fy_plan *
         if (s != FY_OK) goto fail;
     }
     walk w = {.st = st, .m = &st->model, .arena_cur = st->arena};
-    if ((s = layout(&w, lay, plan, T, st->chunks, st)) != FY_OK) goto fail;
+    if ((s = layout(&w, lay, plan, T, training, st->chunks, st)) != FY_OK) goto fail;
     FY_ASSERT(st->arena_used == dry.host_total && st->model.device_total == dry.device_total,
               "the storage walk must be the same dry and real");
     *out = st;

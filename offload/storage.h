@@ -86,13 +86,17 @@ typedef struct fy_storage {
     fy_mem_model model;
 } fy_storage;
 
-/* Allocates all storage of a run under plan (micro-batch plan->micro_batch x T). */
+/* Allocates all storage of a run under plan (micro-batch plan->micro_batch x T). Without
+ * training, only what evaluation needs: parameters, activations, workspace (no
+ * gradients, moments or gradient staging). */
 fy_status fy_storage_new(fy_dev *dev, const fy_gpt2_layout *lay, const fy_plan *plan, int T,
-                         fy_storage **out);
+                         bool training, fy_storage **out);
 void fy_storage_free(fy_storage *st);
 
-/* The memory model of a plan without allocating anything. */
+/* The memory model of a plan without allocating anything (training, or evaluation). */
 void fy_storage_model(const fy_gpt2_layout *lay, const fy_plan *plan, int T, fy_mem_model *out);
+void fy_storage_model_for(const fy_gpt2_layout *lay, const fy_plan *plan, int T, bool training,
+                          fy_mem_model *out);
 void fy_mem_model_print(const fy_mem_model *m, FILE *f);
 const char *fy_mem_cat_name(fy_mem_cat c);
 
