@@ -9,7 +9,7 @@
 # Compute gets one core (--threads 1) and the CPU optimizer the other (--adam-threads 1).
 set -euo pipefail
 build=${1:-build}; shift || true
-ferry="$build/engine/ferry"
+ferry="$build/ferry"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 steps=${STEPS:-60}

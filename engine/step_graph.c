@@ -315,6 +315,17 @@ static double *cost_slot(fy_trainer *tr, int kind, int block) {
     return tr->cost_ms + 2 * ((size_t)kind * (nb + 1) + col);
 }
 
+double fy_trainer_cost(const fy_trainer *tr, fy_task_kind kind, int block) {
+    const double *c = cost_slot((fy_trainer *)tr, kind, block);
+    return c[1] > 0 ? c[0] / c[1] : -1.0;
+}
+
+void fy_trainer_set_cost(fy_trainer *tr, fy_task_kind kind, int block, double ms) {
+    double *c = cost_slot(tr, kind, block);
+    c[0] = ms;
+    c[1] = 1;
+}
+
 typedef struct builder {
     fy_trainer *tr;
     fy_graph *g;

@@ -13,6 +13,7 @@
 #include "engine/io/tokens.h"
 #include "engine/model/gpt2_io.h"
 #include "engine/trainer.h"
+#include "engine/cli/tune_cmd.h"
 #include "offload/plan.h"
 #include "offload/storage.h"
 
@@ -149,7 +150,18 @@ static fy_status resolve_model(const fy_opts *o, bool model_given, run *r, fy_gp
 static fy_status resolve_plan(const fy_opts *o, const fy_gpt2_config *cfg, fy_plan *plan) {
     bool shorthands = fy_opts_given(o, "offload-params") || fy_opts_given(o, "offload-optim") ||
                       fy_opts_given(o, "ckpt-layers");
-    if (o->plan) {
+    if (o->plan && !strcmp(o->plan, "auto")) {
+        if (shorthands) {
+            fy_log_error("--plan auto cannot be combined with --offload-params, --offload-optim "
+                         "or --ckpt-layers");
+            return FY_ERR_INVALID;
+        }
+        if (o->init) {
+            fy_log_error("--plan auto tunes a named model; give a plan file with --init");
+            return FY_ERR_INVALID;
+        }
+        FY_TRY(fy_tune_auto_plan(o, cfg, plan));
+    } else if (o->plan) {
         if (shorthands) {
             fy_log_error("--plan cannot be combined with --offload-params, --offload-optim "
                          "or --ckpt-layers");

@@ -175,6 +175,40 @@ fail:
     return st;
 }
 
+fy_status fy_trainer_new_dry(const fy_trainer_cfg *cfg, fy_trainer **out) {
+    *out = NULL;
+    fy_trainer *tr = calloc(1, sizeof *tr);
+    if (!tr) return FY_ERR_NOMEM;
+    tr->cfg = *cfg;
+    tr->cfg.plan = NULL;
+    fy_status st = fy_gpt2_layout_new(&cfg->model, &tr->lay);
+    if (st == FY_OK) {
+        st = cfg->plan ? fy_plan_copy(cfg->plan, &tr->plan)
+                       : fy_plan_new(cfg->model.layers, cfg->B, cfg->grad_accum > 0 ? cfg->grad_accum : 1,
+                                     &tr->plan);
+    }
+    if (st == FY_OK && tr->plan.layers != cfg->model.layers) {
+        fy_log_error("the plan is for %d layers, the model has %d", tr->plan.layers,
+                     cfg->model.layers);
+        st = FY_ERR_INVALID;
+    }
+    if (st == FY_OK) {
+        tr->cfg.B = tr->plan.micro_batch;
+        tr->cfg.grad_accum = tr->plan.grad_accum;
+        st = fy_storage_dry(&tr->lay, &tr->plan, cfg->T, true, &tr->st);
+    }
+    if (st == FY_OK) {
+        tr->cost_ms = calloc((size_t)FY_T_COUNT * (tr->lay.nblocks + 1) * 2, sizeof *tr->cost_ms);
+        if (!tr->cost_ms) st = FY_ERR_NOMEM;
+    }
+    if (st != FY_OK) {
+        fy_trainer_free(tr);
+        return st;
+    }
+    *out = tr;
+    return FY_OK;
+}
+
 void fy_trainer_free(fy_trainer *tr) {
     if (!tr) return;
     if (tr->s) fy_stream_sync(tr->s);

@@ -67,6 +67,24 @@ typedef struct fy_trainer fy_trainer;
 fy_status fy_trainer_new(fy_dev *dev, const fy_trainer_cfg *cfg, fy_trainer **out);
 void fy_trainer_free(fy_trainer *tr); /* NULL is a no-op */
 
+/* A trainer for planning only: the plan, its storage tables and memory model, and a task
+ * cost table, with no device and no memory. fy_trainer_predict works on it (after
+ * fy_trainer_set_cost); nothing else may be called but fy_trainer_storage/layout/free. */
+fy_status fy_trainer_new_dry(const fy_trainer_cfg *cfg, fy_trainer **out);
+
+/* Task kinds of the step graph, for cost tables (see step_graph.c). */
+typedef enum fy_task_kind {
+    FY_T_LOAD = 0, FY_T_H2D_PARAM, FY_T_FWD, FY_T_GOPEN, FY_T_HEAD, FY_T_RECOMPUTE, FY_T_BWD,
+    FY_T_D2H_GRAD, FY_T_NORM, FY_T_ADAM_GPU, FY_T_D2H_PARAM, FY_T_ADAM_CPU, FY_T_H2D_UPDATE,
+    FY_T_COUNT
+} fy_task_kind;
+const char *fy_task_kind_name(int kind);
+
+/* The mean measured duration of tasks of kind on block (-1: no block), or -1 if none
+ * ran; and setting it (a planning trainer's cost model). */
+double fy_trainer_cost(const fy_trainer *tr, fy_task_kind kind, int block);
+void fy_trainer_set_cost(fy_trainer *tr, fy_task_kind kind, int block, double ms);
+
 const fy_gpt2_layout *fy_trainer_layout(const fy_trainer *tr);
 
 /* Replaces the weights with a file's (shape checked against the trainer's model). */

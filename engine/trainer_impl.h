@@ -7,15 +7,6 @@
 #include "optim_cpu/adam_pool.h"
 #include "scheduler/scheduler.h"
 
-/* Task kinds of the step graph (step_graph.c). */
-typedef enum fy_task_kind {
-    FY_T_LOAD = 0, FY_T_H2D_PARAM, FY_T_FWD, FY_T_GOPEN, FY_T_HEAD, FY_T_RECOMPUTE, FY_T_BWD,
-    FY_T_D2H_GRAD, FY_T_NORM, FY_T_ADAM_GPU, FY_T_D2H_PARAM, FY_T_ADAM_CPU, FY_T_H2D_UPDATE,
-    FY_T_COUNT
-} fy_task_kind;
-
-const char *fy_task_kind_name(int kind);
-
 struct fy_trainer {
     fy_dev *dev;
     fy_stream *s;            /* compute lane */

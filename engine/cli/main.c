@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "engine/cli/opts.h"
+#include "engine/cli/tune_cmd.h"
 #include "engine/core/status.h"
 #include "engine/device/device.h"
 #include "engine/model/gpt2.h"
@@ -22,6 +23,8 @@ static const char *usage_main =
     "commands:\n"
     "  train   train a GPT-2 (default: gpt2-mini on the embedded corpus)\n"
     "  eval    mean loss of a weights file on a data file\n"
+    "  probe   measure this machine into a profile for the tuner\n"
+    "  tune    choose the fastest offload plan that fits the budgets\n"
     "  info    build features and devices\n"
     "  bench   microbenchmarks (bench adam)\n\n"
     "`ferry <command> --help` lists a command's options.";
@@ -74,13 +77,23 @@ int main(int argc, char **argv) {
         fy_log_error("usage: ferry bench adam [options] (see ferry bench adam --help)");
         return 2;
     }
-    unsigned c = !strcmp(cmd, "train") ? FY_CMD_TRAIN : !strcmp(cmd, "eval") ? FY_CMD_EVAL : 0;
+    unsigned c = !strcmp(cmd, "train") ? FY_CMD_TRAIN : !strcmp(cmd, "eval") ? FY_CMD_EVAL
+                 : !strcmp(cmd, "probe") ? FY_CMD_PROBE : !strcmp(cmd, "tune") ? FY_CMD_TUNE : 0;
     if (!c) {
-        fy_log_error("unknown command '%s' (commands: train, eval, info, bench)", cmd);
+        fy_log_error("unknown command '%s' (commands: train, eval, probe, tune, info, bench)", cmd);
         return 2;
     }
     fy_opts o;
     int rc = fy_opts_parse(&o, c, argc, argv, 2);
+    if (rc == 1 && (c == FY_CMD_PROBE || c == FY_CMD_TUNE)) {
+        fy_opts_help(c, c == FY_CMD_PROBE
+            ? "usage: ferry probe [--model M] [--batch B] [--seq T] [--out FILE]\n\nmeasures "
+              "transfers, CPU AdamW and the model's block costs into a profile (JSON)"
+            : "usage: ferry tune --model M [--profile FILE|NAME] [--gpu-mem SIZE] [--host-mem "
+              "SIZE] [--batch B] [--seq T] [--out plan.json]\n\nsearches the offload plans that "
+              "fit the budgets and writes the fastest");
+        return 0;
+    }
     if (rc == 1) {
         fy_opts_help(c, c == FY_CMD_TRAIN
             ? "usage: ferry train [options]\n\ntrains a GPT-2; models: gpt2-tiny, gpt2-mini, "
@@ -90,5 +103,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (rc < 0) return 2;
+    if (c == FY_CMD_PROBE) return fy_probe_main(&o);
+    if (c == FY_CMD_TUNE) return fy_tune_main(&o);
     return c == FY_CMD_TRAIN ? fy_train_main(&o) : fy_eval_main(&o);
 }

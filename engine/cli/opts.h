@@ -15,7 +15,8 @@
 extern "C" {
 #endif
 
-enum { FY_CMD_TRAIN = 1 << 0, FY_CMD_EVAL = 1 << 1, FY_CMD_INFO = 1 << 2 };
+enum { FY_CMD_TRAIN = 1 << 0, FY_CMD_EVAL = 1 << 1, FY_CMD_INFO = 1 << 2, FY_CMD_PROBE = 1 << 3,
+       FY_CMD_TUNE = 1 << 4 };
 
 typedef struct fy_opts {
     /* device */
@@ -50,6 +51,10 @@ typedef struct fy_opts {
     const char *trace;
     int64_t adam_threads;
     bool predict;
+    /* probe and tune */
+    const char *profile;
+    const char *out;
+    size_t host_mem;
     /* evaluation and output */
     int64_t val_every, val_batches, batches, log_every;
     const char *save;

@@ -1,0 +1,207 @@
+/* tune_cmd.c — the commands around the tuner: probe a machine into a profile (cached per
+ * machine), search the plan space under budgets, and pick a plan for `train --plan auto`. */
+#include "engine/cli/tune_cmd.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine/core/util.h"
+#include "tuner/probe.h"
+#include "tuner/tune.h"
+
+fy_status fy_opts_model(const fy_opts *o, fy_gpt2_config *cfg) {
+    FY_TRY(fy_gpt2_config_named(o->model, cfg));
+    if (o->heads > 0) cfg->heads = (int)o->heads;
+    if (o->layers > 0) cfg->layers = (int)o->layers;
+    if (o->channels > 0) cfg->channels = (int)o->channels;
+    if (o->vocab > 0) cfg->vocab = (int)o->vocab;
+    if (o->max_seq > 0) cfg->max_seq = (int)o->max_seq;
+    FY_TRY(fy_gpt2_config_check(cfg));
+    if (o->seq > cfg->max_seq) {
+        fy_log_error("--seq %lld is longer than the model's %d positions", (long long)o->seq,
+                     cfg->max_seq);
+        return FY_ERR_INVALID;
+    }
+    return FY_OK;
+}
+
+/* $XDG_CACHE_HOME/ferry/profile-<host>.json (or ~/.cache/...), directories created. */
+static fy_status cache_path(char *buf, size_t cap) {
+    const char *base = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    char dir[3072];
+    if (base && *base) snprintf(dir, sizeof dir, "%s/ferry", base);
+    else if (home && *home) snprintf(dir, sizeof dir, "%s/.cache/ferry", home);
+    else snprintf(dir, sizeof dir, "/tmp/ferry-cache");
+    char parent[3072];
+    snprintf(parent, sizeof parent, "%s", dir);
+    char *slash = strrchr(parent, '/');
+    if (slash && slash != parent) { *slash = 0; mkdir(parent, 0755); }
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        fy_log_error("cannot create the profile cache %s", dir);
+        return FY_ERR_IO;
+    }
+    char host[256] = "host";
+    gethostname(host, sizeof host - 1);
+    snprintf(buf, cap, "%s/profile-%s.json", dir, host);
+    return FY_OK;
+}
+
+static fy_status probe(const fy_opts *o, const fy_gpt2_config *cfg, fy_profile *p) {
+    fy_probe_cfg pc = {.dev = {.kind = FY_DEV_CPU, .mem_cap_nbytes = o->gpu_mem,
+                               .sim_pcie_gbps = o->sim_pcie_gbps, .threads = (int)o->threads},
+                       .model = *cfg, .batch = (int)o->batch, .seq = (int)o->seq,
+                       .adam_threads_max = (int)o->adam_threads, .quiet = o->quiet};
+    if (!strcmp(o->device, "cuda")) pc.dev.kind = FY_DEV_CUDA;
+    if (!o->quiet) fy_log_info("probing this machine (transfers, CPU AdamW, the model's blocks)...");
+    return fy_probe(&pc, p);
+}
+
+static void print_profile(const fy_profile *p) {
+    printf("profile %s%s: %s\n", p->name, p->estimate ? " (estimate)" : "", p->device);
+    printf("        h2d %.2f GB/s, d2h %.2f GB/s, both at once %.2f GB/s each, latency %.3f ms\n",
+           p->h2d_gbps, p->d2h_gbps, p->duplex_h2d_gbps, p->latency_ms);
+    printf("        device %.1f GiB, host %.1f GiB, %d cores, %d NUMA node(s)\n", p->device_mem_gib,
+           p->host_mem_gib, p->cores, p->numa_nodes);
+    printf("        CPU AdamW");
+    for (int t = 1; t <= p->adam_threads_max; t++) printf(" %d:%.2f", t, p->adam_gparams[t]);
+    printf(" G params/s by threads\n");
+    if (p->has_blocks) {
+        int L = FY_CLASS_LAYER;
+        printf("        layer fwd %.2f + %.2f*B ms, bwd %.2f + %.2f*B ms, head %.2f + %.2f*B ms "
+               "(C=%d, T=%d)\n", p->block_a[FY_T_FWD][L], p->block_b[FY_T_FWD][L],
+               p->block_a[FY_T_BWD][L], p->block_b[FY_T_BWD][L],
+               p->block_a[FY_T_HEAD][FY_CLASS_HEAD], p->block_b[FY_T_HEAD][FY_CLASS_HEAD],
+               p->block_model.channels, p->block_seq);
+    }
+}
+
+int fy_probe_main(const fy_opts *o) {
+    if (o->quiet) fy_log_set_level(FY_LOG_WARN);
+    fy_gpt2_config cfg;
+    if (fy_opts_model(o, &cfg) != FY_OK) return 1;
+    char path[4096];
+    if (o->out) snprintf(path, sizeof path, "%s", o->out);
+    else if (cache_path(path, sizeof path) != FY_OK) return 1;
+    fy_profile p;
+    if (probe(o, &cfg, &p) != FY_OK) return 1;
+    if (fy_profile_save(path, &p) != FY_OK) return 1;
+    print_profile(&p);
+    printf("saved   %s\n", path);
+    return 0;
+}
+
+/* The profile: --profile (file or name), else the cache if it measured this model and
+ * sequence length, else a probe now (saved to the cache). */
+static fy_status get_profile(const fy_opts *o, const fy_gpt2_config *cfg, fy_profile *p) {
+    if (o->profile) return fy_profile_open(o->profile, p);
+    char path[4096];
+    FY_TRY(cache_path(path, sizeof path));
+    if (access(path, R_OK) == 0 && fy_profile_load(path, p) == FY_OK && p->has_blocks &&
+        !memcmp(&p->block_model, cfg, sizeof *cfg) && p->block_seq == o->seq) {
+        if (!o->quiet) fy_log_info("using the cached profile %s", path);
+        return FY_OK;
+    }
+    FY_TRY(probe(o, cfg, p));
+    fy_status st = fy_profile_save(path, p);
+    if (st == FY_OK && !o->quiet) fy_log_info("profile cached in %s", path);
+    return st;
+}
+
+static fy_tune_cfg tune_cfg(const fy_opts *o, const fy_gpt2_config *cfg, const fy_profile *p) {
+    size_t budget = o->gpu_mem ? o->gpu_mem : (size_t)(p->device_mem_gib * 1073741824.0);
+    return (fy_tune_cfg){.model = *cfg, .batch = (int)o->batch, .seq = (int)o->seq,
+                         .device_budget = budget, .host_budget = o->host_mem,
+                         .adam_threads = o->adam_threads > 0 ? (int)o->adam_threads
+                                                             : (o->threads > 0 ? (int)o->threads : p->cores),
+                         .window = 20};
+}
+
+static void print_top(const fy_tune_cfg *tc, const fy_tune_result *top, int n) {
+    printf("%-4s %-6s %-7s %-7s %-8s %11s %10s %11s %11s %s\n", "rank", "ckpt", "stream", "cpu-opt",
+           "micro", "ms/step", "tok/s", "device", "host", "busiest lane");
+    for (int i = 0; i < n; i++) {
+        const fy_tune_result *r = &top[i];
+        char d[32], h[32];
+        int bl = 0;
+        for (int l = 1; l < FY_LANE_COUNT; l++) if (r->busy_ms[l] > r->busy_ms[bl]) bl = l;
+        printf("%-4d %-6d %-7d %-7d %dx%-6d %11.1f %10.0f %11s %11s %s %.1f ms\n", i + 1, r->k1, r->k2,
+               r->k3, r->plan.micro_batch, r->plan.grad_accum, r->step_ms,
+               (double)tc->batch * tc->seq / (r->step_ms / 1e3),
+               fy_fmt_size(r->mem.device_total, d, sizeof d), fy_fmt_size(r->mem.host_total, h, sizeof h),
+               fy_lane_name((fy_lane)bl), r->busy_ms[bl]);
+    }
+}
+
+/* The plan file with the prediction alongside (the plan loader ignores extra keys). */
+static fy_status save_tuned(const char *path, const fy_tune_result *r) {
+    FY_TRY(fy_plan_save(path, &r->plan));
+    FILE *f = fopen(path, "rb");
+    if (!f) return FY_ERR_IO;
+    char *text = malloc(1 << 20);
+    size_t n = text ? fread(text, 1, (1 << 20) - 1, f) : 0;
+    fclose(f);
+    if (!text) return FY_ERR_NOMEM;
+    text[n] = 0;
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    if (!root) return FY_ERR_FORMAT;
+    cJSON *pr = cJSON_AddObjectToObject(root, "predicted");
+    cJSON_AddNumberToObject(pr, "step_ms", r->step_ms);
+    cJSON_AddNumberToObject(pr, "device_bytes", (double)r->mem.device_total);
+    cJSON_AddNumberToObject(pr, "host_bytes", (double)r->mem.host_total);
+    cJSON *busy = cJSON_AddObjectToObject(pr, "lane_busy_ms");
+    for (int l = 0; l < FY_LANE_COUNT; l++) cJSON_AddNumberToObject(busy, fy_lane_name((fy_lane)l), r->busy_ms[l]);
+    char *out = cJSON_Print(root);
+    cJSON_Delete(root);
+    if (!out) return FY_ERR_NOMEM;
+    f = fopen(path, "wb");
+    fy_status st = f && fputs(out, f) >= 0 && fputc('\n', f) >= 0 ? FY_OK : FY_ERR_IO;
+    if (f && fclose(f) != 0) st = FY_ERR_IO;
+    if (st != FY_OK) fy_log_error("cannot write plan %s", path);
+    free(out);
+    return st;
+}
+
+static fy_status search(const fy_opts *o, const fy_gpt2_config *cfg, const fy_profile *p,
+                        fy_tune_result *top, int ntop, int *nfound) {
+    fy_tune_cfg tc = tune_cfg(o, cfg, p);
+    int nevaluated;
+    FY_TRY(fy_tune(p, &tc, top, ntop, nfound, &nevaluated));
+    if (!o->quiet) {
+        printf("tune    %d plans fit the budgets and were simulated (batch %lld x seq %lld)\n",
+               nevaluated, (long long)o->batch, (long long)o->seq);
+        print_top(&tc, top, *nfound);
+    }
+    return FY_OK;
+}
+
+int fy_tune_main(const fy_opts *o) {
+    if (o->quiet) fy_log_set_level(FY_LOG_WARN);
+    fy_gpt2_config cfg;
+    fy_profile p;
+    if (fy_opts_model(o, &cfg) != FY_OK || get_profile(o, &cfg, &p) != FY_OK) return 1;
+    fy_tune_result top[5];
+    int n = 0;
+    if (search(o, &cfg, &p, top, 5, &n) != FY_OK) return 1;
+    const char *out = o->out ? o->out : "plan.json";
+    int rc = save_tuned(out, &top[0]) == FY_OK ? 0 : 1;
+    if (!rc) printf("saved   %s (predicted %.1f ms/step)\n", out, top[0].step_ms);
+    for (int i = 0; i < n; i++) fy_plan_free(&top[i].plan);
+    return rc;
+}
+
+fy_status fy_tune_auto_plan(const fy_opts *o, const fy_gpt2_config *cfg, fy_plan *out) {
+    fy_profile p;
+    FY_TRY(get_profile(o, cfg, &p));
+    fy_tune_result top[5];
+    int n = 0;
+    FY_TRY(search(o, cfg, &p, top, 5, &n));
+    fy_status st = fy_plan_copy(&top[0].plan, out);
+    for (int i = 0; i < n; i++) fy_plan_free(&top[i].plan);
+    return st;
+}

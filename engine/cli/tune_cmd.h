@@ -1,0 +1,23 @@
+/* tune_cmd.h — `ferry probe`, `ferry tune`, and the `--plan auto` of `ferry train`. */
+#ifndef FY_TUNE_CMD_H
+#define FY_TUNE_CMD_H
+
+#include "engine/cli/opts.h"
+#include "engine/model/gpt2.h"
+#include "offload/plan.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+int fy_probe_main(const fy_opts *o);
+int fy_tune_main(const fy_opts *o);
+/* --plan auto: the profile (given, cached, or probed now and cached), then the search. */
+fy_status fy_tune_auto_plan(const fy_opts *o, const fy_gpt2_config *cfg, fy_plan *out);
+/* The named model with the shape overrides of o (no weights file). */
+fy_status fy_opts_model(const fy_opts *o, fy_gpt2_config *cfg);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

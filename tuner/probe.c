@@ -1,0 +1,213 @@
+/* probe.c — measuring bandwidths, AdamW throughput and block costs (see probe.h). */
+#include "tuner/probe.h"
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/core/util.h"
+#include "engine/device/kernels.h"
+#include "optim_cpu/adam_pool.h"
+
+#define XFER_BYTES ((size_t)64 << 20)
+#define XFER_REPS 3
+
+/* Best-of-reps GB/s of copies of nbytes in dir on s (and, if s2, dir2 on s2 at once). */
+static void time_copies(fy_stream *s, void *dst, const void *src, fy_copy_dir dir, fy_stream *s2,
+                        void *dst2, const void *src2, fy_copy_dir dir2, size_t nbytes, double *gbps,
+                        double *gbps2) {
+    double best = 1e30;
+    for (int r = 0; r < XFER_REPS; r++) {
+        double t0 = fy_now_ms();
+        fy_copy_async(s, dst, src, nbytes, dir);
+        if (s2) fy_copy_async(s2, dst2, src2, nbytes, dir2);
+        fy_stream_sync(s);
+        if (s2) fy_stream_sync(s2);
+        double ms = fy_now_ms() - t0;
+        if (ms < best) best = ms;
+    }
+    *gbps = (double)nbytes / (best * 1e-3) / 1e9;
+    if (gbps2) *gbps2 = *gbps;
+}
+
+static fy_status probe_transfers(fy_dev *dev, fy_profile *p) {
+    void *d1 = NULL, *d2 = NULL, *h1 = NULL, *h2 = NULL;
+    fy_stream *s1 = NULL, *s2 = NULL;
+    fy_status st;
+    if ((st = fy_dev_alloc(dev, FY_MEM_DEVICE, XFER_BYTES, "probe buffer", &d1)) != FY_OK ||
+        (st = fy_dev_alloc(dev, FY_MEM_DEVICE, XFER_BYTES, "probe buffer", &d2)) != FY_OK ||
+        (st = fy_dev_alloc(dev, FY_MEM_PINNED, XFER_BYTES, "probe buffer", &h1)) != FY_OK ||
+        (st = fy_dev_alloc(dev, FY_MEM_PINNED, XFER_BYTES, "probe buffer", &h2)) != FY_OK ||
+        (st = fy_stream_new(dev, "probe1", &s1)) != FY_OK ||
+        (st = fy_stream_new(dev, "probe2", &s2)) != FY_OK)
+        goto done;
+    time_copies(s1, d1, h1, FY_H2D, NULL, NULL, NULL, FY_H2D, XFER_BYTES, &p->h2d_gbps, NULL);
+    time_copies(s1, h1, d1, FY_D2H, NULL, NULL, NULL, FY_D2H, XFER_BYTES, &p->d2h_gbps, NULL);
+    double both;
+    time_copies(s1, d1, h1, FY_H2D, s2, h2, d2, FY_D2H, XFER_BYTES, &both, NULL);
+    p->duplex_h2d_gbps = p->duplex_d2h_gbps = both;
+    /* latency: the best time of a small copy */
+    double best = 1e30;
+    for (int r = 0; r < 20; r++) {
+        double t0 = fy_now_ms();
+        fy_copy_async(s1, d1, h1, 4096, FY_H2D);
+        fy_stream_sync(s1);
+        double ms = fy_now_ms() - t0;
+        if (ms < best) best = ms;
+    }
+    p->latency_ms = best;
+done:
+    fy_stream_free(s1);
+    fy_stream_free(s2);
+    fy_dev_release(dev, d1);
+    fy_dev_release(dev, d2);
+    fy_dev_release(dev, h1);
+    fy_dev_release(dev, h2);
+    return st;
+}
+
+static fy_status probe_adam(int max_threads, fy_profile *p) {
+    const size_t n = (size_t)8 << 20;
+    p->adam_threads_max = max_threads;
+    for (int t = 1; t <= max_threads; t++) {
+        fy_adam_pool *pool;
+        FY_TRY(fy_adam_pool_new(t, &pool));
+        float *w = NULL, *m = NULL, *v = NULL, *g = NULL;
+        fy_status st = FY_OK;
+        if ((st = fy_adam_mem_alloc(pool, n * 4, (void **)&w)) != FY_OK ||
+            (st = fy_adam_mem_alloc(pool, n * 4, (void **)&m)) != FY_OK ||
+            (st = fy_adam_mem_alloc(pool, n * 4, (void **)&v)) != FY_OK ||
+            (st = fy_adam_mem_alloc(pool, n * 4, (void **)&g)) != FY_OK) {
+            fy_adam_mem_free(w, n * 4);
+            fy_adam_mem_free(m, n * 4);
+            fy_adam_mem_free(v, n * 4);
+            fy_adam_pool_free(pool);
+            return st;
+        }
+        fy_adam_hparams hp = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                              .weight_decay = 0.1f, .step = 1, .grad_scale = 1.0f};
+        fy_adam_range r = {.param = w, .m = m, .v = v, .grad = g, .grad_dtype = FY_F32, .n = n,
+                           .decay = true};
+        double best = 1e30;
+        for (int rep = 0; rep < 4; rep++) {
+            double t0 = fy_now_ms();
+            fy_adam_pool_step(pool, &hp, &r);
+            double ms = fy_now_ms() - t0;
+            if (rep && ms < best) best = ms; /* the first run warms */
+        }
+        p->adam_gparams[t] = (double)n / (best * 1e-3) / 1e9;
+        fy_adam_mem_free(w, n * 4);
+        fy_adam_mem_free(m, n * 4);
+        fy_adam_mem_free(v, n * 4);
+        fy_adam_mem_free(g, n * 4);
+        fy_adam_pool_free(pool);
+    }
+    return FY_OK;
+}
+
+static void zero_batch(void *ctx, int64_t micro, int32_t *x, int32_t *y) {
+    const size_t *n = ctx;
+    (void)micro;
+    for (size_t i = 0; i < *n; i++) x[i] = y[i] = (int32_t)(i % 200);
+}
+
+/* Per kind and class, the mean measured cost of a few serial steps at micro-batch B. */
+static fy_status block_costs(fy_dev *dev, const fy_probe_cfg *cfg, int B,
+                             double cost[FY_T_COUNT][FY_CLASS_COUNT]) {
+    const int L = cfg->model.layers;
+    fy_plan plan;
+    FY_TRY(fy_plan_new(L, B, 1, &plan));
+    fy_status st = fy_plan_shorthands(&plan, 0, 0, L); /* every layer recomputed */
+    fy_trainer_cfg tc = {.model = cfg->model, .T = cfg->seq, .beta1 = 0.9f, .beta2 = 0.95f,
+                         .eps = 1e-8f, .weight_decay = 0.1f, .clip = 1.0f, .seed = 1,
+                         .plan = &plan, .schedule = FY_SCHED_SERIAL};
+    fy_trainer *tr = NULL;
+    if (st == FY_OK) st = fy_trainer_new(dev, &tc, &tr);
+    enum { STEPS = 3 };
+    float lrs[STEPS] = {1e-4f, 1e-4f, 1e-4f};
+    fy_step_stats stats[STEPS];
+    size_t n = (size_t)B * cfg->seq;
+    if (st == FY_OK) st = fy_trainer_run(tr, STEPS, lrs, zero_batch, &n, stats, NULL, NULL);
+    if (st == FY_OK) {
+        static const int kinds[] = {FY_T_FWD, FY_T_RECOMPUTE, FY_T_BWD, FY_T_HEAD, FY_T_ADAM_GPU};
+        for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+            int k = kinds[i];
+            double sum[FY_CLASS_COUNT] = {0};
+            int cnt[FY_CLASS_COUNT] = {0};
+            for (int b = 0; b < L + 2; b++) {
+                double ms = fy_trainer_cost(tr, (fy_task_kind)k, b);
+                if (ms < 0) continue;
+                int c = b == 0 ? FY_CLASS_EMBED : b == L + 1 ? FY_CLASS_HEAD : FY_CLASS_LAYER;
+                sum[c] += ms;
+                cnt[c]++;
+            }
+            for (int c = 0; c < FY_CLASS_COUNT; c++) cost[k][c] = cnt[c] ? sum[c] / cnt[c] : 0.0;
+        }
+    }
+    fy_trainer_free(tr);
+    fy_plan_free(&plan);
+    return st;
+}
+
+static int count_numa_nodes(void) {
+    DIR *d = opendir("/sys/devices/system/node");
+    if (!d) return 1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (!strncmp(e->d_name, "node", 4) && e->d_name[4] >= '0' && e->d_name[4] <= '9') n++;
+    closedir(d);
+    return n ? n : 1;
+}
+
+fy_status fy_probe(const fy_probe_cfg *cfg, fy_profile *out) {
+    memset(out, 0, sizeof *out);
+    /* the device without a cap: the probe measures, the budget is the tuner's business */
+    fy_dev_cfg dc = cfg->dev;
+    dc.mem_cap_nbytes = 0;
+    fy_dev *dev;
+    FY_TRY(fy_dev_new(&dc, &dev));
+    snprintf(out->name, sizeof out->name, "measured");
+    snprintf(out->device, sizeof out->device, "%s", fy_dev_name(dev));
+    snprintf(out->source, sizeof out->source, "ferry probe on this machine");
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    out->cores = ncpu > 0 ? (int)ncpu : 1;
+    out->numa_nodes = count_numa_nodes();
+    out->host_mem_gib = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGE_SIZE) / 1073741824.0;
+    out->device_mem_gib = cfg->dev.mem_cap_nbytes ? (double)cfg->dev.mem_cap_nbytes / 1073741824.0
+                                                  : out->host_mem_gib;
+    fy_status st = probe_transfers(dev, out);
+    int tmax = cfg->adam_threads_max > 0 ? cfg->adam_threads_max : out->cores;
+    if (tmax > FY_PROFILE_MAX_THREADS) tmax = FY_PROFILE_MAX_THREADS;
+    if (st == FY_OK) st = probe_adam(tmax, out);
+    double c1[FY_T_COUNT][FY_CLASS_COUNT] = {{0}}, c2[FY_T_COUNT][FY_CLASS_COUNT] = {{0}};
+    int B1 = cfg->batch, B2 = 2 * cfg->batch;
+    if (st == FY_OK) st = block_costs(dev, cfg, B1, c1);
+    if (st == FY_OK && block_costs(dev, cfg, B2, c2) != FY_OK) {
+        /* a second size that does not fit: costs taken as independent of the batch */
+        memcpy(c2, c1, sizeof c2);
+        fy_log_warn("probe: micro-batch %d does not fit; block costs measured at %d only", B2, B1);
+    }
+    if (st == FY_OK) {
+        out->has_blocks = true;
+        out->block_model = cfg->model;
+        out->block_seq = cfg->seq;
+        for (int k = 0; k < FY_T_COUNT; k++)
+            for (int c = 0; c < FY_CLASS_COUNT; c++) {
+                double b = (c2[k][c] - c1[k][c]) / (B2 - B1);
+                if (b < 0) b = 0; /* noise: never predict less work for more tokens */
+                out->block_b[k][c] = b;
+                out->block_a[k][c] = c1[k][c] - b * B1;
+            }
+        /* analytic fallbacks from the same measurements: effective matmul rate of a
+         * layer's forward and memory rate of the device AdamW */
+        const double C = cfg->model.channels, P = 12.0 * C * C;
+        double fwd = c1[FY_T_FWD][FY_CLASS_LAYER], adam = c1[FY_T_ADAM_GPU][FY_CLASS_LAYER];
+        out->compute_tflops = fwd > 0 ? 2.0 * B1 * cfg->seq * P / (fwd * 1e-3) / 1e12 : 0.1;
+        out->device_mem_gbps = adam > 0 ? 28.0 * P / (adam * 1e-3) / 1e9 : 10.0;
+    }
+    fy_dev_free(dev);
+    return st;
+}

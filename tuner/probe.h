@@ -1,0 +1,33 @@
+/* probe.h — measuring a machine into a profile (`ferry probe`).
+ *
+ * Measures, through the device interface: H2D and D2H bandwidth from pinned memory (each
+ * alone and both at once, over transfer sizes) and the per-transfer latency; device and
+ * host memory, cores and NUMA nodes; optim_cpu's AdamW throughput per thread count; and
+ * the model's block costs: the engine itself trains a few steps serially (all resident,
+ * every layer recomputed, so every compute task kind runs) at two micro-batch sizes, and
+ * the measured task times are fitted as a + b * micro-batch per task kind and block
+ * class. On the cpu backend with --sim-pcie-gbps the bandwidths are the emulated link's. */
+#ifndef FY_PROBE_H
+#define FY_PROBE_H
+
+#include "engine/device/device.h"
+#include "tuner/profile.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fy_probe_cfg {
+    fy_dev_cfg dev;
+    fy_gpt2_config model;
+    int batch, seq;        /* the micro-batch to measure around */
+    int adam_threads_max;  /* 0 = the cores available */
+    bool quiet;
+} fy_probe_cfg;
+
+fy_status fy_probe(const fy_probe_cfg *cfg, fy_profile *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,227 @@
+/* profile.c — named profiles and profile files. */
+#include "tuner/profile.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Estimates for hardware ferry may not run on. Bandwidths are typical measured pinned
+ * copy rates (below the link's nominal rate), compute is an effective ~60% of the
+ * datasheet's dense bf16 peak, CPU AdamW is memory-bound at ~28 bytes per parameter. */
+static const struct {
+    const char *name, *device, *source;
+    double h2d, d2h, duplex, mem_gib, host_gib, tflops, mem_gbps, adam_per_thread, adam_max;
+    int cores;
+} named[] = {
+    {"a100-40gb-pcie4", "NVIDIA A100 40GB PCIe (PCIe 4.0 x16), AMD EPYC host",
+     "NVIDIA A100 datasheet (312 TFLOPS dense bf16, 1555 GB/s HBM2); PCIe 4.0 x16 32 GB/s "
+     "nominal, ~24 GB/s typical pinned copies; EPYC 7742 8-channel DDR4-3200 ~150 GB/s",
+     24, 24, 20, 40, 512, 190, 1400, 0.6, 5.0, 64},
+    {"rtx4090-pcie4", "NVIDIA RTX 4090 24GB (PCIe 4.0 x16), desktop host",
+     "NVIDIA Ada datasheet (165 TFLOPS dense bf16 with fp32 accumulate, 1008 GB/s GDDR6X); "
+     "PCIe 4.0 x16 ~24 GB/s typical; dual-channel DDR5 ~60 GB/s",
+     24, 24, 20, 24, 128, 100, 900, 0.6, 2.0, 16},
+    {"h100-80gb-pcie5", "NVIDIA H100 80GB PCIe (PCIe 5.0 x16), dual-socket host",
+     "NVIDIA H100 PCIe datasheet (756 TFLOPS dense bf16, 2000 GB/s HBM2e); PCIe 5.0 x16 64 "
+     "GB/s nominal, ~50 GB/s typical pinned copies; 2x 8-channel DDR5 ~400 GB/s",
+     50, 50, 40, 80, 1024, 450, 1800, 0.7, 12.0, 64},
+    {"h200-141gb", "NVIDIA H200 141GB (PCIe 5.0 x16 host link)",
+     "NVIDIA H200 datasheet (989 TFLOPS dense bf16 SXM, ~790 measured on a lent H200, "
+     "4800 GB/s HBM3e); PCIe 5.0 x16 ~50 GB/s typical; 16-32 core DDR5 host",
+     50, 50, 40, 141, 128, 500, 4000, 0.7, 8.0, 16},
+};
+
+const char *fy_profile_names(void) { return "a100-40gb-pcie4, rtx4090-pcie4, h100-80gb-pcie5, h200-141gb"; }
+
+fy_status fy_profile_named(const char *name, fy_profile *out) {
+    for (size_t i = 0; i < sizeof named / sizeof named[0]; i++) {
+        if (strcmp(name, named[i].name)) continue;
+        memset(out, 0, sizeof *out);
+        snprintf(out->name, sizeof out->name, "%s", named[i].name);
+        snprintf(out->device, sizeof out->device, "%s", named[i].device);
+        snprintf(out->source, sizeof out->source, "estimate: %s", named[i].source);
+        out->estimate = true;
+        out->h2d_gbps = named[i].h2d;
+        out->d2h_gbps = named[i].d2h;
+        out->duplex_h2d_gbps = out->duplex_d2h_gbps = named[i].duplex;
+        out->latency_ms = 0.01;
+        out->device_mem_gib = named[i].mem_gib;
+        out->host_mem_gib = named[i].host_gib;
+        out->cores = named[i].cores;
+        out->numa_nodes = 1;
+        out->adam_threads_max = named[i].cores < FY_PROFILE_MAX_THREADS ? named[i].cores : FY_PROFILE_MAX_THREADS;
+        for (int t = 1; t <= out->adam_threads_max; t++) {
+            double r = t * named[i].adam_per_thread;
+            out->adam_gparams[t] = r < named[i].adam_max ? r : named[i].adam_max;
+        }
+        out->compute_tflops = named[i].tflops;
+        out->device_mem_gbps = named[i].mem_gbps;
+        return FY_OK;
+    }
+    fy_log_error("unknown profile '%s' (a file, or one of: %s)", name, fy_profile_names());
+    return FY_ERR_INVALID;
+}
+
+double fy_profile_adam_gparams(const fy_profile *p, int threads) {
+    int t = threads < p->adam_threads_max ? threads : p->adam_threads_max;
+    while (t > 1 && p->adam_gparams[t] <= 0) t--;
+    return t >= 1 ? p->adam_gparams[t] : 0.0;
+}
+
+static const char *class_names[FY_CLASS_COUNT] = {"embed", "layer", "head"};
+
+fy_status fy_profile_save(const char *path, const fy_profile *p) {
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddStringToObject(r, "format", "ferry-profile");
+    cJSON_AddNumberToObject(r, "version", 1);
+    cJSON_AddStringToObject(r, "name", p->name);
+    cJSON_AddStringToObject(r, "device", p->device);
+    cJSON_AddStringToObject(r, "source", p->source);
+    cJSON_AddBoolToObject(r, "estimate", p->estimate);
+    cJSON_AddNumberToObject(r, "h2d_gbps", p->h2d_gbps);
+    cJSON_AddNumberToObject(r, "d2h_gbps", p->d2h_gbps);
+    cJSON_AddNumberToObject(r, "duplex_h2d_gbps", p->duplex_h2d_gbps);
+    cJSON_AddNumberToObject(r, "duplex_d2h_gbps", p->duplex_d2h_gbps);
+    cJSON_AddNumberToObject(r, "latency_ms", p->latency_ms);
+    cJSON_AddNumberToObject(r, "device_mem_gib", p->device_mem_gib);
+    cJSON_AddNumberToObject(r, "host_mem_gib", p->host_mem_gib);
+    cJSON_AddNumberToObject(r, "cores", p->cores);
+    cJSON_AddNumberToObject(r, "numa_nodes", p->numa_nodes);
+    cJSON *adam = cJSON_AddArrayToObject(r, "adam_gparams_by_threads");
+    for (int t = 1; t <= p->adam_threads_max; t++) cJSON_AddItemToArray(adam, cJSON_CreateNumber(p->adam_gparams[t]));
+    cJSON_AddNumberToObject(r, "compute_tflops", p->compute_tflops);
+    cJSON_AddNumberToObject(r, "device_mem_gbps", p->device_mem_gbps);
+    if (p->has_blocks) {
+        cJSON *b = cJSON_AddObjectToObject(r, "blocks");
+        const fy_gpt2_config *m = &p->block_model;
+        cJSON *mm = cJSON_AddObjectToObject(b, "model");
+        cJSON_AddNumberToObject(mm, "vocab", m->vocab);
+        cJSON_AddNumberToObject(mm, "max_seq", m->max_seq);
+        cJSON_AddNumberToObject(mm, "channels", m->channels);
+        cJSON_AddNumberToObject(mm, "layers", m->layers);
+        cJSON_AddNumberToObject(mm, "heads", m->heads);
+        cJSON_AddNumberToObject(b, "seq", p->block_seq);
+        cJSON *costs = cJSON_AddObjectToObject(b, "ms_a_plus_b_times_batch");
+        for (int k = 0; k < FY_T_COUNT; k++) {
+            cJSON *kc = NULL;
+            for (int c = 0; c < FY_CLASS_COUNT; c++) {
+                if (p->block_a[k][c] == 0 && p->block_b[k][c] == 0) continue;
+                if (!kc) kc = cJSON_AddObjectToObject(costs, fy_task_kind_name(k));
+                cJSON *ab = cJSON_CreateArray();
+                cJSON_AddItemToArray(ab, cJSON_CreateNumber(p->block_a[k][c]));
+                cJSON_AddItemToArray(ab, cJSON_CreateNumber(p->block_b[k][c]));
+                cJSON_AddItemToObject(kc, class_names[c], ab);
+            }
+        }
+    }
+    char *text = cJSON_Print(r);
+    cJSON_Delete(r);
+    if (!text) return FY_ERR_NOMEM;
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "wb");
+    fy_status st = FY_OK;
+    if (!f || fputs(text, f) < 0 || fputc('\n', f) < 0 || fclose(f) != 0 || rename(tmp, path) != 0) {
+        remove(tmp);
+        fy_log_error("cannot write profile %s", path);
+        st = FY_ERR_IO;
+    }
+    free(text);
+    return st;
+}
+
+static bool num(const cJSON *o, const char *key, double lo, double hi, double *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi)) return false;
+    *out = v->valuedouble;
+    return true;
+}
+
+fy_status fy_profile_load(const char *path, fy_profile *out) {
+    memset(out, 0, sizeof *out);
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fy_log_error("cannot open profile %s", path);
+        return FY_ERR_IO;
+    }
+    char *text = malloc(1 << 20);
+    size_t n = text ? fread(text, 1, (1 << 20) - 1, f) : 0;
+    fclose(f);
+    if (!text) return FY_ERR_NOMEM;
+    text[n] = 0;
+    cJSON *r = cJSON_Parse(text);
+    free(text);
+    const char *why = NULL;
+    double v;
+    if (!r) { why = "not JSON"; goto done; }
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(r, "format");
+    if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "ferry-profile")) { why = "\"format\" is not \"ferry-profile\""; goto done; }
+    const char *s;
+    if ((s = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r, "name")))) snprintf(out->name, sizeof out->name, "%s", s);
+    if ((s = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r, "device")))) snprintf(out->device, sizeof out->device, "%s", s);
+    if ((s = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r, "source")))) snprintf(out->source, sizeof out->source, "%s", s);
+    out->estimate = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "estimate"));
+    if (!num(r, "h2d_gbps", 1e-3, 1e4, &out->h2d_gbps) || !num(r, "d2h_gbps", 1e-3, 1e4, &out->d2h_gbps) ||
+        !num(r, "duplex_h2d_gbps", 1e-3, 1e4, &out->duplex_h2d_gbps) ||
+        !num(r, "duplex_d2h_gbps", 1e-3, 1e4, &out->duplex_d2h_gbps) ||
+        !num(r, "latency_ms", 0, 1e3, &out->latency_ms)) { why = "bandwidths must be positive numbers (GB/s), latency_ms >= 0"; goto done; }
+    if (!num(r, "device_mem_gib", 0, 1e6, &out->device_mem_gib) || !num(r, "host_mem_gib", 0, 1e7, &out->host_mem_gib)) { why = "memory sizes must be numbers (GiB)"; goto done; }
+    if (!num(r, "cores", 1, 1e5, &v)) { why = "cores must be a positive number"; goto done; }
+    out->cores = (int)v;
+    out->numa_nodes = num(r, "numa_nodes", 1, 1024, &v) ? (int)v : 1;
+    const cJSON *adam = cJSON_GetObjectItemCaseSensitive(r, "adam_gparams_by_threads");
+    int na = cJSON_IsArray(adam) ? cJSON_GetArraySize(adam) : 0;
+    if (na < 1 || na > FY_PROFILE_MAX_THREADS) { why = "adam_gparams_by_threads must list 1..64 rates"; goto done; }
+    out->adam_threads_max = na;
+    for (int t = 1; t <= na; t++) {
+        const cJSON *x = cJSON_GetArrayItem(adam, t - 1);
+        if (!cJSON_IsNumber(x) || !(x->valuedouble > 0 && x->valuedouble < 1e4)) { why = "adam rates must be positive"; goto done; }
+        out->adam_gparams[t] = x->valuedouble;
+    }
+    if (!num(r, "compute_tflops", 1e-6, 1e5, &out->compute_tflops) || !num(r, "device_mem_gbps", 1e-3, 1e6, &out->device_mem_gbps)) { why = "compute_tflops and device_mem_gbps must be positive"; goto done; }
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(r, "blocks");
+    if (b) {
+        const cJSON *mm = cJSON_GetObjectItemCaseSensitive(b, "model");
+        double mv[5];
+        const char *keys[5] = {"vocab", "max_seq", "channels", "layers", "heads"};
+        for (int i = 0; i < 5; i++)
+            if (!num(mm, keys[i], 1, 1e9, &mv[i])) { why = "blocks.model needs vocab, max_seq, channels, layers, heads"; goto done; }
+        out->block_model = (fy_gpt2_config){(int)mv[0], (int)mv[1], (int)mv[2], (int)mv[3], (int)mv[4]};
+        if (!num(b, "seq", 1, 1e7, &v)) { why = "blocks.seq must be positive"; goto done; }
+        out->block_seq = (int)v;
+        const cJSON *costs = cJSON_GetObjectItemCaseSensitive(b, "ms_a_plus_b_times_batch");
+        for (int k = 0; k < FY_T_COUNT; k++) {
+            const cJSON *kc = cJSON_GetObjectItemCaseSensitive(costs, fy_task_kind_name(k));
+            for (int c = 0; c < FY_CLASS_COUNT && kc; c++) {
+                const cJSON *ab = cJSON_GetObjectItemCaseSensitive(kc, class_names[c]);
+                if (!ab) continue;
+                if (!cJSON_IsArray(ab) || cJSON_GetArraySize(ab) != 2 ||
+                    !cJSON_IsNumber(cJSON_GetArrayItem(ab, 0)) || !cJSON_IsNumber(cJSON_GetArrayItem(ab, 1))) {
+                    why = "block costs must be [a, b] pairs";
+                    goto done;
+                }
+                out->block_a[k][c] = cJSON_GetArrayItem(ab, 0)->valuedouble;
+                out->block_b[k][c] = cJSON_GetArrayItem(ab, 1)->valuedouble;
+            }
+        }
+        out->has_blocks = true;
+    }
+done:
+    cJSON_Delete(r);
+    if (why) {
+        fy_log_error("profile %s: %s", path, why);
+        return FY_ERR_FORMAT;
+    }
+    return FY_OK;
+}
+
+fy_status fy_profile_open(const char *path_or_name, fy_profile *out) {
+    FILE *f = fopen(path_or_name, "rb");
+    if (f) {
+        fclose(f);
+        return fy_profile_load(path_or_name, out);
+    }
+    return fy_profile_named(path_or_name, out);
+}

@@ -1,0 +1,69 @@
+/* profile.h — what the tuner knows about a machine: transfer bandwidths, memory, CPU
+ * Adam throughput, and the cost of the model's blocks.
+ *
+ * A profile is measured by `ferry probe` (fy_probe) or taken from a named profile of
+ * hardware ferry may not run on (estimates, each with its source). Block costs come in two
+ * forms: measured, for one model shape and sequence length, as a linear fit in the
+ * micro-batch size (ms = a + b * B) per task kind; or analytic, from an effective GEMM
+ * throughput and memory bandwidth (used when no measurement matches the model).
+ *
+ * Files are JSON (fy_profile_save / fy_profile_load), refused with one error line when
+ * malformed. */
+#ifndef FY_PROFILE_H
+#define FY_PROFILE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "engine/core/status.h"
+#include "engine/model/gpt2.h"
+#include "engine/trainer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FY_PROFILE_MAX_THREADS 64
+
+/* Measured block costs: per task kind and block class, ms = a + b * micro_batch. */
+typedef enum fy_block_class { FY_CLASS_EMBED = 0, FY_CLASS_LAYER, FY_CLASS_HEAD, FY_CLASS_COUNT } fy_block_class;
+
+typedef struct fy_profile {
+    char name[64];
+    char source[512];          /* where the numbers come from */
+    bool estimate;             /* not measured on this machine */
+    char device[128];
+    double h2d_gbps, d2h_gbps;             /* pinned, large transfers, one direction */
+    double duplex_h2d_gbps, duplex_d2h_gbps; /* both directions at once */
+    double latency_ms;                     /* per transfer */
+    double device_mem_gib, host_mem_gib;
+    int cores, numa_nodes;
+    int adam_threads_max;
+    double adam_gparams[FY_PROFILE_MAX_THREADS + 1]; /* CPU AdamW G params/s by threads */
+    /* analytic compute model */
+    double compute_tflops;     /* effective matmul throughput */
+    double device_mem_gbps;    /* memory-bound device work */
+    /* measured block costs (valid when has_blocks) */
+    bool has_blocks;
+    fy_gpt2_config block_model;
+    int block_seq;
+    double block_a[FY_T_COUNT][FY_CLASS_COUNT], block_b[FY_T_COUNT][FY_CLASS_COUNT];
+} fy_profile;
+
+/* Named profiles: "a100-40gb-pcie4", "rtx4090-pcie4", "h100-80gb-pcie5", "h200-141gb".
+ * FY_ERR_INVALID (logged, listing the names) if unknown. */
+fy_status fy_profile_named(const char *name, fy_profile *out);
+const char *fy_profile_names(void);
+
+fy_status fy_profile_save(const char *path, const fy_profile *p);
+fy_status fy_profile_load(const char *path, fy_profile *out);
+/* A profile from a file path or a name. */
+fy_status fy_profile_open(const char *path_or_name, fy_profile *out);
+
+/* CPU AdamW throughput with t threads (nearest measured count at or below t). */
+double fy_profile_adam_gparams(const fy_profile *p, int threads);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,160 @@
+/* tune.c — the cost model and the exhaustive search over AutoHete's plan space. */
+#include "tuner/tune.h"
+
+#include "engine/core/util.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static double xfer_ms(double nbytes, double gbps, double latency_ms) {
+    return nbytes / (gbps * 1e9) * 1e3 + latency_ms;
+}
+
+static fy_block_class class_of(const fy_gpt2_config *m, int b) {
+    return b == 0 ? FY_CLASS_EMBED : b == m->layers + 1 ? FY_CLASS_HEAD : FY_CLASS_LAYER;
+}
+
+/* Analytic compute cost of kind on block b: matmul FLOPs at the effective throughput
+ * plus the block's memory traffic at the device's bandwidth. */
+static double analytic_ms(const fy_profile *p, const fy_gpt2_config *m, int kind, int b,
+                          size_t nelem, int B, int T) {
+    const double N = (double)B * T, C = m->channels, V = m->vocab, P = (double)nelem;
+    const double flop_s = p->compute_tflops * 1e12, byte_s = p->device_mem_gbps * 1e9;
+    const fy_block_class cls = class_of(m, b);
+    double fwd_flops = cls == FY_CLASS_LAYER ? 2.0 * N * P + 4.0 * B * (double)T * T * C : 0.0;
+    switch (kind) {
+    case FY_T_FWD:
+    case FY_T_RECOMPUTE:
+        if (cls == FY_CLASS_EMBED) return 1e3 * 3.0 * N * C * 4 / byte_s;
+        return 1e3 * (fwd_flops / flop_s + 4.0 * P / byte_s + 20.0 * N * C * 4 / byte_s);
+    case FY_T_BWD:
+        if (cls == FY_CLASS_EMBED) return 1e3 * 3.0 * N * C * 4 / byte_s;
+        return 1e3 * (2.0 * fwd_flops / flop_s + 24.0 * P / byte_s + 40.0 * N * C * 4 / byte_s);
+    case FY_T_HEAD:
+        return 1e3 * (6.0 * N * C * V / flop_s + 4.0 * N * V * 4 / byte_s);
+    case FY_T_GOPEN:
+        return 1e3 * 4.0 * P / byte_s;
+    case FY_T_ADAM_GPU:
+        return 1e3 * 28.0 * P / byte_s;
+    default:
+        return 0.0;
+    }
+}
+
+void fy_tune_costs(const fy_profile *p, fy_trainer *dry, int adam_threads) {
+    const fy_gpt2_layout *lay = fy_trainer_layout(dry);
+    const fy_storage *st = fy_trainer_storage(dry);
+    const fy_gpt2_config *m = &lay->cfg;
+    const int B = st->plan.micro_batch, T = st->T;
+    const bool measured = p->has_blocks && p->block_seq == T &&
+                          !memcmp(&p->block_model, m, sizeof *m);
+    double adam = fy_profile_adam_gparams(p, adam_threads) * 1e9;
+    fy_trainer_set_cost(dry, FY_T_LOAD, -1, xfer_ms(8.0 * B * T, p->h2d_gbps, p->latency_ms));
+    fy_trainer_set_cost(dry, FY_T_NORM, -1, 0.01);
+    for (int b = 0; b < lay->nblocks; b++) {
+        const double nb = (double)lay->blocks[b].nelem * sizeof(float);
+        const double P = (double)lay->blocks[b].nelem;
+        fy_trainer_set_cost(dry, FY_T_H2D_PARAM, b, xfer_ms(nb, p->h2d_gbps, p->latency_ms));
+        fy_trainer_set_cost(dry, FY_T_H2D_UPDATE, b, xfer_ms(nb, p->h2d_gbps, p->latency_ms));
+        fy_trainer_set_cost(dry, FY_T_D2H_GRAD, b, xfer_ms(nb, p->d2h_gbps, p->latency_ms));
+        fy_trainer_set_cost(dry, FY_T_D2H_PARAM, b, xfer_ms(nb, p->d2h_gbps, p->latency_ms));
+        fy_trainer_set_cost(dry, FY_T_ADAM_CPU, b, adam > 0 ? P / adam * 1e3 : 1e9);
+        static const int compute[] = {FY_T_FWD, FY_T_RECOMPUTE, FY_T_BWD, FY_T_HEAD, FY_T_GOPEN,
+                                      FY_T_ADAM_GPU};
+        for (size_t i = 0; i < sizeof compute / sizeof compute[0]; i++) {
+            int k = compute[i];
+            fy_block_class c = class_of(m, b);
+            double ms;
+            if (measured && (p->block_a[k][c] != 0 || p->block_b[k][c] != 0))
+                ms = p->block_a[k][c] + p->block_b[k][c] * B;
+            else
+                ms = analytic_ms(p, m, k, b, lay->blocks[b].nelem, B, T);
+            fy_trainer_set_cost(dry, (fy_task_kind)k, b, ms > 0 ? ms : 0.0);
+        }
+    }
+}
+
+fy_status fy_tune_predict(const fy_profile *p, const fy_tune_cfg *cfg, const fy_plan *plan,
+                          fy_tune_result *out) {
+    memset(out, 0, sizeof *out);
+    fy_trainer_cfg tc = {.model = cfg->model, .T = cfg->seq, .plan = plan};
+    fy_trainer *dry;
+    FY_TRY(fy_trainer_new_dry(&tc, &dry));
+    out->mem = fy_trainer_storage(dry)->model;
+    fy_tune_costs(p, dry, cfg->adam_threads);
+    int w = cfg->window > 0 ? cfg->window : 20;
+    fy_sched_result r;
+    fy_status st = fy_trainer_predict(dry, w, FY_SCHED_PRIORITY, true, &r);
+    if (st == FY_OK) {
+        out->step_ms = r.makespan_ms / w;
+        for (int l = 0; l < FY_LANE_COUNT; l++) out->busy_ms[l] = r.busy_ms[l] / w;
+        fy_sched_result_free(&r);
+        st = fy_plan_copy(plan, &out->plan);
+    }
+    fy_trainer_free(dry);
+    return st;
+}
+
+/* Tokens per millisecond: the objective (micro-batch and accumulation vary, the batch
+ * does not, so step time alone would do; this keeps the comparison explicit). */
+static double throughput(const fy_tune_cfg *cfg, const fy_tune_result *r) {
+    return (double)cfg->batch * cfg->seq / r->step_ms;
+}
+
+fy_status fy_tune(const fy_profile *p, const fy_tune_cfg *cfg, fy_tune_result *top, int ntop,
+                  int *nfound, int *nevaluated) {
+    const int L = cfg->model.layers;
+    *nfound = 0;
+    *nevaluated = 0;
+    fy_gpt2_layout lay;
+    FY_TRY(fy_gpt2_layout_new(&cfg->model, &lay));
+    fy_status st = FY_OK;
+    size_t best_dev = SIZE_MAX;
+    for (int micro = 1; micro <= cfg->batch && st == FY_OK; micro++) {
+        if (cfg->batch % micro) continue;
+        for (int k1 = 0; k1 <= L && st == FY_OK; k1++)
+            for (int k2 = 0; k2 <= L && st == FY_OK; k2++)
+                for (int k3 = 0; k3 <= L && st == FY_OK; k3++) {
+                    fy_plan plan;
+                    if ((st = fy_plan_new(L, micro, cfg->batch / micro, &plan)) != FY_OK) break;
+                    st = fy_plan_shorthands(&plan, (double)k2 / L, (double)k3 / L, k1);
+                    fy_mem_model mm;
+                    if (st == FY_OK) fy_storage_model(&lay, &plan, cfg->seq, &mm);
+                    bool fits = st == FY_OK && mm.device_total <= cfg->device_budget &&
+                                (!cfg->host_budget || mm.host_total <= cfg->host_budget);
+                    if (st == FY_OK && mm.device_total < best_dev) best_dev = mm.device_total;
+                    if (fits) {
+                        fy_tune_result r;
+                        st = fy_tune_predict(p, cfg, &plan, &r);
+                        (*nevaluated)++;
+                        if (st == FY_OK) {
+                            r.k1 = k1;
+                            r.k2 = k2;
+                            r.k3 = k3;
+                            /* insert into the top list, fastest first */
+                            int pos = *nfound < ntop ? *nfound : ntop;
+                            while (pos > 0 && throughput(cfg, &r) > throughput(cfg, &top[pos - 1])) pos--;
+                            if (pos < ntop) {
+                                if (*nfound == ntop) fy_plan_free(&top[ntop - 1].plan);
+                                else (*nfound)++;
+                                memmove(&top[pos + 1], &top[pos], (size_t)(*nfound - 1 - pos) * sizeof *top);
+                                top[pos] = r;
+                            } else {
+                                fy_plan_free(&r.plan);
+                            }
+                        }
+                    }
+                    fy_plan_free(&plan);
+                }
+    }
+    fy_gpt2_layout_free(&lay);
+    if (st != FY_OK) return st;
+    if (*nfound == 0) {
+        char a[32], b[32];
+        fy_log_error("no plan fits: the smallest needs %s of device memory, the budget is %s",
+                     fy_fmt_size(best_dev, a, sizeof a), fy_fmt_size(cfg->device_budget, b, sizeof b));
+        return FY_ERR_INVALID;
+    }
+    return FY_OK;
+}

@@ -1,0 +1,61 @@
+/* tune.h — cost model and plan search.
+ *
+ * The cost model gives every task of the step graph a duration from a profile: transfers
+ * are bytes over the measured bandwidth plus latency, CPU AdamW is parameters over the
+ * measured throughput for the thread count, and compute is the profile's measured block
+ * costs (a + b * micro-batch, for the same model shape and sequence length) or, without
+ * them, an analytic estimate from the effective matmul throughput and memory bandwidth.
+ * The search walks AutoHete's space (recompute the first k1 layers, stream the first k2,
+ * CPU optimizer for the last k3) times the micro-batch sizes that divide the batch,
+ * drops every plan whose memory model exceeds the device or host budget, predicts each
+ * survivor's step time on the scheduler's simulator (the same graph and policy training
+ * runs) and keeps the fastest. It never returns a plan that does not fit. */
+#ifndef FY_TUNE_H
+#define FY_TUNE_H
+
+#include <stddef.h>
+
+#include "engine/trainer.h"
+#include "offload/plan.h"
+#include "offload/storage.h"
+#include "tuner/profile.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Fills a planning trainer's cost table from the profile. */
+void fy_tune_costs(const fy_profile *p, fy_trainer *dry, int adam_threads);
+
+typedef struct fy_tune_cfg {
+    fy_gpt2_config model;
+    int batch;             /* tokens per step = batch * seq (micro-batch * accumulation) */
+    int seq;
+    size_t device_budget;  /* bytes */
+    size_t host_budget;    /* bytes; 0 = no limit */
+    int adam_threads;
+    int window;            /* steps simulated per candidate */
+} fy_tune_cfg;
+
+typedef struct fy_tune_result {
+    fy_plan plan;
+    double step_ms;            /* predicted, steady state */
+    double busy_ms[FY_LANE_COUNT];
+    fy_mem_model mem;
+    int k1, k2, k3;
+} fy_tune_result;
+
+/* Searches and returns the best `ntop` plans in top[] (fastest first; the caller frees
+ * each plan with fy_plan_free), *nfound how many. FY_ERR_INVALID (logged) if no plan fits
+ * the budgets. */
+fy_status fy_tune(const fy_profile *p, const fy_tune_cfg *cfg, fy_tune_result *top, int ntop,
+                  int *nfound, int *nevaluated);
+
+/* Predicts one plan (memory model and step time). */
+fy_status fy_tune_predict(const fy_profile *p, const fy_tune_cfg *cfg, const fy_plan *plan,
+                          fy_tune_result *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
