@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "engine/cli/opts.h"
+#include "engine/cli/sweep_cmd.h"
 #include "engine/cli/tune_cmd.h"
 #include "engine/core/status.h"
 #include "engine/device/device.h"
@@ -25,6 +26,7 @@ static const char *usage_main =
     "  eval    mean loss of a weights file on a data file\n"
     "  probe   measure this machine into a profile for the tuner\n"
     "  tune    choose the fastest offload plan that fits the budgets\n"
+    "  sweep   run a grid of offload configurations beside the tuner's predictions\n"
     "  info    build features and devices\n"
     "  bench   microbenchmarks (bench adam)\n\n"
     "`ferry <command> --help` lists a command's options.";
@@ -78,13 +80,20 @@ int main(int argc, char **argv) {
         return 2;
     }
     unsigned c = !strcmp(cmd, "train") ? FY_CMD_TRAIN : !strcmp(cmd, "eval") ? FY_CMD_EVAL
-                 : !strcmp(cmd, "probe") ? FY_CMD_PROBE : !strcmp(cmd, "tune") ? FY_CMD_TUNE : 0;
+                 : !strcmp(cmd, "probe") ? FY_CMD_PROBE : !strcmp(cmd, "tune") ? FY_CMD_TUNE
+                 : !strcmp(cmd, "sweep") ? FY_CMD_SWEEP : 0;
     if (!c) {
-        fy_log_error("unknown command '%s' (commands: train, eval, probe, tune, info, bench)", cmd);
+        fy_log_error("unknown command '%s' (commands: train, eval, probe, tune, sweep, info, bench)", cmd);
         return 2;
     }
     fy_opts o;
     int rc = fy_opts_parse(&o, c, argc, argv, 2);
+    if (rc == 1 && c == FY_CMD_SWEEP) {
+        fy_opts_help(c, "usage: ferry sweep --model M --grid SPEC [--steps N] [--simulate] "
+                        "[--profile P] [--out DIR]\n\nruns (or simulates) every configuration of "
+                        "the grid and compares the tuner's predictions with the measurements");
+        return 0;
+    }
     if (rc == 1 && (c == FY_CMD_PROBE || c == FY_CMD_TUNE)) {
         fy_opts_help(c, c == FY_CMD_PROBE
             ? "usage: ferry probe [--model M] [--batch B] [--seq T] [--out FILE]\n\nmeasures "
@@ -105,5 +114,6 @@ int main(int argc, char **argv) {
     if (rc < 0) return 2;
     if (c == FY_CMD_PROBE) return fy_probe_main(&o);
     if (c == FY_CMD_TUNE) return fy_tune_main(&o);
+    if (c == FY_CMD_SWEEP) return fy_sweep_main(&o);
     return c == FY_CMD_TRAIN ? fy_train_main(&o) : fy_eval_main(&o);
 }

@@ -16,7 +16,7 @@ extern "C" {
 #endif
 
 enum { FY_CMD_TRAIN = 1 << 0, FY_CMD_EVAL = 1 << 1, FY_CMD_INFO = 1 << 2, FY_CMD_PROBE = 1 << 3,
-       FY_CMD_TUNE = 1 << 4 };
+       FY_CMD_TUNE = 1 << 4, FY_CMD_SWEEP = 1 << 5 };
 
 typedef struct fy_opts {
     /* device */
@@ -55,6 +55,8 @@ typedef struct fy_opts {
     const char *profile;
     const char *out;
     size_t host_mem;
+    const char *grid;
+    bool simulate;
     /* evaluation and output */
     int64_t val_every, val_batches, batches, log_every;
     const char *save;

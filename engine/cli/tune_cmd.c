@@ -97,7 +97,7 @@ int fy_probe_main(const fy_opts *o) {
 
 /* The profile: --profile (file or name), else the cache if it measured this model and
  * sequence length, else a probe now (saved to the cache). */
-static fy_status get_profile(const fy_opts *o, const fy_gpt2_config *cfg, fy_profile *p) {
+fy_status fy_tune_auto_profile(const fy_opts *o, const fy_gpt2_config *cfg, fy_profile *p) {
     if (o->profile) return fy_profile_open(o->profile, p);
     char path[4096];
     FY_TRY(cache_path(path, sizeof path));
@@ -184,7 +184,7 @@ int fy_tune_main(const fy_opts *o) {
     if (o->quiet) fy_log_set_level(FY_LOG_WARN);
     fy_gpt2_config cfg;
     fy_profile p;
-    if (fy_opts_model(o, &cfg) != FY_OK || get_profile(o, &cfg, &p) != FY_OK) return 1;
+    if (fy_opts_model(o, &cfg) != FY_OK || fy_tune_auto_profile(o, &cfg, &p) != FY_OK) return 1;
     fy_tune_result top[5];
     int n = 0;
     if (search(o, &cfg, &p, top, 5, &n) != FY_OK) return 1;
@@ -197,7 +197,7 @@ int fy_tune_main(const fy_opts *o) {
 
 fy_status fy_tune_auto_plan(const fy_opts *o, const fy_gpt2_config *cfg, fy_plan *out) {
     fy_profile p;
-    FY_TRY(get_profile(o, cfg, &p));
+    FY_TRY(fy_tune_auto_profile(o, cfg, &p));
     fy_tune_result top[5];
     int n = 0;
     FY_TRY(search(o, cfg, &p, top, 5, &n));

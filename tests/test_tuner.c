@@ -1,0 +1,218 @@
+/* test_tuner.c — profiles (files, named estimates), and the plan search: on synthetic
+ * profiles whose optimum is known by construction it finds it, and it never returns a
+ * plan over the device or host budget. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tuner/profile.h"
+#include "tuner/tune.h"
+
+static const fy_gpt2_config small = {.vocab = 256, .max_seq = 32, .channels = 32, .layers = 2,
+                                     .heads = 4};
+
+/* A profile in which every resource is fast and balanced. */
+static fy_profile base_profile(void) {
+    fy_profile p;
+    memset(&p, 0, sizeof p);
+    snprintf(p.name, sizeof p.name, "synthetic");
+    p.h2d_gbps = p.d2h_gbps = p.duplex_h2d_gbps = p.duplex_d2h_gbps = 10;
+    p.latency_ms = 0.01;
+    p.device_mem_gib = 1;
+    p.host_mem_gib = 4;
+    p.cores = 2;
+    p.numa_nodes = 1;
+    p.adam_threads_max = 2;
+    p.adam_gparams[1] = 1;
+    p.adam_gparams[2] = 2;
+    p.compute_tflops = 0.05;
+    p.device_mem_gbps = 20;
+    return p;
+}
+
+static fy_tune_cfg base_cfg(size_t budget) {
+    return (fy_tune_cfg){.model = small, .batch = 4, .seq = 16, .device_budget = budget,
+                         .adam_threads = 2, .window = 6};
+}
+
+static char *tmp_path(void) {
+    static char path[64];
+    snprintf(path, sizeof path, "/tmp/ferry_tuner_XXXXXX");
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    close(fd);
+    return path;
+}
+
+Test(profile, json_round_trip) {
+    fy_profile p = base_profile(), q;
+    p.has_blocks = true;
+    p.block_model = small;
+    p.block_seq = 16;
+    p.block_a[FY_T_FWD][FY_CLASS_LAYER] = 1.5;
+    p.block_b[FY_T_FWD][FY_CLASS_LAYER] = 0.25;
+    p.block_a[FY_T_HEAD][FY_CLASS_HEAD] = 0.75;
+    char *path = tmp_path();
+    cr_assert_eq(fy_profile_save(path, &p), FY_OK);
+    cr_assert_eq(fy_profile_load(path, &q), FY_OK);
+    cr_expect_eq(q.h2d_gbps, p.h2d_gbps);
+    cr_expect_eq(q.adam_threads_max, 2);
+    cr_expect_eq(q.adam_gparams[2], 2);
+    cr_expect(q.has_blocks && !memcmp(&q.block_model, &small, sizeof small));
+    cr_expect_eq(q.block_a[FY_T_FWD][FY_CLASS_LAYER], 1.5);
+    cr_expect_eq(q.block_b[FY_T_FWD][FY_CLASS_LAYER], 0.25);
+    cr_expect_eq(q.block_a[FY_T_HEAD][FY_CLASS_HEAD], 0.75);
+    unlink(path);
+}
+
+Test(profile, named_profiles_are_estimates_with_sources) {
+    const char *names[] = {"a100-40gb-pcie4", "rtx4090-pcie4", "h100-80gb-pcie5", "h200-141gb"};
+    for (int i = 0; i < 4; i++) {
+        fy_profile p;
+        cr_assert_eq(fy_profile_named(names[i], &p), FY_OK, "%s", names[i]);
+        cr_expect(p.estimate);
+        cr_expect(strstr(p.source, "estimate") != NULL && strlen(p.source) > 40);
+        cr_expect(p.h2d_gbps > 0 && p.compute_tflops > 0 && p.device_mem_gib > 0);
+    }
+    fy_profile p;
+    cr_expect_eq(fy_profile_named("tpu-v9", &p), FY_ERR_INVALID);
+    cr_expect(strstr(fy_last_error(), "h200-141gb") != NULL, "error lists the names");
+}
+
+Test(profile, bad_files_are_refused) {
+    const char *bad[] = {
+        "not json",
+        "{\"format\":\"ferry-plan\"}",
+        "{\"format\":\"ferry-profile\",\"h2d_gbps\":-1,\"d2h_gbps\":1,\"duplex_h2d_gbps\":1,"
+        "\"duplex_d2h_gbps\":1,\"latency_ms\":0,\"device_mem_gib\":1,\"host_mem_gib\":1,\"cores\":1,"
+        "\"adam_gparams_by_threads\":[1],\"compute_tflops\":1,\"device_mem_gbps\":1}",
+        "{\"format\":\"ferry-profile\",\"h2d_gbps\":1,\"d2h_gbps\":1,\"duplex_h2d_gbps\":1,"
+        "\"duplex_d2h_gbps\":1,\"latency_ms\":0,\"device_mem_gib\":1,\"host_mem_gib\":1,\"cores\":1,"
+        "\"adam_gparams_by_threads\":[],\"compute_tflops\":1,\"device_mem_gbps\":1}",
+        "{\"format\":\"ferry-profile\",\"h2d_gbps\":1,\"d2h_gbps\":1,\"duplex_h2d_gbps\":1,"
+        "\"duplex_d2h_gbps\":1,\"latency_ms\":0,\"device_mem_gib\":1,\"host_mem_gib\":1,\"cores\":1,"
+        "\"adam_gparams_by_threads\":[1],\"compute_tflops\":1,\"device_mem_gbps\":1,"
+        "\"blocks\":{\"model\":{\"vocab\":1,\"max_seq\":1,\"channels\":1,\"layers\":1,\"heads\":1},"
+        "\"seq\":1,\"ms_a_plus_b_times_batch\":{\"fwd\":{\"layer\":[1]}}}}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *path = tmp_path();
+        FILE *f = fopen(path, "w");
+        fputs(bad[i], f);
+        fclose(f);
+        fy_profile p;
+        cr_expect_eq(fy_profile_load(path, &p), FY_ERR_FORMAT, "case %zu accepted", i);
+        cr_expect(strstr(fy_last_error(), path) != NULL, "case %zu: no file named: %s", i,
+                  fy_last_error());
+        unlink(path);
+    }
+}
+
+static void free_top(fy_tune_result *top, int n) {
+    for (int i = 0; i < n; i++) fy_plan_free(&top[i].plan);
+}
+
+/* Transfers and the CPU optimizer are very slow, memory is plentiful: keeping everything
+ * on the device without recomputation is the optimum by construction. */
+Test(tune, finds_all_resident_when_offload_only_costs) {
+    fy_profile p = base_profile();
+    p.h2d_gbps = p.d2h_gbps = p.duplex_h2d_gbps = p.duplex_d2h_gbps = 1e-3;
+    p.adam_gparams[1] = p.adam_gparams[2] = 1e-4;
+    fy_tune_cfg c = base_cfg((size_t)1 << 30);
+    fy_tune_result top[3];
+    int n, ne;
+    cr_assert_eq(fy_tune(&p, &c, top, 3, &n, &ne), FY_OK);
+    cr_assert(n >= 1 && ne > 50);
+    cr_expect(top[0].k1 == 0 && top[0].k2 == 0 && top[0].k3 == 0, "picked k1=%d k2=%d k3=%d",
+              top[0].k1, top[0].k2, top[0].k3);
+    for (int i = 1; i < n; i++) cr_expect(top[i].step_ms >= top[i - 1].step_ms, "sorted");
+    free_top(top, n);
+}
+
+/* The device's own AdamW is very slow (memory bandwidth tiny) and the CPU's fast, with
+ * fast transfers: every optimizer step on the CPU is the optimum. */
+Test(tune, finds_cpu_optimizer_when_device_adam_is_slow) {
+    fy_profile p = base_profile();
+    p.device_mem_gbps = 1e-3;
+    p.adam_gparams[1] = p.adam_gparams[2] = 100;
+    p.h2d_gbps = p.d2h_gbps = p.duplex_h2d_gbps = p.duplex_d2h_gbps = 100;
+    fy_tune_cfg c = base_cfg((size_t)1 << 30);
+    fy_tune_result top[1];
+    int n, ne;
+    cr_assert_eq(fy_tune(&p, &c, top, 1, &n, &ne), FY_OK);
+    cr_expect_eq(top[0].k3, small.layers, "picked k3=%d", top[0].k3);
+    cr_expect(top[0].plan.blocks[0].optim == FY_OPTIM_CPU, "the embedding's optimizer too");
+    free_top(top, n);
+}
+
+/* Whatever the budget, every returned plan fits it (device and host), and a budget below
+ * the smallest plan is a clear error. */
+Test(tune, never_returns_a_plan_over_budget) {
+    fy_profile p = base_profile();
+    fy_gpt2_layout lay;
+    cr_assert_eq(fy_gpt2_layout_new(&small, &lay), FY_OK);
+    /* the smallest and largest device need over the search space */
+    fy_mem_model lo = {.device_total = SIZE_MAX}, hi = {0};
+    const int L = small.layers;
+    for (int micro = 1; micro <= 4; micro *= 2)
+        for (int k1 = 0; k1 <= L; k1++)
+            for (int k2 = 0; k2 <= L; k2++)
+                for (int k3 = 0; k3 <= L; k3++) {
+                    fy_plan q;
+                    cr_assert_eq(fy_plan_new(L, micro, 4 / micro, &q), FY_OK);
+                    cr_assert_eq(fy_plan_shorthands(&q, (double)k2 / L, (double)k3 / L, k1), FY_OK);
+                    fy_mem_model m;
+                    fy_storage_model(&lay, &q, 16, &m);
+                    if (m.device_total < lo.device_total) lo = m;
+                    if (m.device_total > hi.device_total) hi = m;
+                    fy_plan_free(&q);
+                }
+    cr_assert(lo.device_total < hi.device_total);
+    for (int k = 0; k <= 8; k++) {
+        size_t budget = lo.device_total + (hi.device_total - lo.device_total) * (size_t)k / 8;
+        fy_tune_cfg c = base_cfg(budget);
+        c.host_budget = k % 2 ? (size_t)64 << 20 : 0;
+        fy_tune_result top[5];
+        int n, ne;
+        cr_assert_eq(fy_tune(&p, &c, top, 5, &n, &ne), FY_OK, "budget %zu", budget);
+        for (int i = 0; i < n; i++) {
+            cr_expect(top[i].mem.device_total <= budget, "plan over the device budget");
+            cr_expect(!c.host_budget || top[i].mem.host_total <= c.host_budget);
+        }
+        free_top(top, n);
+    }
+    fy_tune_cfg c = base_cfg(lo.device_total - 1);
+    fy_tune_result top[1];
+    int n, ne;
+    cr_expect_eq(fy_tune(&p, &c, top, 1, &n, &ne), FY_ERR_INVALID);
+    cr_expect(strstr(fy_last_error(), "no plan fits") != NULL);
+    fy_gpt2_layout_free(&lay);
+}
+
+/* The prediction comes from the simulator: slower transfers never make a streamed plan
+ * faster, and a plan's predicted memory is its storage walk's. */
+Test(tune, predictions_follow_the_profile) {
+    fy_profile fast = base_profile(), slow = base_profile();
+    slow.h2d_gbps = slow.d2h_gbps = slow.duplex_h2d_gbps = slow.duplex_d2h_gbps = 0.1;
+    fy_plan plan;
+    cr_assert_eq(fy_plan_new(small.layers, 4, 1, &plan), FY_OK);
+    cr_assert_eq(fy_plan_shorthands(&plan, 1, 1, 0), FY_OK);
+    fy_tune_cfg c = base_cfg((size_t)1 << 30);
+    fy_tune_result a, b;
+    cr_assert_eq(fy_tune_predict(&fast, &c, &plan, &a), FY_OK);
+    cr_assert_eq(fy_tune_predict(&slow, &c, &plan, &b), FY_OK);
+    cr_expect(b.step_ms > a.step_ms, "slow %.3f fast %.3f", b.step_ms, a.step_ms);
+    cr_expect(b.busy_ms[FY_LANE_H2D] > a.busy_ms[FY_LANE_H2D]);
+    fy_gpt2_layout lay;
+    cr_assert_eq(fy_gpt2_layout_new(&small, &lay), FY_OK);
+    fy_mem_model m;
+    fy_storage_model(&lay, &plan, 16, &m);
+    cr_expect_eq(a.mem.device_total, m.device_total);
+    fy_plan_free(&a.plan);
+    fy_plan_free(&b.plan);
+    fy_plan_free(&plan);
+    fy_gpt2_layout_free(&lay);
+}
