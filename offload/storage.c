@@ -20,6 +20,7 @@ const char *fy_mem_cat_name(fy_mem_cat c) { return c < FY_CAT_COUNT ? cat_names[
 
 typedef struct walk {
     fy_storage *st;        /* NULL in a dry walk */
+    bool alloc;            /* allocate (else only count, and fill st's tables) */
     fy_mem_model *m;
     char *arena_cur;       /* real walk: next free byte of the arena */
 } walk;
@@ -27,7 +28,7 @@ typedef struct walk {
 static fy_status take(walk *w, fy_mem_cat cat, size_t nbytes, const char *what, void *out) {
     w->m->device[cat] += nbytes;
     w->m->device_total += nbytes;
-    if (!w->st) return FY_OK;
+    if (!w->st || !w->alloc) return FY_OK;
     fy_storage *st = w->st;
     if (st->nallocs == st->capallocs) {
         int ncap = st->capallocs ? 2 * st->capallocs : 64;
@@ -53,7 +54,7 @@ static void carve(walk *w, fy_mem_cat cat, size_t nbytes, void *out) {
     if (n >= (1u << 20)) n += HOST_STAGGER;
     w->m->host[cat] += n;
     w->m->host_total += n;
-    if (!w->st) return;
+    if (!w->st || !w->alloc) return;
     void *p = w->arena_cur;
     w->arena_cur += n;
     w->st->arena_used += n;
@@ -153,12 +154,12 @@ static fy_status layout(walk *w, const fy_gpt2_layout *lay, const fy_plan *plan,
         fy_gpt2_layer_acts a;
         memset(&a, 0, sizeof a);
         if (plan->blocks[1 + l].acts == FY_ACTS_RECOMPUTE) {
-            if (st) fy_gpt2_layer_acts_bind(mc, B, T, shared, &a);
+            if (st && w->alloc) fy_gpt2_layer_acts_bind(mc, B, T, shared, &a);
         } else {
             float *base = NULL;
             snprintf(what, sizeof what, "layer %d activations", l);
             FY_TRY(take(w, FY_CAT_ACTS, fsz(layer_n), what, &base));
-            if (st) fy_gpt2_layer_acts_bind(mc, B, T, base, &a);
+            if (st && w->alloc) fy_gpt2_layer_acts_bind(mc, B, T, base, &a);
         }
         snprintf(what, sizeof what, "layer %d output", l);
         FY_TRY(take(w, FY_CAT_ACTS, fsz(N * mc->channels), what, &a.out));
@@ -166,11 +167,11 @@ static fy_status layout(walk *w, const fy_gpt2_layout *lay, const fy_plan *plan,
     }
     float *base = NULL;
     FY_TRY(take(w, FY_CAT_ACTS, fsz(fy_gpt2_head_acts_nelem(mc, B, T)), "head activations", &base));
-    if (st) fy_gpt2_head_acts_bind(mc, B, T, base, &st->head);
+    if (st && w->alloc) fy_gpt2_head_acts_bind(mc, B, T, base, &st->head);
     FY_TRY(take(w, FY_CAT_ACTS, fsz(N * mc->channels), "embedding output", st ? &st->x0 : &base));
     FY_TRY(take(w, FY_CAT_WORKSPACE, fsz(fy_gpt2_scratch_nelem(mc, B, T)), "backward workspace",
                 &base));
-    if (st) fy_gpt2_scratch_bind(mc, B, T, base, &st->sc);
+    if (st && w->alloc) fy_gpt2_scratch_bind(mc, B, T, base, &st->sc);
     const size_t accum = (size_t)plan->grad_accum;
     void *tmp;
     /* tokens are double-buffered so the next micro-batch loads while this one computes */
@@ -222,7 +223,7 @@ fy_status fy_storage_new(fy_dev *dev, const fy_gpt2_layout *lay, const fy_plan *
         s = fy_dev_alloc(dev, FY_MEM_HOST, st->arena_nbytes, "host arena", &st->arena);
         if (s != FY_OK) goto fail;
     }
-    walk w = {.st = st, .m = &st->model, .arena_cur = st->arena};
+    walk w = {.st = st, .alloc = true, .m = &st->model, .arena_cur = st->arena};
     if ((s = layout(&w, lay, plan, T, training, st->chunks, st)) != FY_OK) goto fail;
     FY_ASSERT(st->arena_used == dry.host_total && st->model.device_total == dry.device_total,
               "the storage walk must be the same dry and real");
@@ -233,10 +234,32 @@ fail:
     return s;
 }
 
+fy_status fy_storage_dry(const fy_gpt2_layout *lay, const fy_plan *plan, int T, bool training,
+                         fy_storage **out) {
+    *out = NULL;
+    fy_storage *st = calloc(1, sizeof *st);
+    if (!st) return FY_ERR_NOMEM;
+    st->lay = lay;
+    st->B = plan->micro_batch;
+    st->T = T;
+    fy_status s = fy_plan_copy(plan, &st->plan);
+    if (s != FY_OK) { free(st); return s; }
+    st->chunks = calloc((size_t)lay->nblocks, sizeof *st->chunks);
+    st->acts = calloc((size_t)lay->cfg.layers, sizeof *st->acts);
+    if (!st->chunks || !st->acts) { fy_storage_free(st); return FY_ERR_NOMEM; }
+    walk w = {.st = st, .alloc = false, .m = &st->model};
+    if ((s = layout(&w, lay, plan, T, training, st->chunks, st)) != FY_OK) {
+        fy_storage_free(st);
+        return s;
+    }
+    *out = st;
+    return FY_OK;
+}
+
 void fy_storage_free(fy_storage *st) {
     if (!st) return;
     for (int i = st->nallocs - 1; i >= 0; i--) fy_dev_release(st->dev, st->allocs[i]);
-    fy_dev_release(st->dev, st->arena);
+    if (st->dev) fy_dev_release(st->dev, st->arena);
     free(st->allocs);
     free(st->param_slots);
     free(st->grad_slots);

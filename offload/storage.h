@@ -91,6 +91,10 @@ typedef struct fy_storage {
  * gradients, moments or gradient staging). */
 fy_status fy_storage_new(fy_dev *dev, const fy_gpt2_layout *lay, const fy_plan *plan, int T,
                          bool training, fy_storage **out);
+/* The same tables (chunk flags, ring sizes, memory model) without any memory: for
+ * planning (the tuner simulates candidate plans on it). Its buffers are all NULL. */
+fy_status fy_storage_dry(const fy_gpt2_layout *lay, const fy_plan *plan, int T, bool training,
+                         fy_storage **out);
 void fy_storage_free(fy_storage *st);
 
 /* The memory model of a plan without allocating anything (training, or evaluation). */
