@@ -389,12 +389,14 @@ static fy_status build(fy_trainer *tr, fy_graph *g, int nsteps, bool barrier) {
     int shared_user = -1; /* last task that used the recompute buffer */
     int prev_norm = -1;
     int64_t m = 0;
-    int load_war[2] = {-1, -1};
+    int load_war[2] = {-1, -1}, prev_load = -1;
     for (int t = 0; t < nsteps; t++) {
-        int heads[1024];
+        int heads[FY_PLAN_MAX_ACCUM];
         for (int a = 0; a < A; a++, m++) {
             int load = add(&bd, FY_LANE_H2D, FY_T_LOAD, -1, (int)m, run_load);
             dep(&bd, load_war[m % 2], load);
+            dep(&bd, prev_load, load); /* batches are read from the loader in order */
+            prev_load = load;
             /* forward */
             int f = fetch(&bd, 0, (int)m, ready[0]);
             int fw = add(&bd, FY_LANE_COMPUTE, FY_T_FWD, 0, (int)m, run_fwd);

@@ -18,6 +18,14 @@
 #include "offload/storage.h"
 
 #define TRAIN_WINDOW 20 /* steps per task graph: overlap within, a drain between */
+#define MAX_SKIPPED_RUN 5 /* non-finite steps in a row that end a run as diverged */
+
+/* A float as JSON: non-finite values have no JSON number, they are written as null. */
+static const char *json_num(double x, char buf[32]) {
+    if (isfinite(x)) snprintf(buf, 32, "%.9g", x);
+    else snprintf(buf, 32, "null");
+    return buf;
+}
 #define CORPUS_TRAIN_BYTES (4u << 20)
 #define CORPUS_VAL_BYTES (256u << 10)
 #define CORPUS_TRAIN_SEED 1
@@ -183,6 +191,12 @@ static fy_status resolve_plan(const fy_opts *o, const fy_gpt2_config *cfg, fy_pl
         }
         FY_TRY(fy_plan_shorthands(plan, o->offload_params, o->offload_optim, (int)o->ckpt_layers));
     }
+    if ((int64_t)plan->micro_batch * o->seq > ((int64_t)1 << 26)) {
+        fy_log_error("micro-batch %d x --seq %lld = %lld tokens per micro-batch is too many "
+                     "(at most %d)", plan->micro_batch, (long long)o->seq,
+                     (long long)plan->micro_batch * o->seq, 1 << 26);
+        return FY_ERR_INVALID;
+    }
     if (o->save_plan) FY_TRY(fy_plan_save(o->save_plan, plan));
     return FY_OK;
 }
@@ -318,6 +332,7 @@ int fy_train_main(const fy_opts *o) {
     double t_start = fy_now_ms(), ms_sum = 0.0;
     int64_t ms_count = 0;
     float loss = NAN, val_loss = NAN;
+    int skipped_run = 0;
     float lrs[TRAIN_WINDOW];
     fy_step_stats stats[TRAIN_WINDOW];
     for (int64_t s0 = 0; s0 < o->steps;) {
@@ -352,16 +367,29 @@ int fy_train_main(const fy_opts *o) {
                           (last || (o->val_every && (s + 1) % o->val_every == 0));
             if (do_val && (st = validate(&r, o->val_batches, &val_loss)) != FY_OK) goto fail;
             if (r.metrics) {
-                fprintf(r.metrics, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,"
-                        "\"clip_coef\":%.9g,\"step_ms\":%.6f,\"tokens_per_s\":%.3f",
-                        (long long)s + 1, ss->loss, lrs[i], ss->grad_norm, ss->clip_coef, ms, tok_s);
+                char v[6][32];
+                fprintf(r.metrics, "{\"step\":%lld,\"loss\":%s,\"lr\":%s,\"grad_norm\":%s,"
+                        "\"clip_coef\":%s,\"step_ms\":%.6f,\"tokens_per_s\":%.3f",
+                        (long long)s + 1, json_num(ss->loss, v[0]), json_num(lrs[i], v[1]),
+                        json_num(ss->grad_norm, v[2]), json_num(ss->clip_coef, v[3]), ms, tok_s);
                 if (ss->skipped) fprintf(r.metrics, ",\"skipped\":true");
-                if (do_val) fprintf(r.metrics, ",\"val_loss\":%.9g", val_loss);
+                if (do_val) fprintf(r.metrics, ",\"val_loss\":%s", json_num(val_loss, v[4]));
                 fprintf(r.metrics, "}\n");
                 fflush(r.metrics);
             }
-            if (ss->skipped) fy_log_warn("step %lld: gradient norm is %g; update skipped",
-                                         (long long)s + 1, ss->grad_norm);
+            if (ss->skipped) {
+                fy_log_warn("step %lld: gradient norm is %g; update skipped", (long long)s + 1,
+                            ss->grad_norm);
+                if (++skipped_run >= MAX_SKIPPED_RUN) {
+                    fy_log_error("training diverged: %d steps in a row had non-finite gradients "
+                                 "(last good weights not saved; lower --lr or use --clip)",
+                                 MAX_SKIPPED_RUN);
+                    st = FY_ERR_NONFINITE;
+                    goto fail;
+                }
+            } else {
+                skipped_run = 0;
+            }
             if (o->quiet) continue;
             if ((s + 1) % log_every == 0 || last || s == 0 || do_val) {
                 if (tty && log_every > 1) printf("\r%*s\r", 78, "");

@@ -7,7 +7,8 @@
  * blocks into staging slots, recomputing checkpointed layers in backward and sending the
  * gradients of cpu-optimised blocks to the host; it takes the global gradient norm
  * (summed per block in block order), clips, and updates every block where its optimizer
- * lives, sending updated weights back to the device. Execution is serial, on one stream.
+ * lives, sending updated weights back to the device. The step runs as a task graph on
+ * the scheduler's lanes (step_graph.c), several steps in flight as dependencies allow.
  *
  * Invariance: every plan computes the same floating-point operations in the same order
  * (micro-batch gradients are produced into zeroed buffers and accumulated with one add

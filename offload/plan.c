@@ -13,8 +13,9 @@ static const char *acts_names[] = {"keep", "recompute"};
 
 fy_status fy_plan_new(int layers, int micro_batch, int grad_accum, fy_plan *out) {
     memset(out, 0, sizeof *out);
-    if (layers <= 0 || micro_batch <= 0 || grad_accum <= 0) {
-        fy_log_error("plan: layers, micro-batch and accumulation must be positive");
+    if (layers <= 0 || micro_batch <= 0 || grad_accum <= 0 || grad_accum > FY_PLAN_MAX_ACCUM) {
+        fy_log_error("plan: layers, micro-batch and accumulation (at most %d) must be positive",
+                     FY_PLAN_MAX_ACCUM);
         return FY_ERR_INVALID;
     }
     out->blocks = calloc((size_t)layers + 2, sizeof *out->blocks);

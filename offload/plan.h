@@ -38,6 +38,8 @@ typedef enum fy_params_place { FY_PARAMS_RESIDENT = 0, FY_PARAMS_STREAMED } fy_p
 typedef enum fy_optim_place { FY_OPTIM_GPU = 0, FY_OPTIM_CPU } fy_optim_place;
 typedef enum fy_acts_policy { FY_ACTS_KEEP = 0, FY_ACTS_RECOMPUTE } fy_acts_policy;
 
+#define FY_PLAN_MAX_ACCUM 1024
+
 typedef struct fy_block_plan {
     fy_params_place params;
     fy_optim_place optim;

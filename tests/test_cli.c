@@ -1285,3 +1285,24 @@ Test(cli, offloaded_training_matches_and_fits_the_budget) {
     free(a);
     free(b);
 }
+
+/* A run whose weights blow up stops with one error after a few skipped steps, and its
+ * metrics stay JSON (non-finite values are null). */
+Test(cli, diverging_run_stops_and_metrics_stay_json) {
+    const char *m = P("m.jsonl");
+    run_result r;
+    FERRY(&r, "train", TINY, "--steps", "12", "--lr", "1e30", "--lr-schedule", "const",
+          "--metrics", m);
+    EXPECT_ERROR(&r, 1, "diverged");
+    char *jl = slurp(m, NULL);
+    cr_assert_not_null(jl);
+    int n = 0;
+    for (char *save, *line = strtok_r(jl, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        cJSON *j = cJSON_Parse(line);
+        cr_expect_not_null(j, "metrics line is not JSON: %s", line);
+        cJSON_Delete(j);
+        n++;
+    }
+    cr_expect(n >= 5 && n < 12, "%d metrics lines", n);
+    free(jl);
+}
