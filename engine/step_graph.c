@@ -320,6 +320,10 @@ double fy_trainer_cost(const fy_trainer *tr, fy_task_kind kind, int block) {
     return c[1] > 0 ? c[0] / c[1] : -1.0;
 }
 
+void fy_trainer_reset_costs(fy_trainer *tr) {
+    memset(tr->cost_ms, 0, (size_t)FY_T_COUNT * (tr->lay.nblocks + 1) * 2 * sizeof *tr->cost_ms);
+}
+
 void fy_trainer_set_cost(fy_trainer *tr, fy_task_kind kind, int block, double ms) {
     double *c = cost_slot(tr, kind, block);
     c[0] = ms;

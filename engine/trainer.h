@@ -85,6 +85,8 @@ const char *fy_task_kind_name(int kind);
  * ran; and setting it (a planning trainer's cost model). */
 double fy_trainer_cost(const fy_trainer *tr, fy_task_kind kind, int block);
 void fy_trainer_set_cost(fy_trainer *tr, fy_task_kind kind, int block, double ms);
+/* Forgets the measured durations (e.g. after warm-up steps). */
+void fy_trainer_reset_costs(fy_trainer *tr);
 
 const fy_gpt2_layout *fy_trainer_layout(const fy_trainer *tr);
 

@@ -58,6 +58,17 @@ static fy_status probe_transfers(fy_dev *dev, fy_profile *p) {
         if (ms < best) best = ms;
     }
     p->latency_ms = best;
+    /* bandwidth over transfer sizes, for the record (the cost model uses latency plus the
+     * large-transfer rate) */
+    static const double sizes_mib[] = {0.25, 1, 4, 16, 64};
+    p->nsizes = 0;
+    for (size_t i = 0; i < sizeof sizes_mib / sizeof sizes_mib[0]; i++) {
+        size_t nb = (size_t)(sizes_mib[i] * 1048576.0);
+        p->size_mib[p->nsizes] = sizes_mib[i];
+        time_copies(s1, d1, h1, FY_H2D, NULL, NULL, NULL, FY_H2D, nb, &p->h2d_by_size[p->nsizes], NULL);
+        time_copies(s1, h1, d1, FY_D2H, NULL, NULL, NULL, FY_D2H, nb, &p->d2h_by_size[p->nsizes], NULL);
+        p->nsizes++;
+    }
 done:
     fy_stream_free(s1);
     fy_stream_free(s2);
@@ -129,6 +140,9 @@ static fy_status block_costs(fy_dev *dev, const fy_probe_cfg *cfg, int B,
     float lrs[STEPS] = {1e-4f, 1e-4f, 1e-4f};
     fy_step_stats stats[STEPS];
     size_t n = (size_t)B * cfg->seq;
+    /* one step to warm up (first touches, BLAS set-up), then the measured ones */
+    if (st == FY_OK) st = fy_trainer_run(tr, 1, lrs, zero_batch, &n, stats, NULL, NULL);
+    if (st == FY_OK) fy_trainer_reset_costs(tr);
     if (st == FY_OK) st = fy_trainer_run(tr, STEPS, lrs, zero_batch, &n, stats, NULL, NULL);
     if (st == FY_OK) {
         static const int kinds[] = {FY_T_FWD, FY_T_RECOMPUTE, FY_T_BWD, FY_T_HEAD, FY_T_ADAM_GPU};

@@ -85,6 +85,16 @@ fy_status fy_profile_save(const char *path, const fy_profile *p) {
     cJSON_AddNumberToObject(r, "duplex_h2d_gbps", p->duplex_h2d_gbps);
     cJSON_AddNumberToObject(r, "duplex_d2h_gbps", p->duplex_d2h_gbps);
     cJSON_AddNumberToObject(r, "latency_ms", p->latency_ms);
+    if (p->nsizes) {
+        cJSON *bs = cJSON_AddArrayToObject(r, "bandwidth_by_size");
+        for (int i = 0; i < p->nsizes; i++) {
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddNumberToObject(o, "mib", p->size_mib[i]);
+            cJSON_AddNumberToObject(o, "h2d_gbps", p->h2d_by_size[i]);
+            cJSON_AddNumberToObject(o, "d2h_gbps", p->d2h_by_size[i]);
+            cJSON_AddItemToArray(bs, o);
+        }
+    }
     cJSON_AddNumberToObject(r, "device_mem_gib", p->device_mem_gib);
     cJSON_AddNumberToObject(r, "host_mem_gib", p->host_mem_gib);
     cJSON_AddNumberToObject(r, "cores", p->cores);
@@ -171,6 +181,13 @@ fy_status fy_profile_load(const char *path, fy_profile *out) {
     if (!num(r, "cores", 1, 1e5, &v)) { why = "cores must be a positive number"; goto done; }
     out->cores = (int)v;
     out->numa_nodes = num(r, "numa_nodes", 1, 1024, &v) ? (int)v : 1;
+    const cJSON *bs = cJSON_GetObjectItemCaseSensitive(r, "bandwidth_by_size");
+    for (int i = 0; cJSON_IsArray(bs) && i < cJSON_GetArraySize(bs) && i < 8; i++) {
+        const cJSON *o = cJSON_GetArrayItem(bs, i);
+        if (!num(o, "mib", 0, 1e9, &out->size_mib[i]) || !num(o, "h2d_gbps", 0, 1e6, &out->h2d_by_size[i]) ||
+            !num(o, "d2h_gbps", 0, 1e6, &out->d2h_by_size[i])) { why = "bandwidth_by_size entries need mib, h2d_gbps, d2h_gbps"; goto done; }
+        out->nsizes = i + 1;
+    }
     const cJSON *adam = cJSON_GetObjectItemCaseSensitive(r, "adam_gparams_by_threads");
     int na = cJSON_IsArray(adam) ? cJSON_GetArraySize(adam) : 0;
     if (na < 1 || na > FY_PROFILE_MAX_THREADS) { why = "adam_gparams_by_threads must list 1..64 rates"; goto done; }

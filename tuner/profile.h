@@ -36,6 +36,8 @@ typedef struct fy_profile {
     double h2d_gbps, d2h_gbps;             /* pinned, large transfers, one direction */
     double duplex_h2d_gbps, duplex_d2h_gbps; /* both directions at once */
     double latency_ms;                     /* per transfer */
+    int nsizes;                            /* H2D/D2H GB/s by transfer size (probe only) */
+    double size_mib[8], h2d_by_size[8], d2h_by_size[8];
     double device_mem_gib, host_mem_gib;
     int cores, numa_nodes;
     int adam_threads_max;

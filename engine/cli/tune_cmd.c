@@ -65,6 +65,9 @@ static void print_profile(const fy_profile *p) {
     printf("profile %s%s: %s\n", p->name, p->estimate ? " (estimate)" : "", p->device);
     printf("        h2d %.2f GB/s, d2h %.2f GB/s, both at once %.2f GB/s each, latency %.3f ms\n",
            p->h2d_gbps, p->d2h_gbps, p->duplex_h2d_gbps, p->latency_ms);
+    for (int i = 0; i < p->nsizes; i++)
+        printf("        %7.2f MiB: h2d %.2f GB/s, d2h %.2f GB/s\n", p->size_mib[i], p->h2d_by_size[i],
+               p->d2h_by_size[i]);
     printf("        device %.1f GiB, host %.1f GiB, %d cores, %d NUMA node(s)\n", p->device_mem_gib,
            p->host_mem_gib, p->cores, p->numa_nodes);
     printf("        CPU AdamW");
