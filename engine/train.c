@@ -133,12 +133,7 @@ static fy_status resolve_model(const fy_opts *o, bool model_given, run *r, fy_gp
             }
         }
     } else {
-        FY_TRY(fy_gpt2_config_named(o->model, cfg));
-        if (o->heads > 0) cfg->heads = (int)o->heads;
-        if (o->layers > 0) cfg->layers = (int)o->layers;
-        if (o->channels > 0) cfg->channels = (int)o->channels;
-        if (o->vocab > 0) cfg->vocab = (int)o->vocab;
-        if (o->max_seq > 0) cfg->max_seq = (int)o->max_seq;
+        FY_TRY(fy_opts_model(o, cfg));
     }
     if (o->init && (o->layers || o->channels || o->vocab || o->max_seq)) {
         fy_log_error("--layers/--channels/--vocab/--max-seq shape a new model; the weights in "

@@ -1,7 +1,7 @@
 /* plan.c — plans: construction, AutoHete shorthands, JSON files, descriptions. */
 #include "offload/plan.h"
 
-#include <cjson/cJSON.h>
+#include "engine/io/json_file.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,45 +104,18 @@ fy_status fy_plan_save(const char *path, const fy_plan *p) {
         cJSON_AddItemToArray(blocks, o);
     }
     cJSON_AddItemToObject(root, "blocks", blocks);
-    char *text = cJSON_Print(root);
+    fy_status st = fy_json_write(path, "plan", root);
     cJSON_Delete(root);
-    if (!text) return FY_ERR_NOMEM;
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    fy_status st = FY_OK;
-    if (!f || fputs(text, f) < 0 || fputc('\n', f) < 0 || fclose(f) != 0) {
-        if (f) fclose(f);
-        remove(tmp);
-        fy_log_error("cannot write plan %s", path);
-        st = FY_ERR_IO;
-    } else if (rename(tmp, path) != 0) {
-        remove(tmp);
-        fy_log_error("cannot write plan %s", path);
-        st = FY_ERR_IO;
-    }
-    free(text);
     return st;
 }
 
 fy_status fy_plan_load(const char *path, int layers, fy_plan *out) {
     memset(out, 0, sizeof *out);
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fy_log_error("cannot open plan %s", path);
-        return FY_ERR_IO;
-    }
-    char *text = malloc(1 << 20);
-    size_t n = text ? fread(text, 1, (1 << 20) - 1, f) : 0;
-    fclose(f);
-    if (!text) return FY_ERR_NOMEM;
-    text[n] = 0;
-    cJSON *root = cJSON_Parse(text);
-    free(text);
+    cJSON *root;
+    FY_TRY(fy_json_read(path, "plan", &root));
     fy_status st = FY_ERR_FORMAT;
     const char *why = NULL;
     char whybuf[128];
-    if (!root) { why = "not JSON"; goto done; }
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root, "format");
     const cJSON *jl = cJSON_GetObjectItemCaseSensitive(root, "layers");
     const cJSON *jb = cJSON_GetObjectItemCaseSensitive(root, "micro_batch");

@@ -1,7 +1,7 @@
 /* profile.c — named profiles and profile files. */
 #include "tuner/profile.h"
 
-#include <cjson/cJSON.h>
+#include "engine/io/json_file.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -126,19 +126,8 @@ fy_status fy_profile_save(const char *path, const fy_profile *p) {
             }
         }
     }
-    char *text = cJSON_Print(r);
+    fy_status st = fy_json_write(path, "profile", r);
     cJSON_Delete(r);
-    if (!text) return FY_ERR_NOMEM;
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    fy_status st = FY_OK;
-    if (!f || fputs(text, f) < 0 || fputc('\n', f) < 0 || fclose(f) != 0 || rename(tmp, path) != 0) {
-        remove(tmp);
-        fy_log_error("cannot write profile %s", path);
-        st = FY_ERR_IO;
-    }
-    free(text);
     return st;
 }
 
@@ -151,21 +140,10 @@ static bool num(const cJSON *o, const char *key, double lo, double hi, double *o
 
 fy_status fy_profile_load(const char *path, fy_profile *out) {
     memset(out, 0, sizeof *out);
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fy_log_error("cannot open profile %s", path);
-        return FY_ERR_IO;
-    }
-    char *text = malloc(1 << 20);
-    size_t n = text ? fread(text, 1, (1 << 20) - 1, f) : 0;
-    fclose(f);
-    if (!text) return FY_ERR_NOMEM;
-    text[n] = 0;
-    cJSON *r = cJSON_Parse(text);
-    free(text);
+    cJSON *r;
+    FY_TRY(fy_json_read(path, "profile", &r));
     const char *why = NULL;
     double v;
-    if (!r) { why = "not JSON"; goto done; }
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(r, "format");
     if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "ferry-profile")) { why = "\"format\" is not \"ferry-profile\""; goto done; }
     const char *s;

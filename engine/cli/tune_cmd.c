@@ -2,7 +2,7 @@
  * machine), search the plan space under budgets, and pick a plan for `train --plan auto`. */
 #include "engine/cli/tune_cmd.h"
 
-#include <cjson/cJSON.h>
+#include "engine/io/json_file.h"
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -143,30 +143,16 @@ static void print_top(const fy_tune_cfg *tc, const fy_tune_result *top, int n) {
 /* The plan file with the prediction alongside (the plan loader ignores extra keys). */
 static fy_status save_tuned(const char *path, const fy_tune_result *r) {
     FY_TRY(fy_plan_save(path, &r->plan));
-    FILE *f = fopen(path, "rb");
-    if (!f) return FY_ERR_IO;
-    char *text = malloc(1 << 20);
-    size_t n = text ? fread(text, 1, (1 << 20) - 1, f) : 0;
-    fclose(f);
-    if (!text) return FY_ERR_NOMEM;
-    text[n] = 0;
-    cJSON *root = cJSON_Parse(text);
-    free(text);
-    if (!root) return FY_ERR_FORMAT;
+    cJSON *root;
+    FY_TRY(fy_json_read(path, "plan", &root));
     cJSON *pr = cJSON_AddObjectToObject(root, "predicted");
     cJSON_AddNumberToObject(pr, "step_ms", r->step_ms);
     cJSON_AddNumberToObject(pr, "device_bytes", (double)r->mem.device_total);
     cJSON_AddNumberToObject(pr, "host_bytes", (double)r->mem.host_total);
     cJSON *busy = cJSON_AddObjectToObject(pr, "lane_busy_ms");
     for (int l = 0; l < FY_LANE_COUNT; l++) cJSON_AddNumberToObject(busy, fy_lane_name((fy_lane)l), r->busy_ms[l]);
-    char *out = cJSON_Print(root);
+    fy_status st = fy_json_write(path, "plan", root);
     cJSON_Delete(root);
-    if (!out) return FY_ERR_NOMEM;
-    f = fopen(path, "wb");
-    fy_status st = f && fputs(out, f) >= 0 && fputc('\n', f) >= 0 ? FY_OK : FY_ERR_IO;
-    if (f && fclose(f) != 0) st = FY_ERR_IO;
-    if (st != FY_OK) fy_log_error("cannot write plan %s", path);
-    free(out);
     return st;
 }
 

@@ -1,0 +1,49 @@
+/* json_file.c — whole-file JSON reading and atomic writing. */
+#include "engine/io/json_file.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+fy_status fy_json_read(const char *path, const char *what, cJSON **out) {
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fy_log_error("cannot open %s %s", what, path);
+        return FY_ERR_IO;
+    }
+    char *text = malloc(FY_JSON_MAX_BYTES + 1);
+    size_t n = text ? fread(text, 1, FY_JSON_MAX_BYTES + 1, f) : 0;
+    fclose(f);
+    if (!text) return FY_ERR_NOMEM;
+    if (n > FY_JSON_MAX_BYTES) {
+        free(text);
+        fy_log_error("%s %s: larger than %u bytes", what, path, FY_JSON_MAX_BYTES);
+        return FY_ERR_FORMAT;
+    }
+    text[n] = 0;
+    *out = cJSON_Parse(text);
+    free(text);
+    if (!*out) {
+        fy_log_error("%s %s: not JSON", what, path);
+        return FY_ERR_FORMAT;
+    }
+    return FY_OK;
+}
+
+fy_status fy_json_write(const char *path, const char *what, const cJSON *root) {
+    char *text = cJSON_Print(root);
+    if (!text) return FY_ERR_NOMEM;
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "wb");
+    fy_status st = FY_OK;
+    if (!f || fputs(text, f) < 0 || fputc('\n', f) < 0) st = FY_ERR_IO;
+    if (f && fclose(f) != 0) st = FY_ERR_IO;
+    if (st == FY_OK && rename(tmp, path) != 0) st = FY_ERR_IO;
+    if (st != FY_OK) {
+        remove(tmp);
+        fy_log_error("cannot write %s %s", what, path);
+    }
+    free(text);
+    return st;
+}

@@ -1,0 +1,25 @@
+/* json_file.h — small JSON files (plans, profiles): read whole and parse; print and write
+ * atomically (a temporary name, then rename, so an existing file is never half-written). */
+#ifndef FY_JSON_FILE_H
+#define FY_JSON_FILE_H
+
+#include <cjson/cJSON.h>
+
+#include "engine/core/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FY_JSON_MAX_BYTES (1u << 20)
+
+/* Parses path into *out (caller frees with cJSON_Delete). FY_ERR_IO (logged: "cannot open
+ * <what> <path>") if unreadable; FY_ERR_FORMAT (logged) if not JSON or too large. */
+fy_status fy_json_read(const char *path, const char *what, cJSON **out);
+/* Writes root (pretty-printed) to path atomically. FY_ERR_IO (logged) on failure. */
+fy_status fy_json_write(const char *path, const char *what, const cJSON *root);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
