@@ -216,3 +216,16 @@ Test(tune, predictions_follow_the_profile) {
     fy_plan_free(&plan);
     fy_gpt2_layout_free(&lay);
 }
+
+/* Ties within the margin go to the plan that moves the least work off the compute lane;
+ * a faster plan beyond the margin still wins. */
+Test(tune, ties_go_to_the_least_offload) {
+    fy_tune_result r[3];
+    memset(r, 0, sizeof r);
+    r[0].step_ms = 100; r[0].busy_ms[FY_LANE_H2D] = 50;  /* fastest, moves a lot */
+    r[1].step_ms = 104; r[1].busy_ms[FY_LANE_CPU] = 10;  /* 4% slower, moves little */
+    r[2].step_ms = 120;                                  /* moves nothing, 20% slower */
+    cr_expect_eq(fy_tune_pick(r, 3, 0.0), 0);
+    cr_expect_eq(fy_tune_pick(r, 3, 0.06), 1);
+    cr_expect_eq(fy_tune_pick(r, 3, 0.25), 2);
+}

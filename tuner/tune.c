@@ -102,8 +102,44 @@ static double throughput(const fy_tune_cfg *cfg, const fy_tune_result *r) {
     return (double)cfg->batch * cfg->seq / r->step_ms;
 }
 
+double fy_tune_offload_ms(const fy_tune_result *r) {
+    return r->busy_ms[FY_LANE_H2D] + r->busy_ms[FY_LANE_D2H] + r->busy_ms[FY_LANE_CPU];
+}
+
+int fy_tune_pick(const fy_tune_result *r, int n, double margin) {
+    int fastest = 0;
+    for (int i = 1; i < n; i++) if (r[i].step_ms < r[fastest].step_ms) fastest = i;
+    int pick = fastest;
+    for (int i = 0; i < n; i++)
+        if (r[i].step_ms <= r[fastest].step_ms * (1.0 + margin) &&
+            fy_tune_offload_ms(&r[i]) < fy_tune_offload_ms(&r[pick]))
+            pick = i;
+    return pick;
+}
+
+#define TUNE_KEEP 64 /* candidates kept for the tie-break */
+
+static fy_status search_all(const fy_profile *p, const fy_tune_cfg *cfg, fy_tune_result *top,
+                            int ntop, int *nfound, int *nevaluated);
+
 fy_status fy_tune(const fy_profile *p, const fy_tune_cfg *cfg, fy_tune_result *top, int ntop,
                   int *nfound, int *nevaluated) {
+    fy_tune_result keep[TUNE_KEEP];
+    int nkeep = 0;
+    FY_TRY(search_all(p, cfg, keep, TUNE_KEEP, &nkeep, nevaluated));
+    /* the pick first, then the rest fastest first */
+    int pick = fy_tune_pick(keep, nkeep, cfg->tie_margin);
+    fy_tune_result chosen = keep[pick];
+    memmove(&keep[1], &keep[0], (size_t)pick * sizeof *keep);
+    keep[0] = chosen;
+    *nfound = nkeep < ntop ? nkeep : ntop;
+    memcpy(top, keep, (size_t)*nfound * sizeof *top);
+    for (int i = *nfound; i < nkeep; i++) fy_plan_free(&keep[i].plan);
+    return FY_OK;
+}
+
+static fy_status search_all(const fy_profile *p, const fy_tune_cfg *cfg, fy_tune_result *top,
+                            int ntop, int *nfound, int *nevaluated) {
     const int L = cfg->model.layers;
     *nfound = 0;
     *nevaluated = 0;

@@ -9,7 +9,9 @@
  * CPU optimizer for the last k3) times the micro-batch sizes that divide the batch,
  * drops every plan whose memory model exceeds the device or host budget, predicts each
  * survivor's step time on the scheduler's simulator (the same graph and policy training
- * runs) and keeps the fastest. It never returns a plan that does not fit. */
+ * runs) and keeps the fastest; predictions within a margin of the fastest (the model's
+ * error) are ties, settled for the plan that moves the least work off the compute lane.
+ * It never returns a plan that does not fit. */
 #ifndef FY_TUNE_H
 #define FY_TUNE_H
 
@@ -27,6 +29,11 @@ extern "C" {
 /* Fills a planning trainer's cost table from the profile. */
 void fy_tune_costs(const fy_profile *p, fy_trainer *dry, int adam_threads);
 
+/* Predictions closer than this are ties: the sweeps in bench/RESULTS.md put the cost
+ * model's median error at ~4% and show it under-predicting plans that add transfers and
+ * CPU work, so a tie goes to the plan that adds the least. */
+#define FY_TUNE_TIE_MARGIN 0.06
+
 typedef struct fy_tune_cfg {
     fy_gpt2_config model;
     int batch;             /* tokens per step = batch * seq (micro-batch * accumulation) */
@@ -35,6 +42,9 @@ typedef struct fy_tune_cfg {
     size_t host_budget;    /* bytes; 0 = no limit */
     int adam_threads;
     int window;            /* steps simulated per candidate */
+    double tie_margin;     /* plans predicted within this fraction of the fastest count as
+                              ties, settled for the one that moves the least work off the
+                              compute lane (0: the fastest prediction wins) */
 } fy_tune_cfg;
 
 typedef struct fy_tune_result {
@@ -50,6 +60,13 @@ typedef struct fy_tune_result {
  * the budgets. */
 fy_status fy_tune(const fy_profile *p, const fy_tune_cfg *cfg, fy_tune_result *top, int ntop,
                   int *nfound, int *nevaluated);
+
+/* Work a plan moves off the compute lane per step (transfer and CPU lanes' busy ms):
+ * the tie-break, since the cost model under-predicts the contention that work causes. */
+double fy_tune_offload_ms(const fy_tune_result *r);
+/* Index of the pick among n predictions: the least offload within (1 + margin) of the
+ * fastest. */
+int fy_tune_pick(const fy_tune_result *r, int n, double margin);
 
 /* Predicts one plan (memory model and step time). */
 fy_status fy_tune_predict(const fy_profile *p, const fy_tune_cfg *cfg, const fy_plan *plan,

@@ -201,9 +201,14 @@ int fy_sweep_main(const fy_opts *o) {
                       .window = o->steps < 20 ? (int)o->steps : 20};
     double errs[4096];
     int nerr = 0, nconf = 0, best = -1;
-    double best_ms = 1e30, best_pred = 1e30;
-    char best_desc[128] = "", pbest_desc[128] = "";
-    double pbest_meas = 0;
+    double best_ms = 1e30;
+    char best_desc[128] = "";
+    /* every fitting configuration, for the tuner's pick (same rule as ferry tune) */
+    enum { MAXC = 4096 };
+    fy_tune_result *preds = calloc(MAXC, sizeof *preds);
+    double *meas = calloc(MAXC, sizeof *meas);
+    char (*descs)[128] = calloc(MAXC, sizeof *descs);
+    if (!preds || !meas || !descs) { free(preds); free(meas); free(descs); fclose(csv); fy_tokens_free(tok); return 1; }
     for (int i = 0; i < ax[AX_PARAMS].n; i++)
         for (int j = 0; j < ax[AX_OPTIM].n; j++)
             for (int k = 0; k < ax[AX_CKPT].n; k++)
@@ -243,13 +248,26 @@ int fy_sweep_main(const fy_opts *o) {
                         nconf++;
                         if (!o->simulate && nerr < 4096) errs[nerr++] = fabs(pr.step_ms - ms) / ms;
                         if (ms < best_ms) { best_ms = ms; best = nconf; snprintf(best_desc, sizeof best_desc, "%s", desc); }
-                        if (pr.step_ms < best_pred) { best_pred = pr.step_ms; pbest_meas = ms; snprintf(pbest_desc, sizeof pbest_desc, "%s", desc); }
+                        if (nconf <= MAXC) {
+                            preds[nconf - 1] = pr;
+                            preds[nconf - 1].plan.blocks = NULL; /* freed below; not needed */
+                            meas[nconf - 1] = ms;
+                            snprintf(descs[nconf - 1], sizeof descs[0], "%s", desc);
+                        }
                     }
                     if (st == FY_OK) fy_plan_free(&pr.plan);
                     fy_plan_free(&plan);
                 }
     fclose(csv);
     fy_tokens_free(tok);
+    int npred = nconf < MAXC ? nconf : MAXC;
+    int pk = npred ? fy_tune_pick(preds, npred, FY_TUNE_TIE_MARGIN) : 0;
+    double best_pred = npred ? preds[pk].step_ms : NAN, pbest_meas = npred ? meas[pk] : NAN;
+    char pbest_desc[128] = "";
+    if (npred) snprintf(pbest_desc, sizeof pbest_desc, "%s", descs[pk]);
+    free(preds);
+    free(meas);
+    free(descs);
     for (int i = 1; i < nerr; i++)
         for (int j = i; j > 0 && errs[j] < errs[j - 1]; j--) { double t = errs[j]; errs[j] = errs[j - 1]; errs[j - 1] = t; }
     double med = nerr ? (nerr % 2 ? errs[nerr / 2] : 0.5 * (errs[nerr / 2 - 1] + errs[nerr / 2])) : NAN;

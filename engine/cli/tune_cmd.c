@@ -121,7 +121,7 @@ static fy_tune_cfg tune_cfg(const fy_opts *o, const fy_gpt2_config *cfg, const f
                          .device_budget = budget, .host_budget = o->host_mem,
                          .adam_threads = o->adam_threads > 0 ? (int)o->adam_threads
                                                              : (o->threads > 0 ? (int)o->threads : p->cores),
-                         .window = 20};
+                         .window = 20, .tie_margin = FY_TUNE_TIE_MARGIN};
 }
 
 static void print_top(const fy_tune_cfg *tc, const fy_tune_result *top, int n) {
@@ -162,8 +162,9 @@ static fy_status search(const fy_opts *o, const fy_gpt2_config *cfg, const fy_pr
     int nevaluated;
     FY_TRY(fy_tune(p, &tc, top, ntop, nfound, &nevaluated));
     if (!o->quiet) {
-        printf("tune    %d plans fit the budgets and were simulated (batch %lld x seq %lld)\n",
-               nevaluated, (long long)o->batch, (long long)o->seq);
+        printf("tune    %d plans fit the budgets and were simulated (batch %lld x seq %lld); rank 1 is "
+               "the pick: the least offload within %.0f%% of the fastest prediction\n",
+               nevaluated, (long long)o->batch, (long long)o->seq, 100.0 * tc.tie_margin);
         print_top(&tc, top, *nfound);
     }
     return FY_OK;
