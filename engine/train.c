@@ -141,12 +141,7 @@ static fy_status resolve_model(const fy_opts *o, bool model_given, run *r, fy_gp
         return FY_ERR_INVALID;
     }
     FY_TRY(fy_gpt2_config_check(cfg));
-    if (o->seq > cfg->max_seq) {
-        fy_log_error("--seq %lld is longer than the model's %d positions", (long long)o->seq,
-                     cfg->max_seq);
-        return FY_ERR_INVALID;
-    }
-    return FY_OK;
+    return fy_gpt2_check_seq(cfg, o->seq);
 }
 
 /* The placement plan: a file, or the shorthands over the all-resident plan. */

@@ -22,12 +22,7 @@ fy_status fy_opts_model(const fy_opts *o, fy_gpt2_config *cfg) {
     if (o->vocab > 0) cfg->vocab = (int)o->vocab;
     if (o->max_seq > 0) cfg->max_seq = (int)o->max_seq;
     FY_TRY(fy_gpt2_config_check(cfg));
-    if (o->seq > cfg->max_seq) {
-        fy_log_error("--seq %lld is longer than the model's %d positions", (long long)o->seq,
-                     cfg->max_seq);
-        return FY_ERR_INVALID;
-    }
-    return FY_OK;
+    return fy_gpt2_check_seq(cfg, o->seq);
 }
 
 /* $XDG_CACHE_HOME/ferry/profile-<host>.json (or ~/.cache/...), directories created. */

@@ -46,6 +46,15 @@ fy_status fy_gpt2_config_check(const fy_gpt2_config *c) {
     return FY_OK;
 }
 
+fy_status fy_gpt2_check_seq(const fy_gpt2_config *cfg, int64_t T) {
+    if (T > cfg->max_seq) {
+        fy_log_error("--seq %lld is longer than the model's %d positions", (long long)T,
+                     cfg->max_seq);
+        return FY_ERR_INVALID;
+    }
+    return FY_OK;
+}
+
 size_t fy_gpt2_num_params(const fy_gpt2_config *c) {
     size_t C = (size_t)c->channels;
     return (size_t)c->vocab * C + (size_t)c->max_seq * C + 2 * C +

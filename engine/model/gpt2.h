@@ -44,6 +44,8 @@ const char *fy_gpt2_config_names(void);
 /* FY_ERR_INVALID (logged) for non-positive sizes or heads not dividing channels. */
 fy_status fy_gpt2_config_check(const fy_gpt2_config *cfg);
 size_t fy_gpt2_num_params(const fy_gpt2_config *cfg); /* without alignment padding */
+/* FY_ERR_INVALID (logged) if sequences of length T do not fit the model's positions. */
+fy_status fy_gpt2_check_seq(const fy_gpt2_config *cfg, int64_t T);
 
 /* Parameters of one layer, in table order (the struct is filled as an array). */
 #define FY_GPT2_LAYER_PARAMS(X)                                    \
