@@ -45,9 +45,6 @@ const char *fy_task_kind_name(int kind) {
 
 /* ---- helpers shared by the runners --------------------------------------------------- */
 
-static bool streamed(const fy_trainer *tr, int b) { return tr->plan.blocks[b].params == FY_PARAMS_STREAMED; }
-static bool cpu_optim(const fy_trainer *tr, int b) { return tr->plan.blocks[b].optim == FY_OPTIM_CPU; }
-static size_t nbytes_of(const fy_trainer *tr, int b) { return tr->lay.blocks[b].nelem * sizeof(float); }
 static int accum(const fy_trainer *tr) { return tr->plan.grad_accum; }
 static bool staged(const fy_trainer *tr, int b) { return tr->st->chunks[b].needs_grad_staging; }
 
@@ -65,10 +62,6 @@ static float *params_for(const fy_trainer *tr, int b, int fetch) {
     return fetch >= 0 ? param_unit(tr, fetch) : tr->st->chunks[b].param_dev;
 }
 
-static const float *layer_input(const fy_trainer *tr, int l) {
-    return l ? tr->st->acts[l - 1].out : tr->st->x0;
-}
-
 static int32_t *tokens_dev(const fy_trainer *tr, int64_t m) {
     size_t N = (size_t)tr->plan.micro_batch * tr->cfg.T;
     return tr->st->tok_dev + (size_t)(m % 2) * 2 * N;
@@ -78,7 +71,7 @@ static int32_t *tokens_dev(const fy_trainer *tr, int64_t m) {
  * (`slot_task`'s unit, zeroed) or the device accumulator (zeroed on the first one). */
 static float *grad_open(fy_trainer *tr, int b, int a, int slot_task) {
     float *g = staged(tr, b) ? grad_unit(tr, slot_task) : tr->st->chunks[b].grad_dev;
-    if (staged(tr, b) || a == 0) fy_memset_async(tr->s, g, 0, nbytes_of(tr, b));
+    if (staged(tr, b) || a == 0) fy_memset_async(tr->s, g, 0, fy_tr_nbytes(tr, b));
     return g;
 }
 
@@ -89,12 +82,12 @@ static float *grad_open(fy_trainer *tr, int b, int a, int slot_task) {
 static void grad_close(fy_trainer *tr, int b, int a, float *g) {
     const fy_chunk *c = &tr->st->chunks[b];
     fy_storage *st = tr->st;
-    if (!cpu_optim(tr, b) && staged(tr, b)) {
-        if (a == 0) fy_copy_async(tr->s, c->grad_dev, g, nbytes_of(tr, b), FY_D2D);
+    if (!fy_tr_cpu_optim(tr, b) && staged(tr, b)) {
+        if (a == 0) fy_copy_async(tr->s, c->grad_dev, g, fy_tr_nbytes(tr, b), FY_D2D);
         else fy_k_residual_fwd(c->grad_dev, c->grad_dev, g, c->nelem, tr->s);
     }
     if (a != accum(tr) - 1) return;
-    const float *final = !cpu_optim(tr, b) ? c->grad_dev : accum(tr) == 1 ? g : NULL;
+    const float *final = !fy_tr_cpu_optim(tr, b) ? c->grad_dev : accum(tr) == 1 ? g : NULL;
     if (!final) return;
     fy_k_sumsq(st->sumsq_dev + b, final, c->nelem, tr->s);
     fy_copy_async(tr->s, st->sumsq_host + b, st->sumsq_dev + b, sizeof(double), FY_D2H);
@@ -114,7 +107,7 @@ static void run_load(void *ctx, const fy_task *t) {
 static void run_h2d_param(void *ctx, const fy_task *t) {
     fy_trainer *tr = ctx;
     fy_copy_async(tr->s_h2d, tr->st->param_slots[t->unit].buf, tr->st->chunks[t->block].param_host,
-                  nbytes_of(tr, t->block), FY_H2D);
+                  fy_tr_nbytes(tr, t->block), FY_H2D);
     fy_stream_sync(tr->s_h2d);
 }
 
@@ -132,14 +125,14 @@ static void run_fwd(void *ctx, const fy_task *t) {
     } else {
         fy_gpt2_layer_w lw;
         fy_gpt2_layer_view(&tr->lay.blocks[b], w, &lw);
-        fy_gpt2_layer_fwd(mc, &lw, &st->acts[b - 1], layer_input(tr, b - 1), &st->sc, B, T, tr->s);
+        fy_gpt2_layer_fwd(mc, &lw, &st->acts[b - 1], fy_tr_layer_input(tr, b - 1), &st->sc, B, T, tr->s);
     }
     fy_stream_sync(tr->s);
 }
 
 static void run_gopen(void *ctx, const fy_task *t) {
     fy_trainer *tr = ctx;
-    fy_memset_async(tr->s, tr->st->grad_slots[t->unit].buf, 0, nbytes_of(tr, t->block));
+    fy_memset_async(tr->s, tr->st->grad_slots[t->unit].buf, 0, fy_tr_nbytes(tr, t->block));
     fy_stream_sync(tr->s);
 }
 
@@ -161,7 +154,7 @@ static void run_head(void *ctx, const fy_task *t) {
     fy_copy_async(tr->s, st->loss_host + a, st->loss_dev + a, sizeof(float), FY_D2H);
     int gopen = tr->gopen_id[t->iter];
     float *g0 = gopen >= 0 ? grad_unit(tr, gopen) : st->chunks[0].grad_dev;
-    if (gopen < 0 && a == 0) fy_memset_async(tr->s, g0, 0, nbytes_of(tr, 0));
+    if (gopen < 0 && a == 0) fy_memset_async(tr->s, g0, 0, fy_tr_nbytes(tr, 0));
     fy_gpt2_embed_view(&tr->lay.blocks[0], g0, &eg);
     float *gh = grad_open(tr, h, a, task_id(tr, t));
     fy_gpt2_head_view(&tr->lay.blocks[h], gh, &hg);
@@ -190,7 +183,7 @@ static void run_bwd(void *ctx, const fy_task *t) {
         fy_gpt2_layer_view(&tr->lay.blocks[b], params_for(tr, b, t->arg), &w);
         float *gb = grad_open(tr, b, a, task_id(tr, t));
         fy_gpt2_layer_view(&tr->lay.blocks[b], gb, &g);
-        fy_gpt2_layer_bwd(mc, &w, &g, &st->acts[b - 1], layer_input(tr, b - 1), &st->sc, B, T, tr->s);
+        fy_gpt2_layer_bwd(mc, &w, &g, &st->acts[b - 1], fy_tr_layer_input(tr, b - 1), &st->sc, B, T, tr->s);
         grad_close(tr, b, a, gb);
     }
     fy_stream_sync(tr->s);
@@ -204,7 +197,7 @@ static void run_d2h_grad(void *ctx, const fy_task *t) {
     const fy_chunk *c = &tr->st->chunks[b];
     float *g = grad_unit(tr, t->arg);
     float *dst = a == 0 ? c->grad_host : tr->st->grad_host_tmp;
-    fy_copy_async(tr->s_d2h, dst, g, nbytes_of(tr, b), FY_D2H);
+    fy_copy_async(tr->s_d2h, dst, g, fy_tr_nbytes(tr, b), FY_D2H);
     fy_stream_sync(tr->s_d2h);
     if (a > 0)
         for (size_t i = 0; i < c->nelem; i++) c->grad_host[i] = c->grad_host[i] + dst[i];
@@ -276,7 +269,7 @@ static void run_adam_gpu(void *ctx, const fy_task *t) {
 static void run_d2h_param(void *ctx, const fy_task *t) {
     fy_trainer *tr = ctx;
     fy_copy_async(tr->s_d2h, tr->st->chunks[t->block].param_host, param_unit(tr, t->arg),
-                  nbytes_of(tr, t->block), FY_D2H);
+                  fy_tr_nbytes(tr, t->block), FY_D2H);
     fy_stream_sync(tr->s_d2h);
 }
 
@@ -302,7 +295,7 @@ static void run_adam_cpu(void *ctx, const fy_task *t) {
 static void run_h2d_update(void *ctx, const fy_task *t) {
     fy_trainer *tr = ctx;
     const fy_chunk *c = &tr->st->chunks[t->block];
-    fy_copy_async(tr->s_h2d, c->param_dev, c->param_host, nbytes_of(tr, t->block), FY_H2D);
+    fy_copy_async(tr->s_h2d, c->param_dev, c->param_host, fy_tr_nbytes(tr, t->block), FY_H2D);
     fy_stream_sync(tr->s_h2d);
 }
 
@@ -356,7 +349,7 @@ static void dep(builder *bd, int before, int after) {
 
 /* A fetch of streamed block b's parameters after `ready`, or -1 if b is resident. */
 static int fetch(builder *bd, int b, int iter, int ready) {
-    if (!streamed(bd->tr, b)) return -1;
+    if (!fy_tr_streamed(bd->tr, b)) return -1;
     int f = add(bd, FY_LANE_H2D, FY_T_H2D_PARAM, b, iter, run_h2d_param);
     if (f >= 0) bd->g->tasks[f].acquire_pool = bd->ppool;
     dep(bd, ready, f);
@@ -466,7 +459,7 @@ static fy_status build(fy_trainer *tr, fy_graph *g, int nsteps, bool barrier) {
                 final_grad[b] = gt;
                 if (!staged(tr, b)) continue;
                 int holder = b == 0 ? gopen : gt; /* whose unit holds b's gradient */
-                if (!cpu_optim(tr, b)) {
+                if (!fy_tr_cpu_optim(tr, b)) {
                     releases(&bd, gt, holder); /* closed into grad_dev inside gt */
                     continue;
                 }
@@ -493,11 +486,11 @@ static fy_status build(fy_trainer *tr, fy_graph *g, int nsteps, bool barrier) {
          * fifo runs them so; priority reorders them by next use (block 0 first). They are
          * not program uses themselves: their priority is that of the next forward. */
         for (int b = nb - 1; b >= 0; b--) {
-            if (cpu_optim(tr, b)) {
+            if (fy_tr_cpu_optim(tr, b)) {
                 int ad = add(&bd, FY_LANE_CPU, FY_T_ADAM_CPU, b, tm, run_adam_cpu);
                 dep(&bd, barrier ? nm : -1, ad); dep(&bd, last_d2h[b], ad);
                 ready[b] = ad;
-                if (!streamed(tr, b)) {
+                if (!fy_tr_streamed(tr, b)) {
                     int up = add(&bd, FY_LANE_H2D, FY_T_H2D_UPDATE, b, tm, run_h2d_update);
                     dep(&bd, ad, up);
                     ready[b] = up;

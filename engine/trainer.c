@@ -16,36 +16,22 @@
 
 
 
-static bool streamed(const fy_trainer *tr, int b) {
-    return tr->plan.blocks[b].params == FY_PARAMS_STREAMED;
-}
-static bool cpu_optim(const fy_trainer *tr, int b) {
-    return tr->plan.blocks[b].optim == FY_OPTIM_CPU;
-}
-static size_t nbytes_of(const fy_trainer *tr, int b) {
-    return tr->lay.blocks[b].nelem * sizeof(float);
-}
-
 /* Block b's parameters on the device: resident, or copied into a staging slot. */
 static float *fetch(fy_trainer *tr, int b) {
     const fy_chunk *c = &tr->st->chunks[b];
-    if (!streamed(tr, b)) return c->param_dev;
+    if (!fy_tr_streamed(tr, b)) return c->param_dev;
     FY_ASSERT(!tr->fetched[b], "block fetched twice");
     float *slot = fy_storage_param_slot(tr->st, b);
-    fy_copy_async(tr->s, slot, c->param_host, nbytes_of(tr, b), FY_H2D);
+    fy_copy_async(tr->s, slot, c->param_host, fy_tr_nbytes(tr, b), FY_H2D);
     tr->fetched[b] = slot;
     return slot;
 }
 
 /* Stream order guarantees the slot's next copy runs after this block's kernels. */
 static void unfetch(fy_trainer *tr, int b) {
-    if (!streamed(tr, b)) return;
+    if (!fy_tr_streamed(tr, b)) return;
     fy_storage_release_param(tr->st, b);
     tr->fetched[b] = NULL;
-}
-
-static const float *layer_input(const fy_trainer *tr, int l) {
-    return l ? tr->st->acts[l - 1].out : tr->st->x0;
 }
 
 /* Evaluation's forward pass, serial on the compute stream. */
@@ -61,7 +47,7 @@ static void forward(fy_trainer *tr, float *loss_out) {
     for (int l = 0; l < L; l++) {
         fy_gpt2_layer_w w;
         fy_gpt2_layer_view(&tr->lay.blocks[1 + l], fetch(tr, 1 + l), &w);
-        fy_gpt2_layer_fwd(mc, &w, &st->acts[l], layer_input(tr, l), &st->sc, B, T, tr->s);
+        fy_gpt2_layer_fwd(mc, &w, &st->acts[l], fy_tr_layer_input(tr, l), &st->sc, B, T, tr->s);
         unfetch(tr, 1 + l);
     }
     fy_gpt2_head_w hw;
@@ -97,8 +83,8 @@ static fy_status new_pool(int compute_threads, int adam_threads, fy_adam_pool **
 static fy_status upload_params(fy_trainer *tr, float *const *host) {
     for (int b = 0; b < tr->lay.nblocks; b++) {
         const fy_chunk *c = &tr->st->chunks[b];
-        if (c->param_host) memcpy(c->param_host, host[b], nbytes_of(tr, b));
-        if (c->param_dev) fy_copy_async(tr->s, c->param_dev, host[b], nbytes_of(tr, b), FY_H2D);
+        if (c->param_host) memcpy(c->param_host, host[b], fy_tr_nbytes(tr, b));
+        if (c->param_dev) fy_copy_async(tr->s, c->param_dev, host[b], fy_tr_nbytes(tr, b), FY_H2D);
     }
     fy_stream_sync(tr->s);
     return FY_OK;
@@ -122,31 +108,31 @@ static void host_blocks_free(const fy_gpt2_layout *lay, float **h) {
     free(h);
 }
 
+fy_status fy_trainer_setup_plan(fy_trainer *tr, const fy_trainer_cfg *cfg) {
+    tr->cfg = *cfg;
+    tr->cfg.plan = NULL;
+    FY_TRY(fy_gpt2_layout_new(&cfg->model, &tr->lay));
+    if (cfg->plan && cfg->plan->layers != cfg->model.layers) {
+        fy_log_error("the plan is for %d layers, the model has %d", cfg->plan->layers,
+                     cfg->model.layers);
+        return FY_ERR_INVALID;
+    }
+    FY_TRY(cfg->plan ? fy_plan_copy(cfg->plan, &tr->plan)
+                     : fy_plan_new(cfg->model.layers, cfg->B,
+                                   cfg->grad_accum > 0 ? cfg->grad_accum : 1, &tr->plan));
+    tr->cfg.B = tr->plan.micro_batch;
+    tr->cfg.grad_accum = tr->plan.grad_accum;
+    return FY_OK;
+}
+
 fy_status fy_trainer_new(fy_dev *dev, const fy_trainer_cfg *cfg, fy_trainer **out) {
     *out = NULL;
     fy_trainer *tr = calloc(1, sizeof *tr);
     if (!tr) return FY_ERR_NOMEM;
     tr->dev = dev;
-    tr->cfg = *cfg;
-    tr->cfg.plan = NULL;
     float **host = NULL;
-    fy_status st = fy_gpt2_layout_new(&cfg->model, &tr->lay);
+    fy_status st = fy_trainer_setup_plan(tr, cfg);
     if (st != FY_OK) goto fail;
-    if (cfg->plan) {
-        if (cfg->plan->layers != cfg->model.layers) {
-            fy_log_error("the plan is for %d layers, the model has %d", cfg->plan->layers,
-                         cfg->model.layers);
-            st = FY_ERR_INVALID;
-            goto fail;
-        }
-        st = fy_plan_copy(cfg->plan, &tr->plan);
-    } else {
-        st = fy_plan_new(cfg->model.layers, cfg->B, cfg->grad_accum > 0 ? cfg->grad_accum : 1,
-                         &tr->plan);
-    }
-    if (st != FY_OK) goto fail;
-    tr->cfg.B = tr->plan.micro_batch;
-    tr->cfg.grad_accum = tr->plan.grad_accum;
     if ((st = fy_stream_new(dev, "compute", &tr->s)) != FY_OK ||
         (st = fy_stream_new(dev, "h2d", &tr->s_h2d)) != FY_OK ||
         (st = fy_stream_new(dev, "d2h", &tr->s_d2h)) != FY_OK)
@@ -157,7 +143,7 @@ fy_status fy_trainer_new(fy_dev *dev, const fy_trainer_cfg *cfg, fy_trainer **ou
     tr->cost_ms = calloc((size_t)FY_T_COUNT * (tr->lay.nblocks + 1) * 2, sizeof *tr->cost_ms);
     if (!tr->fetched || !tr->cost_ms) { st = FY_ERR_NOMEM; goto fail; }
     for (int b = 0; b < tr->lay.nblocks && !cfg->eval_only; b++)
-        if (cpu_optim(tr, b)) {
+        if (fy_tr_cpu_optim(tr, b)) {
             int at = cfg->adam_threads > 0 ? cfg->adam_threads : fy_dev_threads(dev);
             if ((st = new_pool(fy_dev_threads(dev), at, &tr->pool)) != FY_OK) goto fail;
             break;
@@ -179,24 +165,8 @@ fy_status fy_trainer_new_dry(const fy_trainer_cfg *cfg, fy_trainer **out) {
     *out = NULL;
     fy_trainer *tr = calloc(1, sizeof *tr);
     if (!tr) return FY_ERR_NOMEM;
-    tr->cfg = *cfg;
-    tr->cfg.plan = NULL;
-    fy_status st = fy_gpt2_layout_new(&cfg->model, &tr->lay);
-    if (st == FY_OK) {
-        st = cfg->plan ? fy_plan_copy(cfg->plan, &tr->plan)
-                       : fy_plan_new(cfg->model.layers, cfg->B, cfg->grad_accum > 0 ? cfg->grad_accum : 1,
-                                     &tr->plan);
-    }
-    if (st == FY_OK && tr->plan.layers != cfg->model.layers) {
-        fy_log_error("the plan is for %d layers, the model has %d", tr->plan.layers,
-                     cfg->model.layers);
-        st = FY_ERR_INVALID;
-    }
-    if (st == FY_OK) {
-        tr->cfg.B = tr->plan.micro_batch;
-        tr->cfg.grad_accum = tr->plan.grad_accum;
-        st = fy_storage_dry(&tr->lay, &tr->plan, cfg->T, true, &tr->st);
-    }
+    fy_status st = fy_trainer_setup_plan(tr, cfg);
+    if (st == FY_OK) st = fy_storage_dry(&tr->lay, &tr->plan, cfg->T, true, &tr->st);
     if (st == FY_OK) {
         tr->cost_ms = calloc((size_t)FY_T_COUNT * (tr->lay.nblocks + 1) * 2, sizeof *tr->cost_ms);
         if (!tr->cost_ms) st = FY_ERR_NOMEM;
@@ -249,8 +219,8 @@ fy_status fy_trainer_save(fy_trainer *tr, const char *path) {
 void fy_trainer_get_params(fy_trainer *tr, int b, float *host) {
     const fy_chunk *c = &tr->st->chunks[b];
     fy_stream_sync(tr->s);
-    if (c->param_host) memcpy(host, c->param_host, nbytes_of(tr, b)); /* the master */
-    else fy_copy_async(tr->s, host, c->param_dev, nbytes_of(tr, b), FY_D2H);
+    if (c->param_host) memcpy(host, c->param_host, fy_tr_nbytes(tr, b)); /* the master */
+    else fy_copy_async(tr->s, host, c->param_dev, fy_tr_nbytes(tr, b), FY_D2H);
     fy_stream_sync(tr->s);
 }
 
@@ -258,8 +228,8 @@ void fy_trainer_get_grads(fy_trainer *tr, int b, float *host) {
     FY_ASSERT(!tr->cfg.eval_only, "an evaluation-only trainer has no gradients");
     const fy_chunk *c = &tr->st->chunks[b];
     fy_stream_sync(tr->s);
-    if (c->grad_host) memcpy(host, c->grad_host, nbytes_of(tr, b));
-    else fy_copy_async(tr->s, host, c->grad_dev, nbytes_of(tr, b), FY_D2H);
+    if (c->grad_host) memcpy(host, c->grad_host, fy_tr_nbytes(tr, b));
+    else fy_copy_async(tr->s, host, c->grad_dev, fy_tr_nbytes(tr, b), FY_D2H);
     fy_stream_sync(tr->s);
 }
 

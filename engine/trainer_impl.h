@@ -32,4 +32,23 @@ struct fy_trainer {
     double *cost_ms;
 };
 
+/* Block facts both halves of the trainer ask for. */
+static inline bool fy_tr_streamed(const fy_trainer *tr, int b) {
+    return tr->plan.blocks[b].params == FY_PARAMS_STREAMED;
+}
+static inline bool fy_tr_cpu_optim(const fy_trainer *tr, int b) {
+    return tr->plan.blocks[b].optim == FY_OPTIM_CPU;
+}
+static inline size_t fy_tr_nbytes(const fy_trainer *tr, int b) {
+    return tr->lay.blocks[b].nelem * sizeof(float);
+}
+/* Layer l's input: the previous layer's output, or the embedding's. */
+static inline const float *fy_tr_layer_input(const fy_trainer *tr, int l) {
+    return l ? tr->st->acts[l - 1].out : tr->st->x0;
+}
+
+/* The plan (a copy of cfg->plan, or all-resident from cfg) and layout of a new trainer;
+ * also fixes cfg.B and cfg.grad_accum to the plan's. */
+fy_status fy_trainer_setup_plan(fy_trainer *tr, const fy_trainer_cfg *cfg);
+
 #endif
