@@ -99,21 +99,6 @@ static void next_train_batch(void *ctx, int64_t micro, int32_t *x, int32_t *y) {
     fy_loader_next(r->train, x, y);
 }
 
-static fy_status open_device(const fy_opts *o, fy_dev **out) {
-    fy_dev_kind kind = FY_DEV_CPU;
-    if (o->sim_pcie_gbps > 0 && o->sim_pcie_gbps < 1e-3) {
-        fy_log_error("--sim-pcie-gbps: must be 0 (off) or at least 0.001, got %g", o->sim_pcie_gbps);
-        return FY_ERR_INVALID;
-    }
-    if (!strcmp(o->device, "cuda")) {
-        kind = FY_DEV_CUDA;
-    } else if (!strcmp(o->device, "auto") && !fy_dev_kind_compiled(FY_DEV_CUDA)) {
-        fy_log_info("no CUDA backend in this build: using the cpu backend");
-    }
-    fy_dev_cfg dc = {.kind = kind, .mem_cap_nbytes = o->gpu_mem,
-                     .sim_pcie_gbps = o->sim_pcie_gbps, .threads = (int)o->threads};
-    return fy_dev_new(&dc, out);
-}
 
 /* The model: from the weights file when --init is given (a --model given too must
  * agree with it), else the named config. */
@@ -270,8 +255,10 @@ int fy_train_main(const fy_opts *o) {
     run r = {0};
     fy_status st;
     fy_gpt2_config cfg;
+    fy_dev_cfg dc;
     if (o->quiet) fy_log_set_level(FY_LOG_WARN);
     if ((st = check_run_opts(o)) != FY_OK) goto fail;
+    if ((st = fy_opts_dev_cfg(o, !o->dry_run, &dc)) != FY_OK) goto fail;
     if ((st = resolve_model(o, fy_opts_given(o, "model"), &r, &cfg)) != FY_OK) goto fail;
     if ((st = resolve_plan(o, &cfg, &r.plan)) != FY_OK) goto fail;
     const int B = r.plan.micro_batch, T = (int)o->seq, accum = r.plan.grad_accum;
@@ -304,7 +291,7 @@ int fy_train_main(const fy_opts *o) {
         st = FY_ERR_NOMEM;
         goto fail;
     }
-    if ((st = open_device(o, &r.dev)) != FY_OK) goto fail;
+    if ((st = fy_dev_new(&dc, &r.dev)) != FY_OK) goto fail;
     fy_trainer_cfg tc = {.model = cfg, .B = B, .T = T, .beta1 = (float)o->beta1,
                          .beta2 = (float)o->beta2, .eps = (float)o->eps,
                          .weight_decay = (float)o->weight_decay, .clip = (float)o->clip,
@@ -454,6 +441,8 @@ int fy_eval_main(const fy_opts *o) {
         return 1;
     }
     if ((st = check_run_opts(o)) != FY_OK) return 1;
+    fy_dev_cfg dc;
+    if ((st = fy_opts_dev_cfg(o, true, &dc)) != FY_OK) goto fail;
     if ((st = resolve_model(o, false, &r, &cfg)) != FY_OK) goto fail;
     if ((st = fy_tokens_open(o->data, &r.val_tok)) != FY_OK) goto fail;
     if ((st = fy_tokens_check_vocab(r.val_tok, cfg.vocab)) != FY_OK) goto fail;
@@ -466,7 +455,7 @@ int fy_eval_main(const fy_opts *o) {
         st = FY_ERR_NOMEM;
         goto fail;
     }
-    if ((st = open_device(o, &r.dev)) != FY_OK) goto fail;
+    if ((st = fy_dev_new(&dc, &r.dev)) != FY_OK) goto fail;
     fy_trainer_cfg tc = {.model = cfg, .B = B, .T = T, .eval_only = true};
     if ((st = fy_trainer_new(r.dev, &tc, &r.tr)) != FY_OK) goto fail;
     if ((st = fy_trainer_load(r.tr, r.init)) != FY_OK) goto fail;

@@ -53,12 +53,23 @@ static int cmd_info(void) {
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGE_SIZE);
     printf("ferry %s\n", FY_VERSION);
-    printf("build     C11, OpenMP, OpenBLAS (cpu GEMMs), cJSON; cuda backend: %s\n",
-           fy_dev_kind_compiled(FY_DEV_CUDA) ? "compiled in" : "not compiled in");
+    if (fy_dev_kind_compiled(FY_DEV_CUDA))
+        printf("build     C11, OpenMP, OpenBLAS (cpu GEMMs), cJSON; cuda backend: compiled in "
+               "(CUDA %s, cuBLASLt loaded at run time)\n", fy_dev_cuda_version());
+    else
+        printf("build     C11, OpenMP, OpenBLAS (cpu GEMMs), cJSON; cuda backend: not compiled in\n");
     printf("cpu       %ld cores, %.1f GiB memory, features: %s\n", ncpu,
            (double)pages * (double)psz / 1073741824.0, feats);
-    printf("devices   cpu (reference backend)%s\n",
-           fy_dev_kind_compiled(FY_DEV_CUDA) ? "" : "; no GPU backend");
+    fy_gpu_info gpus[8];
+    char why[160];
+    int ngpu = fy_dev_gpus(gpus, 8, why, sizeof why);
+    printf("devices   cpu (reference backend)\n");
+    for (int i = 0; i < ngpu && i < 8; i++)
+        printf("          cuda:%d %s, compute capability %d.%d, %d SMs, %.1f GiB\n", i,
+               gpus[i].name, gpus[i].major, gpus[i].minor, gpus[i].sm_count,
+               (double)gpus[i].total_nbytes / 1073741824.0);
+    if (ngpu == 0) printf("          no GPU: %s\n", why);
+    printf("default   --device %s\n", ngpu > 0 ? "cuda" : "cpu");
     printf("models    %s\n", fy_gpt2_config_names());
     return 0;
 }

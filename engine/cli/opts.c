@@ -34,6 +34,9 @@ typedef struct opt {
 static const opt table[] = {
     {"device", T_STR, O(device), TR | EV | PR | TU | SW, "auto", R_ANY, "auto|cpu|cuda", "KIND",
      "backend; auto = cuda when a GPU is present, else cpu", 0},
+    {"matmul", T_STR, O(matmul), TR | EV | PR, "auto", R_ANY, "auto|fp32|tf32|bf16", "MATH",
+     "cuda: fp32 GEMMs on bf16 or tf32 tensor cores (fp32 accumulation) or exact fp32; "
+     "auto = bf16 on cuda (the cpu backend is fp32 only)", 0},
     {"gpu-mem", T_SIZE, O(gpu_mem), TR | EV | PR | TU | SW, "0", R_NONNEG, NULL, "SIZE",
      "device memory budget, e.g. 512MiB, 16GiB (0 = all of it)", 0},
     {"sim-pcie-gbps", T_FLOAT, O(sim_pcie_gbps), TR | EV | PR | TU | SW, "0", R_NONNEG, NULL, "X",
@@ -241,6 +244,41 @@ int fy_opts_parse(fy_opts *o, unsigned cmd, int argc, char **argv, int first) {
         o->set_mask[k / 32] |= 1u << (k % 32);
     }
     return 0;
+}
+
+fy_status fy_opts_dev_cfg(const fy_opts *o, bool need_gpu, fy_dev_cfg *out) {
+    memset(out, 0, sizeof *out);
+    if (o->sim_pcie_gbps > 0 && o->sim_pcie_gbps < 1e-3) {
+        fy_log_error("--sim-pcie-gbps: must be 0 (off) or at least 0.001, got %g", o->sim_pcie_gbps);
+        return FY_ERR_INVALID;
+    }
+    out->mem_cap_nbytes = o->gpu_mem;
+    out->sim_pcie_gbps = o->sim_pcie_gbps;
+    out->threads = (int)o->threads;
+    if (fy_matmul_math_parse(o->matmul ? o->matmul : "auto", &out->matmul) != 0) {
+        fy_log_error("--matmul: unknown arithmetic '%s' (auto, fp32, tf32, bf16)", o->matmul);
+        return FY_ERR_INVALID;
+    }
+    out->kind = FY_DEV_CPU;
+    char why[160] = "";
+    fy_gpu_info gpu;
+    if (!strcmp(o->device, "cuda")) {
+        out->kind = FY_DEV_CUDA;
+        if (need_gpu && fy_dev_gpus(&gpu, 1, why, sizeof why) == 0) {
+            fy_log_error("--device cuda: %s", why);
+            return FY_ERR_UNSUPPORTED;
+        }
+    } else if (!strcmp(o->device, "auto")) {
+        if (o->sim_pcie_gbps == 0 && fy_dev_gpus(&gpu, 1, why, sizeof why) > 0)
+            out->kind = FY_DEV_CUDA;
+        else if (!o->quiet && o->sim_pcie_gbps == 0)
+            fy_log_info("%s: using the cpu backend", why);
+    }
+    if (out->kind == FY_DEV_CPU && out->matmul != FY_MATMUL_AUTO && out->matmul != FY_MATMUL_FP32) {
+        fy_log_error("--matmul %s: the cpu backend computes GEMMs in fp32 only", o->matmul);
+        return FY_ERR_INVALID;
+    }
+    return FY_OK;
 }
 
 bool fy_opts_given(const fy_opts *o, const char *name) {

@@ -11,6 +11,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/core/status.h"
+#include "engine/device/device.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -21,6 +24,7 @@ enum { FY_CMD_TRAIN = 1 << 0, FY_CMD_EVAL = 1 << 1, FY_CMD_INFO = 1 << 2, FY_CMD
 typedef struct fy_opts {
     /* device */
     const char *device;
+    const char *matmul;
     size_t gpu_mem;
     double sim_pcie_gbps;
     int64_t threads;
@@ -70,6 +74,11 @@ typedef struct fy_opts {
 int fy_opts_parse(fy_opts *o, unsigned cmd, int argc, char **argv, int first);
 /* Whether the user gave flag `name` (without dashes). */
 bool fy_opts_given(const fy_opts *o, const char *name);
+/* The device the options ask for. --device auto is cuda when a GPU is present and
+ * --sim-pcie-gbps is not set, else cpu (with a notice unless --quiet). With need_gpu,
+ * --device cuda on a machine without a usable GPU is an error (logged) here, before any
+ * work; without it (planning: --dry-run, tune) the kind is returned as asked. */
+fy_status fy_opts_dev_cfg(const fy_opts *o, bool need_gpu, fy_dev_cfg *out);
 void fy_opts_help(unsigned cmd, const char *usage);
 
 #ifdef __cplusplus

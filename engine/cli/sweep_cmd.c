@@ -89,8 +89,8 @@ typedef struct measured { double step_ms, busy[FY_LANE_COUNT]; size_t peak; } me
 
 static fy_status measure(const fy_opts *o, const fy_gpt2_config *cfg, const fy_plan *plan,
                          const fy_tokens *tok, int steps, measured *out) {
-    fy_dev_cfg dc = {.kind = FY_DEV_CPU, .mem_cap_nbytes = o->gpu_mem,
-                     .sim_pcie_gbps = o->sim_pcie_gbps, .threads = (int)o->threads};
+    fy_dev_cfg dc;
+    FY_TRY(fy_opts_dev_cfg(o, true, &dc));
     fy_dev *dev;
     FY_TRY(fy_dev_new(&dc, &dev));
     fy_trainer_cfg tc = {.model = *cfg, .T = (int)o->seq, .beta1 = 0.9f, .beta2 = 0.95f,

@@ -47,11 +47,9 @@ static fy_status cache_path(char *buf, size_t cap) {
 }
 
 static fy_status probe(const fy_opts *o, const fy_gpt2_config *cfg, fy_profile *p) {
-    fy_probe_cfg pc = {.dev = {.kind = FY_DEV_CPU, .mem_cap_nbytes = o->gpu_mem,
-                               .sim_pcie_gbps = o->sim_pcie_gbps, .threads = (int)o->threads},
-                       .model = *cfg, .batch = (int)o->batch, .seq = (int)o->seq,
+    fy_probe_cfg pc = {.model = *cfg, .batch = (int)o->batch, .seq = (int)o->seq,
                        .adam_threads_max = (int)o->adam_threads, .quiet = o->quiet};
-    if (!strcmp(o->device, "cuda")) pc.dev.kind = FY_DEV_CUDA;
+    FY_TRY(fy_opts_dev_cfg(o, true, &pc.dev));
     if (!o->quiet) fy_log_info("probing this machine (transfers, CPU AdamW, the model's blocks)...");
     return fy_probe(&pc, p);
 }

@@ -52,7 +52,11 @@ void fy_log(fy_log_level level, const char *fmt, ...) __attribute__((format(prin
  * callers that want to repeat it in a summary. */
 const char *fy_last_error(void);
 
+#ifdef __cplusplus
+[[noreturn]] void fy_abort_at(const char *file, int line, const char *cond, const char *hint);
+#else
 _Noreturn void fy_abort_at(const char *file, int line, const char *cond, const char *hint);
+#endif
 
 /* A broken invariant: a bug, never bad input. */
 #define FY_ASSERT(cond, hint) \

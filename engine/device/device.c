@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "engine/core/util.h"
 
@@ -17,7 +18,57 @@ static const char *op_names[] = {
 
 const char *fy_op_name(fy_op_kind k) { return k < FY_OP_COUNT ? op_names[k] : "?"; }
 
-bool fy_dev_kind_compiled(fy_dev_kind kind) { return kind == FY_DEV_CPU; }
+bool fy_dev_kind_compiled(fy_dev_kind kind) {
+#ifdef FY_HAVE_CUDA
+    if (kind == FY_DEV_CUDA) return true;
+#endif
+    return kind == FY_DEV_CPU;
+}
+
+int fy_dev_gpus(fy_gpu_info *out, int max, char *why, size_t whylen) {
+#ifdef FY_HAVE_CUDA
+    return fy_cuda_gpus(out, max, why, whylen);
+#else
+    (void)out; (void)max;
+    snprintf(why, whylen, "this build has no CUDA backend");
+    return 0;
+#endif
+}
+
+const char *fy_dev_cuda_version(void) {
+#ifdef FY_CUDA_VERSION
+    return FY_CUDA_VERSION;
+#else
+    return "";
+#endif
+}
+
+static const char *math_names[] = {"auto", "fp32", "tf32", "bf16"};
+
+const char *fy_matmul_math_name(fy_matmul_math m) {
+    return (unsigned)m < 4 ? math_names[m] : "?";
+}
+
+int fy_matmul_math_parse(const char *s, fy_matmul_math *out) {
+    for (int i = 0; i < 4; i++)
+        if (!strcmp(s, math_names[i])) { *out = (fy_matmul_math)i; return 0; }
+    return -1;
+}
+
+fy_status fy_host_map(size_t nbytes, int threads, void **out) {
+    size_t len = fy_round_up(nbytes, 4096);
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return FY_ERR_NOMEM;
+    if (len >= (2u << 20)) madvise(p, len, MADV_HUGEPAGE);
+    /* pre-touch: write every page now, in parallel for big buffers */
+    size_t npages = len / 4096;
+    #pragma omp parallel for schedule(static) num_threads(threads) if (npages > 4096)
+    for (size_t i = 0; i < npages; i++) ((volatile char *)p)[i * 4096] = 0;
+    *out = p;
+    return FY_OK;
+}
+
+void fy_host_unmap(void *p, size_t nbytes) { munmap(p, fy_round_up(nbytes, 4096)); }
 
 const char *fy_dev_kind_name(fy_dev_kind kind) { return kind == FY_DEV_CUDA ? "cuda" : "cpu"; }
 
@@ -40,7 +91,22 @@ fy_status fy_dev_new(const fy_dev_cfg *cfg, fy_dev **out) {
     dev->cfg = *cfg;
     dev->mem.cap_nbytes = cfg->mem_cap_nbytes;
     pthread_mutex_init(&dev->mu, NULL);
-    fy_status st = fy_cpu_dev_init(dev);
+    fy_status st;
+    if (cfg->kind == FY_DEV_CUDA) {
+#ifdef FY_HAVE_CUDA
+        st = fy_cuda_dev_init(dev);
+#else
+        st = FY_ERR_UNSUPPORTED;
+#endif
+    } else {
+        if (cfg->matmul != FY_MATMUL_AUTO && cfg->matmul != FY_MATMUL_FP32) {
+            fy_log_error("--matmul %s: the cpu backend computes GEMMs in fp32 only",
+                         fy_matmul_math_name(cfg->matmul));
+            st = FY_ERR_INVALID;
+        } else {
+            st = fy_cpu_dev_init(dev);
+        }
+    }
     if (st != FY_OK) {
         pthread_mutex_destroy(&dev->mu);
         free(dev);
@@ -140,6 +206,7 @@ fy_status fy_stream_new(fy_dev *dev, const char *name, fy_stream **out) {
     fy_stream *s = calloc(1, sizeof *s);
     if (!s) return FY_ERR_NOMEM;
     s->dev = dev;
+    s->dtype = FY_F32;
     snprintf(s->name, sizeof s->name, "%s", name ? name : "stream");
     fy_status st = dev->iface->stream_new(s);
     if (st != FY_OK) { free(s); return st; }
@@ -154,6 +221,18 @@ void fy_stream_free(fy_stream *s) {
 }
 
 fy_dev *fy_stream_dev(const fy_stream *s) { return s->dev; }
+
+fy_status fy_stream_set_dtype(fy_stream *s, fy_dtype t) {
+    if (t == FY_DTYPE_NONE) t = FY_F32;
+    if (!(s->dev->iface->dtypes & (1u << t))) {
+        fy_log_error("the %s backend has no %s kernels", s->dev->iface->name, fy_dtype_name(t));
+        return FY_ERR_UNSUPPORTED;
+    }
+    s->dtype = t;
+    return FY_OK;
+}
+
+fy_dtype fy_stream_dtype(const fy_stream *s) { return s->dtype; }
 void fy_stream_sync(fy_stream *s) { s->dev->iface->stream_sync(s); }
 
 fy_status fy_event_new(fy_dev *dev, fy_event **out) {

@@ -8,7 +8,8 @@
  *    cap, so offload logic is exercised for real; each stream is a worker thread that
  *    runs its queue in order; copies between host and device memory can be throttled to
  *    a bandwidth (emulated PCIe) so overlap is real and measurable on a CPU-only machine.
- *  - cuda (its own issue): streams and events are CUDA's.
+ *  - cuda: streams and events are CUDA's; GEMMs go through cuBLASLt, the other kernels are
+ *    hand-written (cuda/). Compiled wherever nvcc exists, run where a GPU does.
  *
  * Memory: every allocation of kind FY_MEM_DEVICE counts against the device's capacity
  * (cfg.mem_cap_nbytes); exceeding it is FY_ERR_DEVICE_OOM with one logged line saying
@@ -27,6 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/core/dtype.h"
 #include "engine/core/status.h"
 
 #ifdef __cplusplus
@@ -43,12 +45,22 @@ typedef enum fy_mem_kind {
 
 typedef enum fy_copy_dir { FY_H2D = 0, FY_D2H, FY_D2D, FY_H2H } fy_copy_dir;
 
+/* How fp32 GEMMs compute on the cuda backend (bf16 tensors always use bf16 tensor cores
+ * with fp32 accumulation). The cpu backend computes in fp32 only. */
+typedef enum fy_matmul_math {
+    FY_MATMUL_AUTO = 0, /* cuda: BF16; cpu: FP32 */
+    FY_MATMUL_FP32,     /* exact fp32 products */
+    FY_MATMUL_TF32,     /* tf32 tensor cores, fp32 accumulation */
+    FY_MATMUL_BF16,     /* inputs rounded to bf16 on tensor cores, fp32 accumulation */
+} fy_matmul_math;
+
 typedef struct fy_dev_cfg {
     fy_dev_kind kind;
     size_t mem_cap_nbytes; /* device memory capacity; 0 = the backend's own (cpu: no cap) */
     double sim_pcie_gbps;  /* cpu: throttle H2D/D2H copies to this many GB/s; 0 = off */
     int threads;           /* cpu: kernel threads; 0 = all online cores */
     int ordinal;           /* cuda: which GPU */
+    fy_matmul_math matmul; /* cuda: fp32 GEMM arithmetic */
 } fy_dev_cfg;
 
 typedef struct fy_dev fy_dev;
@@ -85,6 +97,12 @@ void fy_stream_free(fy_stream *s); /* waits for queued work first; NULL is a no-
 fy_dev *fy_stream_dev(const fy_stream *s);
 /* Blocks until all work queued on s so far has completed. */
 void fy_stream_sync(fy_stream *s);
+/* The storage type of the tensors kernels on s read and write (kernels.h says which
+ * arguments follow it): FY_F32 (the default) or FY_BF16. FY_ERR_UNSUPPORTED (logged) if
+ * the backend has no kernels for t (the cpu backend has fp32 only). Set it before
+ * queueing work. */
+fy_status fy_stream_set_dtype(fy_stream *s, fy_dtype t);
+fy_dtype fy_stream_dtype(const fy_stream *s);
 
 /* Events: record captures the work queued on s so far; wait makes later work on s
  * wait for it; sync blocks the caller. An event never recorded counts as complete.
@@ -108,6 +126,23 @@ void fy_stream_host_fn(fy_stream *s, void (*fn)(void *arg), void *arg);
 bool fy_dev_kind_compiled(fy_dev_kind kind);
 const char *fy_dev_kind_name(fy_dev_kind kind);
 int fy_dev_parse_kind(const char *s, fy_dev_kind *out);
+const char *fy_matmul_math_name(fy_matmul_math m);
+int fy_matmul_math_parse(const char *s, fy_matmul_math *out); /* -1 if unknown */
+
+typedef struct fy_gpu_info {
+    char name[96];
+    int major, minor;        /* compute capability */
+    int sm_count;
+    size_t total_nbytes;
+} fy_gpu_info;
+
+/* The GPUs the cuda backend can use: their number (0 when the backend is not compiled
+ * in, or there is no driver or no GPU), the first `max` of them described in out, and
+ * when there are none, why (one phrase) in why. Loads the CUDA driver but creates no
+ * context; still, never call it in a process that forks afterwards to use CUDA. */
+int fy_dev_gpus(fy_gpu_info *out, int max, char *why, size_t whylen);
+/* The CUDA runtime version this build was compiled against ("13.0"), or "". */
+const char *fy_dev_cuda_version(void);
 
 #ifdef __cplusplus
 }

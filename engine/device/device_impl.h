@@ -32,10 +32,12 @@ typedef struct fy_op {
     void *p[8];    /* pointers, outputs first, in launcher order */
     int64_t i[8];  /* sizes and flags, in launcher order */
     float f[8];    /* scalars */
+    fy_dtype dt;   /* kernels: the storage type of their tensors (NONE means F32) */
 } fy_op;
 
 typedef struct fy_dev_iface {
     const char *name;
+    unsigned dtypes;  /* bit 1u << t for each storage type t the kernels take */
     void (*free)(fy_dev *dev);
     fy_status (*alloc)(fy_dev *dev, fy_mem_kind kind, size_t nbytes, void **out);
     void (*release)(fy_dev *dev, fy_mem_kind kind, void *ptr, size_t nbytes);
@@ -73,6 +75,7 @@ struct fy_stream {
     fy_dev *dev;
     void *ctx;
     char name[32];
+    fy_dtype dtype;  /* kernels' storage type */
 };
 
 struct fy_event {
@@ -82,6 +85,13 @@ struct fy_event {
 
 /* Backend constructors: fill dev->iface, dev->ctx, dev->name, dev->threads. */
 fy_status fy_cpu_dev_init(fy_dev *dev);
+fy_status fy_cuda_dev_init(fy_dev *dev);     /* cuda/cuda_backend.c, if compiled */
+int fy_cuda_gpus(fy_gpu_info *out, int max, char *why, size_t whylen);
+
+/* Host memory for the backends: an anonymous mapping, huge-page advised, every page
+ * touched by `threads` threads (zeroed); FY_ERR_NOMEM if the mapping fails. */
+fy_status fy_host_map(size_t nbytes, int threads, void **out);
+void fy_host_unmap(void *p, size_t nbytes);
 
 /* The cpu backend's kernel bodies, also used by tests as the oracle. */
 void fy_cpu_exec(const fy_op *op);

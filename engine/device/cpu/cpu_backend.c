@@ -20,7 +20,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -56,21 +55,13 @@ typedef struct cpu_event {
 /* ---- memory ---------------------------------------------------------------------- */
 
 static fy_status cpu_alloc(fy_dev *dev, fy_mem_kind kind, size_t nbytes, void **out) {
-    size_t len = fy_round_up(nbytes, 4096);
-    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) return kind == FY_MEM_DEVICE ? FY_ERR_DEVICE_OOM : FY_ERR_NOMEM;
-    if (len >= (2u << 20)) madvise(p, len, MADV_HUGEPAGE);
-    /* pre-touch: write every page now, in parallel for big buffers */
     cpu_dev *cd = dev->ctx;
-    size_t npages = len / 4096;
-    #pragma omp parallel for schedule(static) num_threads(cd->threads) if (npages > 4096)
-    for (size_t i = 0; i < npages; i++) ((volatile char *)p)[i * 4096] = 0;
-    *out = p;
-    return FY_OK;
+    fy_status st = fy_host_map(nbytes, cd->threads, out);
+    return st == FY_OK || kind != FY_MEM_DEVICE ? st : FY_ERR_DEVICE_OOM;
 }
 
 static void cpu_release(fy_dev *dev, fy_mem_kind kind, void *ptr, size_t nbytes) {
-    munmap(ptr, fy_round_up(nbytes, 4096));
+    fy_host_unmap(ptr, nbytes);
 }
 
 /* ---- emulated link --------------------------------------------------------------- */
@@ -263,6 +254,7 @@ static void cpu_free(fy_dev *dev) {
 
 static const fy_dev_iface cpu_iface = {
     .name = "cpu",
+    .dtypes = 1u << FY_F32,
     .free = cpu_free,
     .alloc = cpu_alloc,
     .release = cpu_release,

@@ -289,6 +289,7 @@ static void adamw(const fy_op *op) {
 }
 
 void fy_cpu_exec(const fy_op *op) {
+    FY_ASSERT(op->dt == FY_DTYPE_NONE || op->dt == FY_F32, "the cpu backend's kernels are fp32");
     const int64_t *i = op->i;
     void *const *p = op->p;
     switch (op->kind) {

@@ -1,0 +1,369 @@
+/* cuda_gemm.c — the GEMM ops of the cuda backend (matmul forward/backward, attention
+ * forward/backward) through cuBLASLt.
+ *
+ * cuBLASLt is loaded with dlopen when the first cuda device opens, so the ferry binary
+ * starts as fast as before and runs on machines without it (the cpu backend needs
+ * nothing of CUDA). Each stream has its own handle, workspace and descriptor cache: a
+ * stream is fed by one thread at a time, so none of them needs a lock.
+ *
+ * Determinism: a GEMM's algorithm is chosen by cuBLASLt's heuristic from the shape, the
+ * types and the pointers' alignment class (capped at 16 bytes, which every block and
+ * activation buffer meets); so the same product computes the same bits wherever its
+ * buffers live. Splits that reduce with atomics are not requested.
+ *
+ * Row-major tensors are column-major transposes: each op below writes the row-major
+ * product it means and its column-major form. */
+#include <dlfcn.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cublasLt.h>
+
+#include "engine/device/cuda/cuda_impl.h"
+
+#define LT_FUNCS(X)                                                                      \
+    X(cublasLtCreate) X(cublasLtDestroy) X(cublasLtGetStatusString)                       \
+    X(cublasLtMatmulDescCreate) X(cublasLtMatmulDescDestroy)                              \
+    X(cublasLtMatmulDescSetAttribute) X(cublasLtMatrixLayoutCreate)                       \
+    X(cublasLtMatrixLayoutDestroy) X(cublasLtMatrixLayoutSetAttribute)                    \
+    X(cublasLtMatmulPreferenceCreate) X(cublasLtMatmulPreferenceDestroy)                  \
+    X(cublasLtMatmulPreferenceSetAttribute) X(cublasLtMatmulAlgoGetHeuristic)             \
+    X(cublasLtMatmul)
+
+static struct {
+#define LT_FIELD(f) __typeof__(&f) f;
+    LT_FUNCS(LT_FIELD)
+#undef LT_FIELD
+} lt;
+
+static pthread_once_t lt_once = PTHREAD_ONCE_INIT;
+static fy_status lt_status = FY_ERR_UNSUPPORTED;
+static char lt_error[256];
+
+static void lt_load(void) {
+    static const char *names[] = {"libcublasLt.so.13", FY_CUDA_LIBDIR "/libcublasLt.so.13",
+                                  "libcublasLt.so", FY_CUDA_LIBDIR "/libcublasLt.so"};
+    void *h = NULL;
+    for (size_t i = 0; i < sizeof names / sizeof *names && !h; i++)
+        h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(lt_error, sizeof lt_error, "cannot load cuBLASLt (libcublasLt.so.13): %s", dlerror());
+        return;
+    }
+#define LT_SYM(f)                                                                         \
+    if (!(*(void **)&lt.f = dlsym(h, #f))) {                                              \
+        snprintf(lt_error, sizeof lt_error, "cuBLASLt lacks %s", #f);                     \
+        return;                                                                           \
+    }
+    LT_FUNCS(LT_SYM)
+#undef LT_SYM
+    lt_status = FY_OK;
+}
+
+fy_status fy_cu_blas_load(void) {
+    pthread_once(&lt_once, lt_load);
+    if (lt_status != FY_OK) fy_log_error("cuda: %s", lt_error);
+    return lt_status;
+}
+
+static void lt_check(cublasStatus_t s, const char *what) {
+    if (s == CUBLAS_STATUS_SUCCESS) return;
+    char hint[160];
+    snprintf(hint, sizeof hint, "cuBLASLt: %s: %s", what, lt.cublasLtGetStatusString(s));
+    fy_abort_at(__FILE__, __LINE__, "cublasStatus == CUBLAS_STATUS_SUCCESS", hint);
+}
+
+/* ---- one GEMM, column-major: D = alpha op(A) op(B) + beta D (+ bias per row of D) ---- */
+
+typedef struct gemm {
+    bool ta, tb;
+    int m, n, k;
+    const void *A; int lda; int64_t sA;
+    const void *B; int ldb; int64_t sB;
+    void *D; int ldd; int64_t sD;
+    int batch;           /* strided batch count (1 = plain) */
+    float alpha, beta;
+    const void *bias;    /* (m), added to every column of D; NULL for none */
+} gemm;
+
+typedef struct gemm_key {
+    int dt, ta, tb, m, n, k, lda, ldb, ldd, batch, has_bias, align;
+    int64_t sA, sB, sD;
+} gemm_key;
+
+typedef struct gemm_plan {
+    gemm_key key;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatmulAlgo_t algo;
+    bool bias_epilogue;  /* false: the bias is written first and the product added */
+    uint64_t last_use;
+} gemm_plan;
+
+#define CACHE_CAP 64
+
+struct fy_cu_gemm_cache {
+    gemm_plan plans[CACHE_CAP];
+    int n;
+    uint64_t clock;
+};
+
+/* The largest power of two up to 16 dividing every address and byte stride. */
+static int align_class(const gemm *g, size_t es) {
+    uintptr_t bits = (uintptr_t)g->A | (uintptr_t)g->B | (uintptr_t)g->D | 16u;
+    bits |= (uintptr_t)g->lda * es | (uintptr_t)g->ldb * es | (uintptr_t)g->ldd * es;
+    if (g->batch > 1) bits |= (uintptr_t)(g->sA * es) | (uintptr_t)(g->sB * es) | (uintptr_t)(g->sD * es);
+    if (g->bias) bits |= (uintptr_t)g->bias;
+    return (int)(bits & (~bits + 1));
+}
+
+static cublasLtMatrixLayout_t layout(cudaDataType_t t, int rows, int cols, int ld, int batch,
+                                     int64_t stride) {
+    cublasLtMatrixLayout_t l;
+    lt_check(lt.cublasLtMatrixLayoutCreate(&l, t, (uint64_t)rows, (uint64_t)cols, ld), "layout");
+    if (batch > 1) {
+        int32_t b = batch;
+        lt_check(lt.cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &b, sizeof b), "batch count");
+        lt_check(lt.cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride), "batch stride");
+    }
+    return l;
+}
+
+static void plan_free(gemm_plan *p) {
+    lt.cublasLtMatrixLayoutDestroy(p->la);
+    lt.cublasLtMatrixLayoutDestroy(p->lb);
+    lt.cublasLtMatrixLayoutDestroy(p->ld);
+    lt.cublasLtMatmulDescDestroy(p->desc);
+}
+
+/* Builds descriptors and asks the heuristic; false if no algorithm fits. */
+static bool plan_build(fy_cu_stream *cs, const gemm_key *key, bool with_bias, gemm_plan *p) {
+    fy_cu_dev *cd = cs->dev->ctx;
+    cudaDataType_t t = key->dt == FY_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    cublasComputeType_t ct = CUBLAS_COMPUTE_32F;
+    if (key->dt != FY_BF16 && cd->math == FY_MATMUL_TF32) ct = CUBLAS_COMPUTE_32F_FAST_TF32;
+    if (key->dt != FY_BF16 && cd->math == FY_MATMUL_BF16) ct = CUBLAS_COMPUTE_32F_FAST_16BF;
+    memset(p, 0, sizeof *p);
+    p->key = *key;
+    lt_check(lt.cublasLtMatmulDescCreate(&p->desc, ct, CUDA_R_32F), "matmul descriptor");
+    cublasOperation_t oa = key->ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = key->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    lt_check(lt.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &oa, sizeof oa), "transa");
+    lt_check(lt.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &ob, sizeof ob), "transb");
+    if (with_bias) {
+        cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
+        lt_check(lt.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep), "epilogue");
+    }
+    p->la = layout(t, key->ta ? key->k : key->m, key->ta ? key->m : key->k, key->lda, key->batch, key->sA);
+    p->lb = layout(t, key->tb ? key->n : key->k, key->tb ? key->k : key->n, key->ldb, key->batch, key->sB);
+    p->ld = layout(t, key->m, key->n, key->ldd, key->batch, key->sD);
+
+    cublasLtMatmulPreference_t pref;
+    lt_check(lt.cublasLtMatmulPreferenceCreate(&pref), "preference");
+    uint64_t ws = FY_CU_BLAS_WS_NBYTES;
+    uint32_t al = (uint32_t)key->align;
+    lt_check(lt.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), "workspace");
+    cublasLtMatmulPreferenceAttributes_t als[] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; i++)
+        lt_check(lt.cublasLtMatmulPreferenceSetAttribute(pref, als[i], &al, sizeof al), "alignment");
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    cublasStatus_t s = lt.cublasLtMatmulAlgoGetHeuristic(cs->lt, p->desc, p->la, p->lb, p->ld,
+                                                          p->ld, pref, 1, &res, &found);
+    lt.cublasLtMatmulPreferenceDestroy(pref);
+    if (s != CUBLAS_STATUS_SUCCESS || found == 0) {
+        plan_free(p);
+        return false;
+    }
+    p->algo = res.algo;
+    p->bias_epilogue = with_bias;
+    return true;
+}
+
+static gemm_plan *plan_get(fy_cu_stream *cs, const gemm *g, fy_dtype dt) {
+    fy_cu_gemm_cache *c = cs->cache;
+    size_t es = dt == FY_BF16 ? 2 : 4;
+    gemm_key key;
+    memset(&key, 0, sizeof key);
+    key = (gemm_key){.dt = dt, .ta = g->ta, .tb = g->tb, .m = g->m, .n = g->n, .k = g->k,
+                     .lda = g->lda, .ldb = g->ldb, .ldd = g->ldd, .batch = g->batch,
+                     .has_bias = g->bias != NULL, .align = align_class(g, es),
+                     .sA = g->batch > 1 ? g->sA : 0, .sB = g->batch > 1 ? g->sB : 0,
+                     .sD = g->batch > 1 ? g->sD : 0};
+    c->clock++;
+    for (int i = 0; i < c->n; i++)
+        if (!memcmp(&c->plans[i].key, &key, sizeof key)) {
+            c->plans[i].last_use = c->clock;
+            return &c->plans[i];
+        }
+    int slot = c->n;
+    if (c->n == CACHE_CAP) { /* evict the least recently used */
+        slot = 0;
+        for (int i = 1; i < c->n; i++)
+            if (c->plans[i].last_use < c->plans[slot].last_use) slot = i;
+        plan_free(&c->plans[slot]);
+    } else {
+        c->n++;
+    }
+    gemm_plan *p = &c->plans[slot];
+    if (!plan_build(cs, &key, key.has_bias, p) && !(key.has_bias && plan_build(cs, &key, false, p))) {
+        char hint[200];
+        snprintf(hint, sizeof hint, "cuBLASLt has no algorithm for a %s GEMM m=%d n=%d k=%d "
+                 "batch=%d (alignment %d bytes)", fy_dtype_name(dt), g->m, g->n, g->k, g->batch, key.align);
+        fy_abort_at(__FILE__, __LINE__, "an algorithm was found", hint);
+    }
+    p->last_use = c->clock;
+    return p;
+}
+
+static void gemm_run(fy_cu_stream *cs, fy_dtype dt, const gemm *g, const char *what) {
+    gemm_plan *p = plan_get(cs, g, dt);
+    float beta = g->beta;
+    if (g->bias && p->bias_epilogue) {
+        lt_check(lt.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                   &g->bias, sizeof g->bias), what);
+    } else if (g->bias) {
+        FY_ASSERT(g->beta == 0.0f, "a GEMM with a bias overwrites its output");
+        fy_cu_bias_fill(cs, dt, g->D, g->bias, g->n, g->m); /* D is (n rows of m) row-major */
+        beta = 1.0f;
+    }
+    lt_check(lt.cublasLtMatmul(cs->lt, p->desc, &g->alpha, g->A, p->la, g->B, p->lb, &beta,
+                               g->D, p->ld, g->D, p->ld, &p->algo, cs->blas_ws,
+                               FY_CU_BLAS_WS_NBYTES, cs->st), what);
+}
+
+/* ---- the ops ------------------------------------------------------------------------ */
+
+static void *at(const void *base, int64_t nelem, fy_dtype dt) {
+    return (char *)base + nelem * (dt == FY_BF16 ? 2 : 4);
+}
+
+/* out (N,OC) = inp (N,C) @ w^T + bias; column-major: out^T = w^T' inp^T with A = w. */
+static void matmul_fwd(fy_cu_stream *cs, const fy_op *op, fy_dtype dt) {
+    int N = (int)op->i[0], C = (int)op->i[1], OC = (int)op->i[2];
+    gemm g = {.ta = true, .tb = false, .m = OC, .n = N, .k = C, .A = op->p[2], .lda = C,
+              .B = op->p[1], .ldb = C, .D = op->p[0], .ldd = OC, .batch = 1, .alpha = 1.0f,
+              .beta = 0.0f, .bias = op->p[3]};
+    gemm_run(cs, dt, &g, "matmul_fwd");
+}
+
+static void matmul_bwd(fy_cu_stream *cs, const fy_op *op, fy_dtype dt) {
+    void *dinp = op->p[0], *dw = op->p[1], *dbias = op->p[2];
+    const void *dout = op->p[3], *inp = op->p[4], *w = op->p[5];
+    int N = (int)op->i[0], C = (int)op->i[1], OC = (int)op->i[2];
+    if (dinp) { /* dinp (N,C) = dout @ w; column-major dinp^T = w^T dout^T */
+        gemm g = {.ta = false, .tb = false, .m = C, .n = N, .k = OC, .A = w, .lda = C,
+                  .B = dout, .ldb = OC, .D = dinp, .ldd = C, .batch = 1, .alpha = 1.0f, .beta = 0.0f};
+        gemm_run(cs, dt, &g, "matmul_bwd (dinp)");
+    }
+    /* dw (OC,C) += dout^T @ inp; column-major dw^T += inp^T dout */
+    gemm g = {.ta = false, .tb = true, .m = C, .n = OC, .k = N, .A = inp, .lda = C,
+              .B = dout, .ldb = OC, .D = dw, .ldd = C, .batch = 1, .alpha = 1.0f, .beta = 1.0f};
+    gemm_run(cs, dt, &g, "matmul_bwd (dw)");
+    if (dbias) fy_cu_colsum_acc(cs, dt, dbias, dout, N, OC);
+}
+
+/* Per batch row b, the heads are a strided batch (stride hs in qkv and out, T*T in the
+ * score matrices). */
+static void attention_fwd(fy_cu_stream *cs, const fy_op *op, fy_dtype dt) {
+    void *out = op->p[0], *att = op->p[1];
+    const void *qkv = op->p[2];
+    int B = (int)op->i[0], T = (int)op->i[1], C = (int)op->i[2], NH = (int)op->i[3], hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    for (int b = 0; b < B; b++) { /* S = scale Q K^T; column-major S^T = K Q^T */
+        const void *q = at(qkv, (int64_t)b * T * 3 * C, dt), *k = at(q, C, dt);
+        gemm g = {.ta = true, .tb = false, .m = T, .n = T, .k = hs, .A = k, .lda = 3 * C, .sA = hs,
+                  .B = q, .ldb = 3 * C, .sB = hs, .D = at(att, (int64_t)b * NH * T * T, dt),
+                  .ldd = T, .sD = (int64_t)T * T, .batch = NH, .alpha = scale, .beta = 0.0f};
+        gemm_run(cs, dt, &g, "attention_fwd (scores)");
+    }
+    fy_cu_softmax_causal_fwd(cs, dt, att, B * NH, T);
+    for (int b = 0; b < B; b++) { /* Y = P V; column-major Y^T = V^T P^T */
+        const void *v = at(qkv, (int64_t)b * T * 3 * C + 2 * C, dt);
+        gemm g = {.ta = false, .tb = false, .m = hs, .n = T, .k = T, .A = v, .lda = 3 * C, .sA = hs,
+                  .B = at(att, (int64_t)b * NH * T * T, dt), .ldb = T, .sB = (int64_t)T * T,
+                  .D = at(out, (int64_t)b * T * C, dt), .ldd = C, .sD = hs, .batch = NH,
+                  .alpha = 1.0f, .beta = 0.0f};
+        gemm_run(cs, dt, &g, "attention_fwd (values)");
+    }
+}
+
+static void attention_bwd(fy_cu_stream *cs, const fy_op *op, fy_dtype dt) {
+    void *dqkv = op->p[0], *ds = op->p[1];
+    const void *dout = op->p[2], *qkv = op->p[3], *att = op->p[4];
+    int B = (int)op->i[0], T = (int)op->i[1], C = (int)op->i[2], NH = (int)op->i[3], hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    int64_t TT = (int64_t)T * T;
+    for (int b = 0; b < B; b++) {
+        const void *q = at(qkv, (int64_t)b * T * 3 * C, dt), *v = at(q, 2 * C, dt);
+        const void *dy = at(dout, (int64_t)b * T * C, dt), *p = at(att, b * NH * TT, dt);
+        void *dsb = at(ds, b * NH * TT, dt), *dv = at(dqkv, (int64_t)b * T * 3 * C + 2 * C, dt);
+        /* dP = dY V^T; column-major dP^T = V dY^T */
+        gemm g1 = {.ta = true, .tb = false, .m = T, .n = T, .k = hs, .A = v, .lda = 3 * C, .sA = hs,
+                   .B = dy, .ldb = C, .sB = hs, .D = dsb, .ldd = T, .sD = TT, .batch = NH,
+                   .alpha = 1.0f, .beta = 0.0f};
+        gemm_run(cs, dt, &g1, "attention_bwd (dP)");
+        /* dV = P^T dY; column-major dV^T = dY^T P */
+        gemm g2 = {.ta = false, .tb = true, .m = hs, .n = T, .k = T, .A = dy, .lda = C, .sA = hs,
+                   .B = p, .ldb = T, .sB = TT, .D = dv, .ldd = 3 * C, .sD = hs, .batch = NH,
+                   .alpha = 1.0f, .beta = 0.0f};
+        gemm_run(cs, dt, &g2, "attention_bwd (dV)");
+    }
+    fy_cu_softmax_causal_bwd(cs, dt, ds, att, B * NH, T);
+    for (int b = 0; b < B; b++) {
+        const void *q = at(qkv, (int64_t)b * T * 3 * C, dt), *k = at(q, C, dt);
+        const void *dsb = at(ds, b * NH * TT, dt);
+        void *dq = at(dqkv, (int64_t)b * T * 3 * C, dt), *dk = at(dq, C, dt);
+        /* dQ = scale dS K; column-major dQ^T = K^T dS^T */
+        gemm g1 = {.ta = false, .tb = false, .m = hs, .n = T, .k = T, .A = k, .lda = 3 * C, .sA = hs,
+                   .B = dsb, .ldb = T, .sB = TT, .D = dq, .ldd = 3 * C, .sD = hs, .batch = NH,
+                   .alpha = scale, .beta = 0.0f};
+        gemm_run(cs, dt, &g1, "attention_bwd (dQ)");
+        /* dK = scale dS^T Q; column-major dK^T = Q^T dS */
+        gemm g2 = {.ta = false, .tb = true, .m = hs, .n = T, .k = T, .A = q, .lda = 3 * C, .sA = hs,
+                   .B = dsb, .ldb = T, .sB = TT, .D = dk, .ldd = 3 * C, .sD = hs, .batch = NH,
+                   .alpha = scale, .beta = 0.0f};
+        gemm_run(cs, dt, &g2, "attention_bwd (dK)");
+    }
+}
+
+void fy_cu_exec_gemm_op(fy_cu_stream *cs, const fy_op *op) {
+    fy_dtype dt = op->dt == FY_BF16 ? FY_BF16 : FY_F32;
+    switch (op->kind) {
+    case FY_OP_MATMUL_FWD: matmul_fwd(cs, op, dt); break;
+    case FY_OP_MATMUL_BWD: matmul_bwd(cs, op, dt); break;
+    case FY_OP_ATTENTION_FWD: attention_fwd(cs, op, dt); break;
+    case FY_OP_ATTENTION_BWD: attention_bwd(cs, op, dt); break;
+    default: FY_ASSERT(0, "not a GEMM op");
+    }
+}
+
+fy_status fy_cu_gemm_stream_init(fy_cu_stream *cs) {
+    FY_TRY(fy_cu_blas_load());
+    cs->cache = calloc(1, sizeof *cs->cache);
+    if (!cs->cache) return FY_ERR_NOMEM;
+    cublasLtHandle_t h;
+    cublasStatus_t s = lt.cublasLtCreate(&h);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        fy_log_error("cuda: cannot create a cuBLASLt handle: %s", lt.cublasLtGetStatusString(s));
+        free(cs->cache);
+        cs->cache = NULL;
+        return FY_ERR_DEVICE;
+    }
+    cs->lt = h;
+    return FY_OK;
+}
+
+void fy_cu_gemm_stream_free(fy_cu_stream *cs) {
+    if (cs->cache) {
+        for (int i = 0; i < cs->cache->n; i++) plan_free(&cs->cache->plans[i]);
+        free(cs->cache);
+        cs->cache = NULL;
+    }
+    if (cs->lt) lt.cublasLtDestroy((cublasLtHandle_t)cs->lt);
+    cs->lt = NULL;
+}

@@ -1,0 +1,74 @@
+/* cuda_impl.h — what the cuda backend's files share: the device and stream state, the
+ * error check, and the entry points between cuda_backend.c (memory, streams, events,
+ * copies), cuda_gemm.c (cuBLASLt, and the ops built on GEMMs) and cuda_kernels.cu (the
+ * hand-written kernels). Included by those files only; it may name CUDA types.
+ *
+ * Every kernel's tensors are in the stream's storage type (fy_stream_set_dtype): fp32
+ * or bf16, always accumulated in fp32. Kernels never use atomics, so each result
+ * depends on the inputs and shapes alone, never on timing or on where buffers live:
+ * the offload invariance holds on this backend too. */
+#ifndef FY_CUDA_IMPL_H
+#define FY_CUDA_IMPL_H
+
+#include <cuda_runtime_api.h>
+
+#include "engine/device/device_impl.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Aborts with the file, line, what failed ("kernel layernorm_fwd", "cudaMemcpyAsync on
+ * stream h2d") and CUDA's message, unless err is cudaSuccess. For bugs and sticky device
+ * errors only: out-of-memory is a status (see cuda_backend.c). */
+#define FY_CUDA_CHECK(err, what) \
+    do { cudaError_t fy_e_ = (err); if (fy_e_ != cudaSuccess) fy_cuda_fail(fy_e_, (what), __FILE__, __LINE__); } while (0)
+void fy_cuda_fail(cudaError_t err, const char *what, const char *file, int line);
+
+/* Per stream workspace, taken at the stream's first kernel: cuBLASLt's workspace and the
+ * partial sums of two-pass reductions. Not counted in the device budget (the README says
+ * how much to leave for it). */
+#define FY_CU_BLAS_WS_NBYTES ((size_t)32 << 20)
+#define FY_CU_PART_NBYTES ((size_t)16 << 20)
+
+typedef struct fy_cu_gemm_cache fy_cu_gemm_cache;
+
+typedef struct fy_cu_stream {
+    cudaStream_t st;
+    fy_dev *dev;
+    void *blas_ws;            /* FY_CU_BLAS_WS_NBYTES, or NULL before the first kernel */
+    float *part;              /* FY_CU_PART_NBYTES of reduction partials */
+    void *lt;                 /* this stream's cublasLtHandle_t */
+    fy_cu_gemm_cache *cache;  /* matmul descriptors and algorithms by shape */
+} fy_cu_stream;
+
+typedef struct fy_cu_dev {
+    int ordinal;
+    int sm_count;
+    fy_matmul_math math;      /* resolved: never FY_MATMUL_AUTO */
+    cudaStream_t zero_st;     /* zeroes fresh allocations */
+} fy_cu_dev;
+
+/* cuda_kernels.cu: the ops that are not GEMMs (encoder, layernorm, gelu, residual,
+ * crossentropy, mean, sumsq, adamw). */
+void fy_cu_exec_kernel(fy_cu_stream *cs, const fy_op *op);
+/* dst (C) += column sums of x (N, C), tensors of type dt, in a fixed order. */
+void fy_cu_colsum_acc(fy_cu_stream *cs, fy_dtype dt, void *dst, const void *x, int N, int C);
+/* out (N, C) = bias broadcast over rows. */
+void fy_cu_bias_fill(fy_cu_stream *cs, fy_dtype dt, void *out, const void *bias, int N, int C);
+/* Rows of the score matrices (BH, T, T): causal softmax in place (zero above the
+ * diagonal); backward: ds = p * (ds - rowsum(p * ds)) in place, zero above it. */
+void fy_cu_softmax_causal_fwd(fy_cu_stream *cs, fy_dtype dt, void *att, int BH, int T);
+void fy_cu_softmax_causal_bwd(fy_cu_stream *cs, fy_dtype dt, void *ds, const void *att, int BH, int T);
+
+/* cuda_gemm.c: the GEMM ops (matmul, attention) and the cuBLASLt library. */
+void fy_cu_exec_gemm_op(fy_cu_stream *cs, const fy_op *op);
+/* Loads cuBLASLt (dlopen, once per process). FY_ERR_UNSUPPORTED (logged) if missing. */
+fy_status fy_cu_blas_load(void);
+fy_status fy_cu_gemm_stream_init(fy_cu_stream *cs);
+void fy_cu_gemm_stream_free(fy_cu_stream *cs);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

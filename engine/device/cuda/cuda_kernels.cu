@@ -1,0 +1,527 @@
+/* cuda_kernels.cu — the cuda backend's hand-written kernels: everything but the GEMMs.
+ *
+ * Each kernel is written once over the storage type T (float or bf16) and computes in
+ * fp32 (sums of many terms in double where the cpu reference does). Shapes use llm.c's
+ * letters; rows are N = B*T positions.
+ *
+ * Determinism: no atomics. A reduction across rows is split into fixed row chunks whose
+ * partial sums are added in chunk order, and the embedding scatter gives each
+ * (token, channel) to one thread that adds positions in order; so a result depends on
+ * the inputs and shapes only. Where the cpu backend's order is as simple (the embedding
+ * gradients, the sum of squares, AdamW), the fp32 results are its exact bits.
+ *
+ * Every launch is checked at once; a failure aborts naming the kernel. */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+
+#include "engine/core/reduce.h"
+#include "engine/device/cuda/cuda_impl.h"
+#include "optim_cpu/adam.h"
+
+typedef __nv_bfloat16 bf16;
+
+#define FULL_MASK 0xffffffffu
+#define LN_EPS 1e-5f
+#define ROWS_PER_BLOCK 8      /* warp-per-row kernels: 8 warps of 32 */
+#define GELU_K 0.7978845608028654f
+
+#define LAUNCHED(name) FY_CUDA_CHECK(cudaGetLastError(), "kernel " name)
+
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T from_f(float x);
+template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <> __device__ __forceinline__ bf16 from_f<bf16>(float x) { return __float2bfloat16_rn(x); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
+}
+
+static unsigned grid_for(size_t n, unsigned threads) {
+    size_t g = (n + threads - 1) / threads;
+    return (unsigned)(g < 1 ? 1 : g > 0x7fffffff ? 0x7fffffff : g);
+}
+
+/* ---- encoder ---------------------------------------------------------------------- */
+
+template <typename T>
+__global__ void encoder_fwd_k(T *out, const int32_t *tok, const T *wte, const T *wpe, int N,
+                              int T_, int C) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)N * C) return;
+    int n = (int)(idx / C), c = (int)(idx % C);
+    out[idx] = from_f<T>(to_f(wte[(size_t)tok[n] * C + c]) + to_f(wpe[(size_t)(n % T_) * C + c]));
+}
+
+/* dwpe (T, C): one thread per (t, c) adds the batch rows in order. */
+template <typename T>
+__global__ void encoder_bwd_wpe_k(T *dwpe, const T *dout, int B, int T_, int C) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)T_ * C) return;
+    float acc = to_f(dwpe[idx]);
+    for (int b = 0; b < B; b++) acc += to_f(dout[(size_t)b * T_ * C + idx]);
+    dwpe[idx] = from_f<T>(acc);
+}
+
+/* dwte (V, C): block y owns the tokens with tok % P == y, each warp 32 channels; a warp
+ * scans all positions in order and adds the rows of its tokens, so every (token,
+ * channel) is summed by one thread in position order. */
+template <typename T>
+__global__ void encoder_bwd_wte_k(T *dwte, const T *dout, const int32_t *tok, int N, int C,
+                                  int P) {
+    int lane = threadIdx.x & 31;
+    int c = (blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * 32 + lane;
+    if (c - lane >= C) return; /* the whole warp leaves together */
+    int p = blockIdx.y;
+    for (int n0 = 0; n0 < N; n0 += 32) {
+        int n = n0 + lane;
+        int tk = n < N ? tok[n] : -1;
+        unsigned mine = __ballot_sync(FULL_MASK, tk >= 0 && tk % P == p);
+        while (mine) {
+            int j = __ffs(mine) - 1;
+            mine &= mine - 1;
+            int tj = __shfl_sync(FULL_MASK, tk, j);
+            if (c < C) {
+                size_t o = (size_t)tj * C + c;
+                dwte[o] = from_f<T>(to_f(dwte[o]) + to_f(dout[(size_t)(n0 + j) * C + c]));
+            }
+        }
+    }
+}
+
+template <typename T>
+static void encoder_fwd(cudaStream_t st, const fy_op *op) {
+    int B = (int)op->i[0], T_ = (int)op->i[1], C = (int)op->i[2];
+    size_t n = (size_t)B * T_ * C;
+    encoder_fwd_k<T><<<grid_for(n, 256), 256, 0, st>>>((T *)op->p[0], (const int32_t *)op->p[1],
+        (const T *)op->p[2], (const T *)op->p[3], B * T_, T_, C);
+    LAUNCHED("encoder_fwd");
+}
+
+template <typename T>
+static void encoder_bwd(cudaStream_t st, const fy_op *op) {
+    int B = (int)op->i[0], T_ = (int)op->i[1], C = (int)op->i[2], N = B * T_;
+    encoder_bwd_wpe_k<T><<<grid_for((size_t)T_ * C, 256), 256, 0, st>>>((T *)op->p[1],
+        (const T *)op->p[2], B, T_, C);
+    LAUNCHED("encoder_bwd (wpe)");
+    int P = N / 16 < 1 ? 1 : N / 16 > 512 ? 512 : N / 16; /* ~16 positions per warp */
+    dim3 grid((unsigned)((C + 255) / 256), (unsigned)P);
+    encoder_bwd_wte_k<T><<<grid, 256, 0, st>>>((T *)op->p[0], (const T *)op->p[2],
+        (const int32_t *)op->p[3], N, C, P);
+    LAUNCHED("encoder_bwd (wte)");
+}
+
+/* ---- layernorm -------------------------------------------------------------------- */
+
+template <typename T>
+__global__ void layernorm_fwd_k(T *out, float *mean, float *rstd, const T *inp, const T *w,
+                                const T *b, int N, int C) {
+    int lane = threadIdx.x & 31, row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (row >= N) return;
+    const T *x = inp + (size_t)row * C;
+    float s = 0.0f;
+    for (int c = lane; c < C; c += 32) s += to_f(x[c]);
+    float m = warp_sum(s) / (float)C;
+    float v = 0.0f;
+    for (int c = lane; c < C; c += 32) { float d = to_f(x[c]) - m; v += d * d; }
+    v = warp_sum(v) / (float)C;
+    float r = 1.0f / sqrtf(v + LN_EPS);
+    T *o = out + (size_t)row * C;
+    for (int c = lane; c < C; c += 32) o[c] = from_f<T>((to_f(x[c]) - m) * r * to_f(w[c]) + to_f(b[c]));
+    if (lane == 0) { mean[row] = m; rstd[row] = r; }
+}
+
+/* dinp accumulates, row by row (one warp each). */
+template <typename T>
+__global__ void layernorm_bwd_dx_k(T *dinp, const T *dout, const T *inp, const T *w,
+                                   const float *mean, const float *rstd, int N, int C) {
+    int lane = threadIdx.x & 31, row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (row >= N) return;
+    const T *x = inp + (size_t)row * C, *d = dout + (size_t)row * C;
+    float m = mean[row], r = rstd[row], dm = 0.0f, dnm = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+        float norm = (to_f(x[c]) - m) * r, dnorm = to_f(w[c]) * to_f(d[c]);
+        dm += dnorm;
+        dnm += dnorm * norm;
+    }
+    dm = warp_sum(dm) / (float)C;
+    dnm = warp_sum(dnm) / (float)C;
+    T *di = dinp + (size_t)row * C;
+    for (int c = lane; c < C; c += 32) {
+        float norm = (to_f(x[c]) - m) * r, dnorm = to_f(w[c]) * to_f(d[c]);
+        di[c] = from_f<T>(to_f(di[c]) + (dnorm - dm - norm * dnm) * r);
+    }
+}
+
+/* Column partial sums over a chunk of rows: block (32, 8) covers 32 columns; block y is
+ * row chunk y; part[y * stride + c] (and, for layernorm, part[y * stride + C + c]). The
+ * 8 row lanes are added in lane order, so the order is fixed. */
+template <typename T, bool LN>
+__global__ void colsum_part_k(float *part, const T *x, const T *inp, const float *mean,
+                              const float *rstd, int N, int C, int rows_per, int stride) {
+    __shared__ float s0[8][33], s1[8][33];
+    int tx = threadIdx.x, ty = threadIdx.y, c = blockIdx.x * 32 + tx;
+    int lo = blockIdx.y * rows_per, hi = lo + rows_per < N ? lo + rows_per : N;
+    float a0 = 0.0f, a1 = 0.0f;
+    if (c < C) {
+        for (int n = lo + ty; n < hi; n += 8) {
+            float d = to_f(x[(size_t)n * C + c]);
+            if (LN) a0 += (to_f(inp[(size_t)n * C + c]) - mean[n]) * rstd[n] * d;
+            a1 += d;
+        }
+    }
+    s0[ty][tx] = a0;
+    s1[ty][tx] = a1;
+    __syncthreads();
+    if (ty == 0 && c < C) {
+        float t0 = 0.0f, t1 = 0.0f;
+        for (int k = 0; k < 8; k++) { t0 += s0[k][tx]; t1 += s1[k][tx]; }
+        float *pr = part + (size_t)blockIdx.y * stride;
+        if (LN) { pr[c] = t0; pr[C + c] = t1; } else { pr[c] = t1; }
+    }
+}
+
+/* dst (C) += the R chunk sums, in chunk order. */
+template <typename T>
+__global__ void colsum_finish_k(T *dst, const float *part, int R, int C, int stride) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float acc = 0.0f;
+    for (int r = 0; r < R; r++) acc += part[(size_t)r * stride + c];
+    dst[c] = from_f<T>(to_f(dst[c]) + acc);
+}
+
+/* Row chunks for a column reduction of N rows into `width` floats per chunk, fitting
+ * the stream's partials buffer. Depends on the shape only. */
+static int rows_per_chunk(int N, int width) {
+    size_t max_chunks = FY_CU_PART_NBYTES / sizeof(float) / (size_t)width;
+    if (max_chunks > 1024) max_chunks = 1024;
+    FY_ASSERT(max_chunks >= 1, "a column reduction wider than the partials buffer");
+    int rows = 64;
+    while ((size_t)((N + rows - 1) / rows) > max_chunks) rows *= 2;
+    return rows;
+}
+
+template <typename T>
+static void layernorm_bwd(fy_cu_stream *cs, const fy_op *op) {
+    cudaStream_t st = cs->st;
+    T *dinp = (T *)op->p[0], *dw = (T *)op->p[1], *db = (T *)op->p[2];
+    const T *dout = (const T *)op->p[3], *inp = (const T *)op->p[4], *w = (const T *)op->p[5];
+    const float *mean = (const float *)op->p[6], *rstd = (const float *)op->p[7];
+    int N = (int)op->i[0], C = (int)op->i[1];
+    layernorm_bwd_dx_k<T><<<grid_for((size_t)N, ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, 0, st>>>(
+        dinp, dout, inp, w, mean, rstd, N, C);
+    LAUNCHED("layernorm_bwd (dinp)");
+    int rows = rows_per_chunk(N, 2 * C), R = (N + rows - 1) / rows;
+    dim3 grid((unsigned)((C + 31) / 32), (unsigned)R), block(32, 8);
+    colsum_part_k<T, true><<<grid, block, 0, st>>>(cs->part, dout, inp, mean, rstd, N, C, rows, 2 * C);
+    LAUNCHED("layernorm_bwd (partials)");
+    colsum_finish_k<T><<<grid_for((size_t)C, 256), 256, 0, st>>>(dw, cs->part, R, C, 2 * C);
+    colsum_finish_k<T><<<grid_for((size_t)C, 256), 256, 0, st>>>(db, cs->part + C, R, C, 2 * C);
+    LAUNCHED("layernorm_bwd (dw, db)");
+}
+
+template <typename T>
+static void colsum_acc(fy_cu_stream *cs, void *dst, const void *x, int N, int C) {
+    int rows = rows_per_chunk(N, C), R = (N + rows - 1) / rows;
+    dim3 grid((unsigned)((C + 31) / 32), (unsigned)R), block(32, 8);
+    colsum_part_k<T, false><<<grid, block, 0, cs->st>>>(cs->part, (const T *)x, NULL, NULL, NULL,
+                                                        N, C, rows, C);
+    LAUNCHED("bias gradient (partials)");
+    colsum_finish_k<T><<<grid_for((size_t)C, 256), 256, 0, cs->st>>>((T *)dst, cs->part, R, C, C);
+    LAUNCHED("bias gradient (sum)");
+}
+
+extern "C" void fy_cu_colsum_acc(fy_cu_stream *cs, fy_dtype dt, void *dst, const void *x, int N, int C) {
+    if (dt == FY_BF16) colsum_acc<bf16>(cs, dst, x, N, C);
+    else colsum_acc<float>(cs, dst, x, N, C);
+}
+
+template <typename T>
+__global__ void bias_fill_k(T *out, const T *bias, int N, int C) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx < (size_t)N * C) out[idx] = bias[idx % C];
+}
+
+extern "C" void fy_cu_bias_fill(fy_cu_stream *cs, fy_dtype dt, void *out, const void *bias, int N, int C) {
+    unsigned g = grid_for((size_t)N * C, 256);
+    if (dt == FY_BF16) bias_fill_k<bf16><<<g, 256, 0, cs->st>>>((bf16 *)out, (const bf16 *)bias, N, C);
+    else bias_fill_k<float><<<g, 256, 0, cs->st>>>((float *)out, (const float *)bias, N, C);
+    LAUNCHED("matmul bias");
+}
+
+/* ---- attention's softmax ------------------------------------------------------------ */
+
+/* One warp per row of (BH*T) rows of length T; row t keeps columns 0..t. */
+template <typename T>
+__global__ void softmax_causal_fwd_k(T *att, int rows, int T_) {
+    int lane = threadIdx.x & 31, row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (row >= rows) return;
+    int t = row % T_;
+    T *p = att + (size_t)row * T_;
+    float mx = -INFINITY;
+    for (int j = lane; j <= t; j += 32) mx = fmaxf(mx, to_f(p[j]));
+    mx = warp_max(mx);
+    float sum = 0.0f;
+    for (int j = lane; j <= t; j += 32) sum += expf(to_f(p[j]) - mx);
+    float inv = 1.0f / warp_sum(sum);
+    for (int j = lane; j < T_; j += 32) p[j] = from_f<T>(j <= t ? expf(to_f(p[j]) - mx) * inv : 0.0f);
+}
+
+template <typename T>
+__global__ void softmax_causal_bwd_k(T *ds, const T *att, int rows, int T_) {
+    int lane = threadIdx.x & 31, row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (row >= rows) return;
+    int t = row % T_;
+    const T *p = att + (size_t)row * T_;
+    T *d = ds + (size_t)row * T_;
+    float dot = 0.0f;
+    for (int j = lane; j <= t; j += 32) dot += to_f(p[j]) * to_f(d[j]);
+    dot = warp_sum(dot);
+    for (int j = lane; j < T_; j += 32)
+        d[j] = from_f<T>(j <= t ? to_f(p[j]) * (to_f(d[j]) - dot) : 0.0f);
+}
+
+extern "C" void fy_cu_softmax_causal_fwd(fy_cu_stream *cs, fy_dtype dt, void *att, int BH, int T_) {
+    int rows = BH * T_;
+    unsigned g = grid_for((size_t)rows, ROWS_PER_BLOCK);
+    if (dt == FY_BF16) softmax_causal_fwd_k<bf16><<<g, 256, 0, cs->st>>>((bf16 *)att, rows, T_);
+    else softmax_causal_fwd_k<float><<<g, 256, 0, cs->st>>>((float *)att, rows, T_);
+    LAUNCHED("attention_fwd (softmax)");
+}
+
+extern "C" void fy_cu_softmax_causal_bwd(fy_cu_stream *cs, fy_dtype dt, void *ds, const void *att, int BH, int T_) {
+    int rows = BH * T_;
+    unsigned g = grid_for((size_t)rows, ROWS_PER_BLOCK);
+    if (dt == FY_BF16)
+        softmax_causal_bwd_k<bf16><<<g, 256, 0, cs->st>>>((bf16 *)ds, (const bf16 *)att, rows, T_);
+    else
+        softmax_causal_bwd_k<float><<<g, 256, 0, cs->st>>>((float *)ds, (const float *)att, rows, T_);
+    LAUNCHED("attention_bwd (softmax)");
+}
+
+/* ---- pointwise ---------------------------------------------------------------------- */
+
+template <typename T>
+__global__ void gelu_fwd_k(T *out, const T *inp, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float x = to_f(inp[i]);
+        out[i] = from_f<T>(0.5f * x * (1.0f + tanhf(GELU_K * (x + 0.044715f * x * x * x))));
+    }
+}
+
+template <typename T>
+__global__ void gelu_bwd_k(T *dinp, const T *inp, const T *dout, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float x = to_f(inp[i]);
+        float th = tanhf(GELU_K * (x + 0.044715f * x * x * x));
+        float sech2 = 1.0f - th * th;
+        float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] = from_f<T>(grad * to_f(dout[i]));
+    }
+}
+
+template <typename T>
+__global__ void residual_fwd_k(T *out, const T *a, const T *b, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = from_f<T>(to_f(a[i]) + to_f(b[i]));
+}
+
+static unsigned pointwise_grid(size_t n) {
+    unsigned g = grid_for(n, 256);
+    return g > 65536 ? 65536 : g;
+}
+
+/* ---- cross-entropy -------------------------------------------------------------------- */
+
+#define CE_THREADS 512
+
+/* Block-wide reductions in a fixed order: lanes by butterfly, warps in warp order. */
+__device__ float block_max(float v, float *sh) {
+    int lane = threadIdx.x & 31, w = threadIdx.x / 32, nw = blockDim.x / 32;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    float r = sh[0];
+    for (int k = 1; k < nw; k++) r = fmaxf(r, sh[k]);
+    return r;
+}
+
+__device__ double block_sum_d(double v, double *sh) {
+    int lane = threadIdx.x & 31, w = threadIdx.x / 32, nw = blockDim.x / 32;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    double r = 0.0;
+    for (int k = 0; k < nw; k++) r += sh[k];
+    return r;
+}
+
+/* One block per row: losses[n] = logsumexp - logit[target]; with dloss != 0 the row
+ * becomes (softmax - onehot) * dloss in place. Only the row's own logits are touched. */
+template <typename T>
+__global__ void crossentropy_k(float *losses, T *logits, const int32_t *targets, int V,
+                               float dloss) {
+    __shared__ float shf[CE_THREADS / 32];
+    __shared__ double shd[CE_THREADS / 32];
+    int n = blockIdx.x;
+    T *x = logits + (size_t)n * V;
+    float mx = -INFINITY;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, to_f(x[j]));
+    mx = block_max(mx, shf);
+    double s = 0.0;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) s += (double)expf(to_f(x[j]) - mx);
+    s = block_sum_d(s, shd);
+    int y = targets[n];
+    if (threadIdx.x == 0) losses[n] = mx + (float)log(s) - to_f(x[y]);
+    if (dloss == 0.0f) return;
+    __syncthreads(); /* x[y] is read before any thread writes */
+    float inv = (float)(1.0 / s);
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        float g = expf(to_f(x[j]) - mx) * inv * dloss;
+        if (j == y) g -= dloss;
+        x[j] = from_f<T>(g);
+    }
+}
+
+/* ---- sums ------------------------------------------------------------------------------- */
+
+/* out[0] = sum(x) / n over fp32 x (the losses), in double, one block. */
+__global__ void mean_k(float *out, const float *x, size_t n) {
+    __shared__ double sh[32];
+    double s = 0.0;
+    for (size_t i = threadIdx.x; i < n; i += blockDim.x) s += x[i];
+    s = block_sum_d(s, sh);
+    if (threadIdx.x == 0) out[0] = (float)(s / (double)n);
+}
+
+/* reduce.h's order: each chunk of FY_SUMSQ_CHUNK elements summed in double in index
+ * order by one thread, then the chunk sums in chunk order by one thread. For fp32 these
+ * are fy_sumsq()'s bits, so a gradient norm does not depend on where the gradient is. */
+template <typename T>
+__global__ void sumsq_chunks_k(double *part, const T *x, size_t n, size_t nchunks) {
+    size_t c = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= nchunks) return;
+    size_t i0 = c * FY_SUMSQ_CHUNK, i1 = i0 + FY_SUMSQ_CHUNK < n ? i0 + FY_SUMSQ_CHUNK : n;
+    double s = 0.0;
+    for (size_t i = i0; i < i1; i++) { double v = to_f(x[i]); s = __dadd_rn(s, __dmul_rn(v, v)); }
+    part[c] = s;
+}
+
+__global__ void sumsq_total_k(double *out, const double *part, size_t nchunks) {
+    double s = 0.0;
+    for (size_t c = 0; c < nchunks; c++) s = __dadd_rn(s, part[c]);
+    out[0] = s;
+}
+
+template <typename T>
+static void sumsq(fy_cu_stream *cs, const fy_op *op) {
+    size_t n = (size_t)op->i[0], nchunks = (n + FY_SUMSQ_CHUNK - 1) / FY_SUMSQ_CHUNK;
+    FY_ASSERT(nchunks * sizeof(double) <= FY_CU_PART_NBYTES, "sumsq of more elements than the partials buffer holds");
+    double *part = (double *)cs->part;
+    if (nchunks)
+        sumsq_chunks_k<T><<<grid_for(nchunks, 128), 128, 0, cs->st>>>(part, (const T *)op->p[1], n, nchunks);
+    sumsq_total_k<<<1, 1, 0, cs->st>>>((double *)op->p[0], part, nchunks);
+    LAUNCHED("sumsq");
+}
+
+/* ---- AdamW ------------------------------------------------------------------------------- */
+
+__device__ __forceinline__ float load_grad(const void *g, int t, size_t i) {
+    if (t == FY_BF16) return __bfloat162float(((const bf16 *)g)[i]);
+    if (t == FY_F16) return __half2float(((const __half *)g)[i]);
+    return ((const float *)g)[i];
+}
+
+/* adam.h's sequence of IEEE operations, each written with an explicit rounding
+ * intrinsic so the compiler cannot contract or reorder it: fy_adam_step's bits. */
+__global__ void adamw_k(float *param, float *m, float *v, const void *grad, int gt,
+                        void *out, int ot, size_t n, fy_adam_consts c) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float g = __fmul_rn(load_grad(grad, gt, i), c.grad_scale);
+        float w = __fmul_rn(param[i], c.decay_mul);
+        float mi = __fmaf_rn(c.beta1, m[i], __fmul_rn(c.omb1, g));
+        float vi = __fmaf_rn(c.beta2, v[i], __fmul_rn(__fmul_rn(c.omb2, g), g));
+        float d = __fmaf_rn(__fsqrt_rn(vi), c.rsbc2, c.eps);
+        w = __fmaf_rn(c.neg_step_size, __fdiv_rn(mi, d), w);
+        param[i] = w;
+        m[i] = mi;
+        v[i] = vi;
+        if (out) {
+            if (ot == FY_BF16) ((bf16 *)out)[i] = __float2bfloat16_rn(w);
+            else if (ot == FY_F16) ((__half *)out)[i] = __float2half_rn(w);
+            else ((float *)out)[i] = w;
+        }
+    }
+}
+
+static void adamw(cudaStream_t st, const fy_op *op) {
+    fy_adam_hparams hp = {op->f[0], op->f[1], op->f[2], op->f[3], op->f[4], op->i[4], op->f[5], false};
+    fy_adam_consts c;
+    fy_adam_consts_init(&hp, op->i[3] != 0, &c);
+    size_t n = (size_t)op->i[0];
+    if (n == 0) return;
+    adamw_k<<<pointwise_grid(n), 256, 0, st>>>((float *)op->p[0], (float *)op->p[1],
+        (float *)op->p[2], op->p[3], (int)op->i[1], op->p[4], (int)op->i[2], n, c);
+    LAUNCHED("adamw");
+}
+
+/* ---- dispatch ------------------------------------------------------------------------------ */
+
+template <typename T>
+static void exec_typed(fy_cu_stream *cs, const fy_op *op) {
+    cudaStream_t st = cs->st;
+    void *const *p = op->p;
+    const int64_t *i = op->i;
+    switch (op->kind) {
+    case FY_OP_ENCODER_FWD: encoder_fwd<T>(st, op); break;
+    case FY_OP_ENCODER_BWD: encoder_bwd<T>(st, op); break;
+    case FY_OP_LAYERNORM_FWD: {
+        int N = (int)i[0], C = (int)i[1];
+        layernorm_fwd_k<T><<<grid_for((size_t)N, ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, 0, st>>>(
+            (T *)p[0], (float *)p[1], (float *)p[2], (const T *)p[3], (const T *)p[4],
+            (const T *)p[5], N, C);
+        LAUNCHED("layernorm_fwd");
+        break;
+    }
+    case FY_OP_LAYERNORM_BWD: layernorm_bwd<T>(cs, op); break;
+    case FY_OP_GELU_FWD:
+        if (i[0]) gelu_fwd_k<T><<<pointwise_grid((size_t)i[0]), 256, 0, st>>>((T *)p[0], (const T *)p[1], (size_t)i[0]);
+        LAUNCHED("gelu_fwd");
+        break;
+    case FY_OP_GELU_BWD:
+        if (i[0]) gelu_bwd_k<T><<<pointwise_grid((size_t)i[0]), 256, 0, st>>>((T *)p[0], (const T *)p[1], (const T *)p[2], (size_t)i[0]);
+        LAUNCHED("gelu_bwd");
+        break;
+    case FY_OP_RESIDUAL_FWD:
+        if (i[0]) residual_fwd_k<T><<<pointwise_grid((size_t)i[0]), 256, 0, st>>>((T *)p[0], (const T *)p[1], (const T *)p[2], (size_t)i[0]);
+        LAUNCHED("residual_fwd");
+        break;
+    case FY_OP_CROSSENTROPY:
+        if (i[0]) crossentropy_k<T><<<(unsigned)i[0], CE_THREADS, 0, st>>>((float *)p[0], (T *)p[1],
+            (const int32_t *)p[2], (int)i[1], op->f[0]);
+        LAUNCHED("crossentropy");
+        break;
+    case FY_OP_MEAN:
+        mean_k<<<1, 1024, 0, st>>>((float *)p[0], (const float *)p[1], (size_t)i[0]);
+        LAUNCHED("mean");
+        break;
+    case FY_OP_SUMSQ: sumsq<T>(cs, op); break;
+    case FY_OP_ADAMW: adamw(st, op); break;
+    default: FY_ASSERT(0, "op not handled by the cuda kernels");
+    }
+}
+
+extern "C" void fy_cu_exec_kernel(fy_cu_stream *cs, const fy_op *op) {
+    if (op->dt == FY_BF16) exec_typed<bf16>(cs, op);
+    else exec_typed<float>(cs, op);
+}
