@@ -149,17 +149,15 @@ static void run_head(void *ctx, const fy_task *t) {
     fy_gpt2_head_view(&tr->lay.blocks[h], params_for(tr, h, t->arg), &hw);
     fy_gpt2_embed_view(&tr->lay.blocks[0], params_for(tr, 0, t->arg2), &ew);
     float dloss = (float)(1.0 / ((double)B * T * accum(tr)));
-    fy_gpt2_head_fwd(mc, &hw, ew.wte, st->acts[L - 1].out, &st->head, y, dloss, st->loss_dev + a,
-                     B, T, tr->s);
-    fy_copy_async(tr->s, st->loss_host + a, st->loss_dev + a, sizeof(float), FY_D2H);
     int gopen = tr->gopen_id[t->iter];
     float *g0 = gopen >= 0 ? grad_unit(tr, gopen) : st->chunks[0].grad_dev;
     if (gopen < 0 && a == 0) fy_memset_async(tr->s, g0, 0, fy_tr_nbytes(tr, 0));
     fy_gpt2_embed_view(&tr->lay.blocks[0], g0, &eg);
     float *gh = grad_open(tr, h, a, task_id(tr, t));
     fy_gpt2_head_view(&tr->lay.blocks[h], gh, &hg);
-    fy_gpt2_head_bwd(mc, &hw, &hg, ew.wte, eg.wte, st->acts[L - 1].out, &st->head, &st->sc, B, T,
-                     tr->s);
+    fy_gpt2_head_step(mc, &hw, &hg, ew.wte, eg.wte, st->acts[L - 1].out, &st->head, y, dloss,
+                      st->loss_dev + a, &st->sc, B, T, tr->s);
+    fy_copy_async(tr->s, st->loss_host + a, st->loss_dev + a, sizeof(float), FY_D2H);
     grad_close(tr, h, a, gh);
     fy_stream_sync(tr->s);
 }

@@ -53,8 +53,7 @@ static void forward(fy_trainer *tr, float *loss_out) {
     fy_gpt2_head_w hw;
     fy_gpt2_head_view(&tr->lay.blocks[L + 1], fetch(tr, L + 1), &hw);
     fy_gpt2_embed_view(&tr->lay.blocks[0], fetch(tr, 0), &ew);
-    fy_gpt2_head_fwd(mc, &hw, ew.wte, st->acts[L - 1].out, &st->head, y, 0.0f, loss_out, B, T,
-                     tr->s);
+    fy_gpt2_head_fwd(mc, &hw, ew.wte, st->acts[L - 1].out, &st->head, y, loss_out, B, T, tr->s);
     unfetch(tr, L + 1);
     unfetch(tr, 0);
 }

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine/device/kernels.h"
 #include "engine/io/tokens.h"
 #include "engine/model/gpt2_io.h"
 #include "engine/train.h"
@@ -330,4 +331,91 @@ Test(model, gradient_accumulation_matches_larger_batch) {
     free(x);
     free(y);
     ctx_close(&c);
+}
+
+/* ---- the classifier over row chunks ------------------------------------------------- */
+
+static float *dev_upload(fy_dev *d, fy_stream *s, const float *h, size_t n) {
+    float *p;
+    cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, n * sizeof(float), "test", (void **)&p), FY_OK);
+    if (h) fy_copy_async(s, p, h, n * sizeof(float), FY_H2D);
+    return p;
+}
+
+static double unif(uint64_t *st) { /* splitmix64 to [0, 1) */
+    uint64_t z = (*st += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return (double)((z ^ (z >> 31)) >> 11) * 0x1p-53;
+}
+
+static double rel_err(const float *got, const float *want, size_t n) {
+    double d = 0, w = 0;
+    for (size_t i = 0; i < n; i++) {
+        d += ((double)got[i] - want[i]) * ((double)got[i] - want[i]);
+        w += (double)want[i] * want[i];
+    }
+    return sqrt(d / (w > 0 ? w : 1));
+}
+
+/* A vocabulary big enough that the logits of N = 128 rows take 3 chunks (55 rows each):
+ * fy_gpt2_head_step must give what the unchunked sequence of kernels gives (the whole
+ * (N, V) logits at once). Each row's logits and loss are the same products; dwte sums
+ * the chunks' contributions in a different order, and BLAS may block differently for
+ * 55 rows than for 128, so agreement is to fp32 rounding: 1e-5 relative. */
+Test(model, chunked_classifier_matches_unchunked) {
+    fy_gpt2_config cfg = {.vocab = 300000, .max_seq = 16, .channels = 8, .layers = 1, .heads = 2};
+    const int B = 8, T = 16, N = B * T, C = cfg.channels, V = cfg.vocab;
+    cr_assert_gt((size_t)N, fy_gpt2_logit_rows((size_t)N, (size_t)V) * 2, "needs 3+ chunks");
+    fy_dev *d;
+    fy_stream *s;
+    fy_dev_cfg dc = {.kind = FY_DEV_CPU, .threads = 2};
+    cr_assert_eq(fy_dev_new(&dc, &d), FY_OK);
+    cr_assert_eq(fy_stream_new(d, "t", &s), FY_OK);
+    uint64_t rng = 7;
+    float *h_wte = malloc((size_t)V * C * sizeof(float)), *h_x = malloc((size_t)N * C * sizeof(float));
+    int32_t *h_y = malloc((size_t)N * sizeof(int32_t));
+    for (size_t i = 0; i < (size_t)V * C; i++) h_wte[i] = (float)(unif(&rng) - 0.5);
+    for (size_t i = 0; i < (size_t)N * C; i++) h_x[i] = (float)(unif(&rng) * 4 - 2);
+    for (int n = 0; n < N; n++) h_y[n] = (int32_t)(unif(&rng) * V) % V;
+    float h_w[2 * 8];
+    for (int i = 0; i < 2 * C; i++) h_w[i] = 1.0f + 0.1f * (float)i;
+    fy_gpt2_head_w w = {.lnfw = dev_upload(d, s, h_w, C), .lnfb = dev_upload(d, s, h_w + C, C)};
+    fy_gpt2_head_w g = {.lnfw = dev_upload(d, s, NULL, C), .lnfb = dev_upload(d, s, NULL, C)};
+    float *wte = dev_upload(d, s, h_wte, (size_t)V * C), *x = dev_upload(d, s, h_x, (size_t)N * C);
+    int32_t *y;
+    cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, (size_t)N * 4, "y", (void **)&y), FY_OK);
+    fy_copy_async(s, y, h_y, (size_t)N * 4, FY_H2D);
+    fy_gpt2_head_acts a;
+    fy_gpt2_scratch sc;
+    fy_gpt2_head_acts_bind(&cfg, B, T, dev_upload(d, s, NULL, fy_gpt2_head_acts_nelem(&cfg, B, T)), &a);
+    fy_gpt2_scratch_bind(&cfg, B, T, dev_upload(d, s, NULL, fy_gpt2_scratch_nelem(&cfg, B, T)), &sc);
+    float *dwte = dev_upload(d, s, NULL, (size_t)V * C), *loss = dev_upload(d, s, NULL, 1);
+    const float dloss = 1.0f / N;
+    fy_gpt2_head_step(&cfg, &w, &g, wte, dwte, x, &a, y, dloss, loss, &sc, B, T, s);
+
+    /* the reference: the same kernels over all N rows at once */
+    float *lnf = dev_upload(d, s, NULL, (size_t)N * C), *mean = dev_upload(d, s, NULL, N);
+    float *rstd = dev_upload(d, s, NULL, N), *logits = dev_upload(d, s, NULL, (size_t)N * V);
+    float *losses = dev_upload(d, s, NULL, N), *rloss = dev_upload(d, s, NULL, 1);
+    float *rdwte = dev_upload(d, s, NULL, (size_t)V * C), *dlnf = dev_upload(d, s, NULL, (size_t)N * C);
+    float *dx = dev_upload(d, s, NULL, (size_t)N * C);
+    fy_gpt2_head_w rg = {.lnfw = dev_upload(d, s, NULL, C), .lnfb = dev_upload(d, s, NULL, C)};
+    fy_k_layernorm_fwd(lnf, mean, rstd, x, w.lnfw, w.lnfb, N, C, s);
+    fy_k_matmul_fwd(logits, lnf, wte, NULL, N, C, V, s);
+    fy_k_crossentropy(losses, logits, y, N, V, dloss, s);
+    fy_k_mean(rloss, losses, (size_t)N, s);
+    fy_k_matmul_bwd(dlnf, rdwte, NULL, logits, lnf, wte, N, C, V, s);
+    fy_k_layernorm_bwd(dx, rg.lnfw, rg.lnfb, dlnf, x, w.lnfw, mean, rstd, N, C, s);
+    fy_stream_sync(s);
+
+    cr_expect_leq(rel_err(loss, rloss, 1), 1e-6, "loss %g vs %g", loss[0], rloss[0]);
+    cr_expect_leq(rel_err(a.losses, losses, N), 1e-5, "per-position losses");
+    cr_expect_leq(rel_err(dwte, rdwte, (size_t)V * C), 1e-5, "dwte");
+    cr_expect_leq(rel_err(sc.dres, dx, (size_t)N * C), 1e-5, "d xL");
+    cr_expect_leq(rel_err(g.lnfw, rg.lnfw, C), 1e-5, "d ln_f.weight");
+    cr_expect_leq(rel_err(g.lnfb, rg.lnfb, C), 1e-5, "d ln_f.bias");
+    free(h_wte); free(h_x); free(h_y);
+    fy_stream_free(s);
+    fy_dev_free(d);
 }

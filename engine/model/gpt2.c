@@ -232,25 +232,43 @@ void fy_gpt2_layer_fwd(const fy_gpt2_config *cfg, const fy_gpt2_layer_w *w,
     fy_k_residual_fwd(a->out, a->res2, sc->proj, NC, s);
 }
 
+/* The classifier over row chunks: logits, their loss and, with dloss != 0, their
+ * gradient in place, which gives dlnf's rows and dwte's share before the next chunk
+ * reuses the buffer. */
+static void classifier(const fy_gpt2_config *cfg, const float *wte, float *dwte,
+                       fy_gpt2_head_acts *a, const int32_t *targets, float dloss, float *dlnf,
+                       int N, fy_stream *s) {
+    const int C = cfg->channels, V = cfg->vocab;
+    const int rows = (int)fy_gpt2_logit_rows((size_t)N, (size_t)V);
+    for (int r0 = 0; r0 < N; r0 += rows) {
+        const int n = N - r0 < rows ? N - r0 : rows;
+        const float *lnf = a->lnf + (size_t)r0 * C;
+        fy_k_matmul_fwd(a->logits, lnf, wte, NULL, n, C, V, s);
+        fy_k_crossentropy(a->losses + r0, a->logits, targets + r0, n, V, dloss, s);
+        if (dloss != 0.0f)
+            fy_k_matmul_bwd(dlnf + (size_t)r0 * C, dwte, NULL, a->logits, lnf, wte, n, C, V, s);
+    }
+}
+
 void fy_gpt2_head_fwd(const fy_gpt2_config *cfg, const fy_gpt2_head_w *w, const float *wte,
                       const float *xL, fy_gpt2_head_acts *a, const int32_t *targets,
-                      float dloss, float *loss_out, int B, int T, fy_stream *s) {
-    const int C = cfg->channels, V = cfg->vocab, N = B * T;
+                      float *loss_out, int B, int T, fy_stream *s) {
+    const int C = cfg->channels, N = B * T;
     fy_k_layernorm_fwd(a->lnf, a->lnf_mean, a->lnf_rstd, xL, w->lnfw, w->lnfb, N, C, s);
-    fy_k_matmul_fwd(a->logits, a->lnf, wte, NULL, N, C, V, s);
-    fy_k_crossentropy(a->losses, a->logits, targets, N, V, dloss, s);
+    classifier(cfg, wte, NULL, a, targets, 0.0f, NULL, N, s);
     fy_k_mean(loss_out, a->losses, (size_t)N, s);
 }
 
 /* ---- backward --------------------------------------------------------------------- */
 
-void fy_gpt2_head_bwd(const fy_gpt2_config *cfg, const fy_gpt2_head_w *w,
-                      fy_gpt2_head_w *g, const float *wte, float *dwte, const float *xL,
-                      const fy_gpt2_head_acts *a, fy_gpt2_scratch *sc, int B, int T,
-                      fy_stream *s) {
-    const int C = cfg->channels, V = cfg->vocab, N = B * T;
-    /* a->logits holds dlogits here */
-    fy_k_matmul_bwd(sc->dln, dwte, NULL, a->logits, a->lnf, wte, N, C, V, s);
+void fy_gpt2_head_step(const fy_gpt2_config *cfg, const fy_gpt2_head_w *w,
+                       fy_gpt2_head_w *g, const float *wte, float *dwte, const float *xL,
+                       fy_gpt2_head_acts *a, const int32_t *targets, float dloss,
+                       float *loss_out, fy_gpt2_scratch *sc, int B, int T, fy_stream *s) {
+    const int C = cfg->channels, N = B * T;
+    fy_k_layernorm_fwd(a->lnf, a->lnf_mean, a->lnf_rstd, xL, w->lnfw, w->lnfb, N, C, s);
+    classifier(cfg, wte, dwte, a, targets, dloss, sc->dln, N, s);
+    fy_k_mean(loss_out, a->losses, (size_t)N, s);
     fy_memset_async(s, sc->dres, 0, (size_t)N * C * sizeof(float));
     fy_k_layernorm_bwd(sc->dres, g->lnfw, g->lnfb, sc->dln, xL, w->lnfw, a->lnf_mean,
                        a->lnf_rstd, N, C, s);

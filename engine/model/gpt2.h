@@ -140,13 +140,25 @@ typedef struct fy_gpt2_layer_acts {
     float *out; /* (N, C), bound separately */
 } fy_gpt2_layer_acts;
 
-/* The head's activations: the final norm, logits (overwritten by their gradient in a
- * training step) and per-position losses. */
-#define FY_GPT2_HEAD_ACTS(X)       \
-    X(lnf, (size_t)N * C)           \
-    X(lnf_mean, (size_t)N)          \
-    X(lnf_rstd, (size_t)N)          \
-    X(logits, (size_t)N * V)        \
+/* The classifier runs over row chunks of the N positions, so the logits of the whole
+ * batch never exist at once: a chunk holds at most FY_GPT2_LOGIT_CHUNK_NELEM logits
+ * (64 MiB in fp32; GPT-2's vocabulary gives 333 rows a chunk, where the whole batch of
+ * B=8, T=1024 would take 1.6 GiB). The chunking depends on N and V only, never on the
+ * plan, so every plan computes the same sums. */
+#define FY_GPT2_LOGIT_CHUNK_NELEM ((size_t)16 << 20)
+static inline size_t fy_gpt2_logit_rows(size_t N, size_t V) {
+    size_t rows = FY_GPT2_LOGIT_CHUNK_NELEM / V;
+    if (rows < 1) rows = 1;
+    return rows < N ? rows : N;
+}
+
+/* The head's activations: the final norm, one chunk of logits (overwritten by their
+ * gradient in a training step) and per-position losses. */
+#define FY_GPT2_HEAD_ACTS(X)                            \
+    X(lnf, (size_t)N * C)                                \
+    X(lnf_mean, (size_t)N)                               \
+    X(lnf_rstd, (size_t)N)                               \
+    X(logits, fy_gpt2_logit_rows(N, V) * V)              \
     X(losses, (size_t)N)
 typedef struct fy_gpt2_head_acts { FY_GPT2_HEAD_ACTS(FY_GPT2_ACT_FIELD) } fy_gpt2_head_acts;
 
@@ -182,16 +194,17 @@ void fy_gpt2_embed_fwd(const fy_gpt2_config *cfg, const fy_gpt2_embed_w *w,
 void fy_gpt2_layer_fwd(const fy_gpt2_config *cfg, const fy_gpt2_layer_w *w,
                        fy_gpt2_layer_acts *a, const float *x_in, fy_gpt2_scratch *sc,
                        int B, int T, fy_stream *s);
-/* logits, losses and loss_out[0] = mean loss. With dloss != 0 (a training step) the
- * logits become dloss-scaled gradients (dloss = 1/(B*T*accum) for a mean loss). */
+/* Evaluation: per-position losses and loss_out[0] = their mean. */
 void fy_gpt2_head_fwd(const fy_gpt2_config *cfg, const fy_gpt2_head_w *w, const float *wte,
                       const float *xL, fy_gpt2_head_acts *a, const int32_t *targets,
-                      float dloss, float *loss_out, int B, int T, fy_stream *s);
-/* From the logit gradients: dwte += head part, g accumulates, sc->dres = d xL. */
-void fy_gpt2_head_bwd(const fy_gpt2_config *cfg, const fy_gpt2_head_w *w,
-                      fy_gpt2_head_w *g, const float *wte, float *dwte, const float *xL,
-                      const fy_gpt2_head_acts *a, fy_gpt2_scratch *sc, int B, int T,
-                      fy_stream *s);
+                      float *loss_out, int B, int T, fy_stream *s);
+/* A training step's head, forward and backward fused chunk by chunk: losses and
+ * loss_out[0] as fy_gpt2_head_fwd, the loss scaled by dloss (1/(B*T*accum) for a mean
+ * loss) differentiated: dwte += the classifier's part, g accumulates, sc->dres = d xL. */
+void fy_gpt2_head_step(const fy_gpt2_config *cfg, const fy_gpt2_head_w *w,
+                       fy_gpt2_head_w *g, const float *wte, float *dwte, const float *xL,
+                       fy_gpt2_head_acts *a, const int32_t *targets, float dloss,
+                       float *loss_out, fy_gpt2_scratch *sc, int B, int T, fy_stream *s);
 /* sc->dres holds d x_out on entry and d x_in on return. */
 void fy_gpt2_layer_bwd(const fy_gpt2_config *cfg, const fy_gpt2_layer_w *w,
                        fy_gpt2_layer_w *g, const fy_gpt2_layer_acts *a, const float *x_in,
