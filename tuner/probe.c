@@ -190,8 +190,12 @@ fy_status fy_probe(const fy_probe_cfg *cfg, fy_profile *out) {
     out->cores = ncpu > 0 ? (int)ncpu : 1;
     out->numa_nodes = count_numa_nodes();
     out->host_mem_gib = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGE_SIZE) / 1073741824.0;
-    out->device_mem_gib = cfg->dev.mem_cap_nbytes ? (double)cfg->dev.mem_cap_nbytes / 1073741824.0
-                                                  : out->host_mem_gib;
+    /* the budget asked for; else what the backend can give (a GPU's free memory less
+     * its workspace reserve); the cpu backend has no cap: the host's memory */
+    fy_dev_mem_stats ms;
+    fy_dev_mem_stats_get(dev, &ms);
+    size_t cap = cfg->dev.mem_cap_nbytes ? cfg->dev.mem_cap_nbytes : ms.cap_nbytes;
+    out->device_mem_gib = cap ? (double)cap / 1073741824.0 : out->host_mem_gib;
     fy_status st = probe_transfers(dev, out);
     int tmax = cfg->adam_threads_max > 0 ? cfg->adam_threads_max : out->cores;
     if (tmax > FY_PROFILE_MAX_THREADS) tmax = FY_PROFILE_MAX_THREADS;

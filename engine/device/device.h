@@ -119,7 +119,9 @@ bool fy_event_done(fy_event *e);
  * (the cpu backend throttles H2D and D2H when sim_pcie_gbps is set). */
 void fy_copy_async(fy_stream *s, void *dst, const void *src, size_t nbytes, fy_copy_dir dir);
 void fy_memset_async(fy_stream *s, void *dst, int byte, size_t nbytes);
-/* Runs fn(arg) on the host in stream order (after earlier work, before later work). */
+/* Runs fn(arg) on the host in stream order (after earlier work, before later work).
+ * fn must not call the device interface (CUDA forbids API calls from stream callbacks)
+ * and must not wait for other work queued on any stream of the device. */
 void fy_stream_host_fn(fy_stream *s, void (*fn)(void *arg), void *arg);
 
 /* Which backends this build has, for `ferry info`. */

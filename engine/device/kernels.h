@@ -74,7 +74,8 @@ void fy_k_residual_fwd(float *out, const float *a, const float *b, size_t n, fy_
 void fy_k_crossentropy(float *losses, float *logits, const int32_t *targets, int N, int V,
                        float dloss, fy_stream *s);
 
-/* out[0] = sum(x) / n, summed in double in index order. */
+/* out[0] = sum(x) / n, summed in double in a fixed order (the cpu backend: index order).
+ * x and out are fp32 whatever the stream's storage type. */
 void fy_k_mean(float *out, const float *x, size_t n, fy_stream *s);
 /* out[0] = sum(x*x) in double, in a fixed order independent of the thread count. */
 void fy_k_sumsq(double *out, const float *x, size_t n, fy_stream *s);

@@ -77,6 +77,16 @@ int fy_cuda_gpus(fy_gpu_info *out, int max, char *why, size_t whylen) {
 
 /* ---- memory ---------------------------------------------------------------------- */
 
+/* Zeroes (and so touches) host memory with `threads` threads, 2 MiB at a time. */
+static void zero_host(void *p, size_t nbytes, int threads) {
+    const size_t piece = (size_t)2 << 20, npieces = (nbytes + piece - 1) / piece;
+    #pragma omp parallel for schedule(static) num_threads(threads) if (npieces > 8)
+    for (size_t i = 0; i < npieces; i++) {
+        size_t off = i * piece;
+        memset((char *)p + off, 0, nbytes - off < piece ? nbytes - off : piece);
+    }
+}
+
 static fy_status cu_alloc(fy_dev *dev, fy_mem_kind kind, size_t nbytes, void **out) {
     fy_cu_dev *cd = dev->ctx;
     make_current(dev);
@@ -88,7 +98,7 @@ static fy_status cu_alloc(fy_dev *dev, fy_mem_kind kind, size_t nbytes, void **o
             *out = NULL;
             return FY_ERR_NOMEM;
         }
-        memset(*out, 0, nbytes);
+        zero_host(*out, nbytes, dev->threads);
         return FY_OK;
     }
     cudaError_t e = cudaMalloc(out, nbytes);
@@ -257,27 +267,38 @@ fy_status fy_cuda_dev_init(fy_dev *dev) {
         return FY_ERR_UNSUPPORTED;
     }
     FY_TRY(fy_cu_blas_load());
-    fy_cu_dev *cd = calloc(1, sizeof *cd);
-    if (!cd) return FY_ERR_NOMEM;
-    cd->ordinal = ord;
-    cd->sm_count = gpus[ord].sm_count;
-    cd->math = dev->cfg.matmul == FY_MATMUL_AUTO ? FY_MATMUL_BF16 : dev->cfg.matmul;
-    dev->iface = &cuda_iface;
-    dev->ctx = cd;
-    make_current(dev);
-    FY_CUDA_CHECK(cudaStreamCreateWithFlags(&cd->zero_st, cudaStreamNonBlocking), "cudaStreamCreate");
+    /* Waiting threads sleep instead of spinning: the scheduler's lanes wait on streams
+     * while the CPU optimizer wants every core. Only possible before the device's
+     * context exists (a second device opened in this process keeps the first's mode). */
+    FY_CUDA_CHECK(cudaSetDevice(ord), "cudaSetDevice");
+    tl_current = ord;
+    if (cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync) != cudaSuccess) (void)cudaGetLastError();
     size_t free_b = 0, total_b = 0;
     FY_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
-    size_t usable = free_b > FY_CU_RESERVE_NBYTES ? free_b - FY_CU_RESERVE_NBYTES : 0;
-    char a[32], b[32];
+    char a[32], b[32], c[32];
+    if (free_b <= FY_CU_RESERVE_NBYTES) {
+        fy_log_error("--device cuda: GPU %d has only %s free, less than the %zu MiB this backend "
+                     "keeps for its workspace", ord, fy_fmt_size(free_b, a, sizeof a),
+                     FY_CU_RESERVE_NBYTES >> 20);
+        return FY_ERR_DEVICE_OOM;
+    }
+    size_t usable = free_b - FY_CU_RESERVE_NBYTES;
     if (dev->cfg.mem_cap_nbytes == 0 || dev->cfg.mem_cap_nbytes > usable) {
         if (dev->cfg.mem_cap_nbytes)
             fy_log_warn("--gpu-mem %s is more than GPU %d can give (%s free, less %zu MiB of "
                         "workspace): using %s", fy_fmt_size(dev->cfg.mem_cap_nbytes, a, sizeof a),
                         ord, fy_fmt_size(free_b, b, sizeof b), FY_CU_RESERVE_NBYTES >> 20,
-                        fy_fmt_size(usable, a, sizeof a));
+                        fy_fmt_size(usable, c, sizeof c));
         dev->mem.cap_nbytes = usable;
     }
+    fy_cu_dev *cd = calloc(1, sizeof *cd);
+    if (!cd) return FY_ERR_NOMEM;
+    cd->ordinal = ord;
+    cd->sm_count = gpus[ord].sm_count;
+    cd->math = dev->cfg.matmul == FY_MATMUL_AUTO ? FY_MATMUL_BF16 : dev->cfg.matmul;
+    FY_CUDA_CHECK(cudaStreamCreateWithFlags(&cd->zero_st, cudaStreamNonBlocking), "cudaStreamCreate");
+    dev->iface = &cuda_iface;
+    dev->ctx = cd;
     if (dev->cfg.sim_pcie_gbps > 0)
         fy_log_warn("--sim-pcie-gbps applies to the cpu backend only; the GPU's link is real");
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);

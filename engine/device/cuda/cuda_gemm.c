@@ -7,9 +7,11 @@
  * stream is fed by one thread at a time, so none of them needs a lock.
  *
  * Determinism: a GEMM's algorithm is chosen by cuBLASLt's heuristic from the shape, the
- * types and the pointers' alignment class (capped at 16 bytes, which every block and
- * activation buffer meets); so the same product computes the same bits wherever its
- * buffers live. Splits that reduce with atomics are not requested.
+ * types and each matrix's alignment class (address, leading dimension and batch stride,
+ * capped at 16 bytes: every block and activation buffer starts 64-byte aligned, so the
+ * class depends on the shape alone); so the same product computes the same bits
+ * wherever its buffers live. One handle and workspace per stream keeps cuBLASLt's
+ * results reproducible.
  *
  * Row-major tensors are column-major transposes: each op below writes the row-major
  * product it means and its column-major form. */
@@ -44,8 +46,8 @@ static fy_status lt_status = FY_ERR_UNSUPPORTED;
 static char lt_error[256];
 
 static void lt_load(void) {
-    static const char *names[] = {"libcublasLt.so.13", FY_CUDA_LIBDIR "/libcublasLt.so.13",
-                                  "libcublasLt.so", FY_CUDA_LIBDIR "/libcublasLt.so"};
+    /* the major version this file was compiled against, and no other */
+    static const char *names[] = {"libcublasLt.so.13", FY_CUDA_LIBDIR "/libcublasLt.so.13"};
     void *h = NULL;
     for (size_t i = 0; i < sizeof names / sizeof *names && !h; i++)
         h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
@@ -60,6 +62,12 @@ static void lt_load(void) {
     }
     LT_FUNCS(LT_SYM)
 #undef LT_SYM
+    size_t (*version)(void) = (size_t (*)(void))dlsym(h, "cublasLtGetVersion");
+    if (version && version() / 10000 != CUBLAS_VER_MAJOR) {
+        snprintf(lt_error, sizeof lt_error, "cuBLASLt %zu is not the major version %d this build needs",
+                 version(), CUBLAS_VER_MAJOR);
+        return;
+    }
     lt_status = FY_OK;
 }
 
@@ -69,11 +77,12 @@ fy_status fy_cu_blas_load(void) {
     return lt_status;
 }
 
-static void lt_check(cublasStatus_t s, const char *what) {
+#define lt_check(call, what) lt_check_at((call), (what), __FILE__, __LINE__)
+static void lt_check_at(cublasStatus_t s, const char *what, const char *file, int line) {
     if (s == CUBLAS_STATUS_SUCCESS) return;
     char hint[160];
     snprintf(hint, sizeof hint, "cuBLASLt: %s: %s", what, lt.cublasLtGetStatusString(s));
-    fy_abort_at(__FILE__, __LINE__, "cublasStatus == CUBLAS_STATUS_SUCCESS", hint);
+    fy_abort_at(file, line, "cublasStatus == CUBLAS_STATUS_SUCCESS", hint);
 }
 
 /* ---- one GEMM, column-major: D = alpha op(A) op(B) + beta D (+ bias per row of D) ---- */
@@ -90,9 +99,14 @@ typedef struct gemm {
 } gemm;
 
 typedef struct gemm_key {
-    int dt, ta, tb, m, n, k, lda, ldb, ldd, batch, has_bias, align;
+    int dt, ta, tb, m, n, k, lda, ldb, ldd, batch, has_bias;
+    int alA, alB, alD; /* alignment classes of A, B and D (D's includes the bias) */
+    int pad;
     int64_t sA, sB, sD;
 } gemm_key;
+/* compared with memcmp: no padding bytes */
+_Static_assert(sizeof(gemm_key) == 15 * sizeof(int) + sizeof(int) + 3 * sizeof(int64_t),
+               "gemm_key has padding");
 
 typedef struct gemm_plan {
     gemm_key key;
@@ -111,12 +125,13 @@ struct fy_cu_gemm_cache {
     uint64_t clock;
 };
 
-/* The largest power of two up to 16 dividing every address and byte stride. */
-static int align_class(const gemm *g, size_t es) {
-    uintptr_t bits = (uintptr_t)g->A | (uintptr_t)g->B | (uintptr_t)g->D | 16u;
-    bits |= (uintptr_t)g->lda * es | (uintptr_t)g->ldb * es | (uintptr_t)g->ldd * es;
-    if (g->batch > 1) bits |= (uintptr_t)(g->sA * es) | (uintptr_t)(g->sB * es) | (uintptr_t)(g->sD * es);
-    if (g->bias) bits |= (uintptr_t)g->bias;
+/* The largest power of two up to 16 dividing a matrix's address, its leading dimension
+ * and batch stride in bytes (and the bias's address for D). */
+static int align_class(const void *p, int ld, int64_t stride, int batch, const void *bias,
+                       size_t es) {
+    uintptr_t bits = (uintptr_t)p | (uintptr_t)ld * es | 16u;
+    if (batch > 1) bits |= (uintptr_t)(stride * (int64_t)es);
+    if (bias) bits |= (uintptr_t)bias;
     return (int)(bits & (~bits + 1));
 }
 
@@ -140,7 +155,8 @@ static void plan_free(gemm_plan *p) {
 }
 
 /* Builds descriptors and asks the heuristic; false if no algorithm fits. */
-static bool plan_build(fy_cu_stream *cs, const gemm_key *key, bool with_bias, gemm_plan *p) {
+static bool plan_build(fy_cu_stream *cs, const gemm_key *key, const void *bias, gemm_plan *p) {
+    const bool with_bias = bias != NULL;
     fy_cu_dev *cd = cs->dev->ctx;
     cudaDataType_t t = key->dt == FY_BF16 ? CUDA_R_16BF : CUDA_R_32F;
     cublasComputeType_t ct = CUBLAS_COMPUTE_32F;
@@ -155,6 +171,8 @@ static bool plan_build(fy_cu_stream *cs, const gemm_key *key, bool with_bias, ge
     if (with_bias) {
         cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
         lt_check(lt.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep), "epilogue");
+        /* the heuristic reads the bias's alignment from its pointer */
+        lt_check(lt.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), "bias");
     }
     p->la = layout(t, key->ta ? key->k : key->m, key->ta ? key->m : key->k, key->lda, key->batch, key->sA);
     p->lb = layout(t, key->tb ? key->n : key->k, key->tb ? key->k : key->n, key->ldb, key->batch, key->sB);
@@ -163,13 +181,14 @@ static bool plan_build(fy_cu_stream *cs, const gemm_key *key, bool with_bias, ge
     cublasLtMatmulPreference_t pref;
     lt_check(lt.cublasLtMatmulPreferenceCreate(&pref), "preference");
     uint64_t ws = FY_CU_BLAS_WS_NBYTES;
-    uint32_t al = (uint32_t)key->align;
     lt_check(lt.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), "workspace");
-    cublasLtMatmulPreferenceAttributes_t als[] = {
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    const struct { cublasLtMatmulPreferenceAttributes_t attr; uint32_t bytes; } als[] = {
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, (uint32_t)key->alA},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, (uint32_t)key->alB},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, (uint32_t)key->alD},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, (uint32_t)key->alD}};
     for (int i = 0; i < 4; i++)
-        lt_check(lt.cublasLtMatmulPreferenceSetAttribute(pref, als[i], &al, sizeof al), "alignment");
+        lt_check(lt.cublasLtMatmulPreferenceSetAttribute(pref, als[i].attr, &als[i].bytes, sizeof als[i].bytes), "alignment");
     cublasLtMatmulHeuristicResult_t res;
     int found = 0;
     cublasStatus_t s = lt.cublasLtMatmulAlgoGetHeuristic(cs->lt, p->desc, p->la, p->lb, p->ld,
@@ -187,13 +206,14 @@ static bool plan_build(fy_cu_stream *cs, const gemm_key *key, bool with_bias, ge
 static gemm_plan *plan_get(fy_cu_stream *cs, const gemm *g, fy_dtype dt) {
     fy_cu_gemm_cache *c = cs->cache;
     size_t es = dt == FY_BF16 ? 2 : 4;
-    gemm_key key;
-    memset(&key, 0, sizeof key);
-    key = (gemm_key){.dt = dt, .ta = g->ta, .tb = g->tb, .m = g->m, .n = g->n, .k = g->k,
-                     .lda = g->lda, .ldb = g->ldb, .ldd = g->ldd, .batch = g->batch,
-                     .has_bias = g->bias != NULL, .align = align_class(g, es),
-                     .sA = g->batch > 1 ? g->sA : 0, .sB = g->batch > 1 ? g->sB : 0,
-                     .sD = g->batch > 1 ? g->sD : 0};
+    gemm_key key = {.dt = dt, .ta = g->ta, .tb = g->tb, .m = g->m, .n = g->n, .k = g->k,
+                    .lda = g->lda, .ldb = g->ldb, .ldd = g->ldd, .batch = g->batch,
+                    .has_bias = g->bias != NULL,
+                    .alA = align_class(g->A, g->lda, g->sA, g->batch, NULL, es),
+                    .alB = align_class(g->B, g->ldb, g->sB, g->batch, NULL, es),
+                    .alD = align_class(g->D, g->ldd, g->sD, g->batch, g->bias, es),
+                    .sA = g->batch > 1 ? g->sA : 0, .sB = g->batch > 1 ? g->sB : 0,
+                    .sD = g->batch > 1 ? g->sD : 0};
     c->clock++;
     for (int i = 0; i < c->n; i++)
         if (!memcmp(&c->plans[i].key, &key, sizeof key)) {
@@ -210,10 +230,11 @@ static gemm_plan *plan_get(fy_cu_stream *cs, const gemm *g, fy_dtype dt) {
         c->n++;
     }
     gemm_plan *p = &c->plans[slot];
-    if (!plan_build(cs, &key, key.has_bias, p) && !(key.has_bias && plan_build(cs, &key, false, p))) {
+    if (!plan_build(cs, &key, g->bias, p) && !(g->bias && plan_build(cs, &key, NULL, p))) {
         char hint[200];
         snprintf(hint, sizeof hint, "cuBLASLt has no algorithm for a %s GEMM m=%d n=%d k=%d "
-                 "batch=%d (alignment %d bytes)", fy_dtype_name(dt), g->m, g->n, g->k, g->batch, key.align);
+                 "batch=%d (alignment A %d, B %d, D %d bytes)", fy_dtype_name(dt), g->m, g->n,
+                 g->k, g->batch, key.alA, key.alB, key.alD);
         fy_abort_at(__FILE__, __LINE__, "an algorithm was found", hint);
     }
     p->last_use = c->clock;

@@ -25,9 +25,9 @@ extern "C" {
     do { cudaError_t fy_e_ = (err); if (fy_e_ != cudaSuccess) fy_cuda_fail(fy_e_, (what), __FILE__, __LINE__); } while (0)
 void fy_cuda_fail(cudaError_t err, const char *what, const char *file, int line);
 
-/* Per stream workspace, taken at the stream's first kernel: cuBLASLt's workspace and the
- * partial sums of two-pass reductions. Not counted in the device budget (the README says
- * how much to leave for it). */
+/* Per stream workspace, allocated with the stream: cuBLASLt's workspace and the partial
+ * sums of two-pass reductions. Outside the device budget: the backend keeps a reserve
+ * for it (FY_CU_RESERVE_NBYTES in cuda_backend.c; the README gives the numbers). */
 #define FY_CU_BLAS_WS_NBYTES ((size_t)32 << 20)
 #define FY_CU_PART_NBYTES ((size_t)16 << 20)
 

@@ -216,6 +216,7 @@ static void layernorm_bwd(fy_cu_stream *cs, const fy_op *op) {
     const T *dout = (const T *)op->p[3], *inp = (const T *)op->p[4], *w = (const T *)op->p[5];
     const float *mean = (const float *)op->p[6], *rstd = (const float *)op->p[7];
     int N = (int)op->i[0], C = (int)op->i[1];
+    if (N <= 0 || C <= 0) return;
     layernorm_bwd_dx_k<T><<<grid_for((size_t)N, ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, 0, st>>>(
         dinp, dout, inp, w, mean, rstd, N, C);
     LAUNCHED("layernorm_bwd (dinp)");
@@ -230,6 +231,7 @@ static void layernorm_bwd(fy_cu_stream *cs, const fy_op *op) {
 
 template <typename T>
 static void colsum_acc(fy_cu_stream *cs, void *dst, const void *x, int N, int C) {
+    if (N <= 0 || C <= 0) return;
     int rows = rows_per_chunk(N, C), R = (N + rows - 1) / rows;
     dim3 grid((unsigned)((C + 31) / 32), (unsigned)R), block(32, 8);
     colsum_part_k<T, false><<<grid, block, 0, cs->st>>>(cs->part, (const T *)x, NULL, NULL, NULL,
@@ -379,7 +381,7 @@ __global__ void crossentropy_k(float *losses, T *logits, const int32_t *targets,
     for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, to_f(x[j]));
     mx = block_max(mx, shf);
     double s = 0.0;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) s += (double)expf(to_f(x[j]) - mx);
+    for (int j = threadIdx.x; j < V; j += blockDim.x) s += exp((double)(to_f(x[j]) - mx));
     s = block_sum_d(s, shd);
     int y = targets[n];
     if (threadIdx.x == 0) losses[n] = mx + (float)log(s) - to_f(x[y]);
@@ -395,7 +397,9 @@ __global__ void crossentropy_k(float *losses, T *logits, const int32_t *targets,
 
 /* ---- sums ------------------------------------------------------------------------------- */
 
-/* out[0] = sum(x) / n over fp32 x (the losses), in double, one block. */
+/* out[0] = sum(x) / n over fp32 x (the losses), in double, one block, in a fixed order
+ * (strided per thread, then a fixed tree): not the cpu's index order, so the mean may
+ * differ from it in the last bits. */
 __global__ void mean_k(float *out, const float *x, size_t n) {
     __shared__ double sh[32];
     double s = 0.0;
@@ -405,16 +409,24 @@ __global__ void mean_k(float *out, const float *x, size_t n) {
 }
 
 /* reduce.h's order: each chunk of FY_SUMSQ_CHUNK elements summed in double in index
- * order by one thread, then the chunk sums in chunk order by one thread. For fp32 these
- * are fy_sumsq()'s bits, so a gradient norm does not depend on where the gradient is. */
+ * order, then the chunk sums in chunk order by one thread. For fp32 these are
+ * fy_sumsq()'s bits, so a gradient norm does not depend on where the gradient is.
+ * One warp per chunk: the lanes load 32 consecutive squares (coalesced) and every lane
+ * adds them in index order (the same sum in each lane; adding the zeros past the end
+ * changes nothing, the sum being non-negative). */
 template <typename T>
 __global__ void sumsq_chunks_k(double *part, const T *x, size_t n, size_t nchunks) {
-    size_t c = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= nchunks) return;
+    int lane = threadIdx.x & 31;
+    size_t c = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    if (c >= nchunks) return; /* whole warps */
     size_t i0 = c * FY_SUMSQ_CHUNK, i1 = i0 + FY_SUMSQ_CHUNK < n ? i0 + FY_SUMSQ_CHUNK : n;
     double s = 0.0;
-    for (size_t i = i0; i < i1; i++) { double v = to_f(x[i]); s = __dadd_rn(s, __dmul_rn(v, v)); }
-    part[c] = s;
+    for (size_t i = i0; i < i1; i += 32) {
+        double v = i + lane < i1 ? (double)to_f(x[i + lane]) : 0.0;
+        double sq = __dmul_rn(v, v);
+        for (int k = 0; k < 32; k++) s = __dadd_rn(s, __shfl_sync(FULL_MASK, sq, k));
+    }
+    if (lane == 0) part[c] = s;
 }
 
 __global__ void sumsq_total_k(double *out, const double *part, size_t nchunks) {
@@ -429,7 +441,7 @@ static void sumsq(fy_cu_stream *cs, const fy_op *op) {
     FY_ASSERT(nchunks * sizeof(double) <= FY_CU_PART_NBYTES, "sumsq of more elements than the partials buffer holds");
     double *part = (double *)cs->part;
     if (nchunks)
-        sumsq_chunks_k<T><<<grid_for(nchunks, 128), 128, 0, cs->st>>>(part, (const T *)op->p[1], n, nchunks);
+        sumsq_chunks_k<T><<<grid_for(nchunks * 32, 128), 128, 0, cs->st>>>(part, (const T *)op->p[1], n, nchunks);
     sumsq_total_k<<<1, 1, 0, cs->st>>>((double *)op->p[0], part, nchunks);
     LAUNCHED("sumsq");
 }
