@@ -1,18 +1,26 @@
 /* kernels.h — the kernels a GPT-2 block needs, launched on a stream.
  *
- * Launchers follow llm.c's order: outputs, inputs, sizes, then the stream. All tensors
- * are fp32, row-major, in device memory; shapes are in the comments with llm.c's
- * letters: B batch, T time, C channels, NH heads, V vocabulary, N = B*T rows, OC output
- * channels. Weights are (OC, C) like torch.nn.Linear (the safetensors loader transposes
- * Hugging Face's Conv1D (in, out) layout).
+ * Launchers follow llm.c's order: outputs, inputs, sizes, then the stream. Tensors are
+ * row-major, in device memory; shapes are in the comments with llm.c's letters: B batch,
+ * T time, C channels, NH heads, V vocabulary, N = B*T rows, OC output channels. Weights
+ * are (OC, C) like torch.nn.Linear (the safetensors loader transposes Hugging Face's
+ * Conv1D (in, out) layout).
+ *
+ * Storage type: tensors are in the stream's storage type (fy_stream_set_dtype: fp32 by
+ * default; bf16 on the cuda backend), arithmetic is fp32. Always fp32 whatever the
+ * stream's type: layernorm's mean and rstd, crossentropy's losses, fy_k_mean's input
+ * and output, and AdamW's master weights and moments (its gradients and copies out have
+ * their own types in fy_adam_range); fy_k_sumsq's result is a double; tokens and targets
+ * are int32. The pointer types below say float for the storage type.
  *
  * Accumulation: parameter gradients always accumulate (+=), so micro-batches add up and
  * a step starts by zeroing them. Activation gradients are overwritten unless a launcher
  * says "accumulates" (layernorm's dinp, which sits on the residual stream).
  *
- * Determinism: on the cpu backend every kernel's result depends only on its inputs and
- * the thread count, never on timing or on where the buffers live; reductions over rows
- * (bias and norm-gain gradients, embedding scatter, sums) run in a fixed order. */
+ * Determinism: every kernel's result depends only on its inputs and shapes (and, on the
+ * cpu backend, the thread count), never on timing or on where the buffers live;
+ * reductions over rows (bias and norm-gain gradients, embedding scatter, sums) run in a
+ * fixed order on both backends, without atomics. */
 #ifndef FY_KERNELS_H
 #define FY_KERNELS_H
 

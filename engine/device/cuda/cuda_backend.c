@@ -169,6 +169,14 @@ static void cu_launch(fy_stream *s, const fy_op *op) {
     make_current(s->dev);
     switch (op->kind) {
     case FY_OP_COPY:
+        if (op->i[1] == FY_H2H) {
+            /* CUDA does not promise that a host-to-host cudaMemcpyAsync waits for the
+             * stream's earlier work: drain it, then copy here (later work is queued after
+             * this returns, so stream order holds) */
+            FY_CUDA_CHECK(cudaStreamSynchronize(cs->st), "work before a host-to-host copy");
+            memmove(op->p[0], op->p[1], (size_t)op->i[0]);
+            break;
+        }
         FY_CUDA_CHECK(cudaMemcpyAsync(op->p[0], op->p[1], (size_t)op->i[0], cudaMemcpyDefault, cs->st),
                       "cudaMemcpyAsync");
         break;

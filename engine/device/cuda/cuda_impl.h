@@ -36,7 +36,7 @@ typedef struct fy_cu_gemm_cache fy_cu_gemm_cache;
 typedef struct fy_cu_stream {
     cudaStream_t st;
     fy_dev *dev;
-    void *blas_ws;            /* FY_CU_BLAS_WS_NBYTES, or NULL before the first kernel */
+    void *blas_ws;            /* FY_CU_BLAS_WS_NBYTES */
     float *part;              /* FY_CU_PART_NBYTES of reduction partials */
     void *lt;                 /* this stream's cublasLtHandle_t */
     fy_cu_gemm_cache *cache;  /* matmul descriptors and algorithms by shape */

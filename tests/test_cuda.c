@@ -1,0 +1,1500 @@
+/* test_cuda.c — the cuda backend (engine/device/cuda/) against the cpu backend, the oracle.
+ *
+ * Kernels: each launcher of kernels.h runs on both backends with the same fresh random
+ * inputs. Outputs a kernel overwrites are poisoned first (every byte 0xff: a NaN in fp32
+ * and in bf16), so an element the cuda kernel leaves unwritten shows; outputs that
+ * accumulate start from random values, so "+=" is checked too. A result is compared as
+ *     err = ||cuda - cpu|| / ||cpu||      (a NaN anywhere fails)
+ * against the bound stated next to each check, or bit for bit where the backend claims the
+ * cpu's exact bits (the fp32 embedding backward, the sum of squares, AdamW).
+ *   - fp32 storage with exact fp32 GEMMs (cfg.matmul = FY_MATMUL_FP32): both backends
+ *     compute in fp32 and differ only in summation order and in expf/tanhf (a few ulps).
+ *     The cpu's results are within ~2e-7 of a float64 reference on these shapes (measured
+ *     for attention, the deepest chain), so the cuda's should be as close: 1e-5 leaves a
+ *     factor of 25.
+ *   - bf16 storage (fy_stream_set_dtype): inputs are rounded to bf16 on the host and the
+ *     cpu runs fp32 on the rounded values. bf16 keeps 8 significant bits; the cuda outputs
+ *     are rounded to bf16 (2^-9 = 2e-3 relative at most, ~1e-3 rms) and some intermediates
+ *     are stored in bf16 too (attention's probabilities and score gradients): ~4e-3 per
+ *     element at worst, ~2e-3 measured in an emulation of attention's backward. Bound 1e-2.
+ *     The tensors kernels.h and cuda_impl.h keep in fp32 (layernorm's mean and rstd,
+ *     cross-entropy's losses, mean's input and output, sumsq's double, AdamW's state) are
+ *     held to fp32 bounds.
+ *   - fp32 storage with tf32 or bf16 tensor-core GEMMs: the inputs of every product are
+ *     rounded to 10 or 7 bits of mantissa (see the tests for the bounds).
+ * Determinism: the same ops twice, and again from a fresh stream with every buffer moved
+ * (by multiples of 16 bytes: the alignment class cuda_gemm.c keys its GEMM plans on), give
+ * the same bits. Device: zeroed allocations, the budget and its error, copies between
+ * every kind of memory, events across streams, host functions in stream order.
+ * Training: the tiny model on cuda matches the cpu backend, and every placement plan gives
+ * bit-identical results to the all-resident plan on cuda too (tests/test_offload.c does
+ * the same on the cpu backend).
+ *
+ * GPU tests start with need_gpu(), which skips the test when fy_dev_gpus() finds no GPU.
+ * CUDA is touched only inside test bodies, which Criterion runs in a forked process per
+ * test (a CUDA context does not survive a fork): nothing here runs at file scope, in
+ * constructors or in the runner's process. The tests that need no GPU (the ferry binary
+ * asked for cuda, the cpu backend's refusals) run everywhere, and skip where a GPU would
+ * change what they check. */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <math.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine/core/dtype.h"
+#include "engine/core/reduce.h"
+#include "engine/core/util.h"
+#include "engine/device/device.h"
+#include "engine/device/kernels.h"
+#include "engine/io/corpus.h"
+#include "engine/io/tokens.h"
+#include "engine/trainer.h"
+#include "offload/plan.h"
+#include "offload/storage.h"
+#include "optim_cpu/adam.h"
+
+/* ---- the GPU, the devices, host scratch ------------------------------------------------ */
+
+/* Skips the calling test unless the cuda backend finds a GPU (in the test's own process). */
+static void need_gpu(void) {
+    fy_gpu_info gpu;
+    char why[160] = "";
+    if (fy_dev_gpus(&gpu, 1, why, sizeof why) == 0) cr_skip_test("no GPU: %s", why);
+}
+
+enum { GPU = 0, CPU = 1 };
+static fy_dev *g_dev[2];    /* [GPU] the cuda device, [CPU] the cpu oracle */
+static fy_stream *g_st[2];
+static int g_side;          /* the backend BOTH() is running */
+static void *g_host[1024];
+static int g_nhost;
+
+static fy_dev *open_cuda(fy_matmul_math math, size_t cap_nbytes) {
+    fy_dev_cfg cfg = {.kind = FY_DEV_CUDA, .matmul = math, .mem_cap_nbytes = cap_nbytes};
+    fy_dev *d = NULL;
+    cr_assert_eq(fy_dev_new(&cfg, &d), FY_OK, "cuda device: %s", fy_last_error());
+    return d;
+}
+
+/* The cuda device and a stream whose kernels store tensors as dt. */
+static void open_gpu(fy_matmul_math math, fy_dtype dt) {
+    g_dev[GPU] = open_cuda(math, 0);
+    cr_assert_eq(fy_stream_new(g_dev[GPU], "test", &g_st[GPU]), FY_OK);
+    cr_assert_eq(fy_stream_set_dtype(g_st[GPU], dt), FY_OK, "%s", fy_last_error());
+}
+
+/* open_gpu, and the cpu backend (2 threads, fp32) beside it. */
+static void open_pair(fy_matmul_math math, fy_dtype dt) {
+    open_gpu(math, dt);
+    fy_dev_cfg cfg = {.kind = FY_DEV_CPU, .threads = 2};
+    cr_assert_eq(fy_dev_new(&cfg, &g_dev[CPU]), FY_OK);
+    cr_assert_eq(fy_stream_new(g_dev[CPU], "test", &g_st[CPU]), FY_OK);
+}
+
+static void close_all(void) {
+    for (int k = 0; k < 2; k++) {
+        fy_stream_free(g_st[k]);
+        fy_dev_free(g_dev[k]);
+        g_st[k] = NULL;
+        g_dev[k] = NULL;
+    }
+    while (g_nhost > 0) free(g_host[--g_nhost]);
+}
+
+/* Host scratch, zeroed, freed by close_all. */
+static void *hnew(size_t nbytes) {
+    cr_assert(g_nhost < (int)(sizeof g_host / sizeof g_host[0]));
+    void *p = calloc(1, nbytes ? nbytes : 1);
+    cr_assert_not_null(p);
+    return g_host[g_nhost++] = p;
+}
+static float *hnewf(size_t n) { return hnew(n * sizeof(float)); }
+
+static void *dnew_on(int side, size_t nbytes) {
+    void *p = NULL;
+    cr_assert_eq(fy_dev_alloc(g_dev[side], FY_MEM_DEVICE, nbytes, "test tensor", &p), FY_OK,
+                 "fy_dev_alloc: %s", fy_last_error());
+    return p;
+}
+static void put_on(int side, void *dst, const void *src, size_t nbytes) {
+    fy_copy_async(g_st[side], dst, src, nbytes, FY_H2D);
+    fy_stream_sync(g_st[side]);
+}
+static void get_on(int side, void *dst, const void *src, size_t nbytes) {
+    fy_copy_async(g_st[side], dst, src, nbytes, FY_D2H);
+    fy_stream_sync(g_st[side]);
+}
+
+/* splitmix64: fresh data from a seed per check */
+static uint64_t g_rng;
+static void seed(uint64_t s) { g_rng = s; }
+static uint64_t rng_u64(void) {
+    uint64_t z = (g_rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static float rng_unif(float lo, float hi) {
+    return lo + (hi - lo) * (float)((double)(rng_u64() >> 11) * 0x1p-53);
+}
+static int rng_int(int n) { return (int)(rng_u64() % (uint64_t)n); }
+static float *hrand(size_t n, float lo, float hi) {
+    float *x = hnewf(n);
+    for (size_t i = 0; i < n; i++) x[i] = rng_unif(lo, hi);
+    return x;
+}
+
+/* ---- one tensor on both backends ----------------------------------------------------- */
+
+typedef struct dual {
+    void *p[2];  /* the tensor on [GPU] and on [CPU]; both NULL for an absent tensor */
+    size_t n;    /* elements */
+    fy_dtype dt; /* the GPU copy's type: FY_F32 or FY_BF16; FY_DTYPE_NONE for int32 */
+} dual;
+
+static size_t esize(const dual *x, int side) { return side == GPU && x->dt == FY_BF16 ? 2 : 4; }
+
+/* Runs `call` on each backend, cuda first; in it X(t) is tensor t there and S the stream. */
+#define BOTH(call) for (g_side = GPU; g_side <= CPU; g_side++) { call; }
+#define X(t) ((t).p[g_side])
+#define S (g_st[g_side])
+
+/* An output: allocated on both backends, every byte 0xff. */
+static dual dpoison(fy_dtype dt, size_t n) {
+    dual x = {.n = n, .dt = dt};
+    for (int k = 0; k < 2; k++) {
+        x.p[k] = dnew_on(k, n * esize(&x, k));
+        fy_memset_async(g_st[k], x.p[k], 0xff, n * esize(&x, k));
+        fy_stream_sync(g_st[k]);
+    }
+    return x;
+}
+
+/* An input from host floats h: the GPU copy in dt, the CPU copy in fp32. For bf16, h is
+ * rounded in place first, so both backends (and the caller) see the same values. */
+static dual dput(fy_dtype dt, float *h, size_t n) {
+    dual x = {.n = n, .dt = dt};
+    if (dt == FY_BF16) {
+        uint16_t *b = hnew(n * 2);
+        for (size_t i = 0; i < n; i++) {
+            b[i] = fy_f32_to_bf16(h[i]);
+            h[i] = fy_bf16_to_f32(b[i]);
+        }
+        x.p[GPU] = dnew_on(GPU, n * 2);
+        put_on(GPU, x.p[GPU], b, n * 2);
+    } else {
+        x.p[GPU] = dnew_on(GPU, n * 4);
+        put_on(GPU, x.p[GPU], h, n * 4);
+    }
+    x.p[CPU] = dnew_on(CPU, n * 4);
+    put_on(CPU, x.p[CPU], h, n * 4);
+    return x;
+}
+
+static dual dput_i32(const int32_t *h, size_t n) {
+    dual x = {.n = n, .dt = FY_DTYPE_NONE};
+    for (int k = 0; k < 2; k++) {
+        x.p[k] = dnew_on(k, n * 4);
+        put_on(k, x.p[k], h, n * 4);
+    }
+    return x;
+}
+
+/* One side of x as host floats (bf16 widened). */
+static float *dget(const dual *x, int side) {
+    float *h = hnewf(x->n);
+    if (esize(x, side) == 2) {
+        uint16_t *b = hnew(x->n * 2);
+        get_on(side, b, x->p[side], x->n * 2);
+        for (size_t i = 0; i < x->n; i++) h[i] = fy_bf16_to_f32(b[i]);
+    } else {
+        get_on(side, h, x->p[side], x->n * 4);
+    }
+    return h;
+}
+
+/* ||a - b|| / ||b|| in double; NaN if either holds a NaN. */
+static double rel_err(const float *a, const float *b, size_t n) {
+    double e = 0.0, w = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - (double)b[i];
+        e += d * d;
+        w += (double)b[i] * (double)b[i];
+    }
+    return sqrt(e) / sqrt(w);
+}
+
+static size_t first_diff(const void *a, const void *b, size_t n, size_t esz) {
+    for (size_t i = 0; i < n; i++)
+        if (memcmp((const char *)a + i * esz, (const char *)b + i * esz, esz)) return i;
+    return n;
+}
+
+/* The cuda result of x against the cpu's: bit for bit when tol is 0, else err <= tol. */
+static void expect_match(const char *what, const dual *x, double tol) {
+    float *g = dget(x, GPU), *c = dget(x, CPU);
+    if (tol == 0.0) {
+        size_t i = first_diff(g, c, x->n, 4);
+        cr_expect(i == x->n, "%s: cuda and cpu differ bitwise, first at [%zu]: %.9g vs %.9g",
+                  what, i, i < x->n ? g[i] : 0.0f, i < x->n ? c[i] : 0.0f);
+        return;
+    }
+    double e = rel_err(g, c, x->n);
+    cr_log_info("%-36s ||cuda - cpu|| / ||cpu|| = %.2e (bound %.0e)", what, e, tol);
+    cr_expect(e <= tol, "%s: ||cuda - cpu|| / ||cpu|| = %.3g > %.3g", what, e, tol);
+}
+
+/* ---- kernel checks, one per launcher family ---------------------------------------- */
+
+/* tol: the bound on storage-typed outputs (0: the same bits). */
+static void check_encoder(fy_dtype dt, double tol) {
+    /* 256 positions over 49 tokens: every token repeats, so the scatter adds rows in
+     * order; token V-1 never occurs and positions >= T are unused, so those gradient rows
+     * must keep their values. C = 80 leaves the last warp of channels half full. */
+    enum { B = 4, T = 64, C = 80, V = 50, maxT = 96 };
+    seed(11);
+    int32_t tok[B * T];
+    for (int i = 0; i < B * T; i++) tok[i] = rng_int(V - 1);
+    dual dtok = dput_i32(tok, B * T);
+    dual wte = dput(dt, hrand(V * C, -1, 1), V * C), wpe = dput(dt, hrand(maxT * C, -1, 1), maxT * C);
+    dual out = dpoison(dt, B * T * C);
+    BOTH(fy_k_encoder_fwd(X(out), X(dtok), X(wte), X(wpe), B, T, C, S));
+    expect_match("encoder_fwd out", &out, tol);
+    dual dout = dput(dt, hrand(B * T * C, -1, 1), B * T * C);
+    dual dwte = dput(dt, hrand(V * C, -1, 1), V * C);       /* both accumulate */
+    dual dwpe = dput(dt, hrand(maxT * C, -1, 1), maxT * C);
+    BOTH(fy_k_encoder_bwd(X(dwte), X(dwpe), X(dout), X(dtok), B, T, C, S));
+    expect_match("encoder_bwd dwte", &dwte, tol);
+    expect_match("encoder_bwd dwpe", &dwpe, tol);
+}
+
+static void check_layernorm(fy_dtype dt, double tol_fwd, double tol_bwd) {
+    /* N = 150: three row chunks in the column sums, the last one partial; C = 80: rows
+     * end in a partial warp */
+    enum { N = 150, C = 80 };
+    seed(22);
+    float *inp = hnewf(N * C);
+    for (int n = 0; n < N; n++) {
+        float off = rng_unif(-2, 2), scale = rng_unif(0.5f, 2);
+        for (int c = 0; c < C; c++) inp[n * C + c] = off + scale * rng_unif(-1, 1);
+    }
+    dual x = dput(dt, inp, N * C), w = dput(dt, hrand(C, 0.5f, 1.5f), C);
+    dual b = dput(dt, hrand(C, -0.5f, 0.5f), C);
+    dual out = dpoison(dt, N * C), mean = dpoison(FY_F32, N), rstd = dpoison(FY_F32, N);
+    BOTH(fy_k_layernorm_fwd(X(out), X(mean), X(rstd), X(x), X(w), X(b), N, C, S));
+    expect_match("layernorm_fwd out", &out, tol_fwd);
+    /* fp32 in every storage type, from the same input values: only the order of the
+     * C-term fp32 sums differs (~1e-7) */
+    expect_match("layernorm_fwd mean", &mean, 1e-5);
+    expect_match("layernorm_fwd rstd", &rstd, 1e-5);
+    dual dout = dput(dt, hrand(N * C, -1, 1), N * C);
+    dual dinp = dput(dt, hrand(N * C, -1, 1), N * C); /* all three accumulate */
+    dual dw = dput(dt, hrand(C, -1, 1), C), db = dput(dt, hrand(C, -1, 1), C);
+    BOTH(fy_k_layernorm_bwd(X(dinp), X(dw), X(db), X(dout), X(x), X(w), X(mean), X(rstd), N, C, S));
+    expect_match("layernorm_bwd dinp", &dinp, tol_bwd);
+    expect_match("layernorm_bwd dw", &dw, tol_bwd);
+    expect_match("layernorm_bwd db", &db, tol_bwd);
+}
+
+typedef struct mm_shape { int N, C, OC; } mm_shape;
+
+static void check_matmul_fwd(fy_dtype dt, mm_shape sh, bool with_bias, double tol) {
+    const int N = sh.N, C = sh.C, OC = sh.OC;
+    seed(33 + (uint64_t)with_bias);
+    dual inp = dput(dt, hrand((size_t)N * C, -1, 1), (size_t)N * C);
+    dual w = dput(dt, hrand((size_t)OC * C, -1, 1), (size_t)OC * C);
+    dual bias = with_bias ? dput(dt, hrand(OC, -1, 1), OC) : (dual){0};
+    dual out = dpoison(dt, (size_t)N * OC);
+    BOTH(fy_k_matmul_fwd(X(out), X(inp), X(w), X(bias), N, C, OC, S));
+    char what[96];
+    snprintf(what, sizeof what, "matmul_fwd %dx%dx%d%s", N, C, OC, with_bias ? " bias" : "");
+    expect_match(what, &out, tol);
+}
+
+static void check_matmul_bwd(fy_dtype dt, mm_shape sh, bool with_dinp, bool with_dbias, double tol) {
+    const int N = sh.N, C = sh.C, OC = sh.OC;
+    seed(44 + 2 * (uint64_t)with_dinp + (uint64_t)with_dbias);
+    dual inp = dput(dt, hrand((size_t)N * C, -1, 1), (size_t)N * C);
+    dual w = dput(dt, hrand((size_t)OC * C, -1, 1), (size_t)OC * C);
+    dual dout = dput(dt, hrand((size_t)N * OC, -1, 1), (size_t)N * OC);
+    dual dinp = with_dinp ? dpoison(dt, (size_t)N * C) : (dual){0};      /* overwritten */
+    dual dw = dput(dt, hrand((size_t)OC * C, -1, 1), (size_t)OC * C);     /* accumulates */
+    dual dbias = with_dbias ? dput(dt, hrand(OC, -1, 1), OC) : (dual){0}; /* accumulates */
+    BOTH(fy_k_matmul_bwd(X(dinp), X(dw), X(dbias), X(dout), X(inp), X(w), N, C, OC, S));
+    char what[96];
+    snprintf(what, sizeof what, "matmul_bwd %dx%dx%d%s%s", N, C, OC, with_dinp ? "" : " no-dinp",
+             with_dbias ? "" : " no-dbias");
+    char name[128];
+    if (with_dinp) {
+        snprintf(name, sizeof name, "%s dinp", what);
+        expect_match(name, &dinp, tol);
+    }
+    snprintf(name, sizeof name, "%s dw", what);
+    expect_match(name, &dw, tol);
+    if (with_dbias) {
+        snprintf(name, sizeof name, "%s dbias", what);
+        expect_match(name, &dbias, tol);
+    }
+}
+
+/* Forward with and without bias, backward with and without dinp and dbias. */
+static void check_matmul(fy_dtype dt, mm_shape sh, double tol) {
+    for (int bias = 0; bias < 2; bias++) check_matmul_fwd(dt, sh, bias, tol);
+    for (int k = 0; k < 4; k++) check_matmul_bwd(dt, sh, k & 1, k & 2, tol);
+}
+
+static void check_attention(fy_dtype dt, int T, double tol_fwd, double tol_bwd) {
+    const int B = 2, C = 64, NH = 4;
+    const size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C;
+    const size_t natt = (size_t)B * NH * T * T;
+    seed(55 + (uint64_t)T);
+    dual qkv = dput(dt, hrand(nqkv, -1.5f, 1.5f), nqkv);
+    dual out = dpoison(dt, nout), att = dpoison(dt, natt);
+    BOTH(fy_k_attention_fwd(X(out), X(att), X(qkv), B, T, C, NH, S));
+    char what[64];
+    snprintf(what, sizeof what, "attention_fwd T=%d out", T);
+    expect_match(what, &out, tol_fwd);
+    snprintf(what, sizeof what, "attention_fwd T=%d att", T); /* zeros above the diagonal too */
+    expect_match(what, &att, tol_fwd);
+    /* backward from the cpu's probabilities on both sides, so it is compared on its own */
+    dual p = dput(dt, dget(&att, CPU), natt);
+    dual dout = dput(dt, hrand(nout, -1, 1), nout);
+    dual dqkv = dpoison(dt, nqkv), scratch = dpoison(dt, natt);
+    BOTH(fy_k_attention_bwd(X(dqkv), X(scratch), X(dout), X(qkv), X(p), B, T, C, NH, S));
+    snprintf(what, sizeof what, "attention_bwd T=%d dqkv", T);
+    expect_match(what, &dqkv, tol_bwd);
+}
+
+static void check_gelu(fy_dtype dt, double tol) {
+    const size_t n = 100003; /* a ragged tail for the grid-stride loops */
+    seed(66);
+    float *x = hrand(n, -5, 5);
+    x[0] = 0.0f; x[1] = -0.7f; x[2] = 3.5f; x[3] = -10.0f; x[4] = 10.0f; /* flat, curved, saturated */
+    dual inp = dput(dt, x, n), out = dpoison(dt, n);
+    BOTH(fy_k_gelu_fwd(X(out), X(inp), n, S));
+    expect_match("gelu_fwd", &out, tol);
+    dual dout = dput(dt, hrand(n, -1, 1), n), dinp = dpoison(dt, n);
+    BOTH(fy_k_gelu_bwd(X(dinp), X(inp), X(dout), n, S));
+    expect_match("gelu_bwd", &dinp, tol);
+}
+
+static void check_residual(fy_dtype dt, double tol) {
+    const size_t n = 100003;
+    seed(77);
+    dual a = dput(dt, hrand(n, -2, 2), n), b = dput(dt, hrand(n, -2, 2), n), out = dpoison(dt, n);
+    BOTH(fy_k_residual_fwd(X(out), X(a), X(b), n, S));
+    expect_match("residual_fwd", &out, tol);
+}
+
+static void check_crossentropy(fy_dtype dt, float dloss, double tol) {
+    enum { N = 48, V = 1000 }; /* V: more than the block's 512 threads, not a multiple of 32 */
+    seed(88);
+    int32_t tgt[N];
+    for (int n = 0; n < N; n++) tgt[n] = rng_int(V);
+    float *lg = hrand(N * V, -4, 4);
+    dual targets = dput_i32(tgt, N), logits = dput(dt, lg, N * V), losses = dpoison(FY_F32, N);
+    BOTH(fy_k_crossentropy(X(losses), X(logits), X(targets), N, V, dloss, S));
+    /* losses are fp32 in every storage type, from the same logit values: expf summed in
+     * double against exp in double, another order: ~1e-7 of losses ~9 */
+    expect_match(dloss != 0 ? "crossentropy losses" : "crossentropy losses (dloss 0)", &losses, 1e-5);
+    if (dloss == 0.0f) {
+        float *after = dget(&logits, GPU);
+        size_t i = first_diff(after, lg, (size_t)N * V, 4);
+        cr_expect(i == (size_t)N * V, "crossentropy with dloss 0 changed logit [%zu]: %.9g -> %.9g",
+                  i, i < (size_t)N * V ? lg[i] : 0.0f, i < (size_t)N * V ? after[i] : 0.0f);
+    } else {
+        expect_match("crossentropy dlogits", &logits, tol);
+    }
+}
+
+/* mean: input and output fp32 in every storage type (kernels.h: the losses). */
+static void check_mean(void) {
+    const size_t n = 100003;
+    seed(99);
+    dual x = dput(FY_F32, hrand(n, 0, 10), n), out = dpoison(FY_F32, 1);
+    BOTH(fy_k_mean(X(out), X(x), n, S));
+    /* both sum in double, in different orders (cuda: by threads, then warps): the double
+     * sums agree to ~1e-12, and rounding them to fp32 may land one ulp (<= 1.2e-7) apart */
+    expect_match("mean", &out, 2.5e-7);
+}
+
+/* sumsq: x in the storage type, the result a double. */
+static void check_sumsq(fy_dtype dt) {
+    static const size_t sizes[] = {0, 1, FY_SUMSQ_CHUNK + 1, 100003}; /* ragged chunks */
+    seed(111);
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        const size_t n = sizes[k];
+        float *x = hrand(n ? n : 1, -3, 3);
+        dual dx = dput(dt, x, n ? n : 1);
+        double *out[2], got[2];
+        for (int s = 0; s < 2; s++) {
+            out[s] = dnew_on(s, sizeof(double));
+            fy_memset_async(g_st[s], out[s], 0xff, sizeof(double));
+        }
+        BOTH(fy_k_sumsq(out[g_side], X(dx), n, S));
+        for (int s = 0; s < 2; s++) get_on(s, &got[s], out[s], sizeof(double));
+        double want = fy_sumsq(x, n); /* x holds the rounded values for bf16 */
+        cr_expect(memcmp(&got[CPU], &want, sizeof want) == 0, "cpu sumsq n=%zu: %.17g vs fy_sumsq %.17g",
+                  n, got[CPU], want);
+        if (dt == FY_F32) {
+            /* cuda_kernels.cu claims fy_sumsq's bits for fp32: the same chunks, each in
+             * index order, the chunk sums in chunk order */
+            cr_expect(memcmp(&got[GPU], &want, sizeof want) == 0,
+                      "cuda sumsq n=%zu: %.17g, fy_sumsq %.17g (not the same bits)", n, got[GPU], want);
+        } else {
+            /* no bit claim for bf16: double sums of <= 1e5 squares of the same values in
+             * any order agree to ~n * 1.1e-16 */
+            cr_expect(fabs(got[GPU] - want) <= 1e-10 * want, "cuda bf16 sumsq n=%zu: %.17g vs %.17g",
+                      n, got[GPU], want);
+        }
+    }
+}
+
+/* fy_k_adamw on the GPU against fy_adam_step on the host: every byte of the weights,
+ * moments and output copy. */
+static void check_adamw(fy_dtype gt, fy_dtype ot, bool decay, int64_t step) {
+    const size_t n = 150001; /* many blocks of the grid-stride loop, a ragged tail */
+    seed(123 + (uint64_t)gt * 16 + (uint64_t)ot * 4 + (uint64_t)decay);
+    float *p = hrand(n, -1, 1), *m = hrand(n, -0.01f, 0.01f), *v = hrand(n, 0, 1e-4f);
+    float *g = hrand(n, -0.1f, 0.1f); /* includes fp16 subnormals (below 6.1e-5) */
+    for (size_t i = 0; i < n; i += 97) g[i] = 0.0f;
+    size_t gsz = fy_dtype_size(gt), osz = ot == FY_DTYPE_NONE ? 0 : fy_dtype_size(ot);
+    void *grad = hnew(n * gsz);
+    for (size_t i = 0; i < n; i++) {
+        if (gt == FY_F32) ((float *)grad)[i] = g[i];
+        else ((uint16_t *)grad)[i] = gt == FY_BF16 ? fy_f32_to_bf16(g[i]) : fy_f32_to_f16(g[i]);
+    }
+    fy_adam_hparams hp = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                          .weight_decay = 0.1f, .step = step, .grad_scale = 0.5f};
+    fy_adam_range dr = {.param = dnew_on(GPU, n * 4), .m = dnew_on(GPU, n * 4),
+                        .v = dnew_on(GPU, n * 4), .grad = dnew_on(GPU, n * gsz), .grad_dtype = gt,
+                        .param_out = osz ? dnew_on(GPU, n * osz) : NULL, .out_dtype = ot, .n = n,
+                        .decay = decay};
+    put_on(GPU, dr.param, p, n * 4);
+    put_on(GPU, dr.m, m, n * 4);
+    put_on(GPU, dr.v, v, n * 4);
+    put_on(GPU, (void *)dr.grad, grad, n * gsz);
+    if (osz) fy_memset_async(g_st[GPU], dr.param_out, 0xff, n * osz);
+    fy_k_adamw(&hp, &dr, g_st[GPU]);
+    fy_adam_range hr = {.param = p, .m = m, .v = v, .grad = grad, .grad_dtype = gt,
+                        .param_out = osz ? hnew(n * osz) : NULL, .out_dtype = ot, .n = n,
+                        .decay = decay};
+    cr_assert_eq(fy_adam_step(&hp, &hr), FY_OK);
+    char what[96];
+    snprintf(what, sizeof what, "adamw grad %s out %s decay %d step %lld", fy_dtype_name(gt),
+             osz ? fy_dtype_name(ot) : "none", decay, (long long)step);
+    const struct { const char *name; void *dev, *host; size_t nbytes, esz; } cmp[] = {
+        {"weights", dr.param, p, n * 4, 4}, {"m", dr.m, m, n * 4, 4}, {"v", dr.v, v, n * 4, 4},
+        {"output copy", dr.param_out, hr.param_out, n * osz, osz ? osz : 1}};
+    for (int k = 0; k < 4; k++) {
+        if (!cmp[k].nbytes) continue;
+        void *got = hnew(cmp[k].nbytes);
+        get_on(GPU, got, cmp[k].dev, cmp[k].nbytes);
+        size_t i = first_diff(got, cmp[k].host, cmp[k].nbytes / cmp[k].esz, cmp[k].esz);
+        cr_expect(i == cmp[k].nbytes / cmp[k].esz, "%s: %s differ from fy_adam_step's at [%zu]",
+                  what, cmp[k].name, i);
+    }
+}
+
+/* ---- kernels, fp32 storage, exact fp32 GEMMs --------------------------------------------- */
+
+TestSuite(kernels_fp32, .fini = close_all, .timeout = 120);
+
+static const mm_shape mm_fp32_shapes[] = {
+    {150, 64, 192}, /* a qkv projection */
+    {37, 48, 101},  /* odd rows: 404-byte strides, only 4-byte aligned (vocab-like) */
+};
+
+Test(kernels_fp32, encoder) {
+    need_gpu();
+    open_pair(FY_MATMUL_FP32, FY_F32);
+    /* 0 (the same bits): the forward is one fp32 addition per element on both; the
+     * backward adds each row in position order, the cpu's order (the backend's claim) */
+    check_encoder(FY_F32, 0);
+}
+
+Test(kernels_fp32, layernorm) {
+    need_gpu();
+    open_pair(FY_MATMUL_FP32, FY_F32);
+    /* fwd 1e-5 (see the top); bwd 2e-5: dinp subtracts the row means of dnorm and
+     * dnorm*norm, each summed in another order, and is scaled by rstd (up to 3.4 here);
+     * dw and db add 150 rows in chunks instead of one by one */
+    check_layernorm(FY_F32, 1e-5, 2e-5);
+}
+
+Test(kernels_fp32, matmul) {
+    need_gpu();
+    open_pair(FY_MATMUL_FP32, FY_F32);
+    /* fp32 products, fp32 sums of <= 192 terms in another order: ~1e-6 */
+    for (size_t i = 0; i < sizeof mm_fp32_shapes / sizeof mm_fp32_shapes[0]; i++)
+        check_matmul(FY_F32, mm_fp32_shapes[i], 1e-5);
+}
+
+Test(kernels_fp32, attention) {
+    need_gpu();
+    open_pair(FY_MATMUL_FP32, FY_F32);
+    /* fwd 1e-5 (cpu ~1e-7 from float64, CUDA's expf within 2 ulps); bwd 2e-5: dS =
+     * P*(dP - rowsum(P*dP)) subtracts nearly equal numbers where P is flat and dQ, dK sum
+     * rows of dS that add up to zero, amplifying the GEMMs' rounding a few times (cpu
+     * measured 1.8e-7 from float64) */
+    check_attention(FY_F32, 64, 1e-5, 2e-5);
+    check_attention(FY_F32, 37, 1e-5, 2e-5); /* T not a multiple of 32: partial warps, odd strides */
+}
+
+Test(kernels_fp32, gelu) {
+    need_gpu();
+    open_pair(FY_MATMUL_FP32, FY_F32);
+    check_gelu(FY_F32, 1e-5); /* the same formula; tanhf differs by a few ulps */
+}
+
+Test(kernels_fp32, residual) {
+    need_gpu();
+    open_pair(FY_MATMUL_FP32, FY_F32);
+    check_residual(FY_F32, 0); /* one fp32 addition per element on both: the same bits */
+}
+
+Test(kernels_fp32, crossentropy) {
+    need_gpu();
+    open_pair(FY_MATMUL_FP32, FY_F32);
+    check_crossentropy(FY_F32, 0.0f, 1e-5);
+    /* the gradient is expf(x - max) * (1/sum) * dloss on both; expf and the sum's last
+     * bits differ: ~1e-7 */
+    check_crossentropy(FY_F32, 1.0f / 48, 1e-5);
+}
+
+Test(kernels_fp32, mean) {
+    need_gpu();
+    open_pair(FY_MATMUL_FP32, FY_F32);
+    check_mean();
+}
+
+Test(kernels_fp32, sumsq_has_fy_sumsq_bits) {
+    need_gpu();
+    open_pair(FY_MATMUL_FP32, FY_F32);
+    check_sumsq(FY_F32);
+}
+
+Test(kernels_fp32, adamw_has_fy_adam_step_bits) {
+    need_gpu();
+    open_gpu(FY_MATMUL_FP32, FY_F32);
+    static const fy_dtype grads[] = {FY_F32, FY_BF16, FY_F16};
+    static const fy_dtype outs[] = {FY_DTYPE_NONE, FY_F32, FY_BF16, FY_F16};
+    for (int g = 0; g < 3; g++)
+        for (int o = 0; o < 4; o++)
+            for (int decay = 0; decay < 2; decay++)
+                check_adamw(grads[g], outs[o], decay, decay ? 1 : 1000);
+}
+
+/* ---- kernels, bf16 storage ---------------------------------------------------------------- */
+
+TestSuite(kernels_bf16, .fini = close_all, .timeout = 120);
+
+/* 1e-2 for every bf16 output: see the top (rounding to bf16, ~4e-3 per element at worst) */
+#define BF16_TOL 1e-2
+
+/* bf16 GEMM operands 16-byte aligned, as the model's tensors are */
+static const mm_shape mm_bf16_shapes[] = {{128, 64, 192}, {96, 80, 136}};
+
+Test(kernels_bf16, encoder) {
+    need_gpu();
+    open_pair(FY_MATMUL_AUTO, FY_BF16);
+    check_encoder(FY_BF16, BF16_TOL);
+}
+
+Test(kernels_bf16, layernorm) {
+    need_gpu();
+    open_pair(FY_MATMUL_AUTO, FY_BF16);
+    check_layernorm(FY_BF16, BF16_TOL, BF16_TOL);
+}
+
+Test(kernels_bf16, matmul) {
+    need_gpu();
+    open_pair(FY_MATMUL_AUTO, FY_BF16);
+    for (size_t i = 0; i < sizeof mm_bf16_shapes / sizeof mm_bf16_shapes[0]; i++)
+        check_matmul(FY_BF16, mm_bf16_shapes[i], BF16_TOL);
+}
+
+Test(kernels_bf16, attention) {
+    need_gpu();
+    open_pair(FY_MATMUL_AUTO, FY_BF16);
+    check_attention(FY_BF16, 64, BF16_TOL, BF16_TOL);
+    check_attention(FY_BF16, 48, BF16_TOL, BF16_TOL); /* not a multiple of 32, rows 16-byte aligned */
+}
+
+Test(kernels_bf16, gelu_and_residual) {
+    need_gpu();
+    open_pair(FY_MATMUL_AUTO, FY_BF16);
+    check_gelu(FY_BF16, BF16_TOL);
+    check_residual(FY_BF16, BF16_TOL);
+}
+
+Test(kernels_bf16, crossentropy) {
+    need_gpu();
+    open_pair(FY_MATMUL_AUTO, FY_BF16);
+    check_crossentropy(FY_BF16, 0.0f, BF16_TOL);
+    check_crossentropy(FY_BF16, 1.0f / 48, BF16_TOL);
+}
+
+Test(kernels_bf16, fp32_tensors_stay_fp32) {
+    need_gpu();
+    open_pair(FY_MATMUL_AUTO, FY_BF16);
+    check_mean();          /* reads and writes fp32 on a bf16 stream */
+    check_sumsq(FY_BF16);  /* bf16 input, double result */
+    check_adamw(FY_BF16, FY_BF16, true, 3); /* the range's own types, not the stream's */
+}
+
+/* ---- fp32 storage, tensor-core GEMMs -------------------------------------------------------- */
+
+TestSuite(matmul_math, .fini = close_all, .timeout = 120);
+
+Test(matmul_math, tf32) {
+    need_gpu();
+    open_pair(FY_MATMUL_TF32, FY_F32);
+    /* tf32 keeps 10 mantissa bits: each product's inputs are off by <= 2^-11 (~5e-4 rms on
+     * a product), the errors of random-signed terms average out; 2e-3 leaves room for
+     * hardware that truncates instead of rounding (a ~1e-3 bias) */
+    for (size_t i = 0; i < sizeof mm_fp32_shapes / sizeof mm_fp32_shapes[0]; i++)
+        check_matmul(FY_F32, mm_fp32_shapes[i], 2e-3);
+}
+
+Test(matmul_math, bf16) {
+    need_gpu();
+    open_pair(FY_MATMUL_BF16, FY_F32);
+    /* bf16 keeps 7 stored mantissa bits: inputs off by <= 2^-9 (~2e-3 rms on a product),
+     * ~4e-3 if truncated; sums and outputs stay fp32 */
+    for (size_t i = 0; i < sizeof mm_fp32_shapes / sizeof mm_fp32_shapes[0]; i++)
+        check_matmul(FY_F32, mm_fp32_shapes[i], 1e-2);
+}
+
+/* ---- determinism --------------------------------------------------------------------------- */
+
+/* A small chain through every kernel, its tensors in one device buffer. Roles: I input in
+ * the storage type, T int32 tokens, O output in the storage type, F fp32 output, D a
+ * double, W workspace (its contents are not promised). */
+enum { KB = 2, KT = 40, KC = 64, KNH = 4, KV = 72, KN = KB * KT };
+#define KSET(X_)                                                                               \
+    X_(tok, KN, 'T') X_(tgt, KN, 'T') X_(wte, KV * KC, 'I') X_(wpe, KT * KC, 'I')              \
+    X_(ln_w, KC, 'I') X_(ln_b, KC, 'I') X_(qkv_w, 3 * KC * KC, 'I') X_(qkv_b, 3 * KC, 'I')     \
+    X_(dy, KN * KC, 'I') X_(x0, KN * KC, 'O') X_(ln, KN * KC, 'O') X_(mean, KN, 'F')           \
+    X_(rstd, KN, 'F') X_(qkv, KN * 3 * KC, 'O') X_(y, KN * KC, 'O')                            \
+    X_(att, KB * KNH * KT * KT, 'O') X_(res, KN * KC, 'O') X_(logits, KN * KV, 'O')            \
+    X_(losses, KN, 'F') X_(loss, 1, 'F') X_(dres, KN * KC, 'O') X_(gelu, KN * 3 * KC, 'O')     \
+    X_(dgelu, KN * 3 * KC, 'O') X_(sq, 1, 'D') X_(dqkv, KN * 3 * KC, 'O')                      \
+    X_(scratch, KB * KNH * KT * KT, 'W') X_(dln, KN * KC, 'O') X_(dqkv_w, 3 * KC * KC, 'O')    \
+    X_(dqkv_b, 3 * KC, 'O') X_(dx0, KN * KC, 'O') X_(dln_w, KC, 'O') X_(dln_b, KC, 'O')        \
+    X_(dwte, KV * KC, 'O') X_(dwpe, KT * KC, 'O')
+
+enum {
+#define KSET_ID(name, n, role) K_##name,
+    KSET(KSET_ID)
+#undef KSET_ID
+    K_COUNT
+};
+static const size_t kset_n[] = {
+#define KSET_N(name, n, role) n,
+    KSET(KSET_N)
+#undef KSET_N
+};
+static const char kset_role[] = {
+#define KSET_ROLE(name, n, role) role,
+    KSET(KSET_ROLE)
+#undef KSET_ROLE
+};
+static const char *const kset_name[] = {
+#define KSET_NAME(name, n, role) #name,
+    KSET(KSET_NAME)
+#undef KSET_NAME
+};
+
+static size_t kset_nbytes(int k, fy_dtype dt) {
+    char r = kset_role[k];
+    bool storage = r == 'I' || r == 'O' || r == 'W';
+    size_t es = r == 'D' ? 8 : (storage && dt == FY_BF16) ? 2 : 4;
+    return kset_n[k] * es;
+}
+
+/* Bytes from a buffer's start to its end for tensors placed gap bytes apart. */
+static size_t kset_span(fy_dtype dt, size_t gap) {
+    size_t at = 0;
+    for (int k = 0; k < K_COUNT; k++) at += fy_round_up(kset_nbytes(k, dt), 64) + gap;
+    return at;
+}
+
+/* Host images of the inputs in their device representation. */
+static void kset_inputs(fy_dtype dt, void *img[K_COUNT]) {
+    seed(4242);
+    for (int k = 0; k < K_COUNT; k++) {
+        img[k] = NULL;
+        if (kset_role[k] == 'T') {
+            int32_t *t = hnew(kset_n[k] * 4);
+            for (size_t i = 0; i < kset_n[k]; i++) t[i] = rng_int(KV);
+            img[k] = t;
+        } else if (kset_role[k] == 'I') {
+            float *f = hrand(kset_n[k], -1, 1);
+            if (k == K_ln_w)
+                for (size_t i = 0; i < kset_n[k]; i++) f[i] += 1.0f;
+            if (dt == FY_BF16) {
+                uint16_t *b = hnew(kset_n[k] * 2);
+                for (size_t i = 0; i < kset_n[k]; i++) b[i] = fy_f32_to_bf16(f[i]);
+                img[k] = b;
+            } else {
+                img[k] = f;
+            }
+        }
+    }
+}
+
+/* Runs the chain on s with tensor k at base + off + (earlier tensors, each rounded up to
+ * 64 bytes, + gap) and returns host copies of every tensor but the workspace. */
+static void kset_run(fy_stream *s, fy_dtype dt, void *const img[K_COUNT], char *base, size_t off,
+                     size_t gap, void *res[K_COUNT]) {
+    void *t[K_COUNT];
+    size_t at = off;
+    for (int k = 0; k < K_COUNT; k++) {
+        t[k] = base + at;
+        at += fy_round_up(kset_nbytes(k, dt), 64) + gap;
+    }
+    fy_memset_async(s, base, 0, at); /* accumulating outputs start from zero every run */
+    for (int k = 0; k < K_COUNT; k++)
+        if (img[k]) fy_copy_async(s, t[k], img[k], kset_nbytes(k, dt), FY_H2D);
+#define T_(name) (t[K_##name])
+    fy_k_encoder_fwd(T_(x0), T_(tok), T_(wte), T_(wpe), KB, KT, KC, s);
+    fy_k_layernorm_fwd(T_(ln), T_(mean), T_(rstd), T_(x0), T_(ln_w), T_(ln_b), KN, KC, s);
+    fy_k_matmul_fwd(T_(qkv), T_(ln), T_(qkv_w), T_(qkv_b), KN, KC, 3 * KC, s);
+    fy_k_attention_fwd(T_(y), T_(att), T_(qkv), KB, KT, KC, KNH, s);
+    fy_k_residual_fwd(T_(res), T_(x0), T_(y), KN * KC, s);
+    fy_k_matmul_fwd(T_(logits), T_(res), T_(wte), NULL, KN, KC, KV, s);
+    fy_k_crossentropy(T_(losses), T_(logits), T_(tgt), KN, KV, 1.0f / KN, s);
+    fy_k_mean(T_(loss), T_(losses), KN, s);
+    fy_k_matmul_bwd(T_(dres), T_(dwte), NULL, T_(logits), T_(res), T_(wte), KN, KC, KV, s);
+    fy_k_gelu_fwd(T_(gelu), T_(qkv), KN * 3 * KC, s);
+    fy_k_gelu_bwd(T_(dgelu), T_(qkv), T_(gelu), KN * 3 * KC, s);
+    fy_k_sumsq(T_(sq), T_(dgelu), KN * 3 * KC, s);
+    fy_k_attention_bwd(T_(dqkv), T_(scratch), T_(dy), T_(qkv), T_(att), KB, KT, KC, KNH, s);
+    fy_k_matmul_bwd(T_(dln), T_(dqkv_w), T_(dqkv_b), T_(dqkv), T_(ln), T_(qkv_w), KN, KC, 3 * KC, s);
+    fy_k_layernorm_bwd(T_(dx0), T_(dln_w), T_(dln_b), T_(dln), T_(x0), T_(ln_w), T_(mean),
+                       T_(rstd), KN, KC, s);
+    fy_k_encoder_bwd(T_(dwte), T_(dwpe), T_(dx0), T_(tok), KB, KT, KC, s);
+#undef T_
+    for (int k = 0; k < K_COUNT; k++) {
+        res[k] = NULL;
+        if (kset_role[k] == 'W') continue;
+        res[k] = hnew(kset_nbytes(k, dt));
+        fy_copy_async(s, res[k], t[k], kset_nbytes(k, dt), FY_D2H);
+    }
+    fy_stream_sync(s);
+}
+
+static void kset_expect_same(const char *what, fy_dtype dt, void *const a[K_COUNT],
+                             void *const b[K_COUNT]) {
+    for (int k = 0; k < K_COUNT; k++)
+        if (a[k]) cr_expect(memcmp(a[k], b[k], kset_nbytes(k, dt)) == 0, "%s: %s differs bitwise",
+                            what, kset_name[k]);
+}
+
+static void check_determinism(fy_matmul_math math, fy_dtype dt) {
+    open_gpu(math, dt);
+    void *img[K_COUNT], *first[K_COUNT], *again[K_COUNT];
+    kset_inputs(dt, img);
+    char *base = dnew_on(GPU, kset_span(dt, 0));
+    kset_run(g_st[GPU], dt, img, base, 0, 0, first);
+    kset_run(g_st[GPU], dt, img, base, 0, 0, again);
+    kset_expect_same("the same buffers again", dt, first, again);
+    /* a fresh stream (its own GEMM plans, chosen again by cuBLASLt's heuristic) and the
+     * tensors elsewhere, moved by multiples of 16 bytes (cuda_gemm.c: the alignment every
+     * block and activation buffer has; GEMM plans are keyed on it, capped at 16) */
+    fy_stream *s2;
+    cr_assert_eq(fy_stream_new(g_dev[GPU], "other", &s2), FY_OK);
+    cr_assert_eq(fy_stream_set_dtype(s2, dt), FY_OK);
+    static const size_t moves[][2] = {{16, 0}, {48, 16}, {208, 80}}; /* offset, gap (bytes) */
+    for (int i = 0; i < 3; i++) {
+        char *other = dnew_on(GPU, kset_span(dt, moves[i][1]) + moves[i][0]);
+        kset_run(s2, dt, img, other, moves[i][0], moves[i][1], again);
+        char what[96];
+        snprintf(what, sizeof what, "tensors moved by %zu bytes, %zu apart", moves[i][0], moves[i][1]);
+        kset_expect_same(what, dt, first, again);
+        fy_dev_release(g_dev[GPU], other);
+    }
+    fy_stream_free(s2);
+}
+
+TestSuite(determinism, .fini = close_all, .timeout = 120);
+
+Test(determinism, fp32_exact_gemms) {
+    need_gpu();
+    check_determinism(FY_MATMUL_FP32, FY_F32);
+}
+
+Test(determinism, fp32_default_gemms) {
+    need_gpu();
+    check_determinism(FY_MATMUL_AUTO, FY_F32);
+}
+
+Test(determinism, tf32_gemms) {
+    need_gpu();
+    check_determinism(FY_MATMUL_TF32, FY_F32);
+}
+
+Test(determinism, bf16_storage) {
+    need_gpu();
+    check_determinism(FY_MATMUL_AUTO, FY_BF16);
+}
+
+/* ---- device semantics ------------------------------------------------------------------------- */
+
+TestSuite(device, .fini = close_all, .timeout = 60);
+
+static void sleep_ms(double ms) {
+    struct timespec ts = {(time_t)(ms / 1e3), (long)(fmod(ms, 1e3) * 1e6)};
+    nanosleep(&ts, NULL);
+}
+
+/* Index of the first byte of p that is not `byte`, or n. */
+static size_t first_not(const unsigned char *p, int byte, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != (unsigned char)byte) return i;
+    return n;
+}
+
+Test(device, allocations_are_zeroed_even_when_memory_is_reused) {
+    need_gpu();
+    open_gpu(FY_MATMUL_AUTO, FY_F32);
+    static const size_t sizes[] = {1000, 3u << 20, 17u << 20};
+    static const fy_mem_kind kinds[] = {FY_MEM_DEVICE, FY_MEM_PINNED, FY_MEM_HOST};
+    static const char *const names[] = {"device", "pinned", "host"};
+    unsigned char *view = hnew(17u << 20);
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < 3; i++)
+            for (int round = 0; round < 2; round++) { /* round 1 may get round 0's dirty memory */
+                void *p;
+                cr_assert_eq(fy_dev_alloc(g_dev[GPU], kinds[k], sizes[i], "zeroed?", &p), FY_OK);
+                const unsigned char *bytes = p;
+                if (kinds[k] == FY_MEM_DEVICE) {
+                    get_on(GPU, view, p, sizes[i]);
+                    bytes = view;
+                }
+                size_t at = first_not(bytes, 0, sizes[i]);
+                cr_expect(at == sizes[i], "%s allocation of %zu bytes (round %d): byte %zu is 0x%02x",
+                          names[k], sizes[i], round, at, at < sizes[i] ? bytes[at] : 0);
+                if (kinds[k] == FY_MEM_DEVICE) fy_memset_async(g_st[GPU], p, 0xab, sizes[i]);
+                else memset(p, 0xab, sizes[i]);
+                fy_stream_sync(g_st[GPU]);
+                fy_dev_release(g_dev[GPU], p);
+            }
+}
+
+Test(device, budget_refuses_with_oom_and_later_allocations_work) {
+    need_gpu();
+    fy_log_set_level(FY_LOG_QUIET); /* the expected error stays out of the output */
+    const size_t MiB = (size_t)1 << 20;
+    g_dev[GPU] = open_cuda(FY_MATMUL_AUTO, 64 * MiB);
+    cr_assert_eq(fy_stream_new(g_dev[GPU], "test", &g_st[GPU]), FY_OK);
+    fy_dev_mem_stats ms;
+    fy_dev_mem_stats_get(g_dev[GPU], &ms);
+    cr_expect_eq(ms.cap_nbytes, 64 * MiB, "a budget the GPU can give is kept as asked");
+    void *a, *b, *c;
+    cr_assert_eq(fy_dev_alloc(g_dev[GPU], FY_MEM_DEVICE, 40 * MiB, "first", &a), FY_OK);
+    cr_expect_eq(fy_dev_alloc(g_dev[GPU], FY_MEM_DEVICE, 40 * MiB, "second", &b), FY_ERR_DEVICE_OOM);
+    cr_expect(strstr(fy_last_error(), "second") && strstr(fy_last_error(), "short by"),
+              "the error names the buffer and the shortfall: %s", fy_last_error());
+    cr_assert_eq(fy_dev_alloc(g_dev[GPU], FY_MEM_DEVICE, 16 * MiB, "third", &c), FY_OK,
+                 "an allocation that fits after a refusal: %s", fy_last_error());
+    fy_memset_async(g_st[GPU], c, 0x5a, 16 * MiB); /* the device still works */
+    unsigned char *h = hnew(16 * MiB);
+    get_on(GPU, h, c, 16 * MiB);
+    cr_expect_eq(first_not(h, 0x5a, 16 * MiB), 16 * MiB, "memset after a refusal did not land");
+    fy_dev_mem_stats_get(g_dev[GPU], &ms);
+    cr_expect_eq(ms.used_nbytes[FY_MEM_DEVICE], 56 * MiB);
+    fy_dev_release(g_dev[GPU], a);
+    cr_expect_eq(fy_dev_alloc(g_dev[GPU], FY_MEM_DEVICE, 40 * MiB, "first again", &a), FY_OK);
+}
+
+Test(device, budget_above_the_gpu_is_clamped) {
+    need_gpu();
+    fy_log_set_level(FY_LOG_QUIET); /* the clamp's warning */
+    fy_gpu_info gpu;
+    char why[160];
+    cr_assert_gt(fy_dev_gpus(&gpu, 1, why, sizeof why), 0);
+    g_dev[GPU] = open_cuda(FY_MATMUL_AUTO, 2 * gpu.total_nbytes);
+    fy_dev_mem_stats ms;
+    fy_dev_mem_stats_get(g_dev[GPU], &ms);
+    cr_expect(ms.cap_nbytes > 0 && ms.cap_nbytes < gpu.total_nbytes,
+              "budget %zu for a GPU of %zu bytes", ms.cap_nbytes, gpu.total_nbytes);
+    void *p;
+    cr_expect_eq(fy_dev_alloc(g_dev[GPU], FY_MEM_DEVICE, gpu.total_nbytes, "all of it", &p),
+                 FY_ERR_DEVICE_OOM);
+}
+
+Test(device, copies_between_every_kind_of_memory) {
+    need_gpu();
+    open_gpu(FY_MATMUL_AUTO, FY_F32);
+    const size_t n = 1000003; /* odd, and every copy starts at an odd offset */
+    seed(808);
+    fy_dev *d = g_dev[GPU];
+    unsigned char *src = hnew(n), *back = hnew(n + 16), *pinned, *host;
+    char *d1, *d2, *d3;
+    for (size_t i = 0; i < n; i++) src[i] = (unsigned char)rng_u64();
+    cr_assert_eq(fy_dev_alloc(d, FY_MEM_PINNED, n + 16, "pinned", (void **)&pinned), FY_OK);
+    cr_assert_eq(fy_dev_alloc(d, FY_MEM_HOST, n + 16, "host", (void **)&host), FY_OK);
+    d1 = dnew_on(GPU, n + 16);
+    d2 = dnew_on(GPU, n + 16);
+    d3 = dnew_on(GPU, n + 16);
+    fy_stream *s = g_st[GPU];
+    fy_copy_async(s, d1 + 1, src, n, FY_H2D);        /* malloc'd -> device */
+    fy_copy_async(s, d2 + 5, d1 + 1, n, FY_D2D);     /* device -> device */
+    fy_copy_async(s, pinned + 3, d2 + 5, n, FY_D2H); /* device -> pinned */
+    fy_copy_async(s, host + 2, pinned + 3, n, FY_H2H); /* pinned -> host (after the D2H) */
+    fy_copy_async(s, d3 + 9, host + 2, n, FY_H2D);   /* host -> device */
+    fy_copy_async(s, back + 7, d3 + 9, n, FY_D2H);   /* device -> malloc'd */
+    fy_stream_sync(s);
+    cr_expect(memcmp(back + 7, src, n) == 0, "the chain of copies corrupted the data, first at %zu",
+              first_diff(back + 7, src, n, 1));
+    cr_expect_eq(first_not(back, 0, 7), 7, "a copy wrote before its destination");
+    cr_expect(back[n + 7] == 0 && pinned[2] == 0 && pinned[n + 3] == 0 && host[1] == 0 &&
+              host[n + 2] == 0, "a copy wrote outside its destination");
+    unsigned char edge[2];
+    get_on(GPU, &edge[0], d2 + 4, 1);
+    get_on(GPU, &edge[1], d2 + 5 + n, 1);
+    cr_expect(edge[0] == 0 && edge[1] == 0, "D2D wrote outside its destination");
+}
+
+typedef struct slow_flag { double sleep_ms; atomic_int flag, seen; } slow_flag;
+static void set_flag_slowly(void *p) {
+    slow_flag *f = p;
+    sleep_ms(f->sleep_ms);
+    atomic_store(&f->flag, 1);
+}
+static void read_flag(void *p) {
+    slow_flag *f = p;
+    atomic_store(&f->seen, atomic_load(&f->flag) + 1); /* 1: not yet set, 2: set */
+}
+
+Test(device, event_orders_work_across_streams) {
+    need_gpu();
+    open_gpu(FY_MATMUL_AUTO, FY_F32);
+    enum { n = 1 << 20 };
+    fy_dev *d = g_dev[GPU];
+    fy_stream *a = g_st[GPU], *b;
+    fy_event *e;
+    cr_assert_eq(fy_stream_new(d, "b", &b), FY_OK);
+    cr_assert_eq(fy_event_new(d, &e), FY_OK);
+    unsigned char *src, *out;
+    cr_assert_eq(fy_dev_alloc(d, FY_MEM_PINNED, n, "src", (void **)&src), FY_OK);
+    cr_assert_eq(fy_dev_alloc(d, FY_MEM_PINNED, n, "out", (void **)&out), FY_OK);
+    for (int i = 0; i < n; i++) src[i] = (unsigned char)(i * 7 + 1);
+    char *buf = dnew_on(GPU, n), *buf2 = dnew_on(GPU, n);
+    slow_flag *f = hnew(sizeof *f);
+    f->sleep_ms = 100;
+    /* A: slow host work, then (pinned, so asynchronous) the data B needs, then the event */
+    fy_stream_host_fn(a, set_flag_slowly, f);
+    fy_copy_async(a, buf, src, n, FY_H2D);
+    fy_event_record(e, a);
+    /* B, queued while A still sleeps: wait, then read what A wrote */
+    fy_stream_wait_event(b, e);
+    fy_stream_host_fn(b, read_flag, f);
+    fy_copy_async(b, buf2, buf, n, FY_D2D);
+    fy_copy_async(b, out, buf2, n, FY_D2H);
+    fy_stream_sync(b);
+    cr_expect_eq(atomic_load(&f->seen), 2, "stream B ran before A's host function finished");
+    cr_expect(memcmp(out, src, n) == 0, "stream B's copy ran before A's");
+    fy_stream_sync(a);
+    fy_event_free(e);
+    fy_stream_free(b);
+}
+
+typedef struct op_log { int n, seq[1000], byte[1000]; } op_log;
+typedef struct log_item { op_log *log; int seq; const unsigned char *slot; } log_item;
+static void log_append(void *p) {
+    log_item *it = p;
+    it->log->seq[it->log->n] = it->seq;
+    it->log->byte[it->log->n] = *it->slot;
+    it->log->n++;
+}
+
+Test(device, host_functions_run_in_stream_order) {
+    need_gpu();
+    open_gpu(FY_MATMUL_AUTO, FY_F32);
+    enum { n = 1000 };
+    op_log *log = hnew(sizeof *log);
+    log_item *items = hnew(n * sizeof *items);
+    unsigned char *slots, *dbyte = dnew_on(GPU, 64);
+    cr_assert_eq(fy_dev_alloc(g_dev[GPU], FY_MEM_PINNED, n, "slots", (void **)&slots), FY_OK);
+    for (int i = 0; i < n; i++) {
+        items[i] = (log_item){log, i, &slots[i]};
+        fy_memset_async(g_st[GPU], dbyte, i & 0xff, 1);
+        fy_copy_async(g_st[GPU], &slots[i], dbyte, 1, FY_D2H);
+        fy_stream_host_fn(g_st[GPU], log_append, &items[i]);
+    }
+    fy_stream_sync(g_st[GPU]);
+    cr_assert_eq(log->n, n, "%d host functions ran, %d queued", log->n, n);
+    for (int i = 0; i < n; i++) {
+        cr_assert_eq(log->seq[i], i, "host function %d ran in place %d", log->seq[i], i);
+        cr_assert_eq(log->byte[i], i & 0xff, "host function %d saw byte %d: the memset and copy "
+                     "queued before it had not completed", i, log->byte[i]);
+    }
+}
+
+typedef struct gate { atomic_int open, passed; } gate;
+static void gate_wait(void *p) {
+    gate *g = p;
+    while (!atomic_load(&g->open)) sleep_ms(0.5);
+    atomic_store(&g->passed, 1);
+}
+
+Test(device, event_done_and_sync) {
+    need_gpu();
+    open_gpu(FY_MATMUL_AUTO, FY_F32);
+    fy_event *e, *never;
+    cr_assert_eq(fy_event_new(g_dev[GPU], &e), FY_OK);
+    cr_assert_eq(fy_event_new(g_dev[GPU], &never), FY_OK);
+    cr_expect(fy_event_done(never), "an event never recorded counts as complete");
+    fy_event_sync(never); /* returns at once */
+    for (int round = 0; round < 2; round++) { /* a re-recorded event is pending again */
+        gate *g = hnew(sizeof *g);
+        fy_stream_host_fn(g_st[GPU], gate_wait, g);
+        fy_event_record(e, g_st[GPU]);
+        sleep_ms(5);
+        cr_expect(!fy_event_done(e), "round %d: done while the work before it is blocked", round);
+        atomic_store(&g->open, 1);
+        fy_event_sync(e);
+        cr_expect(atomic_load(&g->passed), "round %d: fy_event_sync returned before the work "
+                  "recorded before it", round);
+        cr_expect(fy_event_done(e), "round %d: not done after fy_event_sync", round);
+    }
+    fy_event_free(never);
+    fy_event_free(e);
+}
+
+Test(device, stream_storage_types) {
+    need_gpu();
+    fy_log_set_level(FY_LOG_QUIET);
+    open_gpu(FY_MATMUL_AUTO, FY_F32);
+    fy_stream *s = g_st[GPU];
+    cr_expect_eq(fy_stream_dtype(s), FY_F32, "a new stream stores fp32");
+    cr_expect_eq(fy_stream_set_dtype(s, FY_BF16), FY_OK);
+    cr_expect_eq(fy_stream_dtype(s), FY_BF16);
+    cr_expect_eq(fy_stream_set_dtype(s, FY_F16), FY_ERR_UNSUPPORTED, "the cuda backend has no fp16 kernels");
+    cr_expect_eq(fy_stream_dtype(s), FY_BF16, "a refused type leaves the stream's as it was");
+    cr_expect_eq(fy_stream_set_dtype(s, FY_F32), FY_OK);
+    cr_expect_eq(fy_stream_dtype(s), FY_F32);
+}
+
+/* ---- training ---------------------------------------------------------------------------------- */
+
+enum { STEPS = 5 };
+
+typedef struct run {
+    float loss[STEPS], norm[STEPS];
+    int nblocks;
+    size_t *nelem;     /* per block */
+    float **grad1;     /* gradients of step 1, per block */
+    float **w;         /* parameters after the last step, per block */
+    size_t peak, model;
+} run;
+
+static fy_tokens *corpus(void) {
+    uint8_t *text;
+    cr_assert_eq(fy_corpus_generate(64 << 10, 3, &text), FY_OK);
+    fy_tokens *t;
+    cr_assert_eq(fy_tokens_from_bytes(text, 64 << 10, "test corpus", &t), FY_OK);
+    free(text);
+    return t;
+}
+
+static fy_plan make_plan(const fy_gpt2_config *cfg, int B, int accum, double p, double o, int k) {
+    fy_plan plan;
+    cr_assert_eq(fy_plan_new(cfg->layers, B, accum, &plan), FY_OK);
+    cr_assert_eq(fy_plan_shorthands(&plan, p, o, k), FY_OK);
+    return plan;
+}
+
+/* Trains STEPS steps of cfg (T tokens a row) under plan on a fresh device of the given kind
+ * (cuda: `math` GEMMs): the same seed, batches and hyperparameters whatever the device. */
+static void train(fy_dev_kind kind, fy_matmul_math math, const fy_gpt2_config *cfg, int T,
+                  const fy_plan *plan, run *out) {
+    fy_dev_cfg dc = {.kind = kind, .threads = 2, .matmul = math};
+    fy_dev *dev;
+    cr_assert_eq(fy_dev_new(&dc, &dev), FY_OK, "%s", fy_last_error());
+    fy_trainer_cfg tc = {.model = *cfg, .T = T, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                         .weight_decay = 0.1f, .clip = 1.0f, .seed = 11, .plan = plan,
+                         .schedule = FY_SCHED_PRIORITY};
+    fy_trainer *tr;
+    cr_assert_eq(fy_trainer_new(dev, &tc, &tr), FY_OK, "%s", fy_last_error());
+    const fy_gpt2_layout *lay = fy_trainer_layout(tr);
+    out->nblocks = lay->nblocks;
+    out->nelem = calloc((size_t)lay->nblocks, sizeof *out->nelem);
+    out->grad1 = calloc((size_t)lay->nblocks, sizeof *out->grad1);
+    out->w = calloc((size_t)lay->nblocks, sizeof *out->w);
+    for (int b = 0; b < lay->nblocks; b++) {
+        out->nelem[b] = lay->blocks[b].nelem;
+        out->grad1[b] = malloc(out->nelem[b] * sizeof(float));
+        out->w[b] = malloc(out->nelem[b] * sizeof(float));
+    }
+    fy_tokens *tok = corpus();
+    const int B = plan->micro_batch, A = plan->grad_accum;
+    const size_t N = (size_t)B * T;
+    fy_loader *ld;
+    cr_assert_eq(fy_loader_new(tok, 0, fy_tokens_count(tok), B, T, &ld), FY_OK);
+    int32_t *x = malloc(N * A * 4), *y = malloc(N * A * 4);
+    for (int s = 0; s < STEPS; s++) {
+        for (int a = 0; a < A; a++) fy_loader_next(ld, x + a * N, y + a * N);
+        fy_step_stats ss;
+        cr_assert_eq(fy_trainer_step(tr, x, y, 1e-3f, &ss), FY_OK, "%s", fy_last_error());
+        out->loss[s] = ss.loss;
+        out->norm[s] = ss.grad_norm;
+        if (s == 0)
+            for (int b = 0; b < lay->nblocks; b++) fy_trainer_get_grads(tr, b, out->grad1[b]);
+    }
+    for (int b = 0; b < lay->nblocks; b++) fy_trainer_get_params(tr, b, out->w[b]);
+    fy_dev_mem_stats ms;
+    fy_dev_mem_stats_get(dev, &ms);
+    out->peak = ms.peak_nbytes[FY_MEM_DEVICE];
+    fy_mem_model mm;
+    fy_storage_model(lay, plan, T, &mm);
+    out->model = mm.device_total;
+    free(x);
+    free(y);
+    fy_loader_free(ld);
+    fy_tokens_free(tok);
+    fy_trainer_free(tr);
+    fy_dev_free(dev);
+}
+
+static void run_free(run *r) {
+    for (int b = 0; b < r->nblocks; b++) {
+        free(r->grad1[b]);
+        free(r->w[b]);
+    }
+    free(r->grad1);
+    free(r->w);
+    free(r->nelem);
+}
+
+TestSuite(training, .timeout = 300);
+
+/* The tiny model's first steps on cuda with exact fp32 GEMMs against the cpu backend.
+ * Every kernel agrees to ~1e-6 (above); through 2 layers and the loss that stays ~1e-6
+ * relative for the loss and ~1e-5 for gradients, the same as the cpu's distance from a
+ * float64 PyTorch run (tests/test_model.c), so the bar is the same 1e-4. Later losses
+ * also carry AdamW's updates, which are ~lr in size for every weight whatever its
+ * gradient: where a gradient is rounding noise (the attention key bias, whose gradient is
+ * exactly zero in exact arithmetic and cannot move the loss) the two runs step in random
+ * directions, but such weights move the loss by far less than 1e-4. */
+Test(training, tiny_model_on_cuda_matches_the_cpu_backend) {
+    need_gpu();
+    fy_gpt2_config cfg;
+    cr_assert_eq(fy_gpt2_config_named("gpt2-tiny", &cfg), FY_OK);
+    fy_plan plan = make_plan(&cfg, 4, 1, 0, 0, 0);
+    run cpu, gpu;
+    train(FY_DEV_CPU, FY_MATMUL_AUTO, &cfg, 64, &plan, &cpu);
+    train(FY_DEV_CUDA, FY_MATMUL_FP32, &cfg, 64, &plan, &gpu);
+    for (int s = 0; s < STEPS; s++)
+        cr_expect(fabsf(gpu.loss[s] - cpu.loss[s]) <= 1e-4f * fabsf(cpu.loss[s]),
+                  "step %d: loss %.9g on cuda, %.9g on cpu", s + 1, gpu.loss[s], cpu.loss[s]);
+    cr_expect(gpu.loss[STEPS - 1] < gpu.loss[0], "the loss should fall: %g -> %g", gpu.loss[0],
+              gpu.loss[STEPS - 1]);
+    for (int b = 0; b < cpu.nblocks; b++) {
+        double e = rel_err(gpu.grad1[b], cpu.grad1[b], cpu.nelem[b]);
+        cr_log_info("block %d step-1 gradient: ||cuda - cpu|| / ||cpu|| = %.2e", b, e);
+        cr_expect(e <= 1e-4, "block %d: step-1 gradients differ by %.3g (relative norm)", b, e);
+    }
+    run_free(&cpu);
+    run_free(&gpu);
+    fy_plan_free(&plan);
+}
+
+/* ---- the offload invariance on cuda ------------------------------------------------------------- */
+
+/* test_offload.c's model: 4 layers, so "half" is 2 layers; byte-level. */
+static const fy_gpt2_config small_cfg = {.vocab = 256, .max_seq = 32, .channels = 32,
+                                         .layers = 4, .heads = 4};
+enum { T_SMALL = 16 };
+
+static void expect_identical(const run *a, const run *b, const char *what) {
+    for (int s = 0; s < STEPS; s++) {
+        cr_expect(memcmp(&a->loss[s], &b->loss[s], sizeof(float)) == 0,
+                  "%s: step %d loss %.9g, all-resident %.9g", what, s + 1, b->loss[s], a->loss[s]);
+        cr_expect(memcmp(&a->norm[s], &b->norm[s], sizeof(float)) == 0,
+                  "%s: step %d gradient norm %.9g, all-resident %.9g", what, s + 1, b->norm[s],
+                  a->norm[s]);
+    }
+    for (int bl = 0; bl < a->nblocks; bl++)
+        cr_expect(memcmp(a->w[bl], b->w[bl], a->nelem[bl] * sizeof(float)) == 0,
+                  "%s: block %d weights differ from all-resident's", what, bl);
+    cr_expect(b->peak == b->model, "%s: device peak %zu, memory model %zu", what, b->peak, b->model);
+}
+
+/* Trains `plan` on cuda (the default GEMMs) and expects ref's bits. */
+static void expect_plan_matches(const run *ref, fy_plan *plan, const char *what) {
+    run r;
+    train(FY_DEV_CUDA, FY_MATMUL_AUTO, &small_cfg, T_SMALL, plan, &r);
+    expect_identical(ref, &r, what);
+    run_free(&r);
+    fy_plan_free(plan);
+}
+
+TestSuite(offload_cuda, .timeout = 300);
+
+Test(offload_cuda, plans_are_bit_identical_to_all_resident) {
+    need_gpu();
+    const fy_gpt2_config *cfg = &small_cfg;
+    const int L = cfg->layers;
+    fy_plan base = make_plan(cfg, 2, 1, 0, 0, 0);
+    run ref;
+    train(FY_DEV_CUDA, FY_MATMUL_AUTO, cfg, T_SMALL, &base, &ref);
+    cr_expect(ref.peak == ref.model, "all-resident: device peak %zu, memory model %zu", ref.peak,
+              ref.model);
+    fy_plan p;
+    p = make_plan(cfg, 2, 1, 0, 0, 0);
+    expect_plan_matches(&ref, &p, "all resident, a second run");
+    p = make_plan(cfg, 2, 1, 1, 0, 0);
+    expect_plan_matches(&ref, &p, "all parameters streamed");
+    p = make_plan(cfg, 2, 1, 0, 1, 0);
+    expect_plan_matches(&ref, &p, "all optimizer state on the cpu");
+    p = make_plan(cfg, 2, 1, 0, 0, L);
+    expect_plan_matches(&ref, &p, "every layer recomputed");
+    p = make_plan(cfg, 2, 1, 1, 1, L);
+    expect_plan_matches(&ref, &p, "everything offloaded");
+    /* per-block patterns the shorthands cannot express (test_offload.c's) */
+    p = make_plan(cfg, 2, 1, 0, 0, 0);
+    for (int b = 0; b < L + 2; b++) {
+        p.blocks[b].params = b % 2 ? FY_PARAMS_STREAMED : FY_PARAMS_RESIDENT;
+        p.blocks[b].optim = b % 3 ? FY_OPTIM_CPU : FY_OPTIM_GPU;
+        if (b >= 1 && b <= L) p.blocks[b].acts = b % 2 ? FY_ACTS_KEEP : FY_ACTS_RECOMPUTE;
+    }
+    p.blocks[0].params = FY_PARAMS_STREAMED; /* the tied embedding streamed, gpu optimizer */
+    expect_plan_matches(&ref, &p, "mixed per-block plan");
+    run_free(&ref);
+    fy_plan_free(&base);
+}
+
+Test(offload_cuda, accumulated_plans_are_bit_identical_to_all_resident) {
+    need_gpu();
+    const fy_gpt2_config *cfg = &small_cfg;
+    fy_plan base = make_plan(cfg, 2, 2, 0, 0, 0); /* 2 micro-batches of 2 per step */
+    run ref;
+    train(FY_DEV_CUDA, FY_MATMUL_AUTO, cfg, T_SMALL, &base, &ref);
+    fy_plan p;
+    p = make_plan(cfg, 2, 2, 1, 1, cfg->layers);
+    expect_plan_matches(&ref, &p, "accumulated, everything offloaded");
+    p = make_plan(cfg, 2, 2, 0.5, 0.5, 2);
+    expect_plan_matches(&ref, &p, "accumulated, half offloaded");
+    p = make_plan(cfg, 2, 2, 0, 1, 0);
+    expect_plan_matches(&ref, &p, "accumulated, optimizer on the cpu");
+    run_free(&ref);
+    fy_plan_free(&base);
+}
+
+/* ---- without a GPU: the binary and the cpu backend ------------------------------------------------ */
+
+typedef struct proc {
+    int code;        /* exit status, -1 if killed */
+    int sig;
+    char cmd[512];
+    char *out, *err; /* NUL-terminated; leaked (the test process exits soon) */
+} proc;
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "cannot read %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
+    b[n] = 0;
+    fclose(f);
+    return b;
+}
+
+static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb; (void)flag; (void)ftw;
+    return remove(p);
+}
+
+/* Runs $FERRY_BIN with args in a fresh temporary directory (60 s alarm), capturing output. */
+static proc ferry(const char *const *args) {
+    const char *bin = getenv("FERRY_BIN");
+    cr_assert_not_null(bin, "FERRY_BIN must name the ferry binary");
+    proc r = {0};
+    size_t len = (size_t)snprintf(r.cmd, sizeof r.cmd, "ferry");
+    int n = 0;
+    for (; args[n]; n++)
+        if (len < sizeof r.cmd) len += (size_t)snprintf(r.cmd + len, sizeof r.cmd - len, " %s", args[n]);
+    char dir[] = "/tmp/ferry-test-cuda-XXXXXX", outp[64], errp[64];
+    cr_assert_not_null(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
+    snprintf(outp, sizeof outp, "%s/.stdout", dir);
+    snprintf(errp, sizeof errp, "%s/.stderr", dir);
+    const char **argv = calloc((size_t)n + 2, sizeof *argv);
+    argv[0] = bin;
+    for (int i = 0; i < n; i++) argv[i + 1] = args[i];
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        int fo = open(outp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int fe = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fo < 0 || fe < 0 || dup2(fo, 1) < 0 || dup2(fe, 2) < 0 || chdir(dir) != 0) _exit(126);
+        signal(SIGALRM, SIG_DFL);
+        alarm(60); /* survives exec: a hang dies of SIGALRM */
+        execv(bin, (char *const *)argv);
+        _exit(127);
+    }
+    int st;
+    while (waitpid(pid, &st, 0) < 0) cr_assert_eq(errno, EINTR, "waitpid: %s", strerror(errno));
+    free(argv);
+    r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    r.sig = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
+    r.out = slurp(outp);
+    r.err = slurp(errp);
+    nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    cr_assert_neq(r.code, 127, "cannot execute %s", bin);
+    return r;
+}
+#define FERRY(...) ferry((const char *const[]){__VA_ARGS__, NULL})
+
+/* Asserts a clean failure with status 1: no signal, every stderr line ferry's own, exactly
+ * one of them "ferry: error:"; returns that line (without its newline). */
+static char *expect_one_error(const proc *r) {
+    cr_assert_eq(r->sig, 0, "`%s` was killed by signal %d\n%s", r->cmd, r->sig, r->err);
+    cr_assert_eq(r->code, 1, "`%s`: exit status %d, expected 1\nstderr:\n%s", r->cmd, r->code, r->err);
+    static char line[1024];
+    int count = 0;
+    for (const char *l = r->err; *l;) {
+        const char *nl = strchr(l, '\n');
+        int n = nl ? (int)(nl - l) : (int)strlen(l);
+        cr_assert(n == 0 || !strncmp(l, "ferry: ", 7), "`%s`: stderr line not ferry's: '%.*s'",
+                  r->cmd, n, l);
+        if (!strncmp(l, "ferry: error:", 13) && count++ == 0) snprintf(line, sizeof line, "%.*s", n, l);
+        l += n + (nl ? 1 : 0);
+    }
+    cr_assert_eq(count, 1, "`%s`: %d 'ferry: error:' lines, expected one\nstderr:\n%s", r->cmd,
+                 count, r->err);
+    return line;
+}
+
+/* The small run options; --device and --matmul come after them. */
+#define TINY "train", "--model", "gpt2-tiny", "--steps", "1", "--batch", "2", "--seq", "16", \
+             "--threads", "1"
+
+TestSuite(no_gpu, .timeout = 120);
+
+Test(no_gpu, train_on_cuda_without_a_gpu_is_one_error_line) {
+    fy_gpu_info gpu;
+    char why[160] = "";
+    if (fy_dev_gpus(&gpu, 1, why, sizeof why) > 0) cr_skip_test("a GPU is present: cuda would train");
+    proc r = FERRY(TINY, "--device", "cuda");
+    char *line = expect_one_error(&r);
+    cr_expect(strstr(line, "--device cuda") != NULL, "the error does not name the flag: %s", line);
+    if (fy_dev_kind_compiled(FY_DEV_CUDA)) {
+        /* the backend is there and says why it found no GPU, as fy_dev_gpus() does */
+        char want[256];
+        snprintf(want, sizeof want, "ferry: error: --device cuda: %s", why);
+        cr_expect_str_eq(line, want);
+    } else {
+        cr_expect(strcasestr(line, "no cuda backend") != NULL, "the error does not say the build "
+                  "has no cuda backend: %s", line);
+    }
+}
+
+Test(no_gpu, info_says_whether_the_cuda_backend_is_compiled_in) {
+    proc r = FERRY("info");
+    cr_assert_eq(r.code, 0, "ferry info: status %d\n%s", r.code, r.err);
+    bool compiled = fy_dev_kind_compiled(FY_DEV_CUDA);
+    cr_expect_eq(strstr(r.out, "cuda backend: compiled in") != NULL, compiled,
+                 "fy_dev_kind_compiled(cuda) is %d; ferry info says:\n%s", compiled, r.out);
+    cr_expect_eq(strstr(r.out, "cuda backend: not compiled in") != NULL, !compiled,
+                 "fy_dev_kind_compiled(cuda) is %d; ferry info says:\n%s", compiled, r.out);
+    fy_gpu_info gpu;
+    char why[160] = "", want[256];
+    if (fy_dev_gpus(&gpu, 1, why, sizeof why) == 0) {
+        snprintf(want, sizeof want, "no GPU: %s\n", why);
+        cr_expect(strstr(r.out, want) != NULL, "ferry info does not say '%s':\n%s", want, r.out);
+        cr_expect(strstr(r.out, "default   --device cpu\n") != NULL, "without a GPU the default is "
+                  "cpu:\n%s", r.out);
+    } else {
+        snprintf(want, sizeof want, "cuda:0 %s,", gpu.name);
+        cr_expect(strstr(r.out, want) != NULL, "ferry info does not list '%s':\n%s", want, r.out);
+        cr_expect(strstr(r.out, "default   --device cuda\n") != NULL, "with a GPU the default is "
+                  "cuda:\n%s", r.out);
+    }
+}
+
+Test(no_gpu, tensor_core_math_on_the_cpu_is_one_error_line) {
+    static const char *const maths[] = {"bf16", "tf32"};
+    for (int i = 0; i < 2; i++) {
+        proc r = FERRY(TINY, "--device", "cpu", "--matmul", maths[i]);
+        char *line = expect_one_error(&r);
+        char flag[32];
+        snprintf(flag, sizeof flag, "--matmul %s", maths[i]);
+        cr_expect(strstr(line, flag) && strstr(line, "fp32 only"), "the error should name %s and "
+                  "say the cpu computes in fp32 only: %s", flag, line);
+    }
+    proc ok = FERRY(TINY, "--device", "cpu", "--matmul", "fp32"); /* what the cpu does do */
+    cr_expect_eq(ok.code, 0, "`%s`: status %d\n%s", ok.cmd, ok.code, ok.err);
+}
+
+Test(no_gpu, cpu_streams_refuse_bf16_storage) {
+    fy_log_set_level(FY_LOG_QUIET);
+    fy_dev_cfg cfg = {.kind = FY_DEV_CPU, .threads = 1};
+    fy_dev *d;
+    fy_stream *s;
+    cr_assert_eq(fy_dev_new(&cfg, &d), FY_OK);
+    cr_assert_eq(fy_stream_new(d, "s", &s), FY_OK);
+    cr_expect_eq(fy_stream_set_dtype(s, FY_BF16), FY_ERR_UNSUPPORTED);
+    cr_expect(strstr(fy_last_error(), "cpu") && strstr(fy_last_error(), "bf16"),
+              "the error should name the backend and the type: %s", fy_last_error());
+    cr_expect_eq(fy_stream_dtype(s), FY_F32, "a refused type leaves the stream fp32");
+    cr_expect_eq(fy_stream_set_dtype(s, FY_F16), FY_ERR_UNSUPPORTED);
+    cr_expect_eq(fy_stream_set_dtype(s, FY_F32), FY_OK);
+    fy_stream_free(s);
+    fy_dev_free(d);
+}
+
+Test(no_gpu, cpu_device_refuses_tensor_core_math) {
+    fy_log_set_level(FY_LOG_QUIET);
+    static const fy_matmul_math bad[] = {FY_MATMUL_TF32, FY_MATMUL_BF16};
+    for (int i = 0; i < 2; i++) {
+        fy_dev_cfg cfg = {.kind = FY_DEV_CPU, .threads = 1, .matmul = bad[i]};
+        fy_dev *d;
+        cr_expect_eq(fy_dev_new(&cfg, &d), FY_ERR_INVALID, "--matmul %s on cpu", fy_matmul_math_name(bad[i]));
+        cr_expect(strstr(fy_last_error(), fy_matmul_math_name(bad[i])) != NULL, "%s", fy_last_error());
+    }
+    static const fy_matmul_math good[] = {FY_MATMUL_AUTO, FY_MATMUL_FP32};
+    for (int i = 0; i < 2; i++) {
+        fy_dev_cfg cfg = {.kind = FY_DEV_CPU, .threads = 1, .matmul = good[i]};
+        fy_dev *d;
+        cr_expect_eq(fy_dev_new(&cfg, &d), FY_OK, "--matmul %s on cpu", fy_matmul_math_name(good[i]));
+        fy_dev_free(d);
+    }
+}
+
+Test(no_gpu, opening_cuda_without_a_gpu_fails_with_the_reason) {
+    fy_log_set_level(FY_LOG_QUIET);
+    fy_gpu_info gpu;
+    char why[160] = "";
+    int n = fy_dev_gpus(&gpu, 1, why, sizeof why);
+    cr_expect_eq(fy_dev_kind_compiled(FY_DEV_CUDA), fy_dev_cuda_version()[0] != 0,
+                 "a cuda build reports its CUDA version, and only a cuda build");
+    if (n > 0) cr_skip_test("a GPU is present");
+    cr_expect(why[0] != 0, "fy_dev_gpus found no GPU and gave no reason");
+    fy_dev_cfg cfg = {.kind = FY_DEV_CUDA};
+    fy_dev *d;
+    cr_expect_eq(fy_dev_new(&cfg, &d), FY_ERR_UNSUPPORTED);
+    char want[256];
+    if (fy_dev_kind_compiled(FY_DEV_CUDA)) snprintf(want, sizeof want, "--device cuda: %s", why);
+    else snprintf(want, sizeof want, "--device cuda: this build of ferry has no cuda backend");
+    cr_expect_str_eq(fy_last_error(), want);
+}
