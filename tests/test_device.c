@@ -1385,3 +1385,154 @@ Test(memory, pcie_same_direction_shares_opposite_directions_overlap) {
               "(one copy: %.1f ms)", t_dup, one_ms);
     fy_stream_free(b);
 }
+
+/* ---- bf16 storage on the cpu backend ------------------------------------------------
+ * A bf16 stream's kernels mean: widen the bf16 tensors, compute in fp32, round the
+ * outputs to bf16. Each kernel runs on an fp32 stream over the bf16 values widened and
+ * on a bf16 stream over the bf16 values; every output (accumulated ones included) must
+ * be the fp32 result rounded, bit for bit, and the fp32-only arguments (norm statistics,
+ * losses, the double sum of squares) must equal the fp32 run's exactly. */
+
+/* d16 holds bf16 values; it is typed float because kernels.h's float pointers mean "the
+ * stream's storage type" */
+typedef struct bpair { float *d32, *d16; size_t n; } bpair;
+
+static fy_stream *g_s16;
+
+static void setup_bf16(void) {
+    setup();
+    cr_assert_eq(fy_stream_new(g_dev, "bf16", &g_s16), FY_OK);
+    cr_assert_eq(fy_stream_set_dtype(g_s16, FY_BF16), FY_OK);
+}
+static void teardown_bf16(void) {
+    fy_stream_free(g_s16);
+    teardown();
+}
+
+/* Random bf16 values in [lo, hi) (zeros if lo == hi), on both streams' buffers. */
+static bpair bpair_new(rng *r, size_t n, float lo, float hi) {
+    float *h = hnewf(n);
+    uint16_t *h16 = hnew(n * 2);
+    for (size_t i = 0; i < n; i++) {
+        h16[i] = fy_f32_to_bf16(lo == hi ? lo : rng_unif(r, lo, hi));
+        h[i] = fy_bf16_to_f32(h16[i]);
+    }
+    bpair p = {dputf(h, n), dnew(n * 2), n};
+    put(p.d16, h16, n * 2);
+    return p;
+}
+
+static void bpair_expect_rounded(const bpair *p, const char *what) {
+    fy_stream_sync(g_s16);
+    fy_stream_sync(g_s);
+    float *f = dgetf(p->d32, p->n);
+    uint16_t *b = hnew(p->n * 2);
+    get(b, p->d16, p->n * 2);
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < p->n; i++)
+        if (b[i] != fy_f32_to_bf16(f[i]) && bad++ == 0) first = i;
+    cr_expect_eq(bad, 0, "%s: %zu of %zu elements are not the fp32 result rounded (first %zu: "
+                 "%04x, fp32 %.9g)", what, bad, p->n, first, b[first], f[first]);
+}
+
+/* An output used as an input next: the fp32 side continues from the rounded values. */
+static void bpair_resync(bpair *p) {
+    fy_stream_sync(g_s16);
+    uint16_t *h16 = hnew(p->n * 2);
+    get(h16, p->d16, p->n * 2);
+    float *h = hnewf(p->n);
+    for (size_t i = 0; i < p->n; i++) h[i] = fy_bf16_to_f32(h16[i]);
+    put(p->d32, h, p->n * sizeof(float));
+}
+
+TestSuite(bf16_storage, .init = setup_bf16, .fini = teardown_bf16, .timeout = 60);
+
+Test(bf16_storage, matmul_layernorm_gelu_residual_round_the_fp32_results) {
+    rng r = {0xbf16};
+    const int N = 24, C = 16, OC = 40;
+    bpair inp = bpair_new(&r, N * C, -2, 2), w = bpair_new(&r, OC * C, -1, 1);
+    bpair bias = bpair_new(&r, OC, -1, 1), out = bpair_new(&r, N * OC, 0, 0);
+    bpair dout = bpair_new(&r, N * OC, -1, 1), dinp = bpair_new(&r, N * C, 0, 0);
+    bpair dw = bpair_new(&r, OC * C, -1, 1), dbias = bpair_new(&r, OC, -1, 1); /* accumulate */
+    fy_k_matmul_fwd(out.d32, inp.d32, w.d32, bias.d32, N, C, OC, g_s);
+    fy_k_matmul_fwd(out.d16, inp.d16, w.d16, bias.d16, N, C, OC, g_s16);
+    fy_k_matmul_bwd(dinp.d32, dw.d32, dbias.d32, dout.d32, inp.d32, w.d32, N, C, OC, g_s);
+    fy_k_matmul_bwd(dinp.d16, dw.d16, dbias.d16, dout.d16, inp.d16, w.d16, N, C, OC, g_s16);
+    bpair_expect_rounded(&out, "matmul out");
+    bpair_expect_rounded(&dinp, "matmul dinp");
+    bpair_expect_rounded(&dw, "matmul dw (accumulated)");
+    bpair_expect_rounded(&dbias, "matmul dbias (accumulated)");
+
+    bpair ln = bpair_new(&r, N * C, 0, 0), g = bpair_new(&r, C, 0.5f, 1.5f), b = bpair_new(&r, C, -1, 1);
+    float *mean32 = dnewf(N), *rstd32 = dnewf(N), *mean16 = dnewf(N), *rstd16 = dnewf(N);
+    fy_k_layernorm_fwd(ln.d32, mean32, rstd32, inp.d32, g.d32, b.d32, N, C, g_s);
+    fy_k_layernorm_fwd(ln.d16, mean16, rstd16, inp.d16, g.d16, b.d16, N, C, g_s16);
+    bpair dln = bpair_new(&r, N * C, -1, 1), dx = bpair_new(&r, N * C, -1, 1);
+    bpair dg = bpair_new(&r, C, -1, 1), db = bpair_new(&r, C, -1, 1);
+    fy_k_layernorm_bwd(dx.d32, dg.d32, db.d32, dln.d32, inp.d32, g.d32, mean32, rstd32, N, C, g_s);
+    fy_k_layernorm_bwd(dx.d16, dg.d16, db.d16, dln.d16, inp.d16, g.d16, mean16, rstd16, N, C, g_s16);
+    bpair_expect_rounded(&ln, "layernorm out");
+    bpair_expect_rounded(&dx, "layernorm dinp (accumulated)");
+    bpair_expect_rounded(&dg, "layernorm dw");
+    bpair_expect_rounded(&db, "layernorm db");
+    cr_expect_arr_eq(dgetf(mean16, N), dgetf(mean32, N), N * sizeof(float), "mean stays fp32");
+    cr_expect_arr_eq(dgetf(rstd16, N), dgetf(rstd32, N), N * sizeof(float), "rstd stays fp32");
+
+    bpair ge = bpair_new(&r, N * C, 0, 0), dge = bpair_new(&r, N * C, 0, 0);
+    fy_k_gelu_fwd(ge.d32, inp.d32, (size_t)N * C, g_s);
+    fy_k_gelu_fwd(ge.d16, inp.d16, (size_t)N * C, g_s16);
+    fy_k_gelu_bwd(dge.d32, inp.d32, dln.d32, (size_t)N * C, g_s);
+    fy_k_gelu_bwd(dge.d16, inp.d16, dln.d16, (size_t)N * C, g_s16);
+    bpair_expect_rounded(&ge, "gelu");
+    bpair_expect_rounded(&dge, "gelu dinp");
+    /* in place, as gradient accumulation uses it: out == a */
+    bpair_resync(&ge);
+    fy_k_residual_fwd(dln.d32, dln.d32, ge.d32, (size_t)N * C, g_s);
+    fy_k_residual_fwd(dln.d16, dln.d16, ge.d16, (size_t)N * C, g_s16);
+    bpair_expect_rounded(&dln, "residual in place");
+}
+
+Test(bf16_storage, attention_encoder_crossentropy_sumsq_round_the_fp32_results) {
+    rng r = {0x5eed16};
+    const int B = 2, T = 9, C = 16, NH = 4, V = 50;
+    bpair qkv = bpair_new(&r, B * T * 3 * C, -2, 2), y = bpair_new(&r, B * T * C, 0, 0);
+    bpair att = bpair_new(&r, B * NH * T * T, 0, 0), dy = bpair_new(&r, B * T * C, -1, 1);
+    bpair dqkv = bpair_new(&r, B * T * 3 * C, 0, 0), scr = bpair_new(&r, B * NH * T * T, 0, 0);
+    fy_k_attention_fwd(y.d32, att.d32, qkv.d32, B, T, C, NH, g_s);
+    fy_k_attention_fwd(y.d16, att.d16, qkv.d16, B, T, C, NH, g_s16);
+    bpair_expect_rounded(&y, "attention out");
+    bpair_expect_rounded(&att, "attention probabilities");
+    bpair_resync(&att); /* backward from the same (rounded) probabilities on both sides */
+    fy_k_attention_bwd(dqkv.d32, scr.d32, dy.d32, qkv.d32, att.d32, B, T, C, NH, g_s);
+    fy_k_attention_bwd(dqkv.d16, scr.d16, dy.d16, qkv.d16, att.d16, B, T, C, NH, g_s16);
+    bpair_expect_rounded(&dqkv, "attention dqkv");
+
+    int32_t tok[2 * 9];
+    for (int i = 0; i < B * T; i++) tok[i] = rng_int(&r, V);
+    int32_t *dtok = dnew(sizeof tok);
+    put(dtok, tok, sizeof tok);
+    bpair wte = bpair_new(&r, V * C, -1, 1), wpe = bpair_new(&r, T * C, -1, 1);
+    bpair x0 = bpair_new(&r, B * T * C, 0, 0);
+    fy_k_encoder_fwd(x0.d32, dtok, wte.d32, wpe.d32, B, T, C, g_s);
+    fy_k_encoder_fwd(x0.d16, dtok, wte.d16, wpe.d16, B, T, C, g_s16);
+    bpair_expect_rounded(&x0, "encoder out");
+    fy_k_encoder_bwd(wte.d32, wpe.d32, dy.d32, dtok, B, T, C, g_s);
+    fy_k_encoder_bwd(wte.d16, wpe.d16, dy.d16, dtok, B, T, C, g_s16);
+    bpair_expect_rounded(&wte, "encoder dwte (accumulated)");
+    bpair_expect_rounded(&wpe, "encoder dwpe (accumulated)");
+
+    bpair logits = bpair_new(&r, B * T * V, -3, 3);
+    float *l32 = dnewf(B * T), *l16 = dnewf(B * T);
+    fy_k_crossentropy(l32, logits.d32, dtok, B * T, V, 1.0f / (B * T), g_s);
+    fy_k_crossentropy(l16, logits.d16, dtok, B * T, V, 1.0f / (B * T), g_s16);
+    bpair_expect_rounded(&logits, "crossentropy dlogits (in place)");
+    cr_expect_arr_eq(dgetf(l16, B * T), dgetf(l32, B * T), B * T * sizeof(float), "losses stay fp32");
+
+    double *s32 = dnew(sizeof(double)), *s16 = dnew(sizeof(double)), h32, h16v;
+    fy_k_sumsq(s32, qkv.d32, qkv.n, g_s);
+    fy_k_sumsq(s16, qkv.d16, qkv.n, g_s16);
+    fy_stream_sync(g_s16);
+    get(&h32, s32, sizeof h32);
+    get(&h16v, s16, sizeof h16v);
+    cr_expect_eq(h16v, h32, "the sum of squares of bf16 values is the double sum of their widening");
+}

@@ -98,9 +98,9 @@ fy_dev *fy_stream_dev(const fy_stream *s);
 /* Blocks until all work queued on s so far has completed. */
 void fy_stream_sync(fy_stream *s);
 /* The storage type of the tensors kernels on s read and write (kernels.h says which
- * arguments follow it): FY_F32 (the default) or FY_BF16. FY_ERR_UNSUPPORTED (logged) if
- * the backend has no kernels for t (the cpu backend has fp32 only). Set it before
- * queueing work. */
+ * arguments follow it): FY_F32 (the default) or FY_BF16 (both backends; the cpu backend
+ * widens bf16 tensors to fp32 around its fp32 kernels). FY_ERR_UNSUPPORTED (logged) for
+ * any other type. Set it before queueing work. */
 fy_status fy_stream_set_dtype(fy_stream *s, fy_dtype t);
 fy_dtype fy_stream_dtype(const fy_stream *s);
 

@@ -93,7 +93,9 @@ int fy_cuda_gpus(fy_gpu_info *out, int max, char *why, size_t whylen);
 fy_status fy_host_map(size_t nbytes, int threads, void **out);
 void fy_host_unmap(void *p, size_t nbytes);
 
-/* The cpu backend's kernel bodies, also used by tests as the oracle. */
+/* The cpu backend's kernel bodies, also used by tests as the oracle (fp32), and the
+ * same on bf16 tensors: widened to fp32, computed, rounded back (cpu/cpu_bf16.c). */
 void fy_cpu_exec(const fy_op *op);
+void fy_cpu_exec_bf16(const fy_op *op);
 
 #endif

@@ -7,7 +7,7 @@
  * Conv1D (in, out) layout).
  *
  * Storage type: tensors are in the stream's storage type (fy_stream_set_dtype: fp32 by
- * default; bf16 on the cuda backend), arithmetic is fp32. Always fp32 whatever the
+ * default, or bf16), arithmetic is fp32. Always fp32 whatever the
  * stream's type: layernorm's mean and rstd, crossentropy's losses, fy_k_mean's input
  * and output, and AdamW's master weights and moments (its gradients and copies out have
  * their own types in fy_adam_range); fy_k_sumsq's result is a double; tokens and targets

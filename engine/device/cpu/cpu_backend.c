@@ -122,7 +122,8 @@ static void exec_op(cpu_stream *cs, const fy_op *op) {
         break;
     }
     default:
-        fy_cpu_exec(op);
+        if (op->dt == FY_BF16) fy_cpu_exec_bf16(op);
+        else fy_cpu_exec(op);
     }
 }
 
@@ -254,7 +255,7 @@ static void cpu_free(fy_dev *dev) {
 
 static const fy_dev_iface cpu_iface = {
     .name = "cpu",
-    .dtypes = 1u << FY_F32,
+    .dtypes = 1u << FY_F32 | 1u << FY_BF16,
     .free = cpu_free,
     .alloc = cpu_alloc,
     .release = cpu_release,
