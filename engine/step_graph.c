@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/core/dtype.h"
 #include "engine/core/reduce.h"
 #include "engine/core/util.h"
 #include "engine/device/kernels.h"
@@ -104,10 +105,16 @@ static void run_load(void *ctx, const fy_task *t) {
     fy_stream_sync(tr->s_h2d);
 }
 
+/* h2d_param: the storage type's copy for compute; for a device update (arg2 = 1) with
+ * bf16 storage, the fp32 master (the bf16 copy the update writes follows it in the slot). */
 static void run_h2d_param(void *ctx, const fy_task *t) {
     fy_trainer *tr = ctx;
-    fy_copy_async(tr->s_h2d, tr->st->param_slots[t->unit].buf, tr->st->chunks[t->block].param_host,
-                  fy_tr_nbytes(tr, t->block), FY_H2D);
+    const fy_chunk *c = &tr->st->chunks[t->block];
+    float *slot = tr->st->param_slots[t->unit].buf;
+    if (t->arg2 == 1 && fy_tr_lp(tr))
+        fy_copy_async(tr->s_h2d, slot, c->param_host, fy_tr_master_nbytes(tr, t->block), FY_H2D);
+    else
+        fy_copy_async(tr->s_h2d, slot, c->param_lp, fy_tr_nbytes(tr, t->block), FY_H2D);
     fy_stream_sync(tr->s_h2d);
 }
 
@@ -120,11 +127,11 @@ static void run_fwd(void *ctx, const fy_task *t) {
     float *w = params_for(tr, b, t->arg);
     if (b == 0) {
         fy_gpt2_embed_w ew;
-        fy_gpt2_embed_view(&tr->lay.blocks[0], w, &ew);
+        fy_gpt2_embed_view(&tr->lay.blocks[0], fy_tr_dt(tr), w, &ew);
         fy_gpt2_embed_fwd(mc, &ew, tokens_dev(tr, t->iter), st->x0, B, T, tr->s);
     } else {
         fy_gpt2_layer_w lw;
-        fy_gpt2_layer_view(&tr->lay.blocks[b], w, &lw);
+        fy_gpt2_layer_view(&tr->lay.blocks[b], fy_tr_dt(tr), w, &lw);
         fy_gpt2_layer_fwd(mc, &lw, &st->acts[b - 1], fy_tr_layer_input(tr, b - 1), &st->sc, B, T, tr->s);
     }
     fy_stream_sync(tr->s);
@@ -146,15 +153,15 @@ static void run_head(void *ctx, const fy_task *t) {
     const int32_t *y = tokens_dev(tr, t->iter) + (size_t)B * T;
     fy_gpt2_head_w hw, hg;
     fy_gpt2_embed_w ew, eg;
-    fy_gpt2_head_view(&tr->lay.blocks[h], params_for(tr, h, t->arg), &hw);
-    fy_gpt2_embed_view(&tr->lay.blocks[0], params_for(tr, 0, t->arg2), &ew);
+    fy_gpt2_head_view(&tr->lay.blocks[h], fy_tr_dt(tr), params_for(tr, h, t->arg), &hw);
+    fy_gpt2_embed_view(&tr->lay.blocks[0], fy_tr_dt(tr), params_for(tr, 0, t->arg2), &ew);
     float dloss = (float)(1.0 / ((double)B * T * accum(tr)));
     int gopen = tr->gopen_id[t->iter];
     float *g0 = gopen >= 0 ? grad_unit(tr, gopen) : st->chunks[0].grad_dev;
     if (gopen < 0 && a == 0) fy_memset_async(tr->s, g0, 0, fy_tr_nbytes(tr, 0));
-    fy_gpt2_embed_view(&tr->lay.blocks[0], g0, &eg);
+    fy_gpt2_embed_view(&tr->lay.blocks[0], fy_tr_dt(tr), g0, &eg);
     float *gh = grad_open(tr, h, a, task_id(tr, t));
-    fy_gpt2_head_view(&tr->lay.blocks[h], gh, &hg);
+    fy_gpt2_head_view(&tr->lay.blocks[h], fy_tr_dt(tr), gh, &hg);
     fy_gpt2_head_step(mc, &hw, &hg, ew.wte, eg.wte, st->acts[L - 1].out, &st->head, y, dloss,
                       st->loss_dev + a, &st->sc, B, T, tr->s);
     fy_copy_async(tr->s, st->loss_host + a, st->loss_dev + a, sizeof(float), FY_D2H);
@@ -173,14 +180,14 @@ static void run_bwd(void *ctx, const fy_task *t) {
         int gopen = tr->gopen_id[t->iter];
         float *g0 = gopen >= 0 ? grad_unit(tr, gopen) : st->chunks[0].grad_dev;
         fy_gpt2_embed_w eg;
-        fy_gpt2_embed_view(&tr->lay.blocks[0], g0, &eg);
+        fy_gpt2_embed_view(&tr->lay.blocks[0], fy_tr_dt(tr), g0, &eg);
         fy_gpt2_embed_bwd(mc, &eg, tokens_dev(tr, t->iter), &st->sc, B, T, tr->s);
         grad_close(tr, 0, a, g0);
     } else {
         fy_gpt2_layer_w w, g;
-        fy_gpt2_layer_view(&tr->lay.blocks[b], params_for(tr, b, t->arg), &w);
+        fy_gpt2_layer_view(&tr->lay.blocks[b], fy_tr_dt(tr), params_for(tr, b, t->arg), &w);
         float *gb = grad_open(tr, b, a, task_id(tr, t));
-        fy_gpt2_layer_view(&tr->lay.blocks[b], gb, &g);
+        fy_gpt2_layer_view(&tr->lay.blocks[b], fy_tr_dt(tr), gb, &g);
         fy_gpt2_layer_bwd(mc, &w, &g, &st->acts[b - 1], fy_tr_layer_input(tr, b - 1), &st->sc, B, T, tr->s);
         grad_close(tr, b, a, gb);
     }
@@ -197,10 +204,18 @@ static void run_d2h_grad(void *ctx, const fy_task *t) {
     float *dst = a == 0 ? c->grad_host : tr->st->grad_host_tmp;
     fy_copy_async(tr->s_d2h, dst, g, fy_tr_nbytes(tr, b), FY_D2H);
     fy_stream_sync(tr->s_d2h);
-    if (a > 0)
+    /* the device's accumulation, on the host: fp32 sums, rounded to the storage type */
+    if (a > 0 && fy_tr_lp(tr)) {
+        uint16_t *acc = (uint16_t *)c->grad_host;
+        const uint16_t *add = (const uint16_t *)dst;
+        for (size_t i = 0; i < c->nelem; i++)
+            acc[i] = fy_f32_to_bf16(fy_bf16_to_f32(acc[i]) + fy_bf16_to_f32(add[i]));
+    } else if (a > 0) {
         for (size_t i = 0; i < c->nelem; i++) c->grad_host[i] = c->grad_host[i] + dst[i];
+    }
     if (a == accum(tr) - 1 && accum(tr) > 1)
-        tr->st->sumsq_host[b] = fy_sumsq(c->grad_host, c->nelem);
+        tr->st->sumsq_host[b] = fy_tr_lp(tr) ? fy_sumsq_bf16((const uint16_t *)c->grad_host, c->nelem)
+                                             : fy_sumsq(c->grad_host, c->nelem);
 }
 
 /* The step of the window a task belongs to (tasks carry their micro-batch). */
@@ -243,7 +258,8 @@ static void adam_ranges(const fy_trainer *tr, int b, size_t off[2], size_t len[2
     len[1] = blk->nelem - blk->decay_nelem;
 }
 
-/* adam_gpu: arg = fetch task or -1. */
+/* adam_gpu: arg = fetch task or -1. The fp32 master is updated; with bf16 storage the
+ * update also writes the bf16 copy (the resident one, or the slot's second part). */
 static void run_adam_gpu(void *ctx, const fy_task *t) {
     fy_trainer *tr = ctx;
     if (tr->stats[step_of(tr, t)].skipped) return;
@@ -251,23 +267,33 @@ static void run_adam_gpu(void *ctx, const fy_task *t) {
     const fy_chunk *c = &tr->st->chunks[b];
     fy_adam_hparams hp = hparams(tr, step_of(tr, t));
     float *w = params_for(tr, b, t->arg);
+    void *out = NULL;
+    if (fy_tr_lp(tr) && t->arg >= 0) out = (char *)w + fy_tr_master_nbytes(tr, b);
+    else if (fy_tr_lp(tr)) { out = c->param_dev; w = c->master_dev; }
     size_t off[2], len[2];
     adam_ranges(tr, b, off, len);
     for (int k = 0; k < 2; k++) {
         if (!len[k]) continue;
         size_t o = off[k];
-        fy_adam_range r = {.param = w + o, .m = c->m + o, .v = c->v + o, .grad = c->grad_dev + o,
-                           .grad_dtype = FY_F32, .n = len[k], .decay = k == 0};
+        fy_adam_range r = {.param = w + o, .m = c->m + o, .v = c->v + o,
+                           .grad = fy_tr_at(tr, c->grad_dev, o), .grad_dtype = fy_tr_dt(tr),
+                           .param_out = out ? fy_tr_at(tr, out, o) : NULL,
+                           .out_dtype = fy_tr_dt(tr), .n = len[k], .decay = k == 0};
         fy_k_adamw(&hp, &r, tr->s);
     }
     fy_stream_sync(tr->s);
 }
 
-/* d2h_param: arg = the fetch task whose slot holds the updated weights. */
+/* d2h_param: arg = the fetch task whose slot holds the updated weights (and, with bf16
+ * storage, their bf16 copy after them). */
 static void run_d2h_param(void *ctx, const fy_task *t) {
     fy_trainer *tr = ctx;
-    fy_copy_async(tr->s_d2h, tr->st->chunks[t->block].param_host, param_unit(tr, t->arg),
-                  fy_tr_nbytes(tr, t->block), FY_D2H);
+    const fy_chunk *c = &tr->st->chunks[t->block];
+    char *slot = (char *)param_unit(tr, t->arg);
+    fy_copy_async(tr->s_d2h, c->param_host, slot, fy_tr_master_nbytes(tr, t->block), FY_D2H);
+    if (fy_tr_lp(tr))
+        fy_copy_async(tr->s_d2h, c->param_lp, slot + fy_tr_master_nbytes(tr, t->block),
+                      fy_tr_nbytes(tr, t->block), FY_D2H);
     fy_stream_sync(tr->s_d2h);
 }
 
@@ -283,8 +309,9 @@ static void run_adam_cpu(void *ctx, const fy_task *t) {
         if (!len[k]) continue;
         size_t o = off[k];
         fy_adam_range r = {.param = c->param_host + o, .m = c->m + o, .v = c->v + o,
-                           .grad = c->grad_host + o, .grad_dtype = FY_F32, .n = len[k],
-                           .decay = k == 0};
+                           .grad = fy_tr_at(tr, c->grad_host, o), .grad_dtype = fy_tr_dt(tr),
+                           .param_out = fy_tr_lp(tr) ? fy_tr_at(tr, c->param_lp, o) : NULL,
+                           .out_dtype = fy_tr_dt(tr), .n = len[k], .decay = k == 0};
         fy_status s = fy_adam_pool_step(tr->pool, &hp, &r);
         FY_ASSERT(s == FY_OK, "a cpu AdamW step without check_finite cannot fail");
     }
@@ -293,7 +320,7 @@ static void run_adam_cpu(void *ctx, const fy_task *t) {
 static void run_h2d_update(void *ctx, const fy_task *t) {
     fy_trainer *tr = ctx;
     const fy_chunk *c = &tr->st->chunks[t->block];
-    fy_copy_async(tr->s_h2d, c->param_dev, c->param_host, fy_tr_nbytes(tr, t->block), FY_H2D);
+    fy_copy_async(tr->s_h2d, c->param_dev, c->param_lp, fy_tr_nbytes(tr, t->block), FY_H2D);
     fy_stream_sync(tr->s_h2d);
 }
 
@@ -495,6 +522,7 @@ static fy_status build(fy_trainer *tr, fy_graph *g, int nsteps, bool barrier) {
                 }
             } else {
                 int f = fetch(&bd, b, tm, ready[b]);
+                if (f >= 0) g->tasks[f].arg2 = 1; /* a fetch for the update: the master */
                 int ad = add(&bd, FY_LANE_COMPUTE, FY_T_ADAM_GPU, b, tm, run_adam_gpu);
                 if (ad >= 0) {
                     g->tasks[ad].arg = f;

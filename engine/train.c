@@ -130,7 +130,8 @@ static fy_status resolve_model(const fy_opts *o, bool model_given, run *r, fy_gp
 }
 
 /* The placement plan: a file, or the shorthands over the all-resident plan. */
-static fy_status resolve_plan(const fy_opts *o, const fy_gpt2_config *cfg, fy_plan *plan) {
+static fy_status resolve_plan(const fy_opts *o, const fy_gpt2_config *cfg, fy_dev_kind kind,
+                              fy_plan *plan) {
     bool shorthands = fy_opts_given(o, "offload-params") || fy_opts_given(o, "offload-optim") ||
                       fy_opts_given(o, "ckpt-layers");
     if (o->plan && !strcmp(o->plan, "auto")) {
@@ -172,6 +173,9 @@ static fy_status resolve_plan(const fy_opts *o, const fy_gpt2_config *cfg, fy_pl
                      (long long)plan->micro_batch * o->seq, 1 << 26);
         return FY_ERR_INVALID;
     }
+    /* a plan file keeps its storage type unless --dtype says otherwise */
+    if (!o->plan || !strcmp(o->plan, "auto") || fy_opts_given(o, "dtype"))
+        plan->dtype = fy_opts_dtype(o, kind);
     if (o->save_plan) FY_TRY(fy_plan_save(o->save_plan, plan));
     return FY_OK;
 }
@@ -260,7 +264,7 @@ int fy_train_main(const fy_opts *o) {
     if ((st = check_run_opts(o)) != FY_OK) goto fail;
     if ((st = fy_opts_dev_cfg(o, !o->dry_run, &dc)) != FY_OK) goto fail;
     if ((st = resolve_model(o, fy_opts_given(o, "model"), &r, &cfg)) != FY_OK) goto fail;
-    if ((st = resolve_plan(o, &cfg, &r.plan)) != FY_OK) goto fail;
+    if ((st = resolve_plan(o, &cfg, dc.kind, &r.plan)) != FY_OK) goto fail;
     const int B = r.plan.micro_batch, T = (int)o->seq, accum = r.plan.grad_accum;
     const size_t N = (size_t)B * T;
     fy_gpt2_layout lay;
@@ -456,7 +460,9 @@ int fy_eval_main(const fy_opts *o) {
         goto fail;
     }
     if ((st = fy_dev_new(&dc, &r.dev)) != FY_OK) goto fail;
-    fy_trainer_cfg tc = {.model = cfg, .B = B, .T = T, .eval_only = true};
+    if ((st = fy_plan_new(cfg.layers, B, 1, &r.plan)) != FY_OK) goto fail;
+    r.plan.dtype = fy_opts_dtype(o, dc.kind);
+    fy_trainer_cfg tc = {.model = cfg, .B = B, .T = T, .eval_only = true, .plan = &r.plan};
     if ((st = fy_trainer_new(r.dev, &tc, &r.tr)) != FY_OK) goto fail;
     if ((st = fy_trainer_load(r.tr, r.init)) != FY_OK) goto fail;
     int64_t avail = (int64_t)fy_loader_batches(r.val);

@@ -10,11 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/core/dtype.h"
 #include "engine/core/reduce.h"
 #include "engine/device/kernels.h"
 #include "engine/model/gpt2_io.h"
-
-
 
 /* Block b's parameters on the device: resident, or copied into a staging slot. */
 static float *fetch(fy_trainer *tr, int b) {
@@ -22,7 +21,7 @@ static float *fetch(fy_trainer *tr, int b) {
     if (!fy_tr_streamed(tr, b)) return c->param_dev;
     FY_ASSERT(!tr->fetched[b], "block fetched twice");
     float *slot = fy_storage_param_slot(tr->st, b);
-    fy_copy_async(tr->s, slot, c->param_host, fy_tr_nbytes(tr, b), FY_H2D);
+    fy_copy_async(tr->s, slot, c->param_lp, fy_tr_nbytes(tr, b), FY_H2D);
     tr->fetched[b] = slot;
     return slot;
 }
@@ -41,18 +40,18 @@ static void forward(fy_trainer *tr, float *loss_out) {
     const int B = tr->plan.micro_batch, T = tr->cfg.T, L = mc->layers;
     const int32_t *x = st->tok_dev, *y = st->tok_dev + (size_t)B * T;
     fy_gpt2_embed_w ew;
-    fy_gpt2_embed_view(&tr->lay.blocks[0], fetch(tr, 0), &ew);
+    fy_gpt2_embed_view(&tr->lay.blocks[0], fy_tr_dt(tr), fetch(tr, 0), &ew);
     fy_gpt2_embed_fwd(mc, &ew, x, st->x0, B, T, tr->s);
     unfetch(tr, 0);
     for (int l = 0; l < L; l++) {
         fy_gpt2_layer_w w;
-        fy_gpt2_layer_view(&tr->lay.blocks[1 + l], fetch(tr, 1 + l), &w);
+        fy_gpt2_layer_view(&tr->lay.blocks[1 + l], fy_tr_dt(tr), fetch(tr, 1 + l), &w);
         fy_gpt2_layer_fwd(mc, &w, &st->acts[l], fy_tr_layer_input(tr, l), &st->sc, B, T, tr->s);
         unfetch(tr, 1 + l);
     }
     fy_gpt2_head_w hw;
-    fy_gpt2_head_view(&tr->lay.blocks[L + 1], fetch(tr, L + 1), &hw);
-    fy_gpt2_embed_view(&tr->lay.blocks[0], fetch(tr, 0), &ew);
+    fy_gpt2_head_view(&tr->lay.blocks[L + 1], fy_tr_dt(tr), fetch(tr, L + 1), &hw);
+    fy_gpt2_embed_view(&tr->lay.blocks[0], fy_tr_dt(tr), fetch(tr, 0), &ew);
     fy_gpt2_head_fwd(mc, &hw, ew.wte, st->acts[L - 1].out, &st->head, y, loss_out, B, T, tr->s);
     unfetch(tr, L + 1);
     unfetch(tr, 0);
@@ -79,13 +78,38 @@ static fy_status new_pool(int compute_threads, int adam_threads, fy_adam_pool **
     return st;
 }
 
+static void to_bf16(uint16_t *dst, const float *src, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] = fy_f32_to_bf16(src[i]);
+}
+
+static void from_bf16(float *dst, const uint16_t *src, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] = fy_bf16_to_f32(src[i]);
+}
+
+/* Every copy of the parameters from fp32 host blocks: masters as they are, the storage
+ * type's copies rounded to it. */
 static fy_status upload_params(fy_trainer *tr, float *const *host) {
+    uint16_t *tmp = NULL;
     for (int b = 0; b < tr->lay.nblocks; b++) {
         const fy_chunk *c = &tr->st->chunks[b];
-        if (c->param_host) memcpy(c->param_host, host[b], fy_tr_nbytes(tr, b));
-        if (c->param_dev) fy_copy_async(tr->s, c->param_dev, host[b], fy_tr_nbytes(tr, b), FY_H2D);
+        if (c->param_host) memcpy(c->param_host, host[b], fy_tr_master_nbytes(tr, b));
+        if (c->master_dev)
+            fy_copy_async(tr->s, c->master_dev, host[b], fy_tr_master_nbytes(tr, b), FY_H2D);
+        if (!fy_tr_lp(tr)) {
+            if (c->param_dev) fy_copy_async(tr->s, c->param_dev, host[b], fy_tr_nbytes(tr, b), FY_H2D);
+            continue;
+        }
+        if (c->param_lp) to_bf16((uint16_t *)c->param_lp, host[b], c->nelem);
+        if (!c->param_dev) continue;
+        fy_stream_sync(tr->s); /* tmp is reused */
+        uint16_t *t = realloc(tmp, fy_tr_nbytes(tr, b));
+        if (!t) { free(tmp); return FY_ERR_NOMEM; }
+        tmp = t;
+        to_bf16(tmp, host[b], c->nelem);
+        fy_copy_async(tr->s, c->param_dev, tmp, fy_tr_nbytes(tr, b), FY_H2D);
     }
     fy_stream_sync(tr->s);
+    free(tmp);
     return FY_OK;
 }
 
@@ -136,7 +160,8 @@ fy_status fy_trainer_new(fy_dev *dev, const fy_trainer_cfg *cfg, fy_trainer **ou
         (st = fy_stream_new(dev, "h2d", &tr->s_h2d)) != FY_OK ||
         (st = fy_stream_new(dev, "d2h", &tr->s_d2h)) != FY_OK)
         goto fail;
-    if ((st = fy_storage_new(dev, &tr->lay, &tr->plan, cfg->T, !cfg->eval_only, &tr->st)) != FY_OK)
+    if ((st = fy_storage_new(dev, &tr->lay, &tr->plan, cfg->T, !cfg->eval_only, &tr->st)) != FY_OK ||
+        (st = fy_stream_set_dtype(tr->s, fy_tr_dt(tr))) != FY_OK)
         goto fail;
     tr->fetched = calloc((size_t)tr->lay.nblocks, sizeof *tr->fetched);
     tr->cost_ms = calloc((size_t)FY_T_COUNT * (tr->lay.nblocks + 1) * 2, sizeof *tr->cost_ms);
@@ -215,21 +240,39 @@ fy_status fy_trainer_save(fy_trainer *tr, const char *path) {
     return st;
 }
 
+/* A buffer of the storage type (host or device) into fp32 host memory. */
+static void read_widened(fy_trainer *tr, float *host, const void *src, int b) {
+    const size_t n = tr->lay.blocks[b].nelem;
+    if (!fy_tr_lp(tr)) {
+        fy_copy_async(tr->s, host, src, fy_tr_nbytes(tr, b), FY_D2H);
+        fy_stream_sync(tr->s);
+        return;
+    }
+    /* widen in place from the back half: host holds n floats, the bf16 copy 2n bytes */
+    uint16_t *lo = (uint16_t *)host + n;
+    fy_copy_async(tr->s, lo, src, fy_tr_nbytes(tr, b), FY_D2H);
+    fy_stream_sync(tr->s);
+    from_bf16(host, lo, n); /* host[i] (bytes 4i..4i+3) never overtakes lo[i] (2n + 2i) */
+}
+
 void fy_trainer_get_params(fy_trainer *tr, int b, float *host) {
     const fy_chunk *c = &tr->st->chunks[b];
     fy_stream_sync(tr->s);
-    if (c->param_host) memcpy(host, c->param_host, fy_tr_nbytes(tr, b)); /* the master */
-    else fy_copy_async(tr->s, host, c->param_dev, fy_tr_nbytes(tr, b), FY_D2H);
-    fy_stream_sync(tr->s);
+    if (c->param_host) { /* the master */
+        memcpy(host, c->param_host, fy_tr_master_nbytes(tr, b));
+    } else if (c->master_dev) {
+        fy_copy_async(tr->s, host, c->master_dev, fy_tr_master_nbytes(tr, b), FY_D2H);
+        fy_stream_sync(tr->s);
+    } else {
+        read_widened(tr, host, c->param_dev, b);
+    }
 }
 
 void fy_trainer_get_grads(fy_trainer *tr, int b, float *host) {
     FY_ASSERT(!tr->cfg.eval_only, "an evaluation-only trainer has no gradients");
     const fy_chunk *c = &tr->st->chunks[b];
     fy_stream_sync(tr->s);
-    if (c->grad_host) memcpy(host, c->grad_host, fy_tr_nbytes(tr, b));
-    else fy_copy_async(tr->s, host, c->grad_dev, fy_tr_nbytes(tr, b), FY_D2H);
-    fy_stream_sync(tr->s);
+    read_widened(tr, host, c->grad_host ? c->grad_host : c->grad_dev, b);
 }
 
 /* ---- the step ---------------------------------------------------------------------- */

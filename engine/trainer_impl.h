@@ -39,8 +39,19 @@ static inline bool fy_tr_streamed(const fy_trainer *tr, int b) {
 static inline bool fy_tr_cpu_optim(const fy_trainer *tr, int b) {
     return tr->plan.blocks[b].optim == FY_OPTIM_CPU;
 }
+/* The storage type of parameters, gradients and activations on the device. */
+static inline fy_dtype fy_tr_dt(const fy_trainer *tr) { return tr->st->dtype; }
+static inline bool fy_tr_lp(const fy_trainer *tr) { return tr->st->dtype != FY_F32; }
+/* Block b's device copy (parameters, gradients) in bytes; its fp32 master in bytes. */
 static inline size_t fy_tr_nbytes(const fy_trainer *tr, int b) {
+    return tr->lay.blocks[b].nelem * tr->st->es;
+}
+static inline size_t fy_tr_master_nbytes(const fy_trainer *tr, int b) {
     return tr->lay.blocks[b].nelem * sizeof(float);
+}
+/* Element i of a buffer of the storage type. */
+static inline float *fy_tr_at(const fy_trainer *tr, const void *base, size_t i) {
+    return (float *)((char *)base + i * tr->st->es);
 }
 /* Layer l's input: the previous layer's output, or the embedding's. */
 static inline const float *fy_tr_layer_input(const fy_trainer *tr, int l) {

@@ -24,6 +24,7 @@ fy_status fy_plan_new(int layers, int micro_batch, int grad_accum, fy_plan *out)
     out->micro_batch = micro_batch;
     out->grad_accum = grad_accum;
     out->prefetch = 1;
+    out->dtype = FY_F32;
     return FY_OK;
 }
 
@@ -36,12 +37,13 @@ fy_status fy_plan_copy(const fy_plan *src, fy_plan *dst) {
     FY_TRY(fy_plan_new(src->layers, src->micro_batch, src->grad_accum, dst));
     memcpy(dst->blocks, src->blocks, ((size_t)src->layers + 2) * sizeof *dst->blocks);
     dst->prefetch = src->prefetch;
+    dst->dtype = src->dtype;
     return FY_OK;
 }
 
 bool fy_plan_equal(const fy_plan *a, const fy_plan *b) {
     return a->layers == b->layers && a->micro_batch == b->micro_batch &&
-           a->grad_accum == b->grad_accum && a->prefetch == b->prefetch &&
+           a->grad_accum == b->grad_accum && a->prefetch == b->prefetch && a->dtype == b->dtype &&
            !memcmp(a->blocks, b->blocks, ((size_t)a->layers + 2) * sizeof *a->blocks);
 }
 
@@ -93,6 +95,7 @@ fy_status fy_plan_save(const char *path, const fy_plan *p) {
     cJSON_AddNumberToObject(root, "micro_batch", p->micro_batch);
     cJSON_AddNumberToObject(root, "grad_accum", p->grad_accum);
     cJSON_AddNumberToObject(root, "prefetch", p->prefetch);
+    cJSON_AddStringToObject(root, "dtype", fy_dtype_name(p->dtype));
     for (int b = 0; b < p->layers + 2; b++) {
         char name[32];
         block_name(p, b, name, sizeof name);
@@ -148,9 +151,17 @@ fy_status fy_plan_load(const char *path, int layers, fy_plan *out) {
         why = "prefetch must be an integer in 0..64";
         goto done;
     }
+    const cJSON *jd = cJSON_GetObjectItemCaseSensitive(root, "dtype");
+    fy_dtype dtype = FY_F32;
+    if (jd && (!cJSON_IsString(jd) || fy_dtype_parse(jd->valuestring, &dtype) != 0 ||
+               (dtype != FY_F32 && dtype != FY_BF16))) {
+        why = "dtype must be \"fp32\" or \"bf16\"";
+        goto done;
+    }
     if ((st = fy_plan_new(layers, (int)jb->valuedouble, (int)ja->valuedouble, out)) != FY_OK)
         goto done;
     if (jp) out->prefetch = (int)jp->valuedouble;
+    out->dtype = dtype;
     st = FY_ERR_FORMAT;
     for (int b = 0; b < layers + 2; b++) {
         const cJSON *o = cJSON_GetArrayItem(blocks, b);
@@ -232,4 +243,5 @@ void fy_plan_describe(const fy_plan *p, char *buf, size_t cap) {
     describe_set(p, "params streamed", 0, FY_PARAMS_STREAMED, buf, cap);
     describe_set(p, "optim on cpu", 1, FY_OPTIM_CPU, buf, cap);
     describe_set(p, "recompute", 2, FY_ACTS_RECOMPUTE, buf, cap);
+    if (p->dtype == FY_BF16) snprintf(buf + strlen(buf), cap - strlen(buf), " | bf16 storage");
 }

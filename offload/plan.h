@@ -12,14 +12,16 @@
  *   acts    keep      the layer's activations stay until its backward
  *           recompute only the layer's output is kept; backward reruns its forward
  *                     (layers only: the embedding and head always keep theirs)
- * plus the micro-batch size and the number of micro-batches accumulated per step.
+ * plus the micro-batch size, the number of micro-batches accumulated per step, and the
+ * storage type of what the device computes on (parameters, gradients, activations):
+ * fp32, or bf16 (fp32 master weights and moments then stay wherever the optimizer is).
  *
  * Every plan computes the same numbers: on the cpu backend losses and weights are
  * bit-identical to the all-resident plan's (tests/test_offload.c).
  *
  * Plans are JSON files (fy_plan_load / fy_plan_save):
  *   {"format": "ferry-plan", "version": 1, "layers": L, "micro_batch": B, "grad_accum": N,
- *    "prefetch": 1,
+ *    "prefetch": 1, "dtype": "fp32",
  *    "blocks": [{"block": "embed", "params": "resident", "optim": "gpu", "acts": "keep"},
  *               {"block": "layer.0", ...}, ..., {"block": "head", ...}]} */
 #ifndef FY_PLAN_H
@@ -28,6 +30,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "engine/core/dtype.h"
 #include "engine/core/status.h"
 
 #ifdef __cplusplus
@@ -53,6 +56,7 @@ typedef struct fy_plan {
     int grad_accum;        /* micro-batches per optimizer step */
     int prefetch;          /* staging slots beyond the serial minimum, so transfers can
                               run ahead of compute (default 1; 0 = least device memory) */
+    fy_dtype dtype;        /* device storage: FY_F32 (default) or FY_BF16 */
 } fy_plan;
 
 /* The all-resident plan: everything on the device, nothing recomputed. */

@@ -63,11 +63,16 @@ static void carve(walk *w, fy_mem_cat cat, size_t nbytes, void *out) {
 
 static size_t fsz(size_t nelem) { return nelem * sizeof(float); }
 
+static fy_dtype plan_dtype(const fy_plan *plan) { return plan->dtype == FY_BF16 ? FY_BF16 : FY_F32; }
+
 static fy_status layout(walk *w, const fy_gpt2_layout *lay, const fy_plan *plan, int T,
                         bool training, fy_chunk *chunks, fy_storage *st) {
     const fy_gpt2_config *mc = &lay->cfg;
     const int B = plan->micro_batch, L = mc->layers, nb = lay->nblocks;
     const size_t N = (size_t)B * T;
+    const fy_dtype dt = plan_dtype(plan);
+    const size_t es = fy_dtype_size(dt);
+    const bool lp = dt != FY_F32; /* masters apart from the device copies */
     char what[64];
     fy_chunk scratch_chunk;
     float *base_dummy;
@@ -79,29 +84,42 @@ static fy_status layout(walk *w, const fy_gpt2_layout *lay, const fy_plan *plan,
         fy_chunk *c = chunks ? &chunks[b] : &scratch_chunk;
         memset(c, 0, sizeof *c);
         c->nelem = lay->blocks[b].nelem;
-        const size_t nbytes = fsz(c->nelem);
+        const size_t nbytes = fsz(c->nelem), lpbytes = c->nelem * es;
         bool streamed = bp->params == FY_PARAMS_STREAMED, cpu = bp->optim == FY_OPTIM_CPU;
         c->needs_grad_staging = training && (cpu || plan->grad_accum > 1);
-        if (streamed) { nstreamed++; if (c->nelem > pslot) pslot = c->nelem; }
+        if (streamed) {
+            /* a device update of a bf16 block needs its fp32 master and the bf16 copy out */
+            size_t need = lp && training && !cpu ? nbytes + lpbytes : lpbytes;
+            nstreamed++;
+            if (need > pslot) pslot = need;
+        }
         if (c->needs_grad_staging) {
             nstaged++;
             if (b == 0) embed_staged = true;
-            if (c->nelem > gslot) gslot = c->nelem;
+            if (lpbytes > gslot) gslot = lpbytes;
         }
         any_cpu |= cpu;
         if (!streamed) {
             snprintf(what, sizeof what, "block %d parameters", b);
-            FY_TRY(take(w, FY_CAT_PARAMS, nbytes, what, &c->param_dev));
+            FY_TRY(take(w, FY_CAT_PARAMS, lpbytes, what, &c->param_dev));
+            if (lp && training && !cpu) {
+                snprintf(what, sizeof what, "block %d fp32 master weights", b);
+                FY_TRY(take(w, FY_CAT_OPTIM, nbytes, what, &c->master_dev));
+            }
         }
-        if (streamed || (cpu && training)) carve(w, FY_CAT_PARAMS, nbytes, &c->param_host);
+        if (streamed || (cpu && training)) {
+            carve(w, FY_CAT_PARAMS, nbytes, &c->param_host);
+            if (lp) carve(w, FY_CAT_PARAMS, lpbytes, &c->param_lp);
+            else c->param_lp = c->param_host;
+        }
         if (!training) continue; /* evaluation: parameters only */
         if (cpu) {
-            carve(w, FY_CAT_GRADS, nbytes, &c->grad_host);
+            carve(w, FY_CAT_GRADS, lpbytes, &c->grad_host);
             carve(w, FY_CAT_OPTIM, nbytes, &c->m);
             carve(w, FY_CAT_OPTIM, nbytes, &c->v);
         } else {
             snprintf(what, sizeof what, "block %d gradients", b);
-            FY_TRY(take(w, FY_CAT_GRADS, nbytes, what, &c->grad_dev));
+            FY_TRY(take(w, FY_CAT_GRADS, lpbytes, what, &c->grad_dev));
             snprintf(what, sizeof what, "block %d Adam m", b);
             FY_TRY(take(w, FY_CAT_OPTIM, nbytes, what, &c->m));
             snprintf(what, sizeof what, "block %d Adam v", b);
@@ -122,8 +140,10 @@ static fy_status layout(walk *w, const fy_gpt2_layout *lay, const fy_plan *plan,
     if (st) {
         st->nparam_slots = npslots;
         st->ngrad_slots = ngslots;
-        st->param_slot_nelem = pslot;
-        st->grad_slot_nelem = gslot;
+        st->param_slot_nbytes = pslot;
+        st->grad_slot_nbytes = gslot;
+        st->dtype = dt;
+        st->es = es;
         st->param_slots = calloc((size_t)(npslots ? npslots : 1), sizeof(fy_slot));
         st->grad_slots = calloc((size_t)(ngslots ? ngslots : 1), sizeof(fy_slot));
         if (!st->param_slots || !st->grad_slots) return FY_ERR_NOMEM;
@@ -131,47 +151,47 @@ static fy_status layout(walk *w, const fy_gpt2_layout *lay, const fy_plan *plan,
     for (int i = 0; i < npslots; i++) {
         snprintf(what, sizeof what, "parameter staging slot %d", i);
         float *p = NULL;
-        FY_TRY(take(w, FY_CAT_STAGING, fsz(pslot), what, &p));
+        FY_TRY(take(w, FY_CAT_STAGING, pslot, what, &p));
         if (st) st->param_slots[i] = (fy_slot){p, -1};
     }
     for (int i = 0; i < ngslots; i++) {
         snprintf(what, sizeof what, "gradient staging slot %d", i);
         float *p = NULL;
-        FY_TRY(take(w, FY_CAT_STAGING, fsz(gslot), what, &p));
+        FY_TRY(take(w, FY_CAT_STAGING, gslot, what, &p));
         if (st) st->grad_slots[i] = (fy_slot){p, -1};
     }
     /* host landing buffer for micro-batch gradients added into grad_host */
     if (any_cpu && plan->grad_accum > 1)
-        carve(w, FY_CAT_STAGING, fsz(gslot), st ? (void *)&st->grad_host_tmp : (void *)&base_dummy);
+        carve(w, FY_CAT_STAGING, gslot, st ? (void *)&st->grad_host_tmp : (void *)&base_dummy);
     /* activations */
-    const size_t layer_n = fy_gpt2_layer_acts_nelem(mc, B, T);
+    const size_t layer_n = fy_gpt2_layer_acts_nbytes(mc, B, T, dt);
     float *shared = NULL;
     bool any_recompute = false;
     for (int l = 0; l < L; l++) any_recompute |= plan->blocks[1 + l].acts == FY_ACTS_RECOMPUTE;
     if (any_recompute)
-        FY_TRY(take(w, FY_CAT_ACTS, fsz(layer_n), "activations shared by recomputed layers", &shared));
+        FY_TRY(take(w, FY_CAT_ACTS, layer_n, "activations shared by recomputed layers", &shared));
     for (int l = 0; l < L; l++) {
         fy_gpt2_layer_acts a;
         memset(&a, 0, sizeof a);
         if (plan->blocks[1 + l].acts == FY_ACTS_RECOMPUTE) {
-            if (st && w->alloc) fy_gpt2_layer_acts_bind(mc, B, T, shared, &a);
+            if (st && w->alloc) fy_gpt2_layer_acts_bind(mc, B, T, dt, shared, &a);
         } else {
             float *base = NULL;
             snprintf(what, sizeof what, "layer %d activations", l);
-            FY_TRY(take(w, FY_CAT_ACTS, fsz(layer_n), what, &base));
-            if (st && w->alloc) fy_gpt2_layer_acts_bind(mc, B, T, base, &a);
+            FY_TRY(take(w, FY_CAT_ACTS, layer_n, what, &base));
+            if (st && w->alloc) fy_gpt2_layer_acts_bind(mc, B, T, dt, base, &a);
         }
         snprintf(what, sizeof what, "layer %d output", l);
-        FY_TRY(take(w, FY_CAT_ACTS, fsz(N * mc->channels), what, &a.out));
+        FY_TRY(take(w, FY_CAT_ACTS, N * mc->channels * es, what, &a.out));
         if (st) st->acts[l] = a;
     }
     float *base = NULL;
-    FY_TRY(take(w, FY_CAT_ACTS, fsz(fy_gpt2_head_acts_nelem(mc, B, T)), "head activations", &base));
-    if (st && w->alloc) fy_gpt2_head_acts_bind(mc, B, T, base, &st->head);
-    FY_TRY(take(w, FY_CAT_ACTS, fsz(N * mc->channels), "embedding output", st ? &st->x0 : &base));
-    FY_TRY(take(w, FY_CAT_WORKSPACE, fsz(fy_gpt2_scratch_nelem(mc, B, T)), "backward workspace",
+    FY_TRY(take(w, FY_CAT_ACTS, fy_gpt2_head_acts_nbytes(mc, B, T, dt), "head activations", &base));
+    if (st && w->alloc) fy_gpt2_head_acts_bind(mc, B, T, dt, base, &st->head);
+    FY_TRY(take(w, FY_CAT_ACTS, N * mc->channels * es, "embedding output", st ? &st->x0 : &base));
+    FY_TRY(take(w, FY_CAT_WORKSPACE, fy_gpt2_scratch_nbytes(mc, B, T, dt), "backward workspace",
                 &base));
-    if (st && w->alloc) fy_gpt2_scratch_bind(mc, B, T, base, &st->sc);
+    if (st && w->alloc) fy_gpt2_scratch_bind(mc, B, T, dt, base, &st->sc);
     const size_t accum = (size_t)plan->grad_accum;
     void *tmp;
     /* tokens are double-buffered so the next micro-batch loads while this one computes */

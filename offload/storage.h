@@ -4,9 +4,17 @@
  * For each block the chunk says where its parameters, gradients and AdamW moments are:
  *   param_dev   resident blocks: the device copy (persistent)
  *   param_host  streamed or cpu-optimised blocks: the fp32 master in the host arena
+ *   param_lp    streamed or cpu-optimised blocks: the host copy in the storage type,
+ *               what is copied to the device (the master itself when that is fp32)
+ *   master_dev  resident gpu-optimised blocks with bf16 storage: the fp32 master
+ *               (with fp32 storage param_dev is the master)
  *   grad_dev    gpu-optimised blocks: the device accumulator
  *   grad_host   cpu-optimised blocks: the host accumulator
  *   m, v        on the device (gpu optimiser) or in the host arena (cpu optimiser)
+ * Parameters on the device, gradients and activations are in the plan's storage type
+ * (plan->dtype); masters and moments are fp32. With bf16 storage, a streamed block's
+ * update on the device fetches its fp32 master into the slot, followed by room for the
+ * bf16 copy the update writes out.
  * Streamed parameters are fetched into a ring of device staging slots; gradients that
  * must leave the device (cpu optimiser) or be accumulated (grad_accum > 1) are computed
  * into gradient staging slots. Activations: kept layers own theirs; recomputed layers
@@ -49,7 +57,7 @@ typedef struct fy_mem_model {
 
 typedef struct fy_chunk {
     size_t nelem;
-    float *param_dev, *param_host;
+    float *param_dev, *param_host, *param_lp, *master_dev;
     float *grad_dev, *grad_host;
     float *m, *v;
     bool needs_grad_staging;  /* grads computed into a staging slot */
@@ -68,7 +76,9 @@ typedef struct fy_storage {
     fy_chunk *chunks;         /* nblocks */
     fy_slot *param_slots, *grad_slots;
     int nparam_slots, ngrad_slots;
-    size_t param_slot_nelem, grad_slot_nelem;
+    size_t param_slot_nbytes, grad_slot_nbytes;
+    fy_dtype dtype;           /* the plan's storage type (F32 or BF16) */
+    size_t es;                /* its size in bytes */
     fy_gpt2_layer_acts *acts; /* per layer */
     fy_gpt2_head_acts head;
     fy_gpt2_scratch sc;

@@ -500,13 +500,13 @@ static void layer_fix_init(layer_fix *f, uint64_t seed) {
     }
     f->wbase = dputf(host, f->blk->nelem);
     f->gbase = dnewf(f->blk->nelem);
-    fy_gpt2_layer_view(f->blk, f->wbase, &f->w);
-    fy_gpt2_layer_view(f->blk, f->gbase, &f->g);
-    fy_gpt2_layer_acts_bind(&f->cfg, f->B, f->T,
-                            dnewf(fy_gpt2_layer_acts_nelem(&f->cfg, f->B, f->T)), &f->a);
+    fy_gpt2_layer_view(f->blk, FY_F32, f->wbase, &f->w);
+    fy_gpt2_layer_view(f->blk, FY_F32, f->gbase, &f->g);
+    fy_gpt2_layer_acts_bind(&f->cfg, f->B, f->T, FY_F32,
+                            dnew(fy_gpt2_layer_acts_nbytes(&f->cfg, f->B, f->T, FY_F32)), &f->a);
     f->a.out = dnewf(f->NC); /* the output is bound apart from the other activations */
-    fy_gpt2_scratch_bind(&f->cfg, f->B, f->T,
-                         dnewf(fy_gpt2_scratch_nelem(&f->cfg, f->B, f->T)), &f->sc);
+    fy_gpt2_scratch_bind(&f->cfg, f->B, f->T, FY_F32,
+                         dnew(fy_gpt2_scratch_nbytes(&f->cfg, f->B, f->T, FY_F32)), &f->sc);
     f->x_in = dputf(hrand(&r, f->NC, -1.5f, 1.5f), f->NC);
     f->R = hrand(&r, f->NC, -1, 1);
     f->tmp = hnewf(f->NC);
@@ -1002,7 +1002,7 @@ Test(determinism, kernel_results_independent_of_buffer_addresses) {
 Test(determinism, gpt2_layer_fwd_bwd_bit_identical_when_rerun) {
     layer_fix f;
     layer_fix_init(&f, 717);
-    size_t na = fy_gpt2_layer_acts_nelem(&f.cfg, f.B, f.T);
+    size_t na = fy_gpt2_layer_acts_nbytes(&f.cfg, f.B, f.T, FY_F32) / sizeof(float);
     float *acts[2], *dx[2], *grads[2];
     for (int run = 0; run < 2; run++) {
         fy_memset_async(g_s, f.gbase, 0, f.blk->nelem * sizeof(float));

@@ -160,7 +160,7 @@ Test(model, first_step_gradients_match_pytorch) {
     /* the key bias cannot change any softmax: its gradient is zero up to rounding */
     for (int l = 0; l < c.cfg.layers; l++) {
         fy_gpt2_layer_w g;
-        fy_gpt2_layer_view(&lay->blocks[1 + l], got[1 + l], &g);
+        fy_gpt2_layer_view(&lay->blocks[1 + l], FY_F32, got[1 + l], &g);
         double kk = 0, qq = 0;
         for (int j = 0; j < c.cfg.channels; j++) {
             kk += (double)g.qkvb[c.cfg.channels + j] * g.qkvb[c.cfg.channels + j];
@@ -388,8 +388,10 @@ Test(model, chunked_classifier_matches_unchunked) {
     fy_copy_async(s, y, h_y, (size_t)N * 4, FY_H2D);
     fy_gpt2_head_acts a;
     fy_gpt2_scratch sc;
-    fy_gpt2_head_acts_bind(&cfg, B, T, dev_upload(d, s, NULL, fy_gpt2_head_acts_nelem(&cfg, B, T)), &a);
-    fy_gpt2_scratch_bind(&cfg, B, T, dev_upload(d, s, NULL, fy_gpt2_scratch_nelem(&cfg, B, T)), &sc);
+    fy_gpt2_head_acts_bind(&cfg, B, T, FY_F32,
+                           dev_upload(d, s, NULL, fy_gpt2_head_acts_nbytes(&cfg, B, T, FY_F32) / 4), &a);
+    fy_gpt2_scratch_bind(&cfg, B, T, FY_F32,
+                         dev_upload(d, s, NULL, fy_gpt2_scratch_nbytes(&cfg, B, T, FY_F32) / 4), &sc);
     float *dwte = dev_upload(d, s, NULL, (size_t)V * C), *loss = dev_upload(d, s, NULL, 1);
     const float dloss = 1.0f / N;
     fy_gpt2_head_step(&cfg, &w, &g, wte, dwte, x, &a, y, dloss, loss, &sc, B, T, s);

@@ -52,13 +52,17 @@ void fy_tune_costs(const fy_profile *p, fy_trainer *dry, int adam_threads) {
     double adam = fy_profile_adam_gparams(p, adam_threads) * 1e9;
     fy_trainer_set_cost(dry, FY_T_LOAD, -1, xfer_ms(8.0 * B * T, p->h2d_gbps, p->latency_ms));
     fy_trainer_set_cost(dry, FY_T_NORM, -1, 0.01);
+    /* transfers move the storage type's copies; a device update of a streamed block with
+     * bf16 storage also returns the fp32 master (its fetch, costed as a compute fetch,
+     * moves the master too: the model undercounts that one) */
+    const double es = (double)st->es;
     for (int b = 0; b < lay->nblocks; b++) {
-        const double nb = (double)lay->blocks[b].nelem * sizeof(float);
-        const double P = (double)lay->blocks[b].nelem;
+        const double P = (double)lay->blocks[b].nelem, nb = P * es;
+        const double back = es == 4.0 ? nb : nb + P * 4.0;
         fy_trainer_set_cost(dry, FY_T_H2D_PARAM, b, xfer_ms(nb, p->h2d_gbps, p->latency_ms));
         fy_trainer_set_cost(dry, FY_T_H2D_UPDATE, b, xfer_ms(nb, p->h2d_gbps, p->latency_ms));
         fy_trainer_set_cost(dry, FY_T_D2H_GRAD, b, xfer_ms(nb, p->d2h_gbps, p->latency_ms));
-        fy_trainer_set_cost(dry, FY_T_D2H_PARAM, b, xfer_ms(nb, p->d2h_gbps, p->latency_ms));
+        fy_trainer_set_cost(dry, FY_T_D2H_PARAM, b, xfer_ms(back, p->d2h_gbps, p->latency_ms));
         fy_trainer_set_cost(dry, FY_T_ADAM_CPU, b, adam > 0 ? P / adam * 1e3 : 1e9);
         static const int compute[] = {FY_T_FWD, FY_T_RECOMPUTE, FY_T_BWD, FY_T_HEAD, FY_T_GOPEN,
                                       FY_T_ADAM_GPU};
@@ -154,6 +158,7 @@ static fy_status search_all(const fy_profile *p, const fy_tune_cfg *cfg, fy_tune
                 for (int k3 = 0; k3 <= L && st == FY_OK; k3++) {
                     fy_plan plan;
                     if ((st = fy_plan_new(L, micro, cfg->batch / micro, &plan)) != FY_OK) break;
+                    plan.dtype = cfg->dtype == FY_BF16 ? FY_BF16 : FY_F32;
                     st = fy_plan_shorthands(&plan, (double)k2 / L, (double)k3 / L, k1);
                     fy_mem_model mm;
                     if (st == FY_OK) fy_storage_model(&lay, &plan, cfg->seq, &mm);

@@ -42,6 +42,7 @@ typedef struct fy_tune_cfg {
     size_t host_budget;    /* bytes; 0 = no limit */
     int adam_threads;
     int window;            /* steps simulated per candidate */
+    fy_dtype dtype;        /* the plans' device storage type (NONE = fp32) */
     double tie_margin;     /* plans predicted within this fraction of the fastest count as
                               ties, settled for the one that moves the least work off the
                               compute lane (0: the fastest prediction wins) */

@@ -34,6 +34,9 @@ typedef struct opt {
 static const opt table[] = {
     {"device", T_STR, O(device), TR | EV | PR | TU | SW, "auto", R_ANY, "auto|cpu|cuda", "KIND",
      "backend; auto = cuda when a GPU is present, else cpu", 0},
+    {"dtype", T_STR, O(dtype), TR | EV | PR | TU | SW, "auto", R_ANY, "auto|fp32|bf16", "TYPE",
+     "device storage of parameters, gradients, activations (fp32 masters and moments "
+     "either way); auto = bf16 on cuda, fp32 on cpu", 0},
     {"matmul", T_STR, O(matmul), TR | EV | PR, "auto", R_ANY, "auto|fp32|tf32|bf16", "MATH",
      "cuda: fp32 GEMMs on bf16 or tf32 tensor cores (fp32 accumulation) or exact fp32; "
      "auto = bf16 on cuda (the cpu backend is fp32 only)", 0},
@@ -279,6 +282,21 @@ fy_status fy_opts_dev_cfg(const fy_opts *o, bool need_gpu, fy_dev_cfg *out) {
         return FY_ERR_INVALID;
     }
     return FY_OK;
+}
+
+fy_dtype fy_opts_dtype(const fy_opts *o, fy_dev_kind kind) {
+    const char *d = o->dtype ? o->dtype : "auto";
+    if (!strcmp(d, "fp32")) return FY_F32;
+    if (!strcmp(d, "bf16")) return FY_BF16;
+    return kind == FY_DEV_CUDA ? FY_BF16 : FY_F32;
+}
+
+fy_dev_kind fy_opts_dev_kind(const fy_opts *o) {
+    if (!strcmp(o->device, "cuda")) return FY_DEV_CUDA;
+    if (!strcmp(o->device, "cpu") || o->sim_pcie_gbps > 0) return FY_DEV_CPU;
+    fy_gpu_info gpu;
+    char why[160];
+    return fy_dev_gpus(&gpu, 1, why, sizeof why) > 0 ? FY_DEV_CUDA : FY_DEV_CPU;
 }
 
 bool fy_opts_given(const fy_opts *o, const char *name) {

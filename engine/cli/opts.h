@@ -25,6 +25,7 @@ typedef struct fy_opts {
     /* device */
     const char *device;
     const char *matmul;
+    const char *dtype;
     size_t gpu_mem;
     double sim_pcie_gbps;
     int64_t threads;
@@ -79,6 +80,10 @@ bool fy_opts_given(const fy_opts *o, const char *name);
  * --device cuda on a machine without a usable GPU is an error (logged) here, before any
  * work; without it (planning: --dry-run, tune) the kind is returned as asked. */
 fy_status fy_opts_dev_cfg(const fy_opts *o, bool need_gpu, fy_dev_cfg *out);
+/* --dtype: fp32, bf16, or auto = bf16 on kind cuda, fp32 on cpu. */
+fy_dtype fy_opts_dtype(const fy_opts *o, fy_dev_kind kind);
+/* The kind --device names, auto resolved by looking for a GPU (no notice, no error). */
+fy_dev_kind fy_opts_dev_kind(const fy_opts *o);
 void fy_opts_help(unsigned cmd, const char *usage);
 
 #ifdef __cplusplus

@@ -196,6 +196,7 @@ int fy_sweep_main(const fy_opts *o) {
                  "pred_compute_ms,pred_h2d_ms,pred_d2h_ms,pred_cpu_ms,"
                  "meas_compute_ms,meas_h2d_ms,meas_d2h_ms,meas_cpu_ms\n");
     fy_tune_cfg tc = {.model = cfg, .batch = (int)o->batch, .seq = (int)o->seq,
+                      .dtype = fy_opts_dtype(o, fy_opts_dev_kind(o)),
                       .device_budget = o->gpu_mem ? o->gpu_mem : SIZE_MAX, .host_budget = o->host_mem,
                       .adam_threads = o->adam_threads > 0 ? (int)o->adam_threads : (o->threads > 0 ? (int)o->threads : prof.cores),
                       .window = o->steps < 20 ? (int)o->steps : 20};

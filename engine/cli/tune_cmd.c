@@ -112,6 +112,7 @@ static fy_tune_cfg tune_cfg(const fy_opts *o, const fy_gpt2_config *cfg, const f
     size_t budget = o->gpu_mem ? o->gpu_mem : (size_t)(p->device_mem_gib * 1073741824.0);
     return (fy_tune_cfg){.model = *cfg, .batch = (int)o->batch, .seq = (int)o->seq,
                          .device_budget = budget, .host_budget = o->host_mem,
+                         .dtype = fy_opts_dtype(o, fy_opts_dev_kind(o)),
                          .adam_threads = o->adam_threads > 0 ? (int)o->adam_threads
                                                              : (o->threads > 0 ? (int)o->threads : p->cores),
                          .window = 20, .tie_margin = FY_TUNE_TIE_MARGIN};

@@ -8,6 +8,7 @@
 #define FY_REDUCE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -19,6 +20,9 @@ extern "C" {
 double fy_sumsq_chunk(const float *x, size_t n);
 /* All chunks, serially. */
 double fy_sumsq(const float *x, size_t n);
+/* The same over bf16 values (uint16_t bit patterns), each widened to fp32 exactly: the
+ * device kernel on a bf16 stream gives the same bits. */
+double fy_sumsq_bf16(const uint16_t *x, size_t n);
 
 #ifdef __cplusplus
 }

@@ -126,19 +126,20 @@ void fy_gpt2_layout_free(fy_gpt2_layout *lay) {
     lay->blocks = NULL;
 }
 
-static void view(const fy_block_spec *blk, float *base, float **fields, int n) {
+static void view(const fy_block_spec *blk, fy_dtype dt, void *base, float **fields, int n) {
     FY_ASSERT(blk->ntensors == n, "block kind does not match the view");
-    for (int i = 0; i < n; i++) fields[i] = base + blk->tensors[i].offset;
+    const size_t es = fy_dtype_size(dt == FY_DTYPE_NONE ? FY_F32 : dt);
+    for (int i = 0; i < n; i++) fields[i] = (float *)((char *)base + blk->tensors[i].offset * es);
 }
 
-void fy_gpt2_layer_view(const fy_block_spec *blk, float *base, fy_gpt2_layer_w *out) {
-    view(blk, base, (float **)out, sizeof *out / sizeof(float *));
+void fy_gpt2_layer_view(const fy_block_spec *blk, fy_dtype dt, void *base, fy_gpt2_layer_w *out) {
+    view(blk, dt, base, (float **)out, sizeof *out / sizeof(float *));
 }
-void fy_gpt2_embed_view(const fy_block_spec *blk, float *base, fy_gpt2_embed_w *out) {
-    view(blk, base, (float **)out, sizeof *out / sizeof(float *));
+void fy_gpt2_embed_view(const fy_block_spec *blk, fy_dtype dt, void *base, fy_gpt2_embed_w *out) {
+    view(blk, dt, base, (float **)out, sizeof *out / sizeof(float *));
 }
-void fy_gpt2_head_view(const fy_block_spec *blk, float *base, fy_gpt2_head_w *out) {
-    view(blk, base, (float **)out, sizeof *out / sizeof(float *));
+void fy_gpt2_head_view(const fy_block_spec *blk, fy_dtype dt, void *base, fy_gpt2_head_w *out) {
+    view(blk, dt, base, (float **)out, sizeof *out / sizeof(float *));
 }
 
 /* ---- init ------------------------------------------------------------------------- */
@@ -181,29 +182,35 @@ void fy_gpt2_init_block(const fy_gpt2_config *cfg, const fy_block_spec *blk, uin
 
 /* ---- activations ------------------------------------------------------------------ */
 
-#define SIZE_FIELD(field, size) total += fy_round_up(size, ALIGN_FLOATS);
-#define BIND_FIELD(field, size) out->field = base + off; off += fy_round_up(size, ALIGN_FLOATS);
+/* Field sizes in bytes: S fields in the storage type (es bytes), F fields fp32; each
+ * field starts 64-byte aligned. */
+#define ES_S es
+#define ES_F sizeof(float)
+#define SIZE_FIELD(field, size, type) total += fy_round_up((size) * ES_##type, 64);
+#define BIND_FIELD(field, size, type) out->field = (float *)((char *)base + off); \
+                                      off += fy_round_up((size) * ES_##type, 64);
 #define DIMS const size_t N = (size_t)B * T, C = (size_t)cfg->channels, V = (size_t)cfg->vocab, \
-                          NH = (size_t)cfg->heads; (void)N; (void)C; (void)V; (void)NH
+                          NH = (size_t)cfg->heads, es = fy_dtype_size(dt == FY_DTYPE_NONE ? FY_F32 : dt); \
+             (void)N; (void)C; (void)V; (void)NH; (void)es
 
-size_t fy_gpt2_layer_acts_nelem(const fy_gpt2_config *cfg, int B, int T) {
+size_t fy_gpt2_layer_acts_nbytes(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt) {
     DIMS; size_t total = 0; FY_GPT2_LAYER_ACTS(SIZE_FIELD) return total;
 }
-size_t fy_gpt2_head_acts_nelem(const fy_gpt2_config *cfg, int B, int T) {
+size_t fy_gpt2_head_acts_nbytes(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt) {
     DIMS; size_t total = 0; FY_GPT2_HEAD_ACTS(SIZE_FIELD) return total;
 }
-size_t fy_gpt2_scratch_nelem(const fy_gpt2_config *cfg, int B, int T) {
+size_t fy_gpt2_scratch_nbytes(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt) {
     DIMS; size_t total = 0; FY_GPT2_SCRATCH(SIZE_FIELD) return total;
 }
-void fy_gpt2_layer_acts_bind(const fy_gpt2_config *cfg, int B, int T, float *base,
+void fy_gpt2_layer_acts_bind(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt, void *base,
                              fy_gpt2_layer_acts *out) {
     DIMS; size_t off = 0; FY_GPT2_LAYER_ACTS(BIND_FIELD)
 }
-void fy_gpt2_head_acts_bind(const fy_gpt2_config *cfg, int B, int T, float *base,
+void fy_gpt2_head_acts_bind(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt, void *base,
                             fy_gpt2_head_acts *out) {
     DIMS; size_t off = 0; FY_GPT2_HEAD_ACTS(BIND_FIELD)
 }
-void fy_gpt2_scratch_bind(const fy_gpt2_config *cfg, int B, int T, float *base,
+void fy_gpt2_scratch_bind(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt, void *base,
                           fy_gpt2_scratch *out) {
     DIMS; size_t off = 0; FY_GPT2_SCRATCH(BIND_FIELD)
 }
@@ -240,13 +247,15 @@ static void classifier(const fy_gpt2_config *cfg, const float *wte, float *dwte,
                        int N, fy_stream *s) {
     const int C = cfg->channels, V = cfg->vocab;
     const int rows = (int)fy_gpt2_logit_rows((size_t)N, (size_t)V);
+    const size_t es = fy_dtype_size(fy_stream_dtype(s)); /* lnf and dlnf are stored so */
     for (int r0 = 0; r0 < N; r0 += rows) {
         const int n = N - r0 < rows ? N - r0 : rows;
-        const float *lnf = a->lnf + (size_t)r0 * C;
+        const float *lnf = (const float *)((const char *)a->lnf + (size_t)r0 * C * es);
         fy_k_matmul_fwd(a->logits, lnf, wte, NULL, n, C, V, s);
         fy_k_crossentropy(a->losses + r0, a->logits, targets + r0, n, V, dloss, s);
         if (dloss != 0.0f)
-            fy_k_matmul_bwd(dlnf + (size_t)r0 * C, dwte, NULL, a->logits, lnf, wte, n, C, V, s);
+            fy_k_matmul_bwd((float *)((char *)dlnf + (size_t)r0 * C * es), dwte, NULL, a->logits,
+                            lnf, wte, n, C, V, s);
     }
 }
 
@@ -269,7 +278,7 @@ void fy_gpt2_head_step(const fy_gpt2_config *cfg, const fy_gpt2_head_w *w,
     fy_k_layernorm_fwd(a->lnf, a->lnf_mean, a->lnf_rstd, xL, w->lnfw, w->lnfb, N, C, s);
     classifier(cfg, wte, dwte, a, targets, dloss, sc->dln, N, s);
     fy_k_mean(loss_out, a->losses, (size_t)N, s);
-    fy_memset_async(s, sc->dres, 0, (size_t)N * C * sizeof(float));
+    fy_memset_async(s, sc->dres, 0, (size_t)N * C * fy_dtype_size(fy_stream_dtype(s)));
     fy_k_layernorm_bwd(sc->dres, g->lnfw, g->lnfb, sc->dln, xL, w->lnfw, a->lnf_mean,
                        a->lnf_rstd, N, C, s);
 }

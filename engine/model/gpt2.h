@@ -21,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/core/dtype.h"
 #include "engine/core/status.h"
 #include "engine/device/device.h"
 
@@ -107,10 +108,11 @@ typedef struct fy_gpt2_layout {
 
 fy_status fy_gpt2_layout_new(const fy_gpt2_config *cfg, fy_gpt2_layout *out);
 void fy_gpt2_layout_free(fy_gpt2_layout *lay);
-/* Block b's buffer seen as its tensors (base may be a parameter or a gradient buffer). */
-void fy_gpt2_layer_view(const fy_block_spec *blk, float *base, fy_gpt2_layer_w *out);
-void fy_gpt2_embed_view(const fy_block_spec *blk, float *base, fy_gpt2_embed_w *out);
-void fy_gpt2_head_view(const fy_block_spec *blk, float *base, fy_gpt2_head_w *out);
+/* Block b's buffer seen as its tensors: base holds nelem elements of type dt (F32 or
+ * BF16; the fields are typed float, meaning "of the buffer's type", as in kernels.h). */
+void fy_gpt2_layer_view(const fy_block_spec *blk, fy_dtype dt, void *base, fy_gpt2_layer_w *out);
+void fy_gpt2_embed_view(const fy_block_spec *blk, fy_dtype dt, void *base, fy_gpt2_embed_w *out);
+void fy_gpt2_head_view(const fy_block_spec *blk, fy_dtype dt, void *base, fy_gpt2_head_w *out);
 
 /* GPT-2's initialisation into a host buffer of blk->nelem floats: weights N(0, 0.02),
  * residual projections N(0, 0.02/sqrt(2L)), biases 0, norm gains 1. Each tensor draws
@@ -119,22 +121,23 @@ void fy_gpt2_init_block(const fy_gpt2_config *cfg, const fy_block_spec *blk, uin
                         float *host);
 
 /* Activations of one layer for a micro-batch of B x T (N = B*T). The layer's output
- * (N*C floats, the next layer's input) is not in this list: it is `out`, bound by the
- * caller, because a recomputed layer keeps its output but shares everything else. */
-#define FY_GPT2_LAYER_ACTS(X)          \
-    X(ln1, (size_t)N * C)               \
-    X(ln1_mean, (size_t)N)              \
-    X(ln1_rstd, (size_t)N)              \
-    X(qkv, (size_t)N * 3 * C)           \
-    X(att, (size_t)B * NH * T * T)      \
-    X(atty, (size_t)N * C)              \
-    X(res2, (size_t)N * C)              \
-    X(ln2, (size_t)N * C)               \
-    X(ln2_mean, (size_t)N)              \
-    X(ln2_rstd, (size_t)N)              \
-    X(fch, (size_t)N * 4 * C)           \
-    X(fch_gelu, (size_t)N * 4 * C)
-#define FY_GPT2_ACT_FIELD(field, size) float *field;
+ * (N*C elements, the next layer's input) is not in this list: it is `out`, bound by the
+ * caller, because a recomputed layer keeps its output but shares everything else.
+ * X(field, elements, type): S = the storage type, F = always fp32 (kernels.h). */
+#define FY_GPT2_LAYER_ACTS(X)             \
+    X(ln1, (size_t)N * C, S)               \
+    X(ln1_mean, (size_t)N, F)              \
+    X(ln1_rstd, (size_t)N, F)              \
+    X(qkv, (size_t)N * 3 * C, S)           \
+    X(att, (size_t)B * NH * T * T, S)      \
+    X(atty, (size_t)N * C, S)              \
+    X(res2, (size_t)N * C, S)              \
+    X(ln2, (size_t)N * C, S)               \
+    X(ln2_mean, (size_t)N, F)              \
+    X(ln2_rstd, (size_t)N, F)              \
+    X(fch, (size_t)N * 4 * C, S)           \
+    X(fch_gelu, (size_t)N * 4 * C, S)
+#define FY_GPT2_ACT_FIELD(field, size, type) float *field;
 typedef struct fy_gpt2_layer_acts {
     FY_GPT2_LAYER_ACTS(FY_GPT2_ACT_FIELD)
     float *out; /* (N, C), bound separately */
@@ -155,35 +158,36 @@ static inline size_t fy_gpt2_logit_rows(size_t N, size_t V) {
 /* The head's activations: the final norm, one chunk of logits (overwritten by their
  * gradient in a training step) and per-position losses. */
 #define FY_GPT2_HEAD_ACTS(X)                            \
-    X(lnf, (size_t)N * C)                                \
-    X(lnf_mean, (size_t)N)                               \
-    X(lnf_rstd, (size_t)N)                               \
-    X(logits, fy_gpt2_logit_rows(N, V) * V)              \
-    X(losses, (size_t)N)
+    X(lnf, (size_t)N * C, S)                             \
+    X(lnf_mean, (size_t)N, F)                            \
+    X(lnf_rstd, (size_t)N, F)                            \
+    X(logits, fy_gpt2_logit_rows(N, V) * V, S)           \
+    X(losses, (size_t)N, F)
 typedef struct fy_gpt2_head_acts { FY_GPT2_HEAD_ACTS(FY_GPT2_ACT_FIELD) } fy_gpt2_head_acts;
 
 /* Workspace shared by all layers in backward (and the projection output in forward). */
-#define FY_GPT2_SCRATCH(X)             \
-    X(proj, (size_t)N * C)              \
-    X(dres, (size_t)N * C)              \
-    X(dln, (size_t)N * C)               \
-    X(datty, (size_t)N * C)             \
-    X(dqkv, (size_t)N * 3 * C)          \
-    X(dfch, (size_t)N * 4 * C)          \
-    X(dfch_gelu, (size_t)N * 4 * C)     \
-    X(datt, (size_t)B * NH * T * T)
+#define FY_GPT2_SCRATCH(X)                \
+    X(proj, (size_t)N * C, S)              \
+    X(dres, (size_t)N * C, S)              \
+    X(dln, (size_t)N * C, S)               \
+    X(datty, (size_t)N * C, S)             \
+    X(dqkv, (size_t)N * 3 * C, S)          \
+    X(dfch, (size_t)N * 4 * C, S)          \
+    X(dfch_gelu, (size_t)N * 4 * C, S)     \
+    X(datt, (size_t)B * NH * T * T, S)
 typedef struct fy_gpt2_scratch { FY_GPT2_SCRATCH(FY_GPT2_ACT_FIELD) } fy_gpt2_scratch;
 
-/* Floats needed for each struct (16-float aligned fields), and binding the fields to
- * consecutive pieces of a buffer of that many floats (a layer's `out` is left alone). */
-size_t fy_gpt2_layer_acts_nelem(const fy_gpt2_config *cfg, int B, int T);
-size_t fy_gpt2_head_acts_nelem(const fy_gpt2_config *cfg, int B, int T);
-size_t fy_gpt2_scratch_nelem(const fy_gpt2_config *cfg, int B, int T);
-void fy_gpt2_layer_acts_bind(const fy_gpt2_config *cfg, int B, int T, float *base,
+/* Bytes needed for each struct with storage type dt (every field 64-byte aligned), and
+ * binding the fields to consecutive pieces of a buffer of that size (a layer's `out` is
+ * left alone). */
+size_t fy_gpt2_layer_acts_nbytes(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt);
+size_t fy_gpt2_head_acts_nbytes(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt);
+size_t fy_gpt2_scratch_nbytes(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt);
+void fy_gpt2_layer_acts_bind(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt, void *base,
                              fy_gpt2_layer_acts *out);
-void fy_gpt2_head_acts_bind(const fy_gpt2_config *cfg, int B, int T, float *base,
+void fy_gpt2_head_acts_bind(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt, void *base,
                             fy_gpt2_head_acts *out);
-void fy_gpt2_scratch_bind(const fy_gpt2_config *cfg, int B, int T, float *base,
+void fy_gpt2_scratch_bind(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt, void *base,
                           fy_gpt2_scratch *out);
 
 /* Forward and backward, block by block. All pointers are device memory; each call
