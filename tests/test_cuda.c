@@ -1214,6 +1214,35 @@ Test(training, tiny_model_on_cuda_matches_the_cpu_backend) {
     fy_plan_free(&plan);
 }
 
+/* bf16 storage (the default on cuda) against the cpu backend's bf16 storage. The cpu
+ * widens bf16 tensors around fp32 kernels; cuda also keeps some intermediates in bf16
+ * (attention's scores and probabilities, the logits chunk) and rounds GEMM outputs once
+ * more, so the two differ by bf16 roundings (2^-9 relative each), not fp32 ones: losses
+ * within 1e-2 relative, step-1 gradients within 5e-2 relative-norm (a few bf16 roundings
+ * compounded through 2 layers and the head). */
+Test(training, tiny_model_in_bf16_on_cuda_tracks_the_cpu_backend) {
+    need_gpu();
+    fy_gpt2_config cfg;
+    cr_assert_eq(fy_gpt2_config_named("gpt2-tiny", &cfg), FY_OK);
+    fy_plan plan = make_plan(&cfg, 4, 1, 0, 0, 0);
+    plan.dtype = FY_BF16;
+    run cpu, gpu;
+    train(FY_DEV_CPU, FY_MATMUL_AUTO, &cfg, 64, &plan, &cpu);
+    train(FY_DEV_CUDA, FY_MATMUL_AUTO, &cfg, 64, &plan, &gpu);
+    for (int s = 0; s < STEPS; s++)
+        cr_expect(fabsf(gpu.loss[s] - cpu.loss[s]) <= 1e-2f * fabsf(cpu.loss[s]),
+                  "step %d: loss %.9g on cuda, %.9g on cpu", s + 1, gpu.loss[s], cpu.loss[s]);
+    for (int b = 0; b < cpu.nblocks; b++) {
+        double e = rel_err(gpu.grad1[b], cpu.grad1[b], cpu.nelem[b]);
+        cr_log_info("bf16 block %d step-1 gradient: ||cuda - cpu|| / ||cpu|| = %.2e", b, e);
+        cr_expect(e <= 5e-2, "block %d: step-1 gradients differ by %.3g (relative norm)", b, e);
+    }
+    cr_expect(gpu.peak == gpu.model, "device peak %zu, memory model %zu", gpu.peak, gpu.model);
+    run_free(&cpu);
+    run_free(&gpu);
+    fy_plan_free(&plan);
+}
+
 /* ---- the offload invariance on cuda ------------------------------------------------------------- */
 
 /* test_offload.c's model: 4 layers, so "half" is 2 layers; byte-level. */
@@ -1294,6 +1323,44 @@ Test(offload_cuda, accumulated_plans_are_bit_identical_to_all_resident) {
     expect_plan_matches(&ref, &p, "accumulated, optimizer on the cpu");
     run_free(&ref);
     fy_plan_free(&base);
+}
+
+static fy_plan make_plan_bf16(const fy_gpt2_config *cfg, int B, int accum, double p, double o, int k) {
+    fy_plan plan = make_plan(cfg, B, accum, p, o, k);
+    plan.dtype = FY_BF16;
+    return plan;
+}
+
+/* The same with bf16 storage: masters on the device or host, bf16 copies written by the
+ * updates, the host adding bf16 gradients as the device does. */
+Test(offload_cuda, bf16_plans_are_bit_identical_to_all_resident) {
+    need_gpu();
+    const fy_gpt2_config *cfg = &small_cfg;
+    const int L = cfg->layers;
+    fy_plan base = make_plan_bf16(cfg, 2, 1, 0, 0, 0);
+    run ref;
+    train(FY_DEV_CUDA, FY_MATMUL_AUTO, cfg, T_SMALL, &base, &ref);
+    cr_expect(ref.peak == ref.model, "all-resident: device peak %zu, memory model %zu", ref.peak,
+              ref.model);
+    fy_plan p;
+    p = make_plan_bf16(cfg, 2, 1, 1, 0, 0);
+    expect_plan_matches(&ref, &p, "bf16, all parameters streamed");
+    p = make_plan_bf16(cfg, 2, 1, 0, 1, 0);
+    expect_plan_matches(&ref, &p, "bf16, all optimizer state on the cpu");
+    p = make_plan_bf16(cfg, 2, 1, 0, 0, L);
+    expect_plan_matches(&ref, &p, "bf16, every layer recomputed");
+    p = make_plan_bf16(cfg, 2, 1, 1, 1, L);
+    expect_plan_matches(&ref, &p, "bf16, everything offloaded");
+    p = make_plan_bf16(cfg, 2, 1, 0.5, 0.5, 2);
+    expect_plan_matches(&ref, &p, "bf16, half offloaded");
+    run_free(&ref);
+    fy_plan_free(&base);
+    fy_plan acc = make_plan_bf16(cfg, 2, 2, 0, 0, 0);
+    train(FY_DEV_CUDA, FY_MATMUL_AUTO, cfg, T_SMALL, &acc, &ref);
+    p = make_plan_bf16(cfg, 2, 2, 1, 1, L);
+    expect_plan_matches(&ref, &p, "bf16, accumulated, everything offloaded");
+    run_free(&ref);
+    fy_plan_free(&acc);
 }
 
 /* ---- without a GPU: the binary and the cpu backend ------------------------------------------------ */
