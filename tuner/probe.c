@@ -131,6 +131,7 @@ static fy_status block_costs(fy_dev *dev, const fy_probe_cfg *cfg, int B,
     fy_plan plan;
     FY_TRY(fy_plan_new(L, B, 1, &plan));
     fy_status st = fy_plan_shorthands(&plan, 0, 0, L); /* every layer recomputed */
+    plan.dtype = cfg->dtype == FY_BF16 ? FY_BF16 : FY_F32; /* blocks cost what training runs */
     fy_trainer_cfg tc = {.model = cfg->model, .T = cfg->seq, .beta1 = 0.9f, .beta2 = 0.95f,
                          .eps = 1e-8f, .weight_decay = 0.1f, .clip = 1.0f, .seed = 1,
                          .plan = &plan, .schedule = FY_SCHED_SERIAL};

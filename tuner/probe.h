@@ -22,6 +22,7 @@ typedef struct fy_probe_cfg {
     fy_gpt2_config model;
     int batch, seq;        /* the micro-batch to measure around */
     int adam_threads_max;  /* 0 = the cores available */
+    fy_dtype dtype;        /* the storage type the block costs are measured in */
     bool quiet;
 } fy_probe_cfg;
 

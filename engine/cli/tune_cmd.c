@@ -50,6 +50,7 @@ static fy_status probe(const fy_opts *o, const fy_gpt2_config *cfg, fy_profile *
     fy_probe_cfg pc = {.model = *cfg, .batch = (int)o->batch, .seq = (int)o->seq,
                        .adam_threads_max = (int)o->adam_threads, .quiet = o->quiet};
     FY_TRY(fy_opts_dev_cfg(o, true, &pc.dev));
+    pc.dtype = fy_opts_dtype(o, pc.dev.kind);
     if (!o->quiet) fy_log_info("probing this machine (transfers, CPU AdamW, the model's blocks)...");
     return fy_probe(&pc, p);
 }
