@@ -1275,28 +1275,38 @@ static void expect_plan_matches(const run *ref, fy_plan *plan, const char *what)
 
 TestSuite(offload_cuda, .timeout = 300);
 
-Test(offload_cuda, plans_are_bit_identical_to_all_resident) {
-    need_gpu();
+static fy_plan plan_dt(const fy_gpt2_config *cfg, int B, int accum, double p, double o, int k,
+                       fy_dtype dt) {
+    fy_plan plan = make_plan(cfg, B, accum, p, o, k);
+    plan.dtype = dt;
+    return plan;
+}
+
+/* Every placement against all-resident, with storage type dt (bf16: masters on the
+ * device or host, bf16 copies written by the updates). */
+static void plans_match_all_resident(fy_dtype dt) {
     const fy_gpt2_config *cfg = &small_cfg;
     const int L = cfg->layers;
-    fy_plan base = make_plan(cfg, 2, 1, 0, 0, 0);
+    fy_plan base = plan_dt(cfg, 2, 1, 0, 0, 0, dt);
     run ref;
     train(FY_DEV_CUDA, FY_MATMUL_AUTO, cfg, T_SMALL, &base, &ref);
     cr_expect(ref.peak == ref.model, "all-resident: device peak %zu, memory model %zu", ref.peak,
               ref.model);
     fy_plan p;
-    p = make_plan(cfg, 2, 1, 0, 0, 0);
+    p = plan_dt(cfg, 2, 1, 0, 0, 0, dt);
     expect_plan_matches(&ref, &p, "all resident, a second run");
-    p = make_plan(cfg, 2, 1, 1, 0, 0);
+    p = plan_dt(cfg, 2, 1, 1, 0, 0, dt);
     expect_plan_matches(&ref, &p, "all parameters streamed");
-    p = make_plan(cfg, 2, 1, 0, 1, 0);
+    p = plan_dt(cfg, 2, 1, 0, 1, 0, dt);
     expect_plan_matches(&ref, &p, "all optimizer state on the cpu");
-    p = make_plan(cfg, 2, 1, 0, 0, L);
+    p = plan_dt(cfg, 2, 1, 0, 0, L, dt);
     expect_plan_matches(&ref, &p, "every layer recomputed");
-    p = make_plan(cfg, 2, 1, 1, 1, L);
+    p = plan_dt(cfg, 2, 1, 1, 1, L, dt);
     expect_plan_matches(&ref, &p, "everything offloaded");
+    p = plan_dt(cfg, 2, 1, 0.5, 0.5, 2, dt);
+    expect_plan_matches(&ref, &p, "half offloaded");
     /* per-block patterns the shorthands cannot express (test_offload.c's) */
-    p = make_plan(cfg, 2, 1, 0, 0, 0);
+    p = plan_dt(cfg, 2, 1, 0, 0, 0, dt);
     for (int b = 0; b < L + 2; b++) {
         p.blocks[b].params = b % 2 ? FY_PARAMS_STREAMED : FY_PARAMS_RESIDENT;
         p.blocks[b].optim = b % 3 ? FY_OPTIM_CPU : FY_OPTIM_GPU;
@@ -1308,59 +1318,41 @@ Test(offload_cuda, plans_are_bit_identical_to_all_resident) {
     fy_plan_free(&base);
 }
 
-Test(offload_cuda, accumulated_plans_are_bit_identical_to_all_resident) {
-    need_gpu();
+/* The same with 2 micro-batches of 2 per step. */
+static void accumulated_plans_match_all_resident(fy_dtype dt) {
     const fy_gpt2_config *cfg = &small_cfg;
-    fy_plan base = make_plan(cfg, 2, 2, 0, 0, 0); /* 2 micro-batches of 2 per step */
+    fy_plan base = plan_dt(cfg, 2, 2, 0, 0, 0, dt);
     run ref;
     train(FY_DEV_CUDA, FY_MATMUL_AUTO, cfg, T_SMALL, &base, &ref);
     fy_plan p;
-    p = make_plan(cfg, 2, 2, 1, 1, cfg->layers);
+    p = plan_dt(cfg, 2, 2, 1, 1, cfg->layers, dt);
     expect_plan_matches(&ref, &p, "accumulated, everything offloaded");
-    p = make_plan(cfg, 2, 2, 0.5, 0.5, 2);
+    p = plan_dt(cfg, 2, 2, 0.5, 0.5, 2, dt);
     expect_plan_matches(&ref, &p, "accumulated, half offloaded");
-    p = make_plan(cfg, 2, 2, 0, 1, 0);
+    p = plan_dt(cfg, 2, 2, 0, 1, 0, dt);
     expect_plan_matches(&ref, &p, "accumulated, optimizer on the cpu");
     run_free(&ref);
     fy_plan_free(&base);
 }
 
-static fy_plan make_plan_bf16(const fy_gpt2_config *cfg, int B, int accum, double p, double o, int k) {
-    fy_plan plan = make_plan(cfg, B, accum, p, o, k);
-    plan.dtype = FY_BF16;
-    return plan;
+Test(offload_cuda, plans_are_bit_identical_to_all_resident) {
+    need_gpu();
+    plans_match_all_resident(FY_F32);
 }
 
-/* The same with bf16 storage: masters on the device or host, bf16 copies written by the
- * updates, the host adding bf16 gradients as the device does. */
+Test(offload_cuda, accumulated_plans_are_bit_identical_to_all_resident) {
+    need_gpu();
+    accumulated_plans_match_all_resident(FY_F32);
+}
+
 Test(offload_cuda, bf16_plans_are_bit_identical_to_all_resident) {
     need_gpu();
-    const fy_gpt2_config *cfg = &small_cfg;
-    const int L = cfg->layers;
-    fy_plan base = make_plan_bf16(cfg, 2, 1, 0, 0, 0);
-    run ref;
-    train(FY_DEV_CUDA, FY_MATMUL_AUTO, cfg, T_SMALL, &base, &ref);
-    cr_expect(ref.peak == ref.model, "all-resident: device peak %zu, memory model %zu", ref.peak,
-              ref.model);
-    fy_plan p;
-    p = make_plan_bf16(cfg, 2, 1, 1, 0, 0);
-    expect_plan_matches(&ref, &p, "bf16, all parameters streamed");
-    p = make_plan_bf16(cfg, 2, 1, 0, 1, 0);
-    expect_plan_matches(&ref, &p, "bf16, all optimizer state on the cpu");
-    p = make_plan_bf16(cfg, 2, 1, 0, 0, L);
-    expect_plan_matches(&ref, &p, "bf16, every layer recomputed");
-    p = make_plan_bf16(cfg, 2, 1, 1, 1, L);
-    expect_plan_matches(&ref, &p, "bf16, everything offloaded");
-    p = make_plan_bf16(cfg, 2, 1, 0.5, 0.5, 2);
-    expect_plan_matches(&ref, &p, "bf16, half offloaded");
-    run_free(&ref);
-    fy_plan_free(&base);
-    fy_plan acc = make_plan_bf16(cfg, 2, 2, 0, 0, 0);
-    train(FY_DEV_CUDA, FY_MATMUL_AUTO, cfg, T_SMALL, &acc, &ref);
-    p = make_plan_bf16(cfg, 2, 2, 1, 1, L);
-    expect_plan_matches(&ref, &p, "bf16, accumulated, everything offloaded");
-    run_free(&ref);
-    fy_plan_free(&acc);
+    plans_match_all_resident(FY_BF16);
+}
+
+Test(offload_cuda, bf16_accumulated_plans_are_bit_identical_to_all_resident) {
+    need_gpu();
+    accumulated_plans_match_all_resident(FY_BF16);
 }
 
 /* ---- without a GPU: the binary and the cpu backend ------------------------------------------------ */

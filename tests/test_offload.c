@@ -117,12 +117,13 @@ static void expect_identical(const fy_gpt2_config *cfg, const result *a, const r
 }
 
 /* Every combination of parameters streamed 0/50/100%, optimizer on the CPU 0/50/100%
- * and recomputation of none/half/all layers: bit-identical to all-resident, and the
- * memory model equals the measured device peak (the bar is 5%; by construction it is
- * exact, and the test holds it to that). */
-Test(offload, every_plan_is_bit_identical_to_all_resident, .timeout = 300) {
+ * and recomputation of none/half/all layers, with storage type dt: bit-identical to the
+ * all-resident plan of that type, and the memory model equals the measured device peak
+ * (the bar is 5%; by construction it is exact, and the test holds it to that). */
+static void every_plan_is_bit_identical(fy_dtype dt) {
     const fy_gpt2_config *cfg = &small_cfg;
     fy_plan base = make_plan(cfg, 2, 1, 0, 0, 0);
+    base.dtype = dt;
     result ref;
     cr_assert_eq(train(cfg, &base, 0, &ref), FY_OK);
     cr_expect(ref.peak == ref.model, "all-resident: peak %zu, model %zu", ref.peak, ref.model);
@@ -134,10 +135,11 @@ Test(offload, every_plan_is_bit_identical_to_all_resident, .timeout = 300) {
             for (int k = 0; k < 3; k++) {
                 if (!i && !j && !k) continue;
                 fy_plan p = make_plan(cfg, 2, 1, ratios[i], ratios[j], ckpts[k]);
+                p.dtype = dt;
                 result r;
                 char what[96];
-                snprintf(what, sizeof what, "params %.1f optim %.1f ckpt %d", ratios[i],
-                         ratios[j], ckpts[k]);
+                snprintf(what, sizeof what, "%s: params %.1f optim %.1f ckpt %d", fy_dtype_name(dt),
+                         ratios[i], ratios[j], ckpts[k]);
                 cr_assert_eq(train(cfg, &p, 0, &r), FY_OK, "%s", what);
                 expect_identical(cfg, &ref, &r, what);
                 cr_expect(r.peak == r.model, "%s: device peak %zu, model %zu", what, r.peak, r.model);
@@ -153,13 +155,19 @@ Test(offload, every_plan_is_bit_identical_to_all_resident, .timeout = 300) {
     fy_plan_free(&base);
 }
 
+Test(offload, every_plan_is_bit_identical_to_all_resident, .timeout = 300) {
+    every_plan_is_bit_identical(FY_F32);
+}
+
 /* Hand-written per-block patterns the shorthands cannot express. */
-Test(offload, irregular_plans_are_bit_identical, .timeout = 120) {
+static void irregular_plan_is_bit_identical(fy_dtype dt) {
     const fy_gpt2_config *cfg = &small_cfg;
     fy_plan base = make_plan(cfg, 2, 1, 0, 0, 0);
+    base.dtype = dt;
     result ref;
     cr_assert_eq(train(cfg, &base, 0, &ref), FY_OK);
     fy_plan p = make_plan(cfg, 2, 1, 0, 0, 0);
+    p.dtype = dt;
     for (int b = 0; b < cfg->layers + 2; b++) {
         p.blocks[b].params = b % 2 ? FY_PARAMS_STREAMED : FY_PARAMS_RESIDENT;
         p.blocks[b].optim = b % 3 ? FY_OPTIM_CPU : FY_OPTIM_GPU;
@@ -173,6 +181,10 @@ Test(offload, irregular_plans_are_bit_identical, .timeout = 120) {
     result_free(cfg, &ref);
     fy_plan_free(&p);
     fy_plan_free(&base);
+}
+
+Test(offload, irregular_plans_are_bit_identical, .timeout = 120) {
+    irregular_plan_is_bit_identical(FY_F32);
 }
 
 /* With gradient accumulation every plan still matches all-resident bit for bit, and
@@ -373,69 +385,32 @@ static fy_plan make_plan_bf16(const fy_gpt2_config *cfg, int B, int accum, doubl
 }
 
 Test(bf16, every_plan_is_bit_identical_to_all_resident, .timeout = 300) {
-    const fy_gpt2_config *cfg = &small_cfg;
-    fy_plan base = make_plan_bf16(cfg, 2, 1, 0, 0, 0);
-    result ref;
-    cr_assert_eq(train(cfg, &base, 0, &ref), FY_OK);
-    cr_expect(ref.peak == ref.model, "all-resident: peak %zu, model %zu", ref.peak, ref.model);
-    const double ratios[] = {0, 0.5, 1};
-    const int ckpts[] = {0, 2, 4};
-    for (int i = 0; i < 3; i++)
-        for (int j = 0; j < 3; j++)
-            for (int k = 0; k < 3; k++) {
-                if (!i && !j && !k) continue;
-                fy_plan p = make_plan_bf16(cfg, 2, 1, ratios[i], ratios[j], ckpts[k]);
-                result r;
-                char what[96];
-                snprintf(what, sizeof what, "bf16: params %.1f optim %.1f ckpt %d", ratios[i],
-                         ratios[j], ckpts[k]);
-                cr_assert_eq(train(cfg, &p, 0, &r), FY_OK, "%s", what);
-                expect_identical(cfg, &ref, &r, what);
-                cr_expect(r.peak == r.model, "%s: device peak %zu, model %zu", what, r.peak, r.model);
-                cr_expect(r.peak - r.staging < ref.peak, "%s: device peak %zu (staging %zu) "
-                          "not below all-resident %zu", what, r.peak, r.staging, ref.peak);
-                result_free(cfg, &r);
-                fy_plan_free(&p);
-            }
-    result_free(cfg, &ref);
-    fy_plan_free(&base);
+    every_plan_is_bit_identical(FY_BF16);
 }
 
-Test(bf16, irregular_and_accumulated_plans_are_bit_identical, .timeout = 120) {
+Test(bf16, irregular_plans_are_bit_identical, .timeout = 120) {
+    irregular_plan_is_bit_identical(FY_BF16);
+}
+
+/* Accumulation: the host adds cpu-optimised blocks' micro-batch gradients as the device
+ * does (fp32 sums rounded to bf16). */
+Test(bf16, accumulated_plans_are_bit_identical, .timeout = 120) {
     const fy_gpt2_config *cfg = &small_cfg;
-    fy_plan base = make_plan_bf16(cfg, 2, 1, 0, 0, 0);
-    result ref;
-    cr_assert_eq(train(cfg, &base, 0, &ref), FY_OK);
-    fy_plan p = make_plan_bf16(cfg, 2, 1, 0, 0, 0);
-    for (int b = 0; b < cfg->layers + 2; b++) {
-        p.blocks[b].params = b % 2 ? FY_PARAMS_STREAMED : FY_PARAMS_RESIDENT;
-        p.blocks[b].optim = b % 3 ? FY_OPTIM_CPU : FY_OPTIM_GPU;
-        if (b >= 1 && b <= cfg->layers) p.blocks[b].acts = b % 2 ? FY_ACTS_KEEP : FY_ACTS_RECOMPUTE;
-    }
-    p.blocks[0].params = FY_PARAMS_STREAMED;
-    result r;
-    cr_assert_eq(train(cfg, &p, 0, &r), FY_OK);
-    expect_identical(cfg, &ref, &r, "bf16 irregular");
-    result_free(cfg, &r);
-    fy_plan_free(&p);
-    /* accumulation: the host adds cpu blocks' micro-batch gradients as the device does */
     fy_plan acc = make_plan_bf16(cfg, 2, 2, 0, 0, 0);
-    result racc;
-    cr_assert_eq(train(cfg, &acc, 0, &racc), FY_OK);
+    result ref;
+    cr_assert_eq(train(cfg, &acc, 0, &ref), FY_OK);
     const double ratios[][3] = {{1, 1, 4}, {0.5, 0.5, 2}, {0, 1, 0}, {1, 0, 0}};
     for (int i = 0; i < 4; i++) {
         fy_plan q = make_plan_bf16(cfg, 2, 2, ratios[i][0], ratios[i][1], (int)ratios[i][2]);
         result rq;
         cr_assert_eq(train(cfg, &q, 0, &rq), FY_OK);
-        expect_identical(cfg, &racc, &rq, "bf16 accumulated");
+        expect_identical(cfg, &ref, &rq, "bf16 accumulated");
         cr_expect(rq.peak == rq.model);
         result_free(cfg, &rq);
         fy_plan_free(&q);
     }
-    result_free(cfg, &racc);
-    fy_plan_free(&acc);
     result_free(cfg, &ref);
-    fy_plan_free(&base);
+    fy_plan_free(&acc);
 }
 
 /* bf16 storage trains the same model: bf16 keeps 8 bits of mantissa, so activations and
