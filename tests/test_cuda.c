@@ -274,7 +274,7 @@ static void check_encoder(fy_dtype dt, double tol) {
     dual dout = dput(dt, hrand(B * T * C, -1, 1), B * T * C);
     dual dwte = dput(dt, hrand(V * C, -1, 1), V * C);       /* both accumulate */
     dual dwpe = dput(dt, hrand(maxT * C, -1, 1), maxT * C);
-    BOTH(fy_k_encoder_bwd(X(dwte), X(dwpe), X(dout), X(dtok), B, T, C, S));
+    BOTH(fy_k_encoder_bwd(X(dwte), X(dwpe), X(dout), X(dtok), B, T, C, V, S));
     expect_match("encoder_bwd dwte", &dwte, tol);
     expect_match("encoder_bwd dwpe", &dwpe, tol);
 }
@@ -785,7 +785,7 @@ static void kset_run(fy_stream *s, fy_dtype dt, void *const img[K_COUNT], char *
     fy_k_matmul_bwd(T_(dln), T_(dqkv_w), T_(dqkv_b), T_(dqkv), T_(ln), T_(qkv_w), KN, KC, 3 * KC, s);
     fy_k_layernorm_bwd(T_(dx0), T_(dln_w), T_(dln_b), T_(dln), T_(x0), T_(ln_w), T_(mean),
                        T_(rstd), KN, KC, s);
-    fy_k_encoder_bwd(T_(dwte), T_(dwpe), T_(dx0), T_(tok), KB, KT, KC, s);
+    fy_k_encoder_bwd(T_(dwte), T_(dwpe), T_(dx0), T_(tok), KB, KT, KC, KV, s);
 #undef T_
     for (int k = 0; k < K_COUNT; k++) {
         res[k] = NULL;

@@ -307,7 +307,7 @@ Test(kernel_grad, encoder_bwd_matches_fd) {
                  .R = R, .tmp = hnewf(B * T * C), .B = B, .T = T, .C = C};
     put(c.tok, tok, sizeof tok);
     float *dwte = dnewf(V * C), *dwpe = dnewf(maxT * C);
-    fy_k_encoder_bwd(dwte, dwpe, dputf(R, B * T * C), c.tok, B, T, C, g_s);
+    fy_k_encoder_bwd(dwte, dwpe, dputf(R, B * T * C), c.tok, B, T, C, V, g_s);
     float *ana_wte = dgetf(dwte, V * C), *ana_wpe = dgetf(dwpe, maxT * C);
     /* Linear in wte and wpe: central differences are exact for any h, leaving only the
      * rounding of out = wte + wpe (u*|out| <= 1.2e-7 for each of <= 12 outputs a
@@ -559,9 +559,9 @@ Test(accumulate, encoder_bwd_adds_into_dwte_dwpe) {
     put(dtok, tok, sizeof tok);
     float *dout = dputf(hrand(&r, B * T * C, -1, 1), B * T * C);
     float *dwte = dnewf(V * C), *dwpe = dnewf(T * C);
-    fy_k_encoder_bwd(dwte, dwpe, dout, dtok, B, T, C, g_s);
+    fy_k_encoder_bwd(dwte, dwpe, dout, dtok, B, T, C, V, g_s);
     float *wte1 = dgetf(dwte, V * C), *wpe1 = dgetf(dwpe, T * C);
-    fy_k_encoder_bwd(dwte, dwpe, dout, dtok, B, T, C, g_s);
+    fy_k_encoder_bwd(dwte, dwpe, dout, dtok, B, T, C, V, g_s);
     expect_accumulated("encoder dwte", dgetf(dwte, V * C), wte1, wte1, V * C);
     expect_accumulated("encoder dwpe", dgetf(dwpe, T * C), wpe1, wpe1, T * C);
 }
@@ -930,7 +930,7 @@ static void kset_run(float *const img[K_COUNT], float *base, size_t off, size_t 
 #define T(name) t[K_##name]
     const int32_t *tok = (const int32_t *)T(tok), *tgt = (const int32_t *)T(targets);
     fy_k_encoder_fwd(T(enc_out), tok, T(wte), T(wpe), KB, KT, KC, g_s);
-    fy_k_encoder_bwd(T(dwte), T(dwpe), T(enc_dout), tok, KB, KT, KC, g_s);
+    fy_k_encoder_bwd(T(dwte), T(dwpe), T(enc_dout), tok, KB, KT, KC, KV, g_s);
     fy_k_layernorm_fwd(T(ln_out), T(ln_mean), T(ln_rstd), T(ln_inp), T(ln_w), T(ln_b), KN, KC, g_s);
     fy_k_layernorm_bwd(T(ln_dinp), T(ln_dw), T(ln_db), T(ln_dout), T(ln_inp), T(ln_w),
                        T(ln_mean), T(ln_rstd), KN, KC, g_s);
@@ -1516,8 +1516,8 @@ Test(bf16_storage, attention_encoder_crossentropy_sumsq_round_the_fp32_results) 
     fy_k_encoder_fwd(x0.d32, dtok, wte.d32, wpe.d32, B, T, C, g_s);
     fy_k_encoder_fwd(x0.d16, dtok, wte.d16, wpe.d16, B, T, C, g_s16);
     bpair_expect_rounded(&x0, "encoder out");
-    fy_k_encoder_bwd(wte.d32, wpe.d32, dy.d32, dtok, B, T, C, g_s);
-    fy_k_encoder_bwd(wte.d16, wpe.d16, dy.d16, dtok, B, T, C, g_s16);
+    fy_k_encoder_bwd(wte.d32, wpe.d32, dy.d32, dtok, B, T, C, V, g_s);
+    fy_k_encoder_bwd(wte.d16, wpe.d16, dy.d16, dtok, B, T, C, V, g_s16);
     bpair_expect_rounded(&wte, "encoder dwte (accumulated)");
     bpair_expect_rounded(&wpe, "encoder dwpe (accumulated)");
 

@@ -20,8 +20,8 @@ void fy_k_encoder_fwd(float *out, const int32_t *tokens, const float *wte, const
 }
 
 void fy_k_encoder_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
-                      int B, int T, int C, fy_stream *s) {
-    launch(s, &(fy_op){FY_OP_ENCODER_BWD, {dwte, dwpe, P(dout), P(tokens)}, {B, T, C}, {0}, 0});
+                      int B, int T, int C, int V, fy_stream *s) {
+    launch(s, &(fy_op){FY_OP_ENCODER_BWD, {dwte, dwpe, P(dout), P(tokens)}, {B, T, C, V}, {0}, 0});
 }
 
 void fy_k_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,

@@ -39,9 +39,11 @@ extern "C" {
  * data layer, not here). */
 void fy_k_encoder_fwd(float *out, const int32_t *tokens, const float *wte, const float *wpe,
                       int B, int T, int C, fy_stream *s);
-/* dwte[tokens[b,t]] += dout[b,t]; dwpe[t] += dout[b,t]. */
+/* dwte (V,C): dwte[tokens[b,t]] += dout[b,t]; dwpe[t] += dout[b,t]. Each row's sum is
+ * formed in fp32 before it meets a bf16 dwte (so a frequent token's gradient is not
+ * rounded once per position). */
 void fy_k_encoder_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
-                      int B, int T, int C, fy_stream *s);
+                      int B, int T, int C, int V, fy_stream *s);
 
 /* out (N,C) = (inp - mean) * rstd * w + b, eps 1e-5; saves mean, rstd (N). */
 void fy_k_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,

@@ -305,5 +305,5 @@ void fy_gpt2_layer_bwd(const fy_gpt2_config *cfg, const fy_gpt2_layer_w *w,
 
 void fy_gpt2_embed_bwd(const fy_gpt2_config *cfg, fy_gpt2_embed_w *g, const int32_t *tokens,
                        const fy_gpt2_scratch *sc, int B, int T, fy_stream *s) {
-    fy_k_encoder_bwd(g->wte, g->wpe, sc->dres, tokens, B, T, cfg->channels, s);
+    fy_k_encoder_bwd(g->wte, g->wpe, sc->dres, tokens, B, T, cfg->channels, cfg->vocab, s);
 }

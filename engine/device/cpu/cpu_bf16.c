@@ -60,9 +60,11 @@ static const targ *tensor_args(fy_op_kind k) {
     }
 }
 
-/* The embedding's rows in use: the largest token id plus one (the op does not carry V). */
+/* The embedding's rows: V for the backward; for the forward (whose op does not carry V)
+ * the largest token id plus one. */
 static size_t rows_used(const fy_op *op) {
-    const int32_t *tok = op->p[op->kind == FY_OP_ENCODER_FWD ? 1 : 3];
+    if (op->kind == FY_OP_ENCODER_BWD) return (size_t)op->i[3];
+    const int32_t *tok = op->p[1];
     size_t n = (size_t)op->i[0] * (size_t)op->i[1], v = 0;
     for (size_t j = 0; j < n; j++)
         if ((size_t)tok[j] + 1 > v) v = (size_t)tok[j] + 1;

@@ -96,6 +96,39 @@ __global__ void encoder_bwd_wte_k(T *dwte, const T *dout, const int32_t *tok, in
     }
 }
 
+/* The same scatter for a bf16 dwte: each warp sums its tokens' rows in fp32 in shared
+ * memory (token t of partition p at slot t / P) and adds each sum to dwte once, so a
+ * token seen at many positions is rounded to bf16 once, not once per position. Every
+ * token of the partition is written back (adding zero leaves an unseen row as it was). */
+#define WTE_ACC_WARPS 4
+#define WTE_ACC_SLOTS 96 /* fp32 sums per lane: 96 x 32 x 4 B = 12 KiB a warp */
+
+__global__ void encoder_bwd_wte_acc_k(bf16 *dwte, const bf16 *dout, const int32_t *tok, int N,
+                                      int C, int V, int P) {
+    __shared__ float acc[WTE_ACC_WARPS][WTE_ACC_SLOTS][32];
+    int lane = threadIdx.x & 31, w = threadIdx.x / 32;
+    int c = (blockIdx.x * WTE_ACC_WARPS + w) * 32 + lane;
+    if (c - lane >= C) return; /* the whole warp leaves together */
+    int p = blockIdx.y, nslots = (V - p + P - 1) / P;
+    for (int k = 0; k < nslots; k++) acc[w][k][lane] = 0.0f; /* each lane its own column */
+    for (int n0 = 0; n0 < N; n0 += 32) {
+        int n = n0 + lane;
+        int tk = n < N ? tok[n] : -1;
+        unsigned mine = __ballot_sync(FULL_MASK, tk >= 0 && tk % P == p);
+        while (mine) {
+            int j = __ffs(mine) - 1;
+            mine &= mine - 1;
+            int tj = __shfl_sync(FULL_MASK, tk, j);
+            if (c < C) acc[w][tj / P][lane] += to_f(dout[(size_t)(n0 + j) * C + c]);
+        }
+    }
+    if (c >= C) return;
+    for (int k = 0; k < nslots; k++) {
+        size_t o = (size_t)(k * P + p) * C + c;
+        dwte[o] = from_f<bf16>(to_f(dwte[o]) + acc[w][k][lane]);
+    }
+}
+
 template <typename T>
 static void encoder_fwd(cudaStream_t st, const fy_op *op) {
     int B = (int)op->i[0], T_ = (int)op->i[1], C = (int)op->i[2];
@@ -107,10 +140,21 @@ static void encoder_fwd(cudaStream_t st, const fy_op *op) {
 
 template <typename T>
 static void encoder_bwd(cudaStream_t st, const fy_op *op) {
-    int B = (int)op->i[0], T_ = (int)op->i[1], C = (int)op->i[2], N = B * T_;
+    int B = (int)op->i[0], T_ = (int)op->i[1], C = (int)op->i[2], V = (int)op->i[3], N = B * T_;
     encoder_bwd_wpe_k<T><<<grid_for((size_t)T_ * C, 256), 256, 0, st>>>((T *)op->p[1],
         (const T *)op->p[2], B, T_, C);
     LAUNCHED("encoder_bwd (wpe)");
+    if (sizeof(T) == 2) {
+        /* partitions enough that each holds at most WTE_ACC_SLOTS tokens */
+        int P = (V + WTE_ACC_SLOTS - 1) / WTE_ACC_SLOTS;
+        FY_ASSERT(P <= 65535, "a vocabulary too large for the bf16 embedding scatter");
+        dim3 grid((unsigned)((C + 32 * WTE_ACC_WARPS - 1) / (32 * WTE_ACC_WARPS)), (unsigned)P);
+        encoder_bwd_wte_acc_k<<<grid, 32 * WTE_ACC_WARPS, 0, st>>>((bf16 *)op->p[0],
+            (const bf16 *)op->p[2], (const int32_t *)op->p[3], N, C, V, P);
+        LAUNCHED("encoder_bwd (wte, bf16)");
+        return;
+    }
+    /* fp32: added straight into dwte in position order, the cpu backend's exact bits */
     int P = N / 16 < 1 ? 1 : N / 16 > 512 ? 512 : N / 16; /* ~16 positions per warp */
     dim3 grid((unsigned)((C + 255) / 256), (unsigned)P);
     encoder_bwd_wte_k<T><<<grid, 256, 0, st>>>((T *)op->p[0], (const T *)op->p[2],
