@@ -288,6 +288,9 @@ static void run_adam_gpu(void *ctx, const fy_task *t) {
  * storage, their bf16 copy after them). */
 static void run_d2h_param(void *ctx, const fy_task *t) {
     fy_trainer *tr = ctx;
+    /* a skipped update wrote nothing: the host copies are current (with bf16 storage the
+     * slot's second part holds stale bytes) */
+    if (tr->stats[step_of(tr, t)].skipped) return;
     const fy_chunk *c = &tr->st->chunks[t->block];
     char *slot = (char *)param_unit(tr, t->arg);
     fy_copy_async(tr->s_d2h, c->param_host, slot, fy_tr_master_nbytes(tr, t->block), FY_D2H);
@@ -522,7 +525,10 @@ static fy_status build(fy_trainer *tr, fy_graph *g, int nsteps, bool barrier) {
                 }
             } else {
                 int f = fetch(&bd, b, tm, ready[b]);
-                if (f >= 0) g->tasks[f].arg2 = 1; /* a fetch for the update: the master */
+                if (f >= 0) { /* a fetch for the update: the master (4 bytes an element) */
+                    g->tasks[f].arg2 = 1;
+                    g->tasks[f].cost_ms *= 4.0 / (double)tr->st->es;
+                }
                 int ad = add(&bd, FY_LANE_COMPUTE, FY_T_ADAM_GPU, b, tm, run_adam_gpu);
                 if (ad >= 0) {
                     g->tasks[ad].arg = f;

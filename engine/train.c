@@ -173,8 +173,9 @@ static fy_status resolve_plan(const fy_opts *o, const fy_gpt2_config *cfg, fy_de
                      (long long)plan->micro_batch * o->seq, 1 << 26);
         return FY_ERR_INVALID;
     }
-    /* a plan file keeps its storage type unless --dtype says otherwise */
-    if (!o->plan || !strcmp(o->plan, "auto") || fy_opts_given(o, "dtype"))
+    /* a plan file keeps the storage type it names unless --dtype says otherwise */
+    if (!o->plan || !strcmp(o->plan, "auto") || fy_opts_given(o, "dtype") ||
+        plan->dtype == FY_DTYPE_NONE)
         plan->dtype = fy_opts_dtype(o, kind);
     if (o->save_plan) FY_TRY(fy_plan_save(o->save_plan, plan));
     return FY_OK;

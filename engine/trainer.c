@@ -240,19 +240,20 @@ fy_status fy_trainer_save(fy_trainer *tr, const char *path) {
     return st;
 }
 
-/* A buffer of the storage type (host or device) into fp32 host memory. */
-static void read_widened(fy_trainer *tr, float *host, const void *src, int b) {
+/* Block b's buffer of the storage type (in host memory, or on the device) into fp32
+ * host memory. */
+static void read_widened(fy_trainer *tr, float *host, const void *src, bool src_on_host, int b) {
     const size_t n = tr->lay.blocks[b].nelem;
-    if (!fy_tr_lp(tr)) {
-        fy_copy_async(tr->s, host, src, fy_tr_nbytes(tr, b), FY_D2H);
+    /* bf16 lands in the back half and is widened in place: host holds n floats, the bf16
+     * copy 2n bytes, and host[i] (bytes 4i..4i+3) never overtakes lo[i] (2n + 2i) */
+    void *dst = fy_tr_lp(tr) ? (void *)((uint16_t *)host + n) : (void *)host;
+    if (src_on_host) {
+        memcpy(dst, src, fy_tr_nbytes(tr, b));
+    } else {
+        fy_copy_async(tr->s, dst, src, fy_tr_nbytes(tr, b), FY_D2H);
         fy_stream_sync(tr->s);
-        return;
     }
-    /* widen in place from the back half: host holds n floats, the bf16 copy 2n bytes */
-    uint16_t *lo = (uint16_t *)host + n;
-    fy_copy_async(tr->s, lo, src, fy_tr_nbytes(tr, b), FY_D2H);
-    fy_stream_sync(tr->s);
-    from_bf16(host, lo, n); /* host[i] (bytes 4i..4i+3) never overtakes lo[i] (2n + 2i) */
+    if (fy_tr_lp(tr)) from_bf16(host, dst, n);
 }
 
 void fy_trainer_get_params(fy_trainer *tr, int b, float *host) {
@@ -264,7 +265,7 @@ void fy_trainer_get_params(fy_trainer *tr, int b, float *host) {
         fy_copy_async(tr->s, host, c->master_dev, fy_tr_master_nbytes(tr, b), FY_D2H);
         fy_stream_sync(tr->s);
     } else {
-        read_widened(tr, host, c->param_dev, b);
+        read_widened(tr, host, c->param_dev, false, b);
     }
 }
 
@@ -272,7 +273,7 @@ void fy_trainer_get_grads(fy_trainer *tr, int b, float *host) {
     FY_ASSERT(!tr->cfg.eval_only, "an evaluation-only trainer has no gradients");
     const fy_chunk *c = &tr->st->chunks[b];
     fy_stream_sync(tr->s);
-    read_widened(tr, host, c->grad_host ? c->grad_host : c->grad_dev, b);
+    read_widened(tr, host, c->grad_host ? c->grad_host : c->grad_dev, c->grad_host != NULL, b);
 }
 
 /* ---- the step ---------------------------------------------------------------------- */

@@ -95,7 +95,8 @@ fy_status fy_plan_save(const char *path, const fy_plan *p) {
     cJSON_AddNumberToObject(root, "micro_batch", p->micro_batch);
     cJSON_AddNumberToObject(root, "grad_accum", p->grad_accum);
     cJSON_AddNumberToObject(root, "prefetch", p->prefetch);
-    cJSON_AddStringToObject(root, "dtype", fy_dtype_name(p->dtype));
+    if (p->dtype == FY_F32 || p->dtype == FY_BF16)
+        cJSON_AddStringToObject(root, "dtype", fy_dtype_name(p->dtype));
     for (int b = 0; b < p->layers + 2; b++) {
         char name[32];
         block_name(p, b, name, sizeof name);
@@ -152,7 +153,7 @@ fy_status fy_plan_load(const char *path, int layers, fy_plan *out) {
         goto done;
     }
     const cJSON *jd = cJSON_GetObjectItemCaseSensitive(root, "dtype");
-    fy_dtype dtype = FY_F32;
+    fy_dtype dtype = FY_DTYPE_NONE; /* not said: the run's default (--dtype) */
     if (jd && (!cJSON_IsString(jd) || fy_dtype_parse(jd->valuestring, &dtype) != 0 ||
                (dtype != FY_F32 && dtype != FY_BF16))) {
         why = "dtype must be \"fp32\" or \"bf16\"";

@@ -56,7 +56,9 @@ typedef struct fy_plan {
     int grad_accum;        /* micro-batches per optimizer step */
     int prefetch;          /* staging slots beyond the serial minimum, so transfers can
                               run ahead of compute (default 1; 0 = least device memory) */
-    fy_dtype dtype;        /* device storage: FY_F32 (default) or FY_BF16 */
+    fy_dtype dtype;        /* device storage: FY_F32 (default) or FY_BF16; FY_DTYPE_NONE
+                              (a plan file without "dtype") means the run's default, and
+                              is stored as fp32 */
 } fy_plan;
 
 /* The all-resident plan: everything on the device, nothing recomputed. */

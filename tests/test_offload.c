@@ -455,3 +455,126 @@ Test(bf16, trains_like_fp32_in_less_device_memory, .timeout = 120) {
     fy_plan_free(&p32);
     fy_plan_free(&p16);
 }
+
+/* ---- a skipped step under offload -----------------------------------------------------
+ * A non-finite gradient norm skips the update everywhere; nothing may change then, on any
+ * copy of any block. A NaN planted in one weight (the head's ln_f gain, every copy of it:
+ * fp32 masters and the storage type's copies) for one step makes that step skip; with the
+ * weight restored, the following steps must continue exactly as the all-resident plan's
+ * do. (With bf16 storage a streamed block's skipped device update once sent stale slot
+ * bytes back as its bf16 copy, and the run never recovered.) */
+
+#include "engine/core/dtype.h"
+#include "engine/trainer_impl.h" /* white box: the copies of a block, to plant the NaN */
+
+enum { SKIP_STEPS = 6, SKIP_AT = 3 };
+
+typedef struct planted { void *p; bool half; uint32_t saved; } planted;
+
+static int plant_nan(fy_trainer *tr, int b, planted out[4]) {
+    fy_chunk *c = &tr->st->chunks[b];
+    const bool lp = fy_tr_lp(tr);
+    void *ptrs[4] = {c->param_dev, c->param_lp != c->param_host ? c->param_lp : NULL,
+                     c->param_host, c->master_dev};
+    const bool half[4] = {lp, lp, false, false};
+    int n = 0;
+    for (int k = 0; k < 4; k++) {
+        if (!ptrs[k]) continue;
+        out[n] = (planted){ptrs[k], half[k], 0};
+        if (half[k]) {
+            out[n].saved = *(uint16_t *)ptrs[k];
+            *(uint16_t *)ptrs[k] = fy_f32_to_bf16(NAN);
+        } else {
+            memcpy(&out[n].saved, ptrs[k], 4);
+            *(float *)ptrs[k] = NAN;
+        }
+        n++;
+    }
+    return n;
+}
+
+static void unplant(const planted *pl, int n) {
+    for (int k = 0; k < n; k++) {
+        if (pl[k].half) *(uint16_t *)pl[k].p = (uint16_t)pl[k].saved;
+        else memcpy(pl[k].p, &pl[k].saved, 4);
+    }
+}
+
+static void train_with_skip(const fy_plan *plan, float loss[SKIP_STEPS], bool skipped[SKIP_STEPS],
+                            float **w) {
+    const fy_gpt2_config *cfg = &small_cfg;
+    fy_dev_cfg dc = {.kind = FY_DEV_CPU, .threads = 2};
+    fy_dev *dev;
+    cr_assert_eq(fy_dev_new(&dc, &dev), FY_OK);
+    fy_trainer_cfg tc = {.model = *cfg, .T = T_SEQ, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                         .weight_decay = 0.1f, .clip = 1.0f, .seed = 11, .plan = plan};
+    fy_trainer *tr;
+    cr_assert_eq(fy_trainer_new(dev, &tc, &tr), FY_OK);
+    fy_tokens *tok = corpus();
+    fy_loader *ld;
+    const size_t N = (size_t)plan->micro_batch * T_SEQ;
+    cr_assert_eq(fy_loader_new(tok, 0, fy_tokens_count(tok), plan->micro_batch, T_SEQ, &ld), FY_OK);
+    int32_t *x = malloc(N * 4), *y = malloc(N * 4);
+    for (int s = 0; s < SKIP_STEPS; s++) {
+        planted pl[4];
+        int n = s == SKIP_AT ? plant_nan(tr, cfg->layers + 1, pl) : 0;
+        fy_loader_next(ld, x, y);
+        fy_step_stats ss;
+        cr_assert_eq(fy_trainer_step(tr, x, y, 1e-2f, &ss), FY_OK);
+        unplant(pl, n);
+        loss[s] = ss.loss;
+        skipped[s] = ss.skipped;
+    }
+    for (int b = 0; b < cfg->layers + 2; b++) {
+        w[b] = malloc(fy_trainer_layout(tr)->blocks[b].nelem * sizeof(float));
+        fy_trainer_get_params(tr, b, w[b]);
+    }
+    free(x);
+    free(y);
+    fy_loader_free(ld);
+    fy_tokens_free(tok);
+    fy_trainer_free(tr);
+    fy_dev_free(dev);
+}
+
+static void skipped_step_leaves_every_plan_on_track(fy_dtype dt) {
+    const fy_gpt2_config *cfg = &small_cfg;
+    fy_gpt2_layout lay;
+    cr_assert_eq(fy_gpt2_layout_new(cfg, &lay), FY_OK);
+    fy_plan base = make_plan(cfg, 2, 1, 0, 0, 0);
+    base.dtype = dt;
+    float ref_loss[SKIP_STEPS], loss[SKIP_STEPS];
+    bool ref_skip[SKIP_STEPS], skip[SKIP_STEPS];
+    float *ref_w[8], *w[8];
+    train_with_skip(&base, ref_loss, ref_skip, ref_w);
+    for (int s = 0; s < SKIP_STEPS; s++)
+        cr_assert_eq(ref_skip[s], s == SKIP_AT, "step %d skipped: %d", s, ref_skip[s]);
+    cr_assert(isfinite(ref_loss[SKIP_STEPS - 1]), "all-resident recovers after the skip");
+    const double plans[][3] = {{1, 0, 0}, {1, 1, 0}, {0, 1, 0}, {0.5, 0.5, 2}};
+    for (int i = 0; i < 4; i++) {
+        fy_plan p = make_plan(cfg, 2, 1, plans[i][0], plans[i][1], (int)plans[i][2]);
+        p.dtype = dt;
+        train_with_skip(&p, loss, skip, w);
+        for (int s = 0; s < SKIP_STEPS; s++)
+            cr_expect(skip[s] == ref_skip[s] && (s == SKIP_AT || loss[s] == ref_loss[s]),
+                      "%s, plan %d: step %d loss %.9g (skipped %d), all-resident %.9g",
+                      fy_dtype_name(dt), i, s, loss[s], skip[s], ref_loss[s]);
+        for (int b = 0; b < lay.nblocks; b++) {
+            cr_expect(!memcmp(w[b], ref_w[b], lay.blocks[b].nelem * sizeof(float)),
+                      "%s, plan %d: block %d weights differ", fy_dtype_name(dt), i, b);
+            free(w[b]);
+        }
+        fy_plan_free(&p);
+    }
+    for (int b = 0; b < lay.nblocks; b++) free(ref_w[b]);
+    fy_plan_free(&base);
+    fy_gpt2_layout_free(&lay);
+}
+
+Test(offload, skipped_step_leaves_every_plan_on_track, .timeout = 120) {
+    skipped_step_leaves_every_plan_on_track(FY_F32);
+}
+
+Test(bf16, skipped_step_leaves_every_plan_on_track, .timeout = 120) {
+    skipped_step_leaves_every_plan_on_track(FY_BF16);
+}

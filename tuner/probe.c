@@ -213,6 +213,7 @@ fy_status fy_probe(const fy_probe_cfg *cfg, fy_profile *out) {
         out->has_blocks = true;
         out->block_model = cfg->model;
         out->block_seq = cfg->seq;
+        out->block_dtype = cfg->dtype == FY_BF16 ? FY_BF16 : FY_F32;
         for (int k = 0; k < FY_T_COUNT; k++)
             for (int c = 0; c < FY_CLASS_COUNT; c++) {
                 double b = (c2[k][c] - c1[k][c]) / (B2 - B1);

@@ -113,6 +113,7 @@ fy_status fy_profile_save(const char *path, const fy_profile *p) {
         cJSON_AddNumberToObject(mm, "layers", m->layers);
         cJSON_AddNumberToObject(mm, "heads", m->heads);
         cJSON_AddNumberToObject(b, "seq", p->block_seq);
+        cJSON_AddStringToObject(b, "dtype", fy_dtype_name(p->block_dtype == FY_BF16 ? FY_BF16 : FY_F32));
         cJSON *costs = cJSON_AddObjectToObject(b, "ms_a_plus_b_times_batch");
         for (int k = 0; k < FY_T_COUNT; k++) {
             cJSON *kc = NULL;
@@ -186,6 +187,13 @@ fy_status fy_profile_load(const char *path, fy_profile *out) {
         out->block_model = (fy_gpt2_config){(int)mv[0], (int)mv[1], (int)mv[2], (int)mv[3], (int)mv[4]};
         if (!num(b, "seq", 1, 1e7, &v)) { why = "blocks.seq must be positive"; goto done; }
         out->block_seq = (int)v;
+        const char *bd = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(b, "dtype"));
+        out->block_dtype = FY_F32; /* profiles from before storage types were fp32 */
+        if (bd && (fy_dtype_parse(bd, &out->block_dtype) != 0 ||
+                   (out->block_dtype != FY_F32 && out->block_dtype != FY_BF16))) {
+            why = "blocks.dtype must be \"fp32\" or \"bf16\"";
+            goto done;
+        }
         const cJSON *costs = cJSON_GetObjectItemCaseSensitive(b, "ms_a_plus_b_times_batch");
         for (int k = 0; k < FY_T_COUNT; k++) {
             const cJSON *kc = cJSON_GetObjectItemCaseSensitive(costs, fy_task_kind_name(k));

@@ -49,6 +49,7 @@ typedef struct fy_profile {
     bool has_blocks;
     fy_gpt2_config block_model;
     int block_seq;
+    fy_dtype block_dtype;      /* the storage type the blocks were measured in */
     double block_a[FY_T_COUNT][FY_CLASS_COUNT], block_b[FY_T_COUNT][FY_CLASS_COUNT];
 } fy_profile;
 

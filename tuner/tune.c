@@ -47,7 +47,7 @@ void fy_tune_costs(const fy_profile *p, fy_trainer *dry, int adam_threads) {
     const fy_storage *st = fy_trainer_storage(dry);
     const fy_gpt2_config *m = &lay->cfg;
     const int B = st->plan.micro_batch, T = st->T;
-    const bool measured = p->has_blocks && p->block_seq == T &&
+    const bool measured = p->has_blocks && p->block_seq == T && p->block_dtype == st->dtype &&
                           !memcmp(&p->block_model, m, sizeof *m);
     double adam = fy_profile_adam_gparams(p, adam_threads) * 1e9;
     fy_trainer_set_cost(dry, FY_T_LOAD, -1, xfer_ms(8.0 * B * T, p->h2d_gbps, p->latency_ms));

@@ -223,6 +223,7 @@ int fy_sweep_main(const fy_opts *o) {
                         fy_plan_free(&plan);
                         continue;
                     }
+                    plan.dtype = tc.dtype;
                     fy_tune_result pr;
                     st = fy_tune_predict(&prof, &tc, &plan, &pr);
                     bool fits = st == FY_OK && pr.mem.device_total <= tc.device_budget &&

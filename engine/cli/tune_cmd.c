@@ -99,7 +99,8 @@ fy_status fy_tune_auto_profile(const fy_opts *o, const fy_gpt2_config *cfg, fy_p
     char path[4096];
     FY_TRY(cache_path(path, sizeof path));
     if (access(path, R_OK) == 0 && fy_profile_load(path, p) == FY_OK && p->has_blocks &&
-        !memcmp(&p->block_model, cfg, sizeof *cfg) && p->block_seq == o->seq) {
+        !memcmp(&p->block_model, cfg, sizeof *cfg) && p->block_seq == o->seq &&
+        p->block_dtype == fy_opts_dtype(o, fy_opts_dev_kind(o))) {
         if (!o->quiet) fy_log_info("using the cached profile %s", path);
         return FY_OK;
     }
