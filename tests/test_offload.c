@@ -187,25 +187,35 @@ Test(offload, irregular_plans_are_bit_identical, .timeout = 120) {
     irregular_plan_is_bit_identical(FY_F32);
 }
 
-/* With gradient accumulation every plan still matches all-resident bit for bit, and
- * 2 micro-batches x 2 agree with one batch of 4 to fp32 summation order: the loss is a
- * mean of two halves instead of one mean, gradients are two sums added instead of one
- * sum, so results differ by a few ulps (bound 1e-6 relative). */
-Test(offload, accumulation_invariance_and_batch_equivalence, .timeout = 120) {
+/* With gradient accumulation (2 micro-batches of 2) every plan still matches
+ * all-resident bit for bit, with storage type dt; ref receives the all-resident run. */
+static void accumulated_plans_are_bit_identical(fy_dtype dt, result *ref) {
     const fy_gpt2_config *cfg = &small_cfg;
     fy_plan acc = make_plan(cfg, 2, 2, 0, 0, 0);
-    result ref;
-    cr_assert_eq(train(cfg, &acc, 0, &ref), FY_OK);
+    acc.dtype = dt;
+    cr_assert_eq(train(cfg, &acc, 0, ref), FY_OK);
     const double ratios[][3] = {{1, 1, 4}, {0.5, 0.5, 2}, {0, 1, 0}, {1, 0, 0}};
     for (int i = 0; i < 4; i++) {
         fy_plan p = make_plan(cfg, 2, 2, ratios[i][0], ratios[i][1], (int)ratios[i][2]);
+        p.dtype = dt;
         result r;
         cr_assert_eq(train(cfg, &p, 0, &r), FY_OK);
-        expect_identical(cfg, &ref, &r, "accumulated");
+        expect_identical(cfg, ref, &r, fy_dtype_name(dt));
         cr_expect(r.peak == r.model);
         result_free(cfg, &r);
         fy_plan_free(&p);
     }
+    fy_plan_free(&acc);
+}
+
+/* Accumulated plans are invariant, and 2 micro-batches x 2 agree with one batch of 4 to
+ * fp32 summation order: the loss is a mean of two halves instead of one mean, gradients
+ * are two sums added instead of one sum, so results differ by a few ulps (bound 1e-6
+ * relative). */
+Test(offload, accumulation_invariance_and_batch_equivalence, .timeout = 120) {
+    const fy_gpt2_config *cfg = &small_cfg;
+    result ref;
+    accumulated_plans_are_bit_identical(FY_F32, &ref);
     fy_plan big = make_plan(cfg, 4, 1, 0, 0, 0);
     result one;
     cr_assert_eq(train(cfg, &big, 0, &one), FY_OK);
@@ -218,7 +228,6 @@ Test(offload, accumulation_invariance_and_batch_equivalence, .timeout = 120) {
     result_free(cfg, &one);
     result_free(cfg, &ref);
     fy_plan_free(&big);
-    fy_plan_free(&acc);
 }
 
 /* Under a budget below the all-resident plan's need, that plan fails with the budget
@@ -395,22 +404,9 @@ Test(bf16, irregular_plans_are_bit_identical, .timeout = 120) {
 /* Accumulation: the host adds cpu-optimised blocks' micro-batch gradients as the device
  * does (fp32 sums rounded to bf16). */
 Test(bf16, accumulated_plans_are_bit_identical, .timeout = 120) {
-    const fy_gpt2_config *cfg = &small_cfg;
-    fy_plan acc = make_plan_bf16(cfg, 2, 2, 0, 0, 0);
     result ref;
-    cr_assert_eq(train(cfg, &acc, 0, &ref), FY_OK);
-    const double ratios[][3] = {{1, 1, 4}, {0.5, 0.5, 2}, {0, 1, 0}, {1, 0, 0}};
-    for (int i = 0; i < 4; i++) {
-        fy_plan q = make_plan_bf16(cfg, 2, 2, ratios[i][0], ratios[i][1], (int)ratios[i][2]);
-        result rq;
-        cr_assert_eq(train(cfg, &q, 0, &rq), FY_OK);
-        expect_identical(cfg, &ref, &rq, "bf16 accumulated");
-        cr_expect(rq.peak == rq.model);
-        result_free(cfg, &rq);
-        fy_plan_free(&q);
-    }
-    result_free(cfg, &ref);
-    fy_plan_free(&acc);
+    accumulated_plans_are_bit_identical(FY_BF16, &ref);
+    result_free(&small_cfg, &ref);
 }
 
 /* bf16 storage trains the same model: bf16 keeps 8 bits of mantissa, so activations and

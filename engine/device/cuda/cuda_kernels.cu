@@ -70,6 +70,24 @@ __global__ void encoder_bwd_wpe_k(T *dwpe, const T *dout, int B, int T_, int C) 
     dwpe[idx] = from_f<T>(acc);
 }
 
+/* The embedding scatter's partitions: calls f(n, t) for every position n, in order, whose
+ * token t belongs to partition p (t % P == p). Called by a whole warp: the lanes load 32
+ * positions at once and take the matching ones in order. */
+template <typename F>
+__device__ __forceinline__ void for_partition(const int32_t *tok, int N, int P, int p, F f) {
+    int lane = threadIdx.x & 31;
+    for (int n0 = 0; n0 < N; n0 += 32) {
+        int n = n0 + lane;
+        int tk = n < N ? tok[n] : -1;
+        unsigned mine = __ballot_sync(FULL_MASK, tk >= 0 && tk % P == p);
+        while (mine) {
+            int j = __ffs(mine) - 1;
+            mine &= mine - 1;
+            f(n0 + j, __shfl_sync(FULL_MASK, tk, j));
+        }
+    }
+}
+
 /* dwte (V, C): block y owns the tokens with tok % P == y, each warp 32 channels; a warp
  * scans all positions in order and adds the rows of its tokens, so every (token,
  * channel) is summed by one thread in position order. */
@@ -79,21 +97,12 @@ __global__ void encoder_bwd_wte_k(T *dwte, const T *dout, const int32_t *tok, in
     int lane = threadIdx.x & 31;
     int c = (blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * 32 + lane;
     if (c - lane >= C) return; /* the whole warp leaves together */
-    int p = blockIdx.y;
-    for (int n0 = 0; n0 < N; n0 += 32) {
-        int n = n0 + lane;
-        int tk = n < N ? tok[n] : -1;
-        unsigned mine = __ballot_sync(FULL_MASK, tk >= 0 && tk % P == p);
-        while (mine) {
-            int j = __ffs(mine) - 1;
-            mine &= mine - 1;
-            int tj = __shfl_sync(FULL_MASK, tk, j);
-            if (c < C) {
-                size_t o = (size_t)tj * C + c;
-                dwte[o] = from_f<T>(to_f(dwte[o]) + to_f(dout[(size_t)(n0 + j) * C + c]));
-            }
+    for_partition(tok, N, P, blockIdx.y, [&](int n, int t) {
+        if (c < C) {
+            size_t o = (size_t)t * C + c;
+            dwte[o] = from_f<T>(to_f(dwte[o]) + to_f(dout[(size_t)n * C + c]));
         }
-    }
+    });
 }
 
 /* The same scatter for a bf16 dwte: each warp sums its tokens' rows in fp32 in shared
@@ -111,17 +120,9 @@ __global__ void encoder_bwd_wte_acc_k(bf16 *dwte, const bf16 *dout, const int32_
     if (c - lane >= C) return; /* the whole warp leaves together */
     int p = blockIdx.y, nslots = (V - p + P - 1) / P;
     for (int k = 0; k < nslots; k++) acc[w][k][lane] = 0.0f; /* each lane its own column */
-    for (int n0 = 0; n0 < N; n0 += 32) {
-        int n = n0 + lane;
-        int tk = n < N ? tok[n] : -1;
-        unsigned mine = __ballot_sync(FULL_MASK, tk >= 0 && tk % P == p);
-        while (mine) {
-            int j = __ffs(mine) - 1;
-            mine &= mine - 1;
-            int tj = __shfl_sync(FULL_MASK, tk, j);
-            if (c < C) acc[w][tj / P][lane] += to_f(dout[(size_t)(n0 + j) * C + c]);
-        }
-    }
+    for_partition(tok, N, P, p, [&](int n, int t) {
+        if (c < C) acc[w][t / P][lane] += to_f(dout[(size_t)n * C + c]);
+    });
     if (c >= C) return;
     for (int k = 0; k < nslots; k++) {
         size_t o = (size_t)(k * P + p) * C + c;
