@@ -230,7 +230,15 @@ static gemm_plan *plan_get(fy_cu_stream *cs, const gemm *g, fy_dtype dt) {
         c->n++;
     }
     gemm_plan *p = &c->plans[slot];
-    if (!plan_build(cs, &key, g->bias, p) && !(g->bias && plan_build(cs, &key, NULL, p))) {
+    /* most capable first: the bias in the epilogue, then written before the product; then
+     * both again claiming only element alignment (always true; fewer, slower algorithms).
+     * The choice depends on the key alone, so it is the same for every call. */
+    gemm_key weak = key;
+    weak.alA = weak.alB = weak.alD = (int)es;
+    bool ok = plan_build(cs, &key, g->bias, p) || (g->bias && plan_build(cs, &key, NULL, p)) ||
+              plan_build(cs, &weak, g->bias, p) || (g->bias && plan_build(cs, &weak, NULL, p));
+    p->key = key;
+    if (!ok) {
         char hint[200];
         snprintf(hint, sizeof hint, "cuBLASLt has no algorithm for a %s GEMM m=%d n=%d k=%d "
                  "batch=%d (alignment A %d, B %d, D %d bytes)", fy_dtype_name(dt), g->m, g->n,
