@@ -276,11 +276,15 @@ fy_status fy_cuda_dev_init(fy_dev *dev) {
     }
     FY_TRY(fy_cu_blas_load());
     /* Waiting threads sleep instead of spinning: the scheduler's lanes wait on streams
-     * while the CPU optimizer wants every core. Only possible before the device's
-     * context exists (a second device opened in this process keeps the first's mode). */
+     * while the CPU optimizer wants every core. A failure costs only spinning. */
     FY_CUDA_CHECK(cudaSetDevice(ord), "cudaSetDevice");
     tl_current = ord;
-    if (cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync) != cudaSuccess) (void)cudaGetLastError();
+    cudaError_t fe = cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync);
+    if (fe != cudaSuccess) {
+        (void)cudaGetLastError();
+        fy_log_warn("cuda: cannot make waits block (%s); waiting threads will spin",
+                    cudaGetErrorString(fe));
+    }
     size_t free_b = 0, total_b = 0;
     FY_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
     char a[32], b[32], c[32];

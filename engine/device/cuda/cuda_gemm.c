@@ -100,13 +100,13 @@ typedef struct gemm {
 
 typedef struct gemm_key {
     int dt, ta, tb, m, n, k, lda, ldb, ldd, batch, has_bias;
-    int alA, alB, alD; /* alignment classes of A, B and D (D's includes the bias) */
-    int pad;
+    int alA, alB, alD, alBias; /* alignment classes of A, B, D and the bias (the heuristic
+                                  reads the bias pointer's alignment) */
     int64_t sA, sB, sD;
 } gemm_key;
-/* compared with memcmp: no padding bytes */
-_Static_assert(sizeof(gemm_key) == 15 * sizeof(int) + sizeof(int) + 3 * sizeof(int64_t),
-               "gemm_key has padding");
+/* compared with memcmp: 15 ints, then 4 bytes the compiler pads, then 3 int64s; the
+ * padding is zeroed where keys are made (memset) */
+_Static_assert(sizeof(gemm_key) == 16 * sizeof(int) + 3 * sizeof(int64_t), "gemm_key layout");
 
 typedef struct gemm_plan {
     gemm_key key;
@@ -126,12 +126,10 @@ struct fy_cu_gemm_cache {
 };
 
 /* The largest power of two up to 16 dividing a matrix's address, its leading dimension
- * and batch stride in bytes (and the bias's address for D). */
-static int align_class(const void *p, int ld, int64_t stride, int batch, const void *bias,
-                       size_t es) {
+ * and batch stride in bytes. */
+static int align_class(const void *p, int ld, int64_t stride, int batch, size_t es) {
     uintptr_t bits = (uintptr_t)p | (uintptr_t)ld * es | 16u;
     if (batch > 1) bits |= (uintptr_t)(stride * (int64_t)es);
-    if (bias) bits |= (uintptr_t)bias;
     return (int)(bits & (~bits + 1));
 }
 
@@ -206,14 +204,26 @@ static bool plan_build(fy_cu_stream *cs, const gemm_key *key, const void *bias, 
 static gemm_plan *plan_get(fy_cu_stream *cs, const gemm *g, fy_dtype dt) {
     fy_cu_gemm_cache *c = cs->cache;
     size_t es = dt == FY_BF16 ? 2 : 4;
-    gemm_key key = {.dt = dt, .ta = g->ta, .tb = g->tb, .m = g->m, .n = g->n, .k = g->k,
-                    .lda = g->lda, .ldb = g->ldb, .ldd = g->ldd, .batch = g->batch,
-                    .has_bias = g->bias != NULL,
-                    .alA = align_class(g->A, g->lda, g->sA, g->batch, NULL, es),
-                    .alB = align_class(g->B, g->ldb, g->sB, g->batch, NULL, es),
-                    .alD = align_class(g->D, g->ldd, g->sD, g->batch, g->bias, es),
-                    .sA = g->batch > 1 ? g->sA : 0, .sB = g->batch > 1 ? g->sB : 0,
-                    .sD = g->batch > 1 ? g->sD : 0};
+    gemm_key key;
+    memset(&key, 0, sizeof key); /* the padding too: keys are compared with memcmp */
+    key.dt = dt;
+    key.ta = g->ta;
+    key.tb = g->tb;
+    key.m = g->m;
+    key.n = g->n;
+    key.k = g->k;
+    key.lda = g->lda;
+    key.ldb = g->ldb;
+    key.ldd = g->ldd;
+    key.batch = g->batch;
+    key.has_bias = g->bias != NULL;
+    key.alA = align_class(g->A, g->lda, g->sA, g->batch, es);
+    key.alB = align_class(g->B, g->ldb, g->sB, g->batch, es);
+    key.alD = align_class(g->D, g->ldd, g->sD, g->batch, es);
+    key.alBias = g->bias ? align_class(g->bias, 0, 0, 1, es) : 0;
+    key.sA = g->batch > 1 ? g->sA : 0;
+    key.sB = g->batch > 1 ? g->sB : 0;
+    key.sD = g->batch > 1 ? g->sD : 0;
     c->clock++;
     for (int i = 0; i < c->n; i++)
         if (!memcmp(&c->plans[i].key, &key, sizeof key)) {
@@ -235,6 +245,7 @@ static gemm_plan *plan_get(fy_cu_stream *cs, const gemm *g, fy_dtype dt) {
      * The choice depends on the key alone, so it is the same for every call. */
     gemm_key weak = key;
     weak.alA = weak.alB = weak.alD = (int)es;
+    /* (the bias's alignment is read from its pointer: nothing to weaken) */
     bool ok = plan_build(cs, &key, g->bias, p) || (g->bias && plan_build(cs, &key, NULL, p)) ||
               plan_build(cs, &weak, g->bias, p) || (g->bias && plan_build(cs, &weak, NULL, p));
     p->key = key;

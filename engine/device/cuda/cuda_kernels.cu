@@ -107,8 +107,8 @@ __global__ void encoder_bwd_wte_k(T *dwte, const T *dout, const int32_t *tok, in
 
 /* The same scatter for a bf16 dwte: each warp sums its tokens' rows in fp32 in shared
  * memory (token t of partition p at slot t / P) and adds each sum to dwte once, so a
- * token seen at many positions is rounded to bf16 once, not once per position. Every
- * token of the partition is written back (adding zero leaves an unseen row as it was). */
+ * token seen at many positions is rounded to bf16 once, not once per position. Only the
+ * rows of tokens seen are written back (a bit per slot, the same in every lane). */
 #define WTE_ACC_WARPS 4
 #define WTE_ACC_SLOTS 96 /* fp32 sums per lane: 96 x 32 x 4 B = 12 KiB a warp */
 
@@ -120,11 +120,16 @@ __global__ void encoder_bwd_wte_acc_k(bf16 *dwte, const bf16 *dout, const int32_
     if (c - lane >= C) return; /* the whole warp leaves together */
     int p = blockIdx.y, nslots = (V - p + P - 1) / P;
     for (int k = 0; k < nslots; k++) acc[w][k][lane] = 0.0f; /* each lane its own column */
+    unsigned seen[(WTE_ACC_SLOTS + 31) / 32] = {0};
     for_partition(tok, N, P, p, [&](int n, int t) {
-        if (c < C) acc[w][t / P][lane] += to_f(dout[(size_t)n * C + c]);
+        if (t >= V) return; /* the data layer refuses such tokens; never write past acc */
+        int k = t / P;
+        seen[k / 32] |= 1u << (k % 32);
+        if (c < C) acc[w][k][lane] += to_f(dout[(size_t)n * C + c]);
     });
     if (c >= C) return;
     for (int k = 0; k < nslots; k++) {
+        if (!(seen[k / 32] >> (k % 32) & 1u)) continue;
         size_t o = (size_t)(k * P + p) * C + c;
         dwte[o] = from_f<bf16>(to_f(dwte[o]) + acc[w][k][lane]);
     }
@@ -148,7 +153,7 @@ static void encoder_bwd(cudaStream_t st, const fy_op *op) {
     if (sizeof(T) == 2) {
         /* partitions enough that each holds at most WTE_ACC_SLOTS tokens */
         int P = (V + WTE_ACC_SLOTS - 1) / WTE_ACC_SLOTS;
-        FY_ASSERT(P <= 65535, "a vocabulary too large for the bf16 embedding scatter");
+        FY_ASSERT(P >= 1 && P <= 65535, "a vocabulary the bf16 embedding scatter cannot take");
         dim3 grid((unsigned)((C + 32 * WTE_ACC_WARPS - 1) / (32 * WTE_ACC_WARPS)), (unsigned)P);
         encoder_bwd_wte_acc_k<<<grid, 32 * WTE_ACC_WARPS, 0, st>>>((bf16 *)op->p[0],
             (const bf16 *)op->p[2], (const int32_t *)op->p[3], N, C, V, P);
