@@ -366,7 +366,7 @@ static double rel_err(const float *got, const float *want, size_t n) {
 Test(model, chunked_classifier_matches_unchunked) {
     fy_gpt2_config cfg = {.vocab = 300000, .max_seq = 16, .channels = 8, .layers = 1, .heads = 2};
     const int B = 8, T = 16, N = B * T, C = cfg.channels, V = cfg.vocab;
-    cr_assert_gt((size_t)N, fy_gpt2_logit_rows((size_t)N, (size_t)V) * 2, "needs 3+ chunks");
+    cr_assert_gt((size_t)N, fy_gpt2_logit_rows((size_t)N, (size_t)V, sizeof(float)) * 2, "needs 3+ chunks");
     fy_dev *d;
     fy_stream *s;
     fy_dev_cfg dc = {.kind = FY_DEV_CPU, .threads = 2};

@@ -246,8 +246,8 @@ static void classifier(const fy_gpt2_config *cfg, const float *wte, float *dwte,
                        fy_gpt2_head_acts *a, const int32_t *targets, float dloss, float *dlnf,
                        int N, fy_stream *s) {
     const int C = cfg->channels, V = cfg->vocab;
-    const int rows = (int)fy_gpt2_logit_rows((size_t)N, (size_t)V);
     const size_t es = fy_dtype_size(fy_stream_dtype(s)); /* lnf and dlnf are stored so */
+    const int rows = (int)fy_gpt2_logit_rows((size_t)N, (size_t)V, es);
     for (int r0 = 0; r0 < N; r0 += rows) {
         const int n = N - r0 < rows ? N - r0 : rows;
         const float *lnf = (const float *)((const char *)a->lnf + (size_t)r0 * C * es);

@@ -144,13 +144,15 @@ typedef struct fy_gpt2_layer_acts {
 } fy_gpt2_layer_acts;
 
 /* The classifier runs over row chunks of the N positions, so the logits of the whole
- * batch never exist at once: a chunk holds at most FY_GPT2_LOGIT_CHUNK_NELEM logits
- * (64 MiB in fp32; GPT-2's vocabulary gives 333 rows a chunk, where the whole batch of
- * B=8, T=1024 would take 1.6 GiB). The chunking depends on N and V only, never on the
- * plan, so every plan computes the same sums. */
-#define FY_GPT2_LOGIT_CHUNK_NELEM ((size_t)16 << 20)
-static inline size_t fy_gpt2_logit_rows(size_t N, size_t V) {
-    size_t rows = FY_GPT2_LOGIT_CHUNK_NELEM / V;
+ * batch never exist at once: a chunk holds at most FY_GPT2_LOGIT_CHUNK_NBYTES of logits
+ * in the storage type (es bytes each): 333 rows of GPT-2's vocabulary in fp32, 667 in
+ * bf16, where the whole batch of B=8, T=1024 would take 1.6 GiB in fp32. Each chunk adds
+ * its share into dwte, so fewer chunks also mean fewer roundings of a bf16 dwte. The
+ * chunking depends on N, V and the storage type only, never on the plan, so every plan
+ * computes the same sums. */
+#define FY_GPT2_LOGIT_CHUNK_NBYTES ((size_t)64 << 20)
+static inline size_t fy_gpt2_logit_rows(size_t N, size_t V, size_t es) {
+    size_t rows = FY_GPT2_LOGIT_CHUNK_NBYTES / es / V;
     if (rows < 1) rows = 1;
     return rows < N ? rows : N;
 }
@@ -161,7 +163,7 @@ static inline size_t fy_gpt2_logit_rows(size_t N, size_t V) {
     X(lnf, (size_t)N * C, S)                             \
     X(lnf_mean, (size_t)N, F)                            \
     X(lnf_rstd, (size_t)N, F)                            \
-    X(logits, fy_gpt2_logit_rows(N, V) * V, S)           \
+    X(logits, fy_gpt2_logit_rows(N, V, es) * V, S)       \
     X(losses, (size_t)N, F)
 typedef struct fy_gpt2_head_acts { FY_GPT2_HEAD_ACTS(FY_GPT2_ACT_FIELD) } fy_gpt2_head_acts;
 
