@@ -1306,3 +1306,47 @@ Test(cli, diverging_run_stops_and_metrics_stay_json) {
     cr_expect(n >= 5 && n < 12, "%d metrics lines", n);
     free(jl);
 }
+
+/* --dtype: bf16 storage halves the device's parameters, gradients and activations in the
+ * printed memory model; a saved plan carries its storage type and a run of it reports
+ * the peak the model predicts; other types are one error line. */
+Test(cli, dtype_bf16_halves_device_storage_and_travels_in_plans) {
+    run_result a, b, c, d;
+    FERRY(&a, "train", TINY, "--dry-run", "--dtype", "fp32");
+    expect_ok(&a);
+    FERRY(&b, "train", TINY, "--dry-run", "--dtype", "bf16");
+    expect_ok(&b);
+    cr_expect_null(strstr(a.out, "bf16 storage"), "fp32 plan described as bf16:\n%s", a.out);
+    cr_expect_not_null(strstr(b.out, "bf16 storage"), "the plan should say bf16 storage:\n%s", b.out);
+    const char *pa = strstr(a.out, "        parameters"), *pb = strstr(b.out, "        parameters");
+    cr_assert(pa && pb, "memory models missing:\n%s\n%s", a.out, b.out);
+    double da = 0, db = 0;
+    char ua[8], ub[8];
+    cr_assert_eq(sscanf(pa, " parameters %lf %7s", &da, ua), 2);
+    cr_assert_eq(sscanf(pb, " parameters %lf %7s", &db, ub), 2);
+    cr_expect(!strcmp(ua, ub) && fabs(db * 2 - da) <= 0.02 * da,
+              "bf16 parameters %g %s should be half of fp32's %g %s", db, ub, da, ua);
+    const char *plan = P("bf16.json");
+    FERRY(&c, "train", TINY, "--dtype", "bf16", "--offload-params", "1", "--offload-optim", "0.5",
+          "--save-plan", plan, "--dry-run");
+    expect_ok(&c);
+    char *text = slurp(plan, NULL);
+    cr_assert(text && strstr(text, "\"dtype\":\t\"bf16\""), "the saved plan should say bf16:\n%s",
+              text ? text : "(unreadable)");
+    FERRY(&d, "train", "--model", "gpt2-tiny", "--seq", "16", "--steps", "2", "--threads", "1",
+          "--device", "cpu", "--plan", plan);
+    expect_ok(&d);
+    cr_expect_not_null(strstr(d.out, "bf16 storage"), "the plan's storage type was not used:\n%s", d.out);
+    char line[512];
+    last_line(d.out, line, sizeof line);
+    const char *pk = strstr(line, "device peak "), *md = strstr(line, "(model ");
+    cr_assert(pk && md, "no device peak in: %s", line);
+    char peak[32] = "", model[32] = "";
+    sscanf(pk, "device peak %31[^(]", peak);
+    sscanf(md, "(model %31[^)]", model);
+    for (char *e = peak + strlen(peak); e > peak && e[-1] == ' '; ) *--e = 0;
+    cr_expect_str_eq(peak, model, "device peak and memory model differ: %s", line);
+    run_result e;
+    FERRY(&e, "train", TINY, "--dtype", "fp16");
+    EXPECT_ERROR(&e, 2, "--dtype", "fp16");
+}
