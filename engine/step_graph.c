@@ -162,8 +162,8 @@ static void run_head(void *ctx, const fy_task *t) {
     fy_gpt2_embed_view(&tr->lay.blocks[0], fy_tr_dt(tr), g0, &eg);
     float *gh = grad_open(tr, h, a, task_id(tr, t));
     fy_gpt2_head_view(&tr->lay.blocks[h], fy_tr_dt(tr), gh, &hg);
-    fy_gpt2_head_step(mc, &hw, &hg, ew.wte, eg.wte, st->acts[L - 1].out, &st->head, y, dloss,
-                      st->loss_dev + a, &st->sc, B, T, tr->s);
+    fy_gpt2_head_step(mc, &hw, &hg, ew.wte, eg.wte, st->dwte32, st->acts[L - 1].out, &st->head,
+                      y, dloss, st->loss_dev + a, &st->sc, B, T, tr->s);
     fy_copy_async(tr->s, st->loss_host + a, st->loss_dev + a, sizeof(float), FY_D2H);
     grad_close(tr, h, a, gh);
     fy_stream_sync(tr->s);

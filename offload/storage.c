@@ -192,6 +192,9 @@ static fy_status layout(walk *w, const fy_gpt2_layout *lay, const fy_plan *plan,
     FY_TRY(take(w, FY_CAT_WORKSPACE, fy_gpt2_scratch_nbytes(mc, B, T, dt), "backward workspace",
                 &base));
     if (st && w->alloc) fy_gpt2_scratch_bind(mc, B, T, dt, base, &st->sc);
+    if (training && lp)
+        FY_TRY(take(w, FY_CAT_WORKSPACE, (size_t)mc->vocab * mc->channels * sizeof(float),
+                    "classifier's fp32 dwte sums", st ? (void *)&st->dwte32 : &base));
     const size_t accum = (size_t)plan->grad_accum;
     void *tmp;
     /* tokens are double-buffered so the next micro-batch loads while this one computes */

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine/core/dtype.h"
 #include "engine/device/kernels.h"
 #include "engine/io/tokens.h"
 #include "engine/model/gpt2_io.h"
@@ -394,7 +395,7 @@ Test(model, chunked_classifier_matches_unchunked) {
                          dev_upload(d, s, NULL, fy_gpt2_scratch_nbytes(&cfg, B, T, FY_F32) / 4), &sc);
     float *dwte = dev_upload(d, s, NULL, (size_t)V * C), *loss = dev_upload(d, s, NULL, 1);
     const float dloss = 1.0f / N;
-    fy_gpt2_head_step(&cfg, &w, &g, wte, dwte, x, &a, y, dloss, loss, &sc, B, T, s);
+    fy_gpt2_head_step(&cfg, &w, &g, wte, dwte, NULL, x, &a, y, dloss, loss, &sc, B, T, s);
 
     /* the reference: the same kernels over all N rows at once */
     float *lnf = dev_upload(d, s, NULL, (size_t)N * C), *mean = dev_upload(d, s, NULL, N);
@@ -419,5 +420,84 @@ Test(model, chunked_classifier_matches_unchunked) {
     cr_expect_leq(rel_err(g.lnfb, rg.lnfb, C), 1e-5, "d ln_f.bias");
     free(h_wte); free(h_x); free(h_y);
     fy_stream_free(s);
+    fy_dev_free(d);
+}
+
+/* With bf16 storage the classifier's dwte shares are summed in fp32 (dwte32) and rounded
+ * once: against the same head computed in fp32 on the same (bf16) inputs, that dwte is
+ * within bf16's rounding (2^-9 = 2e-3 relative per element; bound 4e-3 relative-norm),
+ * and closer than the one rounded after every chunk (10 chunks here). */
+Test(model, bf16_classifier_rounds_dwte_once) {
+    fy_gpt2_config cfg = {.vocab = 300000, .max_seq = 64, .channels = 8, .layers = 1, .heads = 2};
+    const int B = 16, T = 64, N = B * T, C = cfg.channels, V = cfg.vocab;
+    const size_t VC = (size_t)V * C;
+    cr_assert_geq((size_t)N, fy_gpt2_logit_rows((size_t)N, (size_t)V, 2) * 9, "needs 10 chunks");
+    fy_dev *d;
+    fy_dev_cfg dc = {.kind = FY_DEV_CPU, .threads = 2};
+    cr_assert_eq(fy_dev_new(&dc, &d), FY_OK);
+    fy_stream *s32, *s16;
+    cr_assert_eq(fy_stream_new(d, "fp32", &s32), FY_OK);
+    cr_assert_eq(fy_stream_new(d, "bf16", &s16), FY_OK);
+    cr_assert_eq(fy_stream_set_dtype(s16, FY_BF16), FY_OK);
+    uint64_t rng = 11;
+    /* bf16-representable inputs, as fp32 and as bf16 */
+    const size_t n_in[3] = {VC, (size_t)N * C, 2 * (size_t)C};
+    float *f[3];
+    uint16_t *h[3];
+    for (int k = 0; k < 3; k++) {
+        f[k] = malloc(n_in[k] * sizeof(float));
+        h[k] = malloc(n_in[k] * 2);
+        for (size_t i = 0; i < n_in[k]; i++) {
+            double u = k == 2 ? 1.0 + 0.1 * unif(&rng) : k == 0 ? unif(&rng) - 0.5 : unif(&rng) * 4 - 2;
+            h[k][i] = fy_f32_to_bf16((float)u);
+            f[k][i] = fy_bf16_to_f32(h[k][i]);
+        }
+    }
+    int32_t *hy = malloc((size_t)N * 4);
+    for (int n = 0; n < N; n++) hy[n] = (int32_t)(unif(&rng) * V) % V;
+    int32_t *y;
+    cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, (size_t)N * 4, "y", (void **)&y), FY_OK);
+    fy_copy_async(s32, y, hy, (size_t)N * 4, FY_H2D);
+    float *dwte_out[3]; /* fp32 reference, bf16 with dwte32, bf16 per chunk */
+    for (int run = 0; run < 3; run++) {
+        fy_stream *s = run ? s16 : s32;
+        const fy_dtype dt = run ? FY_BF16 : FY_F32;
+        const size_t es = run ? 2 : 4;
+        void *buf[3];
+        for (int k = 0; k < 3; k++) {
+            cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, n_in[k] * es, "in", &buf[k]), FY_OK);
+            fy_copy_async(s, buf[k], run ? (void *)h[k] : (void *)f[k], n_in[k] * es, FY_H2D);
+        }
+        fy_gpt2_head_w w, g;
+        w.lnfw = buf[2];
+        w.lnfb = (float *)((char *)buf[2] + C * es);
+        void *gb, *acts, *scr, *dwte, *dwte32 = NULL, *loss;
+        cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, 2 * C * es, "g", &gb), FY_OK);
+        g.lnfw = gb;
+        g.lnfb = (float *)((char *)gb + C * es);
+        cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, fy_gpt2_head_acts_nbytes(&cfg, B, T, dt), "a", &acts), FY_OK);
+        cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, fy_gpt2_scratch_nbytes(&cfg, B, T, dt), "sc", &scr), FY_OK);
+        cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, VC * es, "dwte", &dwte), FY_OK);
+        cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, 4, "loss", &loss), FY_OK);
+        if (run == 1) cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, VC * 4, "dwte32", &dwte32), FY_OK);
+        fy_gpt2_head_acts a;
+        fy_gpt2_scratch sc;
+        fy_gpt2_head_acts_bind(&cfg, B, T, dt, acts, &a);
+        fy_gpt2_scratch_bind(&cfg, B, T, dt, scr, &sc);
+        fy_gpt2_head_step(&cfg, &w, &g, buf[0], dwte, dwte32, buf[1], &a, y, 1.0f / N, loss, &sc,
+                          B, T, s);
+        fy_stream_sync(s);
+        dwte_out[run] = malloc(VC * sizeof(float));
+        for (size_t i = 0; i < VC; i++)
+            dwte_out[run][i] = run ? fy_bf16_to_f32(((uint16_t *)dwte)[i]) : ((float *)dwte)[i];
+    }
+    double once = rel_err(dwte_out[1], dwte_out[0], VC), each = rel_err(dwte_out[2], dwte_out[0], VC);
+    cr_log_info("bf16 dwte vs fp32: rounded once %.3g, after each chunk %.3g", once, each);
+    cr_expect_leq(once, 4e-3, "dwte summed in fp32 then rounded: %.3g from fp32's", once);
+    cr_expect_lt(once, each, "rounding once (%.3g) should beat rounding every chunk (%.3g)", once, each);
+    for (int k = 0; k < 3; k++) { free(f[k]); free(h[k]); free(dwte_out[k]); }
+    free(hy);
+    fy_stream_free(s32);
+    fy_stream_free(s16);
     fy_dev_free(d);
 }

@@ -47,6 +47,16 @@ void fy_k_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout,
                        {N, C, OC}, {0}, 0});
 }
 
+void fy_k_matmul_bwd_f32acc(float *dinp, float *dw32, const float *dout, const float *inp,
+                            const float *w, int N, int C, int OC, fy_stream *s) {
+    launch(s, &(fy_op){FY_OP_MATMUL_BWD, {dinp, dw32, NULL, P(dout), P(inp), P(w)},
+                       {N, C, OC, 1}, {0}, 0});
+}
+
+void fy_k_add_f32(float *dst, const float *src, size_t n, fy_stream *s) {
+    launch(s, &(fy_op){FY_OP_ADD_F32, {dst, P(src)}, {(int64_t)n}, {0}, 0});
+}
+
 void fy_k_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C,
                         int NH, fy_stream *s) {
     launch(s, &(fy_op){FY_OP_ATTENTION_FWD, {out, att, P(qkv)}, {B, T, C, NH}, {0}, 0});

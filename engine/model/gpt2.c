@@ -243,8 +243,8 @@ void fy_gpt2_layer_fwd(const fy_gpt2_config *cfg, const fy_gpt2_layer_w *w,
  * gradient in place, which gives dlnf's rows and dwte's share before the next chunk
  * reuses the buffer. */
 static void classifier(const fy_gpt2_config *cfg, const float *wte, float *dwte,
-                       fy_gpt2_head_acts *a, const int32_t *targets, float dloss, float *dlnf,
-                       int N, fy_stream *s) {
+                       float *dwte32, fy_gpt2_head_acts *a, const int32_t *targets, float dloss,
+                       float *dlnf, int N, fy_stream *s) {
     const int C = cfg->channels, V = cfg->vocab;
     const size_t es = fy_dtype_size(fy_stream_dtype(s)); /* lnf and dlnf are stored so */
     const int rows = (int)fy_gpt2_logit_rows((size_t)N, (size_t)V, es);
@@ -253,9 +253,11 @@ static void classifier(const fy_gpt2_config *cfg, const float *wte, float *dwte,
         const float *lnf = (const float *)((const char *)a->lnf + (size_t)r0 * C * es);
         fy_k_matmul_fwd(a->logits, lnf, wte, NULL, n, C, V, s);
         fy_k_crossentropy(a->losses + r0, a->logits, targets + r0, n, V, dloss, s);
-        if (dloss != 0.0f)
-            fy_k_matmul_bwd((float *)((char *)dlnf + (size_t)r0 * C * es), dwte, NULL, a->logits,
-                            lnf, wte, n, C, V, s);
+        float *dlnf_rows = (float *)((char *)dlnf + (size_t)r0 * C * es);
+        if (dloss != 0.0f && dwte32)
+            fy_k_matmul_bwd_f32acc(dlnf_rows, dwte32, a->logits, lnf, wte, n, C, V, s);
+        else if (dloss != 0.0f)
+            fy_k_matmul_bwd(dlnf_rows, dwte, NULL, a->logits, lnf, wte, n, C, V, s);
     }
 }
 
@@ -264,19 +266,23 @@ void fy_gpt2_head_fwd(const fy_gpt2_config *cfg, const fy_gpt2_head_w *w, const 
                       float *loss_out, int B, int T, fy_stream *s) {
     const int C = cfg->channels, N = B * T;
     fy_k_layernorm_fwd(a->lnf, a->lnf_mean, a->lnf_rstd, xL, w->lnfw, w->lnfb, N, C, s);
-    classifier(cfg, wte, NULL, a, targets, 0.0f, NULL, N, s);
+    classifier(cfg, wte, NULL, NULL, a, targets, 0.0f, NULL, N, s);
     fy_k_mean(loss_out, a->losses, (size_t)N, s);
 }
 
 /* ---- backward --------------------------------------------------------------------- */
 
 void fy_gpt2_head_step(const fy_gpt2_config *cfg, const fy_gpt2_head_w *w,
-                       fy_gpt2_head_w *g, const float *wte, float *dwte, const float *xL,
-                       fy_gpt2_head_acts *a, const int32_t *targets, float dloss,
-                       float *loss_out, fy_gpt2_scratch *sc, int B, int T, fy_stream *s) {
+                       fy_gpt2_head_w *g, const float *wte, float *dwte, float *dwte32,
+                       const float *xL, fy_gpt2_head_acts *a, const int32_t *targets,
+                       float dloss, float *loss_out, fy_gpt2_scratch *sc, int B, int T,
+                       fy_stream *s) {
     const int C = cfg->channels, N = B * T;
+    const size_t VC = (size_t)cfg->vocab * C;
     fy_k_layernorm_fwd(a->lnf, a->lnf_mean, a->lnf_rstd, xL, w->lnfw, w->lnfb, N, C, s);
-    classifier(cfg, wte, dwte, a, targets, dloss, sc->dln, N, s);
+    if (dwte32) fy_memset_async(s, dwte32, 0, VC * sizeof(float));
+    classifier(cfg, wte, dwte, dwte32, a, targets, dloss, sc->dln, N, s);
+    if (dwte32) fy_k_add_f32(dwte, dwte32, VC, s);
     fy_k_mean(loss_out, a->losses, (size_t)N, s);
     fy_memset_async(s, sc->dres, 0, (size_t)N * C * fy_dtype_size(fy_stream_dtype(s)));
     fy_k_layernorm_bwd(sc->dres, g->lnfw, g->lnfb, sc->dln, xL, w->lnfw, a->lnf_mean,

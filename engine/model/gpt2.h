@@ -206,11 +206,14 @@ void fy_gpt2_head_fwd(const fy_gpt2_config *cfg, const fy_gpt2_head_w *w, const 
                       float *loss_out, int B, int T, fy_stream *s);
 /* A training step's head, forward and backward fused chunk by chunk: losses and
  * loss_out[0] as fy_gpt2_head_fwd, the loss scaled by dloss (1/(B*T*accum) for a mean
- * loss) differentiated: dwte += the classifier's part, g accumulates, sc->dres = d xL. */
+ * loss) differentiated: dwte += the classifier's part, g accumulates, sc->dres = d xL.
+ * dwte32 (V*C fp32, or NULL): where the chunks' dwte shares are summed before they are
+ * added to dwte once; for bf16 storage, so dwte is rounded once, not once a chunk. */
 void fy_gpt2_head_step(const fy_gpt2_config *cfg, const fy_gpt2_head_w *w,
-                       fy_gpt2_head_w *g, const float *wte, float *dwte, const float *xL,
-                       fy_gpt2_head_acts *a, const int32_t *targets, float dloss,
-                       float *loss_out, fy_gpt2_scratch *sc, int B, int T, fy_stream *s);
+                       fy_gpt2_head_w *g, const float *wte, float *dwte, float *dwte32,
+                       const float *xL, fy_gpt2_head_acts *a, const int32_t *targets,
+                       float dloss, float *loss_out, fy_gpt2_scratch *sc, int B, int T,
+                       fy_stream *s);
 /* sc->dres holds d x_out on entry and d x_in on return. */
 void fy_gpt2_layer_bwd(const fy_gpt2_config *cfg, const fy_gpt2_layer_w *w,
                        fy_gpt2_layer_w *g, const fy_gpt2_layer_acts *a, const float *x_in,

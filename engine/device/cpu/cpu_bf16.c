@@ -42,6 +42,7 @@ static const targ *tensor_args(fy_op_kind k) {
     static const targ two_in[] = {{0, OUT, Z_N0}, {1, IN, Z_N0}, {2, IN, Z_N0}, {-1, 0, 0}};
     static const targ ce[] = {{1, INOUT, Z_NV}, {-1, 0, 0}};
     static const targ ss[] = {{1, IN, Z_N0}, {-1, 0, 0}};
+    static const targ add[] = {{0, INOUT, Z_N0}, {-1, 0, 0}}; /* the source is fp32 */
     static const targ none[] = {{-1, 0, 0}};
     switch (k) {
     case FY_OP_ENCODER_FWD: return enc_f;
@@ -54,6 +55,7 @@ static const targ *tensor_args(fy_op_kind k) {
     case FY_OP_ATTENTION_BWD: return at_b;
     case FY_OP_GELU_FWD: return ge_f;
     case FY_OP_GELU_BWD: case FY_OP_RESIDUAL_FWD: return two_in;
+    case FY_OP_ADD_F32: return add;
     case FY_OP_CROSSENTROPY: return ce;
     case FY_OP_SUMSQ: return ss;
     default: return none; /* mean and AdamW: their tensors have fixed types */
@@ -96,9 +98,11 @@ void fy_cpu_exec_bf16(const fy_op *op) {
     wide.dt = FY_F32;
     float *tmp[MAX_TARGS] = {0};
     size_t n[MAX_TARGS] = {0};
+    /* a matmul backward with an fp32 dw (i[3] set) leaves that argument as it is */
+    const int fp32_arg = op->kind == FY_OP_MATMUL_BWD && op->i[3] ? 1 : -1;
     for (int k = 0; args[k].p >= 0; k++) {
         const uint16_t *src = op->p[args[k].p];
-        if (!src) continue; /* optional arguments (bias, dinp, dbias) */
+        if (!src || args[k].p == fp32_arg) continue; /* optional arguments (bias, dinp, dbias) */
         n[k] = nelem_of(args[k].size, op);
         tmp[k] = malloc((n[k] ? n[k] : 1) * sizeof(float));
         FY_ASSERT(tmp[k], "out of host memory widening a bf16 tensor");

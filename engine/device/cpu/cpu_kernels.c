@@ -308,6 +308,7 @@ void fy_cpu_exec(const fy_op *op) {
     case FY_OP_GELU_FWD: gelu_fwd(p[0], p[1], (size_t)i[0]); break;
     case FY_OP_GELU_BWD: gelu_bwd(p[0], p[1], p[2], (size_t)i[0]); break;
     case FY_OP_RESIDUAL_FWD: residual_fwd(p[0], p[1], p[2], (size_t)i[0]); break;
+    case FY_OP_ADD_F32: residual_fwd(p[0], p[0], p[1], (size_t)i[0]); break;
     case FY_OP_CROSSENTROPY: crossentropy(p[0], p[1], p[2], i[0], i[1], op->f[0]); break;
     case FY_OP_MEAN: mean(p[0], p[1], (size_t)i[0]); break;
     case FY_OP_SUMSQ: sumsq(p[0], p[1], (size_t)i[0]); break;

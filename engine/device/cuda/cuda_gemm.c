@@ -96,16 +96,17 @@ typedef struct gemm {
     int batch;           /* strided batch count (1 = plain) */
     float alpha, beta;
     const void *bias;    /* (m), added to every column of D; NULL for none */
+    bool d_f32;          /* C and D are fp32 whatever A's and B's type */
 } gemm;
 
 typedef struct gemm_key {
     int dt, ta, tb, m, n, k, lda, ldb, ldd, batch, has_bias;
     int alA, alB, alD, alBias; /* alignment classes of A, B, D and the bias (the heuristic
                                   reads the bias pointer's alignment) */
+    int d_f32;                 /* C and D fp32 */
     int64_t sA, sB, sD;
 } gemm_key;
-/* compared with memcmp: 15 ints, then 4 bytes the compiler pads, then 3 int64s; the
- * padding is zeroed where keys are made (memset) */
+/* compared with memcmp: 16 ints and 3 int64s, no padding; keys are memset anyway */
 _Static_assert(sizeof(gemm_key) == 16 * sizeof(int) + 3 * sizeof(int64_t), "gemm_key layout");
 
 typedef struct gemm_plan {
@@ -157,6 +158,7 @@ static bool plan_build(fy_cu_stream *cs, const gemm_key *key, const void *bias, 
     const bool with_bias = bias != NULL;
     fy_cu_dev *cd = cs->dev->ctx;
     cudaDataType_t t = key->dt == FY_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    cudaDataType_t td = key->d_f32 ? CUDA_R_32F : t;
     cublasComputeType_t ct = CUBLAS_COMPUTE_32F;
     if (key->dt != FY_BF16 && cd->math == FY_MATMUL_TF32) ct = CUBLAS_COMPUTE_32F_FAST_TF32;
     if (key->dt != FY_BF16 && cd->math == FY_MATMUL_BF16) ct = CUBLAS_COMPUTE_32F_FAST_16BF;
@@ -174,7 +176,7 @@ static bool plan_build(fy_cu_stream *cs, const gemm_key *key, const void *bias, 
     }
     p->la = layout(t, key->ta ? key->k : key->m, key->ta ? key->m : key->k, key->lda, key->batch, key->sA);
     p->lb = layout(t, key->tb ? key->n : key->k, key->tb ? key->k : key->n, key->ldb, key->batch, key->sB);
-    p->ld = layout(t, key->m, key->n, key->ldd, key->batch, key->sD);
+    p->ld = layout(td, key->m, key->n, key->ldd, key->batch, key->sD);
 
     cublasLtMatmulPreference_t pref;
     lt_check(lt.cublasLtMatmulPreferenceCreate(&pref), "preference");
@@ -219,7 +221,8 @@ static gemm_plan *plan_get(fy_cu_stream *cs, const gemm *g, fy_dtype dt) {
     key.has_bias = g->bias != NULL;
     key.alA = align_class(g->A, g->lda, g->sA, g->batch, es);
     key.alB = align_class(g->B, g->ldb, g->sB, g->batch, es);
-    key.alD = align_class(g->D, g->ldd, g->sD, g->batch, es);
+    key.alD = align_class(g->D, g->ldd, g->sD, g->batch, g->d_f32 ? sizeof(float) : es);
+    key.d_f32 = g->d_f32;
     key.alBias = g->bias ? align_class(g->bias, 0, 0, 1, es) : 0;
     key.sA = g->batch > 1 ? g->sA : 0;
     key.sB = g->batch > 1 ? g->sB : 0;
@@ -244,7 +247,8 @@ static gemm_plan *plan_get(fy_cu_stream *cs, const gemm *g, fy_dtype dt) {
      * both again claiming only element alignment (always true; fewer, slower algorithms).
      * The choice depends on the key alone, so it is the same for every call. */
     gemm_key weak = key;
-    weak.alA = weak.alB = weak.alD = (int)es;
+    weak.alA = weak.alB = (int)es;
+    weak.alD = g->d_f32 ? (int)sizeof(float) : (int)es;
     /* (the bias's alignment is read from its pointer: nothing to weaken) */
     bool ok = plan_build(cs, &key, g->bias, p) || (g->bias && plan_build(cs, &key, NULL, p)) ||
               plan_build(cs, &weak, g->bias, p) || (g->bias && plan_build(cs, &weak, NULL, p));
@@ -300,9 +304,10 @@ static void matmul_bwd(fy_cu_stream *cs, const fy_op *op, fy_dtype dt) {
                   .B = dout, .ldb = OC, .D = dinp, .ldd = C, .batch = 1, .alpha = 1.0f, .beta = 0.0f};
         gemm_run(cs, dt, &g, "matmul_bwd (dinp)");
     }
-    /* dw (OC,C) += dout^T @ inp; column-major dw^T += inp^T dout */
+    /* dw (OC,C) += dout^T @ inp; column-major dw^T += inp^T dout (fp32 dw when i[3]) */
     gemm g = {.ta = false, .tb = true, .m = C, .n = OC, .k = N, .A = inp, .lda = C,
-              .B = dout, .ldb = OC, .D = dw, .ldd = C, .batch = 1, .alpha = 1.0f, .beta = 1.0f};
+              .B = dout, .ldb = OC, .D = dw, .ldd = C, .batch = 1, .alpha = 1.0f, .beta = 1.0f,
+              .d_f32 = op->i[3] != 0};
     gemm_run(cs, dt, &g, "matmul_bwd (dw)");
     if (dbias) fy_cu_colsum_acc(cs, dt, dbias, dout, N, OC);
 }

@@ -386,6 +386,13 @@ __global__ void residual_fwd_k(T *out, const T *a, const T *b, size_t n) {
         out[i] = from_f<T>(to_f(a[i]) + to_f(b[i]));
 }
 
+/* dst (storage type) += src (fp32), rounded once. */
+template <typename T>
+__global__ void add_f32_k(T *dst, const float *src, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = from_f<T>(to_f(dst[i]) + src[i]);
+}
+
 static unsigned pointwise_grid(size_t n) {
     unsigned g = grid_for(n, 256);
     return g > 65536 ? 65536 : g;
@@ -567,6 +574,10 @@ static void exec_typed(fy_cu_stream *cs, const fy_op *op) {
     case FY_OP_RESIDUAL_FWD:
         if (i[0]) residual_fwd_k<T><<<pointwise_grid((size_t)i[0]), 256, 0, st>>>((T *)p[0], (const T *)p[1], (const T *)p[2], (size_t)i[0]);
         LAUNCHED("residual_fwd");
+        break;
+    case FY_OP_ADD_F32:
+        if (i[0]) add_f32_k<T><<<pointwise_grid((size_t)i[0]), 256, 0, st>>>((T *)p[0], (const float *)p[1], (size_t)i[0]);
+        LAUNCHED("add_f32");
         break;
     case FY_OP_CROSSENTROPY:
         if (i[0]) crossentropy_k<T><<<(unsigned)i[0], CE_THREADS, 0, st>>>((float *)p[0], (T *)p[1],
