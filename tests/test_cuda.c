@@ -63,6 +63,7 @@
 #include "offload/plan.h"
 #include "offload/storage.h"
 #include "optim_cpu/adam.h"
+#include "tests/test_util.h"
 
 /* ---- the GPU, the devices, host scratch ------------------------------------------------ */
 
@@ -1103,15 +1104,6 @@ typedef struct run {
     size_t peak, model;
 } run;
 
-static fy_tokens *corpus(void) {
-    uint8_t *text;
-    cr_assert_eq(fy_corpus_generate(64 << 10, 3, &text), FY_OK);
-    fy_tokens *t;
-    cr_assert_eq(fy_tokens_from_bytes(text, 64 << 10, "test corpus", &t), FY_OK);
-    free(text);
-    return t;
-}
-
 static fy_plan make_plan(const fy_gpt2_config *cfg, int B, int accum, double p, double o, int k) {
     fy_plan plan;
     cr_assert_eq(fy_plan_new(cfg->layers, B, accum, &plan), FY_OK);
@@ -1141,7 +1133,7 @@ static void train(fy_dev_kind kind, fy_matmul_math math, const fy_gpt2_config *c
         out->grad1[b] = malloc(out->nelem[b] * sizeof(float));
         out->w[b] = malloc(out->nelem[b] * sizeof(float));
     }
-    fy_tokens *tok = corpus();
+    fy_tokens *tok = test_corpus();
     const int B = plan->micro_batch, A = plan->grad_accum;
     const size_t N = (size_t)B * T;
     fy_loader *ld;
@@ -1364,19 +1356,6 @@ typedef struct proc {
     char *out, *err; /* NUL-terminated; leaked (the test process exits soon) */
 } proc;
 
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "cannot read %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
-    b[n] = 0;
-    fclose(f);
-    return b;
-}
-
 static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
     (void)sb; (void)flag; (void)ftw;
     return remove(p);
@@ -1416,8 +1395,8 @@ static proc ferry(const char *const *args) {
     free(argv);
     r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
     r.sig = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
-    r.out = slurp(outp);
-    r.err = slurp(errp);
+    r.out = test_read_file(outp, NULL);
+    r.err = test_read_file(errp, NULL);
     nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
     cr_assert_neq(r.code, 127, "cannot execute %s", bin);
     return r;

@@ -25,6 +25,7 @@
 #include "engine/io/corpus.h"
 #include "engine/io/safetensors.h"
 #include "engine/io/tokens.h"
+#include "tests/test_util.h"
 
 /* ---- temporary directory, files, stderr capture ---- */
 
@@ -64,20 +65,6 @@ static void write_file(const char *path, const void *data, size_t n) {
     cr_assert_not_null(f, "cannot create %s", path);
     cr_assert_eq(fwrite(data, 1, n, f), n);
     cr_assert_eq(fclose(f), 0);
-}
-
-/* Reads a whole file into a malloc'd buffer; *n gets its size. */
-static uint8_t *read_file(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *b = malloc((size_t)sz + 1);
-    cr_assert_eq(fread(b, 1, (size_t)sz, f), (size_t)sz);
-    fclose(f);
-    *n = (size_t)sz;
-    return b;
 }
 
 static int exists(const char *path) {
@@ -227,7 +214,7 @@ Test(safetensors, writer_layout_metadata_first_padded_contiguous) {
     const char *path = P("layout.safetensors");
     cr_assert_eq(fy_st_write(path, es, 3, meta), FY_OK);
     size_t n;
-    uint8_t *b = read_file(path, &n);
+    uint8_t *b = (uint8_t *)test_read_file(path, &n);
     uint64_t hlen;
     memcpy(&hlen, b, 8);
     cr_assert_eq(hlen % 8, 0, "header length %llu not a multiple of 8", (unsigned long long)hlen);
@@ -256,7 +243,7 @@ Test(safetensors, no_metadata_when_none_given) {
     const char *path = P("nometa.safetensors");
     cr_assert_eq(fy_st_write(path, &e, 1, NULL), FY_OK);
     size_t n;
-    uint8_t *b = read_file(path, &n);
+    uint8_t *b = (uint8_t *)test_read_file(path, &n);
     b[n] = 0;
     cr_assert_null(strstr((char *)b + 8, "__metadata__"));
     free(b);
@@ -370,12 +357,12 @@ static void write_old(const char *path, uint8_t **old, size_t *old_n) {
     float x = 123;
     fy_st_entry e = {.name = "old", .dtype = FY_F32, .ndim = 0, .data = &x};
     cr_assert_eq(fy_st_write(path, &e, 1, NULL), FY_OK);
-    *old = read_file(path, old_n);
+    *old = (uint8_t *)test_read_file(path, old_n);
 }
 
 static void assert_unchanged(const char *path, const uint8_t *old, size_t old_n) {
     size_t n;
-    uint8_t *now = read_file(path, &n);
+    uint8_t *now = (uint8_t *)test_read_file(path, &n);
     cr_assert(n == old_n && !memcmp(now, old, n), "%s was modified by a failed write", path);
     free(now);
 }
@@ -475,12 +462,12 @@ Test(safetensors, missing_empty_short_and_truncated_files) {
     const char *path = P("cut.safetensors");
     cr_assert_eq(fy_st_write(path, &e, 1, NULL), FY_OK);
     size_t n;
-    uint8_t *b = read_file(path, &n);
+    uint8_t *b = (uint8_t *)test_read_file(path, &n);
     write_file(path, b, n - 3);
     free(b);
     expect_open_fails(path, FY_ERR_FORMAT, "past the end");
     /* cut inside the header */
-    b = read_file(path, &n);
+    b = (uint8_t *)test_read_file(path, &n);
     write_file(path, b, 20);
     free(b);
     expect_open_fails(path, FY_ERR_FORMAT, "exceeds");

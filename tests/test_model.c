@@ -24,19 +24,7 @@
 #include "engine/model/gpt2_io.h"
 #include "engine/train.h"
 #include "engine/trainer.h"
-
-static char *read_text(const char *path) {
-    FILE *f = fopen(path, "rb");
-    cr_assert(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    cr_assert(fread(buf, 1, (size_t)n, f) == (size_t)n);
-    buf[n] = 0;
-    fclose(f);
-    return buf;
-}
+#include "tests/test_util.h"
 
 static const char *fixture(const char *name) {
     static char path[4096];
@@ -55,7 +43,7 @@ typedef struct ctx {
 } ctx;
 
 static void ctx_open(ctx *c) {
-    char *text = read_text(fixture("gpt2_tiny_ref.json"));
+    char *text = test_read_file(fixture("gpt2_tiny_ref.json"), NULL);
     c->ref = cJSON_Parse(text);
     free(text);
     cr_assert(c->ref);

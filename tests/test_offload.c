@@ -13,6 +13,7 @@
 #include "engine/trainer.h"
 #include "offload/plan.h"
 #include "offload/storage.h"
+#include "tests/test_util.h"
 
 /* A small model with 4 layers, so "half" is 2 layers; byte-level. */
 static const fy_gpt2_config small_cfg = {.vocab = 256, .max_seq = 32, .channels = 32,
@@ -25,15 +26,6 @@ typedef struct result {
     float **w; /* final parameters per block */
     size_t peak, model, staging;
 } result;
-
-static fy_tokens *corpus(void) {
-    uint8_t *text;
-    cr_assert_eq(fy_corpus_generate(64 << 10, 3, &text), FY_OK);
-    fy_tokens *t;
-    cr_assert_eq(fy_tokens_from_bytes(text, 64 << 10, "test corpus", &t), FY_OK);
-    free(text);
-    return t;
-}
 
 /* Trains STEPS steps of `cfg` under `plan` on a fresh device; cap 0 = unlimited. */
 static fy_status train_mode(const fy_gpt2_config *cfg, const fy_plan *plan, size_t cap,
@@ -50,7 +42,7 @@ static fy_status train_mode(const fy_gpt2_config *cfg, const fy_plan *plan, size
         fy_dev_free(dev);
         return st;
     }
-    fy_tokens *tok = corpus();
+    fy_tokens *tok = test_corpus();
     const int B = plan->micro_batch, A = plan->grad_accum;
     const size_t N = (size_t)B * T_SEQ;
     fy_loader *ld;
@@ -506,7 +498,7 @@ static void train_with_skip(const fy_plan *plan, float loss[SKIP_STEPS], bool sk
                          .weight_decay = 0.1f, .clip = 1.0f, .seed = 11, .plan = plan};
     fy_trainer *tr;
     cr_assert_eq(fy_trainer_new(dev, &tc, &tr), FY_OK);
-    fy_tokens *tok = corpus();
+    fy_tokens *tok = test_corpus();
     fy_loader *ld;
     const size_t N = (size_t)plan->micro_batch * T_SEQ;
     cr_assert_eq(fy_loader_new(tok, 0, fy_tokens_count(tok), plan->micro_batch, T_SEQ, &ld), FY_OK);
