@@ -16,9 +16,12 @@ static fy_block_class class_of(const fy_gpt2_config *m, int b) {
 }
 
 /* Analytic compute cost of kind on block b: matmul FLOPs at the effective throughput
- * plus the block's memory traffic at the device's bandwidth. */
+ * plus the block's memory traffic at the device's bandwidth, with parameters, gradients
+ * and activations of es bytes (the storage type). AdamW moves 28 bytes an element either
+ * way: fp32 weights, m and v read and written (24) plus the gradient in and, with bf16
+ * storage, the bf16 copy out (4 for fp32 storage, 2 + 2 for bf16). */
 static double analytic_ms(const fy_profile *p, const fy_gpt2_config *m, int kind, int b,
-                          size_t nelem, int B, int T) {
+                          size_t nelem, int B, int T, double es) {
     const double N = (double)B * T, C = m->channels, V = m->vocab, P = (double)nelem;
     const double flop_s = p->compute_tflops * 1e12, byte_s = p->device_mem_gbps * 1e9;
     const fy_block_class cls = class_of(m, b);
@@ -26,15 +29,15 @@ static double analytic_ms(const fy_profile *p, const fy_gpt2_config *m, int kind
     switch (kind) {
     case FY_T_FWD:
     case FY_T_RECOMPUTE:
-        if (cls == FY_CLASS_EMBED) return 1e3 * 3.0 * N * C * 4 / byte_s;
-        return 1e3 * (fwd_flops / flop_s + 4.0 * P / byte_s + 20.0 * N * C * 4 / byte_s);
+        if (cls == FY_CLASS_EMBED) return 1e3 * 3.0 * N * C * es / byte_s;
+        return 1e3 * (fwd_flops / flop_s + es * P / byte_s + 20.0 * N * C * es / byte_s);
     case FY_T_BWD:
-        if (cls == FY_CLASS_EMBED) return 1e3 * 3.0 * N * C * 4 / byte_s;
-        return 1e3 * (2.0 * fwd_flops / flop_s + 24.0 * P / byte_s + 40.0 * N * C * 4 / byte_s);
+        if (cls == FY_CLASS_EMBED) return 1e3 * 3.0 * N * C * es / byte_s;
+        return 1e3 * (2.0 * fwd_flops / flop_s + 6.0 * es * P / byte_s + 40.0 * N * C * es / byte_s);
     case FY_T_HEAD:
-        return 1e3 * (6.0 * N * C * V / flop_s + 4.0 * N * V * 4 / byte_s);
+        return 1e3 * (6.0 * N * C * V / flop_s + 4.0 * N * V * es / byte_s);
     case FY_T_GOPEN:
-        return 1e3 * 4.0 * P / byte_s;
+        return 1e3 * es * P / byte_s;
     case FY_T_ADAM_GPU:
         return 1e3 * 28.0 * P / byte_s;
     default:
@@ -73,7 +76,7 @@ void fy_tune_costs(const fy_profile *p, fy_trainer *dry, int adam_threads) {
             if (measured && (p->block_a[k][c] != 0 || p->block_b[k][c] != 0))
                 ms = p->block_a[k][c] + p->block_b[k][c] * B;
             else
-                ms = analytic_ms(p, m, k, b, lay->blocks[b].nelem, B, T);
+                ms = analytic_ms(p, m, k, b, lay->blocks[b].nelem, B, T, es);
             fy_trainer_set_cost(dry, (fy_task_kind)k, b, ms > 0 ? ms : 0.0);
         }
     }
