@@ -6,7 +6,10 @@
 #   3. benchmarks GPT-2 124M, B=8, T=1024, all-resident, bf16 storage (fp32 storage
 #      with bf16 tensor-core GEMMs if the bf16 run fails): median step time over the
 #      steps after warm-up, tokens/s, and MFU against the GPU's dense bf16 peak,
-#   4. prints a table and, when $OUT is set, writes check.json and the logs under it.
+#   4. runs an offload smoke run and `ferry probe` (a measured profile of this GPU for the
+#      tuner) when time allows,
+#   5. prints a table and writes, under $OUT (the device tool brings back at most 8
+#      files): check.json, profile.json and logs.tar.gz (every log and metrics file).
 # It must finish within 8 minutes on one H200, build included; each phase has its own
 # time limit. Where the machine lacks ferry's libraries (OpenBLAS, cJSON, jemalloc,
 # libnuma, Criterion), carry the .debs that bench/gpu/fetch-deps.sh downloads
@@ -132,8 +135,22 @@ if [ "$(elapsed)" -lt 330 ]; then
     fi
 fi
 
-# ---- 5. the table ----------------------------------------------------------------------
+# ---- 5. a measured profile of this GPU, for the tuner (when time allows) ---------------
+PROFILE=no
+if [ "$(elapsed)" -lt 360 ]; then
+    log "probe: transfers, CPU AdamW, gpt2-124m block costs (B=4, T=1024)"
+    if "${RUN_ENV[@]}" timeout 100 "$BUILD/ferry" probe --device cuda --model gpt2-124m --batch 4 \
+            --seq 1024 --out "$OUT/profile.json" > "$OUT/probe.log" 2>&1; then
+        PROFILE=yes
+    else
+        bad "probe failed"
+        tail -10 "$OUT/probe.log"
+    fi
+fi
+
+# ---- 6. the table ----------------------------------------------------------------------
 write_json
+( cd "$OUT" && tar czf logs.tar.gz --remove-files $(ls | grep -v -e '^check.json$' -e '^profile.json$' -e '^logs.tar.gz$') ) 2>/dev/null
 printf '\n%-28s %s\n' "gpu" "$GPU"
 printf '%-28s %s\n' "commit" "${FERRY_COMMIT:-unknown}"
 printf '%-28s %s\n' "cuda tests" "$TESTS"
@@ -141,5 +158,6 @@ printf '%-28s %s\n' "gpt2-124m B=8 T=1024 $DTYPE" "median $STEP_MS ms/step, $TOK
 printf '%-28s %s\n' "MFU (bf16 dense peak $PEAK_TFLOPS)" "$MFU"
 printf '%-28s %s\n' "device peak" "$PEAK_MEM"
 printf '%-28s %s\n' "offload smoke (optim cpu)" "median $OFF_MS ms/step"
+printf '%-28s %s\n' "measured profile" "$PROFILE"
 printf '%-28s %s s\n' "total" "$(elapsed)"
 [ "$STATUS" = ok ] || { log "$STATUS"; exit 1; }
