@@ -350,9 +350,29 @@ static void check_matmul_bwd(fy_dtype dt, mm_shape sh, bool with_dinp, bool with
 }
 
 /* Forward with and without bias, backward with and without dinp and dbias. */
+/* The matmul backward into an fp32 dw (the classifier's accumulator under bf16
+ * storage): dinp in dt, dw fp32 on both sides whatever dt; then fy_k_add_f32 rounds it
+ * into a dt tensor. */
+static void check_matmul_f32acc(fy_dtype dt, mm_shape sh, double tol) {
+    const int N = sh.N, C = sh.C, OC = sh.OC;
+    seed(48);
+    dual inp = dput(dt, hrand((size_t)N * C, -1, 1), (size_t)N * C);
+    dual w = dput(dt, hrand((size_t)OC * C, -1, 1), (size_t)OC * C);
+    dual dout = dput(dt, hrand((size_t)N * OC, -1, 1), (size_t)N * OC);
+    dual dinp = dpoison(dt, (size_t)N * C);                                     /* overwritten */
+    dual dw32 = dput(FY_F32, hrand((size_t)OC * C, -1, 1), (size_t)OC * C);     /* accumulates */
+    BOTH(fy_k_matmul_bwd_f32acc(X(dinp), X(dw32), X(dout), X(inp), X(w), N, C, OC, S));
+    expect_match("matmul_bwd_f32acc dinp", &dinp, tol);
+    expect_match("matmul_bwd_f32acc dw (fp32)", &dw32, tol);
+    dual dst = dput(dt, hrand((size_t)OC * C, -1, 1), (size_t)OC * C);
+    BOTH(fy_k_add_f32(X(dst), X(dw32), (size_t)OC * C, S));
+    expect_match("add_f32", &dst, tol);
+}
+
 static void check_matmul(fy_dtype dt, mm_shape sh, double tol) {
     for (int bias = 0; bias < 2; bias++) check_matmul_fwd(dt, sh, bias, tol);
     for (int k = 0; k < 4; k++) check_matmul_bwd(dt, sh, k & 1, k & 2, tol);
+    check_matmul_f32acc(dt, sh, tol);
 }
 
 static void check_attention(fy_dtype dt, int T, double tol_fwd, double tol_bwd) {
