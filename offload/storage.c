@@ -193,7 +193,7 @@ static fy_status layout(walk *w, const fy_gpt2_layout *lay, const fy_plan *plan,
                 &base));
     if (st && w->alloc) fy_gpt2_scratch_bind(mc, B, T, dt, base, &st->sc);
     if (training && lp)
-        FY_TRY(take(w, FY_CAT_WORKSPACE, (size_t)mc->vocab * mc->channels * sizeof(float),
+        FY_TRY(take(w, FY_CAT_WORKSPACE, (size_t)fy_gpt2_vocab_padded(mc) * mc->channels * sizeof(float),
                     "classifier's fp32 dwte sums", st ? (void *)&st->dwte32 : &base));
     const size_t accum = (size_t)plan->grad_accum;
     void *tmp;

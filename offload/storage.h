@@ -83,7 +83,7 @@ typedef struct fy_storage {
     fy_gpt2_head_acts head;
     fy_gpt2_scratch sc;
     float *x0;                /* (B,T,C) embedding output */
-    float *dwte32;            /* (V,C) fp32: the classifier's dwte sums, bf16 training only */
+    float *dwte32;            /* (Vp,C) fp32: the classifier's dwte sums, bf16 training only */
     int32_t *tok_dev;         /* 2 x (2,B,T): double-buffered inputs, targets */
     int32_t *tok_host;        /* pinned staging, same shape */
     float *loss_dev, *loss_host;      /* one per micro-batch */

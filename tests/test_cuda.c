@@ -425,7 +425,7 @@ static void check_crossentropy(fy_dtype dt, float dloss, double tol) {
     for (int n = 0; n < N; n++) tgt[n] = rng_int(V);
     float *lg = hrand(N * V, -4, 4);
     dual targets = dput_i32(tgt, N), logits = dput(dt, lg, N * V), losses = dpoison(FY_F32, N);
-    BOTH(fy_k_crossentropy(X(losses), X(logits), X(targets), N, V, dloss, S));
+    BOTH(fy_k_crossentropy(X(losses), X(logits), X(targets), N, V, V, dloss, S));
     /* losses are fp32 in every storage type, from the same logit values: expf summed in
      * double against exp in double, another order: ~1e-7 of losses ~9 */
     expect_match(dloss != 0 ? "crossentropy losses" : "crossentropy losses (dloss 0)", &losses, 1e-5);
@@ -796,7 +796,7 @@ static void kset_run(fy_stream *s, fy_dtype dt, void *const img[K_COUNT], char *
     fy_k_attention_fwd(T_(y), T_(att), T_(qkv), KB, KT, KC, KNH, s);
     fy_k_residual_fwd(T_(res), T_(x0), T_(y), KN * KC, s);
     fy_k_matmul_fwd(T_(logits), T_(res), T_(wte), NULL, KN, KC, KV, s);
-    fy_k_crossentropy(T_(losses), T_(logits), T_(tgt), KN, KV, 1.0f / KN, s);
+    fy_k_crossentropy(T_(losses), T_(logits), T_(tgt), KN, KV, KV, 1.0f / KN, s);
     fy_k_mean(T_(loss), T_(losses), KN, s);
     fy_k_matmul_bwd(T_(dres), T_(dwte), NULL, T_(logits), T_(res), T_(wte), KN, KC, KV, s);
     fy_k_gelu_fwd(T_(gelu), T_(qkv), KN * 3 * KC, s);

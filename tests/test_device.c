@@ -283,7 +283,7 @@ typedef struct ce_ctx {
 } ce_ctx;
 static double ce_obj(void *p) {
     ce_ctx *c = p;
-    fy_k_crossentropy(c->losses, c->logits, c->targets, c->N, c->V, 0.0f, g_s);
+    fy_k_crossentropy(c->losses, c->logits, c->targets, c->N, c->V, c->V, 0.0f, g_s);
     get(c->tmp, c->losses, (size_t)c->N * sizeof(float));
     double L = 0.0;
     for (int n = 0; n < c->N; n++) L += c->tmp[n];
@@ -410,7 +410,7 @@ Test(kernel_grad, crossentropy_dlogits_match_fd) {
                 .tmp = hnewf(N), .N = N, .V = V};
     put(c.targets, tgt, sizeof tgt);
     float *dlogits = dputf(logits, N * V);
-    fy_k_crossentropy(dnewf(N), dlogits, c.targets, N, V, 1.0f / N, g_s);
+    fy_k_crossentropy(dnewf(N), dlogits, c.targets, N, V, V, 1.0f / N, g_s);
     /* L = mean loss ~2.4. Rounding: one loss moves, ~3u*2.4/N / 2h ~ 6e-7 of gradients
      * ~(1/V)/N ~ 8e-3: 1e-4; curvature h^2/6 * |lse'''| (<= 0.4) / N ~ 1e-7. tol 2e-3. */
     expect_fd(ce_obj, &c, &(fd_check){"crossentropy dlogits", c.logits, N * V,
@@ -428,7 +428,7 @@ Test(kernel_grad, crossentropy_losses_and_grads_match_host_log_softmax) {
     put(dtgt, tgt, sizeof tgt);
     float *dlog = dputf(logits, N * V), *dloss = dnewf(N);
     const float scale = 1.0f / N;
-    fy_k_crossentropy(dloss, dlog, dtgt, N, V, scale, g_s);
+    fy_k_crossentropy(dloss, dlog, dtgt, N, V, V, scale, g_s);
     float *losses = dgetf(dloss, N), *grad = dgetf(dlog, N * V);
     for (int n = 0; n < N; n++) {
         const float *x = logits + n * V;
@@ -458,7 +458,7 @@ Test(kernel_grad, crossentropy_with_zero_dloss_leaves_logits) {
     int32_t *dtgt = dnew(sizeof tgt);
     put(dtgt, tgt, sizeof tgt);
     float *dlog = dputf(logits, N * V);
-    fy_k_crossentropy(dnewf(N), dlog, dtgt, N, V, 0.0f, g_s);
+    fy_k_crossentropy(dnewf(N), dlog, dtgt, N, V, V, 0.0f, g_s);
     expect_same_bits("logits after dloss = 0", dgetf(dlog, N * V), logits, N * V * sizeof(float));
 }
 
@@ -943,7 +943,7 @@ static void kset_run(float *const img[K_COUNT], float *base, size_t off, size_t 
     fy_k_gelu_fwd(T(gelu_out), T(gelu_inp), KN * 4 * KC, g_s);
     fy_k_gelu_bwd(T(gelu_dinp), T(gelu_inp), T(gelu_dout), KN * 4 * KC, g_s);
     fy_k_residual_fwd(T(res_out), T(att_out), T(ln_out), KN * KC, g_s);
-    fy_k_crossentropy(T(losses), T(logits), tgt, KN, KV, 1.0f / KN, g_s);
+    fy_k_crossentropy(T(losses), T(logits), tgt, KN, KV, KV, 1.0f / KN, g_s);
     fy_k_mean(T(mean_out), T(losses), KN, g_s);
     double *dsq = dnew(sizeof(double));
     fy_k_sumsq(dsq, T(gelu_dinp), KN * 4 * KC, g_s);
@@ -1523,8 +1523,8 @@ Test(bf16_storage, attention_encoder_crossentropy_sumsq_round_the_fp32_results) 
 
     bpair logits = bpair_new(&r, B * T * V, -3, 3);
     float *l32 = dnewf(B * T), *l16 = dnewf(B * T);
-    fy_k_crossentropy(l32, logits.d32, dtok, B * T, V, 1.0f / (B * T), g_s);
-    fy_k_crossentropy(l16, logits.d16, dtok, B * T, V, 1.0f / (B * T), g_s16);
+    fy_k_crossentropy(l32, logits.d32, dtok, B * T, V, V, 1.0f / (B * T), g_s);
+    fy_k_crossentropy(l16, logits.d16, dtok, B * T, V, V, 1.0f / (B * T), g_s16);
     bpair_expect_rounded(&logits, "crossentropy dlogits (in place)");
     cr_expect_arr_eq(dgetf(l16, B * T), dgetf(l32, B * T), B * T * sizeof(float), "losses stay fp32");
 

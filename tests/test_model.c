@@ -371,7 +371,10 @@ Test(model, chunked_classifier_matches_unchunked) {
     for (int i = 0; i < 2 * C; i++) h_w[i] = 1.0f + 0.1f * (float)i;
     fy_gpt2_head_w w = {.lnfw = dev_upload(d, s, h_w, C), .lnfb = dev_upload(d, s, h_w + C, C)};
     fy_gpt2_head_w g = {.lnfw = dev_upload(d, s, NULL, C), .lnfb = dev_upload(d, s, NULL, C)};
-    float *wte = dev_upload(d, s, h_wte, (size_t)V * C), *x = dev_upload(d, s, h_x, (size_t)N * C);
+    /* wte and dwte take the padded vocabulary's rows (zero past V) */
+    const size_t VpC = (size_t)fy_gpt2_vocab_padded(&cfg) * C;
+    float *wte = dev_upload(d, s, NULL, VpC), *x = dev_upload(d, s, h_x, (size_t)N * C);
+    fy_copy_async(s, wte, h_wte, (size_t)V * C * sizeof(float), FY_H2D);
     int32_t *y;
     cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, (size_t)N * 4, "y", (void **)&y), FY_OK);
     fy_copy_async(s, y, h_y, (size_t)N * 4, FY_H2D);
@@ -381,7 +384,7 @@ Test(model, chunked_classifier_matches_unchunked) {
                            dev_upload(d, s, NULL, fy_gpt2_head_acts_nbytes(&cfg, B, T, FY_F32) / 4), &a);
     fy_gpt2_scratch_bind(&cfg, B, T, FY_F32,
                          dev_upload(d, s, NULL, fy_gpt2_scratch_nbytes(&cfg, B, T, FY_F32) / 4), &sc);
-    float *dwte = dev_upload(d, s, NULL, (size_t)V * C), *loss = dev_upload(d, s, NULL, 1);
+    float *dwte = dev_upload(d, s, NULL, VpC), *loss = dev_upload(d, s, NULL, 1);
     const float dloss = 1.0f / N;
     fy_gpt2_head_step(&cfg, &w, &g, wte, dwte, NULL, x, &a, y, dloss, loss, &sc, B, T, s);
 
@@ -394,7 +397,7 @@ Test(model, chunked_classifier_matches_unchunked) {
     fy_gpt2_head_w rg = {.lnfw = dev_upload(d, s, NULL, C), .lnfb = dev_upload(d, s, NULL, C)};
     fy_k_layernorm_fwd(lnf, mean, rstd, x, w.lnfw, w.lnfb, N, C, s);
     fy_k_matmul_fwd(logits, lnf, wte, NULL, N, C, V, s);
-    fy_k_crossentropy(losses, logits, y, N, V, dloss, s);
+    fy_k_crossentropy(losses, logits, y, N, V, V, dloss, s);
     fy_k_mean(rloss, losses, (size_t)N, s);
     fy_k_matmul_bwd(dlnf, rdwte, NULL, logits, lnf, wte, N, C, V, s);
     fy_k_layernorm_bwd(dx, rg.lnfw, rg.lnfb, dlnf, x, w.lnfw, mean, rstd, N, C, s);
@@ -403,6 +406,8 @@ Test(model, chunked_classifier_matches_unchunked) {
     cr_expect_leq(rel_err(loss, rloss, 1), 1e-6, "loss %g vs %g", loss[0], rloss[0]);
     cr_expect_leq(rel_err(a.losses, losses, N), 1e-5, "per-position losses");
     cr_expect_leq(rel_err(dwte, rdwte, (size_t)V * C), 1e-5, "dwte");
+    for (size_t i = (size_t)V * C; i < VpC; i++)
+        cr_assert_eq(dwte[i], 0.0f, "the padded vocabulary's rows get no gradient ([%zu])", i);
     cr_expect_leq(rel_err(sc.dres, dx, (size_t)N * C), 1e-5, "d xL");
     cr_expect_leq(rel_err(g.lnfw, rg.lnfw, C), 1e-5, "d ln_f.weight");
     cr_expect_leq(rel_err(g.lnfb, rg.lnfb, C), 1e-5, "d ln_f.bias");
@@ -418,8 +423,8 @@ Test(model, chunked_classifier_matches_unchunked) {
 Test(model, bf16_classifier_rounds_dwte_once) {
     fy_gpt2_config cfg = {.vocab = 300000, .max_seq = 64, .channels = 8, .layers = 1, .heads = 2};
     const int B = 16, T = 64, N = B * T, C = cfg.channels, V = cfg.vocab;
-    const size_t VC = (size_t)V * C;
-    cr_assert_geq((size_t)N, fy_gpt2_logit_rows((size_t)N, (size_t)V, 2) * 9, "needs 10 chunks");
+    const size_t VC = (size_t)V * C, VpC = (size_t)fy_gpt2_vocab_padded(&cfg) * C;
+    cr_assert_geq((size_t)N, fy_gpt2_logit_rows((size_t)N, (size_t)VpC / C, 2) * 9, "needs 10 chunks");
     fy_dev *d;
     fy_dev_cfg dc = {.kind = FY_DEV_CPU, .threads = 2};
     cr_assert_eq(fy_dev_new(&dc, &d), FY_OK);
@@ -452,8 +457,9 @@ Test(model, bf16_classifier_rounds_dwte_once) {
         const fy_dtype dt = run ? FY_BF16 : FY_F32;
         const size_t es = run ? 2 : 4;
         void *buf[3];
-        for (int k = 0; k < 3; k++) {
-            cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, n_in[k] * es, "in", &buf[k]), FY_OK);
+        for (int k = 0; k < 3; k++) { /* wte with the padded vocabulary's zero rows */
+            size_t room = k == 0 ? VpC : n_in[k];
+            cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, room * es, "in", &buf[k]), FY_OK);
             fy_copy_async(s, buf[k], run ? (void *)h[k] : (void *)f[k], n_in[k] * es, FY_H2D);
         }
         fy_gpt2_head_w w, g;
@@ -465,9 +471,9 @@ Test(model, bf16_classifier_rounds_dwte_once) {
         g.lnfb = (float *)((char *)gb + C * es);
         cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, fy_gpt2_head_acts_nbytes(&cfg, B, T, dt), "a", &acts), FY_OK);
         cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, fy_gpt2_scratch_nbytes(&cfg, B, T, dt), "sc", &scr), FY_OK);
-        cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, VC * es, "dwte", &dwte), FY_OK);
+        cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, VpC * es, "dwte", &dwte), FY_OK);
         cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, 4, "loss", &loss), FY_OK);
-        if (run == 1) cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, VC * 4, "dwte32", &dwte32), FY_OK);
+        if (run == 1) cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, VpC * 4, "dwte32", &dwte32), FY_OK);
         fy_gpt2_head_acts a;
         fy_gpt2_scratch sc;
         fy_gpt2_head_acts_bind(&cfg, B, T, dt, acts, &a);
@@ -488,4 +494,74 @@ Test(model, bf16_classifier_rounds_dwte_once) {
     fy_stream_free(s32);
     fy_stream_free(s16);
     fy_dev_free(d);
+}
+
+/* A vocabulary that is not a multiple of 64 (300: wte keeps 320 rows): training leaves
+ * the padding rows exactly zero under any plan and storage type, files hold the 300 real
+ * rows, and a saved run loads back to the same weights. */
+Test(model, padded_vocabulary_rows_stay_zero_and_stay_out_of_files) {
+    fy_gpt2_config cfg = {.vocab = 300, .max_seq = 16, .channels = 16, .layers = 1, .heads = 2};
+    const int V = cfg.vocab, Vp = fy_gpt2_vocab_padded(&cfg), C = cfg.channels, B = 2, T = 16;
+    cr_assert_eq(Vp, 320);
+    fy_dtype dts[2] = {FY_F32, FY_BF16};
+    for (int k = 0; k < 2; k++) {
+        fy_plan plan;
+        cr_assert_eq(fy_plan_new(1, B, 1, &plan), FY_OK);
+        cr_assert_eq(fy_plan_shorthands(&plan, k ? 1.0 : 0.0, k ? 0.0 : 1.0, 0), FY_OK);
+        plan.dtype = dts[k];
+        fy_dev *d;
+        fy_dev_cfg dc = {.kind = FY_DEV_CPU, .threads = 2};
+        cr_assert_eq(fy_dev_new(&dc, &d), FY_OK);
+        fy_trainer_cfg tc = {.model = cfg, .T = T, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                             .weight_decay = 0.1f, .clip = 1.0f, .seed = 5, .plan = &plan};
+        fy_trainer *tr;
+        cr_assert_eq(fy_trainer_new(d, &tc, &tr), FY_OK);
+        int32_t x[B * T], y[B * T];
+        uint64_t rng = 3;
+        for (int s = 0; s < 3; s++) {
+            for (int i = 0; i < B * T; i++) {
+                x[i] = (int32_t)(unif(&rng) * V) % V;
+                y[i] = (int32_t)(unif(&rng) * V) % V;
+            }
+            fy_step_stats ss;
+            cr_assert_eq(fy_trainer_step(tr, x, y, 1e-2f, &ss), FY_OK);
+            cr_assert(!ss.skipped && isfinite(ss.loss));
+        }
+        const fy_gpt2_layout *lay = fy_trainer_layout(tr);
+        const fy_tensor_spec *wte = &lay->blocks[0].tensors[0];
+        cr_assert_str_eq(wte->name, "wte.weight");
+        cr_assert_eq(wte->rows, V);
+        cr_assert_eq(wte->alloc_rows, Vp);
+        float *w = malloc(lay->blocks[0].nelem * sizeof(float));
+        fy_trainer_get_params(tr, 0, w);
+        for (size_t i = (size_t)V * C; i < (size_t)Vp * C; i++)
+            cr_assert_eq(w[wte->offset + i], 0.0f, "%s: padding row element %zu moved to %g",
+                         fy_dtype_name(dts[k]), i, w[wte->offset + i]);
+        char path[] = "/tmp/ferry-test-pad-XXXXXX";
+        int fd = mkstemp(path);
+        cr_assert_geq(fd, 0);
+        close(fd);
+        cr_assert_eq(fy_trainer_save(tr, path), FY_OK);
+        fy_st_file *f;
+        cr_assert_eq(fy_st_open(path, &f), FY_OK);
+        const fy_st_tensor *t = fy_st_find(f, "wte.weight");
+        cr_assert_not_null(t);
+        cr_expect(t->ndim == 2 && t->shape[0] == V && t->shape[1] == C,
+                  "the file's wte should be (%d, %d)", V, C);
+        fy_trainer *tr2;
+        cr_assert_eq(fy_trainer_new(d, &tc, &tr2), FY_OK);
+        cr_assert_eq(fy_trainer_load(tr2, f), FY_OK);
+        float *w2 = malloc(lay->blocks[0].nelem * sizeof(float));
+        fy_trainer_get_params(tr2, 0, w2);
+        cr_expect(!memcmp(w, w2, lay->blocks[0].nelem * sizeof(float)), "%s: reloaded weights differ",
+                  fy_dtype_name(dts[k]));
+        fy_st_close(f);
+        unlink(path);
+        free(w);
+        free(w2);
+        fy_trainer_free(tr2);
+        fy_trainer_free(tr);
+        fy_dev_free(d);
+        fy_plan_free(&plan);
+    }
 }

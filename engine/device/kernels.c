@@ -81,8 +81,9 @@ void fy_k_residual_fwd(float *out, const float *a, const float *b, size_t n, fy_
 }
 
 void fy_k_crossentropy(float *losses, float *logits, const int32_t *targets, int N, int V,
-                       float dloss, fy_stream *s) {
-    launch(s, &(fy_op){FY_OP_CROSSENTROPY, {losses, logits, P(targets)}, {N, V}, {dloss}, 0});
+                       int Vp, float dloss, fy_stream *s) {
+    FY_ASSERT(Vp >= V, "crossentropy: rows shorter than the classes");
+    launch(s, &(fy_op){FY_OP_CROSSENTROPY, {losses, logits, P(targets)}, {N, V, Vp}, {dloss}, 0});
 }
 
 void fy_k_mean(float *out, const float *x, size_t n, fy_stream *s) {

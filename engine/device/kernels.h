@@ -86,11 +86,13 @@ void fy_k_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n, f
 /* out = a + b (n). */
 void fy_k_residual_fwd(float *out, const float *a, const float *b, size_t n, fy_stream *s);
 
-/* Softmax cross-entropy over rows of logits (N,V) with targets (N): losses (N) =
- * logsumexp - logit[target]. If dloss != 0 the logits are overwritten in place with
- * their gradient (softmax - onehot) * dloss (for a mean loss, dloss = 1/N). */
+/* Softmax cross-entropy over rows of logits (N,Vp) with targets (N): the first V of each
+ * row's Vp columns are the classes (Vp >= V pads rows for aligned GEMMs; the padding is
+ * ignored). losses (N) = logsumexp - logit[target]. If dloss != 0 the logits are
+ * overwritten in place with their gradient (softmax - onehot) * dloss (for a mean loss,
+ * dloss = 1/N), and the padding columns with 0. */
 void fy_k_crossentropy(float *losses, float *logits, const int32_t *targets, int N, int V,
-                       float dloss, fy_stream *s);
+                       int Vp, float dloss, fy_stream *s);
 
 /* out[0] = sum(x) / n, summed in double in a fixed order (the cpu backend: index order).
  * x and out are fp32 whatever the stream's storage type. */

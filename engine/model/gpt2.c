@@ -69,6 +69,7 @@ static void add_tensor(fy_block_spec *blk, const char *name, int rows, int cols,
     fy_tensor_spec *t = &blk->tensors[blk->ntensors++];
     snprintf(t->name, sizeof t->name, "%s", name);
     t->rows = rows;
+    t->alloc_rows = rows;
     t->cols = cols;
     t->decay = decay;
     t->conv1d = conv1d;
@@ -82,7 +83,7 @@ static void place_tensors(fy_block_spec *blk) {
             fy_tensor_spec *t = &blk->tensors[i];
             if ((int)t->decay != pass) continue;
             t->offset = blk->nelem;
-            blk->nelem += fy_round_up((size_t)t->rows * (size_t)t->cols, ALIGN_FLOATS);
+            blk->nelem += fy_round_up((size_t)t->alloc_rows * (size_t)t->cols, ALIGN_FLOATS);
         }
         if (pass == 1) blk->decay_nelem = blk->nelem;
     }
@@ -101,6 +102,7 @@ fy_status fy_gpt2_layout_new(const fy_gpt2_config *cfg, fy_gpt2_layout *out) {
     fy_block_spec *blk = &out->blocks[0];
     blk->kind = FY_BLOCK_EMBED;
     FY_GPT2_EMBED_PARAMS(ADD)
+    blk->tensors[0].alloc_rows = fy_gpt2_vocab_padded(cfg); /* wte: see fy_gpt2_vocab_padded */
 #undef ADD
 #define ADD(field, hf, rows, cols, decay, conv1d) \
     snprintf(name, sizeof name, "h.%d.%s", l, hf); add_tensor(blk, name, rows, cols, decay, conv1d);
@@ -190,8 +192,9 @@ void fy_gpt2_init_block(const fy_gpt2_config *cfg, const fy_block_spec *blk, uin
 #define BIND_FIELD(field, size, type) out->field = (float *)((char *)base + off); \
                                       off += fy_round_up((size) * ES_##type, 64);
 #define DIMS const size_t N = (size_t)B * T, C = (size_t)cfg->channels, V = (size_t)cfg->vocab, \
-                          NH = (size_t)cfg->heads, es = fy_dtype_size(dt == FY_DTYPE_NONE ? FY_F32 : dt); \
-             (void)N; (void)C; (void)V; (void)NH; (void)es
+                          Vp = (size_t)fy_gpt2_vocab_padded(cfg), NH = (size_t)cfg->heads, \
+                          es = fy_dtype_size(dt == FY_DTYPE_NONE ? FY_F32 : dt); \
+             (void)N; (void)C; (void)V; (void)Vp; (void)NH; (void)es
 
 size_t fy_gpt2_layer_acts_nbytes(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt) {
     DIMS; size_t total = 0; FY_GPT2_LAYER_ACTS(SIZE_FIELD) return total;
@@ -245,19 +248,19 @@ void fy_gpt2_layer_fwd(const fy_gpt2_config *cfg, const fy_gpt2_layer_w *w,
 static void classifier(const fy_gpt2_config *cfg, const float *wte, float *dwte,
                        float *dwte32, fy_gpt2_head_acts *a, const int32_t *targets, float dloss,
                        float *dlnf, int N, fy_stream *s) {
-    const int C = cfg->channels, V = cfg->vocab;
+    const int C = cfg->channels, V = cfg->vocab, Vp = fy_gpt2_vocab_padded(cfg);
     const size_t es = fy_dtype_size(fy_stream_dtype(s)); /* lnf and dlnf are stored so */
-    const int rows = (int)fy_gpt2_logit_rows((size_t)N, (size_t)V, es);
+    const int rows = (int)fy_gpt2_logit_rows((size_t)N, (size_t)Vp, es);
     for (int r0 = 0; r0 < N; r0 += rows) {
         const int n = N - r0 < rows ? N - r0 : rows;
         const float *lnf = (const float *)((const char *)a->lnf + (size_t)r0 * C * es);
-        fy_k_matmul_fwd(a->logits, lnf, wte, NULL, n, C, V, s);
-        fy_k_crossentropy(a->losses + r0, a->logits, targets + r0, n, V, dloss, s);
+        fy_k_matmul_fwd(a->logits, lnf, wte, NULL, n, C, Vp, s); /* wte's Vp rows */
+        fy_k_crossentropy(a->losses + r0, a->logits, targets + r0, n, V, Vp, dloss, s);
         float *dlnf_rows = (float *)((char *)dlnf + (size_t)r0 * C * es);
         if (dloss != 0.0f && dwte32)
-            fy_k_matmul_bwd_f32acc(dlnf_rows, dwte32, a->logits, lnf, wte, n, C, V, s);
+            fy_k_matmul_bwd_f32acc(dlnf_rows, dwte32, a->logits, lnf, wte, n, C, Vp, s);
         else if (dloss != 0.0f)
-            fy_k_matmul_bwd(dlnf_rows, dwte, NULL, a->logits, lnf, wte, n, C, V, s);
+            fy_k_matmul_bwd(dlnf_rows, dwte, NULL, a->logits, lnf, wte, n, C, Vp, s);
     }
 }
 
@@ -278,7 +281,7 @@ void fy_gpt2_head_step(const fy_gpt2_config *cfg, const fy_gpt2_head_w *w,
                        float dloss, float *loss_out, fy_gpt2_scratch *sc, int B, int T,
                        fy_stream *s) {
     const int C = cfg->channels, N = B * T;
-    const size_t VC = (size_t)cfg->vocab * C;
+    const size_t VC = (size_t)fy_gpt2_vocab_padded(cfg) * C;
     fy_k_layernorm_fwd(a->lnf, a->lnf_mean, a->lnf_rstd, xL, w->lnfw, w->lnfb, N, C, s);
     if (dwte32) fy_memset_async(s, dwte32, 0, VC * sizeof(float));
     classifier(cfg, wte, dwte, dwte32, a, targets, dloss, sc->dln, N, s);

@@ -45,6 +45,14 @@ const char *fy_gpt2_config_names(void);
 /* FY_ERR_INVALID (logged) for non-positive sizes or heads not dividing channels. */
 fy_status fy_gpt2_config_check(const fy_gpt2_config *cfg);
 size_t fy_gpt2_num_params(const fy_gpt2_config *cfg); /* without alignment padding */
+/* The vocabulary rounded up to a multiple of 64 (GPT-2's 50257 -> 50304, as llm.c): wte
+ * keeps Vp rows in memory (the rows past V are zero and stay zero: no token selects them
+ * and their logits are left out of the softmax, so their gradients are zero), so the
+ * logits' rows are Vp long and every GEMM of the classifier gets aligned rows. Files hold
+ * the V real rows. */
+static inline int fy_gpt2_vocab_padded(const fy_gpt2_config *cfg) {
+    return (cfg->vocab + 63) / 64 * 64;
+}
 /* FY_ERR_INVALID (logged) if sequences of length T do not fit the model's positions. */
 fy_status fy_gpt2_check_seq(const fy_gpt2_config *cfg, int64_t T);
 
@@ -82,6 +90,7 @@ typedef enum fy_block_kind { FY_BLOCK_EMBED = 0, FY_BLOCK_LAYER, FY_BLOCK_HEAD }
 typedef struct fy_tensor_spec {
     char name[48];  /* Hugging Face name without the "transformer." prefix */
     int rows, cols; /* internal shape; cols == 1 for vectors */
+    int alloc_rows; /* rows of memory it takes: rows, or the padded vocabulary for wte */
     size_t offset;  /* in floats from the block's start, a multiple of 16; decayed
                        tensors first, so a block is two optimizer ranges */
     bool decay;     /* weight decay applies (2-D tensors) */
@@ -163,7 +172,7 @@ static inline size_t fy_gpt2_logit_rows(size_t N, size_t V, size_t es) {
     X(lnf, (size_t)N * C, S)                             \
     X(lnf_mean, (size_t)N, F)                            \
     X(lnf_rstd, (size_t)N, F)                            \
-    X(logits, fy_gpt2_logit_rows(N, V, es) * V, S)       \
+    X(logits, fy_gpt2_logit_rows(N, Vp, es) * Vp, S)     \
     X(losses, (size_t)N, F)
 typedef struct fy_gpt2_head_acts { FY_GPT2_HEAD_ACTS(FY_GPT2_ACT_FIELD) } fy_gpt2_head_acts;
 
@@ -207,7 +216,7 @@ void fy_gpt2_head_fwd(const fy_gpt2_config *cfg, const fy_gpt2_head_w *w, const 
 /* A training step's head, forward and backward fused chunk by chunk: losses and
  * loss_out[0] as fy_gpt2_head_fwd, the loss scaled by dloss (1/(B*T*accum) for a mean
  * loss) differentiated: dwte += the classifier's part, g accumulates, sc->dres = d xL.
- * dwte32 (V*C fp32, or NULL): where the chunks' dwte shares are summed before they are
+ * dwte32 (Vp*C fp32, or NULL): where the chunks' dwte shares are summed before they are
  * added to dwte once; for bf16 storage, so dwte is rounded once, not once a chunk. */
 void fy_gpt2_head_step(const fy_gpt2_config *cfg, const fy_gpt2_head_w *w,
                        fy_gpt2_head_w *g, const float *wte, float *dwte, float *dwte32,

@@ -85,7 +85,7 @@ static size_t nelem_of(size_code z, const fy_op *op) {
     case Z_BT3C: return (size_t)i[0] * (size_t)i[1] * 3 * (size_t)i[2];
     case Z_BNHTT: return (size_t)i[0] * (size_t)i[3] * (size_t)i[1] * (size_t)i[1];
     case Z_N0: return (size_t)i[0];
-    case Z_NV: return (size_t)i[0] * (size_t)i[1];
+    case Z_NV: return (size_t)i[0] * (size_t)i[2]; /* N rows of Vp */
     case Z_TC: return (size_t)i[1] * (size_t)i[2];
     case Z_VC: return rows_used(op) * (size_t)i[2];
     default: return 0;

@@ -225,10 +225,10 @@ static void residual_fwd(float *out, const float *a, const float *b, size_t n) {
 }
 
 static void crossentropy(float *losses, float *logits, const int32_t *targets, int N, int V,
-                         float dloss) {
+                         int Vp, float dloss) {
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
-        float *x = logits + (size_t)n * V;
+        float *x = logits + (size_t)n * Vp;
         float mx = -INFINITY;
         for (int j = 0; j < V; j++) mx = x[j] > mx ? x[j] : mx;
         double sum = 0.0;
@@ -240,6 +240,7 @@ static void crossentropy(float *losses, float *logits, const int32_t *targets, i
             float inv = (float)(1.0 / sum);
             for (int j = 0; j < V; j++) x[j] = expf(x[j] - mx) * inv * dloss;
             x[y] -= dloss;
+            for (int j = V; j < Vp; j++) x[j] = 0.0f;
         }
     }
 }
@@ -309,7 +310,7 @@ void fy_cpu_exec(const fy_op *op) {
     case FY_OP_GELU_BWD: gelu_bwd(p[0], p[1], p[2], (size_t)i[0]); break;
     case FY_OP_RESIDUAL_FWD: residual_fwd(p[0], p[1], p[2], (size_t)i[0]); break;
     case FY_OP_ADD_F32: residual_fwd(p[0], p[0], p[1], (size_t)i[0]); break;
-    case FY_OP_CROSSENTROPY: crossentropy(p[0], p[1], p[2], i[0], i[1], op->f[0]); break;
+    case FY_OP_CROSSENTROPY: crossentropy(p[0], p[1], p[2], i[0], i[1], i[2], op->f[0]); break;
     case FY_OP_MEAN: mean(p[0], p[1], (size_t)i[0]); break;
     case FY_OP_SUMSQ: sumsq(p[0], p[1], (size_t)i[0]); break;
     case FY_OP_ADAMW: adamw(op); break;

@@ -425,15 +425,16 @@ __device__ double block_sum_d(double v, double *sh) {
     return r;
 }
 
-/* One block per row: losses[n] = logsumexp - logit[target]; with dloss != 0 the row
- * becomes (softmax - onehot) * dloss in place. Only the row's own logits are touched. */
+/* One block per row of Vp logits, V of them classes: losses[n] = logsumexp -
+ * logit[target]; with dloss != 0 the row becomes (softmax - onehot) * dloss in place,
+ * and its padding 0. Only the row's own logits are touched. */
 template <typename T>
-__global__ void crossentropy_k(float *losses, T *logits, const int32_t *targets, int V,
+__global__ void crossentropy_k(float *losses, T *logits, const int32_t *targets, int V, int Vp,
                                float dloss) {
     __shared__ float shf[CE_THREADS / 32];
     __shared__ double shd[CE_THREADS / 32];
     int n = blockIdx.x;
-    T *x = logits + (size_t)n * V;
+    T *x = logits + (size_t)n * Vp;
     float mx = -INFINITY;
     for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, to_f(x[j]));
     mx = block_max(mx, shf);
@@ -445,8 +446,8 @@ __global__ void crossentropy_k(float *losses, T *logits, const int32_t *targets,
     if (dloss == 0.0f) return;
     __syncthreads(); /* x[y] is read before any thread writes */
     float inv = (float)(1.0 / s);
-    for (int j = threadIdx.x; j < V; j += blockDim.x) {
-        float g = expf(to_f(x[j]) - mx) * inv * dloss;
+    for (int j = threadIdx.x; j < Vp; j += blockDim.x) {
+        float g = j < V ? expf(to_f(x[j]) - mx) * inv * dloss : 0.0f;
         if (j == y) g -= dloss;
         x[j] = from_f<T>(g);
     }
@@ -581,7 +582,7 @@ static void exec_typed(fy_cu_stream *cs, const fy_op *op) {
         break;
     case FY_OP_CROSSENTROPY:
         if (i[0]) crossentropy_k<T><<<(unsigned)i[0], CE_THREADS, 0, st>>>((float *)p[0], (T *)p[1],
-            (const int32_t *)p[2], (int)i[1], op->f[0]);
+            (const int32_t *)p[2], (int)i[1], (int)i[2], op->f[0]);
         LAUNCHED("crossentropy");
         break;
     case FY_OP_MEAN:
