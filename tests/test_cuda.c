@@ -418,24 +418,32 @@ static void check_residual(fy_dtype dt, double tol) {
     expect_match("residual_fwd", &out, tol);
 }
 
+/* Rows of Vp = 1024 logits, the first V = 1000 of them classes (the padding of the
+ * model's vocabulary): the padding must not enter the softmax, and its gradient is 0. */
 static void check_crossentropy(fy_dtype dt, float dloss, double tol) {
-    enum { N = 48, V = 1000 }; /* V: more than the block's 512 threads, not a multiple of 32 */
+    enum { N = 48, V = 1000, Vp = 1024 }; /* V: more than the block's 512 threads */
     seed(88);
     int32_t tgt[N];
     for (int n = 0; n < N; n++) tgt[n] = rng_int(V);
-    float *lg = hrand(N * V, -4, 4);
-    dual targets = dput_i32(tgt, N), logits = dput(dt, lg, N * V), losses = dpoison(FY_F32, N);
-    BOTH(fy_k_crossentropy(X(losses), X(logits), X(targets), N, V, V, dloss, S));
+    float *lg = hrand(N * Vp, -4, 4);
+    for (int n = 0; n < N; n++)
+        for (int j = V; j < Vp; j++) lg[n * Vp + j] = 50.0f; /* would dominate a softmax */
+    dual targets = dput_i32(tgt, N), logits = dput(dt, lg, N * Vp), losses = dpoison(FY_F32, N);
+    BOTH(fy_k_crossentropy(X(losses), X(logits), X(targets), N, V, Vp, dloss, S));
     /* losses are fp32 in every storage type, from the same logit values: expf summed in
      * double against exp in double, another order: ~1e-7 of losses ~9 */
     expect_match(dloss != 0 ? "crossentropy losses" : "crossentropy losses (dloss 0)", &losses, 1e-5);
     if (dloss == 0.0f) {
         float *after = dget(&logits, GPU);
-        size_t i = first_diff(after, lg, (size_t)N * V, 4);
-        cr_expect(i == (size_t)N * V, "crossentropy with dloss 0 changed logit [%zu]: %.9g -> %.9g",
-                  i, i < (size_t)N * V ? lg[i] : 0.0f, i < (size_t)N * V ? after[i] : 0.0f);
+        size_t i = first_diff(after, lg, (size_t)N * Vp, 4);
+        cr_expect(i == (size_t)N * Vp, "crossentropy with dloss 0 changed logit [%zu]: %.9g -> %.9g",
+                  i, i < (size_t)N * Vp ? lg[i] : 0.0f, i < (size_t)N * Vp ? after[i] : 0.0f);
     } else {
         expect_match("crossentropy dlogits", &logits, tol);
+        float *g = dget(&logits, GPU);
+        for (int n = 0; n < N; n++)
+            for (int j = V; j < Vp; j++)
+                cr_assert_eq(g[n * Vp + j], 0.0f, "padding logit [%d,%d] got gradient %g", n, j, g[n * Vp + j]);
     }
 }
 

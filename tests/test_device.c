@@ -450,6 +450,32 @@ Test(kernel_grad, crossentropy_losses_and_grads_match_host_log_softmax) {
     }
 }
 
+/* Rows padded past the classes (the model's vocabulary padding): the padding stays out
+ * of the softmax (losses and the classes' gradients are the unpadded rows' bits) and its
+ * gradient is 0. */
+Test(kernel_grad, crossentropy_ignores_and_zeroes_row_padding) {
+    enum { N = 5, V = 11, Vp = 16 };
+    rng r = {617};
+    int32_t tgt[N];
+    for (int n = 0; n < N; n++) tgt[n] = rng_int(&r, V);
+    float *plain = hrand(&r, N * V, -4, 4), *padded = hnewf(N * Vp);
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < Vp; j++) padded[n * Vp + j] = j < V ? plain[n * V + j] : 60.0f;
+    int32_t *dtgt = dnew(sizeof tgt);
+    put(dtgt, tgt, sizeof tgt);
+    float *dp = dputf(plain, N * V), *dq = dputf(padded, N * Vp), *lp = dnewf(N), *lq = dnewf(N);
+    fy_k_crossentropy(lp, dp, dtgt, N, V, V, 1.0f / N, g_s);
+    fy_k_crossentropy(lq, dq, dtgt, N, V, Vp, 1.0f / N, g_s);
+    float *gp = dgetf(dp, N * V), *gq = dgetf(dq, N * Vp);
+    cr_expect_arr_eq(dgetf(lq, N), dgetf(lp, N), N * sizeof(float), "losses differ with padding");
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < Vp; j++) {
+            float want = j < V ? gp[n * V + j] : 0.0f;
+            cr_expect(gq[n * Vp + j] == want, "dlogits[%d,%d] = %.9g, want %.9g", n, j,
+                      gq[n * Vp + j], want);
+        }
+}
+
 Test(kernel_grad, crossentropy_with_zero_dloss_leaves_logits) {
     enum { N = 6, V = 11 };
     rng r = {608};
