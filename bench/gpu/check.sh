@@ -69,6 +69,11 @@ if ! pkg-config --exists libcjson criterion 2>/dev/null; then
         [ -e "$d" ] || { mkdir -p "$(dirname "$d")"; ln -s "$ROOT$d" "$d"; }
     done
     export PKG_CONFIG_SYSROOT_DIR=$ROOT PKG_CONFIG_PATH=$LIB/pkgconfig:$ROOT/usr/share/pkgconfig
+    if ! command -v pkg-config >/dev/null; then # the carried pkgconf, with its library
+        printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$LIB" "$ROOT/usr/bin/pkgconf" > "$ROOT/pkg-config"
+        chmod +x "$ROOT/pkg-config"
+        export PKG_CONFIG="$ROOT/pkg-config"
+    fi
     export CPATH=$ROOT/usr/include LIBRARY_PATH=$LIB
     RUN_ENV=(env "LD_LIBRARY_PATH=$LIB:$LIB/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
     log "using the carried libraries in $ROOT"

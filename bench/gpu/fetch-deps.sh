@@ -14,5 +14,6 @@ apt-get download \
     libopenblas-openmp-dev libopenblas0-openmp libgfortran5 libquadmath0 \
     libcjson-dev libcjson1 libjemalloc-dev libjemalloc2 libnuma-dev libnuma1 \
     libcriterion-dev libcriterion3 libboxfort-dev libgit2-1.5 libnanomsg5 \
-    libhttp-parser2.9 libmbedtls14 libmbedx509-1 libmbedcrypto7 libssh2-1
+    libhttp-parser2.9 libmbedtls14 libmbedx509-1 libmbedcrypto7 libssh2-1 \
+    pkgconf pkgconf-bin libpkgconf3
 du -sh .
