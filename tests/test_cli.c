@@ -33,6 +33,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "tests/test_util.h"
+
 #define RUN_TIMEOUT_S 60
 
 /* ---- temporary directory and files ---- */
@@ -223,59 +225,10 @@ static const gpt2_file TINY_FILE = {.V = 256, .P = 128, .C = 64, .L = 1, .heads 
 
 /* ---- running the binary ---- */
 
-typedef struct run_result {
-    int code;        /* exit status; -1 when killed by a signal */
-    int sig;         /* the signal that ended it, or 0 */
-    char cmd[4096];  /* the command line, for messages */
-    char *out, *err; /* what it wrote to stdout and stderr (NUL-terminated; leaked: the
-                        test process is forked per test and exits soon) */
-} run_result;
+typedef test_proc run_result;
 
 static void run_args(run_result *r, const char *const *args) {
-    const char *bin = getenv("FERRY_BIN");
-    char outp[512], errp[512];
-    snprintf(outp, sizeof outp, "%s/.stdout", g_dir);
-    snprintf(errp, sizeof errp, "%s/.stderr", g_dir);
-    size_t len = (size_t)snprintf(r->cmd, sizeof r->cmd, "ferry");
-    int n = 0;
-    while (args[n]) {
-        if (len < sizeof r->cmd)
-            len += (size_t)snprintf(r->cmd + len, sizeof r->cmd - len, " %s", args[n]);
-        n++;
-    }
-    const char **argv = calloc((size_t)n + 2, sizeof *argv);
-    argv[0] = bin;
-    for (int i = 0; i < n; i++) argv[i + 1] = args[i];
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    cr_assert_neq(pid, -1, "fork: %s", strerror(errno));
-    if (pid == 0) {
-        int in = open("/dev/null", O_RDONLY);
-        int fo = open(outp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        int fe = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (in < 0 || fo < 0 || fe < 0 || dup2(in, 0) < 0 || dup2(fo, 1) < 0 || dup2(fe, 2) < 0)
-            _exit(126);
-        if (chdir(g_dir) != 0) _exit(126);
-        sigset_t none;
-        sigemptyset(&none);
-        sigprocmask(SIG_SETMASK, &none, NULL);
-        signal(SIGALRM, SIG_DFL);
-        alarm(RUN_TIMEOUT_S); /* survives exec: a hang dies of SIGALRM */
-        execv(bin, (char *const *)argv);
-        _exit(127);
-    }
-    int st;
-    while (waitpid(pid, &st, 0) < 0) cr_assert_eq(errno, EINTR, "waitpid: %s", strerror(errno));
-    free(argv);
-    r->code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    r->sig = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
-    r->out = slurp(outp, NULL);
-    r->err = slurp(errp, NULL);
-    cr_assert(r->out && r->err, "cannot read the captured output");
-    cr_assert_neq(r->code, 127, "cannot execute %s", bin);
-    unlink(outp);
-    unlink(errp);
+    test_run_ferry(r, g_dir, RUN_TIMEOUT_S, args);
 }
 
 #define FERRY(r, ...) run_args((r), (const char *const[]){__VA_ARGS__, NULL})

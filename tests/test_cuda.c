@@ -1377,12 +1377,7 @@ Test(offload_cuda, bf16_accumulated_plans_are_bit_identical_to_all_resident) {
 
 /* ---- without a GPU: the binary and the cpu backend ------------------------------------------------ */
 
-typedef struct proc {
-    int code;        /* exit status, -1 if killed */
-    int sig;
-    char cmd[512];
-    char *out, *err; /* NUL-terminated; leaked (the test process exits soon) */
-} proc;
+typedef test_proc proc;
 
 static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
     (void)sb; (void)flag; (void)ftw;
@@ -1391,42 +1386,11 @@ static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *
 
 /* Runs $FERRY_BIN with args in a fresh temporary directory (60 s alarm), capturing output. */
 static proc ferry(const char *const *args) {
-    const char *bin = getenv("FERRY_BIN");
-    cr_assert_not_null(bin, "FERRY_BIN must name the ferry binary");
-    proc r = {0};
-    size_t len = (size_t)snprintf(r.cmd, sizeof r.cmd, "ferry");
-    int n = 0;
-    for (; args[n]; n++)
-        if (len < sizeof r.cmd) len += (size_t)snprintf(r.cmd + len, sizeof r.cmd - len, " %s", args[n]);
-    char dir[] = "/tmp/ferry-test-cuda-XXXXXX", outp[64], errp[64];
+    proc r;
+    char dir[] = "/tmp/ferry-test-cuda-XXXXXX";
     cr_assert_not_null(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
-    snprintf(outp, sizeof outp, "%s/.stdout", dir);
-    snprintf(errp, sizeof errp, "%s/.stderr", dir);
-    const char **argv = calloc((size_t)n + 2, sizeof *argv);
-    argv[0] = bin;
-    for (int i = 0; i < n; i++) argv[i + 1] = args[i];
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    cr_assert_neq(pid, -1, "fork: %s", strerror(errno));
-    if (pid == 0) {
-        int fo = open(outp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        int fe = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fo < 0 || fe < 0 || dup2(fo, 1) < 0 || dup2(fe, 2) < 0 || chdir(dir) != 0) _exit(126);
-        signal(SIGALRM, SIG_DFL);
-        alarm(60); /* survives exec: a hang dies of SIGALRM */
-        execv(bin, (char *const *)argv);
-        _exit(127);
-    }
-    int st;
-    while (waitpid(pid, &st, 0) < 0) cr_assert_eq(errno, EINTR, "waitpid: %s", strerror(errno));
-    free(argv);
-    r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    r.sig = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
-    r.out = test_read_file(outp, NULL);
-    r.err = test_read_file(errp, NULL);
+    test_run_ferry(&r, dir, 60, args);
     nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-    cr_assert_neq(r.code, 127, "cannot execute %s", bin);
     return r;
 }
 #define FERRY(...) ferry((const char *const[]){__VA_ARGS__, NULL})

@@ -3,8 +3,14 @@
 #ifndef FY_TEST_UTIL_H
 #define FY_TEST_UTIL_H
 
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "engine/io/corpus.h"
 #include "engine/io/tokens.h"
@@ -34,6 +40,66 @@ static inline fy_tokens *test_corpus(void) {
     cr_assert_eq(fy_tokens_from_bytes(text, 64 << 10, "test corpus", &t), FY_OK);
     free(text);
     return t;
+}
+
+/* A run of the ferry binary: exit status (-1 when killed by a signal), the signal, the
+ * command line (for messages) and what it wrote (NUL-terminated; leaked: the test process
+ * is forked per test and exits soon). */
+typedef struct test_proc {
+    int code;
+    int sig;
+    char cmd[4096];
+    char *out, *err;
+} test_proc;
+
+/* Runs $FERRY_BIN with args (NULL-terminated) in dir, stdin from /dev/null, stdout and
+ * stderr captured through files in dir; an alarm of timeout_s seconds, which survives the
+ * exec, turns a hang into SIGALRM. */
+static inline void test_run_ferry(test_proc *r, const char *dir, int timeout_s,
+                                  const char *const *args) {
+    const char *bin = getenv("FERRY_BIN");
+    cr_assert_not_null(bin, "FERRY_BIN must name the ferry binary");
+    char outp[512], errp[512];
+    snprintf(outp, sizeof outp, "%s/.stdout", dir);
+    snprintf(errp, sizeof errp, "%s/.stderr", dir);
+    size_t len = (size_t)snprintf(r->cmd, sizeof r->cmd, "ferry");
+    int n = 0;
+    for (; args[n]; n++)
+        if (len < sizeof r->cmd)
+            len += (size_t)snprintf(r->cmd + len, sizeof r->cmd - len, " %s", args[n]);
+    const char **argv = calloc((size_t)n + 2, sizeof *argv);
+    cr_assert_not_null(argv);
+    argv[0] = bin;
+    for (int i = 0; i < n; i++) argv[i + 1] = args[i];
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        int in = open("/dev/null", O_RDONLY);
+        int fo = open(outp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int fe = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (in < 0 || fo < 0 || fe < 0 || dup2(in, 0) < 0 || dup2(fo, 1) < 0 || dup2(fe, 2) < 0)
+            _exit(126);
+        if (chdir(dir) != 0) _exit(126);
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        signal(SIGALRM, SIG_DFL);
+        alarm((unsigned)timeout_s);
+        execv(bin, (char *const *)argv);
+        _exit(127);
+    }
+    int st;
+    while (waitpid(pid, &st, 0) < 0) cr_assert_eq(errno, EINTR, "waitpid: %s", strerror(errno));
+    free(argv);
+    r->code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    r->sig = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
+    r->out = test_read_file(outp, NULL);
+    r->err = test_read_file(errp, NULL);
+    cr_assert_neq(r->code, 127, "cannot execute %s", bin);
+    unlink(outp);
+    unlink(errp);
 }
 
 #endif
