@@ -78,14 +78,6 @@ static fy_status new_pool(int compute_threads, int adam_threads, fy_adam_pool **
     return st;
 }
 
-static void to_bf16(uint16_t *dst, const float *src, size_t n) {
-    for (size_t i = 0; i < n; i++) dst[i] = fy_f32_to_bf16(src[i]);
-}
-
-static void from_bf16(float *dst, const uint16_t *src, size_t n) {
-    for (size_t i = 0; i < n; i++) dst[i] = fy_bf16_to_f32(src[i]);
-}
-
 /* Every copy of the parameters from fp32 host blocks: masters as they are, the storage
  * type's copies rounded to it. */
 static fy_status upload_params(fy_trainer *tr, float *const *host) {
@@ -99,13 +91,13 @@ static fy_status upload_params(fy_trainer *tr, float *const *host) {
             if (c->param_dev) fy_copy_async(tr->s, c->param_dev, host[b], fy_tr_nbytes(tr, b), FY_H2D);
             continue;
         }
-        if (c->param_lp) to_bf16((uint16_t *)c->param_lp, host[b], c->nelem);
+        if (c->param_lp) fy_f32_to_bf16_n((uint16_t *)c->param_lp, host[b], c->nelem);
         if (!c->param_dev) continue;
         fy_stream_sync(tr->s); /* tmp is reused */
         uint16_t *t = realloc(tmp, fy_tr_nbytes(tr, b));
         if (!t) { free(tmp); return FY_ERR_NOMEM; }
         tmp = t;
-        to_bf16(tmp, host[b], c->nelem);
+        fy_f32_to_bf16_n(tmp, host[b], c->nelem);
         fy_copy_async(tr->s, c->param_dev, tmp, fy_tr_nbytes(tr, b), FY_H2D);
     }
     fy_stream_sync(tr->s);
@@ -253,7 +245,7 @@ static void read_widened(fy_trainer *tr, float *host, const void *src, bool src_
         fy_copy_async(tr->s, dst, src, fy_tr_nbytes(tr, b), FY_D2H);
         fy_stream_sync(tr->s);
     }
-    if (fy_tr_lp(tr)) from_bf16(host, dst, n);
+    if (fy_tr_lp(tr)) fy_bf16_to_f32_n(host, dst, n);
 }
 
 void fy_trainer_get_params(fy_trainer *tr, int b, float *host) {

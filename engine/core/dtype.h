@@ -37,6 +37,14 @@ static inline uint16_t fy_f32_to_bf16(float f) {
 }
 static inline float fy_bf16_to_f32(uint16_t h) { return fy_bits_f32((uint32_t)h << 16); }
 
+/* The same over arrays of n elements. */
+static inline void fy_f32_to_bf16_n(uint16_t *dst, const float *src, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] = fy_f32_to_bf16(src[i]);
+}
+static inline void fy_bf16_to_f32_n(float *dst, const uint16_t *src, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] = fy_bf16_to_f32(src[i]);
+}
+
 uint16_t fy_f32_to_f16(float f);
 float fy_f16_to_f32(uint16_t h);
 

@@ -107,7 +107,7 @@ void fy_cpu_exec_bf16(const fy_op *op) {
         tmp[k] = malloc((n[k] ? n[k] : 1) * sizeof(float));
         FY_ASSERT(tmp[k], "out of host memory widening a bf16 tensor");
         if (args[k].role & IN)
-            for (size_t j = 0; j < n[k]; j++) tmp[k][j] = fy_bf16_to_f32(src[j]);
+            fy_bf16_to_f32_n(tmp[k], src, n[k]);
         wide.p[args[k].p] = tmp[k];
     }
     fy_cpu_exec(&wide);
@@ -115,7 +115,7 @@ void fy_cpu_exec_bf16(const fy_op *op) {
         if (!tmp[k]) continue;
         if (args[k].role & OUT) {
             uint16_t *dst = op->p[args[k].p];
-            for (size_t j = 0; j < n[k]; j++) dst[j] = fy_f32_to_bf16(tmp[k][j]);
+            fy_f32_to_bf16_n(dst, tmp[k], n[k]);
         }
         free(tmp[k]);
     }
