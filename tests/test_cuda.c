@@ -270,7 +270,7 @@ static void check_encoder(fy_dtype dt, double tol) {
     dual dtok = dput_i32(tok, B * T);
     dual wte = dput(dt, hrand(V * C, -1, 1), V * C), wpe = dput(dt, hrand(maxT * C, -1, 1), maxT * C);
     dual out = dpoison(dt, B * T * C);
-    BOTH(fy_k_encoder_fwd(X(out), X(dtok), X(wte), X(wpe), B, T, C, S));
+    BOTH(fy_k_encoder_fwd(X(out), X(dtok), X(wte), X(wpe), B, T, C, V, S));
     expect_match("encoder_fwd out", &out, tol);
     dual dout = dput(dt, hrand(B * T * C, -1, 1), B * T * C);
     dual dwte = dput(dt, hrand(V * C, -1, 1), V * C);       /* both accumulate */
@@ -798,7 +798,7 @@ static void kset_run(fy_stream *s, fy_dtype dt, void *const img[K_COUNT], char *
     for (int k = 0; k < K_COUNT; k++)
         if (img[k]) fy_copy_async(s, t[k], img[k], kset_nbytes(k, dt), FY_H2D);
 #define T_(name) (t[K_##name])
-    fy_k_encoder_fwd(T_(x0), T_(tok), T_(wte), T_(wpe), KB, KT, KC, s);
+    fy_k_encoder_fwd(T_(x0), T_(tok), T_(wte), T_(wpe), KB, KT, KC, KV, s);
     fy_k_layernorm_fwd(T_(ln), T_(mean), T_(rstd), T_(x0), T_(ln_w), T_(ln_b), KN, KC, s);
     fy_k_matmul_fwd(T_(qkv), T_(ln), T_(qkv_w), T_(qkv_b), KN, KC, 3 * KC, s);
     fy_k_attention_fwd(T_(y), T_(att), T_(qkv), KB, KT, KC, KNH, s);

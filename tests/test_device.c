@@ -218,11 +218,11 @@ typedef struct enc_ctx {
     int32_t *tok;
     const float *R;
     float *tmp;
-    int B, T, C;
+    int B, T, C, V;
 } enc_ctx;
 static double enc_obj(void *p) {
     enc_ctx *c = p;
-    fy_k_encoder_fwd(c->out, c->tok, c->wte, c->wpe, c->B, c->T, c->C, g_s);
+    fy_k_encoder_fwd(c->out, c->tok, c->wte, c->wpe, c->B, c->T, c->C, c->V, g_s);
     return dot_dev(c->out, c->R, c->tmp, (size_t)c->B * c->T * c->C);
 }
 
@@ -304,7 +304,7 @@ Test(kernel_grad, encoder_bwd_matches_fd) {
     float *R = hrand(&r, B * T * C, -1, 1);
     enc_ctx c = {.out = dnewf(B * T * C), .wte = dputf(hrand(&r, V * C, -1, 1), V * C),
                  .wpe = dputf(hrand(&r, maxT * C, -1, 1), maxT * C), .tok = dnew(sizeof tok),
-                 .R = R, .tmp = hnewf(B * T * C), .B = B, .T = T, .C = C};
+                 .R = R, .tmp = hnewf(B * T * C), .B = B, .T = T, .C = C, .V = V};
     put(c.tok, tok, sizeof tok);
     float *dwte = dnewf(V * C), *dwpe = dnewf(maxT * C);
     fy_k_encoder_bwd(dwte, dwpe, dputf(R, B * T * C), c.tok, B, T, C, V, g_s);
@@ -719,7 +719,7 @@ Test(kernel_fwd, encoder_and_residual_are_exact_sums) {
     put(dtok, tok, sizeof tok);
     float *wte = hrand(&r, V * C, -1, 1), *wpe = hrand(&r, T * C, -1, 1);
     float *out = dnewf(B * T * C);
-    fy_k_encoder_fwd(out, dtok, dputf(wte, V * C), dputf(wpe, T * C), B, T, C, g_s);
+    fy_k_encoder_fwd(out, dtok, dputf(wte, V * C), dputf(wpe, T * C), B, T, C, V, g_s);
     float *got = dgetf(out, B * T * C), *want = hnewf(B * T * C);
     for (int bt = 0; bt < B * T; bt++)
         for (int c = 0; c < C; c++) want[bt * C + c] = wte[tok[bt] * C + c] + wpe[(bt % T) * C + c];
@@ -955,7 +955,7 @@ static void kset_run(float *const img[K_COUNT], float *base, size_t off, size_t 
         if (img[k]) fy_copy_async(g_s, t[k], img[k], kset_n[k] * sizeof(float), FY_H2D);
 #define T(name) t[K_##name]
     const int32_t *tok = (const int32_t *)T(tok), *tgt = (const int32_t *)T(targets);
-    fy_k_encoder_fwd(T(enc_out), tok, T(wte), T(wpe), KB, KT, KC, g_s);
+    fy_k_encoder_fwd(T(enc_out), tok, T(wte), T(wpe), KB, KT, KC, KV, g_s);
     fy_k_encoder_bwd(T(dwte), T(dwpe), T(enc_dout), tok, KB, KT, KC, KV, g_s);
     fy_k_layernorm_fwd(T(ln_out), T(ln_mean), T(ln_rstd), T(ln_inp), T(ln_w), T(ln_b), KN, KC, g_s);
     fy_k_layernorm_bwd(T(ln_dinp), T(ln_dw), T(ln_db), T(ln_dout), T(ln_inp), T(ln_w),
@@ -1539,8 +1539,8 @@ Test(bf16_storage, attention_encoder_crossentropy_sumsq_round_the_fp32_results) 
     put(dtok, tok, sizeof tok);
     bpair wte = bpair_new(&r, V * C, -1, 1), wpe = bpair_new(&r, T * C, -1, 1);
     bpair x0 = bpair_new(&r, B * T * C, 0, 0);
-    fy_k_encoder_fwd(x0.d32, dtok, wte.d32, wpe.d32, B, T, C, g_s);
-    fy_k_encoder_fwd(x0.d16, dtok, wte.d16, wpe.d16, B, T, C, g_s16);
+    fy_k_encoder_fwd(x0.d32, dtok, wte.d32, wpe.d32, B, T, C, V, g_s);
+    fy_k_encoder_fwd(x0.d16, dtok, wte.d16, wpe.d16, B, T, C, V, g_s16);
     bpair_expect_rounded(&x0, "encoder out");
     fy_k_encoder_bwd(wte.d32, wpe.d32, dy.d32, dtok, B, T, C, V, g_s);
     fy_k_encoder_bwd(wte.d16, wpe.d16, dy.d16, dtok, B, T, C, V, g_s16);

@@ -15,8 +15,8 @@ static void launch(fy_stream *s, const fy_op *op) {
 #define P(x) ((void *)(x))
 
 void fy_k_encoder_fwd(float *out, const int32_t *tokens, const float *wte, const float *wpe,
-                      int B, int T, int C, fy_stream *s) {
-    launch(s, &(fy_op){FY_OP_ENCODER_FWD, {out, P(tokens), P(wte), P(wpe)}, {B, T, C}, {0}, 0});
+                      int B, int T, int C, int V, fy_stream *s) {
+    launch(s, &(fy_op){FY_OP_ENCODER_FWD, {out, P(tokens), P(wte), P(wpe)}, {B, T, C, V}, {0}, 0});
 }
 
 void fy_k_encoder_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,

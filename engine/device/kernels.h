@@ -38,7 +38,7 @@ extern "C" {
 /* out (B,T,C) = wte[tokens] (V,C) + wpe[t] (maxT,C). Tokens must be < V (checked by the
  * data layer, not here). */
 void fy_k_encoder_fwd(float *out, const int32_t *tokens, const float *wte, const float *wpe,
-                      int B, int T, int C, fy_stream *s);
+                      int B, int T, int C, int V, fy_stream *s);
 /* dwte (V,C): dwte[tokens[b,t]] += dout[b,t]; dwpe[t] += dout[b,t]. Each row's sum is
  * formed in fp32 before it meets a bf16 dwte (so a frequent token's gradient is not
  * rounded once per position). */

@@ -222,7 +222,7 @@ void fy_gpt2_scratch_bind(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt, 
 
 void fy_gpt2_embed_fwd(const fy_gpt2_config *cfg, const fy_gpt2_embed_w *w,
                        const int32_t *tokens, float *x0, int B, int T, fy_stream *s) {
-    fy_k_encoder_fwd(x0, tokens, w->wte, w->wpe, B, T, cfg->channels, s);
+    fy_k_encoder_fwd(x0, tokens, w->wte, w->wpe, B, T, cfg->channels, cfg->vocab, s);
 }
 
 void fy_gpt2_layer_fwd(const fy_gpt2_config *cfg, const fy_gpt2_layer_w *w,

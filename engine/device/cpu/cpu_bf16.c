@@ -62,17 +62,6 @@ static const targ *tensor_args(fy_op_kind k) {
     }
 }
 
-/* The embedding's rows: V for the backward; for the forward (whose op does not carry V)
- * the largest token id plus one. */
-static size_t rows_used(const fy_op *op) {
-    if (op->kind == FY_OP_ENCODER_BWD) return (size_t)op->i[3];
-    const int32_t *tok = op->p[1];
-    size_t n = (size_t)op->i[0] * (size_t)op->i[1], v = 0;
-    for (size_t j = 0; j < n; j++)
-        if ((size_t)tok[j] + 1 > v) v = (size_t)tok[j] + 1;
-    return v;
-}
-
 static size_t nelem_of(size_code z, const fy_op *op) {
     const int64_t *i = op->i;
     switch (z) {
@@ -87,7 +76,7 @@ static size_t nelem_of(size_code z, const fy_op *op) {
     case Z_N0: return (size_t)i[0];
     case Z_NV: return (size_t)i[0] * (size_t)i[2]; /* N rows of Vp */
     case Z_TC: return (size_t)i[1] * (size_t)i[2];
-    case Z_VC: return rows_used(op) * (size_t)i[2];
+    case Z_VC: return (size_t)i[3] * (size_t)i[2]; /* the embedding's V rows */
     default: return 0;
     }
 }
