@@ -8,9 +8,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine/core/dtype.h"
 #include "engine/io/corpus.h"
 #include "engine/io/tokens.h"
 #include "engine/trainer.h"
+#include "engine/trainer_impl.h" /* white box: the copies of a block, to plant a NaN */
 #include "offload/plan.h"
 #include "offload/storage.h"
 #include "tests/test_util.h"
@@ -23,13 +25,48 @@ enum { T_SEQ = 16, STEPS = 5 };
 typedef struct result {
     float loss[STEPS];
     float norm[STEPS];
+    bool skipped[STEPS];
     float **w; /* final parameters per block */
     size_t peak, model, staging;
 } result;
 
-/* Trains STEPS steps of `cfg` under `plan` on a fresh device; cap 0 = unlimited. */
+/* Planting a NaN in every copy of one weight of block b (fp32 masters and the storage
+ * type's copies), and taking it out again. */
+typedef struct planted { void *p; bool half; uint32_t saved; } planted;
+
+static int plant_nan(fy_trainer *tr, int b, planted out[4]) {
+    fy_chunk *c = &tr->st->chunks[b];
+    const bool lp = fy_tr_lp(tr);
+    void *ptrs[4] = {c->param_dev, c->param_lp != c->param_host ? c->param_lp : NULL,
+                     c->param_host, c->master_dev};
+    const bool half[4] = {lp, lp, false, false};
+    int n = 0;
+    for (int k = 0; k < 4; k++) {
+        if (!ptrs[k]) continue;
+        out[n] = (planted){ptrs[k], half[k], 0};
+        if (half[k]) {
+            out[n].saved = *(uint16_t *)ptrs[k];
+            *(uint16_t *)ptrs[k] = fy_f32_to_bf16(NAN);
+        } else {
+            memcpy(&out[n].saved, ptrs[k], 4);
+            *(float *)ptrs[k] = NAN;
+        }
+        n++;
+    }
+    return n;
+}
+
+static void unplant(const planted *pl, int n) {
+    for (int k = 0; k < n; k++) {
+        if (pl[k].half) *(uint16_t *)pl[k].p = (uint16_t)pl[k].saved;
+        else memcpy(pl[k].p, &pl[k].saved, 4);
+    }
+}
+
+/* Trains STEPS steps of `cfg` under `plan` on a fresh device; cap 0 = unlimited. With
+ * nan_at >= 0, a NaN sits in the head's ln_f gain (every copy) during that step. */
 static fy_status train_mode(const fy_gpt2_config *cfg, const fy_plan *plan, size_t cap,
-                            fy_sched_mode mode, result *res) {
+                            fy_sched_mode mode, int nan_at, result *res) {
     fy_dev_cfg dc = {.kind = FY_DEV_CPU, .threads = 2, .mem_cap_nbytes = cap};
     fy_dev *dev;
     cr_assert_eq(fy_dev_new(&dc, &dev), FY_OK);
@@ -50,10 +87,14 @@ static fy_status train_mode(const fy_gpt2_config *cfg, const fy_plan *plan, size
     int32_t *x = malloc(N * A * 4), *y = malloc(N * A * 4);
     for (int s = 0; s < STEPS; s++) {
         for (int a = 0; a < A; a++) fy_loader_next(ld, x + a * N, y + a * N);
+        planted pl[4];
+        int npl = s == nan_at ? plant_nan(tr, cfg->layers + 1, pl) : 0;
         fy_step_stats ss;
         cr_assert_eq(fy_trainer_step(tr, x, y, 1e-2f, &ss), FY_OK);
+        unplant(pl, npl);
         res->loss[s] = ss.loss;
         res->norm[s] = ss.grad_norm;
+        res->skipped[s] = ss.skipped;
     }
     const fy_gpt2_layout *lay = fy_trainer_layout(tr);
     res->w = calloc((size_t)lay->nblocks, sizeof *res->w);
@@ -78,7 +119,7 @@ static fy_status train_mode(const fy_gpt2_config *cfg, const fy_plan *plan, size
 }
 
 static fy_status train(const fy_gpt2_config *cfg, const fy_plan *plan, size_t cap, result *res) {
-    return train_mode(cfg, plan, cap, FY_SCHED_PRIORITY, res);
+    return train_mode(cfg, plan, cap, FY_SCHED_PRIORITY, -1, res);
 }
 
 static void result_free(const fy_gpt2_config *cfg, result *r) {
@@ -344,7 +385,7 @@ Test(offload, every_schedule_mode_is_bit_identical, .timeout = 120) {
     const fy_gpt2_config *cfg = &small_cfg;
     fy_plan base = make_plan(cfg, 2, 1, 0, 0, 0);
     result ref;
-    cr_assert_eq(train_mode(cfg, &base, 0, FY_SCHED_SERIAL, &ref), FY_OK);
+    cr_assert_eq(train_mode(cfg, &base, 0, FY_SCHED_SERIAL, -1, &ref), FY_OK);
     const double plans[][4] = {{1, 1, 4, 1}, {0.5, 0.5, 2, 1}, {1, 0, 0, 1}, {0, 1, 0, 1}};
     const fy_sched_mode modes[] = {FY_SCHED_SERIAL, FY_SCHED_FIFO, FY_SCHED_PRIORITY};
     for (int i = 0; i < 4; i++)
@@ -355,15 +396,15 @@ Test(offload, every_schedule_mode_is_bit_identical, .timeout = 120) {
             char what[96];
             snprintf(what, sizeof what, "plan %d under %s, prefetch %d", i,
                      fy_sched_mode_name(modes[m]), m);
-            cr_assert_eq(train_mode(cfg, &p, 0, modes[m], &r), FY_OK, "%s", what);
+            cr_assert_eq(train_mode(cfg, &p, 0, modes[m], -1, &r), FY_OK, "%s", what);
             expect_identical(cfg, &ref, &r, what);
             result_free(cfg, &r);
             fy_plan_free(&p);
         }
     fy_plan acc = make_plan(cfg, 2, 2, 1, 1, 2), acc0 = make_plan(cfg, 2, 2, 0, 0, 0);
     result ra, rb;
-    cr_assert_eq(train_mode(cfg, &acc0, 0, FY_SCHED_SERIAL, &ra), FY_OK);
-    cr_assert_eq(train_mode(cfg, &acc, 0, FY_SCHED_FIFO, &rb), FY_OK);
+    cr_assert_eq(train_mode(cfg, &acc0, 0, FY_SCHED_SERIAL, -1, &ra), FY_OK);
+    cr_assert_eq(train_mode(cfg, &acc, 0, FY_SCHED_FIFO, -1, &rb), FY_OK);
     expect_identical(cfg, &ra, &rb, "accumulated, fifo");
     result_free(cfg, &ra);
     result_free(cfg, &rb);
@@ -452,78 +493,7 @@ Test(bf16, trains_like_fp32_in_less_device_memory, .timeout = 120) {
  * do. (With bf16 storage a streamed block's skipped device update once sent stale slot
  * bytes back as its bf16 copy, and the run never recovered.) */
 
-#include "engine/core/dtype.h"
-#include "engine/trainer_impl.h" /* white box: the copies of a block, to plant the NaN */
-
-enum { SKIP_STEPS = 6, SKIP_AT = 3 };
-
-typedef struct planted { void *p; bool half; uint32_t saved; } planted;
-
-static int plant_nan(fy_trainer *tr, int b, planted out[4]) {
-    fy_chunk *c = &tr->st->chunks[b];
-    const bool lp = fy_tr_lp(tr);
-    void *ptrs[4] = {c->param_dev, c->param_lp != c->param_host ? c->param_lp : NULL,
-                     c->param_host, c->master_dev};
-    const bool half[4] = {lp, lp, false, false};
-    int n = 0;
-    for (int k = 0; k < 4; k++) {
-        if (!ptrs[k]) continue;
-        out[n] = (planted){ptrs[k], half[k], 0};
-        if (half[k]) {
-            out[n].saved = *(uint16_t *)ptrs[k];
-            *(uint16_t *)ptrs[k] = fy_f32_to_bf16(NAN);
-        } else {
-            memcpy(&out[n].saved, ptrs[k], 4);
-            *(float *)ptrs[k] = NAN;
-        }
-        n++;
-    }
-    return n;
-}
-
-static void unplant(const planted *pl, int n) {
-    for (int k = 0; k < n; k++) {
-        if (pl[k].half) *(uint16_t *)pl[k].p = (uint16_t)pl[k].saved;
-        else memcpy(pl[k].p, &pl[k].saved, 4);
-    }
-}
-
-static void train_with_skip(const fy_plan *plan, float loss[SKIP_STEPS], bool skipped[SKIP_STEPS],
-                            float **w) {
-    const fy_gpt2_config *cfg = &small_cfg;
-    fy_dev_cfg dc = {.kind = FY_DEV_CPU, .threads = 2};
-    fy_dev *dev;
-    cr_assert_eq(fy_dev_new(&dc, &dev), FY_OK);
-    fy_trainer_cfg tc = {.model = *cfg, .T = T_SEQ, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
-                         .weight_decay = 0.1f, .clip = 1.0f, .seed = 11, .plan = plan};
-    fy_trainer *tr;
-    cr_assert_eq(fy_trainer_new(dev, &tc, &tr), FY_OK);
-    fy_tokens *tok = test_corpus();
-    fy_loader *ld;
-    const size_t N = (size_t)plan->micro_batch * T_SEQ;
-    cr_assert_eq(fy_loader_new(tok, 0, fy_tokens_count(tok), plan->micro_batch, T_SEQ, &ld), FY_OK);
-    int32_t *x = malloc(N * 4), *y = malloc(N * 4);
-    for (int s = 0; s < SKIP_STEPS; s++) {
-        planted pl[4];
-        int n = s == SKIP_AT ? plant_nan(tr, cfg->layers + 1, pl) : 0;
-        fy_loader_next(ld, x, y);
-        fy_step_stats ss;
-        cr_assert_eq(fy_trainer_step(tr, x, y, 1e-2f, &ss), FY_OK);
-        unplant(pl, n);
-        loss[s] = ss.loss;
-        skipped[s] = ss.skipped;
-    }
-    for (int b = 0; b < cfg->layers + 2; b++) {
-        w[b] = malloc(fy_trainer_layout(tr)->blocks[b].nelem * sizeof(float));
-        fy_trainer_get_params(tr, b, w[b]);
-    }
-    free(x);
-    free(y);
-    fy_loader_free(ld);
-    fy_tokens_free(tok);
-    fy_trainer_free(tr);
-    fy_dev_free(dev);
-}
+enum { SKIP_AT = 2 }; /* the step a planted NaN makes skip; two steps follow it */
 
 static void skipped_step_leaves_every_plan_on_track(fy_dtype dt) {
     const fy_gpt2_config *cfg = &small_cfg;
@@ -531,30 +501,28 @@ static void skipped_step_leaves_every_plan_on_track(fy_dtype dt) {
     cr_assert_eq(fy_gpt2_layout_new(cfg, &lay), FY_OK);
     fy_plan base = make_plan(cfg, 2, 1, 0, 0, 0);
     base.dtype = dt;
-    float ref_loss[SKIP_STEPS], loss[SKIP_STEPS];
-    bool ref_skip[SKIP_STEPS], skip[SKIP_STEPS];
-    float *ref_w[8], *w[8];
-    train_with_skip(&base, ref_loss, ref_skip, ref_w);
-    for (int s = 0; s < SKIP_STEPS; s++)
-        cr_assert_eq(ref_skip[s], s == SKIP_AT, "step %d skipped: %d", s, ref_skip[s]);
-    cr_assert(isfinite(ref_loss[SKIP_STEPS - 1]), "all-resident recovers after the skip");
+    result ref;
+    cr_assert_eq(train_mode(cfg, &base, 0, FY_SCHED_PRIORITY, SKIP_AT, &ref), FY_OK);
+    for (int s = 0; s < STEPS; s++)
+        cr_assert_eq(ref.skipped[s], s == SKIP_AT, "step %d skipped: %d", s, ref.skipped[s]);
+    cr_assert(isfinite(ref.loss[STEPS - 1]), "all-resident recovers after the skip");
     const double plans[][3] = {{1, 0, 0}, {1, 1, 0}, {0, 1, 0}, {0.5, 0.5, 2}};
     for (int i = 0; i < 4; i++) {
         fy_plan p = make_plan(cfg, 2, 1, plans[i][0], plans[i][1], (int)plans[i][2]);
         p.dtype = dt;
-        train_with_skip(&p, loss, skip, w);
-        for (int s = 0; s < SKIP_STEPS; s++)
-            cr_expect(skip[s] == ref_skip[s] && (s == SKIP_AT || loss[s] == ref_loss[s]),
+        result r;
+        cr_assert_eq(train_mode(cfg, &p, 0, FY_SCHED_PRIORITY, SKIP_AT, &r), FY_OK);
+        for (int s = 0; s < STEPS; s++)
+            cr_expect(r.skipped[s] == ref.skipped[s] && (s == SKIP_AT || r.loss[s] == ref.loss[s]),
                       "%s, plan %d: step %d loss %.9g (skipped %d), all-resident %.9g",
-                      fy_dtype_name(dt), i, s, loss[s], skip[s], ref_loss[s]);
-        for (int b = 0; b < lay.nblocks; b++) {
-            cr_expect(!memcmp(w[b], ref_w[b], lay.blocks[b].nelem * sizeof(float)),
+                      fy_dtype_name(dt), i, s, r.loss[s], r.skipped[s], ref.loss[s]);
+        for (int b = 0; b < lay.nblocks; b++)
+            cr_expect(!memcmp(r.w[b], ref.w[b], lay.blocks[b].nelem * sizeof(float)),
                       "%s, plan %d: block %d weights differ", fy_dtype_name(dt), i, b);
-            free(w[b]);
-        }
+        result_free(cfg, &r);
         fy_plan_free(&p);
     }
-    for (int b = 0; b < lay.nblocks; b++) free(ref_w[b]);
+    result_free(cfg, &ref);
     fy_plan_free(&base);
     fy_gpt2_layout_free(&lay);
 }
