@@ -249,6 +249,16 @@ int fy_opts_parse(fy_opts *o, unsigned cmd, int argc, char **argv, int first) {
     return 0;
 }
 
+/* The kind --device names: auto is cuda when a GPU is present and --sim-pcie-gbps (a cpu
+ * backend option) is not set; why says why there is no GPU when auto looked for one. */
+static fy_dev_kind kind_of(const fy_opts *o, char *why, size_t whylen) {
+    why[0] = 0;
+    if (!strcmp(o->device, "cuda")) return FY_DEV_CUDA;
+    if (!strcmp(o->device, "cpu") || o->sim_pcie_gbps > 0) return FY_DEV_CPU;
+    fy_gpu_info gpu;
+    return fy_dev_gpus(&gpu, 1, why, whylen) > 0 ? FY_DEV_CUDA : FY_DEV_CPU;
+}
+
 fy_status fy_opts_dev_cfg(const fy_opts *o, bool need_gpu, fy_dev_cfg *out) {
     memset(out, 0, sizeof *out);
     if (o->sim_pcie_gbps > 0 && o->sim_pcie_gbps < 1e-3) {
@@ -262,21 +272,16 @@ fy_status fy_opts_dev_cfg(const fy_opts *o, bool need_gpu, fy_dev_cfg *out) {
         fy_log_error("--matmul: unknown arithmetic '%s' (auto, fp32, tf32, bf16)", o->matmul);
         return FY_ERR_INVALID;
     }
-    out->kind = FY_DEV_CPU;
-    char why[160] = "";
+    char why[160];
+    out->kind = kind_of(o, why, sizeof why);
     fy_gpu_info gpu;
-    if (!strcmp(o->device, "cuda")) {
-        out->kind = FY_DEV_CUDA;
-        if (need_gpu && fy_dev_gpus(&gpu, 1, why, sizeof why) == 0) {
-            fy_log_error("--device cuda: %s", why);
-            return FY_ERR_UNSUPPORTED;
-        }
-    } else if (!strcmp(o->device, "auto")) {
-        if (o->sim_pcie_gbps == 0 && fy_dev_gpus(&gpu, 1, why, sizeof why) > 0)
-            out->kind = FY_DEV_CUDA;
-        else if (!o->quiet && o->sim_pcie_gbps == 0)
-            fy_log_info("%s: using the cpu backend", why);
+    if (out->kind == FY_DEV_CUDA && !strcmp(o->device, "cuda") && need_gpu &&
+        fy_dev_gpus(&gpu, 1, why, sizeof why) == 0) {
+        fy_log_error("--device cuda: %s", why);
+        return FY_ERR_UNSUPPORTED;
     }
+    if (out->kind == FY_DEV_CPU && why[0] && !o->quiet)
+        fy_log_info("%s: using the cpu backend", why);
     if (out->kind == FY_DEV_CPU && out->matmul != FY_MATMUL_AUTO && out->matmul != FY_MATMUL_FP32) {
         fy_log_error("--matmul %s: the cpu backend computes GEMMs in fp32 only", o->matmul);
         return FY_ERR_INVALID;
@@ -292,11 +297,8 @@ fy_dtype fy_opts_dtype(const fy_opts *o, fy_dev_kind kind) {
 }
 
 fy_dev_kind fy_opts_dev_kind(const fy_opts *o) {
-    if (!strcmp(o->device, "cuda")) return FY_DEV_CUDA;
-    if (!strcmp(o->device, "cpu") || o->sim_pcie_gbps > 0) return FY_DEV_CPU;
-    fy_gpu_info gpu;
     char why[160];
-    return fy_dev_gpus(&gpu, 1, why, sizeof why) > 0 ? FY_DEV_CUDA : FY_DEV_CPU;
+    return kind_of(o, why, sizeof why);
 }
 
 bool fy_opts_given(const fy_opts *o, const char *name) {
