@@ -1,31 +1,51 @@
-/* step_graph.c — training steps as a task graph for the scheduler.
+/* step_graph.c — training steps (and evaluation) as task graphs for the scheduler.
  *
- * For each step of a window and each micro-batch m of it:
- *   load(m)            h2d      next batch into the token buffer m%2
- *   h2d_param(b)       h2d      streamed block b's parameters into a staging slot
- *   fwd(b)             compute  embedding, then each layer
- *   gopen(0)           compute  a zeroed gradient slot for the embedding (staged only)
- *   head(m)            compute  ln_f, logits, loss and their backward (wte is tied)
- *   recompute(b)       compute  a checkpointed layer's forward again
- *   bwd(b)             compute  layers, then the embedding
- *   d2h_grad(b)        d2h      a cpu-optimised block's gradient to the host
+ * For each step of a window and each micro-batch m of it (the builders below):
+ *   forward   load(m)          h2d      micro-batch m into the token buffer m%2
+ *             h2d_param(b)     h2d      a streamed block's parameters into a staging slot
+ *             fwd(b)           compute  the embedding, then each layer
+ *   head      gopen(l)         compute  a zeroed gradient slot for a staged block l the
+ *                                       head adds into before l's own backward (links)
+ *             head(m)          compute  the head's loss pass: forward, loss and backward
+ *   backward  recompute(b)     compute  a checkpointed layer's forward again
+ *             bwd(b)           compute  layers, then the embedding
+ *             d2h_grad(b)      d2h      a cpu-optimised block's gradient to the host
  * and once per step:
- *   norm(t)            cpu      global gradient norm, clip coefficient, mean loss
- *   adam_gpu(b)        compute  (with h2d_param and d2h_param around it when streamed)
- *   adam_cpu(b)        cpu      optim_cpu on the host master
- *   h2d_update(b)      h2d      updated weights back to a resident block
+ *   update    norm(t)          cpu      global gradient norm, clip coefficient, mean loss
+ *             adam_gpu(b)      compute  (with h2d_param and d2h_param around it when streamed)
+ *             adam_cpu(b)      cpu      optim_cpu on the host master
+ *             h2d_update(b)    h2d      updated weights back to a resident block
+ * Evaluation is forward and head (without backward) per batch, and collect(m) (cpu),
+ * which reads the batch's loss.
+ *
+ * Every task carries a typed payload (sg_task: the union member of its kind). Blocks
+ * are known through the model interface: their kinds, their links (the blocks whose
+ * parameters a block reads and whose gradients it adds into), their passes.
  *
  * Dependencies are the data flow (each read after its write) plus the reuse of buffers
  * (a write after the previous reads: activations, the recompute buffer, token buffers,
  * the host landing slot). The compute tasks' program positions give the next-use
  * priorities, across the steps of the window: after backward, block 0's gradient copy
- * and update come first because the next forward needs block 0 first.
+ * and update come first because the next forward needs block 0 first. Staging slots are
+ * the scheduler's pools: a task that takes a slot learns which task freed it last.
+ *
+ * Event chaining: a task queues its work on its lane's stream and records an event at
+ * its end (and one at its start, for timing); a task waits for its predecessors' (and its
+ * slot's previous user's) events on the device, so lanes run ahead without host round
+ * trips. The host blocks only where it reads what the device wrote: the cpu lane's tasks
+ * (the norm reads losses and norms, CPU Adam reads gradients, collect reads losses), the
+ * host buffers a load or a gradient accumulation reuses, and the end of the window. The
+ * serial schedule also waits for each task's work, so it measures tasks one at a time.
+ * Task durations are the device's, from the events.
  *
  * Exactness: clipping needs the global norm before any update, so every update of step
  * t waits for norm(t) (the "norm barrier"; fy_trainer_predict can simulate the graph
- * without it to measure what exact clipping costs in overlap); the arithmetic is that of the serial schedule, task by task, so
- * every schedule mode gives bit-identical results. Each task ends by synchronising its
- * lane's stream, so a finished task's results are complete. */
+ * without it to measure what exact clipping costs in overlap); the arithmetic is that
+ * of the serial order, task by task, so every schedule mode gives bit-identical results.
+ *
+ * Failure: each step is an epoch of the scheduler: a failing task cancels its step and
+ * later ones, earlier steps finish; the trainer rolls its counters back to the last
+ * finished step, and is broken only if the failing step had started updating. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,49 +58,90 @@
 
 static const char *kind_names[FY_T_COUNT] = {
     "load", "h2d_param", "fwd", "gopen", "head", "recompute", "bwd", "d2h_grad", "norm",
-    "adam_gpu", "d2h_param", "adam_cpu", "h2d_update"};
+    "adam_gpu", "d2h_param", "adam_cpu", "h2d_update", "collect"};
 
 const char *fy_task_kind_name(int kind) {
     return kind >= 0 && kind < FY_T_COUNT ? kind_names[kind] : "?";
 }
 
+#define ML FY_MODEL_MAX_LINKS
+
+/* Where a gradient a task writes lives: the unit of task `holder` (a gopen, or the task
+ * itself), or, with holder -1, the block's device accumulator; `first`: the task writes
+ * it first in its micro-batch (opens it: zeroes the accumulator on the first
+ * micro-batch; a unit it took itself is zeroed always). */
+typedef struct sg_grad { int holder; bool first; } sg_grad;
+
+/* The payloads. */
+struct sg_task {
+    int micro;                 /* micro-batch in the window; per-step tasks: the step's last */
+    union {
+        struct { int reuse; } load;               /* the load that last used its host buffer */
+        struct { bool for_update; } fetch;        /* h2d_param: for a device update (fp32
+                                                     master), else for compute */
+        struct {                                  /* fwd, recompute, head, bwd */
+            int fetch;                            /* the block's fetch task, -1 resident */
+            int link_fetch[ML];                   /* the linked blocks' fetches */
+            sg_grad grad;                         /* head, bwd: the block's gradient */
+            sg_grad link_grad[ML];                /* head, bwd: the linked blocks' */
+            bool train;                           /* head: training (else evaluation) */
+        } pass;
+        struct { int holder; } d2h_grad;          /* the task whose unit holds it */
+        struct { int fetch; } update;             /* adam_gpu, d2h_param: the update's
+                                                     fetch, -1 resident */
+    } u;
+};
+
 /* ---- helpers shared by the runners --------------------------------------------------- */
 
 static int accum(const fy_trainer *tr) { return tr->plan.grad_accum; }
 static bool staged(const fy_trainer *tr, int b) { return tr->st->chunks[b].needs_grad_staging; }
+static size_t tokens_n(const fy_trainer *tr) { return (size_t)tr->plan.micro_batch * tr->st->T; }
+static int step_of(const fy_trainer *tr, const sg_task *p) { return p->micro / accum(tr); }
+static int64_t abs_micro(const fy_trainer *tr, const sg_task *p) {
+    return (tr->eval ? tr->eval_base : tr->micro_base) + p->micro;
+}
 
-/* The staging slot a task of the window acquired. */
-static float *param_unit(const fy_trainer *tr, int task) {
-    return tr->st->param_slots[tr->graph->tasks[task].unit].buf;
+/* The buffer of the unit task `id` took from the parameter or the gradient pool. */
+static void *param_unit(const fy_trainer *tr, int id) {
+    return tr->st->param_slots[tr->graph->tasks[id].unit];
 }
-static float *grad_unit(const fy_trainer *tr, int task) {
-    return tr->st->grad_slots[tr->graph->tasks[task].unit].buf;
+static void *grad_unit(const fy_trainer *tr, int id) {
+    return tr->st->grad_slots[tr->graph->tasks[id].unit];
 }
-static int task_id(const fy_trainer *tr, const fy_task *t) { return (int)(t - tr->graph->tasks); }
 
 /* Block b's parameters: the slot of fetch task `fetch`, or the resident copy. */
-static float *params_for(const fy_trainer *tr, int b, int fetch) {
+static const void *params_for(const fy_trainer *tr, int b, int fetch) {
     return fetch >= 0 ? param_unit(tr, fetch) : tr->st->chunks[b].param_dev;
 }
 
-static int32_t *tokens_dev(const fy_trainer *tr, int64_t m) {
-    size_t N = (size_t)tr->plan.micro_batch * tr->cfg.T;
-    return tr->st->tok_dev + (size_t)(m % 2) * 2 * N;
+static int32_t *tokens_dev(const fy_trainer *tr, int m) {
+    return tr->st->tok_dev + (size_t)(m % 2) * 2 * tokens_n(tr);
 }
 
-/* The gradient buffer block b's compute task writes in micro-batch a: a staging slot
- * (`slot_task`'s unit, zeroed) or the device accumulator (zeroed on the first one). */
-static float *grad_open(fy_trainer *tr, int b, int a, int slot_task) {
-    float *g = staged(tr, b) ? grad_unit(tr, slot_task) : tr->st->chunks[b].grad_dev;
-    if (staged(tr, b) || a == 0) fy_memset_async(tr->s, g, 0, fy_tr_nbytes(tr, b));
-    return g;
+static fy_stream *lane_stream(const fy_trainer *tr, fy_lane lane) {
+    switch (lane) {
+    case FY_LANE_COMPUTE: return tr->s;
+    case FY_LANE_H2D: return tr->s_h2d;
+    case FY_LANE_D2H: return tr->s_d2h;
+    default: return NULL; /* the cpu lane works on the host */
+    }
 }
 
-/* Micro-batch a's gradient of block b is complete in g: a staged gpu-optimised block adds
- * it into its device accumulator (the first micro-batch copies), and on the last
- * micro-batch the sum of squares is taken where the final gradient is (on the host, by
- * d2h_grad, when a cpu-optimised block accumulates there). */
-static void grad_close(fy_trainer *tr, int b, int a, float *g) {
+/* Block b's gradient for a task writing it in micro-batch a (g says where; see sg_grad),
+ * opened (zeroed) here when the task writes it first. */
+static void *grad_open(fy_trainer *tr, int b, int a, sg_grad g, int self) {
+    void *buf = g.holder >= 0 ? grad_unit(tr, g.holder) : tr->st->chunks[b].grad_dev;
+    if (g.first && (g.holder == self || (g.holder < 0 && a == 0)))
+        fy_memset_async(tr->s, buf, 0, fy_tr_nbytes(tr, b));
+    return buf;
+}
+
+/* Micro-batch a's gradient of block b is complete in g (its last writer ran): a staged
+ * gpu-optimised block adds it into its device accumulator (the first micro-batch copies),
+ * and on the last micro-batch the sum of squares is taken where the final gradient is
+ * (on the host, by d2h_grad, when a cpu-optimised block accumulates there). */
+static void grad_close(fy_trainer *tr, int b, int a, const void *g) {
     const fy_chunk *c = &tr->st->chunks[b];
     fy_storage *st = tr->st;
     if (!fy_tr_cpu_optim(tr, b) && staged(tr, b)) {
@@ -88,123 +149,116 @@ static void grad_close(fy_trainer *tr, int b, int a, float *g) {
         else fy_k_residual_fwd(c->grad_dev, c->grad_dev, g, c->nelem, tr->s);
     }
     if (a != accum(tr) - 1) return;
-    const float *final = !fy_tr_cpu_optim(tr, b) ? c->grad_dev : accum(tr) == 1 ? g : NULL;
+    const void *final = !fy_tr_cpu_optim(tr, b) ? c->grad_dev : accum(tr) == 1 ? g : NULL;
     if (!final) return;
     fy_k_sumsq(st->sumsq_dev + b, final, c->nelem, tr->s);
     fy_copy_async(tr->s, st->sumsq_host + b, st->sumsq_dev + b, sizeof(double), FY_D2H);
 }
 
-/* ---- runners: each does its block's work on its lane and waits for it ----------------- */
-
-static void run_load(void *ctx, const fy_task *t) {
-    fy_trainer *tr = ctx;
-    const size_t N = (size_t)tr->plan.micro_batch * tr->cfg.T;
-    int32_t *h = tr->st->tok_host + (size_t)(t->iter % 2) * 2 * N;
-    tr->next_batch(tr->batch_ctx, tr->micro_base + t->iter, h, h + N);
-    fy_copy_async(tr->s_h2d, tokens_dev(tr, t->iter), h, 2 * N * sizeof(int32_t), FY_H2D);
-    fy_stream_sync(tr->s_h2d);
+/* A pass's device views: activations and tokens of micro-batch m, parameters of the
+ * block and its links. */
+static fy_block_io pass_io(const fy_trainer *tr, int b, const sg_task *p) {
+    const fy_storage *st = tr->st;
+    const fy_block_spec *blk = fy_tr_block(tr, b);
+    fy_block_io io = {.B = tr->plan.micro_batch, .T = st->T,
+                      .params = params_for(tr, b, p->u.pass.fetch),
+                      .in = b > 0 ? st->acts[b - 1].out : NULL, .out = st->acts[b].out,
+                      .saved = st->acts[b].saved, .work = st->work, .dx = st->dx,
+                      .tokens = tokens_dev(tr, p->micro),
+                      .targets = tokens_dev(tr, p->micro) + tokens_n(tr)};
+    for (int k = 0; k < blk->nlinks; k++)
+        io.link_params[k] = params_for(tr, blk->links[k], p->u.pass.link_fetch[k]);
+    return io;
 }
 
-/* h2d_param: the storage type's copy for compute; for a device update (arg2 = 1) with
- * bf16 storage, the fp32 master (the bf16 copy the update writes follows it in the slot). */
-static void run_h2d_param(void *ctx, const fy_task *t) {
-    fy_trainer *tr = ctx;
+/* The gradients a backward pass writes: the block's and its links'. */
+static void bind_grads(fy_trainer *tr, int b, const sg_task *p, int self, fy_block_io *io) {
+    const fy_block_spec *blk = fy_tr_block(tr, b);
+    const int a = p->micro % accum(tr);
+    io->grads = grad_open(tr, b, a, p->u.pass.grad, self);
+    for (int k = 0; k < blk->nlinks; k++)
+        io->link_grads[k] = grad_open(tr, blk->links[k], a, p->u.pass.link_grad[k], self);
+}
+
+/* ---- runners: each queues its block's work on its lane ---------------------------------- */
+
+typedef fy_status (*runner)(fy_trainer *tr, int id, const fy_task *t, const sg_task *p);
+
+static fy_status run_load(fy_trainer *tr, int id, const fy_task *t, const sg_task *p) {
+    const size_t N = tokens_n(tr);
+    int32_t *h = tr->st->tok_host + (size_t)(p->micro % 2) * 2 * N;
+    if (p->u.load.reuse >= 0) fy_event_sync(tr->ev_end[p->u.load.reuse]); /* its copy is done */
+    FY_TRY(tr->next_batch(tr->batch_ctx, abs_micro(tr, p), h, h + N));
+    fy_copy_async(tr->s_h2d, tokens_dev(tr, p->micro), h, 2 * N * sizeof(int32_t), FY_H2D);
+    return FY_OK;
+}
+
+/* h2d_param: the storage type's copy for compute; for a device update with bf16 storage,
+ * the fp32 master (the bf16 copy the update writes follows it in the slot). */
+static fy_status run_h2d_param(fy_trainer *tr, int id, const fy_task *t, const sg_task *p) {
     const fy_chunk *c = &tr->st->chunks[t->block];
-    float *slot = tr->st->param_slots[t->unit].buf;
-    if (t->arg2 == 1 && fy_tr_lp(tr))
+    void *slot = param_unit(tr, id);
+    if (p->u.fetch.for_update && fy_tr_lp(tr))
         fy_copy_async(tr->s_h2d, slot, c->param_host, fy_tr_master_nbytes(tr, t->block), FY_H2D);
     else
         fy_copy_async(tr->s_h2d, slot, c->param_lp, fy_tr_nbytes(tr, t->block), FY_H2D);
-    fy_stream_sync(tr->s_h2d);
+    return FY_OK;
 }
 
-/* fwd and recompute: arg = fetch task or -1. */
-static void run_fwd(void *ctx, const fy_task *t) {
-    fy_trainer *tr = ctx;
-    const fy_gpt2_config *mc = &tr->cfg.model;
+/* fwd and recompute: the same pass, so a recomputed block rebuilds the same bits. */
+static fy_status run_fwd(fy_trainer *tr, int id, const fy_task *t, const sg_task *p) {
+    fy_block_io io = pass_io(tr, t->block, p);
+    fy_model_forward(tr->model, t->block, &io, tr->s);
+    return FY_OK;
+}
+
+static fy_status run_gopen(fy_trainer *tr, int id, const fy_task *t, const sg_task *p) {
+    fy_memset_async(tr->s, grad_unit(tr, id), 0, fy_tr_nbytes(tr, t->block));
+    return FY_OK;
+}
+
+/* head: the loss pass; in training also its backward, and the loss goes to the host. */
+static fy_status run_head(fy_trainer *tr, int id, const fy_task *t, const sg_task *p) {
     fy_storage *st = tr->st;
-    const int B = tr->plan.micro_batch, T = tr->cfg.T, b = t->block;
-    float *w = params_for(tr, b, t->arg);
-    if (b == 0) {
-        fy_gpt2_embed_w ew;
-        fy_gpt2_embed_view(&tr->lay.blocks[0], fy_tr_dt(tr), w, &ew);
-        fy_gpt2_embed_fwd(mc, &ew, tokens_dev(tr, t->iter), st->x0, B, T, tr->s);
-    } else {
-        fy_gpt2_layer_w lw;
-        fy_gpt2_layer_view(&tr->lay.blocks[b], fy_tr_dt(tr), w, &lw);
-        fy_gpt2_layer_fwd(mc, &lw, &st->acts[b - 1], fy_tr_layer_input(tr, b - 1), &st->sc, B, T, tr->s);
+    const int b = t->block;
+    fy_block_io io = pass_io(tr, b, p);
+    if (!p->u.pass.train) { /* evaluation: one loss slot per batch in flight */
+        const int slot = p->micro % accum(tr);
+        io.loss = st->loss_dev + slot;
+        fy_model_loss(tr->model, b, &io, tr->s);
+        fy_copy_async(tr->s, st->loss_host + slot, st->loss_dev + slot, sizeof(float), FY_D2H);
+        return FY_OK;
     }
-    fy_stream_sync(tr->s);
-}
-
-static void run_gopen(void *ctx, const fy_task *t) {
-    fy_trainer *tr = ctx;
-    fy_memset_async(tr->s, tr->st->grad_slots[t->unit].buf, 0, fy_tr_nbytes(tr, t->block));
-    fy_stream_sync(tr->s);
-}
-
-/* head: arg = head fetch, arg2 = embedding fetch (or -1). Forward, loss, backward. */
-static void run_head(void *ctx, const fy_task *t) {
-    fy_trainer *tr = ctx;
-    const fy_gpt2_config *mc = &tr->cfg.model;
-    fy_storage *st = tr->st;
-    const int B = tr->plan.micro_batch, T = tr->cfg.T, L = mc->layers, h = L + 1;
-    const int a = (int)(t->iter % accum(tr));
-    const int32_t *y = tokens_dev(tr, t->iter) + (size_t)B * T;
-    fy_gpt2_head_w hw, hg;
-    fy_gpt2_embed_w ew, eg;
-    fy_gpt2_head_view(&tr->lay.blocks[h], fy_tr_dt(tr), params_for(tr, h, t->arg), &hw);
-    fy_gpt2_embed_view(&tr->lay.blocks[0], fy_tr_dt(tr), params_for(tr, 0, t->arg2), &ew);
-    float dloss = (float)(1.0 / ((double)B * T * accum(tr)));
-    int gopen = tr->gopen_id[t->iter];
-    float *g0 = gopen >= 0 ? grad_unit(tr, gopen) : st->chunks[0].grad_dev;
-    if (gopen < 0 && a == 0) fy_memset_async(tr->s, g0, 0, fy_tr_nbytes(tr, 0));
-    fy_gpt2_embed_view(&tr->lay.blocks[0], fy_tr_dt(tr), g0, &eg);
-    float *gh = grad_open(tr, h, a, task_id(tr, t));
-    fy_gpt2_head_view(&tr->lay.blocks[h], fy_tr_dt(tr), gh, &hg);
-    fy_gpt2_head_step(mc, &hw, &hg, ew.wte, eg.wte, st->dwte32, st->acts[L - 1].out, &st->head,
-                      y, dloss, st->loss_dev + a, &st->sc, B, T, tr->s);
+    const int a = p->micro % accum(tr);
+    io.dloss = (float)(1.0 / ((double)tokens_n(tr) * accum(tr)));
+    io.loss = st->loss_dev + a;
+    bind_grads(tr, b, p, id, &io);
+    fy_model_loss(tr->model, b, &io, tr->s);
     fy_copy_async(tr->s, st->loss_host + a, st->loss_dev + a, sizeof(float), FY_D2H);
-    grad_close(tr, h, a, gh);
-    fy_stream_sync(tr->s);
+    grad_close(tr, b, a, io.grads);
+    return FY_OK;
 }
 
-/* bwd: arg = fetch task or -1 (layers); the embedding's gradient is its gopen slot. */
-static void run_bwd(void *ctx, const fy_task *t) {
-    fy_trainer *tr = ctx;
-    const fy_gpt2_config *mc = &tr->cfg.model;
-    fy_storage *st = tr->st;
-    const int B = tr->plan.micro_batch, T = tr->cfg.T, b = t->block;
-    const int a = (int)(t->iter % accum(tr));
-    if (b == 0) {
-        int gopen = tr->gopen_id[t->iter];
-        float *g0 = gopen >= 0 ? grad_unit(tr, gopen) : st->chunks[0].grad_dev;
-        fy_gpt2_embed_w eg;
-        fy_gpt2_embed_view(&tr->lay.blocks[0], fy_tr_dt(tr), g0, &eg);
-        fy_gpt2_embed_bwd(mc, &eg, tokens_dev(tr, t->iter), &st->sc, B, T, tr->s);
-        grad_close(tr, 0, a, g0);
-    } else {
-        fy_gpt2_layer_w w, g;
-        fy_gpt2_layer_view(&tr->lay.blocks[b], fy_tr_dt(tr), params_for(tr, b, t->arg), &w);
-        float *gb = grad_open(tr, b, a, task_id(tr, t));
-        fy_gpt2_layer_view(&tr->lay.blocks[b], fy_tr_dt(tr), gb, &g);
-        fy_gpt2_layer_bwd(mc, &w, &g, &st->acts[b - 1], fy_tr_layer_input(tr, b - 1), &st->sc, B, T, tr->s);
-        grad_close(tr, b, a, gb);
-    }
-    fy_stream_sync(tr->s);
+static fy_status run_bwd(fy_trainer *tr, int id, const fy_task *t, const sg_task *p) {
+    const int b = t->block;
+    fy_block_io io = pass_io(tr, b, p);
+    bind_grads(tr, b, p, id, &io);
+    fy_model_backward(tr->model, b, &io, tr->s);
+    grad_close(tr, b, p->micro % accum(tr), io.grads);
+    return FY_OK;
 }
 
-/* d2h_grad: arg = the task holding the gradient slot. The first micro-batch lands in
- * grad_host, later ones in the landing slot and are added there. */
-static void run_d2h_grad(void *ctx, const fy_task *t) {
-    fy_trainer *tr = ctx;
-    const int b = t->block, a = (int)(t->iter % accum(tr));
+/* d2h_grad: the first micro-batch lands in grad_host, later ones in the landing slot and
+ * are added there (the device's accumulation on the host: fp32 sums, rounded to the
+ * storage type), which reads the copy: the host waits for it. */
+static fy_status run_d2h_grad(fy_trainer *tr, int id, const fy_task *t, const sg_task *p) {
+    const int b = t->block, a = p->micro % accum(tr);
     const fy_chunk *c = &tr->st->chunks[b];
-    float *g = grad_unit(tr, t->arg);
+    const void *g = grad_unit(tr, p->u.d2h_grad.holder);
     float *dst = a == 0 ? c->grad_host : tr->st->grad_host_tmp;
     fy_copy_async(tr->s_d2h, dst, g, fy_tr_nbytes(tr, b), FY_D2H);
+    if (accum(tr) == 1) return FY_OK;
     fy_stream_sync(tr->s_d2h);
-    /* the device's accumulation, on the host: fp32 sums, rounded to the storage type */
     if (a > 0 && fy_tr_lp(tr)) {
         uint16_t *acc = (uint16_t *)c->grad_host;
         const uint16_t *add = (const uint16_t *)dst;
@@ -213,20 +267,18 @@ static void run_d2h_grad(void *ctx, const fy_task *t) {
     } else if (a > 0) {
         for (size_t i = 0; i < c->nelem; i++) c->grad_host[i] = c->grad_host[i] + dst[i];
     }
-    if (a == accum(tr) - 1 && accum(tr) > 1)
+    if (a == accum(tr) - 1)
         tr->st->sumsq_host[b] = fy_tr_lp(tr) ? fy_sumsq_bf16((const uint16_t *)c->grad_host, c->nelem)
                                              : fy_sumsq(c->grad_host, c->nelem);
+    return FY_OK;
 }
 
-/* The step of the window a task belongs to (tasks carry their micro-batch). */
-static int step_of(const fy_trainer *tr, const fy_task *t) { return t->iter / accum(tr); }
-
-static void run_norm(void *ctx, const fy_task *t) {
-    fy_trainer *tr = ctx;
+static fy_status run_norm(fy_trainer *tr, int id, const fy_task *t, const sg_task *p) {
     fy_storage *st = tr->st;
-    fy_step_stats *out = &tr->stats[step_of(tr, t)];
+    const int step = step_of(tr, p);
+    fy_step_stats *out = &tr->stats[step];
     double ss = 0.0, loss = 0.0;
-    for (int b = 0; b < tr->lay.nblocks; b++) ss += st->sumsq_host[b];
+    for (int b = 0; b < fy_tr_nblocks(tr); b++) ss += st->sumsq_host[b];
     for (int a = 0; a < accum(tr); a++) loss += st->loss_host[a];
     float norm = (float)sqrt(ss);
     out->loss = (float)(loss / accum(tr));
@@ -238,7 +290,8 @@ static void run_norm(void *ctx, const fy_task *t) {
         if (coef < 1.0f) out->clip_coef = coef;
     }
     if (!out->skipped) tr->steps_done++;
-    tr->adam_step[step_of(tr, t)] = tr->steps_done;
+    tr->adam_step[step] = tr->steps_done;
+    return FY_OK;
 }
 
 static fy_adam_hparams hparams(const fy_trainer *tr, int step) {
@@ -251,24 +304,23 @@ static fy_adam_hparams hparams(const fy_trainer *tr, int step) {
 
 /* The two AdamW ranges of block b: tensors with weight decay first, then the others. */
 static void adam_ranges(const fy_trainer *tr, int b, size_t off[2], size_t len[2]) {
-    const fy_block_spec *blk = &tr->lay.blocks[b];
+    const fy_block_spec *blk = fy_tr_block(tr, b);
     off[0] = 0;
     len[0] = blk->decay_nelem;
     off[1] = blk->decay_nelem;
     len[1] = blk->nelem - blk->decay_nelem;
 }
 
-/* adam_gpu: arg = fetch task or -1. The fp32 master is updated; with bf16 storage the
- * update also writes the bf16 copy (the resident one, or the slot's second part). */
-static void run_adam_gpu(void *ctx, const fy_task *t) {
-    fy_trainer *tr = ctx;
-    if (tr->stats[step_of(tr, t)].skipped) return;
-    const int b = t->block;
+/* adam_gpu: the fp32 master is updated; with bf16 storage the update also writes the
+ * bf16 copy (the resident one, or the slot's second part). */
+static fy_status run_adam_gpu(fy_trainer *tr, int id, const fy_task *t, const sg_task *p) {
+    if (tr->stats[step_of(tr, p)].skipped) return FY_OK;
+    const int b = t->block, fetch = p->u.update.fetch;
     const fy_chunk *c = &tr->st->chunks[b];
-    fy_adam_hparams hp = hparams(tr, step_of(tr, t));
-    float *w = params_for(tr, b, t->arg);
+    fy_adam_hparams hp = hparams(tr, step_of(tr, p));
+    float *w = fetch >= 0 ? param_unit(tr, fetch) : c->param_dev;
     void *out = NULL;
-    if (fy_tr_lp(tr) && t->arg >= 0) out = (char *)w + fy_tr_master_nbytes(tr, b);
+    if (fy_tr_lp(tr) && fetch >= 0) out = (char *)w + fy_tr_master_nbytes(tr, b);
     else if (fy_tr_lp(tr)) { out = c->param_dev; w = c->master_dev; }
     size_t off[2], len[2];
     adam_ranges(tr, b, off, len);
@@ -281,31 +333,29 @@ static void run_adam_gpu(void *ctx, const fy_task *t) {
                            .out_dtype = fy_tr_dt(tr), .n = len[k], .decay = k == 0};
         fy_k_adamw(&hp, &r, tr->s);
     }
-    fy_stream_sync(tr->s);
+    return FY_OK;
 }
 
-/* d2h_param: arg = the fetch task whose slot holds the updated weights (and, with bf16
- * storage, their bf16 copy after them). */
-static void run_d2h_param(void *ctx, const fy_task *t) {
-    fy_trainer *tr = ctx;
+/* d2h_param: the updated weights in the update fetch's slot (and, with bf16 storage,
+ * their bf16 copy after them) back to the host. */
+static fy_status run_d2h_param(fy_trainer *tr, int id, const fy_task *t, const sg_task *p) {
     /* a skipped update wrote nothing: the host copies are current (with bf16 storage the
      * slot's second part holds stale bytes) */
-    if (tr->stats[step_of(tr, t)].skipped) return;
+    if (tr->stats[step_of(tr, p)].skipped) return FY_OK;
     const fy_chunk *c = &tr->st->chunks[t->block];
-    char *slot = (char *)param_unit(tr, t->arg);
+    char *slot = param_unit(tr, p->u.update.fetch);
     fy_copy_async(tr->s_d2h, c->param_host, slot, fy_tr_master_nbytes(tr, t->block), FY_D2H);
     if (fy_tr_lp(tr))
         fy_copy_async(tr->s_d2h, c->param_lp, slot + fy_tr_master_nbytes(tr, t->block),
                       fy_tr_nbytes(tr, t->block), FY_D2H);
-    fy_stream_sync(tr->s_d2h);
+    return FY_OK;
 }
 
-static void run_adam_cpu(void *ctx, const fy_task *t) {
-    fy_trainer *tr = ctx;
-    if (tr->stats[step_of(tr, t)].skipped) return;
+static fy_status run_adam_cpu(fy_trainer *tr, int id, const fy_task *t, const sg_task *p) {
+    if (tr->stats[step_of(tr, p)].skipped) return FY_OK;
     const int b = t->block;
     const fy_chunk *c = &tr->st->chunks[b];
-    fy_adam_hparams hp = hparams(tr, step_of(tr, t));
+    fy_adam_hparams hp = hparams(tr, step_of(tr, p));
     size_t off[2], len[2];
     adam_ranges(tr, b, off, len);
     for (int k = 0; k < 2; k++) {
@@ -318,20 +368,70 @@ static void run_adam_cpu(void *ctx, const fy_task *t) {
         fy_status s = fy_adam_pool_step(tr->pool, &hp, &r);
         FY_ASSERT(s == FY_OK, "a cpu AdamW step without check_finite cannot fail");
     }
+    return FY_OK;
 }
 
-static void run_h2d_update(void *ctx, const fy_task *t) {
-    fy_trainer *tr = ctx;
+static fy_status run_h2d_update(fy_trainer *tr, int id, const fy_task *t, const sg_task *p) {
     const fy_chunk *c = &tr->st->chunks[t->block];
     fy_copy_async(tr->s_h2d, c->param_dev, c->param_lp, fy_tr_nbytes(tr, t->block), FY_H2D);
-    fy_stream_sync(tr->s_h2d);
+    return FY_OK;
 }
 
-/* ---- the graph ---------------------------------------------------------------------- */
+/* collect: an evaluated batch's loss, from the host copy its head made. */
+static fy_status run_collect(fy_trainer *tr, int id, const fy_task *t, const sg_task *p) {
+    tr->eval_losses[p->micro] = tr->st->loss_host[p->micro % accum(tr)];
+    return FY_OK;
+}
+
+static const runner runners[FY_T_COUNT] = {
+    [FY_T_LOAD] = run_load, [FY_T_H2D_PARAM] = run_h2d_param, [FY_T_FWD] = run_fwd,
+    [FY_T_GOPEN] = run_gopen, [FY_T_HEAD] = run_head, [FY_T_RECOMPUTE] = run_fwd,
+    [FY_T_BWD] = run_bwd, [FY_T_D2H_GRAD] = run_d2h_grad, [FY_T_NORM] = run_norm,
+    [FY_T_ADAM_GPU] = run_adam_gpu, [FY_T_D2H_PARAM] = run_d2h_param,
+    [FY_T_ADAM_CPU] = run_adam_cpu, [FY_T_H2D_UPDATE] = run_h2d_update,
+    [FY_T_COLLECT] = run_collect,
+};
+
+/* Makes task t's work wait for the work of task `before`: on the device when t has a
+ * stream (nothing when it is before's own stream: stream order), on the host when t is
+ * host work. Host work (the cpu lane) is complete when its task ends. */
+static void wait_for(const fy_trainer *tr, fy_stream *s, int before) {
+    const fy_task *b = &tr->graph->tasks[before];
+    fy_stream *bs = lane_stream(tr, b->lane);
+    if (!bs || bs == s) return;
+    if (s) fy_stream_wait_event(s, tr->ev_end[before]);
+    else fy_event_sync(tr->ev_end[before]);
+}
+
+/* Every task: the injected failure, waits for its inputs, the runner between its events. */
+static fy_status run_task(void *ctx, const fy_task *t) {
+    fy_trainer *tr = ctx;
+    const int id = (int)(t - tr->graph->tasks);
+    const sg_task *p = &tr->sgt[id];
+    if (tr->inject.armed && tr->inject.kind == t->kind &&
+        (tr->inject.block < 0 || tr->inject.block == t->block) &&
+        tr->inject.micro == abs_micro(tr, p)) {
+        tr->inject.armed = false;
+        fy_log_error("injected failure");
+        return tr->inject.st;
+    }
+    fy_stream *s = lane_stream(tr, t->lane);
+    for (int k = 0; k < t->npred; k++) wait_for(tr, s, t->pred[k]);
+    if (t->unit_after >= 0) wait_for(tr, s, t->unit_after);
+    if (s) fy_event_record(tr->ev_start[id], s);
+    fy_status st = runners[t->kind](tr, id, t, p);
+    if (s) {
+        fy_event_record(tr->ev_end[id], s);
+        if (tr->cfg.schedule == FY_SCHED_SERIAL) fy_event_sync(tr->ev_end[id]);
+    }
+    return st;
+}
+
+/* ---- costs --------------------------------------------------------------------------- */
 
 /* The (sum, count) of measured durations of tasks of this kind and block. */
 static double *cost_slot(fy_trainer *tr, int kind, int block) {
-    int nb = tr->lay.nblocks;
+    int nb = fy_tr_nblocks(tr);
     int col = block >= 0 && block < nb ? block : nb;
     return tr->cost_ms + 2 * ((size_t)kind * (nb + 1) + col);
 }
@@ -342,7 +442,7 @@ double fy_trainer_cost(const fy_trainer *tr, fy_task_kind kind, int block) {
 }
 
 void fy_trainer_reset_costs(fy_trainer *tr) {
-    memset(tr->cost_ms, 0, (size_t)FY_T_COUNT * (tr->lay.nblocks + 1) * 2 * sizeof *tr->cost_ms);
+    memset(tr->cost_ms, 0, (size_t)FY_T_COUNT * (fy_tr_nblocks(tr) + 1) * 2 * sizeof *tr->cost_ms);
 }
 
 void fy_trainer_set_cost(fy_trainer *tr, fy_task_kind kind, int block, double ms) {
@@ -351,37 +451,59 @@ void fy_trainer_set_cost(fy_trainer *tr, fy_task_kind kind, int block, double ms
     c[1] = 1;
 }
 
+/* ---- the builders ---------------------------------------------------------------------- */
+
 typedef struct builder {
     fy_trainer *tr;
     fy_graph *g;
     int ppool, gpool;
     int64_t pos;            /* next program position of a compute task */
+    int epoch;              /* the step being built */
+    bool barrier;           /* updates wait for the norm */
     fy_status st;
+    int nb;
+    int *ready;             /* per block: the task after which its parameters are current
+                               for the next use (-1 at the window's start) */
+    int *last_bwd;          /* per block: the last task of the previous micro-batch that
+                               reads its activations (its backward pass) */
+    int *final_grad;        /* per block: the task completing its step's gradient */
+    int *last_d2h;          /* per block: its last d2h_grad */
+    sg_grad *grad;          /* per block, this micro-batch: where its gradient is (open) */
+    bool *opened;           /* per block, this micro-batch: its gradient is open */
+    int shared_user;        /* the last task that used the recompute buffer */
+    int prev_load, load_war[2], load_buf[2], prev_norm;
 } builder;
 
-static int add(builder *bd, fy_lane lane, int kind, int block, int iter, fy_task_fn run) {
-    fy_task t = fy_task_make(lane, kind, block, iter, run, bd->tr);
+/* A new task; its payload zeroed but for the micro-batch (the builders fill the member of
+ * its kind). */
+static int add(builder *bd, fy_lane lane, fy_task_kind kind, int block, int micro) {
+    fy_trainer *tr = bd->tr;
+    fy_task t = fy_task_make(lane, kind, block, micro, run_task, tr);
+    t.epoch = bd->epoch;
     if (lane == FY_LANE_COMPUTE) t.use_pos = bd->pos++;
-    double *c = cost_slot(bd->tr, kind, block);
+    double *c = cost_slot(tr, kind, block);
     if (c[1] > 0) t.cost_ms = c[0] / c[1];
     int id = fy_graph_add(bd->g, &t);
-    if (id < 0) bd->st = FY_ERR_NOMEM;
+    if (id < 0) { bd->st = FY_ERR_NOMEM; return -1; }
+    if (id >= tr->sgt_cap) {
+        int ncap = tr->sgt_cap ? 2 * tr->sgt_cap : 1024;
+        sg_task *n = realloc(tr->sgt, (size_t)ncap * sizeof *n);
+        if (!n) { bd->st = FY_ERR_NOMEM; return -1; }
+        tr->sgt = n;
+        tr->sgt_cap = ncap;
+    }
+    sg_task *p = &tr->sgt[id];
+    memset(p, 0, sizeof *p);
+    p->micro = micro;
     return id;
 }
+
+static sg_task *payload(builder *bd, int id) { return &bd->tr->sgt[id]; }
 
 static void dep(builder *bd, int before, int after) {
     if (before < 0 || after < 0 || bd->st != FY_OK) return;
     fy_status s = fy_graph_dep(bd->g, before, after);
     if (s != FY_OK) bd->st = s;
-}
-
-/* A fetch of streamed block b's parameters after `ready`, or -1 if b is resident. */
-static int fetch(builder *bd, int b, int iter, int ready) {
-    if (!fy_tr_streamed(bd->tr, b)) return -1;
-    int f = add(bd, FY_LANE_H2D, FY_T_H2D_PARAM, b, iter, run_h2d_param);
-    if (f >= 0) bd->g->tasks[f].acquire_pool = bd->ppool;
-    dep(bd, ready, f);
-    return f;
 }
 
 /* At its end, `task` gives back the unit `holder` acquired (no-op for -1). */
@@ -393,186 +515,389 @@ static void releases(builder *bd, int task, int holder) {
     FY_ASSERT(0, "a task releases at most three units");
 }
 
-/* Builds nsteps steps. ready[b]: the task after which block b's parameters are current
- * for the next use (-1 at the window's start). */
-static fy_status build(fy_trainer *tr, fy_graph *g, int nsteps, bool barrier) {
-    const int L = tr->cfg.model.layers, nb = L + 2, h = L + 1, A = accum(tr);
-    builder bd = {.tr = tr, .g = g};
-    fy_graph_init(g);
-    g->kind_name = fy_task_kind_name;
-    bd.ppool = fy_graph_pool(g, tr->st->nparam_slots);
-    bd.gpool = fy_graph_pool(g, tr->st->ngrad_slots);
-    int *ready = malloc((size_t)nb * sizeof *ready);
-    int *last_bwd = malloc((size_t)nb * sizeof *last_bwd);   /* previous micro's bwd per block */
-    int *final_grad = malloc((size_t)nb * sizeof *final_grad); /* task finishing b's gradient */
-    int *last_d2h = malloc((size_t)nb * sizeof *last_d2h);
-    if (!ready || !last_bwd || !final_grad || !last_d2h) {
-        free(ready); free(last_bwd); free(final_grad); free(last_d2h);
-        return FY_ERR_NOMEM;
-    }
-    for (int b = 0; b < nb; b++) ready[b] = last_bwd[b] = last_d2h[b] = -1;
-    int shared_user = -1; /* last task that used the recompute buffer */
-    int prev_norm = -1;
-    int64_t m = 0;
-    int load_war[2] = {-1, -1}, prev_load = -1;
-    for (int t = 0; t < nsteps; t++) {
-        int heads[FY_PLAN_MAX_ACCUM];
-        for (int a = 0; a < A; a++, m++) {
-            int load = add(&bd, FY_LANE_H2D, FY_T_LOAD, -1, (int)m, run_load);
-            dep(&bd, load_war[m % 2], load);
-            dep(&bd, prev_load, load); /* batches are read from the loader in order */
-            prev_load = load;
-            /* forward */
-            int f = fetch(&bd, 0, (int)m, ready[0]);
-            int fw = add(&bd, FY_LANE_COMPUTE, FY_T_FWD, 0, (int)m, run_fwd);
-            if (fw >= 0) g->tasks[fw].arg = f;
-            releases(&bd, fw, f);
-            dep(&bd, f, fw); dep(&bd, load, fw); dep(&bd, ready[0], fw);
-            dep(&bd, last_bwd[1], fw); /* x0 is reused: layer 0 of the last micro-batch read it */
-            int prev = fw;
-            for (int b = 1; b <= L; b++) {
-                f = fetch(&bd, b, (int)m, ready[b]);
-                int x = add(&bd, FY_LANE_COMPUTE, FY_T_FWD, b, (int)m, run_fwd);
-                if (x >= 0) g->tasks[x].arg = f;
-                releases(&bd, x, f);
-                dep(&bd, f, x); dep(&bd, prev, x); dep(&bd, ready[b], x);
-                dep(&bd, last_bwd[b], x); /* its activations are reused */
-                if (tr->plan.blocks[b].acts == FY_ACTS_RECOMPUTE) { dep(&bd, shared_user, x); shared_user = x; }
-                prev = x;
-            }
-            /* head: forward, loss and backward together (they need the same weights) */
-            int gopen = -1;
-            if (staged(tr, 0)) {
-                gopen = add(&bd, FY_LANE_COMPUTE, FY_T_GOPEN, 0, (int)m, run_gopen);
-                if (gopen >= 0) g->tasks[gopen].acquire_pool = bd.gpool;
-                dep(&bd, prev, gopen);
-            }
-            tr->gopen_id[m] = gopen;
-            int fh = fetch(&bd, h, (int)m, ready[h]), f0 = fetch(&bd, 0, (int)m, ready[0]);
-            int hd = add(&bd, FY_LANE_COMPUTE, FY_T_HEAD, h, (int)m, run_head);
-            if (hd >= 0) {
-                g->tasks[hd].arg = fh;
-                g->tasks[hd].arg2 = f0;
-                if (staged(tr, h)) g->tasks[hd].acquire_pool = bd.gpool;
-            }
-            releases(&bd, hd, fh);
-            releases(&bd, hd, f0);
-            dep(&bd, fh, hd); dep(&bd, f0, hd); dep(&bd, prev, hd); dep(&bd, gopen, hd);
-            dep(&bd, ready[h], hd); dep(&bd, ready[0], hd); dep(&bd, last_bwd[h], hd);
-            heads[a] = hd;
-            /* backward from the head down; each block's gradient then leaves its slot
-             * (d2h for cpu blocks) or is closed on the device in the task itself */
-            prev = hd;
-            for (int b = h; b >= 0; b--) {
-                int gt = hd;
-                if (b < h) {
-                    int fb = b ? fetch(&bd, b, (int)m, ready[b]) : -1;
-                    int rc = -1;
-                    if (b && tr->plan.blocks[b].acts == FY_ACTS_RECOMPUTE) {
-                        rc = add(&bd, FY_LANE_COMPUTE, FY_T_RECOMPUTE, b, (int)m, run_fwd);
-                        if (rc >= 0) g->tasks[rc].arg = fb;
-                        dep(&bd, fb, rc); dep(&bd, prev, rc); dep(&bd, shared_user, rc);
-                    }
-                    gt = add(&bd, FY_LANE_COMPUTE, FY_T_BWD, b, (int)m, run_bwd);
-                    if (gt >= 0) {
-                        g->tasks[gt].arg = fb;
-                        if (b && staged(tr, b)) g->tasks[gt].acquire_pool = bd.gpool;
-                    }
-                    releases(&bd, gt, fb);
-                    dep(&bd, fb, gt); dep(&bd, rc, gt); dep(&bd, prev, gt);
-                    if (rc >= 0) shared_user = gt;
-                    prev = gt;
-                }
-                last_bwd[b] = gt;
-                final_grad[b] = gt;
-                if (!staged(tr, b)) continue;
-                int holder = b == 0 ? gopen : gt; /* whose unit holds b's gradient */
-                if (!fy_tr_cpu_optim(tr, b)) {
-                    releases(&bd, gt, holder); /* closed into grad_dev inside gt */
-                    continue;
-                }
-                int d = add(&bd, FY_LANE_D2H, FY_T_D2H_GRAD, b, (int)m, run_d2h_grad);
-                if (d >= 0) g->tasks[d].arg = holder;
-                releases(&bd, d, holder);
-                dep(&bd, gt, d); dep(&bd, last_d2h[b], d); /* host adds in micro-batch order */
-                last_d2h[b] = d;
-                if (A > 1) final_grad[b] = d;
-            }
-            load_war[m % 2] = last_bwd[0];
-        }
-        /* norm, then every block's update */
-        const int tm = t * A + A - 1; /* per-step tasks carry the step's last micro-batch */
-        int nm = add(&bd, FY_LANE_CPU, FY_T_NORM, -1, tm, run_norm);
-        for (int b = 0; b < nb; b++) {
-            dep(&bd, final_grad[b], nm);
-            dep(&bd, last_d2h[b], nm);
-        }
-        for (int a = 0; a < A; a++) dep(&bd, heads[a], nm);
-        dep(&bd, prev_norm, nm);
-        prev_norm = nm;
-        /* updates, created in the order gradients complete (head, layers down, embedding):
-         * fifo runs them so; priority reorders them by next use (block 0 first). They are
-         * not program uses themselves: their priority is that of the next forward. */
-        for (int b = nb - 1; b >= 0; b--) {
-            if (fy_tr_cpu_optim(tr, b)) {
-                int ad = add(&bd, FY_LANE_CPU, FY_T_ADAM_CPU, b, tm, run_adam_cpu);
-                dep(&bd, barrier ? nm : -1, ad); dep(&bd, last_d2h[b], ad);
-                ready[b] = ad;
-                if (!fy_tr_streamed(tr, b)) {
-                    int up = add(&bd, FY_LANE_H2D, FY_T_H2D_UPDATE, b, tm, run_h2d_update);
-                    dep(&bd, ad, up);
-                    ready[b] = up;
-                }
-            } else {
-                int f = fetch(&bd, b, tm, ready[b]);
-                if (f >= 0) { /* a fetch for the update: the master (4 bytes an element) */
-                    g->tasks[f].arg2 = 1;
-                    g->tasks[f].cost_ms *= 4.0 / (double)tr->st->es;
-                }
-                int ad = add(&bd, FY_LANE_COMPUTE, FY_T_ADAM_GPU, b, tm, run_adam_gpu);
-                if (ad >= 0) {
-                    g->tasks[ad].arg = f;
-                    g->tasks[ad].use_pos = -1;
-                }
-                dep(&bd, f, ad); dep(&bd, barrier ? nm : -1, ad); dep(&bd, final_grad[b], ad);
-                ready[b] = ad;
-                if (f >= 0) {
-                    int d = add(&bd, FY_LANE_D2H, FY_T_D2H_PARAM, b, tm, run_d2h_param);
-                    if (d >= 0) g->tasks[d].arg = f;
-                    releases(&bd, d, f);
-                    dep(&bd, ad, d);
-                    ready[b] = d;
-                }
-            }
-        }
-    }
-    free(ready); free(last_bwd); free(final_grad); free(last_d2h);
-    if (bd.st != FY_OK) return bd.st;
-    return fy_graph_prioritize(g);
+/* A fetch of streamed block b's parameters after `ready`, or -1 if b is resident. */
+static int fetch(builder *bd, int b, int micro) {
+    if (!fy_tr_streamed(bd->tr, b)) return -1;
+    int f = add(bd, FY_LANE_H2D, FY_T_H2D_PARAM, b, micro);
+    if (f < 0) return -1;
+    bd->g->tasks[f].acquire_pool = bd->ppool;
+    dep(bd, bd->ready[b], f);
+    return f;
 }
 
-/* ---- running a window ---------------------------------------------------------------- */
-
-static fy_status window_begin(fy_trainer *tr, int nsteps, const float *lrs, fy_step_stats *stats) {
-    tr->adam_step = calloc((size_t)nsteps, sizeof *tr->adam_step);
-    tr->gopen_id = calloc((size_t)nsteps * accum(tr), sizeof *tr->gopen_id);
-    if (!tr->adam_step || !tr->gopen_id) {
-        free(tr->adam_step);
-        free(tr->gopen_id);
-        return FY_ERR_NOMEM;
+/* A pass of block b (fwd, recompute, head, bwd) with its parameters and its links':
+ * fetched for it when streamed (and given back at its end), current after their last
+ * update. */
+static int pass_task(builder *bd, fy_task_kind kind, int b, int micro) {
+    const fy_block_spec *blk = fy_tr_block(bd->tr, b);
+    int f = fetch(bd, b, micro), lf[ML];
+    for (int k = 0; k < blk->nlinks; k++) lf[k] = fetch(bd, blk->links[k], micro);
+    int id = add(bd, FY_LANE_COMPUTE, kind, b, micro);
+    if (id < 0) return -1;
+    payload(bd, id)->u.pass.fetch = f;
+    dep(bd, f, id);
+    dep(bd, bd->ready[b], id);
+    releases(bd, id, f);
+    for (int k = 0; k < blk->nlinks; k++) {
+        payload(bd, id)->u.pass.link_fetch[k] = lf[k];
+        dep(bd, lf[k], id);
+        dep(bd, bd->ready[blk->links[k]], id);
+        releases(bd, id, lf[k]);
     }
-    tr->lrs = lrs;
-    tr->stats = stats;
-    memset(stats, 0, (size_t)nsteps * sizeof *stats);
+    return id;
+}
+
+/* Where task `id`, a backward pass, writes block b's gradient: opened by an earlier task
+ * of this micro-batch (a gopen's unit or the accumulator), or opened here (a unit this
+ * task takes when b is staged, else the accumulator). */
+static sg_grad grad_of(builder *bd, int b, int id) {
+    if (bd->opened[b]) return (sg_grad){bd->grad[b].holder, false};
+    bd->opened[b] = true;
+    bd->grad[b] = (sg_grad){staged(bd->tr, b) ? id : -1, true};
+    if (staged(bd->tr, b)) bd->g->tasks[id].acquire_pool = bd->gpool;
+    return bd->grad[b];
+}
+
+/* load(m): micro-batch m into token buffer m%2, after the previous load (batches come in
+ * order) and after the last reader of that buffer. */
+static int build_load(builder *bd, int m) {
+    int load = add(bd, FY_LANE_H2D, FY_T_LOAD, -1, m);
+    if (load < 0) return -1;
+    payload(bd, load)->u.load.reuse = bd->load_buf[m % 2];
+    dep(bd, bd->load_war[m % 2], load);
+    dep(bd, bd->prev_load, load);
+    bd->prev_load = bd->load_buf[m % 2] = load;
+    return load;
+}
+
+/* Forward through every block before the head; returns the last task. */
+static int build_forward(builder *bd, int m, int load) {
+    fy_trainer *tr = bd->tr;
+    int prev = load;
+    for (int b = 0; b < bd->nb; b++) {
+        if (fy_tr_block(tr, b)->kind == FY_BLOCK_HEAD) continue;
+        int x = pass_task(bd, FY_T_FWD, b, m);
+        dep(bd, prev, x); /* the first: after the load */
+        dep(bd, bd->last_bwd[b], x); /* its activations are reused */
+        if (tr->plan.blocks[b].acts == FY_ACTS_RECOMPUTE) {
+            dep(bd, bd->shared_user, x);
+            bd->shared_user = x;
+        }
+        prev = x;
+    }
+    return prev;
+}
+
+/* Before the backward pass of block b (after `prev`): a gopen for every staged block it
+ * adds into whose gradient is not open yet (their units cannot be the pass's own, which
+ * it may take for its own gradient). Returns the last gopen, or prev. */
+static int open_links(builder *bd, int b, int m, int prev) {
+    fy_trainer *tr = bd->tr;
+    const fy_block_spec *blk = fy_tr_block(tr, b);
+    for (int k = 0; k < blk->nlinks; k++) {
+        const int l = blk->links[k];
+        if (!staged(tr, l) || bd->opened[l]) continue;
+        int go = add(bd, FY_LANE_COMPUTE, FY_T_GOPEN, l, m);
+        if (go < 0) return prev;
+        bd->g->tasks[go].acquire_pool = bd->gpool;
+        dep(bd, prev, go);
+        bd->opened[l] = true;
+        bd->grad[l] = (sg_grad){go, false};
+        prev = go;
+    }
+    return prev;
+}
+
+/* The gradients backward pass `id` of block b writes: its own and its links'. */
+static void bind_pass_grads(builder *bd, int b, int id) {
+    const fy_block_spec *blk = fy_tr_block(bd->tr, b);
+    sg_task *p = payload(bd, id);
+    p->u.pass.grad = grad_of(bd, b, id);
+    for (int k = 0; k < blk->nlinks; k++) p->u.pass.link_grad[k] = grad_of(bd, blk->links[k], id);
+}
+
+/* The head's loss pass after `prev` (in training, with its backward). */
+static int build_head(builder *bd, int m, int prev, bool train) {
+    fy_trainer *tr = bd->tr;
+    const int h = bd->nb - 1;
+    FY_ASSERT(fy_tr_block(tr, h)->kind == FY_BLOCK_HEAD, "the model's last block is its head");
+    if (train) prev = open_links(bd, h, m, prev);
+    int hd = pass_task(bd, FY_T_HEAD, h, m);
+    if (hd < 0) return -1;
+    payload(bd, hd)->u.pass.train = train;
+    dep(bd, prev, hd);
+    dep(bd, bd->last_bwd[h], hd);
+    if (train) bind_pass_grads(bd, h, hd);
+    return hd;
+}
+
+/* Block b's gradient of micro-batch m is complete after task gt (its own backward): a
+ * cpu-optimised block sends it to the host (the unit is given back after the copy);
+ * a gpu-optimised one closed it into its accumulator inside gt. */
+static void after_grad(builder *bd, int b, int m, int gt) {
+    fy_trainer *tr = bd->tr;
+    bd->last_bwd[b] = gt;
+    bd->final_grad[b] = gt;
+    if (!staged(tr, b)) return;
+    const int holder = bd->grad[b].holder;
+    if (!fy_tr_cpu_optim(tr, b)) {
+        releases(bd, gt, holder);
+        return;
+    }
+    int d = add(bd, FY_LANE_D2H, FY_T_D2H_GRAD, b, m);
+    if (d < 0) return;
+    payload(bd, d)->u.d2h_grad.holder = holder;
+    releases(bd, d, holder);
+    dep(bd, gt, d);
+    dep(bd, bd->last_d2h[b], d); /* the host adds in micro-batch order */
+    bd->last_d2h[b] = d;
+    if (accum(tr) > 1) bd->final_grad[b] = d;
+}
+
+/* Backward from the block before the head down to the embedding. */
+static void build_backward(builder *bd, int m, int head) {
+    fy_trainer *tr = bd->tr;
+    after_grad(bd, bd->nb - 1, m, head);
+    int prev = head;
+    for (int b = bd->nb - 2; b >= 0; b--) {
+        int rc = -1;
+        if (tr->plan.blocks[b].acts == FY_ACTS_RECOMPUTE) {
+            rc = pass_task(bd, FY_T_RECOMPUTE, b, m);
+            dep(bd, prev, rc);
+            dep(bd, bd->shared_user, rc);
+        }
+        prev = open_links(bd, b, m, prev);
+        int gt = pass_task(bd, FY_T_BWD, b, m);
+        if (gt < 0) return;
+        bind_pass_grads(bd, b, gt);
+        dep(bd, rc, gt);
+        dep(bd, prev, gt);
+        if (rc >= 0) bd->shared_user = gt;
+        prev = gt;
+        after_grad(bd, b, m, gt);
+    }
+}
+
+/* Step t's norm, after every gradient and loss of the step (tm: its last micro-batch). */
+static int build_norm(builder *bd, int tm, const int *heads) {
+    int nm = add(bd, FY_LANE_CPU, FY_T_NORM, -1, tm);
+    for (int b = 0; b < bd->nb; b++) {
+        dep(bd, bd->final_grad[b], nm);
+        dep(bd, bd->last_d2h[b], nm);
+    }
+    for (int a = 0; a < accum(bd->tr); a++) dep(bd, heads[a], nm);
+    dep(bd, bd->prev_norm, nm);
+    bd->prev_norm = nm;
+    return nm;
+}
+
+/* Every block's update after the norm, created in the order gradients complete (head,
+ * layers down, embedding): fifo runs them so; priority reorders them by next use (block
+ * 0 first). They are not program uses themselves: their priority is that of the next
+ * forward. */
+static void build_update(builder *bd, int tm, int nm) {
+    fy_trainer *tr = bd->tr;
+    const int barrier = bd->barrier ? nm : -1;
+    for (int b = bd->nb - 1; b >= 0; b--) {
+        if (fy_tr_cpu_optim(tr, b)) {
+            int ad = add(bd, FY_LANE_CPU, FY_T_ADAM_CPU, b, tm);
+            dep(bd, barrier, ad);
+            dep(bd, bd->last_d2h[b], ad);
+            bd->ready[b] = ad;
+            if (!fy_tr_streamed(tr, b)) {
+                int up = add(bd, FY_LANE_H2D, FY_T_H2D_UPDATE, b, tm);
+                dep(bd, ad, up);
+                bd->ready[b] = up;
+            }
+            continue;
+        }
+        int f = fetch(bd, b, tm);
+        if (f >= 0) { /* a fetch for the update: the master (4 bytes an element) */
+            payload(bd, f)->u.fetch.for_update = true;
+            bd->g->tasks[f].cost_ms *= 4.0 / (double)tr->st->es;
+        }
+        int ad = add(bd, FY_LANE_COMPUTE, FY_T_ADAM_GPU, b, tm);
+        if (ad < 0) return;
+        payload(bd, ad)->u.update.fetch = f;
+        bd->g->tasks[ad].use_pos = -1;
+        dep(bd, f, ad);
+        dep(bd, barrier, ad);
+        dep(bd, bd->final_grad[b], ad);
+        bd->ready[b] = ad;
+        if (f >= 0) {
+            int d = add(bd, FY_LANE_D2H, FY_T_D2H_PARAM, b, tm);
+            if (d < 0) return;
+            payload(bd, d)->u.update.fetch = f;
+            releases(bd, d, f);
+            dep(bd, ad, d);
+            bd->ready[b] = d;
+        }
+    }
+}
+
+static fy_status builder_init(builder *bd, fy_trainer *tr, fy_graph *g, bool barrier) {
+    memset(bd, 0, sizeof *bd);
+    bd->tr = tr;
+    bd->g = g;
+    bd->barrier = barrier;
+    bd->nb = fy_tr_nblocks(tr);
+    fy_graph_init(g);
+    g->kind_name = fy_task_kind_name;
+    bd->ppool = fy_graph_pool(g, tr->st->nparam_slots);
+    bd->gpool = fy_graph_pool(g, tr->st->ngrad_slots);
+    const size_t n = (size_t)bd->nb;
+    bd->ready = malloc(n * sizeof *bd->ready);
+    bd->last_bwd = malloc(n * sizeof *bd->last_bwd);
+    bd->final_grad = malloc(n * sizeof *bd->final_grad);
+    bd->last_d2h = malloc(n * sizeof *bd->last_d2h);
+    bd->grad = malloc(n * sizeof *bd->grad);
+    bd->opened = malloc(n * sizeof *bd->opened);
+    if (!bd->ready || !bd->last_bwd || !bd->final_grad || !bd->last_d2h || !bd->grad || !bd->opened)
+        return FY_ERR_NOMEM;
+    for (size_t b = 0; b < n; b++) bd->ready[b] = bd->last_bwd[b] = bd->last_d2h[b] = -1;
+    bd->shared_user = bd->prev_load = bd->prev_norm = -1;
+    bd->load_war[0] = bd->load_war[1] = bd->load_buf[0] = bd->load_buf[1] = -1;
     return FY_OK;
 }
 
-static void window_end(fy_trainer *tr) {
-    free(tr->adam_step);
-    free(tr->gopen_id);
-    tr->adam_step = NULL;
-    tr->gopen_id = NULL;
-    tr->graph = NULL;
+static fy_status builder_end(builder *bd) {
+    free(bd->ready);
+    free(bd->last_bwd);
+    free(bd->final_grad);
+    free(bd->last_d2h);
+    free(bd->grad);
+    free(bd->opened);
+    if (bd->st != FY_OK) return bd->st;
+    return fy_graph_prioritize(bd->g);
+}
+
+/* nsteps training steps, each an epoch. */
+static fy_status build_train(fy_trainer *tr, fy_graph *g, int nsteps, bool barrier) {
+    builder bd;
+    fy_status st = builder_init(&bd, tr, g, barrier);
+    const int A = accum(tr);
+    int heads[FY_PLAN_MAX_ACCUM];
+    for (int t = 0; t < nsteps && st == FY_OK && bd.st == FY_OK; t++) {
+        bd.epoch = t;
+        for (int a = 0; a < A; a++) {
+            const int m = t * A + a;
+            memset(bd.opened, 0, (size_t)bd.nb * sizeof *bd.opened);
+            int load = build_load(&bd, m);
+            int prev = build_forward(&bd, m, load);
+            heads[a] = build_head(&bd, m, prev, true);
+            build_backward(&bd, m, heads[a]);
+            bd.load_war[m % 2] = bd.last_bwd[0]; /* the embedding's backward reads tokens last */
+        }
+        const int tm = t * A + A - 1; /* per-step tasks carry the step's last micro-batch */
+        build_update(&bd, tm, build_norm(&bd, tm, heads));
+    }
+    if (st != FY_OK) { builder_end(&bd); return st; }
+    return builder_end(&bd);
+}
+
+/* nbatches evaluation batches, each an epoch: forward, the head's loss, collect. */
+static fy_status build_eval(fy_trainer *tr, fy_graph *g, int nbatches) {
+    builder bd;
+    fy_status st = builder_init(&bd, tr, g, true);
+    const int nslots = accum(tr);
+    int *collect = st == FY_OK ? malloc((size_t)nbatches * sizeof *collect) : NULL;
+    if (st == FY_OK && !collect) st = FY_ERR_NOMEM;
+    for (int m = 0; m < nbatches && st == FY_OK && bd.st == FY_OK; m++) {
+        bd.epoch = m;
+        int load = build_load(&bd, m);
+        int hd = build_head(&bd, m, build_forward(&bd, m, load), false);
+        if (m >= nslots) dep(&bd, collect[m - nslots], hd); /* its loss slot is read */
+        collect[m] = add(&bd, FY_LANE_CPU, FY_T_COLLECT, -1, m);
+        dep(&bd, hd, collect[m]);
+        for (int b = 0; b < bd.nb; b++) bd.last_bwd[b] = hd; /* activations are reused */
+        bd.load_war[m % 2] = hd;
+    }
+    free(collect);
+    if (st != FY_OK) { builder_end(&bd); return st; }
+    return builder_end(&bd);
+}
+
+/* ---- running a graph -------------------------------------------------------------------- */
+
+/* Events around every task of a graph of n tasks (grown once, reused by later windows). */
+static fy_status events_for(fy_trainer *tr, int n) {
+    if (n <= tr->nev) return FY_OK;
+    fy_event **s = realloc(tr->ev_start, (size_t)n * sizeof *s);
+    if (!s) return FY_ERR_NOMEM;
+    tr->ev_start = s;
+    fy_event **e = realloc(tr->ev_end, (size_t)n * sizeof *e);
+    if (!e) return FY_ERR_NOMEM;
+    tr->ev_end = e;
+    for (; tr->nev < n; tr->nev++) {
+        tr->ev_start[tr->nev] = tr->ev_end[tr->nev] = NULL;
+        FY_TRY(fy_event_new_timed(tr->dev, &tr->ev_start[tr->nev]));
+        FY_TRY(fy_event_new_timed(tr->dev, &tr->ev_end[tr->nev]));
+    }
+    return FY_OK;
+}
+
+void fy_trainer_graph_free(fy_trainer *tr) {
+    for (int i = 0; i < tr->nev; i++) {
+        fy_event_free(tr->ev_start[i]);
+        fy_event_free(tr->ev_end[i]);
+    }
+    free(tr->ev_start);
+    free(tr->ev_end);
+    free(tr->sgt);
+    tr->ev_start = tr->ev_end = NULL;
+    tr->sgt = NULL;
+    tr->nev = tr->sgt_cap = 0;
+}
+
+static void sync_all(void *ctx) {
+    fy_trainer *tr = ctx;
+    fy_stream_sync(tr->s);
+    fy_stream_sync(tr->s_h2d);
+    fy_stream_sync(tr->s_d2h);
+}
+
+static int by_start(const void *a, const void *b) {
+    const fy_trace_rec *x = a, *y = b;
+    return (x->start_ms > y->start_ms) - (x->start_ms < y->start_ms);
+}
+
+/* The records of device tasks get the device's times (from their events, placed on the
+ * host clock through the anchor recorded when the window began); busy times and the
+ * makespan follow. */
+static void device_times(fy_trainer *tr, const fy_graph *g, fy_sched_result *r,
+                         double anchor_ms) {
+    /* (a failed task may have stopped before its events: it keeps the host's times) */
+    const double off = anchor_ms - r->t0_ms;
+    memset(r->busy_ms, 0, sizeof r->busy_ms);
+    r->makespan_ms = 0.0;
+    for (int i = 0; i < r->nrecs; i++) {
+        fy_trace_rec *rec = &r->recs[i];
+        const fy_task *t = &g->tasks[rec->task];
+        if (lane_stream(tr, t->lane) && rec->task != r->failed_task) {
+            rec->start_ms = off + fy_event_elapsed_ms(tr->ev_anchor, tr->ev_start[rec->task]);
+            rec->end_ms = off + fy_event_elapsed_ms(tr->ev_anchor, tr->ev_end[rec->task]);
+        }
+        r->busy_ms[t->lane] += rec->end_ms - rec->start_ms;
+        if (rec->end_ms > r->makespan_ms) r->makespan_ms = rec->end_ms;
+    }
+    qsort(r->recs, (size_t)r->nrecs, sizeof *r->recs, by_start);
+}
+
+/* Builds nothing: runs graph g (built for this trainer) with events, waits for the
+ * device, and gives the records the device's times. */
+static fy_status execute(fy_trainer *tr, fy_graph *g, fy_sched_result *res) {
+    fy_status st = events_for(tr, g->n);
+    if (st != FY_OK) { memset(res, 0, sizeof *res); return st; }
+    g->drain = sync_all;
+    g->drain_ctx = tr;
+    tr->graph = g;
+    fy_event_record(tr->ev_anchor, tr->s);
+    fy_event_sync(tr->ev_anchor);
+    const double anchor_ms = fy_now_ms();
+    st = fy_sched_execute(g, tr->cfg.schedule, res);
+    sync_all(tr); /* the end of the window: everything queued is done */
+    device_times(tr, g, res, anchor_ms);
+    return st;
 }
 
 /* Step times from the records: a step ends with its last task. */
@@ -581,7 +906,7 @@ static void step_times(const fy_trainer *tr, const fy_graph *g, const fy_sched_r
     double *end = calloc((size_t)nsteps, sizeof *end);
     if (!end) return;
     for (int i = 0; i < r->nrecs; i++) {
-        int s = g->tasks[r->recs[i].task].iter / accum(tr);
+        int s = g->tasks[r->recs[i].task].epoch;
         if (s >= 0 && s < nsteps && r->recs[i].end_ms > end[s]) end[s] = r->recs[i].end_ms;
     }
     double prev = 0.0;
@@ -593,35 +918,78 @@ static void step_times(const fy_trainer *tr, const fy_graph *g, const fy_sched_r
     free(end);
 }
 
-fy_status fy_trainer_run(fy_trainer *tr, int nsteps, const float *lrs, fy_batch_fn next_batch,
-                         void *ctx, fy_step_stats *stats, fy_sched_result *trace,
-                         fy_graph *graph_out) {
-    if (nsteps <= 0) return FY_OK;
-    FY_ASSERT(!tr->cfg.eval_only, "an evaluation-only trainer cannot train");
-    FY_TRY(window_begin(tr, nsteps, lrs, stats));
-    tr->next_batch = next_batch;
-    tr->batch_ctx = ctx;
-    fy_graph g;
-    fy_status st = build(tr, &g, nsteps, true);
-    fy_sched_result res = {0};
-    if (st == FY_OK) {
-        tr->graph = &g;
-        st = fy_sched_execute(&g, tr->cfg.schedule, &res);
+/* After a failed window: steps before the failing one are complete (the scheduler ran
+ * their epochs to the end); the counters go back to the end of the last of them. The
+ * failing step is partly applied if any of its AdamW tasks ran (and it was not skipped):
+ * some blocks then have its update and others, or their device copies, not. */
+static int settle_failure(fy_trainer *tr, const fy_graph *g, const fy_sched_result *r,
+                          int64_t steps_before) {
+    const int failed = g->tasks[r->failed_task].epoch;
+    bool partial = false;
+    for (int i = 0; i < r->nrecs; i++) {
+        const fy_task *t = &g->tasks[r->recs[i].task];
+        if (t->epoch == failed && r->recs[i].task != r->failed_task &&
+            (t->kind == FY_T_ADAM_GPU || t->kind == FY_T_ADAM_CPU))
+            partial = true;
     }
-    if (st == FY_OK) {
-        step_times(tr, &g, &res, nsteps, stats);
+    partial &= !tr->stats[failed].skipped;
+    tr->steps_done = failed == 0 ? steps_before : tr->adam_step[failed - 1];
+    tr->micro_base += (int64_t)failed * accum(tr);
+    if (partial) {
+        tr->broken = true;
+        fy_log_warn("the failure came while step %lld was being applied: some blocks have its "
+                    "update and others not, so this trainer cannot go on",
+                    (long long)tr->steps_done + 1);
+    }
+    return failed;
+}
+
+static fy_status usable(const fy_trainer *tr) {
+    if (!tr->broken) return FY_OK;
+    fy_log_error("this trainer's weights are inconsistent after a failed update; start again "
+                 "from saved weights");
+    return FY_ERR_INVALID;
+}
+
+fy_status fy_trainer_run(fy_trainer *tr, fy_window *w) {
+    w->completed = 0;
+    if (w->nsteps <= 0) return FY_OK;
+    FY_ASSERT(!tr->cfg.eval_only, "an evaluation-only trainer cannot train");
+    FY_TRY(usable(tr));
+    tr->adam_step = calloc((size_t)w->nsteps, sizeof *tr->adam_step);
+    if (!tr->adam_step) return FY_ERR_NOMEM;
+    tr->lrs = w->lrs;
+    tr->stats = w->stats;
+    tr->next_batch = w->next_batch;
+    tr->batch_ctx = w->batch_ctx;
+    tr->eval = false;
+    memset(w->stats, 0, (size_t)w->nsteps * sizeof *w->stats);
+    const int64_t steps_before = tr->steps_done;
+    fy_graph g;
+    fy_sched_result res = {0};
+    fy_status st = build_train(tr, &g, w->nsteps, true);
+    if (st == FY_OK) st = execute(tr, &g, &res);
+    if (res.recs) {
+        step_times(tr, &g, &res, w->nsteps, w->stats);
         for (int i = 0; i < res.nrecs; i++) {
             const fy_task *t = &g.tasks[res.recs[i].task];
             double *c = cost_slot(tr, t->kind, t->block);
             c[0] += res.recs[i].end_ms - res.recs[i].start_ms;
             c[1] += 1;
         }
-        tr->micro_base += (int64_t)nsteps * accum(tr);
     }
-    window_end(tr);
-    if (trace && graph_out && st == FY_OK) {
-        *trace = res;
-        *graph_out = g;
+    if (st == FY_OK) {
+        w->completed = w->nsteps;
+        tr->micro_base += (int64_t)w->nsteps * accum(tr);
+    } else if (res.recs && res.failed_task >= 0) {
+        w->completed = settle_failure(tr, &g, &res, steps_before);
+    }
+    free(tr->adam_step);
+    tr->adam_step = NULL;
+    tr->graph = NULL;
+    if (w->trace && w->graph && st == FY_OK) {
+        *w->trace = res;
+        *w->graph = g;
     } else {
         fy_sched_result_free(&res);
         fy_graph_free(&g);
@@ -631,37 +999,74 @@ fy_status fy_trainer_run(fy_trainer *tr, int nsteps, const float *lrs, fy_batch_
 
 fy_status fy_trainer_predict(fy_trainer *tr, int nsteps, fy_sched_mode mode, bool norm_barrier,
                              fy_sched_result *out) {
-    fy_step_stats *stats = calloc((size_t)nsteps, sizeof *stats);
-    float *lrs = calloc((size_t)nsteps, sizeof *lrs);
-    if (!stats || !lrs) { free(stats); free(lrs); return FY_ERR_NOMEM; }
-    fy_status st = window_begin(tr, nsteps, lrs, stats);
+    memset(out, 0, sizeof *out);
     fy_graph g;
-    if (st == FY_OK) {
-        st = build(tr, &g, nsteps, norm_barrier);
-        if (st == FY_OK) st = fy_sched_simulate(&g, mode, out);
+    fy_status st = build_train(tr, &g, nsteps, norm_barrier);
+    if (st == FY_OK) st = fy_sched_simulate(&g, mode, out);
+    fy_graph_free(&g);
+    return st;
+}
+
+/* Evaluation graphs hold at most this many batches (a pass over a large validation set
+ * runs as several). */
+#define EVAL_WINDOW 32
+
+fy_status fy_trainer_eval_run(fy_trainer *tr, int nbatches, fy_batch_fn next_batch, void *ctx,
+                              float *losses) {
+    FY_TRY(usable(tr));
+    tr->next_batch = next_batch;
+    tr->batch_ctx = ctx;
+    tr->eval = true;
+    fy_status st = FY_OK;
+    for (int b0 = 0; b0 < nbatches && st == FY_OK; b0 += EVAL_WINDOW) {
+        const int n = nbatches - b0 < EVAL_WINDOW ? nbatches - b0 : EVAL_WINDOW;
+        tr->eval_base = b0;
+        tr->eval_losses = losses + b0;
+        fy_graph g;
+        fy_sched_result res = {0};
+        st = build_eval(tr, &g, n);
+        if (st == FY_OK) st = execute(tr, &g, &res);
+        fy_sched_result_free(&res);
         fy_graph_free(&g);
-        window_end(tr);
     }
-    free(stats);
-    free(lrs);
+    tr->eval = false;
+    tr->eval_losses = NULL;
+    tr->graph = NULL;
     return st;
 }
 
 typedef struct arrays { const int32_t *x, *y; size_t N; int64_t base; } arrays;
 
-static void from_arrays(void *ctx, int64_t micro, int32_t *x, int32_t *y) {
+static fy_status from_arrays(void *ctx, int64_t micro, int32_t *x, int32_t *y) {
     const arrays *a = ctx;
     size_t off = (size_t)(micro - a->base) * a->N;
     memcpy(x, a->x + off, a->N * sizeof(int32_t));
     memcpy(y, a->y + off, a->N * sizeof(int32_t));
+    return FY_OK;
 }
 
 fy_status fy_trainer_step(fy_trainer *tr, const int32_t *x, const int32_t *y, float lr,
                           fy_step_stats *out) {
-    arrays a = {x, y, (size_t)tr->plan.micro_batch * tr->cfg.T, tr->micro_base};
-    fy_status st = fy_trainer_run(tr, 1, &lr, from_arrays, &a, out, NULL, NULL);
+    arrays a = {x, y, tokens_n(tr), tr->micro_base};
+    fy_window w = {.nsteps = 1, .lrs = &lr, .next_batch = from_arrays, .batch_ctx = &a,
+                   .stats = out};
+    fy_status st = fy_trainer_run(tr, &w);
     if (st == FY_OK && out->skipped)
         fy_log_warn("step %lld: gradient norm is %g; update skipped",
                     (long long)tr->steps_done + 1, out->grad_norm);
     return st;
+}
+
+fy_status fy_trainer_eval(fy_trainer *tr, const int32_t *x, const int32_t *y, float *loss) {
+    arrays a = {x, y, tokens_n(tr), 0};
+    return fy_trainer_eval_run(tr, 1, from_arrays, &a, loss);
+}
+
+void fy_trainer_inject_failure(fy_trainer *tr, fy_task_kind kind, int block, int64_t micro,
+                               fy_status st) {
+    tr->inject.armed = true;
+    tr->inject.kind = kind;
+    tr->inject.block = block;
+    tr->inject.micro = micro;
+    tr->inject.st = st;
 }

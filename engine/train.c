@@ -1,5 +1,5 @@
-/* train.c — `ferry train` and `ferry eval`: everything between the options and the
- * trainer (model resolution, data, device, schedule, logging, metrics, saving). */
+/* train.c — the training loop (data, windows of steps, logging, metrics, validation,
+ * saving, the report) and evaluation over a data file. */
 #include "engine/train.h"
 
 #include <math.h>
@@ -11,21 +11,11 @@
 #include "engine/core/util.h"
 #include "engine/io/corpus.h"
 #include "engine/io/tokens.h"
-#include "engine/model/gpt2_io.h"
 #include "engine/trainer.h"
-#include "engine/cli/tune_cmd.h"
-#include "offload/plan.h"
 #include "offload/storage.h"
 
 #define TRAIN_WINDOW 20 /* steps per task graph: overlap within, a drain between */
 #define MAX_SKIPPED_RUN 5 /* non-finite steps in a row that end a run as diverged */
-
-/* A float as JSON: non-finite values have no JSON number, they are written as null. */
-static const char *json_num(double x, char buf[32]) {
-    if (isfinite(x)) snprintf(buf, 32, "%.9g", x);
-    else snprintf(buf, 32, "null");
-    return buf;
-}
 #define CORPUS_TRAIN_BYTES (4u << 20)
 #define CORPUS_VAL_BYTES (256u << 10)
 #define CORPUS_TRAIN_SEED 1
@@ -41,145 +31,24 @@ double fy_lr_at(int64_t s, int64_t steps, double lr, double min_lr, int64_t warm
     return min_lr + 0.5 * (1.0 + cos(M_PI * r)) * (lr - min_lr);
 }
 
-/* Checks that need several options at once, before anything is allocated. */
-static fy_status check_run_opts(const fy_opts *o) {
-    if (o->batch * o->seq > ((int64_t)1 << 26)) {
-        fy_log_error("--batch %lld x --seq %lld = %lld tokens per micro-batch is too many "
-                     "(at most %d)", (long long)o->batch, (long long)o->seq,
-                     (long long)(o->batch * o->seq), 1 << 26);
-        return FY_ERR_INVALID;
-    }
-    if (o->save) { /* fail now, not after the whole run */
-        char dir[4096];
-        snprintf(dir, sizeof dir, "%s", o->save);
-        char *slash = strrchr(dir, '/');
-        if (slash) *slash = 0;
-        else snprintf(dir, sizeof dir, ".");
-        if (access(*dir ? dir : "/", W_OK) != 0) {
-            fy_log_error("--save %s: directory %s does not exist or is not writable", o->save,
-                         *dir ? dir : "/");
-            return FY_ERR_IO;
-        }
-    }
-    return FY_OK;
+void fy_train_print_plan(const fy_model *m, const fy_plan *plan, int T, FILE *f) {
+    char desc[512];
+    fy_plan_describe(plan, desc, sizeof desc);
+    fprintf(f, "plan    micro-batch %d x %d accumulated | %s\n", plan->micro_batch,
+            plan->grad_accum, desc);
+    fy_mem_model model;
+    fy_storage_model(m, plan, T, &model);
+    fy_mem_model_print(&model, f);
 }
 
-/* Everything a run holds, freed in one place. */
-typedef struct run {
-    fy_st_file *init;
-    fy_tokens *train_tok, *val_tok;
-    fy_loader *train, *val;
-    fy_dev *dev;
-    fy_trainer *tr;
-    int32_t *x, *y;
-    FILE *metrics;
-    fy_plan plan;
-    fy_trace_buf trace;
-} run;
-
-static void run_free(run *r) {
-    if (r->metrics) fclose(r->metrics);
-    free(r->x);
-    free(r->y);
-    fy_trainer_free(r->tr);
-    fy_dev_free(r->dev);
-    fy_loader_free(r->train);
-    fy_loader_free(r->val);
-    fy_tokens_free(r->train_tok);
-    fy_tokens_free(r->val_tok);
-    fy_st_close(r->init);
-    fy_plan_free(&r->plan);
-    fy_trace_buf_free(&r->trace);
+/* A float as JSON: non-finite values have no JSON number, they are written as null. */
+static const char *json_num(double x, char buf[32]) {
+    if (isfinite(x)) snprintf(buf, 32, "%.9g", x);
+    else snprintf(buf, 32, "null");
+    return buf;
 }
 
-/* The trainer's batch source: the training loader, in order (called from one lane). */
-static void next_train_batch(void *ctx, int64_t micro, int32_t *x, int32_t *y) {
-    run *r = ctx;
-    (void)micro;
-    fy_loader_next(r->train, x, y);
-}
-
-
-/* The model: from the weights file when --init is given (a --model given too must
- * agree with it), else the named config. */
-static fy_status resolve_model(const fy_opts *o, bool model_given, run *r, fy_gpt2_config *cfg) {
-    if (o->init) {
-        FY_TRY(fy_st_open(o->init, &r->init));
-        FY_TRY(fy_gpt2_file_config(r->init, (int)o->heads, cfg));
-        if (model_given) {
-            fy_gpt2_config named;
-            FY_TRY(fy_gpt2_config_named(o->model, &named));
-            if (memcmp(&named, cfg, sizeof named) != 0) {
-                fy_log_error("--model %s does not match the weights in %s (file: vocab %d, "
-                             "positions %d, channels %d, layers %d, heads %d)", o->model,
-                             o->init, cfg->vocab, cfg->max_seq, cfg->channels, cfg->layers,
-                             cfg->heads);
-                return FY_ERR_INVALID;
-            }
-        }
-    } else {
-        FY_TRY(fy_opts_model(o, cfg));
-    }
-    if (o->init && (o->layers || o->channels || o->vocab || o->max_seq)) {
-        fy_log_error("--layers/--channels/--vocab/--max-seq shape a new model; the weights in "
-                     "%s have their own shape", o->init);
-        return FY_ERR_INVALID;
-    }
-    FY_TRY(fy_gpt2_config_check(cfg));
-    return fy_gpt2_check_seq(cfg, o->seq);
-}
-
-/* The placement plan: a file, or the shorthands over the all-resident plan. */
-static fy_status resolve_plan(const fy_opts *o, const fy_gpt2_config *cfg, fy_dev_kind kind,
-                              fy_plan *plan) {
-    bool shorthands = fy_opts_given(o, "offload-params") || fy_opts_given(o, "offload-optim") ||
-                      fy_opts_given(o, "ckpt-layers");
-    if (o->plan && !strcmp(o->plan, "auto")) {
-        if (shorthands) {
-            fy_log_error("--plan auto cannot be combined with --offload-params, --offload-optim "
-                         "or --ckpt-layers");
-            return FY_ERR_INVALID;
-        }
-        if (o->init) {
-            fy_log_error("--plan auto tunes a named model; give a plan file with --init");
-            return FY_ERR_INVALID;
-        }
-        FY_TRY(fy_tune_auto_plan(o, cfg, plan));
-    } else if (o->plan) {
-        if (shorthands) {
-            fy_log_error("--plan cannot be combined with --offload-params, --offload-optim "
-                         "or --ckpt-layers");
-            return FY_ERR_INVALID;
-        }
-        FY_TRY(fy_plan_load(o->plan, cfg->layers, plan));
-        if ((fy_opts_given(o, "batch") && o->batch != plan->micro_batch) ||
-            (fy_opts_given(o, "grad-accum") && o->grad_accum != plan->grad_accum)) {
-            fy_log_error("--batch/--grad-accum disagree with plan %s (micro_batch %d, "
-                         "grad_accum %d)", o->plan, plan->micro_batch, plan->grad_accum);
-            return FY_ERR_INVALID;
-        }
-    } else {
-        FY_TRY(fy_plan_new(cfg->layers, (int)o->batch, (int)o->grad_accum, plan));
-        if (o->ckpt_layers > cfg->layers) {
-            fy_log_error("--ckpt-layers %lld: the model has %d layers", (long long)o->ckpt_layers,
-                         cfg->layers);
-            return FY_ERR_INVALID;
-        }
-        FY_TRY(fy_plan_shorthands(plan, o->offload_params, o->offload_optim, (int)o->ckpt_layers));
-    }
-    if ((int64_t)plan->micro_batch * o->seq > ((int64_t)1 << 26)) {
-        fy_log_error("micro-batch %d x --seq %lld = %lld tokens per micro-batch is too many "
-                     "(at most %d)", plan->micro_batch, (long long)o->seq,
-                     (long long)plan->micro_batch * o->seq, 1 << 26);
-        return FY_ERR_INVALID;
-    }
-    /* a plan file keeps the storage type it names unless --dtype says otherwise */
-    if (!o->plan || !strcmp(o->plan, "auto") || fy_opts_given(o, "dtype") ||
-        plan->dtype == FY_DTYPE_NONE)
-        plan->dtype = fy_opts_dtype(o, kind);
-    if (o->save_plan) FY_TRY(fy_plan_save(o->save_plan, plan));
-    return FY_OK;
-}
+/* ---- data ------------------------------------------------------------------------------- */
 
 static fy_status corpus_tokens(size_t nbytes, uint64_t seed, const char *label, fy_tokens **out) {
     uint8_t *text;
@@ -189,28 +58,69 @@ static fy_status corpus_tokens(size_t nbytes, uint64_t seed, const char *label, 
     return st;
 }
 
+/* Batch number `micro` of a loader: llm.c's sequential order, wrapping after a pass, read
+ * by position so a batch can be asked for again. */
+static fy_status batch_from(void *ctx, int64_t micro, int32_t *x, int32_t *y) {
+    FY_TRY(fy_loader_seek_batch(ctx, micro));
+    fy_loader_next(ctx, x, y);
+    return FY_OK;
+}
+
+/* ---- the run ------------------------------------------------------------------------------ */
+
+/* Everything a training run holds, freed in one place. */
+typedef struct run {
+    const fy_train_cfg *cfg;
+    fy_tokens *train_tok, *val_tok;
+    fy_loader *train, *val;
+    fy_dev *dev;
+    fy_trainer *tr;
+    FILE *metrics;
+    fy_trace_buf trace;
+    fy_mem_model model;
+    size_t N;                 /* tokens per step: micro-batch x T x accumulation */
+    double t_start, ms_sum;
+    int64_t ms_count;
+    float loss, val_loss;
+    int skipped_run;
+    float *val_losses;
+} run;
+
+static void run_free(run *r) {
+    if (r->metrics) fclose(r->metrics);
+    fy_trainer_free(r->tr);
+    fy_dev_free(r->dev);
+    fy_loader_free(r->train);
+    fy_loader_free(r->val);
+    fy_tokens_free(r->train_tok);
+    fy_tokens_free(r->val_tok);
+    fy_trace_buf_free(&r->trace);
+    free(r->val_losses);
+}
+
 /* Training and validation token ranges. */
-static fy_status open_data(const fy_opts *o, const fy_gpt2_config *cfg, int B, run *r) {
-    int T = (int)o->seq;
-    if (o->data) {
-        FY_TRY(fy_tokens_open(o->data, &r->train_tok));
+static fy_status open_data(run *r) {
+    const fy_train_cfg *c = r->cfg;
+    const int B = c->plan->micro_batch, T = c->seq, V = fy_model_vocab(c->model);
+    if (c->data) {
+        FY_TRY(fy_tokens_open(c->data, &r->train_tok));
     } else {
         FY_TRY(corpus_tokens(CORPUS_TRAIN_BYTES, CORPUS_TRAIN_SEED, "embedded corpus",
                              &r->train_tok));
-        if (!o->val_data)
+        if (!c->val_data)
             FY_TRY(corpus_tokens(CORPUS_VAL_BYTES, CORPUS_VAL_SEED, "embedded corpus (validation)",
                                  &r->val_tok));
     }
-    FY_TRY(fy_tokens_check_vocab(r->train_tok, cfg->vocab));
+    FY_TRY(fy_tokens_check_vocab(r->train_tok, V));
     size_t n = fy_tokens_count(r->train_tok), train_end = n;
-    if (o->val_data) {
-        FY_TRY(fy_tokens_open(o->val_data, &r->val_tok));
-    } else if (o->val_split > 0 && o->data) {
-        train_end = n - (size_t)((double)n * o->val_split);
+    if (c->val_data) {
+        FY_TRY(fy_tokens_open(c->val_data, &r->val_tok));
+    } else if (c->val_split > 0 && c->data) {
+        train_end = n - (size_t)((double)n * c->val_split);
     }
     FY_TRY(fy_loader_new(r->train_tok, 0, train_end, B, T, &r->train));
     if (r->val_tok) {
-        FY_TRY(fy_tokens_check_vocab(r->val_tok, cfg->vocab));
+        FY_TRY(fy_tokens_check_vocab(r->val_tok, V));
         FY_TRY(fy_loader_new(r->val_tok, 0, fy_tokens_count(r->val_tok), B, T, &r->val));
     } else if (train_end < n) {
         FY_TRY(fy_loader_new(r->train_tok, train_end, n, B, T, &r->val));
@@ -218,17 +128,29 @@ static fy_status open_data(const fy_opts *o, const fy_gpt2_config *cfg, int B, r
     return FY_OK;
 }
 
+/* --save's directory must be writable: fail now, not after the whole run. */
+static fy_status check_save(const char *save) {
+    if (!save) return FY_OK;
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", save);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = 0;
+    else snprintf(dir, sizeof dir, ".");
+    if (access(*dir ? dir : "/", W_OK) != 0) {
+        fy_log_error("--save %s: directory %s does not exist or is not writable", save,
+                     *dir ? dir : "/");
+        return FY_ERR_IO;
+    }
+    return FY_OK;
+}
+
+/* The mean loss of the first nbatches validation batches (at most one pass). */
 static fy_status validate(run *r, int64_t nbatches, float *loss) {
-    fy_loader_reset(r->val);
     int64_t avail = (int64_t)fy_loader_batches(r->val);
     if (nbatches > avail) nbatches = avail;
+    FY_TRY(fy_trainer_eval_run(r->tr, (int)nbatches, batch_from, r->val, r->val_losses));
     double sum = 0.0;
-    for (int64_t i = 0; i < nbatches; i++) {
-        fy_loader_next(r->val, r->x, r->y);
-        float l;
-        FY_TRY(fy_trainer_eval(r->tr, r->x, r->y, &l));
-        sum += l;
-    }
+    for (int64_t i = 0; i < nbatches; i++) sum += r->val_losses[i];
     *loss = (float)(sum / (double)nbatches);
     return FY_OK;
 }
@@ -242,239 +164,222 @@ static void progress(int64_t step, int64_t steps, double elapsed_ms, float loss)
     fflush(stdout);
 }
 
-static void print_header(const fy_opts *o, const fy_gpt2_config *c, const run *r) {
-    size_t np = fy_gpt2_num_params(c);
-    printf("model   %s: %.2fM parameters (vocab %d, positions %d, channels %d, layers %d, "
-           "heads %d)\n", o->init ? o->init : o->model, (double)np / 1e6, c->vocab,
-           c->max_seq, c->channels, c->layers, c->heads);
+static void print_header(const run *r) {
+    const fy_train_cfg *c = r->cfg;
+    char shape[256];
+    fy_model_describe(c->model, shape, sizeof shape);
+    printf("model   %s: %.2fM parameters (%s)\n", c->init ? fy_st_path(c->init) : fy_model_name(c->model),
+           (double)fy_model_num_params(c->model) / 1e6, shape);
     printf("device  %s\n", fy_dev_name(r->dev));
-    printf("data    %s: %zu tokens; batch %d x %lld", fy_tokens_label(r->train_tok),
-           fy_tokens_count(r->train_tok), r->plan.micro_batch, (long long)o->seq);
-    if (r->plan.grad_accum > 1) printf(" x %d accumulated", r->plan.grad_accum);
+    printf("data    %s: %zu tokens; batch %d x %d", fy_tokens_label(r->train_tok),
+           fy_tokens_count(r->train_tok), c->plan->micro_batch, c->seq);
+    if (c->plan->grad_accum > 1) printf(" x %d accumulated", c->plan->grad_accum);
     printf("; validation: %s\n", r->val ? (r->val_tok ? fy_tokens_label(r->val_tok)
                                                       : "held-out tail") : "none");
     fflush(stdout);
 }
 
-int fy_train_main(const fy_opts *o) {
-    run r = {0};
-    fy_status st;
-    fy_gpt2_config cfg;
-    fy_dev_cfg dc;
-    if (o->quiet) fy_log_set_level(FY_LOG_WARN);
-    if ((st = check_run_opts(o)) != FY_OK) goto fail;
-    if ((st = fy_opts_dev_cfg(o, !o->dry_run, &dc)) != FY_OK) goto fail;
-    if ((st = resolve_model(o, fy_opts_given(o, "model"), &r, &cfg)) != FY_OK) goto fail;
-    if ((st = resolve_plan(o, &cfg, dc.kind, &r.plan)) != FY_OK) goto fail;
-    const int B = r.plan.micro_batch, T = (int)o->seq, accum = r.plan.grad_accum;
-    const size_t N = (size_t)B * T;
-    fy_gpt2_layout lay;
-    if ((st = fy_gpt2_layout_new(&cfg, &lay)) != FY_OK) goto fail;
-    fy_mem_model model;
-    fy_storage_model(&lay, &r.plan, T, &model);
-    fy_gpt2_layout_free(&lay);
-    if (!o->quiet || o->dry_run) {
-        char desc[512];
-        fy_plan_describe(&r.plan, desc, sizeof desc);
-        printf("plan    micro-batch %d x %d accumulated | %s\n", B, accum, desc);
-        fy_mem_model_print(&model, stdout);
+static fy_status setup(run *r) {
+    const fy_train_cfg *c = r->cfg;
+    FY_TRY(check_save(c->save));
+    FY_TRY(open_data(r));
+    if (c->metrics && !(r->metrics = fopen(c->metrics, "a"))) {
+        fy_log_error("cannot open metrics file %s", c->metrics);
+        return FY_ERR_IO;
     }
-    if (o->dry_run) {
-        run_free(&r);
-        return 0;
+    if (r->val && !(r->val_losses = malloc(fy_loader_batches(r->val) * sizeof(float)))) {
+        fy_log_error("out of host memory for the validation losses");
+        return FY_ERR_NOMEM;
     }
-    if ((st = open_data(o, &cfg, B, &r)) != FY_OK) goto fail;
-    if (o->metrics && !(r.metrics = fopen(o->metrics, "a"))) {
-        fy_log_error("cannot open metrics file %s", o->metrics);
-        st = FY_ERR_IO;
-        goto fail;
-    }
-    r.x = malloc(N * accum * sizeof(int32_t));
-    r.y = malloc(N * accum * sizeof(int32_t));
-    if (!r.x || !r.y) {
-        fy_log_error("out of host memory for %zu tokens of batch staging", 2 * N * accum);
-        st = FY_ERR_NOMEM;
-        goto fail;
-    }
-    if ((st = fy_dev_new(&dc, &r.dev)) != FY_OK) goto fail;
-    fy_trainer_cfg tc = {.model = cfg, .B = B, .T = T, .beta1 = (float)o->beta1,
-                         .beta2 = (float)o->beta2, .eps = (float)o->eps,
-                         .weight_decay = (float)o->weight_decay, .clip = (float)o->clip,
-                         .seed = (uint64_t)o->seed, .grad_accum = accum, .plan = &r.plan,
-                         .adam_threads = (int)o->adam_threads};
-    fy_sched_mode_parse(o->schedule, &tc.schedule); /* the option table checked the name */
-    if ((st = fy_trainer_new(r.dev, &tc, &r.tr)) != FY_OK) goto fail;
-    if (r.init && (st = fy_trainer_load(r.tr, r.init)) != FY_OK) goto fail;
-    if (!o->quiet) print_header(o, &cfg, &r);
-
-    const bool cosine = !strcmp(o->lr_schedule, "cosine");
-    const double min_lr = fy_opts_given(o, "min-lr") ? o->min_lr : o->lr / 10.0;
-    int64_t log_every = o->log_every ? o->log_every : (o->steps <= 100 ? 1 : o->steps / 50);
-    const bool tty = isatty(STDOUT_FILENO) && !o->quiet;
-    double t_start = fy_now_ms(), ms_sum = 0.0;
-    int64_t ms_count = 0;
-    float loss = NAN, val_loss = NAN;
-    int skipped_run = 0;
-    float lrs[TRAIN_WINDOW];
-    fy_step_stats stats[TRAIN_WINDOW];
-    for (int64_t s0 = 0; s0 < o->steps;) {
-        /* a window of steps runs as one task graph; it ends at a validation point */
-        int64_t n = o->steps - s0 < TRAIN_WINDOW ? o->steps - s0 : TRAIN_WINDOW;
-        if (o->val_every && r.val) {
-            int64_t to_val = o->val_every - s0 % o->val_every;
-            if (to_val < n) n = to_val;
-        }
-        for (int64_t i = 0; i < n; i++)
-            lrs[i] = (float)fy_lr_at(s0 + i, o->steps, o->lr, min_lr, o->warmup, cosine);
-        fy_sched_result res = {0};
-        fy_graph g;
-        double t_win = fy_now_ms() - t_start;
-        if ((st = fy_trainer_run(r.tr, (int)n, lrs, next_train_batch, &r, stats,
-                                 o->trace ? &res : NULL, o->trace ? &g : NULL)) != FY_OK)
-            goto fail;
-        if (o->trace) {
-            st = fy_trace_append(&r.trace, &g, &res, t_win, (int)(s0 * accum));
-            fy_sched_result_free(&res);
-            fy_graph_free(&g);
-            if (st != FY_OK) goto fail;
-        }
-        for (int64_t i = 0; i < n; i++) {
-            const int64_t s = s0 + i;
-            const fy_step_stats *ss = &stats[i];
-            double ms = ss->step_ms, tok_s = (double)N * accum / (ms / 1e3);
-            if (s > 0) { ms_sum += ms; ms_count++; } /* the first step warms caches */
-            loss = ss->loss;
-            bool last = s + 1 == o->steps;
-            bool do_val = r.val && i == n - 1 &&
-                          (last || (o->val_every && (s + 1) % o->val_every == 0));
-            if (do_val && (st = validate(&r, o->val_batches, &val_loss)) != FY_OK) goto fail;
-            if (r.metrics) {
-                char v[6][32];
-                fprintf(r.metrics, "{\"step\":%lld,\"loss\":%s,\"lr\":%s,\"grad_norm\":%s,"
-                        "\"clip_coef\":%s,\"step_ms\":%.6f,\"tokens_per_s\":%.3f",
-                        (long long)s + 1, json_num(ss->loss, v[0]), json_num(lrs[i], v[1]),
-                        json_num(ss->grad_norm, v[2]), json_num(ss->clip_coef, v[3]), ms, tok_s);
-                if (ss->skipped) fprintf(r.metrics, ",\"skipped\":true");
-                if (do_val) fprintf(r.metrics, ",\"val_loss\":%s", json_num(val_loss, v[4]));
-                fprintf(r.metrics, "}\n");
-                fflush(r.metrics);
-            }
-            if (ss->skipped) {
-                fy_log_warn("step %lld: gradient norm is %g; update skipped", (long long)s + 1,
-                            ss->grad_norm);
-                if (++skipped_run >= MAX_SKIPPED_RUN) {
-                    fy_log_error("training diverged: %d steps in a row had non-finite gradients "
-                                 "(last good weights not saved; lower --lr or use --clip)",
-                                 MAX_SKIPPED_RUN);
-                    st = FY_ERR_NONFINITE;
-                    goto fail;
-                }
-            } else {
-                skipped_run = 0;
-            }
-            if (o->quiet) continue;
-            if ((s + 1) % log_every == 0 || last || s == 0 || do_val) {
-                if (tty && log_every > 1) printf("\r%*s\r", 78, "");
-                printf("step %6lld/%lld | loss %.4f | norm %.4f | lr %.2e | %7.1f ms | %8.0f tok/s",
-                       (long long)s + 1, (long long)o->steps, ss->loss, ss->grad_norm, lrs[i], ms,
-                       tok_s);
-                if (do_val) printf(" | val %.4f", val_loss);
-                printf("\n");
-            } else if (tty) {
-                progress(s + 1, o->steps, fy_now_ms() - t_start, ss->loss);
-            }
-            fflush(stdout);
-        }
-        s0 += n;
-    }
-    double total_s = (fy_now_ms() - t_start) / 1e3;
-    if (o->save && (st = fy_trainer_save(r.tr, o->save)) != FY_OK) goto fail;
-    if (o->trace && (st = fy_trace_save(&r.trace, o->trace, "ferry train")) != FY_OK) goto fail;
-    fy_dev_mem_stats ms;
-    fy_dev_mem_stats_get(r.dev, &ms);
-    char peak[32];
-    double mean_ms = ms_count ? ms_sum / (double)ms_count : 0.0;
-    printf("done    %lld steps in %.1f s | %.1f ms/step | %.0f tok/s | final loss %.4f",
-           (long long)o->steps, total_s, mean_ms,
-           mean_ms > 0 ? (double)N * accum / (mean_ms / 1e3) : 0.0, loss);
-    if (r.val) printf(" | val loss %.4f", val_loss);
-    char pred[32];
-    printf(" | device peak %s (model %s)\n",
-           fy_fmt_size(ms.peak_nbytes[FY_MEM_DEVICE], peak, sizeof peak),
-           fy_fmt_size(model.device_total, pred, sizeof pred));
-    if (o->save) printf("saved   %s\n", o->save);
-    if (o->predict) {
-        /* what-if: the same window of steps under each schedule, on the simulator, with
-         * the mean task durations this run measured */
-        int n = o->steps < TRAIN_WINDOW ? (int)o->steps : TRAIN_WINDOW;
-        printf("predict");
-        for (int m = 0; m < 3; m++) {
-            fy_sched_result pr;
-            if ((st = fy_trainer_predict(r.tr, n, (fy_sched_mode)m, true, &pr)) != FY_OK) goto fail;
-            int busiest = 0;
-            for (int l = 1; l < FY_LANE_COUNT; l++) if (pr.busy_ms[l] > pr.busy_ms[busiest]) busiest = l;
-            printf(" | %s %.1f ms/step", fy_sched_mode_name((fy_sched_mode)m), pr.makespan_ms / n);
-            if (m == 0) printf(" (busiest lane %s %.1f ms/step)", fy_lane_name((fy_lane)busiest),
-                               pr.busy_ms[busiest] / n);
-            if (m == 0) {
-                double with = pr.makespan_ms;
-                fy_sched_result_free(&pr);
-                if ((st = fy_trainer_predict(r.tr, n, FY_SCHED_PRIORITY, false, &pr)) != FY_OK)
-                    goto fail;
-                printf(" (without the clipping barrier %.1f: exact clipping costs %.1f%%)",
-                       pr.makespan_ms / n, 100.0 * (with - pr.makespan_ms) / pr.makespan_ms);
-            }
-            fy_sched_result_free(&pr);
-        }
-        printf("\n");
-    }
-    run_free(&r);
-    return 0;
-fail:
-    run_free(&r);
-    return 1;
+    FY_TRY(fy_dev_new(&c->dev, &r->dev));
+    fy_trainer_cfg tc = {.model = c->model, .T = c->seq, .plan = c->plan, .beta1 = c->beta1,
+                         .beta2 = c->beta2, .eps = c->eps, .weight_decay = c->weight_decay,
+                         .clip = c->clip, .seed = c->seed, .schedule = c->schedule,
+                         .adam_threads = c->adam_threads};
+    FY_TRY(fy_trainer_new(r->dev, &tc, &r->tr));
+    if (c->init) FY_TRY(fy_trainer_load(r->tr, c->init));
+    fy_storage_model(c->model, c->plan, c->seq, &r->model);
+    r->N = (size_t)c->plan->micro_batch * c->seq * c->plan->grad_accum;
+    return FY_OK;
 }
 
-int fy_eval_main(const fy_opts *o) {
-    run r = {0};
+/* Step s (0-based) is done: metrics, the skip check, and the line or the progress bar. */
+static fy_status log_step(run *r, int64_t s, const fy_step_stats *ss, float lr, bool validated) {
+    const fy_train_cfg *c = r->cfg;
+    const double ms = ss->step_ms, tok_s = (double)r->N / (ms / 1e3);
+    if (s > 0) { r->ms_sum += ms; r->ms_count++; } /* the first step warms caches */
+    r->loss = ss->loss;
+    if (r->metrics) {
+        char v[5][32];
+        fprintf(r->metrics, "{\"step\":%lld,\"loss\":%s,\"lr\":%s,\"grad_norm\":%s,"
+                "\"clip_coef\":%s,\"step_ms\":%.6f,\"tokens_per_s\":%.3f",
+                (long long)s + 1, json_num(ss->loss, v[0]), json_num(lr, v[1]),
+                json_num(ss->grad_norm, v[2]), json_num(ss->clip_coef, v[3]), ms, tok_s);
+        if (ss->skipped) fprintf(r->metrics, ",\"skipped\":true");
+        if (validated) fprintf(r->metrics, ",\"val_loss\":%s", json_num(r->val_loss, v[4]));
+        fprintf(r->metrics, "}\n");
+        fflush(r->metrics);
+    }
+    if (ss->skipped) {
+        fy_log_warn("step %lld: gradient norm is %g; update skipped", (long long)s + 1,
+                    ss->grad_norm);
+        if (++r->skipped_run >= MAX_SKIPPED_RUN) {
+            fy_log_error("training diverged: %d steps in a row had non-finite gradients "
+                         "(last good weights not saved; lower --lr or use --clip)",
+                         MAX_SKIPPED_RUN);
+            return FY_ERR_NONFINITE;
+        }
+    } else {
+        r->skipped_run = 0;
+    }
+    if (c->quiet) return FY_OK;
+    const int64_t log_every = c->log_every ? c->log_every : (c->steps <= 100 ? 1 : c->steps / 50);
+    const bool tty = isatty(STDOUT_FILENO), last = s + 1 == c->steps;
+    if ((s + 1) % log_every == 0 || last || s == 0 || validated) {
+        if (tty && log_every > 1) printf("\r%*s\r", 78, "");
+        printf("step %6lld/%lld | loss %.4f | norm %.4f | lr %.2e | %7.1f ms | %8.0f tok/s",
+               (long long)s + 1, (long long)c->steps, ss->loss, ss->grad_norm, lr, ms, tok_s);
+        if (validated) printf(" | val %.4f", r->val_loss);
+        printf("\n");
+    } else if (tty) {
+        progress(s + 1, c->steps, fy_now_ms() - r->t_start, ss->loss);
+    }
+    fflush(stdout);
+    return FY_OK;
+}
+
+/* Steps [s0, s0 + n) as one window; then their log lines (those that completed, if a
+ * task failed), validation at the window's end when it is due. */
+static fy_status run_window(run *r, int64_t s0, int n) {
+    const fy_train_cfg *c = r->cfg;
+    float lrs[TRAIN_WINDOW];
+    fy_step_stats stats[TRAIN_WINDOW];
+    const double min_lr = c->min_lr;
+    for (int i = 0; i < n; i++)
+        lrs[i] = (float)fy_lr_at(s0 + i, c->steps, c->lr, min_lr, c->warmup, c->cosine);
+    fy_sched_result res = {0};
+    fy_graph g;
+    fy_window w = {.nsteps = n, .lrs = lrs, .next_batch = batch_from, .batch_ctx = r->train,
+                   .stats = stats, .trace = c->trace ? &res : NULL, .graph = c->trace ? &g : NULL};
+    const double t_win = fy_now_ms() - r->t_start;
+    fy_status st = fy_trainer_run(r->tr, &w);
+    if (st == FY_OK && c->trace) {
+        st = fy_trace_append(&r->trace, &g, &res, t_win, (int)(s0 * c->plan->grad_accum));
+        fy_sched_result_free(&res);
+        fy_graph_free(&g);
+    }
+    for (int i = 0; i < w.completed; i++) { /* all of them, unless a task failed */
+        const int64_t s = s0 + i;
+        const bool do_val = r->val && i == n - 1 &&
+                            (s + 1 == c->steps || (c->val_every && (s + 1) % c->val_every == 0));
+        if (do_val) FY_TRY(validate(r, c->val_batches, &r->val_loss));
+        FY_TRY(log_step(r, s, &stats[i], lrs[i], do_val));
+    }
+    return st;
+}
+
+/* The summary line, the weights, the trace, and the what-if of --predict. */
+static fy_status report(run *r) {
+    const fy_train_cfg *c = r->cfg;
+    double total_s = (fy_now_ms() - r->t_start) / 1e3;
+    if (c->save) FY_TRY(fy_trainer_save(r->tr, c->save));
+    if (c->trace) FY_TRY(fy_trace_save(&r->trace, c->trace, "ferry train"));
+    fy_dev_mem_stats ms;
+    fy_dev_mem_stats_get(r->dev, &ms);
+    char peak[32], pred[32];
+    double mean_ms = r->ms_count ? r->ms_sum / (double)r->ms_count : 0.0;
+    printf("done    %lld steps in %.1f s | %.1f ms/step | %.0f tok/s | final loss %.4f",
+           (long long)c->steps, total_s, mean_ms,
+           mean_ms > 0 ? (double)r->N / (mean_ms / 1e3) : 0.0, r->loss);
+    if (r->val) printf(" | val loss %.4f", r->val_loss);
+    printf(" | device peak %s (model %s)\n",
+           fy_fmt_size(ms.peak_nbytes[FY_MEM_DEVICE], peak, sizeof peak),
+           fy_fmt_size(r->model.device_total, pred, sizeof pred));
+    if (c->save) printf("saved   %s\n", c->save);
+    if (!c->predict) return FY_OK;
+    /* what-if: the same window of steps under each schedule, on the simulator, with the
+     * mean task durations this run measured */
+    int n = c->steps < TRAIN_WINDOW ? (int)c->steps : TRAIN_WINDOW;
+    printf("predict");
+    for (int m = 0; m < 3; m++) {
+        fy_sched_result pr;
+        FY_TRY(fy_trainer_predict(r->tr, n, (fy_sched_mode)m, true, &pr));
+        int busiest = 0;
+        for (int l = 1; l < FY_LANE_COUNT; l++) if (pr.busy_ms[l] > pr.busy_ms[busiest]) busiest = l;
+        printf(" | %s %.1f ms/step", fy_sched_mode_name((fy_sched_mode)m), pr.makespan_ms / n);
+        if (m == 0) {
+            printf(" (busiest lane %s %.1f ms/step)", fy_lane_name((fy_lane)busiest),
+                   pr.busy_ms[busiest] / n);
+            double with = pr.makespan_ms;
+            fy_sched_result_free(&pr);
+            FY_TRY(fy_trainer_predict(r->tr, n, FY_SCHED_PRIORITY, false, &pr));
+            printf(" (without the clipping barrier %.1f: exact clipping costs %.1f%%)",
+                   pr.makespan_ms / n, 100.0 * (with - pr.makespan_ms) / pr.makespan_ms);
+        }
+        fy_sched_result_free(&pr);
+    }
+    printf("\n");
+    return FY_OK;
+}
+
+fy_status fy_train(const fy_train_cfg *cfg) {
+    run r = {.cfg = cfg, .loss = NAN, .val_loss = NAN};
+    fy_status st = setup(&r);
+    if (st == FY_OK && !cfg->quiet) print_header(&r);
+    r.t_start = fy_now_ms();
+    for (int64_t s0 = 0; s0 < cfg->steps && st == FY_OK;) {
+        /* a window of steps runs as one task graph; it ends at a validation point */
+        int64_t n = cfg->steps - s0 < TRAIN_WINDOW ? cfg->steps - s0 : TRAIN_WINDOW;
+        if (cfg->val_every && r.val) {
+            int64_t to_val = cfg->val_every - s0 % cfg->val_every;
+            if (to_val < n) n = to_val;
+        }
+        st = run_window(&r, s0, (int)n);
+        s0 += n;
+    }
+    if (st == FY_OK) st = report(&r);
+    run_free(&r);
+    return st;
+}
+
+fy_status fy_eval(const fy_eval_cfg *cfg, fy_eval_result *out) {
+    memset(out, 0, sizeof *out);
+    fy_tokens *tok = NULL;
+    fy_loader *ld = NULL;
+    fy_dev *dev = NULL;
+    fy_trainer *tr = NULL;
+    float *losses = NULL;
+    fy_plan plan = {0};
     fy_status st;
-    fy_gpt2_config cfg;
-    const int B = (int)o->batch, T = (int)o->seq;
-    if (o->quiet) fy_log_set_level(FY_LOG_WARN);
-    if (!o->init || !o->data) {
-        fy_log_error("eval needs --init FILE and --data PATH");
-        return 1;
-    }
-    if ((st = check_run_opts(o)) != FY_OK) return 1;
-    fy_dev_cfg dc;
-    if ((st = fy_opts_dev_cfg(o, true, &dc)) != FY_OK) goto fail;
-    if ((st = resolve_model(o, false, &r, &cfg)) != FY_OK) goto fail;
-    if ((st = fy_tokens_open(o->data, &r.val_tok)) != FY_OK) goto fail;
-    if ((st = fy_tokens_check_vocab(r.val_tok, cfg.vocab)) != FY_OK) goto fail;
-    if ((st = fy_loader_new(r.val_tok, 0, fy_tokens_count(r.val_tok), B, T, &r.val)) != FY_OK)
-        goto fail;
-    r.x = malloc((size_t)B * T * sizeof(int32_t));
-    r.y = malloc((size_t)B * T * sizeof(int32_t));
-    if (!r.x || !r.y) {
-        fy_log_error("out of host memory for %d tokens of batch staging", 2 * B * T);
+    if ((st = fy_tokens_open(cfg->data, &tok)) != FY_OK ||
+        (st = fy_tokens_check_vocab(tok, fy_model_vocab(cfg->model))) != FY_OK ||
+        (st = fy_loader_new(tok, 0, fy_tokens_count(tok), cfg->batch, cfg->seq, &ld)) != FY_OK)
+        goto done;
+    int64_t avail = (int64_t)fy_loader_batches(ld);
+    int64_t nb = cfg->batches && cfg->batches < avail ? cfg->batches : avail;
+    if (!(losses = malloc((size_t)nb * sizeof *losses))) {
+        fy_log_error("out of host memory for %lld losses", (long long)nb);
         st = FY_ERR_NOMEM;
-        goto fail;
+        goto done;
     }
-    if ((st = fy_dev_new(&dc, &r.dev)) != FY_OK) goto fail;
-    if ((st = fy_plan_new(cfg.layers, B, 1, &r.plan)) != FY_OK) goto fail;
-    r.plan.dtype = fy_opts_dtype(o, dc.kind);
-    fy_trainer_cfg tc = {.model = cfg, .B = B, .T = T, .eval_only = true, .plan = &r.plan};
-    if ((st = fy_trainer_new(r.dev, &tc, &r.tr)) != FY_OK) goto fail;
-    if ((st = fy_trainer_load(r.tr, r.init)) != FY_OK) goto fail;
-    int64_t avail = (int64_t)fy_loader_batches(r.val);
-    int64_t nb = o->batches && o->batches < avail ? o->batches : avail;
-    float loss;
-    if ((st = validate(&r, nb, &loss)) != FY_OK) goto fail;
-    printf("{\"loss\":%.9g,\"batches\":%lld,\"tokens\":%lld}\n", loss, (long long)nb,
-           (long long)nb * B * T);
-    run_free(&r);
-    return 0;
-fail:
-    run_free(&r);
-    return 1;
+    if ((st = fy_dev_new(&cfg->dev, &dev)) != FY_OK ||
+        (st = fy_plan_new(cfg->model, cfg->batch, 1, &plan)) != FY_OK)
+        goto done;
+    plan.dtype = cfg->dtype;
+    fy_trainer_cfg tc = {.model = cfg->model, .T = cfg->seq, .eval_only = true, .plan = &plan};
+    if ((st = fy_trainer_new(dev, &tc, &tr)) != FY_OK ||
+        (st = fy_trainer_load(tr, cfg->weights)) != FY_OK ||
+        (st = fy_trainer_eval_run(tr, (int)nb, batch_from, ld, losses)) != FY_OK)
+        goto done;
+    double sum = 0.0;
+    for (int64_t i = 0; i < nb; i++) sum += losses[i];
+    *out = (fy_eval_result){(float)(sum / (double)nb), nb, nb * cfg->batch * cfg->seq};
+done:
+    fy_trainer_free(tr);
+    fy_plan_free(&plan);
+    fy_dev_free(dev);
+    fy_loader_free(ld);
+    fy_tokens_free(tok);
+    free(losses);
+    return st;
 }

@@ -1,30 +1,84 @@
-/* train.h — the commands that drive a trainer: `ferry train` and `ferry eval`.
+/* train.h — the training loop and evaluation over data files, for a model and a plan the
+ * caller resolved (the `ferry` command translates its options into these configs).
  *
- * train: resolves the model (named config or weights file), the data (files or the
- * embedded corpus, with validation), the device, then runs the optimizer steps with the
- * learning-rate schedule, printing a line per step (or a progress display on long runs),
- * writing JSON Lines metrics, evaluating, and saving the weights.
- * eval: the mean loss of a weights file over a data file, printed last as JSON. */
+ * fy_train: opens the data (files or the embedded corpus, with validation), the device
+ * and a trainer, then runs the optimizer steps in windows (a window is one task graph;
+ * it ends at a validation point), with the learning-rate schedule; prints a line per step
+ * (or a progress display on long runs), appends JSON Lines metrics, evaluates, saves the
+ * weights and the trace, and reports. fy_eval: the mean loss of weights over a data file.
+ * Both log their errors once and return a status. */
 #ifndef FY_TRAIN_H
 #define FY_TRAIN_H
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
-#include "engine/cli/opts.h"
+#include "engine/device/device.h"
+#include "engine/io/safetensors.h"
+#include "engine/model/model.h"
+#include "offload/plan.h"
+#include "scheduler/scheduler.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+typedef struct fy_train_cfg {
+    /* what is trained */
+    const fy_model *model;
+    const fy_plan *plan;        /* micro-batch, accumulation, placement, storage type */
+    int seq;                    /* T */
+    const fy_st_file *init;     /* weights to start from, or NULL: initialised from seed */
+    /* data: text or token shards; NULL data: the embedded corpus (with its own
+     * validation text unless val_data is given) */
+    const char *data, *val_data;
+    double val_split;           /* without val_data: the last fraction of data */
+    /* the optimizer and its schedule */
+    int64_t steps;
+    double lr, min_lr;
+    bool cosine;                /* linear warmup, then cosine to min_lr (else constant) */
+    int64_t warmup;
+    float weight_decay, beta1, beta2, eps, clip;
+    uint64_t seed;
+    /* where and how it runs */
+    fy_dev_cfg dev;
+    fy_sched_mode schedule;
+    int adam_threads;
+    /* evaluation and output */
+    int64_t val_every, val_batches;  /* 0: validate only at the end */
+    int64_t log_every;               /* 0: every step up to 100 steps, else 1/50 of the run */
+    const char *save;                /* weights at the end (NULL: none) */
+    const char *metrics;             /* JSON Lines appended per step (NULL: none) */
+    const char *trace;               /* Chrome trace of every task (NULL: none) */
+    bool predict;                    /* simulate every schedule with the measured times */
+    bool quiet;
+} fy_train_cfg;
+
+fy_status fy_train(const fy_train_cfg *cfg);
+
+typedef struct fy_eval_cfg {
+    const fy_model *model;
+    const fy_st_file *weights;
+    const char *data;
+    int batch, seq;
+    int64_t batches;            /* 0: one pass over the data */
+    fy_dtype dtype;             /* device storage */
+    fy_dev_cfg dev;
+} fy_eval_cfg;
+
+typedef struct fy_eval_result { float loss; int64_t batches, tokens; } fy_eval_result;
+
+fy_status fy_eval(const fy_eval_cfg *cfg, fy_eval_result *out);
 
 /* Learning rate at 0-based step s of `steps`: constant, or linear warmup over `warmup`
  * steps ((s+1)/warmup * lr) then cosine from lr down to min_lr at the last step. */
 double fy_lr_at(int64_t s, int64_t steps, double lr, double min_lr, int64_t warmup,
                 bool cosine);
 
-/* Each returns the process exit code (0 success, 1 failure after one logged error). */
-int fy_train_main(const fy_opts *o);
-int fy_eval_main(const fy_opts *o);
+/* "plan    micro-batch B x A accumulated | ..." and the memory model of training plan
+ * with sequences of T, as printed before training and by a dry run. */
+void fy_train_print_plan(const fy_model *m, const fy_plan *plan, int T, FILE *f);
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,7 @@
-/* trainer.c — a trainer's life outside the step: building its storage under the plan
+/* trainer.c — a trainer's life outside its windows: building its storage under the plan
  * (offload/storage.c), initialising, loading and saving weights, reading parameters and
- * gradients back, and evaluation (a serial forward pass on the compute stream). The
- * training step itself is a task graph run by the scheduler (step_graph.c). */
+ * gradients back. Training and evaluation run as task graphs on the scheduler
+ * (step_graph.c). */
 #include "engine/trainer_impl.h"
 
 #include <math.h>
@@ -13,49 +13,6 @@
 #include "engine/core/dtype.h"
 #include "engine/core/reduce.h"
 #include "engine/device/kernels.h"
-#include "engine/model/gpt2_io.h"
-
-/* Block b's parameters on the device: resident, or copied into a staging slot. */
-static float *fetch(fy_trainer *tr, int b) {
-    const fy_chunk *c = &tr->st->chunks[b];
-    if (!fy_tr_streamed(tr, b)) return c->param_dev;
-    FY_ASSERT(!tr->fetched[b], "block fetched twice");
-    float *slot = fy_storage_param_slot(tr->st, b);
-    fy_copy_async(tr->s, slot, c->param_lp, fy_tr_nbytes(tr, b), FY_H2D);
-    tr->fetched[b] = slot;
-    return slot;
-}
-
-/* Stream order guarantees the slot's next copy runs after this block's kernels. */
-static void unfetch(fy_trainer *tr, int b) {
-    if (!fy_tr_streamed(tr, b)) return;
-    fy_storage_release_param(tr->st, b);
-    tr->fetched[b] = NULL;
-}
-
-/* Evaluation's forward pass, serial on the compute stream. */
-static void forward(fy_trainer *tr, float *loss_out) {
-    const fy_gpt2_config *mc = &tr->cfg.model;
-    fy_storage *st = tr->st;
-    const int B = tr->plan.micro_batch, T = tr->cfg.T, L = mc->layers;
-    const int32_t *x = st->tok_dev, *y = st->tok_dev + (size_t)B * T;
-    fy_gpt2_embed_w ew;
-    fy_gpt2_embed_view(&tr->lay.blocks[0], fy_tr_dt(tr), fetch(tr, 0), &ew);
-    fy_gpt2_embed_fwd(mc, &ew, x, st->x0, B, T, tr->s);
-    unfetch(tr, 0);
-    for (int l = 0; l < L; l++) {
-        fy_gpt2_layer_w w;
-        fy_gpt2_layer_view(&tr->lay.blocks[1 + l], fy_tr_dt(tr), fetch(tr, 1 + l), &w);
-        fy_gpt2_layer_fwd(mc, &w, &st->acts[l], fy_tr_layer_input(tr, l), &st->sc, B, T, tr->s);
-        unfetch(tr, 1 + l);
-    }
-    fy_gpt2_head_w hw;
-    fy_gpt2_head_view(&tr->lay.blocks[L + 1], fy_tr_dt(tr), fetch(tr, L + 1), &hw);
-    fy_gpt2_embed_view(&tr->lay.blocks[0], fy_tr_dt(tr), fetch(tr, 0), &ew);
-    fy_gpt2_head_fwd(mc, &hw, ew.wte, st->acts[L - 1].out, &st->head, y, loss_out, B, T, tr->s);
-    unfetch(tr, L + 1);
-    unfetch(tr, 0);
-}
 
 /* ---- construction ------------------------------------------------------------------ */
 
@@ -82,7 +39,7 @@ static fy_status new_pool(int compute_threads, int adam_threads, fy_adam_pool **
  * type's copies rounded to it. */
 static fy_status upload_params(fy_trainer *tr, float *const *host) {
     uint16_t *tmp = NULL;
-    for (int b = 0; b < tr->lay.nblocks; b++) {
+    for (int b = 0; b < fy_tr_nblocks(tr); b++) {
         const fy_chunk *c = &tr->st->chunks[b];
         if (c->param_host) memcpy(c->param_host, host[b], fy_tr_master_nbytes(tr, b));
         if (c->master_dev)
@@ -105,11 +62,12 @@ static fy_status upload_params(fy_trainer *tr, float *const *host) {
     return FY_OK;
 }
 
-static float **host_blocks_new(const fy_gpt2_layout *lay) {
-    float **h = calloc((size_t)lay->nblocks, sizeof *h);
+/* Host fp32 buffers of every block (nelem floats each). */
+static float **host_blocks_new(const fy_model *m) {
+    float **h = calloc((size_t)fy_model_nblocks(m), sizeof *h);
     if (!h) return NULL;
-    for (int b = 0; b < lay->nblocks; b++)
-        if (!(h[b] = malloc(lay->blocks[b].nelem * sizeof(float)))) {
+    for (int b = 0; b < fy_model_nblocks(m); b++)
+        if (!(h[b] = malloc(fy_model_block(m, b)->nelem * sizeof(float)))) {
             for (int k = 0; k < b; k++) free(h[k]);
             free(h);
             return NULL;
@@ -117,24 +75,21 @@ static float **host_blocks_new(const fy_gpt2_layout *lay) {
     return h;
 }
 
-static void host_blocks_free(const fy_gpt2_layout *lay, float **h) {
+static void host_blocks_free(const fy_model *m, float **h) {
     if (!h) return;
-    for (int b = 0; b < lay->nblocks; b++) free(h[b]);
+    for (int b = 0; b < fy_model_nblocks(m); b++) free(h[b]);
     free(h);
 }
 
 fy_status fy_trainer_setup_plan(fy_trainer *tr, const fy_trainer_cfg *cfg) {
     tr->cfg = *cfg;
     tr->cfg.plan = NULL;
-    FY_TRY(fy_gpt2_layout_new(&cfg->model, &tr->lay));
-    if (cfg->plan && cfg->plan->layers != cfg->model.layers) {
-        fy_log_error("the plan is for %d layers, the model has %d", cfg->plan->layers,
-                     cfg->model.layers);
-        return FY_ERR_INVALID;
-    }
+    tr->model = cfg->model;
+    FY_ASSERT(tr->model, "a trainer needs a model");
+    if (cfg->plan) FY_TRY(fy_plan_check(cfg->plan, tr->model));
     FY_TRY(cfg->plan ? fy_plan_copy(cfg->plan, &tr->plan)
-                     : fy_plan_new(cfg->model.layers, cfg->B,
-                                   cfg->grad_accum > 0 ? cfg->grad_accum : 1, &tr->plan));
+                     : fy_plan_new(tr->model, cfg->B, cfg->grad_accum > 0 ? cfg->grad_accum : 1,
+                                   &tr->plan));
     tr->cfg.B = tr->plan.micro_batch;
     tr->cfg.grad_accum = tr->plan.grad_accum;
     return FY_OK;
@@ -152,27 +107,26 @@ fy_status fy_trainer_new(fy_dev *dev, const fy_trainer_cfg *cfg, fy_trainer **ou
         (st = fy_stream_new(dev, "h2d", &tr->s_h2d)) != FY_OK ||
         (st = fy_stream_new(dev, "d2h", &tr->s_d2h)) != FY_OK)
         goto fail;
-    if ((st = fy_storage_new(dev, &tr->lay, &tr->plan, cfg->T, !cfg->eval_only, &tr->st)) != FY_OK ||
-        (st = fy_stream_set_dtype(tr->s, fy_tr_dt(tr))) != FY_OK)
+    if ((st = fy_storage_new(dev, tr->model, &tr->plan, cfg->T, !cfg->eval_only, &tr->st)) != FY_OK ||
+        (st = fy_stream_set_dtype(tr->s, fy_tr_dt(tr))) != FY_OK ||
+        (st = fy_event_new_timed(dev, &tr->ev_anchor)) != FY_OK)
         goto fail;
-    tr->fetched = calloc((size_t)tr->lay.nblocks, sizeof *tr->fetched);
-    tr->cost_ms = calloc((size_t)FY_T_COUNT * (tr->lay.nblocks + 1) * 2, sizeof *tr->cost_ms);
-    if (!tr->fetched || !tr->cost_ms) { st = FY_ERR_NOMEM; goto fail; }
-    for (int b = 0; b < tr->lay.nblocks && !cfg->eval_only; b++)
+    tr->cost_ms = calloc((size_t)FY_T_COUNT * (fy_tr_nblocks(tr) + 1) * 2, sizeof *tr->cost_ms);
+    if (!tr->cost_ms) { st = FY_ERR_NOMEM; goto fail; }
+    for (int b = 0; b < fy_tr_nblocks(tr) && !cfg->eval_only; b++)
         if (fy_tr_cpu_optim(tr, b)) {
             int at = cfg->adam_threads > 0 ? cfg->adam_threads : fy_dev_threads(dev);
             if ((st = new_pool(fy_dev_threads(dev), at, &tr->pool)) != FY_OK) goto fail;
             break;
         }
-    if (!(host = host_blocks_new(&tr->lay))) { st = FY_ERR_NOMEM; goto fail; }
-    for (int b = 0; b < tr->lay.nblocks; b++)
-        fy_gpt2_init_block(&cfg->model, &tr->lay.blocks[b], cfg->seed, host[b]);
+    if (!(host = host_blocks_new(tr->model))) { st = FY_ERR_NOMEM; goto fail; }
+    for (int b = 0; b < fy_tr_nblocks(tr); b++) fy_model_init_block(tr->model, b, cfg->seed, host[b]);
     if ((st = upload_params(tr, host)) != FY_OK) goto fail;
-    host_blocks_free(&tr->lay, host);
+    host_blocks_free(tr->model, host);
     *out = tr;
     return FY_OK;
 fail:
-    host_blocks_free(&tr->lay, host);
+    if (tr->model) host_blocks_free(tr->model, host);
     fy_trainer_free(tr);
     return st;
 }
@@ -182,9 +136,9 @@ fy_status fy_trainer_new_dry(const fy_trainer_cfg *cfg, fy_trainer **out) {
     fy_trainer *tr = calloc(1, sizeof *tr);
     if (!tr) return FY_ERR_NOMEM;
     fy_status st = fy_trainer_setup_plan(tr, cfg);
-    if (st == FY_OK) st = fy_storage_dry(&tr->lay, &tr->plan, cfg->T, true, &tr->st);
+    if (st == FY_OK) st = fy_storage_dry(tr->model, &tr->plan, cfg->T, true, &tr->st);
     if (st == FY_OK) {
-        tr->cost_ms = calloc((size_t)FY_T_COUNT * (tr->lay.nblocks + 1) * 2, sizeof *tr->cost_ms);
+        tr->cost_ms = calloc((size_t)FY_T_COUNT * (fy_tr_nblocks(tr) + 1) * 2, sizeof *tr->cost_ms);
         if (!tr->cost_ms) st = FY_ERR_NOMEM;
     }
     if (st != FY_OK) {
@@ -201,41 +155,42 @@ void fy_trainer_free(fy_trainer *tr) {
     fy_stream_free(tr->s);
     fy_stream_free(tr->s_h2d);
     fy_stream_free(tr->s_d2h);
+    fy_trainer_graph_free(tr);
+    fy_event_free(tr->ev_anchor);
     fy_storage_free(tr->st);
     fy_adam_pool_free(tr->pool);
-    free(tr->fetched);
     free(tr->cost_ms);
     fy_plan_free(&tr->plan);
-    fy_gpt2_layout_free(&tr->lay);
     free(tr);
 }
 
-const fy_gpt2_layout *fy_trainer_layout(const fy_trainer *tr) { return &tr->lay; }
+const fy_model *fy_trainer_model(const fy_trainer *tr) { return tr->model; }
 int64_t fy_trainer_steps_done(const fy_trainer *tr) { return tr->steps_done; }
+int64_t fy_trainer_micro_done(const fy_trainer *tr) { return tr->micro_base; }
 const fy_storage *fy_trainer_storage(const fy_trainer *tr) { return tr->st; }
 
 fy_status fy_trainer_load(fy_trainer *tr, const fy_st_file *f) {
-    float **h = host_blocks_new(&tr->lay);
+    float **h = host_blocks_new(tr->model);
     if (!h) return FY_ERR_NOMEM;
-    fy_status st = fy_gpt2_load_blocks(f, &tr->lay, h);
+    fy_status st = fy_model_load(tr->model, f, h);
     if (st == FY_OK) st = upload_params(tr, h);
-    host_blocks_free(&tr->lay, h);
+    host_blocks_free(tr->model, h);
     return st;
 }
 
 fy_status fy_trainer_save(fy_trainer *tr, const char *path) {
-    float **h = host_blocks_new(&tr->lay);
+    float **h = host_blocks_new(tr->model);
     if (!h) return FY_ERR_NOMEM;
-    for (int b = 0; b < tr->lay.nblocks; b++) fy_trainer_get_params(tr, b, h[b]);
-    fy_status st = fy_gpt2_save(path, &tr->lay, h);
-    host_blocks_free(&tr->lay, h);
+    for (int b = 0; b < fy_tr_nblocks(tr); b++) fy_trainer_get_params(tr, b, h[b]);
+    fy_status st = fy_model_save(tr->model, path, h);
+    host_blocks_free(tr->model, h);
     return st;
 }
 
 /* Block b's buffer of the storage type (in host memory, or on the device) into fp32
  * host memory. */
 static void read_widened(fy_trainer *tr, float *host, const void *src, bool src_on_host, int b) {
-    const size_t n = tr->lay.blocks[b].nelem;
+    const size_t n = fy_tr_block(tr, b)->nelem;
     /* bf16 lands in the back half and is widened in place: host holds n floats, the bf16
      * copy 2n bytes, and host[i] (bytes 4i..4i+3) never overtakes lo[i] (2n + 2i) */
     void *dst = fy_tr_lp(tr) ? (void *)((uint16_t *)host + n) : (void *)host;
@@ -268,21 +223,3 @@ void fy_trainer_get_grads(fy_trainer *tr, int b, float *host) {
     read_widened(tr, host, c->grad_host ? c->grad_host : c->grad_dev, c->grad_host != NULL, b);
 }
 
-/* ---- the step ---------------------------------------------------------------------- */
-
-static void upload_tokens(fy_trainer *tr, const int32_t *x, const int32_t *y) {
-    const size_t N = (size_t)tr->plan.micro_batch * tr->cfg.T;
-    fy_stream_sync(tr->s); /* the staging buffer is reused: the last copy must be done */
-    memcpy(tr->st->tok_host, x, N * sizeof(int32_t));
-    memcpy(tr->st->tok_host + N, y, N * sizeof(int32_t));
-    fy_copy_async(tr->s, tr->st->tok_dev, tr->st->tok_host, 2 * N * sizeof(int32_t), FY_H2D);
-}
-
-fy_status fy_trainer_eval(fy_trainer *tr, const int32_t *x, const int32_t *y, float *loss) {
-    upload_tokens(tr, x, y);
-    forward(tr, tr->st->loss_dev);
-    fy_copy_async(tr->s, tr->st->loss_host, tr->st->loss_dev, sizeof(float), FY_D2H);
-    fy_stream_sync(tr->s);
-    *loss = tr->st->loss_host[0];
-    return FY_OK;
-}

@@ -1,14 +1,16 @@
-/* trainer.h — one model being trained on one device under a placement plan, and one
- * optimizer step over it.
+/* trainer.h — one model being trained on one device under a placement plan, and the
+ * optimizer steps over it.
  *
  * A trainer owns the storage of a run (offload/storage.h: each block's parameters,
- * gradients and AdamW moments where the plan puts them, staging slots, activations).
- * A step runs forward and backward over the plan's micro-batches, fetching streamed
- * blocks into staging slots, recomputing checkpointed layers in backward and sending the
- * gradients of cpu-optimised blocks to the host; it takes the global gradient norm
- * (summed per block in block order), clips, and updates every block where its optimizer
- * lives, sending updated weights back to the device. The step runs as a task graph on
- * the scheduler's lanes (step_graph.c), several steps in flight as dependencies allow.
+ * gradients and AdamW moments where the plan puts them, staging slots, activations) and
+ * knows the model only through the model interface (engine/model/model.h). A step runs
+ * forward and backward over the plan's micro-batches, fetching streamed blocks into
+ * staging slots, recomputing checkpointed layers in backward and sending the gradients
+ * of cpu-optimised blocks to the host; it takes the global gradient norm (summed per
+ * block in block order), clips, and updates every block where its optimizer lives,
+ * sending updated weights back to the device. Steps run as a task graph on the
+ * scheduler's lanes (step_graph.c), several in flight as dependencies allow; evaluation
+ * runs through the same graph builder and staging pools.
  *
  * Invariance: every plan computes the same floating-point operations in the same order
  * (micro-batch gradients are produced into zeroed buffers and accumulated with one add
@@ -19,6 +21,13 @@
  * when below 1. A non-finite norm skips the update (nothing changes, the step counter
  * does not advance) and is reported in the stats.
  *
+ * Failure: a task that fails (its batch cannot be read, an injected fault) ends the window
+ * with one error line naming the task. Steps before the failing one complete; the failing
+ * step and later ones apply nothing, so the trainer can be retried (the same window
+ * again continues exactly where it stopped: micro-batch numbers are absolute) or freed.
+ * Only a failure inside the update of a step (which changes some blocks' weights and not
+ * others) leaves the trainer broken: every later call but free refuses.
+ *
  * Threads: a trainer is driven from one thread. */
 #ifndef FY_TRAINER_H
 #define FY_TRAINER_H
@@ -28,7 +37,7 @@
 
 #include "engine/device/device.h"
 #include "engine/io/safetensors.h"
-#include "engine/model/gpt2.h"
+#include "engine/model/model.h"
 #include "offload/plan.h"
 #include "offload/storage.h"
 #include "scheduler/scheduler.h"
@@ -38,7 +47,7 @@ extern "C" {
 #endif
 
 typedef struct fy_trainer_cfg {
-    fy_gpt2_config model;
+    const fy_model *model; /* borrowed: must outlive the trainer */
     int B, T;          /* micro-batch (B is taken from the plan when one is given) */
     int grad_accum;    /* micro-batches per step (0 = 1; taken from the plan if given) */
     const fy_plan *plan; /* NULL: everything resident on the device */
@@ -58,9 +67,11 @@ typedef struct fy_step_stats {
     double step_ms;    /* from the end of the previous step's last task to this one's */
 } fy_step_stats;
 
-/* Fills x and y (B*T tokens each, host memory) with global micro-batch number `micro`.
- * Called from the transfer lane's thread, in micro-batch order. */
-typedef void (*fy_batch_fn)(void *ctx, int64_t micro, int32_t *x, int32_t *y);
+/* Fills x and y (B*T tokens each, host memory) with micro-batch number `micro`: training
+ * counts micro-batches from the trainer's first step (a retried window asks for the same
+ * numbers again), evaluation from 0 in each call. Called from the transfer lane's thread,
+ * in order. A failure (logged) ends the window. */
+typedef fy_status (*fy_batch_fn)(void *ctx, int64_t micro, int32_t *x, int32_t *y);
 
 typedef struct fy_trainer fy_trainer;
 
@@ -70,40 +81,49 @@ void fy_trainer_free(fy_trainer *tr); /* NULL is a no-op */
 
 /* A trainer for planning only: the plan, its storage tables and memory model, and a task
  * cost table, with no device and no memory. fy_trainer_predict works on it (after
- * fy_trainer_set_cost); nothing else may be called but fy_trainer_storage/layout/free. */
+ * fy_trainer_set_cost); nothing else may be called but fy_trainer_storage/model/free. */
 fy_status fy_trainer_new_dry(const fy_trainer_cfg *cfg, fy_trainer **out);
 
-/* Task kinds of the step graph, for cost tables (see step_graph.c). */
+/* Task kinds of the step graph, for cost tables and traces (see step_graph.c). */
 typedef enum fy_task_kind {
     FY_T_LOAD = 0, FY_T_H2D_PARAM, FY_T_FWD, FY_T_GOPEN, FY_T_HEAD, FY_T_RECOMPUTE, FY_T_BWD,
     FY_T_D2H_GRAD, FY_T_NORM, FY_T_ADAM_GPU, FY_T_D2H_PARAM, FY_T_ADAM_CPU, FY_T_H2D_UPDATE,
-    FY_T_COUNT
+    FY_T_COLLECT, FY_T_COUNT
 } fy_task_kind;
 const char *fy_task_kind_name(int kind);
 
 /* The mean measured duration of tasks of kind on block (-1: no block), or -1 if none
- * ran; and setting it (a planning trainer's cost model). */
+ * ran; and setting it (a planning trainer's cost model). Durations are the device's
+ * (between events around the task's work) for tasks on device lanes. */
 double fy_trainer_cost(const fy_trainer *tr, fy_task_kind kind, int block);
 void fy_trainer_set_cost(fy_trainer *tr, fy_task_kind kind, int block, double ms);
 /* Forgets the measured durations (e.g. after warm-up steps). */
 void fy_trainer_reset_costs(fy_trainer *tr);
 
-const fy_gpt2_layout *fy_trainer_layout(const fy_trainer *tr);
+const fy_model *fy_trainer_model(const fy_trainer *tr);
 
-/* Replaces the weights with a file's (shape checked against the trainer's model). */
+/* Replaces the weights with a file's (every tensor checked against the model). */
 fy_status fy_trainer_load(fy_trainer *tr, const fy_st_file *f);
 fy_status fy_trainer_save(fy_trainer *tr, const char *path);
 
-/* Runs nsteps optimizer steps as one task graph (steps overlap as dependencies allow),
- * with learning rates lrs[nsteps], micro-batches from next_batch, and fills stats[nsteps].
- * If trace is set, the run's task records are kept there (free with
- * fy_sched_result_free) and *graph_out gets the graph (free with fy_graph_free). */
-fy_status fy_trainer_run(fy_trainer *tr, int nsteps, const float *lrs, fy_batch_fn next_batch,
-                         void *ctx, fy_step_stats *stats, fy_sched_result *trace,
-                         fy_graph *graph_out);
+/* A window: nsteps optimizer steps run as one task graph. */
+typedef struct fy_window {
+    int nsteps;
+    const float *lrs;          /* nsteps learning rates */
+    fy_batch_fn next_batch;
+    void *batch_ctx;
+    fy_step_stats *stats;      /* out: nsteps (on failure, the first `completed`) */
+    int completed;             /* out: steps applied (nsteps, unless a task failed) */
+    fy_sched_result *trace;    /* optional out: the task records (free with
+                                  fy_sched_result_free); with graph */
+    fy_graph *graph;           /* optional out: the graph (free with fy_graph_free) */
+} fy_window;
+
+/* Runs a window. On a task failure the status is the task's (see the top). */
+fy_status fy_trainer_run(fy_trainer *tr, fy_window *w);
 
 /* Predicts, on the simulator, the run of nsteps steps under mode from the mean task
- * durations measured by earlier fy_trainer_run calls. Without norm_barrier, updates wait
+ * durations measured by earlier runs (or set). Without norm_barrier, updates wait
  * only for their own gradients (not what training does: exact clipping and skipping a
  * non-finite step need the global norm first), which measures what the barrier costs. */
 fy_status fy_trainer_predict(fy_trainer *tr, int nsteps, fy_sched_mode mode, bool norm_barrier,
@@ -113,14 +133,26 @@ fy_status fy_trainer_predict(fy_trainer *tr, int nsteps, fy_sched_mode mode, boo
  * grad_accum*B*T tokens each (host memory), micro-batch after micro-batch. */
 fy_status fy_trainer_step(fy_trainer *tr, const int32_t *x, const int32_t *y, float lr,
                           fy_step_stats *out);
+/* The mean loss of each of nbatches B x T batches (from next_batch, numbered from 0), no
+ * gradients, into losses[nbatches]. */
+fy_status fy_trainer_eval_run(fy_trainer *tr, int nbatches, fy_batch_fn next_batch, void *ctx,
+                              float *losses);
 /* Mean loss of one B x T batch, no gradients. */
 fy_status fy_trainer_eval(fy_trainer *tr, const int32_t *x, const int32_t *y, float *loss);
 
-/* Copies block b's parameters or current gradients to host (blocks[b].nelem floats). */
+/* Copies block b's parameters (the fp32 master) or current gradients to host
+ * (fy_model_block(m, b)->nelem floats). */
 void fy_trainer_get_params(fy_trainer *tr, int b, float *host);
 void fy_trainer_get_grads(fy_trainer *tr, int b, float *host);
-int64_t fy_trainer_steps_done(const fy_trainer *tr);
+int64_t fy_trainer_steps_done(const fy_trainer *tr);   /* updates applied */
+int64_t fy_trainer_micro_done(const fy_trainer *tr);   /* micro-batches of finished steps */
 const fy_storage *fy_trainer_storage(const fy_trainer *tr);
+
+/* Test hook: the next task of `kind` on `block` (-1: any) of absolute micro-batch `micro`
+ * (per-step tasks carry their step's last micro-batch; evaluation counts its own) fails
+ * with status st after logging "injected failure", before it queues any work. */
+void fy_trainer_inject_failure(fy_trainer *tr, fy_task_kind kind, int block, int64_t micro,
+                               fy_status st);
 
 #ifdef __cplusplus
 }

@@ -11,20 +11,31 @@ static const char *params_names[] = {"resident", "streamed"};
 static const char *optim_names[] = {"gpu", "cpu"};
 static const char *acts_names[] = {"keep", "recompute"};
 
-fy_status fy_plan_new(int layers, int micro_batch, int grad_accum, fy_plan *out) {
+static fy_status plan_alloc(int nblocks, int micro_batch, int grad_accum, fy_plan *out) {
     memset(out, 0, sizeof *out);
-    if (layers <= 0 || micro_batch <= 0 || grad_accum <= 0 || grad_accum > FY_PLAN_MAX_ACCUM) {
-        fy_log_error("plan: layers, micro-batch and accumulation (at most %d) must be positive",
+    if (nblocks < 2 || micro_batch <= 0 || grad_accum <= 0 || grad_accum > FY_PLAN_MAX_ACCUM) {
+        fy_log_error("plan: blocks, micro-batch and accumulation (at most %d) must be positive",
                      FY_PLAN_MAX_ACCUM);
         return FY_ERR_INVALID;
     }
-    out->blocks = calloc((size_t)layers + 2, sizeof *out->blocks);
+    out->blocks = calloc((size_t)nblocks, sizeof *out->blocks);
     if (!out->blocks) return FY_ERR_NOMEM;
-    out->layers = layers;
+    out->nblocks = nblocks;
     out->micro_batch = micro_batch;
     out->grad_accum = grad_accum;
     out->prefetch = 1;
     out->dtype = FY_F32;
+    return FY_OK;
+}
+
+fy_status fy_plan_new(const fy_model *m, int micro_batch, int grad_accum, fy_plan *out) {
+    FY_TRY(plan_alloc(fy_model_nblocks(m), micro_batch, grad_accum, out));
+    for (int b = 0; b < out->nblocks; b++) {
+        const fy_block_spec *blk = fy_model_block(m, b);
+        out->blocks[b].kind = blk->kind;
+        out->blocks[b].layer = blk->layer;
+    }
+    out->layers = fy_model_layers(m);
     return FY_OK;
 }
 
@@ -34,17 +45,18 @@ void fy_plan_free(fy_plan *p) {
 }
 
 fy_status fy_plan_copy(const fy_plan *src, fy_plan *dst) {
-    FY_TRY(fy_plan_new(src->layers, src->micro_batch, src->grad_accum, dst));
-    memcpy(dst->blocks, src->blocks, ((size_t)src->layers + 2) * sizeof *dst->blocks);
+    FY_TRY(plan_alloc(src->nblocks, src->micro_batch, src->grad_accum, dst));
+    memcpy(dst->blocks, src->blocks, (size_t)src->nblocks * sizeof *dst->blocks);
+    dst->layers = src->layers;
     dst->prefetch = src->prefetch;
     dst->dtype = src->dtype;
     return FY_OK;
 }
 
 bool fy_plan_equal(const fy_plan *a, const fy_plan *b) {
-    return a->layers == b->layers && a->micro_batch == b->micro_batch &&
+    return a->nblocks == b->nblocks && a->micro_batch == b->micro_batch &&
            a->grad_accum == b->grad_accum && a->prefetch == b->prefetch && a->dtype == b->dtype &&
-           !memcmp(a->blocks, b->blocks, ((size_t)a->layers + 2) * sizeof *a->blocks);
+           !memcmp(a->blocks, b->blocks, (size_t)a->nblocks * sizeof *a->blocks);
 }
 
 fy_status fy_plan_shorthands(fy_plan *p, double params_ratio, double optim_ratio,
@@ -60,25 +72,47 @@ fy_status fy_plan_shorthands(fy_plan *p, double params_ratio, double optim_ratio
     }
     /* ceil with a guard so 0.5 * 12 is 6, not 7 from rounding noise */
     int kp = (int)ceil(params_ratio * L - 1e-9), ko = (int)ceil(optim_ratio * L - 1e-9);
-    for (int l = 0; l < L; l++) {
-        fy_block_plan *b = &p->blocks[1 + l];
-        b->params = l < kp ? FY_PARAMS_STREAMED : FY_PARAMS_RESIDENT;
-        b->optim = l >= L - ko ? FY_OPTIM_CPU : FY_OPTIM_GPU;
-        b->acts = l < ckpt_layers ? FY_ACTS_RECOMPUTE : FY_ACTS_KEEP;
-    }
-    fy_block_plan *ends[2] = {&p->blocks[0], &p->blocks[L + 1]};
-    for (int i = 0; i < 2; i++) {
-        ends[i]->params = params_ratio >= 1 ? FY_PARAMS_STREAMED : FY_PARAMS_RESIDENT;
-        ends[i]->optim = optim_ratio >= 1 ? FY_OPTIM_CPU : FY_OPTIM_GPU;
-        ends[i]->acts = FY_ACTS_KEEP;
+    for (int b = 0; b < p->nblocks; b++) {
+        fy_block_plan *bp = &p->blocks[b];
+        if (bp->kind == FY_BLOCK_LAYER) {
+            const int l = bp->layer;
+            bp->params = l < kp ? FY_PARAMS_STREAMED : FY_PARAMS_RESIDENT;
+            bp->optim = l >= L - ko ? FY_OPTIM_CPU : FY_OPTIM_GPU;
+            bp->acts = l < ckpt_layers ? FY_ACTS_RECOMPUTE : FY_ACTS_KEEP;
+        } else { /* the embedding and the head move only with a ratio of 1 */
+            bp->params = params_ratio >= 1 ? FY_PARAMS_STREAMED : FY_PARAMS_RESIDENT;
+            bp->optim = optim_ratio >= 1 ? FY_OPTIM_CPU : FY_OPTIM_GPU;
+            bp->acts = FY_ACTS_KEEP;
+        }
     }
     return FY_OK;
 }
 
-static void block_name(const fy_plan *p, int b, char *buf, size_t cap) {
-    if (b == 0) snprintf(buf, cap, "embed");
-    else if (b == p->layers + 1) snprintf(buf, cap, "head");
-    else snprintf(buf, cap, "layer.%d", b - 1);
+static void block_name(const fy_block_plan *bp, char *buf, size_t cap) {
+    if (bp->kind == FY_BLOCK_LAYER) snprintf(buf, cap, "layer.%d", bp->layer);
+    else snprintf(buf, cap, "%s", fy_block_kind_name(bp->kind));
+}
+
+fy_status fy_plan_check(const fy_plan *p, const fy_model *m) {
+    if (p->nblocks != fy_model_nblocks(m)) {
+        fy_log_error("the plan is for %d layers, the model has %d", p->layers, fy_model_layers(m));
+        return FY_ERR_INVALID;
+    }
+    for (int b = 0; b < p->nblocks; b++) {
+        const fy_block_spec *blk = fy_model_block(m, b);
+        const fy_block_plan *bp = &p->blocks[b];
+        if (bp->kind != blk->kind || bp->layer != blk->layer) {
+            char name[32];
+            block_name(bp, name, sizeof name);
+            fy_log_error("plan block %d is %s, the model's is %s", b, name, blk->name);
+            return FY_ERR_INVALID;
+        }
+        if (bp->acts == FY_ACTS_RECOMPUTE && bp->kind != FY_BLOCK_LAYER) {
+            fy_log_error("plan block %s: only layers can recompute", blk->name);
+            return FY_ERR_INVALID;
+        }
+    }
+    return FY_OK;
 }
 
 static int pick(const char *s, const char *const *names, int n) {
@@ -97,9 +131,9 @@ fy_status fy_plan_save(const char *path, const fy_plan *p) {
     cJSON_AddNumberToObject(root, "prefetch", p->prefetch);
     if (p->dtype == FY_F32 || p->dtype == FY_BF16)
         cJSON_AddStringToObject(root, "dtype", fy_dtype_name(p->dtype));
-    for (int b = 0; b < p->layers + 2; b++) {
+    for (int b = 0; b < p->nblocks; b++) {
         char name[32];
-        block_name(p, b, name, sizeof name);
+        block_name(&p->blocks[b], name, sizeof name);
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "block", name);
         cJSON_AddStringToObject(o, "params", params_names[p->blocks[b].params]);
@@ -113,7 +147,8 @@ fy_status fy_plan_save(const char *path, const fy_plan *p) {
     return st;
 }
 
-fy_status fy_plan_load(const char *path, int layers, fy_plan *out) {
+fy_status fy_plan_load(const char *path, const fy_model *m, fy_plan *out) {
+    const int layers = fy_model_layers(m), nb = fy_model_nblocks(m);
     memset(out, 0, sizeof *out);
     cJSON *root;
     FY_TRY(fy_json_read(path, "plan", &root));
@@ -141,8 +176,8 @@ fy_status fy_plan_load(const char *path, int layers, fy_plan *out) {
         why = "micro_batch (1..65536) and grad_accum (1..1024) must be integers in range";
         goto done;
     }
-    if (!cJSON_IsArray(blocks) || cJSON_GetArraySize(blocks) != layers + 2) {
-        snprintf(whybuf, sizeof whybuf, "\"blocks\" must list %d blocks", layers + 2);
+    if (!cJSON_IsArray(blocks) || cJSON_GetArraySize(blocks) != nb) {
+        snprintf(whybuf, sizeof whybuf, "\"blocks\" must list %d blocks", nb);
         why = whybuf;
         goto done;
     }
@@ -159,15 +194,15 @@ fy_status fy_plan_load(const char *path, int layers, fy_plan *out) {
         why = "dtype must be \"fp32\" or \"bf16\"";
         goto done;
     }
-    if ((st = fy_plan_new(layers, (int)jb->valuedouble, (int)ja->valuedouble, out)) != FY_OK)
+    if ((st = fy_plan_new(m, (int)jb->valuedouble, (int)ja->valuedouble, out)) != FY_OK)
         goto done;
     if (jp) out->prefetch = (int)jp->valuedouble;
     out->dtype = dtype;
     st = FY_ERR_FORMAT;
-    for (int b = 0; b < layers + 2; b++) {
+    for (int b = 0; b < nb; b++) {
         const cJSON *o = cJSON_GetArrayItem(blocks, b);
         char name[32];
-        block_name(out, b, name, sizeof name);
+        block_name(&out->blocks[b], name, sizeof name);
         const cJSON *jn = cJSON_GetObjectItemCaseSensitive(o, "block");
         int pp = pick(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "params")), params_names, 2);
         int po = pick(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "optim")), optim_names, 2);
@@ -183,12 +218,14 @@ fy_status fy_plan_load(const char *path, int layers, fy_plan *out) {
             why = whybuf;
             goto done;
         }
-        if (pa == FY_ACTS_RECOMPUTE && (b == 0 || b == layers + 1)) {
+        if (pa == FY_ACTS_RECOMPUTE && out->blocks[b].kind != FY_BLOCK_LAYER) {
             snprintf(whybuf, sizeof whybuf, "block %s: only layers can recompute", name);
             why = whybuf;
             goto done;
         }
-        out->blocks[b] = (fy_block_plan){(fy_params_place)pp, (fy_optim_place)po, (fy_acts_policy)pa};
+        out->blocks[b].params = (fy_params_place)pp;
+        out->blocks[b].optim = (fy_optim_place)po;
+        out->blocks[b].acts = (fy_acts_policy)pa;
     }
     st = FY_OK;
 done:
@@ -200,37 +237,36 @@ done:
     return st;
 }
 
-/* Appends "what: layers a-b, c, embed" for the blocks where pred holds. */
+static int field_of(const fy_block_plan *bp, int field) {
+    return field == 0 ? (int)bp->params : field == 1 ? (int)bp->optim : (int)bp->acts;
+}
+
+/* Appends "what: layers a-b, c, embed" for the blocks whose field has value: runs of
+ * consecutive layers, then the other blocks by kind. */
 static void describe_set(const fy_plan *p, const char *what, int field, int value, char *buf,
                          size_t cap) {
     size_t len = strlen(buf);
     snprintf(buf + len, cap - len, "%s%s:", len ? " | " : "", what);
     bool any = false;
-    const int L = p->layers;
-    for (int l = 0; l < L;) {
-        const fy_block_plan *bp = &p->blocks[1 + l];
-        int v = field == 0 ? (int)bp->params : field == 1 ? (int)bp->optim : (int)bp->acts;
-        if (v != value) { l++; continue; }
-        int e = l;
-        while (e + 1 < L) {
-            const fy_block_plan *bn = &p->blocks[2 + e];
-            int vn = field == 0 ? (int)bn->params : field == 1 ? (int)bn->optim : (int)bn->acts;
-            if (vn != value) break;
+    for (int b = 0; b < p->nblocks;) {
+        const fy_block_plan *bp = &p->blocks[b];
+        if (bp->kind != FY_BLOCK_LAYER || field_of(bp, field) != value) { b++; continue; }
+        int e = b;
+        while (e + 1 < p->nblocks && p->blocks[e + 1].kind == FY_BLOCK_LAYER &&
+               field_of(&p->blocks[e + 1], field) == value)
             e++;
-        }
         len = strlen(buf);
-        if (e > l) snprintf(buf + len, cap - len, "%s layers %d-%d", any ? "," : "", l, e);
-        else snprintf(buf + len, cap - len, "%s layer %d", any ? "," : "", l);
+        if (e > b) snprintf(buf + len, cap - len, "%s layers %d-%d", any ? "," : "", bp->layer,
+                            p->blocks[e].layer);
+        else snprintf(buf + len, cap - len, "%s layer %d", any ? "," : "", bp->layer);
         any = true;
-        l = e + 1;
+        b = e + 1;
     }
-    const int ends[2] = {0, L + 1};
-    for (int i = 0; i < 2; i++) {
-        const fy_block_plan *bp = &p->blocks[ends[i]];
-        int v = field == 0 ? (int)bp->params : field == 1 ? (int)bp->optim : (int)bp->acts;
-        if (v != value) continue;
+    for (int b = 0; b < p->nblocks; b++) {
+        const fy_block_plan *bp = &p->blocks[b];
+        if (bp->kind == FY_BLOCK_LAYER || field_of(bp, field) != value) continue;
         len = strlen(buf);
-        snprintf(buf + len, cap - len, "%s %s", any ? "," : "", i ? "head" : "embed");
+        snprintf(buf + len, cap - len, "%s %s", any ? "," : "", fy_block_kind_name(bp->kind));
         any = true;
     }
     if (!any) {

@@ -1,6 +1,6 @@
 /* plan.h — where each block's state lives and what is recomputed: the placement plan.
  *
- * Per block (0 = embedding, 1..L = layers, L+1 = head):
+ * Per block of the model (an embedding, layers, a head; model.h):
  *   params  resident  parameters stay in device memory
  *           streamed  parameters live in host memory and are copied into a device
  *                     staging slot for each use (forward, recompute, backward, update)
@@ -32,6 +32,7 @@
 
 #include "engine/core/dtype.h"
 #include "engine/core/status.h"
+#include "engine/model/model.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -44,13 +45,16 @@ typedef enum fy_acts_policy { FY_ACTS_KEEP = 0, FY_ACTS_RECOMPUTE } fy_acts_poli
 #define FY_PLAN_MAX_ACCUM 1024
 
 typedef struct fy_block_plan {
+    fy_block_kind kind;    /* the model's block (fixed at fy_plan_new) */
+    int layer;             /* layers: 0..L-1; else -1 */
     fy_params_place params;
     fy_optim_place optim;
     fy_acts_policy acts;
 } fy_block_plan;
 
 typedef struct fy_plan {
-    int layers;            /* L; blocks has L + 2 entries */
+    int nblocks;           /* the model's blocks, in its order */
+    int layers;            /* how many of them are layers */
     fy_block_plan *blocks;
     int micro_batch;       /* B */
     int grad_accum;        /* micro-batches per optimizer step */
@@ -61,12 +65,12 @@ typedef struct fy_plan {
                               is stored as fp32 */
 } fy_plan;
 
-/* The all-resident plan: everything on the device, nothing recomputed. */
-fy_status fy_plan_new(int layers, int micro_batch, int grad_accum, fy_plan *out);
+/* The all-resident plan for model m: everything on the device, nothing recomputed. */
+fy_status fy_plan_new(const fy_model *m, int micro_batch, int grad_accum, fy_plan *out);
 void fy_plan_free(fy_plan *p);
 fy_status fy_plan_copy(const fy_plan *src, fy_plan *dst);
 
-/* AutoHete's shorthands, on transformer layers: stream the parameters of the first
+/* AutoHete's shorthands, on the layer blocks: stream the parameters of the first
  * ceil(params_ratio*L) layers, run the optimizer of the last ceil(optim_ratio*L) layers
  * on the CPU, recompute the first ckpt_layers layers. A ratio of 1 also moves the
  * embedding and head blocks (all of the model's parameters / optimizer). Ratios in
@@ -74,9 +78,13 @@ fy_status fy_plan_copy(const fy_plan *src, fy_plan *dst);
 fy_status fy_plan_shorthands(fy_plan *p, double params_ratio, double optim_ratio,
                              int ckpt_layers);
 
-fy_status fy_plan_load(const char *path, int layers, fy_plan *out);
+/* A plan file for model m: its blocks must be m's, by name and order. */
+fy_status fy_plan_load(const char *path, const fy_model *m, fy_plan *out);
 fy_status fy_plan_save(const char *path, const fy_plan *p);
 
+/* FY_ERR_INVALID (logged) unless plan p fits model m (its blocks, recompute on layers
+ * only, sizes in range). */
+fy_status fy_plan_check(const fy_plan *p, const fy_model *m);
 /* "params streamed: layers 0-5 | optim cpu: layers 6-11, embed, head | recompute: none" */
 void fy_plan_describe(const fy_plan *p, char *buf, size_t cap);
 bool fy_plan_equal(const fy_plan *a, const fy_plan *b);

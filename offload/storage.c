@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "engine/core/util.h"
+#include "offload/plan.h"
 
 #define HOST_ALIGN 64
 
@@ -65,46 +66,77 @@ static size_t fsz(size_t nelem) { return nelem * sizeof(float); }
 
 static fy_dtype plan_dtype(const fy_plan *plan) { return plan->dtype == FY_BF16 ? FY_BF16 : FY_F32; }
 
-static fy_status layout(walk *w, const fy_gpt2_layout *lay, const fy_plan *plan, int T,
-                        bool training, fy_chunk *chunks, fy_storage *st) {
-    const fy_gpt2_config *mc = &lay->cfg;
-    const int B = plan->micro_batch, L = mc->layers, nb = lay->nblocks;
+/* The least slots each ring needs for the serial order to run. Parameters: the most
+ * streamed blocks one task uses at once (a block and the blocks it links to). Gradients:
+ * walking backward from the head, the most staged gradients open at once: a block's own
+ * during its backward, and a linked block's from the backward of the block linking to
+ * it until its own (it is opened by the first writer). */
+static void min_slots(const fy_model *m, const fy_plan *plan, const fy_chunk *c, int *np,
+                      int *ng) {
+    const int nb = plan->nblocks;
+    bool *held = calloc((size_t)nb, sizeof *held);
+    FY_ASSERT(held, "out of host memory sizing the staging rings");
+    int nheld = 0;
+    *np = *ng = 0;
+    for (int b = nb - 1; b >= 0; b--) {
+        const fy_block_spec *blk = fy_model_block(m, b);
+        int p = plan->blocks[b].params == FY_PARAMS_STREAMED, opened = 0;
+        const int own = c[b].needs_grad_staging && !held[b];
+        for (int k = 0; k < blk->nlinks; k++) {
+            const int l = blk->links[k];
+            p += plan->blocks[l].params == FY_PARAMS_STREAMED;
+            opened += c[l].needs_grad_staging && !held[l];
+        }
+        if (p > *np) *np = p;
+        if (nheld + own + opened > *ng) *ng = nheld + own + opened;
+        for (int k = 0; k < blk->nlinks; k++) {
+            const int l = blk->links[k];
+            if (c[l].needs_grad_staging && !held[l]) { held[l] = true; nheld++; }
+        }
+        if (held[b]) { held[b] = false; nheld--; }
+    }
+    free(held);
+}
+
+static fy_status layout(walk *w, const fy_model *m, const fy_plan *plan, int T, bool training,
+                        fy_chunk *chunks, fy_storage *st) {
+    const int B = plan->micro_batch, nb = plan->nblocks;
     const size_t N = (size_t)B * T;
     const fy_dtype dt = plan_dtype(plan);
     const size_t es = fy_dtype_size(dt);
     const bool lp = dt != FY_F32; /* masters apart from the device copies */
     char what[64];
-    fy_chunk scratch_chunk;
-    float *base_dummy;
+    fy_chunk *c_all = chunks ? chunks : calloc((size_t)nb, sizeof *c_all);
+    if (!c_all) return FY_ERR_NOMEM;
     size_t pslot = 0, gslot = 0;
-    int nstreamed = 0, nstaged = 0;
-    bool any_cpu = false, embed_staged = false;
+    bool any_cpu = false, any_streamed = false, any_staged = false;
+    fy_status s = FY_OK;
     for (int b = 0; b < nb; b++) {
         const fy_block_plan *bp = &plan->blocks[b];
-        fy_chunk *c = chunks ? &chunks[b] : &scratch_chunk;
+        const char *bname = fy_model_block(m, b)->name;
+        fy_chunk *c = &c_all[b];
         memset(c, 0, sizeof *c);
-        c->nelem = lay->blocks[b].nelem;
+        c->nelem = fy_model_block(m, b)->nelem;
         const size_t nbytes = fsz(c->nelem), lpbytes = c->nelem * es;
         bool streamed = bp->params == FY_PARAMS_STREAMED, cpu = bp->optim == FY_OPTIM_CPU;
         c->needs_grad_staging = training && (cpu || plan->grad_accum > 1);
         if (streamed) {
             /* a device update of a bf16 block needs its fp32 master and the bf16 copy out */
             size_t need = lp && training && !cpu ? nbytes + lpbytes : lpbytes;
-            nstreamed++;
+            any_streamed = true;
             if (need > pslot) pslot = need;
         }
         if (c->needs_grad_staging) {
-            nstaged++;
-            if (b == 0) embed_staged = true;
+            any_staged = true;
             if (lpbytes > gslot) gslot = lpbytes;
         }
         any_cpu |= cpu;
         if (!streamed) {
-            snprintf(what, sizeof what, "block %d parameters", b);
-            FY_TRY(take(w, FY_CAT_PARAMS, lpbytes, what, &c->param_dev));
+            snprintf(what, sizeof what, "%s parameters", bname);
+            if ((s = take(w, FY_CAT_PARAMS, lpbytes, what, &c->param_dev)) != FY_OK) goto done;
             if (lp && training && !cpu) {
-                snprintf(what, sizeof what, "block %d fp32 master weights", b);
-                FY_TRY(take(w, FY_CAT_OPTIM, nbytes, what, &c->master_dev));
+                snprintf(what, sizeof what, "%s fp32 master weights", bname);
+                if ((s = take(w, FY_CAT_OPTIM, nbytes, what, &c->master_dev)) != FY_OK) goto done;
             }
         }
         if (streamed || (cpu && training)) {
@@ -118,23 +150,20 @@ static fy_status layout(walk *w, const fy_gpt2_layout *lay, const fy_plan *plan,
             carve(w, FY_CAT_OPTIM, nbytes, &c->m);
             carve(w, FY_CAT_OPTIM, nbytes, &c->v);
         } else {
-            snprintf(what, sizeof what, "block %d gradients", b);
-            FY_TRY(take(w, FY_CAT_GRADS, lpbytes, what, &c->grad_dev));
-            snprintf(what, sizeof what, "block %d Adam m", b);
-            FY_TRY(take(w, FY_CAT_OPTIM, nbytes, what, &c->m));
-            snprintf(what, sizeof what, "block %d Adam v", b);
-            FY_TRY(take(w, FY_CAT_OPTIM, nbytes, what, &c->v));
+            snprintf(what, sizeof what, "%s gradients", bname);
+            if ((s = take(w, FY_CAT_GRADS, lpbytes, what, &c->grad_dev)) != FY_OK) goto done;
+            snprintf(what, sizeof what, "%s Adam m", bname);
+            if ((s = take(w, FY_CAT_OPTIM, nbytes, what, &c->m)) != FY_OK) goto done;
+            snprintf(what, sizeof what, "%s Adam v", bname);
+            if ((s = take(w, FY_CAT_OPTIM, nbytes, what, &c->v)) != FY_OK) goto done;
         }
     }
-    /* staging rings: the serial schedule needs one slot, plus one when the head's
-     * forward and backward need the head and the tied embedding at once (parameters),
-     * or when the embedding's gradient, held from the head's backward to its own, shares
-     * the ring with others (gradients) */
-    const fy_block_plan *pe = &plan->blocks[0], *ph = &plan->blocks[L + 1];
-    int npslots = nstreamed == 0 ? 0
-                  : (pe->params == FY_PARAMS_STREAMED && ph->params == FY_PARAMS_STREAMED) ? 2 : 1;
-    int ngslots = nstaged == 0 ? 0 : (embed_staged && nstaged > 1) ? 2 : 1;
-    /* plus the plan's prefetch depth, so transfers can run ahead of compute */
+    /* staging rings: the serial minimum plus the plan's prefetch depth, so transfers can
+     * run ahead of compute */
+    int npslots, ngslots;
+    min_slots(m, plan, c_all, &npslots, &ngslots);
+    if (!any_streamed) npslots = 0;
+    if (!any_staged) ngslots = 0;
     if (npslots) npslots += plan->prefetch;
     if (ngslots) ngslots += plan->prefetch;
     if (st) {
@@ -144,101 +173,114 @@ static fy_status layout(walk *w, const fy_gpt2_layout *lay, const fy_plan *plan,
         st->grad_slot_nbytes = gslot;
         st->dtype = dt;
         st->es = es;
-        st->param_slots = calloc((size_t)(npslots ? npslots : 1), sizeof(fy_slot));
-        st->grad_slots = calloc((size_t)(ngslots ? ngslots : 1), sizeof(fy_slot));
-        if (!st->param_slots || !st->grad_slots) return FY_ERR_NOMEM;
+        st->param_slots = calloc((size_t)(npslots ? npslots : 1), sizeof(void *));
+        st->grad_slots = calloc((size_t)(ngslots ? ngslots : 1), sizeof(void *));
+        if (!st->param_slots || !st->grad_slots) { s = FY_ERR_NOMEM; goto done; }
     }
+    void *tmp;
     for (int i = 0; i < npslots; i++) {
         snprintf(what, sizeof what, "parameter staging slot %d", i);
-        float *p = NULL;
-        FY_TRY(take(w, FY_CAT_STAGING, pslot, what, &p));
-        if (st) st->param_slots[i] = (fy_slot){p, -1};
+        if ((s = take(w, FY_CAT_STAGING, pslot, what, st ? &st->param_slots[i] : &tmp)) != FY_OK) goto done;
     }
     for (int i = 0; i < ngslots; i++) {
         snprintf(what, sizeof what, "gradient staging slot %d", i);
-        float *p = NULL;
-        FY_TRY(take(w, FY_CAT_STAGING, gslot, what, &p));
-        if (st) st->grad_slots[i] = (fy_slot){p, -1};
+        if ((s = take(w, FY_CAT_STAGING, gslot, what, st ? &st->grad_slots[i] : &tmp)) != FY_OK) goto done;
     }
     /* host landing buffer for micro-batch gradients added into grad_host */
     if (any_cpu && plan->grad_accum > 1)
-        carve(w, FY_CAT_STAGING, gslot, st ? (void *)&st->grad_host_tmp : (void *)&base_dummy);
-    /* activations */
-    const size_t layer_n = fy_gpt2_layer_acts_nbytes(mc, B, T, dt);
-    float *shared = NULL;
-    bool any_recompute = false;
-    for (int l = 0; l < L; l++) any_recompute |= plan->blocks[1 + l].acts == FY_ACTS_RECOMPUTE;
-    if (any_recompute)
-        FY_TRY(take(w, FY_CAT_ACTS, layer_n, "activations shared by recomputed layers", &shared));
-    for (int l = 0; l < L; l++) {
-        fy_gpt2_layer_acts a;
-        memset(&a, 0, sizeof a);
-        if (plan->blocks[1 + l].acts == FY_ACTS_RECOMPUTE) {
-            if (st && w->alloc) fy_gpt2_layer_acts_bind(mc, B, T, dt, shared, &a);
-        } else {
-            float *base = NULL;
-            snprintf(what, sizeof what, "layer %d activations", l);
-            FY_TRY(take(w, FY_CAT_ACTS, layer_n, what, &base));
-            if (st && w->alloc) fy_gpt2_layer_acts_bind(mc, B, T, dt, base, &a);
-        }
-        snprintf(what, sizeof what, "layer %d output", l);
-        FY_TRY(take(w, FY_CAT_ACTS, N * mc->channels * es, what, &a.out));
-        if (st) st->acts[l] = a;
+        carve(w, FY_CAT_STAGING, gslot, st ? (void *)&st->grad_host_tmp : &tmp);
+    /* activations: the saved area recomputed blocks share, then each block's own */
+    size_t shared_n = 0, work_n = 0, out_max = 0;
+    for (int b = 0; b < nb; b++) {
+        fy_act_sizes a;
+        fy_model_acts(m, b, B, T, dt, training, &a);
+        if (plan->blocks[b].acts == FY_ACTS_RECOMPUTE && a.saved > shared_n) shared_n = a.saved;
+        if (a.work > work_n) work_n = a.work;
+        if (a.out > out_max) out_max = a.out;
     }
-    float *base = NULL;
-    FY_TRY(take(w, FY_CAT_ACTS, fy_gpt2_head_acts_nbytes(mc, B, T, dt), "head activations", &base));
-    if (st && w->alloc) fy_gpt2_head_acts_bind(mc, B, T, dt, base, &st->head);
-    FY_TRY(take(w, FY_CAT_ACTS, N * mc->channels * es, "embedding output", st ? &st->x0 : &base));
-    FY_TRY(take(w, FY_CAT_WORKSPACE, fy_gpt2_scratch_nbytes(mc, B, T, dt), "backward workspace",
-                &base));
-    if (st && w->alloc) fy_gpt2_scratch_bind(mc, B, T, dt, base, &st->sc);
-    if (training && lp)
-        FY_TRY(take(w, FY_CAT_WORKSPACE, (size_t)fy_gpt2_vocab_padded(mc) * mc->channels * sizeof(float),
-                    "classifier's fp32 dwte sums", st ? (void *)&st->dwte32 : &base));
+    void *shared = NULL;
+    if (shared_n &&
+        (s = take(w, FY_CAT_ACTS, shared_n, "activations shared by recomputed layers", &shared)) != FY_OK)
+        goto done;
+    for (int b = 0; b < nb; b++) {
+        fy_act_sizes a;
+        fy_model_acts(m, b, B, T, dt, training, &a);
+        const char *bname = fy_model_block(m, b)->name;
+        fy_block_acts ba = {0};
+        if (plan->blocks[b].acts == FY_ACTS_RECOMPUTE) {
+            ba.saved = shared;
+        } else if (a.saved) {
+            snprintf(what, sizeof what, "%s activations", bname);
+            if ((s = take(w, FY_CAT_ACTS, a.saved, what, &ba.saved)) != FY_OK) goto done;
+        }
+        if (a.out) {
+            snprintf(what, sizeof what, "%s output", bname);
+            if ((s = take(w, FY_CAT_ACTS, a.out, what, &ba.out)) != FY_OK) goto done;
+        }
+        if (st) st->acts[b] = ba;
+    }
+    if (work_n && (s = take(w, FY_CAT_WORKSPACE, work_n, "workspace", st ? &st->work : &tmp)) != FY_OK)
+        goto done;
+    if (training && out_max &&
+        (s = take(w, FY_CAT_WORKSPACE, out_max, "activation gradient", st ? &st->dx : &tmp)) != FY_OK)
+        goto done;
     const size_t accum = (size_t)plan->grad_accum;
-    void *tmp;
     /* tokens are double-buffered so the next micro-batch loads while this one computes */
-    FY_TRY(take(w, FY_CAT_WORKSPACE, 4 * N * sizeof(int32_t), "tokens", st ? (void *)&st->tok_dev : &tmp));
-    FY_TRY(take(w, FY_CAT_WORKSPACE, accum * sizeof(float), "losses", st ? (void *)&st->loss_dev : &tmp));
-    FY_TRY(take(w, FY_CAT_WORKSPACE, (size_t)nb * sizeof(double), "gradient norms",
-                st ? (void *)&st->sumsq_dev : &tmp));
+    if ((s = take(w, FY_CAT_WORKSPACE, 4 * N * sizeof(int32_t), "tokens", st ? (void *)&st->tok_dev : &tmp)) != FY_OK ||
+        (s = take(w, FY_CAT_WORKSPACE, accum * sizeof(float), "losses", st ? (void *)&st->loss_dev : &tmp)) != FY_OK ||
+        (s = take(w, FY_CAT_WORKSPACE, (size_t)nb * sizeof(double), "gradient norms",
+                  st ? (void *)&st->sumsq_dev : &tmp)) != FY_OK)
+        goto done;
     carve(w, FY_CAT_WORKSPACE, 4 * N * sizeof(int32_t), st ? (void *)&st->tok_host : &tmp);
     carve(w, FY_CAT_WORKSPACE, accum * sizeof(float), st ? (void *)&st->loss_host : &tmp);
     carve(w, FY_CAT_WORKSPACE, (size_t)nb * sizeof(double), st ? (void *)&st->sumsq_host : &tmp);
-    return FY_OK;
+done:
+    if (!chunks) free(c_all);
+    return s;
 }
 
-void fy_storage_model_for(const fy_gpt2_layout *lay, const fy_plan *plan, int T, bool training,
+void fy_storage_model_for(const fy_model *m, const fy_plan *plan, int T, bool training,
                           fy_mem_model *out) {
     memset(out, 0, sizeof *out);
     walk w = {.m = out};
-    fy_status s = layout(&w, lay, plan, T, training, NULL, NULL);
+    fy_status s = layout(&w, m, plan, T, training, NULL, NULL);
     FY_ASSERT(s == FY_OK, "a dry storage walk cannot fail");
 }
 
-void fy_storage_model(const fy_gpt2_layout *lay, const fy_plan *plan, int T, fy_mem_model *out) {
-    fy_storage_model_for(lay, plan, T, true, out);
+void fy_storage_model(const fy_model *m, const fy_plan *plan, int T, fy_mem_model *out) {
+    fy_storage_model_for(m, plan, T, true, out);
 }
 
-fy_status fy_storage_new(fy_dev *dev, const fy_gpt2_layout *lay, const fy_plan *plan, int T,
-                         bool training, fy_storage **out) {
+/* The storage's own tables, before a walk fills them. */
+static fy_status storage_alloc(const fy_model *m, const fy_plan *plan, int T, bool training,
+                               fy_storage **out) {
     *out = NULL;
+    FY_TRY(fy_plan_check(plan, m));
     fy_storage *st = calloc(1, sizeof *st);
     if (!st) return FY_ERR_NOMEM;
-    st->dev = dev;
-    st->lay = lay;
+    st->model = m;
     st->B = plan->micro_batch;
     st->T = T;
+    st->training = training;
     fy_status s = fy_plan_copy(plan, &st->plan);
     if (s != FY_OK) { free(st); return s; }
+    st->chunks = calloc((size_t)plan->nblocks, sizeof *st->chunks);
+    st->acts = calloc((size_t)plan->nblocks, sizeof *st->acts);
+    if (!st->chunks || !st->acts) { fy_storage_free(st); return FY_ERR_NOMEM; }
+    *out = st;
+    return FY_OK;
+}
+
+fy_status fy_storage_new(fy_dev *dev, const fy_model *m, const fy_plan *plan, int T,
+                         bool training, fy_storage **out) {
+    fy_storage *st;
+    FY_TRY(storage_alloc(m, plan, T, training, &st));
+    st->dev = dev;
     fy_mem_model dry;
-    fy_storage_model_for(lay, plan, T, training, &dry);
-    st->chunks = calloc((size_t)lay->nblocks, sizeof *st->chunks);
-    st->acts = calloc((size_t)lay->cfg.layers, sizeof *st->acts);
-    if (!st->chunks || !st->acts) { s = FY_ERR_NOMEM; goto fail; }
+    fy_storage_model_for(m, plan, T, training, &dry);
     /* host arena: pinned if the device can, else pageable with one warning */
     st->arena_nbytes = dry.host_total ? dry.host_total : HOST_ALIGN;
-    s = fy_dev_alloc(dev, FY_MEM_PINNED, st->arena_nbytes, "host arena", &st->arena);
+    fy_status s = fy_dev_alloc(dev, FY_MEM_PINNED, st->arena_nbytes, "host arena", &st->arena);
     st->arena_pinned = s == FY_OK;
     if (s != FY_OK) {
         fy_log_warn("cannot pin %zu bytes of host memory: using pageable memory (slower "
@@ -246,9 +288,9 @@ fy_status fy_storage_new(fy_dev *dev, const fy_gpt2_layout *lay, const fy_plan *
         s = fy_dev_alloc(dev, FY_MEM_HOST, st->arena_nbytes, "host arena", &st->arena);
         if (s != FY_OK) goto fail;
     }
-    walk w = {.st = st, .alloc = true, .m = &st->model, .arena_cur = st->arena};
-    if ((s = layout(&w, lay, plan, T, training, st->chunks, st)) != FY_OK) goto fail;
-    FY_ASSERT(st->arena_used == dry.host_total && st->model.device_total == dry.device_total,
+    walk w = {.st = st, .alloc = true, .m = &st->mem, .arena_cur = st->arena};
+    if ((s = layout(&w, m, plan, T, training, st->chunks, st)) != FY_OK) goto fail;
+    FY_ASSERT(st->arena_used == dry.host_total && st->mem.device_total == dry.device_total,
               "the storage walk must be the same dry and real");
     *out = st;
     return FY_OK;
@@ -257,21 +299,13 @@ fail:
     return s;
 }
 
-fy_status fy_storage_dry(const fy_gpt2_layout *lay, const fy_plan *plan, int T, bool training,
+fy_status fy_storage_dry(const fy_model *m, const fy_plan *plan, int T, bool training,
                          fy_storage **out) {
-    *out = NULL;
-    fy_storage *st = calloc(1, sizeof *st);
-    if (!st) return FY_ERR_NOMEM;
-    st->lay = lay;
-    st->B = plan->micro_batch;
-    st->T = T;
-    fy_status s = fy_plan_copy(plan, &st->plan);
-    if (s != FY_OK) { free(st); return s; }
-    st->chunks = calloc((size_t)lay->nblocks, sizeof *st->chunks);
-    st->acts = calloc((size_t)lay->cfg.layers, sizeof *st->acts);
-    if (!st->chunks || !st->acts) { fy_storage_free(st); return FY_ERR_NOMEM; }
-    walk w = {.st = st, .alloc = false, .m = &st->model};
-    if ((s = layout(&w, lay, plan, T, training, st->chunks, st)) != FY_OK) {
+    fy_storage *st;
+    FY_TRY(storage_alloc(m, plan, T, training, &st));
+    walk w = {.st = st, .alloc = false, .m = &st->mem};
+    fy_status s = layout(&w, m, plan, T, training, st->chunks, st);
+    if (s != FY_OK) {
         fy_storage_free(st);
         return s;
     }
@@ -291,28 +325,6 @@ void fy_storage_free(fy_storage *st) {
     fy_plan_free(&st->plan);
     free(st);
 }
-
-static float *acquire(fy_slot *slots, int n, int b, const char *kind) {
-    for (int i = 0; i < n; i++)
-        if (slots[i].owner < 0) { slots[i].owner = b; return slots[i].buf; }
-    FY_ASSERT(0, kind);
-    return NULL;
-}
-
-static void release(fy_slot *slots, int n, int b) {
-    for (int i = 0; i < n; i++)
-        if (slots[i].owner == b) { slots[i].owner = -1; return; }
-    FY_ASSERT(0, "releasing a staging slot the block does not hold");
-}
-
-float *fy_storage_param_slot(fy_storage *st, int b) {
-    return acquire(st->param_slots, st->nparam_slots, b, "no free parameter staging slot");
-}
-float *fy_storage_grad_slot(fy_storage *st, int b) {
-    return acquire(st->grad_slots, st->ngrad_slots, b, "no free gradient staging slot");
-}
-void fy_storage_release_param(fy_storage *st, int b) { release(st->param_slots, st->nparam_slots, b); }
-void fy_storage_release_grad(fy_storage *st, int b) { release(st->grad_slots, st->ngrad_slots, b); }
 
 void fy_mem_model_print(const fy_mem_model *m, FILE *f) {
     char a[32], b[32];

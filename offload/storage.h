@@ -17,9 +17,13 @@
  * bf16 copy the update writes out.
  * Streamed parameters are fetched into a ring of device staging slots; gradients that
  * must leave the device (cpu optimiser) or be accumulated (grad_accum > 1) are computed
- * into gradient staging slots. Activations: kept layers own theirs; recomputed layers
- * own only their output and share one layer-sized buffer that forward and recompute
- * overwrite.
+ * into gradient staging slots. The slots are buffers only: the scheduler's pools grant
+ * them to tasks (step_graph.c), and the ring sizes here are the least that lets the
+ * serial order run (plus the plan's prefetch depth).
+ * Activations are opaque buffers sized by the model (fy_model_acts): every block owns its
+ * output; a kept block owns its saved area, recomputed blocks share one saved area that
+ * forward and recompute overwrite; one workspace (the largest block's) and one
+ * activation-gradient buffer (the largest output) serve every block.
  *
  * Everything is allocated once, in fy_storage_new, through one function that also feeds
  * the memory model, so the model is the allocation list itself: fy_storage_model() with
@@ -37,7 +41,7 @@
 #include <stdio.h>
 
 #include "engine/device/device.h"
-#include "engine/model/gpt2.h"
+#include "engine/model/model.h"
 #include "offload/plan.h"
 
 #ifdef __cplusplus
@@ -63,27 +67,27 @@ typedef struct fy_chunk {
     bool needs_grad_staging;  /* grads computed into a staging slot */
 } fy_chunk;
 
-typedef struct fy_slot {
-    float *buf;
-    int owner;                /* block using it, -1 if free */
-} fy_slot;
+/* A block's activations on the device (model.h: out and saved). */
+typedef struct fy_block_acts {
+    void *out;
+    void *saved;              /* own, or the area recomputed blocks share */
+} fy_block_acts;
 
 typedef struct fy_storage {
     fy_dev *dev;
-    const fy_gpt2_layout *lay;
+    const fy_model *model;
     fy_plan plan;             /* own copy */
     int B, T;
+    bool training;
     fy_chunk *chunks;         /* nblocks */
-    fy_slot *param_slots, *grad_slots;
+    void **param_slots, **grad_slots;
     int nparam_slots, ngrad_slots;
     size_t param_slot_nbytes, grad_slot_nbytes;
     fy_dtype dtype;           /* the plan's storage type (F32 or BF16) */
     size_t es;                /* its size in bytes */
-    fy_gpt2_layer_acts *acts; /* per layer */
-    fy_gpt2_head_acts head;
-    fy_gpt2_scratch sc;
-    float *x0;                /* (B,T,C) embedding output */
-    float *dwte32;            /* (Vp,C) fp32: the classifier's dwte sums, bf16 training only */
+    fy_block_acts *acts;      /* nblocks */
+    void *work;               /* the blocks' shared workspace */
+    void *dx;                 /* the activation gradient between blocks */
     int32_t *tok_dev;         /* 2 x (2,B,T): double-buffered inputs, targets */
     int32_t *tok_host;        /* pinned staging, same shape */
     float *loss_dev, *loss_host;      /* one per micro-batch */
@@ -94,33 +98,26 @@ typedef struct fy_storage {
     bool arena_pinned;
     void **allocs;            /* device-interface allocations, for freeing */
     int nallocs, capallocs;
-    fy_mem_model model;
+    fy_mem_model mem;         /* the memory model: what this storage allocated */
 } fy_storage;
 
 /* Allocates all storage of a run under plan (micro-batch plan->micro_batch x T). Without
  * training, only what evaluation needs: parameters, activations, workspace (no
  * gradients, moments or gradient staging). */
-fy_status fy_storage_new(fy_dev *dev, const fy_gpt2_layout *lay, const fy_plan *plan, int T,
+fy_status fy_storage_new(fy_dev *dev, const fy_model *m, const fy_plan *plan, int T,
                          bool training, fy_storage **out);
 /* The same tables (chunk flags, ring sizes, memory model) without any memory: for
  * planning (the tuner simulates candidate plans on it). Its buffers are all NULL. */
-fy_status fy_storage_dry(const fy_gpt2_layout *lay, const fy_plan *plan, int T, bool training,
+fy_status fy_storage_dry(const fy_model *m, const fy_plan *plan, int T, bool training,
                          fy_storage **out);
 void fy_storage_free(fy_storage *st);
 
 /* The memory model of a plan without allocating anything (training, or evaluation). */
-void fy_storage_model(const fy_gpt2_layout *lay, const fy_plan *plan, int T, fy_mem_model *out);
-void fy_storage_model_for(const fy_gpt2_layout *lay, const fy_plan *plan, int T, bool training,
+void fy_storage_model(const fy_model *m, const fy_plan *plan, int T, fy_mem_model *out);
+void fy_storage_model_for(const fy_model *m, const fy_plan *plan, int T, bool training,
                           fy_mem_model *out);
 void fy_mem_model_print(const fy_mem_model *m, FILE *f);
 const char *fy_mem_cat_name(fy_mem_cat c);
-
-/* Staging slots. acquire returns a free slot's buffer and marks it owned by block b
- * (FY_ASSERT if none is free: the plan sized the ring for the serial schedule). */
-float *fy_storage_param_slot(fy_storage *st, int b);
-float *fy_storage_grad_slot(fy_storage *st, int b);
-void fy_storage_release_param(fy_storage *st, int b);
-void fy_storage_release_grad(fy_storage *st, int b);
 
 #ifdef __cplusplus
 }

@@ -7,6 +7,7 @@
  * so on exact costs both produce the same order. */
 #include "scheduler/scheduler.h"
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -31,13 +32,21 @@ int fy_sched_mode_parse(const char *s, fy_sched_mode *out) {
 void fy_graph_init(fy_graph *g) { memset(g, 0, sizeof *g); }
 
 fy_task fy_task_make(fy_lane lane, int kind, int block, int iter, fy_task_fn run, void *ctx) {
-    return (fy_task){.lane = lane, .kind = kind, .block = block, .iter = iter, .arg = -1,
-                     .arg2 = -1, .use_pos = -1, .cost_ms = 1.0, .acquire_pool = -1,
-                     .release_of = {-1, -1, -1}, .run = run, .ctx = ctx};
+    return (fy_task){.lane = lane, .kind = kind, .block = block, .iter = iter, .epoch = 0,
+                     .use_pos = -1, .cost_ms = 1.0, .acquire_pool = -1,
+                     .release_of = {-1, -1, -1}, .unit_after = -1, .run = run, .ctx = ctx};
+}
+
+void fy_task_name(const fy_graph *g, const fy_task *t, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s(%d) it %d", g->kind_name ? g->kind_name(t->kind) : "task", t->block,
+             t->iter);
 }
 
 void fy_graph_free(fy_graph *g) {
-    for (int i = 0; i < g->n; i++) free(g->tasks[i].succ);
+    for (int i = 0; i < g->n; i++) {
+        free(g->tasks[i].succ);
+        free(g->tasks[i].pred);
+    }
     free(g->tasks);
     memset(g, 0, sizeof *g);
 }
@@ -52,32 +61,37 @@ int fy_graph_add(fy_graph *g, const fy_task *t) {
     }
     fy_task *d = &g->tasks[g->n];
     *d = *t;
-    d->succ = NULL;
-    d->nsucc = d->capsucc = d->npred = 0;
+    d->succ = d->pred = NULL;
+    d->nsucc = d->capsucc = d->npred = d->cappred = 0;
     d->prio = 0;
-    d->unit = -1;
+    d->unit = d->unit_after = -1;
     return g->n++;
+}
+
+/* Appends x to the list (*list, *n, *cap). */
+static fy_status push_id(int **list, int *n, int *cap, int x) {
+    if (*n == *cap) {
+        int ncap = *cap ? 2 * *cap : 4;
+        int *nl = realloc(*list, (size_t)ncap * sizeof *nl);
+        if (!nl) {
+            fy_log_error("out of host memory for the task graph");
+            return FY_ERR_NOMEM;
+        }
+        *list = nl;
+        *cap = ncap;
+    }
+    (*list)[(*n)++] = x;
+    return FY_OK;
 }
 
 fy_status fy_graph_dep(fy_graph *g, int before, int after) {
     FY_ASSERT(before >= 0 && before < g->n && after >= 0 && after < g->n && before != after,
               "bad dependency");
-    fy_task *b = &g->tasks[before];
+    fy_task *b = &g->tasks[before], *a = &g->tasks[after];
     for (int i = 0; i < b->nsucc; i++)
         if (b->succ[i] == after) return FY_OK;
-    if (b->nsucc == b->capsucc) {
-        int ncap = b->capsucc ? 2 * b->capsucc : 4;
-        int *ns = realloc(b->succ, (size_t)ncap * sizeof *ns);
-        if (!ns) {
-            fy_log_error("out of host memory for the task graph");
-            return FY_ERR_NOMEM;
-        }
-        b->succ = ns;
-        b->capsucc = ncap;
-    }
-    b->succ[b->nsucc++] = after;
-    g->tasks[after].npred++;
-    return FY_OK;
+    FY_TRY(push_id(&b->succ, &b->nsucc, &b->capsucc, after));
+    return push_id(&a->pred, &a->npred, &a->cappred, before);
 }
 
 int fy_graph_pool(fy_graph *g, int units) {
@@ -155,10 +169,14 @@ typedef struct dispatch {
     int nready[FY_LANE_COUNT];
     int *grants[FY_SCHED_MAX_POOLS]; /* pool tasks in priority order */
     int ngrants[FY_SCHED_MAX_POOLS], next_grant[FY_SCHED_MAX_POOLS];
-    bool *unit_busy[FY_SCHED_MAX_POOLS];
+    int *unit_holder[FY_SCHED_MAX_POOLS];  /* the task holding each unit, or -1 */
+    int *unit_last[FY_SCHED_MAX_POOLS];    /* the task whose end last freed it, or -1 */
     int running, done;
     bool lane_busy[FY_LANE_COUNT];
+    int cancel_from;                       /* epochs from here on are cancelled */
 } dispatch;
+
+static bool cancelled(const dispatch *d, int id) { return d->g->tasks[id].epoch >= d->cancel_from; }
 
 static int by_prio(const void *a, const void *b, void *graph) {
     const fy_graph *g = graph;
@@ -176,28 +194,51 @@ static void dispatch_free(dispatch *d) {
     free(d->pending);
     free(d->ready_seq);
     for (int l = 0; l < FY_LANE_COUNT; l++) free(d->ready[l]);
-    for (int p = 0; p < FY_SCHED_MAX_POOLS; p++) { free(d->grants[p]); free(d->unit_busy[p]); }
+    for (int p = 0; p < FY_SCHED_MAX_POOLS; p++) {
+        free(d->grants[p]);
+        free(d->unit_holder[p]);
+        free(d->unit_last[p]);
+    }
 }
 
 static fy_status dispatch_init(dispatch *d, fy_graph *g, fy_sched_mode mode) {
     memset(d, 0, sizeof *d);
     d->g = g;
     d->mode = mode;
+    d->cancel_from = INT_MAX;
     size_t n = (size_t)(g->n ? g->n : 1);
     d->pending = malloc(n * sizeof *d->pending);
     d->ready_seq = malloc(n * sizeof *d->ready_seq);
     bool ok = d->pending && d->ready_seq;
     for (int l = 0; l < FY_LANE_COUNT; l++) ok = ok && (d->ready[l] = malloc(n * sizeof(int)));
     for (int p = 0; p < g->npools && ok; p++) {
+        size_t nu = (size_t)(g->pool_units[p] ? g->pool_units[p] : 1);
         ok = (d->grants[p] = malloc(n * sizeof(int))) &&
-             (d->unit_busy[p] = calloc((size_t)(g->pool_units[p] ? g->pool_units[p] : 1), 1));
+             (d->unit_holder[p] = malloc(nu * sizeof(int))) &&
+             (d->unit_last[p] = malloc(nu * sizeof(int)));
+        for (size_t u = 0; ok && u < nu; u++) d->unit_holder[p][u] = d->unit_last[p][u] = -1;
     }
     if (!ok) { dispatch_free(d); return FY_ERR_NOMEM; }
     for (int i = 0; i < g->n; i++) {
-        const fy_task *t = &g->tasks[i];
+        fy_task *t = &g->tasks[i];
         FY_ASSERT(t->acquire_pool < g->npools, "task uses an unknown pool");
         if (t->acquire_pool >= 0) d->grants[t->acquire_pool][d->ngrants[t->acquire_pool]++] = i;
-        g->tasks[i].unit = -1;
+        t->unit = t->unit_after = -1;
+        /* failures cancel later epochs: nothing may wait on a later epoch, and a unit is
+         * given back within the epoch that took it */
+        for (int k = 0; k < t->nsucc; k++)
+            if (g->tasks[t->succ[k]].epoch < t->epoch) {
+                fy_log_error("scheduler: a dependency goes from epoch %d back to epoch %d",
+                             t->epoch, g->tasks[t->succ[k]].epoch);
+                dispatch_free(d);
+                return FY_ERR_INVALID;
+            }
+        for (int r = 0; r < 3; r++)
+            if (t->release_of[r] >= 0 && g->tasks[t->release_of[r]].epoch != t->epoch) {
+                fy_log_error("scheduler: a unit is given back in another epoch than it was taken");
+                dispatch_free(d);
+                return FY_ERR_INVALID;
+            }
     }
     for (int p = 0; p < g->npools; p++)
         qsort_r(d->grants[p], (size_t)d->ngrants[p], sizeof(int), by_prio, g);
@@ -208,14 +249,24 @@ static fy_status dispatch_init(dispatch *d, fy_graph *g, fy_sched_mode mode) {
     return FY_OK;
 }
 
-/* May task id start now (pool grant order and a free unit)? */
+/* The index in pool p's grant order of the next task to be granted a unit (cancelled
+ * tasks are skipped: they will never ask). */
+static int next_grant(const dispatch *d, int p) {
+    int k = d->next_grant[p];
+    while (k < d->ngrants[p] && cancelled(d, d->grants[p][k])) k++;
+    return k;
+}
+
+/* May task id start now (not cancelled, pool grant order and a free unit)? */
 static bool can_start(const dispatch *d, int id) {
+    if (cancelled(d, id)) return false;
     const fy_task *t = &d->g->tasks[id];
     int p = t->acquire_pool;
     if (p < 0) return true;
-    if (d->next_grant[p] >= d->ngrants[p] || d->grants[p][d->next_grant[p]] != id) return false;
+    int k = next_grant(d, p);
+    if (k >= d->ngrants[p] || d->grants[p][k] != id) return false;
     for (int u = 0; u < d->g->pool_units[p]; u++)
-        if (!d->unit_busy[p][u]) return true;
+        if (d->unit_holder[p][u] < 0) return true;
     return false;
 }
 
@@ -254,8 +305,13 @@ static int start(dispatch *d, fy_lane lane, int idx) {
     if (t->acquire_pool >= 0) {
         int p = t->acquire_pool;
         for (int u = 0; u < d->g->pool_units[p]; u++)
-            if (!d->unit_busy[p][u]) { d->unit_busy[p][u] = true; t->unit = u; break; }
-        d->next_grant[p]++;
+            if (d->unit_holder[p][u] < 0) {
+                d->unit_holder[p][u] = id;
+                t->unit = u;
+                t->unit_after = d->unit_last[p][u];
+                break;
+            }
+        d->next_grant[p] = next_grant(d, p) + 1;
     }
     d->lane_busy[lane] = true;
     d->running++;
@@ -268,20 +324,14 @@ static void finish(dispatch *d, int id) {
         if (t->release_of[r] < 0) continue;
         const fy_task *a = &d->g->tasks[t->release_of[r]];
         FY_ASSERT(a->unit >= 0 && a->acquire_pool >= 0, "release of a unit never acquired");
-        d->unit_busy[a->acquire_pool][a->unit] = false;
+        d->unit_holder[a->acquire_pool][a->unit] = -1;
+        d->unit_last[a->acquire_pool][a->unit] = id;
     }
     for (int k = 0; k < t->nsucc; k++)
         if (--d->pending[t->succ[k]] == 0) push_ready(d, t->succ[k]);
     d->lane_busy[t->lane] = false;
     d->running--;
     d->done++;
-}
-
-static bool stuck(const dispatch *d) {
-    if (d->running || d->done == d->g->n) return false;
-    for (int l = 0; l < FY_LANE_COUNT; l++)
-        if (pick(d, (fy_lane)l) >= 0) return false;
-    return true;
 }
 
 static fy_status stuck_error(const dispatch *d) {
@@ -298,37 +348,98 @@ typedef struct exec {
     pthread_cond_t cv;
     double t0;
     fy_sched_result *res;
-    bool failed;
+    bool stuck;               /* no task can ever start: a bug in the graph */
+    fy_status failure;        /* the first task failure */
+    int running_cancelled;    /* running tasks of cancelled epochs */
+    int lane_task[FY_LANE_COUNT]; /* the task each lane runs, or -1 */
+    bool draining, drained;   /* after a failure: the drain hook ran */
 } exec;
 
 typedef struct lane_arg { exec *x; fy_lane lane; } lane_arg;
 
+/* After a failure, once no task of a cancelled epoch runs: the graph's drain hook waits
+ * for their queued work (outside the lock: other lanes go on), then the units they hold
+ * are given back. Called and returns with the lock held. */
+static void drain_cancelled(exec *x) {
+    dispatch *d = &x->d;
+    x->draining = true;
+    pthread_mutex_unlock(&x->mu);
+    if (d->g->drain) d->g->drain(d->g->drain_ctx);
+    pthread_mutex_lock(&x->mu);
+    for (int p = 0; p < d->g->npools; p++)
+        for (int u = 0; u < d->g->pool_units[p]; u++) {
+            int h = d->unit_holder[p][u];
+            if (h >= 0 && cancelled(d, h)) d->unit_holder[p][u] = d->unit_last[p][u] = -1;
+        }
+    x->drained = true;
+    pthread_cond_broadcast(&x->cv);
+}
+
+/* Nothing runs and nothing can start on any lane. */
+static bool idle(const dispatch *d) {
+    if (d->running) return false;
+    for (int l = 0; l < FY_LANE_COUNT; l++)
+        if (pick(d, (fy_lane)l) >= 0) return false;
+    return true;
+}
+
+static fy_status run_task(exec *x, fy_task *t) {
+    char name[96];
+    fy_task_name(x->d.g, t, name, sizeof name);
+    unsigned errors = fy_log_error_count();
+    fy_log_set_context(name);
+    fy_status st = t->run ? t->run(t->ctx, t) : FY_OK;
+    if (st != FY_OK && fy_log_error_count() == errors) fy_log_error("%s", fy_status_str(st));
+    fy_log_set_context(NULL);
+    return st;
+}
+
 static void *lane_main(void *arg) {
     lane_arg *la = arg;
     exec *x = la->x;
+    dispatch *d = &x->d;
     pthread_mutex_lock(&x->mu);
     for (;;) {
-        if (x->d.done == x->d.g->n || x->failed) break;
-        int idx = pick(&x->d, la->lane);
+        bool failed = x->failure != FY_OK;
+        if (failed && !x->drained && !x->draining && x->running_cancelled == 0) {
+            drain_cancelled(x);
+            continue;
+        }
+        if (x->stuck || d->done == d->g->n) break;
+        int idx = pick(d, la->lane);
         if (idx < 0) {
-            if (stuck(&x->d)) { x->failed = true; pthread_cond_broadcast(&x->cv); break; }
+            if (idle(d) && (!failed || x->drained)) {
+                if (!failed) x->stuck = true; /* after a failure, the end */
+                pthread_cond_broadcast(&x->cv);
+                break;
+            }
             pthread_cond_wait(&x->cv, &x->mu);
             continue;
         }
-        int id = start(&x->d, la->lane, idx);
-        fy_task *t = &x->d.g->tasks[id];
+        int id = start(d, la->lane, idx);
+        fy_task *t = &d->g->tasks[id];
         int rec = x->res->nrecs++;
+        x->lane_task[la->lane] = id;
         /* a granted unit moves the pool's grant on: another lane's task may start now */
         if (t->acquire_pool >= 0) pthread_cond_broadcast(&x->cv);
         pthread_mutex_unlock(&x->mu);
         double t_start = fy_now_ms() - x->t0;
-        if (t->run) t->run(t->ctx, t);
+        fy_status st = run_task(x, t);
         double t_end = fy_now_ms() - x->t0;
         pthread_mutex_lock(&x->mu);
         x->res->recs[rec] = (fy_trace_rec){id, t_start, t_end};
         x->res->busy_ms[la->lane] += t_end - t_start;
-        finish(&x->d, id);
-        x->d.seq++;
+        x->lane_task[la->lane] = -1;
+        if (x->failure != FY_OK && cancelled(d, id)) x->running_cancelled--;
+        if (st != FY_OK && x->failure == FY_OK) {
+            x->failure = st;
+            x->res->failed_task = id;
+            d->cancel_from = t->epoch;
+            for (int l = 0; l < FY_LANE_COUNT; l++) /* still running elsewhere */
+                if (x->lane_task[l] >= 0 && cancelled(d, x->lane_task[l])) x->running_cancelled++;
+        }
+        finish(d, id);
+        d->seq++;
         pthread_cond_broadcast(&x->cv);
     }
     pthread_mutex_unlock(&x->mu);
@@ -337,21 +448,24 @@ static void *lane_main(void *arg) {
 
 fy_status fy_sched_execute(fy_graph *g, fy_sched_mode mode, fy_sched_result *out) {
     memset(out, 0, sizeof *out);
-    exec x = {.res = out};
+    out->failed_task = -1;
+    exec x = {.res = out, .lane_task = {-1, -1, -1, -1}};
     FY_TRY(dispatch_init(&x.d, g, mode));
     out->recs = calloc((size_t)(g->n ? g->n : 1), sizeof *out->recs);
     if (!out->recs) { dispatch_free(&x.d); return FY_ERR_NOMEM; }
     pthread_mutex_init(&x.mu, NULL);
     pthread_cond_init(&x.cv, NULL);
     x.t0 = fy_now_ms();
+    out->t0_ms = x.t0;
     pthread_t th[FY_LANE_COUNT];
     lane_arg args[FY_LANE_COUNT];
     int started = 0;
+    bool no_thread = false;
     for (int l = 0; l < FY_LANE_COUNT; l++) {
         args[l] = (lane_arg){&x, (fy_lane)l};
         if (pthread_create(&th[l], NULL, lane_main, &args[l]) != 0) {
             pthread_mutex_lock(&x.mu);
-            x.failed = true;
+            x.stuck = no_thread = true;
             pthread_cond_broadcast(&x.cv);
             pthread_mutex_unlock(&x.mu);
             break;
@@ -360,8 +474,13 @@ fy_status fy_sched_execute(fy_graph *g, fy_sched_mode mode, fy_sched_result *out
     }
     for (int l = 0; l < started; l++) pthread_join(th[l], NULL);
     out->makespan_ms = fy_now_ms() - x.t0;
-    fy_status st = FY_OK;
-    if (x.failed) st = started < FY_LANE_COUNT ? FY_ERR_NOMEM : stuck_error(&x.d);
+    fy_status st = x.failure;
+    if (st == FY_OK && no_thread) {
+        fy_log_error("scheduler: cannot start the lane threads");
+        st = FY_ERR_NOMEM;
+    } else if (st == FY_OK && x.stuck) {
+        st = stuck_error(&x.d);
+    }
     pthread_mutex_destroy(&x.mu);
     pthread_cond_destroy(&x.cv);
     dispatch_free(&x.d);

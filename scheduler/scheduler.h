@@ -19,6 +19,18 @@
  * has not started, so prefetches never take the slots that earlier work needs (no
  * deadlock when every task's needs fit the pool alone).
  *
+ * A unit's hand-over: a task granted a unit learns (unit_after) which task's end freed
+ * it last, so work the task queues on a device can wait for that task's work first.
+ *
+ * Failure: run() returns a status. When a task fails, every task of its epoch and of
+ * later epochs that has not started is cancelled (never run); tasks of earlier epochs
+ * run to the end (an epoch is a step: earlier steps complete, the failing one and later
+ * ones do not start anything more). Dependencies and unit hand-overs never go from a
+ * later epoch to an earlier one. Units held by cancelled epochs are given back once
+ * none of their tasks runs, after the graph's drain hook (if any) has waited for the
+ * work they queued. The first failure's status is returned; its task is named in one
+ * error line (the task's own detail, or the status when it logged none).
+ *
  * The executor runs tasks' run() on one thread per lane; the simulator runs the same
  * graph under the same rules on virtual time with each task's cost_ms. Both can record a
  * trace (Chrome trace event JSON, one row per lane).
@@ -48,13 +60,14 @@ const char *fy_sched_mode_name(fy_sched_mode m);
 #define FY_SCHED_MAX_POOLS 4
 
 typedef struct fy_task fy_task;
-typedef void (*fy_task_fn)(void *ctx, const fy_task *t);
+/* A task's work; FY_OK, or a failure (see above). */
+typedef fy_status (*fy_task_fn)(void *ctx, const fy_task *t);
 
 struct fy_task {
     /* set by the builder */
     fy_lane lane;
-    int kind, block, iter;       /* for the runner and the trace name */
-    int arg, arg2;               /* free for the builder (e.g. ids of related tasks) */
+    int kind, block, iter;       /* for the trace name and error lines */
+    int epoch;                   /* failure scope (see above); >= 0 */
     int64_t use_pos;             /* compute tasks: program position; others -1 */
     double cost_ms;              /* estimate, for the simulator */
     int acquire_pool;            /* -1: none */
@@ -64,8 +77,9 @@ struct fy_task {
     /* filled by the graph and the schedulers */
     int64_t prio;
     int unit;                    /* unit acquired (valid while running and after) */
-    int *succ;
-    int nsucc, capsucc, npred;
+    int unit_after;              /* the task whose end last freed that unit, or -1 */
+    int *succ, *pred;
+    int nsucc, capsucc, npred, cappred;
 };
 
 typedef struct fy_graph {
@@ -73,7 +87,11 @@ typedef struct fy_graph {
     int n, cap;
     int npools;
     int pool_units[FY_SCHED_MAX_POOLS];
-    const char *(*kind_name)(int kind); /* for traces */
+    const char *(*kind_name)(int kind); /* for traces and error lines */
+    /* after a failure, before units of cancelled tasks are given back: wait for the work
+     * those tasks queued (optional) */
+    void (*drain)(void *ctx);
+    void *drain_ctx;
 } fy_graph;
 
 void fy_graph_init(fy_graph *g);
@@ -86,8 +104,10 @@ int fy_graph_pool(fy_graph *g, int units); /* new pool, returns its id */
 /* Next-use priorities (see above). FY_ERR_INVALID (logged) if the graph has a cycle. */
 fy_status fy_graph_prioritize(fy_graph *g);
 
-/* A task with no pools and no releases, on lane, for kind/block/iter. */
+/* A task with no pools and no releases, on lane, for kind/block/iter, epoch 0. */
 fy_task fy_task_make(fy_lane lane, int kind, int block, int iter, fy_task_fn run, void *ctx);
+/* "bwd(3) it 2": a task's name in traces and messages. */
+void fy_task_name(const fy_graph *g, const fy_task *t, char *buf, size_t cap);
 
 /* A record of when each task ran. */
 typedef struct fy_trace_rec { int task; double start_ms, end_ms; } fy_trace_rec;
@@ -95,12 +115,15 @@ typedef struct fy_sched_result {
     double makespan_ms;
     double busy_ms[FY_LANE_COUNT];
     fy_trace_rec *recs;   /* n records in start order; owned, free with fy_sched_result_free */
-    int nrecs;
+    int nrecs;            /* the tasks that ran (all of them, unless one failed) */
+    double t0_ms;         /* executor: fy_now_ms() at the start; record times are from it */
+    int failed_task;      /* the first task that failed, or -1 */
 } fy_sched_result;
 void fy_sched_result_free(fy_sched_result *r);
 
-/* Runs every task once. FY_ERR_INVALID (logged) if the graph cannot finish (a cycle, or
- * a task needing a pool with no units). */
+/* Runs every task once, or, after a failure, what the failure leaves to run (see above)
+ * and returns the failure's status. FY_ERR_INVALID (logged) if the graph cannot finish
+ * (a cycle, a task needing a pool with no units, a dependency into an earlier epoch). */
 fy_status fy_sched_execute(fy_graph *g, fy_sched_mode mode, fy_sched_result *out);
 /* The same, on virtual time: a task takes cost_ms. run() is not called. */
 fy_status fy_sched_simulate(fy_graph *g, fy_sched_mode mode, fy_sched_result *out);

@@ -59,6 +59,7 @@
 #include "engine/device/kernels.h"
 #include "engine/io/corpus.h"
 #include "engine/io/tokens.h"
+#include "engine/model/gpt2.h"
 #include "engine/trainer.h"
 #include "offload/plan.h"
 #include "offload/storage.h"
@@ -1132,10 +1133,18 @@ typedef struct run {
     size_t peak, model;
 } run;
 
+static fy_model *new_model(const fy_gpt2_config *cfg) {
+    fy_model *m;
+    cr_assert_eq(fy_gpt2_new(cfg, NULL, &m), FY_OK);
+    return m;
+}
+
 static fy_plan make_plan(const fy_gpt2_config *cfg, int B, int accum, double p, double o, int k) {
     fy_plan plan;
-    cr_assert_eq(fy_plan_new(cfg->layers, B, accum, &plan), FY_OK);
+    fy_model *m = new_model(cfg);
+    cr_assert_eq(fy_plan_new(m, B, accum, &plan), FY_OK);
     cr_assert_eq(fy_plan_shorthands(&plan, p, o, k), FY_OK);
+    fy_model_free(m);
     return plan;
 }
 
@@ -1146,18 +1155,19 @@ static void train(fy_dev_kind kind, fy_matmul_math math, const fy_gpt2_config *c
     fy_dev_cfg dc = {.kind = kind, .threads = 2, .matmul = math};
     fy_dev *dev;
     cr_assert_eq(fy_dev_new(&dc, &dev), FY_OK, "%s", fy_last_error());
-    fy_trainer_cfg tc = {.model = *cfg, .T = T, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+    fy_model *m = new_model(cfg);
+    fy_trainer_cfg tc = {.model = m, .T = T, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                          .weight_decay = 0.1f, .clip = 1.0f, .seed = 11, .plan = plan,
                          .schedule = FY_SCHED_PRIORITY};
     fy_trainer *tr;
     cr_assert_eq(fy_trainer_new(dev, &tc, &tr), FY_OK, "%s", fy_last_error());
-    const fy_gpt2_layout *lay = fy_trainer_layout(tr);
-    out->nblocks = lay->nblocks;
-    out->nelem = calloc((size_t)lay->nblocks, sizeof *out->nelem);
-    out->grad1 = calloc((size_t)lay->nblocks, sizeof *out->grad1);
-    out->w = calloc((size_t)lay->nblocks, sizeof *out->w);
-    for (int b = 0; b < lay->nblocks; b++) {
-        out->nelem[b] = lay->blocks[b].nelem;
+    const int nb = fy_model_nblocks(m);
+    out->nblocks = nb;
+    out->nelem = calloc((size_t)nb, sizeof *out->nelem);
+    out->grad1 = calloc((size_t)nb, sizeof *out->grad1);
+    out->w = calloc((size_t)nb, sizeof *out->w);
+    for (int b = 0; b < nb; b++) {
+        out->nelem[b] = fy_model_block(m, b)->nelem;
         out->grad1[b] = malloc(out->nelem[b] * sizeof(float));
         out->w[b] = malloc(out->nelem[b] * sizeof(float));
     }
@@ -1174,14 +1184,14 @@ static void train(fy_dev_kind kind, fy_matmul_math math, const fy_gpt2_config *c
         out->loss[s] = ss.loss;
         out->norm[s] = ss.grad_norm;
         if (s == 0)
-            for (int b = 0; b < lay->nblocks; b++) fy_trainer_get_grads(tr, b, out->grad1[b]);
+            for (int b = 0; b < nb; b++) fy_trainer_get_grads(tr, b, out->grad1[b]);
     }
-    for (int b = 0; b < lay->nblocks; b++) fy_trainer_get_params(tr, b, out->w[b]);
+    for (int b = 0; b < nb; b++) fy_trainer_get_params(tr, b, out->w[b]);
     fy_dev_mem_stats ms;
     fy_dev_mem_stats_get(dev, &ms);
     out->peak = ms.peak_nbytes[FY_MEM_DEVICE];
     fy_mem_model mm;
-    fy_storage_model(lay, plan, T, &mm);
+    fy_storage_model(m, plan, T, &mm);
     out->model = mm.device_total;
     free(x);
     free(y);
@@ -1189,6 +1199,7 @@ static void train(fy_dev_kind kind, fy_matmul_math math, const fy_gpt2_config *c
     fy_tokens_free(tok);
     fy_trainer_free(tr);
     fy_dev_free(dev);
+    fy_model_free(m);
 }
 
 static void run_free(run *r) {
@@ -1327,7 +1338,7 @@ static void plans_match_all_resident(fy_dtype dt) {
     expect_plan_matches(&ref, &p, "half offloaded");
     /* per-block patterns the shorthands cannot express (test_offload.c's) */
     p = plan_dt(cfg, 2, 1, 0, 0, 0, dt);
-    for (int b = 0; b < L + 2; b++) {
+    for (int b = 0; b < p.nblocks; b++) {
         p.blocks[b].params = b % 2 ? FY_PARAMS_STREAMED : FY_PARAMS_RESIDENT;
         p.blocks[b].optim = b % 3 ? FY_OPTIM_CPU : FY_OPTIM_GPU;
         if (b >= 1 && b <= L) p.blocks[b].acts = b % 2 ? FY_ACTS_KEEP : FY_ACTS_RECOMPUTE;

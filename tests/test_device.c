@@ -492,14 +492,14 @@ Test(kernel_grad, crossentropy_with_zero_dloss_leaves_logits) {
 
 typedef struct layer_fix {
     fy_gpt2_config cfg;
-    fy_gpt2_layout lay;
+    fy_model *model;
     const fy_block_spec *blk;
     int B, T;
     size_t NC;
-    float *wbase, *gbase, *x_in;
+    float *wbase, *gbase, *x_in, *dx;
     fy_gpt2_layer_w w, g;
     fy_gpt2_layer_acts a;
-    fy_gpt2_scratch sc;
+    fy_gpt2_layer_work wk;
     const float *R;
     float *tmp;
 } layer_fix;
@@ -512,8 +512,8 @@ static void layer_fix_init(layer_fix *f, uint64_t seed) {
     f->B = 2;
     f->T = 5;
     f->NC = (size_t)f->B * f->T * f->cfg.channels;
-    cr_assert_eq(fy_gpt2_layout_new(&f->cfg, &f->lay), FY_OK);
-    f->blk = &f->lay.blocks[1];
+    cr_assert_eq(fy_gpt2_new(&f->cfg, NULL, &f->model), FY_OK);
+    f->blk = fy_model_block(f->model, 1);
     rng r = {seed};
     float *host = hnewf(f->blk->nelem);
     for (int i = 0; i < f->blk->ntensors; i++) {
@@ -531,8 +531,9 @@ static void layer_fix_init(layer_fix *f, uint64_t seed) {
     fy_gpt2_layer_acts_bind(&f->cfg, f->B, f->T, FY_F32,
                             dnew(fy_gpt2_layer_acts_nbytes(&f->cfg, f->B, f->T, FY_F32)), &f->a);
     f->a.out = dnewf(f->NC); /* the output is bound apart from the other activations */
-    fy_gpt2_scratch_bind(&f->cfg, f->B, f->T, FY_F32,
-                         dnew(fy_gpt2_scratch_nbytes(&f->cfg, f->B, f->T, FY_F32)), &f->sc);
+    fy_gpt2_layer_work_bind(&f->cfg, f->B, f->T, FY_F32,
+                            dnew(fy_gpt2_layer_work_nbytes(&f->cfg, f->B, f->T, FY_F32)), &f->wk);
+    f->dx = dnewf(f->NC);
     f->x_in = dputf(hrand(&r, f->NC, -1.5f, 1.5f), f->NC);
     f->R = hrand(&r, f->NC, -1, 1);
     f->tmp = hnewf(f->NC);
@@ -540,15 +541,15 @@ static void layer_fix_init(layer_fix *f, uint64_t seed) {
 
 static double layer_obj(void *p) {
     layer_fix *f = p;
-    fy_gpt2_layer_fwd(&f->cfg, &f->w, &f->a, f->x_in, &f->sc, f->B, f->T, g_s);
+    fy_gpt2_layer_fwd(&f->cfg, &f->w, &f->a, f->x_in, &f->wk, f->B, f->T, g_s);
     return dot_dev(f->a.out, f->R, f->tmp, f->NC);
 }
 
 /* Backward with d out = R; parameter gradients add into gbase. Returns d x_in. */
 static float *layer_bwd(layer_fix *f) {
-    put(f->sc.dres, f->R, f->NC * sizeof(float));
-    fy_gpt2_layer_bwd(&f->cfg, &f->w, &f->g, &f->a, f->x_in, &f->sc, f->B, f->T, g_s);
-    return dgetf(f->sc.dres, f->NC);
+    put(f->dx, f->R, f->NC * sizeof(float));
+    fy_gpt2_layer_bwd(&f->cfg, &f->w, &f->g, &f->a, f->x_in, &f->wk, f->dx, f->B, f->T, g_s);
+    return dgetf(f->dx, f->NC);
 }
 
 Test(kernel_grad, gpt2_layer_bwd_matches_fd) {
@@ -569,7 +570,7 @@ Test(kernel_grad, gpt2_layer_bwd_matches_fd) {
                                              (size_t)t->rows * t->cols, ana_p + t->offset,
                                              5e-3f, 24, tol});
     }
-    fy_gpt2_layout_free(&f.lay);
+    fy_model_free(f.model);
 }
 
 /* ---- accumulation rules ------------------------------------------------------------ */
@@ -703,7 +704,7 @@ Test(accumulate, gpt2_layer_bwd_adds_param_grads) {
     }
     /* d x_in is an activation gradient: the same both times, not doubled */
     expect_same_bits("layer d x_in on the second backward", dx2, dx1, f.NC * sizeof(float));
-    fy_gpt2_layout_free(&f.lay);
+    fy_model_free(f.model);
 }
 
 /* ---- forwards against host references ---------------------------------------------- */
@@ -1041,7 +1042,7 @@ Test(determinism, gpt2_layer_fwd_bwd_bit_identical_when_rerun) {
     expect_same_bits("layer d x_in", dx[0], dx[1], f.NC * sizeof(float));
     expect_same_bits("layer parameter gradients", grads[0], grads[1],
                      f.blk->nelem * sizeof(float));
-    fy_gpt2_layout_free(&f.lay);
+    fy_model_free(f.model);
 }
 
 Test(determinism, sumsq_and_mean_independent_of_thread_count) {

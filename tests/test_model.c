@@ -21,7 +21,7 @@
 #include "engine/core/dtype.h"
 #include "engine/device/kernels.h"
 #include "engine/io/tokens.h"
-#include "engine/model/gpt2_io.h"
+#include "engine/model/gpt2.h"
 #include "engine/train.h"
 #include "engine/trainer.h"
 #include "tests/test_util.h"
@@ -37,6 +37,7 @@ typedef struct ctx {
     cJSON *ref;
     fy_st_file *init;
     fy_gpt2_config cfg;
+    fy_model *model;
     fy_tokens *tok;
     fy_dev *dev;
     int B, T;
@@ -49,6 +50,7 @@ static void ctx_open(ctx *c) {
     cr_assert(c->ref);
     cr_assert_eq(fy_st_open(fixture("gpt2_tiny_init.safetensors"), &c->init), FY_OK);
     cr_assert_eq(fy_gpt2_file_config(c->init, 4, &c->cfg), FY_OK);
+    cr_assert_eq(fy_gpt2_new(&c->cfg, NULL, &c->model), FY_OK);
     const cJSON *jc = cJSON_GetObjectItem(c->ref, "config");
     cr_assert_eq(c->cfg.vocab, cJSON_GetObjectItem(jc, "vocab")->valueint);
     cr_assert_eq(c->cfg.max_seq, cJSON_GetObjectItem(jc, "max_seq")->valueint);
@@ -63,6 +65,7 @@ static void ctx_open(ctx *c) {
 
 static void ctx_close(ctx *c) {
     fy_dev_free(c->dev);
+    fy_model_free(c->model);
     fy_tokens_free(c->tok);
     fy_st_close(c->init);
     cJSON_Delete(c->ref);
@@ -70,7 +73,7 @@ static void ctx_close(ctx *c) {
 
 static fy_trainer *new_trainer_accum(ctx *c, float clip, int accum) {
     const cJSON *a = cJSON_GetObjectItem(c->ref, "adamw");
-    fy_trainer_cfg tc = {.model = c->cfg, .B = c->B, .T = c->T,
+    fy_trainer_cfg tc = {.model = c->model, .B = c->B, .T = c->T,
                          .beta1 = (float)cJSON_GetObjectItem(a, "beta1")->valuedouble,
                          .beta2 = (float)cJSON_GetObjectItem(a, "beta2")->valuedouble,
                          .eps = (float)cJSON_GetObjectItem(a, "eps")->valuedouble,
@@ -84,14 +87,14 @@ static fy_trainer *new_trainer_accum(ctx *c, float clip, int accum) {
 
 static fy_trainer *new_trainer(ctx *c, float clip) { return new_trainer_accum(c, clip, 1); }
 
-static float **host_blocks(const fy_gpt2_layout *lay) {
-    float **h = calloc((size_t)lay->nblocks, sizeof *h);
-    for (int b = 0; b < lay->nblocks; b++) h[b] = calloc(lay->blocks[b].nelem, sizeof(float));
+static float **host_blocks(const fy_model *m) {
+    float **h = calloc((size_t)fy_model_nblocks(m), sizeof *h);
+    for (int b = 0; b < fy_model_nblocks(m); b++) h[b] = calloc(fy_model_block(m, b)->nelem, sizeof(float));
     return h;
 }
 
-static void free_blocks(const fy_gpt2_layout *lay, float **h) {
-    for (int b = 0; b < lay->nblocks; b++) free(h[b]);
+static void free_blocks(const fy_model *m, float **h) {
+    for (int b = 0; b < fy_model_nblocks(m); b++) free(h[b]);
     free(h);
 }
 
@@ -101,16 +104,16 @@ static void free_blocks(const fy_gpt2_layout *lay, float **h) {
  * implementations compute for it is rounding noise (~1e-9 here, ~1e-17 in float64)
  * that Adam normalises into lr-sized steps of random sign. Its zero gradient is
  * asserted in first_step_gradients_match_pytorch instead. */
-static void expect_blocks_close(const fy_gpt2_layout *lay, float **got, float **want, double tol,
+static void expect_blocks_close(const fy_model *m, float **got, float **want, double tol,
                                 const char *what, bool skip_key_bias) {
-    for (int b = 0; b < lay->nblocks; b++) {
-        const fy_block_spec *blk = &lay->blocks[b];
+    for (int b = 0; b < fy_model_nblocks(m); b++) {
+        const fy_block_spec *blk = fy_model_block(m, b);
         for (int i = 0; i < blk->ntensors; i++) {
             const fy_tensor_spec *t = &blk->tensors[i];
             size_t n = (size_t)t->rows * t->cols;
             double dd = 0, ww = 0;
             bool key_bias = skip_key_bias && strstr(t->name, "attn.c_attn.bias");
-            size_t C = (size_t)lay->cfg.channels;
+            size_t C = (size_t)fy_gpt2_config_of(m)->channels;
             for (size_t j = 0; j < n; j++) {
                 if (key_bias && j >= C && j < 2 * C) continue;
                 double g = got[b][t->offset + j], w = want[b][t->offset + j];
@@ -128,7 +131,7 @@ Test(model, first_step_gradients_match_pytorch) {
     ctx c;
     ctx_open(&c);
     fy_trainer *tr = new_trainer(&c, 0.0f);
-    const fy_gpt2_layout *lay = fy_trainer_layout(tr);
+    const fy_model *lay = fy_trainer_model(tr);
     size_t N = (size_t)c.B * c.T;
     int32_t *x = malloc(N * 4), *y = malloc(N * 4);
     fy_loader *ld;
@@ -141,15 +144,15 @@ Test(model, first_step_gradients_match_pytorch) {
     cr_expect(fabs(ss.loss - want_loss) <= 1e-5 * fabs(want_loss), "loss %.9g vs %.9g",
               ss.loss, want_loss);
     float **got = host_blocks(lay), **want = host_blocks(lay);
-    for (int b = 0; b < lay->nblocks; b++) fy_trainer_get_grads(tr, b, got[b]);
+    for (int b = 0; b < fy_model_nblocks(lay); b++) fy_trainer_get_grads(tr, b, got[b]);
     fy_st_file *gf;
     cr_assert_eq(fy_st_open(fixture("gpt2_tiny_grads.safetensors"), &gf), FY_OK);
-    cr_assert_eq(fy_gpt2_load_blocks(gf, lay, want), FY_OK);
+    cr_assert_eq(fy_model_load(lay, gf, want), FY_OK);
     expect_blocks_close(lay, got, want, 1e-4, "gradient", false);
     /* the key bias cannot change any softmax: its gradient is zero up to rounding */
     for (int l = 0; l < c.cfg.layers; l++) {
         fy_gpt2_layer_w g;
-        fy_gpt2_layer_view(&lay->blocks[1 + l], FY_F32, got[1 + l], &g);
+        fy_gpt2_layer_view(fy_model_block(lay, 1 + l), FY_F32, got[1 + l], &g);
         double kk = 0, qq = 0;
         for (int j = 0; j < c.cfg.channels; j++) {
             kk += (double)g.qkvb[c.cfg.channels + j] * g.qkvb[c.cfg.channels + j];
@@ -201,12 +204,12 @@ static void check_run(const char *name, bool check_final) {
         else cr_expect(ss.clip_coef == 1.0f);
     }
     if (check_final) {
-        const fy_gpt2_layout *lay = fy_trainer_layout(tr);
+        const fy_model *lay = fy_trainer_model(tr);
         float **got = host_blocks(lay), **want = host_blocks(lay);
-        for (int b = 0; b < lay->nblocks; b++) fy_trainer_get_params(tr, b, got[b]);
+        for (int b = 0; b < fy_model_nblocks(lay); b++) fy_trainer_get_params(tr, b, got[b]);
         fy_st_file *ff;
         cr_assert_eq(fy_st_open(fixture("gpt2_tiny_final_noclip.safetensors"), &ff), FY_OK);
-        cr_assert_eq(fy_gpt2_load_blocks(ff, lay, want), FY_OK);
+        cr_assert_eq(fy_model_load(lay, ff, want), FY_OK);
         expect_blocks_close(lay, got, want, 1e-4, "final weight", true);
         fy_st_close(ff);
         free_blocks(lay, got);
@@ -229,12 +232,12 @@ Test(model, training_is_deterministic) {
     ctx_open(&c);
     float losses[2][5];
     float **w[2];
-    const fy_gpt2_layout *lay = NULL;
+    const fy_model *lay = NULL;
     size_t N = (size_t)c.B * c.T;
     int32_t *x = malloc(N * 4), *y = malloc(N * 4);
     for (int r = 0; r < 2; r++) {
         fy_trainer *tr = new_trainer(&c, 1.0f);
-        lay = fy_trainer_layout(tr);
+        lay = fy_trainer_model(tr);
         fy_loader *ld;
         cr_assert_eq(fy_loader_new(c.tok, 0, fy_tokens_count(c.tok), c.B, c.T, &ld), FY_OK);
         for (int s = 0; s < 5; s++) {
@@ -244,12 +247,12 @@ Test(model, training_is_deterministic) {
             losses[r][s] = ss.loss;
         }
         w[r] = host_blocks(lay);
-        for (int b = 0; b < lay->nblocks; b++) fy_trainer_get_params(tr, b, w[r][b]);
+        for (int b = 0; b < fy_model_nblocks(lay); b++) fy_trainer_get_params(tr, b, w[r][b]);
         fy_loader_free(ld);
         if (r == 1) {
             for (int s = 0; s < 5; s++) cr_expect(losses[0][s] == losses[1][s], "step %d", s);
-            for (int b = 0; b < lay->nblocks; b++)
-                cr_expect(!memcmp(w[0][b], w[1][b], lay->blocks[b].nelem * 4), "block %d", b);
+            for (int b = 0; b < fy_model_nblocks(lay); b++)
+                cr_expect(!memcmp(w[0][b], w[1][b], fy_model_block(lay, b)->nelem * 4), "block %d", b);
             free_blocks(lay, w[0]);
             free_blocks(lay, w[1]);
         }
@@ -278,12 +281,12 @@ Test(model, save_and_reload_is_exact) {
     cr_expect(!memcmp(&cfg, &c.cfg, sizeof cfg));
     cr_expect_str_eq(fy_st_meta(f, "format"), "pt");
     cr_expect_null(fy_st_find(f, "lm_head.weight"), "the LM head is tied, never stored");
-    const fy_gpt2_layout *lay = fy_trainer_layout(tr);
+    const fy_model *lay = fy_trainer_model(tr);
     float **a = host_blocks(lay), **b2 = host_blocks(lay);
-    for (int b = 0; b < lay->nblocks; b++) fy_trainer_get_params(tr, b, a[b]);
-    cr_assert_eq(fy_gpt2_load_blocks(f, lay, b2), FY_OK);
-    for (int b = 0; b < lay->nblocks; b++)
-        cr_expect(!memcmp(a[b], b2[b], lay->blocks[b].nelem * 4), "block %d differs", b);
+    for (int b = 0; b < fy_model_nblocks(lay); b++) fy_trainer_get_params(tr, b, a[b]);
+    cr_assert_eq(fy_model_load(lay, f, b2), FY_OK);
+    for (int b = 0; b < fy_model_nblocks(lay); b++)
+        cr_expect(!memcmp(a[b], b2[b], fy_model_block(lay, b)->nelem * 4), "block %d differs", b);
     /* Conv1D tensors are stored (in, out) */
     const fy_st_tensor *t = fy_st_find(f, "h.0.mlp.c_fc.weight");
     cr_assert_not_null(t);
@@ -379,14 +382,16 @@ Test(model, chunked_classifier_matches_unchunked) {
     cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, (size_t)N * 4, "y", (void **)&y), FY_OK);
     fy_copy_async(s, y, h_y, (size_t)N * 4, FY_H2D);
     fy_gpt2_head_acts a;
-    fy_gpt2_scratch sc;
+    fy_gpt2_head_work wk;
     fy_gpt2_head_acts_bind(&cfg, B, T, FY_F32,
                            dev_upload(d, s, NULL, fy_gpt2_head_acts_nbytes(&cfg, B, T, FY_F32) / 4), &a);
-    fy_gpt2_scratch_bind(&cfg, B, T, FY_F32,
-                         dev_upload(d, s, NULL, fy_gpt2_scratch_nbytes(&cfg, B, T, FY_F32) / 4), &sc);
+    fy_gpt2_head_work_bind(&cfg, B, T, FY_F32,
+                           dev_upload(d, s, NULL, fy_gpt2_head_work_nbytes(&cfg, B, T, FY_F32) / 4), &wk);
+    cr_assert_null(wk.dwte32, "fp32 storage sums dwte in place");
     float *dwte = dev_upload(d, s, NULL, VpC), *loss = dev_upload(d, s, NULL, 1);
+    float *dxL = dev_upload(d, s, NULL, (size_t)N * C);
     const float dloss = 1.0f / N;
-    fy_gpt2_head_step(&cfg, &w, &g, wte, dwte, NULL, x, &a, y, dloss, loss, &sc, B, T, s);
+    fy_gpt2_head_step(&cfg, &w, &g, wte, dwte, x, &a, &wk, y, dloss, loss, dxL, B, T, s);
 
     /* the reference: the same kernels over all N rows at once */
     float *lnf = dev_upload(d, s, NULL, (size_t)N * C), *mean = dev_upload(d, s, NULL, N);
@@ -408,7 +413,7 @@ Test(model, chunked_classifier_matches_unchunked) {
     cr_expect_leq(rel_err(dwte, rdwte, (size_t)V * C), 1e-5, "dwte");
     for (size_t i = (size_t)V * C; i < VpC; i++)
         cr_assert_eq(dwte[i], 0.0f, "the padded vocabulary's rows get no gradient ([%zu])", i);
-    cr_expect_leq(rel_err(sc.dres, dx, (size_t)N * C), 1e-5, "d xL");
+    cr_expect_leq(rel_err(dxL, dx, (size_t)N * C), 1e-5, "d xL");
     cr_expect_leq(rel_err(g.lnfw, rg.lnfw, C), 1e-5, "d ln_f.weight");
     cr_expect_leq(rel_err(g.lnfb, rg.lnfb, C), 1e-5, "d ln_f.bias");
     free(h_wte); free(h_x); free(h_y);
@@ -465,20 +470,23 @@ Test(model, bf16_classifier_rounds_dwte_once) {
         fy_gpt2_head_w w, g;
         w.lnfw = buf[2];
         w.lnfb = (float *)((char *)buf[2] + C * es);
-        void *gb, *acts, *scr, *dwte, *dwte32 = NULL, *loss;
+        void *gb, *acts, *work, *dwte, *loss, *dxL;
         cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, 2 * C * es, "g", &gb), FY_OK);
         g.lnfw = gb;
         g.lnfb = (float *)((char *)gb + C * es);
         cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, fy_gpt2_head_acts_nbytes(&cfg, B, T, dt), "a", &acts), FY_OK);
-        cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, fy_gpt2_scratch_nbytes(&cfg, B, T, dt), "sc", &scr), FY_OK);
+        cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, fy_gpt2_head_work_nbytes(&cfg, B, T, dt), "wk", &work), FY_OK);
         cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, VpC * es, "dwte", &dwte), FY_OK);
         cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, 4, "loss", &loss), FY_OK);
-        if (run == 1) cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, VpC * 4, "dwte32", &dwte32), FY_OK);
+        cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, (size_t)N * C * es, "dx", &dxL), FY_OK);
         fy_gpt2_head_acts a;
-        fy_gpt2_scratch sc;
+        fy_gpt2_head_work wk;
         fy_gpt2_head_acts_bind(&cfg, B, T, dt, acts, &a);
-        fy_gpt2_scratch_bind(&cfg, B, T, dt, scr, &sc);
-        fy_gpt2_head_step(&cfg, &w, &g, buf[0], dwte, dwte32, buf[1], &a, y, 1.0f / N, loss, &sc,
+        fy_gpt2_head_work_bind(&cfg, B, T, dt, work, &wk);
+        /* bf16 storage brings the fp32 sums; run 2 takes them away: rounded every chunk */
+        cr_assert(run == 0 ? wk.dwte32 == NULL : wk.dwte32 != NULL);
+        if (run == 2) wk.dwte32 = NULL;
+        fy_gpt2_head_step(&cfg, &w, &g, buf[0], dwte, buf[1], &a, &wk, y, 1.0f / N, loss, dxL,
                           B, T, s);
         fy_stream_sync(s);
         dwte_out[run] = malloc(VC * sizeof(float));
@@ -504,15 +512,17 @@ Test(model, padded_vocabulary_rows_stay_zero_and_stay_out_of_files) {
     const int V = cfg.vocab, Vp = fy_gpt2_vocab_padded(&cfg), C = cfg.channels, B = 2, T = 16;
     cr_assert_eq(Vp, 320);
     fy_dtype dts[2] = {FY_F32, FY_BF16};
+    fy_model *m;
+    cr_assert_eq(fy_gpt2_new(&cfg, NULL, &m), FY_OK);
     for (int k = 0; k < 2; k++) {
         fy_plan plan;
-        cr_assert_eq(fy_plan_new(1, B, 1, &plan), FY_OK);
+        cr_assert_eq(fy_plan_new(m, B, 1, &plan), FY_OK);
         cr_assert_eq(fy_plan_shorthands(&plan, k ? 1.0 : 0.0, k ? 0.0 : 1.0, 0), FY_OK);
         plan.dtype = dts[k];
         fy_dev *d;
         fy_dev_cfg dc = {.kind = FY_DEV_CPU, .threads = 2};
         cr_assert_eq(fy_dev_new(&dc, &d), FY_OK);
-        fy_trainer_cfg tc = {.model = cfg, .T = T, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+        fy_trainer_cfg tc = {.model = m, .T = T, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                              .weight_decay = 0.1f, .clip = 1.0f, .seed = 5, .plan = &plan};
         fy_trainer *tr;
         cr_assert_eq(fy_trainer_new(d, &tc, &tr), FY_OK);
@@ -527,12 +537,12 @@ Test(model, padded_vocabulary_rows_stay_zero_and_stay_out_of_files) {
             cr_assert_eq(fy_trainer_step(tr, x, y, 1e-2f, &ss), FY_OK);
             cr_assert(!ss.skipped && isfinite(ss.loss));
         }
-        const fy_gpt2_layout *lay = fy_trainer_layout(tr);
-        const fy_tensor_spec *wte = &lay->blocks[0].tensors[0];
+        const fy_model *lay = fy_trainer_model(tr);
+        const fy_tensor_spec *wte = &fy_model_block(lay, 0)->tensors[0];
         cr_assert_str_eq(wte->name, "wte.weight");
         cr_assert_eq(wte->rows, V);
         cr_assert_eq(wte->alloc_rows, Vp);
-        float *w = malloc(lay->blocks[0].nelem * sizeof(float));
+        float *w = malloc(fy_model_block(lay, 0)->nelem * sizeof(float));
         fy_trainer_get_params(tr, 0, w);
         for (size_t i = (size_t)V * C; i < (size_t)Vp * C; i++)
             cr_assert_eq(w[wte->offset + i], 0.0f, "%s: padding row element %zu moved to %g",
@@ -551,9 +561,9 @@ Test(model, padded_vocabulary_rows_stay_zero_and_stay_out_of_files) {
         fy_trainer *tr2;
         cr_assert_eq(fy_trainer_new(d, &tc, &tr2), FY_OK);
         cr_assert_eq(fy_trainer_load(tr2, f), FY_OK);
-        float *w2 = malloc(lay->blocks[0].nelem * sizeof(float));
+        float *w2 = malloc(fy_model_block(lay, 0)->nelem * sizeof(float));
         fy_trainer_get_params(tr2, 0, w2);
-        cr_expect(!memcmp(w, w2, lay->blocks[0].nelem * sizeof(float)), "%s: reloaded weights differ",
+        cr_expect(!memcmp(w, w2, fy_model_block(lay, 0)->nelem * sizeof(float)), "%s: reloaded weights differ",
                   fy_dtype_name(dts[k]));
         fy_st_close(f);
         unlink(path);
@@ -564,4 +574,5 @@ Test(model, padded_vocabulary_rows_stay_zero_and_stay_out_of_files) {
         fy_dev_free(d);
         fy_plan_free(&plan);
     }
+    fy_model_free(m);
 }

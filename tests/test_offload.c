@@ -10,6 +10,7 @@
 
 #include "engine/core/dtype.h"
 #include "engine/io/corpus.h"
+#include "engine/model/gpt2.h"
 #include "engine/io/tokens.h"
 #include "engine/trainer.h"
 #include "engine/trainer_impl.h" /* white box: the copies of a block, to plant a NaN */
@@ -26,9 +27,18 @@ typedef struct result {
     float loss[STEPS];
     float norm[STEPS];
     bool skipped[STEPS];
-    float **w; /* final parameters per block */
+    int nblocks;
+    size_t *nelem;   /* per block */
+    float **w;       /* final parameters per block */
     size_t peak, model, staging;
 } result;
+
+/* The GPT-2 of a config (the test frees it). */
+static fy_model *new_model(const fy_gpt2_config *cfg) {
+    fy_model *m;
+    cr_assert_eq(fy_gpt2_new(cfg, NULL, &m), FY_OK);
+    return m;
+}
 
 /* Planting a NaN in every copy of one weight of block b (fp32 masters and the storage
  * type's copies), and taking it out again. */
@@ -70,13 +80,15 @@ static fy_status train_mode(const fy_gpt2_config *cfg, const fy_plan *plan, size
     fy_dev_cfg dc = {.kind = FY_DEV_CPU, .threads = 2, .mem_cap_nbytes = cap};
     fy_dev *dev;
     cr_assert_eq(fy_dev_new(&dc, &dev), FY_OK);
-    fy_trainer_cfg tc = {.model = *cfg, .T = T_SEQ, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+    fy_model *model = new_model(cfg);
+    fy_trainer_cfg tc = {.model = model, .T = T_SEQ, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                          .weight_decay = 0.1f, .clip = 1.0f, .seed = 11, .plan = plan,
                          .schedule = mode};
     fy_trainer *tr;
     fy_status st = fy_trainer_new(dev, &tc, &tr);
     if (st != FY_OK) {
         fy_dev_free(dev);
+        fy_model_free(model);
         return st;
     }
     fy_tokens *tok = test_corpus();
@@ -96,17 +108,19 @@ static fy_status train_mode(const fy_gpt2_config *cfg, const fy_plan *plan, size
         res->norm[s] = ss.grad_norm;
         res->skipped[s] = ss.skipped;
     }
-    const fy_gpt2_layout *lay = fy_trainer_layout(tr);
-    res->w = calloc((size_t)lay->nblocks, sizeof *res->w);
-    for (int b = 0; b < lay->nblocks; b++) {
-        res->w[b] = malloc(lay->blocks[b].nelem * sizeof(float));
+    res->nblocks = fy_model_nblocks(model);
+    res->w = calloc((size_t)res->nblocks, sizeof *res->w);
+    res->nelem = calloc((size_t)res->nblocks, sizeof *res->nelem);
+    for (int b = 0; b < res->nblocks; b++) {
+        res->nelem[b] = fy_model_block(model, b)->nelem;
+        res->w[b] = malloc(res->nelem[b] * sizeof(float));
         fy_trainer_get_params(tr, b, res->w[b]);
     }
     fy_dev_mem_stats ms;
     fy_dev_mem_stats_get(dev, &ms);
     res->peak = ms.peak_nbytes[FY_MEM_DEVICE];
     fy_mem_model mm;
-    fy_storage_model(lay, plan, T_SEQ, &mm);
+    fy_storage_model(model, plan, T_SEQ, &mm);
     res->model = mm.device_total;
     res->staging = mm.device[FY_CAT_STAGING];
     free(x);
@@ -115,6 +129,7 @@ static fy_status train_mode(const fy_gpt2_config *cfg, const fy_plan *plan, size
     fy_tokens_free(tok);
     fy_trainer_free(tr);
     fy_dev_free(dev);
+    fy_model_free(model);
     return FY_OK;
 }
 
@@ -123,30 +138,31 @@ static fy_status train(const fy_gpt2_config *cfg, const fy_plan *plan, size_t ca
 }
 
 static void result_free(const fy_gpt2_config *cfg, result *r) {
-    for (int b = 0; b < cfg->layers + 2; b++) free(r->w[b]);
+    for (int b = 0; b < r->nblocks; b++) free(r->w[b]);
     free(r->w);
+    free(r->nelem);
 }
 
 static fy_plan make_plan(const fy_gpt2_config *cfg, int B, int accum, double p, double o, int k) {
     fy_plan plan;
-    cr_assert_eq(fy_plan_new(cfg->layers, B, accum, &plan), FY_OK);
+    fy_model *m = new_model(cfg);
+    cr_assert_eq(fy_plan_new(m, B, accum, &plan), FY_OK);
     cr_assert_eq(fy_plan_shorthands(&plan, p, o, k), FY_OK);
+    fy_model_free(m);
     return plan;
 }
 
 static void expect_identical(const fy_gpt2_config *cfg, const result *a, const result *b,
                              const char *what) {
-    fy_gpt2_layout lay;
-    cr_assert_eq(fy_gpt2_layout_new(cfg, &lay), FY_OK);
     for (int s = 0; s < STEPS; s++) {
         cr_expect(a->loss[s] == b->loss[s], "%s: step %d loss %.9g vs %.9g", what, s, b->loss[s],
                   a->loss[s]);
         cr_expect(a->norm[s] == b->norm[s], "%s: step %d norm differs", what, s);
     }
-    for (int bl = 0; bl < lay.nblocks; bl++)
-        cr_expect(!memcmp(a->w[bl], b->w[bl], lay.blocks[bl].nelem * sizeof(float)),
+    cr_assert_eq(a->nblocks, b->nblocks);
+    for (int bl = 0; bl < a->nblocks; bl++)
+        cr_expect(!memcmp(a->w[bl], b->w[bl], a->nelem[bl] * sizeof(float)),
                   "%s: block %d weights differ", what, bl);
-    fy_gpt2_layout_free(&lay);
 }
 
 /* Every combination of parameters streamed 0/50/100%, optimizer on the CPU 0/50/100%
@@ -269,15 +285,14 @@ Test(offload, accumulation_invariance_and_batch_equivalence, .timeout = 120) {
 Test(offload, budget_refuses_resident_and_offloaded_plan_trains, .timeout = 120) {
     const fy_gpt2_config cfg = {.vocab = 256, .max_seq = 32, .channels = 128, .layers = 8,
                                 .heads = 4};
-    fy_gpt2_layout lay;
-    cr_assert_eq(fy_gpt2_layout_new(&cfg, &lay), FY_OK);
+    fy_model *m = new_model(&cfg);
     fy_plan off = make_plan(&cfg, 2, 1, 1, 1, 8), res = make_plan(&cfg, 2, 1, 0, 0, 0);
     fy_mem_model m_off, m_res;
-    fy_storage_model(&lay, &off, T_SEQ, &m_off);
-    fy_storage_model(&lay, &res, T_SEQ, &m_res);
+    fy_storage_model(m, &off, T_SEQ, &m_off);
+    fy_storage_model(m, &res, T_SEQ, &m_res);
     size_t budget = m_off.device_total;
     size_t state = 0;
-    for (int b = 0; b < lay.nblocks; b++) state += 4 * lay.blocks[b].nelem * sizeof(float);
+    for (int b = 0; b < fy_model_nblocks(m); b++) state += 4 * fy_model_block(m, b)->nelem * sizeof(float);
     cr_assert(state >= 4 * budget, "full state %zu is not 4x the budget %zu", state, budget);
     cr_assert(m_res.device_total > budget);
     result r;
@@ -292,12 +307,20 @@ Test(offload, budget_refuses_resident_and_offloaded_plan_trains, .timeout = 120)
     result_free(&cfg, &r);
     fy_plan_free(&off);
     fy_plan_free(&res);
-    fy_gpt2_layout_free(&lay);
+    fy_model_free(m);
+}
+
+/* A GPT-2 of L layers, for plan files and shorthands. */
+static fy_model *model_with_layers(int L) {
+    fy_gpt2_config cfg = {.vocab = 256, .max_seq = 32, .channels = 32, .layers = L, .heads = 4};
+    return new_model(&cfg);
 }
 
 Test(plan, shorthands_follow_autohete) {
     fy_plan p;
-    cr_assert_eq(fy_plan_new(12, 8, 1, &p), FY_OK);
+    fy_model *m = model_with_layers(12);
+    cr_assert_eq(fy_plan_new(m, 8, 1, &p), FY_OK);
+    fy_model_free(m);
     cr_assert_eq(fy_plan_shorthands(&p, 0.25, 0.5, 3), FY_OK);
     for (int l = 0; l < 12; l++) {
         cr_expect_eq(p.blocks[1 + l].params, l < 3 ? FY_PARAMS_STREAMED : FY_PARAMS_RESIDENT, "l %d", l);
@@ -328,20 +351,23 @@ static char *tmpfile_with(const char *text) {
 
 Test(plan, json_round_trip) {
     fy_plan p, q;
-    cr_assert_eq(fy_plan_new(4, 3, 2, &p), FY_OK);
+    fy_model *m4 = model_with_layers(4), *m5 = model_with_layers(5);
+    cr_assert_eq(fy_plan_new(m4, 3, 2, &p), FY_OK);
     cr_assert_eq(fy_plan_shorthands(&p, 0.5, 1, 1), FY_OK);
     p.blocks[3].acts = FY_ACTS_RECOMPUTE;
     p.dtype = FY_BF16;
     char *path = tmpfile_with("");
     cr_assert_eq(fy_plan_save(path, &p), FY_OK);
-    cr_assert_eq(fy_plan_load(path, 4, &q), FY_OK);
+    cr_assert_eq(fy_plan_load(path, m4, &q), FY_OK);
     cr_expect(fy_plan_equal(&p, &q));
     cr_expect_eq(q.dtype, FY_BF16);
     fy_plan_free(&q);
-    cr_expect_eq(fy_plan_load(path, 5, &q), FY_ERR_FORMAT, "a plan for 4 layers on 5");
+    cr_expect_eq(fy_plan_load(path, m5, &q), FY_ERR_FORMAT, "a plan for 4 layers on 5");
     unlink(path);
     fy_plan_free(&p);
     fy_plan_free(&q);
+    fy_model_free(m4);
+    fy_model_free(m5);
 }
 
 Test(plan, bad_files_are_refused) {
@@ -367,16 +393,18 @@ Test(plan, bad_files_are_refused) {
         "{\"block\":\"layer.0\",\"params\":\"resident\",\"optim\":\"gpu\",\"acts\":\"keep\"},"
         "{\"block\":\"embed\",\"params\":\"resident\",\"optim\":\"gpu\",\"acts\":\"keep\"}]}",
     };
+    fy_model *m1 = model_with_layers(1);
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         fy_plan p;
         char *path = tmpfile_with(bad[i]);
-        cr_expect_eq(fy_plan_load(path, 1, &p), FY_ERR_FORMAT, "case %zu accepted", i);
+        cr_expect_eq(fy_plan_load(path, m1, &p), FY_ERR_FORMAT, "case %zu accepted", i);
         cr_expect(strstr(fy_last_error(), path) != NULL, "case %zu: error names no file: %s", i,
                   fy_last_error());
         unlink(path);
     }
     fy_plan p;
-    cr_expect_eq(fy_plan_load("/nonexistent/plan.json", 1, &p), FY_ERR_IO);
+    cr_expect_eq(fy_plan_load("/nonexistent/plan.json", m1, &p), FY_ERR_IO);
+    fy_model_free(m1);
 }
 
 /* Every schedule mode runs the same arithmetic: serial, fifo and priority give
@@ -466,11 +494,9 @@ Test(bf16, trains_like_fp32_in_less_device_memory, .timeout = 120) {
         cr_expect(fabsf(a.norm[s] - b.norm[s]) <= 2e-2f * a.norm[s], "step %d norm fp32 %.6g bf16 %.6g",
                   s, a.norm[s], b.norm[s]);
     }
-    fy_gpt2_layout lay;
-    cr_assert_eq(fy_gpt2_layout_new(cfg, &lay), FY_OK);
-    for (int bl = 0; bl < lay.nblocks; bl++) {
+    for (int bl = 0; bl < a.nblocks; bl++) {
         double d = 0, w = 0;
-        for (size_t i = 0; i < lay.blocks[bl].nelem; i++) {
+        for (size_t i = 0; i < a.nelem[bl]; i++) {
             d += ((double)a.w[bl][i] - b.w[bl][i]) * ((double)a.w[bl][i] - b.w[bl][i]);
             w += (double)a.w[bl][i] * a.w[bl][i];
         }
@@ -478,7 +504,6 @@ Test(bf16, trains_like_fp32_in_less_device_memory, .timeout = 120) {
                   sqrt(d / w));
     }
     cr_expect(b.peak < a.peak, "bf16 device peak %zu, fp32 %zu", b.peak, a.peak);
-    fy_gpt2_layout_free(&lay);
     result_free(cfg, &a);
     result_free(cfg, &b);
     fy_plan_free(&p32);
@@ -497,8 +522,6 @@ enum { SKIP_AT = 2 }; /* the step a planted NaN makes skip; two steps follow it 
 
 static void skipped_step_leaves_every_plan_on_track(fy_dtype dt) {
     const fy_gpt2_config *cfg = &small_cfg;
-    fy_gpt2_layout lay;
-    cr_assert_eq(fy_gpt2_layout_new(cfg, &lay), FY_OK);
     fy_plan base = make_plan(cfg, 2, 1, 0, 0, 0);
     base.dtype = dt;
     result ref;
@@ -516,15 +539,14 @@ static void skipped_step_leaves_every_plan_on_track(fy_dtype dt) {
             cr_expect(r.skipped[s] == ref.skipped[s] && (s == SKIP_AT || r.loss[s] == ref.loss[s]),
                       "%s, plan %d: step %d loss %.9g (skipped %d), all-resident %.9g",
                       fy_dtype_name(dt), i, s, r.loss[s], r.skipped[s], ref.loss[s]);
-        for (int b = 0; b < lay.nblocks; b++)
-            cr_expect(!memcmp(r.w[b], ref.w[b], lay.blocks[b].nelem * sizeof(float)),
+        for (int b = 0; b < ref.nblocks; b++)
+            cr_expect(!memcmp(r.w[b], ref.w[b], ref.nelem[b] * sizeof(float)),
                       "%s, plan %d: block %d weights differ", fy_dtype_name(dt), i, b);
         result_free(cfg, &r);
         fy_plan_free(&p);
     }
     result_free(cfg, &ref);
     fy_plan_free(&base);
-    fy_gpt2_layout_free(&lay);
 }
 
 Test(offload, skipped_step_leaves_every_plan_on_track, .timeout = 120) {

@@ -110,10 +110,10 @@ static void probe_free(probe *p) {
     free(p);
 }
 
-static void probe_run(void *ctx, const fy_task *t) {
+static fy_status probe_run(void *ctx, const fy_task *t) {
     probe *p = ctx;
     const fy_graph *g = p->g;
-    int id = t->arg;
+    int id = (int)(t - g->tasks);
     atomic_fetch_add(&p->runs[id], 1);
     int now = atomic_fetch_add(&p->running, 1) + 1;
     int mx = atomic_load(&p->max_running);
@@ -157,11 +157,11 @@ static void probe_run(void *ctx, const fy_task *t) {
     p->end_seq[id] = atomic_fetch_add(&p->seq, 1);
     atomic_fetch_sub(&p->lane_running[t->lane], 1);
     atomic_fetch_sub(&p->running, 1);
+    return FY_OK;
 }
 
 static int add_task(fy_graph *g, fy_lane lane, int64_t use_pos, double cost_ms, probe *p) {
     fy_task t = fy_task_make(lane, 0, g->n, 0, probe_run, p);
-    t.arg = g->n;
     t.use_pos = use_pos;
     t.cost_ms = cost_ms;
     int id = fy_graph_add(g, &t);
@@ -1167,7 +1167,6 @@ static void trace_graph(fy_graph *g, probe *p) {
     for (int i = 0; i < 24; i++) {
         fy_lane lane = (fy_lane)(i % FY_LANE_COUNT);
         fy_task t = fy_task_make(lane, (int)lane, i / 4, i % 3, probe_run, p);
-        t.arg = i;
         t.use_pos = lane == FY_LANE_COMPUTE ? i : -1;
         t.cost_ms = 1.0 + i % 5;
         cr_assert_eq(fy_graph_add(g, &t), i);

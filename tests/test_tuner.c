@@ -8,11 +8,17 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine/model/gpt2.h"
 #include "tuner/profile.h"
 #include "tuner/tune.h"
 
-static const fy_gpt2_config small = {.vocab = 256, .max_seq = 32, .channels = 32, .layers = 2,
-                                     .heads = 4};
+static const fy_gpt2_config small_cfg = {.vocab = 256, .max_seq = 32, .channels = 32, .layers = 2,
+                                         .heads = 4};
+static fy_model *small; /* the model of small_cfg, for each test */
+
+static void open_small(void) { cr_assert_eq(fy_gpt2_new(&small_cfg, NULL, &small), FY_OK); }
+static void close_small(void) { fy_model_free(small); small = NULL; }
+TestSuite(tune, .init = open_small, .fini = close_small);
 
 /* A profile in which every resource is fast and balanced. */
 static fy_profile base_profile(void) {
@@ -50,21 +56,22 @@ static char *tmp_path(void) {
 Test(profile, json_round_trip) {
     fy_profile p = base_profile(), q;
     p.has_blocks = true;
-    p.block_model = small;
+    snprintf(p.block_model, sizeof p.block_model, "gpt2: vocab 256, positions 32, channels 32, "
+             "layers 2, heads 4");
     p.block_seq = 16;
-    p.block_a[FY_T_FWD][FY_CLASS_LAYER] = 1.5;
-    p.block_b[FY_T_FWD][FY_CLASS_LAYER] = 0.25;
-    p.block_a[FY_T_HEAD][FY_CLASS_HEAD] = 0.75;
+    p.block_a[FY_T_FWD][FY_BLOCK_LAYER] = 1.5;
+    p.block_b[FY_T_FWD][FY_BLOCK_LAYER] = 0.25;
+    p.block_a[FY_T_HEAD][FY_BLOCK_HEAD] = 0.75;
     char *path = tmp_path();
     cr_assert_eq(fy_profile_save(path, &p), FY_OK);
     cr_assert_eq(fy_profile_load(path, &q), FY_OK);
     cr_expect_eq(q.h2d_gbps, p.h2d_gbps);
     cr_expect_eq(q.adam_threads_max, 2);
     cr_expect_eq(q.adam_gparams[2], 2);
-    cr_expect(q.has_blocks && !memcmp(&q.block_model, &small, sizeof small));
-    cr_expect_eq(q.block_a[FY_T_FWD][FY_CLASS_LAYER], 1.5);
-    cr_expect_eq(q.block_b[FY_T_FWD][FY_CLASS_LAYER], 0.25);
-    cr_expect_eq(q.block_a[FY_T_HEAD][FY_CLASS_HEAD], 0.75);
+    cr_expect(q.has_blocks && !strcmp(q.block_model, p.block_model));
+    cr_expect_eq(q.block_a[FY_T_FWD][FY_BLOCK_LAYER], 1.5);
+    cr_expect_eq(q.block_b[FY_T_FWD][FY_BLOCK_LAYER], 0.25);
+    cr_expect_eq(q.block_a[FY_T_HEAD][FY_BLOCK_HEAD], 0.75);
     unlink(path);
 }
 
@@ -95,8 +102,12 @@ Test(profile, bad_files_are_refused) {
         "{\"format\":\"ferry-profile\",\"h2d_gbps\":1,\"d2h_gbps\":1,\"duplex_h2d_gbps\":1,"
         "\"duplex_d2h_gbps\":1,\"latency_ms\":0,\"device_mem_gib\":1,\"host_mem_gib\":1,\"cores\":1,"
         "\"adam_gparams_by_threads\":[1],\"compute_tflops\":1,\"device_mem_gbps\":1,"
-        "\"blocks\":{\"model\":{\"vocab\":1,\"max_seq\":1,\"channels\":1,\"layers\":1,\"heads\":1},"
+        "\"blocks\":{\"model\":\"gpt2: vocab 1\","
         "\"seq\":1,\"ms_a_plus_b_times_batch\":{\"fwd\":{\"layer\":[1]}}}}",
+        "{\"format\":\"ferry-profile\",\"h2d_gbps\":1,\"d2h_gbps\":1,\"duplex_h2d_gbps\":1,"
+        "\"duplex_d2h_gbps\":1,\"latency_ms\":0,\"device_mem_gib\":1,\"host_mem_gib\":1,\"cores\":1,"
+        "\"adam_gparams_by_threads\":[1],\"compute_tflops\":1,\"device_mem_gbps\":1,"
+        "\"blocks\":{\"model\":\"\",\"seq\":1,\"ms_a_plus_b_times_batch\":{}}}",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char *path = tmp_path();
@@ -143,7 +154,7 @@ Test(tune, finds_cpu_optimizer_when_device_adam_is_slow) {
     fy_tune_result top[1];
     int n, ne;
     cr_assert_eq(fy_tune(&p, &c, top, 1, &n, &ne), FY_OK);
-    cr_expect_eq(top[0].k3, small.layers, "picked k3=%d", top[0].k3);
+    cr_expect_eq(top[0].k3, small_cfg.layers, "picked k3=%d", top[0].k3);
     cr_expect(top[0].plan.blocks[0].optim == FY_OPTIM_CPU, "the embedding's optimizer too");
     free_top(top, n);
 }
@@ -152,20 +163,18 @@ Test(tune, finds_cpu_optimizer_when_device_adam_is_slow) {
  * the smallest plan is a clear error. */
 Test(tune, never_returns_a_plan_over_budget) {
     fy_profile p = base_profile();
-    fy_gpt2_layout lay;
-    cr_assert_eq(fy_gpt2_layout_new(&small, &lay), FY_OK);
     /* the smallest and largest device need over the search space */
     fy_mem_model lo = {.device_total = SIZE_MAX}, hi = {0};
-    const int L = small.layers;
+    const int L = small_cfg.layers;
     for (int micro = 1; micro <= 4; micro *= 2)
         for (int k1 = 0; k1 <= L; k1++)
             for (int k2 = 0; k2 <= L; k2++)
                 for (int k3 = 0; k3 <= L; k3++) {
                     fy_plan q;
-                    cr_assert_eq(fy_plan_new(L, micro, 4 / micro, &q), FY_OK);
+                    cr_assert_eq(fy_plan_new(small, micro, 4 / micro, &q), FY_OK);
                     cr_assert_eq(fy_plan_shorthands(&q, (double)k2 / L, (double)k3 / L, k1), FY_OK);
                     fy_mem_model m;
-                    fy_storage_model(&lay, &q, 16, &m);
+                    fy_storage_model(small, &q, 16, &m);
                     if (m.device_total < lo.device_total) lo = m;
                     if (m.device_total > hi.device_total) hi = m;
                     fy_plan_free(&q);
@@ -189,7 +198,6 @@ Test(tune, never_returns_a_plan_over_budget) {
     int n, ne;
     cr_expect_eq(fy_tune(&p, &c, top, 1, &n, &ne), FY_ERR_INVALID);
     cr_expect(strstr(fy_last_error(), "no plan fits") != NULL);
-    fy_gpt2_layout_free(&lay);
 }
 
 /* The prediction comes from the simulator: slower transfers never make a streamed plan
@@ -198,7 +206,7 @@ Test(tune, predictions_follow_the_profile) {
     fy_profile fast = base_profile(), slow = base_profile();
     slow.h2d_gbps = slow.d2h_gbps = slow.duplex_h2d_gbps = slow.duplex_d2h_gbps = 0.1;
     fy_plan plan;
-    cr_assert_eq(fy_plan_new(small.layers, 4, 1, &plan), FY_OK);
+    cr_assert_eq(fy_plan_new(small, 4, 1, &plan), FY_OK);
     cr_assert_eq(fy_plan_shorthands(&plan, 1, 1, 0), FY_OK);
     fy_tune_cfg c = base_cfg((size_t)1 << 30);
     fy_tune_result a, b;
@@ -206,15 +214,12 @@ Test(tune, predictions_follow_the_profile) {
     cr_assert_eq(fy_tune_predict(&slow, &c, &plan, &b), FY_OK);
     cr_expect(b.step_ms > a.step_ms, "slow %.3f fast %.3f", b.step_ms, a.step_ms);
     cr_expect(b.busy_ms[FY_LANE_H2D] > a.busy_ms[FY_LANE_H2D]);
-    fy_gpt2_layout lay;
-    cr_assert_eq(fy_gpt2_layout_new(&small, &lay), FY_OK);
     fy_mem_model m;
-    fy_storage_model(&lay, &plan, 16, &m);
+    fy_storage_model(small, &plan, 16, &m);
     cr_expect_eq(a.mem.device_total, m.device_total);
     fy_plan_free(&a.plan);
     fy_plan_free(&b.plan);
     fy_plan_free(&plan);
-    fy_gpt2_layout_free(&lay);
 }
 
 /* Ties within the margin go to the plan that moves the least work off the compute lane;

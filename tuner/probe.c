@@ -118,21 +118,24 @@ static fy_status probe_adam(int max_threads, fy_profile *p) {
     return FY_OK;
 }
 
-static void zero_batch(void *ctx, int64_t micro, int32_t *x, int32_t *y) {
-    const size_t *n = ctx;
+/* A fixed batch of valid token ids. */
+static fy_status zero_batch(void *ctx, int64_t micro, int32_t *x, int32_t *y) {
+    const size_t *n = ctx; /* [0] tokens, [1] vocabulary */
     (void)micro;
-    for (size_t i = 0; i < *n; i++) x[i] = y[i] = (int32_t)(i % 200);
+    for (size_t i = 0; i < n[0]; i++) x[i] = y[i] = (int32_t)(i % 200 % n[1]);
+    return FY_OK;
 }
 
-/* Per kind and class, the mean measured cost of a few serial steps at micro-batch B. */
+/* Per task kind and block kind, the mean measured cost of a few serial steps at
+ * micro-batch B. */
 static fy_status block_costs(fy_dev *dev, const fy_probe_cfg *cfg, int B,
-                             double cost[FY_T_COUNT][FY_CLASS_COUNT]) {
-    const int L = cfg->model.layers;
+                             double cost[FY_T_COUNT][FY_BLOCK_KINDS]) {
+    const fy_model *m = cfg->model;
     fy_plan plan;
-    FY_TRY(fy_plan_new(L, B, 1, &plan));
-    fy_status st = fy_plan_shorthands(&plan, 0, 0, L); /* every layer recomputed */
+    FY_TRY(fy_plan_new(m, B, 1, &plan));
+    fy_status st = fy_plan_shorthands(&plan, 0, 0, fy_model_layers(m)); /* every layer recomputed */
     plan.dtype = cfg->dtype == FY_BF16 ? FY_BF16 : FY_F32; /* blocks cost what training runs */
-    fy_trainer_cfg tc = {.model = cfg->model, .T = cfg->seq, .beta1 = 0.9f, .beta2 = 0.95f,
+    fy_trainer_cfg tc = {.model = m, .T = cfg->seq, .beta1 = 0.9f, .beta2 = 0.95f,
                          .eps = 1e-8f, .weight_decay = 0.1f, .clip = 1.0f, .seed = 1,
                          .plan = &plan, .schedule = FY_SCHED_SERIAL};
     fy_trainer *tr = NULL;
@@ -140,25 +143,29 @@ static fy_status block_costs(fy_dev *dev, const fy_probe_cfg *cfg, int B,
     enum { STEPS = 3 };
     float lrs[STEPS] = {1e-4f, 1e-4f, 1e-4f};
     fy_step_stats stats[STEPS];
-    size_t n = (size_t)B * cfg->seq;
+    size_t n[2] = {(size_t)B * cfg->seq, (size_t)fy_model_vocab(m)};
+    fy_window warm = {.nsteps = 1, .lrs = lrs, .next_batch = zero_batch, .batch_ctx = n,
+                      .stats = stats};
+    fy_window timed = warm;
+    timed.nsteps = STEPS;
     /* one step to warm up (first touches, BLAS set-up), then the measured ones */
-    if (st == FY_OK) st = fy_trainer_run(tr, 1, lrs, zero_batch, &n, stats, NULL, NULL);
+    if (st == FY_OK) st = fy_trainer_run(tr, &warm);
     if (st == FY_OK) fy_trainer_reset_costs(tr);
-    if (st == FY_OK) st = fy_trainer_run(tr, STEPS, lrs, zero_batch, &n, stats, NULL, NULL);
+    if (st == FY_OK) st = fy_trainer_run(tr, &timed);
     if (st == FY_OK) {
         static const int kinds[] = {FY_T_FWD, FY_T_RECOMPUTE, FY_T_BWD, FY_T_HEAD, FY_T_ADAM_GPU};
         for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
             int k = kinds[i];
-            double sum[FY_CLASS_COUNT] = {0};
-            int cnt[FY_CLASS_COUNT] = {0};
-            for (int b = 0; b < L + 2; b++) {
+            double sum[FY_BLOCK_KINDS] = {0};
+            int cnt[FY_BLOCK_KINDS] = {0};
+            for (int b = 0; b < fy_model_nblocks(m); b++) {
                 double ms = fy_trainer_cost(tr, (fy_task_kind)k, b);
                 if (ms < 0) continue;
-                int c = b == 0 ? FY_CLASS_EMBED : b == L + 1 ? FY_CLASS_HEAD : FY_CLASS_LAYER;
+                int c = fy_model_block(m, b)->kind;
                 sum[c] += ms;
                 cnt[c]++;
             }
-            for (int c = 0; c < FY_CLASS_COUNT; c++) cost[k][c] = cnt[c] ? sum[c] / cnt[c] : 0.0;
+            for (int c = 0; c < FY_BLOCK_KINDS; c++) cost[k][c] = cnt[c] ? sum[c] / cnt[c] : 0.0;
         }
     }
     fy_trainer_free(tr);
@@ -201,7 +208,7 @@ fy_status fy_probe(const fy_probe_cfg *cfg, fy_profile *out) {
     int tmax = cfg->adam_threads_max > 0 ? cfg->adam_threads_max : out->cores;
     if (tmax > FY_PROFILE_MAX_THREADS) tmax = FY_PROFILE_MAX_THREADS;
     if (st == FY_OK) st = probe_adam(tmax, out);
-    double c1[FY_T_COUNT][FY_CLASS_COUNT] = {{0}}, c2[FY_T_COUNT][FY_CLASS_COUNT] = {{0}};
+    double c1[FY_T_COUNT][FY_BLOCK_KINDS] = {{0}}, c2[FY_T_COUNT][FY_BLOCK_KINDS] = {{0}};
     int B1 = cfg->batch, B2 = 2 * cfg->batch;
     if (st == FY_OK) st = block_costs(dev, cfg, B1, c1);
     if (st == FY_OK && block_costs(dev, cfg, B2, c2) != FY_OK) {
@@ -211,22 +218,32 @@ fy_status fy_probe(const fy_probe_cfg *cfg, fy_profile *out) {
     }
     if (st == FY_OK) {
         out->has_blocks = true;
-        out->block_model = cfg->model;
+        fy_model_signature(cfg->model, out->block_model, sizeof out->block_model);
         out->block_seq = cfg->seq;
         out->block_dtype = cfg->dtype == FY_BF16 ? FY_BF16 : FY_F32;
         for (int k = 0; k < FY_T_COUNT; k++)
-            for (int c = 0; c < FY_CLASS_COUNT; c++) {
+            for (int c = 0; c < FY_BLOCK_KINDS; c++) {
                 double b = (c2[k][c] - c1[k][c]) / (B2 - B1);
                 if (b < 0) b = 0; /* noise: never predict less work for more tokens */
                 out->block_b[k][c] = b;
                 out->block_a[k][c] = c1[k][c] - b * B1;
             }
-        /* analytic fallbacks from the same measurements: effective matmul rate of a
-         * layer's forward and memory rate of the device AdamW */
-        const double C = cfg->model.channels, P = 12.0 * C * C;
-        double fwd = c1[FY_T_FWD][FY_CLASS_LAYER], adam = c1[FY_T_ADAM_GPU][FY_CLASS_LAYER];
-        out->compute_tflops = fwd > 0 ? 2.0 * B1 * cfg->seq * P / (fwd * 1e-3) / 1e12 : 0.1;
-        out->device_mem_gbps = adam > 0 ? 28.0 * P / (adam * 1e-3) / 1e9 : 10.0;
+        /* analytic fallbacks from the same measurements: the effective matmul rate of a
+         * layer's forward (its FLOPs from the model) and the memory rate of the device
+         * AdamW (28 bytes an element) */
+        int layer = -1;
+        for (int b = 0; b < fy_model_nblocks(cfg->model) && layer < 0; b++)
+            if (fy_model_block(cfg->model, b)->kind == FY_BLOCK_LAYER) layer = b;
+        fy_cost fc = {0};
+        double P = 0.0;
+        if (layer >= 0) {
+            fy_model_cost(cfg->model, layer, FY_PASS_FWD, B1, cfg->seq,
+                          (double)fy_dtype_size(out->block_dtype), &fc);
+            P = (double)fy_model_block(cfg->model, layer)->nelem;
+        }
+        double fwd = c1[FY_T_FWD][FY_BLOCK_LAYER], adam = c1[FY_T_ADAM_GPU][FY_BLOCK_LAYER];
+        out->compute_tflops = fwd > 0 && fc.flops > 0 ? fc.flops / (fwd * 1e-3) / 1e12 : 0.1;
+        out->device_mem_gbps = adam > 0 && P > 0 ? 28.0 * P / (adam * 1e-3) / 1e9 : 10.0;
     }
     fy_dev_free(dev);
     return st;

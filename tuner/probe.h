@@ -6,7 +6,7 @@
  * the model's block costs: the engine itself trains a few steps serially (all resident,
  * every layer recomputed, so every compute task kind runs) at two micro-batch sizes, and
  * the measured task times are fitted as a + b * micro-batch per task kind and block
- * class. On the cpu backend with --sim-pcie-gbps the bandwidths are the emulated link's. */
+ * kind. On the cpu backend with --sim-pcie-gbps the bandwidths are the emulated link's. */
 #ifndef FY_PROBE_H
 #define FY_PROBE_H
 
@@ -19,7 +19,7 @@ extern "C" {
 
 typedef struct fy_probe_cfg {
     fy_dev_cfg dev;
-    fy_gpt2_config model;
+    const fy_model *model;
     int batch, seq;        /* the micro-batch to measure around */
     int adam_threads_max;  /* 0 = the cores available */
     fy_dtype dtype;        /* the storage type the block costs are measured in */

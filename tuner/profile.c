@@ -70,7 +70,6 @@ double fy_profile_adam_gparams(const fy_profile *p, int threads) {
     return t >= 1 ? p->adam_gparams[t] : 0.0;
 }
 
-static const char *class_names[FY_CLASS_COUNT] = {"embed", "layer", "head"};
 
 fy_status fy_profile_save(const char *path, const fy_profile *p) {
     cJSON *r = cJSON_CreateObject();
@@ -105,25 +104,19 @@ fy_status fy_profile_save(const char *path, const fy_profile *p) {
     cJSON_AddNumberToObject(r, "device_mem_gbps", p->device_mem_gbps);
     if (p->has_blocks) {
         cJSON *b = cJSON_AddObjectToObject(r, "blocks");
-        const fy_gpt2_config *m = &p->block_model;
-        cJSON *mm = cJSON_AddObjectToObject(b, "model");
-        cJSON_AddNumberToObject(mm, "vocab", m->vocab);
-        cJSON_AddNumberToObject(mm, "max_seq", m->max_seq);
-        cJSON_AddNumberToObject(mm, "channels", m->channels);
-        cJSON_AddNumberToObject(mm, "layers", m->layers);
-        cJSON_AddNumberToObject(mm, "heads", m->heads);
+        cJSON_AddStringToObject(b, "model", p->block_model);
         cJSON_AddNumberToObject(b, "seq", p->block_seq);
         cJSON_AddStringToObject(b, "dtype", fy_dtype_name(p->block_dtype == FY_BF16 ? FY_BF16 : FY_F32));
         cJSON *costs = cJSON_AddObjectToObject(b, "ms_a_plus_b_times_batch");
         for (int k = 0; k < FY_T_COUNT; k++) {
             cJSON *kc = NULL;
-            for (int c = 0; c < FY_CLASS_COUNT; c++) {
+            for (int c = 0; c < FY_BLOCK_KINDS; c++) {
                 if (p->block_a[k][c] == 0 && p->block_b[k][c] == 0) continue;
                 if (!kc) kc = cJSON_AddObjectToObject(costs, fy_task_kind_name(k));
                 cJSON *ab = cJSON_CreateArray();
                 cJSON_AddItemToArray(ab, cJSON_CreateNumber(p->block_a[k][c]));
                 cJSON_AddItemToArray(ab, cJSON_CreateNumber(p->block_b[k][c]));
-                cJSON_AddItemToObject(kc, class_names[c], ab);
+                cJSON_AddItemToObject(kc, fy_block_kind_name((fy_block_kind)c), ab);
             }
         }
     }
@@ -178,13 +171,20 @@ fy_status fy_profile_load(const char *path, fy_profile *out) {
     }
     if (!num(r, "compute_tflops", 1e-6, 1e5, &out->compute_tflops) || !num(r, "device_mem_gbps", 1e-3, 1e6, &out->device_mem_gbps)) { why = "compute_tflops and device_mem_gbps must be positive"; goto done; }
     const cJSON *b = cJSON_GetObjectItemCaseSensitive(r, "blocks");
+    const cJSON *bm = b ? cJSON_GetObjectItemCaseSensitive(b, "model") : NULL;
+    if (cJSON_IsObject(bm)) {
+        /* written by a ferry before the model interface: its block costs name no family */
+        fy_log_info("profile %s: block costs from an older ferry are ignored (probe again to "
+                    "measure them)", path);
+        b = NULL;
+    }
     if (b) {
-        const cJSON *mm = cJSON_GetObjectItemCaseSensitive(b, "model");
-        double mv[5];
-        const char *keys[5] = {"vocab", "max_seq", "channels", "layers", "heads"};
-        for (int i = 0; i < 5; i++)
-            if (!num(mm, keys[i], 1, 1e9, &mv[i])) { why = "blocks.model needs vocab, max_seq, channels, layers, heads"; goto done; }
-        out->block_model = (fy_gpt2_config){(int)mv[0], (int)mv[1], (int)mv[2], (int)mv[3], (int)mv[4]};
+        const char *ms = cJSON_GetStringValue(bm);
+        if (!ms || !*ms || strlen(ms) >= sizeof out->block_model) {
+            why = "blocks.model must name the model the block costs were measured on";
+            goto done;
+        }
+        snprintf(out->block_model, sizeof out->block_model, "%s", ms);
         if (!num(b, "seq", 1, 1e7, &v)) { why = "blocks.seq must be positive"; goto done; }
         out->block_seq = (int)v;
         const char *bd = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(b, "dtype"));
@@ -197,8 +197,8 @@ fy_status fy_profile_load(const char *path, fy_profile *out) {
         const cJSON *costs = cJSON_GetObjectItemCaseSensitive(b, "ms_a_plus_b_times_batch");
         for (int k = 0; k < FY_T_COUNT; k++) {
             const cJSON *kc = cJSON_GetObjectItemCaseSensitive(costs, fy_task_kind_name(k));
-            for (int c = 0; c < FY_CLASS_COUNT && kc; c++) {
-                const cJSON *ab = cJSON_GetObjectItemCaseSensitive(kc, class_names[c]);
+            for (int c = 0; c < FY_BLOCK_KINDS && kc; c++) {
+                const cJSON *ab = cJSON_GetObjectItemCaseSensitive(kc, fy_block_kind_name((fy_block_kind)c));
                 if (!ab) continue;
                 if (!cJSON_IsArray(ab) || cJSON_GetArraySize(ab) != 2 ||
                     !cJSON_IsNumber(cJSON_GetArrayItem(ab, 0)) || !cJSON_IsNumber(cJSON_GetArrayItem(ab, 1))) {

@@ -16,7 +16,7 @@
 #include <stddef.h>
 
 #include "engine/core/status.h"
-#include "engine/model/gpt2.h"
+#include "engine/model/model.h"
 #include "engine/trainer.h"
 
 #ifdef __cplusplus
@@ -24,9 +24,6 @@ extern "C" {
 #endif
 
 #define FY_PROFILE_MAX_THREADS 64
-
-/* Measured block costs: per task kind and block class, ms = a + b * micro_batch. */
-typedef enum fy_block_class { FY_CLASS_EMBED = 0, FY_CLASS_LAYER, FY_CLASS_HEAD, FY_CLASS_COUNT } fy_block_class;
 
 typedef struct fy_profile {
     char name[64];
@@ -47,10 +44,11 @@ typedef struct fy_profile {
     double device_mem_gbps;    /* memory-bound device work */
     /* measured block costs (valid when has_blocks) */
     bool has_blocks;
-    fy_gpt2_config block_model;
+    char block_model[256];     /* fy_model_signature of the model they were measured on */
     int block_seq;
     fy_dtype block_dtype;      /* the storage type the blocks were measured in */
-    double block_a[FY_T_COUNT][FY_CLASS_COUNT], block_b[FY_T_COUNT][FY_CLASS_COUNT];
+    /* per task kind and block kind: ms = a + b * micro_batch */
+    double block_a[FY_T_COUNT][FY_BLOCK_KINDS], block_b[FY_T_COUNT][FY_BLOCK_KINDS];
 } fy_profile;
 
 /* Named profiles: "a100-40gb-pcie4", "rtx4090-pcie4", "h100-80gb-pcie5", "h200-141gb".

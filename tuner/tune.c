@@ -11,47 +11,37 @@ static double xfer_ms(double nbytes, double gbps, double latency_ms) {
     return nbytes / (gbps * 1e9) * 1e3 + latency_ms;
 }
 
-static fy_block_class class_of(const fy_gpt2_config *m, int b) {
-    return b == 0 ? FY_CLASS_EMBED : b == m->layers + 1 ? FY_CLASS_HEAD : FY_CLASS_LAYER;
-}
-
-/* Analytic compute cost of kind on block b: matmul FLOPs at the effective throughput
- * plus the block's memory traffic at the device's bandwidth, with parameters, gradients
- * and activations of es bytes (the storage type). AdamW moves 28 bytes an element either
- * way: fp32 weights, m and v read and written (24) plus the gradient in and, with bf16
- * storage, the bf16 copy out (4 for fp32 storage, 2 + 2 for bf16). */
-static double analytic_ms(const fy_profile *p, const fy_gpt2_config *m, int kind, int b,
-                          size_t nelem, int B, int T, double es) {
-    const double N = (double)B * T, C = m->channels, V = m->vocab, P = (double)nelem;
+/* Analytic compute cost of kind on block b: the model's matmul FLOPs for the pass at the
+ * effective throughput plus its memory traffic at the device's bandwidth, with
+ * parameters, gradients and activations of es bytes (the storage type). Zeroing a
+ * gradient slot moves it once; AdamW moves 28 bytes an element either way: fp32
+ * weights, m and v read and written (24) plus the gradient in and, with bf16 storage,
+ * the bf16 copy out (4 for fp32 storage, 2 + 2 for bf16). */
+static double analytic_ms(const fy_profile *p, const fy_model *m, int kind, int b, int B, int T,
+                          double es) {
+    const double P = (double)fy_model_block(m, b)->nelem;
     const double flop_s = p->compute_tflops * 1e12, byte_s = p->device_mem_gbps * 1e9;
-    const fy_block_class cls = class_of(m, b);
-    double fwd_flops = cls == FY_CLASS_LAYER ? 2.0 * N * P + 4.0 * B * (double)T * T * C : 0.0;
+    fy_cost c;
     switch (kind) {
     case FY_T_FWD:
-    case FY_T_RECOMPUTE:
-        if (cls == FY_CLASS_EMBED) return 1e3 * 3.0 * N * C * es / byte_s;
-        return 1e3 * (fwd_flops / flop_s + es * P / byte_s + 20.0 * N * C * es / byte_s);
-    case FY_T_BWD:
-        if (cls == FY_CLASS_EMBED) return 1e3 * 3.0 * N * C * es / byte_s;
-        return 1e3 * (2.0 * fwd_flops / flop_s + 6.0 * es * P / byte_s + 40.0 * N * C * es / byte_s);
-    case FY_T_HEAD:
-        return 1e3 * (6.0 * N * C * V / flop_s + 4.0 * N * V * es / byte_s);
-    case FY_T_GOPEN:
-        return 1e3 * es * P / byte_s;
-    case FY_T_ADAM_GPU:
-        return 1e3 * 28.0 * P / byte_s;
-    default:
-        return 0.0;
+    case FY_T_RECOMPUTE: fy_model_cost(m, b, FY_PASS_FWD, B, T, es, &c); break;
+    case FY_T_BWD: fy_model_cost(m, b, FY_PASS_BWD, B, T, es, &c); break;
+    case FY_T_HEAD: fy_model_cost(m, b, FY_PASS_LOSS, B, T, es, &c); break;
+    case FY_T_GOPEN: return 1e3 * es * P / byte_s;
+    case FY_T_ADAM_GPU: return 1e3 * 28.0 * P / byte_s;
+    default: return 0.0;
     }
+    return 1e3 * (c.flops / flop_s + c.bytes / byte_s);
 }
 
 void fy_tune_costs(const fy_profile *p, fy_trainer *dry, int adam_threads) {
-    const fy_gpt2_layout *lay = fy_trainer_layout(dry);
+    const fy_model *m = fy_trainer_model(dry);
     const fy_storage *st = fy_trainer_storage(dry);
-    const fy_gpt2_config *m = &lay->cfg;
     const int B = st->plan.micro_batch, T = st->T;
+    char sig[256];
+    fy_model_signature(m, sig, sizeof sig);
     const bool measured = p->has_blocks && p->block_seq == T && p->block_dtype == st->dtype &&
-                          !memcmp(&p->block_model, m, sizeof *m);
+                          !strcmp(p->block_model, sig);
     double adam = fy_profile_adam_gparams(p, adam_threads) * 1e9;
     fy_trainer_set_cost(dry, FY_T_LOAD, -1, xfer_ms(8.0 * B * T, p->h2d_gbps, p->latency_ms));
     fy_trainer_set_cost(dry, FY_T_NORM, -1, 0.01);
@@ -59,8 +49,8 @@ void fy_tune_costs(const fy_profile *p, fy_trainer *dry, int adam_threads) {
      * bf16 storage also returns the fp32 master (its fetch, costed as a compute fetch,
      * moves the master too: the model undercounts that one) */
     const double es = (double)st->es;
-    for (int b = 0; b < lay->nblocks; b++) {
-        const double P = (double)lay->blocks[b].nelem, nb = P * es;
+    for (int b = 0; b < fy_model_nblocks(m); b++) {
+        const double P = (double)fy_model_block(m, b)->nelem, nb = P * es;
         const double back = es == 4.0 ? nb : nb + P * 4.0;
         fy_trainer_set_cost(dry, FY_T_H2D_PARAM, b, xfer_ms(nb, p->h2d_gbps, p->latency_ms));
         fy_trainer_set_cost(dry, FY_T_H2D_UPDATE, b, xfer_ms(nb, p->h2d_gbps, p->latency_ms));
@@ -71,12 +61,12 @@ void fy_tune_costs(const fy_profile *p, fy_trainer *dry, int adam_threads) {
                                       FY_T_ADAM_GPU};
         for (size_t i = 0; i < sizeof compute / sizeof compute[0]; i++) {
             int k = compute[i];
-            fy_block_class c = class_of(m, b);
+            fy_block_kind c = fy_model_block(m, b)->kind;
             double ms;
             if (measured && (p->block_a[k][c] != 0 || p->block_b[k][c] != 0))
                 ms = p->block_a[k][c] + p->block_b[k][c] * B;
             else
-                ms = analytic_ms(p, m, k, b, lay->blocks[b].nelem, B, T, es);
+                ms = analytic_ms(p, m, k, b, B, T, es);
             fy_trainer_set_cost(dry, (fy_task_kind)k, b, ms > 0 ? ms : 0.0);
         }
     }
@@ -88,7 +78,7 @@ fy_status fy_tune_predict(const fy_profile *p, const fy_tune_cfg *cfg, const fy_
     fy_trainer_cfg tc = {.model = cfg->model, .T = cfg->seq, .plan = plan};
     fy_trainer *dry;
     FY_TRY(fy_trainer_new_dry(&tc, &dry));
-    out->mem = fy_trainer_storage(dry)->model;
+    out->mem = fy_trainer_storage(dry)->mem;
     fy_tune_costs(p, dry, cfg->adam_threads);
     int w = cfg->window > 0 ? cfg->window : 20;
     fy_sched_result r;
@@ -147,11 +137,9 @@ fy_status fy_tune(const fy_profile *p, const fy_tune_cfg *cfg, fy_tune_result *t
 
 static fy_status search_all(const fy_profile *p, const fy_tune_cfg *cfg, fy_tune_result *top,
                             int ntop, int *nfound, int *nevaluated) {
-    const int L = cfg->model.layers;
+    const int L = fy_model_layers(cfg->model);
     *nfound = 0;
     *nevaluated = 0;
-    fy_gpt2_layout lay;
-    FY_TRY(fy_gpt2_layout_new(&cfg->model, &lay));
     fy_status st = FY_OK;
     size_t best_dev = SIZE_MAX;
     for (int micro = 1; micro <= cfg->batch && st == FY_OK; micro++) {
@@ -160,11 +148,11 @@ static fy_status search_all(const fy_profile *p, const fy_tune_cfg *cfg, fy_tune
             for (int k2 = 0; k2 <= L && st == FY_OK; k2++)
                 for (int k3 = 0; k3 <= L && st == FY_OK; k3++) {
                     fy_plan plan;
-                    if ((st = fy_plan_new(L, micro, cfg->batch / micro, &plan)) != FY_OK) break;
+                    if ((st = fy_plan_new(cfg->model, micro, cfg->batch / micro, &plan)) != FY_OK) break;
                     plan.dtype = cfg->dtype == FY_BF16 ? FY_BF16 : FY_F32;
                     st = fy_plan_shorthands(&plan, (double)k2 / L, (double)k3 / L, k1);
                     fy_mem_model mm;
-                    if (st == FY_OK) fy_storage_model(&lay, &plan, cfg->seq, &mm);
+                    if (st == FY_OK) fy_storage_model(cfg->model, &plan, cfg->seq, &mm);
                     bool fits = st == FY_OK && mm.device_total <= cfg->device_budget &&
                                 (!cfg->host_budget || mm.host_total <= cfg->host_budget);
                     if (st == FY_OK && mm.device_total < best_dev) best_dev = mm.device_total;
@@ -192,7 +180,6 @@ static fy_status search_all(const fy_profile *p, const fy_tune_cfg *cfg, fy_tune
                     fy_plan_free(&plan);
                 }
     }
-    fy_gpt2_layout_free(&lay);
     if (st != FY_OK) return st;
     if (*nfound == 0) {
         char a[32], b[32];

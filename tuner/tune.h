@@ -35,7 +35,7 @@ void fy_tune_costs(const fy_profile *p, fy_trainer *dry, int adam_threads);
 #define FY_TUNE_TIE_MARGIN 0.06
 
 typedef struct fy_tune_cfg {
-    fy_gpt2_config model;
+    const fy_model *model;
     int batch;             /* tokens per step = batch * seq (micro-batch * accumulation) */
     int seq;
     size_t device_budget;  /* bytes */

@@ -6,11 +6,11 @@
 
 #include "engine/cli/opts.h"
 #include "engine/cli/sweep_cmd.h"
+#include "engine/cli/train_cmd.h"
 #include "engine/cli/tune_cmd.h"
 #include "engine/core/status.h"
 #include "engine/device/device.h"
-#include "engine/model/gpt2.h"
-#include "engine/train.h"
+#include "engine/model/model.h"
 
 #ifdef FY_HAVE_BENCH
 #include "bench/bench_adam.h"
@@ -22,7 +22,7 @@ static const char *usage_main =
     "ferry " FY_VERSION " — train transformer language models larger than the GPU\n\n"
     "usage: ferry <command> [options]\n\n"
     "commands:\n"
-    "  train   train a GPT-2 (default: gpt2-mini on the embedded corpus)\n"
+    "  train   train a model (default: gpt2-mini on the embedded corpus)\n"
     "  eval    mean loss of a weights file on a data file\n"
     "  probe   measure this machine into a profile for the tuner\n"
     "  tune    choose the fastest offload plan that fits the budgets\n"
@@ -70,7 +70,7 @@ static int cmd_info(void) {
                (double)gpus[i].total_nbytes / 1073741824.0);
     if (ngpu == 0) printf("          no GPU: %s\n", why);
     printf("default   --device %s\n", ngpu > 0 ? "cuda" : "cpu");
-    printf("models    %s\n", fy_gpt2_config_names());
+    printf("models    %s\n", fy_model_names());
     return 0;
 }
 
@@ -114,12 +114,16 @@ int main(int argc, char **argv) {
               "fit the budgets and writes the fastest");
         return 0;
     }
+    if (rc == 1 && c == FY_CMD_TRAIN) {
+        char usage[1024];
+        snprintf(usage, sizeof usage, "usage: ferry train [options]\n\ntrains a model; named "
+                 "models: %s", fy_model_names());
+        fy_opts_help(c, usage);
+        return 0;
+    }
     if (rc == 1) {
-        fy_opts_help(c, c == FY_CMD_TRAIN
-            ? "usage: ferry train [options]\n\ntrains a GPT-2; models: gpt2-tiny, gpt2-mini, "
-              "gpt2-small-byte, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1558m"
-            : "usage: ferry eval --init FILE --data PATH [options]\n\nprints the mean loss "
-              "as a JSON object on the last line");
+        fy_opts_help(c, "usage: ferry eval --init FILE --data PATH [options]\n\nprints the mean "
+                        "loss as a JSON object on the last line");
         return 0;
     }
     if (rc < 0) return 2;

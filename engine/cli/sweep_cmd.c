@@ -79,21 +79,21 @@ static fy_status parse_grid(const char *grid, int L, axis ax[AX_COUNT]) {
     return FY_OK;
 }
 
-typedef struct feed { fy_loader *ld; } feed;
-static void next_batch(void *ctx, int64_t micro, int32_t *x, int32_t *y) {
-    (void)micro;
-    fy_loader_next(((feed *)ctx)->ld, x, y);
+static fy_status next_batch(void *ctx, int64_t micro, int32_t *x, int32_t *y) {
+    FY_TRY(fy_loader_seek_batch(ctx, micro));
+    fy_loader_next(ctx, x, y);
+    return FY_OK;
 }
 
 typedef struct measured { double step_ms, busy[FY_LANE_COUNT]; size_t peak; } measured;
 
-static fy_status measure(const fy_opts *o, const fy_gpt2_config *cfg, const fy_plan *plan,
+static fy_status measure(const fy_opts *o, const fy_model *model, const fy_plan *plan,
                          const fy_tokens *tok, int steps, measured *out) {
     fy_dev_cfg dc;
     FY_TRY(fy_opts_dev_cfg(o, true, &dc));
     fy_dev *dev;
     FY_TRY(fy_dev_new(&dc, &dev));
-    fy_trainer_cfg tc = {.model = *cfg, .T = (int)o->seq, .beta1 = 0.9f, .beta2 = 0.95f,
+    fy_trainer_cfg tc = {.model = model, .T = (int)o->seq, .beta1 = 0.9f, .beta2 = 0.95f,
                          .eps = 1e-8f, .weight_decay = 0.1f, .clip = 1.0f, .seed = 1,
                          .plan = plan, .adam_threads = (int)o->adam_threads};
     fy_trainer *tr = NULL;
@@ -107,8 +107,9 @@ static fy_status measure(const fy_opts *o, const fy_gpt2_config *cfg, const fy_p
     fy_graph g;
     if (s == FY_OK) {
         for (int i = 0; i < steps; i++) lrs[i] = 1e-3f;
-        feed f = {ld};
-        s = fy_trainer_run(tr, steps, lrs, next_batch, &f, st, &res, &g);
+        fy_window w = {.nsteps = steps, .lrs = lrs, .next_batch = next_batch, .batch_ctx = ld,
+                       .stats = st, .trace = &res, .graph = &g};
+        s = fy_trainer_run(tr, &w);
     }
     if (s == FY_OK) {
         double *ms = malloc((size_t)steps * sizeof *ms);
@@ -151,16 +152,25 @@ static void plots(const char *dir) {
     if (system(cmd) != 0) fy_log_warn("gnuplot failed; no plots");
 }
 
+static int sweep(const fy_opts *o, const fy_model *m);
+
 int fy_sweep_main(const fy_opts *o) {
     if (o->quiet) fy_log_set_level(FY_LOG_WARN);
-    fy_gpt2_config cfg;
-    if (fy_opts_model(o, &cfg) != FY_OK) return 1;
     if (!o->grid) {
         fy_log_error("sweep needs --grid (e.g. 'offload_params=0:1:0.5,offload_optim=0,1,ckpt=0,L')");
         return 2;
     }
+    fy_model *model;
+    if (fy_opts_model(o, &model) != FY_OK) return 1;
+    int rc = sweep(o, model);
+    fy_model_free(model);
+    return rc;
+}
+
+/* The sweep of model m over the grid. */
+static int sweep(const fy_opts *o, const fy_model *m) {
     axis ax[AX_COUNT];
-    if (parse_grid(o->grid, cfg.layers, ax) != FY_OK) return 2;
+    if (parse_grid(o->grid, fy_model_layers(m), ax) != FY_OK) return 2;
     if (!ax[AX_PARAMS].n) ax[AX_PARAMS].v[ax[AX_PARAMS].n++] = 0;
     if (!ax[AX_OPTIM].n) ax[AX_OPTIM].v[ax[AX_OPTIM].n++] = 0;
     if (!ax[AX_CKPT].n) ax[AX_CKPT].v[ax[AX_CKPT].n++] = 0;
@@ -174,7 +184,7 @@ int fy_sweep_main(const fy_opts *o) {
     fy_status st = o->profile ? fy_profile_open(o->profile, &prof) : FY_ERR_INVALID;
     if (!o->profile) {
         fy_opts po = *o;
-        st = fy_tune_auto_profile(&po, &cfg, &prof);
+        st = fy_tune_auto_profile(&po, m, &prof);
     }
     if (st != FY_OK) return 1;
     fy_tokens *tok = NULL;
@@ -195,7 +205,7 @@ int fy_sweep_main(const fy_opts *o) {
                  "tokens_per_s,predicted_device_bytes,measured_device_peak,host_bytes,"
                  "pred_compute_ms,pred_h2d_ms,pred_d2h_ms,pred_cpu_ms,"
                  "meas_compute_ms,meas_h2d_ms,meas_d2h_ms,meas_cpu_ms\n");
-    fy_tune_cfg tc = {.model = cfg, .batch = (int)o->batch, .seq = (int)o->seq,
+    fy_tune_cfg tc = {.model = m, .batch = (int)o->batch, .seq = (int)o->seq,
                       .dtype = fy_opts_dtype(o, fy_opts_dev_kind(o)),
                       .device_budget = o->gpu_mem ? o->gpu_mem : SIZE_MAX, .host_budget = o->host_mem,
                       .adam_threads = o->adam_threads > 0 ? (int)o->adam_threads : (o->threads > 0 ? (int)o->threads : prof.cores),
@@ -217,7 +227,7 @@ int fy_sweep_main(const fy_opts *o) {
                     int micro = (int)ax[AX_MICRO].v[u];
                     if (micro > o->batch || o->batch % micro) continue;
                     fy_plan plan;
-                    if (fy_plan_new(cfg.layers, micro, (int)o->batch / micro, &plan) != FY_OK ||
+                    if (fy_plan_new(m, micro, (int)o->batch / micro, &plan) != FY_OK ||
                         fy_plan_shorthands(&plan, ax[AX_PARAMS].v[i], ax[AX_OPTIM].v[j],
                                            (int)ax[AX_CKPT].v[k]) != FY_OK) {
                         fy_plan_free(&plan);
@@ -228,24 +238,24 @@ int fy_sweep_main(const fy_opts *o) {
                     st = fy_tune_predict(&prof, &tc, &plan, &pr);
                     bool fits = st == FY_OK && pr.mem.device_total <= tc.device_budget &&
                                 (!tc.host_budget || pr.mem.host_total <= tc.host_budget);
-                    measured m = {0};
-                    if (fits && !o->simulate && measure(o, &cfg, &plan, tok, (int)o->steps, &m) != FY_OK)
+                    measured meas_one = {0};
+                    if (fits && !o->simulate && measure(o, m, &plan, tok, (int)o->steps, &meas_one) != FY_OK)
                         fits = false;
-                    double ms = o->simulate ? pr.step_ms : m.step_ms;
+                    double ms = o->simulate ? pr.step_ms : meas_one.step_ms;
                     fprintf(csv, "%g,%g,%d,%d,%d,%d,%.3f,%.3f,%.1f,%zu,%zu,%zu,%.3f,%.3f,%.3f,%.3f,"
                                  "%.3f,%.3f,%.3f,%.3f\n", ax[AX_PARAMS].v[i], ax[AX_OPTIM].v[j],
                             (int)ax[AX_CKPT].v[k], micro, (int)o->batch / micro, fits, pr.step_ms,
                             fits ? ms : NAN, fits ? o->batch * o->seq / (ms / 1e3) : NAN,
-                            pr.mem.device_total, m.peak, pr.mem.host_total, pr.busy_ms[0],
-                            pr.busy_ms[1], pr.busy_ms[2], pr.busy_ms[3], m.busy[0], m.busy[1],
-                            m.busy[2], m.busy[3]);
+                            pr.mem.device_total, meas_one.peak, pr.mem.host_total, pr.busy_ms[0],
+                            pr.busy_ms[1], pr.busy_ms[2], pr.busy_ms[3], meas_one.busy[0],
+                            meas_one.busy[1], meas_one.busy[2], meas_one.busy[3]);
                     fflush(csv);
                     char desc[128];
                     snprintf(desc, sizeof desc, "offload_params=%g offload_optim=%g ckpt=%d micro=%d",
                              ax[AX_PARAMS].v[i], ax[AX_OPTIM].v[j], (int)ax[AX_CKPT].v[k], micro);
                     if (!o->quiet)
                         printf("%-60s predicted %8.1f ms  measured %8.1f ms  device %zu / %zu\n", desc,
-                               pr.step_ms, fits ? ms : NAN, pr.mem.device_total, m.peak);
+                               pr.step_ms, fits ? ms : NAN, pr.mem.device_total, meas_one.peak);
                     if (fits) {
                         nconf++;
                         if (!o->simulate && nerr < 4096) errs[nerr++] = fabs(pr.step_ms - ms) / ms;

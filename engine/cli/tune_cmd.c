@@ -14,15 +14,17 @@
 #include "tuner/probe.h"
 #include "tuner/tune.h"
 
-fy_status fy_opts_model(const fy_opts *o, fy_gpt2_config *cfg) {
-    FY_TRY(fy_gpt2_config_named(o->model, cfg));
-    if (o->heads > 0) cfg->heads = (int)o->heads;
-    if (o->layers > 0) cfg->layers = (int)o->layers;
-    if (o->channels > 0) cfg->channels = (int)o->channels;
-    if (o->vocab > 0) cfg->vocab = (int)o->vocab;
-    if (o->max_seq > 0) cfg->max_seq = (int)o->max_seq;
-    FY_TRY(fy_gpt2_config_check(cfg));
-    return fy_gpt2_check_seq(cfg, o->seq);
+fy_status fy_opts_model(const fy_opts *o, fy_model **out) {
+    fy_model_shape over = {.vocab = (int)o->vocab, .max_seq = (int)o->max_seq,
+                           .channels = (int)o->channels, .layers = (int)o->layers,
+                           .heads = (int)o->heads};
+    FY_TRY(fy_model_named(o->model, &over, out));
+    fy_status st = fy_model_check_seq(*out, o->seq);
+    if (st != FY_OK) {
+        fy_model_free(*out);
+        *out = NULL;
+    }
+    return st;
 }
 
 /* $XDG_CACHE_HOME/ferry/profile-<host>.json (or ~/.cache/...), directories created. */
@@ -46,8 +48,8 @@ static fy_status cache_path(char *buf, size_t cap) {
     return FY_OK;
 }
 
-static fy_status probe(const fy_opts *o, const fy_gpt2_config *cfg, fy_profile *p) {
-    fy_probe_cfg pc = {.model = *cfg, .batch = (int)o->batch, .seq = (int)o->seq,
+static fy_status probe(const fy_opts *o, const fy_model *m, fy_profile *p) {
+    fy_probe_cfg pc = {.model = m, .batch = (int)o->batch, .seq = (int)o->seq,
                        .adam_threads_max = (int)o->adam_threads, .quiet = o->quiet};
     FY_TRY(fy_opts_dev_cfg(o, true, &pc.dev));
     pc.dtype = fy_opts_dtype(o, pc.dev.kind);
@@ -68,51 +70,55 @@ static void print_profile(const fy_profile *p) {
     for (int t = 1; t <= p->adam_threads_max; t++) printf(" %d:%.2f", t, p->adam_gparams[t]);
     printf(" G params/s by threads\n");
     if (p->has_blocks) {
-        int L = FY_CLASS_LAYER;
+        int L = FY_BLOCK_LAYER;
         printf("        layer fwd %.2f + %.2f*B ms, bwd %.2f + %.2f*B ms, head %.2f + %.2f*B ms "
-               "(C=%d, T=%d)\n", p->block_a[FY_T_FWD][L], p->block_b[FY_T_FWD][L],
+               "(T=%d; %s)\n", p->block_a[FY_T_FWD][L], p->block_b[FY_T_FWD][L],
                p->block_a[FY_T_BWD][L], p->block_b[FY_T_BWD][L],
-               p->block_a[FY_T_HEAD][FY_CLASS_HEAD], p->block_b[FY_T_HEAD][FY_CLASS_HEAD],
-               p->block_model.channels, p->block_seq);
+               p->block_a[FY_T_HEAD][FY_BLOCK_HEAD], p->block_b[FY_T_HEAD][FY_BLOCK_HEAD],
+               p->block_seq, p->block_model);
     }
 }
 
 int fy_probe_main(const fy_opts *o) {
     if (o->quiet) fy_log_set_level(FY_LOG_WARN);
-    fy_gpt2_config cfg;
-    if (fy_opts_model(o, &cfg) != FY_OK) return 1;
+    fy_model *m;
+    if (fy_opts_model(o, &m) != FY_OK) return 1;
     char path[4096];
-    if (o->out) snprintf(path, sizeof path, "%s", o->out);
-    else if (cache_path(path, sizeof path) != FY_OK) return 1;
     fy_profile p;
-    if (probe(o, &cfg, &p) != FY_OK) return 1;
-    if (fy_profile_save(path, &p) != FY_OK) return 1;
+    int rc = 1;
+    if (o->out) snprintf(path, sizeof path, "%s", o->out);
+    else if (cache_path(path, sizeof path) != FY_OK) goto done;
+    if (probe(o, m, &p) != FY_OK || fy_profile_save(path, &p) != FY_OK) goto done;
     print_profile(&p);
     printf("saved   %s\n", path);
-    return 0;
+    rc = 0;
+done:
+    fy_model_free(m);
+    return rc;
 }
 
 /* The profile: --profile (file or name), else the cache if it measured this model and
  * sequence length, else a probe now (saved to the cache). */
-fy_status fy_tune_auto_profile(const fy_opts *o, const fy_gpt2_config *cfg, fy_profile *p) {
+fy_status fy_tune_auto_profile(const fy_opts *o, const fy_model *m, fy_profile *p) {
     if (o->profile) return fy_profile_open(o->profile, p);
-    char path[4096];
+    char path[4096], sig[256];
     FY_TRY(cache_path(path, sizeof path));
+    fy_model_signature(m, sig, sizeof sig);
     if (access(path, R_OK) == 0 && fy_profile_load(path, p) == FY_OK && p->has_blocks &&
-        !memcmp(&p->block_model, cfg, sizeof *cfg) && p->block_seq == o->seq &&
+        !strcmp(p->block_model, sig) && p->block_seq == o->seq &&
         p->block_dtype == fy_opts_dtype(o, fy_opts_dev_kind(o))) {
         if (!o->quiet) fy_log_info("using the cached profile %s", path);
         return FY_OK;
     }
-    FY_TRY(probe(o, cfg, p));
+    FY_TRY(probe(o, m, p));
     fy_status st = fy_profile_save(path, p);
     if (st == FY_OK && !o->quiet) fy_log_info("profile cached in %s", path);
     return st;
 }
 
-static fy_tune_cfg tune_cfg(const fy_opts *o, const fy_gpt2_config *cfg, const fy_profile *p) {
+static fy_tune_cfg tune_cfg(const fy_opts *o, const fy_model *m, const fy_profile *p) {
     size_t budget = o->gpu_mem ? o->gpu_mem : (size_t)(p->device_mem_gib * 1073741824.0);
-    return (fy_tune_cfg){.model = *cfg, .batch = (int)o->batch, .seq = (int)o->seq,
+    return (fy_tune_cfg){.model = m, .batch = (int)o->batch, .seq = (int)o->seq,
                          .device_budget = budget, .host_budget = o->host_mem,
                          .dtype = fy_opts_dtype(o, fy_opts_dev_kind(o)),
                          .adam_threads = o->adam_threads > 0 ? (int)o->adam_threads
@@ -152,9 +158,9 @@ static fy_status save_tuned(const char *path, const fy_tune_result *r) {
     return st;
 }
 
-static fy_status search(const fy_opts *o, const fy_gpt2_config *cfg, const fy_profile *p,
+static fy_status search(const fy_opts *o, const fy_model *m, const fy_profile *p,
                         fy_tune_result *top, int ntop, int *nfound) {
-    fy_tune_cfg tc = tune_cfg(o, cfg, p);
+    fy_tune_cfg tc = tune_cfg(o, m, p);
     int nevaluated;
     FY_TRY(fy_tune(p, &tc, top, ntop, nfound, &nevaluated));
     if (!o->quiet) {
@@ -168,25 +174,27 @@ static fy_status search(const fy_opts *o, const fy_gpt2_config *cfg, const fy_pr
 
 int fy_tune_main(const fy_opts *o) {
     if (o->quiet) fy_log_set_level(FY_LOG_WARN);
-    fy_gpt2_config cfg;
+    fy_model *m;
+    if (fy_opts_model(o, &m) != FY_OK) return 1;
     fy_profile p;
-    if (fy_opts_model(o, &cfg) != FY_OK || fy_tune_auto_profile(o, &cfg, &p) != FY_OK) return 1;
     fy_tune_result top[5];
-    int n = 0;
-    if (search(o, &cfg, &p, top, 5, &n) != FY_OK) return 1;
-    const char *out = o->out ? o->out : "plan.json";
-    int rc = save_tuned(out, &top[0]) == FY_OK ? 0 : 1;
-    if (!rc) printf("saved   %s (predicted %.1f ms/step)\n", out, top[0].step_ms);
+    int n = 0, rc = 1;
+    if (fy_tune_auto_profile(o, m, &p) == FY_OK && search(o, m, &p, top, 5, &n) == FY_OK) {
+        const char *out = o->out ? o->out : "plan.json";
+        rc = save_tuned(out, &top[0]) == FY_OK ? 0 : 1;
+        if (!rc) printf("saved   %s (predicted %.1f ms/step)\n", out, top[0].step_ms);
+    }
     for (int i = 0; i < n; i++) fy_plan_free(&top[i].plan);
+    fy_model_free(m);
     return rc;
 }
 
-fy_status fy_tune_auto_plan(const fy_opts *o, const fy_gpt2_config *cfg, fy_plan *out) {
+fy_status fy_tune_auto_plan(const fy_opts *o, const fy_model *m, fy_plan *out) {
     fy_profile p;
-    FY_TRY(fy_tune_auto_profile(o, cfg, &p));
+    FY_TRY(fy_tune_auto_profile(o, m, &p));
     fy_tune_result top[5];
     int n = 0;
-    FY_TRY(search(o, cfg, &p, top, 5, &n));
+    FY_TRY(search(o, m, &p, top, 5, &n));
     fy_status st = fy_plan_copy(&top[0].plan, out);
     for (int i = 0; i < n; i++) fy_plan_free(&top[i].plan);
     return st;

@@ -3,7 +3,7 @@
 #define FY_TUNE_CMD_H
 
 #include "engine/cli/opts.h"
-#include "engine/model/gpt2.h"
+#include "engine/model/model.h"
 #include "offload/plan.h"
 #include "tuner/profile.h"
 
@@ -14,12 +14,13 @@ extern "C" {
 int fy_probe_main(const fy_opts *o);
 int fy_tune_main(const fy_opts *o);
 /* --plan auto: the profile (given, cached, or probed now and cached), then the search. */
-fy_status fy_tune_auto_plan(const fy_opts *o, const fy_gpt2_config *cfg, fy_plan *out);
+fy_status fy_tune_auto_plan(const fy_opts *o, const fy_model *m, fy_plan *out);
 /* The profile: --profile (file or name), else this machine's cached probe if it measured
  * this model and sequence length, else a probe now (then cached). */
-fy_status fy_tune_auto_profile(const fy_opts *o, const fy_gpt2_config *cfg, fy_profile *p);
-/* The named model with the shape overrides of o (no weights file). */
-fy_status fy_opts_model(const fy_opts *o, fy_gpt2_config *cfg);
+fy_status fy_tune_auto_profile(const fy_opts *o, const fy_model *m, fy_profile *p);
+/* The named model with the shape overrides of o (no weights file), checked against
+ * --seq; the caller frees it. */
+fy_status fy_opts_model(const fy_opts *o, fy_model **out);
 
 #ifdef __cplusplus
 }

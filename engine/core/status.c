@@ -7,6 +7,8 @@
 
 static fy_log_level g_level = FY_LOG_INFO;
 static _Thread_local char t_last_error[1024];
+static _Thread_local const char *t_context;
+static _Thread_local unsigned t_errors;
 
 const char *fy_status_str(fy_status s) {
     switch (s) {
@@ -32,7 +34,15 @@ void fy_log(fy_log_level level, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    if (level == FY_LOG_ERROR) snprintf(t_last_error, sizeof t_last_error, "%s", msg);
+    if (level == FY_LOG_ERROR && t_context) {
+        char tmp[sizeof msg];
+        snprintf(tmp, sizeof tmp, "%.200s: %.800s", t_context, msg);
+        memcpy(msg, tmp, sizeof msg);
+    }
+    if (level == FY_LOG_ERROR) {
+        snprintf(t_last_error, sizeof t_last_error, "%s", msg);
+        t_errors++;
+    }
     if (level < g_level) return;
     static const char *tags[] = {"debug: ", "", "warning: ", "error: "};
     /* one fprintf per line so concurrent threads do not interleave within a line */
@@ -40,6 +50,8 @@ void fy_log(fy_log_level level, const char *fmt, ...) {
 }
 
 const char *fy_last_error(void) { return t_last_error; }
+void fy_log_set_context(const char *ctx) { t_context = ctx; }
+unsigned fy_log_error_count(void) { return t_errors; }
 
 void fy_abort_at(const char *file, int line, const char *cond, const char *hint) {
     fprintf(stderr, "ferry: internal error at %s:%d: %s (%s)\n", file, line, cond,

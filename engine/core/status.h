@@ -51,6 +51,11 @@ void fy_log(fy_log_level level, const char *fmt, ...) __attribute__((format(prin
 /* The last error message logged by this thread (empty if none); for tests and for
  * callers that want to repeat it in a summary. */
 const char *fy_last_error(void);
+/* While set (non-NULL), error lines logged by this thread read "<ctx>: <message>": the
+ * scheduler names the task whose work failed. ctx must outlive the setting. */
+void fy_log_set_context(const char *ctx);
+/* Error lines logged by this thread so far. */
+unsigned fy_log_error_count(void);
 
 #ifdef __cplusplus
 [[noreturn]] void fy_abort_at(const char *file, int line, const char *cond, const char *hint);

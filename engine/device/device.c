@@ -235,15 +235,24 @@ fy_status fy_stream_set_dtype(fy_stream *s, fy_dtype t) {
 fy_dtype fy_stream_dtype(const fy_stream *s) { return s->dtype; }
 void fy_stream_sync(fy_stream *s) { s->dev->iface->stream_sync(s); }
 
-fy_status fy_event_new(fy_dev *dev, fy_event **out) {
+static fy_status event_new(fy_dev *dev, bool timed, fy_event **out) {
     *out = NULL;
     fy_event *e = calloc(1, sizeof *e);
     if (!e) return FY_ERR_NOMEM;
     e->dev = dev;
+    e->timed = timed;
     fy_status st = dev->iface->event_new(e);
     if (st != FY_OK) { free(e); return st; }
     *out = e;
     return FY_OK;
+}
+
+fy_status fy_event_new(fy_dev *dev, fy_event **out) { return event_new(dev, false, out); }
+fy_status fy_event_new_timed(fy_dev *dev, fy_event **out) { return event_new(dev, true, out); }
+
+double fy_event_elapsed_ms(fy_event *from, fy_event *to) {
+    FY_ASSERT(from->timed && to->timed, "fy_event_elapsed_ms needs timed events");
+    return from->dev->iface->event_elapsed_ms(from, to);
 }
 
 void fy_event_free(fy_event *e) {

@@ -109,6 +109,11 @@ fy_dtype fy_stream_dtype(const fy_stream *s);
  * As in CUDA, a wait (or sync) refers to the latest record submitted before it: a
  * record made afterwards does not hold it back. */
 fy_status fy_event_new(fy_dev *dev, fy_event **out);
+/* An event that also records when the device reached it (CUDA: a timing event). */
+fy_status fy_event_new_timed(fy_dev *dev, fy_event **out);
+/* Milliseconds from when the device reached `from`'s latest record to `to`'s; both
+ * timed, recorded and complete (negative if `to` came first). */
+double fy_event_elapsed_ms(fy_event *from, fy_event *to);
 void fy_event_free(fy_event *e);
 void fy_event_record(fy_event *e, fy_stream *s);
 void fy_stream_wait_event(fy_stream *s, fy_event *e);

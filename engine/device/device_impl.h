@@ -51,6 +51,7 @@ typedef struct fy_dev_iface {
     void (*stream_wait_event)(fy_stream *s, fy_event *e);
     void (*event_sync)(fy_event *e);
     bool (*event_done)(fy_event *e);
+    double (*event_elapsed_ms)(fy_event *from, fy_event *to); /* both timed, complete */
 } fy_dev_iface;
 
 typedef struct fy_alloc_rec {
@@ -81,6 +82,7 @@ struct fy_stream {
 struct fy_event {
     fy_dev *dev;
     void *ctx;
+    bool timed;      /* created by fy_event_new_timed */
 };
 
 /* Backend constructors: fill dev->iface, dev->ctx, dev->name, dev->threads. */

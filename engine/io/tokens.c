@@ -327,3 +327,8 @@ fy_status fy_loader_set_pos(fy_loader *l, size_t pos) {
 }
 
 size_t fy_loader_batches(const fy_loader *l) { return (l->n - 1) / l->bt; }
+size_t fy_loader_batch_tokens(const fy_loader *l) { return l->bt; }
+
+fy_status fy_loader_seek_batch(fy_loader *l, int64_t k) {
+    return fy_loader_set_pos(l, (size_t)(k % (int64_t)fy_loader_batches(l)) * l->bt);
+}

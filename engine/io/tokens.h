@@ -60,6 +60,10 @@ size_t fy_loader_pos(const fy_loader *l);        /* offset from begin, for check
 fy_status fy_loader_set_pos(fy_loader *l, size_t pos);
 /* Number of distinct batches in one pass over the range: (end-begin-1) / (B*T). */
 size_t fy_loader_batches(const fy_loader *l);
+size_t fy_loader_batch_tokens(const fy_loader *l); /* B*T */
+/* Moves to batch k (k >= 0) of the sequential order, which wraps after each pass of
+ * fy_loader_batches batches: the next fy_loader_next reads what the (k+1)-th would. */
+fy_status fy_loader_seek_batch(fy_loader *l, int64_t k);
 
 #ifdef __cplusplus
 }

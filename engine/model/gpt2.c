@@ -1,5 +1,6 @@
-/* gpt2.c — GPT-2 configs, the block layout, initialisation, and the per-block forward
- * and backward passes as straight sequences of kernel launches. */
+/* gpt2.c — the GPT-2 family: configs, the block specs, initialisation, activation sizes,
+ * costs, and the per-block passes as straight sequences of kernel launches; and the
+ * model-interface functions that bind a block's device views to them. */
 #include "engine/model/gpt2.h"
 
 #include <math.h>
@@ -9,8 +10,7 @@
 
 #include "engine/core/util.h"
 #include "engine/device/kernels.h"
-
-#define ALIGN_FLOATS 16
+#include "engine/model/model_impl.h"
 
 static const struct { const char *name; fy_gpt2_config cfg; } named[] = {
     {"gpt2-tiny", {256, 128, 64, 2, 4}},
@@ -39,6 +39,11 @@ fy_status fy_gpt2_config_check(const fy_gpt2_config *c) {
                      "layers %d, heads %d", c->vocab, c->max_seq, c->channels, c->layers, c->heads);
         return FY_ERR_INVALID;
     }
+    if (c->layers > FY_MODEL_MAX_LAYERS) {
+        fy_log_error("model: %d layers is more than the %d ferry supports", c->layers,
+                     FY_MODEL_MAX_LAYERS);
+        return FY_ERR_INVALID;
+    }
     if (c->channels % c->heads) {
         fy_log_error("heads (%d) must divide channels (%d)", c->heads, c->channels);
         return FY_ERR_INVALID;
@@ -61,161 +66,59 @@ size_t fy_gpt2_num_params(const fy_gpt2_config *c) {
            (size_t)c->layers * (12 * C * C + 13 * C);
 }
 
-/* ---- layout ------------------------------------------------------------------------ */
+/* ---- views ------------------------------------------------------------------------- */
 
-static void add_tensor(fy_block_spec *blk, const char *name, int rows, int cols, int decay,
-                       int conv1d) {
-    FY_ASSERT(blk->ntensors < FY_GPT2_MAX_TENSORS, "too many tensors in a block");
-    fy_tensor_spec *t = &blk->tensors[blk->ntensors++];
-    snprintf(t->name, sizeof t->name, "%s", name);
-    t->rows = rows;
-    t->alloc_rows = rows;
-    t->cols = cols;
-    t->decay = decay;
-    t->conv1d = conv1d;
-}
-
-/* Offsets: decayed tensors first (in table order), then the others. */
-static void place_tensors(fy_block_spec *blk) {
-    blk->nelem = 0;
-    for (int pass = 1; pass >= 0; pass--) {
-        for (int i = 0; i < blk->ntensors; i++) {
-            fy_tensor_spec *t = &blk->tensors[i];
-            if ((int)t->decay != pass) continue;
-            t->offset = blk->nelem;
-            blk->nelem += fy_round_up((size_t)t->alloc_rows * (size_t)t->cols, ALIGN_FLOATS);
-        }
-        if (pass == 1) blk->decay_nelem = blk->nelem;
-    }
-}
-
-fy_status fy_gpt2_layout_new(const fy_gpt2_config *cfg, fy_gpt2_layout *out) {
-    memset(out, 0, sizeof *out);
-    FY_TRY(fy_gpt2_config_check(cfg));
-    const int V = cfg->vocab, maxT = cfg->max_seq, C = cfg->channels, L = cfg->layers;
-    out->cfg = *cfg;
-    out->nblocks = L + 2;
-    out->blocks = calloc((size_t)out->nblocks, sizeof *out->blocks);
-    if (!out->blocks) return FY_ERR_NOMEM;
-    char name[48];
-#define ADD(field, hf, rows, cols, decay, conv1d) add_tensor(blk, hf, rows, cols, decay, conv1d);
-    fy_block_spec *blk = &out->blocks[0];
-    blk->kind = FY_BLOCK_EMBED;
-    FY_GPT2_EMBED_PARAMS(ADD)
-    blk->tensors[0].alloc_rows = fy_gpt2_vocab_padded(cfg); /* wte: see fy_gpt2_vocab_padded */
-#undef ADD
-#define ADD(field, hf, rows, cols, decay, conv1d) \
-    snprintf(name, sizeof name, "h.%d.%s", l, hf); add_tensor(blk, name, rows, cols, decay, conv1d);
-    for (int l = 0; l < L; l++) {
-        blk = &out->blocks[1 + l];
-        blk->kind = FY_BLOCK_LAYER;
-        blk->layer = l;
-        FY_GPT2_LAYER_PARAMS(ADD)
-    }
-#undef ADD
-#define ADD(field, hf, rows, cols, decay, conv1d) add_tensor(blk, hf, rows, cols, decay, conv1d);
-    blk = &out->blocks[L + 1];
-    blk->kind = FY_BLOCK_HEAD;
-    FY_GPT2_HEAD_PARAMS(ADD)
-#undef ADD
-    (void)name;
-    for (int b = 0; b < out->nblocks; b++) place_tensors(&out->blocks[b]);
-    return FY_OK;
-}
-
-void fy_gpt2_layout_free(fy_gpt2_layout *lay) {
-    free(lay->blocks);
-    lay->blocks = NULL;
-}
-
-static void view(const fy_block_spec *blk, fy_dtype dt, void *base, float **fields, int n) {
+static void view(const fy_block_spec *blk, fy_dtype dt, const void *base, float **fields, int n) {
     FY_ASSERT(blk->ntensors == n, "block kind does not match the view");
     const size_t es = fy_dtype_size(dt == FY_DTYPE_NONE ? FY_F32 : dt);
-    for (int i = 0; i < n; i++) fields[i] = (float *)((char *)base + blk->tensors[i].offset * es);
+    for (int i = 0; i < n; i++) fields[i] = base ? (float *)((char *)base + blk->tensors[i].offset * es) : NULL;
 }
 
-void fy_gpt2_layer_view(const fy_block_spec *blk, fy_dtype dt, void *base, fy_gpt2_layer_w *out) {
+void fy_gpt2_layer_view(const fy_block_spec *blk, fy_dtype dt, const void *base, fy_gpt2_layer_w *out) {
     view(blk, dt, base, (float **)out, sizeof *out / sizeof(float *));
 }
-void fy_gpt2_embed_view(const fy_block_spec *blk, fy_dtype dt, void *base, fy_gpt2_embed_w *out) {
+void fy_gpt2_embed_view(const fy_block_spec *blk, fy_dtype dt, const void *base, fy_gpt2_embed_w *out) {
     view(blk, dt, base, (float **)out, sizeof *out / sizeof(float *));
 }
-void fy_gpt2_head_view(const fy_block_spec *blk, fy_dtype dt, void *base, fy_gpt2_head_w *out) {
+void fy_gpt2_head_view(const fy_block_spec *blk, fy_dtype dt, const void *base, fy_gpt2_head_w *out) {
     view(blk, dt, base, (float **)out, sizeof *out / sizeof(float *));
-}
-
-/* ---- init ------------------------------------------------------------------------- */
-
-static uint64_t splitmix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static double uniform01(uint64_t *s) { return ((double)(splitmix64(s) >> 11) + 0.5) * 0x1p-53; }
-
-void fy_gpt2_init_block(const fy_gpt2_config *cfg, const fy_block_spec *blk, uint64_t seed,
-                        float *host) {
-    memset(host, 0, blk->nelem * sizeof(float));
-    int block_index = blk->kind == FY_BLOCK_EMBED ? 0
-                      : blk->kind == FY_BLOCK_LAYER ? 1 + blk->layer : 1 + cfg->layers;
-    for (int i = 0; i < blk->ntensors; i++) {
-        const fy_tensor_spec *t = &blk->tensors[i];
-        float *p = host + t->offset;
-        size_t n = (size_t)t->rows * t->cols;
-        bool gain = strstr(t->name, ".weight") != NULL; /* vectors: gains or biases */
-        if (t->cols == 1) { /* biases 0, norm gains 1 */
-            if (gain) for (size_t j = 0; j < n; j++) p[j] = 1.0f;
-            continue;
-        }
-        double std = 0.02;
-        if (strstr(t->name, "c_proj.weight")) std = 0.02 / sqrt(2.0 * cfg->layers);
-        uint64_t st = seed ^ (0x5851f42d4c957f2dull * (uint64_t)(block_index + 1)) ^
-                      (0x2545f4914f6cdd1dull * (uint64_t)(i + 1));
-        for (size_t j = 0; j < n; j += 2) { /* Box-Muller, two normals per draw */
-            double u1 = uniform01(&st), u2 = uniform01(&st);
-            double r = sqrt(-2.0 * log(u1)), a = 2.0 * M_PI * u2;
-            p[j] = (float)(std * r * cos(a));
-            if (j + 1 < n) p[j + 1] = (float)(std * r * sin(a));
-        }
-    }
 }
 
 /* ---- activations ------------------------------------------------------------------ */
 
-/* Field sizes in bytes: S fields in the storage type (es bytes), F fields fp32; each
- * field starts 64-byte aligned. */
-#define ES_S es
-#define ES_F sizeof(float)
-#define SIZE_FIELD(field, size, type) total += fy_round_up((size) * ES_##type, 64);
-#define BIND_FIELD(field, size, type) out->field = (float *)((char *)base + off); \
-                                      off += fy_round_up((size) * ES_##type, 64);
 #define DIMS const size_t N = (size_t)B * T, C = (size_t)cfg->channels, V = (size_t)cfg->vocab, \
                           Vp = (size_t)fy_gpt2_vocab_padded(cfg), NH = (size_t)cfg->heads, \
                           es = fy_dtype_size(dt == FY_DTYPE_NONE ? FY_F32 : dt); \
-             (void)N; (void)C; (void)V; (void)Vp; (void)NH; (void)es
+             const bool acc32 = dt == FY_BF16; \
+             (void)N; (void)C; (void)V; (void)Vp; (void)NH; (void)es; (void)acc32
 
 size_t fy_gpt2_layer_acts_nbytes(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt) {
-    DIMS; size_t total = 0; FY_GPT2_LAYER_ACTS(SIZE_FIELD) return total;
+    DIMS; size_t total = 0; FY_GPT2_LAYER_ACTS(FY_ACT_SIZE) return total;
+}
+size_t fy_gpt2_layer_work_nbytes(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt) {
+    DIMS; size_t total = 0; FY_GPT2_LAYER_WORK(FY_ACT_SIZE) return total;
 }
 size_t fy_gpt2_head_acts_nbytes(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt) {
-    DIMS; size_t total = 0; FY_GPT2_HEAD_ACTS(SIZE_FIELD) return total;
+    DIMS; size_t total = 0; FY_GPT2_HEAD_ACTS(FY_ACT_SIZE) return total;
 }
-size_t fy_gpt2_scratch_nbytes(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt) {
-    DIMS; size_t total = 0; FY_GPT2_SCRATCH(SIZE_FIELD) return total;
+size_t fy_gpt2_head_work_nbytes(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt) {
+    DIMS; size_t total = 0; FY_GPT2_HEAD_WORK(FY_ACT_SIZE) return total;
 }
 void fy_gpt2_layer_acts_bind(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt, void *base,
                              fy_gpt2_layer_acts *out) {
-    DIMS; size_t off = 0; FY_GPT2_LAYER_ACTS(BIND_FIELD)
+    DIMS; size_t off = 0; FY_GPT2_LAYER_ACTS(FY_ACT_BIND)
+}
+void fy_gpt2_layer_work_bind(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt, void *base,
+                             fy_gpt2_layer_work *out) {
+    DIMS; size_t off = 0; FY_GPT2_LAYER_WORK(FY_ACT_BIND)
 }
 void fy_gpt2_head_acts_bind(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt, void *base,
                             fy_gpt2_head_acts *out) {
-    DIMS; size_t off = 0; FY_GPT2_HEAD_ACTS(BIND_FIELD)
+    DIMS; size_t off = 0; FY_GPT2_HEAD_ACTS(FY_ACT_BIND)
 }
-void fy_gpt2_scratch_bind(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt, void *base,
-                          fy_gpt2_scratch *out) {
-    DIMS; size_t off = 0; FY_GPT2_SCRATCH(BIND_FIELD)
+void fy_gpt2_head_work_bind(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt, void *base,
+                            fy_gpt2_head_work *out) {
+    DIMS; size_t off = 0; FY_GPT2_HEAD_WORK(FY_ACT_BIND)
 }
 
 /* ---- forward ---------------------------------------------------------------------- */
@@ -226,20 +129,20 @@ void fy_gpt2_embed_fwd(const fy_gpt2_config *cfg, const fy_gpt2_embed_w *w,
 }
 
 void fy_gpt2_layer_fwd(const fy_gpt2_config *cfg, const fy_gpt2_layer_w *w,
-                       fy_gpt2_layer_acts *a, const float *x_in, fy_gpt2_scratch *sc,
+                       fy_gpt2_layer_acts *a, const float *x_in, fy_gpt2_layer_work *wk,
                        int B, int T, fy_stream *s) {
     const int C = cfg->channels, NH = cfg->heads, N = B * T;
     const size_t NC = (size_t)N * C;
     fy_k_layernorm_fwd(a->ln1, a->ln1_mean, a->ln1_rstd, x_in, w->ln1w, w->ln1b, N, C, s);
     fy_k_matmul_fwd(a->qkv, a->ln1, w->qkvw, w->qkvb, N, C, 3 * C, s);
     fy_k_attention_fwd(a->atty, a->att, a->qkv, B, T, C, NH, s);
-    fy_k_matmul_fwd(sc->proj, a->atty, w->attprojw, w->attprojb, N, C, C, s);
-    fy_k_residual_fwd(a->res2, x_in, sc->proj, NC, s);
+    fy_k_matmul_fwd(wk->proj, a->atty, w->attprojw, w->attprojb, N, C, C, s);
+    fy_k_residual_fwd(a->res2, x_in, wk->proj, NC, s);
     fy_k_layernorm_fwd(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2w, w->ln2b, N, C, s);
     fy_k_matmul_fwd(a->fch, a->ln2, w->fcw, w->fcb, N, C, 4 * C, s);
     fy_k_gelu_fwd(a->fch_gelu, a->fch, NC * 4, s);
-    fy_k_matmul_fwd(sc->proj, a->fch_gelu, w->fcprojw, w->fcprojb, N, 4 * C, C, s);
-    fy_k_residual_fwd(a->out, a->res2, sc->proj, NC, s);
+    fy_k_matmul_fwd(wk->proj, a->fch_gelu, w->fcprojw, w->fcprojb, N, 4 * C, C, s);
+    fy_k_residual_fwd(a->out, a->res2, wk->proj, NC, s);
 }
 
 /* The classifier over row chunks: logits, their loss and, with dloss != 0, their
@@ -276,43 +179,292 @@ void fy_gpt2_head_fwd(const fy_gpt2_config *cfg, const fy_gpt2_head_w *w, const 
 /* ---- backward --------------------------------------------------------------------- */
 
 void fy_gpt2_head_step(const fy_gpt2_config *cfg, const fy_gpt2_head_w *w,
-                       fy_gpt2_head_w *g, const float *wte, float *dwte, float *dwte32,
-                       const float *xL, fy_gpt2_head_acts *a, const int32_t *targets,
-                       float dloss, float *loss_out, fy_gpt2_scratch *sc, int B, int T,
-                       fy_stream *s) {
+                       fy_gpt2_head_w *g, const float *wte, float *dwte, const float *xL,
+                       fy_gpt2_head_acts *a, fy_gpt2_head_work *wk, const int32_t *targets,
+                       float dloss, float *loss_out, float *dx, int B, int T, fy_stream *s) {
     const int C = cfg->channels, N = B * T;
     const size_t VC = (size_t)fy_gpt2_vocab_padded(cfg) * C;
+    float *dwte32 = wk->dwte32;
     fy_k_layernorm_fwd(a->lnf, a->lnf_mean, a->lnf_rstd, xL, w->lnfw, w->lnfb, N, C, s);
     if (dwte32) fy_memset_async(s, dwte32, 0, VC * sizeof(float));
-    classifier(cfg, wte, dwte, dwte32, a, targets, dloss, sc->dln, N, s);
+    classifier(cfg, wte, dwte, dwte32, a, targets, dloss, wk->dlnf, N, s);
     if (dwte32) fy_k_add_f32(dwte, dwte32, VC, s);
     fy_k_mean(loss_out, a->losses, (size_t)N, s);
-    fy_memset_async(s, sc->dres, 0, (size_t)N * C * fy_dtype_size(fy_stream_dtype(s)));
-    fy_k_layernorm_bwd(sc->dres, g->lnfw, g->lnfb, sc->dln, xL, w->lnfw, a->lnf_mean,
+    fy_memset_async(s, dx, 0, (size_t)N * C * fy_dtype_size(fy_stream_dtype(s)));
+    fy_k_layernorm_bwd(dx, g->lnfw, g->lnfb, wk->dlnf, xL, w->lnfw, a->lnf_mean,
                        a->lnf_rstd, N, C, s);
 }
 
 void fy_gpt2_layer_bwd(const fy_gpt2_config *cfg, const fy_gpt2_layer_w *w,
                        fy_gpt2_layer_w *g, const fy_gpt2_layer_acts *a, const float *x_in,
-                       fy_gpt2_scratch *sc, int B, int T, fy_stream *s) {
+                       fy_gpt2_layer_work *wk, float *dx, int B, int T, fy_stream *s) {
     const int C = cfg->channels, NH = cfg->heads, N = B * T;
     /* MLP: out = res2 + fcproj(gelu(fc(ln2(res2)))) */
-    fy_k_matmul_bwd(sc->dfch_gelu, g->fcprojw, g->fcprojb, sc->dres, a->fch_gelu, w->fcprojw,
+    fy_k_matmul_bwd(wk->dfch_gelu, g->fcprojw, g->fcprojb, dx, a->fch_gelu, w->fcprojw,
                     N, 4 * C, C, s);
-    fy_k_gelu_bwd(sc->dfch, a->fch, sc->dfch_gelu, (size_t)N * 4 * C, s);
-    fy_k_matmul_bwd(sc->dln, g->fcw, g->fcb, sc->dfch, a->ln2, w->fcw, N, C, 4 * C, s);
-    fy_k_layernorm_bwd(sc->dres, g->ln2w, g->ln2b, sc->dln, a->res2, w->ln2w, a->ln2_mean,
+    fy_k_gelu_bwd(wk->dfch, a->fch, wk->dfch_gelu, (size_t)N * 4 * C, s);
+    fy_k_matmul_bwd(wk->dln, g->fcw, g->fcb, wk->dfch, a->ln2, w->fcw, N, C, 4 * C, s);
+    fy_k_layernorm_bwd(dx, g->ln2w, g->ln2b, wk->dln, a->res2, w->ln2w, a->ln2_mean,
                        a->ln2_rstd, N, C, s);
     /* attention: res2 = x_in + attproj(attn(qkv(ln1(x_in)))) */
-    fy_k_matmul_bwd(sc->datty, g->attprojw, g->attprojb, sc->dres, a->atty, w->attprojw,
+    fy_k_matmul_bwd(wk->datty, g->attprojw, g->attprojb, dx, a->atty, w->attprojw,
                     N, C, C, s);
-    fy_k_attention_bwd(sc->dqkv, sc->datt, sc->datty, a->qkv, a->att, B, T, C, NH, s);
-    fy_k_matmul_bwd(sc->dln, g->qkvw, g->qkvb, sc->dqkv, a->ln1, w->qkvw, N, C, 3 * C, s);
-    fy_k_layernorm_bwd(sc->dres, g->ln1w, g->ln1b, sc->dln, x_in, w->ln1w, a->ln1_mean,
+    fy_k_attention_bwd(wk->dqkv, wk->datt, wk->datty, a->qkv, a->att, B, T, C, NH, s);
+    fy_k_matmul_bwd(wk->dln, g->qkvw, g->qkvb, wk->dqkv, a->ln1, w->qkvw, N, C, 3 * C, s);
+    fy_k_layernorm_bwd(dx, g->ln1w, g->ln1b, wk->dln, x_in, w->ln1w, a->ln1_mean,
                        a->ln1_rstd, N, C, s);
 }
 
 void fy_gpt2_embed_bwd(const fy_gpt2_config *cfg, fy_gpt2_embed_w *g, const int32_t *tokens,
-                       const fy_gpt2_scratch *sc, int B, int T, fy_stream *s) {
-    fy_k_encoder_bwd(g->wte, g->wpe, sc->dres, tokens, B, T, cfg->channels, cfg->vocab, s);
+                       const float *dx, int B, int T, fy_stream *s) {
+    fy_k_encoder_bwd(g->wte, g->wpe, dx, tokens, B, T, cfg->channels, cfg->vocab, s);
+}
+
+/* ---- init ------------------------------------------------------------------------- */
+
+static uint64_t splitmix64(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double uniform01(uint64_t *s) { return ((double)(splitmix64(s) >> 11) + 0.5) * 0x1p-53; }
+
+/* Weights N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), biases 0, norm gains 1.
+ * Each tensor draws from its own stream seeded by (seed, block, tensor). */
+static void init_block(const fy_model *m, int b, uint64_t seed, float *host) {
+    const fy_gpt2_config *cfg = fy_gpt2_config_of(m);
+    const fy_block_spec *blk = fy_model_block(m, b);
+    for (int i = 0; i < blk->ntensors; i++) {
+        const fy_tensor_spec *t = &blk->tensors[i];
+        float *p = host + t->offset;
+        size_t n = (size_t)t->rows * t->cols;
+        bool gain = strstr(t->name, ".weight") != NULL; /* vectors: gains or biases */
+        if (t->cols == 1) { /* biases 0, norm gains 1 */
+            if (gain) for (size_t j = 0; j < n; j++) p[j] = 1.0f;
+            continue;
+        }
+        double std = 0.02;
+        if (strstr(t->name, "c_proj.weight")) std = 0.02 / sqrt(2.0 * cfg->layers);
+        uint64_t st = seed ^ (0x5851f42d4c957f2dull * (uint64_t)(b + 1)) ^
+                      (0x2545f4914f6cdd1dull * (uint64_t)(i + 1));
+        for (size_t j = 0; j < n; j += 2) { /* Box-Muller, two normals per draw */
+            double u1 = uniform01(&st), u2 = uniform01(&st);
+            double r = sqrt(-2.0 * log(u1)), a = 2.0 * M_PI * u2;
+            p[j] = (float)(std * r * cos(a));
+            if (j + 1 < n) p[j + 1] = (float)(std * r * sin(a));
+        }
+    }
+}
+
+/* ---- the model interface ------------------------------------------------------------- */
+
+typedef struct gpt2 { fy_gpt2_config cfg; } gpt2;
+
+const fy_gpt2_config *fy_gpt2_config_of(const fy_model *m) {
+    FY_ASSERT(!strcmp(fy_model_family(m), "gpt2"), "not a GPT-2 model");
+    return &((const gpt2 *)m->ctx)->cfg;
+}
+
+static void describe(const fy_model *m, char *buf, size_t cap) {
+    const fy_gpt2_config *c = fy_gpt2_config_of(m);
+    snprintf(buf, cap, "vocab %d, positions %d, channels %d, layers %d, heads %d", c->vocab,
+             c->max_seq, c->channels, c->layers, c->heads);
+}
+
+static fy_status check_seq(const fy_model *m, int64_t T) {
+    return fy_gpt2_check_seq(fy_gpt2_config_of(m), T);
+}
+
+static void acts(const fy_model *m, int b, int B, int T, fy_dtype dt, bool training,
+                 fy_act_sizes *out) {
+    const fy_gpt2_config *cfg = fy_gpt2_config_of(m);
+    const size_t NC = fy_round_up((size_t)B * T * cfg->channels * fy_dtype_size(dt), 64);
+    switch (m->blocks[b].kind) {
+    case FY_BLOCK_EMBED: out->out = NC; break;
+    case FY_BLOCK_LAYER:
+        out->out = NC;
+        out->saved = fy_gpt2_layer_acts_nbytes(cfg, B, T, dt);
+        out->work = fy_gpt2_layer_work_nbytes(cfg, B, T, dt);
+        break;
+    case FY_BLOCK_HEAD:
+        out->saved = fy_gpt2_head_acts_nbytes(cfg, B, T, dt);
+        out->work = training ? fy_gpt2_head_work_nbytes(cfg, B, T, dt) : 0;
+        break;
+    default: break;
+    }
+}
+
+static void forward(const fy_model *m, int b, const fy_block_io *io, fy_stream *s) {
+    const fy_gpt2_config *cfg = fy_gpt2_config_of(m);
+    const fy_block_spec *blk = &m->blocks[b];
+    const fy_dtype dt = fy_stream_dtype(s);
+    if (blk->kind == FY_BLOCK_EMBED) {
+        fy_gpt2_embed_w w;
+        fy_gpt2_embed_view(blk, dt, io->params, &w);
+        fy_gpt2_embed_fwd(cfg, &w, io->tokens, io->out, io->B, io->T, s);
+        return;
+    }
+    fy_gpt2_layer_w w;
+    fy_gpt2_layer_acts a;
+    fy_gpt2_layer_work wk;
+    fy_gpt2_layer_view(blk, dt, io->params, &w);
+    fy_gpt2_layer_acts_bind(cfg, io->B, io->T, dt, io->saved, &a);
+    a.out = io->out;
+    fy_gpt2_layer_work_bind(cfg, io->B, io->T, dt, io->work, &wk);
+    fy_gpt2_layer_fwd(cfg, &w, &a, io->in, &wk, io->B, io->T, s);
+}
+
+static void backward(const fy_model *m, int b, const fy_block_io *io, fy_stream *s) {
+    const fy_gpt2_config *cfg = fy_gpt2_config_of(m);
+    const fy_block_spec *blk = &m->blocks[b];
+    const fy_dtype dt = fy_stream_dtype(s);
+    if (blk->kind == FY_BLOCK_EMBED) {
+        fy_gpt2_embed_w g;
+        fy_gpt2_embed_view(blk, dt, io->grads, &g);
+        fy_gpt2_embed_bwd(cfg, &g, io->tokens, io->dx, io->B, io->T, s);
+        return;
+    }
+    fy_gpt2_layer_w w, g;
+    fy_gpt2_layer_acts a;
+    fy_gpt2_layer_work wk;
+    fy_gpt2_layer_view(blk, dt, io->params, &w);
+    fy_gpt2_layer_view(blk, dt, io->grads, &g);
+    fy_gpt2_layer_acts_bind(cfg, io->B, io->T, dt, io->saved, &a);
+    a.out = io->out;
+    fy_gpt2_layer_work_bind(cfg, io->B, io->T, dt, io->work, &wk);
+    fy_gpt2_layer_bwd(cfg, &w, &g, &a, io->in, &wk, io->dx, io->B, io->T, s);
+}
+
+/* The head: ln_f, then the classifier on the tied wte (link 0, the embedding). */
+static void loss(const fy_model *m, int b, const fy_block_io *io, fy_stream *s) {
+    const fy_gpt2_config *cfg = fy_gpt2_config_of(m);
+    const fy_block_spec *blk = &m->blocks[b], *emb = &m->blocks[blk->links[0]];
+    const fy_dtype dt = fy_stream_dtype(s);
+    fy_gpt2_head_w w, g;
+    fy_gpt2_embed_w ew, eg;
+    fy_gpt2_head_acts a;
+    fy_gpt2_head_view(blk, dt, io->params, &w);
+    fy_gpt2_embed_view(emb, dt, io->link_params[0], &ew);
+    fy_gpt2_head_acts_bind(cfg, io->B, io->T, dt, io->saved, &a);
+    if (io->dloss == 0.0f) {
+        fy_gpt2_head_fwd(cfg, &w, ew.wte, io->in, &a, io->targets, io->loss, io->B, io->T, s);
+        return;
+    }
+    fy_gpt2_head_work wk;
+    fy_gpt2_head_view(blk, dt, io->grads, &g);
+    fy_gpt2_embed_view(emb, dt, io->link_grads[0], &eg);
+    fy_gpt2_head_work_bind(cfg, io->B, io->T, dt, io->work, &wk);
+    fy_gpt2_head_step(cfg, &w, &g, ew.wte, eg.wte, io->in, &a, &wk, io->targets, io->dloss,
+                      io->loss, io->dx, io->B, io->T, s);
+}
+
+/* Matmul FLOPs at the effective throughput plus memory traffic: a layer's forward is
+ * 2*N*P for its weights plus 4*B*T^2*C for attention, and moves its parameters once and
+ * ~20 activations of N*C; backward twice the FLOPs, six passes over the parameters and
+ * ~40 activations; the embedding moves 3 activations either way; the head's classifier
+ * is 6*N*C*V FLOPs (forward and both backward products) over 4 passes of the logits. */
+static void cost(const fy_model *m, int b, fy_pass pass, int B, int T, double es, fy_cost *out) {
+    const fy_gpt2_config *cfg = fy_gpt2_config_of(m);
+    const fy_block_spec *blk = &m->blocks[b];
+    const double N = (double)B * T, C = cfg->channels, V = cfg->vocab, P = (double)blk->nelem;
+    const double fwd_flops = 2.0 * N * P + 4.0 * B * (double)T * T * C;
+    if (blk->kind == FY_BLOCK_EMBED) {
+        out->bytes = 3.0 * N * C * es;
+    } else if (blk->kind == FY_BLOCK_HEAD) {
+        out->flops = 6.0 * N * C * V;
+        out->bytes = 4.0 * N * V * es;
+    } else if (pass == FY_PASS_BWD) {
+        out->flops = 2.0 * fwd_flops;
+        out->bytes = 6.0 * es * P + 40.0 * N * C * es;
+    } else {
+        out->flops = fwd_flops;
+        out->bytes = es * P + 20.0 * N * C * es;
+    }
+}
+
+static void file_meta(const fy_model *m, const char **meta, int cap, char (*buf)[32]) {
+    const fy_gpt2_config *c = fy_gpt2_config_of(m);
+    const char *keys[] = {"ferry.vocab", "ferry.max_seq", "ferry.channels", "ferry.layers", "ferry.heads"};
+    const int vals[] = {c->vocab, c->max_seq, c->channels, c->layers, c->heads};
+    int n = 0;
+    for (int i = 0; i < 5 && n + 2 < cap; i++) {
+        snprintf(buf[i], 32, "%d", vals[i]);
+        meta[n++] = keys[i];
+        meta[n++] = buf[i];
+    }
+    meta[n] = NULL;
+}
+
+static void gpt2_free(void *ctx) { free(ctx); }
+
+static const char *const prefixes[] = {"", "transformer.", NULL};
+
+static const fy_model_iface gpt2_iface = {
+    .family = "gpt2",
+    .free = gpt2_free,
+    .describe = describe,
+    .check_seq = check_seq,
+    .acts = acts,
+    .forward = forward,
+    .backward = backward,
+    .loss = loss,
+    .init_block = init_block,
+    .cost = cost,
+    .file_prefixes = prefixes,
+    .file_meta = file_meta,
+};
+
+fy_status fy_gpt2_new(const fy_gpt2_config *cfg, const char *name, fy_model **out) {
+    *out = NULL;
+    FY_TRY(fy_gpt2_config_check(cfg));
+    const int V = cfg->vocab, maxT = cfg->max_seq, C = cfg->channels, L = cfg->layers;
+    gpt2 *ctx = malloc(sizeof *ctx);
+    fy_block_spec *blocks = calloc((size_t)L + 2, sizeof *blocks);
+    if (!ctx || !blocks) { free(ctx); free(blocks); return FY_ERR_NOMEM; }
+    ctx->cfg = *cfg;
+    char tname[64];
+#define ADD(field, hf, rows, cols, decay, conv1d) fy_model_add_tensor(blk, hf, rows, cols, decay, conv1d);
+    fy_block_spec *blk = &blocks[0];
+    blk->kind = FY_BLOCK_EMBED;
+    FY_GPT2_EMBED_PARAMS(ADD)
+    blk->tensors[0].alloc_rows = fy_gpt2_vocab_padded(cfg); /* wte: see fy_gpt2_vocab_padded */
+#undef ADD
+#define ADD(field, hf, rows, cols, decay, conv1d) \
+    snprintf(tname, sizeof tname, "h.%d.%s", l, hf); fy_model_add_tensor(blk, tname, rows, cols, decay, conv1d);
+    for (int l = 0; l < L; l++) {
+        blk = &blocks[1 + l];
+        blk->kind = FY_BLOCK_LAYER;
+        blk->layer = l;
+        FY_GPT2_LAYER_PARAMS(ADD)
+    }
+#undef ADD
+#define ADD(field, hf, rows, cols, decay, conv1d) fy_model_add_tensor(blk, hf, rows, cols, decay, conv1d);
+    blk = &blocks[L + 1];
+    blk->kind = FY_BLOCK_HEAD;
+    FY_GPT2_HEAD_PARAMS(ADD)
+    blk->nlinks = 1; /* the classifier is wte: tied to the embedding */
+    blk->links[0] = 0;
+#undef ADD
+    (void)V; (void)maxT;
+    for (int b = 0; b < L + 2; b++) fy_model_place_tensors(&blocks[b]);
+    return fy_model_create(&gpt2_iface, ctx, name, blocks, L + 2, V, fy_gpt2_num_params(cfg), out);
+}
+
+fy_status fy_gpt2_named(const char *name, const fy_model_shape *over, fy_model **out) {
+    *out = NULL;
+    fy_gpt2_config cfg;
+    size_t i = 0;
+    for (; i < sizeof named / sizeof named[0]; i++)
+        if (!strcmp(name, named[i].name)) break;
+    if (i == sizeof named / sizeof named[0]) return FY_ERR_UNSUPPORTED;
+    cfg = named[i].cfg;
+    if (over->heads > 0) cfg.heads = over->heads;
+    if (over->layers > 0) cfg.layers = over->layers;
+    if (over->channels > 0) cfg.channels = over->channels;
+    if (over->vocab > 0) cfg.vocab = over->vocab;
+    if (over->max_seq > 0) cfg.max_seq = over->max_seq;
+    bool same = !memcmp(&cfg, &named[i].cfg, sizeof cfg);
+    return fy_gpt2_new(&cfg, same ? name : NULL, out);
 }

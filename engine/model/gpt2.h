@@ -1,19 +1,19 @@
-/* gpt2.h — GPT-2: configs, the parameter table, and per-block forward/backward.
+/* gpt2.h — GPT-2, the first model family behind the model interface (model.h): its
+ * configs, parameter table, activation structs and per-block passes.
  *
  * Semantics are Hugging Face GPT2LMHeadModel's: learned token and position embeddings,
  * pre-norm layers (x += attn(ln_1(x)); x += mlp(ln_2(x))), LayerNorm eps 1e-5, GELU tanh
  * approximation, causal attention scaled by 1/sqrt(head_dim), final ln_f, LM head tied to
  * the token embedding, mean cross-entropy over all B*T positions, no dropout.
  *
- * Blocks are the unit of offload, transfer and optimizer work: block 0 is the embedding
- * (wte, wpe), blocks 1..L the transformer layers, block L+1 the head (ln_f; its matmul
- * uses wte from block 0, so the head needs block 0's parameters and adds into its
- * gradient). A block's parameters are one contiguous fp32 buffer; the layout table below
- * gives each tensor's offset (aligned to 16 floats), shape and Hugging Face name, and is
- * the one source of truth for views, the optimizer's weight-decay split and file I/O.
+ * Blocks: the embedding (wte, wpe), the L layers, the head (ln_f). The head's classifier
+ * uses wte: the head links to the embedding (reads its parameters, adds into its
+ * gradient). Tensor names are Hugging Face's ("h.{i}.attn.c_attn.weight"; "transformer."
+ * accepted on load), Conv1D weights are stored (in, out), lm_head is tied and not stored.
  *
- * This module knows nothing of offload: every function takes device pointers and a
- * stream, and only queues kernels. */
+ * The functions below the model constructor are the family's internals, exported for the
+ * model-layer tests: every function takes device pointers and a stream and only queues
+ * kernels. */
 #ifndef FY_GPT2_H
 #define FY_GPT2_H
 
@@ -24,6 +24,7 @@
 #include "engine/core/dtype.h"
 #include "engine/core/status.h"
 #include "engine/device/device.h"
+#include "engine/model/model.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -56,6 +57,23 @@ static inline int fy_gpt2_vocab_padded(const fy_gpt2_config *cfg) {
 /* FY_ERR_INVALID (logged) if sequences of length T do not fit the model's positions. */
 fy_status fy_gpt2_check_seq(const fy_gpt2_config *cfg, int64_t T);
 
+/* The family's model (model.h) of a config; name may be NULL (a free shape).
+ * FY_ERR_INVALID (logged) for a bad config. */
+fy_status fy_gpt2_new(const fy_gpt2_config *cfg, const char *name, fy_model **out);
+/* The config of a GPT-2 model (which must be one). */
+const fy_gpt2_config *fy_gpt2_config_of(const fy_model *m);
+/* The registry's hooks (model.c): a named config with overrides (FY_ERR_UNSUPPORTED,
+ * silently, if the name is not GPT-2's); whether a file holds GPT-2 tensors; the model of
+ * a file (gpt2_io.c). */
+fy_status fy_gpt2_named(const char *name, const fy_model_shape *over, fy_model **out);
+bool fy_gpt2_recognise(const fy_st_file *f);
+fy_status fy_gpt2_from_file(const fy_st_file *f, const fy_model_shape *hint, fy_model **out);
+/* The shape a weights file holds: vocab and channels from wte, positions from wpe,
+ * layers from the h.{i} present. Heads: heads_flag if > 0, else the file's ferry.heads
+ * metadata, else n_head of a config.json beside the file; otherwise FY_ERR_INVALID
+ * asking for --heads. */
+fy_status fy_gpt2_file_config(const fy_st_file *f, int heads_flag, fy_gpt2_config *out);
+
 /* Parameters of one layer, in table order (the struct is filled as an array). */
 #define FY_GPT2_LAYER_PARAMS(X)                                    \
     X(ln1w, "ln_1.weight", C, 1, 0, 0)                              \
@@ -85,53 +103,16 @@ typedef struct fy_gpt2_layer_w { FY_GPT2_LAYER_PARAMS(FY_GPT2_FIELD) } fy_gpt2_l
 typedef struct fy_gpt2_embed_w { FY_GPT2_EMBED_PARAMS(FY_GPT2_FIELD) } fy_gpt2_embed_w;
 typedef struct fy_gpt2_head_w { FY_GPT2_HEAD_PARAMS(FY_GPT2_FIELD) } fy_gpt2_head_w;
 
-typedef enum fy_block_kind { FY_BLOCK_EMBED = 0, FY_BLOCK_LAYER, FY_BLOCK_HEAD } fy_block_kind;
-
-typedef struct fy_tensor_spec {
-    char name[48];  /* Hugging Face name without the "transformer." prefix */
-    int rows, cols; /* internal shape; cols == 1 for vectors */
-    int alloc_rows; /* rows of memory it takes: rows, or the padded vocabulary for wte */
-    size_t offset;  /* in floats from the block's start, a multiple of 16; decayed
-                       tensors first, so a block is two optimizer ranges */
-    bool decay;     /* weight decay applies (2-D tensors) */
-    bool conv1d;    /* stored transposed (in, out) in Hugging Face files */
-} fy_tensor_spec;
-
-#define FY_GPT2_MAX_TENSORS 12
-#define FY_GPT2_MAX_LAYERS 4096
-
-typedef struct fy_block_spec {
-    fy_block_kind kind;
-    int layer;               /* for FY_BLOCK_LAYER: 0..L-1 */
-    int ntensors;
-    fy_tensor_spec tensors[FY_GPT2_MAX_TENSORS];
-    size_t nelem;            /* floats in the block buffer, padding included */
-    size_t decay_nelem;      /* tensors with weight decay come first: [0, decay_nelem) */
-} fy_block_spec;
-
-typedef struct fy_gpt2_layout {
-    fy_gpt2_config cfg;
-    int nblocks;             /* L + 2 */
-    fy_block_spec *blocks;   /* [0] embed, [1..L] layers, [L+1] head */
-} fy_gpt2_layout;
-
-fy_status fy_gpt2_layout_new(const fy_gpt2_config *cfg, fy_gpt2_layout *out);
-void fy_gpt2_layout_free(fy_gpt2_layout *lay);
 /* Block b's buffer seen as its tensors: base holds nelem elements of type dt (F32 or
  * BF16; the fields are typed float, meaning "of the buffer's type", as in kernels.h). */
-void fy_gpt2_layer_view(const fy_block_spec *blk, fy_dtype dt, void *base, fy_gpt2_layer_w *out);
-void fy_gpt2_embed_view(const fy_block_spec *blk, fy_dtype dt, void *base, fy_gpt2_embed_w *out);
-void fy_gpt2_head_view(const fy_block_spec *blk, fy_dtype dt, void *base, fy_gpt2_head_w *out);
+void fy_gpt2_layer_view(const fy_block_spec *blk, fy_dtype dt, const void *base, fy_gpt2_layer_w *out);
+void fy_gpt2_embed_view(const fy_block_spec *blk, fy_dtype dt, const void *base, fy_gpt2_embed_w *out);
+void fy_gpt2_head_view(const fy_block_spec *blk, fy_dtype dt, const void *base, fy_gpt2_head_w *out);
 
-/* GPT-2's initialisation into a host buffer of blk->nelem floats: weights N(0, 0.02),
- * residual projections N(0, 0.02/sqrt(2L)), biases 0, norm gains 1. Each tensor draws
- * from its own stream seeded by (seed, block, tensor), so it does not depend on order. */
-void fy_gpt2_init_block(const fy_gpt2_config *cfg, const fy_block_spec *blk, uint64_t seed,
-                        float *host);
-
-/* Activations of one layer for a micro-batch of B x T (N = B*T). The layer's output
- * (N*C elements, the next layer's input) is not in this list: it is `out`, bound by the
- * caller, because a recomputed layer keeps its output but shares everything else.
+/* Activations of one layer for a micro-batch of B x T (N = B*T): what the layer keeps for
+ * its backward (its saved area). The layer's output (N*C elements, the next layer's
+ * input) is not in this list: it is `out`, bound apart, because a recomputed layer keeps
+ * its output but shares everything else.
  * X(field, elements, type): S = the storage type, F = always fp32 (kernels.h). */
 #define FY_GPT2_LAYER_ACTS(X)             \
     X(ln1, (size_t)N * C, S)               \
@@ -152,6 +133,18 @@ typedef struct fy_gpt2_layer_acts {
     float *out; /* (N, C), bound separately */
 } fy_gpt2_layer_acts;
 
+/* A layer's transient workspace: the projections' output in forward, the activation
+ * gradients inside its backward. */
+#define FY_GPT2_LAYER_WORK(X)             \
+    X(proj, (size_t)N * C, S)              \
+    X(dln, (size_t)N * C, S)               \
+    X(datty, (size_t)N * C, S)             \
+    X(dqkv, (size_t)N * 3 * C, S)          \
+    X(dfch, (size_t)N * 4 * C, S)          \
+    X(dfch_gelu, (size_t)N * 4 * C, S)     \
+    X(datt, (size_t)B * NH * T * T, S)
+typedef struct fy_gpt2_layer_work { FY_GPT2_LAYER_WORK(FY_GPT2_ACT_FIELD) } fy_gpt2_layer_work;
+
 /* The classifier runs over row chunks of the N positions, so the logits of the whole
  * batch never exist at once: a chunk holds at most FY_GPT2_LOGIT_CHUNK_NBYTES of logits
  * in the storage type (es bytes each): 333 rows of GPT-2's vocabulary in fp32, 667 in
@@ -166,8 +159,9 @@ static inline size_t fy_gpt2_logit_rows(size_t N, size_t V, size_t es) {
     return rows < N ? rows : N;
 }
 
-/* The head's activations: the final norm, one chunk of logits (overwritten by their
- * gradient in a training step) and per-position losses. */
+/* The head's activations (its saved area, used within its loss pass): the final norm,
+ * one chunk of logits (overwritten by their gradient in a training step) and
+ * per-position losses. */
 #define FY_GPT2_HEAD_ACTS(X)                            \
     X(lnf, (size_t)N * C, S)                             \
     X(lnf_mean, (size_t)N, F)                            \
@@ -176,30 +170,29 @@ static inline size_t fy_gpt2_logit_rows(size_t N, size_t V, size_t es) {
     X(losses, (size_t)N, F)
 typedef struct fy_gpt2_head_acts { FY_GPT2_HEAD_ACTS(FY_GPT2_ACT_FIELD) } fy_gpt2_head_acts;
 
-/* Workspace shared by all layers in backward (and the projection output in forward). */
-#define FY_GPT2_SCRATCH(X)                \
-    X(proj, (size_t)N * C, S)              \
-    X(dres, (size_t)N * C, S)              \
-    X(dln, (size_t)N * C, S)               \
-    X(datty, (size_t)N * C, S)             \
-    X(dqkv, (size_t)N * 3 * C, S)          \
-    X(dfch, (size_t)N * 4 * C, S)          \
-    X(dfch_gelu, (size_t)N * 4 * C, S)     \
-    X(datt, (size_t)B * NH * T * T, S)
-typedef struct fy_gpt2_scratch { FY_GPT2_SCRATCH(FY_GPT2_ACT_FIELD) } fy_gpt2_scratch;
+/* The head's workspace in training: d lnf, and (bf16 storage only) dwte32, where the
+ * chunks' shares of dwte are summed in fp32 (Vp*C) and added to dwte once, so a bf16 dwte
+ * is rounded once, not once a chunk. */
+#define FY_GPT2_HEAD_WORK(X)                             \
+    X(dlnf, (size_t)N * C, S)                            \
+    X(dwte32, acc32 ? Vp * C : 0, F)
+typedef struct fy_gpt2_head_work { FY_GPT2_HEAD_WORK(FY_GPT2_ACT_FIELD) } fy_gpt2_head_work;
 
 /* Bytes needed for each struct with storage type dt (every field 64-byte aligned), and
  * binding the fields to consecutive pieces of a buffer of that size (a layer's `out` is
- * left alone). */
+ * left alone). The head's work is its training workspace (dwte32 with bf16 storage). */
 size_t fy_gpt2_layer_acts_nbytes(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt);
+size_t fy_gpt2_layer_work_nbytes(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt);
 size_t fy_gpt2_head_acts_nbytes(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt);
-size_t fy_gpt2_scratch_nbytes(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt);
+size_t fy_gpt2_head_work_nbytes(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt);
 void fy_gpt2_layer_acts_bind(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt, void *base,
                              fy_gpt2_layer_acts *out);
+void fy_gpt2_layer_work_bind(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt, void *base,
+                             fy_gpt2_layer_work *out);
 void fy_gpt2_head_acts_bind(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt, void *base,
                             fy_gpt2_head_acts *out);
-void fy_gpt2_scratch_bind(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt, void *base,
-                          fy_gpt2_scratch *out);
+void fy_gpt2_head_work_bind(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt, void *base,
+                            fy_gpt2_head_work *out);
 
 /* Forward and backward, block by block. All pointers are device memory; each call
  * queues kernels on s and returns at once. Gradients (g, dwte, ...) accumulate. */
@@ -207,7 +200,7 @@ void fy_gpt2_embed_fwd(const fy_gpt2_config *cfg, const fy_gpt2_embed_w *w,
                        const int32_t *tokens, float *x0, int B, int T, fy_stream *s);
 /* x_out = layer(x_in); x_out is a->out. */
 void fy_gpt2_layer_fwd(const fy_gpt2_config *cfg, const fy_gpt2_layer_w *w,
-                       fy_gpt2_layer_acts *a, const float *x_in, fy_gpt2_scratch *sc,
+                       fy_gpt2_layer_acts *a, const float *x_in, fy_gpt2_layer_work *wk,
                        int B, int T, fy_stream *s);
 /* Evaluation: per-position losses and loss_out[0] = their mean. */
 void fy_gpt2_head_fwd(const fy_gpt2_config *cfg, const fy_gpt2_head_w *w, const float *wte,
@@ -215,21 +208,18 @@ void fy_gpt2_head_fwd(const fy_gpt2_config *cfg, const fy_gpt2_head_w *w, const 
                       float *loss_out, int B, int T, fy_stream *s);
 /* A training step's head, forward and backward fused chunk by chunk: losses and
  * loss_out[0] as fy_gpt2_head_fwd, the loss scaled by dloss (1/(B*T*accum) for a mean
- * loss) differentiated: dwte += the classifier's part, g accumulates, sc->dres = d xL.
- * dwte32 (Vp*C fp32, or NULL): where the chunks' dwte shares are summed before they are
- * added to dwte once; for bf16 storage, so dwte is rounded once, not once a chunk. */
+ * loss) differentiated: dwte += the classifier's part, g accumulates, dx = d xL. */
 void fy_gpt2_head_step(const fy_gpt2_config *cfg, const fy_gpt2_head_w *w,
-                       fy_gpt2_head_w *g, const float *wte, float *dwte, float *dwte32,
-                       const float *xL, fy_gpt2_head_acts *a, const int32_t *targets,
-                       float dloss, float *loss_out, fy_gpt2_scratch *sc, int B, int T,
-                       fy_stream *s);
-/* sc->dres holds d x_out on entry and d x_in on return. */
+                       fy_gpt2_head_w *g, const float *wte, float *dwte, const float *xL,
+                       fy_gpt2_head_acts *a, fy_gpt2_head_work *wk, const int32_t *targets,
+                       float dloss, float *loss_out, float *dx, int B, int T, fy_stream *s);
+/* dx holds d x_out on entry and d x_in on return. */
 void fy_gpt2_layer_bwd(const fy_gpt2_config *cfg, const fy_gpt2_layer_w *w,
                        fy_gpt2_layer_w *g, const fy_gpt2_layer_acts *a, const float *x_in,
-                       fy_gpt2_scratch *sc, int B, int T, fy_stream *s);
-/* From sc->dres = d x0: dwte and dwpe accumulate. */
+                       fy_gpt2_layer_work *wk, float *dx, int B, int T, fy_stream *s);
+/* From dx = d x0: dwte and dwpe accumulate. */
 void fy_gpt2_embed_bwd(const fy_gpt2_config *cfg, fy_gpt2_embed_w *g, const int32_t *tokens,
-                       const fy_gpt2_scratch *sc, int B, int T, fy_stream *s);
+                       const float *dx, int B, int T, fy_stream *s);
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,8 @@
-/* gpt2_io.c — mapping between ferry's block buffers and Hugging Face GPT-2 tensors. */
-#include "engine/model/gpt2_io.h"
+/* gpt2_io.c — recognising a GPT-2 weights file and reading its shape: vocabulary and
+ * channels from wte, positions from wpe, layers from the h.{i} present; the heads from
+ * the caller, the file's ferry.heads metadata, or n_head of a config.json beside it.
+ * (The tensors themselves are read through the block specs, in model.c.) */
+#include "engine/model/gpt2.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -38,6 +41,10 @@ static int heads_from_config_json(const char *st_path) {
     return heads;
 }
 
+bool fy_gpt2_recognise(const fy_st_file *f) {
+    return fy_st_find(f, "wte.weight") || fy_st_find(f, "transformer.wte.weight");
+}
+
 fy_status fy_gpt2_file_config(const fy_st_file *f, int heads_flag, fy_gpt2_config *out) {
     const char *path = fy_st_path(f), *pre = prefix_of(f);
     const fy_st_tensor *wte = find(f, pre, "wte.weight"), *wpe = find(f, pre, "wpe.weight");
@@ -55,9 +62,9 @@ fy_status fy_gpt2_file_config(const fy_st_file *f, int heads_flag, fy_gpt2_confi
         char *end;
         long l = strtol(digits, &end, 10);
         if (end == digits || *end != '.') continue;
-        if (l < 0 || l >= FY_GPT2_MAX_LAYERS) {
+        if (l < 0 || l >= FY_MODEL_MAX_LAYERS) {
             fy_log_error("%s: tensor %s has an implausible layer index (at most %d layers)",
-                         path, name, FY_GPT2_MAX_LAYERS);
+                         path, name, FY_MODEL_MAX_LAYERS);
             return FY_ERR_FORMAT;
         }
         if ((int)l + 1 > layers) layers = (int)l + 1;
@@ -93,115 +100,9 @@ fy_status fy_gpt2_file_config(const fy_st_file *f, int heads_flag, fy_gpt2_confi
     return fy_gpt2_config_check(out);
 }
 
-fy_status fy_gpt2_load_blocks(const fy_st_file *f, const fy_gpt2_layout *lay,
-                              float *const *host) {
-    const char *path = fy_st_path(f), *pre = prefix_of(f);
-    float *tmp = NULL;
-    size_t tmpcap = 0;
-    fy_status st = FY_OK;
-    for (int b = 0; b < lay->nblocks && st == FY_OK; b++) {
-        const fy_block_spec *blk = &lay->blocks[b];
-        memset(host[b], 0, blk->nelem * sizeof(float));
-        for (int i = 0; i < blk->ntensors; i++) {
-            const fy_tensor_spec *ts = &blk->tensors[i];
-            const fy_st_tensor *t = find(f, pre, ts->name);
-            if (!t) {
-                fy_log_error("%s: tensor %s%s is missing", path, pre, ts->name);
-                st = FY_ERR_FORMAT;
-                break;
-            }
-            /* the file's shape: vectors 1-D, Conv1D (in, out), others (rows, cols) */
-            int64_t r = ts->conv1d ? ts->cols : ts->rows, c = ts->conv1d ? ts->rows : ts->cols;
-            bool ok = ts->cols == 1 ? (t->ndim == 1 && t->shape[0] == ts->rows)
-                                    : (t->ndim == 2 && t->shape[0] == r && t->shape[1] == c);
-            if (!ok) {
-                char got[96] = "";
-                for (int d = 0; d < t->ndim && d < 4; d++)
-                    snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? "," : "",
-                             (long long)t->shape[d]);
-                if (ts->cols == 1)
-                    fy_log_error("%s: %s%s has shape (%s), the model needs (%d)", path, pre,
-                                 ts->name, got, ts->rows);
-                else
-                    fy_log_error("%s: %s%s has shape (%s), the model needs (%lld,%lld)", path,
-                                 pre, ts->name, got, (long long)r, (long long)c);
-                st = FY_ERR_FORMAT;
-                break;
-            }
-            float *dst = host[b] + ts->offset;
-            if (!ts->conv1d) {
-                st = fy_st_read_f32(f, t, dst);
-                if (st != FY_OK) break;
-                continue;
-            }
-            if (tmpcap < t->nelem) {
-                free(tmp);
-                tmp = malloc(t->nelem * sizeof(float));
-                tmpcap = tmp ? t->nelem : 0;
-                if (!tmp) { st = FY_ERR_NOMEM; break; }
-            }
-            st = fy_st_read_f32(f, t, tmp);
-            if (st != FY_OK) break;
-            for (int64_t i0 = 0; i0 < r; i0++)      /* file (in=r, out=c) -> ours (out, in) */
-                for (int64_t j = 0; j < c; j++) dst[j * r + i0] = tmp[i0 * c + j];
-        }
-    }
-    free(tmp);
-    return st;
-}
-
-fy_status fy_gpt2_save(const char *path, const fy_gpt2_layout *lay, float *const *host) {
-    int n = 0;
-    for (int b = 0; b < lay->nblocks; b++) n += lay->blocks[b].ntensors;
-    fy_st_entry *e = calloc((size_t)n, sizeof *e);
-    float **tbufs = calloc((size_t)n, sizeof *tbufs);
-    fy_status st = FY_OK;
-    if (!e || !tbufs) { st = FY_ERR_NOMEM; goto done; }
-    int k = 0;
-    for (int b = 0; b < lay->nblocks; b++) {
-        const fy_block_spec *blk = &lay->blocks[b];
-        for (int i = 0; i < blk->ntensors; i++, k++) {
-            const fy_tensor_spec *ts = &blk->tensors[i];
-            const float *src = host[b] + ts->offset;
-            e[k].name = ts->name;
-            e[k].dtype = FY_F32;
-            if (ts->cols == 1) {
-                e[k].ndim = 1;
-                e[k].shape[0] = ts->rows;
-                e[k].data = src;
-            } else if (!ts->conv1d) {
-                e[k].ndim = 2;
-                e[k].shape[0] = ts->rows;
-                e[k].shape[1] = ts->cols;
-                e[k].data = src;
-            } else {
-                float *t = malloc((size_t)ts->rows * ts->cols * sizeof(float));
-                if (!t) { st = FY_ERR_NOMEM; goto done; }
-                tbufs[k] = t;
-                for (int o = 0; o < ts->rows; o++)   /* ours (out, in) -> file (in, out) */
-                    for (int in = 0; in < ts->cols; in++)
-                        t[(size_t)in * ts->rows + o] = src[(size_t)o * ts->cols + in];
-                e[k].ndim = 2;
-                e[k].shape[0] = ts->cols;
-                e[k].shape[1] = ts->rows;
-                e[k].data = t;
-            }
-        }
-    }
-    char v[5][16];
-    const fy_gpt2_config *c = &lay->cfg;
-    snprintf(v[0], 16, "%d", c->vocab);
-    snprintf(v[1], 16, "%d", c->max_seq);
-    snprintf(v[2], 16, "%d", c->channels);
-    snprintf(v[3], 16, "%d", c->layers);
-    snprintf(v[4], 16, "%d", c->heads);
-    const char *meta[] = {"format", "pt", "ferry.vocab", v[0], "ferry.max_seq", v[1],
-                          "ferry.channels", v[2], "ferry.layers", v[3], "ferry.heads", v[4],
-                          NULL};
-    st = fy_st_write(path, e, n, meta);
-done:
-    if (tbufs) for (int i = 0; i < n; i++) free(tbufs[i]);
-    free(tbufs);
-    free(e);
-    return st;
+fy_status fy_gpt2_from_file(const fy_st_file *f, const fy_model_shape *hint, fy_model **out) {
+    *out = NULL;
+    fy_gpt2_config cfg;
+    FY_TRY(fy_gpt2_file_config(f, hint->heads, &cfg));
+    return fy_gpt2_new(&cfg, NULL, out);
 }

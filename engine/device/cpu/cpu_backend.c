@@ -14,7 +14,8 @@
  * copies in opposite directions overlap (full duplex), as on a real PCIe link.
  *
  * Events: a generation counter; record bumps "recorded" at submission and sets "done"
- * when the worker reaches it; a wait captures the recorded generation at submission. */
+ * (and the time) when the worker reaches it; a wait captures the recorded generation at
+ * submission. */
 #include <errno.h>
 #include <omp.h>
 #include <stdio.h>
@@ -50,6 +51,7 @@ typedef struct cpu_event {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     uint64_t recorded, done;
+    double done_ms;          /* fy_now_ms() when the worker reached the latest record */
 } cpu_event;
 
 /* ---- memory ---------------------------------------------------------------------- */
@@ -108,7 +110,10 @@ static void exec_op(cpu_stream *cs, const fy_op *op) {
         cpu_event *ce = op->p[0];
         uint64_t gen = (uint64_t)op->i[0];
         pthread_mutex_lock(&ce->mu);
-        if (ce->done < gen) ce->done = gen;
+        if (ce->done < gen) {
+            ce->done = gen;
+            ce->done_ms = fy_now_ms();
+        }
         pthread_cond_broadcast(&ce->cv);
         pthread_mutex_unlock(&ce->mu);
         break;
@@ -247,6 +252,17 @@ static bool cpu_event_done(fy_event *e) {
     return done;
 }
 
+static double cpu_event_elapsed_ms(fy_event *from, fy_event *to) {
+    cpu_event *a = from->ctx, *b = to->ctx;
+    pthread_mutex_lock(&a->mu);
+    double ta = a->done_ms;
+    pthread_mutex_unlock(&a->mu);
+    pthread_mutex_lock(&b->mu);
+    double tb = b->done_ms;
+    pthread_mutex_unlock(&b->mu);
+    return tb - ta;
+}
+
 static void cpu_free(fy_dev *dev) {
     cpu_dev *cd = dev->ctx;
     pthread_mutex_destroy(&cd->link_mu);
@@ -269,6 +285,7 @@ static const fy_dev_iface cpu_iface = {
     .stream_wait_event = cpu_stream_wait_event,
     .event_sync = cpu_event_sync,
     .event_done = cpu_event_done,
+    .event_elapsed_ms = cpu_event_elapsed_ms,
 };
 
 void openblas_set_num_threads(int num_threads);

@@ -10,7 +10,8 @@
  *
  * Streams are CUDA streams that do not synchronise with the legacy default stream;
  * each has its workspace from creation, so a kernel launch never allocates. Events are
- * CUDA events without timing. Kernels are launched at once from the calling thread;
+ * CUDA events, with timing only when asked for (fy_event_new_timed). Kernels are
+ * launched at once from the calling thread;
  * every call is checked, and a failure aborts naming what failed (a launch error or a
  * sticky device error is a bug, not a condition to recover from).
  *
@@ -202,7 +203,8 @@ static void cu_launch(fy_stream *s, const fy_op *op) {
 static fy_status cu_event_new(fy_event *e) {
     make_current(e->dev);
     cudaEvent_t ev;
-    FY_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
+    FY_CUDA_CHECK(cudaEventCreateWithFlags(&ev, e->timed ? cudaEventDefault : cudaEventDisableTiming),
+                  "cudaEventCreate");
     e->ctx = ev;
     return FY_OK;
 }
@@ -236,6 +238,14 @@ static bool cu_event_done(fy_event *e) {
     return true;
 }
 
+static double cu_event_elapsed_ms(fy_event *from, fy_event *to) {
+    make_current(from->dev);
+    float ms = 0.0f;
+    FY_CUDA_CHECK(cudaEventElapsedTime(&ms, (cudaEvent_t)from->ctx, (cudaEvent_t)to->ctx),
+                  "cudaEventElapsedTime");
+    return ms;
+}
+
 static void cu_free(fy_dev *dev) {
     fy_cu_dev *cd = dev->ctx;
     make_current(dev);
@@ -259,6 +269,7 @@ static const fy_dev_iface cuda_iface = {
     .stream_wait_event = cu_stream_wait_event,
     .event_sync = cu_event_sync,
     .event_done = cu_event_done,
+    .event_elapsed_ms = cu_event_elapsed_ms,
 };
 
 fy_status fy_cuda_dev_init(fy_dev *dev) {

@@ -1,0 +1,178 @@
+/* train_cmd.c — `ferry train` and `ferry eval`: the model (a named config with the shape
+ * flags, or a weights file; --model and --init must then agree), the plan (a file, the
+ * shorthands, or --plan auto through the tuner), the device and the storage type, checked
+ * before any work; a dry run prints the plan and its memory model. The rest is the
+ * training loop's (engine/train.c). */
+#include "engine/cli/train_cmd.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/cli/tune_cmd.h"
+#include "engine/core/util.h"
+#include "engine/train.h"
+
+#define MAX_TOKENS ((int64_t)1 << 26) /* per micro-batch */
+
+static fy_status check_tokens(int64_t B, int64_t T, const char *what) {
+    if (B * T <= MAX_TOKENS) return FY_OK;
+    fy_log_error("%s %lld x --seq %lld = %lld tokens per micro-batch is too many (at most %lld)",
+                 what, (long long)B, (long long)T, (long long)(B * T), (long long)MAX_TOKENS);
+    return FY_ERR_INVALID;
+}
+
+/* The model: from the weights file when --init is given (a --model given too must agree
+ * with it), else the named config with the shape flags. */
+static fy_status resolve_model(const fy_opts *o, bool model_given, fy_st_file **init,
+                               fy_model **out) {
+    *out = NULL;
+    if (!o->init) return fy_opts_model(o, out);
+    if (o->layers || o->channels || o->vocab || o->max_seq) {
+        fy_log_error("--layers/--channels/--vocab/--max-seq shape a new model; the weights in "
+                     "%s have their own shape", o->init);
+        return FY_ERR_INVALID;
+    }
+    FY_TRY(fy_st_open(o->init, init));
+    fy_model_shape hint = {.heads = (int)o->heads};
+    FY_TRY(fy_model_from_file(*init, &hint, out));
+    if (model_given) {
+        fy_model *named;
+        fy_model_shape over = {.heads = (int)o->heads};
+        FY_TRY(fy_model_named(o->model, &over, &named));
+        bool same = fy_model_same(named, *out);
+        fy_model_free(named);
+        if (!same) {
+            char shape[256];
+            fy_model_describe(*out, shape, sizeof shape);
+            fy_log_error("--model %s does not match the weights in %s (file: %s)", o->model,
+                         o->init, shape);
+            return FY_ERR_INVALID;
+        }
+    }
+    return fy_model_check_seq(*out, o->seq);
+}
+
+/* The placement plan: a file, the tuner's (--plan auto), or the shorthands over the
+ * all-resident plan. */
+static fy_status resolve_plan(const fy_opts *o, const fy_model *m, fy_dev_kind kind,
+                              fy_plan *plan) {
+    bool shorthands = fy_opts_given(o, "offload-params") || fy_opts_given(o, "offload-optim") ||
+                      fy_opts_given(o, "ckpt-layers");
+    if (o->plan && !strcmp(o->plan, "auto")) {
+        if (shorthands) {
+            fy_log_error("--plan auto cannot be combined with --offload-params, --offload-optim "
+                         "or --ckpt-layers");
+            return FY_ERR_INVALID;
+        }
+        if (o->init) {
+            fy_log_error("--plan auto tunes a named model; give a plan file with --init");
+            return FY_ERR_INVALID;
+        }
+        FY_TRY(fy_tune_auto_plan(o, m, plan));
+    } else if (o->plan) {
+        if (shorthands) {
+            fy_log_error("--plan cannot be combined with --offload-params, --offload-optim "
+                         "or --ckpt-layers");
+            return FY_ERR_INVALID;
+        }
+        FY_TRY(fy_plan_load(o->plan, m, plan));
+        if ((fy_opts_given(o, "batch") && o->batch != plan->micro_batch) ||
+            (fy_opts_given(o, "grad-accum") && o->grad_accum != plan->grad_accum)) {
+            fy_log_error("--batch/--grad-accum disagree with plan %s (micro_batch %d, "
+                         "grad_accum %d)", o->plan, plan->micro_batch, plan->grad_accum);
+            return FY_ERR_INVALID;
+        }
+    } else {
+        FY_TRY(fy_plan_new(m, (int)o->batch, (int)o->grad_accum, plan));
+        if (o->ckpt_layers > fy_model_layers(m)) {
+            fy_log_error("--ckpt-layers %lld: the model has %d layers", (long long)o->ckpt_layers,
+                         fy_model_layers(m));
+            return FY_ERR_INVALID;
+        }
+        FY_TRY(fy_plan_shorthands(plan, o->offload_params, o->offload_optim, (int)o->ckpt_layers));
+    }
+    FY_TRY(check_tokens(plan->micro_batch, o->seq, "micro-batch"));
+    /* a plan file keeps the storage type it names unless --dtype says otherwise */
+    if (!o->plan || !strcmp(o->plan, "auto") || fy_opts_given(o, "dtype") ||
+        plan->dtype == FY_DTYPE_NONE)
+        plan->dtype = fy_opts_dtype(o, kind);
+    if (o->save_plan) FY_TRY(fy_plan_save(o->save_plan, plan));
+    return FY_OK;
+}
+
+int fy_train_main(const fy_opts *o) {
+    if (o->quiet) fy_log_set_level(FY_LOG_WARN);
+    fy_st_file *init = NULL;
+    fy_model *m = NULL;
+    fy_plan plan = {0};
+    fy_train_cfg tc = {0};
+    fy_status st = check_tokens(o->batch, o->seq, "--batch");
+    if (st == FY_OK) st = fy_opts_dev_cfg(o, !o->dry_run, &tc.dev);
+    if (st == FY_OK) st = resolve_model(o, fy_opts_given(o, "model"), &init, &m);
+    if (st == FY_OK) st = resolve_plan(o, m, tc.dev.kind, &plan);
+    if (st == FY_OK && (!o->quiet || o->dry_run)) fy_train_print_plan(m, &plan, (int)o->seq, stdout);
+    if (st == FY_OK && !o->dry_run) {
+        tc.model = m;
+        tc.plan = &plan;
+        tc.seq = (int)o->seq;
+        tc.init = init;
+        tc.data = o->data;
+        tc.val_data = o->val_data;
+        tc.val_split = o->val_split;
+        tc.steps = o->steps;
+        tc.lr = o->lr;
+        tc.min_lr = fy_opts_given(o, "min-lr") ? o->min_lr : o->lr / 10.0;
+        tc.cosine = !strcmp(o->lr_schedule, "cosine");
+        tc.warmup = o->warmup;
+        tc.weight_decay = (float)o->weight_decay;
+        tc.beta1 = (float)o->beta1;
+        tc.beta2 = (float)o->beta2;
+        tc.eps = (float)o->eps;
+        tc.clip = (float)o->clip;
+        tc.seed = (uint64_t)o->seed;
+        fy_sched_mode_parse(o->schedule, &tc.schedule); /* the option table checked the name */
+        tc.adam_threads = (int)o->adam_threads;
+        tc.val_every = o->val_every;
+        tc.val_batches = o->val_batches;
+        tc.log_every = o->log_every;
+        tc.save = o->save;
+        tc.metrics = o->metrics;
+        tc.trace = o->trace;
+        tc.predict = o->predict;
+        tc.quiet = o->quiet;
+        st = fy_train(&tc);
+    }
+    fy_plan_free(&plan);
+    fy_model_free(m);
+    fy_st_close(init);
+    return st == FY_OK ? 0 : 1;
+}
+
+int fy_eval_main(const fy_opts *o) {
+    if (o->quiet) fy_log_set_level(FY_LOG_WARN);
+    if (!o->init || !o->data) {
+        fy_log_error("eval needs --init FILE and --data PATH");
+        return 1;
+    }
+    fy_st_file *init = NULL;
+    fy_model *m = NULL;
+    fy_eval_cfg ec = {.data = o->data, .batch = (int)o->batch, .seq = (int)o->seq,
+                      .batches = o->batches};
+    fy_eval_result r;
+    fy_status st = check_tokens(o->batch, o->seq, "--batch");
+    if (st == FY_OK) st = fy_opts_dev_cfg(o, true, &ec.dev);
+    if (st == FY_OK) st = resolve_model(o, false, &init, &m);
+    if (st == FY_OK) {
+        ec.model = m;
+        ec.weights = init;
+        ec.dtype = fy_opts_dtype(o, ec.dev.kind);
+        st = fy_eval(&ec, &r);
+    }
+    if (st == FY_OK)
+        printf("{\"loss\":%.9g,\"batches\":%lld,\"tokens\":%lld}\n", r.loss, (long long)r.batches,
+               (long long)r.tokens);
+    fy_model_free(m);
+    fy_st_close(init);
+    return st == FY_OK ? 0 : 1;
+}

@@ -1,0 +1,181 @@
+/* model.h — the model interface: everything the engine above engine/model knows of a
+ * model. A model is {iface, ctx} (model_impl.h), as the device backends are; a family
+ * (GPT-2 today) implements the interface, and storage, plans, the step graph, the trainer
+ * and the tuner reach models only through these functions.
+ *
+ * Blocks are the unit of offload, transfer and optimizer work. A model is a chain of
+ * blocks: an embedding (tokens in), layers, and a head (loss out), in that order; each
+ * block's kind is a field of its spec. A block's parameters are one contiguous buffer;
+ * its spec lists the tensors in it (name, shape, offset, weight decay) and, for a block
+ * whose computation uses another block's parameters (a head tied to the embedding), the
+ * links: the earlier blocks whose parameters it reads and whose gradients it adds into.
+ *
+ * Activations, per block and micro-batch (fy_model_acts), in three parts:
+ *   out    the block's output, the next block's input: kept from the block's forward to
+ *          the next block's backward, also when the block is recomputed ("kept under
+ *          recompute");
+ *   saved  what the block's backward needs besides its input: kept from its forward to
+ *          its backward ("kept" = out + saved), or rebuilt by recomputing the block
+ *          into a buffer that recomputed blocks share;
+ *   work   transient workspace of the block's tasks, one buffer shared by every block.
+ * The activation gradient flowing between blocks (dx) is one buffer of the largest out.
+ *
+ * Passes, all on device views (fy_block_io), queued on a stream, returning at once:
+ *   forward   an embedding or layer block: out from in (or from tokens), filling saved;
+ *             recompute is the same call (the block's output comes out the same bits);
+ *   backward  an embedding or layer block: dx holds d out on entry and d in on return;
+ *             parameter gradients (and its links' gradients) accumulate (+=);
+ *   loss      a head block: per-position losses of its input against the targets and
+ *             their mean; with dloss != 0 also the backward, fused (dx = d in), so a
+ *             head's logits never need to be kept.
+ * Every result depends only on the inputs and shapes, never on where buffers live: so
+ * every placement of blocks computes the same bits.
+ *
+ * Threads: a model is immutable after creation; any thread may use it. */
+#ifndef FY_MODEL_H
+#define FY_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/core/dtype.h"
+#include "engine/core/status.h"
+#include "engine/device/device.h"
+#include "engine/io/safetensors.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FY_MODEL_MAX_TENSORS 16
+#define FY_MODEL_MAX_LINKS 2
+#define FY_MODEL_MAX_LAYERS 4096
+
+typedef enum fy_block_kind { FY_BLOCK_EMBED = 0, FY_BLOCK_LAYER, FY_BLOCK_HEAD, FY_BLOCK_KINDS } fy_block_kind;
+const char *fy_block_kind_name(fy_block_kind k); /* "embed", "layer", "head" */
+
+typedef struct fy_tensor_spec {
+    char name[64];      /* the family's file name (Hugging Face's, without a prefix) */
+    int rows, cols;     /* (out, in) like torch.nn.Linear; cols == 1: a vector */
+    int alloc_rows;     /* rows in memory: rows, or more for padding (kept zero) */
+    size_t offset;      /* elements from the block's start, a multiple of 16; tensors with
+                           weight decay first, so a block is two optimizer ranges */
+    bool decay;         /* AdamW's weight decay applies */
+    bool transposed;    /* files store it (in, out) */
+} fy_tensor_spec;
+
+typedef struct fy_block_spec {
+    fy_block_kind kind;
+    int layer;          /* FY_BLOCK_LAYER: 0..L-1; else -1 */
+    char name[24];      /* "embed", "layer.3", "head": plan files and messages */
+    int ntensors;
+    fy_tensor_spec tensors[FY_MODEL_MAX_TENSORS];
+    size_t nelem;       /* elements of the block buffer, padding included */
+    size_t decay_nelem; /* [0, decay_nelem) has weight decay, the rest not */
+    int nlinks;         /* earlier blocks whose parameters every pass of this block reads
+                           and whose gradients its backward adds into (tied weights) */
+    int links[FY_MODEL_MAX_LINKS];
+} fy_block_spec;
+
+typedef struct fy_model fy_model;
+
+/* Named shapes and overrides: 0 keeps the named model's value. */
+typedef struct fy_model_shape {
+    int vocab, max_seq, channels, layers, heads;
+} fy_model_shape;
+
+/* A named model (see fy_model_names) with the overrides of `over` (may be NULL).
+ * FY_ERR_INVALID (logged) for an unknown name or a bad shape. */
+fy_status fy_model_named(const char *name, const fy_model_shape *over, fy_model **out);
+/* The named models of every family, comma-separated, for --help and errors. */
+const char *fy_model_names(void);
+/* The model a weights file holds (its family recognised from its tensors; `hint` gives
+ * what the file may not say, such as the heads). FY_ERR_FORMAT/INVALID (logged). */
+fy_status fy_model_from_file(const fy_st_file *f, const fy_model_shape *hint, fy_model **out);
+void fy_model_free(fy_model *m); /* NULL is a no-op */
+
+const char *fy_model_family(const fy_model *m);
+/* The name it was created under ("gpt2-124m"), or the family for a free shape. */
+const char *fy_model_name(const fy_model *m);
+/* "vocab 50257, positions 1024, channels 768, layers 12, heads 12" */
+void fy_model_describe(const fy_model *m, char *buf, size_t cap);
+/* A string equal for equal models and different otherwise ("gpt2: vocab 50257, ..."):
+ * what profiles record their measured block costs for. */
+void fy_model_signature(const fy_model *m, char *buf, size_t cap);
+bool fy_model_same(const fy_model *a, const fy_model *b);
+
+int fy_model_nblocks(const fy_model *m);
+const fy_block_spec *fy_model_block(const fy_model *m, int b);
+int fy_model_layers(const fy_model *m);  /* blocks of kind FY_BLOCK_LAYER */
+int fy_model_vocab(const fy_model *m);   /* token ids must be below it */
+size_t fy_model_num_params(const fy_model *m); /* without padding */
+/* FY_ERR_INVALID (logged) if sequences of T tokens do not fit the model. */
+fy_status fy_model_check_seq(const fy_model *m, int64_t T);
+
+/* ---- activations and passes -------------------------------------------------------- */
+
+typedef struct fy_act_sizes {
+    size_t out, saved, work; /* bytes; see the top */
+} fy_act_sizes;
+
+/* Block b's activation bytes for a micro-batch of B x T in storage type dt (F32 or
+ * BF16), for training (with backward) or evaluation. */
+void fy_model_acts(const fy_model *m, int b, int B, int T, fy_dtype dt, bool training,
+                   fy_act_sizes *out);
+
+/* Device views of one block's pass. Tensors are in the stream's storage type except the
+ * loss (fp32) and token ids (int32). */
+typedef struct fy_block_io {
+    int B, T;
+    const void *params;                           /* the block's parameters */
+    void *grads;                                  /* its gradient (+=); backward and loss */
+    const void *link_params[FY_MODEL_MAX_LINKS];  /* the linked blocks' parameters */
+    void *link_grads[FY_MODEL_MAX_LINKS];         /* the linked blocks' gradients (+=) */
+    const void *in;                               /* the previous block's out; NULL first */
+    void *out;                                    /* this block's out (act sizes .out) */
+    void *saved;                                  /* .saved bytes */
+    void *work;                                   /* .work bytes (the largest of all) */
+    void *dx;                                     /* backward: d out in, d in out */
+    const int32_t *tokens;                        /* (B, T): embedding input */
+    const int32_t *targets;                       /* (B, T): head */
+    float dloss;                                  /* loss: 0 evaluates; else the loss's
+                                                     scale (1/(B*T*accum) for a mean), and
+                                                     the backward runs too */
+    float *loss;                                  /* loss: device fp32, the mean loss */
+} fy_block_io;
+
+void fy_model_forward(const fy_model *m, int b, const fy_block_io *io, fy_stream *s);
+void fy_model_backward(const fy_model *m, int b, const fy_block_io *io, fy_stream *s);
+void fy_model_loss(const fy_model *m, int b, const fy_block_io *io, fy_stream *s);
+
+/* The family's initialisation of block b into host fp32 memory (nelem floats, padding
+ * zero), the same for a seed whatever the order blocks are initialised in. */
+void fy_model_init_block(const fy_model *m, int b, uint64_t seed, float *host);
+
+/* ---- costs, for the tuner's analytic model ------------------------------------------- */
+
+typedef enum fy_pass { FY_PASS_FWD = 0, FY_PASS_BWD, FY_PASS_LOSS } fy_pass;
+typedef struct fy_cost {
+    double flops;  /* matmul FLOPs */
+    double bytes;  /* device memory traffic besides the GEMMs' operands */
+} fy_cost;
+/* Work of one pass of block b over a B x T micro-batch with es-byte storage (LOSS: the
+ * head's forward and backward together). */
+void fy_model_cost(const fy_model *m, int b, fy_pass pass, int B, int T, double es,
+                   fy_cost *out);
+
+/* ---- weights files -------------------------------------------------------------------- */
+
+/* Fills host[b] (nelem floats each, padding zero) for every block from a safetensors
+ * file with the family's tensor names. Every tensor must be there with the shape the
+ * model needs (FY_ERR_FORMAT, naming it). */
+fy_status fy_model_load(const fy_model *m, const fy_st_file *f, float *const *host);
+/* Writes every block's tensors (from host[b]) to path atomically, in fp32, with the
+ * family's metadata. */
+fy_status fy_model_save(const fy_model *m, const char *path, float *const *host);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,78 @@
+/* model_impl.h — what a model family implements; included by families and model.c only.
+ *
+ * A family fills a fy_model_iface and builds its models with fy_model_create: the block
+ * specs (kinds, tensors, links) are data the wrapper owns and checks once (a chain of an
+ * embedding, layers and a head; links only to earlier blocks; tensor offsets placed by
+ * fy_model_place_tensors). The wrapper (model.c) owns the accessors, the checks and the
+ * weights files, which it reads and writes through the tensor specs; the family gives
+ * the passes, the activation sizes, the costs and the initialisation.
+ *
+ * Registry: the families ferry knows by name are listed in model.c (named configs and
+ * file recognition); a family used only in tests builds its models directly. */
+#ifndef FY_MODEL_IMPL_H
+#define FY_MODEL_IMPL_H
+
+#include "engine/model/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fy_model_iface {
+    const char *family;
+    void (*free)(void *ctx);
+    /* the shape in words, as fy_model_describe */
+    void (*describe)(const fy_model *m, char *buf, size_t cap);
+    fy_status (*check_seq)(const fy_model *m, int64_t T);
+    void (*acts)(const fy_model *m, int b, int B, int T, fy_dtype dt, bool training,
+                 fy_act_sizes *out);
+    void (*forward)(const fy_model *m, int b, const fy_block_io *io, fy_stream *s);
+    void (*backward)(const fy_model *m, int b, const fy_block_io *io, fy_stream *s);
+    void (*loss)(const fy_model *m, int b, const fy_block_io *io, fy_stream *s);
+    void (*init_block)(const fy_model *m, int b, uint64_t seed, float *host);
+    void (*cost)(const fy_model *m, int b, fy_pass pass, int B, int T, double es, fy_cost *out);
+    /* weights files: accepted name prefixes ("transformer."), NULL-terminated, "" implied;
+     * and metadata pairs to write (key, value, ..., NULL) into meta[cap], values in buf */
+    const char *const *file_prefixes;
+    void (*file_meta)(const fy_model *m, const char **meta, int cap, char (*buf)[32]);
+} fy_model_iface;
+
+struct fy_model {
+    const fy_model_iface *iface;
+    void *ctx;
+    char name[48];
+    int nblocks, layers, vocab;
+    size_t num_params;
+    fy_block_spec *blocks;
+};
+
+/* Takes ownership of ctx (freed by iface->free) and blocks (nblocks specs, calloc'd);
+ * checks the chain and the links. FY_ERR_INVALID (logged) if they are wrong; ctx and
+ * blocks are freed then too. */
+fy_status fy_model_create(const fy_model_iface *iface, void *ctx, const char *name,
+                          fy_block_spec *blocks, int nblocks, int vocab, size_t num_params,
+                          fy_model **out);
+
+/* Adds a tensor to a block spec (FY_ASSERT on overflow). */
+void fy_model_add_tensor(fy_block_spec *blk, const char *name, int rows, int cols, bool decay,
+                         bool transposed);
+/* Places a block's tensors: decayed ones first (in order), then the rest, each at a
+ * multiple of 16 elements; sets nelem and decay_nelem. */
+void fy_model_place_tensors(fy_block_spec *blk);
+
+/* Activation structs bound to consecutive 64-byte aligned pieces of one buffer: the
+ * X-macro lists (field, elements, type) with type S (the storage type, es bytes) or F
+ * (fp32); a field of no elements is bound to NULL. Families use these to size and bind
+ * their out/saved/work areas. */
+#define FY_ACT_ES_S(es) (es)
+#define FY_ACT_ES_F(es) sizeof(float)
+#define FY_ACT_FIELD(field, size, type) float *field;
+#define FY_ACT_SIZE(field, size, type) total += fy_round_up((size) * FY_ACT_ES_##type(es), 64);
+#define FY_ACT_BIND(field, size, type) \
+    out->field = base && (size) != 0 ? (float *)((char *)base + off) : NULL; \
+    off += fy_round_up((size) * FY_ACT_ES_##type(es), 64);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
