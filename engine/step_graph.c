@@ -419,12 +419,24 @@ static fy_status run_task(void *ctx, const fy_task *t) {
     for (int k = 0; k < t->npred; k++) wait_for(tr, s, t->pred[k]);
     if (t->unit_after >= 0) wait_for(tr, s, t->unit_after);
     if (s) fy_event_record(tr->ev_start[id], s);
+    else tr->host_start[id] = fy_now_ms(); /* its work starts after the waits */
     fy_status st = runners[t->kind](tr, id, t, p);
-    if (s) {
-        fy_event_record(tr->ev_end[id], s);
-        if (tr->cfg.schedule == FY_SCHED_SERIAL) fy_event_sync(tr->ev_end[id]);
-    }
+    if (!s) return st;
+    fy_event_record(tr->ev_end[id], s);
+    if (tr->cfg.schedule == FY_SCHED_SERIAL) fy_event_sync(tr->ev_end[id]);
+    tr->ahead[t->lane][tr->nahead[t->lane]++] = id;
     return st;
+}
+
+/* Before a device lane picks its next task: at most FY_RUN_AHEAD - 1 of its tasks may
+ * still be queued, so the next one can still be chosen by what is ready then. */
+static void lane_wait(void *ctx, fy_lane lane) {
+    fy_trainer *tr = ctx;
+    int *q = tr->ahead[lane], *n = &tr->nahead[lane];
+    while (*n > FY_RUN_AHEAD - 1) {
+        fy_event_sync(tr->ev_end[q[0]]);
+        memmove(q, q + 1, (size_t)--*n * sizeof *q);
+    }
 }
 
 /* ---- costs --------------------------------------------------------------------------- */
@@ -819,8 +831,15 @@ static fy_status build_eval(fy_trainer *tr, fy_graph *g, int nbatches) {
 
 /* ---- running a graph -------------------------------------------------------------------- */
 
-/* Events around every task of a graph of n tasks (grown once, reused by later windows). */
+/* Events around every task of a graph of n tasks, and the host tasks' start times (grown
+ * once, reused by later windows). */
 static fy_status events_for(fy_trainer *tr, int n) {
+    if (n > tr->nhost_start) {
+        double *h = realloc(tr->host_start, (size_t)n * sizeof *h);
+        if (!h) return FY_ERR_NOMEM;
+        tr->host_start = h;
+        tr->nhost_start = n;
+    }
     if (n <= tr->nev) return FY_OK;
     fy_event **s = realloc(tr->ev_start, (size_t)n * sizeof *s);
     if (!s) return FY_ERR_NOMEM;
@@ -844,9 +863,11 @@ void fy_trainer_graph_free(fy_trainer *tr) {
     free(tr->ev_start);
     free(tr->ev_end);
     free(tr->sgt);
+    free(tr->host_start);
     tr->ev_start = tr->ev_end = NULL;
     tr->sgt = NULL;
-    tr->nev = tr->sgt_cap = 0;
+    tr->host_start = NULL;
+    tr->nev = tr->sgt_cap = tr->nhost_start = 0;
 }
 
 static void sync_all(void *ctx) {
@@ -866,16 +887,21 @@ static int by_start(const void *a, const void *b) {
  * makespan follow. */
 static void device_times(fy_trainer *tr, const fy_graph *g, fy_sched_result *r,
                          double anchor_ms) {
-    /* (a failed task may have stopped before its events: it keeps the host's times) */
+    /* (a failed task may have stopped before its events: it keeps the host's times; a
+     * host task's starts after its waits) */
     const double off = anchor_ms - r->t0_ms;
     memset(r->busy_ms, 0, sizeof r->busy_ms);
     r->makespan_ms = 0.0;
     for (int i = 0; i < r->nrecs; i++) {
         fy_trace_rec *rec = &r->recs[i];
         const fy_task *t = &g->tasks[rec->task];
-        if (lane_stream(tr, t->lane) && rec->task != r->failed_task) {
+        if (rec->task == r->failed_task) {
+            /* keeps the host's times */
+        } else if (lane_stream(tr, t->lane)) {
             rec->start_ms = off + fy_event_elapsed_ms(tr->ev_anchor, tr->ev_start[rec->task]);
             rec->end_ms = off + fy_event_elapsed_ms(tr->ev_anchor, tr->ev_end[rec->task]);
+        } else {
+            rec->start_ms = tr->host_start[rec->task] - r->t0_ms;
         }
         r->busy_ms[t->lane] += rec->end_ms - rec->start_ms;
         if (rec->end_ms > r->makespan_ms) r->makespan_ms = rec->end_ms;
@@ -889,8 +915,10 @@ static fy_status execute(fy_trainer *tr, fy_graph *g, fy_sched_result *res) {
     fy_status st = events_for(tr, g->n);
     if (st != FY_OK) { memset(res, 0, sizeof *res); return st; }
     g->drain = sync_all;
-    g->drain_ctx = tr;
+    g->lane_wait = lane_wait;
+    g->hook_ctx = tr;
     tr->graph = g;
+    memset(tr->nahead, 0, sizeof tr->nahead); /* the last window ended with everything done */
     fy_event_record(tr->ev_anchor, tr->s);
     fy_event_sync(tr->ev_anchor);
     const double anchor_ms = fy_now_ms();

@@ -10,6 +10,12 @@
 
 typedef struct sg_task sg_task; /* a task's typed payload (step_graph.c) */
 
+/* How many tasks a device lane may have queued and not done: one running, one waiting
+ * behind it, so the device never idles for the host, while each next pick is made late
+ * (bench/RESULTS.md: deeper queues commit transfers to an order a task ready a moment
+ * later cannot jump). */
+#define FY_RUN_AHEAD 2
+
 struct fy_trainer {
     fy_dev *dev;
     fy_stream *s;            /* compute lane */
@@ -37,6 +43,11 @@ struct fy_trainer {
     fy_event **ev_start, **ev_end; /* per task of the graph: around its queued work */
     int nev;
     fy_event *ev_anchor;     /* the window's time origin on the device */
+    double *host_start;      /* per task of the graph: host tasks' start after their waits */
+    int nhost_start;
+    /* per device lane: the tasks whose queued work may not be done yet, oldest first */
+    int ahead[FY_LANE_COUNT][FY_RUN_AHEAD];
+    int nahead[FY_LANE_COUNT];
     /* measured durations per (kind, block): sum and count, FY_T_COUNT x (nblocks + 1)
      * pairs; tasks of no block (load, norm) use the last column */
     double *cost_ms;

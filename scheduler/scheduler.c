@@ -171,6 +171,7 @@ typedef struct dispatch {
     int ngrants[FY_SCHED_MAX_POOLS], next_grant[FY_SCHED_MAX_POOLS];
     int *unit_holder[FY_SCHED_MAX_POOLS];  /* the task holding each unit, or -1 */
     int *unit_last[FY_SCHED_MAX_POOLS];    /* the task whose end last freed it, or -1 */
+    int64_t *unit_freed[FY_SCHED_MAX_POOLS]; /* when (finish count) it was freed; -1 never */
     int running, done;
     bool lane_busy[FY_LANE_COUNT];
     int cancel_from;                       /* epochs from here on are cancelled */
@@ -198,6 +199,7 @@ static void dispatch_free(dispatch *d) {
         free(d->grants[p]);
         free(d->unit_holder[p]);
         free(d->unit_last[p]);
+        free(d->unit_freed[p]);
     }
 }
 
@@ -215,8 +217,12 @@ static fy_status dispatch_init(dispatch *d, fy_graph *g, fy_sched_mode mode) {
         size_t nu = (size_t)(g->pool_units[p] ? g->pool_units[p] : 1);
         ok = (d->grants[p] = malloc(n * sizeof(int))) &&
              (d->unit_holder[p] = malloc(nu * sizeof(int))) &&
-             (d->unit_last[p] = malloc(nu * sizeof(int)));
-        for (size_t u = 0; ok && u < nu; u++) d->unit_holder[p][u] = d->unit_last[p][u] = -1;
+             (d->unit_last[p] = malloc(nu * sizeof(int))) &&
+             (d->unit_freed[p] = malloc(nu * sizeof(int64_t)));
+        for (size_t u = 0; ok && u < nu; u++) {
+            d->unit_holder[p][u] = d->unit_last[p][u] = -1;
+            d->unit_freed[p][u] = -1;
+        }
     }
     if (!ok) { dispatch_free(d); return FY_ERR_NOMEM; }
     for (int i = 0; i < g->n; i++) {
@@ -303,14 +309,16 @@ static int start(dispatch *d, fy_lane lane, int idx) {
     d->ready[lane][idx] = d->ready[lane][--d->nready[lane]];
     fy_task *t = &d->g->tasks[id];
     if (t->acquire_pool >= 0) {
-        int p = t->acquire_pool;
+        /* the free unit freed longest ago: its last user's work is the likeliest done (a
+         * unit is freed when its last user's task ends, which may be before that task's
+         * queued work does) */
+        int p = t->acquire_pool, best = -1;
         for (int u = 0; u < d->g->pool_units[p]; u++)
-            if (d->unit_holder[p][u] < 0) {
-                d->unit_holder[p][u] = id;
-                t->unit = u;
-                t->unit_after = d->unit_last[p][u];
-                break;
-            }
+            if (d->unit_holder[p][u] < 0 && (best < 0 || d->unit_freed[p][u] < d->unit_freed[p][best]))
+                best = u;
+        d->unit_holder[p][best] = id;
+        t->unit = best;
+        t->unit_after = d->unit_last[p][best];
         d->next_grant[p] = next_grant(d, p) + 1;
     }
     d->lane_busy[lane] = true;
@@ -326,6 +334,7 @@ static void finish(dispatch *d, int id) {
         FY_ASSERT(a->unit >= 0 && a->acquire_pool >= 0, "release of a unit never acquired");
         d->unit_holder[a->acquire_pool][a->unit] = -1;
         d->unit_last[a->acquire_pool][a->unit] = id;
+        d->unit_freed[a->acquire_pool][a->unit] = d->done;
     }
     for (int k = 0; k < t->nsucc; k++)
         if (--d->pending[t->succ[k]] == 0) push_ready(d, t->succ[k]);
@@ -364,12 +373,15 @@ static void drain_cancelled(exec *x) {
     dispatch *d = &x->d;
     x->draining = true;
     pthread_mutex_unlock(&x->mu);
-    if (d->g->drain) d->g->drain(d->g->drain_ctx);
+    if (d->g->drain) d->g->drain(d->g->hook_ctx);
     pthread_mutex_lock(&x->mu);
     for (int p = 0; p < d->g->npools; p++)
         for (int u = 0; u < d->g->pool_units[p]; u++) {
             int h = d->unit_holder[p][u];
-            if (h >= 0 && cancelled(d, h)) d->unit_holder[p][u] = d->unit_last[p][u] = -1;
+            if (h >= 0 && cancelled(d, h)) {
+                d->unit_holder[p][u] = d->unit_last[p][u] = -1;
+                d->unit_freed[p][u] = d->done;
+            }
         }
     x->drained = true;
     pthread_cond_broadcast(&x->cv);
@@ -398,8 +410,15 @@ static void *lane_main(void *arg) {
     lane_arg *la = arg;
     exec *x = la->x;
     dispatch *d = &x->d;
+    bool gated = false; /* lane_wait ran since this lane's last task */
     pthread_mutex_lock(&x->mu);
     for (;;) {
+        if (!gated && d->g->lane_wait) {
+            pthread_mutex_unlock(&x->mu);
+            d->g->lane_wait(d->g->hook_ctx, la->lane);
+            pthread_mutex_lock(&x->mu);
+            gated = true;
+        }
         bool failed = x->failure != FY_OK;
         if (failed && !x->drained && !x->draining && x->running_cancelled == 0) {
             drain_cancelled(x);
@@ -420,6 +439,7 @@ static void *lane_main(void *arg) {
         fy_task *t = &d->g->tasks[id];
         int rec = x->res->nrecs++;
         x->lane_task[la->lane] = id;
+        gated = false;
         /* a granted unit moves the pool's grant on: another lane's task may start now */
         if (t->acquire_pool >= 0) pthread_cond_broadcast(&x->cv);
         pthread_mutex_unlock(&x->mu);

@@ -91,7 +91,11 @@ typedef struct fy_graph {
     /* after a failure, before units of cancelled tasks are given back: wait for the work
      * those tasks queued (optional) */
     void (*drain)(void *ctx);
-    void *drain_ctx;
+    /* called by a lane's thread before it picks its next task, without the scheduler's
+     * lock (optional): a lane whose queued work is deep enough waits there, so that its
+     * next pick is made as late as possible */
+    void (*lane_wait)(void *ctx, fy_lane lane);
+    void *hook_ctx;      /* for drain and lane_wait */
 } fy_graph;
 
 void fy_graph_init(fy_graph *g);

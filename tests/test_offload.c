@@ -556,3 +556,219 @@ Test(offload, skipped_step_leaves_every_plan_on_track, .timeout = 120) {
 Test(bf16, skipped_step_leaves_every_plan_on_track, .timeout = 120) {
     skipped_step_leaves_every_plan_on_track(FY_BF16);
 }
+
+/* ---- failures ----------------------------------------------------------------------------
+ * A task that fails stops its step and the later ones of the window; the steps before it
+ * finish. A failure before a step's update leaves the trainer exactly where those steps
+ * left it: running the rest of the window again gives the bits of a run that never
+ * failed. A failure inside an update (some blocks updated, others not) leaves it broken:
+ * it refuses to go on, and can be freed. Either way: one error line, naming the task. */
+
+typedef struct failing_run {
+    fy_dev *dev;
+    fy_model *model;
+    fy_trainer *tr;
+    fy_tokens *tok;
+    fy_loader *ld;
+} failing_run;
+
+static fy_status batch_at(void *ctx, int64_t micro, int32_t *x, int32_t *y) {
+    FY_TRY(fy_loader_seek_batch(ctx, micro));
+    fy_loader_next(ctx, x, y);
+    return FY_OK;
+}
+
+static void failing_open(failing_run *f, const fy_plan *plan) {
+    fy_dev_cfg dc = {.kind = FY_DEV_CPU, .threads = 2};
+    cr_assert_eq(fy_dev_new(&dc, &f->dev), FY_OK);
+    f->model = new_model(&small_cfg);
+    fy_trainer_cfg tc = {.model = f->model, .T = T_SEQ, .beta1 = 0.9f, .beta2 = 0.95f,
+                         .eps = 1e-8f, .weight_decay = 0.1f, .clip = 1.0f, .seed = 11,
+                         .plan = plan};
+    cr_assert_eq(fy_trainer_new(f->dev, &tc, &f->tr), FY_OK);
+    f->tok = test_corpus();
+    cr_assert_eq(fy_loader_new(f->tok, 0, fy_tokens_count(f->tok), plan->micro_batch, T_SEQ,
+                               &f->ld), FY_OK);
+}
+
+static void failing_close(failing_run *f) {
+    fy_loader_free(f->ld);
+    fy_tokens_free(f->tok);
+    fy_trainer_free(f->tr);
+    fy_model_free(f->model);
+    fy_dev_free(f->dev);
+}
+
+/* Steps [first, first + n) of the run's learning rates (0.01 falling by 1e-3 a step). */
+static fy_status failing_window(failing_run *f, int first, int n, fy_step_stats *stats,
+                                int *completed) {
+    float lrs[STEPS];
+    for (int i = 0; i < n; i++) lrs[i] = 1e-2f - 1e-3f * (float)(first + i);
+    fy_window w = {.nsteps = n, .lrs = lrs, .next_batch = batch_at, .batch_ctx = f->ld,
+                   .stats = stats};
+    fy_status st = fy_trainer_run(f->tr, &w);
+    *completed = w.completed;
+    return st;
+}
+
+/* The window with stderr captured: the status, and the error lines in err. */
+static fy_status failing_window_captured(failing_run *f, int first, int n, fy_step_stats *stats,
+                                         int *completed, char *err, size_t cap) {
+    char path[] = "/tmp/ferry-test-stderr-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    fflush(stderr);
+    int saved = dup(2);
+    dup2(fd, 2);
+    fy_status st = failing_window(f, first, n, stats, completed);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    lseek(fd, 0, SEEK_SET);
+    ssize_t len = read(fd, err, cap - 1);
+    err[len > 0 ? len : 0] = 0;
+    close(fd);
+    unlink(path);
+    return st;
+}
+
+static int count_lines(const char *text, const char *prefix) {
+    int n = 0;
+    for (const char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+        n += !strncmp(l, prefix, strlen(prefix));
+    return n;
+}
+
+typedef struct injection {
+    const char *what;
+    double params, optim;  /* the plan's shorthands */
+    fy_task_kind kind;
+    int block;             /* -1: any */
+    bool breaks;           /* inside an update: the trainer cannot go on */
+} injection;
+
+enum { FAIL_AT = 2 }; /* the step whose task fails */
+
+/* The uninterrupted run of plan: losses and weights after STEPS steps in one window. */
+static void unbroken_run(const fy_plan *plan, float *loss, float **w) {
+    failing_run f;
+    failing_open(&f, plan);
+    fy_step_stats stats[STEPS];
+    int done;
+    cr_assert_eq(failing_window(&f, 0, STEPS, stats, &done), FY_OK);
+    cr_assert_eq(done, STEPS);
+    for (int s = 0; s < STEPS; s++) loss[s] = stats[s].loss;
+    for (int b = 0; b < fy_model_nblocks(f.model); b++) fy_trainer_get_params(f.tr, b, w[b]);
+    failing_close(&f);
+}
+
+static void check_injection(const injection *in) {
+    fy_plan plan = make_plan(&small_cfg, 2, 1, in->params, in->optim, 0);
+    fy_model *m = new_model(&small_cfg);
+    const int nb = fy_model_nblocks(m);
+    float want_loss[STEPS], **want_w = calloc((size_t)nb, sizeof *want_w);
+    float **got_w = calloc((size_t)nb, sizeof *got_w);
+    for (int b = 0; b < nb; b++) {
+        want_w[b] = malloc(fy_model_block(m, b)->nelem * sizeof(float));
+        got_w[b] = malloc(fy_model_block(m, b)->nelem * sizeof(float));
+    }
+    unbroken_run(&plan, want_loss, want_w);
+
+    failing_run f;
+    failing_open(&f, &plan);
+    fy_trainer_inject_failure(f.tr, in->kind, in->block, FAIL_AT, FY_ERR_IO);
+    fy_step_stats stats[STEPS];
+    int done = -1;
+    char err[8192];
+    fy_status st = failing_window_captured(&f, 0, STEPS, stats, &done, err, sizeof err);
+    cr_expect_eq(st, FY_ERR_IO, "%s: status %s", in->what, fy_status_str(st));
+    cr_expect_eq(done, FAIL_AT, "%s: %d steps completed, expected %d", in->what, done, FAIL_AT);
+    cr_expect_eq(count_lines(err, "ferry: error:"), 1, "%s: one error line expected:\n%s",
+                 in->what, err);
+    char name[64];
+    snprintf(name, sizeof name, "ferry: error: %s(", fy_task_kind_name(in->kind));
+    cr_expect(strstr(err, name) && strstr(err, "injected failure"),
+              "%s: the error line should name the task:\n%s", in->what, err);
+    for (int s = 0; s < done; s++)
+        cr_expect(stats[s].loss == want_loss[s], "%s: step %d before the failure: loss %.9g vs %.9g",
+                  in->what, s, stats[s].loss, want_loss[s]);
+    if (in->breaks) {
+        cr_expect(strstr(err, "ferry: warning:") != NULL, "%s: a broken trainer says so", in->what);
+        st = failing_window_captured(&f, done, STEPS - done, stats, &done, err, sizeof err);
+        cr_expect_eq(st, FY_ERR_INVALID, "%s: a broken trainer must refuse to go on", in->what);
+        cr_expect_eq(count_lines(err, "ferry: error:"), 1, "%s: one error line:\n%s", in->what, err);
+    } else {
+        /* the rest of the window again: the bits of the run that never failed */
+        cr_assert_eq(failing_window(&f, done, STEPS - done, stats + done, &done), FY_OK, "%s",
+                     in->what);
+        cr_expect_eq(fy_trainer_micro_done(f.tr), (int64_t)STEPS);
+        for (int s = FAIL_AT; s < STEPS; s++)
+            cr_expect(stats[s].loss == want_loss[s], "%s: step %d after the retry: loss %.9g vs %.9g",
+                      in->what, s, stats[s].loss, want_loss[s]);
+        for (int b = 0; b < nb; b++) {
+            fy_trainer_get_params(f.tr, b, got_w[b]);
+            cr_expect(!memcmp(got_w[b], want_w[b], fy_model_block(m, b)->nelem * sizeof(float)),
+                      "%s: block %d weights differ after the retry", in->what, b);
+        }
+    }
+    failing_close(&f);
+    for (int b = 0; b < nb; b++) { free(want_w[b]); free(got_w[b]); }
+    free(want_w);
+    free(got_w);
+    fy_model_free(m);
+    fy_plan_free(&plan);
+}
+
+/* Failures before the update, on every lane: compute, h2d, d2h, cpu. */
+Test(failure, before_the_update_every_lane_retries_exactly, .timeout = 120) {
+    const injection cases[] = {
+        {"load (h2d)", 0, 0, FY_T_LOAD, -1, false},
+        {"h2d_param (h2d)", 1, 0, FY_T_H2D_PARAM, 2, false},
+        {"fwd (compute)", 0.5, 0.5, FY_T_FWD, 3, false},
+        {"head (compute)", 0, 0, FY_T_HEAD, -1, false},
+        {"bwd (compute)", 0.5, 1, FY_T_BWD, 0, false},
+        {"d2h_grad (d2h)", 0, 1, FY_T_D2H_GRAD, 2, false},
+        {"norm (cpu)", 0.5, 0.5, FY_T_NORM, -1, false},
+        /* the first update of the step to run (block 0's: next use) applies nothing */
+        {"the step's first adam_cpu (cpu)", 0, 1, FY_T_ADAM_CPU, 0, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_injection(&cases[i]);
+}
+
+/* Failures once a step's update has begun: the trainer is broken. */
+Test(failure, inside_an_update_breaks_the_trainer, .timeout = 120) {
+    const int head = small_cfg.layers + 1;
+    const injection cases[] = {
+        {"a later adam_cpu (cpu)", 0, 1, FY_T_ADAM_CPU, head, true},
+        {"h2d_update (h2d)", 0, 1, FY_T_H2D_UPDATE, head, true},
+        {"a later adam_gpu (compute)", 0, 0, FY_T_ADAM_GPU, head, true},
+        {"d2h_param (d2h)", 1, 0, FY_T_D2H_PARAM, 1, true},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_injection(&cases[i]);
+}
+
+/* Evaluation runs through the same graph and pools: a streamed plan evaluates the same
+ * bits as all-resident, and a batch's evaluated loss is the loss its training step
+ * reports (the same forward, before the update). */
+Test(eval, streamed_plans_evaluate_the_same_bits_as_training, .timeout = 60) {
+    const double plans[][2] = {{0, 0}, {1, 0}, {0.5, 1}};
+    float first = NAN;
+    for (int i = 0; i < 3; i++) {
+        fy_plan plan = make_plan(&small_cfg, 2, 1, plans[i][0], plans[i][1], i);
+        failing_run f;
+        failing_open(&f, &plan);
+        float losses[6];
+        cr_assert_eq(fy_trainer_eval_run(f.tr, 6, batch_at, f.ld, losses), FY_OK);
+        if (i == 0) first = losses[0];
+        cr_expect(losses[0] == first, "plan %d: eval loss %.9g vs all-resident %.9g", i,
+                  losses[0], first);
+        fy_step_stats ss[1];
+        int done;
+        cr_assert_eq(failing_window(&f, 0, 1, ss, &done), FY_OK);
+        cr_expect(ss[0].loss == losses[0], "plan %d: training loss %.9g, evaluated %.9g", i,
+                  ss[0].loss, losses[0]);
+        for (int k = 1; k < 6; k++) cr_expect(isfinite(losses[k]) && losses[k] != losses[0]);
+        failing_close(&f);
+        fy_plan_free(&plan);
+    }
+}
