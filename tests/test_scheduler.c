@@ -15,6 +15,7 @@
 #include <criterion/criterion.h>
 
 #include <cjson/cJSON.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -48,8 +49,8 @@ static void sleep_ms(double ms) {
     while (clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, &ts) != 0) {}
 }
 
-/* What run() observes during one execution. Tasks find it through ctx; t->arg is the
- * task's own id. */
+/* What run() observes during one execution. Tasks find it through ctx, and their own id
+ * from their place in the graph. */
 typedef struct probe {
     const fy_graph *g;
     atomic_int seq;
@@ -1239,4 +1240,189 @@ Test(scheduler, trace_buffer_appends_runs_at_offsets, .timeout = 30) {
     rmdir(dir);
     fy_graph_free(&g);
     probe_free(p);
+}
+
+/* ---- failures, epochs, unit hand-over --------------------------------------------------- */
+
+/* A task log for the failure tests: the order tasks ran in, which one fails, and the
+ * order of the drain hook among them. */
+typedef struct flog {
+    const fy_graph *g;
+    pthread_mutex_t mu;
+    int order[256], n;
+    int fail_id;           /* this task returns FY_ERR_IO (-1: none) */
+    int slow_id;           /* this task sleeps 20 ms first (-1: none) */
+    int drains, drained_at;/* drain calls, and how many tasks had run at the first */
+    int lane_waits[FY_LANE_COUNT];
+} flog;
+
+static fy_status flog_run(void *ctx, const fy_task *t) {
+    flog *f = ctx;
+    int id = (int)(t - f->g->tasks);
+    if (id == f->slow_id) sleep_ms(20);
+    pthread_mutex_lock(&f->mu);
+    f->order[f->n++] = id;
+    pthread_mutex_unlock(&f->mu);
+    if (id == f->fail_id) {
+        fy_log_error("planted failure");
+        return FY_ERR_IO;
+    }
+    return FY_OK;
+}
+
+static void flog_drain(void *ctx) {
+    flog *f = ctx;
+    pthread_mutex_lock(&f->mu);
+    if (f->drains++ == 0) f->drained_at = f->n;
+    pthread_mutex_unlock(&f->mu);
+}
+
+static void flog_lane_wait(void *ctx, fy_lane lane) {
+    flog *f = ctx;
+    pthread_mutex_lock(&f->mu);
+    f->lane_waits[lane]++;
+    pthread_mutex_unlock(&f->mu);
+}
+
+static int flog_add(fy_graph *g, flog *f, fy_lane lane, int epoch, int64_t use_pos) {
+    fy_task t = fy_task_make(lane, 0, g->n, epoch, flog_run, f);
+    t.epoch = epoch;
+    t.use_pos = use_pos;
+    int id = fy_graph_add(g, &t);
+    cr_assert_geq(id, 0);
+    return id;
+}
+
+static bool flog_ran(const flog *f, int id) {
+    for (int i = 0; i < f->n; i++) if (f->order[i] == id) return true;
+    return false;
+}
+
+static void flog_init(flog *f, fy_graph *g) {
+    memset(f, 0, sizeof *f);
+    pthread_mutex_init(&f->mu, NULL);
+    f->g = g;
+    f->fail_id = f->slow_id = -1;
+    g->drain = flog_drain;
+    g->hook_ctx = f;
+}
+
+/* Three epochs of a four-lane chain; a task of epoch 1 fails: epoch 0 runs to its end,
+ * nothing of epochs 1 and 2 starts after the failure, the status is the task's, and the
+ * executor ends (no hang) in every mode. */
+Test(failure, cancels_its_epoch_and_the_later_ones, .timeout = 30) {
+    for (int m = 0; m < 3; m++) {
+        fy_graph g;
+        fy_graph_init(&g);
+        flog f;
+        flog_init(&f, &g);
+        int ids[3][4];
+        for (int e = 0; e < 3; e++)
+            for (int k = 0; k < 4; k++) {
+                ids[e][k] = flog_add(&g, &f, (fy_lane)k, e, k == 0 ? e * 4 : -1);
+                if (k) dep(&g, ids[e][k - 1], ids[e][k]);
+                if (e) dep(&g, ids[e - 1][k], ids[e][k]);
+            }
+        f.fail_id = ids[1][1];
+        cr_assert_eq(fy_graph_prioritize(&g), FY_OK);
+        fy_sched_result r;
+        cr_assert_eq(fy_sched_execute(&g, all_modes[m], &r), FY_ERR_IO);
+        cr_expect_eq(r.failed_task, f.fail_id);
+        for (int k = 0; k < 4; k++) cr_expect(flog_ran(&f, ids[0][k]), "epoch 0 task %d ran", k);
+        cr_expect(!flog_ran(&f, ids[1][2]) && !flog_ran(&f, ids[2][1]),
+                  "%s: tasks after the failure must not run", fy_sched_mode_name(all_modes[m]));
+        cr_expect_eq(r.nrecs, f.n, "one record per task that ran");
+        cr_expect_eq(f.drains, 1, "the drain hook runs once after a failure");
+        fy_sched_result_free(&r);
+        fy_graph_free(&g);
+    }
+}
+
+/* Epoch 0 may run on after a later epoch fails: tasks of epoch 0 that are ready later
+ * (behind a slow one) still run, and a unit held by the failed epoch is given back after
+ * the drain hook, so an epoch-0 task that needs it is not starved. */
+Test(failure, units_of_cancelled_epochs_come_back_after_the_drain, .timeout = 30) {
+    fy_graph g;
+    fy_graph_init(&g);
+    flog f;
+    flog_init(&f, &g);
+    int pool = fy_graph_pool(&g, 1);
+    /* epoch 1: A takes the unit (a better priority than X's), B fails, C would release it */
+    int a = flog_add(&g, &f, FY_LANE_H2D, 1, 1);
+    int b = flog_add(&g, &f, FY_LANE_COMPUTE, 1, 2);
+    int c = flog_add(&g, &f, FY_LANE_COMPUTE, 1, 3);
+    g.tasks[a].acquire_pool = pool;
+    dep(&g, a, b);
+    dep(&g, b, c);
+    g.tasks[c].release_of[0] = a;
+    /* epoch 0: slow S, then X needs the unit, Y releases it */
+    int s0 = flog_add(&g, &f, FY_LANE_CPU, 0, 4);
+    int x = flog_add(&g, &f, FY_LANE_D2H, 0, 5);
+    int y = flog_add(&g, &f, FY_LANE_D2H, 0, 6);
+    g.tasks[x].acquire_pool = pool;
+    g.tasks[y].release_of[0] = x;
+    dep(&g, s0, x);
+    dep(&g, x, y);
+    f.fail_id = b;
+    f.slow_id = s0;
+    cr_assert_eq(fy_graph_prioritize(&g), FY_OK);
+    fy_sched_result r;
+    cr_assert_eq(fy_sched_execute(&g, FY_SCHED_PRIORITY, &r), FY_ERR_IO);
+    cr_expect(flog_ran(&f, a) && flog_ran(&f, x) && flog_ran(&f, y) && !flog_ran(&f, c));
+    cr_expect_eq(f.drains, 1);
+    int pos_x = -1;
+    for (int i = 0; i < f.n; i++) if (f.order[i] == x) pos_x = i;
+    cr_expect(pos_x >= f.drained_at, "X took the unit before the drain (at %d, drain at %d)",
+              pos_x, f.drained_at);
+    cr_expect_eq(g.tasks[x].unit_after, -1, "a unit given back after a drain has no last user");
+    fy_sched_result_free(&r);
+    fy_graph_free(&g);
+}
+
+/* Dependencies and unit hand-overs never go back an epoch. */
+Test(failure, a_dependency_into_an_earlier_epoch_is_refused, .timeout = 10) {
+    fy_graph g;
+    fy_graph_init(&g);
+    flog f;
+    flog_init(&f, &g);
+    int a = flog_add(&g, &f, FY_LANE_COMPUTE, 1, 0), b = flog_add(&g, &f, FY_LANE_COMPUTE, 0, 1);
+    dep(&g, a, b);
+    cr_assert_eq(fy_graph_prioritize(&g), FY_OK);
+    fy_sched_result r;
+    cr_expect_eq(fy_sched_execute(&g, FY_SCHED_PRIORITY, &r), FY_ERR_INVALID);
+    cr_expect(strstr(fy_last_error(), "epoch") != NULL, "%s", fy_last_error());
+    fy_sched_result_free(&r);
+    fy_graph_free(&g);
+}
+
+/* A unit's taker learns the task whose end freed it; free units go out oldest-freed
+ * first; predecessors are listed; lane_wait runs before every pick of its lane. */
+Test(scheduler, unit_hand_over_predecessors_and_lane_wait, .timeout = 10) {
+    fy_graph g;
+    fy_graph_init(&g);
+    flog f;
+    flog_init(&f, &g);
+    g.lane_wait = flog_lane_wait;
+    int pool = fy_graph_pool(&g, 2);
+    /* on one lane, in order: t0 takes, t1 takes, t2 frees t1's, t3 frees t0's, t4 takes */
+    int t[6];
+    for (int i = 0; i < 6; i++) {
+        t[i] = flog_add(&g, &f, FY_LANE_COMPUTE, 0, i);
+        if (i) dep(&g, t[i - 1], t[i]);
+    }
+    g.tasks[t[0]].acquire_pool = g.tasks[t[1]].acquire_pool = g.tasks[t[4]].acquire_pool = pool;
+    g.tasks[t[2]].release_of[0] = t[1];
+    g.tasks[t[3]].release_of[0] = t[0];
+    g.tasks[t[5]].release_of[0] = t[4];
+    cr_assert_eq(g.tasks[t[3]].npred, 1);
+    cr_assert_eq(g.tasks[t[3]].pred[0], t[2]);
+    cr_assert_eq(fy_graph_prioritize(&g), FY_OK);
+    fy_sched_result r;
+    cr_assert_eq(fy_sched_execute(&g, FY_SCHED_PRIORITY, &r), FY_OK);
+    cr_expect_eq(g.tasks[t[0]].unit_after, -1);
+    cr_expect_eq(g.tasks[t[4]].unit_after, t[2], "t4 takes t1's unit, freed first (by t2)");
+    cr_expect_eq(g.tasks[t[4]].unit, g.tasks[t[1]].unit);
+    cr_expect_geq(f.lane_waits[FY_LANE_COMPUTE], 6, "lane_wait before each of the lane's picks");
+    fy_sched_result_free(&r);
+    fy_graph_free(&g);
 }
