@@ -27,6 +27,7 @@
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 #include <float.h>
+#include <signal.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -37,6 +38,7 @@
 
 #include "engine/core/util.h"
 #include "engine/device/device.h"
+#include "engine/device/device_impl.h" /* white box: the op table, ops launched as ops */
 #include "engine/device/kernels.h"
 #include "engine/model/gpt2.h"
 #include "optim_cpu/adam.h"
@@ -1562,4 +1564,127 @@ Test(bf16_storage, attention_encoder_crossentropy_sumsq_round_the_fp32_results) 
     get(&h32, s32, sizeof h32);
     get(&h16v, s16, sizeof h16v);
     cr_expect_eq(h16v, h32, "the sum of squares of bf16 values is the double sum of their widening");
+}
+
+/* ---- the op table ----------------------------------------------------------------------
+ * Every kernel of the op table (ops.h), launched as an op built from the table alone:
+ * the cpu backend implements it, and on a bf16 stream each storage-typed output is the
+ * fp32 kernel's result on the widened inputs, rounded, bit for bit, while the other
+ * outputs (fp32 statistics, losses, a double sum) are the fp32 run's exactly. The widening
+ * reads the same table, so an op whose table entry is wrong fails here. Each op needs a
+ * case below (its integer arguments): adding an op without one fails too. */
+
+typedef struct op_case { fy_op_kind kind; int64_t i[8]; float f[8]; } op_case;
+
+static const op_case op_cases[] = {
+    {FY_OP_ENCODER_FWD, {2, 5, 8, 11}, {0}},
+    {FY_OP_ENCODER_BWD, {2, 5, 8, 11}, {0}},
+    {FY_OP_LAYERNORM_FWD, {10, 8}, {0}},
+    {FY_OP_LAYERNORM_BWD, {10, 8}, {0}},
+    {FY_OP_MATMUL_FWD, {10, 8, 12}, {0}},
+    {FY_OP_MATMUL_BWD, {10, 8, 12}, {0}},
+    {FY_OP_MATMUL_BWD_F32ACC, {10, 8, 12}, {0}},
+    {FY_OP_ADD_F32, {37}, {0}},
+    {FY_OP_ATTENTION_FWD, {2, 5, 8, 2}, {0}},
+    {FY_OP_ATTENTION_BWD, {2, 5, 8, 2}, {0}},
+    {FY_OP_GELU_FWD, {37}, {0}},
+    {FY_OP_GELU_BWD, {37}, {0}},
+    {FY_OP_RESIDUAL_FWD, {37}, {0}},
+    {FY_OP_CROSSENTROPY, {6, 11, 16}, {1.0f / 6}},
+    {FY_OP_MEAN, {37}, {0}},
+    {FY_OP_SUMSQ, {37}, {0}},
+    {FY_OP_ADAMW, {37, FY_BF16, FY_BF16, 1, 3}, {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f}},
+};
+
+/* The integer ids an I32 argument of op c holds: below the vocabulary. */
+static int32_t id_bound(const op_case *c) { return (int32_t)(c->kind == FY_OP_ENCODER_FWD || c->kind == FY_OP_ENCODER_BWD ? c->i[3] : c->i[1]); }
+
+static size_t elem_size(fy_dtype t, fy_arg_type a) {
+    return a == FY_ARG_F64 ? 8 : a == FY_ARG_I32 ? 4 : fy_dtype_size(t);
+}
+
+static void check_op_case(const op_case *c) {
+    const fy_op_desc *d = fy_op_desc_of(c->kind);
+    const int n = fy_op_nargs(c->kind);
+    cr_assert(fy_cpu_has_kernel(c->kind), "%s: no cpu kernel", d->name);
+    rng r = {0x0b7ab1e + (uint64_t)c->kind};
+    fy_op ops[2]; /* [0] fp32, [1] bf16 */
+    for (int run = 0; run < 2; run++) {
+        memset(&ops[run], 0, sizeof ops[run]);
+        ops[run].kind = c->kind;
+        ops[run].dt = run ? FY_BF16 : FY_F32;
+        memcpy(ops[run].i, c->i, sizeof c->i);
+        memcpy(ops[run].f, c->f, sizeof c->f);
+    }
+    void *host32[FY_OP_MAX_ARGS];
+    for (int k = 0; k < n; k++) {
+        const fy_op_arg *a = &d->args[k];
+        size_t len = fy_op_arg_nelem(&ops[0], k);
+        /* values every kernel takes: positive statistics, valid ids, bf16-representable */
+        float *h = hnewf(len ? len : 1);
+        for (size_t e = 0; e < len; e++) {
+            float x = !strcmp(a->name, "rstd") ? rng_unif(&r, 0.5f, 2.0f)
+                      : !strcmp(a->name, "v") ? rng_unif(&r, 0.0f, 1e-3f) : rng_unif(&r, -1, 1);
+            h[e] = fy_bf16_to_f32(fy_f32_to_bf16(x));
+        }
+        host32[k] = h;
+        for (int run = 0; run < 2; run++) {
+            fy_dtype t = fy_op_arg_dtype(&ops[run], k);
+            void *buf = dnew((len ? len : 1) * elem_size(t, a->type));
+            if (a->type == FY_ARG_I32) {
+                int32_t *ids = hnew(len * 4 + 4);
+                rng ri = {7 + (uint64_t)k};
+                for (size_t e = 0; e < len; e++) ids[e] = (int32_t)(rng_u64(&ri) % (uint64_t)id_bound(c));
+                put(buf, ids, len * 4);
+            } else if (a->type != FY_ARG_F64 && t == FY_BF16) {
+                uint16_t *h16 = hnew(len * 2 + 2);
+                fy_f32_to_bf16_n(h16, h, len);
+                put(buf, h16, len * 2);
+            } else if (a->type != FY_ARG_F64) {
+                put(buf, h, len * 4);
+            }
+            ops[run].p[k] = buf;
+        }
+    }
+    for (int run = 0; run < 2; run++) g_dev->iface->launch(g_s, &ops[run]);
+    fy_stream_sync(g_s);
+    for (int k = 0; k < n; k++) {
+        const fy_op_arg *a = &d->args[k];
+        if (!(a->role & FY_ARG_OUT)) continue;
+        size_t len = fy_op_arg_nelem(&ops[0], k);
+        fy_dtype t16 = fy_op_arg_dtype(&ops[1], k), t32 = fy_op_arg_dtype(&ops[0], k);
+        size_t nb32 = len * elem_size(t32, a->type), nb16 = len * elem_size(t16, a->type);
+        void *g32 = hnew(nb32 + 8), *g16 = hnew(nb16 + 8);
+        get(g32, ops[0].p[k], nb32);
+        get(g16, ops[1].p[k], nb16);
+        if (a->type == FY_ARG_S) {
+            size_t bad = 0;
+            for (size_t e = 0; e < len; e++)
+                bad += ((uint16_t *)g16)[e] != fy_f32_to_bf16(((float *)g32)[e]);
+            cr_expect_eq(bad, 0, "%s %s: %zu of %zu elements are not the fp32 result rounded",
+                         d->name, a->name, bad, len);
+        } else if (t16 == t32) {
+            cr_expect(!memcmp(g16, g32, nb32), "%s %s: not the fp32 run's bits", d->name, a->name);
+        }
+    }
+    (void)host32;
+}
+
+Test(op_table, every_op_runs_on_the_cpu_and_keeps_the_bf16_contract, .init = setup, .fini = teardown) {
+    bool covered[FY_OP_KERNELS] = {0};
+    for (size_t c = 0; c < sizeof op_cases / sizeof op_cases[0]; c++) {
+        covered[op_cases[c].kind] = true;
+        check_op_case(&op_cases[c]);
+    }
+    for (int k = 0; k < FY_OP_KERNELS; k++)
+        cr_expect(covered[k], "op %s has no case in op_cases", fy_op_name((fy_op_kind)k));
+}
+
+/* A launcher packs what the table lists: every launcher's op has the table's counts and
+ * its required tensors (checked by fy_op_pack, which aborts otherwise); a missing
+ * required tensor is a bug that stops the process. */
+Test(op_table, a_launch_without_a_required_tensor_aborts, .init = setup, .fini = teardown,
+     .signal = SIGABRT) {
+    float *x = dnewf(8);
+    fy_k_gelu_fwd(NULL, x, 8, g_s);
 }

@@ -10,13 +10,6 @@
 
 #include "engine/core/util.h"
 
-static const char *op_names[] = {
-#define FY_OP_NAME(name) #name,
-    FY_OPS(FY_OP_NAME)
-#undef FY_OP_NAME
-};
-
-const char *fy_op_name(fy_op_kind k) { return k < FY_OP_COUNT ? op_names[k] : "?"; }
 
 bool fy_dev_kind_compiled(fy_dev_kind kind) {
 #ifdef FY_HAVE_CUDA

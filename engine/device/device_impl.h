@@ -2,9 +2,9 @@
  *
  * A device is {iface, ctx}. The wrapper (device.c) owns what every backend shares:
  * the capacity check, the allocation registry and the usage/peak counters. Kernels are
- * described by a fy_op (kind plus pointer, integer and float arguments in launcher order)
- * and handed to iface->launch; the cpu backend queues the op on the stream's worker, a
- * cuda backend would launch it at once. */
+ * described by a fy_op (kind plus pointer, integer and float arguments in launcher order,
+ * as the op table in ops.h lists them) and handed to iface->launch; the cpu backend
+ * queues the op on the stream's worker, the cuda backend launches it at once. */
 #ifndef FY_DEVICE_IMPL_H
 #define FY_DEVICE_IMPL_H
 
@@ -12,28 +12,24 @@
 
 #include "engine/device/device.h"
 
-#define FY_OPS(X) \
-    X(ENCODER_FWD) X(ENCODER_BWD) X(LAYERNORM_FWD) X(LAYERNORM_BWD) \
-    X(MATMUL_FWD) X(MATMUL_BWD) X(ATTENTION_FWD) X(ATTENTION_BWD) \
-    X(GELU_FWD) X(GELU_BWD) X(RESIDUAL_FWD) X(ADD_F32) X(CROSSENTROPY) X(MEAN) X(SUMSQ) X(ADAMW) \
-    X(COPY) X(MEMSET) X(HOST_FN) X(EVENT_RECORD) X(EVENT_WAIT)
-
-typedef enum fy_op_kind {
-#define FY_OP_ENUM(name) FY_OP_##name,
-    FY_OPS(FY_OP_ENUM)
-#undef FY_OP_ENUM
-    FY_OP_COUNT
-} fy_op_kind;
-
-const char *fy_op_name(fy_op_kind k);
+#include "engine/device/ops.h"
 
 typedef struct fy_op {
     fy_op_kind kind;
-    void *p[8];    /* pointers, outputs first, in launcher order */
+    void *p[8];    /* pointers, outputs first, in launcher order (ops.h) */
     int64_t i[8];  /* sizes and flags, in launcher order */
     float f[8];    /* scalars */
     fy_dtype dt;   /* kernels: the storage type of their tensors (NONE means F32) */
 } fy_op;
+
+/* A kernel op from its arguments, checked against the op table (counts; required tensors
+ * not NULL): FY_ASSERT on a mismatch, which is a bug in a launcher. */
+void fy_op_pack(fy_op *op, fy_op_kind kind, void *const *p, int np, const int64_t *i, int ni,
+                const float *f, int nf);
+/* Argument k of a kernel op: its size in elements, and its element type (FY_DTYPE_NONE
+ * for int32 and double arguments). */
+size_t fy_op_arg_nelem(const fy_op *op, int k);
+fy_dtype fy_op_arg_dtype(const fy_op *op, int k);
 
 typedef struct fy_dev_iface {
     const char *name;
@@ -99,5 +95,6 @@ void fy_host_unmap(void *p, size_t nbytes);
  * same on bf16 tensors: widened to fp32, computed, rounded back (cpu/cpu_bf16.c). */
 void fy_cpu_exec(const fy_op *op);
 void fy_cpu_exec_bf16(const fy_op *op);
+bool fy_cpu_has_kernel(fy_op_kind kind); /* the cpu backend implements this op */
 
 #endif

@@ -289,31 +289,61 @@ static void adamw(const fy_op *op) {
     }
 }
 
+/* ---- dispatch: one entry per op of the op table (ops.h), unpacking its arguments in
+ * the table's order ---------------------------------------------------------------------- */
+
+#define OP_P(k) (op->p[k])
+#define OP_I(k) (op->i[k])
+
+static void k_encoder_fwd(const fy_op *op) { encoder_fwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_I(0), OP_I(1), OP_I(2)); }
+static void k_encoder_bwd(const fy_op *op) { encoder_bwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_I(0), OP_I(1), OP_I(2)); }
+static void k_layernorm_fwd(const fy_op *op) {
+    layernorm_fwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_P(4), OP_P(5), OP_I(0), OP_I(1));
+}
+static void k_layernorm_bwd(const fy_op *op) {
+    layernorm_bwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_P(4), OP_P(5), OP_P(6), OP_P(7), OP_I(0), OP_I(1));
+}
+static void k_matmul_fwd(const fy_op *op) { matmul_fwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_I(0), OP_I(1), OP_I(2)); }
+static void k_matmul_bwd(const fy_op *op) {
+    matmul_bwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_P(4), OP_P(5), OP_I(0), OP_I(1), OP_I(2));
+}
+/* fp32 is the cpu kernels' only type: the fp32 dw is the plain backward's */
+static void k_matmul_bwd_f32acc(const fy_op *op) {
+    matmul_bwd(OP_P(0), OP_P(1), NULL, OP_P(2), OP_P(3), OP_P(4), OP_I(0), OP_I(1), OP_I(2));
+}
+static void k_add_f32(const fy_op *op) { residual_fwd(OP_P(0), OP_P(0), OP_P(1), (size_t)OP_I(0)); }
+static void k_attention_fwd(const fy_op *op) { attention_fwd(OP_P(0), OP_P(1), OP_P(2), OP_I(0), OP_I(1), OP_I(2), OP_I(3)); }
+static void k_attention_bwd(const fy_op *op) {
+    attention_bwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_P(4), OP_I(0), OP_I(1), OP_I(2), OP_I(3));
+}
+static void k_gelu_fwd(const fy_op *op) { gelu_fwd(OP_P(0), OP_P(1), (size_t)OP_I(0)); }
+static void k_gelu_bwd(const fy_op *op) { gelu_bwd(OP_P(0), OP_P(1), OP_P(2), (size_t)OP_I(0)); }
+static void k_residual_fwd(const fy_op *op) { residual_fwd(OP_P(0), OP_P(1), OP_P(2), (size_t)OP_I(0)); }
+static void k_crossentropy(const fy_op *op) {
+    crossentropy(OP_P(0), OP_P(1), OP_P(2), OP_I(0), OP_I(1), OP_I(2), op->f[0]);
+}
+static void k_mean(const fy_op *op) { mean(OP_P(0), OP_P(1), (size_t)OP_I(0)); }
+static void k_sumsq(const fy_op *op) { sumsq(OP_P(0), OP_P(1), (size_t)OP_I(0)); }
+
+#undef OP_P
+#undef OP_I
+
+typedef void (*cpu_kernel)(const fy_op *op);
+static const cpu_kernel kernels[FY_OP_KERNELS] = {
+    [FY_OP_ENCODER_FWD] = k_encoder_fwd, [FY_OP_ENCODER_BWD] = k_encoder_bwd,
+    [FY_OP_LAYERNORM_FWD] = k_layernorm_fwd, [FY_OP_LAYERNORM_BWD] = k_layernorm_bwd,
+    [FY_OP_MATMUL_FWD] = k_matmul_fwd, [FY_OP_MATMUL_BWD] = k_matmul_bwd,
+    [FY_OP_MATMUL_BWD_F32ACC] = k_matmul_bwd_f32acc, [FY_OP_ADD_F32] = k_add_f32,
+    [FY_OP_ATTENTION_FWD] = k_attention_fwd, [FY_OP_ATTENTION_BWD] = k_attention_bwd,
+    [FY_OP_GELU_FWD] = k_gelu_fwd, [FY_OP_GELU_BWD] = k_gelu_bwd,
+    [FY_OP_RESIDUAL_FWD] = k_residual_fwd, [FY_OP_CROSSENTROPY] = k_crossentropy,
+    [FY_OP_MEAN] = k_mean, [FY_OP_SUMSQ] = k_sumsq, [FY_OP_ADAMW] = adamw,
+};
+
+bool fy_cpu_has_kernel(fy_op_kind kind) { return kind < FY_OP_KERNELS && kernels[kind]; }
+
 void fy_cpu_exec(const fy_op *op) {
     FY_ASSERT(op->dt == FY_DTYPE_NONE || op->dt == FY_F32, "the cpu backend's kernels are fp32");
-    const int64_t *i = op->i;
-    void *const *p = op->p;
-    switch (op->kind) {
-    case FY_OP_ENCODER_FWD: encoder_fwd(p[0], p[1], p[2], p[3], i[0], i[1], i[2]); break;
-    case FY_OP_ENCODER_BWD: encoder_bwd(p[0], p[1], p[2], p[3], i[0], i[1], i[2]); break;
-    case FY_OP_LAYERNORM_FWD: layernorm_fwd(p[0], p[1], p[2], p[3], p[4], p[5], i[0], i[1]); break;
-    case FY_OP_LAYERNORM_BWD:
-        layernorm_bwd(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], i[0], i[1]);
-        break;
-    case FY_OP_MATMUL_FWD: matmul_fwd(p[0], p[1], p[2], p[3], i[0], i[1], i[2]); break;
-    case FY_OP_MATMUL_BWD: matmul_bwd(p[0], p[1], p[2], p[3], p[4], p[5], i[0], i[1], i[2]); break;
-    case FY_OP_ATTENTION_FWD: attention_fwd(p[0], p[1], p[2], i[0], i[1], i[2], i[3]); break;
-    case FY_OP_ATTENTION_BWD:
-        attention_bwd(p[0], p[1], p[2], p[3], p[4], i[0], i[1], i[2], i[3]);
-        break;
-    case FY_OP_GELU_FWD: gelu_fwd(p[0], p[1], (size_t)i[0]); break;
-    case FY_OP_GELU_BWD: gelu_bwd(p[0], p[1], p[2], (size_t)i[0]); break;
-    case FY_OP_RESIDUAL_FWD: residual_fwd(p[0], p[1], p[2], (size_t)i[0]); break;
-    case FY_OP_ADD_F32: residual_fwd(p[0], p[0], p[1], (size_t)i[0]); break;
-    case FY_OP_CROSSENTROPY: crossentropy(p[0], p[1], p[2], i[0], i[1], i[2], op->f[0]); break;
-    case FY_OP_MEAN: mean(p[0], p[1], (size_t)i[0]); break;
-    case FY_OP_SUMSQ: sumsq(p[0], p[1], (size_t)i[0]); break;
-    case FY_OP_ADAMW: adamw(op); break;
-    default: FY_ASSERT(0, "op not handled by the cpu backend");
-    }
+    FY_ASSERT(fy_cpu_has_kernel(op->kind), "op not handled by the cpu backend");
+    kernels[op->kind](op);
 }

@@ -1,0 +1,114 @@
+/* ops.h — the op table: every kernel's arguments, in launcher order, with their roles,
+ * types and sizes. One source for the launchers' packing (kernels.c checks each launch
+ * against it), for every backend's unpacking (the cpu backend's dispatch table, the cuda
+ * backend's switches) and for the bf16 widening (cpu/cpu_bf16.c widens and narrows
+ * exactly the storage-typed tensors the table lists, by the sizes it gives). Adding an op
+ * touches this table, the kernel (launcher and backends) and its test. Included by
+ * device_impl.h only.
+ *
+ * FY_KERNEL_OPS(X): X(NAME, nint, nflt, args), args a list of
+ *   A(name, role, type, size)   a tensor argument
+ *   AO(name, role, type, size)  one that may be NULL (then skipped)
+ * role IN, OUT (overwritten) or INOUT (read and updated: accumulators);
+ * type S (the stream's storage type), F32, F64, I32, or D1 / D2 (the fy_dtype given by
+ * integer argument 1 / 2: AdamW's gradient and copy out);
+ * size a code of fy_op_size (ops.c computes it from the integer arguments). */
+#ifndef FY_OPS_H
+#define FY_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/core/dtype.h"
+
+/* Sizes in elements, from the integer arguments i[]:
+ *   N0 = i0, NC = i0*i1, C = i1, NOC = i0*i2, OCC = i2*i1, OC = i2,
+ *   BT = i0*i1, BTC = i0*i1*i2, BT3C = 3*i0*i1*i2, BNHTT = i0*i3*i1*i1,
+ *   TC = i1*i2, VC = i3*i2 (the embedding's V rows), NVP = i0*i2 (N rows of Vp), ONE = 1 */
+#define FY_OP_SIZES(X) X(N0) X(NC) X(C) X(NOC) X(OCC) X(OC) X(BT) X(BTC) X(BT3C) X(BNHTT) \
+                       X(TC) X(VC) X(NVP) X(ONE)
+
+#define FY_KERNEL_OPS(X)                                                                       \
+    X(ENCODER_FWD, 4, 0, /* i: B, T, C, V */                                                   \
+      A(out, OUT, S, BTC) A(tokens, IN, I32, BT) A(wte, IN, S, VC) A(wpe, IN, S, TC))            \
+    X(ENCODER_BWD, 4, 0,                                                                       \
+      A(dwte, INOUT, S, VC) A(dwpe, INOUT, S, TC) A(dout, IN, S, BTC) A(tokens, IN, I32, BT))    \
+    X(LAYERNORM_FWD, 2, 0, /* i: N, C */                                                       \
+      A(out, OUT, S, NC) A(mean, OUT, F32, N0) A(rstd, OUT, F32, N0) A(inp, IN, S, NC)           \
+      A(w, IN, S, C) A(b, IN, S, C))                                                           \
+    X(LAYERNORM_BWD, 2, 0,                                                                     \
+      A(dinp, INOUT, S, NC) A(dw, INOUT, S, C) A(db, INOUT, S, C) A(dout, IN, S, NC)             \
+      A(inp, IN, S, NC) A(w, IN, S, C) A(mean, IN, F32, N0) A(rstd, IN, F32, N0))                \
+    X(MATMUL_FWD, 3, 0, /* i: N, C, OC */                                                      \
+      A(out, OUT, S, NOC) A(inp, IN, S, NC) A(w, IN, S, OCC) AO(bias, IN, S, OC))                \
+    X(MATMUL_BWD, 3, 0,                                                                        \
+      AO(dinp, OUT, S, NC) A(dw, INOUT, S, OCC) AO(dbias, INOUT, S, OC) A(dout, IN, S, NOC)      \
+      A(inp, IN, S, NC) A(w, IN, S, OCC))                                                      \
+    X(MATMUL_BWD_F32ACC, 3, 0, /* dw fp32 whatever the storage type */                         \
+      AO(dinp, OUT, S, NC) A(dw, INOUT, F32, OCC) A(dout, IN, S, NOC) A(inp, IN, S, NC)          \
+      A(w, IN, S, OCC))                                                                        \
+    X(ADD_F32, 1, 0, A(dst, INOUT, S, N0) A(src, IN, F32, N0))                                 \
+    X(ATTENTION_FWD, 4, 0, /* i: B, T, C, NH */                                                \
+      A(out, OUT, S, BTC) A(att, OUT, S, BNHTT) A(qkv, IN, S, BT3C))                             \
+    X(ATTENTION_BWD, 4, 0,                                                                     \
+      A(dqkv, OUT, S, BT3C) A(scratch, OUT, S, BNHTT) A(dout, IN, S, BTC) A(qkv, IN, S, BT3C)    \
+      A(att, IN, S, BNHTT))                                                                    \
+    X(GELU_FWD, 1, 0, A(out, OUT, S, N0) A(inp, IN, S, N0))                                    \
+    X(GELU_BWD, 1, 0, A(dinp, OUT, S, N0) A(inp, IN, S, N0) A(dout, IN, S, N0))                \
+    X(RESIDUAL_FWD, 1, 0, A(out, OUT, S, N0) A(a, IN, S, N0) A(b, IN, S, N0))                  \
+    X(CROSSENTROPY, 3, 1, /* i: N, V, Vp; f: dloss */                                          \
+      A(losses, OUT, F32, N0) A(logits, INOUT, S, NVP) A(targets, IN, I32, N0))                  \
+    X(MEAN, 1, 0, A(out, OUT, F32, ONE) A(x, IN, F32, N0))                                     \
+    X(SUMSQ, 1, 0, A(out, OUT, F64, ONE) A(x, IN, S, N0))                                      \
+    X(ADAMW, 5, 6, /* i: n, grad type, out type, decay, step; f: lr, b1, b2, eps, wd, scale */ \
+      A(param, INOUT, F32, N0) A(m, INOUT, F32, N0) A(v, INOUT, F32, N0) A(grad, IN, D1, N0)     \
+      AO(param_out, OUT, D2, N0))
+
+/* Stream operations: not kernels, no table entry (device.c and the backends). */
+#define FY_STREAM_OPS(X) X(COPY) X(MEMSET) X(HOST_FN) X(EVENT_RECORD) X(EVENT_WAIT)
+
+typedef enum fy_op_kind {
+#define FY_OP_ENUM_K(name, ...) FY_OP_##name,
+#define FY_OP_ENUM_S(name) FY_OP_##name,
+    FY_KERNEL_OPS(FY_OP_ENUM_K)
+    FY_STREAM_OPS(FY_OP_ENUM_S)
+#undef FY_OP_ENUM_K
+#undef FY_OP_ENUM_S
+    FY_OP_COUNT
+} fy_op_kind;
+
+#define FY_OP_KERNELS FY_OP_COPY /* kinds below it are kernels */
+
+typedef enum fy_op_size {
+#define FY_OP_SIZE_ENUM(name) FY_SZ_##name,
+    FY_OP_SIZES(FY_OP_SIZE_ENUM)
+#undef FY_OP_SIZE_ENUM
+} fy_op_size;
+
+typedef enum fy_arg_role { FY_ARG_IN = 1, FY_ARG_OUT = 2, FY_ARG_INOUT = 3 } fy_arg_role;
+typedef enum fy_arg_type {
+    FY_ARG_S = 0, FY_ARG_F32, FY_ARG_F64, FY_ARG_I32, FY_ARG_D1, FY_ARG_D2
+} fy_arg_type;
+
+#define FY_OP_MAX_ARGS 8
+
+typedef struct fy_op_arg {
+    const char *name;
+    fy_arg_role role;
+    fy_arg_type type;
+    fy_op_size size;
+    int optional;
+} fy_op_arg;
+
+typedef struct fy_op_desc {
+    const char *name;
+    int nint, nflt;                 /* integer and float arguments */
+    fy_op_arg args[FY_OP_MAX_ARGS]; /* the tensor arguments: fy_op_nargs of them */
+} fy_op_desc;
+
+/* The descriptor of a kernel op (kind < FY_OP_KERNELS) and its tensor arguments' count. */
+const fy_op_desc *fy_op_desc_of(fy_op_kind kind);
+int fy_op_nargs(fy_op_kind kind);
+const char *fy_op_name(fy_op_kind k);
+
+#endif
