@@ -883,72 +883,14 @@ Test(determinism, bf16_storage) {
 
 /* ---- device semantics ------------------------------------------------------------------------- */
 
+/* The suite every backend runs (tests/device_suite.h), here on the GPU. */
+static fy_dev *suite_open(size_t cap_nbytes) {
+    need_gpu();
+    return open_cuda(FY_MATMUL_AUTO, cap_nbytes);
+}
+#include "tests/device_suite.h"
+
 TestSuite(device, .fini = close_all, .timeout = 60);
-
-static void sleep_ms(double ms) {
-    struct timespec ts = {(time_t)(ms / 1e3), (long)(fmod(ms, 1e3) * 1e6)};
-    nanosleep(&ts, NULL);
-}
-
-/* Index of the first byte of p that is not `byte`, or n. */
-static size_t first_not(const unsigned char *p, int byte, size_t n) {
-    for (size_t i = 0; i < n; i++)
-        if (p[i] != (unsigned char)byte) return i;
-    return n;
-}
-
-Test(device, allocations_are_zeroed_even_when_memory_is_reused) {
-    need_gpu();
-    open_gpu(FY_MATMUL_AUTO, FY_F32);
-    static const size_t sizes[] = {1000, 3u << 20, 17u << 20};
-    static const fy_mem_kind kinds[] = {FY_MEM_DEVICE, FY_MEM_PINNED, FY_MEM_HOST};
-    static const char *const names[] = {"device", "pinned", "host"};
-    unsigned char *view = hnew(17u << 20);
-    for (int k = 0; k < 3; k++)
-        for (int i = 0; i < 3; i++)
-            for (int round = 0; round < 2; round++) { /* round 1 may get round 0's dirty memory */
-                void *p;
-                cr_assert_eq(fy_dev_alloc(g_dev[GPU], kinds[k], sizes[i], "zeroed?", &p), FY_OK);
-                const unsigned char *bytes = p;
-                if (kinds[k] == FY_MEM_DEVICE) {
-                    get_on(GPU, view, p, sizes[i]);
-                    bytes = view;
-                }
-                size_t at = first_not(bytes, 0, sizes[i]);
-                cr_expect(at == sizes[i], "%s allocation of %zu bytes (round %d): byte %zu is 0x%02x",
-                          names[k], sizes[i], round, at, at < sizes[i] ? bytes[at] : 0);
-                if (kinds[k] == FY_MEM_DEVICE) fy_memset_async(g_st[GPU], p, 0xab, sizes[i]);
-                else memset(p, 0xab, sizes[i]);
-                fy_stream_sync(g_st[GPU]);
-                fy_dev_release(g_dev[GPU], p);
-            }
-}
-
-Test(device, budget_refuses_with_oom_and_later_allocations_work) {
-    need_gpu();
-    fy_log_set_level(FY_LOG_QUIET); /* the expected error stays out of the output */
-    const size_t MiB = (size_t)1 << 20;
-    g_dev[GPU] = open_cuda(FY_MATMUL_AUTO, 64 * MiB);
-    cr_assert_eq(fy_stream_new(g_dev[GPU], "test", &g_st[GPU]), FY_OK);
-    fy_dev_mem_stats ms;
-    fy_dev_mem_stats_get(g_dev[GPU], &ms);
-    cr_expect_eq(ms.cap_nbytes, 64 * MiB, "a budget the GPU can give is kept as asked");
-    void *a, *b, *c;
-    cr_assert_eq(fy_dev_alloc(g_dev[GPU], FY_MEM_DEVICE, 40 * MiB, "first", &a), FY_OK);
-    cr_expect_eq(fy_dev_alloc(g_dev[GPU], FY_MEM_DEVICE, 40 * MiB, "second", &b), FY_ERR_DEVICE_OOM);
-    cr_expect(strstr(fy_last_error(), "second") && strstr(fy_last_error(), "short by"),
-              "the error names the buffer and the shortfall: %s", fy_last_error());
-    cr_assert_eq(fy_dev_alloc(g_dev[GPU], FY_MEM_DEVICE, 16 * MiB, "third", &c), FY_OK,
-                 "an allocation that fits after a refusal: %s", fy_last_error());
-    fy_memset_async(g_st[GPU], c, 0x5a, 16 * MiB); /* the device still works */
-    unsigned char *h = hnew(16 * MiB);
-    get_on(GPU, h, c, 16 * MiB);
-    cr_expect_eq(first_not(h, 0x5a, 16 * MiB), 16 * MiB, "memset after a refusal did not land");
-    fy_dev_mem_stats_get(g_dev[GPU], &ms);
-    cr_expect_eq(ms.used_nbytes[FY_MEM_DEVICE], 56 * MiB);
-    fy_dev_release(g_dev[GPU], a);
-    cr_expect_eq(fy_dev_alloc(g_dev[GPU], FY_MEM_DEVICE, 40 * MiB, "first again", &a), FY_OK);
-}
 
 Test(device, budget_above_the_gpu_is_clamped) {
     need_gpu();
@@ -964,160 +906,6 @@ Test(device, budget_above_the_gpu_is_clamped) {
     void *p;
     cr_expect_eq(fy_dev_alloc(g_dev[GPU], FY_MEM_DEVICE, gpu.total_nbytes, "all of it", &p),
                  FY_ERR_DEVICE_OOM);
-}
-
-Test(device, copies_between_every_kind_of_memory) {
-    need_gpu();
-    open_gpu(FY_MATMUL_AUTO, FY_F32);
-    const size_t n = 1000003; /* odd, and every copy starts at an odd offset */
-    seed(808);
-    fy_dev *d = g_dev[GPU];
-    unsigned char *src = hnew(n), *back = hnew(n + 16), *pinned, *host;
-    char *d1, *d2, *d3;
-    for (size_t i = 0; i < n; i++) src[i] = (unsigned char)rng_u64();
-    cr_assert_eq(fy_dev_alloc(d, FY_MEM_PINNED, n + 16, "pinned", (void **)&pinned), FY_OK);
-    cr_assert_eq(fy_dev_alloc(d, FY_MEM_HOST, n + 16, "host", (void **)&host), FY_OK);
-    d1 = dnew_on(GPU, n + 16);
-    d2 = dnew_on(GPU, n + 16);
-    d3 = dnew_on(GPU, n + 16);
-    fy_stream *s = g_st[GPU];
-    fy_copy_async(s, d1 + 1, src, n, FY_H2D);        /* malloc'd -> device */
-    fy_copy_async(s, d2 + 5, d1 + 1, n, FY_D2D);     /* device -> device */
-    fy_copy_async(s, pinned + 3, d2 + 5, n, FY_D2H); /* device -> pinned */
-    fy_copy_async(s, host + 2, pinned + 3, n, FY_H2H); /* pinned -> host (after the D2H) */
-    fy_copy_async(s, d3 + 9, host + 2, n, FY_H2D);   /* host -> device */
-    fy_copy_async(s, back + 7, d3 + 9, n, FY_D2H);   /* device -> malloc'd */
-    fy_stream_sync(s);
-    cr_expect(memcmp(back + 7, src, n) == 0, "the chain of copies corrupted the data, first at %zu",
-              first_diff(back + 7, src, n, 1));
-    cr_expect_eq(first_not(back, 0, 7), 7, "a copy wrote before its destination");
-    cr_expect(back[n + 7] == 0 && pinned[2] == 0 && pinned[n + 3] == 0 && host[1] == 0 &&
-              host[n + 2] == 0, "a copy wrote outside its destination");
-    unsigned char edge[2];
-    get_on(GPU, &edge[0], d2 + 4, 1);
-    get_on(GPU, &edge[1], d2 + 5 + n, 1);
-    cr_expect(edge[0] == 0 && edge[1] == 0, "D2D wrote outside its destination");
-}
-
-typedef struct slow_flag { double sleep_ms; atomic_int flag, seen; } slow_flag;
-static void set_flag_slowly(void *p) {
-    slow_flag *f = p;
-    sleep_ms(f->sleep_ms);
-    atomic_store(&f->flag, 1);
-}
-static void read_flag(void *p) {
-    slow_flag *f = p;
-    atomic_store(&f->seen, atomic_load(&f->flag) + 1); /* 1: not yet set, 2: set */
-}
-
-Test(device, event_orders_work_across_streams) {
-    need_gpu();
-    open_gpu(FY_MATMUL_AUTO, FY_F32);
-    enum { n = 1 << 20 };
-    fy_dev *d = g_dev[GPU];
-    fy_stream *a = g_st[GPU], *b;
-    fy_event *e;
-    cr_assert_eq(fy_stream_new(d, "b", &b), FY_OK);
-    cr_assert_eq(fy_event_new(d, &e), FY_OK);
-    unsigned char *src, *out;
-    cr_assert_eq(fy_dev_alloc(d, FY_MEM_PINNED, n, "src", (void **)&src), FY_OK);
-    cr_assert_eq(fy_dev_alloc(d, FY_MEM_PINNED, n, "out", (void **)&out), FY_OK);
-    for (int i = 0; i < n; i++) src[i] = (unsigned char)(i * 7 + 1);
-    char *buf = dnew_on(GPU, n), *buf2 = dnew_on(GPU, n);
-    slow_flag *f = hnew(sizeof *f);
-    f->sleep_ms = 100;
-    /* A: slow host work, then (pinned, so asynchronous) the data B needs, then the event */
-    fy_stream_host_fn(a, set_flag_slowly, f);
-    fy_copy_async(a, buf, src, n, FY_H2D);
-    fy_event_record(e, a);
-    /* B, queued while A still sleeps: wait, then read what A wrote */
-    fy_stream_wait_event(b, e);
-    fy_stream_host_fn(b, read_flag, f);
-    fy_copy_async(b, buf2, buf, n, FY_D2D);
-    fy_copy_async(b, out, buf2, n, FY_D2H);
-    fy_stream_sync(b);
-    cr_expect_eq(atomic_load(&f->seen), 2, "stream B ran before A's host function finished");
-    cr_expect(memcmp(out, src, n) == 0, "stream B's copy ran before A's");
-    fy_stream_sync(a);
-    fy_event_free(e);
-    fy_stream_free(b);
-}
-
-typedef struct op_log { int n, seq[1000], byte[1000]; } op_log;
-typedef struct log_item { op_log *log; int seq; const unsigned char *slot; } log_item;
-static void log_append(void *p) {
-    log_item *it = p;
-    it->log->seq[it->log->n] = it->seq;
-    it->log->byte[it->log->n] = *it->slot;
-    it->log->n++;
-}
-
-Test(device, host_functions_run_in_stream_order) {
-    need_gpu();
-    open_gpu(FY_MATMUL_AUTO, FY_F32);
-    enum { n = 1000 };
-    op_log *log = hnew(sizeof *log);
-    log_item *items = hnew(n * sizeof *items);
-    unsigned char *slots, *dbyte = dnew_on(GPU, 64);
-    cr_assert_eq(fy_dev_alloc(g_dev[GPU], FY_MEM_PINNED, n, "slots", (void **)&slots), FY_OK);
-    for (int i = 0; i < n; i++) {
-        items[i] = (log_item){log, i, &slots[i]};
-        fy_memset_async(g_st[GPU], dbyte, i & 0xff, 1);
-        fy_copy_async(g_st[GPU], &slots[i], dbyte, 1, FY_D2H);
-        fy_stream_host_fn(g_st[GPU], log_append, &items[i]);
-    }
-    fy_stream_sync(g_st[GPU]);
-    cr_assert_eq(log->n, n, "%d host functions ran, %d queued", log->n, n);
-    for (int i = 0; i < n; i++) {
-        cr_assert_eq(log->seq[i], i, "host function %d ran in place %d", log->seq[i], i);
-        cr_assert_eq(log->byte[i], i & 0xff, "host function %d saw byte %d: the memset and copy "
-                     "queued before it had not completed", i, log->byte[i]);
-    }
-}
-
-typedef struct gate { atomic_int open, passed; } gate;
-static void gate_wait(void *p) {
-    gate *g = p;
-    while (!atomic_load(&g->open)) sleep_ms(0.5);
-    atomic_store(&g->passed, 1);
-}
-
-Test(device, event_done_and_sync) {
-    need_gpu();
-    open_gpu(FY_MATMUL_AUTO, FY_F32);
-    fy_event *e, *never;
-    cr_assert_eq(fy_event_new(g_dev[GPU], &e), FY_OK);
-    cr_assert_eq(fy_event_new(g_dev[GPU], &never), FY_OK);
-    cr_expect(fy_event_done(never), "an event never recorded counts as complete");
-    fy_event_sync(never); /* returns at once */
-    for (int round = 0; round < 2; round++) { /* a re-recorded event is pending again */
-        gate *g = hnew(sizeof *g);
-        fy_stream_host_fn(g_st[GPU], gate_wait, g);
-        fy_event_record(e, g_st[GPU]);
-        sleep_ms(5);
-        cr_expect(!fy_event_done(e), "round %d: done while the work before it is blocked", round);
-        atomic_store(&g->open, 1);
-        fy_event_sync(e);
-        cr_expect(atomic_load(&g->passed), "round %d: fy_event_sync returned before the work "
-                  "recorded before it", round);
-        cr_expect(fy_event_done(e), "round %d: not done after fy_event_sync", round);
-    }
-    fy_event_free(never);
-    fy_event_free(e);
-}
-
-Test(device, stream_storage_types) {
-    need_gpu();
-    fy_log_set_level(FY_LOG_QUIET);
-    open_gpu(FY_MATMUL_AUTO, FY_F32);
-    fy_stream *s = g_st[GPU];
-    cr_expect_eq(fy_stream_dtype(s), FY_F32, "a new stream stores fp32");
-    cr_expect_eq(fy_stream_set_dtype(s, FY_BF16), FY_OK);
-    cr_expect_eq(fy_stream_dtype(s), FY_BF16);
-    cr_expect_eq(fy_stream_set_dtype(s, FY_F16), FY_ERR_UNSUPPORTED, "the cuda backend has no fp16 kernels");
-    cr_expect_eq(fy_stream_dtype(s), FY_BF16, "a refused type leaves the stream's as it was");
-    cr_expect_eq(fy_stream_set_dtype(s, FY_F32), FY_OK);
-    cr_expect_eq(fy_stream_dtype(s), FY_F32);
 }
 
 /* ---- training ---------------------------------------------------------------------------------- */
@@ -1485,24 +1273,6 @@ Test(no_gpu, tensor_core_math_on_the_cpu_is_one_error_line) {
     }
     proc ok = FERRY(TINY, "--device", "cpu", "--matmul", "fp32"); /* what the cpu does do */
     cr_expect_eq(ok.code, 0, "`%s`: status %d\n%s", ok.cmd, ok.code, ok.err);
-}
-
-Test(no_gpu, cpu_streams_take_bf16_and_refuse_fp16_storage) {
-    fy_log_set_level(FY_LOG_QUIET);
-    fy_dev_cfg cfg = {.kind = FY_DEV_CPU, .threads = 1};
-    fy_dev *d;
-    fy_stream *s;
-    cr_assert_eq(fy_dev_new(&cfg, &d), FY_OK);
-    cr_assert_eq(fy_stream_new(d, "s", &s), FY_OK);
-    cr_expect_eq(fy_stream_set_dtype(s, FY_F16), FY_ERR_UNSUPPORTED);
-    cr_expect(strstr(fy_last_error(), "cpu") && strstr(fy_last_error(), "fp16"),
-              "the error should name the backend and the type: %s", fy_last_error());
-    cr_expect_eq(fy_stream_dtype(s), FY_F32, "a refused type leaves the stream fp32");
-    cr_expect_eq(fy_stream_set_dtype(s, FY_BF16), FY_OK);
-    cr_expect_eq(fy_stream_dtype(s), FY_BF16);
-    cr_expect_eq(fy_stream_set_dtype(s, FY_F32), FY_OK);
-    fy_stream_free(s);
-    fy_dev_free(d);
 }
 
 Test(no_gpu, cpu_device_refuses_tensor_core_math) {

@@ -126,11 +126,6 @@ static float *hrand(rng *r, size_t n, float lo, float hi) {
     return x;
 }
 
-static void sleep_ms(double ms) {
-    struct timespec ts = {(time_t)(ms / 1e3), (long)(fmod(ms, 1e3) * 1e6)};
-    nanosleep(&ts, NULL);
-}
-
 /* L = sum(out * R) in double, out read back from the device into tmp. */
 static double dot_dev(const float *out, const float *R, float *tmp, size_t n) {
     get(tmp, out, n * sizeof(float));
@@ -1077,239 +1072,20 @@ Test(determinism, sumsq_and_mean_independent_of_thread_count) {
 
 /* ---- streams and events ------------------------------------------------------------ */
 
-TestSuite(stream, .init = setup, .fini = teardown, .timeout = 60);
 
-typedef struct op_log {
-    int n;
-    int seq[4096];
-    int byte[4096];
-} op_log;
-typedef struct log_item {
-    op_log *log;
-    int seq;
-    const unsigned char *slot; /* host byte copied from the device just before */
-} log_item;
-static void log_append(void *p) {
-    log_item *it = p;
-    it->log->seq[it->log->n] = it->seq;
-    it->log->byte[it->log->n] = *it->slot;
-    it->log->n++;
-}
+/* ---- device semantics: the suite every backend runs (tests/device_suite.h) ----------- */
 
-Test(stream, ops_run_in_submission_order) {
-    enum { n = 3000 }; /* several times the cpu stream's ring: ordering across wrap-around */
-    op_log *log = hnew(sizeof *log);
-    log_item *items = hnew(n * sizeof *items);
-    unsigned char *slots = hnew(n), *dbyte = dnew(64);
-    for (int i = 0; i < n; i++) {
-        items[i] = (log_item){log, i, &slots[i]};
-        fy_memset_async(g_s, dbyte, i & 0xff, 1);
-        fy_copy_async(g_s, &slots[i], dbyte, 1, FY_D2H);
-        fy_stream_host_fn(g_s, log_append, &items[i]);
-    }
-    fy_stream_sync(g_s);
-    cr_assert_eq(log->n, n, "%d host functions ran, %d queued", log->n, n);
-    for (int i = 0; i < n; i++) {
-        cr_assert_eq(log->seq[i], i, "host function %d ran in place %d", log->seq[i], i);
-        cr_assert_eq(log->byte[i], i & 0xff, "host function %d saw byte %d: the memset and "
-                     "copy before it had not completed", i, log->byte[i]);
-    }
+static fy_dev *suite_open(size_t cap_nbytes) {
+    fy_dev_cfg dc = {.kind = FY_DEV_CPU, .threads = 2, .mem_cap_nbytes = cap_nbytes};
+    fy_dev *d;
+    cr_assert_eq(fy_dev_new(&dc, &d), FY_OK);
+    return d;
 }
-
-typedef struct slow_flag { double sleep_ms; atomic_int flag; atomic_int seen; } slow_flag;
-static void set_flag_slowly(void *p) {
-    slow_flag *f = p;
-    sleep_ms(f->sleep_ms);
-    atomic_store(&f->flag, 1);
-}
-static void read_flag(void *p) {
-    slow_flag *f = p;
-    atomic_store(&f->seen, atomic_load(&f->flag) + 1); /* 1: not yet set, 2: set */
-}
-
-Test(stream, event_orders_two_streams) {
-    enum { n = 1 << 16 };
-    fy_stream *b;
-    fy_event *e;
-    cr_assert_eq(fy_stream_new(g_dev, "b", &b), FY_OK);
-    cr_assert_eq(fy_event_new(g_dev, &e), FY_OK);
-    slow_flag *f = hnew(sizeof *f);
-    f->sleep_ms = 60;
-    unsigned char *src = hnew(n), *out = hnew(n), *buf = dnew(n);
-    for (int i = 0; i < n; i++) src[i] = (unsigned char)(i * 7 + 1);
-    /* stream A: slow work, then the data B needs, then the event */
-    fy_stream_host_fn(g_s, set_flag_slowly, f);
-    fy_copy_async(g_s, buf, src, n, FY_H2D);
-    fy_event_record(e, g_s);
-    /* stream B: wait, then read what A wrote */
-    fy_stream_wait_event(b, e);
-    fy_stream_host_fn(b, read_flag, f);
-    fy_copy_async(b, out, buf, n, FY_D2H);
-    fy_stream_sync(b);
-    cr_expect_eq(atomic_load(&f->seen), 2, "stream B ran before A's host function finished");
-    cr_expect(memcmp(out, src, n) == 0, "stream B did not see stream A's copy");
-    fy_stream_sync(g_s);
-    fy_event_free(e);
-    fy_stream_free(b);
-}
-
-typedef struct gate { atomic_int open, passed; } gate;
-static void gate_wait(void *p) {
-    gate *g = p;
-    while (!atomic_load(&g->open)) sleep_ms(0.5);
-    atomic_store(&g->passed, 1);
-}
-
-Test(stream, event_done_and_sync) {
-    fy_event *e, *never;
-    cr_assert_eq(fy_event_new(g_dev, &e), FY_OK);
-    cr_assert_eq(fy_event_new(g_dev, &never), FY_OK);
-    cr_expect(fy_event_done(never), "an event never recorded counts as complete");
-    fy_event_sync(never); /* must return at once */
-    for (int round = 0; round < 2; round++) { /* a re-recorded event is pending again */
-        gate *g = hnew(sizeof *g);
-        fy_stream_host_fn(g_s, gate_wait, g);
-        fy_event_record(e, g_s);
-        sleep_ms(5);
-        cr_expect(!fy_event_done(e), "round %d: event done while the work before it is blocked",
-                  round);
-        atomic_store(&g->open, 1);
-        fy_event_sync(e);
-        cr_expect(atomic_load(&g->passed), "round %d: fy_event_sync returned before the "
-                  "work recorded before it", round);
-        cr_expect(fy_event_done(e), "round %d: event not done after fy_event_sync", round);
-    }
-    fy_event_free(never);
-    fy_event_free(e);
-}
-
-Test(stream, event_wait_uses_the_record_submitted_before_it) {
-    /* B waits on the first record; a later record of the same event behind a closed gate
-     * must not hold B back (CUDA's semantics: the wait captures the latest record). */
-    fy_stream *b;
-    fy_event *e;
-    cr_assert_eq(fy_stream_new(g_dev, "b", &b), FY_OK);
-    cr_assert_eq(fy_event_new(g_dev, &e), FY_OK);
-    fy_event_record(e, g_s);
-    fy_stream_sync(g_s);
-    fy_stream_wait_event(b, e);
-    gate *g = hnew(sizeof *g);
-    fy_stream_host_fn(g_s, gate_wait, g);
-    fy_event_record(e, g_s);
-    fy_event *bdone;
-    cr_assert_eq(fy_event_new(g_dev, &bdone), FY_OK);
-    fy_event_record(bdone, b);
-    double t0 = fy_now_ms();
-    while (!fy_event_done(bdone) && fy_now_ms() - t0 < 1000) sleep_ms(1);
-    cr_expect(fy_event_done(bdone), "stream B waited for a record submitted after its wait");
-    atomic_store(&g->open, 1);
-    fy_stream_sync(g_s);
-    fy_stream_sync(b);
-    fy_event_free(bdone);
-    fy_event_free(e);
-    fy_stream_free(b);
-}
-
-/* ---- copies and memsets ------------------------------------------------------------ */
-
-Test(stream, copies_in_every_direction) {
-    const size_t n = 1000003; /* odd, so no copy is a whole number of words */
-    rng r = {808};
-    unsigned char *src, *pinned, *back, *host2;
-    void *d1, *d2;
-    cr_assert_eq(fy_dev_alloc(g_dev, FY_MEM_PINNED, n + 8, "pinned", (void **)&pinned), FY_OK);
-    cr_assert_eq(fy_dev_alloc(g_dev, FY_MEM_DEVICE, n + 8, "d1", &d1), FY_OK);
-    cr_assert_eq(fy_dev_alloc(g_dev, FY_MEM_DEVICE, n + 8, "d2", &d2), FY_OK);
-    cr_assert_eq(fy_dev_alloc(g_dev, FY_MEM_HOST, n + 8, "host", (void **)&host2), FY_OK);
-    src = hnew(n);
-    back = hnew(n + 8);
-    for (size_t i = 0; i < n; i++) src[i] = (unsigned char)rng_u64(&r);
-    memcpy(pinned + 3, src, n);
-    fy_copy_async(g_s, (char *)d1 + 1, pinned + 3, n, FY_H2D);      /* pinned -> device */
-    fy_copy_async(g_s, (char *)d2 + 5, (char *)d1 + 1, n, FY_D2D);  /* device -> device */
-    fy_copy_async(g_s, host2 + 2, (char *)d2 + 5, n, FY_D2H);       /* device -> host */
-    fy_copy_async(g_s, back + 7, host2 + 2, n, FY_H2H);             /* host -> host */
-    fy_stream_sync(g_s);
-    cr_expect(memcmp(back + 7, src, n) == 0, "H2D, D2D, D2H, H2H chain corrupted the data");
-    for (int i = 0; i < 7; i++) cr_expect_eq(back[i], 0, "H2H wrote before its destination");
-    cr_expect_eq(back[n + 7], 0, "H2H wrote past its destination");
-    unsigned char edge[2];
-    get(&edge[0], (char *)d2 + 4, 1);
-    get(&edge[1], (char *)d2 + 5 + n, 1);
-    cr_expect(edge[0] == 0 && edge[1] == 0, "D2D wrote outside its destination");
-}
-
-Test(stream, memset_sets_exactly_its_range) {
-    const size_t n = 4099;
-    unsigned char *d = dnew(n + 64), *h = hnew(n + 64);
-    fy_memset_async(g_s, d, 0x11, n + 64);
-    fy_memset_async(g_s, d + 13, 0xA5, n);
-    get(h, d, n + 64);
-    for (size_t i = 0; i < n + 64; i++) {
-        int want = i >= 13 && i < 13 + n ? 0xA5 : 0x11;
-        cr_assert_eq(h[i], want, "byte %zu is 0x%02x, want 0x%02x", i, h[i], want);
-    }
-}
+#include "tests/device_suite.h"
 
 /* ---- memory ------------------------------------------------------------------------ */
 
 TestSuite(memory, .fini = teardown, .timeout = 60);
-
-Test(memory, alloc_returns_zeroed_memory_of_every_kind, .init = setup) {
-    static const size_t sizes[] = {1000, 3u << 20, 17u << 20}; /* small, huge-page, parallel */
-    static const fy_copy_dir to_host[] = {FY_D2H, FY_H2H, FY_H2H};
-    unsigned char *h = hnew(17u << 20);
-    for (int kind = 0; kind < 3; kind++)
-        for (int si = 0; si < 3; si++)
-            for (int round = 0; round < 2; round++) { /* the second reuses freed memory */
-                size_t n = sizes[si];
-                void *p;
-                cr_assert_eq(fy_dev_alloc(g_dev, kind, n, "zeroed", &p), FY_OK);
-                cr_expect_eq((uintptr_t)p % 64, 0, "allocation not 64-byte aligned");
-                memset(h, 0xAB, n);
-                fy_copy_async(g_s, h, p, n, to_host[kind]);
-                fy_stream_sync(g_s);
-                size_t bad = 0;
-                for (size_t i = 0; i < n; i++) bad += h[i] != 0;
-                cr_expect_eq(bad, 0, "kind %d, %zu bytes, round %d: %zu bytes not zero", kind, n,
-                             round, bad);
-                fy_memset_async(g_s, p, 0xCD, n); /* dirty it before it is freed */
-                fy_stream_sync(g_s);
-                fy_dev_release(g_dev, p);
-            }
-}
-
-Test(memory, cap_refuses_with_oom_and_names_buffer_and_shortfall) {
-    setup_with(1u << 20, 0.0); /* 1 MiB of device memory */
-    void *a, *b, *c;
-    cr_assert_eq(fy_dev_alloc(g_dev, FY_MEM_DEVICE, 640u << 10, "first", &a), FY_OK);
-    b = (void *)1;
-    fy_status st = fy_dev_alloc(g_dev, FY_MEM_DEVICE, 512u << 10, "layer 3 parameters", &b);
-    cr_assert_eq(st, FY_ERR_DEVICE_OOM, "allocating past the cap gave %s", fy_status_str(st));
-    cr_expect_null(b, "a failed allocation must return NULL");
-    const char *msg = fy_last_error();
-    /* 512 KiB asked, 384 KiB free of 1 MiB: short by 128 KiB */
-    cr_expect(strstr(msg, "layer 3 parameters"), "error does not name the buffer: %s", msg);
-    cr_expect(strstr(msg, "128.00 KiB"), "error does not give the shortfall (128 KiB): %s", msg);
-    cr_expect(strstr(msg, "384.00 KiB"), "error does not give the free memory (384 KiB): %s", msg);
-    cr_expect(strstr(msg, "1.00 MiB"), "error does not give the budget (1 MiB): %s", msg);
-    /* the device is still usable and the failure left no trace in the accounting */
-    fy_dev_mem_stats ms;
-    fy_dev_mem_stats_get(g_dev, &ms);
-    cr_expect_eq(ms.used_nbytes[FY_MEM_DEVICE], 640u << 10, "failed allocation was counted");
-    cr_expect_eq(ms.cap_nbytes, 1u << 20);
-    cr_assert_eq(fy_dev_alloc(g_dev, FY_MEM_DEVICE, 384u << 10, "rest", &c), FY_OK,
-                 "what is left of the cap must still be allocatable");
-    cr_expect_eq(fy_dev_alloc(g_dev, FY_MEM_DEVICE, 1, "one more byte", &b), FY_ERR_DEVICE_OOM);
-    cr_expect_eq(fy_dev_alloc(g_dev, FY_MEM_PINNED, 4u << 20, "pinned", &b), FY_OK,
-                 "host memory kinds do not count against the device cap");
-    fy_dev_release(g_dev, a);
-    fy_dev_release(g_dev, c);
-    cr_expect_eq(fy_dev_alloc(g_dev, FY_MEM_DEVICE, 1u << 20, "all of it", &a), FY_OK,
-                 "released memory must be allocatable again");
-    fy_memset_async(g_s, a, 1, 1u << 20);
-    fy_stream_sync(g_s);
-}
 
 Test(memory, used_and_peak_accounting, .init = setup) {
     void *a, *b, *c;
