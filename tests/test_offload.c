@@ -13,26 +13,15 @@
 #include "engine/model/gpt2.h"
 #include "engine/io/tokens.h"
 #include "engine/trainer.h"
-#include "engine/trainer_impl.h" /* white box: the copies of a block, to plant a NaN */
+#include "engine/trainer_impl.h"
 #include "offload/plan.h"
 #include "offload/storage.h"
+#include "tests/plan_runs.h"
 #include "tests/test_util.h"
 
 /* A small model with 4 layers, so "half" is 2 layers; byte-level. */
 static const fy_gpt2_config small_cfg = {.vocab = 256, .max_seq = 32, .channels = 32,
                                          .layers = 4, .heads = 4};
-enum { T_SEQ = 16, STEPS = 5 };
-
-typedef struct result {
-    float loss[STEPS];
-    float norm[STEPS];
-    bool skipped[STEPS];
-    int nblocks;
-    size_t *nelem;   /* per block */
-    float **w;       /* final parameters per block */
-    size_t peak, model, staging;
-} result;
-
 /* The GPT-2 of a config (the test frees it). */
 static fy_model *new_model(const fy_gpt2_config *cfg) {
     fy_model *m;
@@ -40,221 +29,35 @@ static fy_model *new_model(const fy_gpt2_config *cfg) {
     return m;
 }
 
-/* Planting a NaN in every copy of one weight of block b (fp32 masters and the storage
- * type's copies), and taking it out again. */
-typedef struct planted { void *p; bool half; uint32_t saved; } planted;
-
-static int plant_nan(fy_trainer *tr, int b, planted out[4]) {
-    fy_chunk *c = &tr->st->chunks[b];
-    const bool lp = fy_tr_lp(tr);
-    void *ptrs[4] = {c->param_dev, c->param_lp != c->param_host ? c->param_lp : NULL,
-                     c->param_host, c->master_dev};
-    const bool half[4] = {lp, lp, false, false};
-    int n = 0;
-    for (int k = 0; k < 4; k++) {
-        if (!ptrs[k]) continue;
-        out[n] = (planted){ptrs[k], half[k], 0};
-        if (half[k]) {
-            out[n].saved = *(uint16_t *)ptrs[k];
-            *(uint16_t *)ptrs[k] = fy_f32_to_bf16(NAN);
-        } else {
-            memcpy(&out[n].saved, ptrs[k], 4);
-            *(float *)ptrs[k] = NAN;
-        }
-        n++;
-    }
-    return n;
-}
-
-static void unplant(const planted *pl, int n) {
-    for (int k = 0; k < n; k++) {
-        if (pl[k].half) *(uint16_t *)pl[k].p = (uint16_t)pl[k].saved;
-        else memcpy(pl[k].p, &pl[k].saved, 4);
-    }
-}
-
-/* Trains STEPS steps of `cfg` under `plan` on a fresh device; cap 0 = unlimited. With
- * nan_at >= 0, a NaN sits in the head's ln_f gain (every copy) during that step. */
+/* plan_runs.h's routines for a GPT-2 config. */
 static fy_status train_mode(const fy_gpt2_config *cfg, const fy_plan *plan, size_t cap,
                             fy_sched_mode mode, int nan_at, result *res) {
-    fy_dev_cfg dc = {.kind = FY_DEV_CPU, .threads = 2, .mem_cap_nbytes = cap};
-    fy_dev *dev;
-    cr_assert_eq(fy_dev_new(&dc, &dev), FY_OK);
-    fy_model *model = new_model(cfg);
-    fy_trainer_cfg tc = {.model = model, .T = T_SEQ, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
-                         .weight_decay = 0.1f, .clip = 1.0f, .seed = 11, .plan = plan,
-                         .schedule = mode};
-    fy_trainer *tr;
-    fy_status st = fy_trainer_new(dev, &tc, &tr);
-    if (st != FY_OK) {
-        fy_dev_free(dev);
-        fy_model_free(model);
-        return st;
-    }
-    fy_tokens *tok = test_corpus();
-    const int B = plan->micro_batch, A = plan->grad_accum;
-    const size_t N = (size_t)B * T_SEQ;
-    fy_loader *ld;
-    cr_assert_eq(fy_loader_new(tok, 0, fy_tokens_count(tok), B, T_SEQ, &ld), FY_OK);
-    int32_t *x = malloc(N * A * 4), *y = malloc(N * A * 4);
-    for (int s = 0; s < STEPS; s++) {
-        for (int a = 0; a < A; a++) fy_loader_next(ld, x + a * N, y + a * N);
-        planted pl[4];
-        int npl = s == nan_at ? plant_nan(tr, cfg->layers + 1, pl) : 0;
-        fy_step_stats ss;
-        cr_assert_eq(fy_trainer_step(tr, x, y, 1e-2f, &ss), FY_OK);
-        unplant(pl, npl);
-        res->loss[s] = ss.loss;
-        res->norm[s] = ss.grad_norm;
-        res->skipped[s] = ss.skipped;
-    }
-    res->nblocks = fy_model_nblocks(model);
-    res->w = calloc((size_t)res->nblocks, sizeof *res->w);
-    res->nelem = calloc((size_t)res->nblocks, sizeof *res->nelem);
-    for (int b = 0; b < res->nblocks; b++) {
-        res->nelem[b] = fy_model_block(model, b)->nelem;
-        res->w[b] = malloc(res->nelem[b] * sizeof(float));
-        fy_trainer_get_params(tr, b, res->w[b]);
-    }
-    fy_dev_mem_stats ms;
-    fy_dev_mem_stats_get(dev, &ms);
-    res->peak = ms.peak_nbytes[FY_MEM_DEVICE];
-    fy_mem_model mm;
-    fy_storage_model(model, plan, T_SEQ, &mm);
-    res->model = mm.device_total;
-    res->staging = mm.device[FY_CAT_STAGING];
-    free(x);
-    free(y);
-    fy_loader_free(ld);
-    fy_tokens_free(tok);
-    fy_trainer_free(tr);
-    fy_dev_free(dev);
-    fy_model_free(model);
-    return FY_OK;
+    fy_model *m = new_model(cfg);
+    fy_status st = plan_train(m, plan, cap, mode, nan_at, res);
+    fy_model_free(m);
+    return st;
 }
 
 static fy_status train(const fy_gpt2_config *cfg, const fy_plan *plan, size_t cap, result *res) {
     return train_mode(cfg, plan, cap, FY_SCHED_PRIORITY, -1, res);
 }
 
-static void result_free(const fy_gpt2_config *cfg, result *r) {
-    for (int b = 0; b < r->nblocks; b++) free(r->w[b]);
-    free(r->w);
-    free(r->nelem);
-}
-
 static fy_plan make_plan(const fy_gpt2_config *cfg, int B, int accum, double p, double o, int k) {
-    fy_plan plan;
     fy_model *m = new_model(cfg);
-    cr_assert_eq(fy_plan_new(m, B, accum, &plan), FY_OK);
-    cr_assert_eq(fy_plan_shorthands(&plan, p, o, k), FY_OK);
+    fy_plan plan = plan_of(m, B, accum, p, o, k, FY_F32);
     fy_model_free(m);
     return plan;
 }
 
-static void expect_identical(const fy_gpt2_config *cfg, const result *a, const result *b,
-                             const char *what) {
-    for (int s = 0; s < STEPS; s++) {
-        cr_expect(a->loss[s] == b->loss[s], "%s: step %d loss %.9g vs %.9g", what, s, b->loss[s],
-                  a->loss[s]);
-        cr_expect(a->norm[s] == b->norm[s], "%s: step %d norm differs", what, s);
-    }
-    cr_assert_eq(a->nblocks, b->nblocks);
-    for (int bl = 0; bl < a->nblocks; bl++)
-        cr_expect(!memcmp(a->w[bl], b->w[bl], a->nelem[bl] * sizeof(float)),
-                  "%s: block %d weights differ", what, bl);
-}
-
-/* Every combination of parameters streamed 0/50/100%, optimizer on the CPU 0/50/100%
- * and recomputation of none/half/all layers, with storage type dt: bit-identical to the
- * all-resident plan of that type, and the memory model equals the measured device peak
- * (the bar is 5%; by construction it is exact, and the test holds it to that). */
-static void every_plan_is_bit_identical(fy_dtype dt) {
-    const fy_gpt2_config *cfg = &small_cfg;
-    fy_plan base = make_plan(cfg, 2, 1, 0, 0, 0);
-    base.dtype = dt;
-    result ref;
-    cr_assert_eq(train(cfg, &base, 0, &ref), FY_OK);
-    cr_expect(ref.peak == ref.model, "all-resident: peak %zu, model %zu", ref.peak, ref.model);
-    const double ratios[] = {0, 0.5, 1};
-    const int ckpts[] = {0, 2, 4};
-    int n = 0;
-    for (int i = 0; i < 3; i++)
-        for (int j = 0; j < 3; j++)
-            for (int k = 0; k < 3; k++) {
-                if (!i && !j && !k) continue;
-                fy_plan p = make_plan(cfg, 2, 1, ratios[i], ratios[j], ckpts[k]);
-                p.dtype = dt;
-                result r;
-                char what[96];
-                snprintf(what, sizeof what, "%s: params %.1f optim %.1f ckpt %d", fy_dtype_name(dt),
-                         ratios[i], ratios[j], ckpts[k]);
-                cr_assert_eq(train(cfg, &p, 0, &r), FY_OK, "%s", what);
-                expect_identical(cfg, &ref, &r, what);
-                cr_expect(r.peak == r.model, "%s: device peak %zu, model %zu", what, r.peak, r.model);
-                /* the plan really moved state off the device: all but staging shrank */
-                cr_expect(r.peak - r.staging < ref.peak, "%s: device peak %zu (staging %zu) "
-                          "not below all-resident %zu", what, r.peak, r.staging, ref.peak);
-                result_free(cfg, &r);
-                fy_plan_free(&p);
-                n++;
-            }
-    cr_expect_eq(n, 26);
-    result_free(cfg, &ref);
-    fy_plan_free(&base);
-}
+/* Runs one of plan_runs.h's invariance routines on small_cfg's model. */
+#define ON_SMALL(call) do { fy_model *m = new_model(&small_cfg); call; fy_model_free(m); } while (0)
 
 Test(offload, every_plan_is_bit_identical_to_all_resident, .timeout = 300) {
-    every_plan_is_bit_identical(FY_F32);
-}
-
-/* Hand-written per-block patterns the shorthands cannot express. */
-static void irregular_plan_is_bit_identical(fy_dtype dt) {
-    const fy_gpt2_config *cfg = &small_cfg;
-    fy_plan base = make_plan(cfg, 2, 1, 0, 0, 0);
-    base.dtype = dt;
-    result ref;
-    cr_assert_eq(train(cfg, &base, 0, &ref), FY_OK);
-    fy_plan p = make_plan(cfg, 2, 1, 0, 0, 0);
-    p.dtype = dt;
-    for (int b = 0; b < cfg->layers + 2; b++) {
-        p.blocks[b].params = b % 2 ? FY_PARAMS_STREAMED : FY_PARAMS_RESIDENT;
-        p.blocks[b].optim = b % 3 ? FY_OPTIM_CPU : FY_OPTIM_GPU;
-        if (b >= 1 && b <= cfg->layers) p.blocks[b].acts = b % 2 ? FY_ACTS_KEEP : FY_ACTS_RECOMPUTE;
-    }
-    p.blocks[0].params = FY_PARAMS_STREAMED; /* the tied embedding streamed, gpu optimizer */
-    result r;
-    cr_assert_eq(train(cfg, &p, 0, &r), FY_OK);
-    expect_identical(cfg, &ref, &r, "irregular");
-    result_free(cfg, &r);
-    result_free(cfg, &ref);
-    fy_plan_free(&p);
-    fy_plan_free(&base);
+    ON_SMALL(every_plan_is_bit_identical(m, FY_F32));
 }
 
 Test(offload, irregular_plans_are_bit_identical, .timeout = 120) {
-    irregular_plan_is_bit_identical(FY_F32);
-}
-
-/* With gradient accumulation (2 micro-batches of 2) every plan still matches
- * all-resident bit for bit, with storage type dt; ref receives the all-resident run. */
-static void accumulated_plans_are_bit_identical(fy_dtype dt, result *ref) {
-    const fy_gpt2_config *cfg = &small_cfg;
-    fy_plan acc = make_plan(cfg, 2, 2, 0, 0, 0);
-    acc.dtype = dt;
-    cr_assert_eq(train(cfg, &acc, 0, ref), FY_OK);
-    const double ratios[][3] = {{1, 1, 4}, {0.5, 0.5, 2}, {0, 1, 0}, {1, 0, 0}};
-    for (int i = 0; i < 4; i++) {
-        fy_plan p = make_plan(cfg, 2, 2, ratios[i][0], ratios[i][1], (int)ratios[i][2]);
-        p.dtype = dt;
-        result r;
-        cr_assert_eq(train(cfg, &p, 0, &r), FY_OK);
-        expect_identical(cfg, ref, &r, fy_dtype_name(dt));
-        cr_expect(r.peak == r.model);
-        result_free(cfg, &r);
-        fy_plan_free(&p);
-    }
-    fy_plan_free(&acc);
+    ON_SMALL(irregular_plan_is_bit_identical(m, FY_F32));
 }
 
 /* Accumulated plans are invariant, and 2 micro-batches x 2 agree with one batch of 4 to
@@ -264,7 +67,7 @@ static void accumulated_plans_are_bit_identical(fy_dtype dt, result *ref) {
 Test(offload, accumulation_invariance_and_batch_equivalence, .timeout = 120) {
     const fy_gpt2_config *cfg = &small_cfg;
     result ref;
-    accumulated_plans_are_bit_identical(FY_F32, &ref);
+    ON_SMALL(accumulated_plans_are_bit_identical(m, FY_F32, &ref));
     fy_plan big = make_plan(cfg, 4, 1, 0, 0, 0);
     result one;
     cr_assert_eq(train(cfg, &big, 0, &one), FY_OK);
@@ -274,8 +77,8 @@ Test(offload, accumulation_invariance_and_batch_equivalence, .timeout = 120) {
         cr_expect(fabsf(one.norm[s] - ref.norm[s]) <= 1e-5f * one.norm[s],
                   "step %d: batch 4 norm %.9g, 2x2 %.9g", s, one.norm[s], ref.norm[s]);
     }
-    result_free(cfg, &one);
-    result_free(cfg, &ref);
+    result_free(&one);
+    result_free(&ref);
     fy_plan_free(&big);
 }
 
@@ -304,7 +107,7 @@ Test(offload, budget_refuses_resident_and_offloaded_plan_trains, .timeout = 120)
     cr_expect(r.peak <= budget);
     cr_expect(r.loss[STEPS - 1] < r.loss[0], "loss should fall: %g -> %g", r.loss[0],
               r.loss[STEPS - 1]);
-    result_free(&cfg, &r);
+    result_free(&r);
     fy_plan_free(&off);
     fy_plan_free(&res);
     fy_model_free(m);
@@ -425,20 +228,20 @@ Test(offload, every_schedule_mode_is_bit_identical, .timeout = 120) {
             snprintf(what, sizeof what, "plan %d under %s, prefetch %d", i,
                      fy_sched_mode_name(modes[m]), m);
             cr_assert_eq(train_mode(cfg, &p, 0, modes[m], -1, &r), FY_OK, "%s", what);
-            expect_identical(cfg, &ref, &r, what);
-            result_free(cfg, &r);
+            expect_identical(&ref, &r, what);
+            result_free(&r);
             fy_plan_free(&p);
         }
     fy_plan acc = make_plan(cfg, 2, 2, 1, 1, 2), acc0 = make_plan(cfg, 2, 2, 0, 0, 0);
     result ra, rb;
     cr_assert_eq(train_mode(cfg, &acc0, 0, FY_SCHED_SERIAL, -1, &ra), FY_OK);
     cr_assert_eq(train_mode(cfg, &acc, 0, FY_SCHED_FIFO, -1, &rb), FY_OK);
-    expect_identical(cfg, &ra, &rb, "accumulated, fifo");
-    result_free(cfg, &ra);
-    result_free(cfg, &rb);
+    expect_identical(&ra, &rb, "accumulated, fifo");
+    result_free(&ra);
+    result_free(&rb);
     fy_plan_free(&acc);
     fy_plan_free(&acc0);
-    result_free(cfg, &ref);
+    result_free(&ref);
     fy_plan_free(&base);
 }
 
@@ -455,19 +258,19 @@ static fy_plan make_plan_bf16(const fy_gpt2_config *cfg, int B, int accum, doubl
 }
 
 Test(bf16, every_plan_is_bit_identical_to_all_resident, .timeout = 300) {
-    every_plan_is_bit_identical(FY_BF16);
+    ON_SMALL(every_plan_is_bit_identical(m, FY_BF16));
 }
 
 Test(bf16, irregular_plans_are_bit_identical, .timeout = 120) {
-    irregular_plan_is_bit_identical(FY_BF16);
+    ON_SMALL(irregular_plan_is_bit_identical(m, FY_BF16));
 }
 
 /* Accumulation: the host adds cpu-optimised blocks' micro-batch gradients as the device
  * does (fp32 sums rounded to bf16). */
 Test(bf16, accumulated_plans_are_bit_identical, .timeout = 120) {
     result ref;
-    accumulated_plans_are_bit_identical(FY_BF16, &ref);
-    result_free(&small_cfg, &ref);
+    ON_SMALL(accumulated_plans_are_bit_identical(m, FY_BF16, &ref));
+    result_free(&ref);
 }
 
 /* bf16 storage trains the same model: bf16 keeps 8 bits of mantissa, so activations and
@@ -504,8 +307,8 @@ Test(bf16, trains_like_fp32_in_less_device_memory, .timeout = 120) {
                   sqrt(d / w));
     }
     cr_expect(b.peak < a.peak, "bf16 device peak %zu, fp32 %zu", b.peak, a.peak);
-    result_free(cfg, &a);
-    result_free(cfg, &b);
+    result_free(&a);
+    result_free(&b);
     fy_plan_free(&p32);
     fy_plan_free(&p16);
 }
@@ -542,10 +345,10 @@ static void skipped_step_leaves_every_plan_on_track(fy_dtype dt) {
         for (int b = 0; b < ref.nblocks; b++)
             cr_expect(!memcmp(r.w[b], ref.w[b], ref.nelem[b] * sizeof(float)),
                       "%s, plan %d: block %d weights differ", fy_dtype_name(dt), i, b);
-        result_free(cfg, &r);
+        result_free(&r);
         fy_plan_free(&p);
     }
-    result_free(cfg, &ref);
+    result_free(&ref);
     fy_plan_free(&base);
 }
 

@@ -1,0 +1,231 @@
+/* plan_runs.h — training a model under placement plans on the cpu backend and comparing
+ * the runs: the offload invariance (every plan gives the all-resident plan's losses and
+ * weights, bit for bit, and a memory model equal to the measured device peak), one
+ * routine for every model family (test_offload.c: GPT-2; test_family.c: a toy family).
+ * Include after <criterion/criterion.h>; the including file is a test program (statics). */
+#ifndef FY_PLAN_RUNS_H
+#define FY_PLAN_RUNS_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/core/dtype.h"
+#include "engine/model/model.h"
+#include "engine/trainer.h"
+#include "engine/trainer_impl.h" /* white box: the copies of a block, to plant a NaN */
+#include "offload/plan.h"
+#include "offload/storage.h"
+#include "tests/test_util.h"
+
+enum { T_SEQ = 16, STEPS = 5 };
+
+typedef struct result {
+    float loss[STEPS];
+    float norm[STEPS];
+    bool skipped[STEPS];
+    int nblocks;
+    size_t *nelem;   /* per block */
+    float **w;       /* final parameters per block */
+    size_t peak, model, staging;
+} result;
+
+/* Planting a NaN in every copy of one weight of block b (fp32 masters and the storage
+ * type's copies), and taking it out again. */
+typedef struct planted { void *p; bool half; uint32_t saved; } planted;
+
+static int plant_nan(fy_trainer *tr, int b, planted out[4]) {
+    fy_chunk *c = &tr->st->chunks[b];
+    const bool lp = fy_tr_lp(tr);
+    void *ptrs[4] = {c->param_dev, c->param_lp != c->param_host ? c->param_lp : NULL,
+                     c->param_host, c->master_dev};
+    const bool half[4] = {lp, lp, false, false};
+    int n = 0;
+    for (int k = 0; k < 4; k++) {
+        if (!ptrs[k]) continue;
+        out[n] = (planted){ptrs[k], half[k], 0};
+        if (half[k]) {
+            out[n].saved = *(uint16_t *)ptrs[k];
+            *(uint16_t *)ptrs[k] = fy_f32_to_bf16(NAN);
+        } else {
+            memcpy(&out[n].saved, ptrs[k], 4);
+            *(float *)ptrs[k] = NAN;
+        }
+        n++;
+    }
+    return n;
+}
+
+static void unplant(const planted *pl, int n) {
+    for (int k = 0; k < n; k++) {
+        if (pl[k].half) *(uint16_t *)pl[k].p = (uint16_t)pl[k].saved;
+        else memcpy(pl[k].p, &pl[k].saved, 4);
+    }
+}
+
+/* Trains STEPS steps of model m under `plan` on a fresh cpu device; cap 0 = unlimited.
+ * With nan_at >= 0, a NaN sits in the head block's first weight (every copy) during that
+ * step. */
+static fy_status plan_train(const fy_model *m, const fy_plan *plan, size_t cap,
+                            fy_sched_mode mode, int nan_at, result *res) {
+    fy_dev_cfg dc = {.kind = FY_DEV_CPU, .threads = 2, .mem_cap_nbytes = cap};
+    fy_dev *dev;
+    cr_assert_eq(fy_dev_new(&dc, &dev), FY_OK);
+    fy_trainer_cfg tc = {.model = m, .T = T_SEQ, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                         .weight_decay = 0.1f, .clip = 1.0f, .seed = 11, .plan = plan,
+                         .schedule = mode};
+    fy_trainer *tr;
+    fy_status st = fy_trainer_new(dev, &tc, &tr);
+    if (st != FY_OK) {
+        fy_dev_free(dev);
+        return st;
+    }
+    fy_tokens *tok = test_corpus();
+    const int B = plan->micro_batch, A = plan->grad_accum;
+    const size_t N = (size_t)B * T_SEQ;
+    fy_loader *ld;
+    cr_assert_eq(fy_loader_new(tok, 0, fy_tokens_count(tok), B, T_SEQ, &ld), FY_OK);
+    int32_t *x = malloc(N * A * 4), *y = malloc(N * A * 4);
+    for (int s = 0; s < STEPS; s++) {
+        for (int a = 0; a < A; a++) fy_loader_next(ld, x + a * N, y + a * N);
+        planted pl[4];
+        int npl = s == nan_at ? plant_nan(tr, fy_model_nblocks(m) - 1, pl) : 0;
+        fy_step_stats ss;
+        cr_assert_eq(fy_trainer_step(tr, x, y, 1e-2f, &ss), FY_OK);
+        unplant(pl, npl);
+        res->loss[s] = ss.loss;
+        res->norm[s] = ss.grad_norm;
+        res->skipped[s] = ss.skipped;
+    }
+    res->nblocks = fy_model_nblocks(m);
+    res->w = calloc((size_t)res->nblocks, sizeof *res->w);
+    res->nelem = calloc((size_t)res->nblocks, sizeof *res->nelem);
+    for (int b = 0; b < res->nblocks; b++) {
+        res->nelem[b] = fy_model_block(m, b)->nelem;
+        res->w[b] = malloc(res->nelem[b] * sizeof(float));
+        fy_trainer_get_params(tr, b, res->w[b]);
+    }
+    fy_dev_mem_stats ms;
+    fy_dev_mem_stats_get(dev, &ms);
+    res->peak = ms.peak_nbytes[FY_MEM_DEVICE];
+    fy_mem_model mm;
+    fy_storage_model(m, plan, T_SEQ, &mm);
+    res->model = mm.device_total;
+    res->staging = mm.device[FY_CAT_STAGING];
+    free(x);
+    free(y);
+    fy_loader_free(ld);
+    fy_tokens_free(tok);
+    fy_trainer_free(tr);
+    fy_dev_free(dev);
+    return FY_OK;
+}
+
+static void result_free(result *r) {
+    for (int b = 0; b < r->nblocks; b++) free(r->w[b]);
+    free(r->w);
+    free(r->nelem);
+}
+
+/* Model m's plan from AutoHete's shorthands, storage type dt. */
+static fy_plan plan_of(const fy_model *m, int B, int accum, double p, double o, int k,
+                       fy_dtype dt) {
+    fy_plan plan;
+    cr_assert_eq(fy_plan_new(m, B, accum, &plan), FY_OK);
+    cr_assert_eq(fy_plan_shorthands(&plan, p, o, k), FY_OK);
+    plan.dtype = dt;
+    return plan;
+}
+
+static void expect_identical(const result *a, const result *b, const char *what) {
+    for (int s = 0; s < STEPS; s++) {
+        cr_expect(a->loss[s] == b->loss[s], "%s: step %d loss %.9g vs %.9g", what, s, b->loss[s],
+                  a->loss[s]);
+        cr_expect(a->norm[s] == b->norm[s], "%s: step %d norm differs", what, s);
+    }
+    cr_assert_eq(a->nblocks, b->nblocks);
+    for (int bl = 0; bl < a->nblocks; bl++)
+        cr_expect(!memcmp(a->w[bl], b->w[bl], a->nelem[bl] * sizeof(float)),
+                  "%s: block %d weights differ", what, bl);
+}
+
+/* Every combination of parameters streamed 0/50/100%, optimizer on the CPU 0/50/100%
+ * and recomputation of none/half/all layers, with storage type dt: bit-identical to the
+ * all-resident plan of that type, and the memory model equals the measured device peak
+ * (the bar is 5%; by construction it is exact, and the test holds it to that). */
+static void every_plan_is_bit_identical(const fy_model *m, fy_dtype dt) {
+    const int L = fy_model_layers(m);
+    fy_plan base = plan_of(m, 2, 1, 0, 0, 0, dt);
+    result ref;
+    cr_assert_eq(plan_train(m, &base, 0, FY_SCHED_PRIORITY, -1, &ref), FY_OK);
+    cr_expect(ref.peak == ref.model, "all-resident: peak %zu, model %zu", ref.peak, ref.model);
+    const double ratios[] = {0, 0.5, 1};
+    const int ckpts[] = {0, L / 2, L};
+    int n = 0;
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++)
+            for (int k = 0; k < 3; k++) {
+                if (!i && !j && !k) continue;
+                fy_plan p = plan_of(m, 2, 1, ratios[i], ratios[j], ckpts[k], dt);
+                result r;
+                char what[128];
+                snprintf(what, sizeof what, "%s %s: params %.1f optim %.1f ckpt %d",
+                         fy_model_family(m), fy_dtype_name(dt), ratios[i], ratios[j], ckpts[k]);
+                cr_assert_eq(plan_train(m, &p, 0, FY_SCHED_PRIORITY, -1, &r), FY_OK, "%s", what);
+                expect_identical(&ref, &r, what);
+                cr_expect(r.peak == r.model, "%s: device peak %zu, model %zu", what, r.peak, r.model);
+                /* the plan really moved state off the device: all but staging shrank */
+                cr_expect(r.peak - r.staging < ref.peak, "%s: device peak %zu (staging %zu) "
+                          "not below all-resident %zu", what, r.peak, r.staging, ref.peak);
+                result_free(&r);
+                fy_plan_free(&p);
+                n++;
+            }
+    cr_expect_eq(n, 26);
+    result_free(&ref);
+    fy_plan_free(&base);
+}
+
+/* Hand-written per-block patterns the shorthands cannot express. */
+static void irregular_plan_is_bit_identical(const fy_model *m, fy_dtype dt) {
+    fy_plan base = plan_of(m, 2, 1, 0, 0, 0, dt);
+    result ref;
+    cr_assert_eq(plan_train(m, &base, 0, FY_SCHED_PRIORITY, -1, &ref), FY_OK);
+    fy_plan p = plan_of(m, 2, 1, 0, 0, 0, dt);
+    for (int b = 0; b < p.nblocks; b++) {
+        p.blocks[b].params = b % 2 ? FY_PARAMS_STREAMED : FY_PARAMS_RESIDENT;
+        p.blocks[b].optim = b % 3 ? FY_OPTIM_CPU : FY_OPTIM_GPU;
+        if (p.blocks[b].kind == FY_BLOCK_LAYER)
+            p.blocks[b].acts = b % 2 ? FY_ACTS_KEEP : FY_ACTS_RECOMPUTE;
+    }
+    p.blocks[0].params = FY_PARAMS_STREAMED; /* the embedding streamed, gpu optimizer */
+    result r;
+    cr_assert_eq(plan_train(m, &p, 0, FY_SCHED_PRIORITY, -1, &r), FY_OK);
+    expect_identical(&ref, &r, "irregular");
+    result_free(&r);
+    result_free(&ref);
+    fy_plan_free(&p);
+    fy_plan_free(&base);
+}
+
+/* With gradient accumulation (2 micro-batches of 2) every plan still matches
+ * all-resident bit for bit, with storage type dt; ref receives the all-resident run. */
+static void accumulated_plans_are_bit_identical(const fy_model *m, fy_dtype dt, result *ref) {
+    const int L = fy_model_layers(m);
+    fy_plan acc = plan_of(m, 2, 2, 0, 0, 0, dt);
+    cr_assert_eq(plan_train(m, &acc, 0, FY_SCHED_PRIORITY, -1, ref), FY_OK);
+    const double ratios[][3] = {{1, 1, L}, {0.5, 0.5, L / 2}, {0, 1, 0}, {1, 0, 0}};
+    for (int i = 0; i < 4; i++) {
+        fy_plan p = plan_of(m, 2, 2, ratios[i][0], ratios[i][1], (int)ratios[i][2], dt);
+        result r;
+        cr_assert_eq(plan_train(m, &p, 0, FY_SCHED_PRIORITY, -1, &r), FY_OK);
+        expect_identical(ref, &r, fy_dtype_name(dt));
+        cr_expect(r.peak == r.model);
+        result_free(&r);
+        fy_plan_free(&p);
+    }
+    fy_plan_free(&acc);
+}
+
+#endif
