@@ -4,6 +4,8 @@
 #ifndef FY_TRAINER_IMPL_H
 #define FY_TRAINER_IMPL_H
 
+#include <stdatomic.h>
+
 #include "engine/trainer.h"
 #include "optim_cpu/adam_pool.h"
 #include "scheduler/scheduler.h"
@@ -51,7 +53,8 @@ struct fy_trainer {
     /* measured durations per (kind, block): sum and count, FY_T_COUNT x (nblocks + 1)
      * pairs; tasks of no block (load, norm) use the last column */
     double *cost_ms;
-    struct { bool armed; int kind, block; int64_t micro; fy_status st; } inject;
+    /* the test hook: claimed (atomically: lanes run concurrently) by the one task it hits */
+    struct { atomic_bool armed; int kind, block; int64_t micro; fy_status st; } inject;
 };
 
 /* Block facts both halves of the trainer ask for. */

@@ -7,7 +7,9 @@
 #   1. tests/test_scheduler (every test; the executor's lane threads, pools, the trace);
 #   2. test_offload's invariance test on irregular plans (--filter 'offload/irregular*'),
 #      where the trainer's step graph runs on the scheduler: it must still give
-#      bit-identical results with no report. Skipped with FERRY_TSAN_SCHED_ONLY=1.
+#      bit-identical results with no report; and its failure tests (--filter
+#      'failure/*'), where a failing task cancels steps while the other lanes run on.
+#      Skipped with FERRY_TSAN_SCHED_ONLY=1.
 # Reports are also written to files (log_path) and the run fails if any exists, so a
 # report from a forked Criterion worker cannot be lost in its output.
 #
@@ -95,6 +97,7 @@ run scheduler timeout 600 "$build/tests/test_scheduler" --jobs 1
 if [ "${FERRY_TSAN_SCHED_ONLY:-0}" != 1 ]; then
     run offload-irregular timeout 600 "$build/tests/test_offload" --jobs 1 \
         --filter 'offload/irregular*'
+    run offload-failure timeout 600 "$build/tests/test_offload" --jobs 1 --filter 'failure/*'
 fi
 
 if compgen -G "$logdir/report*" >/dev/null; then
