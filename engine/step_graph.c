@@ -34,7 +34,9 @@
  * slot's previous user's) events on the device, so lanes run ahead without host round
  * trips. The host blocks only where it reads what the device wrote: the cpu lane's tasks
  * (the norm reads losses and norms, CPU Adam reads gradients, collect reads losses), the
- * host buffers a load or a gradient accumulation reuses, and the end of the window. The
+ * host buffers a load or a gradient accumulation reuses, and the end of the window. A
+ * device lane keeps at most FY_RUN_AHEAD tasks queued and waits before it picks the next
+ * (lane_wait), so its picks are made by what is ready then, not committed far ahead. The
  * serial schedule also waits for each task's work, so it measures tasks one at a time.
  * Task durations are the device's, from the events.
  *
