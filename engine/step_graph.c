@@ -68,6 +68,10 @@ const char *fy_task_kind_name(int kind) {
 
 #define ML FY_MODEL_MAX_LINKS
 
+/* A pass gives back its own fetch, its links' fetches and its own gradient unit. */
+_Static_assert(FY_MODEL_MAX_LINKS + 2 <= FY_SCHED_MAX_RELEASES,
+               "the scheduler must hold every unit a pass gives back");
+
 /* Where a gradient a task writes lives: the unit of task `holder` (a gopen, or the task
  * itself), or, with holder -1, the block's device accumulator; `first`: the task writes
  * it first in its micro-batch (opens it: zeroes the accumulator on the first
@@ -410,12 +414,15 @@ static fy_status run_task(void *ctx, const fy_task *t) {
     fy_trainer *tr = ctx;
     const int id = (int)(t - tr->graph->tasks);
     const sg_task *p = &tr->sgt[id];
+    fy_stream *s = lane_stream(tr, t->lane);
     if (tr->inject.kind == t->kind && (tr->inject.block < 0 || tr->inject.block == t->block) &&
         tr->inject.micro == abs_micro(tr, p) && atomic_exchange(&tr->inject.armed, false)) {
         fy_log_error("injected failure");
+        /* its end event still marks its place in the stream: a later taker of a unit it
+         * freed waits on it */
+        if (s) fy_event_record(tr->ev_end[id], s);
         return tr->inject.st;
     }
-    fy_stream *s = lane_stream(tr, t->lane);
     for (int k = 0; k < t->npred; k++) wait_for(tr, s, t->pred[k]);
     if (t->unit_after >= 0) wait_for(tr, s, t->unit_after);
     if (s) fy_event_record(tr->ev_start[id], s);
@@ -522,9 +529,9 @@ static void dep(builder *bd, int before, int after) {
 static void releases(builder *bd, int task, int holder) {
     if (task < 0 || holder < 0) return;
     int *r = bd->g->tasks[task].release_of;
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < FY_SCHED_MAX_RELEASES; i++)
         if (r[i] < 0) { r[i] = holder; return; }
-    FY_ASSERT(0, "a task releases at most three units");
+    FY_ASSERT(0, "a task releases more units than the scheduler holds");
 }
 
 /* A fetch of streamed block b's parameters after `ready`, or -1 if b is resident. */
@@ -848,9 +855,15 @@ static fy_status events_for(fy_trainer *tr, int n) {
     if (!e) return FY_ERR_NOMEM;
     tr->ev_end = e;
     for (; tr->nev < n; tr->nev++) {
-        tr->ev_start[tr->nev] = tr->ev_end[tr->nev] = NULL;
-        FY_TRY(fy_event_new_timed(tr->dev, &tr->ev_start[tr->nev]));
-        FY_TRY(fy_event_new_timed(tr->dev, &tr->ev_end[tr->nev]));
+        fy_event *a, *b;
+        FY_TRY(fy_event_new_timed(tr->dev, &a));
+        fy_status st = fy_event_new_timed(tr->dev, &b);
+        if (st != FY_OK) {
+            fy_event_free(a);
+            return st;
+        }
+        tr->ev_start[tr->nev] = a;
+        tr->ev_end[tr->nev] = b;
     }
     return FY_OK;
 }

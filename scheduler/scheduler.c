@@ -34,7 +34,7 @@ void fy_graph_init(fy_graph *g) { memset(g, 0, sizeof *g); }
 fy_task fy_task_make(fy_lane lane, int kind, int block, int iter, fy_task_fn run, void *ctx) {
     return (fy_task){.lane = lane, .kind = kind, .block = block, .iter = iter, .epoch = 0,
                      .use_pos = -1, .cost_ms = 1.0, .acquire_pool = -1,
-                     .release_of = {-1, -1, -1}, .unit_after = -1, .run = run, .ctx = ctx};
+                     .release_of = {-1, -1, -1, -1}, .unit_after = -1, .run = run, .ctx = ctx};
 }
 
 void fy_task_name(const fy_graph *g, const fy_task *t, char *buf, size_t cap) {
@@ -239,7 +239,7 @@ static fy_status dispatch_init(dispatch *d, fy_graph *g, fy_sched_mode mode) {
                 dispatch_free(d);
                 return FY_ERR_INVALID;
             }
-        for (int r = 0; r < 3; r++)
+        for (int r = 0; r < FY_SCHED_MAX_RELEASES; r++)
             if (t->release_of[r] >= 0 && g->tasks[t->release_of[r]].epoch != t->epoch) {
                 fy_log_error("scheduler: a unit is given back in another epoch than it was taken");
                 dispatch_free(d);
@@ -328,7 +328,7 @@ static int start(dispatch *d, fy_lane lane, int idx) {
 
 static void finish(dispatch *d, int id) {
     fy_task *t = &d->g->tasks[id];
-    for (int r = 0; r < 3; r++) {
+    for (int r = 0; r < FY_SCHED_MAX_RELEASES; r++) {
         if (t->release_of[r] < 0) continue;
         const fy_task *a = &d->g->tasks[t->release_of[r]];
         FY_ASSERT(a->unit >= 0 && a->acquire_pool >= 0, "release of a unit never acquired");
@@ -358,10 +358,10 @@ typedef struct exec {
     double t0;
     fy_sched_result *res;
     bool stuck;               /* no task can ever start: a bug in the graph */
-    fy_status failure;        /* the first task failure */
-    int running_cancelled;    /* running tasks of cancelled epochs */
+    fy_status failure;        /* the failure of the earliest epoch */
     int lane_task[FY_LANE_COUNT]; /* the task each lane runs, or -1 */
-    bool draining, drained;   /* after a failure: the drain hook ran */
+    bool draining;            /* the drain hook is running */
+    int drained_from;         /* cancel_from when it last ran (INT_MAX: never) */
 } exec;
 
 typedef struct lane_arg { exec *x; fy_lane lane; } lane_arg;
@@ -371,6 +371,7 @@ typedef struct lane_arg { exec *x; fy_lane lane; } lane_arg;
  * are given back. Called and returns with the lock held. */
 static void drain_cancelled(exec *x) {
     dispatch *d = &x->d;
+    const int from = d->cancel_from;
     x->draining = true;
     pthread_mutex_unlock(&x->mu);
     if (d->g->drain) d->g->drain(d->g->hook_ctx);
@@ -378,13 +379,22 @@ static void drain_cancelled(exec *x) {
     for (int p = 0; p < d->g->npools; p++)
         for (int u = 0; u < d->g->pool_units[p]; u++) {
             int h = d->unit_holder[p][u];
-            if (h >= 0 && cancelled(d, h)) {
+            if (h >= 0 && d->g->tasks[h].epoch >= from) {
                 d->unit_holder[p][u] = d->unit_last[p][u] = -1;
                 d->unit_freed[p][u] = d->done;
             }
         }
-    x->drained = true;
+    x->draining = false;
+    x->drained_from = from;
     pthread_cond_broadcast(&x->cv);
+}
+
+/* Tasks of cancelled epochs running on some lane now. */
+static int running_cancelled(const exec *x) {
+    int n = 0;
+    for (int l = 0; l < FY_LANE_COUNT; l++)
+        n += x->lane_task[l] >= 0 && cancelled(&x->d, x->lane_task[l]);
+    return n;
 }
 
 /* Nothing runs and nothing can start on any lane. */
@@ -419,15 +429,15 @@ static void *lane_main(void *arg) {
             pthread_mutex_lock(&x->mu);
             gated = true;
         }
-        bool failed = x->failure != FY_OK;
-        if (failed && !x->drained && !x->draining && x->running_cancelled == 0) {
+        bool failed = x->failure != FY_OK, drained = x->drained_from == d->cancel_from;
+        if (failed && !drained && !x->draining && running_cancelled(x) == 0) {
             drain_cancelled(x);
             continue;
         }
         if (x->stuck || d->done == d->g->n) break;
         int idx = pick(d, la->lane);
         if (idx < 0) {
-            if (idle(d) && (!failed || x->drained)) {
+            if (idle(d) && (!failed || drained) && !x->draining) {
                 if (!failed) x->stuck = true; /* after a failure, the end */
                 pthread_cond_broadcast(&x->cv);
                 break;
@@ -450,13 +460,10 @@ static void *lane_main(void *arg) {
         x->res->recs[rec] = (fy_trace_rec){id, t_start, t_end};
         x->res->busy_ms[la->lane] += t_end - t_start;
         x->lane_task[la->lane] = -1;
-        if (x->failure != FY_OK && cancelled(d, id)) x->running_cancelled--;
-        if (st != FY_OK && x->failure == FY_OK) {
+        if (st != FY_OK && t->epoch < d->cancel_from) { /* the earliest failure so far */
             x->failure = st;
             x->res->failed_task = id;
             d->cancel_from = t->epoch;
-            for (int l = 0; l < FY_LANE_COUNT; l++) /* still running elsewhere */
-                if (x->lane_task[l] >= 0 && cancelled(d, x->lane_task[l])) x->running_cancelled++;
         }
         finish(d, id);
         d->seq++;
@@ -469,7 +476,7 @@ static void *lane_main(void *arg) {
 fy_status fy_sched_execute(fy_graph *g, fy_sched_mode mode, fy_sched_result *out) {
     memset(out, 0, sizeof *out);
     out->failed_task = -1;
-    exec x = {.res = out, .lane_task = {-1, -1, -1, -1}};
+    exec x = {.res = out, .lane_task = {-1, -1, -1, -1}, .drained_from = INT_MAX};
     FY_TRY(dispatch_init(&x.d, g, mode));
     out->recs = calloc((size_t)(g->n ? g->n : 1), sizeof *out->recs);
     if (!out->recs) { dispatch_free(&x.d); return FY_ERR_NOMEM; }

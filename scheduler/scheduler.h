@@ -25,11 +25,14 @@
  * Failure: run() returns a status. When a task fails, every task of its epoch and of
  * later epochs that has not started is cancelled (never run); tasks of earlier epochs
  * run to the end (an epoch is a step: earlier steps complete, the failing one and later
- * ones do not start anything more). Dependencies and unit hand-overs never go from a
- * later epoch to an earlier one. Units held by cancelled epochs are given back once
- * none of their tasks runs, after the graph's drain hook (if any) has waited for the
- * work they queued. The first failure's status is returned; its task is named in one
- * error line (the task's own detail, or the status when it logged none).
+ * ones do not start anything more). Dependencies never go from a later epoch to an
+ * earlier one, and a unit is given back in the epoch that took it (a unit may still pass
+ * from a later epoch's task to an earlier one's). Units held by cancelled epochs are
+ * given back once none of their tasks runs, after the graph's drain hook (if any) has
+ * waited for the work they queued; a failure in an earlier epoch while later ones are
+ * cancelled widens the cancellation and drains again. The status of the failure in the
+ * earliest epoch is returned; each failing task is named in one error line (its own
+ * detail, or the status when it logged none).
  *
  * The executor runs tasks' run() on one thread per lane; the simulator runs the same
  * graph under the same rules on virtual time with each task's cost_ms. Both can record a
@@ -58,6 +61,7 @@ int fy_sched_mode_parse(const char *s, fy_sched_mode *out);
 const char *fy_sched_mode_name(fy_sched_mode m);
 
 #define FY_SCHED_MAX_POOLS 4
+#define FY_SCHED_MAX_RELEASES 4 /* units one task may give back */
 
 typedef struct fy_task fy_task;
 /* A task's work; FY_OK, or a failure (see above). */
@@ -71,7 +75,8 @@ struct fy_task {
     int64_t use_pos;             /* compute tasks: program position; others -1 */
     double cost_ms;              /* estimate, for the simulator */
     int acquire_pool;            /* -1: none */
-    int release_of[3];           /* ids of tasks whose units this one releases; -1 none */
+    int release_of[FY_SCHED_MAX_RELEASES]; /* ids of tasks whose units this one releases;
+                                              -1 none */
     fy_task_fn run;
     void *ctx;
     /* filled by the graph and the schedulers */

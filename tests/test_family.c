@@ -208,6 +208,22 @@ Test(family, tied_plans_bit_identical_in_fp32_and_bf16, .timeout = 300) {
     fy_model_free(m);
 }
 
+/* A block may link to more than one earlier block (FY_MODEL_MAX_LINKS): the tied toy's
+ * head made to link to layer 0 as well (which its loss leaves alone) trains under every
+ * accumulated plan, everything streamed included, bit-identical to all-resident: a pass
+ * then gives back three fetches and its gradient slot. */
+Test(family, a_block_with_two_links_trains_under_every_plan, .timeout = 120) {
+    fy_model *m = toy(&tied);
+    fy_block_spec *head = &m->blocks[m->nblocks - 1]; /* white box: before any use */
+    head->links[head->nlinks++] = 1;
+    cr_assert_eq(head->nlinks, FY_MODEL_MAX_LINKS);
+    result ref;
+    accumulated_plans_are_bit_identical(m, FY_F32, &ref);
+    result_free(&ref);
+    irregular_plan_is_bit_identical(m, FY_BF16);
+    fy_model_free(m);
+}
+
 /* It learns (the loss falls well below the uniform log 256 = 5.55), evaluates through the
  * graph to the loss its step reports, saves under its own names and loads back exactly. */
 Test(family, trains_evaluates_saves_and_loads, .timeout = 120) {

@@ -145,7 +145,7 @@ static fy_status probe_run(void *ctx, const fy_task *t) {
         }
     }
     if (id < 512 && p->set_flag_task[id]) atomic_store(&p->flag, 1);
-    for (int r = 0; r < 3; r++) {
+    for (int r = 0; r < FY_SCHED_MAX_RELEASES; r++) {
         int a = t->release_of[r];
         if (a < 0) continue;
         /* a is an ancestor: it ended before this task started, so its unit is settled */
@@ -181,7 +181,7 @@ static int *releasers(const fy_graph *g) {
     cr_assert_not_null(rel);
     for (int i = 0; i < g->n; i++) rel[i] = -1;
     for (int i = 0; i < g->n; i++)
-        for (int r = 0; r < 3; r++)
+        for (int r = 0; r < FY_SCHED_MAX_RELEASES; r++)
             if (g->tasks[i].release_of[r] >= 0) rel[g->tasks[i].release_of[r]] = i;
     return rel;
 }
@@ -937,7 +937,7 @@ Test(scheduler, pool_grants_in_priority_order_in_every_mode, .timeout = 30) {
         }
 }
 
-/* One task may release several units (release_of holds up to three): X0 and X1 take both
+/* One task may release several units (release_of holds up to four): X0 and X1 take both
  * units of a 2-unit pool and X2 one of a 1-unit pool; R releases all three, then Y0, Y1
  * (2-unit pool) and Y2 (1-unit pool) get units. */
 Test(scheduler, one_task_releases_several_units, .timeout = 30) {
@@ -1251,6 +1251,7 @@ typedef struct flog {
     pthread_mutex_t mu;
     int order[256], n;
     int fail_id;           /* this task returns FY_ERR_IO (-1: none) */
+    int fail2_id;          /* this one FY_ERR_FORMAT (-1: none) */
     int slow_id;           /* this task sleeps 20 ms first (-1: none) */
     int drains, drained_at;/* drain calls, and how many tasks had run at the first */
     int lane_waits[FY_LANE_COUNT];
@@ -1263,9 +1264,9 @@ static fy_status flog_run(void *ctx, const fy_task *t) {
     pthread_mutex_lock(&f->mu);
     f->order[f->n++] = id;
     pthread_mutex_unlock(&f->mu);
-    if (id == f->fail_id) {
+    if (id == f->fail_id || id == f->fail2_id) {
         fy_log_error("planted failure");
-        return FY_ERR_IO;
+        return id == f->fail_id ? FY_ERR_IO : FY_ERR_FORMAT;
     }
     return FY_OK;
 }
@@ -1302,7 +1303,7 @@ static void flog_init(flog *f, fy_graph *g) {
     memset(f, 0, sizeof *f);
     pthread_mutex_init(&f->mu, NULL);
     f->g = g;
-    f->fail_id = f->slow_id = -1;
+    f->fail_id = f->fail2_id = f->slow_id = -1;
     g->drain = flog_drain;
     g->hook_ctx = f;
 }
@@ -1379,7 +1380,33 @@ Test(failure, units_of_cancelled_epochs_come_back_after_the_drain, .timeout = 30
     fy_graph_free(&g);
 }
 
-/* Dependencies and unit hand-overs never go back an epoch. */
+/* A failure in an earlier epoch after a later epoch failed: the cancellation widens (the
+ * earlier task's successors do not run), the earlier failure is the one returned, and
+ * the executor drains again. */
+Test(failure, a_later_failure_in_an_earlier_epoch_widens_the_cancellation, .timeout = 30) {
+    fy_graph g;
+    fy_graph_init(&g);
+    flog f;
+    flog_init(&f, &g);
+    int x = flog_add(&g, &f, FY_LANE_H2D, 1, 0);    /* fails at once */
+    int y = flog_add(&g, &f, FY_LANE_CPU, 0, 1);    /* fails 20 ms later */
+    int z = flog_add(&g, &f, FY_LANE_COMPUTE, 0, 2);
+    dep(&g, y, z);
+    f.fail_id = x;
+    f.fail2_id = y;
+    f.slow_id = y;
+    cr_assert_eq(fy_graph_prioritize(&g), FY_OK);
+    fy_sched_result r;
+    cr_assert_eq(fy_sched_execute(&g, FY_SCHED_PRIORITY, &r), FY_ERR_FORMAT);
+    cr_expect_eq(r.failed_task, y, "the failure of the earliest epoch is the one returned");
+    cr_expect(flog_ran(&f, x) && flog_ran(&f, y) && !flog_ran(&f, z),
+              "a failed task's successors must not run");
+    cr_expect_eq(f.drains, 2, "each widening drains again");
+    fy_sched_result_free(&r);
+    fy_graph_free(&g);
+}
+
+/* Dependencies never go back an epoch. */
 Test(failure, a_dependency_into_an_earlier_epoch_is_refused, .timeout = 10) {
     fy_graph g;
     fy_graph_init(&g);
