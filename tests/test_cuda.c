@@ -383,7 +383,7 @@ static void check_attention(fy_dtype dt, int T, double tol_fwd, double tol_bwd) 
     seed(55 + (uint64_t)T);
     dual qkv = dput(dt, hrand(nqkv, -1.5f, 1.5f), nqkv);
     dual out = dpoison(dt, nout), att = dpoison(dt, natt);
-    BOTH(fy_k_attention_fwd(X(out), X(att), X(qkv), B, T, C, NH, S));
+    BOTH(fy_k_attention_fwd(X(out), X(att), X(qkv), B, T, NH, NH, C / NH, S));
     char what[64];
     snprintf(what, sizeof what, "attention_fwd T=%d out", T);
     expect_match(what, &out, tol_fwd);
@@ -393,7 +393,7 @@ static void check_attention(fy_dtype dt, int T, double tol_fwd, double tol_bwd) 
     dual p = dput(dt, dget(&att, CPU), natt);
     dual dout = dput(dt, hrand(nout, -1, 1), nout);
     dual dqkv = dpoison(dt, nqkv), scratch = dpoison(dt, natt);
-    BOTH(fy_k_attention_bwd(X(dqkv), X(scratch), X(dout), X(qkv), X(p), B, T, C, NH, S));
+    BOTH(fy_k_attention_bwd(X(dqkv), X(scratch), X(dout), X(qkv), X(p), B, T, NH, NH, C / NH, S));
     snprintf(what, sizeof what, "attention_bwd T=%d dqkv", T);
     expect_match(what, &dqkv, tol_bwd);
 }
@@ -802,7 +802,7 @@ static void kset_run(fy_stream *s, fy_dtype dt, void *const img[K_COUNT], char *
     fy_k_encoder_fwd(T_(x0), T_(tok), T_(wte), T_(wpe), KB, KT, KC, KV, s);
     fy_k_layernorm_fwd(T_(ln), T_(mean), T_(rstd), T_(x0), T_(ln_w), T_(ln_b), KN, KC, s);
     fy_k_matmul_fwd(T_(qkv), T_(ln), T_(qkv_w), T_(qkv_b), KN, KC, 3 * KC, s);
-    fy_k_attention_fwd(T_(y), T_(att), T_(qkv), KB, KT, KC, KNH, s);
+    fy_k_attention_fwd(T_(y), T_(att), T_(qkv), KB, KT, KNH, KNH, KC / KNH, s);
     fy_k_residual_fwd(T_(res), T_(x0), T_(y), KN * KC, s);
     fy_k_matmul_fwd(T_(logits), T_(res), T_(wte), NULL, KN, KC, KV, s);
     fy_k_crossentropy(T_(losses), T_(logits), T_(tgt), KN, KV, KV, 1.0f / KN, s);
@@ -811,7 +811,7 @@ static void kset_run(fy_stream *s, fy_dtype dt, void *const img[K_COUNT], char *
     fy_k_gelu_fwd(T_(gelu), T_(qkv), KN * 3 * KC, s);
     fy_k_gelu_bwd(T_(dgelu), T_(qkv), T_(gelu), KN * 3 * KC, s);
     fy_k_sumsq(T_(sq), T_(dgelu), KN * 3 * KC, s);
-    fy_k_attention_bwd(T_(dqkv), T_(scratch), T_(dy), T_(qkv), T_(att), KB, KT, KC, KNH, s);
+    fy_k_attention_bwd(T_(dqkv), T_(scratch), T_(dy), T_(qkv), T_(att), KB, KT, KNH, KNH, KC / KNH, s);
     fy_k_matmul_bwd(T_(dln), T_(dqkv_w), T_(dqkv_b), T_(dqkv), T_(ln), T_(qkv_w), KN, KC, 3 * KC, s);
     fy_k_layernorm_bwd(T_(dx0), T_(dln_w), T_(dln_b), T_(dln), T_(x0), T_(ln_w), T_(mean),
                        T_(rstd), KN, KC, s);

@@ -43,170 +43,7 @@
 #include "engine/model/gpt2.h"
 #include "optim_cpu/adam.h"
 
-#define U_F32 0x1p-24 /* unit roundoff of fp32 */
-
-/* ---- fixtures and helpers ---------------------------------------------------------- */
-
-static fy_dev *g_dev;
-static fy_stream *g_s;
-static void *g_host[512];
-static int g_nhost;
-
-static fy_dev *open_dev(size_t cap_nbytes, double gbps, int threads) {
-    fy_dev_cfg cfg = {.kind = FY_DEV_CPU, .threads = threads, .mem_cap_nbytes = cap_nbytes,
-                      .sim_pcie_gbps = gbps};
-    fy_dev *d = NULL;
-    cr_assert_eq(fy_dev_new(&cfg, &d), FY_OK, "fy_dev_new: %s", fy_last_error());
-    return d;
-}
-
-static void setup_with(size_t cap_nbytes, double gbps) {
-    fy_log_set_level(FY_LOG_QUIET); /* expected errors (OOM) stay out of the output */
-    g_dev = open_dev(cap_nbytes, gbps, 2);
-    cr_assert_eq(fy_stream_new(g_dev, "main", &g_s), FY_OK);
-}
-static void setup(void) { setup_with(0, 0.0); }
-
-static void teardown(void) {
-    fy_stream_free(g_s);
-    fy_dev_free(g_dev);
-    while (g_nhost > 0) free(g_host[--g_nhost]);
-}
-
-/* Host scratch, zeroed, freed at teardown. */
-static void *hnew(size_t nbytes) {
-    cr_assert(g_nhost < (int)(sizeof g_host / sizeof g_host[0]));
-    void *p = calloc(1, nbytes ? nbytes : 1);
-    cr_assert(p);
-    return g_host[g_nhost++] = p;
-}
-static float *hnewf(size_t n) { return hnew(n * sizeof(float)); }
-
-static void *dnew(size_t nbytes) {
-    void *p = NULL;
-    fy_status st = fy_dev_alloc(g_dev, FY_MEM_DEVICE, nbytes, "test buffer", &p);
-    cr_assert_eq(st, FY_OK, "fy_dev_alloc: %s", fy_last_error());
-    return p;
-}
-static float *dnewf(size_t n) { return dnew(n * sizeof(float)); }
-
-static void put(void *d, const void *h, size_t nbytes) {
-    fy_copy_async(g_s, d, h, nbytes, FY_H2D);
-    fy_stream_sync(g_s);
-}
-static void get(void *h, const void *d, size_t nbytes) {
-    fy_copy_async(g_s, h, d, nbytes, FY_D2H);
-    fy_stream_sync(g_s);
-}
-static float *dputf(const float *h, size_t n) {
-    float *d = dnewf(n);
-    put(d, h, n * sizeof(float));
-    return d;
-}
-static float *dgetf(const float *d, size_t n) {
-    float *h = hnewf(n);
-    get(h, d, n * sizeof(float));
-    return h;
-}
-
-typedef struct rng { uint64_t s; } rng;
-static uint64_t rng_u64(rng *r) { /* splitmix64 */
-    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-static float rng_unif(rng *r, float lo, float hi) {
-    return lo + (hi - lo) * (float)((double)(rng_u64(r) >> 11) * 0x1p-53);
-}
-static int rng_int(rng *r, int n) { return (int)(rng_u64(r) % (uint64_t)n); }
-static float *hrand(rng *r, size_t n, float lo, float hi) {
-    float *x = hnewf(n);
-    for (size_t i = 0; i < n; i++) x[i] = rng_unif(r, lo, hi);
-    return x;
-}
-
-/* L = sum(out * R) in double, out read back from the device into tmp. */
-static double dot_dev(const float *out, const float *R, float *tmp, size_t n) {
-    get(tmp, out, n * sizeof(float));
-    double L = 0.0;
-    for (size_t i = 0; i < n; i++) L += (double)tmp[i] * (double)R[i];
-    return L;
-}
-
-/* ---- the finite-difference engine -------------------------------------------------- */
-
-/* Queues a forward on g_s and returns the objective L read back in double. */
-typedef double (*fd_objective)(void *ctx);
-
-typedef struct fd_check {
-    const char *name;
-    float *x;         /* the input perturbed, device memory (n) */
-    size_t n;
-    const float *ana; /* dL/dx from the backward kernel, host (n) */
-    float h;          /* step */
-    size_t max_coords;/* coordinates checked: all if n is not larger, else a fixed sample */
-    double tol;       /* on ||num - ana|| / ||ana|| */
-} fd_check;
-
-static double fd_rel_err(fd_objective f, void *ctx, const fd_check *c) {
-    float *x = malloc(c->n * sizeof *x);
-    size_t *idx = malloc(c->n * sizeof *idx);
-    cr_assert(x && idx);
-    get(x, c->x, c->n * sizeof(float));
-    for (size_t i = 0; i < c->n; i++) idx[i] = i;
-    size_t m = c->n;
-    if (m > c->max_coords) { /* partial Fisher-Yates: a fixed sample without repeats */
-        rng r = {0xfd5eed ^ c->n};
-        for (size_t k = 0; k < c->max_coords; k++) {
-            size_t j = k + (size_t)(rng_u64(&r) % (c->n - k));
-            size_t t = idx[k]; idx[k] = idx[j]; idx[j] = t;
-        }
-        m = c->max_coords;
-    }
-    double e2 = 0.0, a2 = 0.0;
-    for (size_t k = 0; k < m; k++) {
-        size_t i = idx[k];
-        float x0 = x[i], xp = x0 + c->h, xm = x0 - c->h;
-        put(c->x + i, &xp, sizeof xp);
-        double lp = f(ctx);
-        put(c->x + i, &xm, sizeof xm);
-        double lm = f(ctx);
-        put(c->x + i, &x0, sizeof x0);
-        double num = (lp - lm) / ((double)xp - (double)xm);
-        e2 += (num - c->ana[i]) * (num - c->ana[i]);
-        a2 += (double)c->ana[i] * c->ana[i];
-    }
-    free(x);
-    free(idx);
-    return sqrt(e2) / sqrt(a2); /* NaN or inf (a failure) if ana is all zeros */
-}
-
-static void expect_fd(fd_objective f, void *ctx, const fd_check *c) {
-    double rel = fd_rel_err(f, ctx, c);
-    cr_log_info("fd %-26s ||num-ana||/||ana|| = %.2e (tol %.0e)", c->name, rel, c->tol);
-    cr_expect(rel <= c->tol,
-              "%s: finite differences disagree with the backward kernel: "
-              "||num - ana|| / ||ana|| = %.3g > tol %.3g", c->name, rel, c->tol);
-}
-
-/* got == base + inc up to the rounding of one fp32 addition (and of the sum, if the
- * kernel adds a differently rounded partial): 4u * (|base| + |inc|). */
-static void expect_accumulated(const char *name, const float *got, const float *base,
-                               const float *inc, size_t n) {
-    size_t bad = 0, first = 0;
-    for (size_t i = 0; i < n; i++) {
-        double want = (double)base[i] + inc[i];
-        double tol = 4 * U_F32 * (fabs(base[i]) + fabs(inc[i]));
-        if (!(fabs(got[i] - want) <= tol)) { if (!bad) first = i; bad++; }
-    }
-    cr_expect(bad == 0, "%s does not accumulate: %zu of %zu wrong, first [%zu] = %.9g, "
-              "want %.9g + %.9g", name, bad, n, first, got[first], base[first], inc[first]);
-}
-
-static void expect_same_bits(const char *name, const void *a, const void *b, size_t nbytes) {
-    cr_expect(memcmp(a, b, nbytes) == 0, "%s: results differ bitwise", name);
-}
+#include "kernel_check.h"
 
 /* ---- kernel objectives ------------------------------------------------------------- */
 
@@ -255,7 +92,7 @@ typedef struct att_ctx {
 } att_ctx;
 static double att_obj(void *p) {
     att_ctx *c = p;
-    fy_k_attention_fwd(c->out, c->att, c->qkv, c->B, c->T, c->C, c->NH, g_s);
+    fy_k_attention_fwd(c->out, c->att, c->qkv, c->B, c->T, c->NH, c->NH, c->C / c->NH, g_s);
     return dot_dev(c->out, c->R, c->tmp, (size_t)c->B * c->T * c->C);
 }
 
@@ -373,7 +210,7 @@ Test(kernel_grad, attention_bwd_matches_fd) {
                  .R = R, .tmp = hnewf(B * T * C), .B = B, .T = T, .C = C, .NH = NH};
     att_obj(&c);
     float *dqkv = dnewf(B * T * 3 * C), *scratch = dnewf(B * NH * T * T);
-    fy_k_attention_bwd(dqkv, scratch, dputf(R, B * T * C), c.qkv, c.att, B, T, C, NH, g_s);
+    fy_k_attention_bwd(dqkv, scratch, dputf(R, B * T * C), c.qkv, c.att, B, T, NH, NH, C / NH, g_s);
     /* Softmax is smooth on the scale of the scores (~1): h = 5e-3 on inputs of ~1.
      * Rounding: a coordinate moves up to T*hs = 56 outputs of ~1, ~sqrt(56)*2u / 2h
      * ~ 2e-4 of gradients ~0.5, less as errors of different outputs cancel (measured
@@ -663,13 +500,13 @@ Test(accumulate, attention_bwd_overwrites_dqkv) {
     float *qkv = dputf(hrand(&r, B * T * 3 * C, -1, 1), B * T * 3 * C);
     float *out = dnewf(B * T * C), *att = dnewf(B * NH * T * T);
     float *dout = dputf(hrand(&r, B * T * C, -1, 1), B * T * C);
-    fy_k_attention_fwd(out, att, qkv, B, T, C, NH, g_s);
+    fy_k_attention_fwd(out, att, qkv, B, T, NH, NH, C / NH, g_s);
     float *dqkv = dnewf(B * T * 3 * C), *scratch = dnewf(B * NH * T * T);
-    fy_k_attention_bwd(dqkv, scratch, dout, qkv, att, B, T, C, NH, g_s);
+    fy_k_attention_bwd(dqkv, scratch, dout, qkv, att, B, T, NH, NH, C / NH, g_s);
     float *clean = dgetf(dqkv, B * T * 3 * C);
     put(dqkv, hrand(&r, B * T * 3 * C, 100, 1000), B * T * 3 * C * sizeof(float));
     put(scratch, hrand(&r, B * NH * T * T, 100, 1000), B * NH * T * T * sizeof(float));
-    fy_k_attention_bwd(dqkv, scratch, dout, qkv, att, B, T, C, NH, g_s);
+    fy_k_attention_bwd(dqkv, scratch, dout, qkv, att, B, T, NH, NH, C / NH, g_s);
     expect_same_bits("attention dqkv over stale contents", dgetf(dqkv, B * T * 3 * C), clean,
                      B * T * 3 * C * sizeof(float));
 }
@@ -784,7 +621,7 @@ Test(kernel_fwd, attention_matches_host_double) {
     float *qkv = hrand(&r, B * T * 3 * C, -1.5f, 1.5f);
     float *out = dnewf(B * T * C), *att = dnewf(B * NH * T * T);
     put(att, hrand(&r, B * NH * T * T, 5, 6), B * NH * T * T * sizeof(float)); /* stale */
-    fy_k_attention_fwd(out, att, dputf(qkv, B * T * 3 * C), B, T, C, NH, g_s);
+    fy_k_attention_fwd(out, att, dputf(qkv, B * T * 3 * C), B, T, NH, NH, C / NH, g_s);
     float *go = dgetf(out, B * T * C), *gp = dgetf(att, B * NH * T * T);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++)
@@ -961,8 +798,8 @@ static void kset_run(float *const img[K_COUNT], float *base, size_t off, size_t 
     fy_k_matmul_fwd(T(mm_out), T(mm_inp), T(mm_w), T(mm_bias), KN, KC, KOC, g_s);
     fy_k_matmul_bwd(T(mm_dinp), T(mm_dw), T(mm_dbias), T(mm_dout), T(mm_inp), T(mm_w), KN, KC,
                     KOC, g_s);
-    fy_k_attention_fwd(T(att_out), T(att_p), T(qkv), KB, KT, KC, KNH, g_s);
-    fy_k_attention_bwd(T(dqkv), T(att_scratch), T(att_dout), T(qkv), T(att_p), KB, KT, KC, KNH,
+    fy_k_attention_fwd(T(att_out), T(att_p), T(qkv), KB, KT, KNH, KNH, KC / KNH, g_s);
+    fy_k_attention_bwd(T(dqkv), T(att_scratch), T(att_dout), T(qkv), T(att_p), KB, KT, KNH, KNH, KC / KNH,
                        g_s);
     fy_k_gelu_fwd(T(gelu_out), T(gelu_inp), KN * 4 * KC, g_s);
     fy_k_gelu_bwd(T(gelu_dinp), T(gelu_inp), T(gelu_dout), KN * 4 * KC, g_s);
@@ -1303,13 +1140,13 @@ Test(bf16_storage, attention_encoder_crossentropy_sumsq_round_the_fp32_results) 
     bpair qkv = bpair_new(&r, B * T * 3 * C, -2, 2), y = bpair_new(&r, B * T * C, 0, 0);
     bpair att = bpair_new(&r, B * NH * T * T, 0, 0), dy = bpair_new(&r, B * T * C, -1, 1);
     bpair dqkv = bpair_new(&r, B * T * 3 * C, 0, 0), scr = bpair_new(&r, B * NH * T * T, 0, 0);
-    fy_k_attention_fwd(y.d32, att.d32, qkv.d32, B, T, C, NH, g_s);
-    fy_k_attention_fwd(y.d16, att.d16, qkv.d16, B, T, C, NH, g_s16);
+    fy_k_attention_fwd(y.d32, att.d32, qkv.d32, B, T, NH, NH, C / NH, g_s);
+    fy_k_attention_fwd(y.d16, att.d16, qkv.d16, B, T, NH, NH, C / NH, g_s16);
     bpair_expect_rounded(&y, "attention out");
     bpair_expect_rounded(&att, "attention probabilities");
     bpair_resync(&att); /* backward from the same (rounded) probabilities on both sides */
-    fy_k_attention_bwd(dqkv.d32, scr.d32, dy.d32, qkv.d32, att.d32, B, T, C, NH, g_s);
-    fy_k_attention_bwd(dqkv.d16, scr.d16, dy.d16, qkv.d16, att.d16, B, T, C, NH, g_s16);
+    fy_k_attention_bwd(dqkv.d32, scr.d32, dy.d32, qkv.d32, att.d32, B, T, NH, NH, C / NH, g_s);
+    fy_k_attention_bwd(dqkv.d16, scr.d16, dy.d16, qkv.d16, att.d16, B, T, NH, NH, C / NH, g_s16);
     bpair_expect_rounded(&dqkv, "attention dqkv");
 
     int32_t tok[2 * 9];
@@ -1361,8 +1198,13 @@ static const op_case op_cases[] = {
     {FY_OP_MATMUL_BWD, {10, 8, 12}, {0}},
     {FY_OP_MATMUL_BWD_F32ACC, {10, 8, 12}, {0}},
     {FY_OP_ADD_F32, {37}, {0}},
-    {FY_OP_ATTENTION_FWD, {2, 5, 8, 2}, {0}},
-    {FY_OP_ATTENTION_BWD, {2, 5, 8, 2}, {0}},
+    {FY_OP_RMSNORM_FWD, {10, 8}, {1e-5f}},
+    {FY_OP_RMSNORM_BWD, {10, 8}, {0}},
+    {FY_OP_ATTENTION_FWD, {2, 5, 4, 2, 4}, {0}}, /* grouped: 4 query heads, 2 key/value */
+    {FY_OP_ATTENTION_BWD, {2, 5, 4, 2, 4}, {0}},
+    {FY_OP_ROPE, {2, 5, 4, 2, 4, 0, FY_ROPE_LLAMA3}, {500000.0f, 8.0f, 1.0f, 4.0f, 8.0f}},
+    {FY_OP_SWIGLU_FWD, {10, 6}, {0}},
+    {FY_OP_SWIGLU_BWD, {10, 6}, {0}},
     {FY_OP_GELU_FWD, {37}, {0}},
     {FY_OP_GELU_BWD, {37}, {0}},
     {FY_OP_RESIDUAL_FWD, {37}, {0}},

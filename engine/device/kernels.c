@@ -43,6 +43,17 @@ void fy_k_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout,
            INTS(N, C), NO_FLTS);
 }
 
+void fy_k_rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w, int N, int C,
+                      float eps, fy_stream *s) {
+    launch(s, FY_OP_RMSNORM_FWD, PTRS(out, rstd, P(inp), P(w)), INTS(N, C), FLTS(eps));
+}
+
+void fy_k_rmsnorm_bwd(float *dinp, float *dw, const float *dout, const float *inp,
+                      const float *w, const float *rstd, int N, int C, fy_stream *s) {
+    launch(s, FY_OP_RMSNORM_BWD, PTRS(dinp, dw, P(dout), P(inp), P(w), P(rstd)), INTS(N, C),
+           NO_FLTS);
+}
+
 void fy_k_matmul_fwd(float *out, const float *inp, const float *w, const float *bias,
                      int N, int C, int OC, fy_stream *s) {
     launch(s, FY_OP_MATMUL_FWD, PTRS(out, P(inp), P(w), P(bias)), INTS(N, C, OC), NO_FLTS);
@@ -64,15 +75,24 @@ void fy_k_add_f32(float *dst, const float *src, size_t n, fy_stream *s) {
     launch(s, FY_OP_ADD_F32, PTRS(dst, P(src)), INTS((int64_t)n), NO_FLTS);
 }
 
-void fy_k_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C,
-                        int NH, fy_stream *s) {
-    launch(s, FY_OP_ATTENTION_FWD, PTRS(out, att, P(qkv)), INTS(B, T, C, NH), NO_FLTS);
+void fy_k_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int NH, int NKV,
+                        int hd, fy_stream *s) {
+    FY_ASSERT(NKV > 0 && NH % NKV == 0, "attention: key/value heads must divide the heads");
+    launch(s, FY_OP_ATTENTION_FWD, PTRS(out, att, P(qkv)), INTS(B, T, NH, NKV, hd), NO_FLTS);
 }
 
 void fy_k_attention_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                        const float *att, int B, int T, int C, int NH, fy_stream *s) {
+                        const float *att, int B, int T, int NH, int NKV, int hd, fy_stream *s) {
+    FY_ASSERT(NKV > 0 && NH % NKV == 0, "attention: key/value heads must divide the heads");
     launch(s, FY_OP_ATTENTION_BWD, PTRS(dqkv, scratch, P(dout), P(qkv), P(att)),
-           INTS(B, T, C, NH), NO_FLTS);
+           INTS(B, T, NH, NKV, hd), NO_FLTS);
+}
+
+void fy_k_rope(float *qkv, int B, int T, int NH, int NKV, int hd, bool inverse,
+               const fy_rope *r, fy_stream *s) {
+    FY_ASSERT(hd % 2 == 0, "rope: the head dimension must be even");
+    launch(s, FY_OP_ROPE, PTRS(qkv), INTS(B, T, NH, NKV, hd, inverse, r->type),
+           FLTS(r->theta, r->factor, r->low_freq_factor, r->high_freq_factor, r->orig_max_pos));
 }
 
 void fy_k_gelu_fwd(float *out, const float *inp, size_t n, fy_stream *s) {
@@ -81,6 +101,14 @@ void fy_k_gelu_fwd(float *out, const float *inp, size_t n, fy_stream *s) {
 
 void fy_k_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n, fy_stream *s) {
     launch(s, FY_OP_GELU_BWD, PTRS(dinp, P(inp), P(dout)), INTS((int64_t)n), NO_FLTS);
+}
+
+void fy_k_swiglu_fwd(float *out, const float *gu, int N, int F, fy_stream *s) {
+    launch(s, FY_OP_SWIGLU_FWD, PTRS(out, P(gu)), INTS(N, F), NO_FLTS);
+}
+
+void fy_k_swiglu_bwd(float *dgu, const float *gu, const float *dout, int N, int F, fy_stream *s) {
+    launch(s, FY_OP_SWIGLU_BWD, PTRS(dgu, P(gu), P(dout)), INTS(N, F), NO_FLTS);
 }
 
 void fy_k_residual_fwd(float *out, const float *a, const float *b, size_t n, fy_stream *s) {

@@ -1,4 +1,5 @@
-/* kernels.h — the kernels a GPT-2 block needs, launched on a stream.
+/* kernels.h — the kernels of the model families' blocks (GPT-2's and Llama's), launched
+ * on a stream.
  *
  * Launchers follow llm.c's order: outputs, inputs, sizes, then the stream. Tensors are
  * row-major, in device memory; shapes are in the comments with llm.c's letters: B batch,
@@ -29,17 +30,19 @@
 #include <stdint.h>
 
 #include "engine/device/device.h"
+#include "engine/device/rope.h"
 #include "optim_cpu/adam.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* out (B,T,C) = wte[tokens] (V,C) + wpe[t] (maxT,C). Tokens must be < V (checked by the
- * data layer, not here). */
+/* out (B,T,C) = wte[tokens] (V,C) + wpe[t] (maxT,C); wpe may be NULL (no learned
+ * positions: Llama's). Tokens must be < V (checked by the data layer, not here). */
 void fy_k_encoder_fwd(float *out, const int32_t *tokens, const float *wte, const float *wpe,
                       int B, int T, int C, int V, fy_stream *s);
-/* dwte (V,C): dwte[tokens[b,t]] += dout[b,t]; dwpe[t] += dout[b,t]. Each row's sum is
+/* dwte (V,C): dwte[tokens[b,t]] += dout[b,t]; dwpe[t] += dout[b,t] (dwpe may be NULL,
+ * as wpe in the forward). Each row's sum is
  * formed in fp32 before it meets a bf16 dwte (so a frequent token's gradient is not
  * rounded once per position). */
 void fy_k_encoder_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
@@ -52,6 +55,14 @@ void fy_k_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
 void fy_k_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout,
                         const float *inp, const float *w, const float *mean,
                         const float *rstd, int N, int C, fy_stream *s);
+
+/* RMSNorm: out (N,C) = inp * rstd * w, rstd = 1/sqrt(mean(inp^2) + eps); saves rstd
+ * (N). */
+void fy_k_rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w, int N, int C,
+                      float eps, fy_stream *s);
+/* dinp (N,C) accumulates; dw (C) accumulates. */
+void fy_k_rmsnorm_bwd(float *dinp, float *dw, const float *dout, const float *inp,
+                      const float *w, const float *rstd, int N, int C, fy_stream *s);
 
 /* out (N,OC) = inp (N,C) @ w^T (OC,C) + bias (OC, may be NULL). */
 void fy_k_matmul_fwd(float *out, const float *inp, const float *w, const float *bias,
@@ -69,19 +80,36 @@ void fy_k_matmul_bwd_f32acc(float *dinp, float *dw32, const float *dout, const f
 /* dst (n, the storage type) += src (n, fp32), rounded once. */
 void fy_k_add_f32(float *dst, const float *src, size_t n, fy_stream *s);
 
-/* Causal self-attention. qkv (B,T,3C) holds q, k, v each (B,T,C) with heads contiguous
- * (C = NH * hs). out (B,T,C); att (B,NH,T,T) keeps the softmax probabilities (zero above
- * the diagonal) for backward. Scores are scaled by 1/sqrt(hs). */
-void fy_k_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C,
-                        int NH, fy_stream *s);
-/* dqkv (B,T,3C) overwritten; scratch (B,NH,T,T) is workspace. */
+/* Causal self-attention with NH query heads and NKV key/value heads of hd channels
+ * (NKV divides NH; query head h reads key/value head h / (NH/NKV): grouped-query
+ * attention, and multi-head for NKV = NH). qkv (B,T,W), W = (NH + 2 NKV) hd, packs each
+ * position's NH query heads, NKV key heads and NKV value heads, heads contiguous (GPT-2's
+ * (B,T,3C) with NKV = NH, hd = C/NH). out (B,T,NH*hd); att (B,NH,T,T) keeps the softmax
+ * probabilities (zero above the diagonal) for backward. Scores are scaled by 1/sqrt(hd). */
+void fy_k_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int NH, int NKV,
+                        int hd, fy_stream *s);
+/* dqkv (B,T,W) overwritten (a key/value head's gradient sums its query heads' shares in
+ * head order); scratch (B,NH,T,T) is workspace. */
 void fy_k_attention_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                        const float *att, int B, int T, int C, int NH, fy_stream *s);
+                        const float *att, int B, int T, int NH, int NKV, int hd, fy_stream *s);
+
+/* Rotary position embeddings (rope.h) on the query and key heads of packed rows qkv
+ * (B,T,W) as fy_k_attention_fwd's, in place, position t = the row's index in its
+ * sequence; inverse: the opposite rotation (the backward: rotations are orthogonal). The
+ * value heads are left alone. */
+void fy_k_rope(float *qkv, int B, int T, int NH, int NKV, int hd, bool inverse,
+               const fy_rope *rope, fy_stream *s);
 
 /* GELU, tanh approximation. */
 void fy_k_gelu_fwd(float *out, const float *inp, size_t n, fy_stream *s);
 /* dinp = dout * gelu'(inp), overwritten. */
 void fy_k_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n, fy_stream *s);
+
+/* SwiGLU: gu (N,2F) holds each row's gate (first F) and up (last F) projections;
+ * out (N,F) = silu(gate) * up. */
+void fy_k_swiglu_fwd(float *out, const float *gu, int N, int F, fy_stream *s);
+/* dgu (N,2F) overwritten. */
+void fy_k_swiglu_bwd(float *dgu, const float *gu, const float *dout, int N, int F, fy_stream *s);
 
 /* out = a + b (n). */
 void fy_k_residual_fwd(float *out, const float *a, const float *b, size_t n, fy_stream *s);

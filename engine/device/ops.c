@@ -45,18 +45,22 @@ const char *fy_op_name(fy_op_kind k) {
 
 size_t fy_op_arg_nelem(const fy_op *op, int k) {
     const int64_t *i = op->i;
+    const size_t i0 = (size_t)i[0], i1 = (size_t)i[1], i2 = (size_t)i[2], i3 = (size_t)i[3],
+                 i4 = (size_t)i[4];
     switch (fy_op_desc_of(op->kind)->args[k].size) {
-    case FY_SZ_N0: return (size_t)i[0];
-    case FY_SZ_NC: case FY_SZ_BT: return (size_t)i[0] * (size_t)i[1];
-    case FY_SZ_C: return (size_t)i[1];
-    case FY_SZ_NOC: case FY_SZ_NVP: return (size_t)i[0] * (size_t)i[2];
-    case FY_SZ_OCC: case FY_SZ_TC: return (size_t)i[2] * (size_t)i[1];
-    case FY_SZ_OC: return (size_t)i[2];
-    case FY_SZ_BTC: return (size_t)i[0] * (size_t)i[1] * (size_t)i[2];
-    case FY_SZ_BT3C: return 3 * (size_t)i[0] * (size_t)i[1] * (size_t)i[2];
-    case FY_SZ_BNHTT: return (size_t)i[0] * (size_t)i[3] * (size_t)i[1] * (size_t)i[1];
-    case FY_SZ_VC: return (size_t)i[3] * (size_t)i[2];
+    case FY_SZ_N0: return i0;
+    case FY_SZ_NC: case FY_SZ_BT: return i0 * i1;
+    case FY_SZ_C: return i1;
+    case FY_SZ_NOC: case FY_SZ_NVP: return i0 * i2;
+    case FY_SZ_OCC: case FY_SZ_TC: return i2 * i1;
+    case FY_SZ_OC: return i2;
+    case FY_SZ_N2C: return 2 * i0 * i1;
+    case FY_SZ_BTC: return i0 * i1 * i2;
+    case FY_SZ_VC: return i3 * i2;
     case FY_SZ_ONE: return 1;
+    case FY_SZ_QKV: return i0 * i1 * (i2 + 2 * i3) * i4;
+    case FY_SZ_BTQ: return i0 * i1 * i2 * i4;
+    case FY_SZ_BHTT: return i0 * i2 * i1 * i1;
     }
     FY_ASSERT(0, "unknown size rule");
     return 0;

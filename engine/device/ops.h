@@ -22,23 +22,30 @@
 #include "engine/core/dtype.h"
 
 /* Sizes in elements, from the integer arguments i[]:
- *   N0 = i0, NC = i0*i1, C = i1, NOC = i0*i2, OCC = i2*i1, OC = i2,
- *   BT = i0*i1, BTC = i0*i1*i2, BT3C = 3*i0*i1*i2, BNHTT = i0*i3*i1*i1,
- *   TC = i1*i2, VC = i3*i2 (the embedding's V rows), NVP = i0*i2 (N rows of Vp), ONE = 1 */
-#define FY_OP_SIZES(X) X(N0) X(NC) X(C) X(NOC) X(OCC) X(OC) X(BT) X(BTC) X(BT3C) X(BNHTT) \
-                       X(TC) X(VC) X(NVP) X(ONE)
+ *   N0 = i0, NC = i0*i1, C = i1, NOC = i0*i2, OCC = i2*i1, OC = i2, N2C = 2*i0*i1,
+ *   BT = i0*i1, BTC = i0*i1*i2, TC = i1*i2, VC = i3*i2 (the embedding's V rows),
+ *   NVP = i0*i2 (N rows of Vp), ONE = 1;
+ *   attention's, with i = (B, T, NH, NKV, hd): QKV = B*T*(NH+2*NKV)*hd (the packed q, k
+ *   and v rows), BTQ = B*T*NH*hd, BHTT = B*NH*T*T */
+#define FY_OP_SIZES(X) X(N0) X(NC) X(C) X(NOC) X(OCC) X(OC) X(N2C) X(BT) X(BTC) X(TC) X(VC) \
+                       X(NVP) X(ONE) X(QKV) X(BTQ) X(BHTT)
 
 #define FY_KERNEL_OPS(X)                                                                       \
     X(ENCODER_FWD, 4, 0, /* i: B, T, C, V */                                                   \
-      A(out, OUT, S, BTC) A(tokens, IN, I32, BT) A(wte, IN, S, VC) A(wpe, IN, S, TC))            \
+      A(out, OUT, S, BTC) A(tokens, IN, I32, BT) A(wte, IN, S, VC) AO(wpe, IN, S, TC))           \
     X(ENCODER_BWD, 4, 0,                                                                       \
-      A(dwte, INOUT, S, VC) A(dwpe, INOUT, S, TC) A(dout, IN, S, BTC) A(tokens, IN, I32, BT))    \
+      A(dwte, INOUT, S, VC) AO(dwpe, INOUT, S, TC) A(dout, IN, S, BTC) A(tokens, IN, I32, BT))   \
     X(LAYERNORM_FWD, 2, 0, /* i: N, C */                                                       \
       A(out, OUT, S, NC) A(mean, OUT, F32, N0) A(rstd, OUT, F32, N0) A(inp, IN, S, NC)           \
       A(w, IN, S, C) A(b, IN, S, C))                                                           \
     X(LAYERNORM_BWD, 2, 0,                                                                     \
       A(dinp, INOUT, S, NC) A(dw, INOUT, S, C) A(db, INOUT, S, C) A(dout, IN, S, NC)             \
       A(inp, IN, S, NC) A(w, IN, S, C) A(mean, IN, F32, N0) A(rstd, IN, F32, N0))                \
+    X(RMSNORM_FWD, 2, 1, /* i: N, C; f: eps */                                                 \
+      A(out, OUT, S, NC) A(rstd, OUT, F32, N0) A(inp, IN, S, NC) A(w, IN, S, C))                 \
+    X(RMSNORM_BWD, 2, 0,                                                                       \
+      A(dinp, INOUT, S, NC) A(dw, INOUT, S, C) A(dout, IN, S, NC) A(inp, IN, S, NC)              \
+      A(w, IN, S, C) A(rstd, IN, F32, N0))                                                     \
     X(MATMUL_FWD, 3, 0, /* i: N, C, OC */                                                      \
       A(out, OUT, S, NOC) A(inp, IN, S, NC) A(w, IN, S, OCC) AO(bias, IN, S, OC))                \
     X(MATMUL_BWD, 3, 0,                                                                        \
@@ -48,13 +55,18 @@
       AO(dinp, OUT, S, NC) A(dw, INOUT, F32, OCC) A(dout, IN, S, NOC) A(inp, IN, S, NC)          \
       A(w, IN, S, OCC))                                                                        \
     X(ADD_F32, 1, 0, A(dst, INOUT, S, N0) A(src, IN, F32, N0))                                 \
-    X(ATTENTION_FWD, 4, 0, /* i: B, T, C, NH */                                                \
-      A(out, OUT, S, BTC) A(att, OUT, S, BNHTT) A(qkv, IN, S, BT3C))                             \
-    X(ATTENTION_BWD, 4, 0,                                                                     \
-      A(dqkv, OUT, S, BT3C) A(scratch, OUT, S, BNHTT) A(dout, IN, S, BTC) A(qkv, IN, S, BT3C)    \
-      A(att, IN, S, BNHTT))                                                                    \
+    X(ATTENTION_FWD, 5, 0, /* i: B, T, NH, NKV, hd */                                          \
+      A(out, OUT, S, BTQ) A(att, OUT, S, BHTT) A(qkv, IN, S, QKV))                               \
+    X(ATTENTION_BWD, 5, 0,                                                                     \
+      A(dqkv, OUT, S, QKV) A(scratch, OUT, S, BHTT) A(dout, IN, S, BTQ) A(qkv, IN, S, QKV)       \
+      A(att, IN, S, BHTT))                                                                     \
+    X(ROPE, 7, 5, /* i: B, T, NH, NKV, hd, inverse, type; f: rope.h's parameters */            \
+      A(qkv, INOUT, S, QKV))                                                                   \
     X(GELU_FWD, 1, 0, A(out, OUT, S, N0) A(inp, IN, S, N0))                                    \
     X(GELU_BWD, 1, 0, A(dinp, OUT, S, N0) A(inp, IN, S, N0) A(dout, IN, S, N0))                \
+    X(SWIGLU_FWD, 2, 0, /* i: N, F */                                                          \
+      A(out, OUT, S, NC) A(gu, IN, S, N2C))                                                    \
+    X(SWIGLU_BWD, 2, 0, A(dgu, OUT, S, N2C) A(gu, IN, S, N2C) A(dout, IN, S, NC))              \
     X(RESIDUAL_FWD, 1, 0, A(out, OUT, S, N0) A(a, IN, S, N0) A(b, IN, S, N0))                  \
     X(CROSSENTROPY, 3, 1, /* i: N, V, Vp; f: dloss */                                          \
       A(losses, OUT, F32, N0) A(logits, INOUT, S, NVP) A(targets, IN, I32, N0))                  \

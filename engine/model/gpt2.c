@@ -135,7 +135,7 @@ void fy_gpt2_layer_fwd(const fy_gpt2_config *cfg, const fy_gpt2_layer_w *w,
     const size_t NC = (size_t)N * C;
     fy_k_layernorm_fwd(a->ln1, a->ln1_mean, a->ln1_rstd, x_in, w->ln1w, w->ln1b, N, C, s);
     fy_k_matmul_fwd(a->qkv, a->ln1, w->qkvw, w->qkvb, N, C, 3 * C, s);
-    fy_k_attention_fwd(a->atty, a->att, a->qkv, B, T, C, NH, s);
+    fy_k_attention_fwd(a->atty, a->att, a->qkv, B, T, NH, NH, C / NH, s);
     fy_k_matmul_fwd(wk->proj, a->atty, w->attprojw, w->attprojb, N, C, C, s);
     fy_k_residual_fwd(a->res2, x_in, wk->proj, NC, s);
     fy_k_layernorm_fwd(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2w, w->ln2b, N, C, s);
@@ -209,7 +209,7 @@ void fy_gpt2_layer_bwd(const fy_gpt2_config *cfg, const fy_gpt2_layer_w *w,
     /* attention: res2 = x_in + attproj(attn(qkv(ln1(x_in)))) */
     fy_k_matmul_bwd(wk->datty, g->attprojw, g->attprojb, dx, a->atty, w->attprojw,
                     N, C, C, s);
-    fy_k_attention_bwd(wk->dqkv, wk->datt, wk->datty, a->qkv, a->att, B, T, C, NH, s);
+    fy_k_attention_bwd(wk->dqkv, wk->datt, wk->datty, a->qkv, a->att, B, T, NH, NH, C / NH, s);
     fy_k_matmul_bwd(wk->dln, g->qkvw, g->qkvb, wk->dqkv, a->ln1, w->qkvw, N, C, 3 * C, s);
     fy_k_layernorm_bwd(dx, g->ln1w, g->ln1b, wk->dln, x_in, w->ln1w, a->ln1_mean,
                        a->ln1_rstd, N, C, s);

@@ -13,6 +13,7 @@
 
 #include "engine/core/reduce.h"
 #include "engine/device/device_impl.h"
+#include "engine/device/rope.h"
 #include "optim_cpu/adam.h"
 
 #define LN_EPS 1e-5f
@@ -22,8 +23,10 @@ static void encoder_fwd(float *out, const int32_t *tok, const float *wte, const 
                         int B, int T, int C) {
     #pragma omp parallel for schedule(static)
     for (int bt = 0; bt < B * T; bt++) {
-        const float *we = wte + (size_t)tok[bt] * C, *pe = wpe + (size_t)(bt % T) * C;
+        const float *we = wte + (size_t)tok[bt] * C;
         float *o = out + (size_t)bt * C;
+        if (!wpe) { memcpy(o, we, (size_t)C * sizeof(float)); continue; }
+        const float *pe = wpe + (size_t)(bt % T) * C;
         for (int c = 0; c < C; c++) o[c] = we[c] + pe[c];
     }
 }
@@ -37,8 +40,11 @@ static void encoder_bwd(float *dwte, float *dwpe, const float *dout, const int32
         int c0 = tile * COLS_PER_TASK, c1 = c0 + COLS_PER_TASK < C ? c0 + COLS_PER_TASK : C;
         for (int bt = 0; bt < B * T; bt++) {
             const float *d = dout + (size_t)bt * C;
-            float *we = dwte + (size_t)tok[bt] * C, *pe = dwpe + (size_t)(bt % T) * C;
-            for (int c = c0; c < c1; c++) { we[c] += d[c]; pe[c] += d[c]; }
+            float *we = dwte + (size_t)tok[bt] * C;
+            for (int c = c0; c < c1; c++) we[c] += d[c];
+            if (!dwpe) continue;
+            float *pe = dwpe + (size_t)(bt % T) * C;
+            for (int c = c0; c < c1; c++) pe[c] += d[c];
         }
     }
 }
@@ -100,6 +106,47 @@ static void layernorm_bwd(float *dinp, float *dw, float *db, const float *dout,
     }
 }
 
+/* RMSNorm: out = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps). */
+static void rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w, int N, int C,
+                        float eps) {
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        float ss = 0.0f;
+        for (int c = 0; c < C; c++) ss += x[c] * x[c];
+        float r = 1.0f / sqrtf(ss / (float)C + eps);
+        float *o = out + (size_t)n * C;
+        for (int c = 0; c < C; c++) o[c] = x[c] * r * w[c];
+        rstd[n] = r;
+    }
+}
+
+/* dinp += r (w dout) - x r^3 mean(w dout x); dw += sum over rows of dout x r. */
+static void rmsnorm_bwd(float *dinp, float *dw, const float *dout, const float *inp,
+                        const float *w, const float *rstd, int N, int C) {
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C, *d = dout + (size_t)n * C;
+        float r = rstd[n], dot = 0.0f;
+        for (int c = 0; c < C; c++) dot += w[c] * d[c] * x[c];
+        float k = dot / (float)C * r * r * r;
+        float *di = dinp + (size_t)n * C;
+        for (int c = 0; c < C; c++) di[c] += w[c] * d[c] * r - x[c] * k;
+    }
+    int ntiles = (C + COLS_PER_TASK - 1) / COLS_PER_TASK;
+    #pragma omp parallel for schedule(static)
+    for (int tile = 0; tile < ntiles; tile++) {
+        int c0 = tile * COLS_PER_TASK, c1 = c0 + COLS_PER_TASK < C ? c0 + COLS_PER_TASK : C;
+        float sw[COLS_PER_TASK] = {0};
+        for (int n = 0; n < N; n++) {
+            const float *x = inp + (size_t)n * C, *d = dout + (size_t)n * C;
+            float r = rstd[n];
+            for (int c = c0; c < c1; c++) sw[c - c0] += x[c] * r * d[c];
+        }
+        for (int c = c0; c < c1; c++) dw[c] += sw[c - c0];
+    }
+}
+
 static void matmul_fwd(float *out, const float *inp, const float *w, const float *bias,
                        int N, int C, int OC) {
     float beta = 0.0f;
@@ -134,67 +181,117 @@ static void matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout,
     }
 }
 
-/* One (b, h) pair: P = softmax(mask(Q K^T / sqrt(hs))), Y = P V. */
-static void attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C,
-                          int NH) {
-    int hs = C / NH;
-    float scale = 1.0f / sqrtf((float)hs);
+/* Attention over packed rows: a row of qkv (B,T,W), W = (NH + 2 NKV) hd, holds the NH
+ * query heads, then the NKV key heads, then the NKV value heads; query head h reads
+ * key/value head h / G, G = NH / NKV (G = 1: multi-head attention, GPT-2's). Work is
+ * split over (b, kv head) pairs; each runs its G query heads in order, so the key and
+ * value gradients, which sum over them, have one fixed order. */
+typedef struct att_dims { int B, T, NH, NKV, hd, G, W; float scale; } att_dims;
+
+static att_dims att_dims_of(int B, int T, int NH, int NKV, int hd) {
+    return (att_dims){B, T, NH, NKV, hd, NH / NKV, (NH + 2 * NKV) * hd, 1.0f / sqrtf((float)hd)};
+}
+
+/* P = softmax(mask(Q K^T / sqrt(hd))), Y = P V, per query head. */
+static void attention_fwd(float *out, float *att, const float *qkv, att_dims d) {
+    const int T = d.T, hd = d.hd, W = d.W, Cq = d.NH * hd;
     #pragma omp parallel for schedule(dynamic, 1)
-    for (int bh = 0; bh < B * NH; bh++) {
-        int b = bh / NH, h = bh % NH;
-        const float *q = qkv + (size_t)b * T * 3 * C + (size_t)h * hs;
-        const float *k = q + C, *v = q + 2 * C;
-        float *p = att + (size_t)bh * T * T;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, 3 * C, k,
-                    3 * C, 0.0f, p, T);
-        for (int t = 0; t < T; t++) {
-            float *row = p + (size_t)t * T;
-            float mx = -INFINITY;
-            for (int j = 0; j <= t; j++) mx = row[j] > mx ? row[j] : mx;
-            float sum = 0.0f;
-            for (int j = 0; j <= t; j++) { row[j] = expf(row[j] - mx); sum += row[j]; }
-            float inv = 1.0f / sum;
-            for (int j = 0; j <= t; j++) row[j] *= inv;
-            for (int j = t + 1; j < T; j++) row[j] = 0.0f;
+    for (int bk = 0; bk < d.B * d.NKV; bk++) {
+        int b = bk / d.NKV, kh = bk % d.NKV;
+        const float *row0 = qkv + (size_t)b * T * W;
+        const float *k = row0 + Cq + (size_t)kh * hd, *v = row0 + Cq + (size_t)d.NKV * hd + (size_t)kh * hd;
+        for (int g = 0; g < d.G; g++) {
+            int h = kh * d.G + g;
+            const float *q = row0 + (size_t)h * hd;
+            float *p = att + ((size_t)b * d.NH + h) * T * T;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, d.scale, q, W, k, W,
+                        0.0f, p, T);
+            for (int t = 0; t < T; t++) {
+                float *row = p + (size_t)t * T;
+                float mx = -INFINITY;
+                for (int j = 0; j <= t; j++) mx = row[j] > mx ? row[j] : mx;
+                float sum = 0.0f;
+                for (int j = 0; j <= t; j++) { row[j] = expf(row[j] - mx); sum += row[j]; }
+                float inv = 1.0f / sum;
+                for (int j = 0; j <= t; j++) row[j] *= inv;
+                for (int j = t + 1; j < T; j++) row[j] = 0.0f;
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, p, T, v, W,
+                        0.0f, out + (size_t)b * T * Cq + (size_t)h * hd, Cq);
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, p, T, v, 3 * C,
-                    0.0f, out + (size_t)b * T * C + (size_t)h * hs, C);
     }
 }
 
 static void attention_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                          const float *att, int B, int T, int C, int NH) {
-    int hs = C / NH;
-    float scale = 1.0f / sqrtf((float)hs);
+                          const float *att, att_dims d) {
+    const int T = d.T, hd = d.hd, W = d.W, Cq = d.NH * hd;
     #pragma omp parallel for schedule(dynamic, 1)
-    for (int bh = 0; bh < B * NH; bh++) {
-        int b = bh / NH, h = bh % NH;
-        size_t qoff = (size_t)b * T * 3 * C + (size_t)h * hs;
-        const float *q = qkv + qoff, *k = q + C, *v = q + 2 * C;
-        float *dq = dqkv + qoff, *dk = dq + C, *dv = dq + 2 * C;
-        const float *dy = dout + (size_t)b * T * C + (size_t)h * hs;
-        const float *p = att + (size_t)bh * T * T;
-        float *ds = scratch + (size_t)bh * T * T;
-        /* dP = dY V^T; dV = P^T dY */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dy, C, v, 3 * C,
-                    0.0f, ds, T);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, p, T, dy, C, 0.0f,
-                    dv, 3 * C);
-        /* dS = P * (dP - rowsum(P * dP)), zero above the diagonal */
-        for (int t = 0; t < T; t++) {
-            const float *pr = p + (size_t)t * T;
-            float *dr = ds + (size_t)t * T;
-            float dot = 0.0f;
-            for (int j = 0; j <= t; j++) dot += pr[j] * dr[j];
-            for (int j = 0; j <= t; j++) dr[j] = pr[j] * (dr[j] - dot);
-            for (int j = t + 1; j < T; j++) dr[j] = 0.0f;
+    for (int bk = 0; bk < d.B * d.NKV; bk++) {
+        int b = bk / d.NKV, kh = bk % d.NKV;
+        const size_t r0 = (size_t)b * T * W, koff = (size_t)Cq + (size_t)kh * hd,
+                     voff = (size_t)Cq + (size_t)d.NKV * hd + (size_t)kh * hd;
+        const float *k = qkv + r0 + koff, *v = qkv + r0 + voff;
+        float *dk = dqkv + r0 + koff, *dv = dqkv + r0 + voff;
+        for (int g = 0; g < d.G; g++) {
+            int h = kh * d.G + g;
+            const float beta = g ? 1.0f : 0.0f; /* the group's heads add into dK, dV */
+            const float *q = qkv + r0 + (size_t)h * hd;
+            float *dq = dqkv + r0 + (size_t)h * hd;
+            const float *dy = dout + (size_t)b * T * Cq + (size_t)h * hd;
+            const float *p = att + ((size_t)b * d.NH + h) * T * T;
+            float *ds = scratch + ((size_t)b * d.NH + h) * T * T;
+            /* dP = dY V^T; dV (+)= P^T dY */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, 1.0f, dy, Cq, v, W,
+                        0.0f, ds, T);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, p, T, dy, Cq,
+                        beta, dv, W);
+            /* dS = P * (dP - rowsum(P * dP)), zero above the diagonal */
+            for (int t = 0; t < T; t++) {
+                const float *pr = p + (size_t)t * T;
+                float *dr = ds + (size_t)t * T;
+                float dot = 0.0f;
+                for (int j = 0; j <= t; j++) dot += pr[j] * dr[j];
+                for (int j = 0; j <= t; j++) dr[j] = pr[j] * (dr[j] - dot);
+                for (int j = t + 1; j < T; j++) dr[j] = 0.0f;
+            }
+            /* dQ = scale dS K; dK (+)= scale dS^T Q */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, d.scale, ds, T, k,
+                        W, 0.0f, dq, W);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, d.scale, ds, T, q, W,
+                        beta, dk, W);
         }
-        /* dQ = scale dS K; dK = scale dS^T Q */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, ds, T, k, 3 * C,
-                    0.0f, dq, 3 * C);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, ds, T, q, 3 * C,
-                    0.0f, dk, 3 * C);
     }
+}
+
+/* Rotary embeddings on the query and key heads of packed rows (rope.h), in place; the
+ * inverse rotation (the transpose: the backward) with inverse != 0. Angles for the T
+ * positions are tabulated once per call. */
+static void rope(float *qkv, int B, int T, int NH, int NKV, int hd, bool inverse, int type,
+                 const float *f) {
+    const int half = hd / 2, W = (NH + 2 * NKV) * hd, heads = NH + NKV;
+    float *cs = malloc((size_t)T * half * 2 * sizeof *cs);
+    FY_ASSERT(cs, "out of host memory for rope's angles");
+    for (int j = 0; j < half; j++) {
+        double inv = fy_rope_inv_freq(j, hd, type, f[0], f[1], f[2], f[3], f[4]);
+        for (int t = 0; t < T; t++) {
+            double a = (double)t * inv;
+            cs[((size_t)t * half + j) * 2] = (float)cos(a);
+            cs[((size_t)t * half + j) * 2 + 1] = (float)(inverse ? -sin(a) : sin(a));
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int bt = 0; bt < B * T; bt++) {
+        const float *a = cs + (size_t)(bt % T) * half * 2;
+        for (int h = 0; h < heads; h++) {
+            float *x = qkv + (size_t)bt * W + (size_t)h * hd;
+            for (int j = 0; j < half; j++) {
+                float c = a[2 * j], sn = a[2 * j + 1], x1 = x[j], x2 = x[j + half];
+                x[j] = x1 * c - x2 * sn;
+                x[j + half] = x2 * c + x1 * sn;
+            }
+        }
+    }
+    free(cs);
 }
 
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
@@ -216,6 +313,31 @@ static void gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n)
         float sech2 = 1.0f - th * th;
         float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
         dinp[i] = grad * dout[i];
+    }
+}
+
+/* SwiGLU: gu (N, 2F) holds the gate (first F) and up (last F) projections of a row;
+ * out (N, F) = silu(gate) * up, silu(g) = g sigmoid(g). */
+static void swiglu_fwd(float *out, const float *gu, size_t N, size_t F) {
+    #pragma omp parallel for schedule(static)
+    for (size_t n = 0; n < N; n++) {
+        const float *g = gu + n * 2 * F, *u = g + F;
+        float *o = out + n * F;
+        for (size_t j = 0; j < F; j++) o[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+    }
+}
+
+/* dgate = dout up sigmoid(g) (1 + g (1 - sigmoid(g))), dup = dout silu(g); overwritten. */
+static void swiglu_bwd(float *dgu, const float *gu, const float *dout, size_t N, size_t F) {
+    #pragma omp parallel for schedule(static)
+    for (size_t n = 0; n < N; n++) {
+        const float *g = gu + n * 2 * F, *u = g + F, *d = dout + n * F;
+        float *dg = dgu + n * 2 * F, *du = dg + F;
+        for (size_t j = 0; j < F; j++) {
+            float sg = 1.0f / (1.0f + expf(-g[j]));
+            dg[j] = d[j] * u[j] * sg * (1.0f + g[j] * (1.0f - sg));
+            du[j] = d[j] * g[j] * sg;
+        }
     }
 }
 
@@ -303,6 +425,12 @@ static void k_layernorm_fwd(const fy_op *op) {
 static void k_layernorm_bwd(const fy_op *op) {
     layernorm_bwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_P(4), OP_P(5), OP_P(6), OP_P(7), OP_I(0), OP_I(1));
 }
+static void k_rmsnorm_fwd(const fy_op *op) {
+    rmsnorm_fwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_I(0), OP_I(1), op->f[0]);
+}
+static void k_rmsnorm_bwd(const fy_op *op) {
+    rmsnorm_bwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_P(4), OP_P(5), OP_I(0), OP_I(1));
+}
 static void k_matmul_fwd(const fy_op *op) { matmul_fwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_I(0), OP_I(1), OP_I(2)); }
 static void k_matmul_bwd(const fy_op *op) {
     matmul_bwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_P(4), OP_P(5), OP_I(0), OP_I(1), OP_I(2));
@@ -312,12 +440,21 @@ static void k_matmul_bwd_f32acc(const fy_op *op) {
     matmul_bwd(OP_P(0), OP_P(1), NULL, OP_P(2), OP_P(3), OP_P(4), OP_I(0), OP_I(1), OP_I(2));
 }
 static void k_add_f32(const fy_op *op) { residual_fwd(OP_P(0), OP_P(0), OP_P(1), (size_t)OP_I(0)); }
-static void k_attention_fwd(const fy_op *op) { attention_fwd(OP_P(0), OP_P(1), OP_P(2), OP_I(0), OP_I(1), OP_I(2), OP_I(3)); }
+#define ATT_DIMS att_dims_of(OP_I(0), OP_I(1), OP_I(2), OP_I(3), OP_I(4))
+static void k_attention_fwd(const fy_op *op) { attention_fwd(OP_P(0), OP_P(1), OP_P(2), ATT_DIMS); }
 static void k_attention_bwd(const fy_op *op) {
-    attention_bwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_P(4), OP_I(0), OP_I(1), OP_I(2), OP_I(3));
+    attention_bwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_P(4), ATT_DIMS);
+}
+#undef ATT_DIMS
+static void k_rope(const fy_op *op) {
+    rope(OP_P(0), OP_I(0), OP_I(1), OP_I(2), OP_I(3), OP_I(4), OP_I(5) != 0, OP_I(6), op->f);
 }
 static void k_gelu_fwd(const fy_op *op) { gelu_fwd(OP_P(0), OP_P(1), (size_t)OP_I(0)); }
 static void k_gelu_bwd(const fy_op *op) { gelu_bwd(OP_P(0), OP_P(1), OP_P(2), (size_t)OP_I(0)); }
+static void k_swiglu_fwd(const fy_op *op) { swiglu_fwd(OP_P(0), OP_P(1), (size_t)OP_I(0), (size_t)OP_I(1)); }
+static void k_swiglu_bwd(const fy_op *op) {
+    swiglu_bwd(OP_P(0), OP_P(1), OP_P(2), (size_t)OP_I(0), (size_t)OP_I(1));
+}
 static void k_residual_fwd(const fy_op *op) { residual_fwd(OP_P(0), OP_P(1), OP_P(2), (size_t)OP_I(0)); }
 static void k_crossentropy(const fy_op *op) {
     crossentropy(OP_P(0), OP_P(1), OP_P(2), OP_I(0), OP_I(1), OP_I(2), op->f[0]);
@@ -332,10 +469,13 @@ typedef void (*cpu_kernel)(const fy_op *op);
 static const cpu_kernel kernels[FY_OP_KERNELS] = {
     [FY_OP_ENCODER_FWD] = k_encoder_fwd, [FY_OP_ENCODER_BWD] = k_encoder_bwd,
     [FY_OP_LAYERNORM_FWD] = k_layernorm_fwd, [FY_OP_LAYERNORM_BWD] = k_layernorm_bwd,
+    [FY_OP_RMSNORM_FWD] = k_rmsnorm_fwd, [FY_OP_RMSNORM_BWD] = k_rmsnorm_bwd,
     [FY_OP_MATMUL_FWD] = k_matmul_fwd, [FY_OP_MATMUL_BWD] = k_matmul_bwd,
     [FY_OP_MATMUL_BWD_F32ACC] = k_matmul_bwd_f32acc, [FY_OP_ADD_F32] = k_add_f32,
     [FY_OP_ATTENTION_FWD] = k_attention_fwd, [FY_OP_ATTENTION_BWD] = k_attention_bwd,
+    [FY_OP_ROPE] = k_rope,
     [FY_OP_GELU_FWD] = k_gelu_fwd, [FY_OP_GELU_BWD] = k_gelu_bwd,
+    [FY_OP_SWIGLU_FWD] = k_swiglu_fwd, [FY_OP_SWIGLU_BWD] = k_swiglu_bwd,
     [FY_OP_RESIDUAL_FWD] = k_residual_fwd, [FY_OP_CROSSENTROPY] = k_crossentropy,
     [FY_OP_MEAN] = k_mean, [FY_OP_SUMSQ] = k_sumsq, [FY_OP_ADAMW] = adamw,
 };

@@ -316,67 +316,100 @@ static void matmul_bwd(fy_cu_stream *cs, const fy_op *op, fy_dtype dt) {
     if (dbias) fy_cu_colsum_acc(cs, dt, dbias, dout, N, OC);
 }
 
-/* Per batch row b, the heads are a strided batch (stride hs in qkv and out, T*T in the
- * score matrices). */
+/* Attention over packed rows (kernels.h): qkv (B,T,W), W = (NH + 2 NKV) hd, query head h
+ * reading key/value head h / G, G = NH / NKV. For each batch row b and each g < G, the
+ * query heads g, G + g, 2G + g, ... (one per key/value head) are a strided batch: stride
+ * G hd in the query rows and the output, hd in the key and value rows, G T^2 in the score
+ * matrices. The key and value gradients sum their G query heads' shares: g = 0 writes
+ * them, later g add (beta 1), in order on the stream. */
+typedef struct att_geom {
+    int B, T, NH, NKV, hd, G, W, Cq;
+    int64_t TT;
+    float scale;
+} att_geom;
+
+static att_geom att_geom_of(const fy_op *op) {
+    att_geom a = {.B = (int)op->i[0], .T = (int)op->i[1], .NH = (int)op->i[2],
+                  .NKV = (int)op->i[3], .hd = (int)op->i[4]};
+    a.G = a.NH / a.NKV;
+    a.W = (a.NH + 2 * a.NKV) * a.hd;
+    a.Cq = a.NH * a.hd;
+    a.TT = (int64_t)a.T * a.T;
+    a.scale = 1.0f / sqrtf((float)a.hd);
+    return a;
+}
+
 static void attention_fwd(fy_cu_stream *cs, const fy_op *op, fy_dtype dt) {
     void *out = op->p[0], *att = op->p[1];
     const void *qkv = op->p[2];
-    int B = (int)op->i[0], T = (int)op->i[1], C = (int)op->i[2], NH = (int)op->i[3], hs = C / NH;
-    float scale = 1.0f / sqrtf((float)hs);
-    for (int b = 0; b < B; b++) { /* S = scale Q K^T; column-major S^T = K Q^T */
-        const void *q = at(qkv, (int64_t)b * T * 3 * C, dt), *k = at(q, C, dt);
-        gemm g = {.ta = true, .tb = false, .m = T, .n = T, .k = hs, .A = k, .lda = 3 * C, .sA = hs,
-                  .B = q, .ldb = 3 * C, .sB = hs, .D = at(att, (int64_t)b * NH * T * T, dt),
-                  .ldd = T, .sD = (int64_t)T * T, .batch = NH, .alpha = scale, .beta = 0.0f};
-        gemm_run(cs, dt, &g, "attention_fwd (scores)");
-    }
-    fy_cu_softmax_causal_fwd(cs, dt, att, B * NH, T);
-    for (int b = 0; b < B; b++) { /* Y = P V; column-major Y^T = V^T P^T */
-        const void *v = at(qkv, (int64_t)b * T * 3 * C + 2 * C, dt);
-        gemm g = {.ta = false, .tb = false, .m = hs, .n = T, .k = T, .A = v, .lda = 3 * C, .sA = hs,
-                  .B = at(att, (int64_t)b * NH * T * T, dt), .ldb = T, .sB = (int64_t)T * T,
-                  .D = at(out, (int64_t)b * T * C, dt), .ldd = C, .sD = hs, .batch = NH,
-                  .alpha = 1.0f, .beta = 0.0f};
-        gemm_run(cs, dt, &g, "attention_fwd (values)");
-    }
+    const att_geom a = att_geom_of(op);
+    const int T = a.T, hd = a.hd, G = a.G, W = a.W;
+    for (int b = 0; b < a.B; b++)
+        for (int g = 0; g < G; g++) { /* S = scale Q K^T; column-major S^T = K Q^T */
+            const void *row0 = at(qkv, (int64_t)b * T * W, dt);
+            gemm gm = {.ta = true, .tb = false, .m = T, .n = T, .k = hd, .A = at(row0, a.Cq, dt),
+                       .lda = W, .sA = hd, .B = at(row0, (int64_t)g * hd, dt), .ldb = W,
+                       .sB = (int64_t)G * hd, .D = at(att, ((int64_t)b * a.NH + g) * a.TT, dt),
+                       .ldd = T, .sD = G * a.TT, .batch = a.NKV, .alpha = a.scale, .beta = 0.0f};
+            gemm_run(cs, dt, &gm, "attention_fwd (scores)");
+        }
+    fy_cu_softmax_causal_fwd(cs, dt, att, a.B * a.NH, T);
+    for (int b = 0; b < a.B; b++)
+        for (int g = 0; g < G; g++) { /* Y = P V; column-major Y^T = V^T P^T */
+            const void *v = at(qkv, (int64_t)b * T * W + a.Cq + (int64_t)a.NKV * hd, dt);
+            gemm gm = {.ta = false, .tb = false, .m = hd, .n = T, .k = T, .A = v, .lda = W,
+                       .sA = hd, .B = at(att, ((int64_t)b * a.NH + g) * a.TT, dt), .ldb = T,
+                       .sB = G * a.TT, .D = at(out, (int64_t)b * T * a.Cq + (int64_t)g * hd, dt),
+                       .ldd = a.Cq, .sD = (int64_t)G * hd, .batch = a.NKV, .alpha = 1.0f,
+                       .beta = 0.0f};
+            gemm_run(cs, dt, &gm, "attention_fwd (values)");
+        }
 }
 
 static void attention_bwd(fy_cu_stream *cs, const fy_op *op, fy_dtype dt) {
     void *dqkv = op->p[0], *ds = op->p[1];
     const void *dout = op->p[2], *qkv = op->p[3], *att = op->p[4];
-    int B = (int)op->i[0], T = (int)op->i[1], C = (int)op->i[2], NH = (int)op->i[3], hs = C / NH;
-    float scale = 1.0f / sqrtf((float)hs);
-    int64_t TT = (int64_t)T * T;
-    for (int b = 0; b < B; b++) {
-        const void *q = at(qkv, (int64_t)b * T * 3 * C, dt), *v = at(q, 2 * C, dt);
-        const void *dy = at(dout, (int64_t)b * T * C, dt), *p = at(att, b * NH * TT, dt);
-        void *dsb = at(ds, b * NH * TT, dt), *dv = at(dqkv, (int64_t)b * T * 3 * C + 2 * C, dt);
-        /* dP = dY V^T; column-major dP^T = V dY^T */
-        gemm g1 = {.ta = true, .tb = false, .m = T, .n = T, .k = hs, .A = v, .lda = 3 * C, .sA = hs,
-                   .B = dy, .ldb = C, .sB = hs, .D = dsb, .ldd = T, .sD = TT, .batch = NH,
-                   .alpha = 1.0f, .beta = 0.0f};
-        gemm_run(cs, dt, &g1, "attention_bwd (dP)");
-        /* dV = P^T dY; column-major dV^T = dY^T P */
-        gemm g2 = {.ta = false, .tb = true, .m = hs, .n = T, .k = T, .A = dy, .lda = C, .sA = hs,
-                   .B = p, .ldb = T, .sB = TT, .D = dv, .ldd = 3 * C, .sD = hs, .batch = NH,
-                   .alpha = 1.0f, .beta = 0.0f};
-        gemm_run(cs, dt, &g2, "attention_bwd (dV)");
+    const att_geom a = att_geom_of(op);
+    const int T = a.T, hd = a.hd, G = a.G, W = a.W;
+    const int64_t koff = a.Cq, voff = a.Cq + (int64_t)a.NKV * hd;
+    for (int b = 0; b < a.B; b++) {
+        const int64_t r0 = (int64_t)b * T * W;
+        for (int g = 0; g < G; g++) {
+            const void *dy = at(dout, (int64_t)b * T * a.Cq + (int64_t)g * hd, dt);
+            const void *p = at(att, ((int64_t)b * a.NH + g) * a.TT, dt);
+            void *dsb = at(ds, ((int64_t)b * a.NH + g) * a.TT, dt);
+            /* dP = dY V^T; column-major dP^T = V dY^T */
+            gemm g1 = {.ta = true, .tb = false, .m = T, .n = T, .k = hd, .A = at(qkv, r0 + voff, dt),
+                       .lda = W, .sA = hd, .B = dy, .ldb = a.Cq, .sB = (int64_t)G * hd, .D = dsb,
+                       .ldd = T, .sD = G * a.TT, .batch = a.NKV, .alpha = 1.0f, .beta = 0.0f};
+            gemm_run(cs, dt, &g1, "attention_bwd (dP)");
+            /* dV (+)= P^T dY; column-major dV^T = dY^T P */
+            gemm g2 = {.ta = false, .tb = true, .m = hd, .n = T, .k = T, .A = dy, .lda = a.Cq,
+                       .sA = (int64_t)G * hd, .B = p, .ldb = T, .sB = G * a.TT,
+                       .D = at(dqkv, r0 + voff, dt), .ldd = W, .sD = hd, .batch = a.NKV,
+                       .alpha = 1.0f, .beta = g ? 1.0f : 0.0f};
+            gemm_run(cs, dt, &g2, "attention_bwd (dV)");
+        }
     }
-    fy_cu_softmax_causal_bwd(cs, dt, ds, att, B * NH, T);
-    for (int b = 0; b < B; b++) {
-        const void *q = at(qkv, (int64_t)b * T * 3 * C, dt), *k = at(q, C, dt);
-        const void *dsb = at(ds, b * NH * TT, dt);
-        void *dq = at(dqkv, (int64_t)b * T * 3 * C, dt), *dk = at(dq, C, dt);
-        /* dQ = scale dS K; column-major dQ^T = K^T dS^T */
-        gemm g1 = {.ta = false, .tb = false, .m = hs, .n = T, .k = T, .A = k, .lda = 3 * C, .sA = hs,
-                   .B = dsb, .ldb = T, .sB = TT, .D = dq, .ldd = 3 * C, .sD = hs, .batch = NH,
-                   .alpha = scale, .beta = 0.0f};
-        gemm_run(cs, dt, &g1, "attention_bwd (dQ)");
-        /* dK = scale dS^T Q; column-major dK^T = Q^T dS */
-        gemm g2 = {.ta = false, .tb = true, .m = hs, .n = T, .k = T, .A = q, .lda = 3 * C, .sA = hs,
-                   .B = dsb, .ldb = T, .sB = TT, .D = dk, .ldd = 3 * C, .sD = hs, .batch = NH,
-                   .alpha = scale, .beta = 0.0f};
-        gemm_run(cs, dt, &g2, "attention_bwd (dK)");
+    fy_cu_softmax_causal_bwd(cs, dt, ds, att, a.B * a.NH, T);
+    for (int b = 0; b < a.B; b++) {
+        const int64_t r0 = (int64_t)b * T * W;
+        for (int g = 0; g < G; g++) {
+            const void *dsb = at(ds, ((int64_t)b * a.NH + g) * a.TT, dt);
+            /* dQ = scale dS K; column-major dQ^T = K^T dS^T */
+            gemm g1 = {.ta = false, .tb = false, .m = hd, .n = T, .k = T, .A = at(qkv, r0 + koff, dt),
+                       .lda = W, .sA = hd, .B = dsb, .ldb = T, .sB = G * a.TT,
+                       .D = at(dqkv, r0 + (int64_t)g * hd, dt), .ldd = W, .sD = (int64_t)G * hd,
+                       .batch = a.NKV, .alpha = a.scale, .beta = 0.0f};
+            gemm_run(cs, dt, &g1, "attention_bwd (dQ)");
+            /* dK (+)= scale dS^T Q; column-major dK^T = Q^T dS */
+            gemm g2 = {.ta = false, .tb = true, .m = hd, .n = T, .k = T,
+                       .A = at(qkv, r0 + (int64_t)g * hd, dt), .lda = W, .sA = (int64_t)G * hd,
+                       .B = dsb, .ldb = T, .sB = G * a.TT, .D = at(dqkv, r0 + koff, dt),
+                       .ldd = W, .sD = hd, .batch = a.NKV, .alpha = a.scale,
+                       .beta = g ? 1.0f : 0.0f};
+            gemm_run(cs, dt, &g2, "attention_bwd (dK)");
+        }
     }
 }
 

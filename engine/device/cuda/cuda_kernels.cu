@@ -18,6 +18,7 @@
 
 #include "engine/core/reduce.h"
 #include "engine/device/cuda/cuda_impl.h"
+#include "engine/device/rope.h"
 #include "optim_cpu/adam.h"
 
 typedef __nv_bfloat16 bf16;
@@ -57,7 +58,8 @@ __global__ void encoder_fwd_k(T *out, const int32_t *tok, const T *wte, const T 
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)N * C) return;
     int n = (int)(idx / C), c = (int)(idx % C);
-    out[idx] = from_f<T>(to_f(wte[(size_t)tok[n] * C + c]) + to_f(wpe[(size_t)(n % T_) * C + c]));
+    float pe = wpe ? to_f(wpe[(size_t)(n % T_) * C + c]) : 0.0f;
+    out[idx] = wpe ? from_f<T>(to_f(wte[(size_t)tok[n] * C + c]) + pe) : wte[(size_t)tok[n] * C + c];
 }
 
 /* dwpe (T, C): one thread per (t, c) adds the batch rows in order. */
@@ -147,9 +149,11 @@ static void encoder_fwd(cudaStream_t st, const fy_op *op) {
 template <typename T>
 static void encoder_bwd(cudaStream_t st, const fy_op *op) {
     int B = (int)op->i[0], T_ = (int)op->i[1], C = (int)op->i[2], V = (int)op->i[3], N = B * T_;
-    encoder_bwd_wpe_k<T><<<grid_for((size_t)T_ * C, 256), 256, 0, st>>>((T *)op->p[1],
-        (const T *)op->p[2], B, T_, C);
-    LAUNCHED("encoder_bwd (wpe)");
+    if (op->p[1]) { /* learned positions */
+        encoder_bwd_wpe_k<T><<<grid_for((size_t)T_ * C, 256), 256, 0, st>>>((T *)op->p[1],
+            (const T *)op->p[2], B, T_, C);
+        LAUNCHED("encoder_bwd (wpe)");
+    }
     if (sizeof(T) == 2) {
         /* partitions enough that each holds at most WTE_ACC_SLOTS tokens */
         int P = (V + WTE_ACC_SLOTS - 1) / WTE_ACC_SLOTS;
@@ -211,9 +215,12 @@ __global__ void layernorm_bwd_dx_k(T *dinp, const T *dout, const T *inp, const T
 }
 
 /* Column partial sums over a chunk of rows: block (32, 8) covers 32 columns; block y is
- * row chunk y; part[y * stride + c] (and, for layernorm, part[y * stride + C + c]). The
- * 8 row lanes are added in lane order, so the order is fixed. */
-template <typename T, bool LN>
+ * row chunk y. MODE COLSUM: part[y * stride + c] = sum of x; LN (layernorm's gain and
+ * bias): part[y * stride + c] = sum of x * norm(inp), part[y * stride + C + c] = sum of
+ * x; RMS (RMSNorm's gain): part[y * stride + c] = sum of x * inp * rstd. The 8 row lanes
+ * are added in lane order, so the order is fixed. */
+enum { COLSUM = 0, LN = 1, RMS = 2 };
+template <typename T, int MODE>
 __global__ void colsum_part_k(float *part, const T *x, const T *inp, const float *mean,
                               const float *rstd, int N, int C, int rows_per, int stride) {
     __shared__ float s0[8][33], s1[8][33];
@@ -223,7 +230,8 @@ __global__ void colsum_part_k(float *part, const T *x, const T *inp, const float
     if (c < C) {
         for (int n = lo + ty; n < hi; n += 8) {
             float d = to_f(x[(size_t)n * C + c]);
-            if (LN) a0 += (to_f(inp[(size_t)n * C + c]) - mean[n]) * rstd[n] * d;
+            if (MODE == LN) a0 += (to_f(inp[(size_t)n * C + c]) - mean[n]) * rstd[n] * d;
+            if (MODE == RMS) a0 += to_f(inp[(size_t)n * C + c]) * rstd[n] * d;
             a1 += d;
         }
     }
@@ -234,7 +242,8 @@ __global__ void colsum_part_k(float *part, const T *x, const T *inp, const float
         float t0 = 0.0f, t1 = 0.0f;
         for (int k = 0; k < 8; k++) { t0 += s0[k][tx]; t1 += s1[k][tx]; }
         float *pr = part + (size_t)blockIdx.y * stride;
-        if (LN) { pr[c] = t0; pr[C + c] = t1; } else { pr[c] = t1; }
+        if (MODE == LN) { pr[c] = t0; pr[C + c] = t1; }
+        else pr[c] = MODE == RMS ? t0 : t1;
     }
 }
 
@@ -272,11 +281,61 @@ static void layernorm_bwd(fy_cu_stream *cs, const fy_op *op) {
     LAUNCHED("layernorm_bwd (dinp)");
     int rows = rows_per_chunk(N, 2 * C), R = (N + rows - 1) / rows;
     dim3 grid((unsigned)((C + 31) / 32), (unsigned)R), block(32, 8);
-    colsum_part_k<T, true><<<grid, block, 0, st>>>(cs->part, dout, inp, mean, rstd, N, C, rows, 2 * C);
+    colsum_part_k<T, LN><<<grid, block, 0, st>>>(cs->part, dout, inp, mean, rstd, N, C, rows, 2 * C);
     LAUNCHED("layernorm_bwd (partials)");
     colsum_finish_k<T><<<grid_for((size_t)C, 256), 256, 0, st>>>(dw, cs->part, R, C, 2 * C);
     colsum_finish_k<T><<<grid_for((size_t)C, 256), 256, 0, st>>>(db, cs->part + C, R, C, 2 * C);
     LAUNCHED("layernorm_bwd (dw, db)");
+}
+
+/* ---- RMSNorm ------------------------------------------------------------------------ */
+
+template <typename T>
+__global__ void rmsnorm_fwd_k(T *out, float *rstd, const T *inp, const T *w, int N, int C,
+                              float eps) {
+    int lane = threadIdx.x & 31, row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (row >= N) return;
+    const T *x = inp + (size_t)row * C;
+    float ss = 0.0f;
+    for (int c = lane; c < C; c += 32) { float v = to_f(x[c]); ss += v * v; }
+    float r = 1.0f / sqrtf(warp_sum(ss) / (float)C + eps);
+    T *o = out + (size_t)row * C;
+    for (int c = lane; c < C; c += 32) o[c] = from_f<T>(to_f(x[c]) * r * to_f(w[c]));
+    if (lane == 0) rstd[row] = r;
+}
+
+/* dinp accumulates, row by row (one warp each). */
+template <typename T>
+__global__ void rmsnorm_bwd_dx_k(T *dinp, const T *dout, const T *inp, const T *w,
+                                 const float *rstd, int N, int C) {
+    int lane = threadIdx.x & 31, row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (row >= N) return;
+    const T *x = inp + (size_t)row * C, *d = dout + (size_t)row * C;
+    float r = rstd[row], dot = 0.0f;
+    for (int c = lane; c < C; c += 32) dot += to_f(w[c]) * to_f(d[c]) * to_f(x[c]);
+    float k = warp_sum(dot) / (float)C * r * r * r;
+    T *di = dinp + (size_t)row * C;
+    for (int c = lane; c < C; c += 32)
+        di[c] = from_f<T>(to_f(di[c]) + to_f(w[c]) * to_f(d[c]) * r - to_f(x[c]) * k);
+}
+
+template <typename T>
+static void rmsnorm_bwd(fy_cu_stream *cs, const fy_op *op) {
+    cudaStream_t st = cs->st;
+    T *dinp = (T *)op->p[0], *dw = (T *)op->p[1];
+    const T *dout = (const T *)op->p[2], *inp = (const T *)op->p[3], *w = (const T *)op->p[4];
+    const float *rstd = (const float *)op->p[5];
+    int N = (int)op->i[0], C = (int)op->i[1];
+    if (N <= 0 || C <= 0) return;
+    rmsnorm_bwd_dx_k<T><<<grid_for((size_t)N, ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, 0, st>>>(
+        dinp, dout, inp, w, rstd, N, C);
+    LAUNCHED("rmsnorm_bwd (dinp)");
+    int rows = rows_per_chunk(N, C), R = (N + rows - 1) / rows;
+    dim3 grid((unsigned)((C + 31) / 32), (unsigned)R), block(32, 8);
+    colsum_part_k<T, RMS><<<grid, block, 0, st>>>(cs->part, dout, inp, NULL, rstd, N, C, rows, C);
+    LAUNCHED("rmsnorm_bwd (partials)");
+    colsum_finish_k<T><<<grid_for((size_t)C, 256), 256, 0, st>>>(dw, cs->part, R, C, C);
+    LAUNCHED("rmsnorm_bwd (dw)");
 }
 
 template <typename T>
@@ -284,7 +343,7 @@ static void colsum_acc(fy_cu_stream *cs, void *dst, const void *x, int N, int C)
     if (N <= 0 || C <= 0) return;
     int rows = rows_per_chunk(N, C), R = (N + rows - 1) / rows;
     dim3 grid((unsigned)((C + 31) / 32), (unsigned)R), block(32, 8);
-    colsum_part_k<T, false><<<grid, block, 0, cs->st>>>(cs->part, (const T *)x, NULL, NULL, NULL,
+    colsum_part_k<T, COLSUM><<<grid, block, 0, cs->st>>>(cs->part, (const T *)x, NULL, NULL, NULL,
                                                         N, C, rows, C);
     LAUNCHED("bias gradient (partials)");
     colsum_finish_k<T><<<grid_for((size_t)C, 256), 256, 0, cs->st>>>((T *)dst, cs->part, R, C, C);
@@ -377,6 +436,53 @@ __global__ void gelu_bwd_k(T *dinp, const T *inp, const T *dout, size_t n) {
         float sech2 = 1.0f - th * th;
         float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
         dinp[i] = from_f<T>(grad * to_f(dout[i]));
+    }
+}
+
+/* SwiGLU over rows gu (N, 2F) = [gate | up]: out (N, F) = silu(gate) * up. */
+template <typename T>
+__global__ void swiglu_fwd_k(T *out, const T *gu, size_t N, size_t F) {
+    for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < N * F;
+         idx += (size_t)gridDim.x * blockDim.x) {
+        size_t n = idx / F, j = idx % F;
+        float g = to_f(gu[n * 2 * F + j]), u = to_f(gu[n * 2 * F + F + j]);
+        out[idx] = from_f<T>(g / (1.0f + expf(-g)) * u);
+    }
+}
+
+template <typename T>
+__global__ void swiglu_bwd_k(T *dgu, const T *gu, const T *dout, size_t N, size_t F) {
+    for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < N * F;
+         idx += (size_t)gridDim.x * blockDim.x) {
+        size_t n = idx / F, j = idx % F;
+        float g = to_f(gu[n * 2 * F + j]), u = to_f(gu[n * 2 * F + F + j]), d = to_f(dout[idx]);
+        float sg = 1.0f / (1.0f + expf(-g));
+        dgu[n * 2 * F + j] = from_f<T>(d * u * sg * (1.0f + g * (1.0f - sg)));
+        dgu[n * 2 * F + F + j] = from_f<T>(d * g * sg);
+    }
+}
+
+/* Rotary embeddings (rope.h) on the query and key heads of packed rows: one thread per
+ * (position, head, pair); the angle in double, its cosine and sine rounded to fp32, as the
+ * cpu backend does. */
+template <typename T>
+__global__ void rope_k(T *qkv, int N, int T_, int heads, int W, int hd, bool inverse,
+                       int type, float theta, float factor, float low, float high, float orig) {
+    const int half = hd / 2;
+    const size_t total = (size_t)N * heads * half;
+    for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (size_t)gridDim.x * blockDim.x) {
+        int j = (int)(idx % half);
+        size_t nh = idx / half;
+        int h = (int)(nh % heads), n = (int)(nh / heads);
+        double a = (double)(n % T_) * fy_rope_inv_freq(j, hd, type, theta, factor, low, high, orig);
+        double sd, cd;
+        sincos(a, &sd, &cd);
+        float c = (float)cd, sn = inverse ? -(float)sd : (float)sd;
+        T *x = qkv + (size_t)n * W + (size_t)h * hd;
+        float x1 = to_f(x[j]), x2 = to_f(x[j + half]);
+        x[j] = from_f<T>(x1 * c - x2 * sn);
+        x[j + half] = from_f<T>(x2 * c + x1 * sn);
     }
 }
 
@@ -564,6 +670,39 @@ static void exec_typed(fy_cu_stream *cs, const fy_op *op) {
         break;
     }
     case FY_OP_LAYERNORM_BWD: layernorm_bwd<T>(cs, op); break;
+    case FY_OP_RMSNORM_FWD: {
+        int N = (int)i[0], C = (int)i[1];
+        if (N > 0)
+            rmsnorm_fwd_k<T><<<grid_for((size_t)N, ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, 0, st>>>(
+                (T *)p[0], (float *)p[1], (const T *)p[2], (const T *)p[3], N, C, op->f[0]);
+        LAUNCHED("rmsnorm_fwd");
+        break;
+    }
+    case FY_OP_RMSNORM_BWD: rmsnorm_bwd<T>(cs, op); break;
+    case FY_OP_ROPE: {
+        int B = (int)i[0], T_ = (int)i[1], NH = (int)i[2], NKV = (int)i[3], hd = (int)i[4];
+        size_t n = (size_t)B * T_ * (NH + NKV) * (hd / 2);
+        if (n)
+            rope_k<T><<<pointwise_grid(n), 256, 0, st>>>((T *)p[0], B * T_, T_, NH + NKV,
+                (NH + 2 * NKV) * hd, hd, i[5] != 0, (int)i[6], op->f[0], op->f[1], op->f[2],
+                op->f[3], op->f[4]);
+        LAUNCHED("rope");
+        break;
+    }
+    case FY_OP_SWIGLU_FWD: {
+        size_t N = (size_t)i[0], F = (size_t)i[1];
+        if (N && F) swiglu_fwd_k<T><<<pointwise_grid(N * F), 256, 0, st>>>((T *)p[0], (const T *)p[1], N, F);
+        LAUNCHED("swiglu_fwd");
+        break;
+    }
+    case FY_OP_SWIGLU_BWD: {
+        size_t N = (size_t)i[0], F = (size_t)i[1];
+        if (N && F)
+            swiglu_bwd_k<T><<<pointwise_grid(N * F), 256, 0, st>>>((T *)p[0], (const T *)p[1],
+                (const T *)p[2], N, F);
+        LAUNCHED("swiglu_bwd");
+        break;
+    }
     case FY_OP_GELU_FWD:
         if (i[0]) gelu_fwd_k<T><<<pointwise_grid((size_t)i[0]), 256, 0, st>>>((T *)p[0], (const T *)p[1], (size_t)i[0]);
         LAUNCHED("gelu_fwd");

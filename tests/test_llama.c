@@ -1,0 +1,397 @@
+/* test_llama.c — the Llama family on the cpu backend: its kernels (RMSNorm, rotary
+ * embeddings, grouped-query attention, SwiGLU, the embedding without positions) against
+ * finite differences and host references in double, with kernels.h's accumulation rules;
+ * then the model (engine/model/llama.h) against the float64 PyTorch reference's fixtures
+ * (tests/ref/gen_llama_ref.py), the interface's passes against finite differences, and
+ * every plan against the all-resident one, bit for bit.
+ *
+ * Finite differences and their tolerances follow test_device.c's rule (see its header):
+ * ||num - ana|| <= tol ||ana|| over the checked coordinates, tol derived next to each
+ * check from the rounding of the forward and the curvature. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/device/kernels.h"
+
+#include "kernel_check.h"
+
+TestSuite(llama_kernels, .init = setup, .fini = teardown, .timeout = 60);
+
+/* ---- RMSNorm ------------------------------------------------------------------------- */
+
+typedef struct rms_ctx {
+    float *out, *rstd, *inp, *w;
+    const float *R;
+    float *tmp;
+    int N, C;
+    float eps;
+} rms_ctx;
+static double rms_obj(void *p) {
+    rms_ctx *c = p;
+    fy_k_rmsnorm_fwd(c->out, c->rstd, c->inp, c->w, c->N, c->C, c->eps, g_s);
+    return dot_dev(c->out, c->R, c->tmp, (size_t)c->N * c->C);
+}
+
+static float *rows_with_offsets(rng *r, int N, int C) {
+    float *x = hnewf((size_t)N * C);
+    for (int n = 0; n < N; n++) {
+        float off = rng_unif(r, -1, 1), scale = rng_unif(r, 0.5f, 2);
+        for (int c = 0; c < C; c++) x[n * C + c] = off + scale * rng_unif(r, -1, 1);
+    }
+    return x;
+}
+
+Test(llama_kernels, rmsnorm_bwd_matches_fd) {
+    enum { N = 14, C = 24 }; /* C = 24: one full and one partial column tile of 16 */
+    rng r = {1201};
+    float *R = hrand(&r, N * C, -1, 1);
+    rms_ctx c = {.out = dnewf(N * C), .rstd = dnewf(N), .inp = dputf(rows_with_offsets(&r, N, C), N * C),
+                 .w = dputf(hrand(&r, C, 0.5f, 1.5f), C), .R = R, .tmp = hnewf(N * C), .N = N,
+                 .C = C, .eps = 1e-5f};
+    rms_obj(&c);
+    float *dinp = dnewf(N * C), *dw = dnewf(C);
+    fy_k_rmsnorm_bwd(dinp, dw, dputf(R, N * C), c.inp, c.w, c.rstd, N, C, g_s);
+    /* Nonlinear in inp (rstd <= ~2.5), as layernorm's: h = 5e-3; rounding ~1e-4 of
+     * gradients ~1, curvature h^2/6 rstd^3 ~ 6e-5. tol 2e-3. */
+    expect_fd(rms_obj, &c, &(fd_check){"rmsnorm dinp", c.inp, N * C, dgetf(dinp, N * C), 5e-3f,
+                                       128, 2e-3});
+    /* Linear in w: exact up to the rounding of ~N outputs over 2h = 1: ~1e-6. */
+    expect_fd(rms_obj, &c, &(fd_check){"rmsnorm dw", c.w, C, dgetf(dw, C), 0.5f, 1000, 1e-4});
+}
+
+Test(llama_kernels, rmsnorm_matches_host_double_and_accumulates) {
+    enum { N = 9, C = 40 };
+    const float eps = 1e-6f;
+    rng r = {1202};
+    float *x = rows_with_offsets(&r, N, C), *w = hrand(&r, C, 0.5f, 1.5f);
+    float *out = dnewf(N * C), *rstd = dnewf(N), *dx = dnewf(N * C), *dw = dnewf(C);
+    float *dinp0 = hrand(&r, N * C, -1, 1), *dw0 = hrand(&r, C, -1, 1);
+    put(dx, dinp0, N * C * sizeof(float));
+    put(dw, dw0, C * sizeof(float));
+    float *dx_ = dputf(x, N * C), *dw_ = dputf(w, C);
+    fy_k_rmsnorm_fwd(out, rstd, dx_, dw_, N, C, eps, g_s);
+    float *go = dgetf(out, N * C), *gr = dgetf(rstd, N);
+    for (int n = 0; n < N; n++) {
+        double ss = 0;
+        for (int c = 0; c < C; c++) ss += (double)x[n * C + c] * x[n * C + c];
+        double rs = 1.0 / sqrt(ss / C + eps);
+        /* an fp32 sum of 40 squares and a square root: a few ulps */
+        cr_expect(fabs(gr[n] - rs) <= 8 * U_F32 * rs, "rstd[%d] %.9g vs %.9g", n, gr[n], rs);
+        for (int c = 0; c < C; c++) {
+            double want = x[n * C + c] * rs * w[c];
+            cr_expect(fabs(go[n * C + c] - want) <= 1e-6 * (1 + fabs(want)),
+                      "out[%d,%d] %.9g vs %.9g", n, c, go[n * C + c], want);
+        }
+    }
+    /* the backward adds into dinp and dw: compare with a run into zeroed buffers */
+    float *R = dputf(hrand(&r, N * C, -1, 1), N * C);
+    fy_k_rmsnorm_bwd(dx, dw, R, dx_, dw_, rstd, N, C, g_s);
+    float *z1 = dnewf(N * C), *z2 = dnewf(C);
+    fy_k_rmsnorm_bwd(z1, z2, R, dx_, dw_, rstd, N, C, g_s);
+    expect_accumulated("rmsnorm dinp", dgetf(dx, N * C), dinp0, dgetf(z1, N * C), N * C);
+    expect_accumulated("rmsnorm dw", dgetf(dw, C), dw0, dgetf(z2, C), C);
+}
+
+/* ---- rotary embeddings -------------------------------------------------------------- */
+
+/* The frequencies as Hugging Face's _compute_llama3_parameters writes them: the whole
+ * vector of base frequencies, then the three bands by wavelength. */
+static void host_inv_freq(int hd, const fy_rope *rp, double *inv) {
+    for (int j = 0; j < hd / 2; j++) inv[j] = 1.0 / pow(rp->theta, (2.0 * j) / hd);
+    if (rp->type == FY_ROPE_LINEAR)
+        for (int j = 0; j < hd / 2; j++) inv[j] /= rp->factor;
+    if (rp->type != FY_ROPE_LLAMA3) return;
+    double low_wl = rp->orig_max_pos / rp->low_freq_factor;
+    double high_wl = rp->orig_max_pos / rp->high_freq_factor;
+    for (int j = 0; j < hd / 2; j++) {
+        double wl = 2 * M_PI / inv[j];
+        double scaled = wl > low_wl ? inv[j] / rp->factor : inv[j];
+        bool medium = !(wl < high_wl) && !(wl > low_wl);
+        if (medium) {
+            double sm = (rp->orig_max_pos / wl - rp->low_freq_factor) /
+                        (rp->high_freq_factor - rp->low_freq_factor);
+            scaled = (1 - sm) * scaled / rp->factor + sm * scaled;
+        }
+        inv[j] = scaled;
+    }
+}
+
+/* rotate_half: q' = q cos + rotate_half(q) sin, rotate_half(x) = cat(-x2, x1). */
+static void host_rope(float *qkv, int B, int T, int NH, int NKV, int hd, const fy_rope *rp) {
+    double inv[64];
+    host_inv_freq(hd, rp, inv);
+    const int W = (NH + 2 * NKV) * hd, half = hd / 2;
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < NH + NKV; h++) {
+                float *x = qkv + ((size_t)b * T + t) * W + (size_t)h * hd;
+                double y[64];
+                for (int d = 0; d < hd; d++) {
+                    double a = t * inv[d % half];
+                    double rot = d < half ? -x[d + half] : x[d - half];
+                    y[d] = x[d] * cos(a) + rot * sin(a);
+                }
+                for (int d = 0; d < hd; d++) x[d] = (float)y[d];
+            }
+}
+
+static const fy_rope rope_llama3 = {FY_ROPE_LLAMA3, 500000.0f, 8.0f, 1.0f, 4.0f, 8.0f};
+static const fy_rope rope_plain = {FY_ROPE_DEFAULT, 10000.0f, 0, 0, 0, 0};
+static const fy_rope rope_linear = {FY_ROPE_LINEAR, 10000.0f, 4.0f, 0, 0, 0};
+
+static void check_rope_host(const fy_rope *rp, const char *what) {
+    enum { B = 2, T = 40, NH = 4, NKV = 2, hd = 16, W = (NH + 2 * NKV) * hd };
+    rng r = {1301};
+    float *x = hrand(&r, B * T * W, -2, 2), *want = hnewf(B * T * W);
+    memcpy(want, x, sizeof(float) * B * T * W);
+    host_rope(want, B, T, NH, NKV, hd, rp);
+    float *d = dputf(x, B * T * W);
+    fy_k_rope(d, B, T, NH, NKV, hd, false, rp, g_s);
+    float *got = dgetf(d, B * T * W);
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < (size_t)B * T * W; i++) {
+        int h = (int)(i % W) / hd;
+        if (h >= NH + NKV) { /* value heads: untouched */
+            if (memcmp(&got[i], &x[i], 4)) { if (!bad++) first = i; }
+            continue;
+        }
+        /* two products of inputs <= 2 by fp32 cos and sin (each within an ulp of the
+         * double ones) and their sum: ~4 ulps of 4 */
+        if (!(fabs(got[i] - want[i]) <= 16 * U_F32 * 4)) { if (!bad++) first = i; }
+    }
+    cr_expect_eq(bad, 0, "rope %s: %zu elements differ from Hugging Face's rotate_half in "
+                 "double; first [%zu] = %.9g, want %.9g", what, bad, first, got[first], want[first]);
+}
+
+Test(llama_kernels, rope_matches_rotate_half_in_double) {
+    check_rope_host(&rope_llama3, "llama3");
+    check_rope_host(&rope_plain, "default");
+    check_rope_host(&rope_linear, "linear");
+}
+
+/* The llama3 bands: with theta 5e5, hd 128 and Llama 3.1's scaling (8, 1, 4, 8192), the
+ * first pair keeps its frequency (wavelength 2 pi < 2048), the last is divided by 8
+ * (wavelength > 8192), and one between is blended. */
+Test(llama_kernels, rope_llama3_frequency_bands) {
+    const fy_rope rp = {FY_ROPE_LLAMA3, 500000.0f, 8.0f, 1.0f, 4.0f, 8192.0f};
+    double host[64];
+    host_inv_freq(128, &rp, host);
+    int blended = 0;
+    for (int j = 0; j < 64; j++) {
+        double got = fy_rope_inv_freq(j, 128, rp.type, rp.theta, rp.factor, rp.low_freq_factor,
+                                      rp.high_freq_factor, rp.orig_max_pos);
+        double base = pow(500000.0, -2.0 * j / 128);
+        cr_expect(fabs(got - host[j]) <= 1e-15 * base, "inv_freq[%d] %.17g vs %.17g", j, got, host[j]);
+        blended += got < base * 0.999 && got > base / 8 * 1.001;
+    }
+    cr_expect_eq(fy_rope_inv_freq(0, 128, rp.type, 5e5, 8, 1, 4, 8192), 1.0);
+    double last = pow(500000.0, -126.0 / 128);
+    cr_expect(fabs(fy_rope_inv_freq(63, 128, rp.type, 5e5, 8, 1, 4, 8192) - last / 8) <= 1e-18);
+    cr_expect_gt(blended, 0, "no pair in the blended band");
+}
+
+typedef struct rope_ctx {
+    float *x, *y;
+    const float *R;
+    float *tmp;
+    int B, T, NH, NKV, hd;
+    size_t n;
+} rope_ctx;
+static double rope_obj(void *p) {
+    rope_ctx *c = p;
+    fy_copy_async(g_s, c->y, c->x, c->n * sizeof(float), FY_D2D);
+    fy_k_rope(c->y, c->B, c->T, c->NH, c->NKV, c->hd, false, &rope_llama3, g_s);
+    return dot_dev(c->y, c->R, c->tmp, c->n);
+}
+
+/* The inverse rotation is the backward: the gradient of sum(rope(x) R) is rope^-1(R). */
+Test(llama_kernels, rope_inverse_is_the_backward_and_undoes_the_forward) {
+    enum { B = 2, T = 9, NH = 4, NKV = 1, hd = 8, W = (NH + 2 * NKV) * hd, n = B * T * W };
+    rng r = {1302};
+    float *R = hrand(&r, n, -1, 1), *x = hrand(&r, n, -1, 1);
+    rope_ctx c = {.x = dputf(x, n), .y = dnewf(n), .R = R, .tmp = hnewf(n), .B = B, .T = T,
+                  .NH = NH, .NKV = NKV, .hd = hd, .n = n};
+    float *g = dputf(R, n);
+    fy_k_rope(g, B, T, NH, NKV, hd, true, &rope_llama3, g_s);
+    /* Linear in x: exact for any h up to the rounding of the outputs (~u each, two per
+     * coordinate) over 2h = 1. */
+    expect_fd(rope_obj, &c, &(fd_check){"rope dx", c.x, n, dgetf(g, n), 0.5f, 1000, 1e-5});
+    float *y = dputf(x, n);
+    fy_k_rope(y, B, T, NH, NKV, hd, false, &rope_llama3, g_s);
+    fy_k_rope(y, B, T, NH, NKV, hd, true, &rope_llama3, g_s);
+    float *back = dgetf(y, n);
+    double worst = 0;
+    for (int i = 0; i < n; i++) worst = fmax(worst, fabs(back[i] - x[i]));
+    /* two rotations of values <= 1: a few ulps */
+    cr_expect(worst <= 1e-6, "rope then its inverse is off by %.3g", worst);
+}
+
+/* ---- grouped-query attention -------------------------------------------------------- */
+
+typedef struct gqa_ctx {
+    float *out, *att, *qkv;
+    const float *R;
+    float *tmp;
+    int B, T, NH, NKV, hd;
+} gqa_ctx;
+static double gqa_obj(void *p) {
+    gqa_ctx *c = p;
+    fy_k_attention_fwd(c->out, c->att, c->qkv, c->B, c->T, c->NH, c->NKV, c->hd, g_s);
+    return dot_dev(c->out, c->R, c->tmp, (size_t)c->B * c->T * c->NH * c->hd);
+}
+
+static void check_gqa_fd(int NKV, uint64_t seed) {
+    enum { B = 2, T = 7, NH = 4, hd = 4 };
+    const int W = (NH + 2 * NKV) * hd, nq = B * T * W, nout = B * T * NH * hd;
+    rng r = {seed};
+    float *R = hrand(&r, nout, -1, 1);
+    gqa_ctx c = {.out = dnewf(nout), .att = dnewf(B * NH * T * T),
+                 .qkv = dputf(hrand(&r, nq, -1.5f, 1.5f), nq), .R = R, .tmp = hnewf(nout),
+                 .B = B, .T = T, .NH = NH, .NKV = NKV, .hd = hd};
+    gqa_obj(&c);
+    float *dqkv = dnewf(nq), *scratch = dnewf(B * NH * T * T);
+    fy_k_attention_bwd(dqkv, scratch, dputf(R, nout), c.qkv, c.att, B, T, NH, NKV, hd, g_s);
+    /* As GPT-2's attention (test_device.c): h = 5e-3 on inputs ~1, a coordinate of a
+     * shared key or value head moves NH/NKV heads' outputs, so rounding grows by up to
+     * sqrt(4); measured ~5e-5. tol 1e-3. */
+    char name[48];
+    snprintf(name, sizeof name, "attention dqkv (NKV %d)", NKV);
+    expect_fd(gqa_obj, &c, &(fd_check){name, c.qkv, (size_t)nq, dgetf(dqkv, nq), 5e-3f, 160, 1e-3});
+}
+
+Test(llama_kernels, grouped_query_attention_bwd_matches_fd) {
+    check_gqa_fd(2, 1401); /* two query heads per key/value head */
+    check_gqa_fd(1, 1402); /* multi-query */
+}
+
+/* Grouped-query attention is multi-head attention with each key/value head repeated for
+ * its query heads (Hugging Face's repeat_kv): the outputs agree, and a shared head's
+ * gradient is the sum of its copies'. */
+Test(llama_kernels, grouped_query_attention_is_repeated_kv) {
+    enum { B = 2, T = 6, NH = 6, NKV = 2, G = NH / NKV, hd = 8 };
+    enum { Wg = (NH + 2 * NKV) * hd, Wm = 3 * NH * hd, nout = B * T * NH * hd };
+    rng r = {1403};
+    float *g = hrand(&r, B * T * Wg, -1.5f, 1.5f), *m = hnewf(B * T * Wm);
+    for (int bt = 0; bt < B * T; bt++)
+        for (int h = 0; h < NH; h++)
+            for (int d = 0; d < hd; d++) {
+                const float *row = g + (size_t)bt * Wg;
+                float *mrow = m + (size_t)bt * Wm;
+                mrow[h * hd + d] = row[h * hd + d];
+                mrow[NH * hd + h * hd + d] = row[NH * hd + (h / G) * hd + d];
+                mrow[2 * NH * hd + h * hd + d] = row[(NH + NKV) * hd + (h / G) * hd + d];
+            }
+    float *dg = dputf(g, B * T * Wg), *dm = dputf(m, B * T * Wm);
+    float *og = dnewf(nout), *om = dnewf(nout), *ag = dnewf(B * NH * T * T), *am = dnewf(B * NH * T * T);
+    fy_k_attention_fwd(og, ag, dg, B, T, NH, NKV, hd, g_s);
+    fy_k_attention_fwd(om, am, dm, B, T, NH, NH, hd, g_s);
+    float *hog = dgetf(og, nout), *hom = dgetf(om, nout);
+    for (int i = 0; i < nout; i++) /* the same products in the same order */
+        cr_expect(fabs(hog[i] - hom[i]) <= 1e-6, "out[%d] %.9g vs %.9g", i, hog[i], hom[i]);
+    float *dy = dputf(hrand(&r, nout, -1, 1), nout);
+    float *gg = dnewf(B * T * Wg), *gm = dnewf(B * T * Wm), *sc = dnewf(B * NH * T * T);
+    fy_k_attention_bwd(gg, sc, dy, dg, ag, B, T, NH, NKV, hd, g_s);
+    fy_k_attention_bwd(gm, sc, dy, dm, am, B, T, NH, NH, hd, g_s);
+    float *hgg = dgetf(gg, B * T * Wg), *hgm = dgetf(gm, B * T * Wm);
+    double worst = 0;
+    for (int bt = 0; bt < B * T; bt++)
+        for (int d = 0; d < hd; d++) {
+            const float *rg = hgg + (size_t)bt * Wg, *rm = hgm + (size_t)bt * Wm;
+            for (int h = 0; h < NH; h++) worst = fmax(worst, fabs(rg[h * hd + d] - rm[h * hd + d]));
+            for (int kh = 0; kh < NKV; kh++) {
+                double sk = 0, sv = 0;
+                for (int g2 = 0; g2 < G; g2++) {
+                    sk += rm[NH * hd + (kh * G + g2) * hd + d];
+                    sv += rm[2 * NH * hd + (kh * G + g2) * hd + d];
+                }
+                worst = fmax(worst, fabs(rg[NH * hd + kh * hd + d] - sk));
+                worst = fmax(worst, fabs(rg[(NH + NKV) * hd + kh * hd + d] - sv));
+            }
+        }
+    /* sums of G = 3 fp32 shares of size ~1 added in another order: a few ulps */
+    cr_expect(worst <= 1e-5, "grouped gradients differ from the repeated heads' by %.3g", worst);
+}
+
+/* ---- SwiGLU and the embedding --------------------------------------------------------- */
+
+typedef struct swiglu_ctx {
+    float *out, *gu;
+    const float *R;
+    float *tmp;
+    int N, F;
+} swiglu_ctx;
+static double swiglu_obj(void *p) {
+    swiglu_ctx *c = p;
+    fy_k_swiglu_fwd(c->out, c->gu, c->N, c->F, g_s);
+    return dot_dev(c->out, c->R, c->tmp, (size_t)c->N * c->F);
+}
+
+Test(llama_kernels, swiglu_matches_host_double_and_fd) {
+    enum { N = 6, F = 20 };
+    rng r = {1501};
+    float *gu = hrand(&r, N * 2 * F, -4, 4);
+    gu[0] = 0.0f; gu[1] = -1.28f; gu[2] = 6.0f; /* flat, the minimum of silu, saturated */
+    float *R = hrand(&r, N * F, -1, 1);
+    swiglu_ctx c = {.out = dnewf(N * F), .gu = dputf(gu, N * 2 * F), .R = R, .tmp = hnewf(N * F),
+                    .N = N, .F = F};
+    swiglu_obj(&c);
+    float *out = dgetf(c.out, N * F);
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < F; j++) {
+            double g = gu[n * 2 * F + j], u = gu[n * 2 * F + F + j];
+            double want = g / (1 + exp(-g)) * u;
+            /* expf, a division and a product: a few ulps of |want| <= 16 */
+            cr_expect(fabs(out[n * F + j] - want) <= 8 * U_F32 * (fabs(want) + 1e-3),
+                      "swiglu[%d,%d] %.9g vs %.9g", n, j, out[n * F + j], want);
+        }
+    float *dgu = dnewf(N * 2 * F);
+    fy_k_swiglu_bwd(dgu, c.gu, dputf(R, N * F), N, F, g_s);
+    /* Elementwise: rounding ~3u|out| (<= 16) over 2h = 1e-2 ~ 1e-5 absolute against
+     * gradients ~1; curvature h^2/6 |silu'''| (<= 0.5) |u| ~ 1e-5. tol 1e-3. */
+    expect_fd(swiglu_obj, &c, &(fd_check){"swiglu dgu", c.gu, N * 2 * F, dgetf(dgu, N * 2 * F),
+                                          5e-3f, 1000, 1e-3});
+}
+
+typedef struct emb_ctx {
+    float *out, *wte;
+    int32_t *tok;
+    const float *R;
+    float *tmp;
+    int B, T, C, V;
+} emb_ctx;
+static double emb_obj(void *p) {
+    emb_ctx *c = p;
+    fy_k_encoder_fwd(c->out, c->tok, c->wte, NULL, c->B, c->T, c->C, c->V, g_s);
+    return dot_dev(c->out, c->R, c->tmp, (size_t)c->B * c->T * c->C);
+}
+
+/* Without learned positions the embedding is a row lookup: exact copies, and the
+ * backward adds each row's dout into its token's row. */
+Test(llama_kernels, embedding_without_positions_is_a_lookup) {
+    enum { B = 2, T = 5, C = 12, V = 9 };
+    rng r = {1601};
+    int32_t tok[B * T];
+    for (int i = 0; i < B * T; i++) tok[i] = rng_int(&r, V - 1);
+    float *wte = hrand(&r, V * C, -1, 1), *R = hrand(&r, B * T * C, -1, 1);
+    emb_ctx c = {.out = dnewf(B * T * C), .wte = dputf(wte, V * C), .tok = dnew(sizeof tok),
+                 .R = R, .tmp = hnewf(B * T * C), .B = B, .T = T, .C = C, .V = V};
+    put(c.tok, tok, sizeof tok);
+    emb_obj(&c);
+    float *out = dgetf(c.out, B * T * C);
+    for (int i = 0; i < B * T; i++)
+        cr_expect(!memcmp(out + i * C, wte + tok[i] * C, C * sizeof(float)), "row %d is not wte[%d]",
+                  i, tok[i]);
+    float *dwte = dnewf(V * C), *base = hrand(&r, V * C, -1, 1);
+    put(dwte, base, V * C * sizeof(float));
+    float *dR = dputf(R, B * T * C);
+    fy_k_encoder_bwd(dwte, NULL, dR, c.tok, B, T, C, V, g_s);
+    float *zero = dnewf(V * C);
+    fy_k_encoder_bwd(zero, NULL, dR, c.tok, B, T, C, V, g_s);
+    expect_accumulated("embedding dwte", dgetf(dwte, V * C), base, dgetf(zero, V * C), V * C);
+    /* linear: exact up to the rounding of out over 2h = 1 */
+    expect_fd(emb_obj, &c, &(fd_check){"embedding dwte", c.wte, V * C, dgetf(zero, V * C), 0.5f,
+                                       1000, 1e-5});
+}
