@@ -556,11 +556,18 @@ static void write_v7(const char *path, const uint32_t *toks, size_t n) {
     write_shard(path, FY_SHARD_MAGIC_V7, 7, (int32_t)n, toks, n, 4);
 }
 
+/* t holds exactly want[0..n), read one at a time and as one run. */
 static void expect_tokens(const fy_tokens *t, const uint32_t *want, size_t n) {
     cr_assert_eq(fy_tokens_count(t), n);
     for (size_t i = 0; i < n; i++)
-        cr_assert_eq(fy_tokens_data(t)[i], want[i], "token %zu: %u != %u", i,
-                     fy_tokens_data(t)[i], want[i]);
+        cr_assert_eq(fy_tokens_at(t, i), want[i], "token %zu: %u != %u", i,
+                     fy_tokens_at(t, i), want[i]);
+    int32_t *run = malloc(n * sizeof *run);
+    fy_tokens_read(t, 0, n, run);
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq((uint32_t)run[i], want[i], "read token %zu: %u != %u", i,
+                     (uint32_t)run[i], want[i]);
+    free(run);
 }
 
 static void expect_tokens_fail(const char *path, fy_status want, const char *keyword,
@@ -595,7 +602,7 @@ Test(tokens, shard_v7_round_trip) {
     fy_tokens_free(t);
 }
 
-Test(tokens, large_shard_crosses_read_chunks) {
+Test(tokens, large_shard_crosses_pages) {
     enum { NTOK = 100003 };
     static uint32_t toks[NTOK];
     for (size_t i = 0; i < NTOK; i++) toks[i] = (uint32_t)(i * 2654435761u) & 0xffff;
@@ -614,7 +621,7 @@ Test(tokens, text_file_bytes_are_tokens) {
     fy_tokens *t;
     cr_assert_eq(fy_tokens_open(path, &t), FY_OK);
     cr_assert_eq(fy_tokens_count(t), 300);
-    for (int i = 0; i < 300; i++) cr_assert_eq(fy_tokens_data(t)[i], bytes[i]);
+    for (int i = 0; i < 300; i++) cr_assert_eq(fy_tokens_at(t, (size_t)i), bytes[i]);
     fy_tokens_free(t);
     /* a short file with no extension is text too */
     write_file(P("tiny"), "hi", 2);
@@ -705,6 +712,146 @@ Test(tokens, glob_reads_shards_sorted_as_one_stream) {
     cr_assert_eq(fy_tokens_open(P("d_00[02].bin"), &t), FY_OK);
     const uint32_t want2[] = {10, 11, 12, 30, 31, 32, 33};
     expect_tokens(t, want2, 7);
+    fy_tokens_free(t);
+}
+
+/* Shards of both widths and very different lengths (1 token; a page and a token), read
+ * as one stream: every token, runs that start and end on either side of each boundary,
+ * runs over three and more files, and the loader's batches across them. */
+Test(tokens, glob_of_v1_and_v7_shards_reads_across_boundaries) {
+    const size_t lens[] = {1, 2049, 2, 30011, 1, 7000, 3};
+    enum { NF = sizeof lens / sizeof lens[0] };
+    size_t n = 0, begins[NF];
+    for (int f = 0; f < NF; f++) begins[f] = n, n += lens[f];
+    uint32_t *want = malloc(n * sizeof *want);
+    for (int f = 0; f < NF; f++) {
+        uint32_t *w = want + begins[f];
+        for (size_t i = 0; i < lens[f]; i++) {
+            uint32_t h = (uint32_t)(begins[f] + i) * 2654435761u;
+            w[i] = f % 2 ? h | 1u << 16 : h >> 16; /* v7 ids all above uint16 */
+        }
+        if (f % 2) write_v7(P("m_%03d.bin", f), w, lens[f]);
+        else write_v1(P("m_%03d.bin", f), w, lens[f]);
+    }
+    fy_tokens *t;
+    cr_assert_eq(fy_tokens_open(P("m_*.bin"), &t), FY_OK);
+    expect_tokens(t, want, n);
+    int32_t *run = malloc(n * sizeof *run);
+    const size_t lengths[] = {0, 1, 2, 3, 7, 2051, 4100, 32065};
+    for (int f = 0; f < NF; f++) {
+        for (size_t d = 0; d < 7; d++) {
+            if (begins[f] + d < 3) continue;
+            size_t at = begins[f] + d - 3;
+            for (size_t k = 0; k < sizeof lengths / sizeof lengths[0]; k++) {
+                if (at + lengths[k] > n) continue;
+                memset(run, 0x55, n * sizeof *run);
+                fy_tokens_read(t, at, lengths[k], run);
+                for (size_t i = 0; i < lengths[k]; i++)
+                    cr_assert_eq((uint32_t)run[i], want[at + i], "read [%zu, +%zu) token %zu",
+                                 at, lengths[k], i);
+                cr_assert_eq(run[lengths[k]], 0x55555555, "read past [%zu, +%zu)", at,
+                             lengths[k]);
+            }
+        }
+    }
+    fy_tokens_read(t, n, 0, run); /* an empty run at the very end */
+    /* batches of 2 x 1100 span up to three shards; the last pass wraps */
+    fy_loader *l;
+    cr_assert_eq(fy_loader_new(t, 0, n, 2, 1100, &l), FY_OK);
+    size_t bt = 2200, nb = (n - 1) / bt;
+    int32_t *x = malloc(bt * sizeof *x), *y = malloc(bt * sizeof *y);
+    for (size_t s = 0; s < nb + 3; s++) {
+        fy_loader_next(l, x, y);
+        size_t at = (s % nb) * bt;
+        for (size_t i = 0; i < bt; i++) {
+            cr_assert_eq((uint32_t)x[i], want[at + i], "step %zu x[%zu]", s, i);
+            cr_assert_eq((uint32_t)y[i], want[at + i + 1], "step %zu y[%zu]", s, i);
+        }
+    }
+    free(x);
+    free(y);
+    fy_loader_free(l);
+    free(run);
+    free(want);
+    fy_tokens_free(t);
+}
+
+/* Resident pages of this process, in bytes (/proc/self/statm's second field). */
+static size_t resident_nbytes(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    cr_assert_not_null(f);
+    unsigned long size, resident;
+    cr_assert_eq(fscanf(f, "%lu %lu", &size, &resident), 2);
+    fclose(f);
+    return (size_t)resident * (size_t)sysconf(_SC_PAGESIZE);
+}
+
+static size_t max_resident_nbytes(void) {
+    struct rusage ru;
+    cr_assert_eq(getrusage(RUSAGE_SELF, &ru), 0);
+    return (size_t)ru.ru_maxrss * 1024; /* Linux reports KiB */
+}
+
+/* A 64 MiB v7 shard is mapped, not copied: opening it, checking its vocabulary (a scan
+ * of every token) and reading batches leaves the resident set (now and at its peak)
+ * within 8 MiB of where it was. A copy, as tokens.c made before, grows it by the
+ * file's 64 MiB; the mapped reads keep at most one 4 MiB chunk of the scan mapped at a
+ * time (its pages are dropped once scanned) plus the pages the batches touched (128 KiB
+ * here) and the kernel's fault-around, so 8 MiB is an eighth of the file with room to
+ * spare. The scan's first offender is found past its first chunk and at the last token,
+ * and tokens read after the pages were dropped are still right. */
+Test(tokens, large_shard_is_mapped_not_copied) {
+    enum { NTOK = 16 << 20, PER_WRITE = 1 << 18 };
+    const size_t chunk = (4 << 20) / 4; /* tokens of the scan's first chunk */
+    const char *path = P("large.bin");
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f);
+    int32_t hdr[256] = {FY_SHARD_MAGIC_V7, 7, NTOK};
+    cr_assert_eq(fwrite(hdr, 4, 256, f), 256);
+    uint32_t *buf = malloc(PER_WRITE * sizeof *buf); /* written a piece at a time */
+    for (size_t at = 0; at < NTOK; at += PER_WRITE) {
+        for (size_t i = 0; i < PER_WRITE; i++) buf[i] = (uint32_t)((at + i) % 50000);
+        if (at <= chunk + 3 && chunk + 3 < at + PER_WRITE) buf[chunk + 3 - at] = 60000;
+        if (at + PER_WRITE == NTOK) buf[PER_WRITE - 1] = 70000;
+        cr_assert_eq(fwrite(buf, 4, PER_WRITE, f), PER_WRITE);
+    }
+    free(buf);
+    cr_assert_eq(fclose(f), 0);
+
+    size_t rss0 = resident_nbytes(), max0 = max_resident_nbytes();
+    fy_tokens *t;
+    cr_assert_eq(fy_tokens_open(path, &t), FY_OK);
+    cr_assert_eq(fy_tokens_count(t), NTOK);
+    cr_assert_eq(fy_tokens_check_vocab(t, 70001), FY_OK);
+    fy_loader *l;
+    cr_assert_eq(fy_loader_new(t, 0, NTOK, 4, 1024, &l), FY_OK);
+    static int32_t x[4096], y[4096];
+    for (int s = 0; s < 8; s++) {
+        fy_loader_next(l, x, y);
+        for (size_t i = 0; i < 4096; i++)
+            cr_assert_eq(x[i], (int32_t)((size_t)s * 4096 + i) % 50000, "step %d x[%zu]", s, i);
+    }
+    size_t rss1 = resident_nbytes(), max1 = max_resident_nbytes();
+    const size_t bound = 8 << 20;
+    cr_assert_lt(rss1 - (rss1 > rss0 ? rss0 : rss1), bound,
+                 "resident set grew by %zu KiB (from %zu KiB)", (rss1 - rss0) >> 10, rss0 >> 10);
+    cr_assert_lt(max1 - max0, bound, "peak resident set grew by %zu KiB (from %zu KiB)",
+                 (max1 - max0) >> 10, max0 >> 10);
+
+    capture_begin();
+    fy_status st = fy_tokens_check_vocab(t, 65536);
+    const char *log = capture_end();
+    cr_assert_eq(st, FY_ERR_INVALID);
+    assert_one_error(log, path, "token id 70000", "position 16777215", NULL);
+    capture_begin();
+    st = fy_tokens_check_vocab(t, 50000);
+    log = capture_end();
+    cr_assert_eq(st, FY_ERR_INVALID);
+    assert_one_error(log, path, "token id 60000", "position 1048579", NULL);
+    cr_assert_eq(fy_tokens_at(t, chunk + 3), 60000);
+    cr_assert_eq(fy_tokens_at(t, chunk + 4), (chunk + 4) % 50000);
+    cr_assert_eq(fy_tokens_at(t, NTOK - 1), 70000);
+    fy_loader_free(l);
     fy_tokens_free(t);
 }
 
@@ -875,6 +1022,46 @@ Test(loader, set_pos_reset_and_resume) {
     fy_loader_free(a);
     fy_loader_free(b);
     fy_tokens_free(t);
+}
+
+/* The same bytes as a mapped text file and as fy_tokens_from_bytes's copy give the same
+ * batches, step for step, over whole and partial ranges and through the wrap. */
+Test(loader, mapped_text_file_gives_the_same_batches_as_a_copy) {
+    enum { N = 100003 };
+    static uint8_t bytes[N];
+    for (size_t i = 0; i < N; i++) bytes[i] = (uint8_t)((i * 2654435761u) >> 13);
+    const char *path = P("text.txt");
+    write_file(path, bytes, N);
+    fy_tokens *mapped, *copied;
+    cr_assert_eq(fy_tokens_open(path, &mapped), FY_OK);
+    cr_assert_eq(fy_tokens_from_bytes(bytes, N, "copy", &copied), FY_OK);
+    cr_assert_eq(fy_tokens_count(mapped), fy_tokens_count(copied));
+    const int shapes[][4] = {{1, 1, 0, 200}, {4, 64, 0, N}, {3, 1000, 17, N - 5},
+                             {8, 1024, 0, N}, {2, 4097, 4095, 50000}};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        int B = shapes[k][0], T = shapes[k][1];
+        size_t begin = (size_t)shapes[k][2], end = (size_t)shapes[k][3], bt = (size_t)B * T;
+        fy_loader *a, *b;
+        cr_assert_eq(fy_loader_new(mapped, begin, end, B, T, &a), FY_OK);
+        cr_assert_eq(fy_loader_new(copied, begin, end, B, T, &b), FY_OK);
+        size_t nb = fy_loader_batches(a), steps = nb < 40 ? 2 * nb + 3 : 43;
+        int32_t *xa = malloc(bt * 4), *ya = malloc(bt * 4), *xb = malloc(bt * 4),
+                *yb = malloc(bt * 4);
+        for (size_t s = 0; s < steps; s++) {
+            fy_loader_next(a, xa, ya);
+            fy_loader_next(b, xb, yb);
+            cr_assert(!memcmp(xa, xb, bt * 4) && !memcmp(ya, yb, bt * 4),
+                      "shape %zu step %zu differs", k, s);
+            size_t at = begin + (s % nb) * bt;
+            cr_assert_eq(xa[0], bytes[at], "shape %zu step %zu", k, s);
+            cr_assert_eq(ya[bt - 1], bytes[at + bt], "shape %zu step %zu", k, s);
+        }
+        free(xa); free(ya); free(xb); free(yb);
+        fy_loader_free(a);
+        fy_loader_free(b);
+    }
+    fy_tokens_free(mapped);
+    fy_tokens_free(copied);
 }
 
 static void expect_loader_fails(const fy_tokens *t, size_t begin, size_t end, int B, int T,

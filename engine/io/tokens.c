@@ -1,13 +1,22 @@
 /* tokens.c — token files (llm.c shards, plain text, globs of them) and the batch loader.
  *
- * Every file is read whole into one uint32 array, converted in fixed-size chunks so a
- * uint16 shard never needs a second copy. A file is judged by its first four bytes and
- * its name (see tokens.h); a shard's header is checked completely (magic, version,
- * count, exact size) before any token is read. Each error is logged once, naming the
- * file it is about. The token array remembers where each file of a glob begins, so a
- * vocabulary error can name the file and the position inside it.
+ * Every file is memory-mapped read-only, whole, and its tokens are read in place as the
+ * file stores them (uint8 text, uint16 v1, uint32 v7, little-endian like the files): no
+ * copy of a dataset is ever made, so one larger than RAM trains. A file is judged by its
+ * first four bytes and its name (see tokens.h); a shard's header is checked completely
+ * (magic, version, count, exact size) with pread before the file is mapped, so no read
+ * through a mapping can run past the end of its file (SIGBUS). Each error is logged once,
+ * naming the file it is about.
  *
- * The loader is a cursor over [begin, end) of a token array: it owns nothing, and
+ * A fy_tokens is an array of files in stream order, each knowing the index of its first
+ * token: a reader finds the file holding a position by binary search and copies runs
+ * file by file. fy_tokens_from_bytes is the one copy: a byte buffer held as a text file.
+ * The mappings are MADV_SEQUENTIAL (the loader and the vocabulary check read forwards,
+ * and the kernel may then reclaim pages behind the reader first); the vocabulary check
+ * drops the pages of each chunk it has scanned, so opening and checking a dataset does
+ * not fill the resident set with it.
+ *
+ * The loader is a cursor over [begin, end) of a token stream: it owns nothing, and
  * keeps llm.c's order (read B*T+1 at pos, advance by B*T, wrap to 0 when the next read
  * would not fit). */
 #include "engine/io/tokens.h"
@@ -18,23 +27,33 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "tokens.c reads little-endian token files in place"
+#endif
+
 #define SHARD_HEADER_NBYTES 1024
-#define CHUNK_NBYTES (1 << 16)
+#define SCAN_NBYTES ((size_t)4 << 20) /* the vocabulary check's chunk; pages dropped after */
 
 typedef struct tok_file {
     char *path;
-    size_t begin; /* index of the file's first token */
+    size_t begin;        /* index of the file's first token in the stream */
+    size_t count;        /* tokens in the file */
+    int tok_nbytes;      /* 1 (text), 2 (v1 shard) or 4 (v7 shard) */
+    const uint8_t *toks; /* the first token: inside map, or fy_tokens.copy */
+    void *map;           /* the whole file's mapping; NULL for a copy */
+    size_t map_nbytes;
 } tok_file;
 
 struct fy_tokens {
-    uint32_t *data;
     size_t n;
     char *label;
-    tok_file *files;
+    tok_file *files; /* (nfiles) in stream order */
     int nfiles;
+    uint8_t *copy;   /* fy_tokens_from_bytes's bytes; NULL for files */
 };
 
 struct fy_loader {
@@ -47,34 +66,6 @@ struct fy_loader {
 static int ends_with(const char *s, const char *suffix) {
     size_t a = strlen(s), b = strlen(suffix);
     return a >= b && !strcmp(s + a - b, suffix);
-}
-
-/* Reads count tokens of tok_nbytes (1, 2 or 4, little-endian) at byte offset off of fd
- * into dst. */
-static int read_tokens(int fd, off_t off, size_t count, int tok_nbytes, uint32_t *dst) {
-    uint8_t buf[CHUNK_NBYTES];
-    size_t per_chunk = CHUNK_NBYTES / (size_t)tok_nbytes;
-    for (size_t done = 0; done < count;) {
-        size_t k = count - done < per_chunk ? count - done : per_chunk;
-        size_t want = k * (size_t)tok_nbytes, got = 0;
-        while (got < want) {
-            ssize_t r = pread(fd, buf + got, want - got, off + (off_t)got);
-            if (r < 0 && errno == EINTR) continue;
-            if (r <= 0) return -1;
-            got += (size_t)r;
-        }
-        if (tok_nbytes == 4) {
-            memcpy(dst + done, buf, want);
-        } else if (tok_nbytes == 2) {
-            for (size_t i = 0; i < k; i++)
-                dst[done + i] = (uint32_t)buf[2 * i] | (uint32_t)buf[2 * i + 1] << 8;
-        } else {
-            for (size_t i = 0; i < k; i++) dst[done + i] = buf[i];
-        }
-        off += (off_t)want;
-        done += k;
-    }
-    return 0;
 }
 
 /* Judges the file from its size and header: on success sets the token size, the count
@@ -125,10 +116,12 @@ static fy_status classify(const char *path, int fd, size_t size, int *tok_nbytes
     return FY_OK;
 }
 
-/* Appends the tokens of one file to t. */
+/* Maps one file and appends it to t. */
 static fy_status load_file(fy_tokens *t, const char *path) {
     char why[256] = "";
     fy_status st = FY_ERR_IO;
+    void *map = MAP_FAILED;
+    size_t size = 0;
     struct stat sb;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0 || fstat(fd, &sb) != 0) {
@@ -139,32 +132,35 @@ static fy_status load_file(fy_tokens *t, const char *path) {
         snprintf(why, sizeof why, "not a regular file");
         goto fail;
     }
+    size = (size_t)sb.st_size;
     int tok_nbytes;
     size_t count;
     off_t data_off;
-    st = classify(path, fd, (size_t)sb.st_size, &tok_nbytes, &count, &data_off, why, sizeof why);
+    st = classify(path, fd, size, &tok_nbytes, &count, &data_off, why, sizeof why);
     if (st != FY_OK) goto fail;
+    map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (map == MAP_FAILED) {
+        st = errno == ENOMEM ? FY_ERR_NOMEM : FY_ERR_IO;
+        snprintf(why, sizeof why, "cannot map %zu bytes: %s", size, strerror(errno));
+        goto fail;
+    }
+    (void)madvise(map, size, MADV_SEQUENTIAL); /* a hint: its failure changes nothing */
     st = FY_ERR_NOMEM;
-    snprintf(why, sizeof why, "out of memory for %zu tokens", t->n + count);
-    uint32_t *data = realloc(t->data, (t->n + count) * sizeof *data);
-    if (!data) goto fail;
-    t->data = data;
+    snprintf(why, sizeof why, "out of memory");
     tok_file *files = realloc(t->files, (size_t)(t->nfiles + 1) * sizeof *files);
     if (!files) goto fail;
     t->files = files;
-    if (!(files[t->nfiles].path = strdup(path))) goto fail;
-    files[t->nfiles].begin = t->n;
-    t->nfiles++;
-    errno = 0;
-    if (read_tokens(fd, data_off, count, tok_nbytes, t->data + t->n) != 0) {
-        snprintf(why, sizeof why, "cannot read: %s", errno ? strerror(errno) : "short read");
-        st = FY_ERR_IO;
-        goto fail;
-    }
+    char *name = strdup(path);
+    if (!name) goto fail;
+    files[t->nfiles++] = (tok_file){.path = name, .begin = t->n, .count = count,
+                                    .tok_nbytes = tok_nbytes,
+                                    .toks = (const uint8_t *)map + data_off, .map = map,
+                                    .map_nbytes = size};
     t->n += count;
     close(fd);
     return FY_OK;
 fail:
+    if (map != MAP_FAILED) munmap(map, size);
     if (fd >= 0) close(fd);
     fy_log_error("%s: %s", path, why);
     return st;
@@ -226,18 +222,18 @@ fy_status fy_tokens_from_bytes(const uint8_t *bytes, size_t n, const char *label
     }
     fy_tokens *t;
     FY_TRY(tokens_alloc(label, &t));
-    t->data = malloc(n * sizeof *t->data);
-    t->files = malloc(sizeof *t->files);
-    if (!t->data || !t->files || !(t->files[0].path = strdup(label))) {
-        if (t->files) t->files[0].path = NULL;
-        t->nfiles = t->files ? 1 : 0;
+    t->copy = malloc(n);
+    if ((t->files = calloc(1, sizeof *t->files))) {
+        t->nfiles = 1;
+        t->files[0] = (tok_file){.path = strdup(label), .begin = 0, .count = n,
+                                 .tok_nbytes = 1, .toks = t->copy};
+    }
+    if (!t->copy || !t->files || !t->files[0].path) {
         fy_tokens_free(t);
         fy_log_error("%s: out of memory for %zu tokens", label, n);
         return FY_ERR_NOMEM;
     }
-    t->files[0].begin = 0;
-    t->nfiles = 1;
-    for (size_t i = 0; i < n; i++) t->data[i] = bytes[i];
+    memcpy(t->copy, bytes, n);
     t->n = n;
     *out = t;
     return FY_OK;
@@ -245,29 +241,117 @@ fy_status fy_tokens_from_bytes(const uint8_t *bytes, size_t n, const char *label
 
 void fy_tokens_free(fy_tokens *t) {
     if (!t) return;
-    for (int i = 0; i < t->nfiles; i++) free(t->files[i].path);
+    for (int i = 0; i < t->nfiles; i++) {
+        free(t->files[i].path);
+        if (t->files[i].map) munmap(t->files[i].map, t->files[i].map_nbytes);
+    }
     free(t->files);
-    free(t->data);
+    free(t->copy);
     free(t->label);
     free(t);
 }
 
 size_t fy_tokens_count(const fy_tokens *t) { return t->n; }
-const uint32_t *fy_tokens_data(const fy_tokens *t) { return t->data; }
 const char *fy_tokens_label(const fy_tokens *t) { return t->label; }
+
+/* The file holding stream position i (i <= n; n gives the last file). */
+static int file_of(const fy_tokens *t, size_t i) {
+    int lo = 0, hi = t->nfiles - 1;
+    while (lo < hi) {
+        int mid = lo + (hi - lo + 1) / 2;
+        if (t->files[mid].begin <= i) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+static uint32_t file_at(const tok_file *f, size_t i) {
+    switch (f->tok_nbytes) {
+    case 1: return f->toks[i];
+    case 2: return ((const uint16_t *)(const void *)f->toks)[i];
+    default: return ((const uint32_t *)(const void *)f->toks)[i];
+    }
+}
+
+uint32_t fy_tokens_at(const fy_tokens *t, size_t i) {
+    FY_ASSERT(i < t->n, "token index past the end of the data");
+    const tok_file *f = &t->files[file_of(t, i)];
+    return file_at(f, i - f->begin);
+}
+
+/* Tokens [off, off + k) of one file as int32; one loop per width so each vectorises. */
+static void file_read(const tok_file *f, size_t off, size_t k, int32_t *dst) {
+    if (f->tok_nbytes == 1) {
+        const uint8_t *s = f->toks + off;
+        for (size_t i = 0; i < k; i++) dst[i] = s[i];
+    } else if (f->tok_nbytes == 2) {
+        const uint16_t *s = (const uint16_t *)(const void *)f->toks + off;
+        for (size_t i = 0; i < k; i++) dst[i] = s[i];
+    } else {
+        memcpy(dst, (const uint32_t *)(const void *)f->toks + off, k * sizeof *dst);
+    }
+}
+
+void fy_tokens_read(const fy_tokens *t, size_t begin, size_t n, int32_t *dst) {
+    FY_ASSERT(begin <= t->n && n <= t->n - begin, "token range outside the data");
+    for (int f = file_of(t, begin); n > 0; f++) {
+        const tok_file *fl = &t->files[f];
+        size_t off = begin - fl->begin, k = fl->count - off < n ? fl->count - off : n;
+        file_read(fl, off, k, dst);
+        begin += k;
+        dst += k;
+        n -= k;
+    }
+}
+
+/* The largest of tokens [off, off + k) of one file. */
+static uint32_t file_max(const tok_file *f, size_t off, size_t k) {
+    uint32_t m = 0;
+    if (f->tok_nbytes == 1) {
+        const uint8_t *s = f->toks + off;
+        for (size_t i = 0; i < k; i++) m = s[i] > m ? s[i] : m;
+    } else if (f->tok_nbytes == 2) {
+        const uint16_t *s = (const uint16_t *)(const void *)f->toks + off;
+        for (size_t i = 0; i < k; i++) m = s[i] > m ? s[i] : m;
+    } else {
+        const uint32_t *s = (const uint32_t *)(const void *)f->toks + off;
+        for (size_t i = 0; i < k; i++) m = s[i] > m ? s[i] : m;
+    }
+    return m;
+}
+
+/* Drops the whole pages of a mapped file's tokens [off, off + k) from the process: the
+ * mapping is read-only and private, so a later read faults them back from the page
+ * cache (or the file) unchanged. A hint; its failure changes nothing. */
+static void file_drop(const tok_file *f, size_t off, size_t k) {
+    if (!f->map) return;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)(f->toks + off * (size_t)f->tok_nbytes);
+    uintptr_t b = (uintptr_t)(f->toks + (off + k) * (size_t)f->tok_nbytes);
+    a = a / page * page;
+    b = b / page * page; /* the page holding the next chunk's start stays */
+    if (b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED);
+}
 
 fy_status fy_tokens_check_vocab(const fy_tokens *t, int vocab) {
     if (vocab <= 0) {
         fy_log_error("%s: vocabulary size %d is not positive", t->label, vocab);
         return FY_ERR_INVALID;
     }
-    for (size_t i = 0; i < t->n; i++) {
-        if (t->data[i] < (uint32_t)vocab) continue;
-        int f = 0;
-        while (f + 1 < t->nfiles && t->files[f + 1].begin <= i) f++;
-        fy_log_error("%s: token id %u at position %zu is not below the vocabulary size %d",
-                     t->files[f].path, t->data[i], i - t->files[f].begin, vocab);
-        return FY_ERR_INVALID;
+    for (int f = 0; f < t->nfiles; f++) {
+        const tok_file *fl = &t->files[f];
+        size_t chunk = SCAN_NBYTES / (size_t)fl->tok_nbytes;
+        for (size_t off = 0; off < fl->count; off += chunk) {
+            size_t k = fl->count - off < chunk ? fl->count - off : chunk;
+            if (file_max(fl, off, k) >= (uint32_t)vocab) {
+                size_t i = off;
+                while (file_at(fl, i) < (uint32_t)vocab) i++;
+                fy_log_error("%s: token id %u at position %zu is not below the vocabulary "
+                             "size %d", fl->path, file_at(fl, i), i, vocab);
+                return FY_ERR_INVALID;
+            }
+            file_drop(fl, off, k);
+        }
     }
     return FY_OK;
 }
@@ -303,11 +387,10 @@ fy_status fy_loader_new(const fy_tokens *t, size_t begin, size_t end, int B, int
 void fy_loader_free(fy_loader *l) { free(l); }
 
 void fy_loader_next(fy_loader *l, int32_t *x, int32_t *y) {
-    const uint32_t *src = l->t->data + l->begin + l->pos;
-    for (size_t i = 0; i < l->bt; i++) {
-        x[i] = (int32_t)src[i];
-        y[i] = (int32_t)src[i + 1];
-    }
+    size_t at = l->begin + l->pos;
+    fy_tokens_read(l->t, at, l->bt, x);
+    memcpy(y, x + 1, (l->bt - 1) * sizeof *y);
+    fy_tokens_read(l->t, at + l->bt, 1, y + l->bt - 1);
     l->pos += l->bt;
     if (l->pos + l->bt + 1 > l->n) l->pos = 0;
 }

@@ -11,6 +11,15 @@
  * is text. Empty files are errors. A path containing glob characters (*?[) names the
  * shards matching it, sorted, read as one stream in order.
  *
+ * Memory: files are memory-mapped read-only and read in place, as they store their
+ * tokens (1, 2 or 4 bytes each), so a dataset larger than RAM can be trained on; only
+ * fy_tokens_from_bytes holds a copy (one byte a token). A file must not be truncated
+ * or rewritten in place while it is open: its size is checked before it is mapped, but
+ * a later truncation would fault (SIGBUS) on the next read past the new end.
+ *
+ * Threads: a fy_tokens is read-only once made; any thread may read it (count, at, read,
+ * check_vocab) concurrently. A loader is a cursor for one thread at a time.
+ *
  * Loader (llm.c's sequential order): a step reads B*T+1 tokens at the current position;
  * x is the first B*T, y the same shifted by one; the position advances by B*T and wraps
  * to the start of the range when fewer than B*T+1 tokens remain. */
@@ -29,19 +38,31 @@ extern "C" {
 #define FY_SHARD_MAGIC_V1 20240520
 #define FY_SHARD_MAGIC_V7 20240801
 
-typedef struct fy_tokens fy_tokens; /* all tokens of a file (or glob), as uint32 */
+typedef struct fy_tokens fy_tokens; /* all tokens of a file (or glob), mapped in place */
 
+/* Opens and maps a file or a glob of them (see above). Every malformed file fails with
+ * one logged error naming it: FY_ERR_IO (missing, unreadable, not mappable, no glob
+ * match), FY_ERR_FORMAT (empty, bad magic, bad version, bad count, wrong size) or
+ * FY_ERR_NOMEM. On failure *out is NULL. */
 fy_status fy_tokens_open(const char *path, fy_tokens **out);
-/* Takes a copy of a byte buffer as text tokens. */
+/* Takes a copy of a byte buffer as text tokens (n bytes, one a token). */
 fy_status fy_tokens_from_bytes(const uint8_t *bytes, size_t n, const char *label,
                                fy_tokens **out);
 void fy_tokens_free(fy_tokens *t); /* NULL is a no-op */
 
 size_t fy_tokens_count(const fy_tokens *t);
-const uint32_t *fy_tokens_data(const fy_tokens *t);
+/* Token i (i < count) of the whole stream; a lookup of the file holding it, then one
+ * read: for spot checks, not for bulk reads (use fy_tokens_read). */
+uint32_t fy_tokens_at(const fy_tokens *t, size_t i);
+/* Copies tokens [begin, begin + n) of the stream, across files, into dst (n int32;
+ * an id >= 2^31 wraps as a cast does). The range must lie inside the count (aborts
+ * otherwise: a bug). */
+void fy_tokens_read(const fy_tokens *t, size_t begin, size_t n, int32_t *dst);
 const char *fy_tokens_label(const fy_tokens *t); /* path or label, for messages */
 /* FY_ERR_INVALID (logged: first offending token id, its position, the file) if any
- * token is >= vocab. */
+ * token is >= vocab. Scans the mappings in chunks and drops each chunk's pages from
+ * the process once scanned (they stay in the page cache), so a scan of a large dataset
+ * leaves the resident set as it found it. */
 fy_status fy_tokens_check_vocab(const fy_tokens *t, int vocab);
 
 typedef struct fy_loader fy_loader; /* a view: does not own the tokens */
@@ -51,7 +72,8 @@ typedef struct fy_loader fy_loader; /* a view: does not own the tokens */
 fy_status fy_loader_new(const fy_tokens *t, size_t begin, size_t end, int B, int T,
                         fy_loader **out);
 void fy_loader_free(fy_loader *l);
-/* Fills x and y (B*T int32 each) and advances. */
+/* Fills x and y (B*T int32 each) and advances. Pages it reads stay mapped: they are
+ * clean file pages, which the kernel reclaims first (the mapping is MADV_SEQUENTIAL). */
 void fy_loader_next(fy_loader *l, int32_t *x, int32_t *y);
 void fy_loader_reset(fy_loader *l);
 size_t fy_loader_pos(const fy_loader *l);        /* offset from begin, for checkpoints */
