@@ -358,7 +358,7 @@ static double rel_err(const float *got, const float *want, size_t n) {
 Test(model, chunked_classifier_matches_unchunked) {
     fy_gpt2_config cfg = {.vocab = 300000, .max_seq = 16, .channels = 8, .layers = 1, .heads = 2};
     const int B = 8, T = 16, N = B * T, C = cfg.channels, V = cfg.vocab;
-    cr_assert_gt((size_t)N, fy_gpt2_logit_rows((size_t)N, (size_t)V, sizeof(float)) * 2, "needs 3+ chunks");
+    cr_assert_gt((size_t)N, fy_lm_logit_rows((size_t)N, (size_t)V, sizeof(float)) * 2, "needs 3+ chunks");
     fy_dev *d;
     fy_stream *s;
     fy_dev_cfg dc = {.kind = FY_DEV_CPU, .threads = 2};
@@ -429,7 +429,7 @@ Test(model, bf16_classifier_rounds_dwte_once) {
     fy_gpt2_config cfg = {.vocab = 300000, .max_seq = 64, .channels = 8, .layers = 1, .heads = 2};
     const int B = 16, T = 64, N = B * T, C = cfg.channels, V = cfg.vocab;
     const size_t VC = (size_t)V * C, VpC = (size_t)fy_gpt2_vocab_padded(&cfg) * C;
-    cr_assert_geq((size_t)N, fy_gpt2_logit_rows((size_t)N, (size_t)VpC / C, 2) * 9, "needs 10 chunks");
+    cr_assert_geq((size_t)N, fy_lm_logit_rows((size_t)N, (size_t)VpC / C, 2) * 9, "needs 10 chunks");
     fy_dev *d;
     fy_dev_cfg dc = {.kind = FY_DEV_CPU, .threads = 2};
     cr_assert_eq(fy_dev_new(&dc, &d), FY_OK);

@@ -10,6 +10,7 @@
 
 #include "engine/core/util.h"
 #include "engine/device/kernels.h"
+#include "engine/model/lm_head.h"
 #include "engine/model/model_impl.h"
 
 static const struct { const char *name; fy_gpt2_config cfg; } named[] = {
@@ -145,34 +146,14 @@ void fy_gpt2_layer_fwd(const fy_gpt2_config *cfg, const fy_gpt2_layer_w *w,
     fy_k_residual_fwd(a->out, a->res2, wk->proj, NC, s);
 }
 
-/* The classifier over row chunks: logits, their loss and, with dloss != 0, their
- * gradient in place, which gives dlnf's rows and dwte's share before the next chunk
- * reuses the buffer. */
-static void classifier(const fy_gpt2_config *cfg, const float *wte, float *dwte,
-                       float *dwte32, fy_gpt2_head_acts *a, const int32_t *targets, float dloss,
-                       float *dlnf, int N, fy_stream *s) {
-    const int C = cfg->channels, V = cfg->vocab, Vp = fy_gpt2_vocab_padded(cfg);
-    const size_t es = fy_dtype_size(fy_stream_dtype(s)); /* lnf and dlnf are stored so */
-    const int rows = (int)fy_gpt2_logit_rows((size_t)N, (size_t)Vp, es);
-    for (int r0 = 0; r0 < N; r0 += rows) {
-        const int n = N - r0 < rows ? N - r0 : rows;
-        const float *lnf = (const float *)((const char *)a->lnf + (size_t)r0 * C * es);
-        fy_k_matmul_fwd(a->logits, lnf, wte, NULL, n, C, Vp, s); /* wte's Vp rows */
-        fy_k_crossentropy(a->losses + r0, a->logits, targets + r0, n, V, Vp, dloss, s);
-        float *dlnf_rows = (float *)((char *)dlnf + (size_t)r0 * C * es);
-        if (dloss != 0.0f && dwte32)
-            fy_k_matmul_bwd_f32acc(dlnf_rows, dwte32, a->logits, lnf, wte, n, C, Vp, s);
-        else if (dloss != 0.0f)
-            fy_k_matmul_bwd(dlnf_rows, dwte, NULL, a->logits, lnf, wte, n, C, Vp, s);
-    }
-}
-
 void fy_gpt2_head_fwd(const fy_gpt2_config *cfg, const fy_gpt2_head_w *w, const float *wte,
                       const float *xL, fy_gpt2_head_acts *a, const int32_t *targets,
                       float *loss_out, int B, int T, fy_stream *s) {
     const int C = cfg->channels, N = B * T;
     fy_k_layernorm_fwd(a->lnf, a->lnf_mean, a->lnf_rstd, xL, w->lnfw, w->lnfb, N, C, s);
-    classifier(cfg, wte, NULL, NULL, a, targets, 0.0f, NULL, N, s);
+    fy_lm_head(&(fy_lm_head_io){.N = N, .C = C, .V = cfg->vocab, .xn = a->lnf, .w = wte,
+                                .logits = a->logits, .losses = a->losses, .targets = targets},
+               s);
     fy_k_mean(loss_out, a->losses, (size_t)N, s);
 }
 
@@ -183,12 +164,11 @@ void fy_gpt2_head_step(const fy_gpt2_config *cfg, const fy_gpt2_head_w *w,
                        fy_gpt2_head_acts *a, fy_gpt2_head_work *wk, const int32_t *targets,
                        float dloss, float *loss_out, float *dx, int B, int T, fy_stream *s) {
     const int C = cfg->channels, N = B * T;
-    const size_t VC = (size_t)fy_gpt2_vocab_padded(cfg) * C;
-    float *dwte32 = wk->dwte32;
     fy_k_layernorm_fwd(a->lnf, a->lnf_mean, a->lnf_rstd, xL, w->lnfw, w->lnfb, N, C, s);
-    if (dwte32) fy_memset_async(s, dwte32, 0, VC * sizeof(float));
-    classifier(cfg, wte, dwte, dwte32, a, targets, dloss, wk->dlnf, N, s);
-    if (dwte32) fy_k_add_f32(dwte, dwte32, VC, s);
+    fy_lm_head(&(fy_lm_head_io){.N = N, .C = C, .V = cfg->vocab, .xn = a->lnf, .w = wte,
+                                .logits = a->logits, .losses = a->losses, .targets = targets,
+                                .dloss = dloss, .dw = dwte, .dw32 = wk->dwte32, .dxn = wk->dlnf},
+               s);
     fy_k_mean(loss_out, a->losses, (size_t)N, s);
     fy_memset_async(s, dx, 0, (size_t)N * C * fy_dtype_size(fy_stream_dtype(s)));
     fy_k_layernorm_bwd(dx, g->lnfw, g->lnfb, wk->dlnf, xL, w->lnfw, a->lnf_mean,

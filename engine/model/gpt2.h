@@ -24,6 +24,7 @@
 #include "engine/core/dtype.h"
 #include "engine/core/status.h"
 #include "engine/device/device.h"
+#include "engine/model/lm_head.h"
 #include "engine/model/model.h"
 
 #ifdef __cplusplus
@@ -46,13 +47,9 @@ const char *fy_gpt2_config_names(void);
 /* FY_ERR_INVALID (logged) for non-positive sizes or heads not dividing channels. */
 fy_status fy_gpt2_config_check(const fy_gpt2_config *cfg);
 size_t fy_gpt2_num_params(const fy_gpt2_config *cfg); /* without alignment padding */
-/* The vocabulary rounded up to a multiple of 64 (GPT-2's 50257 -> 50304, as llm.c): wte
- * keeps Vp rows in memory (the rows past V are zero and stay zero: no token selects them
- * and their logits are left out of the softmax, so their gradients are zero), so the
- * logits' rows are Vp long and every GEMM of the classifier gets aligned rows. Files hold
- * the V real rows. */
+/* The vocabulary padded for the classifier (lm_head.h): wte keeps Vp rows in memory. */
 static inline int fy_gpt2_vocab_padded(const fy_gpt2_config *cfg) {
-    return (cfg->vocab + 63) / 64 * 64;
+    return fy_lm_vocab_padded(cfg->vocab);
 }
 /* FY_ERR_INVALID (logged) if sequences of length T do not fit the model's positions. */
 fy_status fy_gpt2_check_seq(const fy_gpt2_config *cfg, int64_t T);
@@ -145,20 +142,6 @@ typedef struct fy_gpt2_layer_acts {
     X(datt, (size_t)B * NH * T * T, S)
 typedef struct fy_gpt2_layer_work { FY_GPT2_LAYER_WORK(FY_GPT2_ACT_FIELD) } fy_gpt2_layer_work;
 
-/* The classifier runs over row chunks of the N positions, so the logits of the whole
- * batch never exist at once: a chunk holds at most FY_GPT2_LOGIT_CHUNK_NBYTES of logits
- * in the storage type (es bytes each): 333 rows of GPT-2's vocabulary in fp32, 667 in
- * bf16, where the whole batch of B=8, T=1024 would take 1.6 GiB in fp32. Each chunk adds
- * its share into dwte, so fewer chunks also mean fewer roundings of a bf16 dwte. The
- * chunking depends on N, V and the storage type only, never on the plan, so every plan
- * computes the same sums. */
-#define FY_GPT2_LOGIT_CHUNK_NBYTES ((size_t)64 << 20)
-static inline size_t fy_gpt2_logit_rows(size_t N, size_t V, size_t es) {
-    size_t rows = FY_GPT2_LOGIT_CHUNK_NBYTES / es / V;
-    if (rows < 1) rows = 1;
-    return rows < N ? rows : N;
-}
-
 /* The head's activations (its saved area, used within its loss pass): the final norm,
  * one chunk of logits (overwritten by their gradient in a training step) and
  * per-position losses. */
@@ -166,7 +149,7 @@ static inline size_t fy_gpt2_logit_rows(size_t N, size_t V, size_t es) {
     X(lnf, (size_t)N * C, S)                             \
     X(lnf_mean, (size_t)N, F)                            \
     X(lnf_rstd, (size_t)N, F)                            \
-    X(logits, fy_gpt2_logit_rows(N, Vp, es) * Vp, S)     \
+    X(logits, fy_lm_logit_rows(N, Vp, es) * Vp, S)     \
     X(losses, (size_t)N, F)
 typedef struct fy_gpt2_head_acts { FY_GPT2_HEAD_ACTS(FY_GPT2_ACT_FIELD) } fy_gpt2_head_acts;
 
