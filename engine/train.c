@@ -168,7 +168,8 @@ static void print_header(const run *r) {
     const fy_train_cfg *c = r->cfg;
     char shape[256];
     fy_model_describe(c->model, shape, sizeof shape);
-    printf("model   %s: %.2fM parameters (%s)\n", c->init ? fy_st_path(c->init) : fy_model_name(c->model),
+    printf("model   %s (%s): %.2fM parameters (%s)\n",
+           c->init ? fy_weights_path(c->init) : fy_model_name(c->model), fy_model_family(c->model),
            (double)fy_model_num_params(c->model) / 1e6, shape);
     printf("device  %s\n", fy_dev_name(r->dev));
     printf("data    %s: %zu tokens; batch %d x %d", fy_tokens_label(r->train_tok),
@@ -194,10 +195,9 @@ static fy_status setup(run *r) {
     FY_TRY(fy_dev_new(&c->dev, &r->dev));
     fy_trainer_cfg tc = {.model = c->model, .T = c->seq, .plan = c->plan, .beta1 = c->beta1,
                          .beta2 = c->beta2, .eps = c->eps, .weight_decay = c->weight_decay,
-                         .clip = c->clip, .seed = c->seed, .schedule = c->schedule,
-                         .adam_threads = c->adam_threads};
+                         .clip = c->clip, .seed = c->seed, .weights = c->init,
+                         .schedule = c->schedule, .adam_threads = c->adam_threads};
     FY_TRY(fy_trainer_new(r->dev, &tc, &r->tr));
-    if (c->init) FY_TRY(fy_trainer_load(r->tr, c->init));
     fy_storage_model(c->model, c->plan, c->seq, &r->model);
     r->N = (size_t)c->plan->micro_batch * c->seq * c->plan->grad_accum;
     return FY_OK;
@@ -282,7 +282,7 @@ static fy_status run_window(run *r, int64_t s0, int n) {
 static fy_status report(run *r) {
     const fy_train_cfg *c = r->cfg;
     double total_s = (fy_now_ms() - r->t_start) / 1e3;
-    if (c->save) FY_TRY(fy_trainer_save(r->tr, c->save));
+    if (c->save) FY_TRY(fy_trainer_save(r->tr, c->save, &c->save_opts));
     if (c->trace) FY_TRY(fy_trace_save(&r->trace, c->trace, "ferry train"));
     fy_dev_mem_stats ms;
     fy_dev_mem_stats_get(r->dev, &ms);
@@ -366,9 +366,9 @@ fy_status fy_eval(const fy_eval_cfg *cfg, fy_eval_result *out) {
         (st = fy_plan_new(cfg->model, cfg->batch, 1, &plan)) != FY_OK)
         goto done;
     plan.dtype = cfg->dtype;
-    fy_trainer_cfg tc = {.model = cfg->model, .T = cfg->seq, .eval_only = true, .plan = &plan};
+    fy_trainer_cfg tc = {.model = cfg->model, .T = cfg->seq, .eval_only = true, .plan = &plan,
+                         .weights = cfg->weights};
     if ((st = fy_trainer_new(dev, &tc, &tr)) != FY_OK ||
-        (st = fy_trainer_load(tr, cfg->weights)) != FY_OK ||
         (st = fy_trainer_eval_run(tr, (int)nb, batch_from, ld, losses)) != FY_OK)
         goto done;
     double sum = 0.0;

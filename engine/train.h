@@ -29,7 +29,7 @@ typedef struct fy_train_cfg {
     const fy_model *model;
     const fy_plan *plan;        /* micro-batch, accumulation, placement, storage type */
     int seq;                    /* T */
-    const fy_st_file *init;     /* weights to start from, or NULL: initialised from seed */
+    const fy_weights *init;     /* weights to start from, or NULL: initialised from seed */
     /* data: text or token shards; NULL data: the embedded corpus (with its own
      * validation text unless val_data is given) */
     const char *data, *val_data;
@@ -49,6 +49,7 @@ typedef struct fy_train_cfg {
     int64_t val_every, val_batches;  /* 0: validate only at the end */
     int64_t log_every;               /* 0: every step up to 100 steps, else 1/50 of the run */
     const char *save;                /* weights at the end (NULL: none) */
+    fy_save_opts save_opts;          /* their type, shards, and the weights read (init) */
     const char *metrics;             /* JSON Lines appended per step (NULL: none) */
     const char *trace;               /* Chrome trace of every task (NULL: none) */
     bool predict;                    /* simulate every schedule with the measured times */
@@ -59,7 +60,7 @@ fy_status fy_train(const fy_train_cfg *cfg);
 
 typedef struct fy_eval_cfg {
     const fy_model *model;
-    const fy_st_file *weights;
+    const fy_weights *weights;
     const char *data;
     int batch, seq;
     int64_t batches;            /* 0: one pass over the data */

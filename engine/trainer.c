@@ -37,48 +37,48 @@ static fy_status new_pool(int compute_threads, int adam_threads, fy_adam_pool **
 
 /* Every copy of the parameters from fp32 host blocks: masters as they are, the storage
  * type's copies rounded to it. */
-static fy_status upload_params(fy_trainer *tr, float *const *host) {
-    uint16_t *tmp = NULL;
-    for (int b = 0; b < fy_tr_nblocks(tr); b++) {
-        const fy_chunk *c = &tr->st->chunks[b];
-        if (c->param_host) memcpy(c->param_host, host[b], fy_tr_master_nbytes(tr, b));
-        if (c->master_dev)
-            fy_copy_async(tr->s, c->master_dev, host[b], fy_tr_master_nbytes(tr, b), FY_H2D);
-        if (!fy_tr_lp(tr)) {
-            if (c->param_dev) fy_copy_async(tr->s, c->param_dev, host[b], fy_tr_nbytes(tr, b), FY_H2D);
-            continue;
-        }
-        if (c->param_lp) fy_f32_to_bf16_n((uint16_t *)c->param_lp, host[b], c->nelem);
-        if (!c->param_dev) continue;
-        fy_stream_sync(tr->s); /* tmp is reused */
-        uint16_t *t = realloc(tmp, fy_tr_nbytes(tr, b));
-        if (!t) { free(tmp); return FY_ERR_NOMEM; }
-        tmp = t;
-        fy_f32_to_bf16_n(tmp, host[b], c->nelem);
-        fy_copy_async(tr->s, c->param_dev, tmp, fy_tr_nbytes(tr, b), FY_H2D);
+/* Block b's fp32 parameters into every copy the plan keeps of them; *tmp is bf16
+ * scratch kept across calls (the caller frees it). */
+static fy_status upload_block(fy_trainer *tr, int b, const float *host, uint16_t **tmp) {
+    const fy_chunk *c = &tr->st->chunks[b];
+    if (c->param_host) memcpy(c->param_host, host, fy_tr_master_nbytes(tr, b));
+    if (c->master_dev) fy_copy_async(tr->s, c->master_dev, host, fy_tr_master_nbytes(tr, b), FY_H2D);
+    if (!fy_tr_lp(tr)) {
+        if (c->param_dev) fy_copy_async(tr->s, c->param_dev, host, fy_tr_nbytes(tr, b), FY_H2D);
+        fy_stream_sync(tr->s); /* host is reused for the next block */
+        return FY_OK;
     }
+    if (c->param_lp) fy_f32_to_bf16_n((uint16_t *)c->param_lp, host, c->nelem);
     fy_stream_sync(tr->s);
-    free(tmp);
+    if (!c->param_dev) return FY_OK;
+    uint16_t *t = realloc(*tmp, fy_tr_nbytes(tr, b));
+    if (!t) return FY_ERR_NOMEM;
+    *tmp = t;
+    fy_f32_to_bf16_n(t, host, c->nelem);
+    fy_copy_async(tr->s, c->param_dev, t, fy_tr_nbytes(tr, b), FY_H2D);
+    fy_stream_sync(tr->s);
     return FY_OK;
 }
 
-/* Host fp32 buffers of every block (nelem floats each). */
-static float **host_blocks_new(const fy_model *m) {
-    float **h = calloc((size_t)fy_model_nblocks(m), sizeof *h);
-    if (!h) return NULL;
-    for (int b = 0; b < fy_model_nblocks(m); b++)
-        if (!(h[b] = malloc(fy_model_block(m, b)->nelem * sizeof(float)))) {
-            for (int k = 0; k < b; k++) free(h[k]);
-            free(h);
-            return NULL;
-        }
-    return h;
-}
-
-static void host_blocks_free(const fy_model *m, float **h) {
-    if (!h) return;
-    for (int b = 0; b < fy_model_nblocks(m); b++) free(h[b]);
-    free(h);
+/* Every block's parameters, from w or (w NULL) the seed's initialisation, through one
+ * block-sized host buffer. */
+static fy_status fill_params(fy_trainer *tr, const fy_weights *w, uint64_t seed) {
+    size_t max = 0;
+    for (int b = 0; b < fy_tr_nblocks(tr); b++)
+        if (fy_tr_block(tr, b)->nelem > max) max = fy_tr_block(tr, b)->nelem;
+    float *host = malloc(max * sizeof *host);
+    uint16_t *tmp = NULL;
+    fy_status st = host ? FY_OK : FY_ERR_NOMEM;
+    if (st == FY_OK && w) st = fy_model_check_weights(tr->model, w);
+    for (int b = 0; b < fy_tr_nblocks(tr) && st == FY_OK; b++) {
+        if (w) st = fy_model_load_block(tr->model, w, b, host);
+        else fy_model_init_block(tr->model, b, seed, host);
+        if (st == FY_OK) st = upload_block(tr, b, host, &tmp);
+    }
+    if (st == FY_ERR_NOMEM) fy_log_error("out of host memory filling the parameters");
+    free(host);
+    free(tmp);
+    return st;
 }
 
 fy_status fy_trainer_setup_plan(fy_trainer *tr, const fy_trainer_cfg *cfg) {
@@ -100,7 +100,6 @@ fy_status fy_trainer_new(fy_dev *dev, const fy_trainer_cfg *cfg, fy_trainer **ou
     fy_trainer *tr = calloc(1, sizeof *tr);
     if (!tr) return FY_ERR_NOMEM;
     tr->dev = dev;
-    float **host = NULL;
     fy_status st = fy_trainer_setup_plan(tr, cfg);
     if (st != FY_OK) goto fail;
     if ((st = fy_stream_new(dev, "compute", &tr->s)) != FY_OK ||
@@ -119,14 +118,10 @@ fy_status fy_trainer_new(fy_dev *dev, const fy_trainer_cfg *cfg, fy_trainer **ou
             if ((st = new_pool(fy_dev_threads(dev), at, &tr->pool)) != FY_OK) goto fail;
             break;
         }
-    if (!(host = host_blocks_new(tr->model))) { st = FY_ERR_NOMEM; goto fail; }
-    for (int b = 0; b < fy_tr_nblocks(tr); b++) fy_model_init_block(tr->model, b, cfg->seed, host[b]);
-    if ((st = upload_params(tr, host)) != FY_OK) goto fail;
-    host_blocks_free(tr->model, host);
+    if ((st = fill_params(tr, cfg->weights, cfg->seed)) != FY_OK) goto fail;
     *out = tr;
     return FY_OK;
 fail:
-    if (tr->model) host_blocks_free(tr->model, host);
     fy_trainer_free(tr);
     return st;
 }
@@ -169,22 +164,17 @@ int64_t fy_trainer_steps_done(const fy_trainer *tr) { return tr->steps_done; }
 int64_t fy_trainer_micro_done(const fy_trainer *tr) { return tr->micro_base; }
 const fy_storage *fy_trainer_storage(const fy_trainer *tr) { return tr->st; }
 
-fy_status fy_trainer_load(fy_trainer *tr, const fy_st_file *f) {
-    float **h = host_blocks_new(tr->model);
-    if (!h) return FY_ERR_NOMEM;
-    fy_status st = fy_model_load(tr->model, f, h);
-    if (st == FY_OK) st = upload_params(tr, h);
-    host_blocks_free(tr->model, h);
-    return st;
+fy_status fy_trainer_load(fy_trainer *tr, const fy_weights *w) {
+    return fill_params(tr, w, 0);
 }
 
-fy_status fy_trainer_save(fy_trainer *tr, const char *path) {
-    float **h = host_blocks_new(tr->model);
-    if (!h) return FY_ERR_NOMEM;
-    for (int b = 0; b < fy_tr_nblocks(tr); b++) fy_trainer_get_params(tr, b, h[b]);
-    fy_status st = fy_model_save(tr->model, path, h);
-    host_blocks_free(tr->model, h);
-    return st;
+static fy_status params_of(void *ctx, int b, float *host) {
+    fy_trainer_get_params(ctx, b, host);
+    return FY_OK;
+}
+
+fy_status fy_trainer_save(fy_trainer *tr, const char *path, const fy_save_opts *o) {
+    return fy_model_save(tr->model, path, o, params_of, tr);
 }
 
 /* Block b's buffer of the storage type (in host memory, or on the device) into fp32

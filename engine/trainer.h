@@ -53,7 +53,9 @@ typedef struct fy_trainer_cfg {
     const fy_plan *plan; /* NULL: everything resident on the device */
     float beta1, beta2, eps, weight_decay;
     float clip;        /* global-norm clipping threshold; 0 = off */
-    uint64_t seed;     /* initialisation when no weights are loaded */
+    uint64_t seed;     /* initialisation when no weights are given */
+    const fy_weights *weights; /* start from these (checked against the model), read one
+                                  block at a time; NULL: initialised from seed */
     fy_sched_mode schedule; /* how the step's tasks are ordered (default priority) */
     int adam_threads;  /* cpu optimizer threads (0 = the device's thread count) */
     bool eval_only;    /* evaluation only: no gradients, moments or optimizer threads */
@@ -75,7 +77,8 @@ typedef fy_status (*fy_batch_fn)(void *ctx, int64_t micro, int32_t *x, int32_t *
 
 typedef struct fy_trainer fy_trainer;
 
-/* Allocates everything on dev and initialises the weights from cfg->seed. */
+/* Allocates everything on dev and fills the weights from cfg->weights, or initialises
+ * them from cfg->seed, a block at a time (one block of host memory besides the plan's). */
 fy_status fy_trainer_new(fy_dev *dev, const fy_trainer_cfg *cfg, fy_trainer **out);
 void fy_trainer_free(fy_trainer *tr); /* NULL is a no-op */
 
@@ -102,9 +105,11 @@ void fy_trainer_reset_costs(fy_trainer *tr);
 
 const fy_model *fy_trainer_model(const fy_trainer *tr);
 
-/* Replaces the weights with a file's (every tensor checked against the model). */
-fy_status fy_trainer_load(fy_trainer *tr, const fy_st_file *f);
-fy_status fy_trainer_save(fy_trainer *tr, const char *path);
+/* Replaces the weights with w's (every tensor checked against the model), a block at a
+ * time. */
+fy_status fy_trainer_load(fy_trainer *tr, const fy_weights *w);
+/* Writes the weights (the fp32 masters) to path as fy_model_save, a block at a time. */
+fy_status fy_trainer_save(fy_trainer *tr, const char *path, const fy_save_opts *o);
 
 /* A window: nsteps optimizer steps run as one task graph. */
 typedef struct fy_window {

@@ -1,8 +1,9 @@
-/* test_family.c — the model interface (engine/model/model.h) is real: a second family,
+/* test_family.c — the model interface (engine/model/model.h) is real: a third family,
  * a toy MLP language model written only for the tests (tests/toy_family.h), trains
- * through the same trainer, plans, scheduler and tuner as GPT-2, with nothing outside
- * engine/model and tests/ knowing it; and the interface's own contract (a block's passes
- * on device views give the loss's gradient) holds for every family, GPT-2 included. */
+ * through the same trainer, plans, scheduler and tuner as GPT-2 and Llama, with nothing
+ * outside engine/model and tests/ knowing it; and the interface's own contract (a
+ * block's passes on device views give the loss's gradient) holds for every family, GPT-2
+ * and Llama included. */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 #include <math.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include "engine/model/gpt2.h"
+#include "engine/model/llama.h"
 #include "tests/plan_runs.h"
 #include "tests/toy_family.h"
 #include "tuner/tune.h"
@@ -179,15 +181,29 @@ static void interface_gradients_match_fd(const fy_model *m) {
 }
 
 Test(family, interface_gradients_match_finite_differences, .timeout = 120) {
-    fy_model *a = toy(&untied), *b = toy(&tied), *g;
+    fy_model *a = toy(&untied), *b = toy(&tied), *g, *l1, *l2;
     fy_gpt2_config gc = {.vocab = 64, .max_seq = 16, .channels = 16, .layers = 2, .heads = 2};
     cr_assert_eq(fy_gpt2_new(&gc, NULL, &g), FY_OK);
+    /* Llama untied with grouped-query heads, head_dim not channels / heads, and llama3
+     * rope scaling; and tied, multi-head, plain rope */
+    fy_llama_config lc = {.vocab = 64, .max_seq = 16, .channels = 16, .layers = 2, .heads = 4,
+                          .kv_heads = 2, .head_dim = 6, .ffn = 24, .norm_eps = 1e-5f,
+                          .rope = {FY_ROPE_LLAMA3, 500000.0f, 8.0f, 0.125f, 1.0f, 8.0f}};
+    cr_assert_eq(fy_llama_new(&lc, NULL, &l1), FY_OK);
+    lc = (fy_llama_config){.vocab = 64, .max_seq = 16, .channels = 16, .layers = 2, .heads = 2,
+                           .kv_heads = 2, .head_dim = 8, .ffn = 40, .norm_eps = 1e-6f,
+                           .rope = {FY_ROPE_DEFAULT, 10000.0f, 0, 0, 0, 0}, .tied = true};
+    cr_assert_eq(fy_llama_new(&lc, NULL, &l2), FY_OK);
     interface_gradients_match_fd(a);
     interface_gradients_match_fd(b);
     interface_gradients_match_fd(g);
+    interface_gradients_match_fd(l1);
+    interface_gradients_match_fd(l2);
     fy_model_free(a);
     fy_model_free(b);
     fy_model_free(g);
+    fy_model_free(l1);
+    fy_model_free(l2);
 }
 
 /* ---- the same trainer, plans and scheduler ---------------------------------------------- */
@@ -254,14 +270,14 @@ Test(family, trains_evaluates_saves_and_loads, .timeout = 120) {
     }
     cr_log_info("toy family: loss %.4f -> %.4f over 60 steps", first, last);
     cr_expect(first > 5.0f && last < 3.5f, "the loss should fall: %.4f -> %.4f", first, last);
-    char path[] = "/tmp/ferry-test-toy-XXXXXX";
-    int fd = mkstemp(path);
+    char path[] = "/tmp/ferry-test-toy-XXXXXX.safetensors";
+    int fd = mkstemps(path, 12);
     cr_assert_geq(fd, 0);
     close(fd);
-    cr_assert_eq(fy_trainer_save(tr, path), FY_OK);
-    fy_st_file *f;
-    cr_assert_eq(fy_st_open(path, &f), FY_OK);
-    cr_expect_not_null(fy_st_find(f, "mlp.3.down.weight"), "the family's own tensor names");
+    cr_assert_eq(fy_trainer_save(tr, path, NULL), FY_OK);
+    fy_weights *f;
+    cr_assert_eq(fy_weights_open(path, &f), FY_OK);
+    cr_expect_not_null(fy_weights_find(f, "mlp.3.down.weight", NULL), "the family's own tensor names");
     fy_trainer *tr2;
     cr_assert_eq(fy_trainer_new(dev, &tc, &tr2), FY_OK);
     cr_assert_eq(fy_trainer_load(tr2, f), FY_OK);
@@ -274,7 +290,7 @@ Test(family, trains_evaluates_saves_and_loads, .timeout = 120) {
         free(w1);
         free(w2);
     }
-    fy_st_close(f);
+    fy_weights_close(f);
     unlink(path);
     free(x);
     free(y);

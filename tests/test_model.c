@@ -35,7 +35,7 @@ static const char *fixture(const char *name) {
 
 typedef struct ctx {
     cJSON *ref;
-    fy_st_file *init;
+    fy_weights *init;
     fy_gpt2_config cfg;
     fy_model *model;
     fy_tokens *tok;
@@ -48,8 +48,8 @@ static void ctx_open(ctx *c) {
     c->ref = cJSON_Parse(text);
     free(text);
     cr_assert(c->ref);
-    cr_assert_eq(fy_st_open(fixture("gpt2_tiny_init.safetensors"), &c->init), FY_OK);
-    cr_assert_eq(fy_gpt2_file_config(c->init, 4, &c->cfg), FY_OK);
+    cr_assert_eq(fy_weights_open(fixture("gpt2_tiny_init.safetensors"), &c->init), FY_OK);
+    cr_assert_eq(fy_gpt2_weights_config(c->init, 4, &c->cfg), FY_OK);
     cr_assert_eq(fy_gpt2_new(&c->cfg, NULL, &c->model), FY_OK);
     const cJSON *jc = cJSON_GetObjectItem(c->ref, "config");
     cr_assert_eq(c->cfg.vocab, cJSON_GetObjectItem(jc, "vocab")->valueint);
@@ -67,7 +67,7 @@ static void ctx_close(ctx *c) {
     fy_dev_free(c->dev);
     fy_model_free(c->model);
     fy_tokens_free(c->tok);
-    fy_st_close(c->init);
+    fy_weights_close(c->init);
     cJSON_Delete(c->ref);
 }
 
@@ -145,8 +145,8 @@ Test(model, first_step_gradients_match_pytorch) {
               ss.loss, want_loss);
     float **got = host_blocks(lay), **want = host_blocks(lay);
     for (int b = 0; b < fy_model_nblocks(lay); b++) fy_trainer_get_grads(tr, b, got[b]);
-    fy_st_file *gf;
-    cr_assert_eq(fy_st_open(fixture("gpt2_tiny_grads.safetensors"), &gf), FY_OK);
+    fy_weights *gf;
+    cr_assert_eq(fy_weights_open(fixture("gpt2_tiny_grads.safetensors"), &gf), FY_OK);
     cr_assert_eq(fy_model_load(lay, gf, want), FY_OK);
     expect_blocks_close(lay, got, want, 1e-4, "gradient", false);
     /* the key bias cannot change any softmax: its gradient is zero up to rounding */
@@ -160,7 +160,7 @@ Test(model, first_step_gradients_match_pytorch) {
         }
         cr_expect(sqrt(kk) <= 1e-4 * sqrt(qq), "layer %d key-bias gradient %.3g", l, sqrt(kk));
     }
-    fy_st_close(gf);
+    fy_weights_close(gf);
     free_blocks(lay, got);
     free_blocks(lay, want);
     fy_loader_free(ld);
@@ -207,11 +207,11 @@ static void check_run(const char *name, bool check_final) {
         const fy_model *lay = fy_trainer_model(tr);
         float **got = host_blocks(lay), **want = host_blocks(lay);
         for (int b = 0; b < fy_model_nblocks(lay); b++) fy_trainer_get_params(tr, b, got[b]);
-        fy_st_file *ff;
-        cr_assert_eq(fy_st_open(fixture("gpt2_tiny_final_noclip.safetensors"), &ff), FY_OK);
+        fy_weights *ff;
+        cr_assert_eq(fy_weights_open(fixture("gpt2_tiny_final_noclip.safetensors"), &ff), FY_OK);
         cr_assert_eq(fy_model_load(lay, ff, want), FY_OK);
         expect_blocks_close(lay, got, want, 1e-4, "final weight", true);
-        fy_st_close(ff);
+        fy_weights_close(ff);
         free_blocks(lay, got);
         free_blocks(lay, want);
     }
@@ -269,18 +269,19 @@ Test(model, save_and_reload_is_exact) {
     ctx c;
     ctx_open(&c);
     fy_trainer *tr = new_trainer(&c, 0.0f);
-    char path[] = "/tmp/ferry_test_model_XXXXXX";
-    int fd = mkstemp(path);
+    char path[] = "/tmp/ferry_test_model_XXXXXX.safetensors";
+    int fd = mkstemps(path, 12);
     cr_assert(fd >= 0);
     close(fd);
-    cr_assert_eq(fy_trainer_save(tr, path), FY_OK);
-    fy_st_file *f;
-    cr_assert_eq(fy_st_open(path, &f), FY_OK);
+    cr_assert_eq(fy_trainer_save(tr, path, NULL), FY_OK);
+    fy_weights *f;
+    cr_assert_eq(fy_weights_open(path, &f), FY_OK);
     fy_gpt2_config cfg;
-    cr_assert_eq(fy_gpt2_file_config(f, 0, &cfg), FY_OK);
-    cr_expect(!memcmp(&cfg, &c.cfg, sizeof cfg));
-    cr_expect_str_eq(fy_st_meta(f, "format"), "pt");
-    cr_expect_null(fy_st_find(f, "lm_head.weight"), "the LM head is tied, never stored");
+    cr_assert_eq(fy_gpt2_weights_config(f, 0, &cfg), FY_OK);
+    cr_expect(!memcmp(&cfg, &c.cfg, sizeof cfg), "the heads come from the file's config");
+    cr_expect_str_eq(fy_weights_meta(f, "format"), "pt");
+    cr_expect_not_null(fy_weights_config(f), "a single file carries its config (ferry.config)");
+    cr_expect_null(fy_weights_find(f, "lm_head.weight", NULL), "the LM head is tied, never stored");
     const fy_model *lay = fy_trainer_model(tr);
     float **a = host_blocks(lay), **b2 = host_blocks(lay);
     for (int b = 0; b < fy_model_nblocks(lay); b++) fy_trainer_get_params(tr, b, a[b]);
@@ -288,10 +289,10 @@ Test(model, save_and_reload_is_exact) {
     for (int b = 0; b < fy_model_nblocks(lay); b++)
         cr_expect(!memcmp(a[b], b2[b], fy_model_block(lay, b)->nelem * 4), "block %d differs", b);
     /* Conv1D tensors are stored (in, out) */
-    const fy_st_tensor *t = fy_st_find(f, "h.0.mlp.c_fc.weight");
+    const fy_st_tensor *t = fy_weights_find(f, "h.0.mlp.c_fc.weight", NULL);
     cr_assert_not_null(t);
     cr_expect(t->shape[0] == c.cfg.channels && t->shape[1] == 4 * c.cfg.channels);
-    fy_st_close(f);
+    fy_weights_close(f);
     unlink(path);
     free_blocks(lay, a);
     free_blocks(lay, b2);
@@ -547,14 +548,14 @@ Test(model, padded_vocabulary_rows_stay_zero_and_stay_out_of_files) {
         for (size_t i = (size_t)V * C; i < (size_t)Vp * C; i++)
             cr_assert_eq(w[wte->offset + i], 0.0f, "%s: padding row element %zu moved to %g",
                          fy_dtype_name(dts[k]), i, w[wte->offset + i]);
-        char path[] = "/tmp/ferry-test-pad-XXXXXX";
-        int fd = mkstemp(path);
+        char path[] = "/tmp/ferry-test-pad-XXXXXX.safetensors";
+        int fd = mkstemps(path, 12);
         cr_assert_geq(fd, 0);
         close(fd);
-        cr_assert_eq(fy_trainer_save(tr, path), FY_OK);
-        fy_st_file *f;
-        cr_assert_eq(fy_st_open(path, &f), FY_OK);
-        const fy_st_tensor *t = fy_st_find(f, "wte.weight");
+        cr_assert_eq(fy_trainer_save(tr, path, NULL), FY_OK);
+        fy_weights *f;
+        cr_assert_eq(fy_weights_open(path, &f), FY_OK);
+        const fy_st_tensor *t = fy_weights_find(f, "wte.weight", NULL);
         cr_assert_not_null(t);
         cr_expect(t->ndim == 2 && t->shape[0] == V && t->shape[1] == C,
                   "the file's wte should be (%d, %d)", V, C);
@@ -565,7 +566,7 @@ Test(model, padded_vocabulary_rows_stay_zero_and_stay_out_of_files) {
         fy_trainer_get_params(tr2, 0, w2);
         cr_expect(!memcmp(w, w2, fy_model_block(lay, 0)->nelem * sizeof(float)), "%s: reloaded weights differ",
                   fy_dtype_name(dts[k]));
-        fy_st_close(f);
+        fy_weights_close(f);
         unlink(path);
         free(w);
         free(w2);

@@ -70,7 +70,9 @@ static int cmd_info(void) {
                (double)gpus[i].total_nbytes / 1073741824.0);
     if (ngpu == 0) printf("          no GPU: %s\n", why);
     printf("default   --device %s\n", ngpu > 0 ? "cuda" : "cpu");
-    printf("models    %s\n", fy_model_names());
+    printf("models    families and their named configs (--model NAME; --init reads a Hugging "
+           "Face directory of these model types):\n");
+    fy_model_print_families(stdout);
     return 0;
 }
 

@@ -33,6 +33,7 @@ typedef struct fy_opts {
     const char *model;
     const char *init;
     int64_t heads, layers, channels, vocab, max_seq; /* 0: the named model's */
+    int64_t kv_heads, ffn;                           /* Llama's; 0: the named model's */
     /* data */
     const char *data;
     const char *val_data;
@@ -65,6 +66,8 @@ typedef struct fy_opts {
     /* evaluation and output */
     int64_t val_every, val_batches, batches, log_every;
     const char *save;
+    const char *save_dtype;
+    size_t save_shard_size;
     const char *metrics;
     bool quiet;
     unsigned set_mask[2]; /* which table entries the user gave (bit per entry) */

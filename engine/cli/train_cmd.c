@@ -22,9 +22,9 @@ static fy_status check_tokens(int64_t B, int64_t T, const char *what) {
     return FY_ERR_INVALID;
 }
 
-/* The model: from the weights file when --init is given (a --model given too must agree
- * with it), else the named config with the shape flags. */
-static fy_status resolve_model(const fy_opts *o, bool model_given, fy_st_file **init,
+/* The model: from the weights when --init is given (a --model given too must agree with
+ * them), else the named config with the shape flags. */
+static fy_status resolve_model(const fy_opts *o, bool model_given, fy_weights **init,
                                fy_model **out) {
     *out = NULL;
     if (!o->init) return fy_opts_model(o, out);
@@ -33,9 +33,9 @@ static fy_status resolve_model(const fy_opts *o, bool model_given, fy_st_file **
                      "%s have their own shape", o->init);
         return FY_ERR_INVALID;
     }
-    FY_TRY(fy_st_open(o->init, init));
-    fy_model_shape hint = {.heads = (int)o->heads};
-    FY_TRY(fy_model_from_file(*init, &hint, out));
+    FY_TRY(fy_weights_open(o->init, init));
+    fy_model_shape hint = {.heads = (int)o->heads, .kv_heads = (int)o->kv_heads, .ffn = (int)o->ffn};
+    FY_TRY(fy_model_from_weights(*init, &hint, out));
     if (model_given) {
         fy_model *named;
         fy_model_shape over = {.heads = (int)o->heads};
@@ -45,8 +45,8 @@ static fy_status resolve_model(const fy_opts *o, bool model_given, fy_st_file **
         if (!same) {
             char shape[256];
             fy_model_describe(*out, shape, sizeof shape);
-            fy_log_error("--model %s does not match the weights in %s (file: %s)", o->model,
-                         o->init, shape);
+            fy_log_error("--model %s does not match the weights in %s (%s: %s)", o->model,
+                         o->init, fy_model_family(*out), shape);
             return FY_ERR_INVALID;
         }
     }
@@ -103,7 +103,7 @@ static fy_status resolve_plan(const fy_opts *o, const fy_model *m, fy_dev_kind k
 
 int fy_train_main(const fy_opts *o) {
     if (o->quiet) fy_log_set_level(FY_LOG_WARN);
-    fy_st_file *init = NULL;
+    fy_weights *init = NULL;
     fy_model *m = NULL;
     fy_plan plan = {0};
     fy_train_cfg tc = {0};
@@ -111,6 +111,7 @@ int fy_train_main(const fy_opts *o) {
     if (st == FY_OK) st = fy_opts_dev_cfg(o, !o->dry_run, &tc.dev);
     if (st == FY_OK) st = resolve_model(o, fy_opts_given(o, "model"), &init, &m);
     if (st == FY_OK) st = resolve_plan(o, m, tc.dev.kind, &plan);
+    if (st == FY_OK && o->save && !o->dry_run) st = fy_model_save_check(o->save);
     if (st == FY_OK && (!o->quiet || o->dry_run)) fy_train_print_plan(m, &plan, (int)o->seq, stdout);
     if (st == FY_OK && !o->dry_run) {
         tc.model = m;
@@ -137,6 +138,8 @@ int fy_train_main(const fy_opts *o) {
         tc.val_batches = o->val_batches;
         tc.log_every = o->log_every;
         tc.save = o->save;
+        tc.save_opts = (fy_save_opts){.dtype = !strcmp(o->save_dtype, "bf16") ? FY_BF16 : FY_F32,
+                                      .shard_nbytes = o->save_shard_size, .from = init};
         tc.metrics = o->metrics;
         tc.trace = o->trace;
         tc.predict = o->predict;
@@ -145,17 +148,17 @@ int fy_train_main(const fy_opts *o) {
     }
     fy_plan_free(&plan);
     fy_model_free(m);
-    fy_st_close(init);
+    fy_weights_close(init);
     return st == FY_OK ? 0 : 1;
 }
 
 int fy_eval_main(const fy_opts *o) {
     if (o->quiet) fy_log_set_level(FY_LOG_WARN);
     if (!o->init || !o->data) {
-        fy_log_error("eval needs --init FILE and --data PATH");
+        fy_log_error("eval needs --init PATH and --data PATH");
         return 1;
     }
-    fy_st_file *init = NULL;
+    fy_weights *init = NULL;
     fy_model *m = NULL;
     fy_eval_cfg ec = {.data = o->data, .batch = (int)o->batch, .seq = (int)o->seq,
                       .batches = o->batches};
@@ -173,6 +176,6 @@ int fy_eval_main(const fy_opts *o) {
         printf("{\"loss\":%.9g,\"batches\":%lld,\"tokens\":%lld}\n", r.loss, (long long)r.batches,
                (long long)r.tokens);
     fy_model_free(m);
-    fy_st_close(init);
+    fy_weights_close(init);
     return st == FY_OK ? 0 : 1;
 }

@@ -17,7 +17,8 @@
 fy_status fy_opts_model(const fy_opts *o, fy_model **out) {
     fy_model_shape over = {.vocab = (int)o->vocab, .max_seq = (int)o->max_seq,
                            .channels = (int)o->channels, .layers = (int)o->layers,
-                           .heads = (int)o->heads};
+                           .heads = (int)o->heads, .kv_heads = (int)o->kv_heads,
+                           .ffn = (int)o->ffn};
     FY_TRY(fy_model_named(o->model, &over, out));
     fy_status st = fy_model_check_seq(*out, o->seq);
     if (st != FY_OK) {

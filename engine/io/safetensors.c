@@ -380,7 +380,7 @@ static size_t entry_nbytes(const fy_st_entry *e) {
 }
 
 static int check_entries(const char *path, const fy_st_entry *es, int n,
-                         const char *const *meta) {
+                         const char *const *meta, fy_st_fill_fn fill) {
     for (int i = 0; i < n; i++) {
         const fy_st_entry *e = &es[i];
         if (!e->name || !strcmp(e->name, "__metadata__")) {
@@ -398,7 +398,7 @@ static int check_entries(const char *path, const fy_st_entry *es, int n,
                 return -1;
             }
         }
-        if (entry_nbytes(e) == SIZE_MAX || (entry_nbytes(e) > 0 && !e->data)) {
+        if (entry_nbytes(e) == SIZE_MAX || (entry_nbytes(e) > 0 && !e->data && !fill)) {
             fy_log_error("%s: tensor \"%s\": size overflows or data is NULL", path, e->name);
             return -1;
         }
@@ -488,16 +488,35 @@ static uint8_t *padded_header(const fy_st_entry *es, int n, const char *const *m
     return b;
 }
 
-/* Creates tmp and writes header and data to it, fsynced and closed. On failure sets
- * *what, removes whatever was created and returns -1 with errno set. */
+/* Creates tmp and writes header and data to it, fsynced and closed; a tensor without
+ * data is filled by fill into one scratch buffer of the largest such tensor. On failure
+ * sets *what (or, when fill failed, *filled to its status), removes whatever was created
+ * and returns -1 with errno set. */
 static int write_tmp(const char *tmp, const uint8_t *header, size_t header_nbytes,
-                     const fy_st_entry *es, int n, const char **what) {
+                     const fy_st_entry *es, int n, fy_st_fill_fn fill, void *ctx,
+                     const char **what, fy_status *filled) {
+    size_t scratch_nbytes = 0;
+    for (int i = 0; i < n; i++)
+        if (!es[i].data && entry_nbytes(&es[i]) > scratch_nbytes) scratch_nbytes = entry_nbytes(&es[i]);
+    void *scratch = NULL;
+    if (scratch_nbytes && !(scratch = malloc(scratch_nbytes))) {
+        errno = ENOMEM;
+        return *what = "out of memory for a tensor of", -1;
+    }
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return *what = "cannot create", -1;
+    if (fd < 0) { free(scratch); return *what = "cannot create", -1; }
     *what = "cannot write";
     if (write_all(fd, header, header_nbytes) != 0) goto fail;
-    for (int i = 0; i < n; i++)
-        if (write_all(fd, es[i].data, entry_nbytes(&es[i])) != 0) goto fail;
+    for (int i = 0; i < n; i++) {
+        const void *data = es[i].data;
+        if (!data && entry_nbytes(&es[i]) > 0) {
+            if ((*filled = fill(ctx, i, scratch)) != FY_OK) { errno = 0; goto fail; }
+            data = scratch;
+        }
+        if (write_all(fd, data, entry_nbytes(&es[i])) != 0) goto fail;
+    }
+    free(scratch);
+    scratch = NULL;
     *what = "cannot fsync";
     if (fsync(fd) != 0) goto fail;
     *what = "cannot close";
@@ -507,6 +526,7 @@ static int write_tmp(const char *tmp, const uint8_t *header, size_t header_nbyte
     return 0;
 fail:;
     int err = errno ? errno : EIO;
+    free(scratch);
     if (fd >= 0) close(fd);
     unlink(tmp);
     errno = err;
@@ -515,11 +535,17 @@ fail:;
 
 fy_status fy_st_write(const char *path, const fy_st_entry *entries, int n,
                       const char *const *meta) {
+    return fy_st_write_fill(path, entries, n, meta, NULL, NULL);
+}
+
+fy_status fy_st_write_fill(const char *path, const fy_st_entry *entries, int n,
+                           const char *const *meta, fy_st_fill_fn fill, void *ctx) {
     if (n < 0 || (n > 0 && !entries)) {
         fy_log_error("%s: bad tensor list (n = %d)", path, n);
         return FY_ERR_INVALID;
     }
-    if (check_entries(path, entries, n, meta) != 0) return FY_ERR_INVALID;
+    if (check_entries(path, entries, n, meta, fill) != 0) return FY_ERR_INVALID;
+    fy_status filled = FY_OK;
     fy_status st = FY_ERR_NOMEM;
     const char *what = "out of memory", *who = path;
     int dirfd = -1;
@@ -537,7 +563,10 @@ fy_status fy_st_write(const char *path, const fy_st_entry *entries, int n,
     st = FY_ERR_IO;
     who = tmp;
     errno = 0;
-    if (write_tmp(tmp, header, header_nbytes, entries, n, &what) != 0) goto fail;
+    if (write_tmp(tmp, header, header_nbytes, entries, n, fill, ctx, &what, &filled) != 0) {
+        if (filled != FY_OK) { st = filled; goto done; } /* fill logged its error */
+        goto fail;
+    }
     what = "cannot open the directory";
     who = dir;
     dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);

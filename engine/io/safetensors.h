@@ -71,6 +71,15 @@ typedef struct fy_st_entry {
 fy_status fy_st_write(const char *path, const fy_st_entry *entries, int n,
                       const char *const *meta);
 
+/* As fy_st_write, but an entry whose data is NULL is produced when its turn comes: fill
+ * writes tensor i's bytes (its dtype, shape product x element size) into dst, a buffer
+ * the writer owns, so a file of many large tensors is written holding one at a time.
+ * A status other than FY_OK from fill (which logs its own error) abandons the file,
+ * <path> left as it was, and is returned. */
+typedef fy_status (*fy_st_fill_fn)(void *ctx, int i, void *dst);
+fy_status fy_st_write_fill(const char *path, const fy_st_entry *entries, int n,
+                           const char *const *meta, fy_st_fill_fn fill, void *ctx);
+
 #ifdef __cplusplus
 }
 #endif

@@ -69,20 +69,14 @@ size_t fy_gpt2_num_params(const fy_gpt2_config *c) {
 
 /* ---- views ------------------------------------------------------------------------- */
 
-static void view(const fy_block_spec *blk, fy_dtype dt, const void *base, float **fields, int n) {
-    FY_ASSERT(blk->ntensors == n, "block kind does not match the view");
-    const size_t es = fy_dtype_size(dt == FY_DTYPE_NONE ? FY_F32 : dt);
-    for (int i = 0; i < n; i++) fields[i] = base ? (float *)((char *)base + blk->tensors[i].offset * es) : NULL;
-}
-
 void fy_gpt2_layer_view(const fy_block_spec *blk, fy_dtype dt, const void *base, fy_gpt2_layer_w *out) {
-    view(blk, dt, base, (float **)out, sizeof *out / sizeof(float *));
+    fy_model_view(blk, dt, base, (float **)out, sizeof *out / sizeof(float *));
 }
 void fy_gpt2_embed_view(const fy_block_spec *blk, fy_dtype dt, const void *base, fy_gpt2_embed_w *out) {
-    view(blk, dt, base, (float **)out, sizeof *out / sizeof(float *));
+    fy_model_view(blk, dt, base, (float **)out, sizeof *out / sizeof(float *));
 }
 void fy_gpt2_head_view(const fy_block_spec *blk, fy_dtype dt, const void *base, fy_gpt2_head_w *out) {
-    view(blk, dt, base, (float **)out, sizeof *out / sizeof(float *));
+    fy_model_view(blk, dt, base, (float **)out, sizeof *out / sizeof(float *));
 }
 
 /* ---- activations ------------------------------------------------------------------ */
@@ -202,15 +196,6 @@ void fy_gpt2_embed_bwd(const fy_gpt2_config *cfg, fy_gpt2_embed_w *g, const int3
 
 /* ---- init ------------------------------------------------------------------------- */
 
-static uint64_t splitmix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static double uniform01(uint64_t *s) { return ((double)(splitmix64(s) >> 11) + 0.5) * 0x1p-53; }
-
 /* Weights N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), biases 0, norm gains 1.
  * Each tensor draws from its own stream seeded by (seed, block, tensor). */
 static void init_block(const fy_model *m, int b, uint64_t seed, float *host) {
@@ -227,14 +212,7 @@ static void init_block(const fy_model *m, int b, uint64_t seed, float *host) {
         }
         double std = 0.02;
         if (strstr(t->name, "c_proj.weight")) std = 0.02 / sqrt(2.0 * cfg->layers);
-        uint64_t st = seed ^ (0x5851f42d4c957f2dull * (uint64_t)(b + 1)) ^
-                      (0x2545f4914f6cdd1dull * (uint64_t)(i + 1));
-        for (size_t j = 0; j < n; j += 2) { /* Box-Muller, two normals per draw */
-            double u1 = uniform01(&st), u2 = uniform01(&st);
-            double r = sqrt(-2.0 * log(u1)), a = 2.0 * M_PI * u2;
-            p[j] = (float)(std * r * cos(a));
-            if (j + 1 < n) p[j + 1] = (float)(std * r * sin(a));
-        }
+        fy_model_fill_normal(p, n, std, seed, b, i);
     }
 }
 
@@ -364,17 +342,12 @@ static void cost(const fy_model *m, int b, fy_pass pass, int B, int T, double es
     }
 }
 
-static void file_meta(const fy_model *m, const char **meta, int cap, char (*buf)[32]) {
-    const fy_gpt2_config *c = fy_gpt2_config_of(m);
-    const char *keys[] = {"ferry.vocab", "ferry.max_seq", "ferry.channels", "ferry.layers", "ferry.heads"};
-    const int vals[] = {c->vocab, c->max_seq, c->channels, c->layers, c->heads};
-    int n = 0;
-    for (int i = 0; i < 5 && n + 2 < cap; i++) {
-        snprintf(buf[i], 32, "%d", vals[i]);
-        meta[n++] = keys[i];
-        meta[n++] = buf[i];
-    }
-    meta[n] = NULL;
+/* Buffers older checkpoints hold: the causal mask and its fill value. */
+static bool ignored(const fy_model *m, const char *name) {
+    (void)m;
+    size_t n = strlen(name);
+    return (n > 10 && !strcmp(name + n - 10, ".attn.bias")) ||
+           (n > 17 && !strcmp(name + n - 17, ".attn.masked_bias"));
 }
 
 static void gpt2_free(void *ctx) { free(ctx); }
@@ -393,7 +366,9 @@ static const fy_model_iface gpt2_iface = {
     .init_block = init_block,
     .cost = cost,
     .file_prefixes = prefixes,
-    .file_meta = file_meta,
+    .dir_prefix = "transformer.",
+    .ignored = ignored,
+    .hf_config = fy_gpt2_hf_config,
 };
 
 fy_status fy_gpt2_new(const fy_gpt2_config *cfg, const char *name, fy_model **out) {
@@ -440,6 +415,12 @@ fy_status fy_gpt2_named(const char *name, const fy_model_shape *over, fy_model *
         if (!strcmp(name, named[i].name)) break;
     if (i == sizeof named / sizeof named[0]) return FY_ERR_UNSUPPORTED;
     cfg = named[i].cfg;
+    if ((over->kv_heads > 0 && over->kv_heads != (over->heads > 0 ? over->heads : cfg.heads)) ||
+        (over->ffn > 0 && over->ffn != 4 * (over->channels > 0 ? over->channels : cfg.channels))) {
+        fy_log_error("--kv-heads and --ffn shape Llama models; GPT-2's key/value heads are its "
+                     "heads and its MLP is 4 x channels");
+        return FY_ERR_INVALID;
+    }
     if (over->heads > 0) cfg.heads = over->heads;
     if (over->layers > 0) cfg.layers = over->layers;
     if (over->channels > 0) cfg.channels = over->channels;

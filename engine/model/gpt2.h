@@ -60,16 +60,17 @@ fy_status fy_gpt2_new(const fy_gpt2_config *cfg, const char *name, fy_model **ou
 /* The config of a GPT-2 model (which must be one). */
 const fy_gpt2_config *fy_gpt2_config_of(const fy_model *m);
 /* The registry's hooks (model.c): a named config with overrides (FY_ERR_UNSUPPORTED,
- * silently, if the name is not GPT-2's); whether a file holds GPT-2 tensors; the model of
- * a file (gpt2_io.c). */
+ * silently, if the name is not GPT-2's); whether weights without a config hold GPT-2
+ * tensors; the model of weights; the config.json fields (gpt2_io.c). */
 fy_status fy_gpt2_named(const char *name, const fy_model_shape *over, fy_model **out);
-bool fy_gpt2_recognise(const fy_st_file *f);
-fy_status fy_gpt2_from_file(const fy_st_file *f, const fy_model_shape *hint, fy_model **out);
-/* The shape a weights file holds: vocab and channels from wte, positions from wpe,
- * layers from the h.{i} present. Heads: heads_flag if > 0, else the file's ferry.heads
- * metadata, else n_head of a config.json beside the file; otherwise FY_ERR_INVALID
+bool fy_gpt2_recognise(const fy_weights *w);
+fy_status fy_gpt2_from_weights(const fy_weights *w, const fy_model_shape *hint, fy_model **out);
+void fy_gpt2_hf_config(const fy_model *m, cJSON *cfg);
+/* The shape weights hold: vocab and channels from wte, positions from wpe, layers from
+ * the h.{i} present. Heads: heads_flag if > 0, else the config's n_head (which must agree
+ * with the tensors and heads_flag), else ferry.heads metadata; otherwise FY_ERR_INVALID
  * asking for --heads. */
-fy_status fy_gpt2_file_config(const fy_st_file *f, int heads_flag, fy_gpt2_config *out);
+fy_status fy_gpt2_weights_config(const fy_weights *w, int heads_flag, fy_gpt2_config *out);
 
 /* Parameters of one layer, in table order (the struct is filled as an array). */
 #define FY_GPT2_LAYER_PARAMS(X)                                    \

@@ -4,12 +4,14 @@
  * missing tensors, dtypes, atomic writes). */
 #include "engine/model/model_impl.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/core/util.h"
 #include "engine/model/gpt2.h"
+#include "engine/model/llama.h"
 
 #define ALIGN_ELEMS 16
 
@@ -17,16 +19,23 @@
 
 typedef struct family {
     const char *name;
+    /* config.json model types it reads, NULL-terminated */
+    const char *const *model_types;
     /* FY_ERR_UNSUPPORTED, not logged, if the name is not this family's */
     fy_status (*named)(const char *name, const fy_model_shape *over, fy_model **out);
     const char *(*names)(void);
-    /* true if the file holds this family's tensors */
-    bool (*recognise)(const fy_st_file *f);
-    fy_status (*from_file)(const fy_st_file *f, const fy_model_shape *hint, fy_model **out);
+    /* true if weights without a config hold this family's tensors (NULL: never) */
+    bool (*recognise)(const fy_weights *w);
+    fy_status (*from_weights)(const fy_weights *w, const fy_model_shape *hint, fy_model **out);
 } family;
 
+static const char *const gpt2_types[] = {"gpt2", NULL};
+static const char *const llama_types[] = {"llama", "mistral", NULL};
+
 static const family families[] = {
-    {"gpt2", fy_gpt2_named, fy_gpt2_config_names, fy_gpt2_recognise, fy_gpt2_from_file},
+    {"gpt2", gpt2_types, fy_gpt2_named, fy_gpt2_config_names, fy_gpt2_recognise,
+     fy_gpt2_from_weights},
+    {"llama", llama_types, fy_llama_named, fy_llama_config_names, NULL, fy_llama_from_weights},
 };
 #define NFAMILIES (int)(sizeof families / sizeof families[0])
 
@@ -37,6 +46,15 @@ const char *fy_model_names(void) {
             snprintf(buf + strlen(buf), sizeof buf - strlen(buf), "%s%s", i ? ", " : "",
                      families[i].names());
     return buf;
+}
+
+void fy_model_print_families(FILE *fp) {
+    for (int i = 0; i < NFAMILIES; i++) {
+        fprintf(fp, "  %-6s %s\n         config.json model_type:", families[i].name,
+                families[i].names());
+        for (int k = 0; families[i].model_types[k]; k++) fprintf(fp, " %s", families[i].model_types[k]);
+        fprintf(fp, "\n");
+    }
 }
 
 fy_status fy_model_named(const char *name, const fy_model_shape *over, fy_model **out) {
@@ -50,13 +68,48 @@ fy_status fy_model_named(const char *name, const fy_model_shape *over, fy_model 
     return FY_ERR_INVALID;
 }
 
-fy_status fy_model_from_file(const fy_st_file *f, const fy_model_shape *hint, fy_model **out) {
+/* The family of a config.json, or NULL (logged). */
+static const family *family_of_config(const fy_weights *w) {
+    const char *path = fy_weights_config_path(w);
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(fy_weights_config(w), "model_type");
+    if (!cJSON_IsString(mt)) {
+        fy_log_error("%s: no model_type saying what model this is", path);
+        return NULL;
+    }
+    char known[128] = "";
+    for (int i = 0; i < NFAMILIES; i++)
+        for (int k = 0; families[i].model_types[k]; k++) {
+            if (!strcmp(mt->valuestring, families[i].model_types[k])) return &families[i];
+            snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s",
+                     known[0] ? ", " : "", families[i].model_types[k]);
+        }
+    fy_log_error("%s: model_type \"%s\" is not one ferry trains (%s)", path, mt->valuestring,
+                 known);
+    return NULL;
+}
+
+fy_status fy_model_from_weights(const fy_weights *w, const fy_model_shape *hint, fy_model **out) {
     *out = NULL;
     fy_model_shape none = {0};
-    for (int i = 0; i < NFAMILIES; i++)
-        if (families[i].recognise(f)) return families[i].from_file(f, hint ? hint : &none, out);
-    /* no family's tensors: let the first family say what it looked for */
-    return families[0].from_file(f, hint ? hint : &none, out);
+    const family *fam = NULL;
+    if (fy_weights_config(w)) {
+        if (!(fam = family_of_config(w))) return FY_ERR_FORMAT;
+    } else {
+        for (int i = 0; i < NFAMILIES && !fam; i++)
+            if (families[i].recognise && families[i].recognise(w)) fam = &families[i];
+        if (!fam) {
+            fy_log_error("%s: no config.json beside it and no GPT-2 tensors (wte.weight): ferry "
+                         "cannot tell what model it holds", fy_weights_path(w));
+            return FY_ERR_FORMAT;
+        }
+    }
+    FY_TRY(fam->from_weights(w, hint ? hint : &none, out));
+    fy_status st = fy_model_check_weights(*out, w);
+    if (st != FY_OK) {
+        fy_model_free(*out);
+        *out = NULL;
+    }
+    return st;
 }
 
 /* ---- creation and checks ----------------------------------------------------------- */
@@ -73,16 +126,54 @@ void fy_model_add_tensor(fy_block_spec *blk, const char *name, int rows, int col
     t->transposed = transposed;
 }
 
+void fy_model_pack_last(fy_block_spec *blk) {
+    FY_ASSERT(blk->ntensors >= 2, "a packed tensor follows another");
+    fy_tensor_spec *t = &blk->tensors[blk->ntensors - 1], *prev = t - 1;
+    FY_ASSERT(t->cols == prev->cols && t->decay == prev->decay && !t->transposed,
+              "packed tensors share their columns and weight decay");
+    t->packed = true;
+}
+
 void fy_model_place_tensors(fy_block_spec *blk) {
-    blk->nelem = 0;
+    size_t end = 0; /* where the previous tensor ends */
     for (int pass = 1; pass >= 0; pass--) {
         for (int i = 0; i < blk->ntensors; i++) {
             fy_tensor_spec *t = &blk->tensors[i];
             if ((int)t->decay != pass) continue;
-            t->offset = blk->nelem;
-            blk->nelem += fy_round_up((size_t)t->alloc_rows * (size_t)t->cols, ALIGN_ELEMS);
+            if (!t->packed) end = fy_round_up(end, ALIGN_ELEMS);
+            t->offset = end;
+            end += (size_t)t->alloc_rows * (size_t)t->cols;
         }
-        if (pass == 1) blk->decay_nelem = blk->nelem;
+        end = fy_round_up(end, ALIGN_ELEMS);
+        if (pass == 1) blk->decay_nelem = end;
+    }
+    blk->nelem = end;
+}
+
+void fy_model_view(const fy_block_spec *blk, fy_dtype dt, const void *base, float **fields, int n) {
+    FY_ASSERT(blk->ntensors == n, "block kind does not match the view");
+    const size_t es = fy_dtype_size(dt == FY_DTYPE_NONE ? FY_F32 : dt);
+    for (int i = 0; i < n; i++)
+        fields[i] = base ? (float *)((char *)base + blk->tensors[i].offset * es) : NULL;
+}
+
+static uint64_t splitmix64(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double uniform01(uint64_t *s) { return ((double)(splitmix64(s) >> 11) + 0.5) * 0x1p-53; }
+
+void fy_model_fill_normal(float *p, size_t n, double std, uint64_t seed, int block, int tensor) {
+    uint64_t st = seed ^ (0x5851f42d4c957f2dull * (uint64_t)(block + 1)) ^
+                  (0x2545f4914f6cdd1dull * (uint64_t)(tensor + 1));
+    for (size_t j = 0; j < n; j += 2) { /* Box-Muller, two normals per draw */
+        double u1 = uniform01(&st), u2 = uniform01(&st);
+        double r = sqrt(-2.0 * log(u1)), a = 2.0 * M_PI * u2;
+        p[j] = (float)(std * r * cos(a));
+        if (j + 1 < n) p[j + 1] = (float)(std * r * sin(a));
     }
 }
 
@@ -212,133 +303,4 @@ void fy_model_cost(const fy_model *m, int b, fy_pass pass, int B, int T, double 
                    fy_cost *out) {
     memset(out, 0, sizeof *out);
     m->iface->cost(m, b, pass, B, T, es, out);
-}
-
-/* ---- weights files ------------------------------------------------------------------ */
-
-/* The prefix the file uses: the first one under which the model's first tensor exists. */
-static const char *prefix_of(const fy_model *m, const fy_st_file *f) {
-    const char *first = m->blocks[0].tensors[0].name;
-    const char *const *pre = m->iface->file_prefixes;
-    for (int i = 0; pre && pre[i]; i++) {
-        char full[160];
-        snprintf(full, sizeof full, "%s%s", pre[i], first);
-        if (fy_st_find(f, full)) return pre[i];
-    }
-    return "";
-}
-
-static const fy_st_tensor *find(const fy_st_file *f, const char *prefix, const char *name) {
-    char full[160];
-    snprintf(full, sizeof full, "%s%s", prefix, name);
-    return fy_st_find(f, full);
-}
-
-/* Checks t against ts's file shape (vectors 1-D, transposed ones (in, out)). */
-static fy_status check_shape(const fy_st_file *f, const char *pre, const fy_tensor_spec *ts,
-                             const fy_st_tensor *t) {
-    int64_t r = ts->transposed ? ts->cols : ts->rows, c = ts->transposed ? ts->rows : ts->cols;
-    bool ok = ts->cols == 1 ? (t->ndim == 1 && t->shape[0] == ts->rows)
-                            : (t->ndim == 2 && t->shape[0] == r && t->shape[1] == c);
-    if (ok) return FY_OK;
-    char got[96] = "";
-    for (int d = 0; d < t->ndim && d < 4; d++)
-        snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? "," : "",
-                 (long long)t->shape[d]);
-    if (ts->cols == 1)
-        fy_log_error("%s: %s%s has shape (%s), the model needs (%d)", fy_st_path(f), pre,
-                     ts->name, got, ts->rows);
-    else
-        fy_log_error("%s: %s%s has shape (%s), the model needs (%lld,%lld)", fy_st_path(f), pre,
-                     ts->name, got, (long long)r, (long long)c);
-    return FY_ERR_FORMAT;
-}
-
-fy_status fy_model_load(const fy_model *m, const fy_st_file *f, float *const *host) {
-    const char *path = fy_st_path(f), *pre = prefix_of(m, f);
-    float *tmp = NULL;
-    size_t tmpcap = 0;
-    fy_status st = FY_OK;
-    for (int b = 0; b < m->nblocks && st == FY_OK; b++) {
-        const fy_block_spec *blk = &m->blocks[b];
-        memset(host[b], 0, blk->nelem * sizeof(float));
-        for (int i = 0; i < blk->ntensors && st == FY_OK; i++) {
-            const fy_tensor_spec *ts = &blk->tensors[i];
-            const fy_st_tensor *t = find(f, pre, ts->name);
-            if (!t) {
-                fy_log_error("%s: tensor %s%s is missing", path, pre, ts->name);
-                st = FY_ERR_FORMAT;
-                break;
-            }
-            if ((st = check_shape(f, pre, ts, t)) != FY_OK) break;
-            float *dst = host[b] + ts->offset;
-            if (!ts->transposed) {
-                st = fy_st_read_f32(f, t, dst);
-                continue;
-            }
-            if (tmpcap < t->nelem) {
-                free(tmp);
-                tmp = malloc(t->nelem * sizeof(float));
-                tmpcap = tmp ? t->nelem : 0;
-                if (!tmp) { st = FY_ERR_NOMEM; break; }
-            }
-            if ((st = fy_st_read_f32(f, t, tmp)) != FY_OK) break;
-            const int64_t r = ts->cols, c = ts->rows; /* file (in, out) -> ours (out, in) */
-            for (int64_t i0 = 0; i0 < r; i0++)
-                for (int64_t j = 0; j < c; j++) dst[j * r + i0] = tmp[i0 * c + j];
-        }
-    }
-    free(tmp);
-    return st;
-}
-
-fy_status fy_model_save(const fy_model *m, const char *path, float *const *host) {
-    int n = 0;
-    for (int b = 0; b < m->nblocks; b++) n += m->blocks[b].ntensors;
-    fy_st_entry *e = calloc((size_t)n, sizeof *e);
-    float **tbufs = calloc((size_t)n, sizeof *tbufs);
-    fy_status st = FY_OK;
-    if (!e || !tbufs) { st = FY_ERR_NOMEM; goto done; }
-    int k = 0;
-    for (int b = 0; b < m->nblocks; b++) {
-        const fy_block_spec *blk = &m->blocks[b];
-        for (int i = 0; i < blk->ntensors; i++, k++) {
-            const fy_tensor_spec *ts = &blk->tensors[i];
-            const float *src = host[b] + ts->offset;
-            e[k].name = ts->name;
-            e[k].dtype = FY_F32;
-            if (ts->cols == 1) {
-                e[k].ndim = 1;
-                e[k].shape[0] = ts->rows;
-                e[k].data = src;
-            } else if (!ts->transposed) {
-                e[k].ndim = 2;
-                e[k].shape[0] = ts->rows;
-                e[k].shape[1] = ts->cols;
-                e[k].data = src;
-            } else {
-                float *t = malloc((size_t)ts->rows * ts->cols * sizeof(float));
-                if (!t) { st = FY_ERR_NOMEM; goto done; }
-                tbufs[k] = t;
-                for (int o = 0; o < ts->rows; o++)   /* ours (out, in) -> file (in, out) */
-                    for (int in = 0; in < ts->cols; in++)
-                        t[(size_t)in * ts->rows + o] = src[(size_t)o * ts->cols + in];
-                e[k].ndim = 2;
-                e[k].shape[0] = ts->cols;
-                e[k].shape[1] = ts->rows;
-                e[k].data = t;
-            }
-        }
-    }
-    enum { META_CAP = 32 };
-    const char *meta[META_CAP + 1] = {"format", "pt"};
-    char vals[META_CAP / 2][32];
-    if (m->iface->file_meta) m->iface->file_meta(m, meta + 2, META_CAP - 2, vals);
-    meta[META_CAP] = NULL;
-    st = fy_st_write(path, e, n, meta);
-done:
-    if (tbufs) for (int i = 0; i < n; i++) free(tbufs[i]);
-    free(tbufs);
-    free(e);
-    return st;
 }

@@ -38,11 +38,12 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "engine/core/dtype.h"
 #include "engine/core/status.h"
 #include "engine/device/device.h"
-#include "engine/io/safetensors.h"
+#include "engine/io/weights.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -63,6 +64,8 @@ typedef struct fy_tensor_spec {
                            weight decay first, so a block is two optimizer ranges */
     bool decay;         /* AdamW's weight decay applies */
     bool transposed;    /* files store it (in, out) */
+    bool packed;        /* placed right after the previous tensor, no padding between:
+                           tensors of one fused GEMM (Llama's q, k, v; gate, up) */
 } fy_tensor_spec;
 
 typedef struct fy_block_spec {
@@ -83,6 +86,7 @@ typedef struct fy_model fy_model;
 /* Named shapes and overrides: 0 keeps the named model's value. */
 typedef struct fy_model_shape {
     int vocab, max_seq, channels, layers, heads;
+    int kv_heads, ffn; /* Llama's key/value heads and MLP width */
 } fy_model_shape;
 
 /* A named model (see fy_model_names) with the overrides of `over` (may be NULL).
@@ -90,9 +94,9 @@ typedef struct fy_model_shape {
 fy_status fy_model_named(const char *name, const fy_model_shape *over, fy_model **out);
 /* The named models of every family, comma-separated, for --help and errors. */
 const char *fy_model_names(void);
-/* The model a weights file holds (its family recognised from its tensors; `hint` gives
- * what the file may not say, such as the heads). FY_ERR_FORMAT/INVALID (logged). */
-fy_status fy_model_from_file(const fy_st_file *f, const fy_model_shape *hint, fy_model **out);
+/* The families and their named models, a line each ("llama: llama-tiny, ..."), and the
+ * config.json model types they read, for `ferry info`. */
+void fy_model_print_families(FILE *fp);
 void fy_model_free(fy_model *m); /* NULL is a no-op */
 
 const char *fy_model_family(const fy_model *m);
@@ -165,15 +169,55 @@ typedef struct fy_cost {
 void fy_model_cost(const fy_model *m, int b, fy_pass pass, int B, int T, double es,
                    fy_cost *out);
 
-/* ---- weights files -------------------------------------------------------------------- */
+/* ---- weights: files and Hugging Face directories (model_io.c) ------------------------ */
 
-/* Fills host[b] (nelem floats each, padding zero) for every block from a safetensors
- * file with the family's tensor names. Every tensor must be there with the shape the
- * model needs (FY_ERR_FORMAT, naming it). */
-fy_status fy_model_load(const fy_model *m, const fy_st_file *f, float *const *host);
-/* Writes every block's tensors (from host[b]) to path atomically, in fp32, with the
- * family's metadata. */
-fy_status fy_model_save(const fy_model *m, const char *path, float *const *host);
+/* The model a weights source holds (weights.h): its family from config.json's model_type
+ * (gpt2; llama; mistral, whose sliding window then bounds the sequence) or, without a
+ * config, from its tensors (GPT-2's; `hint` gives what such a file may not say: the
+ * heads); then fy_model_check_weights. FY_ERR_FORMAT / FY_ERR_INVALID (one logged line
+ * naming the file and the field or tensor). */
+fy_status fy_model_from_weights(const fy_weights *w, const fy_model_shape *hint, fy_model **out);
+/* Whether w holds exactly the model's tensors: each with the model's shape and a type
+ * ferry reads (F32, BF16, F16), and nothing else but buffers the family skips. */
+fy_status fy_model_check_weights(const fy_model *m, const fy_weights *w);
+/* Reads block b's tensors from w into host (nelem floats, padding zero): one block at a
+ * time, so loading a model needs one block of memory besides the model's own. */
+fy_status fy_model_load_block(const fy_model *m, const fy_weights *w, int b, float *host);
+/* Every block into host[b]. */
+fy_status fy_model_load(const fy_model *m, const fy_weights *w, float *const *host);
+
+/* A block's parameters for saving: fills host (nelem floats) with block b's. */
+typedef fy_status (*fy_block_source)(void *ctx, int b, float *host);
+
+#define FY_SAVE_SHARD_DEFAULT ((size_t)5000000000) /* 5 GB, as transformers */
+
+typedef struct fy_save_opts {
+    fy_dtype dtype;          /* F32 (also for NONE) or BF16 */
+    size_t shard_nbytes;     /* a directory's shards at most (0: FY_SAVE_SHARD_DEFAULT); a
+                                larger tensor gets a shard of its own */
+    const fy_weights *from;  /* the weights the model was read from, or NULL: a directory
+                                written keeps the other fields of their config.json (token
+                                ids, ...) and gets copies of their tokenizer files */
+} fy_save_opts;
+
+/* Writes the model's parameters, fetched block by block from get. A path ending in
+ * .safetensors is one file (its config in metadata "ferry.config"); any other path is a
+ * Hugging Face directory: config.json (with torch_dtype), model.safetensors or shards
+ * model-0000i-of-0000n.safetensors of at most o->shard_nbytes with
+ * model.safetensors.index.json, that transformers' from_pretrained loads with no key
+ * missing or unexpected. Atomic: a directory is written beside the path, fsynced and
+ * renamed over it; an existing path is replaced only when it holds nothing but what ferry
+ * writes (fy_model_save_check). FY_ERR_IO / FY_ERR_INVALID (logged). */
+fy_status fy_model_save(const fy_model *m, const char *path, const fy_save_opts *o,
+                        fy_block_source get, void *ctx);
+/* The same from every block's buffer host[b]. */
+fy_status fy_model_save_host(const fy_model *m, const char *path, const fy_save_opts *o,
+                             float *const *host);
+/* Whether fy_model_save may write path (checked before a run, so a long run does not end
+ * unable to save): a .safetensors path in a directory that exists, not a directory
+ * itself; any other path new, or a directory holding only what ferry writes.
+ * FY_ERR_INVALID (logged). */
+fy_status fy_model_save_check(const char *path);
 
 #ifdef __cplusplus
 }

@@ -31,10 +31,16 @@ typedef struct fy_model_iface {
     void (*loss)(const fy_model *m, int b, const fy_block_io *io, fy_stream *s);
     void (*init_block)(const fy_model *m, int b, uint64_t seed, float *host);
     void (*cost)(const fy_model *m, int b, fy_pass pass, int B, int T, double es, fy_cost *out);
-    /* weights files: accepted name prefixes ("transformer."), NULL-terminated, "" implied;
-     * and metadata pairs to write (key, value, ..., NULL) into meta[cap], values in buf */
+    /* weights files: name prefixes accepted on load ("transformer.") besides none,
+     * NULL-terminated (may be NULL); the prefix a directory ferry writes gives every name
+     * ("transformer." for GPT-2's, so transformers' LMHead classes find them all); tensors
+     * a file may hold that are not parameters (buffers), skipped on load (may be NULL);
+     * the config.json fields that rebuild the model, set in cfg (an object that may
+     * already hold other keys, kept) */
     const char *const *file_prefixes;
-    void (*file_meta)(const fy_model *m, const char **meta, int cap, char (*buf)[32]);
+    const char *dir_prefix;
+    bool (*ignored)(const fy_model *m, const char *name);
+    void (*hf_config)(const fy_model *m, cJSON *cfg);
 } fy_model_iface;
 
 struct fy_model {
@@ -56,9 +62,20 @@ fy_status fy_model_create(const fy_model_iface *iface, void *ctx, const char *na
 /* Adds a tensor to a block spec (FY_ASSERT on overflow). */
 void fy_model_add_tensor(fy_block_spec *blk, const char *name, int rows, int cols, bool decay,
                          bool transposed);
+/* Marks the tensor added last as packed after the one before it (fy_tensor_spec.packed):
+ * both must have the same columns and weight decay. */
+void fy_model_pack_last(fy_block_spec *blk);
 /* Places a block's tensors: decayed ones first (in order), then the rest, each at a
- * multiple of 16 elements; sets nelem and decay_nelem. */
+ * multiple of 16 elements unless packed; sets nelem and decay_nelem. */
 void fy_model_place_tensors(fy_block_spec *blk);
+
+/* A block buffer (nelem elements of type dt) seen as its n tensors, in spec order: a
+ * family's weight struct of float pointers filled as an array (NULL base: all NULL). */
+void fy_model_view(const fy_block_spec *blk, fy_dtype dt, const void *base, float **fields, int n);
+
+/* p[0..n) ~ N(0, std), from a stream of its own seeded by (seed, block, tensor), so a
+ * block's initialisation does not depend on the order blocks are initialised in. */
+void fy_model_fill_normal(float *p, size_t n, double std, uint64_t seed, int block, int tensor);
 
 /* Activation structs bound to consecutive 64-byte aligned pieces of one buffer: the
  * X-macro lists (field, elements, type) with type S (the storage type, es bytes) or F

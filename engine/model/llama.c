@@ -1,0 +1,475 @@
+/* llama.c — the Llama family: named configs, the block specs, initialisation, activation
+ * sizes, costs, and the per-block passes as straight sequences of kernel launches (the
+ * config.json side is llama_io.c). */
+#include "engine/model/llama.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/core/util.h"
+#include "engine/device/kernels.h"
+#include "engine/model/lm_head.h"
+#include "engine/model/model_impl.h"
+
+#define ROPE_NONE(theta) {FY_ROPE_DEFAULT, theta, 0, 0, 0, 0}
+#define ROPE_L3(factor) {FY_ROPE_LLAMA3, 500000.0f, factor, 1.0f, 4.0f, 8192.0f}
+
+/* The published shapes (Hugging Face's config.json of each; Llama 3 8B and 70B as 3.1,
+ * whose rope scaling reaches 131072 positions). */
+static const struct { const char *name; fy_llama_config cfg; } named[] = {
+    /* name           V       maxT    C     L   NH  NKV  hd   F      eps   rope              tied */
+    {"llama-tiny",   {256,    1024,   128,  4,  4,  2,   32,  384,   1e-5f, ROPE_NONE(10000.0f), false, 0}},
+    {"llama3.2-1b",  {128256, 131072, 2048, 16, 32, 8,   64,  8192,  1e-5f, ROPE_L3(32.0f), true, 0}},
+    {"llama3.2-3b",  {128256, 131072, 3072, 28, 24, 8,   128, 8192,  1e-5f, ROPE_L3(32.0f), true, 0}},
+    {"llama3-8b",    {128256, 131072, 4096, 32, 32, 8,   128, 14336, 1e-5f, ROPE_L3(8.0f), false, 0}},
+    {"llama2-7b",    {32000,  4096,   4096, 32, 32, 32,  128, 11008, 1e-5f, ROPE_NONE(10000.0f), false, 0}},
+    {"llama2-13b",   {32000,  4096,   5120, 40, 40, 40,  128, 13824, 1e-5f, ROPE_NONE(10000.0f), false, 0}},
+    {"llama3-70b",   {128256, 131072, 8192, 80, 64, 8,   128, 28672, 1e-5f, ROPE_L3(8.0f), false, 0}},
+};
+#define NNAMED (int)(sizeof named / sizeof named[0])
+
+fy_status fy_llama_config_named(const char *name, fy_llama_config *out) {
+    for (int i = 0; i < NNAMED; i++)
+        if (!strcmp(name, named[i].name)) { *out = named[i].cfg; return FY_OK; }
+    return FY_ERR_UNSUPPORTED;
+}
+
+const char *fy_llama_config_names(void) {
+    return "llama-tiny, llama3.2-1b, llama3.2-3b, llama3-8b, llama2-7b, llama2-13b, llama3-70b";
+}
+
+fy_status fy_llama_config_check(const fy_llama_config *c) {
+    if (c->vocab <= 0 || c->max_seq <= 0 || c->channels <= 0 || c->layers <= 0 || c->heads <= 0 ||
+        c->kv_heads <= 0 || c->head_dim <= 0 || c->ffn <= 0) {
+        fy_log_error("model shape must be positive: vocab %d, max_seq %d, channels %d, layers %d, "
+                     "heads %d, kv heads %d, head dim %d, ffn %d", c->vocab, c->max_seq,
+                     c->channels, c->layers, c->heads, c->kv_heads, c->head_dim, c->ffn);
+        return FY_ERR_INVALID;
+    }
+    if (c->layers > FY_MODEL_MAX_LAYERS) {
+        fy_log_error("model: %d layers is more than the %d ferry supports", c->layers,
+                     FY_MODEL_MAX_LAYERS);
+        return FY_ERR_INVALID;
+    }
+    if (c->heads % c->kv_heads) {
+        fy_log_error("key/value heads (%d) must divide the attention heads (%d)", c->kv_heads,
+                     c->heads);
+        return FY_ERR_INVALID;
+    }
+    if (c->head_dim % 2) {
+        fy_log_error("the head dimension (%d) must be even for rotary embeddings", c->head_dim);
+        return FY_ERR_INVALID;
+    }
+    /* sizes must fit the kernels' int arguments: the widest row, the classifier */
+    if ((int64_t)(c->heads + 2 * c->kv_heads) * c->head_dim > (1 << 24) || c->ffn > (1 << 24) ||
+        c->channels > (1 << 20) || c->vocab > (1 << 30)) {
+        fy_log_error("implausible model shape (channels %d, heads %d x %d, ffn %d, vocab %d)",
+                     c->channels, c->heads, c->head_dim, c->ffn, c->vocab);
+        return FY_ERR_INVALID;
+    }
+    if (!(c->norm_eps > 0.0f) || !(c->rope.theta > 0.0f)) {
+        fy_log_error("rms_norm_eps (%g) and rope_theta (%g) must be positive", c->norm_eps,
+                     c->rope.theta);
+        return FY_ERR_INVALID;
+    }
+    const fy_rope *r = &c->rope;
+    if ((r->type == FY_ROPE_LINEAR || r->type == FY_ROPE_LLAMA3) && !(r->factor > 0.0f)) {
+        fy_log_error("rope scaling factor (%g) must be positive", r->factor);
+        return FY_ERR_INVALID;
+    }
+    if (r->type == FY_ROPE_LLAMA3 && !(r->low_freq_factor > 0.0f && r->high_freq_factor > r->low_freq_factor &&
+                                       r->orig_max_pos > 0.0f)) {
+        fy_log_error("llama3 rope scaling needs 0 < low_freq_factor (%g) < high_freq_factor (%g) "
+                     "and original_max_position_embeddings > 0 (%g)", r->low_freq_factor,
+                     r->high_freq_factor, r->orig_max_pos);
+        return FY_ERR_INVALID;
+    }
+    if (c->sliding_window < 0) {
+        fy_log_error("sliding window (%d) must not be negative", c->sliding_window);
+        return FY_ERR_INVALID;
+    }
+    return FY_OK;
+}
+
+size_t fy_llama_num_params(const fy_llama_config *c) {
+    const size_t C = (size_t)c->channels, Q = (size_t)c->heads * c->head_dim,
+                 KV = (size_t)c->kv_heads * c->head_dim, F = (size_t)c->ffn, V = (size_t)c->vocab;
+    const size_t layer = 2 * C + C * (Q + 2 * KV) + Q * C + 3 * C * F;
+    return V * C + (size_t)c->layers * layer + C + (c->tied ? 0 : V * C);
+}
+
+/* ---- parameters, views, activations ---------------------------------------------------- */
+
+/* X(field, hf_name, rows, cols, weight_decay, packed after the previous) */
+#define LAYER_PARAMS(X)                                              \
+    X(ln1, "input_layernorm.weight", C, 1, 0, 0)                     \
+    X(wq, "self_attn.q_proj.weight", NH * hd, C, 1, 0)               \
+    X(wk, "self_attn.k_proj.weight", NKV * hd, C, 1, 1)              \
+    X(wv, "self_attn.v_proj.weight", NKV * hd, C, 1, 1)              \
+    X(wo, "self_attn.o_proj.weight", C, NH * hd, 1, 0)               \
+    X(ln2, "post_attention_layernorm.weight", C, 1, 0, 0)            \
+    X(wgate, "mlp.gate_proj.weight", F, C, 1, 0)                     \
+    X(wup, "mlp.up_proj.weight", F, C, 1, 1)                         \
+    X(wdown, "mlp.down_proj.weight", C, F, 1, 0)
+#define FIELD(field, ...) float *field;
+typedef struct layer_w { LAYER_PARAMS(FIELD) } layer_w;
+typedef struct head_w { float *norm, *lm_head; } head_w; /* lm_head absent when tied */
+
+/* A layer's saved activations (qkv holds the roped q and k) and workspace; eval needs
+ * only the first two work fields (proj, act), training all. */
+#define LAYER_ACTS(X)                    \
+    X(ln1, N * C, S)                     \
+    X(rstd1, N, F)                       \
+    X(qkv, N * W, S)                     \
+    X(att, (size_t)B * NH * T * T, S)    \
+    X(atty, N * Q, S)                    \
+    X(res2, N * C, S)                    \
+    X(ln2, N * C, S)                     \
+    X(rstd2, N, F)                       \
+    X(gu, N * 2 * Fn, S)
+#define LAYER_WORK_EVAL(X)               \
+    X(proj, N * C, S)                    \
+    X(act, N * Fn, S)
+#define LAYER_WORK(X)                    \
+    LAYER_WORK_EVAL(X)                   \
+    X(dln, N * C, S)                     \
+    X(datty, N * Q, S)                   \
+    X(dqkv, N * W, S)                    \
+    X(dgu, N * 2 * Fn, S)                \
+    X(dact, N * Fn, S)                   \
+    X(datt, (size_t)B * NH * T * T, S)
+#define HEAD_ACTS(X)                            \
+    X(lnf, N * C, S)                            \
+    X(rstdf, N, F)                              \
+    X(logits, fy_lm_logit_rows(N, Vp, es) * Vp, S) \
+    X(losses, N, F)
+#define HEAD_WORK(X)                            \
+    X(dlnf, N * C, S)                           \
+    X(dw32, dt == FY_BF16 ? Vp * C : 0, F)
+
+typedef struct layer_acts { LAYER_ACTS(FY_ACT_FIELD) } layer_acts;
+typedef struct layer_work { LAYER_WORK(FY_ACT_FIELD) } layer_work;
+typedef struct head_acts { HEAD_ACTS(FY_ACT_FIELD) } head_acts;
+typedef struct head_work { HEAD_WORK(FY_ACT_FIELD) } head_work;
+
+#define DIMS                                                                                \
+    const size_t N = (size_t)B * T, C = (size_t)cfg->channels, NH = (size_t)cfg->heads,     \
+                 hd = (size_t)cfg->head_dim, Q = NH * hd,                                   \
+                 W = (NH + 2 * (size_t)cfg->kv_heads) * hd, Fn = (size_t)cfg->ffn,           \
+                 Vp = (size_t)fy_lm_vocab_padded(cfg->vocab),                               \
+                 es = fy_dtype_size(dt == FY_DTYPE_NONE ? FY_F32 : dt);                    \
+    (void)N; (void)C; (void)Q; (void)W; (void)Fn; (void)Vp; (void)es
+
+#define SIZE_FN(name, LIST)                                                                 \
+    static size_t name(const fy_llama_config *cfg, int B, int T, fy_dtype dt) {             \
+        DIMS; size_t total = 0; LIST(FY_ACT_SIZE) return total;                            \
+    }
+#define BIND_FN(name, type, LIST)                                                          \
+    static void name(const fy_llama_config *cfg, int B, int T, fy_dtype dt, void *base,     \
+                     type *out) {                                                          \
+        DIMS; size_t off = 0; LIST(FY_ACT_BIND)                                            \
+    }
+SIZE_FN(layer_acts_nbytes, LAYER_ACTS)
+SIZE_FN(layer_work_nbytes, LAYER_WORK)
+SIZE_FN(layer_work_eval_nbytes, LAYER_WORK_EVAL)
+SIZE_FN(head_acts_nbytes, HEAD_ACTS)
+SIZE_FN(head_work_nbytes, HEAD_WORK)
+BIND_FN(layer_acts_bind, layer_acts, LAYER_ACTS)
+BIND_FN(layer_work_bind, layer_work, LAYER_WORK)
+BIND_FN(head_acts_bind, head_acts, HEAD_ACTS)
+BIND_FN(head_work_bind, head_work, HEAD_WORK)
+
+/* ---- the passes ---------------------------------------------------------------------- */
+
+/* x_out = x_in + attn(rmsnorm(x_in)); then + mlp(rmsnorm(.)). */
+static void layer_fwd(const fy_llama_config *cfg, const layer_w *w, layer_acts *a,
+                      layer_work *wk, const float *x_in, float *x_out, int B, int T,
+                      fy_stream *s) {
+    const int C = cfg->channels, NH = cfg->heads, NKV = cfg->kv_heads, hd = cfg->head_dim,
+              F = cfg->ffn, N = B * T, W = (NH + 2 * NKV) * hd;
+    const size_t NC = (size_t)N * C;
+    fy_k_rmsnorm_fwd(a->ln1, a->rstd1, x_in, w->ln1, N, C, cfg->norm_eps, s);
+    fy_k_matmul_fwd(a->qkv, a->ln1, w->wq, NULL, N, C, W, s); /* q, k, v packed */
+    fy_k_rope(a->qkv, B, T, NH, NKV, hd, false, &cfg->rope, s);
+    fy_k_attention_fwd(a->atty, a->att, a->qkv, B, T, NH, NKV, hd, s);
+    fy_k_matmul_fwd(wk->proj, a->atty, w->wo, NULL, N, NH * hd, C, s);
+    fy_k_residual_fwd(a->res2, x_in, wk->proj, NC, s);
+    fy_k_rmsnorm_fwd(a->ln2, a->rstd2, a->res2, w->ln2, N, C, cfg->norm_eps, s);
+    fy_k_matmul_fwd(a->gu, a->ln2, w->wgate, NULL, N, C, 2 * F, s); /* gate, up packed */
+    fy_k_swiglu_fwd(wk->act, a->gu, N, F, s);
+    fy_k_matmul_fwd(wk->proj, wk->act, w->wdown, NULL, N, F, C, s);
+    fy_k_residual_fwd(x_out, a->res2, wk->proj, NC, s);
+}
+
+/* dx holds d x_out on entry and d x_in on return (the norms' backwards add into it). */
+static void layer_bwd(const fy_llama_config *cfg, const layer_w *w, layer_w *g,
+                      const layer_acts *a, layer_work *wk, const float *x_in, float *dx,
+                      int B, int T, fy_stream *s) {
+    const int C = cfg->channels, NH = cfg->heads, NKV = cfg->kv_heads, hd = cfg->head_dim,
+              F = cfg->ffn, N = B * T, W = (NH + 2 * NKV) * hd;
+    fy_k_swiglu_fwd(wk->act, a->gu, N, F, s); /* rebuilt, not kept */
+    fy_k_matmul_bwd(wk->dact, g->wdown, NULL, dx, wk->act, w->wdown, N, F, C, s);
+    fy_k_swiglu_bwd(wk->dgu, a->gu, wk->dact, N, F, s);
+    fy_k_matmul_bwd(wk->dln, g->wgate, NULL, wk->dgu, a->ln2, w->wgate, N, C, 2 * F, s);
+    fy_k_rmsnorm_bwd(dx, g->ln2, wk->dln, a->res2, w->ln2, a->rstd2, N, C, s);
+    fy_k_matmul_bwd(wk->datty, g->wo, NULL, dx, a->atty, w->wo, N, NH * hd, C, s);
+    fy_k_attention_bwd(wk->dqkv, wk->datt, wk->datty, a->qkv, a->att, B, T, NH, NKV, hd, s);
+    fy_k_rope(wk->dqkv, B, T, NH, NKV, hd, true, &cfg->rope, s);
+    fy_k_matmul_bwd(wk->dln, g->wq, NULL, wk->dqkv, a->ln1, w->wq, N, C, W, s);
+    fy_k_rmsnorm_bwd(dx, g->ln1, wk->dln, x_in, w->ln1, a->rstd1, N, C, s);
+}
+
+/* ---- the model interface ------------------------------------------------------------- */
+
+typedef struct llama { fy_llama_config cfg; } llama;
+
+const fy_llama_config *fy_llama_config_of(const fy_model *m) {
+    FY_ASSERT(!strcmp(fy_model_family(m), "llama"), "not a Llama model");
+    return &((const llama *)m->ctx)->cfg;
+}
+
+static void describe(const fy_model *m, char *buf, size_t cap) {
+    const fy_llama_config *c = fy_llama_config_of(m);
+    const fy_rope *r = &c->rope;
+    char rope[160], window[32] = "";
+    if (r->type == FY_ROPE_LLAMA3)
+        snprintf(rope, sizeof rope, "rope %g llama3 (factor %g, low %g, high %g, original %g)",
+                 r->theta, r->factor, r->low_freq_factor, r->high_freq_factor, r->orig_max_pos);
+    else if (r->type == FY_ROPE_LINEAR)
+        snprintf(rope, sizeof rope, "rope %g linear (factor %g)", r->theta, r->factor);
+    else
+        snprintf(rope, sizeof rope, "rope %g", r->theta);
+    if (c->sliding_window) snprintf(window, sizeof window, ", window %d", c->sliding_window);
+    snprintf(buf, cap, "vocab %d, positions %d, channels %d, layers %d, heads %d, kv heads %d, "
+             "head dim %d, ffn %d, eps %g, %s, %s%s", c->vocab, c->max_seq, c->channels,
+             c->layers, c->heads, c->kv_heads, c->head_dim, c->ffn, c->norm_eps, rope,
+             c->tied ? "tied" : "untied", window);
+}
+
+static fy_status check_seq(const fy_model *m, int64_t T) {
+    const fy_llama_config *c = fy_llama_config_of(m);
+    if (T > c->max_seq) {
+        fy_log_error("--seq %lld is longer than the model's %d positions", (long long)T,
+                     c->max_seq);
+        return FY_ERR_INVALID;
+    }
+    if (c->sliding_window && T > c->sliding_window) {
+        fy_log_error("--seq %lld is longer than the model's sliding window of %d tokens (ferry's "
+                     "attention is not windowed)", (long long)T, c->sliding_window);
+        return FY_ERR_INVALID;
+    }
+    return FY_OK;
+}
+
+static void acts(const fy_model *m, int b, int B, int T, fy_dtype dt, bool training,
+                 fy_act_sizes *out) {
+    const fy_llama_config *cfg = fy_llama_config_of(m);
+    const size_t NC = fy_round_up((size_t)B * T * cfg->channels * fy_dtype_size(dt), 64);
+    switch (m->blocks[b].kind) {
+    case FY_BLOCK_EMBED: out->out = NC; break;
+    case FY_BLOCK_LAYER:
+        out->out = NC;
+        out->saved = layer_acts_nbytes(cfg, B, T, dt);
+        out->work = training ? layer_work_nbytes(cfg, B, T, dt) : layer_work_eval_nbytes(cfg, B, T, dt);
+        break;
+    case FY_BLOCK_HEAD:
+        out->saved = head_acts_nbytes(cfg, B, T, dt);
+        out->work = training ? head_work_nbytes(cfg, B, T, dt) : 0;
+        break;
+    default: break;
+    }
+}
+
+static void forward(const fy_model *m, int b, const fy_block_io *io, fy_stream *s) {
+    const fy_llama_config *cfg = fy_llama_config_of(m);
+    const fy_block_spec *blk = &m->blocks[b];
+    const fy_dtype dt = fy_stream_dtype(s);
+    if (blk->kind == FY_BLOCK_EMBED) {
+        fy_k_encoder_fwd(io->out, io->tokens, io->params, NULL, io->B, io->T, cfg->channels,
+                         cfg->vocab, s);
+        return;
+    }
+    layer_w w;
+    layer_acts a;
+    layer_work wk;
+    fy_model_view(blk, dt, io->params, (float **)&w, sizeof w / sizeof(float *));
+    layer_acts_bind(cfg, io->B, io->T, dt, io->saved, &a);
+    layer_work_bind(cfg, io->B, io->T, dt, io->work, &wk);
+    layer_fwd(cfg, &w, &a, &wk, io->in, io->out, io->B, io->T, s);
+}
+
+static void backward(const fy_model *m, int b, const fy_block_io *io, fy_stream *s) {
+    const fy_llama_config *cfg = fy_llama_config_of(m);
+    const fy_block_spec *blk = &m->blocks[b];
+    const fy_dtype dt = fy_stream_dtype(s);
+    if (blk->kind == FY_BLOCK_EMBED) {
+        fy_k_encoder_bwd(io->grads, NULL, io->dx, io->tokens, io->B, io->T, cfg->channels,
+                         cfg->vocab, s);
+        return;
+    }
+    layer_w w, g;
+    layer_acts a;
+    layer_work wk;
+    fy_model_view(blk, dt, io->params, (float **)&w, sizeof w / sizeof(float *));
+    fy_model_view(blk, dt, io->grads, (float **)&g, sizeof g / sizeof(float *));
+    layer_acts_bind(cfg, io->B, io->T, dt, io->saved, &a);
+    layer_work_bind(cfg, io->B, io->T, dt, io->work, &wk);
+    layer_bwd(cfg, &w, &g, &a, &wk, io->in, io->dx, io->B, io->T, s);
+}
+
+/* The head: the final norm, then the classifier: lm_head, or the embedding (link 0)
+ * when tied. */
+static void loss(const fy_model *m, int b, const fy_block_io *io, fy_stream *s) {
+    const fy_llama_config *cfg = fy_llama_config_of(m);
+    const fy_block_spec *blk = &m->blocks[b];
+    const fy_dtype dt = fy_stream_dtype(s);
+    const int C = cfg->channels, N = io->B * io->T;
+    head_w w = {0}, g = {0};
+    head_acts a;
+    head_work wk = {0};
+    fy_model_view(blk, dt, io->params, (float **)&w, blk->ntensors);
+    fy_model_view(blk, dt, io->grads, (float **)&g, blk->ntensors);
+    const float *cls = cfg->tied ? io->link_params[0] : w.lm_head;
+    float *dcls = cfg->tied ? io->link_grads[0] : g.lm_head;
+    head_acts_bind(cfg, io->B, io->T, dt, io->saved, &a);
+    if (io->dloss != 0.0f) head_work_bind(cfg, io->B, io->T, dt, io->work, &wk);
+    fy_k_rmsnorm_fwd(a.lnf, a.rstdf, io->in, w.norm, N, C, cfg->norm_eps, s);
+    fy_lm_head(&(fy_lm_head_io){.N = N, .C = C, .V = cfg->vocab, .xn = a.lnf, .w = cls,
+                                .logits = a.logits, .losses = a.losses, .targets = io->targets,
+                                .dloss = io->dloss, .dw = dcls, .dw32 = wk.dw32, .dxn = wk.dlnf},
+               s);
+    fy_k_mean(io->loss, a.losses, (size_t)N, s);
+    if (io->dloss == 0.0f) return;
+    fy_memset_async(s, io->dx, 0, (size_t)N * C * fy_dtype_size(dt));
+    fy_k_rmsnorm_bwd(io->dx, g.norm, wk.dlnf, io->in, w.norm, a.rstdf, N, C, s);
+}
+
+/* Weights N(0, 0.02) (Hugging Face's initializer_range), norm gains 1. */
+static void init_block(const fy_model *m, int b, uint64_t seed, float *host) {
+    const fy_block_spec *blk = fy_model_block(m, b);
+    for (int i = 0; i < blk->ntensors; i++) {
+        const fy_tensor_spec *t = &blk->tensors[i];
+        float *p = host + t->offset;
+        size_t n = (size_t)t->rows * t->cols;
+        if (t->cols == 1) {
+            for (size_t j = 0; j < n; j++) p[j] = 1.0f;
+            continue;
+        }
+        fy_model_fill_normal(p, n, 0.02, seed, b, i);
+    }
+}
+
+/* As GPT-2's (gpt2.c): a layer's forward is 2*N*P for its weights plus 4*B*T^2*NH*hd for
+ * attention and moves its parameters once and its saved activations about twice;
+ * backward twice the FLOPs, six passes over the parameters and twice the traffic; the
+ * head's classifier 6*N*C*V FLOPs over 4 passes of the logits. */
+static void cost(const fy_model *m, int b, fy_pass pass, int B, int T, double es, fy_cost *out) {
+    const fy_llama_config *cfg = fy_llama_config_of(m);
+    const fy_block_spec *blk = &m->blocks[b];
+    const double N = (double)B * T, C = cfg->channels, V = cfg->vocab, P = (double)blk->nelem;
+    const double fwd_flops = 2.0 * N * P + 4.0 * B * (double)T * T * cfg->heads * cfg->head_dim;
+    const double acts_bytes = (double)layer_acts_nbytes(cfg, B, T, es <= 2.0 ? FY_BF16 : FY_F32);
+    if (blk->kind == FY_BLOCK_EMBED) {
+        out->bytes = 3.0 * N * C * es;
+    } else if (blk->kind == FY_BLOCK_HEAD) {
+        out->flops = 6.0 * N * C * V;
+        out->bytes = 4.0 * N * V * es;
+    } else if (pass == FY_PASS_BWD) {
+        out->flops = 2.0 * fwd_flops;
+        out->bytes = 6.0 * es * P + 4.0 * acts_bytes;
+    } else {
+        out->flops = fwd_flops;
+        out->bytes = es * P + 2.0 * acts_bytes;
+    }
+}
+
+/* Buffers some checkpoints hold besides the parameters, and a tied model's lm_head
+ * (transformers ignores it too). */
+static bool ignored(const fy_model *m, const char *name) {
+    size_t n = strlen(name), k = strlen("rotary_emb.inv_freq");
+    if (n >= k && !strcmp(name + n - k, "rotary_emb.inv_freq")) return true;
+    return fy_llama_config_of(m)->tied && !strcmp(name, "lm_head.weight");
+}
+
+static void llama_free(void *ctx) { free(ctx); }
+
+static const fy_model_iface llama_iface = {
+    .family = "llama",
+    .free = llama_free,
+    .describe = describe,
+    .check_seq = check_seq,
+    .acts = acts,
+    .forward = forward,
+    .backward = backward,
+    .loss = loss,
+    .init_block = init_block,
+    .cost = cost,
+    .dir_prefix = "",
+    .ignored = ignored,
+    .hf_config = fy_llama_hf_config,
+};
+
+fy_status fy_llama_new(const fy_llama_config *cfg, const char *name, fy_model **out) {
+    *out = NULL;
+    FY_TRY(fy_llama_config_check(cfg));
+    const int V = cfg->vocab, C = cfg->channels, L = cfg->layers, NH = cfg->heads,
+              NKV = cfg->kv_heads, hd = cfg->head_dim, F = cfg->ffn;
+    llama *ctx = malloc(sizeof *ctx);
+    fy_block_spec *blocks = calloc((size_t)L + 2, sizeof *blocks);
+    if (!ctx || !blocks) { free(ctx); free(blocks); return FY_ERR_NOMEM; }
+    ctx->cfg = *cfg;
+    fy_block_spec *blk = &blocks[0];
+    blk->kind = FY_BLOCK_EMBED;
+    fy_model_add_tensor(blk, "model.embed_tokens.weight", V, C, true, false);
+    blk->tensors[0].alloc_rows = fy_lm_vocab_padded(V);
+    char tname[64];
+#define ADD(field, hf, rows, cols, decay, packed)                                  \
+    snprintf(tname, sizeof tname, "model.layers.%d.%s", l, hf);                    \
+    fy_model_add_tensor(blk, tname, rows, cols, decay, false);                     \
+    if (packed) fy_model_pack_last(blk);
+    for (int l = 0; l < L; l++) {
+        blk = &blocks[1 + l];
+        blk->kind = FY_BLOCK_LAYER;
+        blk->layer = l;
+        LAYER_PARAMS(ADD)
+    }
+#undef ADD
+    blk = &blocks[L + 1];
+    blk->kind = FY_BLOCK_HEAD;
+    fy_model_add_tensor(blk, "model.norm.weight", C, 1, false, false);
+    if (cfg->tied) {
+        blk->nlinks = 1;
+        blk->links[0] = 0;
+    } else {
+        fy_model_add_tensor(blk, "lm_head.weight", V, C, true, false);
+        blk->tensors[1].alloc_rows = fy_lm_vocab_padded(V);
+    }
+    for (int b = 0; b < L + 2; b++) fy_model_place_tensors(&blocks[b]);
+    return fy_model_create(&llama_iface, ctx, name, blocks, L + 2, V, fy_llama_num_params(cfg),
+                           out);
+}
+
+fy_status fy_llama_named(const char *name, const fy_model_shape *over, fy_model **out) {
+    *out = NULL;
+    fy_llama_config cfg;
+    FY_TRY(fy_llama_config_named(name, &cfg));
+    const fy_llama_config base = cfg;
+    if (over->vocab > 0) cfg.vocab = over->vocab;
+    if (over->max_seq > 0) cfg.max_seq = over->max_seq;
+    if (over->layers > 0) cfg.layers = over->layers;
+    if (over->kv_heads > 0) cfg.kv_heads = over->kv_heads;
+    if (over->ffn > 0) cfg.ffn = over->ffn;
+    if (over->channels > 0 || over->heads > 0) { /* the heads split the channels anew */
+        if (over->channels > 0) cfg.channels = over->channels;
+        if (over->heads > 0) cfg.heads = over->heads;
+        if (cfg.channels % cfg.heads) {
+            fy_log_error("heads (%d) must divide channels (%d)", cfg.heads, cfg.channels);
+            return FY_ERR_INVALID;
+        }
+        cfg.head_dim = cfg.channels / cfg.heads;
+    }
+    bool same = !memcmp(&cfg, &base, sizeof cfg);
+    return fy_llama_new(&cfg, same ? name : NULL, out);
+}

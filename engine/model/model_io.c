@@ -1,0 +1,589 @@
+/* model_io.c — a model's weights in and out, through the block specs, for every family:
+ * the check that a source holds exactly the model's tensors, loading block by block
+ * (transposing the tensors files store (in, out)), and saving as one safetensors file or
+ * as a Hugging Face directory (config.json, shards, index), atomically, one block in
+ * memory at a time. (renameat2: _GNU_SOURCE, set by the build.) */
+#include "engine/model/model_impl.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine/core/util.h"
+#include "engine/io/json_file.h"
+
+/* ---- names --------------------------------------------------------------------------- */
+
+/* The prefix the source uses: the first accepted one under which the model's first
+ * tensor exists ("" if none does: the check then names what is missing). */
+static const char *prefix_of(const fy_model *m, const fy_weights *w) {
+    const char *first = m->blocks[0].tensors[0].name;
+    const char *const *pre = m->iface->file_prefixes;
+    char full[160];
+    if (fy_weights_find(w, first, NULL)) return "";
+    for (int i = 0; pre && pre[i]; i++) {
+        snprintf(full, sizeof full, "%s%s", pre[i], first);
+        if (fy_weights_find(w, full, NULL)) return pre[i];
+    }
+    return "";
+}
+
+static const fy_st_tensor *find(const fy_weights *w, const char *prefix, const char *name,
+                                const fy_st_file **file) {
+    char full[160];
+    snprintf(full, sizeof full, "%s%s", prefix, name);
+    return fy_weights_find(w, full, file);
+}
+
+/* ---- checking and loading ------------------------------------------------------------ */
+
+/* t against ts's file shape (vectors 1-D, transposed ones (in, out)) and a dtype ferry
+ * reads. */
+static fy_status check_tensor(const fy_st_file *f, const char *pre, const fy_tensor_spec *ts,
+                              const fy_st_tensor *t) {
+    if (t->dtype != FY_F32 && t->dtype != FY_BF16 && t->dtype != FY_F16) {
+        fy_log_error("%s: %s%s is %s; ferry reads F32, BF16 and F16", fy_st_path(f), pre,
+                     ts->name, t->dtype_str);
+        return FY_ERR_FORMAT;
+    }
+    int64_t r = ts->transposed ? ts->cols : ts->rows, c = ts->transposed ? ts->rows : ts->cols;
+    bool ok = ts->cols == 1 ? (t->ndim == 1 && t->shape[0] == ts->rows)
+                            : (t->ndim == 2 && t->shape[0] == r && t->shape[1] == c);
+    if (ok) return FY_OK;
+    char got[96] = "";
+    for (int d = 0; d < t->ndim && d < 4; d++)
+        snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? "," : "",
+                 (long long)t->shape[d]);
+    if (ts->cols == 1)
+        fy_log_error("%s: %s%s has shape (%s), the model needs (%d)", fy_st_path(f), pre,
+                     ts->name, got, ts->rows);
+    else
+        fy_log_error("%s: %s%s has shape (%s), the model needs (%lld,%lld)", fy_st_path(f), pre,
+                     ts->name, got, (long long)r, (long long)c);
+    return FY_ERR_FORMAT;
+}
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+fy_status fy_model_check_weights(const fy_model *m, const fy_weights *w) {
+    const char *pre = prefix_of(m, w);
+    int n = 0;
+    for (int b = 0; b < m->nblocks; b++) n += m->blocks[b].ntensors;
+    char (*names)[160] = malloc((size_t)n * sizeof *names);
+    char **sorted = malloc((size_t)n * sizeof *sorted);
+    fy_status st = names && sorted ? FY_OK : FY_ERR_NOMEM;
+    for (int b = 0, k = 0; b < m->nblocks && st == FY_OK; b++)
+        for (int i = 0; i < m->blocks[b].ntensors && st == FY_OK; i++, k++) {
+            const fy_tensor_spec *ts = &m->blocks[b].tensors[i];
+            const fy_st_file *f;
+            const fy_st_tensor *t = find(w, pre, ts->name, &f);
+            if (!t) {
+                fy_log_error("%s: tensor %s%s is missing", fy_weights_path(w), pre, ts->name);
+                st = FY_ERR_FORMAT;
+                break;
+            }
+            st = check_tensor(f, pre, ts, t);
+            snprintf(names[k], sizeof names[k], "%s%s", pre, ts->name);
+            sorted[k] = names[k];
+        }
+    if (st == FY_OK) qsort(sorted, (size_t)n, sizeof *sorted, cmp_str);
+    for (int i = 0; i < fy_weights_count(w) && st == FY_OK; i++) {
+        const fy_st_file *f;
+        const char *name = fy_weights_at(w, i, &f)->name;
+        if (bsearch(&name, sorted, (size_t)n, sizeof *sorted, cmp_str)) continue;
+        if (m->iface->ignored && m->iface->ignored(m, name)) continue;
+        char shape[256];
+        fy_model_describe(m, shape, sizeof shape);
+        fy_log_error("%s: tensor %s is not a parameter of the model (%s: %s)", fy_st_path(f), name,
+                     m->iface->family, shape);
+        st = FY_ERR_FORMAT;
+    }
+    if (st == FY_ERR_NOMEM) fy_log_error("out of host memory checking %s", fy_weights_path(w));
+    free(names);
+    free(sorted);
+    return st;
+}
+
+fy_status fy_model_load_block(const fy_model *m, const fy_weights *w, int b, float *host) {
+    FY_ASSERT(b >= 0 && b < m->nblocks, "no such block");
+    const char *pre = prefix_of(m, w);
+    const fy_block_spec *blk = &m->blocks[b];
+    float *tmp = NULL;
+    size_t tmpcap = 0;
+    fy_status st = FY_OK;
+    memset(host, 0, blk->nelem * sizeof(float));
+    for (int i = 0; i < blk->ntensors && st == FY_OK; i++) {
+        const fy_tensor_spec *ts = &blk->tensors[i];
+        const fy_st_file *f;
+        const fy_st_tensor *t = find(w, pre, ts->name, &f);
+        if (!t) {
+            fy_log_error("%s: tensor %s%s is missing", fy_weights_path(w), pre, ts->name);
+            st = FY_ERR_FORMAT;
+            break;
+        }
+        if ((st = check_tensor(f, pre, ts, t)) != FY_OK) break;
+        float *dst = host + ts->offset;
+        if (!ts->transposed) {
+            st = fy_st_read_f32(f, t, dst);
+            continue;
+        }
+        if (tmpcap < t->nelem) {
+            free(tmp);
+            tmp = malloc(t->nelem * sizeof(float));
+            tmpcap = tmp ? t->nelem : 0;
+            if (!tmp) {
+                fy_log_error("out of host memory reading %s%s", pre, ts->name);
+                st = FY_ERR_NOMEM;
+                break;
+            }
+        }
+        if ((st = fy_st_read_f32(f, t, tmp)) != FY_OK) break;
+        const int64_t r = ts->cols, c = ts->rows; /* file (in, out) -> ours (out, in) */
+        for (int64_t i0 = 0; i0 < r; i0++)
+            for (int64_t j = 0; j < c; j++) dst[j * r + i0] = tmp[i0 * c + j];
+    }
+    free(tmp);
+    return st;
+}
+
+fy_status fy_model_load(const fy_model *m, const fy_weights *w, float *const *host) {
+    for (int b = 0; b < m->nblocks; b++) FY_TRY(fy_model_load_block(m, w, b, host[b]));
+    return FY_OK;
+}
+
+/* ---- saving: the tensors as written -------------------------------------------------- */
+
+typedef struct out_tensor {
+    int block, index;       /* the tensor spec */
+    char name[160];
+    fy_st_entry e;          /* data NULL: filled when written */
+} out_tensor;
+
+typedef struct saver {
+    const fy_model *m;
+    fy_dtype dtype;
+    fy_block_source get;
+    void *ctx;
+    out_tensor *ts;
+    int n;
+    int cached;             /* the block in buf, or -1 */
+    float *buf;             /* one block (the largest) */
+    float *tbuf;            /* one transposed tensor, fp32 */
+    out_tensor *shard;      /* the shard being written: its first tensor */
+} saver;
+
+static fy_status saver_init(saver *sv, const fy_model *m, const fy_save_opts *o,
+                            fy_block_source get, void *ctx, const char *prefix) {
+    memset(sv, 0, sizeof *sv);
+    sv->m = m;
+    sv->dtype = o && o->dtype == FY_BF16 ? FY_BF16 : FY_F32;
+    sv->get = get;
+    sv->ctx = ctx;
+    sv->cached = -1;
+    size_t maxblock = 0, maxt = 0;
+    for (int b = 0; b < m->nblocks; b++) {
+        sv->n += m->blocks[b].ntensors;
+        if (m->blocks[b].nelem > maxblock) maxblock = m->blocks[b].nelem;
+        for (int i = 0; i < m->blocks[b].ntensors; i++) {
+            const fy_tensor_spec *ts = &m->blocks[b].tensors[i];
+            size_t ne = (size_t)ts->rows * ts->cols;
+            if (ts->transposed && ne > maxt) maxt = ne;
+        }
+    }
+    sv->ts = calloc((size_t)sv->n, sizeof *sv->ts);
+    sv->buf = malloc(maxblock * sizeof(float));
+    sv->tbuf = maxt ? malloc(maxt * sizeof(float)) : NULL;
+    if (!sv->ts || !sv->buf || (maxt && !sv->tbuf)) {
+        fy_log_error("out of host memory to save the model");
+        return FY_ERR_NOMEM;
+    }
+    for (int b = 0, k = 0; b < m->nblocks; b++)
+        for (int i = 0; i < m->blocks[b].ntensors; i++, k++) {
+            const fy_tensor_spec *ts = &m->blocks[b].tensors[i];
+            out_tensor *t = &sv->ts[k];
+            t->block = b;
+            t->index = i;
+            snprintf(t->name, sizeof t->name, "%s%s", prefix, ts->name);
+            t->e.name = t->name;
+            t->e.dtype = sv->dtype;
+            if (ts->cols == 1) {
+                t->e.ndim = 1;
+                t->e.shape[0] = ts->rows;
+            } else {
+                t->e.ndim = 2;
+                t->e.shape[0] = ts->transposed ? ts->cols : ts->rows;
+                t->e.shape[1] = ts->transposed ? ts->rows : ts->cols;
+            }
+        }
+    return FY_OK;
+}
+
+static void saver_free(saver *sv) {
+    free(sv->ts);
+    free(sv->buf);
+    free(sv->tbuf);
+}
+
+static size_t out_nbytes(const out_tensor *t) {
+    return (size_t)t->e.shape[0] * (t->e.ndim == 2 ? (size_t)t->e.shape[1] : 1) *
+           fy_dtype_size(t->e.dtype);
+}
+
+/* fy_st_fill_fn: tensor i of the shard being written, from its block (fetched once for
+ * its tensors, which are consecutive), transposed if the file stores it so, in the
+ * dtype written. */
+static fy_status fill(void *ctx, int i, void *dst) {
+    saver *sv = ctx;
+    const out_tensor *t = &sv->shard[i];
+    if (sv->cached != t->block) {
+        sv->cached = -1;
+        FY_TRY(sv->get(sv->ctx, t->block, sv->buf));
+        sv->cached = t->block;
+    }
+    const fy_tensor_spec *ts = &sv->m->blocks[t->block].tensors[t->index];
+    const float *src = sv->buf + ts->offset;
+    const size_t n = (size_t)ts->rows * ts->cols;
+    if (ts->transposed) { /* ours (out, in) -> file (in, out) */
+        for (int o = 0; o < ts->rows; o++)
+            for (int in = 0; in < ts->cols; in++)
+                sv->tbuf[(size_t)in * ts->rows + o] = src[(size_t)o * ts->cols + in];
+        src = sv->tbuf;
+    }
+    if (sv->dtype == FY_BF16) fy_f32_to_bf16_n(dst, src, n);
+    else memcpy(dst, src, n * sizeof(float));
+    return FY_OK;
+}
+
+/* The config.json object of the model: from's other fields kept, the family's set. */
+static cJSON *model_config(const fy_model *m, const fy_save_opts *o, fy_dtype dtype) {
+    const cJSON *base = o && o->from ? fy_weights_config(o->from) : NULL;
+    if (!m->iface->hf_config) return NULL;
+    cJSON *cfg = base ? cJSON_Duplicate(base, true) : cJSON_CreateObject();
+    if (!cfg) return NULL;
+    m->iface->hf_config(m, cfg);
+    cJSON_DeleteItemFromObjectCaseSensitive(cfg, "torch_dtype");
+    cJSON_AddStringToObject(cfg, "torch_dtype", dtype == FY_BF16 ? "bfloat16" : "float32");
+    return cfg;
+}
+
+/* ---- saving one file ------------------------------------------------------------------ */
+
+static fy_status save_file(const fy_model *m, const char *path, const fy_save_opts *o,
+                           fy_block_source get, void *ctx) {
+    saver sv;
+    fy_status st = saver_init(&sv, m, o, get, ctx, "");
+    cJSON *cfg = st == FY_OK ? model_config(m, o, sv.dtype) : NULL;
+    char *cfg_text = cfg ? cJSON_PrintUnformatted(cfg) : NULL;
+    if (st == FY_OK && m->iface->hf_config && !cfg_text) {
+        fy_log_error("out of host memory to save the model");
+        st = FY_ERR_NOMEM;
+    }
+    if (st == FY_OK) {
+        fy_st_entry *es = malloc((size_t)sv.n * sizeof *es);
+        if (!es) {
+            st = FY_ERR_NOMEM;
+        } else {
+            for (int i = 0; i < sv.n; i++) es[i] = sv.ts[i].e;
+            const char *meta[] = {"format", "pt", cfg_text ? "ferry.config" : NULL, cfg_text, NULL};
+            sv.shard = sv.ts;
+            st = fy_st_write_fill(path, es, sv.n, meta, fill, &sv);
+            free(es);
+        }
+    }
+    free(cfg_text);
+    cJSON_Delete(cfg);
+    saver_free(&sv);
+    return st;
+}
+
+/* ---- saving a directory ---------------------------------------------------------------- */
+
+/* What ferry writes into a model directory, and the tokenizer and generation files it
+ * copies from the one it read. */
+static const char *const aux_files[] = {
+    "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+    "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt", NULL,
+};
+
+static bool ours(const char *name) {
+    if (!strcmp(name, FY_HF_CONFIG_NAME) || !strcmp(name, FY_HF_SINGLE_NAME) ||
+        !strcmp(name, FY_HF_INDEX_NAME))
+        return true;
+    unsigned a, b;
+    char tail[32];
+    if (sscanf(name, "model-%5u-of-%5u.safetensor%31s", &a, &b, tail) == 3 && !strcmp(tail, "s"))
+        return true;
+    for (int i = 0; aux_files[i]; i++)
+        if (!strcmp(name, aux_files[i])) return true;
+    return false;
+}
+
+/* dir/name, malloc'd (NULL when out of memory). */
+static char *join(const char *dir, const char *name) {
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *p = malloc(n);
+    if (p) snprintf(p, n, "%s/%s", dir, name);
+    return p;
+}
+
+static bool is_safetensors_path(const char *path) {
+    size_t n = strlen(path), k = strlen(".safetensors");
+    return n > k && !strcmp(path + n - k, ".safetensors");
+}
+
+fy_status fy_model_save_check(const char *path) {
+    struct stat sb;
+    if (is_safetensors_path(path)) {
+        if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+            fy_log_error("--save %s is a directory; a .safetensors name is one file", path);
+            return FY_ERR_INVALID;
+        }
+        char *dir = strdup(path), *slash = dir ? strrchr(dir, '/') : NULL;
+        if (!dir) return FY_ERR_NOMEM;
+        if (slash) *slash = '\0';
+        bool ok = !slash || slash == dir || (stat(dir, &sb) == 0 && S_ISDIR(sb.st_mode));
+        if (!ok) fy_log_error("--save %s: directory %s does not exist", path, dir);
+        free(dir);
+        return ok ? FY_OK : FY_ERR_INVALID;
+    }
+    if (stat(path, &sb) != 0) {
+        if (errno != ENOENT) {
+            fy_log_error("--save %s: %s", path, strerror(errno));
+            return FY_ERR_INVALID;
+        }
+        char *parent = strdup(path), *slash = parent ? strrchr(parent, '/') : NULL;
+        if (!parent) return FY_ERR_NOMEM;
+        if (slash && slash != parent) *slash = '\0';
+        bool ok = !slash || (stat(slash == parent ? "/" : parent, &sb) == 0 && S_ISDIR(sb.st_mode));
+        if (!ok) fy_log_error("--save %s: directory %s does not exist", path, parent);
+        free(parent);
+        return ok ? FY_OK : FY_ERR_INVALID;
+    }
+    if (!S_ISDIR(sb.st_mode)) {
+        fy_log_error("--save %s exists and is not a directory (a model directory is written "
+                     "unless the name ends in .safetensors)", path);
+        return FY_ERR_INVALID;
+    }
+    DIR *d = opendir(path);
+    if (!d) {
+        fy_log_error("--save %s: %s", path, strerror(errno));
+        return FY_ERR_INVALID;
+    }
+    fy_status st = FY_OK;
+    for (struct dirent *e; (e = readdir(d)) && st == FY_OK;) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || ours(e->d_name)) continue;
+        fy_log_error("--save %s: the directory holds %s, which ferry does not write; it replaces "
+                     "only a model directory (give a new path)", path, e->d_name);
+        st = FY_ERR_INVALID;
+    }
+    closedir(d);
+    return st;
+}
+
+static fy_status fsync_path(const char *path, bool dir) {
+    int fd = open(path, (dir ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+    if (fd < 0 || fsync(fd) != 0) {
+        fy_log_error("cannot fsync %s: %s", path, strerror(errno));
+        if (fd >= 0) close(fd);
+        return FY_ERR_IO;
+    }
+    close(fd);
+    return FY_OK;
+}
+
+/* Removes a directory ferry wrote (only the files it writes; then the directory). */
+static void remove_ours(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (!ours(e->d_name) && !strstr(e->d_name, ".tmp")) continue;
+        char *path = join(dir, e->d_name);
+        if (path) unlink(path);
+        free(path);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+static fy_status copy_file(const char *from, const char *to) {
+    int in = open(from, O_RDONLY | O_CLOEXEC), out = -1;
+    fy_status st = FY_ERR_IO;
+    if (in < 0) goto done;
+    out = open(to, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (out < 0) goto done;
+    char buf[1 << 16];
+    for (ssize_t n; (n = read(in, buf, sizeof buf)) != 0;) {
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) goto done;
+        for (ssize_t off = 0; off < n;) {
+            ssize_t k = write(out, buf + off, (size_t)(n - off));
+            if (k < 0 && errno == EINTR) continue;
+            if (k <= 0) goto done;
+            off += k;
+        }
+    }
+    if (fsync(out) != 0) goto done;
+    st = FY_OK;
+done:
+    if (st != FY_OK) fy_log_error("cannot copy %s to %s: %s", from, to, strerror(errno));
+    if (in >= 0) close(in);
+    if (out >= 0 && close(out) != 0 && st == FY_OK) {
+        fy_log_error("cannot close %s: %s", to, strerror(errno));
+        st = FY_ERR_IO;
+    }
+    return st;
+}
+
+/* Shards (in tensor order, each at most shard_nbytes unless one tensor is larger),
+ * index, config and the copied files into dir. */
+static fy_status write_dir(saver *sv, const char *dir, const fy_save_opts *o) {
+    const size_t cap = o && o->shard_nbytes ? o->shard_nbytes : FY_SAVE_SHARD_DEFAULT;
+    int *first = malloc((size_t)(sv->n + 1) * sizeof *first), nshards = 0;
+    fy_st_entry *es = malloc((size_t)sv->n * sizeof *es);
+    cJSON *index = NULL, *cfg = NULL;
+    char *path = NULL, name[64];
+    fy_status st = first && es ? FY_OK : FY_ERR_NOMEM;
+    size_t total = 0, cur = 0; /* all shards', the current shard's */
+    for (int i = 0; i < sv->n && st == FY_OK; i++) {
+        size_t nb = out_nbytes(&sv->ts[i]);
+        if (!nshards || (cur > 0 && cur + nb > cap)) {
+            first[nshards++] = i;
+            cur = 0;
+        }
+        cur += nb;
+        total += nb;
+    }
+    if (st == FY_OK) first[nshards] = sv->n;
+    if (st == FY_OK && nshards > 1) {
+        index = cJSON_CreateObject();
+        cJSON *meta = index ? cJSON_AddObjectToObject(index, "metadata") : NULL;
+        if (!meta || !cJSON_AddNumberToObject(meta, "total_size", (double)total) ||
+            !cJSON_AddObjectToObject(index, "weight_map"))
+            st = FY_ERR_NOMEM;
+    }
+    for (int s = 0; s < nshards && st == FY_OK; s++) {
+        if (nshards == 1) snprintf(name, sizeof name, "%s", FY_HF_SINGLE_NAME);
+        else snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", s + 1, nshards);
+        free(path);
+        if (!(path = join(dir, name))) { st = FY_ERR_NOMEM; break; }
+        int n = first[s + 1] - first[s];
+        for (int k = 0; k < n; k++) es[k] = sv->ts[first[s] + k].e;
+        sv->shard = &sv->ts[first[s]];
+        const char *meta[] = {"format", "pt", NULL};
+        st = fy_st_write_fill(path, es, n, meta, fill, sv);
+        cJSON *map = index ? cJSON_GetObjectItemCaseSensitive(index, "weight_map") : NULL;
+        for (int k = 0; k < n && map && st == FY_OK; k++)
+            if (!cJSON_AddStringToObject(map, sv->ts[first[s] + k].name, name)) st = FY_ERR_NOMEM;
+    }
+    free(path);
+    path = NULL;
+    if (st == FY_OK && index) {
+        if (!(path = join(dir, FY_HF_INDEX_NAME))) st = FY_ERR_NOMEM;
+        else st = fy_json_write(path, "the weights index", index);
+        free(path);
+        path = NULL;
+    }
+    if (st == FY_OK && !(cfg = model_config(sv->m, o, sv->dtype))) st = FY_ERR_NOMEM;
+    if (st == FY_OK) {
+        if (!(path = join(dir, FY_HF_CONFIG_NAME))) st = FY_ERR_NOMEM;
+        else st = fy_json_write(path, "the model config", cfg);
+        free(path);
+        path = NULL;
+    }
+    const char *from = o && o->from ? fy_weights_dir(o->from) : NULL;
+    for (int i = 0; from && aux_files[i] && st == FY_OK; i++) {
+        char *src = join(from, aux_files[i]);
+        struct stat sb;
+        path = join(dir, aux_files[i]);
+        if (!src || !path) st = FY_ERR_NOMEM;
+        else if (stat(src, &sb) == 0 && S_ISREG(sb.st_mode)) st = copy_file(src, path);
+        free(src);
+        free(path);
+        path = NULL;
+    }
+    if (st == FY_ERR_NOMEM) fy_log_error("out of host memory writing %s", dir);
+    cJSON_Delete(index);
+    cJSON_Delete(cfg);
+    free(first);
+    free(es);
+    return st;
+}
+
+static fy_status save_dir(const fy_model *m, const char *path, const fy_save_opts *o,
+                          fy_block_source get, void *ctx) {
+    if (!m->iface->hf_config) {
+        fy_log_error("--save %s: %s models have no Hugging Face config; save to a .safetensors "
+                     "file", path, m->iface->family);
+        return FY_ERR_INVALID;
+    }
+    FY_TRY(fy_model_save_check(path));
+    char tmp[4096], old[4096], parent[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    snprintf(old, sizeof old, "%s.old.%ld", path, (long)getpid());
+    snprintf(parent, sizeof parent, "%s", path);
+    char *slash = strrchr(parent, '/');
+    if (!slash) snprintf(parent, sizeof parent, ".");
+    else if (slash == parent) parent[1] = '\0';
+    else *slash = '\0';
+    remove_ours(tmp); /* a leftover of this pid's earlier, failed save */
+    if (mkdir(tmp, 0755) != 0) {
+        fy_log_error("cannot create %s: %s", tmp, strerror(errno));
+        return FY_ERR_IO;
+    }
+    saver sv;
+    fy_status st = saver_init(&sv, m, o, get, ctx, m->iface->dir_prefix ? m->iface->dir_prefix : "");
+    if (st == FY_OK) st = write_dir(&sv, tmp, o);
+    saver_free(&sv);
+    if (st == FY_OK) st = fsync_path(tmp, true);
+    if (st != FY_OK) {
+        remove_ours(tmp);
+        return st;
+    }
+    struct stat sb;
+    bool exists = stat(path, &sb) == 0;
+    if (!exists) {
+        if (rename(tmp, path) != 0) {
+            fy_log_error("cannot rename %s to %s: %s", tmp, path, strerror(errno));
+            remove_ours(tmp);
+            return FY_ERR_IO;
+        }
+    } else if (renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RENAME_EXCHANGE) == 0) {
+        remove_ours(tmp); /* now the old directory */
+    } else { /* no atomic exchange on this filesystem: move the old one aside first */
+        if (rename(path, old) != 0 || rename(tmp, path) != 0) {
+            fy_log_error("cannot replace %s with %s: %s", path, tmp, strerror(errno));
+            if (stat(path, &sb) != 0) rename(old, path);
+            remove_ours(tmp);
+            return FY_ERR_IO;
+        }
+        remove_ours(old);
+    }
+    return fsync_path(parent, true);
+}
+
+fy_status fy_model_save(const fy_model *m, const char *path, const fy_save_opts *o,
+                        fy_block_source get, void *ctx) {
+    return is_safetensors_path(path) ? save_file(m, path, o, get, ctx)
+                                     : save_dir(m, path, o, get, ctx);
+}
+
+typedef struct host_src { const fy_model *m; float *const *host; } host_src;
+
+static fy_status from_host(void *ctx, int b, float *out) {
+    const host_src *h = ctx;
+    memcpy(out, h->host[b], h->m->blocks[b].nelem * sizeof(float));
+    return FY_OK;
+}
+
+fy_status fy_model_save_host(const fy_model *m, const char *path, const fy_save_opts *o,
+                             float *const *host) {
+    host_src h = {m, host};
+    return fy_model_save(m, path, o, from_host, &h);
+}

@@ -1,0 +1,568 @@
+/* test_llama_model.c — the Llama family end to end on the cpu backend:
+ *   - against the float64 PyTorch Llama written for this project (tests/ref/
+ *     gen_llama_ref.py; fixtures committed): first-step gradients of every tensor and 10
+ *     AdamW steps with clipping off and on, untied with grouped-query attention and
+ *     llama3 rope scaling, and tied;
+ *   - against transformers: a random model saved by transformers 4.44.2 as a 12-shard
+ *     directory (and as bf16) evaluates to its loss and takes the same AdamW step;
+ *   - the offload invariance: every plan bit-identical to all-resident, fp32 and bf16,
+ *     the memory model equal to the measured peak;
+ *   - Hugging Face directories and files written and read back: the same bits, shards
+ *     within their size and consistent with the index, the config rebuilding the model,
+ *     GPT-2's too; a directory holding other files is never replaced.
+ *
+ * Tolerances. Against float64 PyTorch, ferry computes in fp32: a loss carries ~1e-7
+ * relative rounding and a gradient ~1e-6 (sums over 128 positions and 64..96 channels);
+ * Adam divides by sqrt(v), so a weight's update can carry a few 1e-5 of relative error
+ * where a gradient is near zero. 1e-4 relative per tensor, per step, holds every one of
+ * them with margin (as for GPT-2, tests/test_model.c). Against transformers' float32
+ * run, both sides are fp32: the same 1e-4 bound, met at ~1e-8. */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "engine/io/tokens.h"
+#include "engine/model/gpt2.h"
+#include "engine/model/llama.h"
+#include "engine/train.h"
+#include "tests/plan_runs.h"
+
+static const char *fixture(const char *name) {
+    static char path[4096];
+    const char *dir = getenv("FERRY_FIXTURES");
+    snprintf(path, sizeof path, "%s/%s", dir ? dir : "tests/fixtures", name);
+    return path;
+}
+
+static double jnum(const cJSON *o, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    cr_assert(cJSON_IsNumber(v), "fixture field %s", key);
+    return v->valuedouble;
+}
+
+/* ---- the reference runs ------------------------------------------------------------------ */
+
+typedef struct ref {
+    cJSON *json;
+    fy_weights *init;
+    fy_model *model;
+    fy_tokens *tok;
+    fy_dev *dev;
+    int B, T;
+    char name[32];
+} ref;
+
+/* The fixture's config as a Llama model (the fixtures are bare safetensors files). */
+static void ref_open(ref *r, const char *name) {
+    char file[64];
+    snprintf(r->name, sizeof r->name, "%s", name);
+    snprintf(file, sizeof file, "%s_ref.json", name);
+    char *text = test_read_file(fixture(file), NULL);
+    r->json = cJSON_Parse(text);
+    free(text);
+    cr_assert(r->json);
+    const cJSON *c = cJSON_GetObjectItem(r->json, "config");
+    fy_llama_config lc = {.vocab = (int)jnum(c, "vocab"), .max_seq = (int)jnum(c, "max_seq"),
+                          .channels = (int)jnum(c, "channels"), .layers = (int)jnum(c, "layers"),
+                          .heads = (int)jnum(c, "heads"), .kv_heads = (int)jnum(c, "kv_heads"),
+                          .head_dim = (int)jnum(c, "head_dim"), .ffn = (int)jnum(c, "ffn"),
+                          .norm_eps = (float)jnum(c, "rms_eps"),
+                          .tied = cJSON_IsTrue(cJSON_GetObjectItem(c, "tied"))};
+    lc.rope.theta = (float)jnum(c, "rope_theta");
+    const cJSON *sc = cJSON_GetObjectItem(c, "rope_scaling");
+    if (cJSON_IsObject(sc)) {
+        cr_assert_str_eq(cJSON_GetObjectItem(sc, "rope_type")->valuestring, "llama3");
+        lc.rope.type = FY_ROPE_LLAMA3;
+        lc.rope.factor = (float)jnum(sc, "factor");
+        lc.rope.low_freq_factor = (float)jnum(sc, "low_freq_factor");
+        lc.rope.high_freq_factor = (float)jnum(sc, "high_freq_factor");
+        lc.rope.orig_max_pos = (float)jnum(sc, "original_max_position_embeddings");
+    }
+    cr_assert_eq(fy_llama_new(&lc, NULL, &r->model), FY_OK);
+    snprintf(file, sizeof file, "%s_init.safetensors", name);
+    cr_assert_eq(fy_weights_open(fixture(file), &r->init), FY_OK);
+    cr_assert_eq(fy_model_check_weights(r->model, r->init), FY_OK, "%s", fy_last_error());
+    r->B = (int)jnum(r->json, "batch");
+    r->T = (int)jnum(r->json, "seq");
+    cr_assert_eq(fy_tokens_open(fixture("gpt2_tiny_tokens.bin"), &r->tok), FY_OK);
+    fy_dev_cfg dc = {.kind = FY_DEV_CPU, .threads = 2};
+    cr_assert_eq(fy_dev_new(&dc, &r->dev), FY_OK);
+}
+
+static void ref_close(ref *r) {
+    fy_dev_free(r->dev);
+    fy_tokens_free(r->tok);
+    fy_model_free(r->model);
+    fy_weights_close(r->init);
+    cJSON_Delete(r->json);
+}
+
+static fy_trainer *ref_trainer(ref *r, const fy_weights *w, float clip) {
+    const cJSON *a = cJSON_GetObjectItem(r->json, "adamw");
+    fy_trainer_cfg tc = {.model = r->model, .B = r->B, .T = r->T, .beta1 = (float)jnum(a, "beta1"),
+                         .beta2 = (float)jnum(a, "beta2"), .eps = (float)jnum(a, "eps"),
+                         .weight_decay = (float)jnum(a, "weight_decay"), .clip = clip,
+                         .weights = w};
+    fy_trainer *tr;
+    cr_assert_eq(fy_trainer_new(r->dev, &tc, &tr), FY_OK, "%s", fy_last_error());
+    return tr;
+}
+
+static float **blocks_new(const fy_model *m) {
+    float **h = calloc((size_t)fy_model_nblocks(m), sizeof *h);
+    for (int b = 0; b < fy_model_nblocks(m); b++) h[b] = calloc(fy_model_block(m, b)->nelem, sizeof(float));
+    return h;
+}
+
+static void blocks_free(const fy_model *m, float **h) {
+    for (int b = 0; b < fy_model_nblocks(m); b++) free(h[b]);
+    free(h);
+}
+
+/* Per tensor: ||got - want|| <= tol ||want||. */
+static void expect_tensors_close(const fy_model *m, float **got, float **want, double tol,
+                                 const char *what) {
+    for (int b = 0; b < fy_model_nblocks(m); b++) {
+        const fy_block_spec *blk = fy_model_block(m, b);
+        for (int i = 0; i < blk->ntensors; i++) {
+            const fy_tensor_spec *t = &blk->tensors[i];
+            double dd = 0, ww = 0;
+            for (size_t j = 0; j < (size_t)t->rows * t->cols; j++) {
+                double g = got[b][t->offset + j], w = want[b][t->offset + j];
+                dd += (g - w) * (g - w);
+                ww += w * w;
+            }
+            double rel = sqrt(dd) / (sqrt(ww) + 1e-30);
+            cr_log_info("%s %s: %.2e", what, t->name, rel);
+            cr_expect(sqrt(dd) <= tol * sqrt(ww) + 1e-12, "%s %s: relative error %.3g > %.1g",
+                      what, t->name, rel, tol);
+        }
+    }
+}
+
+static void check_first_step(const char *name) {
+    ref r;
+    ref_open(&r, name);
+    fy_trainer *tr = ref_trainer(&r, r.init, 0.0f);
+    const size_t N = (size_t)r.B * r.T;
+    int32_t *x = malloc(N * 4), *y = malloc(N * 4);
+    fy_loader *ld;
+    cr_assert_eq(fy_loader_new(r.tok, 0, fy_tokens_count(r.tok), r.B, r.T, &ld), FY_OK);
+    fy_loader_next(ld, x, y);
+    fy_step_stats ss;
+    cr_assert_eq(fy_trainer_step(tr, x, y, 0.0f, &ss), FY_OK); /* lr 0: the weights stay */
+    const cJSON *run = cJSON_GetObjectItem(cJSON_GetObjectItem(r.json, "runs"), "noclip");
+    double wl = cJSON_GetArrayItem(cJSON_GetObjectItem(run, "losses"), 0)->valuedouble;
+    double wn = cJSON_GetArrayItem(cJSON_GetObjectItem(run, "grad_norms"), 0)->valuedouble;
+    cr_expect(fabs(ss.loss - wl) <= 1e-5 * wl, "%s: loss %.9g vs %.9g", name, ss.loss, wl);
+    cr_expect(fabs(ss.grad_norm - wn) <= 1e-4 * wn, "%s: norm %.9g vs %.9g", name, ss.grad_norm, wn);
+    float **got = blocks_new(r.model), **want = blocks_new(r.model);
+    for (int b = 0; b < fy_model_nblocks(r.model); b++) fy_trainer_get_grads(tr, b, got[b]);
+    char file[64];
+    snprintf(file, sizeof file, "%s_grads.safetensors", name);
+    fy_weights *gw;
+    cr_assert_eq(fy_weights_open(fixture(file), &gw), FY_OK);
+    cr_assert_eq(fy_model_load(r.model, gw, want), FY_OK);
+    expect_tensors_close(r.model, got, want, 1e-4, "gradient");
+    fy_weights_close(gw);
+    blocks_free(r.model, got);
+    blocks_free(r.model, want);
+    fy_loader_free(ld);
+    free(x);
+    free(y);
+    fy_trainer_free(tr);
+    ref_close(&r);
+}
+
+static void check_ten_steps(const char *name, const char *run_name) {
+    ref r;
+    ref_open(&r, name);
+    const cJSON *run = cJSON_GetObjectItem(cJSON_GetObjectItem(r.json, "runs"), run_name);
+    const float clip = (float)jnum(run, "clip");
+    const double lr = jnum(cJSON_GetObjectItem(r.json, "adamw"), "lr");
+    const int steps = (int)jnum(r.json, "steps");
+    cr_assert_str_eq(cJSON_GetObjectItem(run, "schedule")->valuestring, "const");
+    fy_trainer *tr = ref_trainer(&r, r.init, clip);
+    const size_t N = (size_t)r.B * r.T;
+    int32_t *x = malloc(N * 4), *y = malloc(N * 4);
+    fy_loader *ld;
+    cr_assert_eq(fy_loader_new(r.tok, 0, fy_tokens_count(r.tok), r.B, r.T, &ld), FY_OK);
+    for (int s = 0; s < steps; s++) {
+        fy_loader_next(ld, x, y);
+        fy_step_stats ss;
+        cr_assert_eq(fy_trainer_step(tr, x, y, (float)lr, &ss), FY_OK);
+        double wl = cJSON_GetArrayItem(cJSON_GetObjectItem(run, "losses"), s)->valuedouble;
+        double wn = cJSON_GetArrayItem(cJSON_GetObjectItem(run, "grad_norms"), s)->valuedouble;
+        cr_expect(fabs(ss.loss - wl) <= 1e-4 * wl, "%s %s step %d: loss %.9g vs %.9g", name,
+                  run_name, s, ss.loss, wl);
+        cr_expect(fabs(ss.grad_norm - wn) <= 1e-4 * wn, "%s %s step %d: norm %.9g vs %.9g", name,
+                  run_name, s, ss.grad_norm, wn);
+        if (clip > 0) cr_expect(ss.clip_coef < 1.0f, "%s step %d: clipping was not active", name, s);
+    }
+    if (clip == 0) { /* the final weights of the run without clipping are in the fixtures */
+        float **got = blocks_new(r.model), **want = blocks_new(r.model);
+        for (int b = 0; b < fy_model_nblocks(r.model); b++) fy_trainer_get_params(tr, b, got[b]);
+        char file[64];
+        snprintf(file, sizeof file, "%s_final_noclip.safetensors", name);
+        fy_weights *fw;
+        cr_assert_eq(fy_weights_open(fixture(file), &fw), FY_OK);
+        cr_assert_eq(fy_model_load(r.model, fw, want), FY_OK);
+        expect_tensors_close(r.model, got, want, 1e-4, "final weight");
+        fy_weights_close(fw);
+        blocks_free(r.model, got);
+        blocks_free(r.model, want);
+    }
+    fy_loader_free(ld);
+    free(x);
+    free(y);
+    fy_trainer_free(tr);
+    ref_close(&r);
+}
+
+TestSuite(llama_model, .timeout = 300);
+
+Test(llama_model, first_step_gradients_match_pytorch_untied_gqa_llama3_rope) {
+    check_first_step("llama_tiny");
+}
+Test(llama_model, first_step_gradients_match_pytorch_tied) { check_first_step("llama_tied"); }
+Test(llama_model, ten_steps_match_pytorch_untied_noclip) { check_ten_steps("llama_tiny", "noclip"); }
+Test(llama_model, ten_steps_match_pytorch_untied_clip) { check_ten_steps("llama_tiny", "clip"); }
+Test(llama_model, ten_steps_match_pytorch_tied_noclip) { check_ten_steps("llama_tied", "noclip"); }
+Test(llama_model, ten_steps_match_pytorch_tied_clip) { check_ten_steps("llama_tied", "clip"); }
+
+/* ---- a directory transformers wrote ------------------------------------------------------- */
+
+static cJSON *hf_expected(void) {
+    char *text = test_read_file(fixture("llama_hf_tiny_expected.json"), NULL);
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    cr_assert(j);
+    return j;
+}
+
+/* The mean loss of the first `batches` batches of B x T under the weights at path. */
+static float eval_path(const char *path, int batches, fy_dtype dt) {
+    fy_weights *w;
+    fy_model *m;
+    cr_assert_eq(fy_weights_open(path, &w), FY_OK, "%s", fy_last_error());
+    cr_assert_eq(fy_model_from_weights(w, NULL, &m), FY_OK, "%s", fy_last_error());
+    fy_eval_cfg ec = {.model = m, .weights = w, .data = fixture("gpt2_tiny_tokens.bin"),
+                      .batch = 4, .seq = 32, .batches = batches, .dtype = dt,
+                      .dev = {.kind = FY_DEV_CPU, .threads = 2}};
+    fy_eval_result res;
+    cr_assert_eq(fy_eval(&ec, &res), FY_OK, "%s", fy_last_error());
+    fy_model_free(m);
+    fy_weights_close(w);
+    return res.loss;
+}
+
+Test(llama_model, a_sharded_transformers_directory_evaluates_to_its_loss) {
+    cJSON *e = hf_expected();
+    /* the directory, its index and a shard-free bf16 directory */
+    float l_dir = eval_path(fixture("llama_hf_tiny"), 1, FY_F32);
+    float l_idx = eval_path(fixture("llama_hf_tiny/model.safetensors.index.json"), 1, FY_F32);
+    float l_bf16 = eval_path(fixture("llama_hf_tiny_bf16"), 1, FY_F32);
+    const double want = jnum(e, "loss_f64"), want_bf16 = jnum(cJSON_GetObjectItem(e, "bf16"), "loss_f64");
+    cr_log_info("transformers directory: ferry %.9g, float64 %.9g", l_dir, want);
+    cr_expect(fabs(l_dir - want) <= 1e-4 * want, "directory: %.9g vs %.9g", l_dir, want);
+    cr_expect(l_idx == l_dir, "the index and its directory are the same weights");
+    cr_expect(fabs(l_bf16 - want_bf16) <= 1e-4 * want_bf16, "bf16: %.9g vs %.9g", l_bf16, want_bf16);
+    cJSON_Delete(e);
+}
+
+/* One AdamW step from the directory as transformers' AdamW took it: the gradient norm
+ * and the next batch's loss before and after. */
+Test(llama_model, a_transformers_directory_trains_to_the_same_step) {
+    cJSON *e = hf_expected();
+    const cJSON *a = cJSON_GetObjectItem(e, "adamw"), *s1 = cJSON_GetObjectItem(e, "step1");
+    fy_weights *w;
+    fy_model *m;
+    cr_assert_eq(fy_weights_open(fixture("llama_hf_tiny"), &w), FY_OK);
+    cr_assert_eq(fy_model_from_weights(w, NULL, &m), FY_OK);
+    fy_dev_cfg dc = {.kind = FY_DEV_CPU, .threads = 2};
+    fy_dev *dev;
+    cr_assert_eq(fy_dev_new(&dc, &dev), FY_OK);
+    fy_trainer_cfg tc = {.model = m, .B = 4, .T = 32, .beta1 = (float)jnum(a, "beta1"),
+                         .beta2 = (float)jnum(a, "beta2"), .eps = (float)jnum(a, "eps"),
+                         .weight_decay = (float)jnum(a, "weight_decay"), .weights = w};
+    fy_trainer *tr;
+    cr_assert_eq(fy_trainer_new(dev, &tc, &tr), FY_OK);
+    fy_tokens *tok;
+    cr_assert_eq(fy_tokens_open(fixture("gpt2_tiny_tokens.bin"), &tok), FY_OK);
+    fy_loader *ld;
+    cr_assert_eq(fy_loader_new(tok, 0, fy_tokens_count(tok), 4, 32, &ld), FY_OK);
+    int32_t x[2][128], y[2][128];
+    fy_loader_next(ld, x[0], y[0]);
+    fy_loader_next(ld, x[1], y[1]);
+    float before, after;
+    cr_assert_eq(fy_trainer_eval(tr, x[1], y[1], &before), FY_OK);
+    fy_step_stats ss;
+    cr_assert_eq(fy_trainer_step(tr, x[0], y[0], (float)jnum(a, "lr"), &ss), FY_OK);
+    cr_assert_eq(fy_trainer_eval(tr, x[1], y[1], &after), FY_OK);
+    const double wn = jnum(s1, "grad_norm"), wb = jnum(s1, "loss_batch2_before"),
+                 wa = jnum(s1, "loss_batch2");
+    cr_log_info("step: norm %.9g (%.9g), batch 2 %.9g -> %.9g (%.9g -> %.9g)", ss.grad_norm, wn,
+                before, after, wb, wa);
+    cr_expect(fabs(ss.grad_norm - wn) <= 1e-4 * wn, "norm %.9g vs %.9g", ss.grad_norm, wn);
+    cr_expect(fabs(before - wb) <= 1e-4 * wb, "batch 2 before: %.9g vs %.9g", before, wb);
+    cr_expect(fabs(after - wa) <= 1e-4 * wa, "batch 2 after: %.9g vs %.9g", after, wa);
+    fy_loader_free(ld);
+    fy_tokens_free(tok);
+    fy_trainer_free(tr);
+    fy_dev_free(dev);
+    fy_model_free(m);
+    fy_weights_close(w);
+    cJSON_Delete(e);
+}
+
+/* ---- every plan, bit for bit ---------------------------------------------------------------- */
+
+static fy_model *plan_llama(bool tied) {
+    fy_llama_config c = {.vocab = 256, .max_seq = 32, .channels = 32, .layers = 4, .heads = 4,
+                         .kv_heads = 2, .head_dim = 8, .ffn = 48, .norm_eps = 1e-5f,
+                         .rope = {FY_ROPE_LLAMA3, 500000.0f, 8.0f, 1.0f, 4.0f, 8.0f}, .tied = tied};
+    fy_model *m;
+    cr_assert_eq(fy_llama_new(&c, NULL, &m), FY_OK);
+    return m;
+}
+
+Test(llama_model, every_plan_is_bit_identical_fp32) {
+    fy_model *m = plan_llama(false);
+    every_plan_is_bit_identical(m, FY_F32);
+    irregular_plan_is_bit_identical(m, FY_F32);
+    fy_model_free(m);
+}
+
+Test(llama_model, every_plan_is_bit_identical_bf16) {
+    fy_model *m = plan_llama(false);
+    every_plan_is_bit_identical(m, FY_BF16);
+    fy_model_free(m);
+}
+
+Test(llama_model, tied_and_accumulated_plans_are_bit_identical) {
+    fy_model *m = plan_llama(true);
+    result r32, r16;
+    accumulated_plans_are_bit_identical(m, FY_F32, &r32);
+    accumulated_plans_are_bit_identical(m, FY_BF16, &r16);
+    cr_expect(r32.loss[STEPS - 1] < r32.loss[0], "the tied model learns: %.4f -> %.4f", r32.loss[0],
+              r32.loss[STEPS - 1]);
+    result_free(&r32);
+    result_free(&r16);
+    fy_model_free(m);
+}
+
+/* ---- directories and files written and read back ------------------------------------------- */
+
+static char *temp_dir(void) {
+    char *d = strdup("/tmp/ferry-test-hf-XXXXXX");
+    cr_assert(mkdtemp(d));
+    return d;
+}
+
+static void rm_rf(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char p[4096];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        struct stat sb;
+        if (stat(p, &sb) == 0 && S_ISDIR(sb.st_mode)) rm_rf(p);
+        else unlink(p);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+static int count_files(const char *dir, const char *suffix) {
+    DIR *d = opendir(dir);
+    cr_assert(d, "%s", dir);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        size_t a = strlen(e->d_name), b = strlen(suffix);
+        n += a >= b && !strcmp(e->d_name + a - b, suffix);
+    }
+    closedir(d);
+    return n;
+}
+
+/* Random weights of m (nonzero everywhere, norms away from 1). */
+static float **random_blocks(const fy_model *m, uint64_t seed) {
+    float **h = blocks_new(m);
+    for (int b = 0; b < fy_model_nblocks(m); b++) {
+        fy_model_init_block(m, b, seed, h[b]);
+        const fy_block_spec *blk = fy_model_block(m, b);
+        for (int i = 0; i < blk->ntensors; i++)
+            if (blk->tensors[i].cols == 1)
+                for (int r = 0; r < blk->tensors[i].rows; r++)
+                    h[b][blk->tensors[i].offset + r] += 0.01f * (float)((r * 7 + b) % 13);
+    }
+    return h;
+}
+
+/* Saves m's host weights to path and reads them back through fy_model_from_weights:
+ * the same model, the same bits (bf16: the values rounded). */
+static void round_trip(const fy_model *m, float **h, const char *path, const fy_save_opts *o) {
+    cr_assert_eq(fy_model_save_host(m, path, o, h), FY_OK, "%s", fy_last_error());
+    fy_weights *w;
+    fy_model *back;
+    cr_assert_eq(fy_weights_open(path, &w), FY_OK, "%s", fy_last_error());
+    cr_assert_eq(fy_model_from_weights(w, NULL, &back), FY_OK, "%s", fy_last_error());
+    char a[320], b[320];
+    fy_model_signature(m, a, sizeof a);
+    fy_model_signature(back, b, sizeof b);
+    cr_expect_str_eq(a, b, "the config written rebuilds the model");
+    float **got = blocks_new(m);
+    cr_assert_eq(fy_model_load(back, w, got), FY_OK);
+    for (int bl = 0; bl < fy_model_nblocks(m); bl++) {
+        size_t n = fy_model_block(m, bl)->nelem;
+        if (o && o->dtype == FY_BF16) {
+            size_t bad = 0;
+            for (size_t i = 0; i < n; i++)
+                bad += fy_f32_to_bf16(h[bl][i]) != fy_f32_to_bf16(got[bl][i]) ||
+                       got[bl][i] != fy_bf16_to_f32(fy_f32_to_bf16(got[bl][i]));
+            cr_expect_eq(bad, 0, "%s block %d: %zu values are not the bf16 rounding", path, bl, bad);
+        } else {
+            cr_expect(!memcmp(got[bl], h[bl], n * sizeof(float)), "%s block %d differs", path, bl);
+        }
+    }
+    blocks_free(m, got);
+    fy_model_free(back);
+    fy_weights_close(w);
+}
+
+/* The index against the shards: every tensor once, in the shard it names, total_size
+ * the sum of the tensors' bytes, each shard within the cap unless it holds one tensor. */
+static void expect_index_consistent(const char *dir, size_t cap) {
+    char p[4096];
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
+    char *text = test_read_file(p, NULL);
+    cJSON *idx = cJSON_Parse(text);
+    free(text);
+    cr_assert(idx);
+    const cJSON *map = cJSON_GetObjectItem(idx, "weight_map");
+    double total = jnum(cJSON_GetObjectItem(idx, "metadata"), "total_size"), sum = 0;
+    int nmap = cJSON_GetArraySize(map), nfound = 0;
+    DIR *d = opendir(dir);
+    for (struct dirent *e; (e = readdir(d));) {
+        if (!strstr(e->d_name, "-of-")) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        fy_st_file *f;
+        cr_assert_eq(fy_st_open(p, &f), FY_OK);
+        size_t bytes = 0;
+        for (int i = 0; i < fy_st_count(f); i++) {
+            const fy_st_tensor *t = fy_st_at(f, i);
+            const cJSON *v = cJSON_GetObjectItem(map, t->name);
+            cr_expect(cJSON_IsString(v) && !strcmp(v->valuestring, e->d_name),
+                      "%s of %s is not mapped to it", t->name, e->d_name);
+            bytes += t->nbytes;
+            nfound++;
+        }
+        cr_expect(bytes <= cap || fy_st_count(f) == 1, "%s holds %zu bytes, over %zu", e->d_name,
+                  bytes, cap);
+        sum += (double)bytes;
+        fy_st_close(f);
+    }
+    closedir(d);
+    cr_expect_eq(nfound, nmap, "the shards hold %d tensors, the index maps %d", nfound, nmap);
+    cr_expect(sum == total, "total_size %.0f, the tensors %.0f bytes", total, sum);
+    cJSON_Delete(idx);
+}
+
+Test(llama_model, directories_and_files_round_trip_bit_exactly) {
+    char *dir = temp_dir();
+    char path[4096];
+    fy_model *m = plan_llama(false), *t = plan_llama(true);
+    float **h = random_blocks(m, 3), **ht = random_blocks(t, 4);
+    const size_t cap = 40000; /* several shards; the embedding (256 x 32 fp32) alone */
+    snprintf(path, sizeof path, "%s/untied", dir);
+    round_trip(m, h, path, &(fy_save_opts){.shard_nbytes = cap});
+    cr_expect_gt(count_files(path, ".safetensors"), 3);
+    expect_index_consistent(path, cap);
+    snprintf(path, sizeof path, "%s/one-shard", dir); /* the default cap: model.safetensors */
+    round_trip(m, h, path, NULL);
+    cr_expect_eq(count_files(path, ".safetensors"), 1);
+    snprintf(path, sizeof path, "%s/one-shard/model.safetensors", dir);
+    cr_expect_eq(access(path, F_OK), 0);
+    snprintf(path, sizeof path, "%s/tied-bf16", dir);
+    round_trip(t, ht, path, &(fy_save_opts){.dtype = FY_BF16, .shard_nbytes = cap});
+    snprintf(path, sizeof path, "%s/untied.safetensors", dir); /* one file, config inside */
+    round_trip(m, h, path, NULL);
+    /* GPT-2: a directory (names under transformer.) and a file */
+    fy_gpt2_config gc = {.vocab = 96, .max_seq = 16, .channels = 32, .layers = 2, .heads = 4};
+    fy_model *g;
+    cr_assert_eq(fy_gpt2_new(&gc, NULL, &g), FY_OK);
+    float **hg = random_blocks(g, 5);
+    snprintf(path, sizeof path, "%s/gpt2", dir);
+    round_trip(g, hg, path, &(fy_save_opts){.shard_nbytes = cap});
+    expect_index_consistent(path, cap);
+    snprintf(path, sizeof path, "%s/gpt2.safetensors", dir);
+    round_trip(g, hg, path, NULL);
+    blocks_free(g, hg);
+    fy_model_free(g);
+    blocks_free(m, h);
+    blocks_free(t, ht);
+    fy_model_free(m);
+    fy_model_free(t);
+    rm_rf(dir);
+    free(dir);
+}
+
+/* A directory is replaced whole (the old shards gone) when it holds only what ferry
+ * writes; one holding anything else is left as it was, with an error naming the file. */
+Test(llama_model, saving_replaces_only_a_model_directory) {
+    char *dir = temp_dir();
+    char path[4096], extra[4200];
+    fy_model *m = plan_llama(false);
+    float **h = random_blocks(m, 6), **h2 = random_blocks(m, 7);
+    snprintf(path, sizeof path, "%s/model", dir);
+    cr_assert_eq(fy_model_save_host(m, path, &(fy_save_opts){.shard_nbytes = 40000}, h), FY_OK);
+    int before = count_files(path, ".safetensors");
+    cr_assert_eq(fy_model_save_host(m, path, NULL, h2), FY_OK); /* now one shard */
+    cr_expect_eq(count_files(path, ".safetensors"), 1, "the old %d shards were left behind", before);
+    snprintf(extra, sizeof extra, "%s/notes.txt", path);
+    FILE *fp = fopen(extra, "w");
+    fputs("mine\n", fp);
+    fclose(fp);
+    fy_log_set_level(FY_LOG_QUIET);
+    cr_expect_eq(fy_model_save_host(m, path, NULL, h), FY_ERR_INVALID);
+    cr_expect(strstr(fy_last_error(), "notes.txt"), "%s", fy_last_error());
+    cr_expect_eq(access(extra, F_OK), 0, "the user's file is gone");
+    fy_weights *w;
+    cr_assert_eq(fy_weights_open(path, &w), FY_OK);
+    float **got = blocks_new(m);
+    cr_assert_eq(fy_model_load(m, w, got), FY_OK);
+    for (int b = 0; b < fy_model_nblocks(m); b++)
+        cr_expect(!memcmp(got[b], h2[b], fy_model_block(m, b)->nelem * 4), "block %d changed", b);
+    fy_weights_close(w);
+    blocks_free(m, got);
+    blocks_free(m, h);
+    blocks_free(m, h2);
+    fy_model_free(m);
+    rm_rf(dir);
+    free(dir);
+}
+
+/* Every named config builds and fits the interface; the published sizes. */
+Test(llama_model, named_configs_have_the_published_sizes) {
+    static const struct { const char *name; double params_b; } want[] = {
+        {"llama3.2-1b", 1.236}, {"llama3.2-3b", 3.213}, {"llama3-8b", 8.030},
+        {"llama2-7b", 6.738}, {"llama2-13b", 13.016}, {"llama3-70b", 70.554}};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        fy_model *m;
+        cr_assert_eq(fy_model_named(want[i].name, NULL, &m), FY_OK);
+        double p = (double)fy_model_num_params(m) / 1e9;
+        cr_expect(fabs(p - want[i].params_b) < 0.001, "%s: %.4fB parameters, published %.3fB",
+                  want[i].name, p, want[i].params_b);
+        cr_expect_str_eq(fy_model_family(m), "llama");
+        fy_model_free(m);
+    }
+}
