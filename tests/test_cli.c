@@ -18,6 +18,7 @@
 #include <criterion/criterion.h>
 
 #include <cjson/cJSON.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -1306,4 +1307,214 @@ Test(cli, dtype_bf16_halves_device_storage_and_travels_in_plans) {
     run_result e;
     FERRY(&e, "train", TINY, "--dtype", "fp16");
     EXPECT_ERROR(&e, 2, "--dtype", "fp16");
+}
+
+/* ---- Hugging Face model directories ------------------------------------------------------
+ * A copy of a directory transformers wrote (tests/fixtures/llama_hf_tiny: 12 F32 shards
+ * and an index; llama_hf_tiny_bf16: one model.safetensors), edited to be wrong in one
+ * way. */
+
+static const char *copy_hf(const char *fixture_dir, const char *name) {
+    const char *src = fixture(fixture_dir), *dst = P("%s", name);
+    cr_assert_eq(mkdir(dst, 0755), 0);
+    DIR *d = opendir(src);
+    cr_assert_not_null(d, "%s", src);
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.') continue;
+        char from[1200], to[1200];
+        snprintf(from, sizeof from, "%s/%s", src, e->d_name);
+        snprintf(to, sizeof to, "%s/%s", dst, e->d_name);
+        copy_file(from, to);
+    }
+    closedir(d);
+    return dst;
+}
+
+/* Replaces the first `from` in dir/file with `to` (which must be there). */
+static void edit(const char *dir, const char *file, const char *from, const char *to) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    size_t n;
+    char *b = slurp(path, &n);
+    cr_assert_not_null(b);
+    char *at = strstr(b, from);
+    cr_assert_not_null(at, "%s has no '%s'", path, from);
+    size_t pre = (size_t)(at - b), fl = strlen(from), tl = strlen(to);
+    char *out = malloc(n - fl + tl + 1);
+    memcpy(out, b, pre);
+    memcpy(out + pre, to, tl);
+    memcpy(out + pre + tl, at + fl, n - pre - fl + 1);
+    write_bytes(path, out, n - fl + tl);
+    free(out);
+    free(b);
+}
+
+#define HF_ARGS "--batch", "2", "--seq", "16", "--steps", "1", "--threads", "1", "--device", "cpu", \
+                "--data", fixture("gpt2_tiny_tokens.bin")
+
+/* One field of config.json changed: each refused with one error naming the file (or the
+ * tensor) and the field. 3 layers over weights of 2: layer 2's tensors are missing; 1
+ * layer: layer 1's are extra; another MLP width: the shapes disagree. */
+Test(cli, hf_config_edits_refused) {
+    static const struct { const char *name, *from, *to, *kw[4]; } cases[] = {
+        {"qwen", "\"model_type\": \"llama\"", "\"model_type\": \"qwen2\"",
+         {"config.json", "model_type", "qwen2", NULL}},
+        {"yarn", "\"rope_type\": \"llama3\"", "\"rope_type\": \"yarn\"",
+         {"config.json", "rope_scaling", "yarn", NULL}},
+        {"kv3", "\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3",
+         {"config.json", "num_key_value_heads", "3", NULL}},
+        {"gelu", "\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"",
+         {"config.json", "hidden_act", "gelu", NULL}},
+        {"missing", "\"num_hidden_layers\": 2", "\"num_hidden_layers\": 3",
+         {"model.layers.2.", "missing", NULL}},
+        {"extra", "\"num_hidden_layers\": 2", "\"num_hidden_layers\": 1",
+         {"model.safetensors", "model.layers.1.", "not a parameter", NULL}},
+        {"shape", "\"intermediate_size\": 96", "\"intermediate_size\": 128",
+         {"model.safetensors", "proj.weight", "shape", "128"}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *d = copy_hf("llama_hf_tiny_bf16", cases[i].name);
+        edit(d, "config.json", cases[i].from, cases[i].to);
+        run_result r;
+        FERRY(&r, "train", HF_ARGS, "--init", d);
+        const char *kw[5] = {cases[i].kw[0], cases[i].kw[1], cases[i].kw[2], cases[i].kw[3], NULL};
+        expect_error_kw(&r, 1, kw);
+    }
+}
+
+Test(cli, hf_config_not_json) {
+    const char *d = copy_hf("llama_hf_tiny_bf16", "notjson");
+    write_bytes(P("notjson/config.json"), "{\"model_type\": ", 15);
+    run_result r;
+    FERRY(&r, "train", HF_ARGS, "--init", d);
+    EXPECT_ERROR(&r, 1, "config.json");
+}
+
+Test(cli, hf_directory_without_config) {
+    const char *d = P("noconfig");
+    cr_assert_eq(mkdir(d, 0755), 0);
+    copy_file(fixture("llama_hf_tiny_bf16/model.safetensors"), P("noconfig/model.safetensors"));
+    run_result r;
+    FERRY(&r, "train", HF_ARGS, "--init", d);
+    EXPECT_ERROR(&r, 1, "noconfig", "config.json");
+}
+
+Test(cli, hf_directory_without_weights) {
+    const char *d = P("noweights");
+    cr_assert_eq(mkdir(d, 0755), 0);
+    copy_file(fixture("llama_hf_tiny_bf16/config.json"), P("noweights/config.json"));
+    run_result r;
+    FERRY(&r, "train", HF_ARGS, "--init", d);
+    EXPECT_ERROR(&r, 1, "noweights", "model.safetensors");
+}
+
+Test(cli, hf_shard_named_in_the_index_missing) {
+    const char *d = copy_hf("llama_hf_tiny", "noshard");
+    cr_assert_eq(unlink(P("noshard/model-00005-of-00012.safetensors")), 0);
+    run_result r;
+    FERRY(&r, "train", HF_ARGS, "--init", d);
+    EXPECT_ERROR(&r, 1, "model.safetensors.index.json", "model-00005-of-00012.safetensors", "missing");
+}
+
+Test(cli, hf_index_maps_a_tensor_to_the_wrong_shard) {
+    const char *d = copy_hf("llama_hf_tiny", "wrongshard");
+    edit(d, "model.safetensors.index.json", "\"model.norm.weight\": \"model-00012-of-00012.safetensors\"",
+         "\"model.norm.weight\": \"model-00001-of-00012.safetensors\"");
+    run_result r;
+    FERRY(&r, "train", HF_ARGS, "--init", P("wrongshard/model.safetensors.index.json"));
+    EXPECT_ERROR(&r, 1, "index.json", "model.norm.weight");
+}
+
+/* Mistral's attention is windowed; ferry's is not: sequences must fit the window. */
+Test(cli, hf_mistral_window_shorter_than_the_sequence) {
+    const char *d = copy_hf("llama_hf_tiny_bf16", "mistral");
+    edit(d, "config.json", "\"model_type\": \"llama\"", "\"model_type\": \"mistral\", \"sliding_window\": 8");
+    run_result r;
+    FERRY(&r, "train", HF_ARGS, "--init", d);
+    EXPECT_ERROR(&r, 1, "sliding window", "8");
+    edit(d, "config.json", "\"sliding_window\": 8", "\"sliding_window\": 4096");
+    FERRY(&r, "eval", "--init", d, "--data", fixture("gpt2_tiny_tokens.bin"), "--batch", "2",
+          "--seq", "16", "--device", "cpu", "--batches", "1");
+    expect_ok(&r);
+}
+
+Test(cli, hf_flags_disagreeing_with_the_config) {
+    run_result r;
+    FERRY(&r, "train", HF_ARGS, "--init", fixture("llama_hf_tiny"), "--heads", "8");
+    EXPECT_ERROR(&r, 1, "--heads", "num_attention_heads");
+    FERRY(&r, "train", HF_ARGS, "--init", fixture("llama_hf_tiny"), "--model", "llama-tiny");
+    EXPECT_ERROR(&r, 1, "--model", "llama-tiny");
+    FERRY(&r, "train", HF_ARGS, "--init", fixture("llama_hf_tiny"), "--layers", "3");
+    EXPECT_ERROR(&r, 1, "--layers");
+}
+
+Test(cli, llama_flags_refused_for_gpt2) {
+    run_result r;
+    FERRY(&r, "train", TINY, "--kv-heads", "2");
+    EXPECT_ERROR(&r, 1, "--kv-heads");
+    FERRY(&r, "train", TINY, "--model", "llama-tiny", "--kv-heads", "3");
+    EXPECT_ERROR(&r, 1, "heads", "3");
+}
+
+/* --save into a directory that holds something ferry did not write: refused before any
+ * training, the directory untouched. */
+Test(cli, save_into_a_directory_of_other_files) {
+    const char *d = P("mine"), *f = P("mine/notes.txt");
+    cr_assert_eq(mkdir(d, 0755), 0);
+    write_bytes(f, "keep me\n", 8);
+    run_result r;
+    FERRY(&r, "train", TINY, "--save", d);
+    EXPECT_ERROR(&r, 1, "mine", "notes.txt");
+    cr_expect(strstr(r.out, "step") == NULL, "it trained before refusing:\n%s", r.out);
+    size_t n;
+    char *b = slurp(f, &n);
+    cr_assert(b && n == 8 && !memcmp(b, "keep me\n", 8), "notes.txt was changed");
+    free(b);
+    cr_expect_eq(count_entries(d, ""), 1, "ferry wrote into the directory");
+    FERRY(&r, "train", TINY, "--save", f);
+    EXPECT_ERROR(&r, 1, "notes.txt");
+}
+
+/* The whole path: a directory transformers wrote, trained a step, saved as a sharded
+ * directory (bf16) and as one file, both evaluated; a bad --save-dtype refused. */
+Test(cli, hf_directory_trains_saves_and_evaluates) {
+    const char *out = P("out"), *one = P("out.safetensors");
+    run_result r;
+    FERRY(&r, "train", HF_ARGS, "--init", fixture("llama_hf_tiny"), "--save", out,
+          "--save-shard-size", "100KB", "--save-dtype", "bf16");
+    expect_ok(&r);
+    cr_expect_geq(count_entries(out, "model-0000"), 2, "expected several shards");
+    cr_expect_eq(count_entries(out, "generation_config.json"), 1, "the generation config is copied");
+    char *cfg = slurp(P("out/config.json"), NULL);
+    cr_assert_not_null(cfg);
+    cr_expect(strstr(cfg, "\"bfloat16\"") && strstr(cfg, "\"bos_token_id\""),
+              "config.json lacks torch_dtype or the source's token ids:\n%s", cfg);
+    free(cfg);
+    FERRY(&r, "eval", "--init", out, "--data", fixture("gpt2_tiny_tokens.bin"), "--batch", "2",
+          "--seq", "16", "--device", "cpu", "--batches", "2");
+    expect_ok(&r);
+    FERRY(&r, "train", HF_ARGS, "--init", out, "--save", one);
+    expect_ok(&r);
+    FERRY(&r, "eval", "--init", one, "--data", fixture("gpt2_tiny_tokens.bin"), "--batch", "2",
+          "--seq", "16", "--device", "cpu", "--batches", "2");
+    expect_ok(&r);
+    FERRY(&r, "train", HF_ARGS, "--init", out, "--save-dtype", "fp16");
+    EXPECT_ERROR(&r, 2, "--save-dtype");
+}
+
+/* Every named Llama config plans on the cpu backend without allocating its memory (the
+ * address space capped at 2 GiB, outside sanitizer builds). */
+Test(cli, dry_run_of_every_named_llama) {
+    static const char *const names[] = {"llama-tiny", "llama3.2-1b", "llama3.2-3b", "llama3-8b",
+                                        "llama2-7b", "llama2-13b", "llama3-70b", NULL};
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+    cap_address_space();
+#endif
+    for (int i = 0; names[i]; i++) {
+        run_result r;
+        FERRY(&r, "train", "--model", names[i], "--dry-run", "--device", "cpu", "--batch", "1",
+              "--seq", "512");
+        expect_ok(&r);
+        cr_expect(strstr(r.out, "total"), "%s: no memory model:\n%s", names[i], r.out);
+    }
 }

@@ -148,6 +148,25 @@ static void expect_tensors_close(const fy_model *m, float **got, float **want, d
     }
 }
 
+/* The trainer's parameters (grads false) or gradients (true) against a fixture file of
+ * the reference's, per tensor within 1e-4 relative. */
+static void expect_fixture(ref *r, fy_trainer *tr, bool grads, const char *suffix, const char *what) {
+    float **got = blocks_new(r->model), **want = blocks_new(r->model);
+    for (int b = 0; b < fy_model_nblocks(r->model); b++) {
+        if (grads) fy_trainer_get_grads(tr, b, got[b]);
+        else fy_trainer_get_params(tr, b, got[b]);
+    }
+    char file[64];
+    snprintf(file, sizeof file, "%s_%s.safetensors", r->name, suffix);
+    fy_weights *w;
+    cr_assert_eq(fy_weights_open(fixture(file), &w), FY_OK);
+    cr_assert_eq(fy_model_load(r->model, w, want), FY_OK);
+    expect_tensors_close(r->model, got, want, 1e-4, what);
+    fy_weights_close(w);
+    blocks_free(r->model, got);
+    blocks_free(r->model, want);
+}
+
 static void check_first_step(const char *name) {
     ref r;
     ref_open(&r, name);
@@ -164,17 +183,7 @@ static void check_first_step(const char *name) {
     double wn = cJSON_GetArrayItem(cJSON_GetObjectItem(run, "grad_norms"), 0)->valuedouble;
     cr_expect(fabs(ss.loss - wl) <= 1e-5 * wl, "%s: loss %.9g vs %.9g", name, ss.loss, wl);
     cr_expect(fabs(ss.grad_norm - wn) <= 1e-4 * wn, "%s: norm %.9g vs %.9g", name, ss.grad_norm, wn);
-    float **got = blocks_new(r.model), **want = blocks_new(r.model);
-    for (int b = 0; b < fy_model_nblocks(r.model); b++) fy_trainer_get_grads(tr, b, got[b]);
-    char file[64];
-    snprintf(file, sizeof file, "%s_grads.safetensors", name);
-    fy_weights *gw;
-    cr_assert_eq(fy_weights_open(fixture(file), &gw), FY_OK);
-    cr_assert_eq(fy_model_load(r.model, gw, want), FY_OK);
-    expect_tensors_close(r.model, got, want, 1e-4, "gradient");
-    fy_weights_close(gw);
-    blocks_free(r.model, got);
-    blocks_free(r.model, want);
+    expect_fixture(&r, tr, true, "grads", "gradient");
     fy_loader_free(ld);
     free(x);
     free(y);
@@ -207,19 +216,8 @@ static void check_ten_steps(const char *name, const char *run_name) {
                   run_name, s, ss.grad_norm, wn);
         if (clip > 0) cr_expect(ss.clip_coef < 1.0f, "%s step %d: clipping was not active", name, s);
     }
-    if (clip == 0) { /* the final weights of the run without clipping are in the fixtures */
-        float **got = blocks_new(r.model), **want = blocks_new(r.model);
-        for (int b = 0; b < fy_model_nblocks(r.model); b++) fy_trainer_get_params(tr, b, got[b]);
-        char file[64];
-        snprintf(file, sizeof file, "%s_final_noclip.safetensors", name);
-        fy_weights *fw;
-        cr_assert_eq(fy_weights_open(fixture(file), &fw), FY_OK);
-        cr_assert_eq(fy_model_load(r.model, fw, want), FY_OK);
-        expect_tensors_close(r.model, got, want, 1e-4, "final weight");
-        fy_weights_close(fw);
-        blocks_free(r.model, got);
-        blocks_free(r.model, want);
-    }
+    /* the final weights of the run without clipping are in the fixtures */
+    if (clip == 0) expect_fixture(&r, tr, false, "final_noclip", "final weight");
     fy_loader_free(ld);
     free(x);
     free(y);

@@ -65,10 +65,6 @@ static fy_status resolve_plan(const fy_opts *o, const fy_model *m, fy_dev_kind k
                          "or --ckpt-layers");
             return FY_ERR_INVALID;
         }
-        if (o->init) {
-            fy_log_error("--plan auto tunes a named model; give a plan file with --init");
-            return FY_ERR_INVALID;
-        }
         FY_TRY(fy_tune_auto_plan(o, m, plan));
     } else if (o->plan) {
         if (shorthands) {

@@ -370,6 +370,13 @@ fy_status fy_st_read_f32(const fy_st_file *f, const fy_st_tensor *t, float *dst)
     }
 }
 
+void fy_st_release(const fy_st_file *f, const fy_st_tensor *t) {
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = fy_round_up((uintptr_t)t->data, page), hi = ((uintptr_t)t->data + t->nbytes) / page * page;
+    (void)f;
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED); /* advice: failure changes nothing */
+}
+
 /* ---- writer ---- */
 
 static size_t entry_nbytes(const fy_st_entry *e) {

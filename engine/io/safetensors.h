@@ -54,6 +54,10 @@ const char *fy_st_path(const fy_st_file *f);
 /* Converts a F32/BF16/F16 tensor to fp32 into dst (nelem floats). FY_ERR_FORMAT (logged,
  * naming the tensor) for other dtypes. */
 fy_status fy_st_read_f32(const fy_st_file *f, const fy_st_tensor *t, float *dst);
+/* Drops the mapped pages wholly inside tensor t from this process (they stay in the page
+ * cache; a later read maps them again): a model read tensor by tensor then holds at most
+ * one tensor of the file in its resident memory. */
+void fy_st_release(const fy_st_file *f, const fy_st_tensor *t);
 
 typedef struct fy_st_entry {
     const char *name;

@@ -68,6 +68,17 @@ static fy_status check_tensor(const fy_st_file *f, const char *pre, const fy_ten
     return FY_ERR_FORMAT;
 }
 
+/* The source's tensor for ts, checked; NULL (logged) if missing or unfit. */
+static const fy_st_tensor *find_checked(const fy_weights *w, const char *pre,
+                                        const fy_tensor_spec *ts, const fy_st_file **f) {
+    const fy_st_tensor *t = find(w, pre, ts->name, f);
+    if (!t) {
+        fy_log_error("%s: tensor %s%s is missing", fy_weights_path(w), pre, ts->name);
+        return NULL;
+    }
+    return check_tensor(*f, pre, ts, t) == FY_OK ? t : NULL;
+}
+
 static int cmp_str(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
@@ -83,13 +94,7 @@ fy_status fy_model_check_weights(const fy_model *m, const fy_weights *w) {
         for (int i = 0; i < m->blocks[b].ntensors && st == FY_OK; i++, k++) {
             const fy_tensor_spec *ts = &m->blocks[b].tensors[i];
             const fy_st_file *f;
-            const fy_st_tensor *t = find(w, pre, ts->name, &f);
-            if (!t) {
-                fy_log_error("%s: tensor %s%s is missing", fy_weights_path(w), pre, ts->name);
-                st = FY_ERR_FORMAT;
-                break;
-            }
-            st = check_tensor(f, pre, ts, t);
+            if (!find_checked(w, pre, ts, &f)) st = FY_ERR_FORMAT;
             snprintf(names[k], sizeof names[k], "%s%s", pre, ts->name);
             sorted[k] = names[k];
         }
@@ -122,16 +127,15 @@ fy_status fy_model_load_block(const fy_model *m, const fy_weights *w, int b, flo
     for (int i = 0; i < blk->ntensors && st == FY_OK; i++) {
         const fy_tensor_spec *ts = &blk->tensors[i];
         const fy_st_file *f;
-        const fy_st_tensor *t = find(w, pre, ts->name, &f);
+        const fy_st_tensor *t = find_checked(w, pre, ts, &f);
         if (!t) {
-            fy_log_error("%s: tensor %s%s is missing", fy_weights_path(w), pre, ts->name);
             st = FY_ERR_FORMAT;
             break;
         }
-        if ((st = check_tensor(f, pre, ts, t)) != FY_OK) break;
         float *dst = host + ts->offset;
         if (!ts->transposed) {
             st = fy_st_read_f32(f, t, dst);
+            fy_st_release(f, t);
             continue;
         }
         if (tmpcap < t->nelem) {
@@ -145,6 +149,7 @@ fy_status fy_model_load_block(const fy_model *m, const fy_weights *w, int b, flo
             }
         }
         if ((st = fy_st_read_f32(f, t, tmp)) != FY_OK) break;
+        fy_st_release(f, t);
         const int64_t r = ts->cols, c = ts->rows; /* file (in, out) -> ours (out, in) */
         for (int64_t i0 = 0; i0 < r; i0++)
             for (int64_t j = 0; j < c; j++) dst[j * r + i0] = tmp[i0 * c + j];
