@@ -128,22 +128,6 @@ static fy_status open_data(run *r) {
     return FY_OK;
 }
 
-/* --save's directory must be writable: fail now, not after the whole run. */
-static fy_status check_save(const char *save) {
-    if (!save) return FY_OK;
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", save);
-    char *slash = strrchr(dir, '/');
-    if (slash) *slash = 0;
-    else snprintf(dir, sizeof dir, ".");
-    if (access(*dir ? dir : "/", W_OK) != 0) {
-        fy_log_error("--save %s: directory %s does not exist or is not writable", save,
-                     *dir ? dir : "/");
-        return FY_ERR_IO;
-    }
-    return FY_OK;
-}
-
 /* The mean loss of the first nbatches validation batches (at most one pass). */
 static fy_status validate(run *r, int64_t nbatches, float *loss) {
     int64_t avail = (int64_t)fy_loader_batches(r->val);
@@ -182,7 +166,7 @@ static void print_header(const run *r) {
 
 static fy_status setup(run *r) {
     const fy_train_cfg *c = r->cfg;
-    FY_TRY(check_save(c->save));
+    if (c->save) FY_TRY(fy_model_save_check(c->save)); /* fail now, not after the run */
     FY_TRY(open_data(r));
     if (c->metrics && !(r->metrics = fopen(c->metrics, "a"))) {
         fy_log_error("cannot open metrics file %s", c->metrics);

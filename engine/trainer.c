@@ -63,6 +63,7 @@ static fy_status upload_block(fy_trainer *tr, int b, const float *host, uint16_t
 /* Every block's parameters, from w or (w NULL) the seed's initialisation, through one
  * block-sized host buffer. */
 static fy_status fill_params(fy_trainer *tr, const fy_weights *w, uint64_t seed) {
+    const unsigned errors = fy_log_error_count();
     size_t max = 0;
     for (int b = 0; b < fy_tr_nblocks(tr); b++)
         if (fy_tr_block(tr, b)->nelem > max) max = fy_tr_block(tr, b)->nelem;
@@ -75,7 +76,8 @@ static fy_status fill_params(fy_trainer *tr, const fy_weights *w, uint64_t seed)
         else fy_model_init_block(tr->model, b, seed, host);
         if (st == FY_OK) st = upload_block(tr, b, host, &tmp);
     }
-    if (st == FY_ERR_NOMEM) fy_log_error("out of host memory filling the parameters");
+    if (st == FY_ERR_NOMEM && fy_log_error_count() == errors)
+        fy_log_error("out of host memory filling the parameters");
     free(host);
     free(tmp);
     return st;

@@ -172,7 +172,7 @@ def main(argv):
     val = ShardWriter(args.out, "val", args.shard_tokens, wide) if args.val_fraction else None
     for path in args.files:
         try:
-            with open(path, encoding="utf-8") as f:
+            with open(path, encoding="utf-8", newline="") as f:  # the bytes' line ends
                 text = f.read()
         except (OSError, UnicodeDecodeError) as e:
             raise Failure(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None

@@ -1365,6 +1365,8 @@ Test(cli, hf_config_edits_refused) {
          {"config.json", "num_key_value_heads", "3", NULL}},
         {"gelu", "\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"",
          {"config.json", "hidden_act", "gelu", NULL}},
+        {"notype", "\"rope_type\": \"llama3\"", "\"rope_kind\": \"llama3\"",
+         {"config.json", "rope_scaling", "rope_type", NULL}},
         {"missing", "\"num_hidden_layers\": 2", "\"num_hidden_layers\": 3",
          {"model.layers.2.", "missing", NULL}},
         {"extra", "\"num_hidden_layers\": 2", "\"num_hidden_layers\": 1",
@@ -1517,4 +1519,35 @@ Test(cli, dry_run_of_every_named_llama) {
         expect_ok(&r);
         cr_expect(strstr(r.out, "total"), "%s: no memory model:\n%s", names[i], r.out);
     }
+}
+
+/* --save with a trailing slash names the directory; ".", "/" and a symbolic link are
+ * refused before training, the link's target untouched. */
+Test(cli, save_directory_names) {
+    run_result r;
+    FERRY(&r, "train", TINY, "--save", P("slash/"));
+    expect_ok(&r);
+    cr_expect_eq(count_entries(P("slash"), "model.safetensors"), 1);
+    FERRY(&r, "train", TINY, "--save", P("slash/"));
+    expect_ok(&r); /* replaced: it holds only what ferry wrote */
+    cr_expect_eq(count_entries(g_dir, "slash."), 0, "a temporary directory was left behind");
+    FERRY(&r, "train", TINY, "--save", P("."));
+    EXPECT_ERROR(&r, 1, "--save");
+    cr_expect(strstr(r.out, "step") == NULL, "it trained before refusing");
+    cr_assert_eq(symlink(P("slash"), P("link")), 0);
+    FERRY(&r, "train", TINY, "--save", P("link"));
+    EXPECT_ERROR(&r, 1, "link", "symbolic link");
+    cr_expect_eq(count_entries(P("slash"), "model.safetensors"), 1, "the link's target changed");
+}
+
+/* A config.json beside a bare GPT-2 file that is not a model config (no model_type) is
+ * some other program's: ignored. */
+Test(cli, weights_beside_an_unrelated_config_json) {
+    const char *d = P("side");
+    cr_assert_eq(mkdir(d, 0755), 0);
+    copy_file(fixture("gpt2_tiny_init.safetensors"), P("side/w.safetensors"));
+    write_bytes(P("side/config.json"), "{\"lr\": 3e-4}", 13);
+    run_result r;
+    FERRY(&r, "train", SMALL, "--init", P("side/w.safetensors"), "--heads", "4");
+    expect_ok(&r);
 }

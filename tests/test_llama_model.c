@@ -526,6 +526,14 @@ Test(llama_model, saving_replaces_only_a_model_directory) {
     int before = count_files(path, ".safetensors");
     cr_assert_eq(fy_model_save_host(m, path, NULL, h2), FY_OK); /* now one shard */
     cr_expect_eq(count_files(path, ".safetensors"), 1, "the old %d shards were left behind", before);
+    /* what an interrupted save left (a process that is gone): removed by the next one */
+    char stale[4200], stale_file[4300];
+    snprintf(stale, sizeof stale, "%s.tmp.4194303", path);
+    cr_assert_eq(mkdir(stale, 0755), 0);
+    snprintf(stale_file, sizeof stale_file, "%s/model.safetensors", stale);
+    fclose(fopen(stale_file, "w"));
+    cr_assert_eq(fy_model_save_host(m, path, NULL, h2), FY_OK);
+    cr_expect_neq(access(stale, F_OK), 0, "the stale directory %s is still there", stale);
     snprintf(extra, sizeof extra, "%s/notes.txt", path);
     FILE *fp = fopen(extra, "w");
     fputs("mine\n", fp);

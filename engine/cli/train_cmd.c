@@ -107,7 +107,6 @@ int fy_train_main(const fy_opts *o) {
     if (st == FY_OK) st = fy_opts_dev_cfg(o, !o->dry_run, &tc.dev);
     if (st == FY_OK) st = resolve_model(o, fy_opts_given(o, "model"), &init, &m);
     if (st == FY_OK) st = resolve_plan(o, m, tc.dev.kind, &plan);
-    if (st == FY_OK && o->save && !o->dry_run) st = fy_model_save_check(o->save);
     if (st == FY_OK && (!o->quiet || o->dry_run)) fy_train_print_plan(m, &plan, (int)o->seq, stdout);
     if (st == FY_OK && !o->dry_run) {
         tc.model = m;

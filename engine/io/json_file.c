@@ -3,6 +3,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 fy_status fy_json_read(const char *path, const char *what, cJSON **out) {
     *out = NULL;
@@ -37,7 +38,8 @@ fy_status fy_json_write(const char *path, const char *what, const cJSON *root) {
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "wb");
     fy_status st = FY_OK;
-    if (!f || fputs(text, f) < 0 || fputc('\n', f) < 0) st = FY_ERR_IO;
+    if (!f || fputs(text, f) < 0 || fputc('\n', f) < 0 || fflush(f) != 0 || fsync(fileno(f)) != 0)
+        st = FY_ERR_IO;
     if (f && fclose(f) != 0) st = FY_ERR_IO;
     if (st == FY_OK && rename(tmp, path) != 0) st = FY_ERR_IO;
     if (st != FY_OK) {

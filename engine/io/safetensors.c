@@ -507,8 +507,9 @@ static int write_tmp(const char *tmp, const uint8_t *header, size_t header_nbyte
         if (!es[i].data && entry_nbytes(&es[i]) > scratch_nbytes) scratch_nbytes = entry_nbytes(&es[i]);
     void *scratch = NULL;
     if (scratch_nbytes && !(scratch = malloc(scratch_nbytes))) {
-        errno = ENOMEM;
-        return *what = "out of memory for a tensor of", -1;
+        fy_log_error("%s: out of host memory for a tensor of %zu bytes", tmp, scratch_nbytes);
+        *filled = FY_ERR_NOMEM;
+        return -1;
     }
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) { free(scratch); return *what = "cannot create", -1; }

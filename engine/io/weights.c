@@ -166,6 +166,8 @@ done:
     return st;
 }
 
+/* A directory's or an index's config.json (required), or the one beside a bare file
+ * (optional: one without a model_type is some other program's and is left alone). */
 static fy_status read_config(fy_weights *w, const char *path, bool required) {
     if (!is_file(path)) {
         if (!required) return FY_OK;
@@ -176,6 +178,12 @@ static fy_status read_config(fy_weights *w, const char *path, bool required) {
     if (!cJSON_IsObject(w->config)) {
         fy_log_error("%s: not a JSON object", path);
         return FY_ERR_FORMAT;
+    }
+    if (!required && !cJSON_IsString(cJSON_GetObjectItemCaseSensitive(w->config, "model_type"))) {
+        fy_log_info("%s: no model_type: not a model config, ignored", path);
+        cJSON_Delete(w->config);
+        w->config = NULL;
+        return FY_OK;
     }
     return (w->config_path = strdup(path)) ? FY_OK : FY_ERR_NOMEM;
 }
@@ -245,11 +253,12 @@ static fy_status open_path(fy_weights *w, const char *path) {
 
 fy_status fy_weights_open(const char *path, fy_weights **out) {
     *out = NULL;
+    const unsigned errors = fy_log_error_count();
     fy_weights *w = calloc(1, sizeof *w);
-    if (!w || !(w->path = strdup(path))) { free(w); return FY_ERR_NOMEM; }
-    fy_status st = open_path(w, path);
+    fy_status st = w && (w->path = strdup(path)) ? open_path(w, path) : FY_ERR_NOMEM;
     if (st == FY_OK) st = build_table(w);
-    if (st == FY_ERR_NOMEM) fy_log_error("%s: out of memory", path);
+    /* out of memory here, unless a callee said so already */
+    if (st == FY_ERR_NOMEM && fy_log_error_count() == errors) fy_log_error("%s: out of memory", path);
     if (st != FY_OK) { fy_weights_close(w); return st; }
     *out = w;
     return FY_OK;

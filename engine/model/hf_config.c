@@ -93,7 +93,7 @@ void fy_hf_set_int(cJSON *cfg, const char *key, long long v) {
 
 void fy_hf_set_float(cJSON *cfg, const char *key, float v) {
     char buf[48];
-    if (v == (float)(long long)v && fabsf(v) < 1e15f) { /* integral: 500000.0, not 5e+05 */
+    if (fabsf(v) < 1e15f && v == (float)(long long)v) { /* integral: 500000.0, not 5e+05 */
         snprintf(buf, sizeof buf, "%.1f", (double)v);
         set(cfg, key, cJSON_CreateRaw(buf));
         return;

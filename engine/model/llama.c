@@ -79,8 +79,12 @@ fy_status fy_llama_config_check(const fy_llama_config *c) {
         fy_log_error("rope scaling factor (%g) must be positive", r->factor);
         return FY_ERR_INVALID;
     }
+    if (!(r->theta <= 1e30f) || ((r->type == FY_ROPE_LINEAR || r->type == FY_ROPE_LLAMA3) && !(r->factor <= 1e6f))) {
+        fy_log_error("implausible rope_theta (%g) or scaling factor (%g)", r->theta, r->factor);
+        return FY_ERR_INVALID;
+    }
     if (r->type == FY_ROPE_LLAMA3 && !(r->low_freq_factor > 0.0f && r->high_freq_factor > r->low_freq_factor &&
-                                       r->orig_max_pos > 0.0f)) {
+                                       r->orig_max_pos > 0.0f && r->orig_max_pos <= (float)(1 << 30))) {
         fy_log_error("llama3 rope scaling needs 0 < low_freq_factor (%g) < high_freq_factor (%g) "
                      "and original_max_position_embeddings > 0 (%g)", r->low_freq_factor,
                      r->high_freq_factor, r->orig_max_pos);

@@ -18,7 +18,11 @@
 static fy_status read_rope(const cJSON *sc, const char *path, const char *key, fy_rope *r) {
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(sc, "rope_type");
     if (!type) type = cJSON_GetObjectItemCaseSensitive(sc, "type"); /* the older name */
-    const char *t = cJSON_IsString(type) ? type->valuestring : "default";
+    if (!cJSON_IsString(type)) {
+        fy_log_error("%s: %s has no rope_type (or type) saying how it scales", path, key);
+        return FY_ERR_FORMAT;
+    }
+    const char *t = type->valuestring;
     double v;
     if (!strcmp(t, "default")) {
         r->type = FY_ROPE_DEFAULT;
@@ -81,7 +85,8 @@ fy_status fy_llama_from_weights(const fy_weights *w, const fy_model_shape *hint,
         return FY_ERR_FORMAT;
     }
     FY_TRY(fy_hf_int(j, path, "head_dim", c.channels / c.heads, 2, 1 << 16, &c.head_dim));
-    FY_TRY(fy_hf_int(j, path, "max_position_embeddings", mistral ? 32768 : 2048, 1, 1 << 30,
+    /* LlamaConfig's and MistralConfig's defaults */
+    FY_TRY(fy_hf_int(j, path, "max_position_embeddings", mistral ? 131072 : 2048, 1, 1 << 30,
                      &c.max_seq));
     FY_TRY(fy_hf_float(j, path, "rms_norm_eps", 1e-6, &eps));
     c.norm_eps = (float)eps;
@@ -109,7 +114,11 @@ fy_status fy_llama_from_weights(const fy_weights *w, const fy_model_shape *hint,
         if (cJSON_IsObject(sc)) FY_TRY(read_rope(sc, path, "rope_scaling", &c.rope));
     }
     c.rope.theta = (float)theta;
-    if (mistral) FY_TRY(fy_hf_int(j, path, "sliding_window", 0, 0, 1 << 30, &c.sliding_window));
+    if (mistral) { /* absent: 4096 (MistralConfig's); null: none */
+        const cJSON *sw = cJSON_GetObjectItemCaseSensitive(j, "sliding_window");
+        if (!sw) c.sliding_window = 4096;
+        else if (!cJSON_IsNull(sw)) FY_TRY(fy_hf_int(j, path, "sliding_window", 0, 1, 1 << 30, &c.sliding_window));
+    }
     FY_TRY(agree(path, "heads", hint->heads, "num_attention_heads", c.heads));
     FY_TRY(agree(path, "kv-heads", hint->kv_heads, "num_key_value_heads", c.kv_heads));
     FY_TRY(agree(path, "ffn", hint->ffn, "intermediate_size", c.ffn));

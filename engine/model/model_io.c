@@ -8,6 +8,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -293,6 +294,7 @@ static fy_status save_file(const fy_model *m, const char *path, const fy_save_op
     if (st == FY_OK) {
         fy_st_entry *es = malloc((size_t)sv.n * sizeof *es);
         if (!es) {
+            fy_log_error("out of host memory to save the model");
             st = FY_ERR_NOMEM;
         } else {
             for (int i = 0; i < sv.n; i++) es[i] = sv.ts[i].e;
@@ -343,6 +345,29 @@ static bool is_safetensors_path(const char *path) {
     return n > k && !strcmp(path + n - k, ".safetensors");
 }
 
+/* The directory a --save path names, without trailing slashes (malloc'd); NULL (logged)
+ * for a path no directory can be written beside: "/", ".", "..", or ending in them. */
+static char *dir_target(const char *path) {
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--;
+    char *d = strndup(path, n);
+    if (!d) return NULL;
+    const char *slash = strrchr(d, '/'), *base = slash ? slash + 1 : d;
+    if (!*base || !strcmp(base, ".") || !strcmp(base, "..") || !strcmp(d, "/")) {
+        fy_log_error("--save %s: name the model directory itself (not \".\", \"..\" or \"/\")", path);
+        free(d);
+        return NULL;
+    }
+    return d;
+}
+
+/* The directory holding path (malloc'd): "." for a bare name. */
+static char *parent_of(const char *path) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) return strdup(".");
+    return slash == path ? strdup("/") : strndup(path, (size_t)(slash - path));
+}
+
 fy_status fy_model_save_check(const char *path) {
     struct stat sb;
     if (is_safetensors_path(path)) {
@@ -350,45 +375,59 @@ fy_status fy_model_save_check(const char *path) {
             fy_log_error("--save %s is a directory; a .safetensors name is one file", path);
             return FY_ERR_INVALID;
         }
-        char *dir = strdup(path), *slash = dir ? strrchr(dir, '/') : NULL;
+        char *dir = parent_of(path);
         if (!dir) return FY_ERR_NOMEM;
-        if (slash) *slash = '\0';
-        bool ok = !slash || slash == dir || (stat(dir, &sb) == 0 && S_ISDIR(sb.st_mode));
-        if (!ok) fy_log_error("--save %s: directory %s does not exist", path, dir);
+        bool ok = stat(dir, &sb) == 0 && S_ISDIR(sb.st_mode) && access(dir, W_OK) == 0;
+        if (!ok) fy_log_error("--save %s: directory %s does not exist or is not writable", path, dir);
         free(dir);
         return ok ? FY_OK : FY_ERR_INVALID;
     }
-    if (stat(path, &sb) != 0) {
+    char *target = dir_target(path);
+    if (!target) return FY_ERR_INVALID;
+    fy_status st = FY_OK;
+    if (lstat(target, &sb) != 0) {
+        char *parent = parent_of(target);
         if (errno != ENOENT) {
             fy_log_error("--save %s: %s", path, strerror(errno));
-            return FY_ERR_INVALID;
+            st = FY_ERR_INVALID;
+        } else if (!parent || stat(parent, &sb) != 0 || !S_ISDIR(sb.st_mode) ||
+                   access(parent, W_OK) != 0) {
+            fy_log_error("--save %s: directory %s does not exist or is not writable", path,
+                         parent ? parent : "?");
+            st = FY_ERR_INVALID;
         }
-        char *parent = strdup(path), *slash = parent ? strrchr(parent, '/') : NULL;
-        if (!parent) return FY_ERR_NOMEM;
-        if (slash && slash != parent) *slash = '\0';
-        bool ok = !slash || (stat(slash == parent ? "/" : parent, &sb) == 0 && S_ISDIR(sb.st_mode));
-        if (!ok) fy_log_error("--save %s: directory %s does not exist", path, parent);
         free(parent);
-        return ok ? FY_OK : FY_ERR_INVALID;
+        free(target);
+        return st;
     }
-    if (!S_ISDIR(sb.st_mode)) {
+    if (S_ISLNK(sb.st_mode)) {
+        fy_log_error("--save %s is a symbolic link; give the directory it points to (a link is "
+                     "never replaced)", path);
+        st = FY_ERR_INVALID;
+    } else if (!S_ISDIR(sb.st_mode)) {
         fy_log_error("--save %s exists and is not a directory (a model directory is written "
                      "unless the name ends in .safetensors)", path);
-        return FY_ERR_INVALID;
+        st = FY_ERR_INVALID;
     }
-    DIR *d = opendir(path);
-    if (!d) {
+    DIR *d = st == FY_OK ? opendir(target) : NULL;
+    if (st == FY_OK && !d) {
         fy_log_error("--save %s: %s", path, strerror(errno));
-        return FY_ERR_INVALID;
+        st = FY_ERR_INVALID;
     }
-    fy_status st = FY_OK;
-    for (struct dirent *e; (e = readdir(d)) && st == FY_OK;) {
+    for (struct dirent *e; d && (e = readdir(d)) && st == FY_OK;) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || ours(e->d_name)) continue;
         fy_log_error("--save %s: the directory holds %s, which ferry does not write; it replaces "
                      "only a model directory (give a new path)", path, e->d_name);
         st = FY_ERR_INVALID;
     }
-    closedir(d);
+    if (d) closedir(d);
+    char *parent = st == FY_OK ? parent_of(target) : NULL;
+    if (st == FY_OK && (!parent || access(parent, W_OK) != 0)) { /* the new one is made beside */
+        fy_log_error("--save %s: directory %s is not writable", path, parent ? parent : "?");
+        st = FY_ERR_INVALID;
+    }
+    free(parent);
+    free(target);
     return st;
 }
 
@@ -403,18 +442,42 @@ static fy_status fsync_path(const char *path, bool dir) {
     return FY_OK;
 }
 
-/* Removes a directory ferry wrote (only the files it writes; then the directory). */
+/* Removes a directory ferry wrote: the files it writes (and their temporary names),
+ * then the directory if that left it empty. A symbolic link is not followed. */
 static void remove_ours(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    for (struct dirent *e; (e = readdir(d));) {
-        if (!ours(e->d_name) && !strstr(e->d_name, ".tmp")) continue;
-        char *path = join(dir, e->d_name);
-        if (path) unlink(path);
-        free(path);
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        if (fd >= 0) close(fd);
+        return;
     }
+    for (struct dirent *e; (e = readdir(d));)
+        if (ours(e->d_name) || strstr(e->d_name, ".tmp")) unlinkat(dirfd(d), e->d_name, 0);
     closedir(d);
     rmdir(dir);
+}
+
+/* Directories an interrupted save left beside target (target.tmp.PID, target.old.PID of a
+ * process no longer running, or this one's): removed as remove_ours does. */
+static void remove_stale(const char *target) {
+    char *parent = parent_of(target);
+    const char *slash = strrchr(target, '/'), *base = slash ? slash + 1 : target;
+    DIR *d = parent ? opendir(parent) : NULL;
+    const size_t n = strlen(base);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        const char *rest = e->d_name + n;
+        if (strncmp(e->d_name, base, n) || (strncmp(rest, ".tmp.", 5) && strncmp(rest, ".old.", 5)))
+            continue;
+        char *end;
+        long pid = strtol(rest + 5, &end, 10);
+        if (end == rest + 5 || *end || pid <= 0) continue;
+        if (pid != (long)getpid() && !(kill((pid_t)pid, 0) != 0 && errno == ESRCH)) continue;
+        char *p = join(parent, e->d_name);
+        if (p) remove_ours(p);
+        free(p);
+    }
+    if (d) closedir(d);
+    free(parent);
 }
 
 static fy_status copy_file(const char *from, const char *to) {
@@ -521,6 +584,31 @@ static fy_status write_dir(saver *sv, const char *dir, const fy_save_opts *o) {
     return st;
 }
 
+/* The written directory tmp in place of target: renamed if target is new, else
+ * exchanged with it atomically (or, where the filesystem cannot, the old one moved to
+ * `old` first), and the old one removed. */
+static fy_status swap_in(const char *tmp, const char *target, const char *old) {
+    struct stat sb;
+    if (lstat(target, &sb) != 0) {
+        if (rename(tmp, target) == 0) return FY_OK;
+        fy_log_error("cannot rename %s to %s: %s", tmp, target, strerror(errno));
+        remove_ours(tmp);
+        return FY_ERR_IO;
+    }
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, target, RENAME_EXCHANGE) == 0) {
+        remove_ours(tmp); /* now the old directory */
+        return FY_OK;
+    }
+    if (rename(target, old) != 0 || rename(tmp, target) != 0) {
+        fy_log_error("cannot replace %s with %s: %s", target, tmp, strerror(errno));
+        if (lstat(target, &sb) != 0) rename(old, target);
+        remove_ours(tmp);
+        return FY_ERR_IO;
+    }
+    remove_ours(old);
+    return FY_OK;
+}
+
 static fy_status save_dir(const fy_model *m, const char *path, const fy_save_opts *o,
                           fy_block_source get, void *ctx) {
     if (!m->iface->hf_config) {
@@ -529,48 +617,35 @@ static fy_status save_dir(const fy_model *m, const char *path, const fy_save_opt
         return FY_ERR_INVALID;
     }
     FY_TRY(fy_model_save_check(path));
-    char tmp[4096], old[4096], parent[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    snprintf(old, sizeof old, "%s.old.%ld", path, (long)getpid());
-    snprintf(parent, sizeof parent, "%s", path);
-    char *slash = strrchr(parent, '/');
-    if (!slash) snprintf(parent, sizeof parent, ".");
-    else if (slash == parent) parent[1] = '\0';
-    else *slash = '\0';
-    remove_ours(tmp); /* a leftover of this pid's earlier, failed save */
+    char *target = dir_target(path), *parent = target ? parent_of(target) : NULL;
+    char tmp[4200], old[4200];
+    if (!target || !parent || strlen(target) > 4096) {
+        free(target);
+        free(parent);
+        fy_log_error("--save %s: out of memory or too long a path", path);
+        return FY_ERR_INVALID;
+    }
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", target, (long)getpid());
+    snprintf(old, sizeof old, "%s.old.%ld", target, (long)getpid());
+    remove_stale(target);
+    fy_status st = FY_OK;
     if (mkdir(tmp, 0755) != 0) {
         fy_log_error("cannot create %s: %s", tmp, strerror(errno));
-        return FY_ERR_IO;
+        st = FY_ERR_IO;
     }
     saver sv;
-    fy_status st = saver_init(&sv, m, o, get, ctx, m->iface->dir_prefix ? m->iface->dir_prefix : "");
-    if (st == FY_OK) st = write_dir(&sv, tmp, o);
-    saver_free(&sv);
-    if (st == FY_OK) st = fsync_path(tmp, true);
-    if (st != FY_OK) {
-        remove_ours(tmp);
-        return st;
+    if (st == FY_OK) {
+        st = saver_init(&sv, m, o, get, ctx, m->iface->dir_prefix ? m->iface->dir_prefix : "");
+        if (st == FY_OK) st = write_dir(&sv, tmp, o);
+        saver_free(&sv);
+        if (st == FY_OK) st = fsync_path(tmp, true);
+        if (st != FY_OK) remove_ours(tmp);
     }
-    struct stat sb;
-    bool exists = stat(path, &sb) == 0;
-    if (!exists) {
-        if (rename(tmp, path) != 0) {
-            fy_log_error("cannot rename %s to %s: %s", tmp, path, strerror(errno));
-            remove_ours(tmp);
-            return FY_ERR_IO;
-        }
-    } else if (renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RENAME_EXCHANGE) == 0) {
-        remove_ours(tmp); /* now the old directory */
-    } else { /* no atomic exchange on this filesystem: move the old one aside first */
-        if (rename(path, old) != 0 || rename(tmp, path) != 0) {
-            fy_log_error("cannot replace %s with %s: %s", path, tmp, strerror(errno));
-            if (stat(path, &sb) != 0) rename(old, path);
-            remove_ours(tmp);
-            return FY_ERR_IO;
-        }
-        remove_ours(old);
-    }
-    return fsync_path(parent, true);
+    if (st == FY_OK) st = swap_in(tmp, target, old);
+    if (st == FY_OK) st = fsync_path(parent, true);
+    free(target);
+    free(parent);
+    return st;
 }
 
 fy_status fy_model_save(const fy_model *m, const char *path, const fy_save_opts *o,
