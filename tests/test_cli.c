@@ -1551,3 +1551,52 @@ Test(cli, weights_beside_an_unrelated_config_json) {
     FERRY(&r, "train", SMALL, "--init", P("side/w.safetensors"), "--heads", "4");
     expect_ok(&r);
 }
+
+/* ---- budgets before allocation -------------------------------------------------------- */
+
+/* The cpu backend's device is this machine's memory: a run larger than it ends with one
+ * budget error before anything is allocated (the address space is capped at 2 GiB, so an
+ * attempt to allocate would fail otherwise), never with the OOM killer. */
+Test(cli, cpu_backend_refuses_a_run_larger_than_the_machine) {
+    cap_address_space();
+    run_result r;
+    FERRY(&r, "train", "--model", "llama3-70b", "--device", "cpu", "--batch", "1", "--seq", "128",
+          "--steps", "1");
+    EXPECT_ERROR(&r, 1, "device memory", "needs", "cpu backend", "short by");
+}
+
+Test(cli, host_mem_binds_training) {
+    run_result r;
+    FERRY(&r, "train", TINY, "--offload-optim", "1", "--host-mem", "1KiB");
+    EXPECT_ERROR(&r, 1, "host memory", "--host-mem", "short by");
+    FERRY(&r, "train", TINY, "--offload-optim", "1", "--host-mem", "64MiB");
+    expect_ok(&r);
+}
+
+/* --dry-run ends with one JSON line for scripts, its numbers the table's. */
+Test(cli, dry_run_prints_a_json_line) {
+    run_result r;
+    FERRY(&r, "train", "--model", "llama-tiny", "--device", "cpu", "--batch", "2", "--seq", "64",
+          "--offload-optim", "1", "--dry-run");
+    expect_ok(&r);
+    char line[4096];
+    last_line(r.out, line, sizeof line);
+    cJSON *j = cJSON_Parse(line);
+    cr_assert_not_null(j, "the last line is not JSON: %s", line);
+    static const char *const keys[] = {"params", "device_bytes", "host_bytes", "pinned_bytes"};
+    for (int i = 0; i < 4; i++)
+        cr_expect(cJSON_IsNumber(cJSON_GetObjectItem(j, keys[i])), "no %s in %s", keys[i], line);
+    /* llama-tiny: 256 x 128 embedding and head, 4 layers of 196864, the final norm */
+    cr_expect_eq(cJSON_GetObjectItem(j, "params")->valuedouble, 853120.0, "llama-tiny's parameters");
+    for (int side = 0; side < 2; side++) {
+        const cJSON *cats = cJSON_GetObjectItem(j, side ? "host" : "device");
+        double sum = 0;
+        for (const cJSON *c = cats ? cats->child : NULL; c; c = c->next) sum += c->valuedouble;
+        double total = cJSON_GetObjectItem(j, side ? "host_bytes" : "device_bytes")->valuedouble;
+        cr_expect(sum == total && total > 0, "%s categories sum to %.0f, total %.0f",
+                  side ? "host" : "device", sum, total);
+    }
+    cr_expect_gt(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "host"), "optimizer")->valuedouble, 0,
+                 "the optimizer is on the host");
+    cJSON_Delete(j);
+}

@@ -114,7 +114,7 @@ static const opt table[] = {
      "machine profile for tuning: a file from ferry probe, or a named one (a100-40gb-pcie4, "
      "rtx4090-pcie4, h100-80gb-pcie5, h200-141gb); default: this machine's cached probe", 0},
     {"host-mem", T_SIZE, O(host_mem), TU | TR | SW, "0", R_NONNEG, NULL, "SIZE",
-     "host memory budget for tuning (0 = no limit)", 0},
+     "host memory budget: binds training and tuning (0 = no limit)", 0},
     {"out", T_STR, O(out), PR | TU | SW, NULL, R_ANY, NULL, "FILE",
      "where to write the profile (probe; default the per-machine cache) or the plan (tune)", 0},
     {"grid", T_STR, O(grid), SW, NULL, R_ANY, NULL, "SPEC",

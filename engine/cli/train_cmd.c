@@ -8,10 +8,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/cli/tune_cmd.h"
 #include "engine/core/util.h"
 #include "engine/train.h"
+#include "offload/storage.h"
 
 #define MAX_TOKENS ((int64_t)1 << 26) /* per micro-batch */
 
@@ -97,6 +99,64 @@ static fy_status resolve_plan(const fy_opts *o, const fy_model *m, fy_dev_kind k
     return FY_OK;
 }
 
+/* The plan's memory against the budgets, before anything is allocated: --host-mem, and
+ * the device's: --gpu-mem, or on the cpu backend (whose device memory is this machine's
+ * RAM) 7/8 of the physical memory less the host state, which also becomes the device's
+ * budget, so an oversized run ends with one error instead of the OOM killer. */
+static fy_status check_budgets(const fy_opts *o, const fy_model *m, const fy_plan *plan,
+                               fy_dev_cfg *dev) {
+    fy_mem_model mm;
+    fy_storage_model(m, plan, (int)o->seq, &mm);
+    char need[32], have[32], short_by[32];
+    if (o->host_mem && mm.host_total > o->host_mem) {
+        fy_log_error("host memory: the plan needs %s; the budget (--host-mem) is %s, short by %s "
+                     "(offload less, or --plan auto)", fy_fmt_size(mm.host_total, need, sizeof need),
+                     fy_fmt_size(o->host_mem, have, sizeof have),
+                     fy_fmt_size(mm.host_total - o->host_mem, short_by, sizeof short_by));
+        return FY_ERR_INVALID;
+    }
+    size_t cap = o->gpu_mem;
+    const bool derived = !cap && dev->kind == FY_DEV_CPU;
+    if (derived) {
+        const size_t phys = (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGE_SIZE);
+        cap = phys / 8 * 7 > mm.host_total ? phys / 8 * 7 - mm.host_total : 1;
+        dev->mem_cap_nbytes = cap;
+    }
+    if (cap && mm.device_total > cap) {
+        fy_fmt_size(mm.device_total, need, sizeof need);
+        fy_fmt_size(cap, have, sizeof have);
+        fy_fmt_size(mm.device_total - cap, short_by, sizeof short_by);
+        if (derived)
+            fy_log_error("device memory: the plan needs %s; the cpu backend's budget is this "
+                         "machine's memory, %s (7/8 of it less the host state), short by %s (lower "
+                         "--batch or --seq, offload with --plan auto, or set --gpu-mem)", need,
+                         have, short_by);
+        else
+            fy_log_error("device memory: the plan needs %s; the budget (--gpu-mem) is %s, short "
+                         "by %s (offload more, or --plan auto)", need, have, short_by);
+        return FY_ERR_INVALID;
+    }
+    return FY_OK;
+}
+
+/* The dry run's last line, for scripts: the model's parameters and the plan's bytes, in
+ * total and by category. The host state is pinned when the system allows (storage.c). */
+static void print_memory_json(const fy_model *m, const fy_plan *plan, int T) {
+    fy_mem_model mm;
+    fy_storage_model(m, plan, T, &mm);
+    static const char *const cats[FY_CAT_COUNT] = {"parameters", "gradients", "optimizer",
+                                                   "activations", "staging", "workspace"};
+    printf("{\"params\":%zu,\"device_bytes\":%zu,\"host_bytes\":%zu,\"pinned_bytes\":%zu",
+           fy_model_num_params(m), mm.device_total, mm.host_total, mm.host_total);
+    for (int side = 0; side < 2; side++) {
+        printf(",\"%s\":{", side ? "host" : "device");
+        for (int c = 0; c < FY_CAT_COUNT; c++)
+            printf("%s\"%s\":%zu", c ? "," : "", cats[c], side ? mm.host[c] : mm.device[c]);
+        printf("}");
+    }
+    printf("}\n");
+}
+
 int fy_train_main(const fy_opts *o) {
     if (o->quiet) fy_log_set_level(FY_LOG_WARN);
     fy_weights *init = NULL;
@@ -108,6 +168,8 @@ int fy_train_main(const fy_opts *o) {
     if (st == FY_OK) st = resolve_model(o, fy_opts_given(o, "model"), &init, &m);
     if (st == FY_OK) st = resolve_plan(o, m, tc.dev.kind, &plan);
     if (st == FY_OK && (!o->quiet || o->dry_run)) fy_train_print_plan(m, &plan, (int)o->seq, stdout);
+    if (st == FY_OK && o->dry_run) print_memory_json(m, &plan, (int)o->seq);
+    if (st == FY_OK && !o->dry_run) st = check_budgets(o, m, &plan, &tc.dev);
     if (st == FY_OK && !o->dry_run) {
         tc.model = m;
         tc.plan = &plan;
