@@ -64,10 +64,7 @@ static fy_status upload_block(fy_trainer *tr, int b, const float *host, uint16_t
  * block-sized host buffer. */
 static fy_status fill_params(fy_trainer *tr, const fy_weights *w, uint64_t seed) {
     const unsigned errors = fy_log_error_count();
-    size_t max = 0;
-    for (int b = 0; b < fy_tr_nblocks(tr); b++)
-        if (fy_tr_block(tr, b)->nelem > max) max = fy_tr_block(tr, b)->nelem;
-    float *host = malloc(max * sizeof *host);
+    float *host = malloc(fy_model_max_block_nelem(tr->model) * sizeof *host);
     uint16_t *tmp = NULL;
     fy_status st = host ? FY_OK : FY_ERR_NOMEM;
     if (st == FY_OK && w) st = fy_model_check_weights(tr->model, w);

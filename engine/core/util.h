@@ -1,4 +1,5 @@
-/* util.h — strict parsing of numbers and sizes, clocks, aligned allocation.
+/* util.h — strict parsing of numbers and sizes, clocks, aligned allocation, a string
+ * suffix test.
  *
  * The parsers accept a whole string or nothing: trailing junk, empty strings and
  * out-of-range values are errors, so a flag like "--steps 10x" is refused. */
@@ -8,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -25,6 +27,12 @@ const char *fy_fmt_size(size_t nbytes, char *buf, size_t cap);
 double fy_now_ms(void);
 
 static inline size_t fy_round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+/* Whether s ends with suffix (s == suffix included). */
+static inline bool fy_str_ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && !memcmp(s + a - b, suffix, b);
+}
 
 #ifdef __cplusplus
 }

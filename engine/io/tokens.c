@@ -31,6 +31,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "engine/core/util.h"
+
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "tokens.c reads little-endian token files in place"
 #endif
@@ -63,11 +65,6 @@ struct fy_loader {
     size_t pos;      /* offset from begin of the next batch */
 };
 
-static int ends_with(const char *s, const char *suffix) {
-    size_t a = strlen(s), b = strlen(suffix);
-    return a >= b && !strcmp(s + a - b, suffix);
-}
-
 /* Judges the file from its size and header: on success sets the token size, the count
  * and the offset of the first token; otherwise writes the problem into why. */
 static fy_status classify(const char *path, int fd, size_t size, int *tok_nbytes,
@@ -81,7 +78,7 @@ static fy_status classify(const char *path, int fd, size_t size, int *tok_nbytes
                FY_ERR_IO;
     int is_shard = size >= 4 && (hdr[0] == FY_SHARD_MAGIC_V1 || hdr[0] == FY_SHARD_MAGIC_V7);
     if (!is_shard) {
-        if (ends_with(path, ".bin")) {
+        if (fy_str_ends_with(path, ".bin")) {
             if (size < 4) return snprintf(why, cap, "bad magic: %zu-byte file is not an llm.c "
                                           "token shard", size), FY_ERR_FORMAT;
             return snprintf(why, cap, "bad magic %d: not an llm.c token shard (expected %d or "

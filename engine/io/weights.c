@@ -36,11 +36,6 @@ static char *dup_printf(const char *fmt, const char *a, const char *b) {
     return s;
 }
 
-static bool ends_with(const char *s, const char *suffix) {
-    size_t n = strlen(s), m = strlen(suffix);
-    return n >= m && !strcmp(s + n - m, suffix);
-}
-
 static bool is_file(const char *path) {
     struct stat sb;
     return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
@@ -96,7 +91,7 @@ static fy_status build_table(fy_weights *w) {
 
 /* A shard name from an index: a plain file name in the index's directory. */
 static bool plain_shard_name(const char *s) {
-    return *s && !strchr(s, '/') && strcmp(s, ".") && strcmp(s, "..") && ends_with(s, ".safetensors");
+    return *s && !strchr(s, '/') && strcmp(s, ".") && strcmp(s, "..") && fy_str_ends_with(s, ".safetensors");
 }
 
 static fy_status open_index(fy_weights *w, const char *index) {
@@ -235,7 +230,7 @@ static fy_status open_path(fy_weights *w, const char *path) {
     const char *slash = strrchr(path, '/');
     w->dir = slash ? strndup(path, (size_t)(slash - path) + (slash == path)) : strdup(".");
     if (!w->dir) return FY_ERR_NOMEM;
-    bool index = ends_with(path, ".json");
+    bool index = fy_str_ends_with(path, ".json");
     if (index) {
         st = open_index(w, path);
     } else {
@@ -279,7 +274,6 @@ void fy_weights_close(fy_weights *w) {
 
 const char *fy_weights_path(const fy_weights *w) { return w->path; }
 const char *fy_weights_dir(const fy_weights *w) { return w->dir; }
-int fy_weights_nfiles(const fy_weights *w) { return w->nfiles; }
 int fy_weights_count(const fy_weights *w) { return w->n; }
 
 const fy_st_tensor *fy_weights_at(const fy_weights *w, int i, const fy_st_file **file) {

@@ -39,7 +39,6 @@ void fy_weights_close(fy_weights *w); /* NULL is a no-op */
 const char *fy_weights_path(const fy_weights *w); /* as given */
 /* The directory the files are in ("." for a bare file name). */
 const char *fy_weights_dir(const fy_weights *w);
-int fy_weights_nfiles(const fy_weights *w);
 
 /* Every tensor of every shard, in shard order; *file (if not NULL) gets its shard. */
 int fy_weights_count(const fy_weights *w);

@@ -136,10 +136,7 @@ fy_status fy_gpt2_from_weights(const fy_weights *w, const fy_model_shape *hint, 
 
 void fy_gpt2_hf_config(const fy_model *m, cJSON *j) {
     const fy_gpt2_config *c = fy_gpt2_config_of(m);
-    cJSON *arch = cJSON_CreateArray();
-    if (arch) cJSON_AddItemToArray(arch, cJSON_CreateString("GPT2LMHeadModel"));
-    if (cJSON_GetObjectItemCaseSensitive(j, "architectures")) cJSON_ReplaceItemInObjectCaseSensitive(j, "architectures", arch);
-    else cJSON_AddItemToObject(j, "architectures", arch);
+    fy_hf_set_architecture(j, "GPT2LMHeadModel");
     fy_hf_set_string(j, "model_type", "gpt2");
     fy_hf_set_int(j, "vocab_size", c->vocab);
     fy_hf_set_int(j, "n_positions", c->max_seq);

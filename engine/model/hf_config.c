@@ -110,6 +110,11 @@ void fy_hf_set_bool(cJSON *cfg, const char *key, bool v) { set(cfg, key, cJSON_C
 void fy_hf_set_string(cJSON *cfg, const char *key, const char *v) { set(cfg, key, cJSON_CreateString(v)); }
 void fy_hf_set_null(cJSON *cfg, const char *key) { set(cfg, key, cJSON_CreateNull()); }
 
+void fy_hf_set_architecture(cJSON *cfg, const char *cls) {
+    const char *const names[] = {cls};
+    set(cfg, "architectures", cJSON_CreateStringArray(names, 1));
+}
+
 cJSON *fy_hf_set_object(cJSON *cfg, const char *key) {
     cJSON *o = cJSON_CreateObject();
     set(cfg, key, o);

@@ -29,6 +29,8 @@ void fy_hf_set_int(cJSON *cfg, const char *key, long long v);
 void fy_hf_set_float(cJSON *cfg, const char *key, float v);
 void fy_hf_set_bool(cJSON *cfg, const char *key, bool v);
 void fy_hf_set_string(cJSON *cfg, const char *key, const char *v);
+/* "architectures": [cls], the transformers class that loads the model. */
+void fy_hf_set_architecture(cJSON *cfg, const char *cls);
 /* Sets key to a fresh object / null, returning it. */
 cJSON *fy_hf_set_object(cJSON *cfg, const char *key);
 void fy_hf_set_null(cJSON *cfg, const char *key);

@@ -392,8 +392,7 @@ static void cost(const fy_model *m, int b, fy_pass pass, int B, int T, double es
 /* Buffers some checkpoints hold besides the parameters, and a tied model's lm_head
  * (transformers ignores it too). */
 static bool ignored(const fy_model *m, const char *name) {
-    size_t n = strlen(name), k = strlen("rotary_emb.inv_freq");
-    if (n >= k && !strcmp(name + n - k, "rotary_emb.inv_freq")) return true;
+    if (fy_str_ends_with(name, "rotary_emb.inv_freq")) return true;
     return fy_llama_config_of(m)->tied && !strcmp(name, "lm_head.weight");
 }
 

@@ -140,11 +140,7 @@ void fy_llama_hf_config(const fy_model *m, cJSON *j) {
     const fy_llama_config *c = fy_llama_config_of(m);
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(j, "model_type");
     const bool mistral = cJSON_IsString(mt) && !strcmp(mt->valuestring, "mistral");
-    cJSON *arch = cJSON_CreateArray();
-    if (arch) cJSON_AddItemToArray(arch, cJSON_CreateString(mistral ? "MistralForCausalLM"
-                                                                    : "LlamaForCausalLM"));
-    if (cJSON_GetObjectItemCaseSensitive(j, "architectures")) cJSON_ReplaceItemInObjectCaseSensitive(j, "architectures", arch);
-    else cJSON_AddItemToObject(j, "architectures", arch);
+    fy_hf_set_architecture(j, mistral ? "MistralForCausalLM" : "LlamaForCausalLM");
     fy_hf_set_string(j, "model_type", mistral ? "mistral" : "llama");
     fy_hf_set_int(j, "vocab_size", c->vocab);
     fy_hf_set_int(j, "hidden_size", c->channels);

@@ -266,6 +266,13 @@ int fy_model_layers(const fy_model *m) { return m->layers; }
 int fy_model_vocab(const fy_model *m) { return m->vocab; }
 size_t fy_model_num_params(const fy_model *m) { return m->num_params; }
 
+size_t fy_model_max_block_nelem(const fy_model *m) {
+    size_t max = 0;
+    for (int b = 0; b < m->nblocks; b++)
+        if (m->blocks[b].nelem > max) max = m->blocks[b].nelem;
+    return max;
+}
+
 const fy_block_spec *fy_model_block(const fy_model *m, int b) {
     FY_ASSERT(b >= 0 && b < m->nblocks, "no such block");
     return &m->blocks[b];

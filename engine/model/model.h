@@ -114,6 +114,7 @@ const fy_block_spec *fy_model_block(const fy_model *m, int b);
 int fy_model_layers(const fy_model *m);  /* blocks of kind FY_BLOCK_LAYER */
 int fy_model_vocab(const fy_model *m);   /* token ids must be below it */
 size_t fy_model_num_params(const fy_model *m); /* without padding */
+size_t fy_model_max_block_nelem(const fy_model *m); /* the largest block's nelem */
 /* FY_ERR_INVALID (logged) if sequences of T tokens do not fit the model. */
 fy_status fy_model_check_seq(const fy_model *m, int64_t T);
 

@@ -193,10 +193,9 @@ static fy_status saver_init(saver *sv, const fy_model *m, const fy_save_opts *o,
     sv->get = get;
     sv->ctx = ctx;
     sv->cached = -1;
-    size_t maxblock = 0, maxt = 0;
+    size_t maxt = 0;
     for (int b = 0; b < m->nblocks; b++) {
         sv->n += m->blocks[b].ntensors;
-        if (m->blocks[b].nelem > maxblock) maxblock = m->blocks[b].nelem;
         for (int i = 0; i < m->blocks[b].ntensors; i++) {
             const fy_tensor_spec *ts = &m->blocks[b].tensors[i];
             size_t ne = (size_t)ts->rows * ts->cols;
@@ -204,7 +203,7 @@ static fy_status saver_init(saver *sv, const fy_model *m, const fy_save_opts *o,
         }
     }
     sv->ts = calloc((size_t)sv->n, sizeof *sv->ts);
-    sv->buf = malloc(maxblock * sizeof(float));
+    sv->buf = malloc(fy_model_max_block_nelem(m) * sizeof(float));
     sv->tbuf = maxt ? malloc(maxt * sizeof(float)) : NULL;
     if (!sv->ts || !sv->buf || (maxt && !sv->tbuf)) {
         fy_log_error("out of host memory to save the model");
