@@ -31,14 +31,12 @@ double fy_lr_at(int64_t s, int64_t steps, double lr, double min_lr, int64_t warm
     return min_lr + 0.5 * (1.0 + cos(M_PI * r)) * (lr - min_lr);
 }
 
-void fy_train_print_plan(const fy_model *m, const fy_plan *plan, int T, FILE *f) {
+void fy_train_print_plan(const fy_plan *plan, const fy_mem_model *mm, FILE *f) {
     char desc[512];
     fy_plan_describe(plan, desc, sizeof desc);
     fprintf(f, "plan    micro-batch %d x %d accumulated | %s\n", plan->micro_batch,
             plan->grad_accum, desc);
-    fy_mem_model model;
-    fy_storage_model(m, plan, T, &model);
-    fy_mem_model_print(&model, f);
+    fy_mem_model_print(mm, f);
 }
 
 /* A float as JSON: non-finite values have no JSON number, they are written as null. */

@@ -15,9 +15,9 @@
 #include <stdio.h>
 
 #include "engine/device/device.h"
-#include "engine/io/safetensors.h"
 #include "engine/model/model.h"
 #include "offload/plan.h"
+#include "offload/storage.h"
 #include "scheduler/scheduler.h"
 
 #ifdef __cplusplus
@@ -77,9 +77,9 @@ fy_status fy_eval(const fy_eval_cfg *cfg, fy_eval_result *out);
 double fy_lr_at(int64_t s, int64_t steps, double lr, double min_lr, int64_t warmup,
                 bool cosine);
 
-/* "plan    micro-batch B x A accumulated | ..." and the memory model of training plan
- * with sequences of T, as printed before training and by a dry run. */
-void fy_train_print_plan(const fy_model *m, const fy_plan *plan, int T, FILE *f);
+/* "plan    micro-batch B x A accumulated | ..." and the plan's memory model (from
+ * fy_storage_model), as printed before training and by a dry run. */
+void fy_train_print_plan(const fy_plan *plan, const fy_mem_model *mm, FILE *f);
 
 #ifdef __cplusplus
 }

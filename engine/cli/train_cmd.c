@@ -13,7 +13,6 @@
 #include "engine/cli/tune_cmd.h"
 #include "engine/core/util.h"
 #include "engine/train.h"
-#include "offload/storage.h"
 
 #define MAX_TOKENS ((int64_t)1 << 26) /* per micro-batch */
 
@@ -103,10 +102,8 @@ static fy_status resolve_plan(const fy_opts *o, const fy_model *m, fy_dev_kind k
  * the device's: --gpu-mem, or on the cpu backend (whose device memory is this machine's
  * RAM) 7/8 of the physical memory less the host state, which also becomes the device's
  * budget, so an oversized run ends with one error instead of the OOM killer. */
-static fy_status check_budgets(const fy_opts *o, const fy_model *m, const fy_plan *plan,
-                               fy_dev_cfg *dev) {
-    fy_mem_model mm;
-    fy_storage_model(m, plan, (int)o->seq, &mm);
+static fy_status check_budgets(const fy_opts *o, const fy_mem_model *plan_mm, fy_dev_cfg *dev) {
+    const fy_mem_model mm = *plan_mm;
     char need[32], have[32], short_by[32];
     if (o->host_mem && mm.host_total > o->host_mem) {
         fy_log_error("host memory: the plan needs %s; the budget (--host-mem) is %s, short by %s "
@@ -141,17 +138,15 @@ static fy_status check_budgets(const fy_opts *o, const fy_model *m, const fy_pla
 
 /* The dry run's last line, for scripts: the model's parameters and the plan's bytes, in
  * total and by category. The host state is pinned when the system allows (storage.c). */
-static void print_memory_json(const fy_model *m, const fy_plan *plan, int T) {
-    fy_mem_model mm;
-    fy_storage_model(m, plan, T, &mm);
+static void print_memory_json(const fy_model *m, const fy_mem_model *mm) {
     static const char *const cats[FY_CAT_COUNT] = {"parameters", "gradients", "optimizer",
                                                    "activations", "staging", "workspace"};
     printf("{\"params\":%zu,\"device_bytes\":%zu,\"host_bytes\":%zu,\"pinned_bytes\":%zu",
-           fy_model_num_params(m), mm.device_total, mm.host_total, mm.host_total);
+           fy_model_num_params(m), mm->device_total, mm->host_total, mm->host_total);
     for (int side = 0; side < 2; side++) {
         printf(",\"%s\":{", side ? "host" : "device");
         for (int c = 0; c < FY_CAT_COUNT; c++)
-            printf("%s\"%s\":%zu", c ? "," : "", cats[c], side ? mm.host[c] : mm.device[c]);
+            printf("%s\"%s\":%zu", c ? "," : "", cats[c], side ? mm->host[c] : mm->device[c]);
         printf("}");
     }
     printf("}\n");
@@ -167,9 +162,11 @@ int fy_train_main(const fy_opts *o) {
     if (st == FY_OK) st = fy_opts_dev_cfg(o, !o->dry_run, &tc.dev);
     if (st == FY_OK) st = resolve_model(o, fy_opts_given(o, "model"), &init, &m);
     if (st == FY_OK) st = resolve_plan(o, m, tc.dev.kind, &plan);
-    if (st == FY_OK && (!o->quiet || o->dry_run)) fy_train_print_plan(m, &plan, (int)o->seq, stdout);
-    if (st == FY_OK && o->dry_run) print_memory_json(m, &plan, (int)o->seq);
-    if (st == FY_OK && !o->dry_run) st = check_budgets(o, m, &plan, &tc.dev);
+    fy_mem_model mm = {0};
+    if (st == FY_OK) fy_storage_model(m, &plan, (int)o->seq, &mm);
+    if (st == FY_OK && (!o->quiet || o->dry_run)) fy_train_print_plan(&plan, &mm, stdout);
+    if (st == FY_OK && o->dry_run) print_memory_json(m, &mm);
+    if (st == FY_OK && !o->dry_run) st = check_budgets(o, &mm, &tc.dev);
     if (st == FY_OK && !o->dry_run) {
         tc.model = m;
         tc.plan = &plan;
