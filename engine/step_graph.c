@@ -102,18 +102,22 @@ struct sg_task {
 
 static int accum(const fy_trainer *tr) { return tr->plan.grad_accum; }
 static bool staged(const fy_trainer *tr, int b) { return tr->st->chunks[b].needs_grad_staging; }
+static fy_ring_id ring(const fy_trainer *tr, int b) { return tr->st->chunks[b].ring; }
 static size_t tokens_n(const fy_trainer *tr) { return (size_t)tr->plan.micro_batch * tr->st->T; }
 static int step_of(const fy_trainer *tr, const sg_task *p) { return p->micro / accum(tr); }
 static int64_t abs_micro(const fy_trainer *tr, const sg_task *p) {
     return (tr->eval ? tr->eval_base : tr->micro_base) + p->micro;
 }
 
-/* The buffer of the unit task `id` took from the parameter or the gradient pool. */
+/* The buffer of the unit task `id` took from a parameter or a gradient pool: its block's
+ * ring (a fetch's block, a gopen's, or a backward pass's own). */
 static void *param_unit(const fy_trainer *tr, int id) {
-    return tr->st->param_slots[tr->graph->tasks[id].unit];
+    const fy_task *t = &tr->graph->tasks[id];
+    return tr->st->param_ring[tr->st->chunks[t->block].ring].slots[t->unit];
 }
 static void *grad_unit(const fy_trainer *tr, int id) {
-    return tr->st->grad_slots[tr->graph->tasks[id].unit];
+    const fy_task *t = &tr->graph->tasks[id];
+    return tr->st->grad_ring[tr->st->chunks[t->block].ring].slots[t->unit];
 }
 
 /* Block b's parameters: the slot of fetch task `fetch`, or the resident copy. */
@@ -475,7 +479,7 @@ void fy_trainer_set_cost(fy_trainer *tr, fy_task_kind kind, int block, double ms
 typedef struct builder {
     fy_trainer *tr;
     fy_graph *g;
-    int ppool, gpool;
+    int ppool[FY_RINGS], gpool[FY_RINGS]; /* the rings' pools */
     int64_t pos;            /* next program position of a compute task */
     int epoch;              /* the step being built */
     bool barrier;           /* updates wait for the norm */
@@ -539,7 +543,7 @@ static int fetch(builder *bd, int b, int micro) {
     if (!fy_tr_streamed(bd->tr, b)) return -1;
     int f = add(bd, FY_LANE_H2D, FY_T_H2D_PARAM, b, micro);
     if (f < 0) return -1;
-    bd->g->tasks[f].acquire_pool = bd->ppool;
+    bd->g->tasks[f].acquire_pool = bd->ppool[ring(bd->tr, b)];
     dep(bd, bd->ready[b], f);
     return f;
 }
@@ -573,7 +577,7 @@ static sg_grad grad_of(builder *bd, int b, int id) {
     if (bd->opened[b]) return (sg_grad){bd->grad[b].holder, false};
     bd->opened[b] = true;
     bd->grad[b] = (sg_grad){staged(bd->tr, b) ? id : -1, true};
-    if (staged(bd->tr, b)) bd->g->tasks[id].acquire_pool = bd->gpool;
+    if (staged(bd->tr, b)) bd->g->tasks[id].acquire_pool = bd->gpool[ring(bd->tr, b)];
     return bd->grad[b];
 }
 
@@ -618,7 +622,7 @@ static int open_links(builder *bd, int b, int m, int prev) {
         if (!staged(tr, l) || bd->opened[l]) continue;
         int go = add(bd, FY_LANE_COMPUTE, FY_T_GOPEN, l, m);
         if (go < 0) return prev;
-        bd->g->tasks[go].acquire_pool = bd->gpool;
+        bd->g->tasks[go].acquire_pool = bd->gpool[ring(bd->tr, l)];
         dep(bd, prev, go);
         bd->opened[l] = true;
         bd->grad[l] = (sg_grad){go, false};
@@ -762,8 +766,10 @@ static fy_status builder_init(builder *bd, fy_trainer *tr, fy_graph *g, bool bar
     bd->nb = fy_tr_nblocks(tr);
     fy_graph_init(g);
     g->kind_name = fy_task_kind_name;
-    bd->ppool = fy_graph_pool(g, tr->st->nparam_slots);
-    bd->gpool = fy_graph_pool(g, tr->st->ngrad_slots);
+    for (int r = 0; r < FY_RINGS; r++) {
+        bd->ppool[r] = fy_graph_pool(g, tr->st->param_ring[r].n);
+        bd->gpool[r] = fy_graph_pool(g, tr->st->grad_ring[r].n);
+    }
     const size_t n = (size_t)bd->nb;
     bd->ready = malloc(n * sizeof *bd->ready);
     bd->last_bwd = malloc(n * sizeof *bd->last_bwd);

@@ -67,36 +67,52 @@ static size_t fsz(size_t nelem) { return nelem * sizeof(float); }
 static fy_dtype plan_dtype(const fy_plan *plan) { return plan->dtype == FY_BF16 ? FY_BF16 : FY_F32; }
 
 /* The least slots each ring needs for the serial order to run. Parameters: the most
- * streamed blocks one task uses at once (a block and the blocks it links to). Gradients:
- * walking backward from the head, the most staged gradients open at once: a block's own
- * during its backward, and a linked block's from the backward of the block linking to
- * it until its own (it is opened by the first writer). */
-static void min_slots(const fy_model *m, const fy_plan *plan, const fy_chunk *c, int *np,
-                      int *ng) {
+ * streamed blocks of the ring one task uses at once (a block and the blocks it links to).
+ * Gradients: walking backward from the head, the most staged gradients of the ring open
+ * at once: a block's own during its backward, and a linked block's from the backward of
+ * the block linking to it until its own (it is opened by the first writer). */
+static void min_slots(const fy_model *m, const fy_plan *plan, const fy_chunk *c,
+                      int np[FY_RINGS], int ng[FY_RINGS]) {
     const int nb = plan->nblocks;
     bool *held = calloc((size_t)nb, sizeof *held);
     FY_ASSERT(held, "out of host memory sizing the staging rings");
-    int nheld = 0;
-    *np = *ng = 0;
+    int nheld[FY_RINGS] = {0};
+    for (int r = 0; r < FY_RINGS; r++) np[r] = ng[r] = 0;
     for (int b = nb - 1; b >= 0; b--) {
         const fy_block_spec *blk = fy_model_block(m, b);
-        int p = plan->blocks[b].params == FY_PARAMS_STREAMED, opened = 0;
-        const int own = c[b].needs_grad_staging && !held[b];
+        int p[FY_RINGS] = {0}, open[FY_RINGS] = {0};
+        p[c[b].ring] += plan->blocks[b].params == FY_PARAMS_STREAMED;
+        open[c[b].ring] += c[b].needs_grad_staging && !held[b];
         for (int k = 0; k < blk->nlinks; k++) {
             const int l = blk->links[k];
-            p += plan->blocks[l].params == FY_PARAMS_STREAMED;
-            opened += c[l].needs_grad_staging && !held[l];
+            p[c[l].ring] += plan->blocks[l].params == FY_PARAMS_STREAMED;
+            open[c[l].ring] += c[l].needs_grad_staging && !held[l];
         }
-        if (p > *np) *np = p;
-        if (nheld + own + opened > *ng) *ng = nheld + own + opened;
+        for (int r = 0; r < FY_RINGS; r++) {
+            if (p[r] > np[r]) np[r] = p[r];
+            if (nheld[r] + open[r] > ng[r]) ng[r] = nheld[r] + open[r];
+        }
         for (int k = 0; k < blk->nlinks; k++) {
             const int l = blk->links[k];
-            if (c[l].needs_grad_staging && !held[l]) { held[l] = true; nheld++; }
+            if (c[l].needs_grad_staging && !held[l]) { held[l] = true; nheld[c[l].ring]++; }
         }
-        if (held[b]) { held[b] = false; nheld--; }
+        if (held[b]) { held[b] = false; nheld[c[b].ring]--; }
     }
     free(held);
 }
+
+/* The ring of each block: the large one for a block that is not a layer and is larger
+ * than the largest layer. */
+static fy_ring_id ring_of(const fy_model *m, int b) {
+    const fy_block_spec *blk = fy_model_block(m, b);
+    size_t layer_max = 0;
+    for (int i = 0; i < fy_model_nblocks(m); i++)
+        if (fy_model_block(m, i)->kind == FY_BLOCK_LAYER && fy_model_block(m, i)->nelem > layer_max)
+            layer_max = fy_model_block(m, i)->nelem;
+    return blk->kind != FY_BLOCK_LAYER && blk->nelem > layer_max ? FY_RING_LARGE : FY_RING_LAYER;
+}
+
+static const char *ring_names[FY_RINGS] = {"layer", "large"};
 
 static fy_status layout(walk *w, const fy_model *m, const fy_plan *plan, int T, bool training,
                         fy_chunk *chunks, fy_storage *st) {
@@ -108,8 +124,8 @@ static fy_status layout(walk *w, const fy_model *m, const fy_plan *plan, int T, 
     char what[64];
     fy_chunk *c_all = chunks ? chunks : calloc((size_t)nb, sizeof *c_all);
     if (!c_all) return FY_ERR_NOMEM;
-    size_t pslot = 0, gslot = 0;
-    bool any_cpu = false, any_streamed = false, any_staged = false;
+    size_t pslot[FY_RINGS] = {0}, gslot[FY_RINGS] = {0}, gslot_max = 0;
+    bool any_cpu = false;
     fy_status s = FY_OK;
     for (int b = 0; b < nb; b++) {
         const fy_block_plan *bp = &plan->blocks[b];
@@ -117,18 +133,18 @@ static fy_status layout(walk *w, const fy_model *m, const fy_plan *plan, int T, 
         fy_chunk *c = &c_all[b];
         memset(c, 0, sizeof *c);
         c->nelem = fy_model_block(m, b)->nelem;
+        c->ring = ring_of(m, b);
         const size_t nbytes = fsz(c->nelem), lpbytes = c->nelem * es;
         bool streamed = bp->params == FY_PARAMS_STREAMED, cpu = bp->optim == FY_OPTIM_CPU;
         c->needs_grad_staging = training && (cpu || plan->grad_accum > 1);
         if (streamed) {
             /* a device update of a bf16 block needs its fp32 master and the bf16 copy out */
             size_t need = lp && training && !cpu ? nbytes + lpbytes : lpbytes;
-            any_streamed = true;
-            if (need > pslot) pslot = need;
+            if (need > pslot[c->ring]) pslot[c->ring] = need;
         }
         if (c->needs_grad_staging) {
-            any_staged = true;
-            if (lpbytes > gslot) gslot = lpbytes;
+            if (lpbytes > gslot[c->ring]) gslot[c->ring] = lpbytes;
+            if (lpbytes > gslot_max) gslot_max = lpbytes;
         }
         any_cpu |= cpu;
         if (!streamed) {
@@ -158,37 +174,38 @@ static fy_status layout(walk *w, const fy_model *m, const fy_plan *plan, int T, 
             if ((s = take(w, FY_CAT_OPTIM, nbytes, what, &c->v)) != FY_OK) goto done;
         }
     }
-    /* staging rings: the serial minimum plus the plan's prefetch depth, so transfers can
-     * run ahead of compute */
-    int npslots, ngslots;
-    min_slots(m, plan, c_all, &npslots, &ngslots);
-    if (!any_streamed) npslots = 0;
-    if (!any_staged) ngslots = 0;
-    if (npslots) npslots += plan->prefetch;
-    if (ngslots) ngslots += plan->prefetch;
+    /* staging rings: the serial minimum, plus the plan's prefetch depth in the layer
+     * ring so transfers can run ahead of compute */
+    int np[FY_RINGS], ng[FY_RINGS];
+    min_slots(m, plan, c_all, np, ng);
+    if (np[FY_RING_LAYER]) np[FY_RING_LAYER] += plan->prefetch;
+    if (ng[FY_RING_LAYER]) ng[FY_RING_LAYER] += plan->prefetch;
     if (st) {
-        st->nparam_slots = npslots;
-        st->ngrad_slots = ngslots;
-        st->param_slot_nbytes = pslot;
-        st->grad_slot_nbytes = gslot;
         st->dtype = dt;
         st->es = es;
-        st->param_slots = calloc((size_t)(npslots ? npslots : 1), sizeof(void *));
-        st->grad_slots = calloc((size_t)(ngslots ? ngslots : 1), sizeof(void *));
-        if (!st->param_slots || !st->grad_slots) { s = FY_ERR_NOMEM; goto done; }
     }
     void *tmp;
-    for (int i = 0; i < npslots; i++) {
-        snprintf(what, sizeof what, "parameter staging slot %d", i);
-        if ((s = take(w, FY_CAT_STAGING, pslot, what, st ? &st->param_slots[i] : &tmp)) != FY_OK) goto done;
-    }
-    for (int i = 0; i < ngslots; i++) {
-        snprintf(what, sizeof what, "gradient staging slot %d", i);
-        if ((s = take(w, FY_CAT_STAGING, gslot, what, st ? &st->grad_slots[i] : &tmp)) != FY_OK) goto done;
+    for (int r = 0; r < FY_RINGS; r++) {
+        fy_ring *pr = st ? &st->param_ring[r] : NULL, *gr = st ? &st->grad_ring[r] : NULL;
+        if (st) {
+            *pr = (fy_ring){.n = np[r], .nbytes = pslot[r],
+                            .slots = calloc((size_t)(np[r] ? np[r] : 1), sizeof(void *))};
+            *gr = (fy_ring){.n = ng[r], .nbytes = gslot[r],
+                            .slots = calloc((size_t)(ng[r] ? ng[r] : 1), sizeof(void *))};
+            if (!pr->slots || !gr->slots) { s = FY_ERR_NOMEM; goto done; }
+        }
+        for (int i = 0; i < np[r]; i++) {
+            snprintf(what, sizeof what, "parameter staging slot %d (%s ring)", i, ring_names[r]);
+            if ((s = take(w, FY_CAT_STAGING, pslot[r], what, pr ? &pr->slots[i] : &tmp)) != FY_OK) goto done;
+        }
+        for (int i = 0; i < ng[r]; i++) {
+            snprintf(what, sizeof what, "gradient staging slot %d (%s ring)", i, ring_names[r]);
+            if ((s = take(w, FY_CAT_STAGING, gslot[r], what, gr ? &gr->slots[i] : &tmp)) != FY_OK) goto done;
+        }
     }
     /* host landing buffer for micro-batch gradients added into grad_host */
     if (any_cpu && plan->grad_accum > 1)
-        carve(w, FY_CAT_STAGING, gslot, st ? (void *)&st->grad_host_tmp : &tmp);
+        carve(w, FY_CAT_STAGING, gslot_max, st ? (void *)&st->grad_host_tmp : &tmp);
     /* activations: the saved area recomputed blocks share, then each block's own */
     size_t shared_n = 0, work_n = 0, out_max = 0;
     for (int b = 0; b < nb; b++) {
@@ -318,8 +335,10 @@ void fy_storage_free(fy_storage *st) {
     for (int i = st->nallocs - 1; i >= 0; i--) fy_dev_release(st->dev, st->allocs[i]);
     if (st->dev) fy_dev_release(st->dev, st->arena);
     free(st->allocs);
-    free(st->param_slots);
-    free(st->grad_slots);
+    for (int r = 0; r < FY_RINGS; r++) {
+        free(st->param_ring[r].slots);
+        free(st->grad_ring[r].slots);
+    }
     free(st->chunks);
     free(st->acts);
     fy_plan_free(&st->plan);

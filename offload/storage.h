@@ -15,11 +15,17 @@
  * (plan->dtype); masters and moments are fp32. With bf16 storage, a streamed block's
  * update on the device fetches its fp32 master into the slot, followed by room for the
  * bf16 copy the update writes out.
- * Streamed parameters are fetched into a ring of device staging slots; gradients that
- * must leave the device (cpu optimiser) or be accumulated (grad_accum > 1) are computed
- * into gradient staging slots. The slots are buffers only: the scheduler's pools grant
- * them to tasks (step_graph.c), and the ring sizes here are the least that lets the
- * serial order run (plus the plan's prefetch depth).
+ * Streamed parameters are fetched into device staging slots; gradients that must leave
+ * the device (cpu optimiser) or be accumulated (grad_accum > 1) are computed into
+ * gradient staging slots. Slots come in two rings, each for parameters and gradients:
+ * the layer ring, sized for the largest layer, serves the layers and every other block
+ * no larger than one; the large ring serves the blocks larger than a layer (an
+ * embedding, a classifier), so a vocabulary of 128K never sizes the layers' slots. The
+ * slots are buffers only: the scheduler's pools grant them to tasks (step_graph.c).
+ * Each ring has the least slots that let the serial order run; the layer ring has the
+ * plan's prefetch depth more, so transfers run ahead of compute. The large ring needs
+ * none: its blocks are used once or twice a micro-batch, with a run of layers between
+ * (an embedding's fetch for the head overlaps the layers' forward).
  * Activations are opaque buffers sized by the model (fy_model_acts): every block owns its
  * output; a kept block owns its saved area, recomputed blocks share one saved area that
  * forward and recompute overwrite; one workspace (the largest block's) and one
@@ -59,8 +65,18 @@ typedef struct fy_mem_model {
     size_t device_total, host_total;
 } fy_mem_model;
 
+/* The staging rings. */
+typedef enum fy_ring_id { FY_RING_LAYER = 0, FY_RING_LARGE, FY_RINGS } fy_ring_id;
+
+typedef struct fy_ring {
+    void **slots;
+    int n;
+    size_t nbytes;            /* each slot's */
+} fy_ring;
+
 typedef struct fy_chunk {
     size_t nelem;
+    fy_ring_id ring;          /* the rings its staged parameters and gradients use */
     float *param_dev, *param_host, *param_lp, *master_dev;
     float *grad_dev, *grad_host;
     float *m, *v;
@@ -80,9 +96,7 @@ typedef struct fy_storage {
     int B, T;
     bool training;
     fy_chunk *chunks;         /* nblocks */
-    void **param_slots, **grad_slots;
-    int nparam_slots, ngrad_slots;
-    size_t param_slot_nbytes, grad_slot_nbytes;
+    fy_ring param_ring[FY_RINGS], grad_ring[FY_RINGS];
     fy_dtype dtype;           /* the plan's storage type (F32 or BF16) */
     size_t es;                /* its size in bytes */
     fy_block_acts *acts;      /* nblocks */

@@ -56,6 +56,41 @@ Test(offload, every_plan_is_bit_identical_to_all_resident, .timeout = 300) {
     ON_SMALL(every_plan_is_bit_identical(m, FY_F32));
 }
 
+/* A vocabulary larger than a layer (2048 x 32 against 12.6K a layer): the embedding
+ * streams through a ring of its own, sized for it, the layers' ring is sized for a layer
+ * (and gets the prefetch slot), and every plan is still bit-identical to all-resident,
+ * with and without accumulation. */
+static const fy_gpt2_config wide_vocab_cfg = {.vocab = 2048, .max_seq = 32, .channels = 32,
+                                              .layers = 4, .heads = 4};
+
+Test(offload, a_large_embedding_gets_its_own_ring, .timeout = 300) {
+    fy_model *m = new_model(&wide_vocab_cfg);
+    const size_t embed = fy_model_block(m, 0)->nelem, layer = fy_model_block(m, 1)->nelem;
+    cr_assert_gt(embed, layer);
+    fy_plan p = plan_of(m, 2, 1, 1, 1, 4, FY_F32);
+    fy_storage *st;
+    cr_assert_eq(fy_storage_dry(m, &p, T_SEQ, true, &st), FY_OK);
+    cr_expect_eq(st->chunks[0].ring, FY_RING_LARGE);
+    cr_expect_eq(st->chunks[1].ring, FY_RING_LAYER);
+    cr_expect_eq(st->chunks[p.nblocks - 1].ring, FY_RING_LAYER, "GPT-2's head (ln_f) is small");
+    /* the tied head fetches the embedding: one slot, and one for its gradient (opened by
+     * the head, closed by the embedding's backward) */
+    cr_expect_eq(st->param_ring[FY_RING_LARGE].n, 1);
+    cr_expect_eq(st->grad_ring[FY_RING_LARGE].n, 1);
+    cr_expect_eq(st->param_ring[FY_RING_LARGE].nbytes, embed * sizeof(float));
+    cr_expect_eq(st->param_ring[FY_RING_LAYER].n, 1 + p.prefetch);
+    cr_expect_eq(st->param_ring[FY_RING_LAYER].nbytes, layer * sizeof(float));
+    cr_expect_eq(st->grad_ring[FY_RING_LAYER].nbytes, layer * sizeof(float));
+    fy_storage_free(st);
+    fy_plan_free(&p);
+    every_plan_is_bit_identical(m, FY_F32);
+    every_plan_is_bit_identical(m, FY_BF16);
+    result ref;
+    accumulated_plans_are_bit_identical(m, FY_BF16, &ref);
+    result_free(&ref);
+    fy_model_free(m);
+}
+
 Test(offload, irregular_plans_are_bit_identical, .timeout = 120) {
     ON_SMALL(irregular_plan_is_bit_identical(m, FY_F32));
 }
