@@ -1058,6 +1058,16 @@ fy_status fy_trainer_predict(fy_trainer *tr, int nsteps, fy_sched_mode mode, boo
     return st;
 }
 
+fy_status fy_trainer_step_work(fy_trainer *tr, double busy_ms[FY_LANE_COUNT], int *ntasks) {
+    for (int l = 0; l < FY_LANE_COUNT; l++) busy_ms[l] = 0.0;
+    fy_graph g;
+    fy_status st = build_train(tr, &g, 1, true);
+    *ntasks = st == FY_OK ? g.n : 0;
+    for (int i = 0; st == FY_OK && i < g.n; i++) busy_ms[g.tasks[i].lane] += g.tasks[i].cost_ms;
+    fy_graph_free(&g);
+    return st;
+}
+
 /* Evaluation graphs hold at most this many batches (a pass over a large validation set
  * runs as several). */
 #define EVAL_WINDOW 32

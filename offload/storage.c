@@ -101,14 +101,9 @@ static void min_slots(const fy_model *m, const fy_plan *plan, const fy_chunk *c,
     free(held);
 }
 
-/* The ring of each block: the large one for a block that is not a layer and is larger
- * than the largest layer. */
-static fy_ring_id ring_of(const fy_model *m, int b) {
-    const fy_block_spec *blk = fy_model_block(m, b);
-    size_t layer_max = 0;
-    for (int i = 0; i < fy_model_nblocks(m); i++)
-        if (fy_model_block(m, i)->kind == FY_BLOCK_LAYER && fy_model_block(m, i)->nelem > layer_max)
-            layer_max = fy_model_block(m, i)->nelem;
+/* The ring of a block: the large one for a block that is not a layer and is larger than
+ * the largest layer (layer_max elements). */
+static fy_ring_id ring_of(const fy_block_spec *blk, size_t layer_max) {
     return blk->kind != FY_BLOCK_LAYER && blk->nelem > layer_max ? FY_RING_LARGE : FY_RING_LAYER;
 }
 
@@ -124,7 +119,10 @@ static fy_status layout(walk *w, const fy_model *m, const fy_plan *plan, int T, 
     char what[64];
     fy_chunk *c_all = chunks ? chunks : calloc((size_t)nb, sizeof *c_all);
     if (!c_all) return FY_ERR_NOMEM;
-    size_t pslot[FY_RINGS] = {0}, gslot[FY_RINGS] = {0}, gslot_max = 0;
+    size_t pslot[FY_RINGS] = {0}, gslot[FY_RINGS] = {0}, gslot_max = 0, layer_max = 0;
+    for (int b = 0; b < nb; b++)
+        if (fy_model_block(m, b)->kind == FY_BLOCK_LAYER && fy_model_block(m, b)->nelem > layer_max)
+            layer_max = fy_model_block(m, b)->nelem;
     bool any_cpu = false;
     fy_status s = FY_OK;
     for (int b = 0; b < nb; b++) {
@@ -133,7 +131,7 @@ static fy_status layout(walk *w, const fy_model *m, const fy_plan *plan, int T, 
         fy_chunk *c = &c_all[b];
         memset(c, 0, sizeof *c);
         c->nelem = fy_model_block(m, b)->nelem;
-        c->ring = ring_of(m, b);
+        c->ring = ring_of(fy_model_block(m, b), layer_max);
         const size_t nbytes = fsz(c->nelem), lpbytes = c->nelem * es;
         bool streamed = bp->params == FY_PARAMS_STREAMED, cpu = bp->optim == FY_OPTIM_CPU;
         c->needs_grad_staging = training && (cpu || plan->grad_accum > 1);

@@ -1605,6 +1605,47 @@ Test(cli, host_mem_binds_training) {
     expect_ok(&r);
 }
 
+/* A budget too small for any plan: the one error names that budget (the host's for
+ * --host-mem, the device's for --gpu-mem) and the least the search found it needs. */
+Test(cli, tune_names_the_budget_that_is_too_small) {
+    run_result r;
+    FERRY(&r, "tune", "--model", "gpt2-tiny", "--profile", "h200-141gb", "--host-mem", "1B",
+          "--out", P("plan.json"));
+    EXPECT_ERROR(&r, 1, "host budget", "--host-mem", "needs");
+    FERRY(&r, "tune", "--model", "gpt2-tiny", "--profile", "h200-141gb", "--gpu-mem", "1KiB",
+          "--out", P("plan.json"));
+    EXPECT_ERROR(&r, 1, "device budget", "needs");
+    FERRY(&r, "train", TINY, "--plan", "auto", "--profile", "h200-141gb", "--host-mem", "1B");
+    EXPECT_ERROR(&r, 1, "host budget", "--host-mem");
+    cr_expect(access(P("plan.json"), F_OK) != 0, "a failed search wrote a plan");
+}
+
+/* The issue's bars for the search at scale: Llama 2 13B at batch 8 x 2048 fits one H200
+ * with a 120 GiB host (the optimizer state split between the two), and Llama 3 70B's
+ * space is searched in seconds (the bound here is the test's timeout). */
+Test(cli, tune_fits_13b_on_one_h200_and_searches_70b, .timeout = 120) {
+    run_result r;
+    const char *plan = P("plan13.json");
+    FERRY(&r, "tune", "--model", "llama2-13b", "--profile", "h200-141gb", "--host-mem", "120GiB",
+          "--batch", "8", "--seq", "2048", "--dtype", "bf16", "--out", plan);
+    expect_ok(&r);
+    cJSON *j = NULL;
+    char *text = slurp(plan, NULL);
+    cr_assert_not_null(text);
+    j = cJSON_Parse(text);
+    const cJSON *pr = cJSON_GetObjectItem(j, "predicted");
+    cr_assert_not_null(pr);
+    const double dev = cJSON_GetObjectItem(pr, "device_bytes")->valuedouble,
+                 host = cJSON_GetObjectItem(pr, "host_bytes")->valuedouble;
+    cr_expect(dev <= 141.0 * 1073741824.0 && host <= 120.0 * 1073741824.0 && host > 0,
+              "device %.0f, host %.0f bytes", dev, host);
+    cJSON_Delete(j);
+    free(text);
+    FERRY(&r, "tune", "--model", "llama3-70b", "--profile", "h200-141gb", "--host-mem", "2TiB",
+          "--batch", "8", "--seq", "2048", "--dtype", "bf16", "--out", P("plan70.json"));
+    expect_ok(&r);
+}
+
 /* --dry-run ends with one JSON line for scripts, its numbers the table's. */
 Test(cli, dry_run_prints_a_json_line) {
     run_result r;

@@ -330,7 +330,7 @@ Test(family, the_tuner_plans_it_within_budget, .timeout = 120) {
     fy_tune_result top[5];
     int n, ne;
     cr_assert_eq(fy_tune(&p, &c, top, 5, &n, &ne), FY_OK);
-    cr_assert(n >= 1 && ne > 10, "%d plans found of %d evaluated", n, ne);
+    cr_assert(n >= 1 && ne >= 1, "%d plans found of %d evaluated", n, ne);
     for (int i = 0; i < n; i++) cr_expect_leq(top[i].mem.device_total, c.device_budget);
     fy_mem_model mm;
     fy_storage_model(m, &top[0].plan, T_SEQ, &mm);

@@ -9,7 +9,11 @@
 
 /* Estimates for hardware ferry may not run on. Bandwidths are typical measured pinned
  * copy rates (below the link's nominal rate), compute is an effective ~60% of the
- * datasheet's dense bf16 peak, CPU AdamW is memory-bound at ~28 bytes per parameter. */
+ * datasheet's dense bf16 peak, CPU AdamW is memory-bound at ~28 bytes per parameter.
+ * Device memory is what the cuda backend would give a run, as a probe measures it: the
+ * card's total as nvidia-smi reports it (H200 143771 MiB, H100 PCIe 81559, A100 40GB
+ * 40960, RTX 4090 24564) less ~0.5 GiB for the CUDA context and the backend's 768 MiB
+ * workspace reserve (cuda_backend.c). */
 static const struct {
     const char *name, *device, *source;
     double h2d, d2h, duplex, mem_gib, host_gib, tflops, mem_gbps, adam_per_thread, adam_max;
@@ -18,19 +22,19 @@ static const struct {
     {"a100-40gb-pcie4", "NVIDIA A100 40GB PCIe (PCIe 4.0 x16), AMD EPYC host",
      "NVIDIA A100 datasheet (312 TFLOPS dense bf16, 1555 GB/s HBM2); PCIe 4.0 x16 32 GB/s "
      "nominal, ~24 GB/s typical pinned copies; EPYC 7742 8-channel DDR4-3200 ~150 GB/s",
-     24, 24, 20, 40, 512, 190, 1400, 0.6, 5.0, 64},
+     24, 24, 20, 38.7, 512, 190, 1400, 0.6, 5.0, 64},
     {"rtx4090-pcie4", "NVIDIA RTX 4090 24GB (PCIe 4.0 x16), desktop host",
      "NVIDIA Ada datasheet (165 TFLOPS dense bf16 with fp32 accumulate, 1008 GB/s GDDR6X); "
      "PCIe 4.0 x16 ~24 GB/s typical; dual-channel DDR5 ~60 GB/s",
-     24, 24, 20, 24, 128, 100, 900, 0.6, 2.0, 16},
+     24, 24, 20, 22.7, 128, 100, 900, 0.6, 2.0, 16},
     {"h100-80gb-pcie5", "NVIDIA H100 80GB PCIe (PCIe 5.0 x16), dual-socket host",
      "NVIDIA H100 PCIe datasheet (756 TFLOPS dense bf16, 2000 GB/s HBM2e); PCIe 5.0 x16 64 "
      "GB/s nominal, ~50 GB/s typical pinned copies; 2x 8-channel DDR5 ~400 GB/s",
-     50, 50, 40, 80, 1024, 450, 1800, 0.7, 12.0, 64},
+     50, 50, 40, 78.4, 1024, 450, 1800, 0.7, 12.0, 64},
     {"h200-141gb", "NVIDIA H200 141GB (PCIe 5.0 x16 host link)",
      "NVIDIA H200 datasheet (989 TFLOPS dense bf16 SXM, ~790 measured on a lent H200, "
      "4800 GB/s HBM3e); PCIe 5.0 x16 ~50 GB/s typical; 16-32 core DDR5 host",
-     50, 50, 40, 141, 128, 500, 4000, 0.7, 8.0, 16},
+     50, 50, 40, 139.1, 128, 500, 4000, 0.7, 8.0, 16},
 };
 
 const char *fy_profile_names(void) { return "a100-40gb-pcie4, rtx4090-pcie4, h100-80gb-pcie5, h200-141gb"; }

@@ -116,8 +116,198 @@ int fy_tune_pick(const fy_tune_result *r, int n, double margin) {
 
 #define TUNE_KEEP 64 /* candidates kept for the tie-break */
 
+/* A point of the search space: micro-batch, recomputed (k1), streamed (k2) and
+ * cpu-optimised (k3) layers; lb: its busiest lane's work in a step (ms), which bounds its
+ * step time from below; ntasks: its step graph's tasks. */
+typedef struct cand { int micro, k1, k2, k3; double lb; int ntasks; } cand;
+
+static fy_status point_plan(const fy_tune_cfg *cfg, const cand *c, fy_plan *out) {
+    const int L = fy_model_layers(cfg->model);
+    FY_TRY(fy_plan_new(cfg->model, c->micro, cfg->batch / c->micro, out));
+    out->dtype = cfg->dtype == FY_BF16 ? FY_BF16 : FY_F32;
+    fy_status st = fy_plan_shorthands(out, L ? (double)c->k2 / L : 0, L ? (double)c->k3 / L : 0, c->k1);
+    if (st != FY_OK) fy_plan_free(out);
+    return st;
+}
+
+static fy_status point_mem(const fy_tune_cfg *cfg, const cand *c, fy_mem_model *mm) {
+    fy_plan plan;
+    FY_TRY(point_plan(cfg, c, &plan));
+    fy_storage_model(cfg->model, &plan, cfg->seq, mm);
+    fy_plan_free(&plan);
+    return FY_OK;
+}
+
+/* What the walk learns about the budgets, for the error when nothing fits. */
+typedef struct needs {
+    size_t dev_min;        /* the least device memory of any point walked */
+    size_t host_min_fit;   /* the least host memory of a point within the device budget */
+    size_t host_min;       /* the least host memory of any point walked */
+} needs;
+
+typedef struct cands { cand *v; int n, cap; } cands;
+
+static fy_status push(cands *cs, cand c) {
+    if (cs->n == cs->cap) {
+        int ncap = cs->cap ? 2 * cs->cap : 256;
+        cand *v = realloc(cs->v, (size_t)ncap * sizeof *v);
+        if (!v) return FY_ERR_NOMEM;
+        cs->v = v;
+        cs->cap = ncap;
+    }
+    cs->v[cs->n++] = c;
+    return FY_OK;
+}
+
+/* The memory frontier. The memory model is monotone in the counts: device memory falls
+ * as k1, k2 or k3 grows, host memory grows with k2 and k3 and does not depend on k1. A
+ * point that offloads at least as much as another in every count is not faster (more
+ * recomputation, more transfers), so for each micro-batch and k3 (the cpu optimizer can
+ * hide under compute, so k3 has no such order) only the staircase of fitting points
+ * where more streaming buys less recomputation is kept: walking k2 up, the least k1 that
+ * fits, kept when it is less than the last kept one. Each (micro, k3) costs O(L) memory
+ * models. */
+static fy_status frontier(const fy_tune_cfg *cfg, cands *out, needs *nd) {
+    const int L = fy_model_layers(cfg->model);
+    const size_t dev = cfg->device_budget, host = cfg->host_budget ? cfg->host_budget : SIZE_MAX;
+    *nd = (needs){SIZE_MAX, SIZE_MAX, SIZE_MAX};
+    for (int micro = 1; micro <= cfg->batch; micro++) {
+        if (cfg->batch % micro) continue;
+        for (int k3 = 0; k3 <= L; k3++) {
+            int k1 = L, last_k1 = L + 1;
+            bool host_over_at_k2_0 = false;
+            for (int k2 = 0; k2 <= L; k2++) {
+                fy_mem_model mm;
+                cand c = {micro, k1, k2, k3, 0, 0};
+                FY_TRY(point_mem(cfg, &c, &mm));
+                const bool dev_ok = mm.device_total <= dev, host_ok = mm.host_total <= host;
+                if (mm.device_total < nd->dev_min) nd->dev_min = mm.device_total;
+                if (mm.host_total < nd->host_min) nd->host_min = mm.host_total;
+                if (dev_ok && mm.host_total < nd->host_min_fit) nd->host_min_fit = mm.host_total;
+                if (!host_ok) { host_over_at_k2_0 = k2 == 0; break; } /* more streaming: more host */
+                if (!dev_ok) continue;
+                for (; c.k1 > 0; c.k1--) { /* the least recomputation that still fits */
+                    cand d = c;
+                    d.k1--;
+                    FY_TRY(point_mem(cfg, &d, &mm));
+                    if (mm.device_total > dev) break;
+                }
+                k1 = c.k1;
+                if (k1 < last_k1) {
+                    FY_TRY(push(out, c));
+                    last_k1 = k1;
+                }
+                if (k1 == 0) break; /* more streaming from here on only adds transfers */
+            }
+            if (host_over_at_k2_0) break; /* more cpu optimizer: more host memory */
+        }
+    }
+    return FY_OK;
+}
+
+/* The window simulated for a plan: cfg->window steps, fewer for large graphs (the
+ * prediction is the steady state, reached after the first step or two; 20000 tasks keep
+ * one simulation within ~10 ms), at least 4. */
+static int window_for(const fy_tune_cfg *cfg, int tasks_per_step) {
+    int w = cfg->window > 0 ? cfg->window : 20;
+    int fit = tasks_per_step > 0 ? 20000 / tasks_per_step : w;
+    if (fit < w) w = fit < 4 ? 4 : fit;
+    return w;
+}
+
+static fy_status lower_bound(const fy_profile *p, const fy_tune_cfg *cfg, cand *c) {
+    fy_plan plan;
+    FY_TRY(point_plan(cfg, c, &plan));
+    fy_trainer_cfg tc = {.model = cfg->model, .T = cfg->seq, .plan = &plan};
+    fy_trainer *dry;
+    fy_status st = fy_trainer_new_dry(&tc, &dry);
+    if (st == FY_OK) {
+        fy_tune_costs(p, dry, cfg->adam_threads);
+        double busy[FY_LANE_COUNT];
+        st = fy_trainer_step_work(dry, busy, &c->ntasks);
+        c->lb = 0.0;
+        for (int l = 0; l < FY_LANE_COUNT; l++) if (busy[l] > c->lb) c->lb = busy[l];
+        fy_trainer_free(dry);
+    }
+    fy_plan_free(&plan);
+    return st;
+}
+
+static int by_lb(const void *a, const void *b) {
+    const cand *x = a, *y = b;
+    return (x->lb > y->lb) - (x->lb < y->lb);
+}
+
+/* Inserts r into top (fastest first, at most ntop; r is freed if it does not enter). */
+static void keep_top(const fy_tune_cfg *cfg, fy_tune_result *top, int ntop, int *nfound,
+                     fy_tune_result *r) {
+    int pos = *nfound < ntop ? *nfound : ntop;
+    while (pos > 0 && throughput(cfg, r) > throughput(cfg, &top[pos - 1])) pos--;
+    if (pos >= ntop) { fy_plan_free(&r->plan); return; }
+    if (*nfound == ntop) fy_plan_free(&top[ntop - 1].plan);
+    else (*nfound)++;
+    memmove(&top[pos + 1], &top[pos], (size_t)(*nfound - 1 - pos) * sizeof *top);
+    top[pos] = *r;
+}
+
+static void no_plan_fits(const fy_tune_cfg *cfg, const needs *nd) {
+    char a[32], b[32];
+    if (nd->host_min_fit == SIZE_MAX && nd->dev_min > cfg->device_budget)
+        fy_log_error("no plan fits the device budget: the smallest needs %s of device memory, "
+                     "the budget is %s", fy_fmt_size(nd->dev_min, a, sizeof a),
+                     fy_fmt_size(cfg->device_budget, b, sizeof b));
+    else
+        fy_log_error("no plan fits the host budget: the smallest %s needs %s of host memory, "
+                     "the budget (--host-mem) is %s",
+                     nd->host_min_fit != SIZE_MAX ? "within the device budget" : "",
+                     fy_fmt_size(nd->host_min_fit != SIZE_MAX ? nd->host_min_fit : nd->host_min, a, sizeof a),
+                     fy_fmt_size(cfg->host_budget, b, sizeof b));
+}
+
+/* The frontier's points in order of their lower bounds, each simulated, until the bound
+ * passes the fastest prediction by more than the tie margin: no later point can be the
+ * fastest or tie with it, so the pick is the exhaustive search's (on the frontier). */
 static fy_status search_all(const fy_profile *p, const fy_tune_cfg *cfg, fy_tune_result *top,
-                            int ntop, int *nfound, int *nevaluated);
+                            int ntop, int *nfound, int *nevaluated) {
+    *nfound = 0;
+    *nevaluated = 0;
+    cands cs = {0};
+    needs nd;
+    fy_status st = frontier(cfg, &cs, &nd);
+    for (int i = 0; st == FY_OK && i < cs.n; i++) st = lower_bound(p, cfg, &cs.v[i]);
+    if (st == FY_OK) qsort(cs.v, (size_t)cs.n, sizeof *cs.v, by_lb);
+    double best = INFINITY, last_report = fy_now_ms();
+    for (int i = 0; st == FY_OK && i < cs.n; i++) {
+        const cand *c = &cs.v[i];
+        if (c->lb > best * (1.0 + cfg->tie_margin)) break;
+        fy_plan plan;
+        if ((st = point_plan(cfg, c, &plan)) != FY_OK) break;
+        fy_tune_cfg wc = *cfg;
+        wc.window = window_for(cfg, c->ntasks);
+        fy_tune_result r;
+        st = fy_tune_predict(p, &wc, &plan, &r);
+        fy_plan_free(&plan);
+        if (st != FY_OK) break;
+        (*nevaluated)++;
+        r.k1 = c->k1;
+        r.k2 = c->k2;
+        r.k3 = c->k3;
+        if (r.step_ms < best) best = r.step_ms;
+        keep_top(cfg, top, ntop, nfound, &r);
+        if (cfg->progress && fy_now_ms() - last_report > 500) {
+            cfg->progress(cfg->progress_ctx, i + 1, cs.n, best);
+            last_report = fy_now_ms();
+        }
+    }
+    free(cs.v);
+    if (st != FY_OK) return st;
+    if (cfg->progress) cfg->progress(cfg->progress_ctx, -1, cs.n, best);
+    if (*nfound == 0) {
+        no_plan_fits(cfg, &nd);
+        return FY_ERR_INVALID;
+    }
+    return FY_OK;
+}
 
 fy_status fy_tune(const fy_profile *p, const fy_tune_cfg *cfg, fy_tune_result *top, int ntop,
                   int *nfound, int *nevaluated) {
@@ -132,60 +322,5 @@ fy_status fy_tune(const fy_profile *p, const fy_tune_cfg *cfg, fy_tune_result *t
     *nfound = nkeep < ntop ? nkeep : ntop;
     memcpy(top, keep, (size_t)*nfound * sizeof *top);
     for (int i = *nfound; i < nkeep; i++) fy_plan_free(&keep[i].plan);
-    return FY_OK;
-}
-
-static fy_status search_all(const fy_profile *p, const fy_tune_cfg *cfg, fy_tune_result *top,
-                            int ntop, int *nfound, int *nevaluated) {
-    const int L = fy_model_layers(cfg->model);
-    *nfound = 0;
-    *nevaluated = 0;
-    fy_status st = FY_OK;
-    size_t best_dev = SIZE_MAX;
-    for (int micro = 1; micro <= cfg->batch && st == FY_OK; micro++) {
-        if (cfg->batch % micro) continue;
-        for (int k1 = 0; k1 <= L && st == FY_OK; k1++)
-            for (int k2 = 0; k2 <= L && st == FY_OK; k2++)
-                for (int k3 = 0; k3 <= L && st == FY_OK; k3++) {
-                    fy_plan plan;
-                    if ((st = fy_plan_new(cfg->model, micro, cfg->batch / micro, &plan)) != FY_OK) break;
-                    plan.dtype = cfg->dtype == FY_BF16 ? FY_BF16 : FY_F32;
-                    st = fy_plan_shorthands(&plan, (double)k2 / L, (double)k3 / L, k1);
-                    fy_mem_model mm;
-                    if (st == FY_OK) fy_storage_model(cfg->model, &plan, cfg->seq, &mm);
-                    bool fits = st == FY_OK && mm.device_total <= cfg->device_budget &&
-                                (!cfg->host_budget || mm.host_total <= cfg->host_budget);
-                    if (st == FY_OK && mm.device_total < best_dev) best_dev = mm.device_total;
-                    if (fits) {
-                        fy_tune_result r;
-                        st = fy_tune_predict(p, cfg, &plan, &r);
-                        (*nevaluated)++;
-                        if (st == FY_OK) {
-                            r.k1 = k1;
-                            r.k2 = k2;
-                            r.k3 = k3;
-                            /* insert into the top list, fastest first */
-                            int pos = *nfound < ntop ? *nfound : ntop;
-                            while (pos > 0 && throughput(cfg, &r) > throughput(cfg, &top[pos - 1])) pos--;
-                            if (pos < ntop) {
-                                if (*nfound == ntop) fy_plan_free(&top[ntop - 1].plan);
-                                else (*nfound)++;
-                                memmove(&top[pos + 1], &top[pos], (size_t)(*nfound - 1 - pos) * sizeof *top);
-                                top[pos] = r;
-                            } else {
-                                fy_plan_free(&r.plan);
-                            }
-                        }
-                    }
-                    fy_plan_free(&plan);
-                }
-    }
-    if (st != FY_OK) return st;
-    if (*nfound == 0) {
-        char a[32], b[32];
-        fy_log_error("no plan fits: the smallest needs %s of device memory, the budget is %s",
-                     fy_fmt_size(best_dev, a, sizeof a), fy_fmt_size(cfg->device_budget, b, sizeof b));
-        return FY_ERR_INVALID;
-    }
     return FY_OK;
 }

@@ -6,12 +6,16 @@
  * costs (a + b * micro-batch, for the same model shape and sequence length) or, without
  * them, an analytic estimate from the effective matmul throughput and memory bandwidth.
  * The search walks AutoHete's space (recompute the first k1 layers, stream the first k2,
- * CPU optimizer for the last k3) times the micro-batch sizes that divide the batch,
- * drops every plan whose memory model exceeds the device or host budget, predicts each
- * survivor's step time on the scheduler's simulator (the same graph and policy training
- * runs) and keeps the fastest; predictions within a margin of the fastest (the model's
- * error) are ties, settled for the plan that moves the least work off the compute lane.
- * It never returns a plan that does not fit. */
+ * CPU optimizer for the last k3, so the optimizer state is split between the device and
+ * the host) times the micro-batch sizes that divide the batch. It keeps the memory
+ * frontier (tune.c: for each micro-batch and k3, the fitting points where more streaming
+ * buys less recomputation; the memory model is monotone in the counts), bounds each
+ * point's step time from below by its busiest lane's work, and predicts the points in
+ * the order of their bounds on the scheduler's simulator (the same graph and policy
+ * training runs) until the bound passes the fastest prediction by more than the tie
+ * margin. Predictions within that margin of the fastest (the model's error) are ties,
+ * settled for the plan that moves the least work off the compute lane. It never returns
+ * a plan that does not fit. */
 #ifndef FY_TUNE_H
 #define FY_TUNE_H
 
@@ -46,6 +50,10 @@ typedef struct fy_tune_cfg {
     double tie_margin;     /* plans predicted within this fraction of the fastest count as
                               ties, settled for the one that moves the least work off the
                               compute lane (0: the fastest prediction wins) */
+    /* optional: called about twice a second while plans are simulated (done of total
+     * candidates, the fastest prediction so far) and once at the end (done = -1) */
+    void (*progress)(void *ctx, int done, int total, double best_ms);
+    void *progress_ctx;
 } fy_tune_cfg;
 
 typedef struct fy_tune_result {

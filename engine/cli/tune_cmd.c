@@ -117,6 +117,8 @@ fy_status fy_tune_auto_profile(const fy_opts *o, const fy_model *m, fy_profile *
     return st;
 }
 
+/* The device budget is --gpu-mem, else the profile's device memory (what the backend
+ * gives a run: the card less the context and the backend's workspace). */
 static fy_tune_cfg tune_cfg(const fy_opts *o, const fy_model *m, const fy_profile *p) {
     size_t budget = o->gpu_mem ? o->gpu_mem : (size_t)(p->device_mem_gib * 1073741824.0);
     return (fy_tune_cfg){.model = m, .batch = (int)o->batch, .seq = (int)o->seq,
@@ -159,15 +161,40 @@ static fy_status save_tuned(const char *path, const fy_tune_result *r) {
     return st;
 }
 
+/* The search's progress: on a terminal, one line rewritten in place; the candidate count
+ * for the summary. */
+typedef struct progress {
+    bool tty, shown;
+    int total;
+} progress;
+
+static void on_progress(void *ctx, int done, int total, double best_ms) {
+    progress *pg = ctx;
+    pg->total = total;
+    if (!pg->tty) return;
+    if (done < 0) {
+        if (pg->shown) fputs("\r\033[K", stderr);
+        return;
+    }
+    fprintf(stderr, "\rferry: tune: %d of %d candidate plans simulated, fastest %.1f ms/step", done,
+            total, best_ms);
+    pg->shown = true;
+}
+
 static fy_status search(const fy_opts *o, const fy_model *m, const fy_profile *p,
                         fy_tune_result *top, int ntop, int *nfound) {
     fy_tune_cfg tc = tune_cfg(o, m, p);
+    progress pg = {.tty = !o->quiet && isatty(STDERR_FILENO)};
+    tc.progress = on_progress;
+    tc.progress_ctx = &pg;
     int nevaluated;
+    const double t0 = fy_now_ms();
     FY_TRY(fy_tune(p, &tc, top, ntop, nfound, &nevaluated));
     if (!o->quiet) {
-        printf("tune    %d plans fit the budgets and were simulated (batch %lld x seq %lld); rank 1 is "
-               "the pick: the least offload within %.0f%% of the fastest prediction\n",
-               nevaluated, (long long)o->batch, (long long)o->seq, 100.0 * tc.tie_margin);
+        printf("tune    %d plans on the memory frontier fit the budgets (batch %lld x seq %lld), %d "
+               "simulated, the rest bounded out, in %.1f s; rank 1 is the pick: the least offload "
+               "within %.0f%% of the fastest prediction\n", pg.total, (long long)o->batch,
+               (long long)o->seq, nevaluated, (fy_now_ms() - t0) / 1e3, 100.0 * tc.tie_margin);
         print_top(&tc, top, *nfound);
     }
     return FY_OK;
