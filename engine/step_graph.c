@@ -361,9 +361,22 @@ static fy_status run_d2h_param(fy_trainer *tr, int id, const fy_task *t, const s
     return FY_OK;
 }
 
+/* A block whose gradient landed in its bf16 parameter copy (grad_in_lp) and was not
+ * updated over it (a skipped step, a failed one) gets the copy back from its master. */
+static void restore_lp(fy_trainer *tr, int b) {
+    const fy_chunk *c = &tr->st->chunks[b];
+    if (c->grad_in_lp) fy_f32_to_bf16_n((uint16_t *)c->param_lp, c->param_host, c->nelem);
+}
+
+/* adam_cpu: the fp32 master, m and v on the host; with bf16 storage the update writes the
+ * bf16 copy too (over the gradient when they share a buffer: AdamW reads each gradient
+ * element before it writes that element's weight). */
 static fy_status run_adam_cpu(fy_trainer *tr, int id, const fy_task *t, const sg_task *p) {
-    if (tr->stats[step_of(tr, p)].skipped) return FY_OK;
     const int b = t->block;
+    if (tr->stats[step_of(tr, p)].skipped) {
+        restore_lp(tr, b);
+        return FY_OK;
+    }
     const fy_chunk *c = &tr->st->chunks[b];
     fy_adam_hparams hp = hparams(tr, step_of(tr, p));
     size_t off[2], len[2];
@@ -980,6 +993,8 @@ static int settle_failure(fy_trainer *tr, const fy_graph *g, const fy_sched_resu
             partial = true;
     }
     partial &= !tr->stats[failed].skipped;
+    /* gradients copied into bf16 parameter buffers before the failure are not weights */
+    for (int b = 0; b < fy_tr_nblocks(tr); b++) restore_lp(tr, b);
     tr->steps_done = failed == 0 ? steps_before : tr->adam_step[failed - 1];
     tr->micro_base += (int64_t)failed * accum(tr);
     if (partial) {

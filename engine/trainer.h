@@ -151,7 +151,8 @@ fy_status fy_trainer_eval_run(fy_trainer *tr, int nbatches, fy_batch_fn next_bat
 fy_status fy_trainer_eval(fy_trainer *tr, const int32_t *x, const int32_t *y, float *loss);
 
 /* Copies block b's parameters (the fp32 master) or current gradients to host
- * (fy_model_block(m, b)->nelem floats). */
+ * (fy_model_block(m, b)->nelem floats). A block whose gradient shares its bf16 weights'
+ * buffer (storage.h: grad_in_lp) has none to give. */
 void fy_trainer_get_params(fy_trainer *tr, int b, float *host);
 void fy_trainer_get_grads(fy_trainer *tr, int b, float *host);
 int64_t fy_trainer_steps_done(const fy_trainer *tr);   /* updates applied */

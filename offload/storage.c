@@ -159,7 +159,12 @@ static fy_status layout(walk *w, const fy_model *m, const fy_plan *plan, int T, 
             else c->param_lp = c->param_host;
         }
         if (!training) continue; /* evaluation: parameters only */
-        if (cpu) {
+        if (cpu && lp && plan->grad_accum == 1) {
+            c->grad_host = c->param_lp;
+            c->grad_in_lp = true;
+            carve(w, FY_CAT_OPTIM, nbytes, &c->m);
+            carve(w, FY_CAT_OPTIM, nbytes, &c->v);
+        } else if (cpu) {
             carve(w, FY_CAT_GRADS, lpbytes, &c->grad_host);
             carve(w, FY_CAT_OPTIM, nbytes, &c->m);
             carve(w, FY_CAT_OPTIM, nbytes, &c->v);

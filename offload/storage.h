@@ -9,7 +9,12 @@
  *   master_dev  resident gpu-optimised blocks with bf16 storage: the fp32 master
  *               (with fp32 storage param_dev is the master)
  *   grad_dev    gpu-optimised blocks: the device accumulator
- *   grad_host   cpu-optimised blocks: the host accumulator
+ *   grad_host   cpu-optimised blocks: the host accumulator; with bf16 storage and one
+ *               micro-batch a step, param_lp itself (grad_in_lp): the gradient lands
+ *               there once every read of the step's parameters is done, and CPU AdamW
+ *               reads it element by element as it writes the updated bf16 copy in its
+ *               place, so a fully offloaded bf16 run holds 14 bytes a parameter on the
+ *               host (fp32 master, m, v; one bf16 buffer) instead of 16
  *   m, v        on the device (gpu optimiser) or in the host arena (cpu optimiser)
  * Parameters on the device, gradients and activations are in the plan's storage type
  * (plan->dtype); masters and moments are fp32. With bf16 storage, a streamed block's
@@ -81,6 +86,8 @@ typedef struct fy_chunk {
     float *grad_dev, *grad_host;
     float *m, *v;
     bool needs_grad_staging;  /* grads computed into a staging slot */
+    bool grad_in_lp;          /* grad_host is param_lp: between the gradient's copy and
+                                 the update param_lp holds the gradient, not weights */
 } fy_chunk;
 
 /* A block's activations on the device (model.h: out and saved). */

@@ -50,7 +50,9 @@ typedef struct fy_adam_range {
     float *m, *v;            /* (n) moments, updated in place */
     const void *grad;        /* (n) gradients of type grad_dtype (F32, BF16 or F16) */
     fy_dtype grad_dtype;
-    void *param_out;         /* (n) optional copy of the updated weights, or NULL */
+    void *param_out;         /* (n) optional copy of the updated weights, or NULL; may be
+                                grad itself when the types match (every implementation
+                                reads an element's gradient before it writes its weight) */
     fy_dtype out_dtype;      /* F32, BF16 or F16 when param_out is set */
     size_t n;
     bool decay;              /* apply weight decay to this range */

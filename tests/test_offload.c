@@ -483,6 +483,8 @@ typedef struct injection {
     fy_task_kind kind;
     int block;             /* -1: any */
     bool breaks;           /* inside an update: the trainer cannot go on */
+    bool bf16;             /* bf16 storage (cpu-optimised blocks' gradients then land in
+                              their bf16 weights' buffer: storage.h, grad_in_lp) */
 } injection;
 
 enum { FAIL_AT = 2 }; /* the step whose task fails */
@@ -502,6 +504,7 @@ static void unbroken_run(const fy_plan *plan, float *loss, float **w) {
 
 static void check_injection(const injection *in) {
     fy_plan plan = make_plan(&small_cfg, 2, 1, in->params, in->optim, 0);
+    if (in->bf16) plan.dtype = FY_BF16;
     fy_model *m = new_model(&small_cfg);
     const int nb = fy_model_nblocks(m);
     float want_loss[STEPS], **want_w = calloc((size_t)nb, sizeof *want_w);
@@ -560,15 +563,18 @@ static void check_injection(const injection *in) {
 /* Failures before the update, on every lane: compute, h2d, d2h, cpu. */
 Test(failure, before_the_update_every_lane_retries_exactly, .timeout = 120) {
     const injection cases[] = {
-        {"load (h2d)", 0, 0, FY_T_LOAD, -1, false},
-        {"h2d_param (h2d)", 1, 0, FY_T_H2D_PARAM, 2, false},
-        {"fwd (compute)", 0.5, 0.5, FY_T_FWD, 3, false},
-        {"head (compute)", 0, 0, FY_T_HEAD, -1, false},
-        {"bwd (compute)", 0.5, 1, FY_T_BWD, 0, false},
-        {"d2h_grad (d2h)", 0, 1, FY_T_D2H_GRAD, 2, false},
-        {"norm (cpu)", 0.5, 0.5, FY_T_NORM, -1, false},
+        {"load (h2d)", 0, 0, FY_T_LOAD, -1, false, false},
+        {"h2d_param (h2d)", 1, 0, FY_T_H2D_PARAM, 2, false, false},
+        {"fwd (compute)", 0.5, 0.5, FY_T_FWD, 3, false, false},
+        {"head (compute)", 0, 0, FY_T_HEAD, -1, false, false},
+        {"bwd (compute)", 0.5, 1, FY_T_BWD, 0, false, false},
+        {"d2h_grad (d2h)", 0, 1, FY_T_D2H_GRAD, 2, false, false},
+        {"norm (cpu)", 0.5, 0.5, FY_T_NORM, -1, false, false},
         /* the first update of the step to run (block 0's: next use) applies nothing */
-        {"the step's first adam_cpu (cpu)", 0, 1, FY_T_ADAM_CPU, 0, false},
+        {"the step's first adam_cpu (cpu)", 0, 1, FY_T_ADAM_CPU, 0, false, false},
+        /* bf16: the gradients of blocks 1.. are in their weights' buffers when it fails */
+        {"bf16: the step's first adam_cpu (cpu)", 1, 1, FY_T_ADAM_CPU, 0, false, true},
+        {"bf16: norm (cpu)", 1, 1, FY_T_NORM, -1, false, true},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_injection(&cases[i]);
 }
@@ -577,10 +583,10 @@ Test(failure, before_the_update_every_lane_retries_exactly, .timeout = 120) {
 Test(failure, inside_an_update_breaks_the_trainer, .timeout = 120) {
     const int head = small_cfg.layers + 1;
     const injection cases[] = {
-        {"a later adam_cpu (cpu)", 0, 1, FY_T_ADAM_CPU, head, true},
-        {"h2d_update (h2d)", 0, 1, FY_T_H2D_UPDATE, head, true},
-        {"a later adam_gpu (compute)", 0, 0, FY_T_ADAM_GPU, head, true},
-        {"d2h_param (d2h)", 1, 0, FY_T_D2H_PARAM, 1, true},
+        {"a later adam_cpu (cpu)", 0, 1, FY_T_ADAM_CPU, head, true, false},
+        {"h2d_update (h2d)", 0, 1, FY_T_H2D_UPDATE, head, true, false},
+        {"a later adam_gpu (compute)", 0, 0, FY_T_ADAM_GPU, head, true, false},
+        {"d2h_param (d2h)", 1, 0, FY_T_D2H_PARAM, 1, true, false},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_injection(&cases[i]);
 }

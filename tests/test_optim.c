@@ -231,6 +231,36 @@ ParameterizedTest(fy_adam_path *p, paths, many_steps) {
     st_free(&got);
 }
 
+/* The copy out written over the gradients (param_out == grad, both bf16, as the trainer
+ * does for a cpu-optimised block with bf16 storage): the same weights, moments and copy
+ * as separate buffers, on every path, and on the pool with 3 threads. */
+PATH_PARAMS(paths, copy_out_over_the_gradients)
+ParameterizedTest(fy_adam_path *p, paths, copy_out_over_the_gradients) {
+    SKIP_UNSUPPORTED(*p);
+    uint64_t rng = 5;
+    const size_t off[5] = {0, 1, 2, 3, 4};
+    const size_t n = 3 * FY_ADAM_TILE_NELEM + 1037; /* tiles and every vector tail */
+    fy_adam_pool *pool;
+    cr_assert_eq(fy_adam_pool_new(3, &pool), FY_OK);
+    for (int on_pool = 0; on_pool < 2; on_pool++) {
+        state ref, got;
+        st_init(&ref, n, FY_BF16, FY_BF16, off);
+        st_fill(&ref, &rng);
+        st_clone(&got, &ref);
+        fy_adam_hparams hp = hparams(3);
+        fy_adam_range rr = st_range(&ref, true), rg = st_range(&got, true);
+        rg.param_out = got.grad;
+        cr_assert_eq(fy_adam_step_ref(&hp, &rr), FY_OK);
+        cr_assert_eq(on_pool ? fy_adam_pool_step(pool, &hp, &rg) : fy_adam_step_path(*p, &hp, &rg), FY_OK);
+        memcpy(got.out, got.grad, n * 2); /* the copy is where the gradients were */
+        memcpy(got.grad, ref.grad, n * 2);
+        ASSERT_SAME(&ref, &got, "%s%s", fy_adam_path_name(*p), on_pool ? " (pool)" : "");
+        st_free(&ref);
+        st_free(&got);
+    }
+    fy_adam_pool_free(pool);
+}
+
 /* ---- rounding of the bf16/fp16 copies ------------------------------------------- */
 
 /* Low halves that hit the rounding boundaries of bf16 (bit 15) and of fp16 normals and
