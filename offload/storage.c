@@ -23,7 +23,9 @@ typedef struct walk {
     fy_storage *st;        /* NULL in a dry walk */
     bool alloc;            /* allocate (else only count, and fill st's tables) */
     fy_mem_model *m;
-    char *arena_cur;       /* real walk: next free byte of the arena */
+    size_t pinned_cap;     /* transfer buffers past it go to the pageable arena */
+    char *cur[2];          /* real walk: the next free byte of the pageable [0] and the
+                              pinned [1] arena */
 } walk;
 
 static fy_status take(walk *w, fy_mem_cat cat, size_t nbytes, const char *what, void *out) {
@@ -50,15 +52,20 @@ static fy_status take(walk *w, fy_mem_cat cat, size_t nbytes, const char *what, 
  * them out of each other's DRAM banks (optim_cpu measured ~2x on same-offset arrays). */
 #define HOST_STAGGER (4096 + HOST_ALIGN)
 
-static void carve(walk *w, fy_mem_cat cat, size_t nbytes, void *out) {
+/* A host buffer. One the device copies to or from (xfer) goes to the pinned arena while
+ * that stays within the cap, the rest (the moments, a cpu-optimised block's fp32 master:
+ * only the CPU touches them) to the pageable one. */
+static void carve(walk *w, fy_mem_cat cat, size_t nbytes, bool xfer, void *out) {
     size_t n = fy_round_up(nbytes, HOST_ALIGN);
     if (n >= (1u << 20)) n += HOST_STAGGER;
+    const bool pin = xfer && w->m->host_pinned + n <= w->pinned_cap;
     w->m->host[cat] += n;
     w->m->host_total += n;
+    if (pin) w->m->host_pinned += n;
+    else if (xfer) w->m->pinned_over += n;
     if (!w->st || !w->alloc) return;
-    void *p = w->arena_cur;
-    w->arena_cur += n;
-    w->st->arena_used += n;
+    void *p = w->cur[pin];
+    w->cur[pin] += n;
     memcpy(out, &p, sizeof p);
 }
 
@@ -154,20 +161,22 @@ static fy_status layout(walk *w, const fy_model *m, const fy_plan *plan, int T, 
             }
         }
         if (streamed || (cpu && training)) {
-            carve(w, FY_CAT_PARAMS, nbytes, &c->param_host);
-            if (lp) carve(w, FY_CAT_PARAMS, lpbytes, &c->param_lp);
+            /* the master is copied when it is what compute reads (fp32) or when a
+             * device update of a streamed block fetches it and sends it back */
+            carve(w, FY_CAT_PARAMS, nbytes, !lp || (streamed && training && !cpu), &c->param_host);
+            if (lp) carve(w, FY_CAT_PARAMS, lpbytes, true, &c->param_lp);
             else c->param_lp = c->param_host;
         }
         if (!training) continue; /* evaluation: parameters only */
         if (cpu && lp && plan->grad_accum == 1) {
             c->grad_host = c->param_lp;
             c->grad_in_lp = true;
-            carve(w, FY_CAT_OPTIM, nbytes, &c->m);
-            carve(w, FY_CAT_OPTIM, nbytes, &c->v);
+            carve(w, FY_CAT_OPTIM, nbytes, false, &c->m);
+            carve(w, FY_CAT_OPTIM, nbytes, false, &c->v);
         } else if (cpu) {
-            carve(w, FY_CAT_GRADS, lpbytes, &c->grad_host);
-            carve(w, FY_CAT_OPTIM, nbytes, &c->m);
-            carve(w, FY_CAT_OPTIM, nbytes, &c->v);
+            carve(w, FY_CAT_GRADS, lpbytes, true, &c->grad_host);
+            carve(w, FY_CAT_OPTIM, nbytes, false, &c->m);
+            carve(w, FY_CAT_OPTIM, nbytes, false, &c->v);
         } else {
             snprintf(what, sizeof what, "%s gradients", bname);
             if ((s = take(w, FY_CAT_GRADS, lpbytes, what, &c->grad_dev)) != FY_OK) goto done;
@@ -208,7 +217,7 @@ static fy_status layout(walk *w, const fy_model *m, const fy_plan *plan, int T, 
     }
     /* host landing buffer for micro-batch gradients added into grad_host */
     if (any_cpu && plan->grad_accum > 1)
-        carve(w, FY_CAT_STAGING, gslot_max, st ? (void *)&st->grad_host_tmp : &tmp);
+        carve(w, FY_CAT_STAGING, gslot_max, true, st ? (void *)&st->grad_host_tmp : &tmp);
     /* activations: the saved area recomputed blocks share, then each block's own */
     size_t shared_n = 0, work_n = 0, out_max = 0;
     for (int b = 0; b < nb; b++) {
@@ -251,20 +260,25 @@ static fy_status layout(walk *w, const fy_model *m, const fy_plan *plan, int T, 
         (s = take(w, FY_CAT_WORKSPACE, (size_t)nb * sizeof(double), "gradient norms",
                   st ? (void *)&st->sumsq_dev : &tmp)) != FY_OK)
         goto done;
-    carve(w, FY_CAT_WORKSPACE, 4 * N * sizeof(int32_t), st ? (void *)&st->tok_host : &tmp);
-    carve(w, FY_CAT_WORKSPACE, accum * sizeof(float), st ? (void *)&st->loss_host : &tmp);
-    carve(w, FY_CAT_WORKSPACE, (size_t)nb * sizeof(double), st ? (void *)&st->sumsq_host : &tmp);
+    carve(w, FY_CAT_WORKSPACE, 4 * N * sizeof(int32_t), true, st ? (void *)&st->tok_host : &tmp);
+    carve(w, FY_CAT_WORKSPACE, accum * sizeof(float), true, st ? (void *)&st->loss_host : &tmp);
+    carve(w, FY_CAT_WORKSPACE, (size_t)nb * sizeof(double), true, st ? (void *)&st->sumsq_host : &tmp);
 done:
     if (!chunks) free(c_all);
     return s;
 }
 
-void fy_storage_model_for(const fy_model *m, const fy_plan *plan, int T, bool training,
-                          fy_mem_model *out) {
+void fy_storage_model_pinned(const fy_model *m, const fy_plan *plan, int T, bool training,
+                             size_t pinned_cap, fy_mem_model *out) {
     memset(out, 0, sizeof *out);
-    walk w = {.m = out};
+    walk w = {.m = out, .pinned_cap = pinned_cap};
     fy_status s = layout(&w, m, plan, T, training, NULL, NULL);
     FY_ASSERT(s == FY_OK, "a dry storage walk cannot fail");
+}
+
+void fy_storage_model_for(const fy_model *m, const fy_plan *plan, int T, bool training,
+                          fy_mem_model *out) {
+    fy_storage_model_pinned(m, plan, T, training, SIZE_MAX, out);
 }
 
 void fy_storage_model(const fy_model *m, const fy_plan *plan, int T, fy_mem_model *out) {
@@ -297,20 +311,36 @@ fy_status fy_storage_new(fy_dev *dev, const fy_model *m, const fy_plan *plan, in
     FY_TRY(storage_alloc(m, plan, T, training, &st));
     st->dev = dev;
     fy_mem_model dry;
-    fy_storage_model_for(m, plan, T, training, &dry);
-    /* host arena: pinned if the device can, else pageable with one warning */
-    st->arena_nbytes = dry.host_total ? dry.host_total : HOST_ALIGN;
-    fy_status s = fy_dev_alloc(dev, FY_MEM_PINNED, st->arena_nbytes, "host arena", &st->arena);
-    st->arena_pinned = s == FY_OK;
-    if (s != FY_OK) {
-        fy_log_warn("cannot pin %zu bytes of host memory: using pageable memory (slower "
-                    "transfers)", st->arena_nbytes);
-        s = fy_dev_alloc(dev, FY_MEM_HOST, st->arena_nbytes, "host arena", &st->arena);
-        if (s != FY_OK) goto fail;
+    const size_t cap = fy_dev_pinned_cap(dev);
+    fy_storage_model_pinned(m, plan, T, training, cap, &dry);
+    char a[32], b[32];
+    if (dry.pinned_over)
+        fy_log_warn("pinned memory is capped at %s (--pinned-mem): %s of buffers the device "
+                    "copies to and from are pageable (slower copies)", fy_fmt_size(cap, a, sizeof a),
+                    fy_fmt_size(dry.pinned_over, b, sizeof b));
+    /* the host arenas: the pinned one (pageable, with one warning, if the system will not
+     * pin it), and the pageable one */
+    st->arena_nbytes[1] = dry.host_pinned;
+    st->arena_nbytes[0] = dry.host_total - dry.host_pinned;
+    fy_status s = FY_OK;
+    if (st->arena_nbytes[1]) {
+        s = fy_dev_alloc(dev, FY_MEM_PINNED, st->arena_nbytes[1], "pinned host arena", &st->arena[1]);
+        st->arena_pinned = s == FY_OK;
+        if (s != FY_OK) {
+            fy_log_warn("cannot pin %s of host memory: using pageable memory (slower copies)",
+                        fy_fmt_size(st->arena_nbytes[1], a, sizeof a));
+            s = fy_dev_alloc(dev, FY_MEM_HOST, st->arena_nbytes[1], "host arena", &st->arena[1]);
+        }
     }
-    walk w = {.st = st, .alloc = true, .m = &st->mem, .arena_cur = st->arena};
+    if (s == FY_OK && st->arena_nbytes[0])
+        s = fy_dev_alloc(dev, FY_MEM_HOST, st->arena_nbytes[0], "host arena", &st->arena[0]);
+    if (s != FY_OK) goto fail;
+    walk w = {.st = st, .alloc = true, .m = &st->mem, .pinned_cap = cap,
+              .cur = {st->arena[0], st->arena[1]}};
     if ((s = layout(&w, m, plan, T, training, st->chunks, st)) != FY_OK) goto fail;
-    FY_ASSERT(st->arena_used == dry.host_total && st->mem.device_total == dry.device_total,
+    FY_ASSERT(w.cur[0] - (char *)st->arena[0] == (ptrdiff_t)st->arena_nbytes[0] &&
+              w.cur[1] - (char *)st->arena[1] == (ptrdiff_t)st->arena_nbytes[1] &&
+              st->mem.device_total == dry.device_total,
               "the storage walk must be the same dry and real");
     *out = st;
     return FY_OK;
@@ -323,7 +353,7 @@ fy_status fy_storage_dry(const fy_model *m, const fy_plan *plan, int T, bool tra
                          fy_storage **out) {
     fy_storage *st;
     FY_TRY(storage_alloc(m, plan, T, training, &st));
-    walk w = {.st = st, .alloc = false, .m = &st->mem};
+    walk w = {.st = st, .alloc = false, .m = &st->mem, .pinned_cap = SIZE_MAX};
     fy_status s = layout(&w, m, plan, T, training, st->chunks, st);
     if (s != FY_OK) {
         fy_storage_free(st);
@@ -336,7 +366,10 @@ fy_status fy_storage_dry(const fy_model *m, const fy_plan *plan, int T, bool tra
 void fy_storage_free(fy_storage *st) {
     if (!st) return;
     for (int i = st->nallocs - 1; i >= 0; i--) fy_dev_release(st->dev, st->allocs[i]);
-    if (st->dev) fy_dev_release(st->dev, st->arena);
+    if (st->dev) {
+        fy_dev_release(st->dev, st->arena[0]);
+        fy_dev_release(st->dev, st->arena[1]);
+    }
     free(st->allocs);
     for (int r = 0; r < FY_RINGS; r++) {
         free(st->param_ring[r].slots);

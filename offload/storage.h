@@ -39,8 +39,13 @@
  * Everything is allocated once, in fy_storage_new, through one function that also feeds
  * the memory model, so the model is the allocation list itself: fy_storage_model() with
  * no device gives the same numbers as the device's measured peak. No allocation happens
- * during training steps. Host block state comes from one arena of pinned memory (one
- * warning and pageable memory if pinning fails).
+ * during training steps. Host block state comes from two arenas: the buffers the device
+ * copies to or from (bf16 weights, gradients, a streamed device-updated block's master,
+ * tokens) from a pinned one, up to the device's pinned cap (--pinned-mem; the buffers
+ * past it go pageable, with one warning), and the buffers only the CPU touches (AdamW
+ * moments, a cpu-optimised block's fp32 master) from a pageable one: pinning is for DMA,
+ * and pinning what no copy reads only takes memory the system cannot page. The pinned
+ * arena is pageable, with one warning, if the system refuses to pin it.
  *
  * Threads: used from the thread driving the trainer. */
 #ifndef FY_STORAGE_H
@@ -68,6 +73,8 @@ typedef struct fy_mem_model {
     size_t device[FY_CAT_COUNT];
     size_t host[FY_CAT_COUNT];
     size_t device_total, host_total;
+    size_t host_pinned;       /* of host_total, in the pinned arena */
+    size_t pinned_over;       /* buffers the device copies that the pinned cap left pageable */
 } fy_mem_model;
 
 /* The staging rings. */
@@ -114,9 +121,9 @@ typedef struct fy_storage {
     float *loss_dev, *loss_host;      /* one per micro-batch */
     double *sumsq_dev, *sumsq_host;   /* one per block */
     float *grad_host_tmp;     /* host landing slot for accumulated cpu-block gradients */
-    void *arena;              /* host block state */
-    size_t arena_nbytes, arena_used;
-    bool arena_pinned;
+    void *arena[2];           /* host state: the pageable [0] and the pinned [1] arena */
+    size_t arena_nbytes[2];
+    bool arena_pinned;        /* the pinned arena is pinned (the system may refuse) */
     void **allocs;            /* device-interface allocations, for freeing */
     int nallocs, capallocs;
     fy_mem_model mem;         /* the memory model: what this storage allocated */
@@ -137,6 +144,9 @@ void fy_storage_free(fy_storage *st);
 void fy_storage_model(const fy_model *m, const fy_plan *plan, int T, fy_mem_model *out);
 void fy_storage_model_for(const fy_model *m, const fy_plan *plan, int T, bool training,
                           fy_mem_model *out);
+/* The same under a pinned-memory cap (the others: no cap). */
+void fy_storage_model_pinned(const fy_model *m, const fy_plan *plan, int T, bool training,
+                             size_t pinned_cap, fy_mem_model *out);
 void fy_mem_model_print(const fy_mem_model *m, FILE *f);
 const char *fy_mem_cat_name(fy_mem_cat c);
 

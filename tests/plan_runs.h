@@ -29,7 +29,11 @@ typedef struct result {
     size_t *nelem;   /* per block */
     float **w;       /* final parameters per block */
     size_t peak, model, staging;
+    size_t pinned, pinned_model;  /* measured pinned peak; the model's, under g_pinned_cap */
 } result;
+
+/* The pinned-memory cap of plan_train's devices (0: the default). */
+static size_t g_pinned_cap;
 
 /* Planting a NaN in every copy of one weight of block b (fp32 masters and the storage
  * type's copies), and taking it out again. */
@@ -69,7 +73,8 @@ static void unplant(const planted *pl, int n) {
  * step. */
 static fy_status plan_train(const fy_model *m, const fy_plan *plan, size_t cap,
                             fy_sched_mode mode, int nan_at, result *res) {
-    fy_dev_cfg dc = {.kind = FY_DEV_CPU, .threads = 2, .mem_cap_nbytes = cap};
+    fy_dev_cfg dc = {.kind = FY_DEV_CPU, .threads = 2, .mem_cap_nbytes = cap,
+                     .pinned_cap_nbytes = g_pinned_cap};
     fy_dev *dev;
     cr_assert_eq(fy_dev_new(&dc, &dev), FY_OK);
     fy_trainer_cfg tc = {.model = m, .T = T_SEQ, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
@@ -113,6 +118,9 @@ static fy_status plan_train(const fy_model *m, const fy_plan *plan, size_t cap,
     fy_storage_model(m, plan, T_SEQ, &mm);
     res->model = mm.device_total;
     res->staging = mm.device[FY_CAT_STAGING];
+    res->pinned = ms.peak_nbytes[FY_MEM_PINNED];
+    fy_storage_model_pinned(m, plan, T_SEQ, true, fy_dev_cfg_pinned_cap(&dc), &mm);
+    res->pinned_model = mm.host_pinned;
     free(x);
     free(y);
     fy_loader_free(ld);

@@ -1646,6 +1646,27 @@ Test(cli, tune_fits_13b_on_one_h200_and_searches_70b, .timeout = 120) {
     expect_ok(&r);
 }
 
+/* --pinned-mem caps the page-locked memory: the dry run's pinned bytes stay under it, a
+ * run under a tiny cap trains with one warning, and a bad size is a command-line error. */
+Test(cli, pinned_mem_caps_pinned_memory) {
+    run_result r;
+    FERRY(&r, "train", TINY, "--offload-optim", "1", "--pinned-mem", "8KiB", "--dry-run");
+    expect_ok(&r);
+    char line[4096];
+    last_line(r.out, line, sizeof line);
+    cJSON *j = cJSON_Parse(line);
+    cr_assert_not_null(j, "%s", line);
+    const double pinned = cJSON_GetObjectItem(j, "pinned_bytes")->valuedouble,
+                 host = cJSON_GetObjectItem(j, "host_bytes")->valuedouble;
+    cr_expect(pinned <= 8192 && pinned < host, "pinned %.0f of %.0f host bytes", pinned, host);
+    cJSON_Delete(j);
+    FERRY(&r, "train", TINY, "--offload-optim", "1", "--pinned-mem", "8KiB");
+    expect_ok(&r);
+    cr_expect_not_null(strstr(r.err, "ferry: warning: pinned memory is capped"), "%s", r.err);
+    FERRY(&r, "train", TINY, "--pinned-mem", "lots");
+    EXPECT_ERROR(&r, 2, "--pinned-mem", "lots");
+}
+
 /* --dry-run ends with one JSON line for scripts, its numbers the table's. */
 Test(cli, dry_run_prints_a_json_line) {
     run_result r;

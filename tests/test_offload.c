@@ -91,6 +91,38 @@ Test(offload, a_large_embedding_gets_its_own_ring, .timeout = 300) {
     fy_model_free(m);
 }
 
+/* Pinned memory holds the buffers the device copies (bf16 weights and gradients, tokens),
+ * not the AdamW moments or the fp32 masters only the CPU reads; a cap below that moves
+ * the buffers past it to pageable memory, and the run is the same bit for bit. The
+ * measured pinned peak is the model's either way. */
+Test(offload, pinned_memory_holds_only_what_is_copied_and_is_capped, .timeout = 120) {
+    fy_model *m = new_model(&wide_vocab_cfg);
+    fy_plan p = plan_of(m, 2, 1, 1, 1, 4, FY_BF16);
+    fy_mem_model mm;
+    fy_storage_model(m, &p, T_SEQ, &mm);
+    const size_t P = fy_model_num_params(m);
+    /* bf16 weights (the gradients share them) and the small transfer buffers */
+    cr_expect(mm.host_pinned >= 2 * P && mm.host_pinned < 2 * P + (P / 4),
+              "pinned %zu bytes for %zu parameters", mm.host_pinned, P);
+    cr_expect(mm.host_total - mm.host_pinned >= 12 * P, "master, m and v are pageable");
+    cr_expect_eq(mm.pinned_over, 0);
+    result free_run, capped;
+    g_pinned_cap = 0;
+    cr_assert_eq(plan_train(m, &p, 0, FY_SCHED_PRIORITY, -1, &free_run), FY_OK);
+    cr_expect_eq(free_run.pinned, mm.host_pinned);
+    g_pinned_cap = mm.host_pinned / 2;
+    cr_assert_eq(plan_train(m, &p, 0, FY_SCHED_PRIORITY, -1, &capped), FY_OK);
+    g_pinned_cap = 0;
+    expect_identical(&free_run, &capped, "pinned cap");
+    cr_expect(capped.pinned <= mm.host_pinned / 2 && capped.pinned > 0, "pinned %zu under a cap of %zu",
+              capped.pinned, mm.host_pinned / 2);
+    cr_expect_eq(capped.pinned, capped.pinned_model);
+    result_free(&free_run);
+    result_free(&capped);
+    fy_plan_free(&p);
+    fy_model_free(m);
+}
+
 Test(offload, irregular_plans_are_bit_identical, .timeout = 120) {
     ON_SMALL(irregular_plan_is_bit_identical(m, FY_F32));
 }

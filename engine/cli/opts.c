@@ -115,6 +115,9 @@ static const opt table[] = {
      "rtx4090-pcie4, h100-80gb-pcie5, h200-141gb); default: this machine's cached probe", 0},
     {"host-mem", T_SIZE, O(host_mem), TU | TR | SW, "0", R_NONNEG, NULL, "SIZE",
      "host memory budget: binds training and tuning (0 = no limit)", 0},
+    {"pinned-mem", T_SIZE, O(pinned_mem), TR | EV, "0", R_NONNEG, NULL, "SIZE",
+     "page-locked host memory for the buffers the device copies (0 = half the machine's); "
+     "past it they are pageable (slower copies)", 0},
     {"out", T_STR, O(out), PR | TU | SW, NULL, R_ANY, NULL, "FILE",
      "where to write the profile (probe; default the per-machine cache) or the plan (tune)", 0},
     {"grid", T_STR, O(grid), SW, NULL, R_ANY, NULL, "SPEC",
@@ -276,6 +279,7 @@ fy_status fy_opts_dev_cfg(const fy_opts *o, bool need_gpu, fy_dev_cfg *out) {
         return FY_ERR_INVALID;
     }
     out->mem_cap_nbytes = o->gpu_mem;
+    out->pinned_cap_nbytes = o->pinned_mem;
     out->sim_pcie_gbps = o->sim_pcie_gbps;
     out->threads = (int)o->threads;
     if (fy_matmul_math_parse(o->matmul ? o->matmul : "auto", &out->matmul) != 0) {

@@ -61,6 +61,7 @@ typedef struct fy_opts {
     const char *profile;
     const char *out;
     size_t host_mem;
+    size_t pinned_mem;
     const char *grid;
     bool simulate;
     /* evaluation and output */

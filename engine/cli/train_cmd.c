@@ -137,12 +137,12 @@ static fy_status check_budgets(const fy_opts *o, const fy_mem_model *plan_mm, fy
 }
 
 /* The dry run's last line, for scripts: the model's parameters and the plan's bytes, in
- * total and by category. The host state is pinned when the system allows (storage.c). */
+ * total and by category, and the pinned part of the host's under the pinned cap. */
 static void print_memory_json(const fy_model *m, const fy_mem_model *mm) {
     static const char *const cats[FY_CAT_COUNT] = {"parameters", "gradients", "optimizer",
                                                    "activations", "staging", "workspace"};
     printf("{\"params\":%zu,\"device_bytes\":%zu,\"host_bytes\":%zu,\"pinned_bytes\":%zu",
-           fy_model_num_params(m), mm->device_total, mm->host_total, mm->host_total);
+           fy_model_num_params(m), mm->device_total, mm->host_total, mm->host_pinned);
     for (int side = 0; side < 2; side++) {
         printf(",\"%s\":{", side ? "host" : "device");
         for (int c = 0; c < FY_CAT_COUNT; c++)
@@ -163,7 +163,8 @@ int fy_train_main(const fy_opts *o) {
     if (st == FY_OK) st = resolve_model(o, fy_opts_given(o, "model"), &init, &m);
     if (st == FY_OK) st = resolve_plan(o, m, tc.dev.kind, &plan);
     fy_mem_model mm = {0};
-    if (st == FY_OK) fy_storage_model(m, &plan, (int)o->seq, &mm);
+    if (st == FY_OK)
+        fy_storage_model_pinned(m, &plan, (int)o->seq, true, fy_dev_cfg_pinned_cap(&tc.dev), &mm);
     if (st == FY_OK && (!o->quiet || o->dry_run)) fy_train_print_plan(&plan, &mm, stdout);
     if (st == FY_OK && o->dry_run) print_memory_json(m, &mm);
     if (st == FY_OK && !o->dry_run) st = check_budgets(o, &mm, &tc.dev);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "engine/core/util.h"
 
@@ -62,6 +63,13 @@ fy_status fy_host_map(size_t nbytes, int threads, void **out) {
 }
 
 void fy_host_unmap(void *p, size_t nbytes) { munmap(p, fy_round_up(nbytes, 4096)); }
+
+size_t fy_dev_cfg_pinned_cap(const fy_dev_cfg *cfg) {
+    if (cfg->pinned_cap_nbytes) return cfg->pinned_cap_nbytes;
+    return (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGE_SIZE) / 2;
+}
+
+size_t fy_dev_pinned_cap(const fy_dev *dev) { return fy_dev_cfg_pinned_cap(&dev->cfg); }
 
 const char *fy_dev_kind_name(fy_dev_kind kind) { return kind == FY_DEV_CUDA ? "cuda" : "cpu"; }
 

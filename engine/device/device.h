@@ -61,6 +61,8 @@ typedef struct fy_dev_cfg {
     int threads;           /* cpu: kernel threads; 0 = all online cores */
     int ordinal;           /* cuda: which GPU */
     fy_matmul_math matmul; /* cuda: fp32 GEMM arithmetic */
+    size_t pinned_cap_nbytes; /* page-locked host memory a run may take; 0 = the default,
+                                 half the machine's memory (fy_dev_pinned_cap) */
 } fy_dev_cfg;
 
 typedef struct fy_dev fy_dev;
@@ -73,6 +75,10 @@ fy_status fy_dev_new(const fy_dev_cfg *cfg, fy_dev **out);
 void fy_dev_free(fy_dev *dev); /* frees all remaining allocations, streams must be freed */
 
 fy_dev_kind fy_dev_get_kind(const fy_dev *dev);
+/* The pinned-memory cap of a device configuration: its own, or half the physical memory
+ * (pinned pages cannot be swapped or moved; pinning most of a machine starves it). */
+size_t fy_dev_cfg_pinned_cap(const fy_dev_cfg *cfg);
+size_t fy_dev_pinned_cap(const fy_dev *dev);
 const char *fy_dev_name(const fy_dev *dev);
 int fy_dev_threads(const fy_dev *dev);
 
