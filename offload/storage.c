@@ -71,6 +71,10 @@ static void carve(walk *w, fy_mem_cat cat, size_t nbytes, bool xfer, void *out) 
 
 static size_t fsz(size_t nelem) { return nelem * sizeof(float); }
 
+/* A buffer's name for the allocation's errors, made only when a walk allocates (the
+ * tuner walks plans by the hundred thousand). */
+#define NAME(...) do { if (w->alloc) snprintf(what, sizeof what, __VA_ARGS__); } while (0)
+
 static fy_dtype plan_dtype(const fy_plan *plan) { return plan->dtype == FY_BF16 ? FY_BF16 : FY_F32; }
 
 /* The least slots each ring needs for the serial order to run. Parameters: the most
@@ -123,7 +127,7 @@ static fy_status layout(walk *w, const fy_model *m, const fy_plan *plan, int T, 
     const fy_dtype dt = plan_dtype(plan);
     const size_t es = fy_dtype_size(dt);
     const bool lp = dt != FY_F32; /* masters apart from the device copies */
-    char what[64];
+    char what[64] = "";
     fy_chunk *c_all = chunks ? chunks : calloc((size_t)nb, sizeof *c_all);
     if (!c_all) return FY_ERR_NOMEM;
     size_t pslot[FY_RINGS] = {0}, gslot[FY_RINGS] = {0}, gslot_max = 0, layer_max = 0;
@@ -153,10 +157,10 @@ static fy_status layout(walk *w, const fy_model *m, const fy_plan *plan, int T, 
         }
         any_cpu |= cpu;
         if (!streamed) {
-            snprintf(what, sizeof what, "%s parameters", bname);
+            NAME( "%s parameters", bname);
             if ((s = take(w, FY_CAT_PARAMS, lpbytes, what, &c->param_dev)) != FY_OK) goto done;
             if (lp && training && !cpu) {
-                snprintf(what, sizeof what, "%s fp32 master weights", bname);
+                NAME( "%s fp32 master weights", bname);
                 if ((s = take(w, FY_CAT_OPTIM, nbytes, what, &c->master_dev)) != FY_OK) goto done;
             }
         }
@@ -178,11 +182,11 @@ static fy_status layout(walk *w, const fy_model *m, const fy_plan *plan, int T, 
             carve(w, FY_CAT_OPTIM, nbytes, false, &c->m);
             carve(w, FY_CAT_OPTIM, nbytes, false, &c->v);
         } else {
-            snprintf(what, sizeof what, "%s gradients", bname);
+            NAME( "%s gradients", bname);
             if ((s = take(w, FY_CAT_GRADS, lpbytes, what, &c->grad_dev)) != FY_OK) goto done;
-            snprintf(what, sizeof what, "%s Adam m", bname);
+            NAME( "%s Adam m", bname);
             if ((s = take(w, FY_CAT_OPTIM, nbytes, what, &c->m)) != FY_OK) goto done;
-            snprintf(what, sizeof what, "%s Adam v", bname);
+            NAME( "%s Adam v", bname);
             if ((s = take(w, FY_CAT_OPTIM, nbytes, what, &c->v)) != FY_OK) goto done;
         }
     }
@@ -207,11 +211,11 @@ static fy_status layout(walk *w, const fy_model *m, const fy_plan *plan, int T, 
             if (!pr->slots || !gr->slots) { s = FY_ERR_NOMEM; goto done; }
         }
         for (int i = 0; i < np[r]; i++) {
-            snprintf(what, sizeof what, "parameter staging slot %d (%s ring)", i, ring_names[r]);
+            NAME( "parameter staging slot %d (%s ring)", i, ring_names[r]);
             if ((s = take(w, FY_CAT_STAGING, pslot[r], what, pr ? &pr->slots[i] : &tmp)) != FY_OK) goto done;
         }
         for (int i = 0; i < ng[r]; i++) {
-            snprintf(what, sizeof what, "gradient staging slot %d (%s ring)", i, ring_names[r]);
+            NAME( "gradient staging slot %d (%s ring)", i, ring_names[r]);
             if ((s = take(w, FY_CAT_STAGING, gslot[r], what, gr ? &gr->slots[i] : &tmp)) != FY_OK) goto done;
         }
     }
@@ -239,11 +243,11 @@ static fy_status layout(walk *w, const fy_model *m, const fy_plan *plan, int T, 
         if (plan->blocks[b].acts == FY_ACTS_RECOMPUTE) {
             ba.saved = shared;
         } else if (a.saved) {
-            snprintf(what, sizeof what, "%s activations", bname);
+            NAME( "%s activations", bname);
             if ((s = take(w, FY_CAT_ACTS, a.saved, what, &ba.saved)) != FY_OK) goto done;
         }
         if (a.out) {
-            snprintf(what, sizeof what, "%s output", bname);
+            NAME( "%s output", bname);
             if ((s = take(w, FY_CAT_ACTS, a.out, what, &ba.out)) != FY_OK) goto done;
         }
         if (st) st->acts[b] = ba;

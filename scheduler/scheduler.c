@@ -165,8 +165,10 @@ typedef struct dispatch {
     int *pending;
     int64_t *ready_seq;
     int64_t seq;
-    int *ready[FY_LANE_COUNT];
+    int *ready[FY_LANE_COUNT];       /* ready tasks without a pool, by lane */
     int nready[FY_LANE_COUNT];
+    int *pos;                        /* per task: its index in ready[its lane] */
+    bool *pool_ready;                /* per task: a pool task that is ready, not started */
     int *grants[FY_SCHED_MAX_POOLS]; /* pool tasks in priority order */
     int ngrants[FY_SCHED_MAX_POOLS], next_grant[FY_SCHED_MAX_POOLS];
     int *unit_holder[FY_SCHED_MAX_POOLS];  /* the task holding each unit, or -1 */
@@ -185,15 +187,24 @@ static int by_prio(const void *a, const void *b, void *graph) {
     return (pa > pb) - (pa < pb);
 }
 
+/* A task whose predecessors are done. A pool task waits outside the lanes' lists: only
+ * its pool's next grant can start, so picking looks at one task per pool. */
 static void push_ready(dispatch *d, int id) {
     fy_lane l = d->g->tasks[id].lane;
-    d->ready[l][d->nready[l]++] = id;
+    if (d->g->tasks[id].acquire_pool >= 0) {
+        d->pool_ready[id] = true;
+    } else {
+        d->pos[id] = d->nready[l];
+        d->ready[l][d->nready[l]++] = id;
+    }
     d->ready_seq[id] = d->seq; /* one number per event: tasks readied together tie */
 }
 
 static void dispatch_free(dispatch *d) {
     free(d->pending);
     free(d->ready_seq);
+    free(d->pos);
+    free(d->pool_ready);
     for (int l = 0; l < FY_LANE_COUNT; l++) free(d->ready[l]);
     for (int p = 0; p < FY_SCHED_MAX_POOLS; p++) {
         free(d->grants[p]);
@@ -211,7 +222,9 @@ static fy_status dispatch_init(dispatch *d, fy_graph *g, fy_sched_mode mode) {
     size_t n = (size_t)(g->n ? g->n : 1);
     d->pending = malloc(n * sizeof *d->pending);
     d->ready_seq = malloc(n * sizeof *d->ready_seq);
-    bool ok = d->pending && d->ready_seq;
+    d->pos = malloc(n * sizeof *d->pos);
+    d->pool_ready = calloc(n, sizeof *d->pool_ready);
+    bool ok = d->pending && d->ready_seq && d->pos && d->pool_ready;
     for (int l = 0; l < FY_LANE_COUNT; l++) ok = ok && (d->ready[l] = malloc(n * sizeof(int)));
     for (int p = 0; p < g->npools && ok; p++) {
         size_t nu = (size_t)(g->pool_units[p] ? g->pool_units[p] : 1);
@@ -263,17 +276,15 @@ static int next_grant(const dispatch *d, int p) {
     return k;
 }
 
-/* May task id start now (not cancelled, pool grant order and a free unit)? */
-static bool can_start(const dispatch *d, int id) {
-    if (cancelled(d, id)) return false;
-    const fy_task *t = &d->g->tasks[id];
-    int p = t->acquire_pool;
-    if (p < 0) return true;
+/* Pool p's next grant when it is ready and a unit is free (it may start now), else -1. */
+static int pool_head(const dispatch *d, int p) {
     int k = next_grant(d, p);
-    if (k >= d->ngrants[p] || d->grants[p][k] != id) return false;
+    if (k >= d->ngrants[p]) return -1;
+    int id = d->grants[p][k];
+    if (!d->pool_ready[id]) return -1;
     for (int u = 0; u < d->g->pool_units[p]; u++)
-        if (d->unit_holder[p][u] < 0) return true;
-    return false;
+        if (d->unit_holder[p][u] < 0) return id;
+    return -1;
 }
 
 static bool better(const dispatch *d, int a, int b) {
@@ -283,32 +294,43 @@ static bool better(const dispatch *d, int a, int b) {
     return d->g->tasks[a].prio < d->g->tasks[b].prio;
 }
 
-/* Index in ready[lane] of the task to run next on lane, or -1. */
-static int pick(const dispatch *d, fy_lane lane) {
-    if (d->lane_busy[lane]) return -1;
-    if (d->mode == FY_SCHED_SERIAL) {
-        if (d->running) return -1;
-        int best = -1, bl = -1, bi = -1;
-        for (int l = 0; l < FY_LANE_COUNT; l++)
-            for (int i = 0; i < d->nready[l]; i++) {
-                int id = d->ready[l][i];
-                if (can_start(d, id) && better(d, id, best)) { best = id; bl = l; bi = i; }
-            }
-        return bl == (int)lane ? bi : -1;
+/* The best task that may start on lane l now (not cancelled; a pool task only as its
+ * pool's next grant with a free unit), or -1. */
+static int best_on(const dispatch *d, int l) {
+    int best = -1;
+    for (int i = 0; i < d->nready[l]; i++) {
+        int id = d->ready[l][i];
+        if (!cancelled(d, id) && better(d, id, best)) best = id;
     }
-    int best = -1, bi = -1;
-    for (int i = 0; i < d->nready[lane]; i++) {
-        int id = d->ready[lane][i];
-        if (can_start(d, id) && better(d, id, best)) { best = id; bi = i; }
+    for (int p = 0; p < d->g->npools; p++) {
+        int id = pool_head(d, p);
+        if (id >= 0 && (int)d->g->tasks[id].lane == l && better(d, id, best)) best = id;
     }
-    return bi;
+    return best;
 }
 
-static int start(dispatch *d, fy_lane lane, int idx) {
-    int id = d->ready[lane][idx];
-    d->ready[lane][idx] = d->ready[lane][--d->nready[lane]];
+/* The task to run next on lane, or -1. Priorities (and FIFO's order) are unique, so the
+ * pick does not depend on the order of the lists. */
+static int pick(const dispatch *d, fy_lane lane) {
+    if (d->lane_busy[lane]) return -1;
+    if (d->mode != FY_SCHED_SERIAL) return best_on(d, lane);
+    if (d->running) return -1;
+    int best = -1;
+    for (int l = 0; l < FY_LANE_COUNT; l++) {
+        int id = best_on(d, l);
+        if (id >= 0 && better(d, id, best)) best = id;
+    }
+    return best >= 0 && d->g->tasks[best].lane == lane ? best : -1;
+}
+
+static void start(dispatch *d, fy_lane lane, int id) {
     fy_task *t = &d->g->tasks[id];
-    if (t->acquire_pool >= 0) {
+    if (t->acquire_pool < 0) {
+        int i = d->pos[id], last = d->ready[lane][--d->nready[lane]];
+        d->ready[lane][i] = last;
+        d->pos[last] = i;
+    } else {
+        d->pool_ready[id] = false;
         /* the free unit freed longest ago: its last user's work is the likeliest done (a
          * unit is freed when its last user's task ends, which may be before that task's
          * queued work does) */
@@ -323,7 +345,6 @@ static int start(dispatch *d, fy_lane lane, int idx) {
     }
     d->lane_busy[lane] = true;
     d->running++;
-    return id;
 }
 
 static void finish(dispatch *d, int id) {
@@ -435,8 +456,8 @@ static void *lane_main(void *arg) {
             continue;
         }
         if (x->stuck || d->done == d->g->n) break;
-        int idx = pick(d, la->lane);
-        if (idx < 0) {
+        int id = pick(d, la->lane);
+        if (id < 0) {
             if (idle(d) && (!failed || drained) && !x->draining) {
                 if (!failed) x->stuck = true; /* after a failure, the end */
                 pthread_cond_broadcast(&x->cv);
@@ -445,7 +466,7 @@ static void *lane_main(void *arg) {
             pthread_cond_wait(&x->cv, &x->mu);
             continue;
         }
-        int id = start(d, la->lane, idx);
+        start(d, la->lane, id);
         fy_task *t = &d->g->tasks[id];
         int rec = x->res->nrecs++;
         x->lane_task[la->lane] = id;
@@ -539,9 +560,9 @@ fy_status fy_sched_simulate(fy_graph *g, fy_sched_mode mode, fy_sched_result *ou
         for (bool started = true; started;) {
             started = false;
             for (int l = 0; l < FY_LANE_COUNT; l++) {
-                int idx = pick(&d, (fy_lane)l);
-                if (idx < 0) continue;
-                int id = start(&d, (fy_lane)l, idx);
+                int id = pick(&d, (fy_lane)l);
+                if (id < 0) continue;
+                start(&d, (fy_lane)l, id);
                 running[l] = id;
                 end_at[l] = now + g->tasks[id].cost_ms;
                 out->recs[out->nrecs++] = (fy_trace_rec){id, now, end_at[l]};

@@ -1667,6 +1667,22 @@ Test(cli, pinned_mem_caps_pinned_memory) {
     EXPECT_ERROR(&r, 2, "--pinned-mem", "lots");
 }
 
+/* tune --capacity: every named model's best plan under a machine's budgets, and the
+ * largest that fits (an RTX 4090 with 16 GiB of host memory at 1 x 256: GPT-2 1.5B fits,
+ * Llama 3 70B does not); without --profile it is a command-line error. */
+Test(cli, tune_capacity_lists_what_fits) {
+    run_result r;
+    FERRY(&r, "tune", "--capacity", "--profile", "rtx4090-pcie4", "--host-mem", "16GiB", "--batch",
+          "1", "--seq", "256", "--dtype", "bf16");
+    expect_ok(&r);
+    cr_expect_not_null(strstr(r.out, "largest named model: gpt2-1558m"), "%s", r.out);
+    cr_expect_not_null(strstr(r.out, "largest free shape: "), "%s", r.out);
+    const char *row = strstr(r.out, "\nllama3-70b ");
+    cr_expect(row && strstr(row, " no\n"), "llama3-70b should not fit:\n%s", r.out);
+    FERRY(&r, "tune", "--capacity");
+    EXPECT_ERROR(&r, 2, "--capacity", "--profile");
+}
+
 /* --dry-run ends with one JSON line for scripts, its numbers the table's. */
 Test(cli, dry_run_prints_a_json_line) {
     run_result r;

@@ -166,12 +166,13 @@ static fy_status push(cands *cs, cand c) {
  * hide under compute, so k3 has no such order) only the staircase of fitting points
  * where more streaming buys less recomputation is kept: walking k2 up, the least k1 that
  * fits, kept when it is less than the last kept one. Each (micro, k3) costs O(L) memory
- * models. */
-static fy_status frontier(const fy_tune_cfg *cfg, cands *out, needs *nd) {
+ * models. With `any`, only whether a point fits: micro-batch 1 (the least memory of
+ * all) and the first point found. */
+static fy_status frontier(const fy_tune_cfg *cfg, bool any, cands *out, needs *nd) {
     const int L = fy_model_layers(cfg->model);
     const size_t dev = cfg->device_budget, host = cfg->host_budget ? cfg->host_budget : SIZE_MAX;
     *nd = (needs){SIZE_MAX, SIZE_MAX, SIZE_MAX};
-    for (int micro = 1; micro <= cfg->batch; micro++) {
+    for (int micro = 1; micro <= (any ? 1 : cfg->batch); micro++) {
         if (cfg->batch % micro) continue;
         for (int k3 = 0; k3 <= L; k3++) {
             int k1 = L, last_k1 = L + 1;
@@ -195,6 +196,7 @@ static fy_status frontier(const fy_tune_cfg *cfg, cands *out, needs *nd) {
                 k1 = c.k1;
                 if (k1 < last_k1) {
                     FY_TRY(push(out, c));
+                    if (any) return FY_OK;
                     last_k1 = k1;
                 }
                 if (k1 == 0) break; /* more streaming from here on only adds transfers */
@@ -273,7 +275,7 @@ static fy_status search_all(const fy_profile *p, const fy_tune_cfg *cfg, fy_tune
     *nevaluated = 0;
     cands cs = {0};
     needs nd;
-    fy_status st = frontier(cfg, &cs, &nd);
+    fy_status st = frontier(cfg, false, &cs, &nd);
     for (int i = 0; st == FY_OK && i < cs.n; i++) st = lower_bound(p, cfg, &cs.v[i]);
     if (st == FY_OK) qsort(cs.v, (size_t)cs.n, sizeof *cs.v, by_lb);
     double best = INFINITY, last_report = fy_now_ms();
@@ -323,4 +325,13 @@ fy_status fy_tune(const fy_profile *p, const fy_tune_cfg *cfg, fy_tune_result *t
     memcpy(top, keep, (size_t)*nfound * sizeof *top);
     for (int i = *nfound; i < nkeep; i++) fy_plan_free(&keep[i].plan);
     return FY_OK;
+}
+
+bool fy_tune_fits(const fy_tune_cfg *cfg) {
+    cands cs = {0};
+    needs nd;
+    fy_status st = frontier(cfg, true, &cs, &nd);
+    const bool any = st == FY_OK && cs.n > 0;
+    free(cs.v);
+    return any;
 }

@@ -19,6 +19,7 @@
 #ifndef FY_TUNE_H
 #define FY_TUNE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "engine/trainer.h"
@@ -76,6 +77,10 @@ double fy_tune_offload_ms(const fy_tune_result *r);
 /* Index of the pick among n predictions: the least offload within (1 + margin) of the
  * fastest. */
 int fy_tune_pick(const fy_tune_result *r, int n, double margin);
+
+/* Whether any plan of the search space fits both budgets (memory models only: no
+ * simulation). */
+bool fy_tune_fits(const fy_tune_cfg *cfg);
 
 /* Predicts one plan (memory model and step time). */
 fy_status fy_tune_predict(const fy_profile *p, const fy_tune_cfg *cfg, const fy_plan *plan,

@@ -122,6 +122,9 @@ static const opt table[] = {
      "where to write the profile (probe; default the per-machine cache) or the plan (tune)", 0},
     {"grid", T_STR, O(grid), SW, NULL, R_ANY, NULL, "SPEC",
      "sweep axes: offload_params=0:1:0.25,offload_optim=0,1,ckpt=0,L,micro=1,2", 0},
+    {"capacity", T_BOOL, O(capacity), TU, "0", R_ANY, NULL, NULL,
+     "instead of one model's plan: the named models and free shapes that fit the budgets "
+     "(--profile's device, --host-mem or the profile's host), each with its best plan", 0},
     {"simulate", T_BOOL, O(simulate), SW, "0", R_ANY, NULL, NULL,
      "sweep: predict only, run nothing", 0},
     {"val-every", T_INT, O(val_every), TR, "0", R_NONNEG, NULL, "N",

@@ -64,6 +64,7 @@ typedef struct fy_opts {
     size_t pinned_mem;
     const char *grid;
     bool simulate;
+    bool capacity;
     /* evaluation and output */
     int64_t val_every, val_batches, batches, log_every;
     const char *save;

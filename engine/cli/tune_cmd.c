@@ -200,8 +200,144 @@ static fy_status search(const fy_opts *o, const fy_model *m, const fy_profile *p
     return FY_OK;
 }
 
+/* ---- capacity: what fits a machine ------------------------------------------------- */
+
+static void capacity_head(void) {
+    printf("%-26s %8s %4s %5s %6s %7s %-7s %9s %8s %11s %11s\n", "model", "params", "fits", "ckpt",
+           "stream", "cpu-opt", "micro", "ms/step", "tok/s", "device", "host");
+}
+
+/* One row: the model's best plan under the budgets (r), or none. */
+static void capacity_row(const char *label, const fy_model *m, const fy_tune_cfg *tc,
+                         const fy_tune_result *r) {
+    char d[32], h[32], params[32];
+    snprintf(params, sizeof params, "%.2fB", (double)fy_model_num_params(m) / 1e9);
+    if (!r) {
+        printf("%-26s %8s %4s\n", label, params, "no");
+        return;
+    }
+    printf("%-26s %8s %4s %5d %6d %7d %3dx%-3d %9.1f %8.0f %11s %11s\n", label, params, "yes",
+           r->k1, r->k2, r->k3, r->plan.micro_batch, r->plan.grad_accum, r->step_ms,
+           (double)tc->batch * tc->seq / (r->step_ms / 1e3),
+           fy_fmt_size(r->mem.device_total, d, sizeof d), fy_fmt_size(r->mem.host_total, h, sizeof h));
+}
+
+/* Tunes m under tc when a plan fits (r filled; the caller frees r->plan); false if none
+ * does or the search failed. */
+static bool capacity_tune(const fy_profile *p, fy_tune_cfg tc, const fy_model *m,
+                          fy_tune_result *r) {
+    tc.model = m;
+    if (!fy_tune_fits(&tc)) return false;
+    int n = 0, ne;
+    return fy_tune(p, &tc, r, 1, &n, &ne) == FY_OK && n == 1;
+}
+
+/* Whether named model `name` with L layers has a plan that fits tc's budgets. */
+static bool layers_fit(const fy_tune_cfg *tc, const char *name, int L) {
+    fy_model_shape over = {.layers = L};
+    fy_model *m;
+    if (fy_model_named(name, &over, &m) != FY_OK) return false;
+    fy_tune_cfg c = *tc;
+    c.model = m;
+    const bool fits = fy_tune_fits(&c);
+    fy_model_free(m);
+    return fits;
+}
+
+/* The largest layer count of named model `name`'s shape that fits (0: not even one), by
+ * doubling and bisection: every plan's memory grows with the layers. */
+static int max_layers(const fy_tune_cfg *tc, const char *name) {
+    int lo = 0, hi = 1;
+    while (hi <= 4096 && layers_fit(tc, name, hi)) {
+        lo = hi;
+        hi *= 2;
+    }
+    while (hi - lo > 1) {
+        const int mid = lo + (hi - lo) / 2;
+        if (layers_fit(tc, name, mid)) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* The best so far of a table: a label, its parameters and predicted step time. */
+typedef struct best { char label[96]; size_t params; double ms; } best;
+
+/* One table: every named model (pass 0), or every Llama width with as many layers as fit
+ * (pass 1); rows printed, the largest that fits in *b. */
+static void capacity_table(const fy_profile *p, const fy_tune_cfg *tc, int pass, best *b) {
+    char buf[1024], *save = NULL;
+    snprintf(buf, sizeof buf, "%s", fy_model_names());
+    const fy_log_level lvl = fy_log_get_level();
+    capacity_head();
+    for (char *name = strtok_r(buf, ", ", &save); name; name = strtok_r(NULL, ", ", &save)) {
+        fy_model *m;
+        fy_log_set_level(FY_LOG_QUIET); /* a shape that cannot run is a row, not an error */
+        fy_status st = fy_model_named(name, NULL, &m);
+        if (st == FY_OK && (st = fy_model_check_seq(m, tc->seq)) != FY_OK) fy_model_free(m);
+        fy_log_set_level(lvl);
+        if (st != FY_OK) {
+            if (pass == 0) printf("%-26s (its positions are fewer than --seq %d)\n", name, tc->seq);
+            continue;
+        }
+        char label[96];
+        snprintf(label, sizeof label, "%s", name);
+        if (pass == 1) {
+            const bool width = !strcmp(fy_model_family(m), "llama") && strcmp(name, "llama-tiny");
+            fy_model_free(m);
+            if (!width) continue;
+            const int L = max_layers(tc, name);
+            fy_model_shape over = {.layers = L ? L : 1};
+            if (fy_model_named(name, &over, &m) != FY_OK) continue;
+            snprintf(label, sizeof label, L ? "%s, %d layers" : "%s width", name, L);
+        }
+        fy_tune_result r;
+        const bool fits = capacity_tune(p, *tc, m, &r);
+        capacity_row(label, m, tc, fits ? &r : NULL);
+        if (fits && fy_model_num_params(m) > b->params) {
+            snprintf(b->label, sizeof b->label, "%s", label);
+            b->params = fy_model_num_params(m);
+            b->ms = r.step_ms;
+        }
+        if (fits) fy_plan_free(&r.plan);
+        fy_model_free(m);
+    }
+}
+
+/* ferry tune --capacity: what fits the profile's device and --host-mem (or the profile's
+ * host memory) at --batch x --seq: every named model with its best plan, then each Llama
+ * width with as many layers as fit; the largest of each. */
+static int capacity(const fy_opts *o) {
+    if (!o->profile) {
+        fy_log_error("tune --capacity needs --profile FILE|NAME (the machine to fill)");
+        return 2;
+    }
+    fy_profile p;
+    if (fy_profile_open(o->profile, &p) != FY_OK) return 1;
+    fy_tune_cfg tc = tune_cfg(o, NULL, &p);
+    if (!tc.host_budget) tc.host_budget = (size_t)(p.host_mem_gib * 1073741824.0);
+    char d[32], h[32];
+    printf("capacity %s: device %s, host %s, batch %d x seq %d, %s storage\n", p.name,
+           fy_fmt_size(tc.device_budget, d, sizeof d), fy_fmt_size(tc.host_budget, h, sizeof h),
+           tc.batch, tc.seq, fy_dtype_name(tc.dtype == FY_BF16 ? FY_BF16 : FY_F32));
+    best named = {0}, shape = {0};
+    capacity_table(&p, &tc, 0, &named);
+    printf("free shapes: a Llama's width with as many layers as fit\n");
+    capacity_table(&p, &tc, 1, &shape);
+    if (named.params)
+        printf("largest named model: %s (%.2fB parameters, %.1f ms/step)\n", named.label,
+               (double)named.params / 1e9, named.ms);
+    else
+        printf("largest named model: none fits\n");
+    if (shape.params)
+        printf("largest free shape: %s (%.2fB parameters, %.1f ms/step)\n", shape.label,
+               (double)shape.params / 1e9, shape.ms);
+    return 0;
+}
+
 int fy_tune_main(const fy_opts *o) {
     if (o->quiet) fy_log_set_level(FY_LOG_WARN);
+    if (o->capacity) return capacity(o);
     fy_model *m;
     if (fy_opts_model(o, &m) != FY_OK) return 1;
     fy_profile p;
