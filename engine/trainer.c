@@ -205,12 +205,12 @@ void fy_trainer_get_params(fy_trainer *tr, int b, float *host) {
     }
 }
 
-void fy_trainer_get_grads(fy_trainer *tr, int b, float *host) {
+bool fy_trainer_get_grads(fy_trainer *tr, int b, float *host) {
     FY_ASSERT(!tr->cfg.eval_only, "an evaluation-only trainer has no gradients");
     const fy_chunk *c = &tr->st->chunks[b];
-    FY_ASSERT(!c->grad_in_lp, "a cpu-optimised block's bf16 gradient shares its buffer with "
-              "its bf16 weights and is gone after the update");
+    if (c->grad_in_lp) return false;
     fy_stream_sync(tr->s);
     read_widened(tr, host, c->grad_host ? c->grad_host : c->grad_dev, c->grad_host != NULL, b);
+    return true;
 }
 

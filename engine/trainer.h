@@ -152,9 +152,9 @@ fy_status fy_trainer_eval(fy_trainer *tr, const int32_t *x, const int32_t *y, fl
 
 /* Copies block b's parameters (the fp32 master) or current gradients to host
  * (fy_model_block(m, b)->nelem floats). A block whose gradient shares its bf16 weights'
- * buffer (storage.h: grad_in_lp) has none to give. */
+ * buffer (storage.h: grad_in_lp) has none after its update: false, nothing copied. */
 void fy_trainer_get_params(fy_trainer *tr, int b, float *host);
-void fy_trainer_get_grads(fy_trainer *tr, int b, float *host);
+bool fy_trainer_get_grads(fy_trainer *tr, int b, float *host);
 int64_t fy_trainer_steps_done(const fy_trainer *tr);   /* updates applied */
 int64_t fy_trainer_micro_done(const fy_trainer *tr);   /* micro-batches of finished steps */
 const fy_storage *fy_trainer_storage(const fy_trainer *tr);

@@ -60,7 +60,7 @@ const char *fy_lane_name(fy_lane l);
 int fy_sched_mode_parse(const char *s, fy_sched_mode *out);
 const char *fy_sched_mode_name(fy_sched_mode m);
 
-#define FY_SCHED_MAX_POOLS 4
+#define FY_SCHED_MAX_POOLS 8
 #define FY_SCHED_MAX_RELEASES 4 /* units one task may give back */
 
 typedef struct fy_task fy_task;

@@ -1617,6 +1617,12 @@ Test(cli, tune_names_the_budget_that_is_too_small) {
     EXPECT_ERROR(&r, 1, "device budget", "needs");
     FERRY(&r, "train", TINY, "--plan", "auto", "--profile", "h200-141gb", "--host-mem", "1B");
     EXPECT_ERROR(&r, 1, "host budget", "--host-mem");
+    /* each budget alone can be met, not both: Llama 3 8B offloaded needs 104.7 GiB of
+     * host, and 10 GiB of device leaves no room to keep more of it there */
+    FERRY(&r, "tune", "--model", "llama3-8b", "--profile", "h200-141gb", "--gpu-mem", "10GiB",
+          "--host-mem", "100GiB", "--dtype", "bf16", "--batch", "1", "--seq", "2048", "--out",
+          P("plan.json"));
+    EXPECT_ERROR(&r, 1, "both budgets", "host memory", "--host-mem");
     cr_expect(access(P("plan.json"), F_OK) != 0, "a failed search wrote a plan");
 }
 
@@ -1637,7 +1643,7 @@ Test(cli, tune_fits_13b_on_one_h200_and_searches_70b, .timeout = 120) {
     cr_assert_not_null(pr);
     const double dev = cJSON_GetObjectItem(pr, "device_bytes")->valuedouble,
                  host = cJSON_GetObjectItem(pr, "host_bytes")->valuedouble;
-    cr_expect(dev <= 141.0 * 1073741824.0 && host <= 120.0 * 1073741824.0 && host > 0,
+    cr_expect(dev <= 139.1 * 1073741824.0 && host <= 120.0 * 1073741824.0 && host > 0,
               "device %.0f, host %.0f bytes", dev, host);
     cJSON_Delete(j);
     free(text);

@@ -144,7 +144,7 @@ Test(model, first_step_gradients_match_pytorch) {
     cr_expect(fabs(ss.loss - want_loss) <= 1e-5 * fabs(want_loss), "loss %.9g vs %.9g",
               ss.loss, want_loss);
     float **got = host_blocks(lay), **want = host_blocks(lay);
-    for (int b = 0; b < fy_model_nblocks(lay); b++) fy_trainer_get_grads(tr, b, got[b]);
+    for (int b = 0; b < fy_model_nblocks(lay); b++) cr_assert(fy_trainer_get_grads(tr, b, got[b]));
     fy_weights *gf;
     cr_assert_eq(fy_weights_open(fixture("gpt2_tiny_grads.safetensors"), &gf), FY_OK);
     cr_assert_eq(fy_model_load(lay, gf, want), FY_OK);

@@ -217,6 +217,7 @@ static int exhaustive(const fy_profile *p, const fy_tune_cfg *c, double *fastest
                     fy_plan q;
                     cr_assert_eq(fy_plan_new(c->model, micro, c->batch / micro, &q), FY_OK);
                     cr_assert_eq(fy_plan_shorthands(&q, (double)k2 / L, (double)k3 / L, k1), FY_OK);
+                    q.dtype = c->dtype == FY_BF16 ? FY_BF16 : FY_F32;
                     fy_mem_model m;
                     fy_storage_model(c->model, &q, c->seq, &m);
                     if (m.device_total <= c->device_budget &&
@@ -241,10 +242,11 @@ static int exhaustive(const fy_profile *p, const fy_tune_cfg *c, double *fastest
 /* The pruned search (the memory frontier, points in the order of their lower bounds)
  * finds what the exhaustive one finds, on four machines (balanced, slow transfers, slow
  * CPU, fast CPU and slow device) and three device budgets each, with and without a host
- * budget (half the host memory of offloading everything): its fastest prediction is the
- * exhaustive fastest (1% for the simulator's ties) and its pick is within the tie margin
- * of it. */
-Test(tune, pruned_search_finds_what_exhaustive_search_finds, .timeout = 120) {
+ * budget (half the host memory of offloading everything), in fp32 and bf16 storage (whose
+ * host memory depends on the micro-batch: without accumulation gradients share the bf16
+ * weights' buffers): its fastest prediction is the exhaustive fastest (1% for the
+ * simulator's ties) and its pick is within the tie margin of it. */
+static void pruned_matches_exhaustive(fy_dtype dt) {
     fy_profile ps[4] = {base_profile(), base_profile(), base_profile(), base_profile()};
     ps[1].h2d_gbps = ps[1].d2h_gbps = ps[1].duplex_h2d_gbps = ps[1].duplex_d2h_gbps = 0.05;
     ps[2].adam_gparams[1] = ps[2].adam_gparams[2] = 0.001;
@@ -257,6 +259,7 @@ Test(tune, pruned_search_finds_what_exhaustive_search_finds, .timeout = 120) {
     int fit = 0, nothing = 0;
     fy_plan all_resident;
     cr_assert_eq(fy_plan_new(m, 4, 1, &all_resident), FY_OK);
+    all_resident.dtype = dt == FY_BF16 ? FY_BF16 : FY_F32;
     fy_mem_model hi, off;
     fy_storage_model(m, &all_resident, 16, &hi);
     cr_assert_eq(fy_plan_shorthands(&all_resident, 1, 1, 4), FY_OK);
@@ -265,7 +268,7 @@ Test(tune, pruned_search_finds_what_exhaustive_search_finds, .timeout = 120) {
     for (int i = 0; i < 4; i++)
         for (int b = 0; b < 6; b++) {
             fy_tune_cfg c = {.model = m, .batch = 4, .seq = 16, .adam_threads = 2, .window = 6,
-                             .tie_margin = FY_TUNE_TIE_MARGIN,
+                             .tie_margin = FY_TUNE_TIE_MARGIN, .dtype = dt,
                              .device_budget = hi.device_total * (size_t)(2 + b / 2) / 4,
                              .host_budget = b % 2 ? off.host_total / 2 : 0};
             double fastest, pick;
@@ -288,6 +291,52 @@ Test(tune, pruned_search_finds_what_exhaustive_search_finds, .timeout = 120) {
             free_top(top, n);
         }
     cr_expect(fit >= 16 && nothing >= 1, "%d cases fit, %d did not", fit, nothing);
+    fy_model_free(m);
+}
+
+Test(tune, pruned_search_finds_what_exhaustive_search_finds, .timeout = 120) {
+    pruned_matches_exhaustive(FY_F32);
+    pruned_matches_exhaustive(FY_BF16);
+}
+
+/* fy_tune_fits says a plan fits exactly when one does, for budgets at each point's own
+ * device and host need (the tightest budgets under which that point fits), in bf16 with a
+ * batch of 4, where the least host memory is at micro-batch 4 and the least device memory
+ * at micro-batch 1. */
+Test(tune, fits_exactly_when_a_plan_fits, .timeout = 120) {
+    fy_gpt2_config cfg = small_cfg;
+    cfg.layers = 3;
+    fy_model *m;
+    cr_assert_eq(fy_gpt2_new(&cfg, NULL, &m), FY_OK);
+    const int L = cfg.layers;
+    fy_mem_model pts[4 * 4 * 4 * 3];
+    int np = 0;
+    for (int micro = 1; micro <= 4; micro *= 2)
+        for (int k1 = 0; k1 <= L; k1++)
+            for (int k2 = 0; k2 <= L; k2++)
+                for (int k3 = 0; k3 <= L; k3++) {
+                    fy_plan q;
+                    cr_assert_eq(fy_plan_new(m, micro, 4 / micro, &q), FY_OK);
+                    cr_assert_eq(fy_plan_shorthands(&q, (double)k2 / L, (double)k3 / L, k1), FY_OK);
+                    q.dtype = FY_BF16;
+                    fy_storage_model(m, &q, 16, &pts[np++]);
+                    fy_plan_free(&q);
+                }
+    int checked = 0;
+    for (int i = 0; i < np; i++)
+        for (int shrink = 0; shrink < 2; shrink++) {
+            /* the point's own needs (it fits), or one byte less host (it may not) */
+            fy_tune_cfg c = {.model = m, .batch = 4, .seq = 16, .dtype = FY_BF16,
+                             .device_budget = pts[i].device_total,
+                             .host_budget = pts[i].host_total - (size_t)shrink};
+            bool any = false;
+            for (int j = 0; j < np && !any; j++)
+                any = pts[j].device_total <= c.device_budget && pts[j].host_total <= c.host_budget;
+            cr_expect_eq(fy_tune_fits(&c), any, "point %d, host budget less %d: fits says %d", i,
+                         shrink, !any);
+            checked++;
+        }
+    cr_expect_eq(checked, 2 * np);
     fy_model_free(m);
 }
 

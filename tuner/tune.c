@@ -138,13 +138,6 @@ static fy_status point_mem(const fy_tune_cfg *cfg, const cand *c, fy_mem_model *
     return FY_OK;
 }
 
-/* What the walk learns about the budgets, for the error when nothing fits. */
-typedef struct needs {
-    size_t dev_min;        /* the least device memory of any point walked */
-    size_t host_min_fit;   /* the least host memory of a point within the device budget */
-    size_t host_min;       /* the least host memory of any point walked */
-} needs;
-
 typedef struct cands { cand *v; int n, cap; } cands;
 
 static fy_status push(cands *cs, cand c) {
@@ -166,14 +159,19 @@ static fy_status push(cands *cs, cand c) {
  * hide under compute, so k3 has no such order) only the staircase of fitting points
  * where more streaming buys less recomputation is kept: walking k2 up, the least k1 that
  * fits, kept when it is less than the last kept one. Each (micro, k3) costs O(L) memory
- * models. With `any`, only whether a point fits: micro-batch 1 (the least memory of
- * all) and the first point found. */
-static fy_status frontier(const fy_tune_cfg *cfg, bool any, cands *out, needs *nd) {
+ * models. With `any`, only whether a point fits: it stops at the first, trying first
+ * micro-batch 1 (the least device memory) and the whole batch (no accumulation: the least
+ * host memory with bf16 storage, whose gradients then share the weights' buffers). */
+static fy_status frontier(const fy_tune_cfg *cfg, bool any, cands *out) {
     const int L = fy_model_layers(cfg->model);
     const size_t dev = cfg->device_budget, host = cfg->host_budget ? cfg->host_budget : SIZE_MAX;
-    *nd = (needs){SIZE_MAX, SIZE_MAX, SIZE_MAX};
-    for (int micro = 1; micro <= (any ? 1 : cfg->batch); micro++) {
-        if (cfg->batch % micro) continue;
+    int micros[64], nmicro = 0;
+    micros[nmicro++] = 1;
+    if (cfg->batch > 1) micros[nmicro++] = cfg->batch;
+    for (int mb = 2; mb < cfg->batch && nmicro < 64; mb++)
+        if (cfg->batch % mb == 0) micros[nmicro++] = mb;
+    for (int mi = 0; mi < nmicro; mi++) {
+        const int micro = micros[mi];
         for (int k3 = 0; k3 <= L; k3++) {
             int k1 = L, last_k1 = L + 1;
             bool host_over_at_k2_0 = false;
@@ -182,9 +180,6 @@ static fy_status frontier(const fy_tune_cfg *cfg, bool any, cands *out, needs *n
                 cand c = {micro, k1, k2, k3, 0, 0};
                 FY_TRY(point_mem(cfg, &c, &mm));
                 const bool dev_ok = mm.device_total <= dev, host_ok = mm.host_total <= host;
-                if (mm.device_total < nd->dev_min) nd->dev_min = mm.device_total;
-                if (mm.host_total < nd->host_min) nd->host_min = mm.host_total;
-                if (dev_ok && mm.host_total < nd->host_min_fit) nd->host_min_fit = mm.host_total;
                 if (!host_ok) { host_over_at_k2_0 = k2 == 0; break; } /* more streaming: more host */
                 if (!dev_ok) continue;
                 for (; c.k1 > 0; c.k1--) { /* the least recomputation that still fits */
@@ -211,10 +206,10 @@ static fy_status frontier(const fy_tune_cfg *cfg, bool any, cands *out, needs *n
  * prediction is the steady state, reached after the first step or two; 20000 tasks keep
  * one simulation within ~10 ms), at least 4. */
 static int window_for(const fy_tune_cfg *cfg, int tasks_per_step) {
-    int w = cfg->window > 0 ? cfg->window : 20;
-    int fit = tasks_per_step > 0 ? 20000 / tasks_per_step : w;
-    if (fit < w) w = fit < 4 ? 4 : fit;
-    return w;
+    const int w = cfg->window > 0 ? cfg->window : 20;
+    const int fit = tasks_per_step > 0 ? 20000 / tasks_per_step : w;
+    if (fit >= w) return w;
+    return fit > 4 ? fit : (w < 4 ? w : 4);
 }
 
 static fy_status lower_bound(const fy_profile *p, const fy_tune_cfg *cfg, cand *c) {
@@ -252,18 +247,50 @@ static void keep_top(const fy_tune_cfg *cfg, fy_tune_result *top, int ntop, int 
     top[pos] = *r;
 }
 
-static void no_plan_fits(const fy_tune_cfg *cfg, const needs *nd) {
-    char a[32], b[32];
-    if (nd->host_min_fit == SIZE_MAX && nd->dev_min > cfg->device_budget)
-        fy_log_error("no plan fits the device budget: the smallest needs %s of device memory, "
-                     "the budget is %s", fy_fmt_size(nd->dev_min, a, sizeof a),
-                     fy_fmt_size(cfg->device_budget, b, sizeof b));
-    else
-        fy_log_error("no plan fits the host budget: the smallest %s needs %s of host memory, "
-                     "the budget (--host-mem) is %s",
-                     nd->host_min_fit != SIZE_MAX ? "within the device budget" : "",
-                     fy_fmt_size(nd->host_min_fit != SIZE_MAX ? nd->host_min_fit : nd->host_min, a, sizeof a),
+/* When nothing fits, one error naming the budget and the least it would take: the host's
+ * floor is the all-resident plan's (host memory grows with k2 and k3), the device's is
+ * everything offloaded at micro-batch 1; when each alone can be met, the least host
+ * memory of a plan within the device budget (per micro-batch and k3, the least streaming
+ * that fits the device with every layer recomputed). */
+static fy_status no_plan_fits(const fy_tune_cfg *cfg) {
+    const int L = fy_model_layers(cfg->model);
+    char a[32], b[32], c[32];
+    fy_mem_model mm;
+    size_t host_floor = SIZE_MAX, host_fit = SIZE_MAX;
+    for (int micro = 1; micro <= cfg->batch; micro++) {
+        if (cfg->batch % micro) continue;
+        FY_TRY(point_mem(cfg, &(cand){micro, 0, 0, 0, 0, 0}, &mm));
+        if (mm.host_total < host_floor) host_floor = mm.host_total;
+    }
+    FY_TRY(point_mem(cfg, &(cand){1, L, L, L, 0, 0}, &mm));
+    const size_t dev_floor = mm.device_total;
+    if (cfg->host_budget && host_floor > cfg->host_budget) {
+        fy_log_error("no plan fits the host budget: the smallest needs %s of host memory, the "
+                     "budget (--host-mem) is %s", fy_fmt_size(host_floor, a, sizeof a),
                      fy_fmt_size(cfg->host_budget, b, sizeof b));
+        return FY_ERR_INVALID;
+    }
+    if (dev_floor > cfg->device_budget) {
+        fy_log_error("no plan fits the device budget: the smallest needs %s of device memory, "
+                     "the budget is %s", fy_fmt_size(dev_floor, a, sizeof a),
+                     fy_fmt_size(cfg->device_budget, b, sizeof b));
+        return FY_ERR_INVALID;
+    }
+    for (int micro = 1; micro <= cfg->batch; micro++) {
+        if (cfg->batch % micro) continue;
+        for (int k3 = 0; k3 <= L; k3++)
+            for (int k2 = 0; k2 <= L; k2++) {
+                FY_TRY(point_mem(cfg, &(cand){micro, L, k2, k3, 0, 0}, &mm));
+                if (mm.device_total > cfg->device_budget) continue;
+                if (mm.host_total < host_fit) host_fit = mm.host_total;
+                break;
+            }
+    }
+    fy_log_error("no plan fits both budgets: within the device budget of %s, the smallest needs "
+                 "%s of host memory; the host budget (--host-mem) is %s",
+                 fy_fmt_size(cfg->device_budget, a, sizeof a), fy_fmt_size(host_fit, b, sizeof b),
+                 fy_fmt_size(cfg->host_budget, c, sizeof c));
+    return FY_ERR_INVALID;
 }
 
 /* The frontier's points in order of their lower bounds, each simulated, until the bound
@@ -274,10 +301,9 @@ static fy_status search_all(const fy_profile *p, const fy_tune_cfg *cfg, fy_tune
     *nfound = 0;
     *nevaluated = 0;
     cands cs = {0};
-    needs nd;
-    fy_status st = frontier(cfg, false, &cs, &nd);
+    fy_status st = frontier(cfg, false, &cs);
     for (int i = 0; st == FY_OK && i < cs.n; i++) st = lower_bound(p, cfg, &cs.v[i]);
-    if (st == FY_OK) qsort(cs.v, (size_t)cs.n, sizeof *cs.v, by_lb);
+    if (st == FY_OK && cs.n > 1) qsort(cs.v, (size_t)cs.n, sizeof *cs.v, by_lb);
     double best = INFINITY, last_report = fy_now_ms();
     for (int i = 0; st == FY_OK && i < cs.n; i++) {
         const cand *c = &cs.v[i];
@@ -304,10 +330,7 @@ static fy_status search_all(const fy_profile *p, const fy_tune_cfg *cfg, fy_tune
     free(cs.v);
     if (st != FY_OK) return st;
     if (cfg->progress) cfg->progress(cfg->progress_ctx, -1, cs.n, best);
-    if (*nfound == 0) {
-        no_plan_fits(cfg, &nd);
-        return FY_ERR_INVALID;
-    }
+    if (*nfound == 0) return no_plan_fits(cfg);
     return FY_OK;
 }
 
@@ -329,8 +352,7 @@ fy_status fy_tune(const fy_profile *p, const fy_tune_cfg *cfg, fy_tune_result *t
 
 bool fy_tune_fits(const fy_tune_cfg *cfg) {
     cands cs = {0};
-    needs nd;
-    fy_status st = frontier(cfg, true, &cs, &nd);
+    fy_status st = frontier(cfg, true, &cs);
     const bool any = st == FY_OK && cs.n > 0;
     free(cs.v);
     return any;

@@ -244,12 +244,13 @@ static bool layers_fit(const fy_tune_cfg *tc, const char *name, int L) {
     return fits;
 }
 
-/* The largest layer count of named model `name`'s shape that fits (0: not even one), by
- * doubling and bisection: every plan's memory grows with the layers. */
+/* The largest layer count of named model `name`'s shape that fits (0: not even one; at
+ * most 4096), by doubling and bisection: every plan's memory grows with the layers. */
 static int max_layers(const fy_tune_cfg *tc, const char *name) {
     int lo = 0, hi = 1;
-    while (hi <= 4096 && layers_fit(tc, name, hi)) {
+    while (layers_fit(tc, name, hi)) {
         lo = hi;
+        if (hi == 4096) return hi;
         hi *= 2;
     }
     while (hi - lo > 1) {
