@@ -124,6 +124,19 @@ Test(profile, bad_files_are_refused) {
 
 enum { TUNE_TOP = 5 };
 
+/* The plan of a point of the search space (micro-batch of a batch of `batch`; recomputed,
+ * streamed and cpu-optimised layers k1, k2, k3; storage type dt) and its memory model. */
+static fy_plan point(const fy_model *m, int batch, int micro, int k1, int k2, int k3, fy_dtype dt,
+                     fy_mem_model *mm) {
+    const int L = fy_model_layers(m);
+    fy_plan q;
+    cr_assert_eq(fy_plan_new(m, micro, batch / micro, &q), FY_OK);
+    cr_assert_eq(fy_plan_shorthands(&q, (double)k2 / L, (double)k3 / L, k1), FY_OK);
+    q.dtype = dt == FY_BF16 ? FY_BF16 : FY_F32;
+    fy_storage_model(m, &q, 16, mm);
+    return q;
+}
+
 static void free_top(fy_tune_result *top, int n) {
     for (int i = 0; i < n; i++) fy_plan_free(&top[i].plan);
 }
@@ -172,11 +185,8 @@ Test(tune, never_returns_a_plan_over_budget) {
         for (int k1 = 0; k1 <= L; k1++)
             for (int k2 = 0; k2 <= L; k2++)
                 for (int k3 = 0; k3 <= L; k3++) {
-                    fy_plan q;
-                    cr_assert_eq(fy_plan_new(small, micro, 4 / micro, &q), FY_OK);
-                    cr_assert_eq(fy_plan_shorthands(&q, (double)k2 / L, (double)k3 / L, k1), FY_OK);
                     fy_mem_model m;
-                    fy_storage_model(small, &q, 16, &m);
+                    fy_plan q = point(small, 4, micro, k1, k2, k3, FY_F32, &m);
                     if (m.device_total < lo.device_total) lo = m;
                     if (m.device_total > hi.device_total) hi = m;
                     fy_plan_free(&q);
@@ -214,12 +224,8 @@ static int exhaustive(const fy_profile *p, const fy_tune_cfg *c, double *fastest
         for (int k1 = 0; k1 <= L; k1++)
             for (int k2 = 0; k2 <= L; k2++)
                 for (int k3 = 0; k3 <= L; k3++) {
-                    fy_plan q;
-                    cr_assert_eq(fy_plan_new(c->model, micro, c->batch / micro, &q), FY_OK);
-                    cr_assert_eq(fy_plan_shorthands(&q, (double)k2 / L, (double)k3 / L, k1), FY_OK);
-                    q.dtype = c->dtype == FY_BF16 ? FY_BF16 : FY_F32;
                     fy_mem_model m;
-                    fy_storage_model(c->model, &q, c->seq, &m);
+                    fy_plan q = point(c->model, c->batch, micro, k1, k2, k3, c->dtype, &m);
                     if (m.device_total <= c->device_budget &&
                         (!c->host_budget || m.host_total <= c->host_budget)) {
                         all = realloc(all, (size_t)(n + 1) * sizeof *all);
@@ -315,11 +321,7 @@ Test(tune, fits_exactly_when_a_plan_fits, .timeout = 120) {
         for (int k1 = 0; k1 <= L; k1++)
             for (int k2 = 0; k2 <= L; k2++)
                 for (int k3 = 0; k3 <= L; k3++) {
-                    fy_plan q;
-                    cr_assert_eq(fy_plan_new(m, micro, 4 / micro, &q), FY_OK);
-                    cr_assert_eq(fy_plan_shorthands(&q, (double)k2 / L, (double)k3 / L, k1), FY_OK);
-                    q.dtype = FY_BF16;
-                    fy_storage_model(m, &q, 16, &pts[np++]);
+                    fy_plan q = point(m, 4, micro, k1, k2, k3, FY_BF16, &pts[np++]);
                     fy_plan_free(&q);
                 }
     int checked = 0;
