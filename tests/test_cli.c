@@ -1689,6 +1689,29 @@ Test(cli, tune_capacity_lists_what_fits) {
     EXPECT_ERROR(&r, 2, "--capacity", "--profile");
 }
 
+/* A FIFO (or any file that is not a regular one) given as an input is refused at once
+ * with one error naming it: opening one used to block forever waiting for a writer (the
+ * audit of issue 16). Each run here would hang without the fix; the harness's alarm
+ * reports it as a hang. */
+Test(cli, special_files_as_inputs_are_refused_not_waited_on) {
+    const char *ff = P("fifo"), *data = P("data.txt");
+    cr_assert_eq(mkfifo(ff, 0600), 0, "mkfifo: %s", strerror(errno));
+    write_text(data, 4000);
+    run_result r;
+    FERRY(&r, "train", TINY, "--init", ff);
+    EXPECT_ERROR(&r, 1, ff, "not a regular file");
+    FERRY(&r, "train", TINY, "--data", ff);
+    EXPECT_ERROR(&r, 1, ff, "not a regular file");
+    FERRY(&r, "train", TINY, "--data", data, "--val-data", ff);
+    EXPECT_ERROR(&r, 1, ff, "not a regular file");
+    FERRY(&r, "train", TINY, "--plan", ff);
+    EXPECT_ERROR(&r, 1, ff, "not a regular file");
+    FERRY(&r, "tune", "--model", "gpt2-tiny", "--profile", ff, "--out", P("plan.json"));
+    EXPECT_ERROR(&r, 1, ff, "not a regular file");
+    FERRY(&r, "eval", "--init", ff, "--data", data, "--device", "cpu");
+    EXPECT_ERROR(&r, 1, ff, "not a regular file");
+}
+
 /* --dry-run ends with one JSON line for scripts, its numbers the table's. */
 Test(cli, dry_run_prints_a_json_line) {
     run_result r;

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* Estimates for hardware ferry may not run on. Bandwidths are typical measured pinned
  * copy rates (below the link's nominal rate), compute is an effective ~60% of the
@@ -224,11 +225,10 @@ done:
     return FY_OK;
 }
 
+/* A path that exists (whatever it is: fy_profile_load refuses what is not a regular
+ * file) is a file; anything else a name. */
 fy_status fy_profile_open(const char *path_or_name, fy_profile *out) {
-    FILE *f = fopen(path_or_name, "rb");
-    if (f) {
-        fclose(f);
-        return fy_profile_load(path_or_name, out);
-    }
+    struct stat sb;
+    if (stat(path_or_name, &sb) == 0) return fy_profile_load(path_or_name, out);
     return fy_profile_named(path_or_name, out);
 }

@@ -23,6 +23,11 @@ int fy_parse_size(const char *s, size_t *out);
 /* Writes a human size such as "1.50 GiB" into buf. */
 const char *fy_fmt_size(size_t nbytes, char *buf, size_t cap);
 
+/* Opens path for reading without blocking on a FIFO or a device with no writer (the
+ * caller's fstat then refuses what is not a regular file): the descriptor (blocking
+ * reads again), or -1 with errno. */
+int fy_open_read(const char *path);
+
 /* Monotonic clock in milliseconds. */
 double fy_now_ms(void);
 

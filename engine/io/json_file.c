@@ -3,12 +3,28 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include "engine/core/util.h"
 
 fy_status fy_json_read(const char *path, const char *what, cJSON **out) {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
+    int fd = fy_open_read(path);
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb) != 0) {
+        if (fd >= 0) close(fd);
+        fy_log_error("cannot open %s %s", what, path);
+        return FY_ERR_IO;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(fd);
+        fy_log_error("%s %s: not a regular file", what, path);
+        return FY_ERR_IO;
+    }
+    FILE *f = fdopen(fd, "rb");
     if (!f) {
+        close(fd);
         fy_log_error("cannot open %s %s", what, path);
         return FY_ERR_IO;
     }

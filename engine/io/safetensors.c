@@ -259,7 +259,7 @@ fy_status fy_st_open(const char *path, fy_st_file **out) {
         fy_log_error("%s: out of memory", path);
         return FY_ERR_NOMEM;
     }
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = fy_open_read(path);
     struct stat sb;
     if (fd < 0 || fstat(fd, &sb) != 0) {
         snprintf(why, sizeof why, "cannot open: %s", strerror(errno));

@@ -120,7 +120,7 @@ static fy_status load_file(fy_tokens *t, const char *path) {
     void *map = MAP_FAILED;
     size_t size = 0;
     struct stat sb;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = fy_open_read(path);
     if (fd < 0 || fstat(fd, &sb) != 0) {
         snprintf(why, sizeof why, "cannot open: %s", strerror(errno));
         goto fail;
