@@ -1712,6 +1712,26 @@ Test(cli, special_files_as_inputs_are_refused_not_waited_on) {
     EXPECT_ERROR(&r, 1, ff, "not a regular file");
 }
 
+/* Command-line errors exit 2, as the README promises, also those found after parsing
+ * (the audit of issue 16 found them exiting 0 or 1). */
+Test(cli, command_line_errors_exit_2) {
+    run_result r;
+    FERRY(&r, "info", "--bogus");
+    EXPECT_ERROR(&r, 2, "info", "--bogus");
+    FERRY(&r, "info", "extra");
+    EXPECT_ERROR(&r, 2, "info", "extra");
+    FERRY(&r, "train", TINY, "--offload-params", "1.5");
+    EXPECT_ERROR(&r, 2, "--offload-params", "1.5");
+    FERRY(&r, "train", TINY, "--offload-optim", "-0.5");
+    EXPECT_ERROR(&r, 2, "--offload-optim");
+    FERRY(&r, "train", TINY, "--ckpt-layers", "3"); /* gpt2-tiny has 2 layers */
+    EXPECT_ERROR(&r, 2, "--ckpt-layers", "2 layers");
+    FERRY(&r, "train", TINY, "--plan", "auto", "--ckpt-layers", "1");
+    EXPECT_ERROR(&r, 2, "--plan auto", "--ckpt-layers");
+    FERRY(&r, "eval", "--data", P("x.txt"));
+    EXPECT_ERROR(&r, 2, "--init");
+}
+
 /* --dry-run ends with one JSON line for scripts, its numbers the table's. */
 Test(cli, dry_run_prints_a_json_line) {
     run_result r;

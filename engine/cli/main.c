@@ -84,7 +84,13 @@ int main(int argc, char **argv) {
     }
     const char *cmd = argv[1];
     if (!strcmp(cmd, "--version")) { puts("ferry " FY_VERSION); return 0; }
-    if (!strcmp(cmd, "info")) return cmd_info();
+    if (!strcmp(cmd, "info")) {
+        if (argc > 2) {
+            fy_log_error("info takes no arguments (got '%s')", argv[2]);
+            return 2;
+        }
+        return cmd_info();
+    }
     if (!strcmp(cmd, "bench")) {
 #ifdef FY_HAVE_BENCH
         if (argc >= 3 && !strcmp(argv[2], "adam")) return fy_bench_adam_main(argc - 2, argv + 2);

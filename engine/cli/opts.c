@@ -9,7 +9,7 @@
 #include "engine/core/util.h"
 
 typedef enum { T_INT, T_FLOAT, T_STR, T_SIZE, T_BOOL } opt_type;
-typedef enum { R_ANY, R_POS, R_NONNEG, R_UNIT } opt_range; /* R_UNIT: [0, 1) */
+typedef enum { R_ANY, R_POS, R_NONNEG, R_UNIT, R_RATIO } opt_range; /* R_UNIT: [0, 1), R_RATIO: [0, 1] */
 
 typedef struct opt {
     const char *name;
@@ -94,9 +94,9 @@ static const opt table[] = {
      "placement plan (JSON, as written by --save-plan)", 0},
     {"save-plan", T_STR, O(save_plan), TR, NULL, R_ANY, NULL, "FILE",
      "write the plan in use as JSON", 0},
-    {"offload-params", T_FLOAT, O(offload_params), TR, "0", R_NONNEG, NULL, "R",
+    {"offload-params", T_FLOAT, O(offload_params), TR, "0", R_RATIO, NULL, "R",
      "stream the parameters of the first ceil(R*L) layers from host memory (R=1: all blocks)", 0},
-    {"offload-optim", T_FLOAT, O(offload_optim), TR, "0", R_NONNEG, NULL, "R",
+    {"offload-optim", T_FLOAT, O(offload_optim), TR, "0", R_RATIO, NULL, "R",
      "run the optimizer of the last ceil(R*L) layers on the CPU (R=1: all blocks)", 0},
     {"ckpt-layers", T_INT, O(ckpt_layers), TR, "0", R_NONNEG, NULL, "K",
      "recompute the activations of the first K layers in backward", 0},
@@ -203,6 +203,7 @@ static int set_value(fy_opts *o, const opt *op, const char *v, bool from_user) {
         if (op->range == R_POS && !(x > 0)) need = "positive";
         if (op->range == R_NONNEG && !(x >= 0)) need = "zero or positive";
         if (op->range == R_UNIT && !(x >= 0 && x < 1)) need = "in [0, 1)";
+        if (op->range == R_RATIO && !(x >= 0 && x <= 1)) need = "a ratio in [0, 1]";
         if (need) {
             fy_log_error("--%s: must be %s, got %s", op->name, need, v);
             return -1;

@@ -64,28 +64,28 @@ static fy_status resolve_plan(const fy_opts *o, const fy_model *m, fy_dev_kind k
         if (shorthands) {
             fy_log_error("--plan auto cannot be combined with --offload-params, --offload-optim "
                          "or --ckpt-layers");
-            return FY_ERR_INVALID;
+            return FY_ERR_USAGE;
         }
         FY_TRY(fy_tune_auto_plan(o, m, plan));
     } else if (o->plan) {
         if (shorthands) {
             fy_log_error("--plan cannot be combined with --offload-params, --offload-optim "
                          "or --ckpt-layers");
-            return FY_ERR_INVALID;
+            return FY_ERR_USAGE;
         }
         FY_TRY(fy_plan_load(o->plan, m, plan));
         if ((fy_opts_given(o, "batch") && o->batch != plan->micro_batch) ||
             (fy_opts_given(o, "grad-accum") && o->grad_accum != plan->grad_accum)) {
             fy_log_error("--batch/--grad-accum disagree with plan %s (micro_batch %d, "
                          "grad_accum %d)", o->plan, plan->micro_batch, plan->grad_accum);
-            return FY_ERR_INVALID;
+            return FY_ERR_USAGE;
         }
     } else {
         FY_TRY(fy_plan_new(m, (int)o->batch, (int)o->grad_accum, plan));
         if (o->ckpt_layers > fy_model_layers(m)) {
             fy_log_error("--ckpt-layers %lld: the model has %d layers", (long long)o->ckpt_layers,
                          fy_model_layers(m));
-            return FY_ERR_INVALID;
+            return FY_ERR_USAGE;
         }
         FY_TRY(fy_plan_shorthands(plan, o->offload_params, o->offload_optim, (int)o->ckpt_layers));
     }
@@ -204,14 +204,14 @@ int fy_train_main(const fy_opts *o) {
     fy_plan_free(&plan);
     fy_model_free(m);
     fy_weights_close(init);
-    return st == FY_OK ? 0 : 1;
+    return st == FY_OK ? 0 : st == FY_ERR_USAGE ? 2 : 1;
 }
 
 int fy_eval_main(const fy_opts *o) {
     if (o->quiet) fy_log_set_level(FY_LOG_WARN);
     if (!o->init || !o->data) {
         fy_log_error("eval needs --init PATH and --data PATH");
-        return 1;
+        return 2;
     }
     fy_weights *init = NULL;
     fy_model *m = NULL;
@@ -232,5 +232,5 @@ int fy_eval_main(const fy_opts *o) {
                (long long)r.tokens);
     fy_model_free(m);
     fy_weights_close(init);
-    return st == FY_OK ? 0 : 1;
+    return st == FY_OK ? 0 : st == FY_ERR_USAGE ? 2 : 1;
 }

@@ -25,6 +25,8 @@ typedef enum fy_status {
     FY_ERR_UNSUPPORTED,/* asked for something this build or device cannot do */
     FY_ERR_NONFINITE,  /* NaN or Inf met where a finite value is needed */
     FY_ERR_DEVICE,     /* a device call failed */
+    FY_ERR_USAGE,      /* the command line is wrong in a way found after parsing it (the
+                          CLI exits 2, as for a parse error) */
 } fy_status;
 
 const char *fy_status_str(fy_status s);
