@@ -762,6 +762,34 @@ Test(cli, eval_without_init_or_data) {
     EXPECT_ERROR(&r, 0, "--data");
 }
 
+/* Weights that give NaN logits: eval still prints JSON, with null for the loss (JSON has
+ * no NaN; it printed {"loss":nan}), and one warning. */
+Test(cli, eval_of_nan_weights_prints_json) {
+    const char *w = P("nan.safetensors"), *data = P("data.txt");
+    write_gpt2(w, &TINY_FILE);
+    write_text(data, 4000);
+    size_t n;
+    char *b = slurp(w, &n);
+    cr_assert_not_null(b);
+    uint64_t hl;
+    memcpy(&hl, b, 8);
+    const float nan_f = NAN;
+    for (size_t off = 8 + hl; off + 4 <= n; off += 4) memcpy(b + off, &nan_f, 4);
+    write_bytes(w, b, n);
+    free(b);
+    run_result r;
+    FERRY(&r, "eval", "--init", w, "--data", data, "--batch", "2", "--seq", "16", "--batches", "1",
+          "--threads", "1", "--device", "cpu");
+    expect_ok(&r);
+    char last[1024];
+    last_line(r.out, last, sizeof last);
+    cJSON *j = cJSON_Parse(last);
+    cr_assert_not_null(j, "not JSON: '%s'", last);
+    cr_expect(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(j, "loss")), "loss: %s", last);
+    cJSON_Delete(j);
+    cr_expect_not_null(strstr(r.err, "ferry: warning: the loss is not finite"), "%s", r.err);
+}
+
 /* A size as fy_fmt_size prints it ("96.00 KiB", "512 B") after `key` in s, in bytes;
  * -1 if absent. */
 static double size_after(const char *s, const char *key) {
@@ -1730,6 +1758,27 @@ Test(cli, command_line_errors_exit_2) {
     EXPECT_ERROR(&r, 2, "--plan auto", "--ckpt-layers");
     FERRY(&r, "eval", "--data", P("x.txt"));
     EXPECT_ERROR(&r, 2, "--init");
+}
+
+/* tune and sweep never replace their default outputs unasked (the audit of issue 16:
+ * tune silently replaced ./plan.json, sweep wrote over ./sweep/): an existing one is a
+ * command-line error before any work, naming it with --out replaces it. */
+Test(cli, default_outputs_are_not_replaced_unasked) {
+    const char *plan = P("plan.json");
+    write_bytes(plan, "mine", 4);
+    run_result r;
+    FERRY(&r, "tune", "--model", "gpt2-tiny", "--profile", "h200-141gb");
+    EXPECT_ERROR(&r, 2, "plan.json", "--out");
+    size_t n;
+    char *b = slurp(plan, &n);
+    cr_expect(b && n == 4 && !memcmp(b, "mine", 4), "./plan.json was replaced");
+    free(b);
+    FERRY(&r, "tune", "--model", "gpt2-tiny", "--profile", "h200-141gb", "--out", plan);
+    expect_ok(&r);
+    cr_assert_eq(mkdir(P("sweep"), 0755), 0);
+    FERRY(&r, "sweep", "--model", "gpt2-tiny", "--profile", "h200-141gb", "--simulate", "--grid",
+          "offload_params=0,1");
+    EXPECT_ERROR(&r, 2, "sweep", "--out");
 }
 
 /* --dry-run ends with one JSON line for scripts, its numbers the table's. */

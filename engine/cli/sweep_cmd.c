@@ -176,6 +176,11 @@ static int sweep(const fy_opts *o, const fy_model *m) {
     if (!ax[AX_CKPT].n) ax[AX_CKPT].v[ax[AX_CKPT].n++] = 0;
     if (!ax[AX_MICRO].n) ax[AX_MICRO].v[ax[AX_MICRO].n++] = (double)o->batch;
     const char *dir = o->out ? o->out : "sweep";
+    if (!o->out && access(dir, F_OK) == 0) {
+        fy_log_error("./sweep exists and sweep does not replace what it was not given: name the "
+                     "output directory with --out (sweep itself to write into it)");
+        return 2;
+    }
     if (mkdir(dir, 0755) != 0 && access(dir, W_OK) != 0) {
         fy_log_error("cannot create the output directory %s", dir);
         return 1;

@@ -5,6 +5,7 @@
  * training loop's (engine/train.c). */
 #include "engine/cli/train_cmd.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -227,9 +228,14 @@ int fy_eval_main(const fy_opts *o) {
         ec.dtype = fy_opts_dtype(o, ec.dev.kind);
         st = fy_eval(&ec, &r);
     }
-    if (st == FY_OK)
-        printf("{\"loss\":%.9g,\"batches\":%lld,\"tokens\":%lld}\n", r.loss, (long long)r.batches,
+    if (st == FY_OK && !isfinite(r.loss))
+        fy_log_warn("the loss is not finite: these weights give NaN or infinite logits");
+    if (st == FY_OK) {
+        char loss[32] = "null"; /* JSON has no NaN or Infinity */
+        if (isfinite(r.loss)) snprintf(loss, sizeof loss, "%.9g", r.loss);
+        printf("{\"loss\":%s,\"batches\":%lld,\"tokens\":%lld}\n", loss, (long long)r.batches,
                (long long)r.tokens);
+    }
     fy_model_free(m);
     fy_weights_close(init);
     return st == FY_OK ? 0 : st == FY_ERR_USAGE ? 2 : 1;

@@ -339,6 +339,12 @@ static int capacity(const fy_opts *o) {
 int fy_tune_main(const fy_opts *o) {
     if (o->quiet) fy_log_set_level(FY_LOG_WARN);
     if (o->capacity) return capacity(o);
+    /* the default output is never replaced unasked: --out may name any file, this one too */
+    if (!o->out && access("plan.json", F_OK) == 0) {
+        fy_log_error("./plan.json exists and tune does not replace a file it was not given: name "
+                     "the plan's file with --out (plan.json itself to replace it)");
+        return 2;
+    }
     fy_model *m;
     if (fy_opts_model(o, &m) != FY_OK) return 1;
     fy_profile p;
