@@ -1781,6 +1781,35 @@ Test(cli, default_outputs_are_not_replaced_unasked) {
     EXPECT_ERROR(&r, 2, "sweep", "--out");
 }
 
+/* Numbers the audit of issue 16 found read wrongly: hexadecimal sizes and floats (strtod
+ * reads them), a sweep's --steps past what an int holds (2^32 + 2 ran 2 steps), a micro
+ * axis value out of int range (undefined behaviour), ferry.heads of 99999999999 (wrapped):
+ * each is one error now. And a sweep where nothing fits exits 1, not 0 with 1e30 ms. */
+Test(cli, numbers_out_of_range_and_empty_sweeps) {
+    run_result r;
+    FERRY(&r, "train", TINY, "--gpu-mem", "0x100");
+    EXPECT_ERROR(&r, 2, "--gpu-mem", "0x100");
+    FERRY(&r, "train", TINY, "--lr", "0x1p-3");
+    EXPECT_ERROR(&r, 2, "--lr", "0x1p-3");
+    FERRY(&r, "sweep", "--model", "gpt2-tiny", "--steps", "4294967298", "--grid", "offload_params=0,1",
+          "--out", P("sw"));
+    EXPECT_ERROR(&r, 2, "--steps", "4294967298");
+    FERRY(&r, "sweep", "--model", "gpt2-tiny", "--profile", "h200-141gb", "--simulate", "--grid",
+          "micro=1e10", "--out", P("sw"));
+    EXPECT_ERROR(&r, 2, "micro", "out of range");
+    FERRY(&r, "sweep", "--model", "gpt2-tiny", "--profile", "h200-141gb", "--simulate", "--grid",
+          "offload_params=0x0:1:0.5", "--out", P("sw"));
+    EXPECT_ERROR(&r, 2, "--grid", "0x0:1:0.5");
+    FERRY(&r, "sweep", "--model", "gpt2-tiny", "--profile", "h200-141gb", "--simulate", "--gpu-mem",
+          "1KiB", "--grid", "offload_params=0,1", "--out", P("sw"));
+    EXPECT_ERROR(&r, 1, "no configuration", "sweep.csv");
+    gpt2_file g = TINY_FILE;
+    g.heads = "99999999999";
+    write_gpt2(P("w.safetensors"), &g);
+    FERRY(&r, "train", SMALL, "--init", P("w.safetensors"));
+    EXPECT_ERROR(&r, 1, "ferry.heads");
+}
+
 /* --dry-run ends with one JSON line for scripts, its numbers the table's. */
 Test(cli, dry_run_prints_a_json_line) {
     run_result r;

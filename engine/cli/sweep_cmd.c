@@ -32,14 +32,18 @@ static const char *axis_names[AX_COUNT] = {"offload_params", "offload_optim", "c
 static int add_values(axis *a, const char *tok, int L) {
     double lo, hi, step;
     if (!strcmp(tok, "L")) { if (a->n < MAX_VALUES) a->v[a->n++] = L; return 0; }
-    if (sscanf(tok, "%lf:%lf:%lf", &lo, &hi, &step) == 3) {
+    char range[64], *c1, *c2;
+    snprintf(range, sizeof range, "%s", tok);
+    if ((c1 = strchr(range, ':')) && (c2 = strchr(c1 + 1, ':'))) { /* lo:hi:step */
+        *c1 = *c2 = 0;
+        if (fy_parse_f64(range, &lo) || fy_parse_f64(c1 + 1, &hi) || fy_parse_f64(c2 + 1, &step))
+            return -1;
         if (!(step > 0) || hi < lo) return -1;
         for (double x = lo; x <= hi + 1e-9 && a->n < MAX_VALUES; x += step) a->v[a->n++] = x;
         return 0;
     }
-    char *end;
-    double x = strtod(tok, &end);
-    if (end == tok || *end) return -1;
+    double x;
+    if (fy_parse_f64(tok, &x) != 0) return -1;
     if (a->n < MAX_VALUES) a->v[a->n++] = x;
     return 0;
 }
@@ -70,7 +74,7 @@ static fy_status parse_grid(const char *grid, int L, axis ax[AX_COUNT]) {
         for (int k = 0; k < ax[i].n; k++) {
             double x = ax[i].v[k];
             bool ok = i < AX_CKPT ? x >= 0 && x <= 1 : i == AX_CKPT ? x >= 0 && x <= L && x == floor(x)
-                                                                      : x >= 1 && x == floor(x);
+                                                                      : x >= 1 && x <= 65536 && x == floor(x);
             if (!ok) {
                 fy_log_error("--grid: %s value %g is out of range", axis_names[i], x);
                 return FY_ERR_INVALID;
@@ -158,6 +162,11 @@ int fy_sweep_main(const fy_opts *o) {
     if (o->quiet) fy_log_set_level(FY_LOG_WARN);
     if (!o->grid) {
         fy_log_error("sweep needs --grid (e.g. 'offload_params=0:1:0.5,offload_optim=0,1,ckpt=0,L')");
+        return 2;
+    }
+    if (o->steps > 100000) { /* a sweep measures; it does not train */
+        fy_log_error("--steps %lld: a sweep runs at most 100000 steps a configuration",
+                     (long long)o->steps);
         return 2;
     }
     fy_model *model;
@@ -288,6 +297,11 @@ static int sweep(const fy_opts *o, const fy_model *m) {
     for (int i = 1; i < nerr; i++)
         for (int j = i; j > 0 && errs[j] < errs[j - 1]; j--) { double t = errs[j]; errs[j] = errs[j - 1]; errs[j - 1] = t; }
     double med = nerr ? (nerr % 2 ? errs[nerr / 2] : 0.5 * (errs[nerr / 2 - 1] + errs[nerr / 2])) : NAN;
+    if (nconf == 0) { /* sweep.csv says, per configuration, what did not fit or failed */
+        fy_log_error("no configuration of the grid %s: sweep.csv in %s lists them", o->simulate
+                     ? "fits the budgets" : "fits the budgets and ran", dir);
+        return 1;
+    }
     snprintf(path, sizeof path, "%s/summary.txt", dir);
     FILE *sum = fopen(path, "w");
     if (sum && o->simulate) {

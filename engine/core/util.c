@@ -11,6 +11,9 @@
 #include <strings.h>
 #include <time.h>
 
+/* Decimal only: strtod also reads hexadecimal ("0x10", "0x1p4"), which no flag means. */
+static bool decimal(const char *s) { return !strpbrk(s, "xX"); }
+
 int fy_parse_i64(const char *s, int64_t *out) {
     if (!s || !*s || isspace((unsigned char)*s)) return -1;
     char *end;
@@ -22,7 +25,7 @@ int fy_parse_i64(const char *s, int64_t *out) {
 }
 
 int fy_parse_f64(const char *s, double *out) {
-    if (!s || !*s || isspace((unsigned char)*s)) return -1;
+    if (!s || !*s || isspace((unsigned char)*s) || !decimal(s)) return -1;
     char *end;
     errno = 0;
     double v = strtod(s, &end);
@@ -32,7 +35,7 @@ int fy_parse_f64(const char *s, double *out) {
 }
 
 int fy_parse_size(const char *s, size_t *out) {
-    if (!s || !*s || isspace((unsigned char)*s) || *s == '-') return -1;
+    if (!s || !*s || isspace((unsigned char)*s) || *s == '-' || !decimal(s)) return -1;
     char *end;
     errno = 0;
     double v = strtod(s, &end);

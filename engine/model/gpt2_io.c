@@ -117,7 +117,14 @@ fy_status fy_gpt2_weights_config(const fy_weights *w, int heads_flag, fy_gpt2_co
     }
     if (heads_flag > 0) heads = heads_flag;
     const char *meta = fy_weights_meta(w, "ferry.heads"); /* files of older ferry versions */
-    if (heads <= 0 && meta) heads = atoi(meta);
+    if (heads <= 0 && meta) {
+        int64_t h;
+        if (fy_parse_i64(meta, &h) != 0 || h < 1 || h > 65536) {
+            fy_log_error("%s: ferry.heads is not a head count from 1 to 65536", path);
+            return FY_ERR_FORMAT;
+        }
+        heads = (int)h;
+    }
     if (heads <= 0) {
         fy_log_error("%s does not say how many attention heads the model has: pass --heads N",
                      path);
