@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
 #include <unistd.h>
 
 #include "engine/core/util.h"
@@ -200,7 +201,10 @@ static fy_status log_step(run *r, int64_t s, const fy_step_stats *ss, float lr, 
         if (ss->skipped) fprintf(r->metrics, ",\"skipped\":true");
         if (validated) fprintf(r->metrics, ",\"val_loss\":%s", json_num(r->val_loss, v[4]));
         fprintf(r->metrics, "}\n");
-        fflush(r->metrics);
+        if (fflush(r->metrics) != 0 || ferror(r->metrics)) { /* a full disk, a closed pipe */
+            fy_log_error("cannot write metrics file %s: %s", c->metrics, strerror(errno));
+            return FY_ERR_IO;
+        }
     }
     if (ss->skipped) {
         fy_log_warn("step %lld: gradient norm is %g; update skipped", (long long)s + 1,

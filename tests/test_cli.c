@@ -1810,6 +1810,32 @@ Test(cli, numbers_out_of_range_and_empty_sweeps) {
     EXPECT_ERROR(&r, 1, "ferry.heads");
 }
 
+/* Outputs that cannot be written fail before any work, with one error naming the flag
+ * (the audit of issue 16: a trace, tune's plan and probe's profile failed after the run,
+ * the search, the probe); a metrics stream that stops taking writes (a full disk) ends
+ * the run with an error instead of exit 0 and a truncated file. */
+Test(cli, outputs_are_checked_before_the_work) {
+    const char *missing = P("no-such-dir/out.json");
+    run_result r;
+    FERRY(&r, "train", TINY, "--steps", "3", "--trace", missing);
+    EXPECT_ERROR(&r, 1, "--trace", "no-such-dir");
+    cr_expect_null(strstr(r.out, "step "), "it trained first:\n%s", r.out);
+    FERRY(&r, "train", TINY, "--save-plan", P("dir/"));
+    EXPECT_ERROR(&r, 1, "--save-plan", "directory");
+    FERRY(&r, "train", TINY, "--metrics", g_dir);
+    EXPECT_ERROR(&r, 1, "--metrics", "not a regular file");
+    FERRY(&r, "tune", "--model", "gpt2-tiny", "--profile", "h200-141gb", "--out", missing);
+    EXPECT_ERROR(&r, 1, "--out", "no-such-dir");
+    cr_expect_null(strstr(r.out, "rank"), "it searched first:\n%s", r.out);
+    FERRY(&r, "probe", "--model", "gpt2-tiny", "--out", missing);
+    EXPECT_ERROR(&r, 1, "--out", "no-such-dir");
+    cr_expect_null(strstr(r.err, "probing"), "it probed first:\n%s", r.err);
+    if (access("/dev/full", W_OK) == 0) {
+        FERRY(&r, "train", TINY, "--steps", "3", "--metrics", "/dev/full");
+        EXPECT_ERROR(&r, 1, "metrics", "/dev/full");
+    }
+}
+
 /* --dry-run ends with one JSON line for scripts, its numbers the table's. */
 Test(cli, dry_run_prints_a_json_line) {
     run_result r;

@@ -160,6 +160,10 @@ int fy_train_main(const fy_opts *o) {
     fy_plan plan = {0};
     fy_train_cfg tc = {0};
     fy_status st = check_tokens(o->batch, o->seq, "--batch");
+    /* every output can be written, before any work */
+    if (st == FY_OK && o->metrics) st = fy_check_output(o->metrics, "--metrics", true);
+    if (st == FY_OK && o->trace) st = fy_check_output(o->trace, "--trace", false);
+    if (st == FY_OK && o->save_plan) st = fy_check_output(o->save_plan, "--save-plan", false);
     if (st == FY_OK) st = fy_opts_dev_cfg(o, !o->dry_run, &tc.dev);
     if (st == FY_OK) st = resolve_model(o, fy_opts_given(o, "model"), &init, &m);
     if (st == FY_OK) st = resolve_plan(o, m, tc.dev.kind, &plan);

@@ -89,6 +89,7 @@ int fy_probe_main(const fy_opts *o) {
     int rc = 1;
     if (o->out) snprintf(path, sizeof path, "%s", o->out);
     else if (cache_path(path, sizeof path) != FY_OK) goto done;
+    if (fy_check_output(path, "--out", false) != FY_OK) goto done;
     if (probe(o, m, &p) != FY_OK || fy_profile_save(path, &p) != FY_OK) goto done;
     print_profile(&p);
     printf("saved   %s\n", path);
@@ -345,6 +346,7 @@ int fy_tune_main(const fy_opts *o) {
                      "the plan's file with --out (plan.json itself to replace it)");
         return 2;
     }
+    if (o->out && fy_check_output(o->out, "--out", false) != FY_OK) return 1;
     fy_model *m;
     if (fy_opts_model(o, &m) != FY_OK) return 1;
     fy_profile p;

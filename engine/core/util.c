@@ -4,6 +4,9 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <libgen.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,4 +83,37 @@ int fy_open_read(const char *path) {
     int fl = fcntl(fd, F_GETFL);
     if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
     return fd;
+}
+
+fy_status fy_check_output(const char *path, const char *what, bool stream) {
+    struct stat sb;
+    const size_t n = strlen(path);
+    if (!n || path[n - 1] == '/') {
+        fy_log_error("%s %s: names a directory, not a file", what, path);
+        return FY_ERR_IO;
+    }
+    if (stat(path, &sb) == 0) {
+        const bool ok_kind = S_ISREG(sb.st_mode) || (stream && (S_ISCHR(sb.st_mode) || S_ISFIFO(sb.st_mode)));
+        if (!ok_kind) {
+            fy_log_error("%s %s: exists and is not a regular file", what, path);
+            return FY_ERR_IO;
+        }
+        if (access(path, W_OK) != 0) {
+            fy_log_error("%s %s: cannot be written: %s", what, path, strerror(errno));
+            return FY_ERR_IO;
+        }
+        return FY_OK;
+    }
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    const char *d = dirname(dir);
+    if (stat(d, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        fy_log_error("%s %s: the directory %s does not exist", what, path, d);
+        return FY_ERR_IO;
+    }
+    if (access(d, W_OK | X_OK) != 0) {
+        fy_log_error("%s %s: the directory %s cannot be written: %s", what, path, d, strerror(errno));
+        return FY_ERR_IO;
+    }
+    return FY_OK;
 }

@@ -7,6 +7,8 @@
 #define FY_UTIL_H
 
 #include <stdbool.h>
+
+#include "engine/core/status.h"
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -27,6 +29,12 @@ const char *fy_fmt_size(size_t nbytes, char *buf, size_t cap);
  * caller's fstat then refuses what is not a regular file): the descriptor (blocking
  * reads again), or -1 with errno. */
 int fy_open_read(const char *path);
+
+/* Whether a file can be written at path, checked before any work: an existing path must
+ * be a writable regular file (or, with `stream`, a character device or FIFO: a metrics
+ * stream may go to a pipe), a new one needs a writable directory; a path ending in '/'
+ * names a directory. One error naming `what` (the flag) otherwise: FY_ERR_IO. */
+fy_status fy_check_output(const char *path, const char *what, bool stream);
 
 /* Monotonic clock in milliseconds. */
 double fy_now_ms(void);
