@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "engine/core/dtype.h"
@@ -59,6 +60,9 @@ static const char *P(const char *fmt, ...) {
     snprintf(b, 512, "%s/%s", g_dir, name);
     return b;
 }
+
+/* The temporary file a write of `name` in the test directory uses from this process. */
+static const char *tmp_of(const char *name) { return P("%s.tmp.%ld", name, (long)getpid()); }
 
 static void write_file(const char *path, const void *data, size_t n) {
     FILE *f = fopen(path, "wb");
@@ -333,7 +337,7 @@ Test(safetensors, writer_rejects_bad_entries_and_writes_nothing) {
     cr_assert_eq(s3, FY_ERR_INVALID);
     cr_assert_eq(s4, FY_ERR_INVALID);
     cr_assert_not_null(strstr(log, "duplicate"), "%s", log);
-    cr_assert(!exists(path) && !exists(P("bad.safetensors.tmp")));
+    cr_assert(!exists(path) && !exists(tmp_of("bad.safetensors")));
 }
 
 Test(safetensors, overwrite_replaces_and_leaves_no_tmp) {
@@ -343,7 +347,7 @@ Test(safetensors, overwrite_replaces_and_leaves_no_tmp) {
     cr_assert_eq(fy_st_write(path, &e, 1, NULL), FY_OK);
     e.data = &y;
     cr_assert_eq(fy_st_write(path, &e, 1, NULL), FY_OK);
-    cr_assert(!exists(P("w.safetensors.tmp")));
+    cr_assert(!exists(tmp_of("w.safetensors")));
     fy_st_file *f;
     cr_assert_eq(fy_st_open(path, &f), FY_OK);
     float out;
@@ -374,12 +378,29 @@ static fy_st_entry big_entry(void) {
                          .data = big};
 }
 
+/* What a killed writer left (<path>.tmp.<pid> of a process no longer running) is removed
+ * by the next write of <path>; a running writer's (pid 1 here) is left alone. */
+Test(safetensors, a_killed_writers_tmp_is_removed_by_the_next_write) {
+    pid_t child = fork();
+    cr_assert(child >= 0);
+    if (child == 0) _exit(0);
+    cr_assert_eq(waitpid(child, NULL, 0), child); /* its pid names no process now */
+    const char *dead = P("w.safetensors.tmp.%ld", (long)child), *live = P("w.safetensors.tmp.1");
+    write_file(dead, "partial", 7);
+    write_file(live, "partial", 7);
+    float x = 1;
+    fy_st_entry e = {.name = "x", .dtype = FY_F32, .ndim = 0, .data = &x};
+    cr_assert_eq(fy_st_write(P("w.safetensors"), &e, 1, NULL), FY_OK);
+    cr_expect(!exists(dead), "the dead writer's tmp file is still there");
+    cr_expect(exists(live), "a running process's tmp file was removed");
+}
+
 Test(safetensors, failed_create_leaves_existing_file_intact) {
     const char *path = P("keep.safetensors");
     uint8_t *old;
     size_t old_n;
     write_old(path, &old, &old_n);
-    cr_assert_eq(mkdir(P("keep.safetensors.tmp"), 0700), 0); /* the tmp name is taken */
+    cr_assert_eq(mkdir(tmp_of("keep.safetensors"), 0700), 0); /* the tmp name is taken */
     fy_st_entry e = big_entry();
     capture_begin();
     fy_status st = fy_st_write(path, &e, 1, NULL);
@@ -405,7 +426,7 @@ Test(safetensors, failed_write_midway_removes_tmp_and_keeps_existing) {
     const char *log = capture_end();
     cr_assert_eq(st, FY_ERR_IO);
     assert_one_error(log, "fsize.safetensors.tmp", "cannot write", NULL);
-    cr_assert(!exists(P("fsize.safetensors.tmp")), "tmp file left behind");
+    cr_assert(!exists(tmp_of("fsize.safetensors")), "tmp file left behind");
     assert_unchanged(path, old, old_n);
     free(old);
 }

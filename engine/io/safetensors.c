@@ -11,14 +11,18 @@
  *
  * Writer: "__metadata__" first, then the tensors in the caller's order at contiguous
  * offsets; the header is padded with spaces to a multiple of 8 so the data region
- * starts 8-aligned. The bytes go to "<path>.tmp", which is fsynced, renamed over <path>,
- * and the directory fsynced; on any failure the tmp file is removed and <path> is left
- * as it was. Assumes a little-endian host (checked at compile time). */
+ * starts 8-aligned. The bytes go to "<path>.tmp.<pid>" (created exclusively: two
+ * writers never share it), which is fsynced, renamed over <path>, and the directory
+ * fsynced; on any failure the tmp file is removed and <path> is left as it was. What a
+ * killed writer left ("<path>.tmp.<pid>" of a process no longer running) is removed by
+ * the next write of <path>. Assumes a little-endian host (checked at compile time). */
 #include "engine/io/safetensors.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -511,7 +515,7 @@ static int write_tmp(const char *tmp, const uint8_t *header, size_t header_nbyte
         *filled = FY_ERR_NOMEM;
         return -1;
     }
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) { free(scratch); return *what = "cannot create", -1; }
     *what = "cannot write";
     if (write_all(fd, header, header_nbytes) != 0) goto fail;
@@ -546,6 +550,23 @@ fy_status fy_st_write(const char *path, const fy_st_entry *entries, int n,
     return fy_st_write_fill(path, entries, n, meta, NULL, NULL);
 }
 
+/* Removes the "<path>.tmp.<pid>" files of writers no longer running (killed mid-write);
+ * this process's own name too (a pid the system gave again). */
+static void remove_stale_tmps(const char *path, const char *dir) {
+    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+    const size_t n = strlen(base);
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (strncmp(e->d_name, base, n) || strncmp(e->d_name + n, ".tmp.", 5)) continue;
+        char *end;
+        const long pid = strtol(e->d_name + n + 5, &end, 10);
+        if (end == e->d_name + n + 5 || *end || pid <= 0) continue;
+        if (pid == (long)getpid() || (kill((pid_t)pid, 0) != 0 && errno == ESRCH))
+            unlinkat(dirfd(d), e->d_name, 0);
+    }
+    if (d) closedir(d);
+}
+
 fy_status fy_st_write_fill(const char *path, const fy_st_entry *entries, int n,
                            const char *const *meta, fy_st_fill_fn fill, void *ctx) {
     if (n < 0 || (n > 0 && !entries)) {
@@ -558,15 +579,16 @@ fy_status fy_st_write_fill(const char *path, const fy_st_entry *entries, int n,
     const char *what = "out of memory", *who = path;
     int dirfd = -1;
     size_t plen = strlen(path), header_nbytes = 0;
-    char *tmp = malloc(plen + 5), *dir = malloc(plen + 2);
+    char *tmp = malloc(plen + 32), *dir = malloc(plen + 2);
     uint8_t *header = padded_header(entries, n, meta, &header_nbytes);
     if (!tmp || !dir || !header) goto fail;
-    snprintf(tmp, plen + 5, "%s.tmp", path);
+    snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
     memcpy(dir, path, plen + 1);
     char *slash = strrchr(dir, '/');
     if (!slash) snprintf(dir, plen + 2, ".");
     else if (slash == dir) dir[1] = '\0';
     else *slash = '\0';
+    remove_stale_tmps(path, dir);
 
     st = FY_ERR_IO;
     who = tmp;
