@@ -1839,6 +1839,20 @@ Test(cli, outputs_are_checked_before_the_work) {
     }
 }
 
+/* A file's strings are echoed escaped: a tensor name holding a newline and a terminal
+ * escape (JSON \\n and \\u001b in the header) gives one error line, with \\n and \\x1b
+ * in it, not two lines and a colour change (the audit of issue 16). */
+Test(cli, file_strings_in_errors_are_escaped) {
+    const char *w = P("evil.safetensors");
+    gpt2_file g = TINY_FILE;
+    g.extra = "evil\\nname\\u001b[31m";
+    write_gpt2(w, &g);
+    run_result r;
+    FERRY(&r, "train", SMALL, "--init", w);
+    EXPECT_ERROR(&r, 1, "evil\\nname\\x1b[31m");
+    cr_expect_null(strchr(r.err, '\x1b'), "an escape reached the terminal: %s", r.err);
+}
+
 /* --dry-run ends with one JSON line for scripts, its numbers the table's. */
 Test(cli, dry_run_prints_a_json_line) {
     run_result r;

@@ -29,12 +29,27 @@ const char *fy_status_str(fy_status s) {
 void fy_log_set_level(fy_log_level level) { g_level = level; }
 fy_log_level fy_log_get_level(void) { return g_level; }
 
+/* Control characters in s (a newline or a terminal escape from a file's tensor name, a
+ * dtype string, a path) written as \n, \t or \xNN, in place (truncated to cap): a message
+ * stays one line and cannot drive the terminal. */
+static void escape_controls(char *s, size_t cap) {
+    char out[1024];
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p && o + 5 < sizeof out; p++) {
+        if (*p >= 0x20 && *p != 0x7f) { out[o++] = (char)*p; continue; }
+        o += (size_t)snprintf(out + o, sizeof out - o, *p == '\n' ? "\\n" : *p == '\t' ? "\\t" : "\\x%02x", *p);
+    }
+    out[o] = 0;
+    snprintf(s, cap, "%s", out);
+}
+
 void fy_log(fy_log_level level, const char *fmt, ...) {
     char msg[1024];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    escape_controls(msg, sizeof msg);
     if (level == FY_LOG_ERROR && t_context) {
         char tmp[sizeof msg];
         snprintf(tmp, sizeof tmp, "%.200s: %.800s", t_context, msg);
