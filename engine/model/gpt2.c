@@ -84,7 +84,7 @@ void fy_gpt2_head_view(const fy_block_spec *blk, fy_dtype dt, const void *base, 
 #define DIMS const size_t N = (size_t)B * T, C = (size_t)cfg->channels, V = (size_t)cfg->vocab, \
                           Vp = (size_t)fy_gpt2_vocab_padded(cfg), NH = (size_t)cfg->heads, \
                           es = fy_dtype_size(dt == FY_DTYPE_NONE ? FY_F32 : dt); \
-             const bool acc32 = dt == FY_BF16; \
+             const bool acc32 = fy_lm_acc32(N, Vp, C, es); \
              (void)N; (void)C; (void)V; (void)Vp; (void)NH; (void)es; (void)acc32
 
 size_t fy_gpt2_layer_acts_nbytes(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt) {

@@ -150,7 +150,7 @@ typedef struct fy_gpt2_layer_work { FY_GPT2_LAYER_WORK(FY_GPT2_ACT_FIELD) } fy_g
     X(lnf, (size_t)N * C, S)                             \
     X(lnf_mean, (size_t)N, F)                            \
     X(lnf_rstd, (size_t)N, F)                            \
-    X(logits, fy_lm_logit_rows(N, Vp, es) * Vp, S)     \
+    X(logits, fy_lm_logit_rows(N, Vp, C, es) * Vp, S)  \
     X(losses, (size_t)N, F)
 typedef struct fy_gpt2_head_acts { FY_GPT2_HEAD_ACTS(FY_GPT2_ACT_FIELD) } fy_gpt2_head_acts;
 

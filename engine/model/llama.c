@@ -147,11 +147,11 @@ typedef struct head_w { float *norm, *lm_head; } head_w; /* lm_head absent when 
 #define HEAD_ACTS(X)                            \
     X(lnf, N * C, S)                            \
     X(rstdf, N, F)                              \
-    X(logits, fy_lm_logit_rows(N, Vp, es) * Vp, S) \
+    X(logits, fy_lm_logit_rows(N, Vp, C, es) * Vp, S) \
     X(losses, N, F)
 #define HEAD_WORK(X)                            \
     X(dlnf, N * C, S)                           \
-    X(dw32, dt == FY_BF16 ? Vp * C : 0, F)
+    X(dw32, fy_lm_acc32(N, Vp, C, es) ? Vp * C : 0, F)
 
 typedef struct layer_acts { LAYER_ACTS(FY_ACT_FIELD) } layer_acts;
 typedef struct layer_work { LAYER_WORK(FY_ACT_FIELD) } layer_work;

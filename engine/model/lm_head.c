@@ -10,7 +10,7 @@ void fy_lm_head(const fy_lm_head_io *io, fy_stream *s) {
     const size_t es = fy_dtype_size(fy_stream_dtype(s)); /* xn and dxn are stored so */
     const size_t VpC = (size_t)Vp * C;
     const bool train = io->dloss != 0.0f;
-    const int rows = (int)fy_lm_logit_rows((size_t)N, (size_t)Vp, es);
+    const int rows = (int)fy_lm_logit_rows((size_t)N, (size_t)Vp, (size_t)C, es);
     if (train && io->dw32) fy_memset_async(s, io->dw32, 0, VpC * sizeof(float));
     for (int r0 = 0; r0 < N; r0 += rows) {
         const int n = N - r0 < rows ? N - r0 : rows;

@@ -11,12 +11,18 @@
  * Chunks: at most FY_LM_LOGIT_CHUNK_NBYTES of logits in the storage type (es bytes each):
  * 333 rows of GPT-2's vocabulary in fp32, 667 in bf16, where the whole batch of B=8,
  * T=1024 would take 1.6 GiB in fp32. Each chunk adds its share into the classifier's
- * gradient, so fewer chunks also mean fewer roundings of a bf16 gradient (with dw32, the
- * shares are summed in fp32 and rounded once). The chunking depends on N, V and the
- * storage type only, never on the plan, so every plan computes the same sums. */
+ * gradient, so fewer chunks also mean fewer roundings of a bf16 gradient: with several
+ * chunks and bf16 storage the shares are summed in an fp32 (Vp, C) accumulator (dw32) and
+ * rounded once. That accumulator is as large as an fp32 classifier (2.1 GB for Llama 3's
+ * 128256 x 4096), so with bf16 storage all N rows go in one chunk whenever their logits
+ * take no more than a chunk and the accumulator would (Llama 3 8B at 1 x 2048: 525 MB of
+ * logits instead of 67 MB and 2.1 GB); one chunk rounds once without it. The chunking
+ * depends on N, V, C and the storage type only, never on the plan, so every plan
+ * computes the same sums. */
 #ifndef FY_LM_HEAD_H
 #define FY_LM_HEAD_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -29,10 +35,17 @@ extern "C" {
 static inline int fy_lm_vocab_padded(int V) { return (V + 63) / 64 * 64; }
 
 #define FY_LM_LOGIT_CHUNK_NBYTES ((size_t)64 << 20)
-static inline size_t fy_lm_logit_rows(size_t N, size_t Vp, size_t es) {
+/* Rows of logits a chunk holds (N: one chunk). */
+static inline size_t fy_lm_logit_rows(size_t N, size_t Vp, size_t C, size_t es) {
     size_t rows = FY_LM_LOGIT_CHUNK_NBYTES / es / Vp;
     if (rows < 1) rows = 1;
-    return rows < N ? rows : N;
+    if (rows >= N) return N;
+    if (es == 2 && N * Vp * es <= rows * Vp * es + Vp * C * sizeof(float)) return N;
+    return rows;
+}
+/* Whether the chunks' shares of a bf16 classifier's gradient go through dw32. */
+static inline bool fy_lm_acc32(size_t N, size_t Vp, size_t C, size_t es) {
+    return es == 2 && fy_lm_logit_rows(N, Vp, C, es) < N;
 }
 
 /* Device views, tensors in the stream's storage type unless said. */
@@ -45,8 +58,9 @@ typedef struct fy_lm_head_io {
     const int32_t *targets; /* (N) */
     float dloss;            /* 0: evaluate only; else the loss's scale, and the backward */
     float *dw;              /* training: (Vp, C) += the classifier's gradient */
-    float *dw32;            /* training with bf16 storage: (Vp, C) fp32 workspace where the
-                               chunks' shares are summed before one rounding; else NULL */
+    float *dw32;            /* training with bf16 storage in several chunks (fy_lm_acc32):
+                               (Vp, C) fp32 workspace where the chunks' shares are summed
+                               before one rounding; else NULL */
     float *dxn;             /* training: (N, C) = d xn, overwritten */
 } fy_lm_head_io;
 
