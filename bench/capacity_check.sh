@@ -24,12 +24,16 @@ flags=(--profile "$profile" --gpu-mem "$gpu" --host-mem "$host" --batch "$batch"
 echo
 printf '%-16s %14s %14s %s\n' model "memory model" "device peak" "ms/step (cpu backend)"
 # the named models the table says fit (rows of the named table with "yes")
-awk '/^free shapes/ {exit} $3 == "yes" {print $1}' "$out/capacity.txt" | while read -r m; do
-    "$ferry" tune --model "$m" "${flags[@]}" --quiet --out "$out/$m.json" > /dev/null
-    "$ferry" train --model "$m" --plan "$out/$m.json" --device cpu --steps 2 --seq "$seq" \
-        --gpu-mem "$gpu" --host-mem "$host" --val-batches 1 > "$out/$m.out" 2>&1 || {
-        echo "$m: the run failed:"; tail -3 "$out/$m.out"; continue; }
-    line=$(grep '^done' "$out/$m.out")
+for m in $(awk '/^free shapes/ {exit} $3 == "yes" {print $1}' "$out/capacity.txt"); do
+    if ! "$ferry" tune --model "$m" "${flags[@]}" --quiet --out "$out/$m.json" > "$out/$m.tune" 2>&1; then
+        echo "$m: tune failed:"; tail -3 "$out/$m.tune"; continue
+    fi
+    if ! "$ferry" train --model "$m" --plan "$out/$m.json" --device cpu --steps 2 --seq "$seq" \
+        --gpu-mem "$gpu" --host-mem "$host" --val-batches 1 > "$out/$m.out" 2>&1; then
+        echo "$m: the run failed:"; tail -3 "$out/$m.out"; continue
+    fi
+    line=$(grep '^done' "$out/$m.out" || true)
+    [ -n "$line" ] || { echo "$m: no summary line"; continue; }
     peak=$(sed -E 's/.*device peak ([0-9.]+ [KMGT]?i?B) \(model ([0-9.]+ [KMGT]?i?B)\).*/\1|\2/' <<<"$line")
     ms=$(sed -E 's/.*\| ([0-9.]+) ms\/step.*/\1/' <<<"$line")
     printf '%-16s %14s %14s %s\n' "$m" "${peak#*|}" "${peak%|*}" "$ms"

@@ -1,6 +1,6 @@
 /* fuzz_plan.c — plan files against a 4-layer GPT-2 (the blocks, kinds, placements, the
- * micro-batch and accumulation, the storage type); a plan that loads is checked and
- * saved back. */
+ * micro-batch and accumulation, the storage type); a plan that loads must pass
+ * fy_plan_check. */
 #include "engine/model/gpt2.h"
 #include "fuzz/fuzz_util.h"
 #include "offload/plan.h"

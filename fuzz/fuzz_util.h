@@ -12,15 +12,20 @@
 
 #include "engine/core/status.h"
 
-/* The file of this process's inputs, ending in ext (".bin" makes a token file a shard). */
+static char fuzz_path_buf[256];
+
+static void fuzz_remove_file(void) { unlink(fuzz_path_buf); }
+
+/* The file of this process's inputs, ending in ext (".bin" makes a token file a shard);
+ * removed when the process exits. */
 static const char *fuzz_path(const char *ext) {
-    static char path[256];
-    if (!path[0]) {
+    if (!fuzz_path_buf[0]) {
         const char *dir = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
-        snprintf(path, sizeof path, "%s/ferry-fuzz-%ld%s", dir, (long)getpid(), ext);
+        snprintf(fuzz_path_buf, sizeof fuzz_path_buf, "%s/ferry-fuzz-%ld%s", dir, (long)getpid(), ext);
         fy_log_set_level(FY_LOG_QUIET);
+        atexit(fuzz_remove_file);
     }
-    return path;
+    return fuzz_path_buf;
 }
 
 /* Writes the input to the file; the path, or NULL if it cannot be written. */

@@ -19,11 +19,19 @@ max_len=${MAX_LEN:-4096}
 case "$(cd "$(dirname "$build")" 2>/dev/null && pwd)/$(basename "$build")" in
     "$root/build") echo "fuzz.sh: refusing to use $root/build (give another directory)" >&2; exit 2 ;;
 esac
-if [ ! -f "$build/build.ninja" ]; then
-    CC=clang meson setup "$build" "$root" -Dfuzz=true -Dcuda=disabled \
-        -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized >/dev/null
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+# a build directory without the fuzz targets (or none yet) is set up for them
+if [ ! -f "$build/build.ninja" ] || ! grep -q 'fuzz_safetensors' "$build/build.ninja"; then
+    rm -rf "$build"
+    if ! CC=clang meson setup "$build" "$root" -Dfuzz=true -Dcuda=disabled \
+        -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized >"$log" 2>&1; then
+        cat "$log" >&2; echo "fuzz.sh: meson setup failed" >&2; exit 1
+    fi
 fi
-ninja -C "$build" $(printf 'fuzz/fuzz_%s ' "${targets[@]}") >/dev/null
+if ! ninja -C "$build" $(printf 'fuzz/fuzz_%s ' "${targets[@]}") >"$log" 2>&1; then
+    cat "$log" >&2; echo "fuzz.sh: the build failed" >&2; exit 1
+fi
 scratch=$(mktemp -d /tmp/ferry-fuzz.XXXXXX)
 status=0
 for t in "${targets[@]}"; do

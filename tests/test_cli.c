@@ -1510,7 +1510,7 @@ Test(cli, hf_flags_disagreeing_with_the_config) {
     FERRY(&r, "train", HF_ARGS, "--init", fixture("llama_hf_tiny"), "--model", "llama-tiny");
     EXPECT_ERROR(&r, 1, "--model", "llama-tiny");
     FERRY(&r, "train", HF_ARGS, "--init", fixture("llama_hf_tiny"), "--layers", "3");
-    EXPECT_ERROR(&r, 1, "--layers");
+    EXPECT_ERROR(&r, 2, "--layers");
 }
 
 Test(cli, llama_flags_refused_for_gpt2) {
@@ -1761,6 +1761,8 @@ Test(cli, command_line_errors_exit_2) {
     EXPECT_ERROR(&r, 2, "--plan auto", "--ckpt-layers");
     FERRY(&r, "eval", "--data", P("x.txt"));
     EXPECT_ERROR(&r, 2, "--init");
+    FERRY(&r, "train", TINY, "--batch", "65536", "--seq", "2048");
+    EXPECT_ERROR(&r, 2, "tokens per micro-batch");
 }
 
 /* tune and sweep never replace their default outputs unasked (the audit of issue 16:

@@ -1,5 +1,6 @@
 /* main.c — the ferry command: dispatches to train, eval, info and bench. Only this file
  * exits. */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -77,6 +78,9 @@ static int cmd_info(void) {
 }
 
 int main(int argc, char **argv) {
+    /* a closed pipe (--metrics into `head`) is a write error ferry reports, not a signal
+     * that ends it without a word */
+    signal(SIGPIPE, SIG_IGN);
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
         !strcmp(argv[1], "help")) {
         puts(usage_main);

@@ -298,8 +298,9 @@ static int sweep(const fy_opts *o, const fy_model *m) {
         for (int j = i; j > 0 && errs[j] < errs[j - 1]; j--) { double t = errs[j]; errs[j] = errs[j - 1]; errs[j - 1] = t; }
     double med = nerr ? (nerr % 2 ? errs[nerr / 2] : 0.5 * (errs[nerr / 2 - 1] + errs[nerr / 2])) : NAN;
     if (nconf == 0) { /* sweep.csv says, per configuration, what did not fit or failed */
-        fy_log_error("no configuration of the grid %s: sweep.csv in %s lists them", o->simulate
-                     ? "fits the budgets" : "fits the budgets and ran", dir);
+        fy_log_error("no configuration of the grid %s (sweep.csv in %s lists those tried; a "
+                     "micro value must divide --batch %lld)", o->simulate ? "fits the budgets"
+                     : "fits the budgets and ran", dir, (long long)o->batch);
         return 1;
     }
     snprintf(path, sizeof path, "%s/summary.txt", dir);

@@ -21,7 +21,7 @@ static fy_status check_tokens(int64_t B, int64_t T, const char *what) {
     if (B * T <= MAX_TOKENS) return FY_OK;
     fy_log_error("%s %lld x --seq %lld = %lld tokens per micro-batch is too many (at most %lld)",
                  what, (long long)B, (long long)T, (long long)(B * T), (long long)MAX_TOKENS);
-    return FY_ERR_INVALID;
+    return FY_ERR_USAGE;
 }
 
 /* The model: from the weights when --init is given (a --model given too must agree with
@@ -33,7 +33,7 @@ static fy_status resolve_model(const fy_opts *o, bool model_given, fy_weights **
     if (o->layers || o->channels || o->vocab || o->max_seq) {
         fy_log_error("--layers/--channels/--vocab/--max-seq shape a new model; the weights in "
                      "%s have their own shape", o->init);
-        return FY_ERR_INVALID;
+        return FY_ERR_USAGE;
     }
     FY_TRY(fy_weights_open(o->init, init));
     fy_model_shape hint = {.heads = (int)o->heads, .kv_heads = (int)o->kv_heads, .ffn = (int)o->ffn};

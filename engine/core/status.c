@@ -30,12 +30,17 @@ void fy_log_set_level(fy_log_level level) { g_level = level; }
 fy_log_level fy_log_get_level(void) { return g_level; }
 
 /* Control characters in s (a newline or a terminal escape from a file's tensor name, a
- * dtype string, a path) written as \n, \t or \xNN, in place (truncated to cap): a message
- * stays one line and cannot drive the terminal. */
+ * dtype string, a path) written as \n, \t, \xNN or, for UTF-8's C1 controls, \u00NN, in
+ * place (truncated to cap): a message stays one line and cannot drive the terminal. */
 static void escape_controls(char *s, size_t cap) {
     char out[1024];
     size_t o = 0;
-    for (const unsigned char *p = (const unsigned char *)s; *p && o + 5 < sizeof out; p++) {
+    for (const unsigned char *p = (const unsigned char *)s; *p && o + 7 < sizeof out; p++) {
+        if (p[0] == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f) { /* a C1 control in UTF-8 */
+            o += (size_t)snprintf(out + o, sizeof out - o, "\\u%04x", p[1]);
+            p++;
+            continue;
+        }
         if (*p >= 0x20 && *p != 0x7f) { out[o++] = (char)*p; continue; }
         o += (size_t)snprintf(out + o, sizeof out - o, *p == '\n' ? "\\n" : *p == '\t' ? "\\t" : "\\x%02x", *p);
     }

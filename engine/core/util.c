@@ -92,17 +92,20 @@ fy_status fy_check_output(const char *path, const char *what, bool stream) {
         fy_log_error("%s %s: names a directory, not a file", what, path);
         return FY_ERR_IO;
     }
-    if (stat(path, &sb) == 0) {
+    const bool exists = stat(path, &sb) == 0;
+    if (exists) {
         const bool ok_kind = S_ISREG(sb.st_mode) || (stream && (S_ISCHR(sb.st_mode) || S_ISFIFO(sb.st_mode)));
         if (!ok_kind) {
             fy_log_error("%s %s: exists and is not a regular file", what, path);
             return FY_ERR_IO;
         }
-        if (access(path, W_OK) != 0) {
+        /* a stream is appended to in place; a file is written beside it and renamed over
+         * it, which needs its directory */
+        if (stream) {
+            if (access(path, W_OK) == 0) return FY_OK;
             fy_log_error("%s %s: cannot be written: %s", what, path, strerror(errno));
             return FY_ERR_IO;
         }
-        return FY_OK;
     }
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", path);

@@ -30,10 +30,11 @@ const char *fy_fmt_size(size_t nbytes, char *buf, size_t cap);
  * reads again), or -1 with errno. */
 int fy_open_read(const char *path);
 
-/* Whether a file can be written at path, checked before any work: an existing path must
- * be a writable regular file (or, with `stream`, a character device or FIFO: a metrics
- * stream may go to a pipe), a new one needs a writable directory; a path ending in '/'
- * names a directory. One error naming `what` (the flag) otherwise: FY_ERR_IO. */
+/* Whether a file can be written at path, checked before any work. A file (written beside
+ * path and renamed over it) needs a writable directory, and an existing path must be a
+ * regular file; a stream (appended to: metrics) may also be a character device or FIFO,
+ * and an existing one must be writable itself. A path ending in '/' names a directory.
+ * One error naming `what` (the flag) otherwise: FY_ERR_IO. */
 fy_status fy_check_output(const char *path, const char *what, bool stream);
 
 /* Monotonic clock in milliseconds. */

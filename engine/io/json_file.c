@@ -3,6 +3,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -50,9 +51,13 @@ fy_status fy_json_read(const char *path, const char *what, cJSON **out) {
 fy_status fy_json_write(const char *path, const char *what, const cJSON *root) {
     char *text = cJSON_Print(root);
     if (!text) return FY_ERR_NOMEM;
+    /* a temporary of this process's own, created exclusively (never through a link) */
     char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    unlink(tmp); /* what a killed process with this pid left */
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
+    if (fd >= 0 && !f) close(fd);
     fy_status st = FY_OK;
     if (!f || fputs(text, f) < 0 || fputc('\n', f) < 0 || fflush(f) != 0 || fsync(fileno(f)) != 0)
         st = FY_ERR_IO;

@@ -161,7 +161,8 @@ void fy_gpt2_head_step(const fy_gpt2_config *cfg, const fy_gpt2_head_w *w,
     fy_k_layernorm_fwd(a->lnf, a->lnf_mean, a->lnf_rstd, xL, w->lnfw, w->lnfb, N, C, s);
     fy_lm_head(&(fy_lm_head_io){.N = N, .C = C, .V = cfg->vocab, .xn = a->lnf, .w = wte,
                                 .logits = a->logits, .losses = a->losses, .targets = targets,
-                                .dloss = dloss, .dw = dwte, .dw32 = wk->dwte32, .dxn = wk->dlnf},
+                                .dloss = dloss, .dw = dwte, .dw32 = wk->dwte32, .dxn = wk->dlnf,
+                                .logits_all = wk->logits_all},
                s);
     fy_k_mean(loss_out, a->losses, (size_t)N, s);
     fy_memset_async(s, dx, 0, (size_t)N * C * fy_dtype_size(fy_stream_dtype(s)));

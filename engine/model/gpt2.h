@@ -150,7 +150,7 @@ typedef struct fy_gpt2_layer_work { FY_GPT2_LAYER_WORK(FY_GPT2_ACT_FIELD) } fy_g
     X(lnf, (size_t)N * C, S)                             \
     X(lnf_mean, (size_t)N, F)                            \
     X(lnf_rstd, (size_t)N, F)                            \
-    X(logits, fy_lm_logit_rows(N, Vp, C, es) * Vp, S)  \
+    X(logits, fy_lm_logit_rows(N, Vp, es) * Vp, S)     \
     X(losses, (size_t)N, F)
 typedef struct fy_gpt2_head_acts { FY_GPT2_HEAD_ACTS(FY_GPT2_ACT_FIELD) } fy_gpt2_head_acts;
 
@@ -159,7 +159,8 @@ typedef struct fy_gpt2_head_acts { FY_GPT2_HEAD_ACTS(FY_GPT2_ACT_FIELD) } fy_gpt
  * is rounded once, not once a chunk. */
 #define FY_GPT2_HEAD_WORK(X)                             \
     X(dlnf, (size_t)N * C, S)                            \
-    X(dwte32, acc32 ? Vp * C : 0, F)
+    X(dwte32, acc32 ? Vp * C : 0, F)                     \
+    X(logits_all, fy_lm_one_chunk(N, Vp, C, es) ? N * Vp : 0, S)
 typedef struct fy_gpt2_head_work { FY_GPT2_HEAD_WORK(FY_GPT2_ACT_FIELD) } fy_gpt2_head_work;
 
 /* Bytes needed for each struct with storage type dt (every field 64-byte aligned), and

@@ -147,11 +147,12 @@ typedef struct head_w { float *norm, *lm_head; } head_w; /* lm_head absent when 
 #define HEAD_ACTS(X)                            \
     X(lnf, N * C, S)                            \
     X(rstdf, N, F)                              \
-    X(logits, fy_lm_logit_rows(N, Vp, C, es) * Vp, S) \
+    X(logits, fy_lm_logit_rows(N, Vp, es) * Vp, S) \
     X(losses, N, F)
 #define HEAD_WORK(X)                            \
     X(dlnf, N * C, S)                           \
-    X(dw32, fy_lm_acc32(N, Vp, C, es) ? Vp * C : 0, F)
+    X(dw32, fy_lm_acc32(N, Vp, C, es) ? Vp * C : 0, F) \
+    X(logits_all, fy_lm_one_chunk(N, Vp, C, es) ? N * Vp : 0, S)
 
 typedef struct layer_acts { LAYER_ACTS(FY_ACT_FIELD) } layer_acts;
 typedef struct layer_work { LAYER_WORK(FY_ACT_FIELD) } layer_work;
@@ -342,7 +343,8 @@ static void loss(const fy_model *m, int b, const fy_block_io *io, fy_stream *s) 
     fy_k_rmsnorm_fwd(a.lnf, a.rstdf, io->in, w.norm, N, C, cfg->norm_eps, s);
     fy_lm_head(&(fy_lm_head_io){.N = N, .C = C, .V = cfg->vocab, .xn = a.lnf, .w = cls,
                                 .logits = a.logits, .losses = a.losses, .targets = io->targets,
-                                .dloss = io->dloss, .dw = dcls, .dw32 = wk.dw32, .dxn = wk.dlnf},
+                                .dloss = io->dloss, .dw = dcls, .dw32 = wk.dw32, .dxn = wk.dlnf,
+                                .logits_all = wk.logits_all},
                s);
     fy_k_mean(io->loss, a.losses, (size_t)N, s);
     if (io->dloss == 0.0f) return;

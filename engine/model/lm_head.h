@@ -14,11 +14,12 @@
  * gradient, so fewer chunks also mean fewer roundings of a bf16 gradient: with several
  * chunks and bf16 storage the shares are summed in an fp32 (Vp, C) accumulator (dw32) and
  * rounded once. That accumulator is as large as an fp32 classifier (2.1 GB for Llama 3's
- * 128256 x 4096), so with bf16 storage all N rows go in one chunk whenever their logits
- * take no more than a chunk and the accumulator would (Llama 3 8B at 1 x 2048: 525 MB of
- * logits instead of 67 MB and 2.1 GB); one chunk rounds once without it. The chunking
- * depends on N, V, C and the storage type only, never on the plan, so every plan
- * computes the same sums. */
+ * 128256 x 4096), so a bf16 training step takes all N rows in one chunk whenever their
+ * logits take no more than a chunk and the accumulator would (fy_lm_one_chunk; Llama 3 8B
+ * at 1 x 2048: 525 MB of logits instead of 67 MB and 2.1 GB): one chunk rounds once
+ * without it. Those logits are training workspace; evaluation, which has no gradient,
+ * always goes by chunks. The chunking depends on N, V, C, the storage type and training
+ * only, never on the plan, so every plan computes the same sums. */
 #ifndef FY_LM_HEAD_H
 #define FY_LM_HEAD_H
 
@@ -35,17 +36,21 @@ extern "C" {
 static inline int fy_lm_vocab_padded(int V) { return (V + 63) / 64 * 64; }
 
 #define FY_LM_LOGIT_CHUNK_NBYTES ((size_t)64 << 20)
-/* Rows of logits a chunk holds (N: one chunk). */
-static inline size_t fy_lm_logit_rows(size_t N, size_t Vp, size_t C, size_t es) {
+/* Rows of logits a chunk holds (at most N). */
+static inline size_t fy_lm_logit_rows(size_t N, size_t Vp, size_t es) {
     size_t rows = FY_LM_LOGIT_CHUNK_NBYTES / es / Vp;
     if (rows < 1) rows = 1;
-    if (rows >= N) return N;
-    if (es == 2 && N * Vp * es <= rows * Vp * es + Vp * C * sizeof(float)) return N;
-    return rows;
+    return rows < N ? rows : N;
 }
-/* Whether the chunks' shares of a bf16 classifier's gradient go through dw32. */
+/* Whether a bf16 training step takes all N rows in one chunk (logits_all) rather than
+ * chunks and the fp32 accumulator. */
+static inline bool fy_lm_one_chunk(size_t N, size_t Vp, size_t C, size_t es) {
+    const size_t rows = fy_lm_logit_rows(N, Vp, es);
+    return es == 2 && rows < N && N * Vp * es <= rows * Vp * es + Vp * C * sizeof(float);
+}
+/* Whether a bf16 training step sums the chunks' gradient shares in dw32. */
 static inline bool fy_lm_acc32(size_t N, size_t Vp, size_t C, size_t es) {
-    return es == 2 && fy_lm_logit_rows(N, Vp, C, es) < N;
+    return es == 2 && fy_lm_logit_rows(N, Vp, es) < N && !fy_lm_one_chunk(N, Vp, C, es);
 }
 
 /* Device views, tensors in the stream's storage type unless said. */
@@ -54,6 +59,7 @@ typedef struct fy_lm_head_io {
     const float *xn;        /* (N, C) the normed activations */
     const float *w;         /* (Vp, C) the classifier */
     float *logits;          /* fy_lm_logit_rows(N, Vp, es) x Vp: one chunk */
+    float *logits_all;      /* training with fy_lm_one_chunk: (N, Vp); else NULL */
     float *losses;          /* (N) fp32: per-position losses */
     const int32_t *targets; /* (N) */
     float dloss;            /* 0: evaluate only; else the loss's scale, and the backward */

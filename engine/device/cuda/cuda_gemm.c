@@ -189,6 +189,11 @@ static bool plan_build(fy_cu_stream *cs, const gemm_key *key, const void *bias, 
         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, (uint32_t)key->alD}};
     for (int i = 0; i < 4; i++)
         lt_check(lt.cublasLtMatmulPreferenceSetAttribute(pref, als[i].attr, &als[i].bytes, sizeof als[i].bytes), "alignment");
+    /* split-K partial sums are reduced in the compute type (fp32) and rounded to the
+     * output once, never in the output buffer (a bf16 gradient written with beta 1, like
+     * the classifier's in one chunk, would be rounded once a split) */
+    const uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    lt_check(lt.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction, sizeof reduction), "reduction scheme");
     cublasLtMatmulHeuristicResult_t res;
     int found = 0;
     cublasStatus_t s = lt.cublasLtMatmulAlgoGetHeuristic(cs->lt, p->desc, p->la, p->lb, p->ld,
