@@ -1855,6 +1855,25 @@ Test(cli, file_strings_in_errors_are_escaped) {
     cr_expect_null(strchr(r.err, '\x1b'), "an escape reached the terminal: %s", r.err);
 }
 
+/* A metrics stream whose reader goes away (a pipe into `head`) ends the run with one
+ * error line and exit 1; before, SIGPIPE killed ferry without a word. */
+Test(cli, a_closed_metrics_pipe_is_an_error_not_a_signal) {
+    const char *ff = P("metrics.fifo");
+    cr_assert_eq(mkfifo(ff, 0600), 0);
+    pid_t reader = fork();
+    cr_assert(reader >= 0);
+    if (reader == 0) { /* reads a few bytes of the first line, then hangs up */
+        int fd = open(ff, O_RDONLY);
+        char b[8];
+        if (fd >= 0 && read(fd, b, sizeof b) < 0) _exit(1);
+        _exit(0);
+    }
+    run_result r;
+    FERRY(&r, "train", TINY, "--steps", "40", "--metrics", ff);
+    waitpid(reader, NULL, 0);
+    EXPECT_ERROR(&r, 1, "metrics", ff);
+}
+
 /* --dry-run ends with one JSON line for scripts, its numbers the table's. */
 Test(cli, dry_run_prints_a_json_line) {
     run_result r;
