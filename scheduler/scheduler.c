@@ -7,7 +7,6 @@
  * so on exact costs both produce the same order. */
 #include "scheduler/scheduler.h"
 
-#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -630,11 +629,8 @@ void fy_trace_buf_free(fy_trace_buf *tb) {
 }
 
 fy_status fy_trace_save(const fy_trace_buf *tb, const char *path, const char *label) {
-    /* a temporary of this process's own, created exclusively (never through a link) */
     char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    unlink(tmp); /* what a killed process with this pid left */
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    int fd = fy_open_tmp(path, tmp, sizeof tmp);
     FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
     if (!f) {
         if (fd >= 0) close(fd);

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <math.h>
@@ -83,6 +84,25 @@ int fy_open_read(const char *path) {
     int fl = fcntl(fd, F_GETFL);
     if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
     return fd;
+}
+
+bool fy_left_by_dead_writer(const char *name, const char *base, const char *tag) {
+    const size_t nb = strlen(base), nt = strlen(tag);
+    if (strncmp(name, base, nb) || strncmp(name + nb, tag, nt)) return false;
+    const char *digits = name + nb + nt;
+    char *end;
+    const long pid = strtol(digits, &end, 10);
+    if (end == digits || *end || pid <= 0) return false;
+    return pid == (long)getpid() || (kill((pid_t)pid, 0) != 0 && errno == ESRCH);
+}
+
+int fy_open_tmp(const char *path, char *tmp, size_t cap) {
+    if ((size_t)snprintf(tmp, cap, "%s.tmp.%ld", path, (long)getpid()) >= cap) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    unlink(tmp);
+    return open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
 }
 
 fy_status fy_check_output(const char *path, const char *what, bool stream) {

@@ -30,6 +30,17 @@ const char *fy_fmt_size(size_t nbytes, char *buf, size_t cap);
  * reads again), or -1 with errno. */
 int fy_open_read(const char *path);
 
+/* Whether directory entry `name` is <base><tag><pid> (tag such as ".tmp.") of a writer
+ * that is no longer running, or of this process (a pid the system gave again): what an
+ * interrupted save left, safe to remove. */
+bool fy_left_by_dead_writer(const char *name, const char *base, const char *tag);
+
+/* A temporary file to write path through, renamed over it once complete: named
+ * <path>.tmp.<pid> (into tmp, cap bytes) and created exclusively, so it is this process's
+ * own and never a link (one a killed process with the same pid left is removed first).
+ * Opened for writing: the descriptor, or -1 with errno. */
+int fy_open_tmp(const char *path, char *tmp, size_t cap);
+
 /* Whether a file can be written at path, checked before any work. A file (written beside
  * path and renamed over it) needs a writable directory, and an existing path must be a
  * regular file; a stream (appended to: metrics) may also be a character device or FIFO,

@@ -3,7 +3,6 @@
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -51,11 +50,8 @@ fy_status fy_json_read(const char *path, const char *what, cJSON **out) {
 fy_status fy_json_write(const char *path, const char *what, const cJSON *root) {
     char *text = cJSON_Print(root);
     if (!text) return FY_ERR_NOMEM;
-    /* a temporary of this process's own, created exclusively (never through a link) */
     char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    unlink(tmp); /* what a killed process with this pid left */
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    int fd = fy_open_tmp(path, tmp, sizeof tmp);
     FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
     if (fd >= 0 && !f) close(fd);
     fy_status st = FY_OK;

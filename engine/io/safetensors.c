@@ -22,7 +22,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -554,16 +553,9 @@ fy_status fy_st_write(const char *path, const fy_st_entry *entries, int n,
  * this process's own name too (a pid the system gave again). */
 static void remove_stale_tmps(const char *path, const char *dir) {
     const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
-    const size_t n = strlen(base);
     DIR *d = opendir(dir);
-    for (struct dirent *e; d && (e = readdir(d));) {
-        if (strncmp(e->d_name, base, n) || strncmp(e->d_name + n, ".tmp.", 5)) continue;
-        char *end;
-        const long pid = strtol(e->d_name + n + 5, &end, 10);
-        if (end == e->d_name + n + 5 || *end || pid <= 0) continue;
-        if (pid == (long)getpid() || (kill((pid_t)pid, 0) != 0 && errno == ESRCH))
-            unlinkat(dirfd(d), e->d_name, 0);
-    }
+    for (struct dirent *e; d && (e = readdir(d));)
+        if (fy_left_by_dead_writer(e->d_name, base, ".tmp.")) unlinkat(dirfd(d), e->d_name, 0);
     if (d) closedir(d);
 }
 

@@ -8,7 +8,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -462,15 +461,10 @@ static void remove_stale(const char *target) {
     char *parent = parent_of(target);
     const char *slash = strrchr(target, '/'), *base = slash ? slash + 1 : target;
     DIR *d = parent ? opendir(parent) : NULL;
-    const size_t n = strlen(base);
     for (struct dirent *e; d && (e = readdir(d));) {
-        const char *rest = e->d_name + n;
-        if (strncmp(e->d_name, base, n) || (strncmp(rest, ".tmp.", 5) && strncmp(rest, ".old.", 5)))
+        if (!fy_left_by_dead_writer(e->d_name, base, ".tmp.") &&
+            !fy_left_by_dead_writer(e->d_name, base, ".old."))
             continue;
-        char *end;
-        long pid = strtol(rest + 5, &end, 10);
-        if (end == rest + 5 || *end || pid <= 0) continue;
-        if (pid != (long)getpid() && !(kill((pid_t)pid, 0) != 0 && errno == ESRCH)) continue;
         char *p = join(parent, e->d_name);
         if (p) remove_ours(p);
         free(p);
