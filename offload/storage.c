@@ -130,7 +130,7 @@ static fy_status layout(walk *w, const fy_model *m, const fy_plan *plan, int T, 
     char what[64] = "";
     fy_chunk *c_all = chunks ? chunks : calloc((size_t)nb, sizeof *c_all);
     if (!c_all) return FY_ERR_NOMEM;
-    size_t pslot[FY_RINGS] = {0}, gslot[FY_RINGS] = {0}, gslot_max = 0, layer_max = 0;
+    size_t pslot[FY_RINGS] = {0}, gslot[FY_RINGS] = {0}, layer_max = 0;
     for (int b = 0; b < nb; b++)
         if (fy_model_block(m, b)->kind == FY_BLOCK_LAYER && fy_model_block(m, b)->nelem > layer_max)
             layer_max = fy_model_block(m, b)->nelem;
@@ -153,7 +153,6 @@ static fy_status layout(walk *w, const fy_model *m, const fy_plan *plan, int T, 
         }
         if (c->needs_grad_staging) {
             if (lpbytes > gslot[c->ring]) gslot[c->ring] = lpbytes;
-            if (lpbytes > gslot_max) gslot_max = lpbytes;
         }
         any_cpu |= cpu;
         if (!streamed) {
@@ -219,7 +218,10 @@ static fy_status layout(walk *w, const fy_model *m, const fy_plan *plan, int T, 
             if ((s = take(w, FY_CAT_STAGING, gslot[r], what, gr ? &gr->slots[i] : &tmp)) != FY_OK) goto done;
         }
     }
-    /* host landing buffer for micro-batch gradients added into grad_host */
+    /* host landing buffer for micro-batch gradients added into grad_host: the largest
+     * staged gradient of either ring */
+    const size_t gslot_max = gslot[FY_RING_LAYER] > gslot[FY_RING_LARGE] ? gslot[FY_RING_LAYER]
+                                                                        : gslot[FY_RING_LARGE];
     if (any_cpu && plan->grad_accum > 1)
         carve(w, FY_CAT_STAGING, gslot_max, true, st ? (void *)&st->grad_host_tmp : &tmp);
     /* activations: the saved area recomputed blocks share, then each block's own */

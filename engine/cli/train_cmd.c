@@ -15,6 +15,9 @@
 #include "engine/core/util.h"
 #include "engine/train.h"
 
+/* The exit status of a command's result: 2 for a command-line error, as the parser's. */
+static int exit_status(fy_status st) { return st == FY_OK ? 0 : st == FY_ERR_USAGE ? 2 : 1; }
+
 #define MAX_TOKENS ((int64_t)1 << 26) /* per micro-batch */
 
 static fy_status check_tokens(int64_t B, int64_t T, const char *what) {
@@ -209,7 +212,7 @@ int fy_train_main(const fy_opts *o) {
     fy_plan_free(&plan);
     fy_model_free(m);
     fy_weights_close(init);
-    return st == FY_OK ? 0 : st == FY_ERR_USAGE ? 2 : 1;
+    return exit_status(st);
 }
 
 int fy_eval_main(const fy_opts *o) {
@@ -242,5 +245,5 @@ int fy_eval_main(const fy_opts *o) {
     }
     fy_model_free(m);
     fy_weights_close(init);
-    return st == FY_OK ? 0 : st == FY_ERR_USAGE ? 2 : 1;
+    return exit_status(st);
 }
