@@ -162,43 +162,47 @@ static fy_status push(cands *cs, cand c) {
  * models. With `any`, only whether a point fits: it stops at the first, trying first
  * micro-batch 1 (the least device memory) and the whole batch (no accumulation: the least
  * host memory with bf16 storage, whose gradients then share the weights' buffers). */
-static fy_status frontier(const fy_tune_cfg *cfg, bool any, cands *out) {
+static fy_status frontier_micro(const fy_tune_cfg *cfg, int micro, bool any, cands *out) {
     const int L = fy_model_layers(cfg->model);
     const size_t dev = cfg->device_budget, host = cfg->host_budget ? cfg->host_budget : SIZE_MAX;
-    int micros[64], nmicro = 0;
-    micros[nmicro++] = 1;
-    if (cfg->batch > 1) micros[nmicro++] = cfg->batch;
-    for (int mb = 2; mb < cfg->batch && nmicro < 64; mb++)
-        if (cfg->batch % mb == 0) micros[nmicro++] = mb;
-    for (int mi = 0; mi < nmicro; mi++) {
-        const int micro = micros[mi];
-        for (int k3 = 0; k3 <= L; k3++) {
-            int k1 = L, last_k1 = L + 1;
-            bool host_over_at_k2_0 = false;
-            for (int k2 = 0; k2 <= L; k2++) {
-                fy_mem_model mm;
-                cand c = {micro, k1, k2, k3, 0, 0};
-                FY_TRY(point_mem(cfg, &c, &mm));
-                const bool dev_ok = mm.device_total <= dev, host_ok = mm.host_total <= host;
-                if (!host_ok) { host_over_at_k2_0 = k2 == 0; break; } /* more streaming: more host */
-                if (!dev_ok) continue;
-                for (; c.k1 > 0; c.k1--) { /* the least recomputation that still fits */
-                    cand d = c;
-                    d.k1--;
-                    FY_TRY(point_mem(cfg, &d, &mm));
-                    if (mm.device_total > dev) break;
-                }
-                k1 = c.k1;
-                if (k1 < last_k1) {
-                    FY_TRY(push(out, c));
-                    if (any) return FY_OK;
-                    last_k1 = k1;
-                }
-                if (k1 == 0) break; /* more streaming from here on only adds transfers */
+    for (int k3 = 0; k3 <= L; k3++) {
+        int k1 = L, last_k1 = L + 1;
+        for (int k2 = 0; k2 <= L; k2++) {
+            fy_mem_model mm;
+            cand c = {micro, k1, k2, k3, 0, 0};
+            FY_TRY(point_mem(cfg, &c, &mm));
+            if (mm.host_total > host) {
+                if (k2 == 0) return FY_OK; /* more cpu optimizer: more host memory */
+                break;                     /* more streaming: more host memory */
             }
-            if (host_over_at_k2_0) break; /* more cpu optimizer: more host memory */
+            if (mm.device_total > dev) continue;
+            for (; c.k1 > 0; c.k1--) { /* the least recomputation that still fits */
+                cand d = c;
+                d.k1--;
+                FY_TRY(point_mem(cfg, &d, &mm));
+                if (mm.device_total > dev) break;
+            }
+            k1 = c.k1;
+            if (k1 < last_k1) {
+                FY_TRY(push(out, c));
+                if (any) return FY_OK;
+                last_k1 = k1;
+            }
+            if (k1 == 0) break; /* more streaming from here on only adds transfers */
         }
     }
+    return FY_OK;
+}
+
+static fy_status frontier(const fy_tune_cfg *cfg, bool any, cands *out) {
+    /* micro-batch 1 and the whole batch first, then the other divisors */
+    for (int pass = 0; pass < 2; pass++)
+        for (int micro = 1; micro <= cfg->batch; micro++) {
+            const bool ends = micro == 1 || micro == cfg->batch;
+            if (cfg->batch % micro || ends != (pass == 0)) continue;
+            FY_TRY(frontier_micro(cfg, micro, any, out));
+            if (any && out->n) return FY_OK;
+        }
     return FY_OK;
 }
 
