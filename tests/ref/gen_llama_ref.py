@@ -34,6 +34,10 @@ import tempfile
 import torch
 import torch.nn.functional as F
 
+# the file and batch helpers are GPT-2's reference's (same directory)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gen_gpt2_ref import batch, global_norm, read_safetensors, write_safetensors  # noqa: E402
+
 DT = torch.float64
 
 # ---------------------------------------------------------------- configuration
@@ -216,51 +220,7 @@ def read_shard(path):
     return list(struct.unpack("<%dH" % n, raw[1024:]))
 
 
-def batch(tokens, step, B, T):
-    """llm.c-style sequential batch (no wrap needed for these step counts)."""
-    start = step * B * T
-    buf = tokens[start:start + B * T + 1]
-    assert buf.numel() == B * T + 1
-    return buf[:-1].reshape(B, T), buf[1:].reshape(B, T)
-
-
 # ---------------------------------------------------------------- safetensors
-
-def write_safetensors(path, tensors):
-    """tensors: list of (name, tensor); stored F32 little-endian in the given order."""
-    header = {"__metadata__": {"format": "pt"}}
-    blobs, off = [], 0
-    for name, t in tensors:
-        data = t.detach().to(torch.float32).contiguous().numpy().astype("<f4").tobytes()
-        header[name] = {"dtype": "F32", "shape": list(t.shape),
-                        "data_offsets": [off, off + len(data)]}
-        blobs.append(data)
-        off += len(data)
-    hj = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    hj += b" " * ((8 - len(hj) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(hj)))
-        f.write(hj)
-        for b in blobs:
-            f.write(b)
-
-
-def read_safetensors(path):
-    """Minimal reader, used only to check what was written."""
-    import numpy as np
-    with open(path, "rb") as f:
-        raw = f.read()
-    (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n])
-    out = {}
-    for name, e in header.items():
-        if name == "__metadata__":
-            continue
-        a, b = e["data_offsets"]
-        arr = np.frombuffer(raw[8 + n + a:8 + n + b], dtype="<f4").reshape(e["shape"])
-        out[name] = torch.from_numpy(arr.copy())
-    return header, out
-
 
 def hf_tensors(P, cfg):
     return [(name, P[name]) for name, _, _ in param_shapes(cfg)]
@@ -282,9 +242,6 @@ def hf_config_json(cfg):
 
 
 # ---------------------------------------------------------------- training
-
-def global_norm(params):
-    return torch.norm(torch.stack([p.grad.detach().norm(2) for p in params]), 2).item()
 
 
 def train(init, tokens, cfg, clip, steps=STEPS, want_grads=False):
