@@ -7,8 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <errno.h>
+#include <inttypes.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include "engine/checkpoint.h"
+#include "engine/core/crc32c.h"
 #include "engine/core/util.h"
 #include "engine/io/corpus.h"
 #include "engine/io/tokens.h"
@@ -21,6 +25,9 @@
 #define CORPUS_VAL_BYTES (256u << 10)
 #define CORPUS_TRAIN_SEED 1
 #define CORPUS_VAL_SEED 2
+#define FINGERPRINT_TOKENS ((size_t)1 << 20) /* read at each end of the training data */
+
+volatile sig_atomic_t fy_train_stop_signal;
 
 double fy_lr_at(int64_t s, int64_t steps, double lr, double min_lr, int64_t warmup,
                 bool cosine) {
@@ -65,6 +72,24 @@ static fy_status batch_from(void *ctx, int64_t micro, int32_t *x, int32_t *y) {
     return FY_OK;
 }
 
+/* Training batches by step: micro-batch j of step s reads the j-th B x T slice of the
+ * s-th (wrapping) A x B x T window of the data, so the data of a step depends on the step
+ * size in sequences only, not on how it is split in micro-batches, nor on where a run was
+ * stopped and resumed. */
+typedef struct train_batches {
+    fy_loader *ld;
+    int64_t accum, steps_per_pass;
+} train_batches;
+
+static fy_status train_batch(void *ctx, int64_t micro, int32_t *x, int32_t *y) {
+    const train_batches *tb = ctx;
+    if (fy_train_stop_signal) return FY_INTERRUPTED; /* this step applies nothing */
+    const int64_t step = micro / tb->accum, j = micro % tb->accum;
+    FY_TRY(fy_loader_seek_batch(tb->ld, (step % tb->steps_per_pass) * tb->accum + j));
+    fy_loader_next(tb->ld, x, y);
+    return FY_OK;
+}
+
 /* ---- the run ------------------------------------------------------------------------------ */
 
 /* Everything a training run holds, freed in one place. */
@@ -81,12 +106,23 @@ typedef struct run {
     double t_start, ms_sum;
     int64_t ms_count;
     float loss, val_loss;
-    int skipped_run;
+    int64_t skipped_run;
     float *val_losses;
+    train_batches batches;
+    size_t train_end;         /* the training range's end in train_tok */
+    /* checkpoints */
+    fy_ckpt_dir *ckpt;
+    cJSON *config;            /* what checkpoints record of the run and resuming checks */
+    int64_t start;            /* the first step this process runs */
+    int64_t saved;            /* the step of the newest checkpoint (-1: none) */
+    char *saved_path;
 } run;
 
 static void run_free(run *r) {
     if (r->metrics) fclose(r->metrics);
+    fy_ckpt_dir_close(r->ckpt);
+    cJSON_Delete(r->config);
+    free(r->saved_path);
     fy_trainer_free(r->tr);
     fy_dev_free(r->dev);
     fy_loader_free(r->train);
@@ -118,6 +154,15 @@ static fy_status open_data(run *r) {
         train_end = n - (size_t)((double)n * c->val_split);
     }
     FY_TRY(fy_loader_new(r->train_tok, 0, train_end, B, T, &r->train));
+    const int64_t A = c->plan->grad_accum;
+    r->train_end = train_end;
+    r->batches = (train_batches){r->train, A, (int64_t)fy_loader_batches(r->train) / A};
+    if (r->batches.steps_per_pass < 1) {
+        fy_log_error("%s: %zu training tokens, fewer than one step needs (%lld micro-batches of "
+                     "%d x %d, and one more token)", fy_tokens_label(r->train_tok), train_end,
+                     (long long)A, B, T);
+        return FY_ERR_INVALID;
+    }
     if (r->val_tok) {
         FY_TRY(fy_tokens_check_vocab(r->val_tok, V));
         FY_TRY(fy_loader_new(r->val_tok, 0, fy_tokens_count(r->val_tok), B, T, &r->val));
@@ -163,10 +208,245 @@ static void print_header(const run *r) {
     fflush(stdout);
 }
 
+/* ---- checkpoints ---------------------------------------------------------------------- */
+
+/* A CRC of the training range's first and last FINGERPRINT_TOKENS tokens: with the
+ * label and the count, what tells a resumed run's data from the checkpoint's. */
+static fy_status data_fingerprint(const run *r, char hex[16]) {
+    const size_t n = r->train_end, k = n < FINGERPRINT_TOKENS ? n : FINGERPRINT_TOKENS;
+    int32_t *buf = malloc(k * sizeof *buf);
+    if (!buf) {
+        fy_log_error("out of host memory");
+        return FY_ERR_NOMEM;
+    }
+    fy_tokens_read(r->train_tok, 0, k, buf);
+    uint32_t crc = fy_crc32c(buf, k * sizeof *buf, 0);
+    fy_tokens_read(r->train_tok, n - k, k, buf);
+    crc = fy_crc32c(buf, k * sizeof *buf, crc);
+    free(buf);
+    snprintf(hex, 16, "%08x", crc);
+    return FY_OK;
+}
+
+/* The run's configuration as checkpoints record it. */
+static fy_status build_config(run *r) {
+    const fy_train_cfg *c = r->cfg;
+    char sig[512], fp[16];
+    FY_TRY(data_fingerprint(r, fp));
+    fy_model_signature(c->model, sig, sizeof sig);
+    cJSON *o = cJSON_CreateObject(), *d = o ? cJSON_AddObjectToObject(o, "data") : NULL;
+    if (!d) {
+        cJSON_Delete(o);
+        fy_log_error("out of host memory");
+        return FY_ERR_NOMEM;
+    }
+    cJSON_AddStringToObject(o, "model", sig);
+    cJSON_AddNumberToObject(o, "seq", c->seq);
+    cJSON_AddNumberToObject(o, "sequences_per_step", (double)c->plan->micro_batch * c->plan->grad_accum);
+    cJSON_AddNumberToObject(o, "micro_batch", c->plan->micro_batch);
+    cJSON_AddNumberToObject(o, "grad_accum", c->plan->grad_accum);
+    cJSON_AddStringToObject(o, "dtype", fy_dtype_name(c->plan->dtype));
+    cJSON_AddStringToObject(d, "source", fy_tokens_label(r->train_tok));
+    cJSON_AddNumberToObject(d, "tokens", (double)r->train_end);
+    cJSON_AddStringToObject(d, "fingerprint", fp);
+    cJSON_AddNumberToObject(o, "steps", (double)c->steps);
+    cJSON_AddNumberToObject(o, "lr", c->lr);
+    cJSON_AddNumberToObject(o, "min_lr", c->min_lr);
+    cJSON_AddStringToObject(o, "lr_schedule", c->cosine ? "cosine" : "const");
+    cJSON_AddNumberToObject(o, "warmup", (double)c->warmup);
+    cJSON_AddNumberToObject(o, "weight_decay", c->weight_decay);
+    cJSON_AddNumberToObject(o, "beta1", c->beta1);
+    cJSON_AddNumberToObject(o, "beta2", c->beta2);
+    cJSON_AddNumberToObject(o, "eps", c->eps);
+    cJSON_AddNumberToObject(o, "clip", c->clip);
+    cJSON_AddNumberToObject(o, "seed", (double)c->seed);
+    r->config = o;
+    return FY_OK;
+}
+
+/* Whether field key of a and b is the same JSON value (both absent counts as the same). */
+static bool same_field(const cJSON *a, const cJSON *b, const char *key) {
+    return cJSON_Compare(cJSON_GetObjectItemCaseSensitive(a, key),
+                         cJSON_GetObjectItemCaseSensitive(b, key), true) ||
+           (!cJSON_GetObjectItemCaseSensitive(a, key) && !cJSON_GetObjectItemCaseSensitive(b, key));
+}
+
+/* A field's value for messages ("?" if absent). */
+static const char *field_text(const cJSON *o, const char *key, char *buf, size_t cap) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (cJSON_IsString(v)) snprintf(buf, cap, "%s", v->valuestring);
+    else if (cJSON_IsNumber(v)) snprintf(buf, cap, "%.9g", v->valuedouble);
+    else snprintf(buf, cap, "?");
+    return buf;
+}
+
+/* The checkpoint's configuration against this run's: what makes resuming meaningless is
+ * refused, what makes it differ from the uninterrupted run is allowed with a warning. */
+static fy_status check_config(const run *r, const fy_ckpt *ck) {
+    const cJSON *was = fy_ckpt_state_of(ck)->config, *now = r->config;
+    const char *path = fy_ckpt_path(ck);
+    char a[256], b[256];
+    static const struct { const char *key, *what; } hard[] = {
+        {"model", "model"}, {"seq", "sequence length (--seq)"},
+        {"sequences_per_step", "sequences per step (--batch x --grad-accum)"},
+    };
+    for (size_t i = 0; i < sizeof hard / sizeof hard[0]; i++)
+        if (!same_field(was, now, hard[i].key)) {
+            fy_log_error("checkpoint %s is from another configuration: its %s is %s, this run's "
+                         "%s", path, hard[i].what, field_text(was, hard[i].key, a, sizeof a),
+                         field_text(now, hard[i].key, b, sizeof b));
+            return FY_ERR_INVALID;
+        }
+    const cJSON *dw = cJSON_GetObjectItemCaseSensitive(was, "data");
+    const cJSON *dn = cJSON_GetObjectItemCaseSensitive(now, "data");
+    if (!same_field(dw, dn, "tokens") || !same_field(dw, dn, "fingerprint")) {
+        char n1[32], n2[32];
+        fy_log_error("checkpoint %s was trained on other data: %s (%s tokens), this run's is %s "
+                     "(%s tokens)", path, field_text(dw, "source", a, sizeof a),
+                     field_text(dw, "tokens", n1, sizeof n1), field_text(dn, "source", b, sizeof b),
+                     field_text(dn, "tokens", n2, sizeof n2));
+        return FY_ERR_INVALID;
+    }
+    static const struct { const char *key, *flag; } soft[] = {
+        {"steps", "--steps"}, {"lr", "--lr"}, {"min_lr", "--min-lr"},
+        {"lr_schedule", "--lr-schedule"}, {"warmup", "--warmup"},
+        {"weight_decay", "--weight-decay"}, {"beta1", "--beta1"}, {"beta2", "--beta2"},
+        {"eps", "--eps"}, {"clip", "--clip"}, {"dtype", "--dtype"},
+    };
+    for (size_t i = 0; i < sizeof soft / sizeof soft[0]; i++)
+        if (!same_field(was, now, soft[i].key))
+            fy_log_warn("resuming with %s %s where the checkpoint's run had %s: the result will "
+                        "differ from a run never stopped", soft[i].flag,
+                        field_text(now, soft[i].key, b, sizeof b),
+                        field_text(was, soft[i].key, a, sizeof a));
+    if (!same_field(was, now, "micro_batch")) {
+        char a2[32], b2[32];
+        fy_log_warn("resuming with micro-batches of %s x %s where the checkpoint's run had %s x %s: "
+                    "each step reads the same data, but its gradient is summed in another order, "
+                    "so the result differs from a run never stopped in rounding",
+                    field_text(now, "micro_batch", b, sizeof b), field_text(now, "grad_accum", b2, sizeof b2),
+                    field_text(was, "micro_batch", a, sizeof a), field_text(was, "grad_accum", a2, sizeof a2));
+    }
+    return FY_OK;
+}
+
+/* The checkpoint to resume from (NULL: start afresh), opened and checked. */
+static fy_status find_resume(run *r, fy_ckpt **out) {
+    const fy_train_cfg *c = r->cfg;
+    char *path = NULL;
+    *out = NULL;
+    if (*c->resume) {
+        if (!(path = strdup(c->resume))) return FY_ERR_NOMEM;
+    } else {
+        FY_TRY(fy_ckpt_latest(c->ckpt_dir, &path));
+        if (!path) {
+            fy_log_info("--resume: no checkpoint in %s yet: starting from the first step", c->ckpt_dir);
+            return FY_OK;
+        }
+    }
+    fy_status st = fy_ckpt_open(path, out);
+    if (st == FY_OK) st = check_config(r, *out);
+    if (st != FY_OK && !*c->resume) { /* the latest cannot be used: name the one before */
+        int64_t step = *out ? fy_ckpt_state_of(*out)->info.step : INT64_MAX;
+        char *before = fy_ckpt_before(c->ckpt_dir, step < INT64_MAX ? step : (int64_t)1 << 62);
+        if (step == INT64_MAX) {
+            free(before);
+            const char *slash = strrchr(path, '/');
+            int64_t s;
+            before = slash && sscanf(slash + 1, "step-%" SCNd64, &s) == 1
+                         ? fy_ckpt_before(c->ckpt_dir, s) : NULL;
+        }
+        if (before)
+            fy_log_info("an older checkpoint is %s: resume from it with --resume %s", before, before);
+        free(before);
+    }
+    free(path);
+    if (st != FY_OK) {
+        fy_ckpt_close(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+/* A --metrics file of a resumed run: the lines after the last one of the checkpoint's
+ * step are what the stopped run wrote past it, which this run writes again; they go.
+ * Streams (a pipe) and files without that line are left as they are. */
+static fy_status trim_metrics(const char *path, int64_t step) {
+    struct stat sb;
+    if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) return FY_OK;
+    FILE *f = fopen(path, "r+");
+    if (!f) {
+        fy_log_error("cannot open metrics file %s: %s", path, strerror(errno));
+        return FY_ERR_IO;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    long long s;
+    off_t pos = 0, cut = -1;
+    int after = 0;
+    for (ssize_t n; (n = getline(&line, &cap, f)) > 0; pos += n) {
+        if (sscanf(line, "{\"step\":%lld", &s) == 1 && s == step) {
+            cut = pos + n;
+            after = 0;
+        } else {
+            after++;
+        }
+    }
+    free(line);
+    fy_status st = FY_OK;
+    if (cut >= 0 && cut < pos) {
+        if (ftruncate(fileno(f), cut) != 0) {
+            fy_log_error("cannot trim metrics file %s: %s", path, strerror(errno));
+            st = FY_ERR_IO;
+        } else {
+            fy_log_info("metrics %s: removed the %d line%s written after step %lld by the stopped "
+                        "run", path, after, after == 1 ? "" : "s", (long long)step);
+        }
+    }
+    fclose(f);
+    return st;
+}
+
+static fy_status setup_run(run *r, const fy_ckpt *ck);
+
+/* Checkpoints: the directory, this run's configuration and the checkpoint resumed from
+ * (*ck, NULL when starting afresh), whose step's metrics lines end the metrics file. */
+static fy_status setup_checkpoints(run *r, fy_ckpt **ck) {
+    const fy_train_cfg *c = r->cfg;
+    *ck = NULL;
+    if (!c->ckpt_dir && !c->resume) return FY_OK;
+    if (c->ckpt_dir) FY_TRY(fy_ckpt_dir_open(c->ckpt_dir, &r->ckpt));
+    FY_TRY(build_config(r));
+    if (c->resume) FY_TRY(find_resume(r, ck));
+    if (*ck && c->metrics) FY_TRY(trim_metrics(c->metrics, fy_ckpt_state_of(*ck)->info.step));
+    return FY_OK;
+}
+
+/* The resumed run's state: moments, counters, where the loop goes on. */
+static fy_status resume_from(run *r, const fy_ckpt *ck) {
+    const fy_ckpt_info *in = &fy_ckpt_state_of(ck)->info;
+    FY_TRY(fy_ckpt_restore(ck, r->tr, r->cfg->plan->grad_accum));
+    r->start = r->saved = in->step;
+    r->skipped_run = in->skipped_run;
+    r->loss = (float)in->loss;
+    r->val_loss = (float)in->val_loss;
+    if (!(r->saved_path = strdup(fy_ckpt_path(ck)))) return FY_ERR_NOMEM;
+    return FY_OK;
+}
+
 static fy_status setup(run *r) {
     const fy_train_cfg *c = r->cfg;
     if (c->save) FY_TRY(fy_model_save_check(c->save)); /* fail now, not after the run */
     FY_TRY(open_data(r));
+    fy_ckpt *ck = NULL;
+    fy_status st = setup_checkpoints(r, &ck);
+    if (st == FY_OK) st = setup_run(r, ck);
+    fy_ckpt_close(ck);
+    return st;
+}
+
+static fy_status setup_run(run *r, const fy_ckpt *ck) {
+    const fy_train_cfg *c = r->cfg;
     if (c->metrics && !(r->metrics = fopen(c->metrics, "a"))) {
         fy_log_error("cannot open metrics file %s", c->metrics);
         return FY_ERR_IO;
@@ -178,9 +458,11 @@ static fy_status setup(run *r) {
     FY_TRY(fy_dev_new(&c->dev, &r->dev));
     fy_trainer_cfg tc = {.model = c->model, .T = c->seq, .plan = c->plan, .beta1 = c->beta1,
                          .beta2 = c->beta2, .eps = c->eps, .weight_decay = c->weight_decay,
-                         .clip = c->clip, .seed = c->seed, .weights = c->init,
+                         .clip = c->clip, .seed = c->seed,
+                         .weights = ck ? fy_ckpt_weights(ck) : c->init,
                          .schedule = c->schedule, .adam_threads = c->adam_threads};
     FY_TRY(fy_trainer_new(r->dev, &tc, &r->tr));
+    if (ck) FY_TRY(resume_from(r, ck));
     fy_storage_model(c->model, c->plan, c->seq, &r->model);
     r->N = (size_t)c->plan->micro_batch * c->seq * c->plan->grad_accum;
     return FY_OK;
@@ -190,7 +472,7 @@ static fy_status setup(run *r) {
 static fy_status log_step(run *r, int64_t s, const fy_step_stats *ss, float lr, bool validated) {
     const fy_train_cfg *c = r->cfg;
     const double ms = ss->step_ms, tok_s = (double)r->N / (ms / 1e3);
-    if (s > 0) { r->ms_sum += ms; r->ms_count++; } /* the first step warms caches */
+    if (s > r->start) { r->ms_sum += ms; r->ms_count++; } /* the first step warms caches */
     r->loss = ss->loss;
     if (r->metrics) {
         char v[5][32];
@@ -210,9 +492,15 @@ static fy_status log_step(run *r, int64_t s, const fy_step_stats *ss, float lr, 
         fy_log_warn("step %lld: gradient norm is %g; update skipped", (long long)s + 1,
                     ss->grad_norm);
         if (++r->skipped_run >= MAX_SKIPPED_RUN) {
-            fy_log_error("training diverged: %d steps in a row had non-finite gradients "
-                         "(last good weights not saved; lower --lr or use --clip)",
-                         MAX_SKIPPED_RUN);
+            if (r->saved_path)
+                fy_log_error("training diverged: %d steps in a row had non-finite gradients; the "
+                             "last checkpoint, %s (step %lld), is kept: resume from it with "
+                             "--resume %s and a lower --lr", MAX_SKIPPED_RUN, r->saved_path,
+                             (long long)r->saved, r->saved_path);
+            else
+                fy_log_error("training diverged: %d steps in a row had non-finite gradients "
+                             "(last good weights not saved; lower --lr or use --clip, and "
+                             "--checkpoint-dir to keep them)", MAX_SKIPPED_RUN);
             return FY_ERR_NONFINITE;
         }
     } else {
@@ -235,9 +523,11 @@ static fy_status log_step(run *r, int64_t s, const fy_step_stats *ss, float lr, 
 }
 
 /* Steps [s0, s0 + n) as one window; then their log lines (those that completed, if a
- * task failed), validation at the window's end when it is due. */
-static fy_status run_window(run *r, int64_t s0, int n) {
+ * task failed or a signal stopped it: *done), validation at the window's end when it is
+ * due. */
+static fy_status run_window(run *r, int64_t s0, int n, int *done) {
     const fy_train_cfg *c = r->cfg;
+    *done = 0;
     float lrs[TRAIN_WINDOW];
     fy_step_stats stats[TRAIN_WINDOW];
     const double min_lr = c->min_lr;
@@ -245,7 +535,7 @@ static fy_status run_window(run *r, int64_t s0, int n) {
         lrs[i] = (float)fy_lr_at(s0 + i, c->steps, c->lr, min_lr, c->warmup, c->cosine);
     fy_sched_result res = {0};
     fy_graph g;
-    fy_window w = {.nsteps = n, .lrs = lrs, .next_batch = batch_from, .batch_ctx = r->train,
+    fy_window w = {.nsteps = n, .lrs = lrs, .next_batch = train_batch, .batch_ctx = &r->batches,
                    .stats = stats, .trace = c->trace ? &res : NULL, .graph = c->trace ? &g : NULL};
     const double t_win = fy_now_ms() - r->t_start;
     fy_status st = fy_trainer_run(r->tr, &w);
@@ -260,6 +550,7 @@ static fy_status run_window(run *r, int64_t s0, int n) {
                             (s + 1 == c->steps || (c->val_every && (s + 1) % c->val_every == 0));
         if (do_val) FY_TRY(validate(r, c->val_batches, &r->val_loss));
         FY_TRY(log_step(r, s, &stats[i], lrs[i], do_val));
+        *done = i + 1;
     }
     return st;
 }
@@ -274,9 +565,14 @@ static fy_status report(run *r) {
     fy_dev_mem_stats_get(r->dev, &ms);
     char peak[32], pred[32];
     double mean_ms = r->ms_count ? r->ms_sum / (double)r->ms_count : 0.0;
-    printf("done    %lld steps in %.1f s | %.1f ms/step | %.0f tok/s | final loss %.4f",
-           (long long)c->steps, total_s, mean_ms,
-           mean_ms > 0 ? (double)r->N / (mean_ms / 1e3) : 0.0, r->loss);
+    const int64_t ran = c->steps > r->start ? c->steps - r->start : 0;
+    if (!ran)
+        printf("done    nothing to train: resumed at step %lld of %lld | final loss %.4f",
+               (long long)r->start, (long long)c->steps, r->loss);
+    else
+        printf("done    %lld steps%s in %.1f s | %.1f ms/step | %.0f tok/s | final loss %.4f",
+               (long long)ran, r->start ? " (resumed)" : "", total_s, mean_ms,
+               mean_ms > 0 ? (double)r->N / (mean_ms / 1e3) : 0.0, r->loss);
     if (r->val) printf(" | val loss %.4f", r->val_loss);
     printf(" | device peak %s (model %s)\n",
            fy_fmt_size(ms.peak_nbytes[FY_MEM_DEVICE], peak, sizeof peak),
@@ -308,20 +604,72 @@ static fy_status report(run *r) {
     return FY_OK;
 }
 
+/* A checkpoint of the state after step `step` (steps are 1-based here: step steps done). */
+static fy_status save_checkpoint(run *r, int64_t step) {
+    const fy_ckpt_info info = {.step = step, .updates = fy_trainer_steps_done(r->tr),
+                               .skipped_run = r->skipped_run, .loss = r->loss,
+                               .val_loss = r->val_loss};
+    char *path = NULL;
+    const int keep = r->cfg->ckpt_keep > 0 ? r->cfg->ckpt_keep : 2;
+    FY_TRY(fy_ckpt_save(r->ckpt, r->tr, &info, r->config, keep, &path));
+    free(r->saved_path);
+    r->saved_path = path;
+    r->saved = step;
+    if (!r->cfg->quiet) {
+        if (isatty(STDOUT_FILENO)) printf("\r%*s\r", 78, "");
+        printf("ckpt    %s\n", path);
+        fflush(stdout);
+    }
+    return FY_OK;
+}
+
 fy_status fy_train(const fy_train_cfg *cfg) {
-    run r = {.cfg = cfg, .loss = NAN, .val_loss = NAN};
+    run r = {.cfg = cfg, .loss = NAN, .val_loss = NAN, .saved = -1};
     fy_status st = setup(&r);
     if (st == FY_OK && !cfg->quiet) print_header(&r);
+    if (st == FY_OK && r.start > 0 && !cfg->quiet)
+        printf("resume  %s: step %lld of %lld\n", r.saved_path, (long long)r.start,
+               (long long)cfg->steps);
     r.t_start = fy_now_ms();
-    for (int64_t s0 = 0; s0 < cfg->steps && st == FY_OK;) {
-        /* a window of steps runs as one task graph; it ends at a validation point */
+    int64_t s0 = r.start;
+    while (s0 < cfg->steps && st == FY_OK) {
+        if (fy_train_stop_signal) {
+            st = FY_INTERRUPTED;
+            break;
+        }
+        /* a window of steps runs as one task graph; it ends at a validation point and at a
+         * checkpoint */
         int64_t n = cfg->steps - s0 < TRAIN_WINDOW ? cfg->steps - s0 : TRAIN_WINDOW;
         if (cfg->val_every && r.val) {
             int64_t to_val = cfg->val_every - s0 % cfg->val_every;
             if (to_val < n) n = to_val;
         }
-        st = run_window(&r, s0, (int)n);
-        s0 += n;
+        if (r.ckpt && cfg->ckpt_every) {
+            int64_t to_ckpt = cfg->ckpt_every - s0 % cfg->ckpt_every;
+            if (to_ckpt < n) n = to_ckpt;
+        }
+        int done = 0;
+        st = run_window(&r, s0, (int)n, &done);
+        s0 += done;
+        if (st == FY_OK && r.ckpt && cfg->ckpt_every && s0 % cfg->ckpt_every == 0)
+            st = save_checkpoint(&r, s0);
+    }
+    if (r.ckpt && (st == FY_OK || st == FY_INTERRUPTED) && s0 > r.saved) {
+        fy_status cs = save_checkpoint(&r, s0); /* the end, or where the signal stopped it */
+        if (cs != FY_OK) st = cs;
+    }
+    if (st == FY_INTERRUPTED) {
+        const int sig = (int)fy_train_stop_signal;
+        if (!cfg->quiet && isatty(STDOUT_FILENO)) printf("\n");
+        fflush(stdout);
+        if (r.ckpt && r.saved >= 0)
+            fy_log_info("interrupted by %s after step %lld; resume with --resume (checkpoint %s)",
+                        sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal",
+                        (long long)s0, r.saved_path);
+        else
+            fy_log_info("interrupted by %s after step %lld (no --checkpoint-dir: nothing saved)",
+                        sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal",
+                        (long long)s0);
     }
     if (st == FY_OK) st = report(&r);
     run_free(&r);

@@ -10,6 +10,7 @@
 #ifndef FY_TRAIN_H
 #define FY_TRAIN_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -54,8 +55,27 @@ typedef struct fy_train_cfg {
     const char *trace;               /* Chrome trace of every task (NULL: none) */
     bool predict;                    /* simulate every schedule with the measured times */
     bool quiet;
+    /* checkpoints (engine/checkpoint.h) */
+    const char *ckpt_dir;            /* NULL: none */
+    int64_t ckpt_every;              /* steps between checkpoints (0: only at the end and
+                                        when interrupted) */
+    int ckpt_keep;                   /* checkpoints kept (0: 2) */
+    const char *resume;              /* NULL: start afresh; "": from ckpt_dir's latest (or
+                                        afresh when it has none yet); else a checkpoint */
 } fy_train_cfg;
 
+/* Set, from a signal handler, to the signal's number: the run stops after the step in
+ * progress, writes a checkpoint (with ckpt_dir), and fy_train returns FY_INTERRUPTED. */
+extern volatile sig_atomic_t fy_train_stop_signal;
+
+/* With checkpoints: resuming continues bit-exactly (every plan, every window split: the
+ * data of step s is the same whatever came before, and the moments, counters and the
+ * masters are restored), as a run that was never stopped. A resumed run's configuration
+ * is checked against the checkpoint's: another model, sequence length, step size (in
+ * sequences) or training data is refused; other changes (the plan, the micro-batch
+ * split, hyperparameters, --steps) are allowed with a warning each where they make the
+ * run differ from an uninterrupted one. A --metrics file loses the lines the stopped run
+ * wrote after the checkpoint's step (this run writes them again). */
 fy_status fy_train(const fy_train_cfg *cfg);
 
 typedef struct fy_eval_cfg {

@@ -159,6 +159,7 @@ void fy_trainer_free(fy_trainer *tr) {
 }
 
 const fy_model *fy_trainer_model(const fy_trainer *tr) { return tr->model; }
+const fy_plan *fy_trainer_plan(const fy_trainer *tr) { return &tr->plan; }
 int64_t fy_trainer_steps_done(const fy_trainer *tr) { return tr->steps_done; }
 int64_t fy_trainer_micro_done(const fy_trainer *tr) { return tr->micro_base; }
 const fy_storage *fy_trainer_storage(const fy_trainer *tr) { return tr->st; }
@@ -214,3 +215,35 @@ bool fy_trainer_get_grads(fy_trainer *tr, int b, float *host) {
     return true;
 }
 
+
+/* A moment buffer (fp32, on the host with the cpu optimizer, else on the device) to or
+ * from host memory. */
+static void copy_moment(fy_trainer *tr, int b, void *dst, const void *src, bool to_host) {
+    const size_t nb = fy_tr_master_nbytes(tr, b);
+    fy_stream_sync(tr->s);
+    if (fy_tr_cpu_optim(tr, b)) {
+        memcpy(dst, src, nb);
+    } else {
+        fy_copy_async(tr->s, dst, src, nb, to_host ? FY_D2H : FY_H2D);
+        fy_stream_sync(tr->s);
+    }
+}
+
+void fy_trainer_get_moments(fy_trainer *tr, int b, float *m, float *v) {
+    FY_ASSERT(!tr->cfg.eval_only, "an evaluation-only trainer has no moments");
+    const fy_chunk *c = &tr->st->chunks[b];
+    if (m) copy_moment(tr, b, m, c->m, true);
+    if (v) copy_moment(tr, b, v, c->v, true);
+}
+
+void fy_trainer_set_moments(fy_trainer *tr, int b, const float *m, const float *v) {
+    FY_ASSERT(!tr->cfg.eval_only, "an evaluation-only trainer has no moments");
+    const fy_chunk *c = &tr->st->chunks[b];
+    copy_moment(tr, b, c->m, m, false);
+    copy_moment(tr, b, c->v, v, false);
+}
+
+void fy_trainer_set_progress(fy_trainer *tr, int64_t steps_done, int64_t micro_done) {
+    tr->steps_done = steps_done;
+    tr->micro_base = micro_done;
+}

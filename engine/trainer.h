@@ -104,6 +104,7 @@ void fy_trainer_set_cost(fy_trainer *tr, fy_task_kind kind, int block, double ms
 void fy_trainer_reset_costs(fy_trainer *tr);
 
 const fy_model *fy_trainer_model(const fy_trainer *tr);
+const fy_plan *fy_trainer_plan(const fy_trainer *tr); /* the plan it runs (its own copy) */
 
 /* Replaces the weights with w's (every tensor checked against the model), a block at a
  * time. */
@@ -155,6 +156,15 @@ fy_status fy_trainer_eval(fy_trainer *tr, const int32_t *x, const int32_t *y, fl
  * buffer (storage.h: grad_in_lp) has none after its update: false, nothing copied. */
 void fy_trainer_get_params(fy_trainer *tr, int b, float *host);
 bool fy_trainer_get_grads(fy_trainer *tr, int b, float *host);
+/* Block b's AdamW moments (fp32, nelem each) into host m and v (either may be NULL), or
+ * replaced from them: what a checkpoint stores and restores, wherever the plan keeps
+ * them. */
+void fy_trainer_get_moments(fy_trainer *tr, int b, float *m, float *v);
+void fy_trainer_set_moments(fy_trainer *tr, int b, const float *m, const float *v);
+/* Sets the counters a checkpoint restores: the updates applied (AdamW's bias correction
+ * counts them) and the micro-batches of the steps run (the next window's first
+ * micro-batch number, so batches continue where the checkpointed run was). */
+void fy_trainer_set_progress(fy_trainer *tr, int64_t steps_done, int64_t micro_done);
 int64_t fy_trainer_steps_done(const fy_trainer *tr);   /* updates applied */
 int64_t fy_trainer_micro_done(const fy_trainer *tr);   /* micro-batches of finished steps */
 const fy_storage *fy_trainer_storage(const fy_trainer *tr);

@@ -121,8 +121,13 @@ static int pick(const char *s, const char *const *names, int n) {
     return -1;
 }
 
-fy_status fy_plan_save(const char *path, const fy_plan *p) {
+cJSON *fy_plan_json(const fy_plan *p) {
     cJSON *root = cJSON_CreateObject(), *blocks = cJSON_CreateArray();
+    if (!root || !blocks) {
+        cJSON_Delete(root);
+        cJSON_Delete(blocks);
+        return NULL;
+    }
     cJSON_AddStringToObject(root, "format", "ferry-plan");
     cJSON_AddNumberToObject(root, "version", 1);
     cJSON_AddNumberToObject(root, "layers", p->layers);
@@ -142,6 +147,15 @@ fy_status fy_plan_save(const char *path, const fy_plan *p) {
         cJSON_AddItemToArray(blocks, o);
     }
     cJSON_AddItemToObject(root, "blocks", blocks);
+    return root;
+}
+
+fy_status fy_plan_save(const char *path, const fy_plan *p) {
+    cJSON *root = fy_plan_json(p);
+    if (!root) {
+        fy_log_error("out of host memory writing plan %s", path);
+        return FY_ERR_NOMEM;
+    }
     fy_status st = fy_json_write(path, "plan", root);
     cJSON_Delete(root);
     return st;

@@ -81,6 +81,8 @@ fy_status fy_plan_shorthands(fy_plan *p, double params_ratio, double optim_ratio
 /* A plan file for model m: its blocks must be m's, by name and order. */
 fy_status fy_plan_load(const char *path, const fy_model *m, fy_plan *out);
 fy_status fy_plan_save(const char *path, const fy_plan *p);
+/* The plan file's JSON object (NULL when out of memory; free with cJSON_Delete). */
+struct cJSON *fy_plan_json(const fy_plan *p);
 
 /* FY_ERR_INVALID (logged) unless plan p fits model m (its blocks, recompute on layers
  * only, sizes in range). */

@@ -433,7 +433,8 @@ static fy_status run_task(exec *x, fy_task *t) {
     unsigned errors = fy_log_error_count();
     fy_log_set_context(name);
     fy_status st = t->run ? t->run(t->ctx, t) : FY_OK;
-    if (st != FY_OK && fy_log_error_count() == errors) fy_log_error("%s", fy_status_str(st));
+    if (st != FY_OK && st != FY_INTERRUPTED && fy_log_error_count() == errors)
+        fy_log_error("%s", fy_status_str(st));
     fy_log_set_context(NULL);
     return st;
 }

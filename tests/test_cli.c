@@ -29,6 +29,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -1900,4 +1902,235 @@ Test(cli, dry_run_prints_a_json_line) {
     cr_expect_gt(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "host"), "optimizer")->valuedouble, 0,
                  "the optimizer is on the host");
     cJSON_Delete(j);
+}
+
+/* ---- checkpoints and resume (issue 16) ---- */
+
+static double test_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* The runs of these tests: gpt2-tiny, 2 micro-batches of 2 x 16 a step, validation every
+ * 10 steps, a checkpoint every 3; one command line for the first launch and every
+ * relaunch (--resume with no checkpoint yet starts afresh). */
+#define CKPT_RUN "train", "--model", "gpt2-tiny", "--batch", "2", "--grad-accum", "2", "--seq", \
+    "16", "--steps", "60", "--threads", "1", "--device", "cpu", "--val-every", "10",          \
+    "--val-batches", "2", "--checkpoint-every", "3", "--quiet"
+
+/* The metrics file's lines: each a step's; asserts steps 1..n in order, one line each,
+ * and copies their losses and norms into loss[] and norm[] (n at most 128). */
+static void read_metrics(const char *path, int n, double *loss, double *norm) {
+    char *jl = slurp(path, NULL);
+    cr_assert_not_null(jl, "no metrics %s", path);
+    int k = 0;
+    for (char *save, *line = strtok_r(jl, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        cJSON *j = cJSON_Parse(line);
+        cr_assert_not_null(j, "metrics line is not JSON: %s", line);
+        cr_assert_lt(k, n, "more than %d metrics lines", n);
+        cr_assert_eq(cJSON_GetObjectItem(j, "step")->valuedouble, k + 1, "line %d: %s", k + 1, line);
+        loss[k] = cJSON_GetObjectItem(j, "loss")->valuedouble;
+        norm[k] = cJSON_GetObjectItem(j, "grad_norm")->valuedouble;
+        cJSON_Delete(j);
+        k++;
+    }
+    cr_assert_eq(k, n, "%d metrics lines, want %d", k, n);
+    free(jl);
+}
+
+static void expect_same_file(const char *a, const char *b) {
+    size_t na, nb;
+    char *x = slurp(a, &na), *y = slurp(b, &nb);
+    cr_assert(x && y, "cannot read %s or %s", a, b);
+    cr_expect(na == nb && !memcmp(x, y, na), "%s and %s differ", a, b);
+    free(x);
+    free(y);
+}
+
+/* Killed with SIGKILL at random moments (mid-step, mid-save: a checkpoint is written
+ * every few milliseconds) and resumed, under a different plan on every relaunch, then
+ * stopped by SIGTERM and resumed again: the weights and every step's loss and norm are
+ * bit-identical to a run never stopped, and the metrics file has one line per step. */
+Test(cli, killed_and_resumed_runs_match_a_run_never_stopped, .timeout = 300) {
+    const char *ref_w = P("ref.safetensors"), *w = P("w.safetensors");
+    const char *ref_m = P("ref.jsonl"), *m = P("m.jsonl");
+    run_result r;
+    double t0 = test_now_ms();
+    FERRY(&r, CKPT_RUN, "--checkpoint-dir", P("ref-ckpt"), "--metrics", ref_m, "--save", ref_w);
+    expect_ok(&r);
+    const int run_ms = (int)(test_now_ms() - t0);
+    static const char *const plans[][6] = {
+        {"--offload-params", "1", "--offload-optim", "1", "--ckpt-layers", "1"},
+        {"--offload-params", "0.5", "--offload-optim", "0", "--ckpt-layers", "0"},
+        {"--offload-params", "0", "--offload-optim", "1", "--ckpt-layers", "2"},
+    };
+    unsigned seed = (unsigned)time(NULL);
+    srand(seed);
+    int kills = 0, terms = 0, launches = 0;
+    for (bool done = false; !done; launches++) {
+        cr_assert_lt(launches, 12, "seed %u: the run never finished", seed);
+        const char *const *pl = plans[launches % 3];
+        int sig = launches < 4 ? SIGKILL : launches == 4 ? SIGTERM : 0;
+        int delay = run_ms / 20 + rand() % (run_ms / 3 + 1); /* within the remaining work */
+        test_run_ferry_sig(&r, g_dir, RUN_TIMEOUT_S,
+                           (const char *const[]){CKPT_RUN, "--checkpoint-dir", P("ckpt"),
+                                                 "--metrics", m, "--save", w, "--resume",
+                                                 pl[0], pl[1], pl[2], pl[3], pl[4], pl[5], NULL},
+                           sig ? delay : -1, sig, 0);
+        if (r.sig == SIGKILL) { kills++; continue; }
+        expect_clean(&r);
+        if (r.code == 128 + SIGTERM) { terms++; continue; }
+        cr_assert_eq(r.code, 0, "seed %u, launch %d: status %d\n%s", seed, launches, r.code, r.err);
+        done = true;
+    }
+    /* a kill inside a save, after its data files and before its state */
+    setenv("FERRY_TEST_KILL_IN_SAVE", "2", 1);
+    FERRY(&r, CKPT_RUN, "--steps", "70", "--checkpoint-dir", P("ckpt"), "--resume");
+    unsetenv("FERRY_TEST_KILL_IN_SAVE");
+    cr_expect_eq(r.sig, SIGKILL, "the hook did not kill the save");
+    cr_log_info("seed %u: %d launches, %d killed, %d stopped by SIGTERM", seed, launches, kills, terms);
+    cr_expect_geq(kills, 2, "seed %u: only %d kills landed before the run ended", seed, kills);
+    expect_same_file(ref_w, w);
+    double la[64], na[64], lb[64], nb[64];
+    read_metrics(ref_m, 60, la, na);
+    read_metrics(m, 60, lb, nb);
+    for (int i = 0; i < 60; i++)
+        cr_expect(la[i] == lb[i] && na[i] == nb[i], "seed %u: step %d: loss %.9g norm %.9g, never "
+                  "stopped %.9g %.9g", seed, i + 1, lb[i], nb[i], la[i], na[i]);
+    /* the killed save left a temporary and `latest` at the last complete one, step 63 */
+    char target[64] = "";
+    cr_assert_gt(readlink(P("ckpt/latest"), target, sizeof target - 1), 0);
+    cr_expect_str_eq(target, "step-00000063");
+    FERRY(&r, CKPT_RUN, "--steps", "66", "--checkpoint-dir", P("ckpt"), "--resume");
+    expect_ok(&r);
+    DIR *d = opendir(P("ckpt"));
+    int ckpts = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        cr_expect_null(strstr(e->d_name, ".tmp."), "a killed save's %s was left", e->d_name);
+        ckpts += !strncmp(e->d_name, "step-", 5);
+    }
+    closedir(d);
+    cr_expect_eq(ckpts, 2, "--checkpoint-keep 2 kept %d", ckpts);
+}
+
+/* SIGTERM: the step in progress ends, a checkpoint of it is written, the status is
+ * 128 + 15 and a line says so; a second signal right after the first exits at once,
+ * leaving the complete checkpoints readable. */
+Test(cli, sigterm_writes_a_checkpoint_and_a_second_signal_exits_at_once) {
+    run_result r;
+    test_run_ferry_sig(&r, g_dir, RUN_TIMEOUT_S,
+                       (const char *const[]){"train", TINY, "--steps", "100000", "--checkpoint-dir",
+                                             P("ckpt"), "--metrics", P("m.jsonl"), NULL},
+                       1500, SIGTERM, 0);
+    expect_clean(&r);
+    cr_assert_eq(r.code, 128 + SIGTERM, "status %d\n%s", r.code, r.err);
+    cr_expect_not_null(strstr(r.err, "interrupted by SIGTERM"), "%s", r.err);
+    char target[64] = "";
+    cr_assert_gt(readlink(P("ckpt/latest"), target, sizeof target - 1), 0);
+    size_t n;
+    char *jl = slurp(P("m.jsonl"), &n);
+    int lines = 0;
+    for (size_t i = 0; i < n; i++) lines += jl[i] == '\n';
+    free(jl);
+    char want[64];
+    snprintf(want, sizeof want, "step-%08d", lines);
+    cr_expect_str_eq(target, want, "the checkpoint is not of the last step logged");
+    test_run_ferry_sig(&r, g_dir, RUN_TIMEOUT_S,
+                       (const char *const[]){"train", TINY, "--steps", "100000", "--checkpoint-dir",
+                                             P("ckpt"), "--checkpoint-every", "1", "--resume", NULL},
+                       1500, SIGTERM, SIGINT);
+    cr_expect(r.code == 128 + SIGINT || r.code == 128 + SIGTERM, "status %d\n%s", r.code, r.err);
+    FERRY(&r, "train", TINY, "--steps", "2", "--checkpoint-dir", P("ckpt"), "--resume");
+    expect_ok(&r); /* the newest complete checkpoint is past step 2: nothing to train */
+    cr_expect_not_null(strstr(r.out, "nothing to train"), "%s", r.out);
+}
+
+/* --resume on an empty directory starts afresh and says so; bad checkpoints are refused
+ * with one line naming what is wrong. */
+Test(cli, bad_checkpoints_are_refused) {
+    run_result r;
+    const char *ck = P("ckpt");
+    FERRY(&r, "train", TINY, "--steps", "4", "--checkpoint-dir", ck, "--checkpoint-every", "2",
+          "--checkpoint-keep", "10", "--resume");
+    expect_ok(&r);
+    cr_expect_not_null(strstr(r.err, "no checkpoint"), "%s", r.err);
+    /* a flipped byte in the newest: corrupt, and the older one is named */
+    const char *f = P("ckpt/step-00000004/optimizer.exp_avg_sq.safetensors");
+    size_t n;
+    char *b = slurp(f, &n);
+    b[n / 2] ^= 1;
+    write_bytes(f, b, n);
+    free(b);
+    FERRY(&r, "train", TINY, "--steps", "6", "--checkpoint-dir", ck, "--resume");
+    EXPECT_ERROR(&r, 1, "corrupt", "optimizer.exp_avg_sq.safetensors", "checksum");
+    cr_expect_not_null(strstr(r.err, "step-00000002"), "the older checkpoint is not named:\n%s", r.err);
+    FERRY(&r, "train", TINY, "--steps", "6", "--checkpoint-dir", ck, "--checkpoint-keep", "10",
+          "--resume", P("ckpt/step-00000002"));
+    expect_ok(&r);
+    /* a missing file: incomplete */
+    cr_assert_eq(unlink(P("ckpt/step-00000006/model.safetensors")), 0);
+    FERRY(&r, "train", TINY, "--steps", "8", "--checkpoint-dir", ck, "--resume");
+    EXPECT_ERROR(&r, 1, "incomplete", "model.safetensors");
+    /* a state that is not JSON */
+    write_bytes(P("ckpt/step-00000004/ferry_state.json"), "{\"format\":", 10);
+    FERRY(&r, "train", TINY, "--steps", "8", "--resume", P("ckpt/step-00000004"));
+    EXPECT_ERROR(&r, 1, "ferry_state.json", "not a JSON object");
+    /* another configuration */
+    FERRY(&r, "train", TINY, "--steps", "8", "--seq", "8", "--resume", P("ckpt/step-00000002"));
+    EXPECT_ERROR(&r, 1, "another configuration", "--seq");
+    FERRY(&r, "train", TINY, "--steps", "8", "--layers", "3", "--resume", P("ckpt/step-00000002"));
+    EXPECT_ERROR(&r, 1, "another configuration", "model");
+    write_text(P("other.txt"), 20000);
+    FERRY(&r, "train", TINY, "--steps", "8", "--data", P("other.txt"), "--resume", P("ckpt/step-00000002"));
+    EXPECT_ERROR(&r, 1, "other data", "other.txt");
+    FERRY(&r, "train", TINY, "--steps", "8", "--resume", P("nowhere"));
+    EXPECT_ERROR(&r, 1, "nowhere", "not a directory");
+    /* `latest` that is not a link to a step */
+    cr_assert_eq(unlink(P("ckpt/latest")), 0);
+    cr_assert_eq(symlink("../elsewhere", P("ckpt/latest")), 0);
+    FERRY(&r, "train", TINY, "--steps", "8", "--checkpoint-dir", ck, "--resume");
+    EXPECT_ERROR(&r, 1, "latest", "elsewhere");
+}
+
+/* The checkpoint flags on their own, and a directory another run holds. */
+Test(cli, checkpoint_flags_are_checked_before_the_work) {
+    run_result r;
+    FERRY(&r, "train", TINY, "--resume");
+    EXPECT_ERROR(&r, 2, "--resume", "--checkpoint-dir");
+    FERRY(&r, "train", TINY, "--checkpoint-every", "5");
+    EXPECT_ERROR(&r, 2, "--checkpoint-every", "--checkpoint-dir");
+    FERRY(&r, "train", TINY, "--checkpoint-dir", P("a/b/c"));
+    EXPECT_ERROR(&r, 1, "--checkpoint-dir", "a/b");
+    write_text(P("file"), 10);
+    FERRY(&r, "train", TINY, "--checkpoint-dir", P("file"));
+    EXPECT_ERROR(&r, 1, "--checkpoint-dir", "not a directory");
+    FERRY(&r, "train", TINY, "--resume=");
+    EXPECT_ERROR(&r, 2, "--resume");
+    FERRY(&r, "train", TINY, "--checkpoint-keep", "0", "--checkpoint-dir", P("k"));
+    EXPECT_ERROR(&r, 2, "--checkpoint-keep");
+    /* another run's lock */
+    cr_assert_eq(mkdir(P("held"), 0755), 0);
+    int fd = open(P("held/.lock"), O_RDWR | O_CREAT, 0644);
+    cr_assert(fd >= 0 && flock(fd, LOCK_EX) == 0);
+    FERRY(&r, "train", TINY, "--checkpoint-dir", P("held"));
+    EXPECT_ERROR(&r, 1, "another ferry run", "held");
+    close(fd);
+    FERRY(&r, "train", TINY, "--checkpoint-dir", P("held"));
+    expect_ok(&r);
+}
+
+/* A run that diverges names its last checkpoint, which holds finite weights. */
+Test(cli, a_diverged_run_keeps_its_last_checkpoint) {
+    run_result r;
+    FERRY(&r, "train", TINY, "--steps", "12", "--lr", "1e30", "--lr-schedule", "const",
+          "--checkpoint-dir", P("ckpt"), "--checkpoint-every", "1");
+    EXPECT_ERROR(&r, 1, "diverged", "last checkpoint", "ckpt/step-");
+    char line[1024], path[512];
+    error_line(&r, line, sizeof line);
+    const char *at = strstr(line, "--resume ");
+    cr_assert_not_null(at, "%s", line);
+    snprintf(path, sizeof path, "%.*s", (int)strcspn(at + 9, " "), at + 9);
+    struct stat sb;
+    cr_expect(stat(path, &sb) == 0 && S_ISDIR(sb.st_mode), "%s named, not there", path);
 }

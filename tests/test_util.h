@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,8 +56,18 @@ typedef struct test_proc {
 /* Runs $FERRY_BIN with args (NULL-terminated) in dir, stdin from /dev/null, stdout and
  * stderr captured through files in dir; an alarm of timeout_s seconds, which survives the
  * exec, turns a hang into SIGALRM. */
+/* As test_run_ferry, and delay_ms after the start sends sig to the child (if it is
+ * still running), then sig2 right after it (0: none). */
+static inline void test_run_ferry_sig(test_proc *r, const char *dir, int timeout_s,
+                                      const char *const *args, int delay_ms, int sig, int sig2);
+
 static inline void test_run_ferry(test_proc *r, const char *dir, int timeout_s,
                                   const char *const *args) {
+    test_run_ferry_sig(r, dir, timeout_s, args, -1, 0, 0);
+}
+
+static inline void test_run_ferry_sig(test_proc *r, const char *dir, int timeout_s,
+                                      const char *const *args, int delay_ms, int sig, int sig2) {
     const char *bin = getenv("FERRY_BIN");
     cr_assert_not_null(bin, "FERRY_BIN must name the ferry binary");
     char outp[512], errp[512];
@@ -91,7 +102,19 @@ static inline void test_run_ferry(test_proc *r, const char *dir, int timeout_s,
         _exit(127);
     }
     int st;
-    while (waitpid(pid, &st, 0) < 0) cr_assert_eq(errno, EINTR, "waitpid: %s", strerror(errno));
+    bool reaped = false;
+    for (int waited = 0; delay_ms >= 0 && sig && !reaped; waited++) {
+        pid_t w = waitpid(pid, &st, WNOHANG);
+        cr_assert(w >= 0 || errno == EINTR, "waitpid: %s", strerror(errno));
+        reaped = w == pid;
+        if (!reaped && waited >= delay_ms) {
+            kill(pid, sig);
+            if (sig2) kill(pid, sig2);
+            break;
+        }
+        if (!reaped) usleep(1000);
+    }
+    while (!reaped && waitpid(pid, &st, 0) < 0) cr_assert_eq(errno, EINTR, "waitpid: %s", strerror(errno));
     free(argv);
     r->code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
     r->sig = WIFSIGNALED(st) ? WTERMSIG(st) : 0;

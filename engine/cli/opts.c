@@ -8,7 +8,8 @@
 #include "engine/core/status.h"
 #include "engine/core/util.h"
 
-typedef enum { T_INT, T_FLOAT, T_STR, T_SIZE, T_BOOL } opt_type;
+typedef enum { T_INT, T_FLOAT, T_STR, T_SIZE, T_BOOL, T_OPTSTR } opt_type; /* T_OPTSTR: a
+    string that may be left out ("" then): --resume, --resume PATH, --resume=PATH */
 typedef enum { R_ANY, R_POS, R_NONNEG, R_UNIT, R_RATIO } opt_range; /* R_UNIT: [0, 1), R_RATIO: [0, 1] */
 
 typedef struct opt {
@@ -144,6 +145,16 @@ static const opt table[] = {
      "a saved directory's shards at most (a larger tensor gets one of its own)", 0},
     {"metrics", T_STR, O(metrics), TR, NULL, R_ANY, NULL, "FILE",
      "append one JSON object per step (JSON Lines)", 0},
+    {"checkpoint-dir", T_STR, O(ckpt_dir), TR, NULL, R_ANY, NULL, "DIR",
+     "write checkpoints (weights, fp32 masters, Adam moments, state) into DIR/step-N, at the "
+     "end, every --checkpoint-every steps and on SIGTERM/SIGINT; DIR/latest is the newest", 0},
+    {"checkpoint-every", T_INT, O(ckpt_every), TR, "0", R_NONNEG, NULL, "N",
+     "a checkpoint every N steps (0 = only at the end and when interrupted)", (int64_t)1 << 40},
+    {"checkpoint-keep", T_INT, O(ckpt_keep), TR, "2", R_POS, NULL, "K",
+     "checkpoints kept (the newest K; older ones are removed)", 1 << 20},
+    {"resume", T_OPTSTR, O(resume), TR, NULL, R_ANY, NULL, "[PATH]",
+     "continue from the newest checkpoint in --checkpoint-dir (or from checkpoint PATH), "
+     "bit-exactly, under any plan; with none yet, start from the first step", 0},
     {"quiet", T_BOOL, O(quiet), TR | EV | PR | TU | SW, "0", R_ANY, NULL, NULL, "only errors and results", 0},
 };
 #define NOPTS (int)(sizeof table / sizeof table[0])
@@ -173,6 +184,9 @@ static int set_value(fy_opts *o, const opt *op, const char *v, bool from_user) {
         return 0;
     case T_BOOL:
         *(bool *)base = !strcmp(v, "1");
+        return 0;
+    case T_OPTSTR:
+        *(const char **)base = v;
         return 0;
     case T_INT: {
         int64_t x;
@@ -253,6 +267,12 @@ int fy_opts_parse(fy_opts *o, unsigned cmd, int argc, char **argv, int first) {
             val = "1";
         } else if (eq) {
             val = eq + 1;
+            if (table[k].type == T_OPTSTR && !*val) {
+                fy_log_error("--%s=: empty value (leave out '=' for the default)", table[k].name);
+                return -1;
+            }
+        } else if (table[k].type == T_OPTSTR) {
+            val = a + 1 < argc && strncmp(argv[a + 1], "--", 2) != 0 ? argv[++a] : "";
         } else {
             if (a + 1 >= argc) {
                 fy_log_error("--%s needs a value (%s)", table[k].name, table[k].metavar);

@@ -71,6 +71,9 @@ typedef struct fy_opts {
     const char *save_dtype;
     size_t save_shard_size;
     const char *metrics;
+    const char *ckpt_dir;
+    int64_t ckpt_every, ckpt_keep;
+    const char *resume; /* NULL: not given; "": the latest in ckpt_dir; else a checkpoint */
     bool quiet;
     unsigned set_mask[2]; /* which table entries the user gave (bit per entry) */
 } fy_opts;

@@ -6,17 +6,61 @@
 #include "engine/cli/train_cmd.h"
 
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "engine/checkpoint.h"
 #include "engine/cli/tune_cmd.h"
 #include "engine/core/util.h"
 #include "engine/train.h"
 
-/* The exit status of a command's result: 2 for a command-line error, as the parser's. */
-static int exit_status(fy_status st) { return st == FY_OK ? 0 : st == FY_ERR_USAGE ? 2 : 1; }
+/* The exit status of a command's result: 2 for a command-line error, as the parser's;
+ * 128 + the signal's number for a run a signal stopped, as a shell reports it. */
+static int exit_status(fy_status st) {
+    if (st == FY_INTERRUPTED) return 128 + (int)fy_train_stop_signal;
+    return st == FY_OK ? 0 : st == FY_ERR_USAGE ? 2 : 1;
+}
+
+/* SIGTERM and SIGINT: the first stops the run after the step in progress (with a
+ * checkpoint, when there is a checkpoint directory); a second exits at once, leaving the
+ * checkpoints complete before it as they are. */
+static void on_stop_signal(int sig) {
+    if (fy_train_stop_signal) _exit(128 + sig);
+    fy_train_stop_signal = sig;
+    static const char msg[] = "\nferry: stopping after this step (again to exit at once)\n";
+    ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+    (void)w;
+}
+
+static void catch_stop_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask); /* one handler at a time: the second signal sees the first */
+    sigaddset(&sa.sa_mask, SIGTERM);
+    sigaddset(&sa.sa_mask, SIGINT);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+}
+
+/* The checkpoint flags together, before any work. */
+static fy_status check_ckpt_flags(const fy_opts *o) {
+    if (!o->ckpt_dir && (fy_opts_given(o, "checkpoint-every") || fy_opts_given(o, "checkpoint-keep"))) {
+        fy_log_error("--checkpoint-every and --checkpoint-keep need --checkpoint-dir");
+        return FY_ERR_USAGE;
+    }
+    if (o->resume && !*o->resume && !o->ckpt_dir) {
+        fy_log_error("--resume without a PATH resumes from --checkpoint-dir's newest checkpoint: "
+                     "give --checkpoint-dir DIR or --resume PATH");
+        return FY_ERR_USAGE;
+    }
+    if (o->ckpt_dir && o->dry_run) return FY_OK;
+    return o->ckpt_dir ? fy_ckpt_dir_check(o->ckpt_dir) : FY_OK;
+}
 
 #define MAX_TOKENS ((int64_t)1 << 26) /* per micro-batch */
 
@@ -158,6 +202,7 @@ static void print_memory_json(const fy_model *m, const fy_mem_model *mm) {
 
 int fy_train_main(const fy_opts *o) {
     if (o->quiet) fy_log_set_level(FY_LOG_WARN);
+    if (!o->dry_run) catch_stop_signals();
     fy_weights *init = NULL;
     fy_model *m = NULL;
     fy_plan plan = {0};
@@ -167,6 +212,7 @@ int fy_train_main(const fy_opts *o) {
     if (st == FY_OK && o->metrics) st = fy_check_output(o->metrics, "--metrics", true);
     if (st == FY_OK && o->trace) st = fy_check_output(o->trace, "--trace", false);
     if (st == FY_OK && o->save_plan) st = fy_check_output(o->save_plan, "--save-plan", false);
+    if (st == FY_OK) st = check_ckpt_flags(o);
     if (st == FY_OK) st = fy_opts_dev_cfg(o, !o->dry_run, &tc.dev);
     if (st == FY_OK) st = resolve_model(o, fy_opts_given(o, "model"), &init, &m);
     if (st == FY_OK) st = resolve_plan(o, m, tc.dev.kind, &plan);
@@ -207,6 +253,10 @@ int fy_train_main(const fy_opts *o) {
         tc.trace = o->trace;
         tc.predict = o->predict;
         tc.quiet = o->quiet;
+        tc.ckpt_dir = o->ckpt_dir;
+        tc.ckpt_every = o->ckpt_every;
+        tc.ckpt_keep = (int)o->ckpt_keep;
+        tc.resume = o->resume;
         st = fy_train(&tc);
     }
     fy_plan_free(&plan);

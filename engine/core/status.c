@@ -22,6 +22,7 @@ const char *fy_status_str(fy_status s) {
     case FY_ERR_NONFINITE: return "non-finite value";
     case FY_ERR_DEVICE: return "device error";
     case FY_ERR_USAGE: return "command-line error";
+    case FY_INTERRUPTED: return "interrupted";
     }
     return "unknown status";
 }

@@ -27,6 +27,8 @@ typedef enum fy_status {
     FY_ERR_DEVICE,     /* a device call failed */
     FY_ERR_USAGE,      /* the command line is wrong in a way found after parsing it (the
                           CLI exits 2, as for a parse error) */
+    FY_INTERRUPTED,    /* stopped on request (a signal) at a clean point: not an error,
+                          nothing is logged for it */
 } fy_status;
 
 const char *fy_status_str(fy_status s);

@@ -1,0 +1,662 @@
+/* checkpoint.c — writing, finding, verifying and restoring checkpoints (checkpoint.h). */
+#include "engine/checkpoint.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine/core/crc32c.h"
+#include "engine/core/util.h"
+#include "engine/core/version.h"
+#include "engine/io/json_file.h"
+
+#define FORMAT_NAME "ferry-checkpoint"
+#define STEP_PREFIX "step-"
+#define LATEST_NAME "latest"
+#define LOCK_NAME ".lock"
+#define PATH_CAP 4200
+
+/* The files of a checkpoint besides the state, in the order written. */
+static const char *const data_files[] = {
+    "model.safetensors", "optimizer.exp_avg.safetensors", "optimizer.exp_avg_sq.safetensors",
+};
+#define NDATA (int)(sizeof data_files / sizeof data_files[0])
+
+static bool known_file(const char *name) {
+    for (int i = 0; i < NDATA; i++)
+        if (!strcmp(name, data_files[i])) return true;
+    return false;
+}
+
+/* dir/name into buf (cap bytes); false if it does not fit. */
+static bool join(char *buf, size_t cap, const char *dir, const char *name) {
+    return (size_t)snprintf(buf, cap, "%s/%s", dir, name) < cap;
+}
+
+static fy_status fsync_dir(const char *path) {
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0 || fsync(fd) != 0) {
+        fy_log_error("cannot fsync directory %s: %s", path, strerror(errno));
+        if (fd >= 0) close(fd);
+        return FY_ERR_IO;
+    }
+    close(fd);
+    return FY_OK;
+}
+
+/* The size and CRC-32C of a regular file, read through a mapping. */
+static fy_status file_crc(const char *path, uint64_t *nbytes, uint32_t *crc) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        if (fd >= 0) close(fd);
+        return FY_ERR_IO;
+    }
+    *nbytes = (uint64_t)sb.st_size;
+    *crc = 0;
+    if (sb.st_size > 0) {
+        void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) {
+            close(fd);
+            return FY_ERR_IO;
+        }
+        madvise(p, (size_t)sb.st_size, MADV_SEQUENTIAL);
+        *crc = fy_crc32c(p, (size_t)sb.st_size, 0);
+        munmap(p, (size_t)sb.st_size);
+    }
+    close(fd);
+    return FY_OK;
+}
+
+/* ---- the state file ---------------------------------------------------------------------- */
+
+void fy_ckpt_state_free(fy_ckpt_state *s) {
+    cJSON_Delete(s->config);
+    s->config = NULL;
+}
+
+/* An integer field in [lo, hi]. */
+static bool get_int(const cJSON *o, const char *key, int64_t lo, int64_t hi, int64_t *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= (double)lo && v->valuedouble <= (double)hi) ||
+        v->valuedouble != floor(v->valuedouble))
+        return false;
+    *out = (int64_t)v->valuedouble;
+    return true;
+}
+
+/* A loss: a number, or null for none or non-finite. */
+static bool get_loss(const cJSON *o, const char *key, double *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (cJSON_IsNull(v)) {
+        *out = NAN;
+        return true;
+    }
+    if (!cJSON_IsNumber(v)) return false;
+    *out = v->valuedouble;
+    return true;
+}
+
+fy_status fy_ckpt_state_parse(const char *text, size_t n, fy_ckpt_state *out, char *why,
+                              size_t cap) {
+    memset(out, 0, sizeof *out);
+    cJSON *root = cJSON_ParseWithLength(text, n);
+    const char *bad = NULL;
+    int64_t version = 0, x;
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root, "format");
+    const cJSON *ferry = cJSON_GetObjectItemCaseSensitive(root, "ferry");
+    const cJSON *files = cJSON_GetObjectItemCaseSensitive(root, "files");
+    const cJSON *config = cJSON_GetObjectItemCaseSensitive(root, "config");
+    if (!root || !cJSON_IsObject(root)) bad = "not a JSON object";
+    else if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, FORMAT_NAME))
+        bad = "\"format\" is not \"" FORMAT_NAME "\"";
+    else if (!get_int(root, "version", 1, 1 << 20, &version)) bad = "no valid \"version\"";
+    else if (version != FY_CKPT_VERSION) bad = "a format version this ferry does not read";
+    else if (!cJSON_IsString(ferry) || strlen(ferry->valuestring) >= sizeof out->ferry)
+        bad = "no valid \"ferry\" version";
+    else if (!get_int(root, "step", 0, (int64_t)1 << 50, &out->info.step)) bad = "no valid \"step\"";
+    else if (!get_int(root, "updates", 0, out->info.step, &out->info.updates))
+        bad = "no valid \"updates\" (at most \"step\")";
+    else if (!get_int(root, "skipped_run", 0, out->info.step, &out->info.skipped_run))
+        bad = "no valid \"skipped_run\"";
+    else if (!get_loss(root, "loss", &out->info.loss) || !get_loss(root, "val_loss", &out->info.val_loss))
+        bad = "no valid \"loss\" or \"val_loss\"";
+    else if (!cJSON_IsObject(config)) bad = "no \"config\" object";
+    else if (!cJSON_IsArray(files)) bad = "no \"files\" list";
+    if (!bad) snprintf(out->ferry, sizeof out->ferry, "%s", ferry->valuestring);
+    const cJSON *f, *list = bad ? NULL : files;
+    cJSON_ArrayForEach(f, list) {
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name");
+        const cJSON *crc = cJSON_GetObjectItemCaseSensitive(f, "crc32c");
+        char *end = NULL;
+        unsigned long c = 0;
+        if (cJSON_IsString(crc) && strlen(crc->valuestring) == 8) c = strtoul(crc->valuestring, &end, 16);
+        if (out->nfiles == FY_CKPT_MAX_FILES) bad = "too many \"files\"";
+        else if (!cJSON_IsString(name) || !known_file(name->valuestring))
+            bad = "a file that is not a checkpoint's";
+        else if (!get_int(f, "bytes", 0, (int64_t)1 << 52, &x)) bad = "a file without valid \"bytes\"";
+        else if (!end || *end) bad = "a file without a valid \"crc32c\" (8 hex digits)";
+        if (bad) break;
+        for (int i = 0; i < out->nfiles; i++)
+            if (!strcmp(out->files[i].name, name->valuestring)) bad = "a file listed twice";
+        if (bad) break;
+        snprintf(out->files[out->nfiles].name, sizeof out->files[0].name, "%s", name->valuestring);
+        out->files[out->nfiles].nbytes = (uint64_t)x;
+        out->files[out->nfiles].crc = (uint32_t)c;
+        out->nfiles++;
+    }
+    for (int i = 0; i < NDATA && !bad; i++) {
+        bool listed = false;
+        for (int k = 0; k < out->nfiles; k++) listed |= !strcmp(out->files[k].name, data_files[i]);
+        if (!listed) bad = "a checkpoint file missing from \"files\"";
+    }
+    if (!bad && !(out->config = cJSON_Duplicate(config, true))) bad = "out of host memory";
+    cJSON_Delete(root);
+    if (bad) {
+        snprintf(why, cap, "%s", bad);
+        fy_ckpt_state_free(out);
+        return FY_ERR_FORMAT;
+    }
+    return FY_OK;
+}
+
+/* The state file of checkpoint info into dir, with the files' sizes and checksums. */
+static fy_status write_state(const char *dir, const fy_trainer *tr, const fy_ckpt_info *info,
+                             const cJSON *config) {
+    char path[PATH_CAP], stamp[32];
+    time_t now = time(NULL);
+    struct tm tm;
+    strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&now, &tm));
+    cJSON *root = cJSON_CreateObject(), *files = cJSON_CreateArray();
+    cJSON *cfg = cJSON_Duplicate(config, true);
+    cJSON *plan = fy_plan_json(fy_trainer_plan(tr));
+    fy_status st = root && files && cfg && plan ? FY_OK : FY_ERR_NOMEM;
+    if (st == FY_OK) {
+        cJSON_AddStringToObject(root, "format", FORMAT_NAME);
+        cJSON_AddNumberToObject(root, "version", FY_CKPT_VERSION);
+        cJSON_AddStringToObject(root, "ferry", FY_VERSION);
+        cJSON_AddStringToObject(root, "written", stamp);
+        cJSON_AddNumberToObject(root, "step", (double)info->step);
+        cJSON_AddNumberToObject(root, "updates", (double)info->updates);
+        cJSON_AddNumberToObject(root, "skipped_run", (double)info->skipped_run);
+        if (isfinite(info->loss)) cJSON_AddNumberToObject(root, "loss", info->loss);
+        else cJSON_AddNullToObject(root, "loss");
+        if (isfinite(info->val_loss)) cJSON_AddNumberToObject(root, "val_loss", info->val_loss);
+        else cJSON_AddNullToObject(root, "val_loss");
+        cJSON_AddItemToObject(root, "config", cfg);
+        cJSON_AddItemToObject(root, "plan", plan);
+        cJSON_AddItemToObject(root, "files", files);
+        cfg = plan = files = NULL;
+    }
+    cJSON *in_root = root ? cJSON_GetObjectItemCaseSensitive(root, "files") : NULL;
+    for (int i = 0; i < NDATA && st == FY_OK; i++) {
+        uint64_t nb;
+        uint32_t crc;
+        char hex[16];
+        if (!join(path, sizeof path, dir, data_files[i]) || file_crc(path, &nb, &crc) != FY_OK) {
+            fy_log_error("cannot read back %s/%s to checksum it", dir, data_files[i]);
+            st = FY_ERR_IO;
+            break;
+        }
+        snprintf(hex, sizeof hex, "%08" PRIx32, crc);
+        cJSON *f = cJSON_CreateObject();
+        if (!f || !cJSON_AddStringToObject(f, "name", data_files[i]) ||
+            !cJSON_AddNumberToObject(f, "bytes", (double)nb) ||
+            !cJSON_AddStringToObject(f, "crc32c", hex)) {
+            cJSON_Delete(f);
+            st = FY_ERR_NOMEM;
+            break;
+        }
+        cJSON_AddItemToArray(in_root, f);
+    }
+    if (st == FY_ERR_NOMEM) fy_log_error("out of host memory writing the checkpoint state");
+    if (st == FY_OK) {
+        if (!join(path, sizeof path, dir, FY_CKPT_STATE_NAME)) st = FY_ERR_IO;
+        else st = fy_json_write(path, "checkpoint state", root);
+    }
+    cJSON_Delete(root);
+    cJSON_Delete(cfg);
+    cJSON_Delete(plan);
+    cJSON_Delete(files);
+    return st;
+}
+
+/* ---- the directory ------------------------------------------------------------------------ */
+
+struct fy_ckpt_dir {
+    char *path;
+    int lock_fd;
+};
+
+const char *fy_ckpt_dir_path(const fy_ckpt_dir *d) { return d->path; }
+
+/* Whether name is a step directory's ("step-" and digits only): its step into *step. */
+static bool step_name(const char *name, int64_t *step) {
+    size_t np = strlen(STEP_PREFIX);
+    if (strncmp(name, STEP_PREFIX, np) || !name[np]) return false;
+    for (const char *c = name + np; *c; c++)
+        if (*c < '0' || *c > '9') return false;
+    if (strlen(name + np) > 15) return false;
+    *step = strtoll(name + np, NULL, 10);
+    return true;
+}
+
+/* Removes a checkpoint directory ferry wrote (its files and their temporaries, then the
+ * directory if that emptied it); anything else in it stays. Links are not followed. */
+static void remove_ckpt(int parent_fd, const char *name) {
+    int fd = openat(parent_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        if (fd >= 0) close(fd);
+        return;
+    }
+    for (struct dirent *e; (e = readdir(d));) {
+        const char *n = e->d_name, *dot = strstr(n, ".tmp.");
+        char base[64];
+        if (dot && (size_t)(dot - n) < sizeof base) {
+            snprintf(base, sizeof base, "%.*s", (int)(dot - n), n);
+            n = base;
+        }
+        if (known_file(n) || !strcmp(n, FY_CKPT_STATE_NAME)) unlinkat(dirfd(d), e->d_name, 0);
+    }
+    closedir(d);
+    unlinkat(parent_fd, name, AT_REMOVEDIR);
+}
+
+/* What killed writers left in dir: step-N.tmp.PID and step-N.old.PID directories and
+ * latest.tmp.PID links of processes no longer running. */
+static void remove_stale(const char *dir) {
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        const char *n = e->d_name;
+        if (fy_left_by_dead_writer(n, LATEST_NAME, ".tmp.")) {
+            unlinkat(dirfd(d), n, 0);
+            continue;
+        }
+        const char *tag = strstr(n, ".tmp.") ? ".tmp." : strstr(n, ".old.") ? ".old." : NULL;
+        char base[64];
+        int64_t step;
+        if (!tag || (size_t)(strstr(n, tag) - n) >= sizeof base) continue;
+        snprintf(base, sizeof base, "%.*s", (int)(strstr(n, tag) - n), n);
+        if (step_name(base, &step) && fy_left_by_dead_writer(n, base, tag)) remove_ckpt(dirfd(d), n);
+    }
+    if (d) closedir(d);
+}
+
+fy_status fy_ckpt_dir_check(const char *path) {
+    struct stat sb;
+    if (stat(path, &sb) == 0) {
+        if (!S_ISDIR(sb.st_mode)) {
+            fy_log_error("--checkpoint-dir %s: exists and is not a directory", path);
+            return FY_ERR_IO;
+        }
+        if (access(path, W_OK | X_OK) != 0) {
+            fy_log_error("--checkpoint-dir %s: not writable", path);
+            return FY_ERR_IO;
+        }
+        return FY_OK;
+    }
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--;
+    char *parent = strndup(path, n), *slash = parent ? strrchr(parent, '/') : NULL;
+    if (!parent) return FY_ERR_NOMEM;
+    if (slash) slash == parent ? (void)(slash[1] = 0) : (void)(*slash = 0);
+    const char *dir = slash ? parent : ".";
+    fy_status st = FY_OK;
+    if (errno != ENOENT || stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode) ||
+        access(dir, W_OK | X_OK) != 0) {
+        fy_log_error("--checkpoint-dir %s: cannot be created (%s is not a writable directory)",
+                     path, dir);
+        st = FY_ERR_IO;
+    }
+    free(parent);
+    return st;
+}
+
+fy_status fy_ckpt_dir_open(const char *path, fy_ckpt_dir **out) {
+    *out = NULL;
+    struct stat sb;
+    if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+        fy_log_error("--checkpoint-dir %s: cannot create it: %s", path, strerror(errno));
+        return FY_ERR_IO;
+    }
+    if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        fy_log_error("--checkpoint-dir %s: exists and is not a directory", path);
+        return FY_ERR_IO;
+    }
+    if (access(path, W_OK | X_OK) != 0) {
+        fy_log_error("--checkpoint-dir %s: not writable", path);
+        return FY_ERR_IO;
+    }
+    char lock[PATH_CAP];
+    if (!join(lock, sizeof lock, path, LOCK_NAME)) {
+        fy_log_error("--checkpoint-dir %s: too long a path", path);
+        return FY_ERR_IO;
+    }
+    int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0) {
+        fy_log_error("--checkpoint-dir %s: cannot create %s: %s", path, lock, strerror(errno));
+        return FY_ERR_IO;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        fy_log_error("--checkpoint-dir %s: another ferry run is writing checkpoints there", path);
+        close(fd);
+        return FY_ERR_IO;
+    }
+    fy_ckpt_dir *d = calloc(1, sizeof *d);
+    if (!d || !(d->path = strdup(path))) {
+        free(d);
+        close(fd);
+        fy_log_error("out of host memory");
+        return FY_ERR_NOMEM;
+    }
+    d->lock_fd = fd;
+    remove_stale(path);
+    *out = d;
+    return FY_OK;
+}
+
+void fy_ckpt_dir_close(fy_ckpt_dir *d) {
+    if (!d) return;
+    close(d->lock_fd); /* releases the lock */
+    free(d->path);
+    free(d);
+}
+
+/* ---- writing --------------------------------------------------------------------------------- */
+
+typedef struct moment_src { fy_trainer *tr; int which; } moment_src;
+
+static fy_status params_src(void *ctx, int b, float *host) {
+    fy_trainer_get_params(ctx, b, host);
+    return FY_OK;
+}
+
+static fy_status moment_of(void *ctx, int b, float *host) {
+    const moment_src *s = ctx;
+    fy_trainer_get_moments(s->tr, b, s->which == 0 ? host : NULL, s->which == 1 ? host : NULL);
+    return FY_OK;
+}
+
+/* The data files of the trainer's state into dir. */
+static fy_status write_files(const char *dir, fy_trainer *tr) {
+    const fy_model *m = fy_trainer_model(tr);
+    const fy_save_opts o = {.dtype = FY_F32};
+    char path[PATH_CAP];
+    for (int i = 0; i < NDATA; i++) {
+        if (!join(path, sizeof path, dir, data_files[i])) return FY_ERR_IO;
+        moment_src src = {tr, i - 1};
+        FY_TRY(i == 0 ? fy_model_save(m, path, &o, params_src, tr)
+                      : fy_model_save(m, path, &o, moment_of, &src));
+    }
+    return FY_OK;
+}
+
+/* `latest` pointing to name, replaced by a rename so it is never missing or half made. */
+static fy_status set_latest(const char *dir, const char *name) {
+    char tmp[PATH_CAP], link[PATH_CAP];
+    if (!join(link, sizeof link, dir, LATEST_NAME) ||
+        (size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%ld", link, (long)getpid()) >= sizeof tmp)
+        return FY_ERR_IO;
+    unlink(tmp);
+    if (symlink(name, tmp) != 0 || rename(tmp, link) != 0) {
+        fy_log_error("cannot point %s to %s: %s", link, name, strerror(errno));
+        unlink(tmp);
+        return FY_ERR_IO;
+    }
+    return fsync_dir(dir);
+}
+
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Removes step directories older than the newest `keep` at or below step. */
+static void rotate(const char *dir, int64_t step, int keep) {
+    DIR *d = opendir(dir);
+    int64_t *steps = NULL;
+    size_t n = 0, cap = 0;
+    for (struct dirent *e; d && (e = readdir(d));) {
+        int64_t s;
+        if (!step_name(e->d_name, &s) || s > step) continue;
+        if (n == cap) {
+            int64_t *t = realloc(steps, (cap = cap ? cap * 2 : 16) * sizeof *t);
+            if (!t) break;
+            steps = t;
+        }
+        steps[n++] = s;
+    }
+    if (steps) qsort(steps, n, sizeof *steps, cmp_i64);
+    for (size_t i = 0; d && n > (size_t)keep && i < n - (size_t)keep; i++) {
+        char name[64];
+        snprintf(name, sizeof name, STEP_PREFIX "%08" PRId64, steps[i]);
+        remove_ckpt(dirfd(d), name);
+    }
+    free(steps);
+    if (d) closedir(d);
+}
+
+fy_status fy_ckpt_save(fy_ckpt_dir *d, fy_trainer *tr, const fy_ckpt_info *info,
+                       const cJSON *config, int keep, char **path) {
+    char name[64], tmp[PATH_CAP], final[PATH_CAP], old[PATH_CAP];
+    snprintf(name, sizeof name, STEP_PREFIX "%08" PRId64, info->step);
+    if (!join(final, sizeof final, d->path, name) ||
+        (size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%ld", final, (long)getpid()) >= sizeof tmp ||
+        (size_t)snprintf(old, sizeof old, "%s.old.%ld", final, (long)getpid()) >= sizeof old) {
+        fy_log_error("--checkpoint-dir %s: too long a path", d->path);
+        return FY_ERR_IO;
+    }
+    remove_ckpt(AT_FDCWD, tmp);
+    if (mkdir(tmp, 0755) != 0) {
+        fy_log_error("cannot create %s: %s", tmp, strerror(errno));
+        return FY_ERR_IO;
+    }
+    fy_status st = write_files(tmp, tr);
+    static int saves; /* the test hook: see checkpoint.h */
+    const char *kill_at = getenv("FERRY_TEST_KILL_IN_SAVE");
+    if (kill_at && atoi(kill_at) == ++saves) raise(SIGKILL);
+    if (st == FY_OK) st = write_state(tmp, tr, info, config);
+    if (st == FY_OK) st = fsync_dir(tmp);
+    struct stat sb;
+    if (st == FY_OK && lstat(final, &sb) == 0) { /* from a run abandoned past this step */
+        if (rename(final, old) != 0) {
+            fy_log_error("cannot move the old %s aside: %s", final, strerror(errno));
+            st = FY_ERR_IO;
+        }
+    }
+    if (st == FY_OK && rename(tmp, final) != 0) {
+        fy_log_error("cannot rename %s to %s: %s", tmp, final, strerror(errno));
+        st = FY_ERR_IO;
+    }
+    if (st != FY_OK) {
+        remove_ckpt(AT_FDCWD, tmp);
+        return st;
+    }
+    remove_ckpt(AT_FDCWD, old);
+    FY_TRY(fsync_dir(d->path));
+    FY_TRY(set_latest(d->path, name));
+    rotate(d->path, info->step, keep);
+    if (path && !(*path = strdup(final))) return FY_ERR_NOMEM;
+    return FY_OK;
+}
+
+/* ---- finding ------------------------------------------------------------------------------------ */
+
+fy_status fy_ckpt_latest(const char *dir, char **out) {
+    *out = NULL;
+    char link[PATH_CAP], target[256];
+    if (!join(link, sizeof link, dir, LATEST_NAME)) return FY_ERR_IO;
+    ssize_t n = readlink(link, target, sizeof target - 1);
+    if (n < 0) {
+        struct stat sb;
+        if (errno == ENOENT) return FY_OK;
+        if (errno == EINVAL && lstat(link, &sb) == 0)
+            fy_log_error("%s is not a symbolic link to a checkpoint", link);
+        else
+            fy_log_error("cannot read %s: %s", link, strerror(errno));
+        return FY_ERR_FORMAT;
+    }
+    target[n] = 0;
+    int64_t step;
+    if (!step_name(target, &step)) {
+        fy_log_error("%s points to \"%s\", not to a step directory", link, target);
+        return FY_ERR_FORMAT;
+    }
+    char path[PATH_CAP];
+    if (!join(path, sizeof path, dir, target) || !(*out = strdup(path))) return FY_ERR_NOMEM;
+    return FY_OK;
+}
+
+char *fy_ckpt_before(const char *dir, int64_t step) {
+    DIR *d = opendir(dir);
+    int64_t best = -1;
+    for (struct dirent *e; d && (e = readdir(d));) {
+        int64_t s;
+        if (step_name(e->d_name, &s) && s < step && s > best) best = s;
+    }
+    if (d) closedir(d);
+    if (best < 0) return NULL;
+    char path[PATH_CAP];
+    if ((size_t)snprintf(path, sizeof path, "%s/" STEP_PREFIX "%08" PRId64, dir, best) >= sizeof path)
+        return NULL;
+    return strdup(path);
+}
+
+/* ---- reading ------------------------------------------------------------------------------------ */
+
+struct fy_ckpt {
+    char *path;
+    fy_ckpt_state state;
+    fy_weights *weights;
+};
+
+const char *fy_ckpt_path(const fy_ckpt *c) { return c->path; }
+const fy_ckpt_state *fy_ckpt_state_of(const fy_ckpt *c) { return &c->state; }
+const fy_weights *fy_ckpt_weights(const fy_ckpt *c) { return c->weights; }
+
+void fy_ckpt_close(fy_ckpt *c) {
+    if (!c) return;
+    fy_ckpt_state_free(&c->state);
+    fy_weights_close(c->weights);
+    free(c->path);
+    free(c);
+}
+
+/* The state file's text (malloc'd, n bytes), at most FY_JSON_MAX_BYTES. */
+static fy_status read_text(const char *path, char **text, size_t *n) {
+    int fd = fy_open_read(path);
+    struct stat sb;
+    *text = NULL;
+    if (fd < 0 || fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size > FY_JSON_MAX_BYTES) {
+        if (fd >= 0) close(fd);
+        return FY_ERR_IO;
+    }
+    char *t = malloc((size_t)sb.st_size + 1);
+    size_t got = 0;
+    while (t && got < (size_t)sb.st_size) {
+        ssize_t k = read(fd, t + got, (size_t)sb.st_size - got);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) break;
+        got += (size_t)k;
+    }
+    close(fd);
+    if (!t || got != (size_t)sb.st_size) {
+        free(t);
+        return FY_ERR_IO;
+    }
+    t[got] = 0;
+    *text = t;
+    *n = got;
+    return FY_OK;
+}
+
+fy_status fy_ckpt_open(const char *path, fy_ckpt **out) {
+    *out = NULL;
+    struct stat sb;
+    if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        fy_log_error("checkpoint %s: not a directory", path);
+        return FY_ERR_IO;
+    }
+    fy_ckpt *c = calloc(1, sizeof *c);
+    char file[PATH_CAP], why[128];
+    char *text = NULL;
+    size_t n = 0;
+    fy_status st = c && (c->path = strdup(path)) ? FY_OK : FY_ERR_NOMEM;
+    if (st == FY_OK && (!join(file, sizeof file, path, FY_CKPT_STATE_NAME) ||
+                        read_text(file, &text, &n) != FY_OK)) {
+        fy_log_error("checkpoint %s is incomplete: no readable %s", path, FY_CKPT_STATE_NAME);
+        st = FY_ERR_FORMAT;
+    }
+    if (st == FY_OK && fy_ckpt_state_parse(text, n, &c->state, why, sizeof why) != FY_OK) {
+        fy_log_error("checkpoint %s: %s: %s", path, FY_CKPT_STATE_NAME, why);
+        st = FY_ERR_FORMAT;
+    }
+    free(text);
+    for (int i = 0; st == FY_OK && i < c->state.nfiles; i++) {
+        uint64_t nb;
+        uint32_t crc;
+        const char *name = c->state.files[i].name;
+        if (!join(file, sizeof file, path, name) || file_crc(file, &nb, &crc) != FY_OK) {
+            fy_log_error("checkpoint %s is incomplete: %s is missing or unreadable", path, name);
+            st = FY_ERR_FORMAT;
+        } else if (nb != c->state.files[i].nbytes) {
+            fy_log_error("checkpoint %s is corrupt: %s has %" PRIu64 " bytes, its state says %" PRIu64,
+                         path, name, nb, c->state.files[i].nbytes);
+            st = FY_ERR_FORMAT;
+        } else if (crc != c->state.files[i].crc) {
+            fy_log_error("checkpoint %s is corrupt: %s has checksum %08" PRIx32 ", its state says "
+                         "%08" PRIx32, path, name, crc, c->state.files[i].crc);
+            st = FY_ERR_FORMAT;
+        }
+    }
+    if (st == FY_OK && join(file, sizeof file, path, data_files[0]))
+        st = fy_weights_open(file, &c->weights);
+    if (st != FY_OK) {
+        if (st == FY_ERR_NOMEM) fy_log_error("out of host memory reading checkpoint %s", path);
+        fy_ckpt_close(c);
+        return st;
+    }
+    *out = c;
+    return FY_OK;
+}
+
+fy_status fy_ckpt_restore(const fy_ckpt *c, fy_trainer *tr, int grad_accum) {
+    const fy_model *m = fy_trainer_model(tr);
+    fy_weights *w[2] = {NULL, NULL};
+    float *buf[2] = {NULL, NULL};
+    char file[PATH_CAP];
+    fy_status st = FY_OK;
+    for (int i = 0; i < 2 && st == FY_OK; i++) {
+        if (!join(file, sizeof file, c->path, data_files[1 + i])) st = FY_ERR_IO;
+        if (st == FY_OK) st = fy_weights_open(file, &w[i]);
+        if (st == FY_OK) st = fy_model_check_weights(m, w[i]);
+        if (st == FY_OK && !(buf[i] = malloc(fy_model_max_block_nelem(m) * sizeof(float)))) {
+            fy_log_error("out of host memory restoring checkpoint %s", c->path);
+            st = FY_ERR_NOMEM;
+        }
+    }
+    for (int b = 0; b < fy_model_nblocks(m) && st == FY_OK; b++) {
+        st = fy_model_load_block(m, w[0], b, buf[0]);
+        if (st == FY_OK) st = fy_model_load_block(m, w[1], b, buf[1]);
+        if (st == FY_OK) fy_trainer_set_moments(tr, b, buf[0], buf[1]);
+    }
+    if (st == FY_OK)
+        fy_trainer_set_progress(tr, c->state.info.updates, c->state.info.step * grad_accum);
+    for (int i = 0; i < 2; i++) {
+        fy_weights_close(w[i]);
+        free(buf[i]);
+    }
+    return st;
+}
