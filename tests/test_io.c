@@ -4,7 +4,7 @@
  * writes the files it reads, byte by byte where the point is the format, so nothing here
  * depends on a committed fixture. Error cases check the status, that nothing was handed
  * out, and that exactly one line was logged naming the file and the problem (stderr is
- * captured through a file for that). */
+ * captured through a file for that). Also here: CRC-32C and the checkpoint state parser. */
 #include <criterion/criterion.h>
 
 #include <errno.h>
@@ -21,6 +21,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "engine/checkpoint.h"
+#include "engine/core/crc32c.h"
 #include "engine/core/dtype.h"
 #include "engine/core/status.h"
 #include "engine/io/corpus.h"
@@ -1234,4 +1236,83 @@ Test(corpus, entropy_and_variety) {
                  nlong / 50);
     free(ls);
     free(b);
+}
+
+/* ---- CRC-32C and checkpoint states ---- */
+
+/* The check value of the CRC-32C catalogue entry, the iSCSI test vectors of RFC 3720
+ * (B.4), and continuation: a CRC taken in pieces equals the CRC of the whole, at every
+ * split and alignment (the word loop and the byte tail). */
+Test(checkpoint, crc32c_known_values_and_continuation) {
+    cr_expect_eq(fy_crc32c("123456789", 9, 0), 0xE3069283u);
+    uint8_t b[64];
+    memset(b, 0, 32);
+    cr_expect_eq(fy_crc32c(b, 32, 0), 0x8A9136AAu);
+    memset(b, 0xff, 32);
+    cr_expect_eq(fy_crc32c(b, 32, 0), 0x62A8AB43u);
+    for (int i = 0; i < 32; i++) b[i] = (uint8_t)i;
+    cr_expect_eq(fy_crc32c(b, 32, 0), 0x46DD794Eu);
+    cr_expect_eq(fy_crc32c(b, 0, 0), 0u);
+    for (int i = 0; i < 64; i++) b[i] = (uint8_t)(i * 37 + 11);
+    const uint32_t whole = fy_crc32c(b, 64, 0);
+    for (int cut = 0; cut <= 64; cut++)
+        cr_expect_eq(fy_crc32c(b + cut, (size_t)(64 - cut), fy_crc32c(b, (size_t)cut, 0)), whole,
+                     "split at %d", cut);
+}
+
+static const char *STATE_OK =
+    "{\"format\":\"ferry-checkpoint\",\"version\":1,\"ferry\":\"v\",\"step\":12,"
+    "\"updates\":11,\"skipped_run\":0,\"loss\":2.5,\"val_loss\":null,\"config\":{},"
+    "\"files\":[{\"name\":\"model.safetensors\",\"bytes\":10,\"crc32c\":\"0000abcd\"},"
+    "{\"name\":\"optimizer.exp_avg.safetensors\",\"bytes\":10,\"crc32c\":\"00000001\"},"
+    "{\"name\":\"optimizer.exp_avg_sq.safetensors\",\"bytes\":10,\"crc32c\":\"ffffffff\"}]}";
+
+/* STATE_OK with the first occurrence of `from` replaced by `to`. */
+static fy_status parse_edited(const char *from, const char *to, char *why) {
+    char text[2048];
+    const char *at = strstr(STATE_OK, from);
+    cr_assert_not_null(at, "%s not in the state", from);
+    snprintf(text, sizeof text, "%.*s%s%s", (int)(at - STATE_OK), STATE_OK, to, at + strlen(from));
+    fy_ckpt_state s;
+    fy_status st = fy_ckpt_state_parse(text, strlen(text), &s, why, 128);
+    if (st == FY_OK) fy_ckpt_state_free(&s);
+    return st;
+}
+
+Test(checkpoint, state_parser_reads_a_state_and_refuses_bad_ones) {
+    fy_ckpt_state s;
+    char why[128];
+    cr_assert_eq(fy_ckpt_state_parse(STATE_OK, strlen(STATE_OK), &s, why, sizeof why), FY_OK, "%s", why);
+    cr_expect_eq(s.info.step, 12);
+    cr_expect_eq(s.info.updates, 11);
+    cr_expect(isnan(s.info.val_loss) && s.info.loss == 2.5);
+    cr_expect_eq(s.nfiles, 3);
+    cr_expect_eq(s.files[0].crc, 0xabcdu);
+    cr_expect_eq(s.files[2].crc, 0xffffffffu);
+    fy_ckpt_state_free(&s);
+    static const struct { const char *from, *to, *why; } bad[] = {
+        {"ferry-checkpoint", "ferry-plan", "format"},
+        {"\"version\":1", "\"version\":2", "version"},
+        {"\"step\":12", "\"step\":-1", "step"},
+        {"\"step\":12", "\"step\":1.5", "step"},
+        {"\"updates\":11", "\"updates\":13", "updates"},
+        {"\"loss\":2.5", "\"loss\":\"x\"", "loss"},
+        {"\"config\":{}", "\"config\":[]", "config"},
+        {"model.safetensors", "../../etc/passwd", "not a checkpoint's"},
+        {"optimizer.exp_avg.safetensors", "model.safetensors", "twice"},
+        {"0000abcd", "abcd", "crc32c"},
+        {"0000abcd", "0000abcg", "crc32c"},
+        {"\"bytes\":10", "\"bytes\":-10", "bytes"},
+        {"{\"name\":\"optimizer.exp_avg_sq.safetensors\",\"bytes\":10,\"crc32c\":\"ffffffff\"}",
+         "{}", "not a checkpoint's"},
+        {",{\"name\":\"optimizer.exp_avg_sq.safetensors\",\"bytes\":10,\"crc32c\":\"ffffffff\"}",
+         "", "missing"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        memset(why, 0, sizeof why);
+        cr_expect_eq(parse_edited(bad[i].from, bad[i].to, why), FY_ERR_FORMAT, "case %zu accepted", i);
+        cr_expect_not_null(strstr(why, bad[i].why), "case %zu: '%s' does not say %s", i, why, bad[i].why);
+    }
+    cr_expect_eq(fy_ckpt_state_parse("[1", 2, &s, why, sizeof why), FY_ERR_FORMAT);
+    cr_expect_eq(fy_ckpt_state_parse("", 0, &s, why, sizeof why), FY_ERR_FORMAT);
 }
