@@ -86,6 +86,35 @@ void fy_ckpt_state_free(fy_ckpt_state *s) {
     s->config = NULL;
 }
 
+/* The state's own checksum: of its compact text without the "state_crc32c" field (cJSON
+ * prints a parsed number as it printed the number parsed, so a reader recomputes it). */
+static bool state_crc(const cJSON *root, uint32_t *crc) {
+    cJSON *copy = cJSON_Duplicate(root, true);
+    if (!copy) return false;
+    cJSON_DeleteItemFromObjectCaseSensitive(copy, "state_crc32c");
+    char *text = cJSON_PrintUnformatted(copy);
+    cJSON_Delete(copy);
+    if (!text) return false;
+    *crc = fy_crc32c(text, strlen(text), 0);
+    free(text);
+    return true;
+}
+
+/* Exactly 8 hex digits. */
+static bool parse_hex8(const char *s, uint32_t *out) {
+    uint32_t v = 0;
+    for (int i = 0; i < 8; i++) {
+        char c = s[i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+              : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0) return false;
+        v = v << 4 | (uint32_t)d;
+    }
+    if (s[8]) return false;
+    *out = v;
+    return true;
+}
+
 /* An integer field in [lo, hi]. */
 static bool get_int(const cJSON *o, const char *key, int64_t lo, int64_t hi, int64_t *out) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
@@ -139,27 +168,42 @@ fy_status fy_ckpt_state_parse(const char *text, size_t n, fy_ckpt_state *out, ch
     cJSON_ArrayForEach(f, list) {
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name");
         const cJSON *crc = cJSON_GetObjectItemCaseSensitive(f, "crc32c");
-        char *end = NULL;
-        unsigned long c = 0;
-        if (cJSON_IsString(crc) && strlen(crc->valuestring) == 8) c = strtoul(crc->valuestring, &end, 16);
+        uint32_t c = 0;
+        bool crc_ok = cJSON_IsString(crc) && parse_hex8(crc->valuestring, &c);
         if (out->nfiles == FY_CKPT_MAX_FILES) bad = "too many \"files\"";
         else if (!cJSON_IsString(name) || !known_file(name->valuestring))
             bad = "a file that is not a checkpoint's";
         else if (!get_int(f, "bytes", 0, (int64_t)1 << 52, &x)) bad = "a file without valid \"bytes\"";
-        else if (!end || *end) bad = "a file without a valid \"crc32c\" (8 hex digits)";
+        else if (!crc_ok) bad = "a file without a valid \"crc32c\" (8 hex digits)";
         if (bad) break;
         for (int i = 0; i < out->nfiles; i++)
             if (!strcmp(out->files[i].name, name->valuestring)) bad = "a file listed twice";
         if (bad) break;
         snprintf(out->files[out->nfiles].name, sizeof out->files[0].name, "%s", name->valuestring);
         out->files[out->nfiles].nbytes = (uint64_t)x;
-        out->files[out->nfiles].crc = (uint32_t)c;
+        out->files[out->nfiles].crc = c;
         out->nfiles++;
     }
     for (int i = 0; i < NDATA && !bad; i++) {
         bool listed = false;
         for (int k = 0; k < out->nfiles; k++) listed |= !strcmp(out->files[k].name, data_files[i]);
         if (!listed) bad = "a checkpoint file missing from \"files\"";
+    }
+    const cJSON *own = cJSON_GetObjectItemCaseSensitive(root, "state_crc32c");
+    const cJSON *metrics = cJSON_GetObjectItemCaseSensitive(root, "metrics");
+    uint32_t want = 0, got = 0;
+    if (!bad && (!cJSON_IsString(own) || !parse_hex8(own->valuestring, &want)))
+        bad = "no valid \"state_crc32c\" (8 hex digits)";
+    else if (!bad && !state_crc(root, &got)) bad = "out of host memory";
+    else if (!bad && got != want) bad = "its own checksum does not match (the file was changed)";
+    out->info.metrics_bytes = -1;
+    if (!bad && metrics) {
+        const cJSON *mp = cJSON_GetObjectItemCaseSensitive(metrics, "path");
+        if (!cJSON_IsString(mp) || strlen(mp->valuestring) >= sizeof out->info.metrics ||
+            !get_int(metrics, "bytes", 0, (int64_t)1 << 52, &out->info.metrics_bytes))
+            bad = "a \"metrics\" object without a valid path and bytes";
+        else
+            snprintf(out->info.metrics, sizeof out->info.metrics, "%s", mp->valuestring);
     }
     if (!bad && !(out->config = cJSON_Duplicate(config, true))) bad = "out of host memory";
     cJSON_Delete(root);
@@ -173,7 +217,8 @@ fy_status fy_ckpt_state_parse(const char *text, size_t n, fy_ckpt_state *out, ch
 
 /* The state file of checkpoint info into dir, with the files' sizes and checksums. */
 static fy_status write_state(const char *dir, const fy_trainer *tr, const fy_ckpt_info *info,
-                             const cJSON *config) {
+                             const cJSON *config, const uint64_t nbytes[NDATA],
+                             const uint32_t crcs[NDATA]) {
     char path[PATH_CAP], stamp[32];
     time_t now = time(NULL);
     struct tm tm;
@@ -194,6 +239,11 @@ static fy_status write_state(const char *dir, const fy_trainer *tr, const fy_ckp
         else cJSON_AddNullToObject(root, "loss");
         if (isfinite(info->val_loss)) cJSON_AddNumberToObject(root, "val_loss", info->val_loss);
         else cJSON_AddNullToObject(root, "val_loss");
+        if (info->metrics[0]) {
+            cJSON *mo = cJSON_AddObjectToObject(root, "metrics");
+            if (mo) cJSON_AddStringToObject(mo, "path", info->metrics);
+            if (mo) cJSON_AddNumberToObject(mo, "bytes", (double)info->metrics_bytes);
+        }
         cJSON_AddItemToObject(root, "config", cfg);
         cJSON_AddItemToObject(root, "plan", plan);
         cJSON_AddItemToObject(root, "files", files);
@@ -201,24 +251,25 @@ static fy_status write_state(const char *dir, const fy_trainer *tr, const fy_ckp
     }
     cJSON *in_root = root ? cJSON_GetObjectItemCaseSensitive(root, "files") : NULL;
     for (int i = 0; i < NDATA && st == FY_OK; i++) {
-        uint64_t nb;
-        uint32_t crc;
         char hex[16];
-        if (!join(path, sizeof path, dir, data_files[i]) || file_crc(path, &nb, &crc) != FY_OK) {
-            fy_log_error("cannot read back %s/%s to checksum it", dir, data_files[i]);
-            st = FY_ERR_IO;
-            break;
-        }
-        snprintf(hex, sizeof hex, "%08" PRIx32, crc);
+        snprintf(hex, sizeof hex, "%08" PRIx32, crcs[i]);
         cJSON *f = cJSON_CreateObject();
         if (!f || !cJSON_AddStringToObject(f, "name", data_files[i]) ||
-            !cJSON_AddNumberToObject(f, "bytes", (double)nb) ||
+            !cJSON_AddNumberToObject(f, "bytes", (double)nbytes[i]) ||
             !cJSON_AddStringToObject(f, "crc32c", hex)) {
             cJSON_Delete(f);
             st = FY_ERR_NOMEM;
             break;
         }
         cJSON_AddItemToArray(in_root, f);
+    }
+    uint32_t own;
+    if (st == FY_OK) {
+        char hex[16];
+        if (!state_crc(root, &own)) st = FY_ERR_NOMEM;
+        else if (snprintf(hex, sizeof hex, "%08" PRIx32, own) < 0 ||
+                 !cJSON_AddStringToObject(root, "state_crc32c", hex))
+            st = FY_ERR_NOMEM;
     }
     if (st == FY_ERR_NOMEM) fy_log_error("out of host memory writing the checkpoint state");
     if (st == FY_OK) {
@@ -241,14 +292,18 @@ struct fy_ckpt_dir {
 
 const char *fy_ckpt_dir_path(const fy_ckpt_dir *d) { return d->path; }
 
-/* Whether name is a step directory's ("step-" and digits only): its step into *step. */
+/* Whether name is a step directory's, as ferry names them ("step-" and the step in at
+ * least 8 digits, no other leading zeros): its step into *step. */
 static bool step_name(const char *name, int64_t *step) {
     size_t np = strlen(STEP_PREFIX);
-    if (strncmp(name, STEP_PREFIX, np) || !name[np]) return false;
+    if (strncmp(name, STEP_PREFIX, np) || !name[np] || strlen(name + np) > 15) return false;
     for (const char *c = name + np; *c; c++)
         if (*c < '0' || *c > '9') return false;
-    if (strlen(name + np) > 15) return false;
-    *step = strtoll(name + np, NULL, 10);
+    int64_t s = strtoll(name + np, NULL, 10);
+    char canon[32];
+    snprintf(canon, sizeof canon, STEP_PREFIX "%08" PRId64, s);
+    if (strcmp(canon, name)) return false;
+    *step = s;
     return true;
 }
 
@@ -274,24 +329,47 @@ static void remove_ckpt(int parent_fd, const char *name) {
     unlinkat(parent_fd, name, AT_REMOVEDIR);
 }
 
-/* What killed writers left in dir: step-N.tmp.PID and step-N.old.PID directories and
- * latest.tmp.PID links of processes no longer running. */
+/* Whether name is <base><tag><digits> with base a step directory's name (or `latest`
+ * when latest_too): base into base[64]. */
+static bool temp_name(const char *name, const char *tag, bool latest_too, char base[64]) {
+    const char *at = strstr(name, tag);
+    int64_t step;
+    if (!at || (size_t)(at - name) >= 64 || !at[strlen(tag)]) return false;
+    for (const char *c = at + strlen(tag); *c; c++)
+        if (*c < '0' || *c > '9') return false;
+    snprintf(base, 64, "%.*s", (int)(at - name), name);
+    return step_name(base, &step) || (latest_too && !strcmp(base, LATEST_NAME));
+}
+
+/* What killed writers left in dir (run under the lock, so no other writer is at work):
+ * step-N.tmp.PID directories and latest.tmp.PID links are removed; a step-N.old.PID
+ * (a step directory moved aside to be replaced, or to be removed) goes back to step-N
+ * if the replacement never arrived, else is removed. */
 static void remove_stale(const char *dir) {
     DIR *d = opendir(dir);
     for (struct dirent *e; d && (e = readdir(d));) {
         const char *n = e->d_name;
-        if (fy_left_by_dead_writer(n, LATEST_NAME, ".tmp.")) {
-            unlinkat(dirfd(d), n, 0);
-            continue;
-        }
-        const char *tag = strstr(n, ".tmp.") ? ".tmp." : strstr(n, ".old.") ? ".old." : NULL;
         char base[64];
-        int64_t step;
-        if (!tag || (size_t)(strstr(n, tag) - n) >= sizeof base) continue;
-        snprintf(base, sizeof base, "%.*s", (int)(strstr(n, tag) - n), n);
-        if (step_name(base, &step) && fy_left_by_dead_writer(n, base, tag)) remove_ckpt(dirfd(d), n);
+        struct stat sb;
+        if (temp_name(n, ".tmp.", true, base)) {
+            if (!strcmp(base, LATEST_NAME)) unlinkat(dirfd(d), n, 0);
+            else remove_ckpt(dirfd(d), n);
+        } else if (temp_name(n, ".old.", false, base)) {
+            if (fstatat(dirfd(d), base, &sb, AT_SYMLINK_NOFOLLOW) != 0 && errno == ENOENT)
+                renameat(dirfd(d), n, dirfd(d), base);
+            else
+                remove_ckpt(dirfd(d), n);
+        }
     }
     if (d) closedir(d);
+}
+
+/* Removes step directory `name` of dir: moved aside first (one rename), so a kill midway
+ * never leaves a half-deleted step-N that looks like a checkpoint. */
+static void remove_step(int dir_fd, const char *name) {
+    char aside[128];
+    snprintf(aside, sizeof aside, "%s.old.%ld", name, (long)getpid());
+    if (renameat(dir_fd, name, dir_fd, aside) == 0) remove_ckpt(dir_fd, aside);
 }
 
 fy_status fy_ckpt_dir_check(const char *path) {
@@ -355,7 +433,9 @@ fy_status fy_ckpt_dir_open(const char *path, fy_ckpt_dir **out) {
         return FY_ERR_IO;
     }
     fy_ckpt_dir *d = calloc(1, sizeof *d);
-    if (!d || !(d->path = strdup(path))) {
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--; /* "ckpt/" names ckpt/step-N, not ckpt//step-N */
+    if (!d || !(d->path = strndup(path, n))) {
         free(d);
         close(fd);
         fy_log_error("out of host memory");
@@ -389,16 +469,24 @@ static fy_status moment_of(void *ctx, int b, float *host) {
     return FY_OK;
 }
 
-/* The data files of the trainer's state into dir. */
-static fy_status write_files(const char *dir, fy_trainer *tr) {
+/* The data files of the trainer's state into dir, their sizes and CRCs (taken as they
+ * are written, so nothing is read back) into nbytes[] and crc[]. */
+static fy_status write_files(const char *dir, fy_trainer *tr, uint64_t nbytes[NDATA],
+                             uint32_t crc[NDATA]) {
     const fy_model *m = fy_trainer_model(tr);
-    const fy_save_opts o = {.dtype = FY_F32};
     char path[PATH_CAP];
     for (int i = 0; i < NDATA; i++) {
+        const fy_save_opts o = {.dtype = FY_F32, .crc32c = &crc[i]};
         if (!join(path, sizeof path, dir, data_files[i])) return FY_ERR_IO;
         moment_src src = {tr, i - 1};
         FY_TRY(i == 0 ? fy_model_save(m, path, &o, params_src, tr)
                       : fy_model_save(m, path, &o, moment_of, &src));
+        struct stat sb;
+        if (stat(path, &sb) != 0) {
+            fy_log_error("cannot stat %s: %s", path, strerror(errno));
+            return FY_ERR_IO;
+        }
+        nbytes[i] = (uint64_t)sb.st_size;
     }
     return FY_OK;
 }
@@ -423,7 +511,9 @@ static int cmp_i64(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Removes step directories older than the newest `keep` at or below step. */
+/* Removes the step directories at or below step but the newest `keep` (names are
+ * canonical, so the step rebuilds the name). Those above step are from a run abandoned
+ * past the one resumed: they stay until this run replaces them. */
 static void rotate(const char *dir, int64_t step, int keep) {
     DIR *d = opendir(dir);
     int64_t *steps = NULL;
@@ -442,7 +532,7 @@ static void rotate(const char *dir, int64_t step, int keep) {
     for (size_t i = 0; d && n > (size_t)keep && i < n - (size_t)keep; i++) {
         char name[64];
         snprintf(name, sizeof name, STEP_PREFIX "%08" PRId64, steps[i]);
-        remove_ckpt(dirfd(d), name);
+        remove_step(dirfd(d), name);
     }
     free(steps);
     if (d) closedir(d);
@@ -463,20 +553,32 @@ fy_status fy_ckpt_save(fy_ckpt_dir *d, fy_trainer *tr, const fy_ckpt_info *info,
         fy_log_error("cannot create %s: %s", tmp, strerror(errno));
         return FY_ERR_IO;
     }
-    fy_status st = write_files(tmp, tr);
+    uint64_t nbytes[NDATA];
+    uint32_t crc[NDATA];
+    fy_status st = write_files(tmp, tr, nbytes, crc);
     static int saves; /* the test hook: see checkpoint.h */
     const char *kill_at = getenv("FERRY_TEST_KILL_IN_SAVE");
     if (kill_at && atoi(kill_at) == ++saves) raise(SIGKILL);
-    if (st == FY_OK) st = write_state(tmp, tr, info, config);
+    if (st == FY_OK) st = write_state(tmp, tr, info, config, nbytes, crc);
     if (st == FY_OK) st = fsync_dir(tmp);
     struct stat sb;
-    if (st == FY_OK && lstat(final, &sb) == 0) { /* from a run abandoned past this step */
-        if (rename(final, old) != 0) {
+    if (st == FY_OK && lstat(final, &sb) == 0) {
+        /* from a run abandoned past this step (or a corrupt one): swapped atomically where
+         * the filesystem can (tmp then holds the old one), else moved aside first (a kill
+         * between the renames leaves step-N.old.PID, which the next run moves back) */
+        if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE) == 0) {
+            remove_ckpt(AT_FDCWD, tmp);
+        } else if (rename(final, old) != 0) {
             fy_log_error("cannot move the old %s aside: %s", final, strerror(errno));
             st = FY_ERR_IO;
+        } else if (rename(tmp, final) != 0) {
+            fy_log_error("cannot rename %s to %s: %s", tmp, final, strerror(errno));
+            rename(old, final);
+            st = FY_ERR_IO;
+        } else {
+            remove_ckpt(AT_FDCWD, old);
         }
-    }
-    if (st == FY_OK && rename(tmp, final) != 0) {
+    } else if (st == FY_OK && rename(tmp, final) != 0) {
         fy_log_error("cannot rename %s to %s: %s", tmp, final, strerror(errno));
         st = FY_ERR_IO;
     }
@@ -484,7 +586,6 @@ fy_status fy_ckpt_save(fy_ckpt_dir *d, fy_trainer *tr, const fy_ckpt_info *info,
         remove_ckpt(AT_FDCWD, tmp);
         return st;
     }
-    remove_ckpt(AT_FDCWD, old);
     FY_TRY(fsync_dir(d->path));
     FY_TRY(set_latest(d->path, name));
     rotate(d->path, info->step, keep);
@@ -494,37 +595,13 @@ fy_status fy_ckpt_save(fy_ckpt_dir *d, fy_trainer *tr, const fy_ckpt_info *info,
 
 /* ---- finding ------------------------------------------------------------------------------------ */
 
-fy_status fy_ckpt_latest(const char *dir, char **out) {
-    *out = NULL;
-    char link[PATH_CAP], target[256];
-    if (!join(link, sizeof link, dir, LATEST_NAME)) return FY_ERR_IO;
-    ssize_t n = readlink(link, target, sizeof target - 1);
-    if (n < 0) {
-        struct stat sb;
-        if (errno == ENOENT) return FY_OK;
-        if (errno == EINVAL && lstat(link, &sb) == 0)
-            fy_log_error("%s is not a symbolic link to a checkpoint", link);
-        else
-            fy_log_error("cannot read %s: %s", link, strerror(errno));
-        return FY_ERR_FORMAT;
-    }
-    target[n] = 0;
-    int64_t step;
-    if (!step_name(target, &step)) {
-        fy_log_error("%s points to \"%s\", not to a step directory", link, target);
-        return FY_ERR_FORMAT;
-    }
-    char path[PATH_CAP];
-    if (!join(path, sizeof path, dir, target) || !(*out = strdup(path))) return FY_ERR_NOMEM;
-    return FY_OK;
-}
-
-char *fy_ckpt_before(const char *dir, int64_t step) {
+/* The newest step directory of dir below `below` (malloc'd path), or NULL. */
+static char *newest_below(const char *dir, int64_t below) {
     DIR *d = opendir(dir);
     int64_t best = -1;
     for (struct dirent *e; d && (e = readdir(d));) {
         int64_t s;
-        if (step_name(e->d_name, &s) && s < step && s > best) best = s;
+        if (step_name(e->d_name, &s) && s < below && s > best) best = s;
     }
     if (d) closedir(d);
     if (best < 0) return NULL;
@@ -533,6 +610,40 @@ char *fy_ckpt_before(const char *dir, int64_t step) {
         return NULL;
     return strdup(path);
 }
+
+fy_status fy_ckpt_latest(const char *dir, char **out, bool *guessed) {
+    *out = NULL;
+    *guessed = false;
+    char link[PATH_CAP], target[256], path[PATH_CAP];
+    if (!join(link, sizeof link, dir, LATEST_NAME)) return FY_ERR_IO;
+    ssize_t n = readlink(link, target, sizeof target - 1);
+    struct stat sb;
+    if (n < 0 && errno != ENOENT) {
+        if (errno == EINVAL && lstat(link, &sb) == 0)
+            fy_log_error("%s is not a symbolic link to a checkpoint", link);
+        else
+            fy_log_error("cannot read %s: %s", link, strerror(errno));
+        return FY_ERR_FORMAT;
+    }
+    if (n >= 0) {
+        target[n] = 0;
+        int64_t step;
+        if (!step_name(target, &step)) {
+            fy_log_error("%s points to \"%s\", not to a step directory", link, target);
+            return FY_ERR_FORMAT;
+        }
+        if (!join(path, sizeof path, dir, target)) return FY_ERR_IO;
+        if (lstat(path, &sb) == 0) return (*out = strdup(path)) ? FY_OK : FY_ERR_NOMEM;
+    }
+    /* no `latest` yet, or one whose step is gone: a run killed between a checkpoint's
+     * rename and the link's move (or an emptied directory); the newest step directory is
+     * complete (renamed only once it was) */
+    *out = newest_below(dir, INT64_MAX);
+    *guessed = *out != NULL;
+    return FY_OK;
+}
+
+char *fy_ckpt_before(const char *dir, int64_t step) { return newest_below(dir, step); }
 
 /* ---- reading ------------------------------------------------------------------------------------ */
 
@@ -596,7 +707,15 @@ fy_status fy_ckpt_open(const char *path, fy_ckpt **out) {
     fy_status st = c && (c->path = strdup(path)) ? FY_OK : FY_ERR_NOMEM;
     if (st == FY_OK && (!join(file, sizeof file, path, FY_CKPT_STATE_NAME) ||
                         read_text(file, &text, &n) != FY_OK)) {
-        fy_log_error("checkpoint %s is incomplete: no readable %s", path, FY_CKPT_STATE_NAME);
+        char *inner = newest_below(path, INT64_MAX), link[PATH_CAP];
+        struct stat lsb;
+        if (inner || (join(link, sizeof link, path, LATEST_NAME) && lstat(link, &lsb) == 0))
+            fy_log_error("%s is a checkpoint directory, not a checkpoint: resume with "
+                         "--checkpoint-dir %s --resume, or --resume %s/%s", path, path, path,
+                         LATEST_NAME);
+        else
+            fy_log_error("checkpoint %s is incomplete: no readable %s", path, FY_CKPT_STATE_NAME);
+        free(inner);
         st = FY_ERR_FORMAT;
     }
     if (st == FY_OK && fy_ckpt_state_parse(text, n, &c->state, why, sizeof why) != FY_OK) {
@@ -604,6 +723,15 @@ fy_status fy_ckpt_open(const char *path, fy_ckpt **out) {
         st = FY_ERR_FORMAT;
     }
     free(text);
+    char *real = st == FY_OK ? realpath(path, NULL) : NULL;
+    const char *base = real ? (strrchr(real, '/') ? strrchr(real, '/') + 1 : real) : NULL;
+    int64_t named;
+    if (base && step_name(base, &named) && named != c->state.info.step) {
+        fy_log_error("checkpoint %s: its state is of step %" PRId64 ", its name of step %" PRId64,
+                     path, c->state.info.step, named);
+        st = FY_ERR_FORMAT;
+    }
+    free(real);
     for (int i = 0; st == FY_OK && i < c->state.nfiles; i++) {
         uint64_t nb;
         uint32_t crc;

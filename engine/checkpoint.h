@@ -7,8 +7,9 @@
  *                     optimizer.exp_avg_sq.safetensors and the second, the same names
  *                     ferry_state.json                 step, counters, the run's
  *                                                    configuration, the plan, ferry's
- *                                                    version and each file's size and
- *                                                    CRC-32C; written last
+ *                                                    version, the metrics file's size,
+ *                                                    each file's size and CRC-32C (taken
+ *                                                    while writing) and its own; last
  *   DIR/latest -> step-00000040                      the newest complete checkpoint
  *   DIR/.lock                                        held (flock) by the run writing DIR
  *
@@ -55,6 +56,9 @@ typedef struct fy_ckpt_info {
     int64_t updates;       /* AdamW updates applied (skipped steps do not count) */
     int64_t skipped_run;   /* non-finite steps in a row just before it */
     double loss, val_loss; /* the last step's and validation's (NaN: none yet) */
+    char metrics[1024];    /* the run's metrics file (absolute; "" none) and its size when */
+    int64_t metrics_bytes; /* the checkpoint was written (-1: none), so a resumed run cuts
+                              what the stopped one wrote after it */
 } fy_ckpt_info;
 
 /* A checkpoint's state file, parsed (fy_ckpt_state_parse). */
@@ -94,8 +98,10 @@ fy_status fy_ckpt_save(fy_ckpt_dir *d, fy_trainer *tr, const fy_ckpt_info *info,
                        const cJSON *config, int keep, char **path);
 
 /* The checkpoint `latest` names (malloc'd path) or NULL if the directory has none yet.
- * FY_ERR_FORMAT (logged) if `latest` is not a link to a step directory. */
-fy_status fy_ckpt_latest(const char *dir, char **out);
+ * Without a `latest` (or with one whose step directory is gone: a run killed between a
+ * checkpoint's rename and the link's move), the newest step directory, with *guessed
+ * set. FY_ERR_FORMAT (logged) if `latest` is not a link to a step directory. */
+fy_status fy_ckpt_latest(const char *dir, char **out, bool *guessed);
 /* The newest step directory of dir older than step (malloc'd), or NULL: what to suggest
  * when the latest one cannot be read. */
 char *fy_ckpt_before(const char *dir, int64_t step);

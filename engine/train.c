@@ -3,6 +3,7 @@
 #include "engine/train.h"
 
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,7 @@
 #include "engine/core/crc32c.h"
 #include "engine/core/util.h"
 #include "engine/io/corpus.h"
+#include "engine/io/json_file.h"
 #include "engine/io/tokens.h"
 #include "engine/trainer.h"
 #include "offload/storage.h"
@@ -27,7 +29,8 @@
 #define CORPUS_VAL_SEED 2
 #define FINGERPRINT_TOKENS ((size_t)1 << 20) /* read at each end of the training data */
 
-volatile sig_atomic_t fy_train_stop_signal;
+atomic_int fy_train_stop_signal;
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "a signal handler stores fy_train_stop_signal");
 
 double fy_lr_at(int64_t s, int64_t steps, double lr, double min_lr, int64_t warmup,
                 bool cosine) {
@@ -83,7 +86,7 @@ typedef struct train_batches {
 
 static fy_status train_batch(void *ctx, int64_t micro, int32_t *x, int32_t *y) {
     const train_batches *tb = ctx;
-    if (fy_train_stop_signal) return FY_INTERRUPTED; /* this step applies nothing */
+    if (atomic_load(&fy_train_stop_signal)) return FY_INTERRUPTED; /* this step applies nothing */
     const int64_t step = micro / tb->accum, j = micro % tb->accum;
     FY_TRY(fy_loader_seek_batch(tb->ld, (step % tb->steps_per_pass) * tb->accum + j));
     fy_loader_next(tb->ld, x, y);
@@ -183,9 +186,10 @@ static fy_status validate(run *r, int64_t nbatches, float *loss) {
     return FY_OK;
 }
 
-static void progress(int64_t step, int64_t steps, double elapsed_ms, float loss) {
+/* The progress bar after step `step` of `steps`; this process began at step `first`. */
+static void progress(int64_t step, int64_t first, int64_t steps, double elapsed_ms, float loss) {
     int width = 30, done = (int)(width * step / steps);
-    double eta_s = elapsed_ms / 1e3 / (double)step * (double)(steps - step);
+    double eta_s = elapsed_ms / 1e3 / (double)(step - first) * (double)(steps - step);
     fprintf(stdout, "\r[%.*s%*s] %3d%% step %lld/%lld loss %.4f eta %dm%02ds ", done,
             "==============================", width - done, "", (int)(100 * step / steps),
             (long long)step, (long long)steps, loss, (int)eta_s / 60, (int)eta_s % 60);
@@ -313,8 +317,10 @@ static fy_status check_config(const run *r, const fy_ckpt *ck) {
         {"weight_decay", "--weight-decay"}, {"beta1", "--beta1"}, {"beta2", "--beta2"},
         {"eps", "--eps"}, {"clip", "--clip"}, {"dtype", "--dtype"},
     };
+    const cJSON *sched = cJSON_GetObjectItemCaseSensitive(now, "lr_schedule");
+    const bool cosine = cJSON_IsString(sched) && !strcmp(sched->valuestring, "cosine");
     for (size_t i = 0; i < sizeof soft / sizeof soft[0]; i++)
-        if (!same_field(was, now, soft[i].key))
+        if (!same_field(was, now, soft[i].key) && (cosine || strcmp(soft[i].key, "steps")))
             fy_log_warn("resuming with %s %s where the checkpoint's run had %s: the result will "
                         "differ from a run never stopped", soft[i].flag,
                         field_text(now, soft[i].key, b, sizeof b),
@@ -330,36 +336,36 @@ static fy_status check_config(const run *r, const fy_ckpt *ck) {
     return FY_OK;
 }
 
-/* The checkpoint to resume from (NULL: start afresh), opened and checked. */
+/* The checkpoint to resume from (NULL: start afresh), opened and checked. When the one
+ * `latest` names cannot be read, the next older one is named (never used unasked). */
 static fy_status find_resume(run *r, fy_ckpt **out) {
     const fy_train_cfg *c = r->cfg;
     char *path = NULL;
+    bool guessed = false;
     *out = NULL;
     if (*c->resume) {
         if (!(path = strdup(c->resume))) return FY_ERR_NOMEM;
     } else {
-        FY_TRY(fy_ckpt_latest(c->ckpt_dir, &path));
+        FY_TRY(fy_ckpt_latest(c->ckpt_dir, &path, &guessed));
         if (!path) {
             fy_log_info("--resume: no checkpoint in %s yet: starting from the first step", c->ckpt_dir);
             return FY_OK;
         }
+        if (guessed)
+            fy_log_warn("%s/latest is missing (a run was stopped before it moved): resuming from "
+                        "the newest checkpoint, %s", c->ckpt_dir, path);
     }
     fy_status st = fy_ckpt_open(path, out);
-    if (st == FY_OK) st = check_config(r, *out);
-    if (st != FY_OK && !*c->resume) { /* the latest cannot be used: name the one before */
-        int64_t step = *out ? fy_ckpt_state_of(*out)->info.step : INT64_MAX;
-        char *before = fy_ckpt_before(c->ckpt_dir, step < INT64_MAX ? step : (int64_t)1 << 62);
-        if (step == INT64_MAX) {
-            free(before);
-            const char *slash = strrchr(path, '/');
-            int64_t s;
-            before = slash && sscanf(slash + 1, "step-%" SCNd64, &s) == 1
-                         ? fy_ckpt_before(c->ckpt_dir, s) : NULL;
-        }
+    if (st != FY_OK && !*c->resume) {
+        const char *slash = strrchr(path, '/');
+        int64_t s;
+        char *before = slash && sscanf(slash + 1, "step-%" SCNd64, &s) == 1
+                           ? fy_ckpt_before(c->ckpt_dir, s) : NULL;
         if (before)
             fy_log_info("an older checkpoint is %s: resume from it with --resume %s", before, before);
         free(before);
     }
+    if (st == FY_OK) st = check_config(r, *out);
     free(path);
     if (st != FY_OK) {
         fy_ckpt_close(*out);
@@ -368,42 +374,86 @@ static fy_status find_resume(run *r, fy_ckpt **out) {
     return st;
 }
 
-/* A --metrics file of a resumed run: the lines after the last one of the checkpoint's
- * step are what the stopped run wrote past it, which this run writes again; they go.
- * Streams (a pipe) and files without that line are left as they are. */
-static fy_status trim_metrics(const char *path, int64_t step) {
+#define METRICS_START_NAME ".metrics-start.json"
+
+/* The metrics file's absolute path and size now, if it is a regular file (else
+ * path[0] = 0). */
+static void metrics_position(const char *metrics, char path[1024], int64_t *nbytes) {
     struct stat sb;
-    if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) return FY_OK;
-    FILE *f = fopen(path, "r+");
-    if (!f) {
-        fy_log_error("cannot open metrics file %s: %s", path, strerror(errno));
+    path[0] = 0;
+    *nbytes = -1;
+    if (!metrics) return;
+    char *real = realpath(metrics, NULL);
+    if (real && strlen(real) < 1024 && stat(real, &sb) == 0 && S_ISREG(sb.st_mode)) {
+        snprintf(path, 1024, "%s", real);
+        *nbytes = (int64_t)sb.st_size;
+    } else if (!real && errno == ENOENT) { /* not created yet: empty, where it will be */
+        const char *slash = strrchr(metrics, '/');
+        char *dir = slash ? strndup(metrics, (size_t)(slash - metrics) + (slash == metrics)) : NULL;
+        char *rdir = realpath(dir ? dir : ".", NULL);
+        const char *base = slash ? slash + 1 : metrics;
+        if (rdir) {
+            int k = snprintf(path, 1024, "%s/%s", strcmp(rdir, "/") ? rdir : "", base);
+            if (k < 0 || k >= 1024) path[0] = 0;
+            *nbytes = 0;
+        }
+        free(dir);
+        free(rdir);
+    }
+    free(real);
+}
+
+/* A resumed run's --metrics file: what the stopped run wrote after the checkpoint (or,
+ * resuming with no checkpoint yet, after the first launch began) is cut, since this run
+ * writes those steps again; recorded path must be the file's, and the file no shorter. */
+static fy_status trim_metrics(const char *metrics, const char *recorded, int64_t nbytes) {
+    char path[1024];
+    int64_t now;
+    metrics_position(metrics, path, &now);
+    if (!path[0] || !recorded[0] || strcmp(path, recorded) || nbytes < 0 || now <= nbytes)
+        return FY_OK;
+    if (truncate(path, (off_t)nbytes) != 0) {
+        fy_log_error("cannot trim metrics file %s: %s", metrics, strerror(errno));
         return FY_ERR_IO;
     }
-    char *line = NULL;
-    size_t cap = 0;
-    long long s;
-    off_t pos = 0, cut = -1;
-    int after = 0;
-    for (ssize_t n; (n = getline(&line, &cap, f)) > 0; pos += n) {
-        if (sscanf(line, "{\"step\":%lld", &s) == 1 && s == step) {
-            cut = pos + n;
-            after = 0;
-        } else {
-            after++;
-        }
+    fy_log_info("metrics %s: removed %lld bytes the stopped run wrote after its last "
+                "checkpoint (this run writes those steps again)", metrics, (long long)(now - nbytes));
+    return FY_OK;
+}
+
+/* Where the metrics file stood when a run began in the checkpoint directory (before any
+ * checkpoint), so a relaunch before the first one can trim it: read, or written when
+ * first. */
+static fy_status metrics_start(run *r, bool resumed_afresh) {
+    const fy_train_cfg *c = r->cfg;
+    char file[4200];
+    snprintf(file, sizeof file, "%s/%s", c->ckpt_dir, METRICS_START_NAME);
+    cJSON *j = NULL;
+    struct stat sb;
+    if (resumed_afresh && c->metrics && stat(file, &sb) == 0) {
+        FY_TRY(fy_json_read(file, "metrics start", &j));
+        const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "path");
+        const cJSON *n = cJSON_GetObjectItemCaseSensitive(j, "bytes");
+        fy_status st = FY_OK;
+        if (cJSON_IsString(p) && cJSON_IsNumber(n))
+            st = trim_metrics(c->metrics, p->valuestring, (int64_t)n->valuedouble);
+        cJSON_Delete(j);
+        return st;
     }
-    free(line);
-    fy_status st = FY_OK;
-    if (cut >= 0 && cut < pos) {
-        if (ftruncate(fileno(f), cut) != 0) {
-            fy_log_error("cannot trim metrics file %s: %s", path, strerror(errno));
-            st = FY_ERR_IO;
-        } else {
-            fy_log_info("metrics %s: removed the %d line%s written after step %lld by the stopped "
-                        "run", path, after, after == 1 ? "" : "s", (long long)step);
-        }
+    char path[1024];
+    int64_t nbytes;
+    metrics_position(c->metrics, path, &nbytes);
+    if (!path[0]) {
+        unlink(file);
+        return FY_OK;
     }
-    fclose(f);
+    if (!(j = cJSON_CreateObject()) || !cJSON_AddStringToObject(j, "path", path) ||
+        !cJSON_AddNumberToObject(j, "bytes", (double)nbytes)) {
+        cJSON_Delete(j);
+        return FY_ERR_NOMEM;
+    }
+    fy_status st = fy_json_write(file, "metrics start", j);
+    cJSON_Delete(j);
     return st;
 }
 
@@ -416,9 +466,24 @@ static fy_status setup_checkpoints(run *r, fy_ckpt **ck) {
     *ck = NULL;
     if (!c->ckpt_dir && !c->resume) return FY_OK;
     if (c->ckpt_dir) FY_TRY(fy_ckpt_dir_open(c->ckpt_dir, &r->ckpt));
+    if (c->ckpt_dir && !c->resume) { /* a new run must not mix with another's checkpoints */
+        char *have = NULL;
+        bool guessed;
+        FY_TRY(fy_ckpt_latest(c->ckpt_dir, &have, &guessed));
+        if (have) {
+            fy_log_error("--checkpoint-dir %s holds checkpoints (%s): add --resume to continue "
+                         "that run, or give another directory", c->ckpt_dir, have);
+            free(have);
+            return FY_ERR_USAGE;
+        }
+    }
     FY_TRY(build_config(r));
     if (c->resume) FY_TRY(find_resume(r, ck));
-    if (*ck && c->metrics) FY_TRY(trim_metrics(c->metrics, fy_ckpt_state_of(*ck)->info.step));
+    if (*ck && c->metrics) {
+        const fy_ckpt_info *in = &fy_ckpt_state_of(*ck)->info;
+        FY_TRY(trim_metrics(c->metrics, in->metrics, in->metrics_bytes));
+    }
+    if (!*ck && c->ckpt_dir) FY_TRY(metrics_start(r, c->resume != NULL));
     return FY_OK;
 }
 
@@ -516,7 +581,7 @@ static fy_status log_step(run *r, int64_t s, const fy_step_stats *ss, float lr, 
         if (validated) printf(" | val %.4f", r->val_loss);
         printf("\n");
     } else if (tty) {
-        progress(s + 1, c->steps, fy_now_ms() - r->t_start, ss->loss);
+        progress(s + 1, r->start, c->steps, fy_now_ms() - r->t_start, ss->loss);
     }
     fflush(stdout);
     return FY_OK;
@@ -606,18 +671,23 @@ static fy_status report(run *r) {
 
 /* A checkpoint of the state after step `step` (steps are 1-based here: step steps done). */
 static fy_status save_checkpoint(run *r, int64_t step) {
-    const fy_ckpt_info info = {.step = step, .updates = fy_trainer_steps_done(r->tr),
-                               .skipped_run = r->skipped_run, .loss = r->loss,
-                               .val_loss = r->val_loss};
+    fy_ckpt_info info = {.step = step, .updates = fy_trainer_steps_done(r->tr),
+                         .skipped_run = r->skipped_run, .loss = r->loss, .val_loss = r->val_loss};
+    if (r->metrics) fflush(r->metrics);
+    metrics_position(r->cfg->metrics, info.metrics, &info.metrics_bytes);
     char *path = NULL;
     const int keep = r->cfg->ckpt_keep > 0 ? r->cfg->ckpt_keep : 2;
+    const double t0 = fy_now_ms();
     FY_TRY(fy_ckpt_save(r->ckpt, r->tr, &info, r->config, keep, &path));
+    const double ms = fy_now_ms() - t0;
     free(r->saved_path);
     r->saved_path = path;
     r->saved = step;
     if (!r->cfg->quiet) {
         if (isatty(STDOUT_FILENO)) printf("\r%*s\r", 78, "");
-        printf("ckpt    %s\n", path);
+        char size[32];
+        const size_t nb = (size_t)fy_model_num_params(r->cfg->model) * 3 * sizeof(float);
+        printf("ckpt    %s (%s in %.1f s)\n", path, fy_fmt_size(nb, size, sizeof size), ms / 1e3);
         fflush(stdout);
     }
     return FY_OK;
@@ -633,7 +703,7 @@ fy_status fy_train(const fy_train_cfg *cfg) {
     r.t_start = fy_now_ms();
     int64_t s0 = r.start;
     while (s0 < cfg->steps && st == FY_OK) {
-        if (fy_train_stop_signal) {
+        if (atomic_load(&fy_train_stop_signal)) {
             st = FY_INTERRUPTED;
             break;
         }
@@ -654,16 +724,17 @@ fy_status fy_train(const fy_train_cfg *cfg) {
         if (st == FY_OK && r.ckpt && cfg->ckpt_every && s0 % cfg->ckpt_every == 0)
             st = save_checkpoint(&r, s0);
     }
-    if (r.ckpt && (st == FY_OK || st == FY_INTERRUPTED) && s0 > r.saved) {
+    if (r.ckpt && (st == FY_OK || st == FY_INTERRUPTED) && s0 > r.saved && s0 > r.start) {
         fy_status cs = save_checkpoint(&r, s0); /* the end, or where the signal stopped it */
         if (cs != FY_OK) st = cs;
     }
     if (st == FY_INTERRUPTED) {
-        const int sig = (int)fy_train_stop_signal;
+        const int sig = atomic_load(&fy_train_stop_signal);
         if (!cfg->quiet && isatty(STDOUT_FILENO)) printf("\n");
         fflush(stdout);
         if (r.ckpt && r.saved >= 0)
-            fy_log_info("interrupted by %s after step %lld; resume with --resume (checkpoint %s)",
+            fy_log_info("interrupted by %s after step %lld; checkpoint %s: run the same command "
+                        "with --resume to continue",
                         sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal",
                         (long long)s0, r.saved_path);
         else

@@ -10,7 +10,7 @@
 #ifndef FY_TRAIN_H
 #define FY_TRAIN_H
 
-#include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -65,8 +65,9 @@ typedef struct fy_train_cfg {
 } fy_train_cfg;
 
 /* Set, from a signal handler, to the signal's number: the run stops after the step in
- * progress, writes a checkpoint (with ckpt_dir), and fy_train returns FY_INTERRUPTED. */
-extern volatile sig_atomic_t fy_train_stop_signal;
+ * progress, writes a checkpoint (with ckpt_dir), and fy_train returns FY_INTERRUPTED.
+ * Atomic (lock-free, so a handler may store it): the transfer lane's thread reads it. */
+extern atomic_int fy_train_stop_signal;
 
 /* With checkpoints: resuming continues bit-exactly (every plan, every window split: the
  * data of step s is the same whatever came before, and the moments, counters and the

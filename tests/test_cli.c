@@ -2093,6 +2093,44 @@ Test(cli, bad_checkpoints_are_refused) {
     EXPECT_ERROR(&r, 1, "latest", "elsewhere");
 }
 
+/* A relaunch finds the checkpoint it needs where a kill left things: killed before the
+ * first checkpoint (the metrics lines of the killed attempt go, the run starts afresh),
+ * killed before `latest` moved (the newest step directory is used, with a warning); a
+ * new run does not mix with another's checkpoints; a checkpoint directory given where a
+ * checkpoint is meant is named as such. */
+Test(cli, relaunches_find_their_checkpoint) {
+    run_result r;
+    const char *m = P("m.jsonl");
+    write_bytes(m, "{\"step\":7}\n", 11); /* a line of an earlier run, kept */
+    test_run_ferry_sig(&r, g_dir, RUN_TIMEOUT_S,
+                       (const char *const[]){"train", TINY, "--steps", "100000", "--checkpoint-dir",
+                                             P("ckpt"), "--checkpoint-every", "100000", "--metrics",
+                                             m, "--resume", NULL},
+                       800, SIGKILL, 0);
+    cr_assert_eq(r.sig, SIGKILL);
+    FERRY(&r, "train", TINY, "--steps", "100000", "--checkpoint-dir", P("ckpt"), "--checkpoint-every",
+          "100000", "--metrics", m, "--resume", "--steps", "5");
+    expect_ok(&r);
+    char *jl = slurp(m, NULL);
+    cr_expect(!strncmp(jl, "{\"step\":7}\n{\"step\":1,", 21), "the killed attempt's lines stayed:\n%.300s", jl);
+    int lines = 0;
+    for (char *c = jl; *c; c++) lines += *c == '\n';
+    cr_expect_eq(lines, 6, "%d lines:\n%s", lines, jl);
+    free(jl);
+    /* no `latest`: the newest step directory */
+    cr_assert_eq(unlink(P("ckpt/latest")), 0);
+    FERRY(&r, "train", TINY, "--steps", "7", "--checkpoint-dir", P("ckpt"), "--resume");
+    expect_ok(&r);
+    cr_expect_not_null(strstr(r.err, "latest is missing"), "%s", r.err);
+    cr_expect_not_null(strstr(r.out, "step-00000005: step 5 of 7"), "%s", r.out);
+    /* a new run into a directory with checkpoints */
+    FERRY(&r, "train", TINY, "--steps", "3", "--checkpoint-dir", P("ckpt"));
+    EXPECT_ERROR(&r, 2, "--checkpoint-dir", "--resume");
+    /* the directory where a checkpoint is meant */
+    FERRY(&r, "train", TINY, "--steps", "9", "--resume", P("ckpt"));
+    EXPECT_ERROR(&r, 1, "checkpoint directory", "--resume");
+}
+
 /* The checkpoint flags on their own, and a directory another run holds. */
 Test(cli, checkpoint_flags_are_checked_before_the_work) {
     run_result r;

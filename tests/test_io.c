@@ -1267,22 +1267,42 @@ static const char *STATE_OK =
     "{\"name\":\"optimizer.exp_avg.safetensors\",\"bytes\":10,\"crc32c\":\"00000001\"},"
     "{\"name\":\"optimizer.exp_avg_sq.safetensors\",\"bytes\":10,\"crc32c\":\"ffffffff\"}]}";
 
-/* STATE_OK with the first occurrence of `from` replaced by `to`. */
+/* text (a JSON object) with its "state_crc32c" as the writer computes it: of the compact
+ * text without the field (into out, cap bytes). Text that is not JSON is copied as is. */
+static void with_own_crc(const char *text, char *out, size_t cap) {
+    cJSON *j = cJSON_Parse(text);
+    if (!j) {
+        snprintf(out, cap, "%s", text);
+        return;
+    }
+    char *compact = cJSON_PrintUnformatted(j), hex[16];
+    snprintf(hex, sizeof hex, "%08x", fy_crc32c(compact, strlen(compact), 0));
+    cJSON_AddStringToObject(j, "state_crc32c", hex);
+    char *all = cJSON_Print(j);
+    snprintf(out, cap, "%s", all);
+    free(compact);
+    free(all);
+    cJSON_Delete(j);
+}
+
+/* STATE_OK with the first occurrence of `from` replaced by `to`, checksummed. */
 static fy_status parse_edited(const char *from, const char *to, char *why) {
-    char text[2048];
+    char text[2048], sealed[4096];
     const char *at = strstr(STATE_OK, from);
     cr_assert_not_null(at, "%s not in the state", from);
     snprintf(text, sizeof text, "%.*s%s%s", (int)(at - STATE_OK), STATE_OK, to, at + strlen(from));
+    with_own_crc(text, sealed, sizeof sealed);
     fy_ckpt_state s;
-    fy_status st = fy_ckpt_state_parse(text, strlen(text), &s, why, 128);
+    fy_status st = fy_ckpt_state_parse(sealed, strlen(sealed), &s, why, 128);
     if (st == FY_OK) fy_ckpt_state_free(&s);
     return st;
 }
 
 Test(checkpoint, state_parser_reads_a_state_and_refuses_bad_ones) {
     fy_ckpt_state s;
-    char why[128];
-    cr_assert_eq(fy_ckpt_state_parse(STATE_OK, strlen(STATE_OK), &s, why, sizeof why), FY_OK, "%s", why);
+    char why[128], ok[4096];
+    with_own_crc(STATE_OK, ok, sizeof ok);
+    cr_assert_eq(fy_ckpt_state_parse(ok, strlen(ok), &s, why, sizeof why), FY_OK, "%s", why);
     cr_expect_eq(s.info.step, 12);
     cr_expect_eq(s.info.updates, 11);
     cr_expect(isnan(s.info.val_loss) && s.info.loss == 2.5);
@@ -1302,6 +1322,9 @@ Test(checkpoint, state_parser_reads_a_state_and_refuses_bad_ones) {
         {"optimizer.exp_avg.safetensors", "model.safetensors", "twice"},
         {"0000abcd", "abcd", "crc32c"},
         {"0000abcd", "0000abcg", "crc32c"},
+        {"0000abcd", " 000abcd", "crc32c"},
+        {"0000abcd", "0x00abcd", "crc32c"},
+        {"0000abcd", "-000abcd", "crc32c"},
         {"\"bytes\":10", "\"bytes\":-10", "bytes"},
         {"{\"name\":\"optimizer.exp_avg_sq.safetensors\",\"bytes\":10,\"crc32c\":\"ffffffff\"}",
          "{}", "not a checkpoint's"},
@@ -1313,6 +1336,14 @@ Test(checkpoint, state_parser_reads_a_state_and_refuses_bad_ones) {
         cr_expect_eq(parse_edited(bad[i].from, bad[i].to, why), FY_ERR_FORMAT, "case %zu accepted", i);
         cr_expect_not_null(strstr(why, bad[i].why), "case %zu: '%s' does not say %s", i, why, bad[i].why);
     }
+    /* an edit after sealing: the state's own checksum catches it; none at all is refused */
+    char *at = strstr(ok, "11");
+    cr_assert_not_null(at);
+    at[1] = '0';
+    cr_expect_eq(fy_ckpt_state_parse(ok, strlen(ok), &s, why, sizeof why), FY_ERR_FORMAT);
+    cr_expect_not_null(strstr(why, "own checksum"), "%s", why);
+    cr_expect_eq(fy_ckpt_state_parse(STATE_OK, strlen(STATE_OK), &s, why, sizeof why), FY_ERR_FORMAT);
+    cr_expect_not_null(strstr(why, "state_crc32c"), "%s", why);
     cr_expect_eq(fy_ckpt_state_parse("[1", 2, &s, why, sizeof why), FY_ERR_FORMAT);
     cr_expect_eq(fy_ckpt_state_parse("", 0, &s, why, sizeof why), FY_ERR_FORMAT);
 }

@@ -146,15 +146,17 @@ static const opt table[] = {
     {"metrics", T_STR, O(metrics), TR, NULL, R_ANY, NULL, "FILE",
      "append one JSON object per step (JSON Lines)", 0},
     {"checkpoint-dir", T_STR, O(ckpt_dir), TR, NULL, R_ANY, NULL, "DIR",
-     "write checkpoints (weights, fp32 masters, Adam moments, state) into DIR/step-N, at the "
-     "end, every --checkpoint-every steps and on SIGTERM/SIGINT; DIR/latest is the newest", 0},
+     "write checkpoints (fp32 master weights, Adam moments, the run's state) into DIR/step-N "
+     "at the end, every --checkpoint-every steps and on SIGTERM/SIGINT; DIR/latest is the "
+     "newest", 0},
     {"checkpoint-every", T_INT, O(ckpt_every), TR, "0", R_NONNEG, NULL, "N",
      "a checkpoint every N steps (0 = only at the end and when interrupted)", (int64_t)1 << 40},
     {"checkpoint-keep", T_INT, O(ckpt_keep), TR, "2", R_POS, NULL, "K",
      "checkpoints kept (the newest K; older ones are removed)", 1 << 20},
     {"resume", T_OPTSTR, O(resume), TR, NULL, R_ANY, NULL, "[PATH]",
      "continue from the newest checkpoint in --checkpoint-dir (or from checkpoint PATH), "
-     "bit-exactly, under any plan; with none yet, start from the first step", 0},
+     "bit-exactly under any plan (another micro-batch split rounds differently); with none "
+     "yet, start from the first step", 0},
     {"quiet", T_BOOL, O(quiet), TR | EV | PR | TU | SW, "0", R_ANY, NULL, NULL, "only errors and results", 0},
 };
 #define NOPTS (int)(sizeof table / sizeof table[0])

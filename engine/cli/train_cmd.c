@@ -5,6 +5,7 @@
  * training loop's (engine/train.c). */
 #include "engine/cli/train_cmd.h"
 
+#include <errno.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -20,7 +21,7 @@
 /* The exit status of a command's result: 2 for a command-line error, as the parser's;
  * 128 + the signal's number for a run a signal stopped, as a shell reports it. */
 static int exit_status(fy_status st) {
-    if (st == FY_INTERRUPTED) return 128 + (int)fy_train_stop_signal;
+    if (st == FY_INTERRUPTED) return 128 + atomic_load(&fy_train_stop_signal);
     return st == FY_OK ? 0 : st == FY_ERR_USAGE ? 2 : 1;
 }
 
@@ -28,11 +29,13 @@ static int exit_status(fy_status st) {
  * checkpoint, when there is a checkpoint directory); a second exits at once, leaving the
  * checkpoints complete before it as they are. */
 static void on_stop_signal(int sig) {
-    if (fy_train_stop_signal) _exit(128 + sig);
-    fy_train_stop_signal = sig;
+    if (atomic_load(&fy_train_stop_signal)) _exit(128 + sig);
+    const int saved = errno;
+    atomic_store(&fy_train_stop_signal, sig);
     static const char msg[] = "\nferry: stopping after this step (again to exit at once)\n";
     ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
     (void)w;
+    errno = saved;
 }
 
 static void catch_stop_signals(void) {

@@ -18,6 +18,8 @@
  * the next write of <path>. Assumes a little-endian host (checked at compile time). */
 #include "engine/io/safetensors.h"
 
+#include "engine/core/crc32c.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -504,7 +506,7 @@ static uint8_t *padded_header(const fy_st_entry *es, int n, const char *const *m
  * and returns -1 with errno set. */
 static int write_tmp(const char *tmp, const uint8_t *header, size_t header_nbytes,
                      const fy_st_entry *es, int n, fy_st_fill_fn fill, void *ctx,
-                     const char **what, fy_status *filled) {
+                     const char **what, fy_status *filled, uint32_t *crc) {
     size_t scratch_nbytes = 0;
     for (int i = 0; i < n; i++)
         if (!es[i].data && entry_nbytes(&es[i]) > scratch_nbytes) scratch_nbytes = entry_nbytes(&es[i]);
@@ -518,6 +520,7 @@ static int write_tmp(const char *tmp, const uint8_t *header, size_t header_nbyte
     if (fd < 0) { free(scratch); return *what = "cannot create", -1; }
     *what = "cannot write";
     if (write_all(fd, header, header_nbytes) != 0) goto fail;
+    if (crc) *crc = fy_crc32c(header, header_nbytes, 0);
     for (int i = 0; i < n; i++) {
         const void *data = es[i].data;
         if (!data && entry_nbytes(&es[i]) > 0) {
@@ -525,6 +528,7 @@ static int write_tmp(const char *tmp, const uint8_t *header, size_t header_nbyte
             data = scratch;
         }
         if (write_all(fd, data, entry_nbytes(&es[i])) != 0) goto fail;
+        if (crc) *crc = fy_crc32c(data, entry_nbytes(&es[i]), *crc);
     }
     free(scratch);
     scratch = NULL;
@@ -549,6 +553,11 @@ fy_status fy_st_write(const char *path, const fy_st_entry *entries, int n,
     return fy_st_write_fill(path, entries, n, meta, NULL, NULL);
 }
 
+fy_status fy_st_write_fill(const char *path, const fy_st_entry *entries, int n,
+                           const char *const *meta, fy_st_fill_fn fill, void *ctx) {
+    return fy_st_write_fill_crc(path, entries, n, meta, fill, ctx, NULL);
+}
+
 /* Removes the "<path>.tmp.<pid>" files of writers no longer running (killed mid-write);
  * this process's own name too (a pid the system gave again). */
 static void remove_stale_tmps(const char *path, const char *dir) {
@@ -559,8 +568,9 @@ static void remove_stale_tmps(const char *path, const char *dir) {
     if (d) closedir(d);
 }
 
-fy_status fy_st_write_fill(const char *path, const fy_st_entry *entries, int n,
-                           const char *const *meta, fy_st_fill_fn fill, void *ctx) {
+fy_status fy_st_write_fill_crc(const char *path, const fy_st_entry *entries, int n,
+                               const char *const *meta, fy_st_fill_fn fill, void *ctx,
+                               uint32_t *crc) {
     if (n < 0 || (n > 0 && !entries)) {
         fy_log_error("%s: bad tensor list (n = %d)", path, n);
         return FY_ERR_INVALID;
@@ -585,7 +595,7 @@ fy_status fy_st_write_fill(const char *path, const fy_st_entry *entries, int n,
     st = FY_ERR_IO;
     who = tmp;
     errno = 0;
-    if (write_tmp(tmp, header, header_nbytes, entries, n, fill, ctx, &what, &filled) != 0) {
+    if (write_tmp(tmp, header, header_nbytes, entries, n, fill, ctx, &what, &filled, crc) != 0) {
         if (filled != FY_OK) { st = filled; goto done; } /* fill logged its error */
         goto fail;
     }

@@ -83,6 +83,11 @@ fy_status fy_st_write(const char *path, const fy_st_entry *entries, int n,
 typedef fy_status (*fy_st_fill_fn)(void *ctx, int i, void *dst);
 fy_status fy_st_write_fill(const char *path, const fy_st_entry *entries, int n,
                            const char *const *meta, fy_st_fill_fn fill, void *ctx);
+/* The same, and the CRC-32C of every byte written into *crc (checkpoints record it, so
+ * the file need not be read back). */
+fy_status fy_st_write_fill_crc(const char *path, const fy_st_entry *entries, int n,
+                               const char *const *meta, fy_st_fill_fn fill, void *ctx,
+                               uint32_t *crc);
 
 #ifdef __cplusplus
 }

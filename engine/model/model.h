@@ -199,6 +199,8 @@ typedef struct fy_save_opts {
     const fy_weights *from;  /* the weights the model was read from, or NULL: a directory
                                 written keeps the other fields of their config.json (token
                                 ids, ...) and gets copies of their tokenizer files */
+    uint32_t *crc32c;        /* a single .safetensors file: if not NULL, gets the CRC-32C of
+                                the file written */
 } fy_save_opts;
 
 /* Writes the model's parameters, fetched block by block from get. A path ending in

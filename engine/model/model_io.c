@@ -298,7 +298,7 @@ static fy_status save_file(const fy_model *m, const char *path, const fy_save_op
             for (int i = 0; i < sv.n; i++) es[i] = sv.ts[i].e;
             const char *meta[] = {"format", "pt", cfg_text ? "ferry.config" : NULL, cfg_text, NULL};
             sv.shard = sv.ts;
-            st = fy_st_write_fill(path, es, sv.n, meta, fill, &sv);
+            st = fy_st_write_fill_crc(path, es, sv.n, meta, fill, &sv, o ? o->crc32c : NULL);
             free(es);
         }
     }
