@@ -2093,6 +2093,36 @@ Test(cli, bad_checkpoints_are_refused) {
     EXPECT_ERROR(&r, 1, "latest", "elsewhere");
 }
 
+/* Llama in bf16 with accumulation: 4 steps, a checkpoint, 4 more under another plan (a
+ * constant schedule, so --steps may grow without changing anything) give the weights and
+ * losses of 8 steps in one run; the moments' file holds Hugging Face's names. */
+Test(cli, llama_bf16_resumes_exactly_under_another_plan) {
+    run_result r;
+#define LLAMA_RUN "train", "--model", "llama-tiny", "--batch", "2", "--grad-accum", "2", "--seq", \
+        "16", "--threads", "1", "--device", "cpu", "--dtype", "bf16", "--lr-schedule", "const", "--quiet"
+    FERRY(&r, LLAMA_RUN, "--steps", "8", "--metrics", P("a.jsonl"), "--save", P("a.safetensors"));
+    expect_ok(&r);
+    FERRY(&r, LLAMA_RUN, "--steps", "4", "--metrics", P("b.jsonl"), "--checkpoint-dir", P("ck"));
+    expect_ok(&r);
+    FERRY(&r, LLAMA_RUN, "--steps", "8", "--metrics", P("b.jsonl"), "--checkpoint-dir", P("ck"),
+          "--resume", "--offload-params", "1", "--offload-optim", "1", "--ckpt-layers", "3",
+          "--save", P("b.safetensors"));
+    expect_ok(&r);
+    cr_expect_null(strstr(r.err, "warning"), "%s", r.err);
+#undef LLAMA_RUN
+    expect_same_file(P("a.safetensors"), P("b.safetensors"));
+    double la[8], na[8], lb[8], nb[8];
+    read_metrics(P("a.jsonl"), 8, la, na);
+    read_metrics(P("b.jsonl"), 8, lb, nb);
+    for (int i = 0; i < 8; i++)
+        cr_expect(la[i] == lb[i] && na[i] == nb[i], "step %d: %.9g %.9g vs %.9g %.9g", i + 1,
+                  lb[i], nb[i], la[i], na[i]);
+    char *st = slurp(P("ck/latest/optimizer.exp_avg_sq.safetensors"), NULL);
+    cr_assert_not_null(st);
+    cr_expect_not_null(strstr(st + 8, "model.layers.0.self_attn.q_proj.weight"), "no per-tensor names");
+    free(st);
+}
+
 /* A relaunch finds the checkpoint it needs where a kill left things: killed before the
  * first checkpoint (the metrics lines of the killed attempt go, the run starts afresh),
  * killed before `latest` moved (the newest step directory is used, with a warning); a
