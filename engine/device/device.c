@@ -80,6 +80,23 @@ int fy_dev_parse_kind(const char *s, fy_dev_kind *out) {
     return 0;
 }
 
+fy_status fy_dev_new_with(const fy_dev_cfg *cfg, fy_status (*init)(fy_dev *dev), fy_dev **out) {
+    *out = NULL;
+    fy_dev *dev = calloc(1, sizeof *dev);
+    if (!dev) return FY_ERR_NOMEM;
+    dev->cfg = *cfg;
+    dev->mem.cap_nbytes = cfg->mem_cap_nbytes;
+    pthread_mutex_init(&dev->mu, NULL);
+    fy_status st = init(dev);
+    if (st != FY_OK) {
+        pthread_mutex_destroy(&dev->mu);
+        free(dev);
+        return st;
+    }
+    *out = dev;
+    return FY_OK;
+}
+
 fy_status fy_dev_new(const fy_dev_cfg *cfg, fy_dev **out) {
     *out = NULL;
     if (!fy_dev_kind_compiled(cfg->kind)) {

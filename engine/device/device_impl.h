@@ -81,6 +81,10 @@ struct fy_event {
     bool timed;      /* created by fy_event_new_timed */
 };
 
+/* A device built by init (a backend constructor, below, or a test's: the CPU emulation
+ * of the cuda kernels wraps the cpu backend's), with cfg's budget; no kind checks. */
+fy_status fy_dev_new_with(const fy_dev_cfg *cfg, fy_status (*init)(fy_dev *dev), fy_dev **out);
+
 /* Backend constructors: fill dev->iface, dev->ctx, dev->name, dev->threads. */
 fy_status fy_cpu_dev_init(fy_dev *dev);
 fy_status fy_cuda_dev_init(fy_dev *dev);     /* cuda/cuda_backend.c, if compiled */

@@ -30,6 +30,14 @@ typedef __nv_bfloat16 bf16;
 
 #define LAUNCHED(name) FY_CUDA_CHECK(cudaGetLastError(), "kernel " name)
 
+/* Every launch: FY_LAUNCH(grid, block, shared bytes, stream, kernel)(arguments). With
+ * nvcc, the triple-chevron launch; under the CPU emulation of the kernel tests
+ * (tests/cuda_emu, FY_CUDA_EMU), a call of its launcher, which runs every block's
+ * threads as fibers. The kernel comes last: a template's arguments hold commas. */
+#ifndef FY_CUDA_EMU
+#define FY_LAUNCH(grid, block, shmem, stream, ...) __VA_ARGS__<<<(grid), (block), (shmem), (stream)>>>
+#endif
+
 __device__ __forceinline__ float to_f(float x) { return x; }
 __device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x); }
 template <typename T> __device__ __forceinline__ T from_f(float x);
@@ -141,7 +149,7 @@ template <typename T>
 static void encoder_fwd(cudaStream_t st, const fy_op *op) {
     int B = (int)op->i[0], T_ = (int)op->i[1], C = (int)op->i[2];
     size_t n = (size_t)B * T_ * C;
-    encoder_fwd_k<T><<<grid_for(n, 256), 256, 0, st>>>((T *)op->p[0], (const int32_t *)op->p[1],
+    FY_LAUNCH(grid_for(n, 256), 256, 0, st, encoder_fwd_k<T>)((T *)op->p[0], (const int32_t *)op->p[1],
         (const T *)op->p[2], (const T *)op->p[3], B * T_, T_, C);
     LAUNCHED("encoder_fwd");
 }
@@ -150,7 +158,7 @@ template <typename T>
 static void encoder_bwd(cudaStream_t st, const fy_op *op) {
     int B = (int)op->i[0], T_ = (int)op->i[1], C = (int)op->i[2], V = (int)op->i[3], N = B * T_;
     if (op->p[1]) { /* learned positions */
-        encoder_bwd_wpe_k<T><<<grid_for((size_t)T_ * C, 256), 256, 0, st>>>((T *)op->p[1],
+        FY_LAUNCH(grid_for((size_t)T_ * C, 256), 256, 0, st, encoder_bwd_wpe_k<T>)((T *)op->p[1],
             (const T *)op->p[2], B, T_, C);
         LAUNCHED("encoder_bwd (wpe)");
     }
@@ -159,7 +167,7 @@ static void encoder_bwd(cudaStream_t st, const fy_op *op) {
         int P = (V + WTE_ACC_SLOTS - 1) / WTE_ACC_SLOTS;
         FY_ASSERT(P >= 1 && P <= 65535, "a vocabulary the bf16 embedding scatter cannot take");
         dim3 grid((unsigned)((C + 32 * WTE_ACC_WARPS - 1) / (32 * WTE_ACC_WARPS)), (unsigned)P);
-        encoder_bwd_wte_acc_k<<<grid, 32 * WTE_ACC_WARPS, 0, st>>>((bf16 *)op->p[0],
+        FY_LAUNCH(grid, 32 * WTE_ACC_WARPS, 0, st, encoder_bwd_wte_acc_k)((bf16 *)op->p[0],
             (const bf16 *)op->p[2], (const int32_t *)op->p[3], N, C, V, P);
         LAUNCHED("encoder_bwd (wte, bf16)");
         return;
@@ -167,7 +175,7 @@ static void encoder_bwd(cudaStream_t st, const fy_op *op) {
     /* fp32: added straight into dwte in position order, the cpu backend's exact bits */
     int P = N / 16 < 1 ? 1 : N / 16 > 512 ? 512 : N / 16; /* ~16 positions per warp */
     dim3 grid((unsigned)((C + 255) / 256), (unsigned)P);
-    encoder_bwd_wte_k<T><<<grid, 256, 0, st>>>((T *)op->p[0], (const T *)op->p[2],
+    FY_LAUNCH(grid, 256, 0, st, encoder_bwd_wte_k<T>)((T *)op->p[0], (const T *)op->p[2],
         (const int32_t *)op->p[3], N, C, P);
     LAUNCHED("encoder_bwd (wte)");
 }
@@ -276,15 +284,15 @@ static void layernorm_bwd(fy_cu_stream *cs, const fy_op *op) {
     const float *mean = (const float *)op->p[6], *rstd = (const float *)op->p[7];
     int N = (int)op->i[0], C = (int)op->i[1];
     if (N <= 0 || C <= 0) return;
-    layernorm_bwd_dx_k<T><<<grid_for((size_t)N, ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, 0, st>>>(
+    FY_LAUNCH(grid_for((size_t)N, ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, 0, st, layernorm_bwd_dx_k<T>)(
         dinp, dout, inp, w, mean, rstd, N, C);
     LAUNCHED("layernorm_bwd (dinp)");
     int rows = rows_per_chunk(N, 2 * C), R = (N + rows - 1) / rows;
     dim3 grid((unsigned)((C + 31) / 32), (unsigned)R), block(32, 8);
-    colsum_part_k<T, LN><<<grid, block, 0, st>>>(cs->part, dout, inp, mean, rstd, N, C, rows, 2 * C);
+    FY_LAUNCH(grid, block, 0, st, colsum_part_k<T, LN>)(cs->part, dout, inp, mean, rstd, N, C, rows, 2 * C);
     LAUNCHED("layernorm_bwd (partials)");
-    colsum_finish_k<T><<<grid_for((size_t)C, 256), 256, 0, st>>>(dw, cs->part, R, C, 2 * C);
-    colsum_finish_k<T><<<grid_for((size_t)C, 256), 256, 0, st>>>(db, cs->part + C, R, C, 2 * C);
+    FY_LAUNCH(grid_for((size_t)C, 256), 256, 0, st, colsum_finish_k<T>)(dw, cs->part, R, C, 2 * C);
+    FY_LAUNCH(grid_for((size_t)C, 256), 256, 0, st, colsum_finish_k<T>)(db, cs->part + C, R, C, 2 * C);
     LAUNCHED("layernorm_bwd (dw, db)");
 }
 
@@ -327,14 +335,14 @@ static void rmsnorm_bwd(fy_cu_stream *cs, const fy_op *op) {
     const float *rstd = (const float *)op->p[5];
     int N = (int)op->i[0], C = (int)op->i[1];
     if (N <= 0 || C <= 0) return;
-    rmsnorm_bwd_dx_k<T><<<grid_for((size_t)N, ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, 0, st>>>(
+    FY_LAUNCH(grid_for((size_t)N, ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, 0, st, rmsnorm_bwd_dx_k<T>)(
         dinp, dout, inp, w, rstd, N, C);
     LAUNCHED("rmsnorm_bwd (dinp)");
     int rows = rows_per_chunk(N, C), R = (N + rows - 1) / rows;
     dim3 grid((unsigned)((C + 31) / 32), (unsigned)R), block(32, 8);
-    colsum_part_k<T, RMS><<<grid, block, 0, st>>>(cs->part, dout, inp, NULL, rstd, N, C, rows, C);
+    FY_LAUNCH(grid, block, 0, st, colsum_part_k<T, RMS>)(cs->part, dout, inp, NULL, rstd, N, C, rows, C);
     LAUNCHED("rmsnorm_bwd (partials)");
-    colsum_finish_k<T><<<grid_for((size_t)C, 256), 256, 0, st>>>(dw, cs->part, R, C, C);
+    FY_LAUNCH(grid_for((size_t)C, 256), 256, 0, st, colsum_finish_k<T>)(dw, cs->part, R, C, C);
     LAUNCHED("rmsnorm_bwd (dw)");
 }
 
@@ -343,10 +351,10 @@ static void colsum_acc(fy_cu_stream *cs, void *dst, const void *x, int N, int C)
     if (N <= 0 || C <= 0) return;
     int rows = rows_per_chunk(N, C), R = (N + rows - 1) / rows;
     dim3 grid((unsigned)((C + 31) / 32), (unsigned)R), block(32, 8);
-    colsum_part_k<T, COLSUM><<<grid, block, 0, cs->st>>>(cs->part, (const T *)x, NULL, NULL, NULL,
+    FY_LAUNCH(grid, block, 0, cs->st, colsum_part_k<T, COLSUM>)(cs->part, (const T *)x, NULL, NULL, NULL,
                                                         N, C, rows, C);
     LAUNCHED("bias gradient (partials)");
-    colsum_finish_k<T><<<grid_for((size_t)C, 256), 256, 0, cs->st>>>((T *)dst, cs->part, R, C, C);
+    FY_LAUNCH(grid_for((size_t)C, 256), 256, 0, cs->st, colsum_finish_k<T>)((T *)dst, cs->part, R, C, C);
     LAUNCHED("bias gradient (sum)");
 }
 
@@ -363,8 +371,8 @@ __global__ void bias_fill_k(T *out, const T *bias, int N, int C) {
 
 extern "C" void fy_cu_bias_fill(fy_cu_stream *cs, fy_dtype dt, void *out, const void *bias, int N, int C) {
     unsigned g = grid_for((size_t)N * C, 256);
-    if (dt == FY_BF16) bias_fill_k<bf16><<<g, 256, 0, cs->st>>>((bf16 *)out, (const bf16 *)bias, N, C);
-    else bias_fill_k<float><<<g, 256, 0, cs->st>>>((float *)out, (const float *)bias, N, C);
+    if (dt == FY_BF16) FY_LAUNCH(g, 256, 0, cs->st, bias_fill_k<bf16>)((bf16 *)out, (const bf16 *)bias, N, C);
+    else FY_LAUNCH(g, 256, 0, cs->st, bias_fill_k<float>)((float *)out, (const float *)bias, N, C);
     LAUNCHED("matmul bias");
 }
 
@@ -403,8 +411,8 @@ __global__ void softmax_causal_bwd_k(T *ds, const T *att, int rows, int T_) {
 extern "C" void fy_cu_softmax_causal_fwd(fy_cu_stream *cs, fy_dtype dt, void *att, int BH, int T_) {
     int rows = BH * T_;
     unsigned g = grid_for((size_t)rows, ROWS_PER_BLOCK);
-    if (dt == FY_BF16) softmax_causal_fwd_k<bf16><<<g, 256, 0, cs->st>>>((bf16 *)att, rows, T_);
-    else softmax_causal_fwd_k<float><<<g, 256, 0, cs->st>>>((float *)att, rows, T_);
+    if (dt == FY_BF16) FY_LAUNCH(g, 256, 0, cs->st, softmax_causal_fwd_k<bf16>)((bf16 *)att, rows, T_);
+    else FY_LAUNCH(g, 256, 0, cs->st, softmax_causal_fwd_k<float>)((float *)att, rows, T_);
     LAUNCHED("attention_fwd (softmax)");
 }
 
@@ -412,9 +420,9 @@ extern "C" void fy_cu_softmax_causal_bwd(fy_cu_stream *cs, fy_dtype dt, void *ds
     int rows = BH * T_;
     unsigned g = grid_for((size_t)rows, ROWS_PER_BLOCK);
     if (dt == FY_BF16)
-        softmax_causal_bwd_k<bf16><<<g, 256, 0, cs->st>>>((bf16 *)ds, (const bf16 *)att, rows, T_);
+        FY_LAUNCH(g, 256, 0, cs->st, softmax_causal_bwd_k<bf16>)((bf16 *)ds, (const bf16 *)att, rows, T_);
     else
-        softmax_causal_bwd_k<float><<<g, 256, 0, cs->st>>>((float *)ds, (const float *)att, rows, T_);
+        FY_LAUNCH(g, 256, 0, cs->st, softmax_causal_bwd_k<float>)((float *)ds, (const float *)att, rows, T_);
     LAUNCHED("attention_bwd (softmax)");
 }
 
@@ -605,8 +613,8 @@ static void sumsq(fy_cu_stream *cs, const fy_op *op) {
     FY_ASSERT(nchunks * sizeof(double) <= FY_CU_PART_NBYTES, "sumsq of more elements than the partials buffer holds");
     double *part = (double *)cs->part;
     if (nchunks)
-        sumsq_chunks_k<T><<<grid_for(nchunks * 32, 128), 128, 0, cs->st>>>(part, (const T *)op->p[1], n, nchunks);
-    sumsq_total_k<<<1, 1, 0, cs->st>>>((double *)op->p[0], part, nchunks);
+        FY_LAUNCH(grid_for(nchunks * 32, 128), 128, 0, cs->st, sumsq_chunks_k<T>)(part, (const T *)op->p[1], n, nchunks);
+    FY_LAUNCH(1, 1, 0, cs->st, sumsq_total_k)((double *)op->p[0], part, nchunks);
     LAUNCHED("sumsq");
 }
 
@@ -646,7 +654,7 @@ static void adamw(cudaStream_t st, const fy_op *op) {
     fy_adam_consts_init(&hp, op->i[3] != 0, &c);
     size_t n = (size_t)op->i[0];
     if (n == 0) return;
-    adamw_k<<<pointwise_grid(n), 256, 0, st>>>((float *)op->p[0], (float *)op->p[1],
+    FY_LAUNCH(pointwise_grid(n), 256, 0, st, adamw_k)((float *)op->p[0], (float *)op->p[1],
         (float *)op->p[2], op->p[3], (int)op->i[1], op->p[4], (int)op->i[2], n, c);
     LAUNCHED("adamw");
 }
@@ -663,7 +671,7 @@ static void exec_typed(fy_cu_stream *cs, const fy_op *op) {
     case FY_OP_ENCODER_BWD: encoder_bwd<T>(st, op); break;
     case FY_OP_LAYERNORM_FWD: {
         int N = (int)i[0], C = (int)i[1];
-        layernorm_fwd_k<T><<<grid_for((size_t)N, ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, 0, st>>>(
+        FY_LAUNCH(grid_for((size_t)N, ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, 0, st, layernorm_fwd_k<T>)(
             (T *)p[0], (float *)p[1], (float *)p[2], (const T *)p[3], (const T *)p[4],
             (const T *)p[5], N, C);
         LAUNCHED("layernorm_fwd");
@@ -673,7 +681,7 @@ static void exec_typed(fy_cu_stream *cs, const fy_op *op) {
     case FY_OP_RMSNORM_FWD: {
         int N = (int)i[0], C = (int)i[1];
         if (N > 0)
-            rmsnorm_fwd_k<T><<<grid_for((size_t)N, ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, 0, st>>>(
+            FY_LAUNCH(grid_for((size_t)N, ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, 0, st, rmsnorm_fwd_k<T>)(
                 (T *)p[0], (float *)p[1], (const T *)p[2], (const T *)p[3], N, C, op->f[0]);
         LAUNCHED("rmsnorm_fwd");
         break;
@@ -683,7 +691,7 @@ static void exec_typed(fy_cu_stream *cs, const fy_op *op) {
         int B = (int)i[0], T_ = (int)i[1], NH = (int)i[2], NKV = (int)i[3], hd = (int)i[4];
         size_t n = (size_t)B * T_ * (NH + NKV) * (hd / 2);
         if (n)
-            rope_k<T><<<pointwise_grid(n), 256, 0, st>>>((T *)p[0], B * T_, T_, NH + NKV,
+            FY_LAUNCH(pointwise_grid(n), 256, 0, st, rope_k<T>)((T *)p[0], B * T_, T_, NH + NKV,
                 (NH + 2 * NKV) * hd, hd, i[5] != 0, (int)i[6], op->f[0], op->f[1], op->f[2],
                 op->f[3], op->f[4]);
         LAUNCHED("rope");
@@ -691,41 +699,41 @@ static void exec_typed(fy_cu_stream *cs, const fy_op *op) {
     }
     case FY_OP_SWIGLU_FWD: {
         size_t N = (size_t)i[0], F = (size_t)i[1];
-        if (N && F) swiglu_fwd_k<T><<<pointwise_grid(N * F), 256, 0, st>>>((T *)p[0], (const T *)p[1], N, F);
+        if (N && F) FY_LAUNCH(pointwise_grid(N * F), 256, 0, st, swiglu_fwd_k<T>)((T *)p[0], (const T *)p[1], N, F);
         LAUNCHED("swiglu_fwd");
         break;
     }
     case FY_OP_SWIGLU_BWD: {
         size_t N = (size_t)i[0], F = (size_t)i[1];
         if (N && F)
-            swiglu_bwd_k<T><<<pointwise_grid(N * F), 256, 0, st>>>((T *)p[0], (const T *)p[1],
+            FY_LAUNCH(pointwise_grid(N * F), 256, 0, st, swiglu_bwd_k<T>)((T *)p[0], (const T *)p[1],
                 (const T *)p[2], N, F);
         LAUNCHED("swiglu_bwd");
         break;
     }
     case FY_OP_GELU_FWD:
-        if (i[0]) gelu_fwd_k<T><<<pointwise_grid((size_t)i[0]), 256, 0, st>>>((T *)p[0], (const T *)p[1], (size_t)i[0]);
+        if (i[0]) FY_LAUNCH(pointwise_grid((size_t)i[0]), 256, 0, st, gelu_fwd_k<T>)((T *)p[0], (const T *)p[1], (size_t)i[0]);
         LAUNCHED("gelu_fwd");
         break;
     case FY_OP_GELU_BWD:
-        if (i[0]) gelu_bwd_k<T><<<pointwise_grid((size_t)i[0]), 256, 0, st>>>((T *)p[0], (const T *)p[1], (const T *)p[2], (size_t)i[0]);
+        if (i[0]) FY_LAUNCH(pointwise_grid((size_t)i[0]), 256, 0, st, gelu_bwd_k<T>)((T *)p[0], (const T *)p[1], (const T *)p[2], (size_t)i[0]);
         LAUNCHED("gelu_bwd");
         break;
     case FY_OP_RESIDUAL_FWD:
-        if (i[0]) residual_fwd_k<T><<<pointwise_grid((size_t)i[0]), 256, 0, st>>>((T *)p[0], (const T *)p[1], (const T *)p[2], (size_t)i[0]);
+        if (i[0]) FY_LAUNCH(pointwise_grid((size_t)i[0]), 256, 0, st, residual_fwd_k<T>)((T *)p[0], (const T *)p[1], (const T *)p[2], (size_t)i[0]);
         LAUNCHED("residual_fwd");
         break;
     case FY_OP_ADD_F32:
-        if (i[0]) add_f32_k<T><<<pointwise_grid((size_t)i[0]), 256, 0, st>>>((T *)p[0], (const float *)p[1], (size_t)i[0]);
+        if (i[0]) FY_LAUNCH(pointwise_grid((size_t)i[0]), 256, 0, st, add_f32_k<T>)((T *)p[0], (const float *)p[1], (size_t)i[0]);
         LAUNCHED("add_f32");
         break;
     case FY_OP_CROSSENTROPY:
-        if (i[0]) crossentropy_k<T><<<(unsigned)i[0], CE_THREADS, 0, st>>>((float *)p[0], (T *)p[1],
+        if (i[0]) FY_LAUNCH((unsigned)i[0], CE_THREADS, 0, st, crossentropy_k<T>)((float *)p[0], (T *)p[1],
             (const int32_t *)p[2], (int)i[1], (int)i[2], op->f[0]);
         LAUNCHED("crossentropy");
         break;
     case FY_OP_MEAN:
-        mean_k<<<1, 1024, 0, st>>>((float *)p[0], (const float *)p[1], (size_t)i[0]);
+        FY_LAUNCH(1, 1024, 0, st, mean_k)((float *)p[0], (const float *)p[1], (size_t)i[0]);
         LAUNCHED("mean");
         break;
     case FY_OP_SUMSQ: sumsq<T>(cs, op); break;

@@ -1,0 +1,240 @@
+/* cuda_emu.cc — the emulation's runtime (cuda_emu.h): a block's threads as fibers, the
+ * scheduler that runs them between barriers in the order asked for, the warp exchange,
+ * the launch errors. One OS thread runs a grid; several OS threads may each run their
+ * own (the state is thread_local). */
+#include "tests/cuda_emu/cuda_emu.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <ucontext.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#define EMU_ASAN 1
+#endif
+
+namespace fy_emu {
+
+thread_local uint3 cur_thread_idx, cur_block_idx;
+thread_local dim3 cur_block_dim, cur_grid_dim;
+
+enum { READY, AT_BARRIER, AT_WARP, DONE };
+
+#define STACK_NBYTES ((size_t)256 << 10) /* kernels keep small locals; ASan's frames are big */
+#define MAX_THREADS 1024
+
+struct thread_state {
+    ucontext_t ctx;
+    int state;
+    uint3 idx;
+    uint64_t deposit;          /* AT_WARP: the lane's value */
+#ifdef EMU_ASAN
+    void *fake;                /* AddressSanitizer's fake stack while switched out */
+#endif
+};
+
+struct block_run {
+    ucontext_t sched;
+    thread_state *th;
+    int n;                     /* threads in the block */
+    int cur;                   /* the running thread */
+    void (*fn)(void *);
+    void *ctx;
+    const char *name;
+    uint64_t released[MAX_THREADS / 32][32]; /* per warp: the last exchange's deposits */
+#ifdef EMU_ASAN
+    void *sched_fake;          /* the scheduler's, while a fiber runs */
+    const void *sched_stack_bottom;
+    size_t sched_stack_size;
+#endif
+};
+
+static thread_local block_run *g_run;
+static thread_local int g_order;
+static thread_local cudaError_t g_last_error = cudaSuccess;
+static thread_local char *g_stacks; /* MAX_THREADS stacks, mapped once per OS thread */
+static thread_local thread_state *g_threads;
+
+[[noreturn]] static void fail(const char *what) {
+    fprintf(stderr, "cuda emulation: kernel %s: %s\n", g_run ? g_run->name : "?", what);
+    abort();
+}
+
+/* Back to the scheduler from the running fiber (it is blocked or done). */
+static void yield_to_scheduler() {
+    block_run *r = g_run;
+    thread_state *t = &r->th[r->cur];
+#ifdef EMU_ASAN
+    __sanitizer_start_switch_fiber(t->state == DONE ? nullptr : &t->fake, r->sched_stack_bottom,
+                                   r->sched_stack_size);
+#endif
+    swapcontext(&t->ctx, &r->sched);
+#ifdef EMU_ASAN
+    __sanitizer_finish_switch_fiber(t->fake, nullptr, nullptr);
+#endif
+}
+
+static void fiber_main() {
+#ifdef EMU_ASAN
+    __sanitizer_finish_switch_fiber(nullptr, &g_run->sched_stack_bottom, &g_run->sched_stack_size);
+#endif
+    g_run->fn(g_run->ctx);
+    g_run->th[g_run->cur].state = DONE;
+    yield_to_scheduler();
+    fail("a finished thread was resumed");
+}
+
+void syncthreads() {
+    if (!g_run) fail("__syncthreads outside a kernel");
+    g_run->th[g_run->cur].state = AT_BARRIER;
+    yield_to_scheduler();
+}
+
+int lane_of_caller() { return g_run->cur & 31; }
+
+void check_full_mask(unsigned mask) {
+    if (mask != 0xffffffffu) fail("a warp operation with a partial mask (not emulated)");
+    if (g_run->n % 32) fail("a warp operation in a block that is not whole warps");
+}
+
+void warp_exchange(uint64_t value, uint64_t out[32]) {
+    block_run *r = g_run;
+    thread_state *t = &r->th[r->cur];
+    t->deposit = value;
+    t->state = AT_WARP;
+    yield_to_scheduler();
+    memcpy(out, r->released[r->cur / 32], 32 * sizeof(uint64_t));
+}
+
+/* The order of this round: forward, reverse, or a shuffle (xorshift, seeded per block). */
+static void round_order(int *ord, int n, uint64_t *rng) {
+    for (int i = 0; i < n; i++) ord[i] = g_order == 1 ? n - 1 - i : i;
+    if (g_order != 2) return;
+    for (int i = n - 1; i > 0; i--) {
+        *rng ^= *rng << 13;
+        *rng ^= *rng >> 7;
+        *rng ^= *rng << 17;
+        int j = (int)(*rng % (uint64_t)(i + 1)), k = ord[i];
+        ord[i] = ord[j];
+        ord[j] = k;
+    }
+}
+
+static void run_block(block_run *r, uint64_t seed) {
+    static thread_local int ord[MAX_THREADS];
+    for (int i = 0; i < r->n; i++) {
+        thread_state *t = &r->th[i];
+        t->state = READY;
+        t->idx = uint3{(unsigned)i % cur_block_dim.x, (unsigned)i / cur_block_dim.x % cur_block_dim.y,
+                       (unsigned)i / (cur_block_dim.x * cur_block_dim.y)};
+        getcontext(&t->ctx);
+        t->ctx.uc_stack.ss_sp = g_stacks + (size_t)i * STACK_NBYTES;
+        t->ctx.uc_stack.ss_size = STACK_NBYTES;
+        t->ctx.uc_link = nullptr;
+        makecontext(&t->ctx, fiber_main, 0);
+    }
+    uint64_t rng = seed * 0x9e3779b97f4a7c15ull + 1;
+    for (int done = 0; done < r->n;) {
+        round_order(ord, r->n, &rng);
+        for (int k = 0; k < r->n; k++) {
+            thread_state *t = &r->th[ord[k]];
+            if (t->state != READY) continue;
+            r->cur = ord[k];
+            cur_thread_idx = t->idx;
+#ifdef EMU_ASAN
+            __sanitizer_start_switch_fiber(&r->sched_fake, g_stacks + (size_t)ord[k] * STACK_NBYTES,
+                                           STACK_NBYTES);
+#endif
+            swapcontext(&r->sched, &t->ctx);
+#ifdef EMU_ASAN
+            __sanitizer_finish_switch_fiber(r->sched_fake, nullptr, nullptr);
+#endif
+        }
+        /* every thread is blocked or done: release what can go on */
+        int at_barrier = 0, at_warp = 0;
+        done = 0;
+        for (int i = 0; i < r->n; i++) {
+            done += r->th[i].state == DONE;
+            at_barrier += r->th[i].state == AT_BARRIER;
+            at_warp += r->th[i].state == AT_WARP;
+        }
+        bool released = false;
+        for (int w = 0; w * 32 < r->n && at_warp; w++) {
+            int waiting = 0, gone = 0;
+            for (int l = 0; l < 32; l++) {
+                waiting += r->th[w * 32 + l].state == AT_WARP;
+                gone += r->th[w * 32 + l].state == DONE;
+            }
+            if (waiting == 32) {
+                for (int l = 0; l < 32; l++) {
+                    r->released[w][l] = r->th[w * 32 + l].deposit;
+                    r->th[w * 32 + l].state = READY;
+                }
+                released = true;
+            } else if (waiting && gone) {
+                fail("a warp operation some lanes of the warp never reach (they returned)");
+            }
+        }
+        if (!released && at_barrier && at_barrier + done == r->n) {
+            for (int i = 0; i < r->n; i++)
+                if (r->th[i].state == AT_BARRIER) r->th[i].state = READY;
+            released = true;
+        }
+        if (!released && done < r->n)
+            fail("deadlock: threads wait at __syncthreads while others wait at a warp operation "
+                 "(a divergent barrier)");
+    }
+}
+
+void run_grid(dim3 grid, dim3 block, size_t shmem, const char *name, void (*fn)(void *), void *ctx) {
+    const size_t nthreads = (size_t)block.x * block.y * block.z;
+    if (nthreads == 0 || nthreads > MAX_THREADS || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
+        shmem != 0) {
+        g_last_error = cudaErrorInvalidConfiguration;
+        return;
+    }
+    if (!g_stacks) {
+        void *p = mmap(nullptr, (size_t)MAX_THREADS * STACK_NBYTES, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) fail("cannot map the fibers' stacks");
+        g_stacks = (char *)p;
+        g_threads = (thread_state *)calloc(MAX_THREADS, sizeof *g_threads);
+        if (!g_threads) fail("out of memory");
+    }
+    block_run *r = new block_run();
+    r->th = g_threads;
+    r->n = (int)nthreads;
+    r->fn = fn;
+    r->ctx = ctx;
+    r->name = name;
+    block_run *outer = g_run;
+    g_run = r;
+    cur_block_dim = block;
+    cur_grid_dim = grid;
+    uint64_t seed = 0;
+    for (unsigned z = 0; z < grid.z; z++)
+        for (unsigned y = 0; y < grid.y; y++)
+            for (unsigned x = 0; x < grid.x; x++) {
+                cur_block_idx = uint3{x, y, z};
+                run_block(r, ++seed);
+            }
+    g_run = outer;
+    delete r;
+}
+
+} /* namespace fy_emu */
+
+cudaError_t cudaGetLastError(void) {
+    cudaError_t e = fy_emu::g_last_error;
+    fy_emu::g_last_error = cudaSuccess;
+    return e;
+}
+
+const char *cudaGetErrorString(cudaError_t e) {
+    return e == cudaSuccess ? "no error" : e == cudaErrorInvalidConfiguration
+                                               ? "invalid launch configuration (emulation)"
+                                               : "launch failure (emulation)";
+}
+
+extern "C" void fy_emu_set_order(int order) { fy_emu::g_order = order; }

@@ -1,0 +1,206 @@
+/* cuda_emu.h — CUDA C on the CPU, for ferry's own kernels: what
+ * engine/device/cuda/cuda_kernels.cu uses, compiled by the host C++ compiler with
+ * -DFY_CUDA_EMU and tests/cuda_emu/include first on the include path (its cuda_*.h
+ * include this file), so the kernels are the same source nvcc builds.
+ *
+ * What it supports, and how:
+ *   launches      FY_LAUNCH(grid, block, shared, stream, kernel)(args): runs the grid
+ *                 there and then (the stream is ignored), one block at a time, every
+ *                 thread of a block a fiber (ucontext) with its own stack;
+ *   indices       threadIdx, blockIdx, blockDim, gridDim (dim3, uint3);
+ *   __syncthreads a barrier over the block's threads that have not returned; a thread
+ *                 that waits while another waits at a warp operation is a deadlock
+ *                 (divergent barrier), reported with the kernel's name;
+ *   __shared__    static, per OS thread: blocks run one at a time on a thread, and each
+ *                 block's first read must follow its own writes, as on a GPU (a kernel
+ *                 that reads shared memory before writing it gets the previous block's
+ *                 values, not zeros). Dynamic shared memory (extern __shared__) does not
+ *                 compile;
+ *   warps         __shfl_sync, __shfl_xor_sync, __ballot_sync: a barrier over the warp's
+ *                 32 lanes, which all must be there (full masks only: a lane that
+ *                 returned, or a partial mask, is an error); __ffs;
+ *   arithmetic    __fmul_rn, __fmaf_rn, __fdiv_rn, __fsqrt_rn, __dadd_rn, __dmul_rn as
+ *                 IEEE operations (this file's users compile with -ffp-contract=off, so
+ *                 nothing is fused unasked); expf, tanhf, sqrtf, fmaxf... are the C
+ *                 library's, which differ from CUDA's in the last ulps (the tests'
+ *                 tolerances cover it); bf16 and fp16 conversions round to nearest even
+ *                 (NaN stays NaN), as the GPU's __float2bfloat16_rn and __float2half_rn;
+ *   errors        cudaGetLastError reports a launch the emulation refused (a block of
+ *                 more than 1024 threads, an empty grid);
+ *   orders        between barriers the runnable threads of a block run in the order the
+ *                 caller sets (fy_emu_set_order: forward, reverse, shuffled): a kernel
+ *                 whose results depend on it has a race (tests/cuda_emu/emu_dev.c runs
+ *                 every kernel in all three and compares).
+ * Anything else a kernel could use (atomics, other intrinsics, textures, cooperative
+ * groups) is not declared here, so it fails to compile rather than run wrongly. */
+#ifndef FY_CUDA_EMU_H
+#define FY_CUDA_EMU_H
+
+#ifndef __cplusplus
+#error "cuda_emu.h is for the C++ compilation of CUDA sources"
+#endif
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <tuple>
+#include <utility>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __shared__ static thread_local
+
+/* ---- the runtime's types ---------------------------------------------------------- */
+
+typedef struct CUstream_st *cudaStream_t;
+typedef enum cudaError { cudaSuccess = 0, cudaErrorInvalidConfiguration = 9,
+                         cudaErrorLaunchFailure = 4 } cudaError_t;
+cudaError_t cudaGetLastError(void);
+const char *cudaGetErrorString(cudaError_t e);
+
+struct uint3 { unsigned x, y, z; };
+struct dim3 {
+    unsigned x, y, z;
+    dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+
+/* ---- bf16 and fp16 ------------------------------------------------------------------ */
+
+struct __nv_bfloat16 { uint16_t bits; };
+struct __half { uint16_t bits; };
+
+static inline __nv_bfloat16 __float2bfloat16_rn(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    __nv_bfloat16 r;
+    if ((u & 0x7fffffffu) > 0x7f800000u) r.bits = (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    else r.bits = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    return r;
+}
+static inline float __bfloat162float(__nv_bfloat16 b) {
+    uint32_t u = (uint32_t)b.bits << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline __half __float2half_rn(float f) {
+    _Float16 h = (_Float16)f; /* IEEE conversion, round to nearest even */
+    __half r;
+    memcpy(&r.bits, &h, 2);
+    return r;
+}
+static inline float __half2float(__half h) {
+    _Float16 x;
+    memcpy(&x, &h.bits, 2);
+    return (float)x;
+}
+
+/* ---- round-to-nearest arithmetic ---------------------------------------------------- */
+
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline float __fsqrt_rn(float a) { return sqrtf(a); }
+static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
+static inline double __dadd_rn(double a, double b) { return a + b; }
+static inline double __dmul_rn(double a, double b) { return a * b; }
+
+/* ---- threads, barriers, warps ---------------------------------------------------------- */
+
+namespace fy_emu {
+
+struct thread_state; /* cuda_emu.cc */
+
+/* The fiber running now, the block and the launch: per OS thread. */
+extern thread_local uint3 cur_thread_idx, cur_block_idx;
+extern thread_local dim3 cur_block_dim, cur_grid_dim;
+
+void syncthreads();
+/* The warp exchange: every lane of the calling lane's warp deposits `value` (8 bytes)
+ * and waits; then each gets back the 32 deposits. */
+void warp_exchange(uint64_t value, uint64_t out[32]);
+int lane_of_caller();
+
+/* Runs fn(ctx) as every thread of every block of the grid (see the top). */
+void run_grid(dim3 grid, dim3 block, size_t shmem, const char *name, void (*fn)(void *), void *ctx);
+
+template <typename T> static inline uint64_t to_bits(T v) {
+    static_assert(sizeof(T) <= 8, "warp values of at most 8 bytes");
+    uint64_t u = 0;
+    memcpy(&u, &v, sizeof v);
+    return u;
+}
+template <typename T> static inline T from_bits(uint64_t u) {
+    T v;
+    memcpy(&v, &u, sizeof v);
+    return v;
+}
+void check_full_mask(unsigned mask);
+
+/* FY_LAUNCH's object: launch(...)(args) runs kernel(args) on the grid. */
+template <typename... P> struct launcher {
+    dim3 grid, block;
+    size_t shmem;
+    const char *name;
+    void (*kernel)(P...);
+    void operator()(P... a) const { /* converted at the call, as a kernel's arguments are */
+        std::tuple<P...> args(a...);
+        struct call {
+            void (*k)(P...);
+            std::tuple<P...> *args;
+            static void run(void *c) {
+                call *self = static_cast<call *>(c);
+                std::apply(self->k, *self->args);
+            }
+        } c{kernel, &args};
+        run_grid(grid, block, shmem, name, &call::run, &c);
+    }
+};
+template <typename... P>
+launcher<P...> launch(dim3 grid, dim3 block, size_t shmem, const char *name, void (*k)(P...)) {
+    return launcher<P...>{grid, block, shmem, name, k};
+}
+
+} /* namespace fy_emu */
+
+#define threadIdx (fy_emu::cur_thread_idx)
+#define blockIdx (fy_emu::cur_block_idx)
+#define blockDim (fy_emu::cur_block_dim)
+#define gridDim (fy_emu::cur_grid_dim)
+
+static inline void __syncthreads(void) { fy_emu::syncthreads(); }
+
+template <typename T> static inline T __shfl_sync(unsigned mask, T v, int src) {
+    fy_emu::check_full_mask(mask);
+    uint64_t all[32];
+    fy_emu::warp_exchange(fy_emu::to_bits(v), all);
+    return fy_emu::from_bits<T>(all[src & 31]);
+}
+template <typename T> static inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
+    fy_emu::check_full_mask(mask);
+    uint64_t all[32];
+    fy_emu::warp_exchange(fy_emu::to_bits(v), all);
+    return fy_emu::from_bits<T>(all[(fy_emu::lane_of_caller() ^ lane_mask) & 31]);
+}
+static inline unsigned __ballot_sync(unsigned mask, int pred) {
+    fy_emu::check_full_mask(mask);
+    uint64_t all[32];
+    fy_emu::warp_exchange(pred ? 1u : 0u, all);
+    unsigned r = 0;
+    for (int l = 0; l < 32; l++) r |= (all[l] ? 1u : 0u) << l;
+    return r;
+}
+static inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
+
+#define FY_LAUNCH(grid, block, shmem, stream, ...) \
+    (void)(stream), fy_emu::launch(dim3(grid), dim3(block), (shmem), #__VA_ARGS__, __VA_ARGS__)
+
+/* The order runnable threads take between barriers: 0 forward, 1 reverse, 2 shuffled
+ * (seeded per launch). Per OS thread. */
+extern "C" void fy_emu_set_order(int order);
+
+#endif

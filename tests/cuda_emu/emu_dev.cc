@@ -1,0 +1,129 @@
+/* emu_dev.cc — the emulated cuda device of the kernel tests (emu_dev.h). */
+extern "C" {
+#include "engine/core/dtype.h"
+#include "engine/device/device_impl.h"
+}
+#include "engine/device/cuda/cuda_impl.h"
+#include "tests/cuda_emu/emu_dev.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const fy_dev_iface *cpu_iface;
+static fy_dev_iface emu_iface;
+
+extern "C" bool fy_emu_dev_emulates(int kind) {
+    switch (kind) {
+    case FY_OP_MATMUL_FWD: case FY_OP_MATMUL_BWD: case FY_OP_MATMUL_BWD_F32ACC:
+    case FY_OP_ATTENTION_FWD: case FY_OP_ATTENTION_BWD:
+        return false; /* cuda_gemm.c: cuBLASLt */
+    default:
+        return kind < FY_OP_KERNELS;
+    }
+}
+
+/* The cuda backend's abort on a failed launch: cuda_backend.c's where the build has the
+ * cuda backend, else this one (weak). */
+extern "C" __attribute__((weak)) void fy_cuda_fail(cudaError_t err, const char *what, const char *file, int line) {
+    fprintf(stderr, "cuda emulation: %s failed at %s:%d: %s\n", what, file, line,
+            cudaGetErrorString(err));
+    abort();
+}
+
+/* A stream's reduction partials, per OS thread (each cpu stream has its worker). */
+static thread_local fy_cu_stream tl_cs;
+
+static void exec_once(const fy_op *op, int order) {
+    if (!tl_cs.part) {
+        tl_cs.part = (float *)malloc(FY_CU_PART_NBYTES);
+        if (!tl_cs.part) abort();
+    }
+    fy_emu_set_order(order);
+    fy_cu_exec_kernel(&tl_cs, op);
+}
+
+/* Bytes of tensor argument k. */
+static size_t arg_nbytes(const fy_op *op, int k) {
+    const fy_op_arg *a = &fy_op_desc_of(op->kind)->args[k];
+    size_t es = a->type == FY_ARG_I32 ? 4 : a->type == FY_ARG_F64 ? 8
+                                          : fy_dtype_size(fy_op_arg_dtype(op, k));
+    return fy_op_arg_nelem(op, k) * es;
+}
+
+/* The op three times from the same inputs (see emu_dev.h). */
+static void exec_checked(const fy_op *op) {
+    static const char *const orders[3] = {"forward", "reverse", "shuffled"};
+    const fy_op_desc *d = fy_op_desc_of(op->kind);
+    const int n = fy_op_nargs(op->kind);
+    void *before[FY_OP_MAX_ARGS] = {0}, *first[FY_OP_MAX_ARGS] = {0};
+    for (int k = 0; k < n; k++)
+        if (op->p[k] && (d->args[k].role & FY_ARG_OUT)) {
+            size_t nb = arg_nbytes(op, k);
+            before[k] = malloc(nb ? nb : 1);
+            first[k] = malloc(nb ? nb : 1);
+            if (!before[k] || !first[k]) abort();
+            memcpy(before[k], op->p[k], nb);
+        }
+    exec_once(op, 0);
+    for (int k = 0; k < n; k++)
+        if (first[k]) memcpy(first[k], op->p[k], arg_nbytes(op, k));
+    for (int o = 1; o < 3; o++) {
+        for (int k = 0; k < n; k++)
+            if (before[k]) memcpy(op->p[k], before[k], arg_nbytes(op, k));
+        exec_once(op, o);
+        for (int k = 0; k < n; k++)
+            if (first[k] && memcmp(first[k], op->p[k], arg_nbytes(op, k))) {
+                fprintf(stderr, "cuda emulation: kernel op %s: its output %s differs when its "
+                        "threads run in %s order: a race\n", fy_op_name(op->kind), d->args[k].name,
+                        orders[o]);
+                abort();
+            }
+    }
+    for (int k = 0; k < n; k++) {
+        free(before[k]);
+        free(first[k]);
+    }
+}
+
+struct job { fy_op op; };
+
+static void run_job(void *arg) {
+    job *j = (job *)arg;
+    exec_checked(&j->op);
+    delete j;
+}
+
+static void emu_launch(fy_stream *s, const fy_op *op) {
+    if (!fy_emu_dev_emulates(op->kind)) {
+        cpu_iface->launch(s, op);
+        return;
+    }
+    job *j = new job{*op};
+    fy_op h;
+    memset(&h, 0, sizeof h);
+    h.kind = FY_OP_HOST_FN;
+    void (*fn)(void *) = run_job;
+    memcpy(&h.p[0], &fn, sizeof fn);
+    h.p[1] = j;
+    cpu_iface->launch(s, &h);
+}
+
+static fy_status emu_init(fy_dev *dev) {
+    fy_status st = fy_cpu_dev_init(dev);
+    if (st != FY_OK) return st;
+    cpu_iface = dev->iface;
+    emu_iface = *cpu_iface;
+    emu_iface.name = "cuda-emu";
+    emu_iface.launch = emu_launch;
+    dev->iface = &emu_iface;
+    snprintf(dev->name, sizeof dev->name, "cuda kernels emulated on the cpu");
+    return FY_OK;
+}
+
+extern "C" fy_status fy_emu_dev_new(const fy_dev_cfg *cfg, fy_dev **out) {
+    fy_dev_cfg c = *cfg;
+    c.kind = FY_DEV_CPU;
+    c.matmul = FY_MATMUL_AUTO;
+    return fy_dev_new_with(&c, emu_init, out);
+}
