@@ -31,6 +31,14 @@
  * bit-identical results to the all-resident plan on cuda too (tests/test_offload.c does
  * the same on the cpu backend).
  *
+ * Without a GPU the kernel suites still run: test_cuda_emu is this file compiled with
+ * FY_TEST_CUDA_EMU, where "the cuda device" is tests/cuda_emu's emulated one (the cuda
+ * backend's kernels, the same source nvcc builds, run on the CPU as fibers per CUDA
+ * thread, each kernel three times in three thread and block orders to catch races). There
+ * the GEMM ops (cuBLASLt's: matmul, attention) skip, and so do streams, events, copies,
+ * the memory budget and training, which stay GPU-only; tests/cuda_emu/test_emu.cc checks
+ * the emulation itself and the kernels the GEMM ops call (softmax, column sums, bias).
+ *
  * GPU tests start with need_gpu(), which skips the test when fy_dev_gpus() finds no GPU.
  * CUDA is touched only inside test bodies, which Criterion runs in a forked process per
  * test (a CUDA context does not survive a fork): nothing here runs at file scope, in

@@ -53,8 +53,18 @@ struct block_run {
 static thread_local block_run *g_run;
 static thread_local int g_order;
 static thread_local cudaError_t g_last_error = cudaSuccess;
-static thread_local char *g_stacks; /* MAX_THREADS stacks, mapped once per OS thread */
-static thread_local thread_state *g_threads;
+/* MAX_THREADS stacks and thread states, made once per OS thread, freed with it */
+struct fibers {
+    char *stacks = nullptr;
+    thread_state *threads = nullptr;
+    ~fibers() {
+        if (stacks) munmap(stacks, (size_t)MAX_THREADS * STACK_NBYTES);
+        free(threads);
+    }
+};
+static thread_local fibers g_fibers;
+#define g_stacks (g_fibers.stacks)
+#define g_threads (g_fibers.threads)
 
 [[noreturn]] static void fail(const char *what) {
     fprintf(stderr, "cuda emulation: kernel %s: %s\n", g_run ? g_run->name : "?", what);
@@ -121,19 +131,22 @@ static void round_order(int *ord, int n, uint64_t *rng) {
     }
 }
 
+/* Thread i's fiber, ready to start at fiber_main (getcontext returns twice in
+ * principle: kept out of the caller's loop). */
+__attribute__((noinline)) static void make_fiber(thread_state *t, int i) {
+    t->state = READY;
+    t->idx = uint3{(unsigned)i % cur_block_dim.x, (unsigned)i / cur_block_dim.x % cur_block_dim.y,
+                   (unsigned)i / (cur_block_dim.x * cur_block_dim.y)};
+    getcontext(&t->ctx);
+    t->ctx.uc_stack.ss_sp = g_stacks + (size_t)i * STACK_NBYTES;
+    t->ctx.uc_stack.ss_size = STACK_NBYTES;
+    t->ctx.uc_link = nullptr;
+    makecontext(&t->ctx, fiber_main, 0);
+}
+
 static void run_block(block_run *r, uint64_t seed) {
     static thread_local int ord[MAX_THREADS];
-    for (int i = 0; i < r->n; i++) {
-        thread_state *t = &r->th[i];
-        t->state = READY;
-        t->idx = uint3{(unsigned)i % cur_block_dim.x, (unsigned)i / cur_block_dim.x % cur_block_dim.y,
-                       (unsigned)i / (cur_block_dim.x * cur_block_dim.y)};
-        getcontext(&t->ctx);
-        t->ctx.uc_stack.ss_sp = g_stacks + (size_t)i * STACK_NBYTES;
-        t->ctx.uc_stack.ss_size = STACK_NBYTES;
-        t->ctx.uc_link = nullptr;
-        makecontext(&t->ctx, fiber_main, 0);
-    }
+    for (int i = 0; i < r->n; i++) make_fiber(&r->th[i], i);
     uint64_t rng = seed * 0x9e3779b97f4a7c15ull + 1;
     for (int done = 0; done < r->n;) {
         round_order(ord, r->n, &rng);
@@ -187,6 +200,22 @@ static void run_block(block_run *r, uint64_t seed) {
     }
 }
 
+/* A stride coprime to n (and an offset in *rng): k -> (k * stride + offset) % n visits
+ * every block once in a scrambled order, without a table of n entries. */
+static uint64_t shuffle_stride(uint64_t n, uint64_t *rng) {
+    *rng ^= *rng << 13;
+    *rng ^= *rng >> 7;
+    *rng ^= *rng << 17;
+    uint64_t s = n > 2 ? *rng % (n - 1) + 1 : 1;
+    while (n > 1) {
+        uint64_t a = s, b = n;
+        while (b) { uint64_t t = a % b; a = b; b = t; }
+        if (a == 1) break;
+        s = s % (n - 1) + 1;
+    }
+    return s;
+}
+
 void run_grid(dim3 grid, dim3 block, size_t shmem, const char *name, void (*fn)(void *), void *ctx) {
     const size_t nthreads = (size_t)block.x * block.y * block.z;
     if (nthreads == 0 || nthreads > MAX_THREADS || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
@@ -212,13 +241,17 @@ void run_grid(dim3 grid, dim3 block, size_t shmem, const char *name, void (*fn)(
     g_run = r;
     cur_block_dim = block;
     cur_grid_dim = grid;
-    uint64_t seed = 0;
-    for (unsigned z = 0; z < grid.z; z++)
-        for (unsigned y = 0; y < grid.y; y++)
-            for (unsigned x = 0; x < grid.x; x++) {
-                cur_block_idx = uint3{x, y, z};
-                run_block(r, ++seed);
-            }
+    /* blocks in the order asked for too: a result that depends on it is a race between
+     * blocks (two blocks writing one element, one reading what another writes) */
+    const uint64_t nblocks = (uint64_t)grid.x * grid.y * grid.z;
+    uint64_t rng = 0x2545f4914f6cdd1dull;
+    const uint64_t stride = g_order == 2 ? shuffle_stride(nblocks, &rng) : 1;
+    for (uint64_t k = 0; k < nblocks; k++) {
+        uint64_t b = g_order == 1 ? nblocks - 1 - k : (k * stride + (g_order == 2 ? rng : 0)) % nblocks;
+        cur_block_idx = uint3{(unsigned)(b % grid.x), (unsigned)(b / grid.x % grid.y),
+                              (unsigned)(b / ((uint64_t)grid.x * grid.y))};
+        run_block(r, k + 1);
+    }
     g_run = outer;
     delete r;
 }

@@ -27,10 +27,11 @@
  *                 (NaN stays NaN), as the GPU's __float2bfloat16_rn and __float2half_rn;
  *   errors        cudaGetLastError reports a launch the emulation refused (a block of
  *                 more than 1024 threads, an empty grid);
- *   orders        between barriers the runnable threads of a block run in the order the
- *                 caller sets (fy_emu_set_order: forward, reverse, shuffled): a kernel
- *                 whose results depend on it has a race (tests/cuda_emu/emu_dev.c runs
- *                 every kernel in all three and compares).
+ *   orders        the blocks of a grid, and between barriers the runnable threads of a
+ *                 block, run in the order the caller sets (fy_emu_set_order: forward,
+ *                 reverse, shuffled): a kernel whose results depend on it has a race
+ *                 (tests/cuda_emu/emu_dev.cc runs every kernel in all three, compares,
+ *                 and aborts naming the kernel).
  * Anything else a kernel could use (atomics, other intrinsics, textures, cooperative
  * groups) is not declared here, so it fails to compile rather than run wrongly. */
 #ifndef FY_CUDA_EMU_H

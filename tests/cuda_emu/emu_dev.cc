@@ -31,16 +31,21 @@ extern "C" __attribute__((weak)) void fy_cuda_fail(cudaError_t err, const char *
     abort();
 }
 
-/* A stream's reduction partials, per OS thread (each cpu stream has its worker). */
-static thread_local fy_cu_stream tl_cs;
+/* A stream's reduction partials, per OS thread (each cpu stream has its worker), freed
+ * with the thread. */
+struct emu_stream {
+    fy_cu_stream cs;
+    emu_stream() { memset(&cs, 0, sizeof cs); }
+    ~emu_stream() { free(cs.part); }
+};
+static thread_local emu_stream tl_cs;
 
-static void exec_once(const fy_op *op, int order) {
-    if (!tl_cs.part) {
-        tl_cs.part = (float *)malloc(FY_CU_PART_NBYTES);
-        if (!tl_cs.part) abort();
+static void exec_once(const fy_op *op) {
+    if (!tl_cs.cs.part) {
+        tl_cs.cs.part = (float *)malloc(FY_CU_PART_NBYTES);
+        if (!tl_cs.cs.part) abort();
     }
-    fy_emu_set_order(order);
-    fy_cu_exec_kernel(&tl_cs, op);
+    fy_cu_exec_kernel(&tl_cs.cs, op);
 }
 
 /* Bytes of tensor argument k. */
@@ -51,39 +56,54 @@ static size_t arg_nbytes(const fy_op *op, int k) {
     return fy_op_arg_nelem(op, k) * es;
 }
 
-/* The op three times from the same inputs (see emu_dev.h). */
-static void exec_checked(const fy_op *op) {
+extern "C" void fy_emu_check_orders(const char *what, void (*run)(void *ctx), void *ctx,
+                                    const fy_emu_buf *bufs, int nbufs) {
     static const char *const orders[3] = {"forward", "reverse", "shuffled"};
-    const fy_op_desc *d = fy_op_desc_of(op->kind);
-    const int n = fy_op_nargs(op->kind);
-    void *before[FY_OP_MAX_ARGS] = {0}, *first[FY_OP_MAX_ARGS] = {0};
-    for (int k = 0; k < n; k++)
-        if (op->p[k] && (d->args[k].role & FY_ARG_OUT)) {
-            size_t nb = arg_nbytes(op, k);
-            before[k] = malloc(nb ? nb : 1);
-            first[k] = malloc(nb ? nb : 1);
-            if (!before[k] || !first[k]) abort();
-            memcpy(before[k], op->p[k], nb);
-        }
-    exec_once(op, 0);
-    for (int k = 0; k < n; k++)
-        if (first[k]) memcpy(first[k], op->p[k], arg_nbytes(op, k));
-    for (int o = 1; o < 3; o++) {
-        for (int k = 0; k < n; k++)
-            if (before[k]) memcpy(op->p[k], before[k], arg_nbytes(op, k));
-        exec_once(op, o);
-        for (int k = 0; k < n; k++)
-            if (first[k] && memcmp(first[k], op->p[k], arg_nbytes(op, k))) {
-                fprintf(stderr, "cuda emulation: kernel op %s: its output %s differs when its "
-                        "threads run in %s order: a race\n", fy_op_name(op->kind), d->args[k].name,
-                        orders[o]);
+    void **before = (void **)calloc((size_t)nbufs + 1, sizeof(void *));
+    void **first = (void **)calloc((size_t)nbufs + 1, sizeof(void *));
+    if (!before || !first) abort();
+    for (int k = 0; k < nbufs; k++) {
+        before[k] = malloc(bufs[k].nbytes ? bufs[k].nbytes : 1);
+        first[k] = malloc(bufs[k].nbytes ? bufs[k].nbytes : 1);
+        if (!before[k] || !first[k]) abort();
+        memcpy(before[k], bufs[k].p, bufs[k].nbytes);
+    }
+    for (int o = 0; o < 3; o++) {
+        for (int k = 0; k < nbufs && o > 0; k++) memcpy(bufs[k].p, before[k], bufs[k].nbytes);
+        fy_emu_set_order(o);
+        run(ctx);
+        for (int k = 0; k < nbufs; k++) {
+            if (o == 0) {
+                memcpy(first[k], bufs[k].p, bufs[k].nbytes);
+            } else if (memcmp(first[k], bufs[k].p, bufs[k].nbytes)) {
+                fprintf(stderr, "cuda emulation: %s: its output %s differs when its threads run in "
+                        "%s order: a race\n", what, bufs[k].name, orders[o]);
                 abort();
             }
+        }
     }
-    for (int k = 0; k < n; k++) {
+    fy_emu_set_order(0);
+    for (int k = 0; k < nbufs; k++) {
         free(before[k]);
         free(first[k]);
     }
+    free(before);
+    free(first);
+}
+
+static void run_op(void *op) { exec_once((const fy_op *)op); }
+
+/* The op three times from the same inputs (see emu_dev.h). */
+static void exec_checked(const fy_op *op) {
+    const fy_op_desc *d = fy_op_desc_of(op->kind);
+    fy_emu_buf bufs[FY_OP_MAX_ARGS];
+    int n = 0;
+    char what[64];
+    for (int k = 0; k < fy_op_nargs(op->kind); k++)
+        if (op->p[k] && (d->args[k].role & FY_ARG_OUT))
+            bufs[n++] = fy_emu_buf{op->p[k], arg_nbytes(op, k), d->args[k].name};
+    snprintf(what, sizeof what, "kernel op %s", fy_op_name(op->kind));
+    fy_emu_check_orders(what, run_op, (void *)op, bufs, n);
 }
 
 struct job { fy_op op; };

@@ -1,0 +1,280 @@
+/* test_emu.cc — the CPU emulation of CUDA itself (cuda_emu.h), and the kernels of
+ * cuda_kernels.cu that the GEMM ops call (softmax, column sums, bias), which
+ * test_cuda.c reaches only through cuBLASLt's ops.
+ *
+ * The emulation: warp shuffles and ballots give what CUDA defines; __syncthreads orders
+ * shared memory in every thread order; a planted race (a shared variable every thread
+ * writes, read after the barrier) gives different results in forward and reverse order,
+ * which is how emu_dev.cc catches races; a planted out-of-bounds write (a buffer that
+ * ends at a guard page; AddressSanitizer's own report in the sanitized build) and a
+ * divergent barrier end the test process; bf16 and fp16 conversions round to nearest
+ * even exactly as ferry's host conversion (and IEEE) does.
+ * The helper kernels: against plain C references in fp32 (sums in another order: 1e-6). */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "tests/cuda_emu/cuda_emu.h"
+
+extern "C" {
+#include "engine/core/dtype.h"
+#include "engine/device/device_impl.h"
+}
+#include "engine/device/cuda/cuda_impl.h"
+#include "tests/cuda_emu/emu_dev.h"
+
+/* ---- kernels of the tests ---------------------------------------------------------- */
+
+__global__ void warp_ops_k(float *sum, int *from5, unsigned *ballot, int *first) {
+    int t = threadIdx.x, lane = t & 31;
+    float v = (float)t;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    sum[t] = v;
+    from5[t] = __shfl_sync(0xffffffffu, t * 10, 5);
+    unsigned b = __ballot_sync(0xffffffffu, lane % 3 == 0);
+    ballot[t] = b;
+    first[t] = __ffs(b & ~1u);
+}
+
+__global__ void reverse_k(int *out) {
+    __shared__ int s[256];
+    int t = threadIdx.x;
+    s[t] = t * 7 + (int)blockIdx.x;
+    __syncthreads();
+    out[blockIdx.x * blockDim.x + t] = s[blockDim.x - 1 - t];
+}
+
+__global__ void racy_k(int *out) {
+    __shared__ int last;
+    last = (int)threadIdx.x; /* every thread writes it: whoever runs last wins */
+    __syncthreads();
+    out[threadIdx.x] = last;
+}
+
+__global__ void last_block_wins_k(int *out) {
+    if (threadIdx.x == 0) out[0] = (int)blockIdx.x; /* every block writes one element */
+}
+
+__global__ void past_the_end_k(float *out) { out[threadIdx.x] = 1.0f; }
+
+/* half of each warp waits at the block's barrier, the other half at a shuffle that needs
+ * the first half: neither can go on */
+__global__ void divergent_k(float *out) {
+    if ((threadIdx.x & 31) < 16) {
+        __syncthreads();
+    } else {
+        out[threadIdx.x] = __shfl_sync(0xffffffffu, 1.0f, 0);
+    }
+}
+
+/* ---- the emulation ---------------------------------------------------------------------- */
+
+TestSuite(emulation, .timeout = 60);
+
+Test(emulation, warp_operations_are_cudas) {
+    float sum[64];
+    int from5[64], first[64];
+    unsigned ballot[64];
+    for (int order = 0; order < 3; order++) {
+        fy_emu_set_order(order);
+        FY_LAUNCH(1, 64, 0, (cudaStream_t)0, warp_ops_k)(sum, from5, ballot, first);
+        cr_assert_eq(cudaGetLastError(), cudaSuccess);
+        unsigned want_ballot = 0;
+        for (int l = 0; l < 32; l++) want_ballot |= (l % 3 == 0 ? 1u : 0u) << l;
+        for (int t = 0; t < 64; t++) {
+            int w = t / 32;
+            float want = 0;
+            for (int l = 0; l < 32; l++) want += (float)(w * 32 + l);
+            cr_expect_eq(sum[t], want, "order %d thread %d: warp sum %g, want %g", order, t, sum[t], want);
+            cr_expect_eq(from5[t], (w * 32 + 5) * 10, "order %d thread %d", order, t);
+            cr_expect_eq(ballot[t], want_ballot, "order %d thread %d", order, t);
+            cr_expect_eq(first[t], 4, "order %d thread %d: __ffs", order, t); /* lane 3 */
+        }
+    }
+}
+
+Test(emulation, syncthreads_orders_shared_memory_in_every_order) {
+    int out[3 * 256];
+    for (int order = 0; order < 3; order++) {
+        fy_emu_set_order(order);
+        memset(out, 0xff, sizeof out);
+        FY_LAUNCH(3, 256, 0, (cudaStream_t)0, reverse_k)(out);
+        for (int b = 0; b < 3; b++)
+            for (int t = 0; t < 256; t++)
+                cr_assert_eq(out[b * 256 + t], (255 - t) * 7 + b, "order %d block %d thread %d", order, b, t);
+    }
+}
+
+Test(emulation, a_planted_race_shows_as_orders_that_disagree) {
+    int fwd[64], rev[64], shuf[64];
+    fy_emu_set_order(0);
+    FY_LAUNCH(1, 64, 0, (cudaStream_t)0, racy_k)(fwd);
+    fy_emu_set_order(1);
+    FY_LAUNCH(1, 64, 0, (cudaStream_t)0, racy_k)(rev);
+    fy_emu_set_order(2);
+    FY_LAUNCH(1, 64, 0, (cudaStream_t)0, racy_k)(shuf);
+    cr_expect_eq(fwd[0], 63, "forward: the last thread writes last");
+    cr_expect_eq(rev[0], 0, "reverse: thread 0 writes last");
+    cr_expect(memcmp(fwd, rev, sizeof fwd) != 0, "the race went unseen");
+}
+
+static void run_racy(void *out) { FY_LAUNCH(1, 64, 0, (cudaStream_t)0, racy_k)((int *)out); }
+
+/* the check every kernel op of the emulated device goes through */
+Test(emulation, a_planted_race_is_caught_by_the_order_check, .signal = SIGABRT) {
+    int out[64];
+    fy_emu_buf b = {out, sizeof out, "out"};
+    fy_emu_check_orders("racy_k", run_racy, out, &b, 1);
+}
+
+static void run_blocks(void *out) { FY_LAUNCH(5, 32, 0, (cudaStream_t)0, last_block_wins_k)((int *)out); }
+
+/* blocks run in the three orders too: a race between blocks is caught as well */
+Test(emulation, a_planted_race_between_blocks_is_caught, .signal = SIGABRT) {
+    int out[1];
+    fy_emu_buf b = {out, sizeof out, "out"};
+    fy_emu_check_orders("last_block_wins_k", run_blocks, out, &b, 1);
+}
+
+static void run_reverse(void *out) { FY_LAUNCH(3, 256, 0, (cudaStream_t)0, reverse_k)((int *)out); }
+
+Test(emulation, a_kernel_without_a_race_passes_the_order_check) {
+    int out[3 * 256];
+    fy_emu_buf b = {out, sizeof out, "out"};
+    fy_emu_check_orders("reverse_k", run_reverse, out, &b, 1);
+}
+
+Test(emulation, a_bad_launch_is_an_error_not_a_run) {
+    float x[1];
+    FY_LAUNCH(1, 2048, 0, (cudaStream_t)0, past_the_end_k)(x);
+    cr_expect_eq(cudaGetLastError(), cudaErrorInvalidConfiguration);
+    cr_expect_eq(cudaGetLastError(), cudaSuccess, "the error is cleared once read");
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+/* AddressSanitizer reports the heap overflow and exits 1 */
+Test(emulation, a_planted_out_of_bounds_write_is_caught, .exit_code = 1) {
+    float *out = (float *)malloc(48 * sizeof(float));
+    FY_LAUNCH(1, 64, 0, (cudaStream_t)0, past_the_end_k)(out);
+    free(out);
+}
+#else
+/* the buffer ends where an inaccessible page begins: the 49th float faults */
+Test(emulation, a_planted_out_of_bounds_write_is_caught, .signal = SIGSEGV) {
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    char *p = (char *)mmap(NULL, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(p, MAP_FAILED);
+    cr_assert_eq(mprotect(p + page, page, PROT_NONE), 0);
+    float *out = (float *)(p + page) - 48;
+    FY_LAUNCH(1, 64, 0, (cudaStream_t)0, past_the_end_k)(out);
+}
+#endif
+
+Test(emulation, a_divergent_barrier_is_reported, .signal = SIGABRT) {
+    float out[64];
+    FY_LAUNCH(1, 64, 0, (cudaStream_t)0, divergent_k)(out);
+}
+
+Test(emulation, bf16_and_fp16_round_to_nearest_even) {
+    /* every float with these 16-bit tops and a spread of low halves (ties included),
+     * and the specials */
+    uint32_t n = 0;
+    for (uint32_t hi = 0; hi < 0x10000u; hi += 7)
+        for (uint32_t lo : {0x0000u, 0x0001u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu}) {
+            uint32_t u = hi << 16 | lo;
+            float f;
+            memcpy(&f, &u, 4);
+            uint16_t want;
+            fy_f32_to_bf16_n(&want, &f, 1);
+            __nv_bfloat16 got = __float2bfloat16_rn(f);
+            if (isnan(f)) cr_expect(isnan(__bfloat162float(got)), "NaN %08x", u);
+            else cr_expect_eq(got.bits, want, "%08x: bf16 %04x, ferry's %04x", u, got.bits, want);
+            n++;
+        }
+    cr_expect_gt(n, 50000u);
+    /* fp16: 1 + 2^-11 is a tie (rounds to 1), 1 + 3 * 2^-11 rounds up to 1 + 2^-9 */
+    cr_expect_eq(__half2float(__float2half_rn(1.0f + 0x1p-11f)), 1.0f);
+    cr_expect_eq(__half2float(__float2half_rn(1.0f + 3 * 0x1p-11f)), 1.0f + 0x1p-9f);
+    cr_expect_eq(__half2float(__float2half_rn(70000.0f)), INFINITY);
+}
+
+/* ---- the kernels the GEMM ops call ------------------------------------------------------- */
+
+static fy_cu_stream *stream(void) {
+    static fy_cu_stream cs;
+    if (!cs.part) cs.part = (float *)malloc(FY_CU_PART_NBYTES);
+    return &cs;
+}
+
+static float frand(unsigned *s) {
+    *s = *s * 1103515245u + 12345u;
+    return (float)((*s >> 8) & 0xffff) / 32768.0f - 1.0f;
+}
+
+static double rel_err(const float *a, const double *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i];
+        num += d * d;
+        den += b[i] * b[i];
+    }
+    return isfinite(num) ? sqrt(num / (den > 0 ? den : 1)) : INFINITY;
+}
+
+TestSuite(gemm_helpers, .timeout = 60);
+
+Test(gemm_helpers, causal_softmax_forward_and_backward) {
+    const int BH = 3, T = 37; /* rows not a multiple of anything */
+    const size_t n = (size_t)BH * T * T;
+    float *att = (float *)malloc(n * 4), *ds = (float *)malloc(n * 4);
+    double *p = (double *)malloc(n * 8), *g = (double *)malloc(n * 8);
+    unsigned s = 7;
+    for (size_t i = 0; i < n; i++) att[i] = 3 * frand(&s);
+    for (size_t r = 0; r < (size_t)BH * T; r++) { /* row r: position t = r % T sees 0..t */
+        const float *x = att + r * T;
+        int t = (int)(r % T);
+        double m = -INFINITY, z = 0;
+        for (int j = 0; j <= t; j++) m = fmax(m, x[j]);
+        for (int j = 0; j <= t; j++) z += exp(x[j] - m);
+        for (int j = 0; j < T; j++) p[r * T + j] = j <= t ? exp(x[j] - m) / z : 0.0;
+    }
+    fy_cu_softmax_causal_fwd(stream(), FY_F32, att, BH, T);
+    cr_expect_lt(rel_err(att, p, n), 1e-6, "softmax: %g", rel_err(att, p, n));
+    for (size_t i = 0; i < n; i++) ds[i] = frand(&s);
+    for (size_t r = 0; r < (size_t)BH * T; r++) {
+        double dot = 0;
+        for (int j = 0; j < T; j++) dot += (double)att[r * T + j] * ds[r * T + j];
+        int t = (int)(r % T);
+        for (int j = 0; j < T; j++)
+            g[r * T + j] = j <= t ? att[r * T + j] * (ds[r * T + j] - dot) : 0.0;
+    }
+    fy_cu_softmax_causal_bwd(stream(), FY_F32, ds, att, BH, T);
+    cr_expect_lt(rel_err(ds, g, n), 1e-6, "softmax backward: %g", rel_err(ds, g, n));
+    free(att); free(ds); free(p); free(g);
+}
+
+Test(gemm_helpers, column_sums_accumulate_and_bias_fills) {
+    const int N = 301, C = 70;
+    float *x = (float *)malloc((size_t)N * C * 4), dst[70], out[5 * 70];
+    double want[70], wout[5 * 70];
+    unsigned s = 11;
+    for (int i = 0; i < N * C; i++) x[i] = frand(&s);
+    for (int c = 0; c < C; c++) {
+        dst[c] = frand(&s);
+        want[c] = dst[c];
+        for (int r = 0; r < N; r++) want[c] += x[(size_t)r * C + c];
+    }
+    fy_cu_colsum_acc(stream(), FY_F32, dst, x, N, C);
+    cr_expect_lt(rel_err(dst, want, C), 1e-6, "column sums: %g", rel_err(dst, want, C));
+    for (int r = 0; r < 5; r++)
+        for (int c = 0; c < C; c++) wout[r * C + c] = dst[c];
+    memset(out, 0xff, sizeof out);
+    fy_cu_bias_fill(stream(), FY_F32, out, dst, 5, C);
+    cr_expect_eq(rel_err(out, wout, 5 * C), 0.0, "bias fill");
+    free(x);
+}
