@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -216,7 +217,7 @@ fy_status fy_ckpt_state_parse(const char *text, size_t n, fy_ckpt_state *out, ch
 }
 
 /* The state file of checkpoint info into dir, with the files' sizes and checksums. */
-static fy_status write_state(const char *dir, const fy_trainer *tr, const fy_ckpt_info *info,
+static fy_status write_state(const char *dir, const cJSON *plan_json, const fy_ckpt_info *info,
                              const cJSON *config, const uint64_t nbytes[NDATA],
                              const uint32_t crcs[NDATA]) {
     char path[PATH_CAP], stamp[32];
@@ -225,7 +226,7 @@ static fy_status write_state(const char *dir, const fy_trainer *tr, const fy_ckp
     strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&now, &tm));
     cJSON *root = cJSON_CreateObject(), *files = cJSON_CreateArray();
     cJSON *cfg = cJSON_Duplicate(config, true);
-    cJSON *plan = fy_plan_json(fy_trainer_plan(tr));
+    cJSON *plan = cJSON_Duplicate(plan_json, true);
     fy_status st = root && files && cfg && plan ? FY_OK : FY_ERR_NOMEM;
     if (st == FY_OK) {
         cJSON_AddStringToObject(root, "format", FORMAT_NAME);
@@ -288,6 +289,8 @@ static fy_status write_state(const char *dir, const fy_trainer *tr, const fy_ckp
 struct fy_ckpt_dir {
     char *path;
     int lock_fd;
+    pthread_t writer;         /* a save in the background, while job is set */
+    struct save_job *job;
 };
 
 const char *fy_ckpt_dir_path(const fy_ckpt_dir *d) { return d->path; }
@@ -449,6 +452,7 @@ fy_status fy_ckpt_dir_open(const char *path, fy_ckpt_dir **out) {
 
 void fy_ckpt_dir_close(fy_ckpt_dir *d) {
     if (!d) return;
+    fy_ckpt_wait(d, NULL); /* a save in flight completes (or fails, logged) first */
     close(d->lock_fd); /* releases the lock */
     free(d->path);
     free(d);
@@ -456,31 +460,45 @@ void fy_ckpt_dir_close(fy_ckpt_dir *d) {
 
 /* ---- writing --------------------------------------------------------------------------------- */
 
-typedef struct moment_src { fy_trainer *tr; int which; } moment_src;
+/* Where a save reads the state from: the trainer itself (a synchronous save), or a
+ * snapshot of it (a save in the background). */
+struct fy_ckpt_snapshot {
+    const fy_model *m;
+    float *buf;               /* per block: master, m, v (nelem floats each), block after block */
+    size_t nbytes;
+    size_t *off;              /* per block: its master's offset in floats */
+};
 
-static fy_status params_src(void *ctx, int b, float *host) {
-    fy_trainer_get_params(ctx, b, host);
+typedef struct state_src {
+    fy_trainer *tr;           /* or */
+    const fy_ckpt_snapshot *snap;
+    int which;                /* 0 masters, 1 first moment, 2 second */
+} state_src;
+
+static fy_status block_of(void *ctx, int b, float *host) {
+    const state_src *s = ctx;
+    if (s->snap) {
+        const fy_ckpt_snapshot *sn = s->snap;
+        const size_t n = fy_model_block(sn->m, b)->nelem;
+        memcpy(host, sn->buf + sn->off[b] + (size_t)s->which * n, n * sizeof(float));
+    } else if (s->which == 0) {
+        fy_trainer_get_params(s->tr, b, host);
+    } else {
+        fy_trainer_get_moments(s->tr, b, s->which == 1 ? host : NULL, s->which == 2 ? host : NULL);
+    }
     return FY_OK;
 }
 
-static fy_status moment_of(void *ctx, int b, float *host) {
-    const moment_src *s = ctx;
-    fy_trainer_get_moments(s->tr, b, s->which == 0 ? host : NULL, s->which == 1 ? host : NULL);
-    return FY_OK;
-}
-
-/* The data files of the trainer's state into dir, their sizes and CRCs (taken as they
- * are written, so nothing is read back) into nbytes[] and crc[]. */
-static fy_status write_files(const char *dir, fy_trainer *tr, uint64_t nbytes[NDATA],
-                             uint32_t crc[NDATA]) {
-    const fy_model *m = fy_trainer_model(tr);
+/* The data files into dir from src (its `which` set per file), their sizes and CRCs (taken
+ * as they are written, so nothing is read back) into nbytes[] and crc[]. */
+static fy_status write_files(const char *dir, const fy_model *m, state_src src,
+                             uint64_t nbytes[NDATA], uint32_t crc[NDATA]) {
     char path[PATH_CAP];
     for (int i = 0; i < NDATA; i++) {
         const fy_save_opts o = {.dtype = FY_F32, .crc32c = &crc[i]};
         if (!join(path, sizeof path, dir, data_files[i])) return FY_ERR_IO;
-        moment_src src = {tr, i - 1};
-        FY_TRY(i == 0 ? fy_model_save(m, path, &o, params_src, tr)
-                      : fy_model_save(m, path, &o, moment_of, &src));
+        src.which = i;
+        FY_TRY(fy_model_save(m, path, &o, block_of, &src));
         struct stat sb;
         if (stat(path, &sb) != 0) {
             fy_log_error("cannot stat %s: %s", path, strerror(errno));
@@ -538,8 +556,9 @@ static void rotate(const char *dir, int64_t step, int keep) {
     if (d) closedir(d);
 }
 
-fy_status fy_ckpt_save(fy_ckpt_dir *d, fy_trainer *tr, const fy_ckpt_info *info,
-                       const cJSON *config, int keep, char **path) {
+/* The whole save (see the top) from src. */
+static fy_status save_body(fy_ckpt_dir *d, const fy_model *m, state_src src, const cJSON *plan_json,
+                           const fy_ckpt_info *info, const cJSON *config, int keep, char **path) {
     char name[64], tmp[PATH_CAP], final[PATH_CAP], old[PATH_CAP];
     snprintf(name, sizeof name, STEP_PREFIX "%08" PRId64, info->step);
     if (!join(final, sizeof final, d->path, name) ||
@@ -555,11 +574,11 @@ fy_status fy_ckpt_save(fy_ckpt_dir *d, fy_trainer *tr, const fy_ckpt_info *info,
     }
     uint64_t nbytes[NDATA];
     uint32_t crc[NDATA];
-    fy_status st = write_files(tmp, tr, nbytes, crc);
+    fy_status st = write_files(tmp, m, src, nbytes, crc);
     static int saves; /* the test hook: see checkpoint.h */
     const char *kill_at = getenv("FERRY_TEST_KILL_IN_SAVE");
     if (kill_at && atoi(kill_at) == ++saves) raise(SIGKILL);
-    if (st == FY_OK) st = write_state(tmp, tr, info, config, nbytes, crc);
+    if (st == FY_OK) st = write_state(tmp, plan_json, info, config, nbytes, crc);
     if (st == FY_OK) st = fsync_dir(tmp);
     struct stat sb;
     if (st == FY_OK && lstat(final, &sb) == 0) {
@@ -592,6 +611,124 @@ fy_status fy_ckpt_save(fy_ckpt_dir *d, fy_trainer *tr, const fy_ckpt_info *info,
     if (path && !(*path = strdup(final))) return FY_ERR_NOMEM;
     return FY_OK;
 }
+
+fy_status fy_ckpt_save(fy_ckpt_dir *d, fy_trainer *tr, const fy_ckpt_info *info,
+                       const cJSON *config, int keep, char **path) {
+    FY_TRY(fy_ckpt_wait(d, NULL));
+    cJSON *plan = fy_plan_json(fy_trainer_plan(tr));
+    if (!plan) {
+        fy_log_error("out of host memory writing a checkpoint");
+        return FY_ERR_NOMEM;
+    }
+    state_src src = {.tr = tr};
+    fy_status st = save_body(d, fy_trainer_model(tr), src, plan, info, config, keep, path);
+    cJSON_Delete(plan);
+    return st;
+}
+
+/* ---- saving in the background ------------------------------------------------------- */
+
+size_t fy_ckpt_snapshot_nbytes(const fy_model *m) {
+    size_t n = 0;
+    for (int b = 0; b < fy_model_nblocks(m); b++) n += 3 * fy_model_block(m, b)->nelem;
+    return n * sizeof(float);
+}
+
+fy_status fy_ckpt_snapshot_new(const fy_model *m, fy_ckpt_snapshot **out) {
+    *out = NULL;
+    fy_ckpt_snapshot *sn = calloc(1, sizeof *sn);
+    if (!sn) return FY_ERR_NOMEM;
+    sn->m = m;
+    sn->nbytes = fy_ckpt_snapshot_nbytes(m);
+    sn->off = malloc((size_t)fy_model_nblocks(m) * sizeof *sn->off);
+    void *p = mmap(NULL, sn->nbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (!sn->off || p == MAP_FAILED) {
+        free(sn->off);
+        free(sn);
+        fy_log_error("out of host memory for a checkpoint snapshot");
+        return FY_ERR_NOMEM;
+    }
+    sn->buf = p;
+    memset(sn->buf, 0, sn->nbytes); /* touched once, here, not during the first save */
+    for (int b = 0, o = 0; b < fy_model_nblocks(m); b++) {
+        sn->off[b] = (size_t)o;
+        o += (int)(3 * fy_model_block(m, b)->nelem);
+    }
+    *out = sn;
+    return FY_OK;
+}
+
+void fy_ckpt_snapshot_free(fy_ckpt_snapshot *sn) {
+    if (!sn) return;
+    munmap(sn->buf, sn->nbytes);
+    free(sn->off);
+    free(sn);
+}
+
+typedef struct save_job {
+    fy_ckpt_dir *d;
+    const fy_ckpt_snapshot *snap;
+    cJSON *plan, *config;
+    fy_ckpt_info info;
+    int keep;
+    char *path;               /* out */
+    fy_status st;             /* out */
+} save_job;
+
+static void *save_thread(void *arg) {
+    save_job *j = arg;
+    state_src src = {.snap = j->snap};
+    j->st = save_body(j->d, j->snap->m, src, j->plan, &j->info, j->config, j->keep, &j->path);
+    return NULL;
+}
+
+fy_status fy_ckpt_save_async(fy_ckpt_dir *d, fy_trainer *tr, fy_ckpt_snapshot *snap,
+                             const fy_ckpt_info *info, const cJSON *config, int keep) {
+    FY_TRY(fy_ckpt_wait(d, NULL));
+    const fy_model *m = fy_trainer_model(tr);
+    for (int b = 0; b < fy_model_nblocks(m); b++) { /* the state as of now */
+        const size_t n = fy_model_block(m, b)->nelem;
+        float *base = snap->buf + snap->off[b];
+        fy_trainer_get_params(tr, b, base);
+        fy_trainer_get_moments(tr, b, base + n, base + 2 * n);
+    }
+    save_job *j = calloc(1, sizeof *j);
+    if (!j || !(j->plan = fy_plan_json(fy_trainer_plan(tr))) ||
+        !(j->config = cJSON_Duplicate(config, true))) {
+        if (j) cJSON_Delete(j->plan);
+        free(j);
+        fy_log_error("out of host memory writing a checkpoint");
+        return FY_ERR_NOMEM;
+    }
+    *j = (save_job){.d = d, .snap = snap, .plan = j->plan, .config = j->config, .info = *info,
+                    .keep = keep};
+    if (pthread_create(&d->writer, NULL, save_thread, j) != 0) {
+        fy_log_error("cannot start the checkpoint writer thread");
+        cJSON_Delete(j->plan);
+        cJSON_Delete(j->config);
+        free(j);
+        return FY_ERR_NOMEM;
+    }
+    d->job = j;
+    return FY_OK;
+}
+
+fy_status fy_ckpt_wait(fy_ckpt_dir *d, char **path) {
+    if (path) *path = NULL;
+    if (!d->job) return FY_OK;
+    pthread_join(d->writer, NULL);
+    save_job *j = d->job;
+    d->job = NULL;
+    fy_status st = j->st;
+    if (path) *path = j->path;
+    else free(j->path);
+    cJSON_Delete(j->plan);
+    cJSON_Delete(j->config);
+    free(j);
+    return st;
+}
+
+bool fy_ckpt_pending(const fy_ckpt_dir *d) { return d->job != NULL; }
 
 /* ---- finding ------------------------------------------------------------------------------------ */
 

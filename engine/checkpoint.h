@@ -97,6 +97,21 @@ const char *fy_ckpt_dir_path(const fy_ckpt_dir *d);
 fy_status fy_ckpt_save(fy_ckpt_dir *d, fy_trainer *tr, const fy_ckpt_info *info,
                        const cJSON *config, int keep, char **path);
 
+/* Saving in the background: the state is copied into a snapshot (host memory the size of
+ * the fp32 masters and both moments, 12 bytes a parameter, allocated and touched once)
+ * while the trainer is idle, then a thread writes the checkpoint from it, exactly as
+ * fy_ckpt_save would, while training goes on. One save at a time per directory:
+ * fy_ckpt_save and fy_ckpt_save_async first wait for the one in flight. fy_ckpt_wait
+ * joins it: its status and (malloc'd, when path is not NULL) the path written. */
+typedef struct fy_ckpt_snapshot fy_ckpt_snapshot;
+size_t fy_ckpt_snapshot_nbytes(const fy_model *m);
+fy_status fy_ckpt_snapshot_new(const fy_model *m, fy_ckpt_snapshot **out);
+void fy_ckpt_snapshot_free(fy_ckpt_snapshot *sn); /* NULL is a no-op; not while in use */
+fy_status fy_ckpt_save_async(fy_ckpt_dir *d, fy_trainer *tr, fy_ckpt_snapshot *snap,
+                             const fy_ckpt_info *info, const cJSON *config, int keep);
+fy_status fy_ckpt_wait(fy_ckpt_dir *d, char **path);
+bool fy_ckpt_pending(const fy_ckpt_dir *d);
+
 /* The checkpoint `latest` names (malloc'd path) or NULL if the directory has none yet.
  * Without a `latest` (or with one whose step directory is gone: a run killed between a
  * checkpoint's rename and the link's move), the newest step directory, with *guessed

@@ -117,13 +117,19 @@ typedef struct run {
     fy_ckpt_dir *ckpt;
     cJSON *config;            /* what checkpoints record of the run and resuming checks */
     int64_t start;            /* the first step this process runs */
-    int64_t saved;            /* the step of the newest checkpoint (-1: none) */
-    char *saved_path;
+    int64_t saved;            /* the step of the newest checkpoint asked for (-1: none) */
+    char *saved_path;         /* the newest complete one's */
+    fy_ckpt_snapshot *snap;   /* saves in the background from it (NULL: before going on) */
+    double pending_t0;
 } run;
+
+static fy_status setup_snapshot(run *r);
+static fy_status finish_pending(run *r);
 
 static void run_free(run *r) {
     if (r->metrics) fclose(r->metrics);
-    fy_ckpt_dir_close(r->ckpt);
+    fy_ckpt_dir_close(r->ckpt); /* waits for a save in flight */
+    fy_ckpt_snapshot_free(r->snap);
     cJSON_Delete(r->config);
     free(r->saved_path);
     fy_trainer_free(r->tr);
@@ -529,6 +535,7 @@ static fy_status setup_run(run *r, const fy_ckpt *ck) {
     FY_TRY(fy_trainer_new(r->dev, &tc, &r->tr));
     if (ck) FY_TRY(resume_from(r, ck));
     fy_storage_model(c->model, c->plan, c->seq, &r->model);
+    FY_TRY(setup_snapshot(r));
     r->N = (size_t)c->plan->micro_batch * c->seq * c->plan->grad_accum;
     return FY_OK;
 }
@@ -557,6 +564,7 @@ static fy_status log_step(run *r, int64_t s, const fy_step_stats *ss, float lr, 
         fy_log_warn("step %lld: gradient norm is %g; update skipped", (long long)s + 1,
                     ss->grad_norm);
         if (++r->skipped_run >= MAX_SKIPPED_RUN) {
+            finish_pending(r); /* the checkpoint to name is the newest complete one */
             if (r->saved_path)
                 fy_log_error("training diverged: %d steps in a row had non-finite gradients; the "
                              "last checkpoint, %s (step %lld), is kept: resume from it with "
@@ -670,27 +678,76 @@ static fy_status report(run *r) {
 }
 
 /* A checkpoint of the state after step `step` (steps are 1-based here: step steps done). */
-static fy_status save_checkpoint(run *r, int64_t step) {
+/* The "ckpt" line of a checkpoint written. */
+static void print_ckpt(const run *r, const char *path, double ms, bool background) {
+    if (r->cfg->quiet) return;
+    if (isatty(STDOUT_FILENO)) printf("\r%*s\r", 78, "");
+    char size[32];
+    fy_fmt_size(fy_ckpt_snapshot_nbytes(r->cfg->model), size, sizeof size);
+    printf("ckpt    %s (%s in %.1f s%s)\n", path, size, ms / 1e3,
+           background ? ", in the background" : "");
+    fflush(stdout);
+}
+
+/* The save in the background, if one is in flight: joined, and it is the newest. */
+static fy_status finish_pending(run *r) {
+    if (!r->ckpt || !fy_ckpt_pending(r->ckpt)) return FY_OK;
+    char *path = NULL;
+    FY_TRY(fy_ckpt_wait(r->ckpt, &path));
+    free(r->saved_path);
+    r->saved_path = path;
+    print_ckpt(r, path, fy_now_ms() - r->pending_t0, true);
+    return FY_OK;
+}
+
+/* A checkpoint of the state after step `step` (steps are 1-based here: step steps done):
+ * written in the background from a snapshot when the run has one (`now` false), else
+ * before training goes on. */
+static fy_status save_checkpoint(run *r, int64_t step, bool now) {
     fy_ckpt_info info = {.step = step, .updates = fy_trainer_steps_done(r->tr),
                          .skipped_run = r->skipped_run, .loss = r->loss, .val_loss = r->val_loss};
     if (r->metrics) fflush(r->metrics);
     metrics_position(r->cfg->metrics, info.metrics, &info.metrics_bytes);
-    char *path = NULL;
     const int keep = r->cfg->ckpt_keep > 0 ? r->cfg->ckpt_keep : 2;
+    FY_TRY(finish_pending(r));
+    r->saved = step;
+    if (r->snap && !now) {
+        r->pending_t0 = fy_now_ms();
+        return fy_ckpt_save_async(r->ckpt, r->tr, r->snap, &info, r->config, keep);
+    }
+    char *path = NULL;
     const double t0 = fy_now_ms();
     FY_TRY(fy_ckpt_save(r->ckpt, r->tr, &info, r->config, keep, &path));
-    const double ms = fy_now_ms() - t0;
     free(r->saved_path);
     r->saved_path = path;
-    r->saved = step;
-    if (!r->cfg->quiet) {
-        if (isatty(STDOUT_FILENO)) printf("\r%*s\r", 78, "");
-        char size[32];
-        const size_t nb = (size_t)fy_model_num_params(r->cfg->model) * 3 * sizeof(float);
-        printf("ckpt    %s (%s in %.1f s)\n", path, fy_fmt_size(nb, size, sizeof size), ms / 1e3);
-        fflush(stdout);
-    }
+    print_ckpt(r, path, fy_now_ms() - t0, false);
     return FY_OK;
+}
+
+/* Whether checkpoints go through a snapshot, written in the background: unless
+ * --checkpoint-sync, when the snapshot (12 bytes a parameter) takes at most half the
+ * memory available now and stays inside --host-mem with the plan's host state. */
+static fy_status setup_snapshot(run *r) {
+    const fy_train_cfg *c = r->cfg;
+    if (!r->ckpt || c->ckpt_sync) return FY_OK;
+    const size_t need = fy_ckpt_snapshot_nbytes(c->model);
+    size_t avail = 0;
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    while (f && fgets(line, sizeof line, f)) {
+        unsigned long long kb;
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) avail = (size_t)kb << 10;
+    }
+    if (f) fclose(f);
+    char a[32], b[32];
+    if (need > avail / 2 || (c->host_budget && r->model.host_total + need > c->host_budget)) {
+        fy_log_info("checkpoints are written before training goes on: a snapshot to write them "
+                    "from in the background takes %s (%s available%s)",
+                    fy_fmt_size(need, a, sizeof a), fy_fmt_size(avail, b, sizeof b),
+                    c->host_budget ? ", and --host-mem binds" : "");
+        return FY_OK;
+    }
+    return fy_ckpt_snapshot_new(c->model, &r->snap);
 }
 
 fy_status fy_train(const fy_train_cfg *cfg) {
@@ -722,11 +779,15 @@ fy_status fy_train(const fy_train_cfg *cfg) {
         st = run_window(&r, s0, (int)n, &done);
         s0 += done;
         if (st == FY_OK && r.ckpt && cfg->ckpt_every && s0 % cfg->ckpt_every == 0)
-            st = save_checkpoint(&r, s0);
+            st = save_checkpoint(&r, s0, false);
     }
     if (r.ckpt && (st == FY_OK || st == FY_INTERRUPTED) && s0 > r.saved && s0 > r.start) {
-        fy_status cs = save_checkpoint(&r, s0); /* the end, or where the signal stopped it */
+        fy_status cs = save_checkpoint(&r, s0, true); /* the end, or where the signal stopped it */
         if (cs != FY_OK) st = cs;
+    }
+    if (r.ckpt) { /* a save still in the background completes before the run reports */
+        fy_status cs = finish_pending(&r);
+        if (cs != FY_OK && (st == FY_OK || st == FY_INTERRUPTED)) st = cs;
     }
     if (st == FY_INTERRUPTED) {
         const int sig = atomic_load(&fy_train_stop_signal);

@@ -62,6 +62,10 @@ typedef struct fy_train_cfg {
     int ckpt_keep;                   /* checkpoints kept (0: 2) */
     const char *resume;              /* NULL: start afresh; "": from ckpt_dir's latest (or
                                         afresh when it has none yet); else a checkpoint */
+    bool ckpt_sync;                  /* write checkpoints before going on, never from a
+                                        snapshot in the background */
+    size_t host_budget;              /* --host-mem (0: none): a snapshot must fit in it
+                                        beside the plan's host state */
 } fy_train_cfg;
 
 /* Set, from a signal handler, to the signal's number: the run stops after the step in

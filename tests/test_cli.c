@@ -1948,18 +1948,35 @@ static void expect_same_file(const char *a, const char *b) {
     free(y);
 }
 
+/* Lines in a file (0 if there is none). */
+static int count_lines(const char *path) {
+    FILE *f = fopen(path, "r");
+    int n = 0;
+    for (int c; f && (c = fgetc(f)) != EOF;) n += c == '\n';
+    if (f) fclose(f);
+    return n;
+}
+
+/* A kill point: once the metrics file has `lines` lines, `extra_us` more microseconds. */
+typedef struct kill_point { const char *metrics; int lines; int extra_us; double at; } kill_point;
+
+static bool kill_now(void *ctx) {
+    kill_point *k = ctx;
+    if (k->at == 0 && count_lines(k->metrics) >= k->lines) k->at = test_now_ms();
+    return k->at > 0 && test_now_ms() - k->at >= k->extra_us / 1e3;
+}
+
 /* Killed with SIGKILL at random moments (mid-step, mid-save: a checkpoint is written
- * every few milliseconds) and resumed, under a different plan on every relaunch, then
+ * every few milliseconds, in the background or, every other launch, before training goes
+ * on) and resumed, under a different plan on every relaunch, then
  * stopped by SIGTERM and resumed again: the weights and every step's loss and norm are
  * bit-identical to a run never stopped, and the metrics file has one line per step. */
 Test(cli, killed_and_resumed_runs_match_a_run_never_stopped, .timeout = 300) {
     const char *ref_w = P("ref.safetensors"), *w = P("w.safetensors");
     const char *ref_m = P("ref.jsonl"), *m = P("m.jsonl");
     run_result r;
-    double t0 = test_now_ms();
     FERRY(&r, CKPT_RUN, "--checkpoint-dir", P("ref-ckpt"), "--metrics", ref_m, "--save", ref_w);
     expect_ok(&r);
-    const int run_ms = (int)(test_now_ms() - t0);
     static const char *const plans[][6] = {
         {"--offload-params", "1", "--offload-optim", "1", "--ckpt-layers", "1"},
         {"--offload-params", "0.5", "--offload-optim", "0", "--ckpt-layers", "0"},
@@ -1971,13 +1988,19 @@ Test(cli, killed_and_resumed_runs_match_a_run_never_stopped, .timeout = 300) {
     for (bool done = false; !done; launches++) {
         cr_assert_lt(launches, 12, "seed %u: the run never finished", seed);
         const char *const *pl = plans[launches % 3];
-        int sig = launches < 4 ? SIGKILL : launches == 4 ? SIGTERM : 0;
-        int delay = run_ms / 20 + rand() % (run_ms / 3 + 1); /* within the remaining work */
-        test_run_ferry_sig(&r, g_dir, RUN_TIMEOUT_S,
+        int sig = launches == 2 ? SIGTERM : launches < 5 ? SIGKILL : 0;
+        /* the kill lands a random number of steps into what is left, and a random few
+         * milliseconds past that step's line: inside a step or inside a save */
+        const int have = count_lines(m), left = 60 - have;
+        kill_point kp = {m, have + 1 + (left > 2 ? rand() % (left - 2) : 0), rand() % 3000, 0};
+        if (left <= 1) sig = 0;
+        test_run_ferry_when(&r, g_dir, RUN_TIMEOUT_S,
                            (const char *const[]){CKPT_RUN, "--checkpoint-dir", P("ckpt"),
                                                  "--metrics", m, "--save", w, "--resume",
-                                                 pl[0], pl[1], pl[2], pl[3], pl[4], pl[5], NULL},
-                           sig ? delay : -1, sig, 0);
+                                                 pl[0], pl[1], pl[2], pl[3], pl[4], pl[5],
+                                                 launches % 2 ? "--checkpoint-sync" : "--quiet",
+                                                 NULL},
+                           sig ? 0 : -1, sig, 0, sig ? kill_now : NULL, &kp);
         if (r.sig == SIGKILL) { kills++; continue; }
         expect_clean(&r);
         if (r.code == 128 + SIGTERM) { terms++; continue; }

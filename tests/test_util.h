@@ -53,21 +53,28 @@ typedef struct test_proc {
     char *out, *err;
 } test_proc;
 
+/* As test_run_ferry (below), and delay_ms after the start sends sig to the child (if it is
+ * still running), then sig2 right after it (0: none). With `when` (and delay_ms 0), the
+ * signal goes as soon as when(ctx) is true, polled every millisecond instead. */
+static inline void test_run_ferry_when(test_proc *r, const char *dir, int timeout_s,
+                                       const char *const *args, int delay_ms, int sig, int sig2,
+                                       bool (*when)(void *), void *ctx);
+static inline void test_run_ferry_sig(test_proc *r, const char *dir, int timeout_s,
+                                      const char *const *args, int delay_ms, int sig, int sig2) {
+    test_run_ferry_when(r, dir, timeout_s, args, delay_ms, sig, sig2, NULL, NULL);
+}
+
 /* Runs $FERRY_BIN with args (NULL-terminated) in dir, stdin from /dev/null, stdout and
  * stderr captured through files in dir; an alarm of timeout_s seconds, which survives the
  * exec, turns a hang into SIGALRM. */
-/* As test_run_ferry, and delay_ms after the start sends sig to the child (if it is
- * still running), then sig2 right after it (0: none). */
-static inline void test_run_ferry_sig(test_proc *r, const char *dir, int timeout_s,
-                                      const char *const *args, int delay_ms, int sig, int sig2);
-
 static inline void test_run_ferry(test_proc *r, const char *dir, int timeout_s,
                                   const char *const *args) {
     test_run_ferry_sig(r, dir, timeout_s, args, -1, 0, 0);
 }
 
-static inline void test_run_ferry_sig(test_proc *r, const char *dir, int timeout_s,
-                                      const char *const *args, int delay_ms, int sig, int sig2) {
+static inline void test_run_ferry_when(test_proc *r, const char *dir, int timeout_s,
+                                       const char *const *args, int delay_ms, int sig, int sig2,
+                                       bool (*when)(void *), void *ctx) {
     const char *bin = getenv("FERRY_BIN");
     cr_assert_not_null(bin, "FERRY_BIN must name the ferry binary");
     char outp[512], errp[512];
@@ -107,7 +114,7 @@ static inline void test_run_ferry_sig(test_proc *r, const char *dir, int timeout
         pid_t w = waitpid(pid, &st, WNOHANG);
         cr_assert(w >= 0 || errno == EINTR, "waitpid: %s", strerror(errno));
         reaped = w == pid;
-        if (!reaped && waited >= delay_ms) {
+        if (!reaped && (when ? when(ctx) : waited >= delay_ms)) {
             kill(pid, sig);
             if (sig2) kill(pid, sig2);
             break;

@@ -153,6 +153,9 @@ static const opt table[] = {
      "a checkpoint every N steps (0 = only at the end and when interrupted)", (int64_t)1 << 40},
     {"checkpoint-keep", T_INT, O(ckpt_keep), TR, "2", R_POS, NULL, "K",
      "checkpoints kept (the newest K; older ones are removed)", 1 << 20},
+    {"checkpoint-sync", T_BOOL, O(ckpt_sync), TR, "0", R_ANY, NULL, NULL,
+     "write each checkpoint before training goes on (default: from a snapshot in host "
+     "memory, 12 bytes a parameter, in the background, when the memory allows)", 0},
     {"resume", T_OPTSTR, O(resume), TR, NULL, R_ANY, NULL, "[PATH]",
      "continue from the newest checkpoint in --checkpoint-dir (or from checkpoint PATH), "
      "bit-exactly under any plan (another micro-batch split rounds differently); with none "

@@ -73,6 +73,7 @@ typedef struct fy_opts {
     const char *metrics;
     const char *ckpt_dir;
     int64_t ckpt_every, ckpt_keep;
+    bool ckpt_sync;
     const char *resume; /* NULL: not given; "": the latest in ckpt_dir; else a checkpoint */
     bool quiet;
     unsigned set_mask[2]; /* which table entries the user gave (bit per entry) */

@@ -52,8 +52,9 @@ static void catch_stop_signals(void) {
 
 /* The checkpoint flags together, before any work. */
 static fy_status check_ckpt_flags(const fy_opts *o) {
-    if (!o->ckpt_dir && (fy_opts_given(o, "checkpoint-every") || fy_opts_given(o, "checkpoint-keep"))) {
-        fy_log_error("--checkpoint-every and --checkpoint-keep need --checkpoint-dir");
+    if (!o->ckpt_dir && (fy_opts_given(o, "checkpoint-every") || fy_opts_given(o, "checkpoint-keep") ||
+                         o->ckpt_sync)) {
+        fy_log_error("--checkpoint-every, --checkpoint-keep and --checkpoint-sync need --checkpoint-dir");
         return FY_ERR_USAGE;
     }
     if (o->resume && !*o->resume && !o->ckpt_dir) {
@@ -260,6 +261,8 @@ int fy_train_main(const fy_opts *o) {
         tc.ckpt_every = o->ckpt_every;
         tc.ckpt_keep = (int)o->ckpt_keep;
         tc.resume = o->resume;
+        tc.ckpt_sync = o->ckpt_sync;
+        tc.host_budget = o->host_mem;
         st = fy_train(&tc);
     }
     fy_plan_free(&plan);
