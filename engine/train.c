@@ -120,7 +120,7 @@ typedef struct run {
     int64_t saved;            /* the step of the newest checkpoint asked for (-1: none) */
     char *saved_path;         /* the newest complete one's */
     fy_ckpt_snapshot *snap;   /* saves in the background from it (NULL: before going on) */
-    double pending_t0;
+    double pending_t0, pending_wait_ms;
 } run;
 
 static fy_status setup_snapshot(run *r);
@@ -678,14 +678,18 @@ static fy_status report(run *r) {
 }
 
 /* A checkpoint of the state after step `step` (steps are 1-based here: step steps done). */
-/* The "ckpt" line of a checkpoint written. */
-static void print_ckpt(const run *r, const char *path, double ms, bool background) {
+/* The "ckpt" line of a checkpoint written: its size, the time training waited for it,
+ * and for one written in the background the time the writing took. */
+static void print_ckpt(const run *r, const char *path, double wait_ms, double bg_ms) {
     if (r->cfg->quiet) return;
     if (isatty(STDOUT_FILENO)) printf("\r%*s\r", 78, "");
     char size[32];
     fy_fmt_size(fy_ckpt_snapshot_nbytes(r->cfg->model), size, sizeof size);
-    printf("ckpt    %s (%s in %.1f s%s)\n", path, size, ms / 1e3,
-           background ? ", in the background" : "");
+    if (bg_ms > 0)
+        printf("ckpt    %s (%s: training waited %.2f s for the snapshot; written in the "
+               "background in %.1f s)\n", path, size, wait_ms / 1e3, bg_ms / 1e3);
+    else
+        printf("ckpt    %s (%s in %.1f s)\n", path, size, wait_ms / 1e3);
     fflush(stdout);
 }
 
@@ -696,7 +700,7 @@ static fy_status finish_pending(run *r) {
     FY_TRY(fy_ckpt_wait(r->ckpt, &path));
     free(r->saved_path);
     r->saved_path = path;
-    print_ckpt(r, path, fy_now_ms() - r->pending_t0, true);
+    print_ckpt(r, path, r->pending_wait_ms, fy_now_ms() - r->pending_t0);
     return FY_OK;
 }
 
@@ -713,23 +717,34 @@ static fy_status save_checkpoint(run *r, int64_t step, bool now) {
     r->saved = step;
     if (r->snap && !now) {
         r->pending_t0 = fy_now_ms();
-        return fy_ckpt_save_async(r->ckpt, r->tr, r->snap, &info, r->config, keep);
+        FY_TRY(fy_ckpt_save_async(r->ckpt, r->tr, r->snap, &info, r->config, keep));
+        r->pending_wait_ms = fy_now_ms() - r->pending_t0;
+        return FY_OK;
     }
     char *path = NULL;
     const double t0 = fy_now_ms();
     FY_TRY(fy_ckpt_save(r->ckpt, r->tr, &info, r->config, keep, &path));
     free(r->saved_path);
     r->saved_path = path;
-    print_ckpt(r, path, fy_now_ms() - t0, false);
+    print_ckpt(r, path, fy_now_ms() - t0, 0);
     return FY_OK;
 }
 
 /* Whether checkpoints go through a snapshot, written in the background: unless
- * --checkpoint-sync, when the snapshot (12 bytes a parameter) takes at most half the
- * memory available now and stays inside --host-mem with the plan's host state. */
+ * --checkpoint-sync, when a core is left for the writer (the cpu backend's kernels take
+ * --threads of them, all by default: a writer beside them slows every step more than it
+ * saves, measured in bench/RESULTS.md), and the snapshot (12 bytes a parameter) takes at
+ * most half the memory available now and stays inside --host-mem beside the plan's host
+ * state. */
 static fy_status setup_snapshot(run *r) {
     const fy_train_cfg *c = r->cfg;
     if (!r->ckpt || c->ckpt_sync) return FY_OK;
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (c->dev.kind == FY_DEV_CPU && fy_dev_threads(r->dev) >= cores) {
+        fy_log_info("checkpoints are written before training goes on: the cpu backend's kernels "
+                    "use all %ld cores (--threads below that leaves the writer a core)", cores);
+        return FY_OK;
+    }
     const size_t need = fy_ckpt_snapshot_nbytes(c->model);
     size_t avail = 0;
     FILE *f = fopen("/proc/meminfo", "r");
