@@ -83,9 +83,10 @@
 #ifdef FY_TEST_CUDA_EMU
 /* The kernel suites compiled again (test_cuda_emu): "the cuda device" is the CPU emulation
  * of the cuda kernels (tests/cuda_emu/emu_dev.h), which every machine has; its GEMMs are
- * the cpu backend's, so the tests of GEMM ops (matmul, attention) skip there. Only the
- * kernels_* suites run in that build (meson.build's filter). */
-static void need_gpu(void) {}
+ * the cpu backend's, so the tests of GEMM ops (matmul, attention) skip there, and so does
+ * every test that needs a GPU (need_gpu); the kernel tests start with need_kernels. */
+static void need_gpu(void) { cr_skip_test("GPU only: the emulation runs the kernel tests"); }
+static void need_kernels(void) {}
 static void need_gemms(void) {
     cr_skip_test("GEMMs are cuBLASLt's and run on a GPU only; the emulation runs the other kernels");
 }
@@ -96,6 +97,7 @@ static void need_gpu(void) {
     char why[160] = "";
     if (fy_dev_gpus(&gpu, 1, why, sizeof why) == 0) cr_skip_test("no GPU: %s", why);
 }
+static void need_kernels(void) { need_gpu(); }
 static void need_gemms(void) {}
 #endif
 
@@ -672,7 +674,7 @@ static const mm_shape mm_fp32_shapes[] = {
 };
 
 Test(kernels_fp32, encoder) {
-    need_gpu();
+    need_kernels();
     open_pair(FY_MATMUL_FP32, FY_F32);
     /* 0 (the same bits): the forward is one fp32 addition per element on both, or a copy
      * without wpe; the backward adds each row in position order, the cpu's order (the
@@ -682,7 +684,7 @@ Test(kernels_fp32, encoder) {
 }
 
 Test(kernels_fp32, layernorm) {
-    need_gpu();
+    need_kernels();
     open_pair(FY_MATMUL_FP32, FY_F32);
     /* fwd 1e-5 (see the top); bwd 2e-5: dinp subtracts the row means of dnorm and
      * dnorm*norm, each summed in another order, and is scaled by rstd (up to 3.4 here);
@@ -691,7 +693,7 @@ Test(kernels_fp32, layernorm) {
 }
 
 Test(kernels_fp32, rmsnorm) {
-    need_gpu();
+    need_kernels();
     open_pair(FY_MATMUL_FP32, FY_F32);
     /* fwd 1e-5: the 80-term sum of squares in another order (~1e-7, see the top); bwd
      * 2e-5, as layernorm's: dinp subtracts x times a row dot product summed in another
@@ -701,7 +703,7 @@ Test(kernels_fp32, rmsnorm) {
 }
 
 Test(kernels_fp32, rope) {
-    need_gpu();
+    need_kernels();
     open_pair(FY_MATMUL_FP32, FY_F32);
     /* 1e-5: both tabulate cos and sin in double rounded to fp32 (a last-bit flip where the
      * double functions differ by an ulp), then two fp32 products and a sum per channel
@@ -714,7 +716,7 @@ Test(kernels_fp32, rope) {
 }
 
 Test(kernels_fp32, matmul) {
-    need_gpu();
+    need_kernels();
     need_gemms();
     open_pair(FY_MATMUL_FP32, FY_F32);
     /* fp32 products, fp32 sums of <= 192 terms in another order: ~1e-6 */
@@ -723,7 +725,7 @@ Test(kernels_fp32, matmul) {
 }
 
 Test(kernels_fp32, attention) {
-    need_gpu();
+    need_kernels();
     need_gemms();
     open_pair(FY_MATMUL_FP32, FY_F32);
     /* fwd 1e-5 (cpu ~1e-7 from float64, CUDA's expf within 2 ulps); bwd 2e-5: dS =
@@ -736,7 +738,7 @@ Test(kernels_fp32, attention) {
 }
 
 Test(kernels_fp32, grouped_query_attention) {
-    need_gpu();
+    need_kernels();
     need_gemms();
     open_pair(FY_MATMUL_FP32, FY_F32);
     /* multi-head attention's bounds (above): each query head's forward is the same
@@ -750,25 +752,25 @@ Test(kernels_fp32, grouped_query_attention) {
 }
 
 Test(kernels_fp32, gelu) {
-    need_gpu();
+    need_kernels();
     open_pair(FY_MATMUL_FP32, FY_F32);
     check_gelu(FY_F32, 1e-5); /* the same formula; tanhf differs by a few ulps */
 }
 
 Test(kernels_fp32, swiglu) {
-    need_gpu();
+    need_kernels();
     open_pair(FY_MATMUL_FP32, FY_F32);
     check_swiglu(FY_F32, 1e-5); /* the same formulas; expf differs by a few ulps */
 }
 
 Test(kernels_fp32, residual) {
-    need_gpu();
+    need_kernels();
     open_pair(FY_MATMUL_FP32, FY_F32);
     check_residual(FY_F32, 0); /* one fp32 addition per element on both: the same bits */
 }
 
 Test(kernels_fp32, crossentropy) {
-    need_gpu();
+    need_kernels();
     open_pair(FY_MATMUL_FP32, FY_F32);
     check_crossentropy(FY_F32, 0.0f, 1e-5);
     /* the gradient is expf(x - max) * (1/sum) * dloss on both; expf and the sum's last
@@ -777,19 +779,19 @@ Test(kernels_fp32, crossentropy) {
 }
 
 Test(kernels_fp32, mean) {
-    need_gpu();
+    need_kernels();
     open_pair(FY_MATMUL_FP32, FY_F32);
     check_mean();
 }
 
 Test(kernels_fp32, sumsq_has_fy_sumsq_bits) {
-    need_gpu();
+    need_kernels();
     open_pair(FY_MATMUL_FP32, FY_F32);
     check_sumsq(FY_F32);
 }
 
 Test(kernels_fp32, adamw_has_fy_adam_step_bits) {
-    need_gpu();
+    need_kernels();
     open_gpu(FY_MATMUL_FP32, FY_F32);
     static const fy_dtype grads[] = {FY_F32, FY_BF16, FY_F16};
     static const fy_dtype outs[] = {FY_DTYPE_NONE, FY_F32, FY_BF16, FY_F16};
@@ -810,7 +812,7 @@ TestSuite(kernels_bf16, .fini = close_all, .timeout = 120);
 static const mm_shape mm_bf16_shapes[] = {{128, 64, 192}, {96, 80, 136}};
 
 Test(kernels_bf16, encoder) {
-    need_gpu();
+    need_kernels();
     open_pair(FY_MATMUL_AUTO, FY_BF16);
     check_encoder(FY_BF16, true, BF16_TOL, BF16_TOL);
     /* without wpe the forward copies wte's bf16 values, which the cpu holds widened: the
@@ -819,19 +821,19 @@ Test(kernels_bf16, encoder) {
 }
 
 Test(kernels_bf16, layernorm) {
-    need_gpu();
+    need_kernels();
     open_pair(FY_MATMUL_AUTO, FY_BF16);
     check_layernorm(FY_BF16, BF16_TOL, BF16_TOL);
 }
 
 Test(kernels_bf16, rmsnorm) {
-    need_gpu();
+    need_kernels();
     open_pair(FY_MATMUL_AUTO, FY_BF16);
     check_rmsnorm(FY_BF16, BF16_TOL, BF16_TOL); /* rstd: the fp32 bound, inside */
 }
 
 Test(kernels_bf16, rope) {
-    need_gpu();
+    need_kernels();
     open_pair(FY_MATMUL_AUTO, FY_BF16);
     /* cuda rounds each rotated channel to bf16 once (~1e-3 rms); the value heads, left
      * alone, keep their bits */
@@ -842,7 +844,7 @@ Test(kernels_bf16, rope) {
 }
 
 Test(kernels_bf16, matmul) {
-    need_gpu();
+    need_kernels();
     need_gemms();
     open_pair(FY_MATMUL_AUTO, FY_BF16);
     for (size_t i = 0; i < sizeof mm_bf16_shapes / sizeof mm_bf16_shapes[0]; i++)
@@ -850,7 +852,7 @@ Test(kernels_bf16, matmul) {
 }
 
 Test(kernels_bf16, attention) {
-    need_gpu();
+    need_kernels();
     need_gemms();
     open_pair(FY_MATMUL_AUTO, FY_BF16);
     check_attention(FY_BF16, 64, 4, 4, 16, BF16_TOL, BF16_TOL);
@@ -859,7 +861,7 @@ Test(kernels_bf16, attention) {
 }
 
 Test(kernels_bf16, grouped_query_attention) {
-    need_gpu();
+    need_kernels();
     need_gemms();
     open_pair(FY_MATMUL_AUTO, FY_BF16);
     /* BF16_TOL still: cuda rounds a key/value gradient to bf16 after each of its G =
@@ -873,27 +875,27 @@ Test(kernels_bf16, grouped_query_attention) {
 }
 
 Test(kernels_bf16, gelu_and_residual) {
-    need_gpu();
+    need_kernels();
     open_pair(FY_MATMUL_AUTO, FY_BF16);
     check_gelu(FY_BF16, BF16_TOL);
     check_residual(FY_BF16, BF16_TOL);
 }
 
 Test(kernels_bf16, swiglu) {
-    need_gpu();
+    need_kernels();
     open_pair(FY_MATMUL_AUTO, FY_BF16);
     check_swiglu(FY_BF16, BF16_TOL);
 }
 
 Test(kernels_bf16, crossentropy) {
-    need_gpu();
+    need_kernels();
     open_pair(FY_MATMUL_AUTO, FY_BF16);
     check_crossentropy(FY_BF16, 0.0f, BF16_TOL);
     check_crossentropy(FY_BF16, 1.0f / 48, BF16_TOL);
 }
 
 Test(kernels_bf16, fp32_tensors_stay_fp32) {
-    need_gpu();
+    need_kernels();
     open_pair(FY_MATMUL_AUTO, FY_BF16);
     check_mean();          /* reads and writes fp32 on a bf16 stream */
     check_sumsq(FY_BF16);  /* bf16 input, double result */

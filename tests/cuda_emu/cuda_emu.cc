@@ -9,13 +9,21 @@
 #include <sys/mman.h>
 #include <ucontext.h>
 
+#include <mutex>
+
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/common_interface_defs.h>
 #define EMU_ASAN 1
 #endif
 
+/* The shared-memory section's bounds (the linker's); weak: a program with no __shared__
+ * variable has no section. */
+extern "C" char __start_fy_emu_shared __attribute__((weak));
+extern "C" char __stop_fy_emu_shared __attribute__((weak));
+
 namespace fy_emu {
 
+static std::mutex g_launch_mu;
 thread_local uint3 cur_thread_idx, cur_block_idx;
 thread_local dim3 cur_block_dim, cur_grid_dim;
 
@@ -28,7 +36,11 @@ struct thread_state {
     ucontext_t ctx;
     int state;
     uint3 idx;
-    uint64_t deposit;          /* AT_WARP: the lane's value */
+    uint64_t deposit;          /* AT_WARP: the lane's value, */
+    int op_kind;               /* the operation, */
+    uint64_t op_count;         /* and how many the lane did before it (lanes at one
+                                  exchange agree on both; code positions would not do:
+                                  the compiler may clone a loop per branch) */
 #ifdef EMU_ASAN
     void *fake;                /* AddressSanitizer's fake stack while switched out */
 #endif
@@ -105,13 +117,15 @@ int lane_of_caller() { return g_run->cur & 31; }
 
 void check_full_mask(unsigned mask) {
     if (mask != 0xffffffffu) fail("a warp operation with a partial mask (not emulated)");
-    if (g_run->n % 32) fail("a warp operation in a block that is not whole warps");
+    if ((g_run->cur / 32 + 1) * 32 > g_run->n) fail("a warp operation in a partial warp");
 }
 
-void warp_exchange(uint64_t value, uint64_t out[32]) {
+void warp_exchange(uint64_t value, uint64_t out[32], int kind) {
     block_run *r = g_run;
     thread_state *t = &r->th[r->cur];
     t->deposit = value;
+    t->op_kind = kind;
+    t->op_count++;
     t->state = AT_WARP;
     yield_to_scheduler();
     memcpy(out, r->released[r->cur / 32], 32 * sizeof(uint64_t));
@@ -135,6 +149,7 @@ static void round_order(int *ord, int n, uint64_t *rng) {
  * principle: kept out of the caller's loop). */
 __attribute__((noinline)) static void make_fiber(thread_state *t, int i) {
     t->state = READY;
+    t->op_count = 0;
     t->idx = uint3{(unsigned)i % cur_block_dim.x, (unsigned)i / cur_block_dim.x % cur_block_dim.y,
                    (unsigned)i / (cur_block_dim.x * cur_block_dim.y)};
     getcontext(&t->ctx);
@@ -146,6 +161,8 @@ __attribute__((noinline)) static void make_fiber(thread_state *t, int i) {
 
 static void run_block(block_run *r, uint64_t seed) {
     static thread_local int ord[MAX_THREADS];
+    if (&__stop_fy_emu_shared > &__start_fy_emu_shared)
+        memset(&__start_fy_emu_shared, 0xff, (size_t)(&__stop_fy_emu_shared - &__start_fy_emu_shared));
     for (int i = 0; i < r->n; i++) make_fiber(&r->th[i], i);
     uint64_t rng = seed * 0x9e3779b97f4a7c15ull + 1;
     for (int done = 0; done < r->n;) {
@@ -180,6 +197,10 @@ static void run_block(block_run *r, uint64_t seed) {
                 gone += r->th[w * 32 + l].state == DONE;
             }
             if (waiting == 32) {
+                const thread_state *l0 = &r->th[w * 32];
+                for (int l = 1; l < 32; l++)
+                    if (r->th[w * 32 + l].op_kind != l0->op_kind || r->th[w * 32 + l].op_count != l0->op_count)
+                        fail("the lanes of a warp wait at different warp operations");
                 for (int l = 0; l < 32; l++) {
                     r->released[w][l] = r->th[w * 32 + l].deposit;
                     r->th[w * 32 + l].state = READY;
@@ -218,16 +239,19 @@ static uint64_t shuffle_stride(uint64_t n, uint64_t *rng) {
 
 void run_grid(dim3 grid, dim3 block, size_t shmem, const char *name, void (*fn)(void *), void *ctx) {
     const size_t nthreads = (size_t)block.x * block.y * block.z;
-    if (nthreads == 0 || nthreads > MAX_THREADS || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
-        shmem != 0) {
+    if (nthreads == 0 || nthreads > MAX_THREADS || block.z > 64 || grid.x == 0 || grid.y == 0 ||
+        grid.z == 0 || grid.y > 65535 || grid.z > 65535 || shmem != 0) {
         g_last_error = cudaErrorInvalidConfiguration;
         return;
     }
+    std::lock_guard<std::mutex> one_at_a_time(g_launch_mu); /* the shared section is global */
     if (!g_stacks) {
         void *p = mmap(nullptr, (size_t)MAX_THREADS * STACK_NBYTES, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (p == MAP_FAILED) fail("cannot map the fibers' stacks");
         g_stacks = (char *)p;
+        for (int i = 0; i < MAX_THREADS; i++) /* a stack that overflows faults */
+            mprotect(g_stacks + (size_t)i * STACK_NBYTES, 4096, PROT_NONE);
         g_threads = (thread_state *)calloc(MAX_THREADS, sizeof *g_threads);
         if (!g_threads) fail("out of memory");
     }

@@ -11,29 +11,40 @@
  *   __syncthreads a barrier over the block's threads that have not returned; a thread
  *                 that waits while another waits at a warp operation is a deadlock
  *                 (divergent barrier), reported with the kernel's name;
- *   __shared__    static, per OS thread: blocks run one at a time on a thread, and each
- *                 block's first read must follow its own writes, as on a GPU (a kernel
- *                 that reads shared memory before writing it gets the previous block's
- *                 values, not zeros). Dynamic shared memory (extern __shared__) does not
- *                 compile;
+ *   __shared__    static variables in one linker section, every byte set to 0xff
+ *                 before each block (NaN, -1), so a kernel that reads shared memory before
+ *                 its block writes it gets poison, not the previous block's values (blocks
+ *                 run one at a time; launches from several OS threads take turns).
+ *                 Dynamic shared memory (extern __shared__) does not compile;
  *   warps         __shfl_sync, __shfl_xor_sync, __ballot_sync: a barrier over the warp's
- *                 32 lanes, which all must be there (full masks only: a lane that
- *                 returned, or a partial mask, is an error); __ffs;
+ *                 32 lanes, which all must be there at the same operation (the same
+ *                 kind, each lane's n-th warp operation); full masks only: a lane that
+ *                 returned, a partial mask or a partial warp is an error; __ffs;
  *   arithmetic    __fmul_rn, __fmaf_rn, __fdiv_rn, __fsqrt_rn, __dadd_rn, __dmul_rn as
  *                 IEEE operations (this file's users compile with -ffp-contract=off, so
  *                 nothing is fused unasked); expf, tanhf, sqrtf, fmaxf... are the C
  *                 library's, which differ from CUDA's in the last ulps (the tests'
  *                 tolerances cover it); bf16 and fp16 conversions round to nearest even
  *                 (NaN stays NaN), as the GPU's __float2bfloat16_rn and __float2half_rn;
- *   errors        cudaGetLastError reports a launch the emulation refused (a block of
- *                 more than 1024 threads, an empty grid);
+ *   errors        cudaGetLastError reports a launch CUDA refuses (more than 1024
+ *                 threads a block, block.z over 64, grid.y or grid.z over 65535, an empty
+ *                 grid or block; dynamic shared memory);
  *   orders        the blocks of a grid, and between barriers the runnable threads of a
  *                 block, run in the order the caller sets (fy_emu_set_order: forward,
  *                 reverse, shuffled): a kernel whose results depend on it has a race
  *                 (tests/cuda_emu/emu_dev.cc runs every kernel in all three, compares,
  *                 and aborts naming the kernel).
  * Anything else a kernel could use (atomics, other intrinsics, textures, cooperative
- * groups) is not declared here, so it fails to compile rather than run wrongly. */
+ * groups) is not declared here, so it fails to compile rather than run wrongly.
+ *
+ * What it cannot see: a thread runs from one barrier or warp operation to the next
+ * without interruption, so a read-modify-write race whose result is the same in every
+ * order (every thread adding 1 to one shared counter) passes, where a GPU loses updates;
+ * ferry's kernels have no such updates (each element has one writer between barriers).
+ * Math functions (expf, tanhf, sincos) are glibc's, within the tests' tolerances of
+ * CUDA's; products and sums are never fused (-ffp-contract=off), where nvcc fuses
+ * a*b+c by default, so a bit-exact check passing here proves GPU bits only for code
+ * without such expressions or with _rn intrinsics (ferry's bit-exact kernels). */
 #ifndef FY_CUDA_EMU_H
 #define FY_CUDA_EMU_H
 
@@ -49,11 +60,22 @@
 #include <tuple>
 #include <utility>
 
-#define __global__
+/* Kernels get internal linkage, and the backend's entry points other names: a build with
+ * the real cuda backend links both objects into the emulation's tests, and neither may
+ * stand in for the other. */
+#define __global__ static
 #define __device__
 #define __host__
 #define __forceinline__ inline
-#define __shared__ static thread_local
+#define fy_cu_exec_kernel fy_emu_cu_exec_kernel
+#define fy_cu_colsum_acc fy_emu_cu_colsum_acc
+#define fy_cu_bias_fill fy_emu_cu_bias_fill
+#define fy_cu_softmax_causal_fwd fy_emu_cu_softmax_causal_fwd
+#define fy_cu_softmax_causal_bwd fy_emu_cu_softmax_causal_bwd
+/* Shared memory: one section of static variables, poisoned (every byte 0xff: NaN, -1)
+ * before each block, so a read before the block's own write shows; emulated launches are
+ * serialised across OS threads (the section is the process's). */
+#define __shared__ __attribute__((section("fy_emu_shared"))) static
 
 /* ---- the runtime's types ---------------------------------------------------------- */
 
@@ -78,7 +100,7 @@ static inline __nv_bfloat16 __float2bfloat16_rn(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
     __nv_bfloat16 r;
-    if ((u & 0x7fffffffu) > 0x7f800000u) r.bits = (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    if ((u & 0x7fffffffu) > 0x7f800000u) r.bits = 0x7fff; /* CUDA's canonical NaN */
     else r.bits = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
     return r;
 }
@@ -92,6 +114,7 @@ static inline __half __float2half_rn(float f) {
     _Float16 h = (_Float16)f; /* IEEE conversion, round to nearest even */
     __half r;
     memcpy(&r.bits, &h, 2);
+    if (f != f) r.bits = 0x7fff; /* CUDA's canonical NaN */
     return r;
 }
 static inline float __half2float(__half h) {
@@ -122,8 +145,9 @@ extern thread_local dim3 cur_block_dim, cur_grid_dim;
 
 void syncthreads();
 /* The warp exchange: every lane of the calling lane's warp deposits `value` (8 bytes)
- * and waits; then each gets back the 32 deposits. */
-void warp_exchange(uint64_t value, uint64_t out[32]);
+ * and waits; then each gets back the 32 deposits. Lanes at different operations (`kind`,
+ * or each lane's count of them) are an error. */
+void warp_exchange(uint64_t value, uint64_t out[32], int kind);
 int lane_of_caller();
 
 /* Runs fn(ctx) as every thread of every block of the grid (see the top). */
@@ -178,19 +202,20 @@ static inline void __syncthreads(void) { fy_emu::syncthreads(); }
 template <typename T> static inline T __shfl_sync(unsigned mask, T v, int src) {
     fy_emu::check_full_mask(mask);
     uint64_t all[32];
-    fy_emu::warp_exchange(fy_emu::to_bits(v), all);
+    fy_emu::warp_exchange(fy_emu::to_bits(v), all, 1);
     return fy_emu::from_bits<T>(all[src & 31]);
 }
 template <typename T> static inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
     fy_emu::check_full_mask(mask);
     uint64_t all[32];
-    fy_emu::warp_exchange(fy_emu::to_bits(v), all);
-    return fy_emu::from_bits<T>(all[(fy_emu::lane_of_caller() ^ lane_mask) & 31]);
+    fy_emu::warp_exchange(fy_emu::to_bits(v), all, 2);
+    const int src = fy_emu::lane_of_caller() ^ lane_mask; /* outside the warp: its own */
+    return src < 32 ? fy_emu::from_bits<T>(all[src]) : v;
 }
 static inline unsigned __ballot_sync(unsigned mask, int pred) {
     fy_emu::check_full_mask(mask);
     uint64_t all[32];
-    fy_emu::warp_exchange(pred ? 1u : 0u, all);
+    fy_emu::warp_exchange(pred ? 1u : 0u, all, 3);
     unsigned r = 0;
     for (int l = 0; l < 32; l++) r |= (all[l] ? 1u : 0u) << l;
     return r;

@@ -62,6 +62,26 @@ __global__ void last_block_wins_k(int *out) {
 
 __global__ void past_the_end_k(float *out) { out[threadIdx.x] = 1.0f; }
 
+/* reads its shared counter before any thread of the block wrote it */
+__global__ void stale_k(int *out) {
+    __shared__ int count;
+    __syncthreads();
+    out[blockIdx.x * blockDim.x + threadIdx.x] = count;
+    __syncthreads();
+    if (threadIdx.x == 0) count = 0; /* "for the next block": wrong on a GPU */
+}
+
+/* lanes of one warp at different warp operations */
+__global__ void mixed_warp_ops_k(unsigned *out) {
+    if (threadIdx.x & 1) out[threadIdx.x] = __ballot_sync(0xffffffffu, 1);
+    else out[threadIdx.x] = (unsigned)__shfl_xor_sync(0xffffffffu, (int)threadIdx.x, 1);
+}
+
+/* a lane mask past the warp: CUDA gives each lane its own value */
+__global__ void xor_past_the_warp_k(int *out) {
+    out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, (int)threadIdx.x * 3, 33);
+}
+
 /* half of each warp waits at the block's barrier, the other half at a shuffle that needs
  * the first half: neither can go on */
 __global__ void divergent_k(float *out) {
@@ -154,6 +174,28 @@ Test(emulation, a_bad_launch_is_an_error_not_a_run) {
     FY_LAUNCH(1, 2048, 0, (cudaStream_t)0, past_the_end_k)(x);
     cr_expect_eq(cudaGetLastError(), cudaErrorInvalidConfiguration);
     cr_expect_eq(cudaGetLastError(), cudaSuccess, "the error is cleared once read");
+    FY_LAUNCH(dim3(1, 70000), 32, 0, (cudaStream_t)0, past_the_end_k)(x);
+    cr_expect_eq(cudaGetLastError(), cudaErrorInvalidConfiguration, "grid.y over 65535");
+    FY_LAUNCH(1, dim3(1, 1, 65), 0, (cudaStream_t)0, past_the_end_k)(x);
+    cr_expect_eq(cudaGetLastError(), cudaErrorInvalidConfiguration, "block.z over 64");
+}
+
+Test(emulation, shared_memory_is_poison_until_the_block_writes_it) {
+    int out[2 * 32];
+    FY_LAUNCH(2, 32, 0, (cudaStream_t)0, stale_k)(out);
+    for (int i = 0; i < 64; i++)
+        cr_expect_eq(out[i], -1, "thread %d read %d, not the poison (0xffffffff)", i, out[i]);
+}
+
+Test(emulation, lanes_at_different_warp_operations_are_reported, .signal = SIGABRT) {
+    unsigned out[32];
+    FY_LAUNCH(1, 32, 0, (cudaStream_t)0, mixed_warp_ops_k)(out);
+}
+
+Test(emulation, a_lane_mask_past_the_warp_gives_the_lane_its_own_value) {
+    int out[32];
+    FY_LAUNCH(1, 32, 0, (cudaStream_t)0, xor_past_the_warp_k)(out);
+    for (int l = 0; l < 32; l++) cr_expect_eq(out[l], l * 3, "lane %d", l);
 }
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -256,6 +298,70 @@ Test(gemm_helpers, causal_softmax_forward_and_backward) {
     fy_cu_softmax_causal_bwd(stream(), FY_F32, ds, att, BH, T);
     cr_expect_lt(rel_err(ds, g, n), 1e-6, "softmax backward: %g", rel_err(ds, g, n));
     free(att); free(ds); free(p); free(g);
+}
+
+static void to_bf16(uint16_t *dst, const float *src, size_t n) { fy_f32_to_bf16_n(dst, src, n); }
+static void from_bf16(float *dst, const uint16_t *src, size_t n) { fy_bf16_to_f32_n(dst, src, n); }
+
+/* bf16 storage: the softmax of bf16 scores, rounded once (2^-9 relative at most): 1e-2 as
+ * test_cuda.c's bf16 bound */
+Test(gemm_helpers, causal_softmax_in_bf16) {
+    const int BH = 2, T = 33;
+    const size_t n = (size_t)BH * T * T;
+    float *x = (float *)malloc(n * 4), *y = (float *)malloc(n * 4);
+    uint16_t *h = (uint16_t *)malloc(n * 2);
+    double *p = (double *)malloc(n * 8);
+    unsigned s = 5;
+    for (size_t i = 0; i < n; i++) x[i] = 3 * frand(&s);
+    to_bf16(h, x, n);
+    from_bf16(x, h, n); /* the scores as stored */
+    for (size_t r = 0; r < (size_t)BH * T; r++) {
+        int t = (int)(r % T);
+        double m = -INFINITY, z = 0;
+        for (int j = 0; j <= t; j++) m = fmax(m, x[r * T + j]);
+        for (int j = 0; j <= t; j++) z += exp(x[r * T + j] - m);
+        for (int j = 0; j < T; j++) p[r * T + j] = j <= t ? exp(x[r * T + j] - m) / z : 0.0;
+    }
+    fy_cu_softmax_causal_fwd(stream(), FY_BF16, h, BH, T);
+    from_bf16(y, h, n);
+    cr_expect_lt(rel_err(y, p, n), 1e-2, "bf16 softmax: %g", rel_err(y, p, n));
+    free(x); free(y); free(h); free(p);
+}
+
+/* ADD_F32 (dst += an fp32 source; the fp32 accumulator of the bf16 GEMM gradients), whose
+ * only other caller is a GEMM test: fp32 exact, bf16 one rounding of the fp32 sum */
+Test(gemm_helpers, add_f32_is_one_rounded_addition) {
+    const int64_t n = 1000;
+    float d[1000], src[1000], want[1000];
+    uint16_t hb[1000], wb[1000];
+    unsigned s = 3;
+    for (int i = 0; i < n; i++) { d[i] = frand(&s); src[i] = frand(&s); }
+    for (int dt = 0; dt < 2; dt++) {
+        fy_op op;
+        memset(&op, 0, sizeof op);
+        op.kind = FY_OP_ADD_F32;
+        op.i[0] = n;
+        op.p[1] = src;
+        if (dt == 0) {
+            for (int i = 0; i < n; i++) want[i] = d[i] + src[i];
+            op.dt = FY_F32;
+            op.p[0] = d;
+            fy_cu_exec_kernel(stream(), &op);
+            cr_expect(!memcmp(d, want, sizeof d), "fp32 add_f32 is not exact");
+        } else {
+            to_bf16(hb, src, (size_t)n); /* any bf16 values */
+            for (int i = 0; i < n; i++) {
+                float a;
+                from_bf16(&a, &hb[i], 1);
+                want[i] = a + src[i];
+            }
+            to_bf16(wb, want, (size_t)n);
+            op.dt = FY_BF16;
+            op.p[0] = hb;
+            fy_cu_exec_kernel(stream(), &op);
+            cr_expect(!memcmp(hb, wb, sizeof hb), "bf16 add_f32 is not the rounded fp32 sum");
+        }
+    }
 }
 
 Test(gemm_helpers, column_sums_accumulate_and_bias_fills) {

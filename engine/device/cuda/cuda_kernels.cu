@@ -517,7 +517,7 @@ static unsigned pointwise_grid(size_t n) {
 #define CE_THREADS 512
 
 /* Block-wide reductions in a fixed order: lanes by butterfly, warps in warp order. */
-__device__ float block_max(float v, float *sh) {
+static __device__ float block_max(float v, float *sh) {
     int lane = threadIdx.x & 31, w = threadIdx.x / 32, nw = blockDim.x / 32;
     v = warp_max(v);
     __syncthreads();
@@ -528,7 +528,7 @@ __device__ float block_max(float v, float *sh) {
     return r;
 }
 
-__device__ double block_sum_d(double v, double *sh) {
+static __device__ double block_sum_d(double v, double *sh) {
     int lane = threadIdx.x & 31, w = threadIdx.x / 32, nw = blockDim.x / 32;
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
     __syncthreads();
