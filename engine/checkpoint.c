@@ -45,17 +45,6 @@ static bool join(char *buf, size_t cap, const char *dir, const char *name) {
     return (size_t)snprintf(buf, cap, "%s/%s", dir, name) < cap;
 }
 
-static fy_status fsync_dir(const char *path) {
-    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0 || fsync(fd) != 0) {
-        fy_log_error("cannot fsync directory %s: %s", path, strerror(errno));
-        if (fd >= 0) close(fd);
-        return FY_ERR_IO;
-    }
-    close(fd);
-    return FY_OK;
-}
-
 /* The size and CRC-32C of a regular file, read through a mapping. */
 static fy_status file_crc(const char *path, uint64_t *nbytes, uint32_t *crc) {
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
@@ -521,7 +510,7 @@ static fy_status set_latest(const char *dir, const char *name) {
         unlink(tmp);
         return FY_ERR_IO;
     }
-    return fsync_dir(dir);
+    return fy_fsync_dir(dir);
 }
 
 static int cmp_i64(const void *a, const void *b) {
@@ -579,7 +568,7 @@ static fy_status save_body(fy_ckpt_dir *d, const fy_model *m, state_src src, con
     const char *kill_at = getenv("FERRY_TEST_KILL_IN_SAVE");
     if (kill_at && atoi(kill_at) == ++saves) raise(SIGKILL);
     if (st == FY_OK) st = write_state(tmp, plan_json, info, config, nbytes, crc);
-    if (st == FY_OK) st = fsync_dir(tmp);
+    if (st == FY_OK) st = fy_fsync_dir(tmp);
     struct stat sb;
     if (st == FY_OK && lstat(final, &sb) == 0) {
         /* from a run abandoned past this step (or a corrupt one): swapped atomically where
@@ -605,7 +594,7 @@ static fy_status save_body(fy_ckpt_dir *d, const fy_model *m, state_src src, con
         remove_ckpt(AT_FDCWD, tmp);
         return st;
     }
-    FY_TRY(fsync_dir(d->path));
+    FY_TRY(fy_fsync_dir(d->path));
     FY_TRY(set_latest(d->path, name));
     rotate(d->path, info->step, keep);
     if (path && !(*path = strdup(final))) return FY_ERR_NOMEM;

@@ -140,3 +140,14 @@ fy_status fy_check_output(const char *path, const char *what, bool stream) {
     }
     return FY_OK;
 }
+
+fy_status fy_fsync_dir(const char *path) {
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0 || fsync(fd) != 0) {
+        fy_log_error("cannot fsync directory %s: %s", path, strerror(errno));
+        if (fd >= 0) close(fd);
+        return FY_ERR_IO;
+    }
+    close(fd);
+    return FY_OK;
+}

@@ -48,6 +48,9 @@ int fy_open_tmp(const char *path, char *tmp, size_t cap);
  * One error naming `what` (the flag) otherwise: FY_ERR_IO. */
 fy_status fy_check_output(const char *path, const char *what, bool stream);
 
+/* fsync of a directory (after creating, renaming or removing entries in it), so what was
+ * done there survives a crash. FY_ERR_IO (logged) on failure. */
+fy_status fy_fsync_dir(const char *path);
 /* Monotonic clock in milliseconds. */
 double fy_now_ms(void);
 

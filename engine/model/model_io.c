@@ -429,17 +429,6 @@ fy_status fy_model_save_check(const char *path) {
     return st;
 }
 
-static fy_status fsync_path(const char *path, bool dir) {
-    int fd = open(path, (dir ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
-    if (fd < 0 || fsync(fd) != 0) {
-        fy_log_error("cannot fsync %s: %s", path, strerror(errno));
-        if (fd >= 0) close(fd);
-        return FY_ERR_IO;
-    }
-    close(fd);
-    return FY_OK;
-}
-
 /* Removes a directory ferry wrote: the files it writes (and their temporary names),
  * then the directory if that left it empty. A symbolic link is not followed. */
 static void remove_ours(const char *dir) {
@@ -631,11 +620,11 @@ static fy_status save_dir(const fy_model *m, const char *path, const fy_save_opt
         st = saver_init(&sv, m, o, get, ctx, m->iface->dir_prefix ? m->iface->dir_prefix : "");
         if (st == FY_OK) st = write_dir(&sv, tmp, o);
         saver_free(&sv);
-        if (st == FY_OK) st = fsync_path(tmp, true);
+        if (st == FY_OK) st = fy_fsync_dir(tmp);
         if (st != FY_OK) remove_ours(tmp);
     }
     if (st == FY_OK) st = swap_in(tmp, target, old);
-    if (st == FY_OK) st = fsync_path(parent, true);
+    if (st == FY_OK) st = fy_fsync_dir(parent);
     free(target);
     free(parent);
     return st;
