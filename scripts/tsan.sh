@@ -9,7 +9,10 @@
 #      where the trainer's step graph runs on the scheduler: it must still give
 #      bit-identical results with no report; and its failure tests (--filter
 #      'failure/*'), where a failing task cancels steps while the other lanes run on.
-#      Skipped with FERRY_TSAN_SCHED_ONLY=1.
+#      Skipped with FERRY_TSAN_SCHED_ONLY=1;
+#   3. the ferry binary training with checkpoints written in the background (a writer
+#      thread beside the lanes, stream workers and the Adam pool), stopped by SIGTERM
+#      and resumed (also skipped with FERRY_TSAN_SCHED_ONLY=1).
 # Reports are also written to files (log_path) and the run fails if any exists, so a
 # report from a forked Criterion worker cannot be lost in its output.
 #
@@ -38,7 +41,7 @@ if ! "${setup[@]}" >"$build/tsan-setup.log" 2>&1; then
     exit 1
 fi
 targets=(test_scheduler)
-[ "${FERRY_TSAN_SCHED_ONLY:-0}" = 1 ] || targets+=(test_offload)
+[ "${FERRY_TSAN_SCHED_ONLY:-0}" = 1 ] || targets+=(test_offload ferry)
 if ! meson compile -C "$build" -j "$jobs" "${targets[@]}" >"$build/tsan-build.log" 2>&1; then
     tail -n 40 "$build/tsan-build.log" >&2
     echo "tsan.sh: build failed (full log: $build/tsan-build.log)" >&2
@@ -98,6 +101,40 @@ if [ "${FERRY_TSAN_SCHED_ONLY:-0}" != 1 ]; then
     run offload-irregular timeout 600 "$build/tests/test_offload" --jobs 1 \
         --filter 'offload/irregular*'
     run offload-failure timeout 600 "$build/tests/test_offload" --jobs 1 --filter 'failure/*'
+fi
+
+# a command that is not a Criterion suite: its exit status alone
+run_cmd() { # name, command...
+    local name=$1; shift
+    local t0=$SECONDS
+    if "$@" >"$logdir/$name.out" 2>&1; then
+        echo "tsan.sh: $name passed ($((SECONDS - t0)) s)"
+    else
+        echo "tsan.sh: $name FAILED ($((SECONDS - t0)) s)" >&2
+        tail -n 40 "$logdir/$name.out" >&2
+        status=1
+    fi
+}
+
+if [ "${FERRY_TSAN_SCHED_ONLY:-0}" != 1 ]; then
+    ck="$logdir/ckpt"
+    small=(--model gpt2-tiny --batch 2 --seq 16 --device cpu --threads 1 --grad-accum 2
+           --offload-optim 0.5 --checkpoint-dir "$ck" --checkpoint-every 2 --quiet)
+    run_cmd checkpoints-background timeout 600 "$build/ferry" train "${small[@]}" --steps 9
+    # stopped by SIGTERM while it trains (exit 143), then resumed to the end
+    timeout 600 "$build/ferry" train "${small[@]}" --steps 400 --resume >"$logdir/term.out" 2>&1 &
+    pid=$!
+    sleep 3
+    kill -TERM "$pid" 2>/dev/null || true
+    if wait "$pid"; then code=0; else code=$?; fi
+    if [ "$code" = 143 ] || [ "$code" = 0 ]; then
+        echo "tsan.sh: checkpoints-sigterm passed (status $code)"
+    else
+        echo "tsan.sh: checkpoints-sigterm FAILED (status $code)" >&2
+        tail -n 40 "$logdir/term.out" >&2
+        status=1
+    fi
+    run_cmd checkpoints-resume timeout 600 "$build/ferry" train "${small[@]}" --steps 402 --resume
 fi
 
 if compgen -G "$logdir/report*" >/dev/null; then
