@@ -206,8 +206,9 @@ static void print_header(const run *r) {
     const fy_train_cfg *c = r->cfg;
     char shape[256];
     fy_model_describe(c->model, shape, sizeof shape);
-    printf("model   %s (%s): %.2fM parameters (%s)\n",
-           c->init ? fy_weights_path(c->init) : fy_model_name(c->model), fy_model_family(c->model),
+    const char *from = r->start > 0 || r->saved_path ? r->saved_path
+                       : c->init ? fy_weights_path(c->init) : fy_model_name(c->model);
+    printf("model   %s (%s): %.2fM parameters (%s)\n", from, fy_model_family(c->model),
            (double)fy_model_num_params(c->model) / 1e6, shape);
     printf("device  %s\n", fy_dev_name(r->dev));
     printf("data    %s: %zu tokens; batch %d x %d", fy_tokens_label(r->train_tok),
@@ -496,6 +497,9 @@ static fy_status setup_checkpoints(run *r, fy_ckpt **ck) {
 /* The resumed run's state: moments, counters, where the loop goes on. */
 static fy_status resume_from(run *r, const fy_ckpt *ck) {
     const fy_ckpt_info *in = &fy_ckpt_state_of(ck)->info;
+    if (r->cfg->init)
+        fy_log_info("--init %s: the weights come from checkpoint %s (it has the same shape)",
+                    fy_weights_path(r->cfg->init), fy_ckpt_path(ck));
     FY_TRY(fy_ckpt_restore(ck, r->tr, r->cfg->plan->grad_accum));
     r->start = r->saved = in->step;
     r->skipped_run = in->skipped_run;
