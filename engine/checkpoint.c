@@ -366,7 +366,8 @@ static void remove_step(int dir_fd, const char *name) {
 
 fy_status fy_ckpt_dir_check(const char *path) {
     struct stat sb;
-    if (stat(path, &sb) == 0) {
+    const int found = stat(path, &sb), why = errno;
+    if (found == 0) {
         if (!S_ISDIR(sb.st_mode)) {
             fy_log_error("--checkpoint-dir %s: exists and is not a directory", path);
             return FY_ERR_IO;
@@ -377,14 +378,18 @@ fy_status fy_ckpt_dir_check(const char *path) {
         }
         return FY_OK;
     }
+    /* a new directory: its parent (without trailing slashes; "/" or "." at the top) must
+     * be a writable directory */
     size_t n = strlen(path);
     while (n > 1 && path[n - 1] == '/') n--;
-    char *parent = strndup(path, n), *slash = parent ? strrchr(parent, '/') : NULL;
+    char *parent = strndup(path, n);
     if (!parent) return FY_ERR_NOMEM;
-    if (slash) slash == parent ? (void)(slash[1] = 0) : (void)(*slash = 0);
+    char *slash = strrchr(parent, '/');
+    if (slash == parent) slash[1] = 0;
+    else if (slash) *slash = 0;
     const char *dir = slash ? parent : ".";
     fy_status st = FY_OK;
-    if (errno != ENOENT || stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode) ||
+    if (why != ENOENT || stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode) ||
         access(dir, W_OK | X_OK) != 0) {
         fy_log_error("--checkpoint-dir %s: cannot be created (%s is not a writable directory)",
                      path, dir);
@@ -632,6 +637,7 @@ fy_status fy_ckpt_snapshot_new(const fy_model *m, fy_ckpt_snapshot **out) {
     sn->off = malloc((size_t)fy_model_nblocks(m) * sizeof *sn->off);
     void *p = mmap(NULL, sn->nbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (!sn->off || p == MAP_FAILED) {
+        if (p != MAP_FAILED) munmap(p, sn->nbytes);
         free(sn->off);
         free(sn);
         fy_log_error("out of host memory for a checkpoint snapshot");
@@ -639,9 +645,10 @@ fy_status fy_ckpt_snapshot_new(const fy_model *m, fy_ckpt_snapshot **out) {
     }
     sn->buf = p;
     memset(sn->buf, 0, sn->nbytes); /* touched once, here, not during the first save */
-    for (int b = 0, o = 0; b < fy_model_nblocks(m); b++) {
-        sn->off[b] = (size_t)o;
-        o += (int)(3 * fy_model_block(m, b)->nelem);
+    size_t o = 0;
+    for (int b = 0; b < fy_model_nblocks(m); b++) {
+        sn->off[b] = o;
+        o += 3 * fy_model_block(m, b)->nelem;
     }
     *out = sn;
     return FY_OK;
