@@ -21,6 +21,46 @@
 extern "C" char __start_fy_emu_shared __attribute__((weak));
 extern "C" char __stop_fy_emu_shared __attribute__((weak));
 
+/* Switching fibers. On x86-64, a switch saves the callee-saved registers on the current
+ * stack, stores the stack pointer and loads the other's: no signal mask, so no system
+ * call (glibc's swapcontext makes one per switch, which was most of the emulation's
+ * time). Elsewhere, ucontext. */
+#if defined(__x86_64__)
+extern "C" void fy_emu_switch(void **save_sp, void *load_sp);
+__asm__(".text\n"
+        ".globl fy_emu_switch\n"
+        ".type fy_emu_switch,@function\n"
+        "fy_emu_switch:\n"
+        "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+        "  movq %rsp, (%rdi)\n"
+        "  movq %rsi, %rsp\n"
+        "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+        "  ret\n"
+        ".size fy_emu_switch, .-fy_emu_switch\n");
+struct fiber_ctx { void *sp; };
+/* A new fiber's stack: as if fy_emu_switch had saved six registers and would return
+ * into entry, which is entered with the stack aligned as a call leaves it. */
+static void fiber_init(fiber_ctx *c, char *stack, size_t size, void (*entry)()) {
+    uintptr_t top = ((uintptr_t)(stack + size)) & ~(uintptr_t)15;
+    void **sp = (void **)top;
+    *--sp = nullptr;              /* entry's return address slot: entry never returns */
+    *--sp = (void *)entry;        /* fy_emu_switch's ret goes here */
+    for (int i = 0; i < 6; i++) *--sp = nullptr;
+    c->sp = sp;
+}
+static void fiber_switch(fiber_ctx *from, fiber_ctx *to) { fy_emu_switch(&from->sp, to->sp); }
+#else
+struct fiber_ctx { ucontext_t uc; };
+static void fiber_init(fiber_ctx *c, char *stack, size_t size, void (*entry)()) {
+    getcontext(&c->uc);
+    c->uc.uc_stack.ss_sp = stack;
+    c->uc.uc_stack.ss_size = size;
+    c->uc.uc_link = nullptr;
+    makecontext(&c->uc, entry, 0);
+}
+static void fiber_switch(fiber_ctx *from, fiber_ctx *to) { swapcontext(&from->uc, &to->uc); }
+#endif
+
 namespace fy_emu {
 
 static std::mutex g_launch_mu;
@@ -33,7 +73,7 @@ enum { READY, AT_BARRIER, AT_WARP, DONE };
 #define MAX_THREADS 1024
 
 struct thread_state {
-    ucontext_t ctx;
+    fiber_ctx ctx;
     int state;
     uint3 idx;
     uint64_t deposit;          /* AT_WARP: the lane's value, */
@@ -47,7 +87,7 @@ struct thread_state {
 };
 
 struct block_run {
-    ucontext_t sched;
+    fiber_ctx sched;
     thread_state *th;
     int n;                     /* threads in the block */
     int cur;                   /* the running thread */
@@ -91,7 +131,7 @@ static void yield_to_scheduler() {
     __sanitizer_start_switch_fiber(t->state == DONE ? nullptr : &t->fake, r->sched_stack_bottom,
                                    r->sched_stack_size);
 #endif
-    swapcontext(&t->ctx, &r->sched);
+    fiber_switch(&t->ctx, &r->sched);
 #ifdef EMU_ASAN
     __sanitizer_finish_switch_fiber(t->fake, nullptr, nullptr);
 #endif
@@ -145,18 +185,14 @@ static void round_order(int *ord, int n, uint64_t *rng) {
     }
 }
 
-/* Thread i's fiber, ready to start at fiber_main (getcontext returns twice in
- * principle: kept out of the caller's loop). */
+/* Thread i's fiber, ready to start at fiber_main (getcontext, where it is used, returns
+ * twice in principle: kept out of the caller's loop). */
 __attribute__((noinline)) static void make_fiber(thread_state *t, int i) {
     t->state = READY;
     t->op_count = 0;
     t->idx = uint3{(unsigned)i % cur_block_dim.x, (unsigned)i / cur_block_dim.x % cur_block_dim.y,
                    (unsigned)i / (cur_block_dim.x * cur_block_dim.y)};
-    getcontext(&t->ctx);
-    t->ctx.uc_stack.ss_sp = g_stacks + (size_t)i * STACK_NBYTES;
-    t->ctx.uc_stack.ss_size = STACK_NBYTES;
-    t->ctx.uc_link = nullptr;
-    makecontext(&t->ctx, fiber_main, 0);
+    fiber_init(&t->ctx, g_stacks + (size_t)i * STACK_NBYTES, STACK_NBYTES, fiber_main);
 }
 
 static void run_block(block_run *r, uint64_t seed) {
@@ -176,7 +212,7 @@ static void run_block(block_run *r, uint64_t seed) {
             __sanitizer_start_switch_fiber(&r->sched_fake, g_stacks + (size_t)ord[k] * STACK_NBYTES,
                                            STACK_NBYTES);
 #endif
-            swapcontext(&r->sched, &t->ctx);
+            fiber_switch(&r->sched, &t->ctx);
 #ifdef EMU_ASAN
             __sanitizer_finish_switch_fiber(r->sched_fake, nullptr, nullptr);
 #endif

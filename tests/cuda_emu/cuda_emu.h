@@ -6,7 +6,8 @@
  * What it supports, and how:
  *   launches      FY_LAUNCH(grid, block, shared, stream, kernel)(args): runs the grid
  *                 there and then (the stream is ignored), one block at a time, every
- *                 thread of a block a fiber (ucontext) with its own stack;
+ *                 thread of a block a fiber with its own stack (a register switch on
+ *                 x86-64, ucontext elsewhere);
  *   indices       threadIdx, blockIdx, blockDim, gridDim (dim3, uint3);
  *   __syncthreads a barrier over the block's threads that have not returned; a thread
  *                 that waits while another waits at a warp operation is a deadlock
