@@ -13,6 +13,8 @@
 #include <criterion/criterion.h>
 
 #include <math.h>
+
+#include <initializer_list>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -383,4 +385,91 @@ Test(gemm_helpers, column_sums_accumulate_and_bias_fills) {
     fy_cu_bias_fill(stream(), FY_F32, out, dst, 5, C);
     cr_expect_eq(rel_err(out, wout, 5 * C), 0.0, "bias fill");
     free(x);
+}
+
+/* ---- odd shapes, each kernel op against the cpu backend ---------------------------------- */
+
+/* Op `kind` with integer arguments i (and floats f) on random fp32 inputs, run by the cpu
+ * backend (fy_cpu_exec) and by the emulated cuda kernel from the same buffers; outputs
+ * start as NaN (an element left unwritten shows), accumulators random; every output
+ * within tol (relative norm; 0: the same bits). Token and target arguments hold ids
+ * below `ids`. Shapes the kernel tests of test_cuda.c do not take: one row, rows and
+ * channels that are not multiples of 32, vocabularies of one or many partitions. */
+static void against_cpu(fy_op_kind kind, std::initializer_list<int64_t> ints,
+                        std::initializer_list<float> flts, int64_t ids, double tol) {
+    fy_op a, b;
+    memset(&a, 0, sizeof a);
+    a.kind = kind;
+    a.dt = FY_F32;
+    int k = 0;
+    for (int64_t v : ints) a.i[k++] = v;
+    k = 0;
+    for (float v : flts) a.f[k++] = v;
+    b = a;
+    const fy_op_desc *d = fy_op_desc_of(kind);
+    const int n = fy_op_nargs(kind);
+    unsigned s = 17u + (unsigned)kind;
+    size_t nb[FY_OP_MAX_ARGS];
+    for (int j = 0; j < n; j++) {
+        a.p[j] = (void *)1; /* sizes first: they depend on the integers only */
+        size_t ne = fy_op_arg_nelem(&a, j);
+        size_t es = d->args[j].type == FY_ARG_F64 ? 8 : 4;
+        nb[j] = ne * es;
+        a.p[j] = malloc(nb[j] ? nb[j] : 1);
+        b.p[j] = malloc(nb[j] ? nb[j] : 1);
+        for (size_t e = 0; e < ne; e++) {
+            if (d->args[j].type == FY_ARG_I32) ((int32_t *)a.p[j])[e] = (int32_t)((s = s * 1103515245u + 12345u) >> 8) % (int32_t)ids;
+            else if (d->args[j].type == FY_ARG_F64) ((double *)a.p[j])[e] = NAN;
+            else ((float *)a.p[j])[e] = d->args[j].role == FY_ARG_OUT ? NAN : frand(&s);
+        }
+        memcpy(b.p[j], a.p[j], nb[j]);
+    }
+    fy_cpu_exec(&a);
+    fy_cu_exec_kernel(stream(), &b);
+    for (int j = 0; j < n; j++) {
+        if (d->args[j].role & FY_ARG_OUT) {
+            double num = 0, den = 0;
+            const size_t ne = fy_op_arg_nelem(&a, j);
+            for (size_t e = 0; e < ne; e++) {
+                double x = d->args[j].type == FY_ARG_F64 ? ((double *)a.p[j])[e] : ((float *)a.p[j])[e];
+                double y = d->args[j].type == FY_ARG_F64 ? ((double *)b.p[j])[e] : ((float *)b.p[j])[e];
+                num += (x - y) * (x - y);
+                den += x * x;
+            }
+            double err = sqrt(num / (den > 0 ? den : 1));
+            if (tol == 0) cr_expect(!memcmp(a.p[j], b.p[j], nb[j]), "%s %s: not the cpu's bits",
+                                    fy_op_name(kind), d->args[j].name);
+            else cr_expect(err <= tol, "%s %s: %g > %g", fy_op_name(kind), d->args[j].name, err, tol);
+        }
+        free(a.p[j]);
+        free(b.p[j]);
+    }
+}
+
+Test(odd_shapes, every_kernel_against_the_cpu_backend) {
+    /* encoder: B, T, C, V (C not a multiple of 32; one partition, and many) */
+    against_cpu(FY_OP_ENCODER_FWD, {3, 5, 37, 300}, {}, 300, 0);
+    against_cpu(FY_OP_ENCODER_BWD, {3, 5, 37, 300}, {}, 300, 0);
+    against_cpu(FY_OP_ENCODER_BWD, {1, 1, 5, 7}, {}, 7, 0);
+    against_cpu(FY_OP_ENCODER_BWD, {4, 40, 33, 5000}, {}, 5000, 0);
+    for (int64_t rows : {1, 3, 70}) { /* N, C: one row, a few, more than a block's */
+        for (int64_t C : {3, 31, 65}) {
+            against_cpu(FY_OP_LAYERNORM_FWD, {rows, C}, {}, 1, 1e-5);
+            against_cpu(FY_OP_LAYERNORM_BWD, {rows, C}, {}, 1, 2e-5);
+            against_cpu(FY_OP_RMSNORM_FWD, {rows, C}, {1e-5f}, 1, 1e-5);
+            against_cpu(FY_OP_RMSNORM_BWD, {rows, C}, {}, 1, 2e-5);
+        }
+    }
+    for (int64_t n : {1, 33, 1000}) {
+        against_cpu(FY_OP_GELU_FWD, {n}, {}, 1, 1e-5);
+        against_cpu(FY_OP_GELU_BWD, {n}, {}, 1, 1e-5);
+        against_cpu(FY_OP_RESIDUAL_FWD, {n}, {}, 1, 0);
+        against_cpu(FY_OP_SWIGLU_FWD, {n, 3}, {}, 1, 1e-5);
+        against_cpu(FY_OP_SWIGLU_BWD, {n, 3}, {}, 1, 1e-5);
+        against_cpu(FY_OP_MEAN, {n}, {}, 1, 1e-6);
+        against_cpu(FY_OP_SUMSQ, {n}, {}, 1, 0); /* the cpu's bits (the backend's claim) */
+    }
+    /* cross-entropy: N, V, Vp (a padded vocabulary), forward and fused backward */
+    against_cpu(FY_OP_CROSSENTROPY, {7, 5, 8}, {0.0f}, 5, 1e-5);
+    against_cpu(FY_OP_CROSSENTROPY, {3, 1500, 1536}, {1.0f / 3}, 1500, 1e-5);
 }
