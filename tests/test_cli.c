@@ -2184,6 +2184,25 @@ Test(cli, relaunches_find_their_checkpoint) {
     EXPECT_ERROR(&r, 1, "checkpoint directory", "--resume");
 }
 
+/* --version gives the release and the commit; every checkpoint records the same. */
+Test(cli, checkpoints_record_the_version_that_wrote_them) {
+    run_result r;
+    FERRY(&r, "--version");
+    expect_ok(&r);
+    char line[256];
+    last_line(r.out, line, sizeof line);
+    cr_assert(!strncmp(line, "ferry ", 6) && strstr(line, " (git "), "%s", line);
+    FERRY(&r, "train", TINY, "--steps", "2", "--checkpoint-dir", P("ck"));
+    expect_ok(&r);
+    char *text = slurp(P("ck/latest/ferry_state.json"), NULL);
+    cJSON *j = cJSON_Parse(text);
+    const cJSON *v = cJSON_GetObjectItem(j, "ferry");
+    cr_assert(cJSON_IsString(v), "no \"ferry\" in the state");
+    cr_expect_str_eq(v->valuestring, line + 6);
+    cJSON_Delete(j);
+    free(text);
+}
+
 /* The checkpoint flags on their own, and a directory another run holds. */
 Test(cli, checkpoint_flags_are_checked_before_the_work) {
     run_result r;

@@ -10,14 +10,13 @@
 #include "engine/cli/train_cmd.h"
 #include "engine/cli/tune_cmd.h"
 #include "engine/core/status.h"
+#include "engine/core/version.h"
 #include "engine/device/device.h"
 #include "engine/model/model.h"
 
 #ifdef FY_HAVE_BENCH
 #include "bench/bench_adam.h"
 #endif
-
-#define FY_VERSION "0.1.0"
 
 static const char *usage_main =
     "ferry " FY_VERSION " — train transformer language models larger than the GPU\n\n"
