@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <libgen.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -378,16 +379,10 @@ fy_status fy_ckpt_dir_check(const char *path) {
         }
         return FY_OK;
     }
-    /* a new directory: its parent (without trailing slashes; "/" or "." at the top) must
-     * be a writable directory */
-    size_t n = strlen(path);
-    while (n > 1 && path[n - 1] == '/') n--;
-    char *parent = strndup(path, n);
-    if (!parent) return FY_ERR_NOMEM;
-    char *slash = strrchr(parent, '/');
-    if (slash == parent) slash[1] = 0;
-    else if (slash) *slash = 0;
-    const char *dir = slash ? parent : ".";
+    /* a new directory: its parent must be a writable directory */
+    char *copy = strdup(path);
+    if (!copy) return FY_ERR_NOMEM;
+    const char *dir = dirname(copy); /* trailing slashes and the top handled */
     fy_status st = FY_OK;
     if (why != ENOENT || stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode) ||
         access(dir, W_OK | X_OK) != 0) {
@@ -395,7 +390,7 @@ fy_status fy_ckpt_dir_check(const char *path) {
                      path, dir);
         st = FY_ERR_IO;
     }
-    free(parent);
+    free(copy);
     return st;
 }
 
@@ -798,34 +793,6 @@ void fy_ckpt_close(fy_ckpt *c) {
     free(c);
 }
 
-/* The state file's text (malloc'd, n bytes), at most FY_JSON_MAX_BYTES. */
-static fy_status read_text(const char *path, char **text, size_t *n) {
-    int fd = fy_open_read(path);
-    struct stat sb;
-    *text = NULL;
-    if (fd < 0 || fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size > FY_JSON_MAX_BYTES) {
-        if (fd >= 0) close(fd);
-        return FY_ERR_IO;
-    }
-    char *t = malloc((size_t)sb.st_size + 1);
-    size_t got = 0;
-    while (t && got < (size_t)sb.st_size) {
-        ssize_t k = read(fd, t + got, (size_t)sb.st_size - got);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) break;
-        got += (size_t)k;
-    }
-    close(fd);
-    if (!t || got != (size_t)sb.st_size) {
-        free(t);
-        return FY_ERR_IO;
-    }
-    t[got] = 0;
-    *text = t;
-    *n = got;
-    return FY_OK;
-}
-
 fy_status fy_ckpt_open(const char *path, fy_ckpt **out) {
     *out = NULL;
     struct stat sb;
@@ -838,8 +805,8 @@ fy_status fy_ckpt_open(const char *path, fy_ckpt **out) {
     char *text = NULL;
     size_t n = 0;
     fy_status st = c && (c->path = strdup(path)) ? FY_OK : FY_ERR_NOMEM;
-    if (st == FY_OK && (!join(file, sizeof file, path, FY_CKPT_STATE_NAME) ||
-                        read_text(file, &text, &n) != FY_OK)) {
+    struct stat ssb;
+    if (st == FY_OK && (!join(file, sizeof file, path, FY_CKPT_STATE_NAME) || lstat(file, &ssb) != 0)) {
         char *inner = newest_below(path, INT64_MAX), link[PATH_CAP];
         struct stat lsb;
         if (inner || (join(link, sizeof link, path, LATEST_NAME) && lstat(link, &lsb) == 0))
@@ -847,10 +814,12 @@ fy_status fy_ckpt_open(const char *path, fy_ckpt **out) {
                          "--checkpoint-dir %s --resume, or --resume %s/%s", path, path, path,
                          LATEST_NAME);
         else
-            fy_log_error("checkpoint %s is incomplete: no readable %s", path, FY_CKPT_STATE_NAME);
+            fy_log_error("checkpoint %s is incomplete: it has no %s", path, FY_CKPT_STATE_NAME);
         free(inner);
         st = FY_ERR_FORMAT;
     }
+    if (st == FY_OK && fy_json_read_text(file, "checkpoint state", &text, &n) != FY_OK)
+        st = FY_ERR_FORMAT; /* logged: unreadable, not a regular file, too large */
     if (st == FY_OK && fy_ckpt_state_parse(text, n, &c->state, why, sizeof why) != FY_OK) {
         fy_log_error("checkpoint %s: %s: %s", path, FY_CKPT_STATE_NAME, why);
         st = FY_ERR_FORMAT;

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <libgen.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -394,17 +395,17 @@ static void metrics_position(const char *metrics, char path[1024], int64_t *nbyt
     if (real && strlen(real) < 1024 && stat(real, &sb) == 0 && S_ISREG(sb.st_mode)) {
         snprintf(path, 1024, "%s", real);
         *nbytes = (int64_t)sb.st_size;
-    } else if (!real && errno == ENOENT) { /* not created yet: empty, where it will be */
-        const char *slash = strrchr(metrics, '/');
-        char *dir = slash ? strndup(metrics, (size_t)(slash - metrics) + (slash == metrics)) : NULL;
-        char *rdir = realpath(dir ? dir : ".", NULL);
-        const char *base = slash ? slash + 1 : metrics;
+    } else if (!real && errno == ENOENT && strlen(metrics) < 1024) {
+        /* not created yet: empty, where it will be */
+        char d[1024], b[1024];
+        snprintf(d, sizeof d, "%s", metrics);
+        snprintf(b, sizeof b, "%s", metrics);
+        char *rdir = realpath(dirname(d), NULL);
         if (rdir) {
-            int k = snprintf(path, 1024, "%s/%s", strcmp(rdir, "/") ? rdir : "", base);
+            int k = snprintf(path, 1024, "%s/%s", strcmp(rdir, "/") ? rdir : "", basename(b));
             if (k < 0 || k >= 1024) path[0] = 0;
             *nbytes = 0;
         }
-        free(dir);
         free(rdir);
     }
     free(real);

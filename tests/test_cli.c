@@ -2051,11 +2051,7 @@ Test(cli, sigterm_writes_a_checkpoint_and_a_second_signal_exits_at_once) {
     cr_expect_not_null(strstr(r.err, "interrupted by SIGTERM"), "%s", r.err);
     char target[64] = "";
     cr_assert_gt(readlink(P("ckpt/latest"), target, sizeof target - 1), 0);
-    size_t n;
-    char *jl = slurp(P("m.jsonl"), &n);
-    int lines = 0;
-    for (size_t i = 0; i < n; i++) lines += jl[i] == '\n';
-    free(jl);
+    const int lines = count_lines(P("m.jsonl"));
     char want[64];
     snprintf(want, sizeof want, "step-%08d", lines);
     cr_expect_str_eq(target, want, "the checkpoint is not of the last step logged");
@@ -2166,8 +2162,7 @@ Test(cli, relaunches_find_their_checkpoint) {
     expect_ok(&r);
     char *jl = slurp(m, NULL);
     cr_expect(!strncmp(jl, "{\"step\":7}\n{\"step\":1,", 21), "the killed attempt's lines stayed:\n%.300s", jl);
-    int lines = 0;
-    for (char *c = jl; *c; c++) lines += *c == '\n';
+    const int lines = count_lines(m);
     cr_expect_eq(lines, 6, "%d lines:\n%s", lines, jl);
     free(jl);
     /* no `latest`: the newest step directory */

@@ -8,8 +8,8 @@
 
 #include "engine/core/util.h"
 
-fy_status fy_json_read(const char *path, const char *what, cJSON **out) {
-    *out = NULL;
+fy_status fy_json_read_text(const char *path, const char *what, char **text, size_t *nbytes) {
+    *text = NULL;
     int fd = fy_open_read(path);
     struct stat sb;
     if (fd < 0 || fstat(fd, &sb) != 0) {
@@ -28,16 +28,27 @@ fy_status fy_json_read(const char *path, const char *what, cJSON **out) {
         fy_log_error("cannot open %s %s", what, path);
         return FY_ERR_IO;
     }
-    char *text = malloc(FY_JSON_MAX_BYTES + 1);
-    size_t n = text ? fread(text, 1, FY_JSON_MAX_BYTES + 1, f) : 0;
+    char *t = malloc(FY_JSON_MAX_BYTES + 1);
+    size_t n = t ? fread(t, 1, FY_JSON_MAX_BYTES + 1, f) : 0;
     fclose(f);
-    if (!text) return FY_ERR_NOMEM;
+    if (!t) return FY_ERR_NOMEM;
     if (n > FY_JSON_MAX_BYTES) {
-        free(text);
+        free(t);
         fy_log_error("%s %s: larger than %u bytes", what, path, FY_JSON_MAX_BYTES);
         return FY_ERR_FORMAT;
     }
-    text[n] = 0;
+    t[n] = 0;
+    *text = t;
+    *nbytes = n;
+    return FY_OK;
+}
+
+fy_status fy_json_read(const char *path, const char *what, cJSON **out) {
+    *out = NULL;
+    char *text;
+    size_t n;
+    FY_TRY(fy_json_read_text(path, what, &text, &n));
+    (void)n;
     *out = cJSON_Parse(text);
     free(text);
     if (!*out) {

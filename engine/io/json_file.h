@@ -16,6 +16,9 @@ extern "C" {
 /* Parses path into *out (caller frees with cJSON_Delete). FY_ERR_IO (logged: "cannot open
  * <what> <path>") if unreadable; FY_ERR_FORMAT (logged) if not JSON or too large. */
 fy_status fy_json_read(const char *path, const char *what, cJSON **out);
+/* The same file's text (malloc'd, NUL-terminated, n bytes), unparsed: for a parser of
+ * its own (the checkpoint state's). The same errors, logged. */
+fy_status fy_json_read_text(const char *path, const char *what, char **text, size_t *n);
 /* Writes root (pretty-printed) to path atomically. FY_ERR_IO (logged) on failure. */
 fy_status fy_json_write(const char *path, const char *what, const cJSON *root);
 
