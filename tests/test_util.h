@@ -54,14 +54,15 @@ typedef struct test_proc {
 } test_proc;
 
 /* As test_run_ferry (below), and delay_ms after the start sends sig to the child (if it is
- * still running), then sig2 right after it (0: none). With `when` (and delay_ms 0), the
- * signal goes as soon as when(ctx) is true, polled every millisecond instead. */
+ * still running), then sig2 (0: none) sig2_after_ms later (if it is still running). With
+ * `when` (and delay_ms 0), the signal goes as soon as when(ctx) is true, polled every
+ * millisecond instead. */
 static inline void test_run_ferry_when(test_proc *r, const char *dir, int timeout_s,
                                        const char *const *args, int delay_ms, int sig, int sig2,
-                                       bool (*when)(void *), void *ctx);
+                                       int sig2_after_ms, bool (*when)(void *), void *ctx);
 static inline void test_run_ferry_sig(test_proc *r, const char *dir, int timeout_s,
                                       const char *const *args, int delay_ms, int sig, int sig2) {
-    test_run_ferry_when(r, dir, timeout_s, args, delay_ms, sig, sig2, NULL, NULL);
+    test_run_ferry_when(r, dir, timeout_s, args, delay_ms, sig, sig2, 0, NULL, NULL);
 }
 
 /* Runs $FERRY_BIN with args (NULL-terminated) in dir, stdin from /dev/null, stdout and
@@ -74,7 +75,7 @@ static inline void test_run_ferry(test_proc *r, const char *dir, int timeout_s,
 
 static inline void test_run_ferry_when(test_proc *r, const char *dir, int timeout_s,
                                        const char *const *args, int delay_ms, int sig, int sig2,
-                                       bool (*when)(void *), void *ctx) {
+                                       int sig2_after_ms, bool (*when)(void *), void *ctx) {
     const char *bin = getenv("FERRY_BIN");
     cr_assert_not_null(bin, "FERRY_BIN must name the ferry binary");
     char outp[512], errp[512];
@@ -116,7 +117,11 @@ static inline void test_run_ferry_when(test_proc *r, const char *dir, int timeou
         reaped = w == pid;
         if (!reaped && (when ? when(ctx) : waited >= delay_ms)) {
             kill(pid, sig);
-            if (sig2) kill(pid, sig2);
+            for (int w2 = 0; sig2 && w2 < sig2_after_ms && !reaped; w2++) {
+                reaped = waitpid(pid, &st, WNOHANG) == pid;
+                usleep(1000);
+            }
+            if (sig2 && !reaped) kill(pid, sig2);
             break;
         }
         if (!reaped) usleep(1000);

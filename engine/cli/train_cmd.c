@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "engine/checkpoint.h"
@@ -27,10 +28,23 @@ static int exit_status(fy_status st) {
 
 /* SIGTERM and SIGINT: the first stops the run after the step in progress (with a
  * checkpoint, when there is a checkpoint directory); a second exits at once, leaving the
- * checkpoints complete before it as they are. */
+ * checkpoints complete before it as they are. One request often arrives twice within
+ * microseconds (a wrapper such as timeout(1) or a launcher signals the process and its
+ * process group): a signal less than DUPLICATE_MS after the first is the same request. */
+#define DUPLICATE_MS 250
+static atomic_llong first_signal_ms;
+
 static void on_stop_signal(int sig) {
-    if (atomic_load(&fy_train_stop_signal)) _exit(128 + sig);
     const int saved = errno;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* async-signal-safe */
+    const long long now = (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    if (atomic_load(&fy_train_stop_signal)) {
+        if (now - atomic_load(&first_signal_ms) >= DUPLICATE_MS) _exit(128 + sig);
+        errno = saved;
+        return;
+    }
+    atomic_store(&first_signal_ms, now);
     atomic_store(&fy_train_stop_signal, sig);
     static const char msg[] = "\nferry: stopping after this step (again to exit at once)\n";
     ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
