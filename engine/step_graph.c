@@ -125,8 +125,16 @@ static const void *params_for(const fy_trainer *tr, int b, int fetch) {
     return fetch >= 0 ? param_unit(tr, fetch) : tr->st->chunks[b].param_dev;
 }
 
+/* Micro-batch m's token buffer: inputs, targets, and with a gathered block the inputs
+ * renumbered into its rows. */
 static int32_t *tokens_dev(const fy_trainer *tr, int m) {
-    return tr->st->tok_dev + (size_t)(m % 2) * 2 * tokens_n(tr);
+    return tr->st->tok_dev + (size_t)(m % 2) * tr->st->tok_parts * tokens_n(tr);
+}
+static bool gathered(const fy_trainer *tr, int b) { return tr->st->chunks[b].gathered; }
+/* A block's staged copy (a slot's parameters or gradient) in bytes: the whole block, or
+ * a gathered block's rows. */
+static size_t stage_nbytes(const fy_trainer *tr, int b) {
+    return tr->st->chunks[b].stage_nelem * tr->st->es;
 }
 
 static fy_stream *lane_stream(const fy_trainer *tr, fy_lane lane) {
@@ -143,7 +151,7 @@ static fy_stream *lane_stream(const fy_trainer *tr, fy_lane lane) {
 static void *grad_open(fy_trainer *tr, int b, int a, sg_grad g, int self) {
     void *buf = g.holder >= 0 ? grad_unit(tr, g.holder) : tr->st->chunks[b].grad_dev;
     if (g.first && (g.holder == self || (g.holder < 0 && a == 0)))
-        fy_memset_async(tr->s, buf, 0, fy_tr_nbytes(tr, b));
+        fy_memset_async(tr->s, buf, 0, g.holder >= 0 ? stage_nbytes(tr, b) : fy_tr_nbytes(tr, b));
     return buf;
 }
 
@@ -158,7 +166,7 @@ static void grad_close(fy_trainer *tr, int b, int a, const void *g) {
         if (a == 0) fy_copy_async(tr->s, c->grad_dev, g, fy_tr_nbytes(tr, b), FY_D2D);
         else fy_k_residual_fwd(c->grad_dev, c->grad_dev, g, c->nelem, tr->s);
     }
-    if (a != accum(tr) - 1) return;
+    if (a != accum(tr) - 1 || c->gathered) return; /* a gathered block's: on the host */
     const void *final = !fy_tr_cpu_optim(tr, b) ? c->grad_dev : accum(tr) == 1 ? g : NULL;
     if (!final) return;
     fy_k_sumsq(st->sumsq_dev + b, final, c->nelem, tr->s);
@@ -174,7 +182,7 @@ static fy_block_io pass_io(const fy_trainer *tr, int b, const sg_task *p) {
                       .params = params_for(tr, b, p->u.pass.fetch),
                       .in = b > 0 ? st->acts[b - 1].out : NULL, .out = st->acts[b].out,
                       .saved = st->acts[b].saved, .work = st->work, .dx = st->dx,
-                      .tokens = tokens_dev(tr, p->micro),
+                      .tokens = tokens_dev(tr, p->micro) + (gathered(tr, b) ? 2 * tokens_n(tr) : 0),
                       .targets = tokens_dev(tr, p->micro) + tokens_n(tr)};
     for (int k = 0; k < blk->nlinks; k++)
         io.link_params[k] = params_for(tr, blk->links[k], p->u.pass.link_fetch[k]);
@@ -194,13 +202,58 @@ static void bind_grads(fy_trainer *tr, int b, const sg_task *p, int self, fy_blo
 
 typedef fy_status (*runner)(fy_trainer *tr, int id, const fy_task *t, const sg_task *p);
 
+static int cmp_i32(const void *a, const void *b) {
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The gathered block's rows for token buffer `buf` (the distinct inputs, in increasing
+ * order), and the inputs renumbered into them (out). */
+static fy_status gather_rows(fy_storage *st, int buf, const int32_t *tok, int32_t *out, size_t N) {
+    const fy_block_spec *blk = fy_model_block(st->model, st->gather.block);
+    const uint32_t nrows = (uint32_t)blk->tensors[0].alloc_rows;
+    int32_t *rows = st->gather.rows + (size_t)buf * N, *map = st->gather.map;
+    size_t n = 0;
+    for (size_t i = 0; i < N; i++) {
+        if ((uint32_t)tok[i] >= nrows) { /* the data layer keeps tokens in the vocabulary */
+            for (size_t k = 0; k < n; k++) map[rows[k]] = -1;
+            fy_log_error("token %d outside the vocabulary (%u)", (int)tok[i], nrows);
+            return FY_ERR_INVALID;
+        }
+        if (map[tok[i]] < 0) { map[tok[i]] = 0; rows[n++] = tok[i]; }
+    }
+    qsort(rows, n, sizeof *rows, cmp_i32);
+    for (size_t k = 0; k < n; k++) map[rows[k]] = (int32_t)k;
+    for (size_t i = 0; i < N; i++) out[i] = map[tok[i]];
+    for (size_t k = 0; k < n; k++) map[rows[k]] = -1;
+    st->gather.nrows[buf] = (int)n;
+    return FY_OK;
+}
+
 static fy_status run_load(fy_trainer *tr, int id, const fy_task *t, const sg_task *p) {
-    const size_t N = tokens_n(tr);
-    int32_t *h = tr->st->tok_host + (size_t)(p->micro % 2) * 2 * N;
+    fy_storage *st = tr->st;
+    const size_t N = tokens_n(tr), parts = (size_t)st->tok_parts;
+    int32_t *h = st->tok_host + (size_t)(p->micro % 2) * parts * N;
     if (p->u.load.reuse >= 0) fy_event_sync(tr->ev_end[p->u.load.reuse]); /* its copy is done */
     FY_TRY(tr->next_batch(tr->batch_ctx, abs_micro(tr, p), h, h + N));
-    fy_copy_async(tr->s_h2d, tokens_dev(tr, p->micro), h, 2 * N * sizeof(int32_t), FY_H2D);
+    if (st->gather.block >= 0) FY_TRY(gather_rows(st, p->micro % 2, h, h + 2 * N, N));
+    fy_copy_async(tr->s_h2d, tokens_dev(tr, p->micro), h, parts * N * sizeof(int32_t), FY_H2D);
     return FY_OK;
+}
+
+/* A gathered block's fetch: the micro-batch's rows of its storage-type copy, gathered
+ * into the pinned buffer (once the previous gathered fetch's copy out of it is done). */
+static void fetch_rows(fy_trainer *tr, int id, int b, int micro, void *slot) {
+    fy_storage *st = tr->st;
+    const size_t row = (size_t)fy_tr_block(tr, b)->tensors[0].cols * st->es;
+    const int buf = micro % 2, n = st->gather.nrows[buf];
+    const int32_t *rows = st->gather.rows + (size_t)buf * tokens_n(tr);
+    if (tr->gather_last >= 0) fy_event_sync(tr->ev_end[tr->gather_last]);
+    char *dst = st->gather.host;
+    const char *src = (const char *)st->chunks[b].param_lp;
+    for (int k = 0; k < n; k++) memcpy(dst + (size_t)k * row, src + (size_t)rows[k] * row, row);
+    fy_copy_async(tr->s_h2d, slot, dst, (size_t)n * row, FY_H2D);
+    tr->gather_last = id;
 }
 
 /* h2d_param: the storage type's copy for compute; for a device update with bf16 storage,
@@ -208,7 +261,8 @@ static fy_status run_load(fy_trainer *tr, int id, const fy_task *t, const sg_tas
 static fy_status run_h2d_param(fy_trainer *tr, int id, const fy_task *t, const sg_task *p) {
     const fy_chunk *c = &tr->st->chunks[t->block];
     void *slot = param_unit(tr, id);
-    if (p->u.fetch.for_update && fy_tr_lp(tr))
+    if (c->gathered) fetch_rows(tr, id, t->block, p->micro, slot);
+    else if (p->u.fetch.for_update && fy_tr_lp(tr))
         fy_copy_async(tr->s_h2d, slot, c->param_host, fy_tr_master_nbytes(tr, t->block), FY_H2D);
     else
         fy_copy_async(tr->s_h2d, slot, c->param_lp, fy_tr_nbytes(tr, t->block), FY_H2D);
@@ -258,25 +312,58 @@ static fy_status run_bwd(fy_trainer *tr, int id, const fy_task *t, const sg_task
     return FY_OK;
 }
 
+/* The host's sum of micro-batch gradients: acc[i] += add[i] for n elements of the
+ * storage type (fp32 sums, rounded to the storage type: the device's accumulation). */
+static void host_add(const fy_trainer *tr, void *acc, const void *add, size_t n) {
+    if (fy_tr_lp(tr)) {
+        uint16_t *x = acc;
+        const uint16_t *y = add;
+        for (size_t i = 0; i < n; i++) x[i] = fy_f32_to_bf16(fy_bf16_to_f32(x[i]) + fy_bf16_to_f32(y[i]));
+    } else {
+        float *x = acc;
+        const float *y = add;
+        for (size_t i = 0; i < n; i++) x[i] = x[i] + y[i];
+    }
+}
+
+/* A gathered block's d2h_grad: its rows' gradient lands in the landing slot and is
+ * scattered into grad_host, which the first micro-batch zeroes; the rows no token chose
+ * get nothing, as their gradient in the whole table is zero. The norm is taken over the
+ * whole table, as an accumulated block's. */
+static void scatter_rows(fy_trainer *tr, int b, int micro, const void *g) {
+    fy_storage *st = tr->st;
+    const fy_chunk *c = &st->chunks[b];
+    const size_t row = (size_t)fy_tr_block(tr, b)->tensors[0].cols * st->es;
+    const int buf = micro % 2, n = st->gather.nrows[buf], a = micro % accum(tr);
+    const int32_t *rows = st->gather.rows + (size_t)buf * tokens_n(tr);
+    char *tmp = (char *)st->grad_host_tmp, *acc = (char *)c->grad_host;
+    fy_copy_async(tr->s_d2h, tmp, g, (size_t)n * row, FY_D2H);
+    fy_stream_sync(tr->s_d2h);
+    if (a == 0) memset(acc, 0, fy_tr_nbytes(tr, b));
+    for (int k = 0; k < n; k++) {
+        if (a == 0) memcpy(acc + (size_t)rows[k] * row, tmp + (size_t)k * row, row);
+        else host_add(tr, acc + (size_t)rows[k] * row, tmp + (size_t)k * row, row / st->es);
+    }
+    if (a == accum(tr) - 1)
+        st->sumsq_host[b] = fy_tr_lp(tr) ? fy_sumsq_bf16((const uint16_t *)acc, c->nelem)
+                                         : fy_sumsq((const float *)acc, c->nelem);
+}
+
 /* d2h_grad: the first micro-batch lands in grad_host, later ones in the landing slot and
- * are added there (the device's accumulation on the host: fp32 sums, rounded to the
- * storage type), which reads the copy: the host waits for it. */
+ * are added there (host_add), which reads the copy: the host waits for it. */
 static fy_status run_d2h_grad(fy_trainer *tr, int id, const fy_task *t, const sg_task *p) {
     const int b = t->block, a = p->micro % accum(tr);
     const fy_chunk *c = &tr->st->chunks[b];
     const void *g = grad_unit(tr, p->u.d2h_grad.holder);
+    if (c->gathered) {
+        scatter_rows(tr, b, p->micro, g);
+        return FY_OK;
+    }
     float *dst = a == 0 ? c->grad_host : tr->st->grad_host_tmp;
     fy_copy_async(tr->s_d2h, dst, g, fy_tr_nbytes(tr, b), FY_D2H);
     if (accum(tr) == 1) return FY_OK;
     fy_stream_sync(tr->s_d2h);
-    if (a > 0 && fy_tr_lp(tr)) {
-        uint16_t *acc = (uint16_t *)c->grad_host;
-        const uint16_t *add = (const uint16_t *)dst;
-        for (size_t i = 0; i < c->nelem; i++)
-            acc[i] = fy_f32_to_bf16(fy_bf16_to_f32(acc[i]) + fy_bf16_to_f32(add[i]));
-    } else if (a > 0) {
-        for (size_t i = 0; i < c->nelem; i++) c->grad_host[i] = c->grad_host[i] + dst[i];
-    }
+    if (a > 0) host_add(tr, c->grad_host, dst, c->nelem);
     if (a == accum(tr) - 1)
         tr->st->sumsq_host[b] = fy_tr_lp(tr) ? fy_sumsq_bf16((const uint16_t *)c->grad_host, c->nelem)
                                              : fy_sumsq(c->grad_host, c->nelem);
@@ -558,6 +645,7 @@ static int fetch(builder *bd, int b, int micro) {
     if (f < 0) return -1;
     bd->g->tasks[f].acquire_pool = bd->ppool[ring(bd->tr, b)];
     dep(bd, bd->ready[b], f);
+    if (gathered(bd->tr, b)) dep(bd, bd->load_buf[micro % 2], f); /* its rows are known */
     return f;
 }
 
@@ -566,7 +654,8 @@ static int fetch(builder *bd, int b, int micro) {
  * update. */
 static int pass_task(builder *bd, fy_task_kind kind, int b, int micro) {
     const fy_block_spec *blk = fy_tr_block(bd->tr, b);
-    int f = fetch(bd, b, micro), lf[ML];
+    /* a row table's backward reads no parameters (model.h: gather) */
+    int f = kind == FY_T_BWD && gathered(bd->tr, b) ? -1 : fetch(bd, b, micro), lf[ML];
     for (int k = 0; k < blk->nlinks; k++) lf[k] = fetch(bd, blk->links[k], micro);
     int id = add(bd, FY_LANE_COMPUTE, kind, b, micro);
     if (id < 0) return -1;
@@ -824,7 +913,9 @@ static fy_status build_train(fy_trainer *tr, fy_graph *g, int nsteps, bool barri
             int prev = build_forward(&bd, m, load);
             heads[a] = build_head(&bd, m, prev, true);
             build_backward(&bd, m, heads[a]);
-            bd.load_war[m % 2] = bd.last_bwd[0]; /* the embedding's backward reads tokens last */
+            /* the embedding's backward reads tokens last; a gathered one's rows are read
+             * by its gradient's copy */
+            bd.load_war[m % 2] = gathered(tr, 0) ? bd.last_d2h[0] : bd.last_bwd[0];
         }
         const int tm = t * A + A - 1; /* per-step tasks carry the step's last micro-batch */
         build_update(&bd, tm, build_norm(&bd, tm, heads));
@@ -951,6 +1042,7 @@ static fy_status execute(fy_trainer *tr, fy_graph *g, fy_sched_result *res) {
     g->hook_ctx = tr;
     tr->graph = g;
     memset(tr->nahead, 0, sizeof tr->nahead); /* the last window ended with everything done */
+    tr->gather_last = -1;
     fy_event_record(tr->ev_anchor, tr->s);
     fy_event_sync(tr->ev_anchor);
     const double anchor_ms = fy_now_ms();

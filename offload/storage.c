@@ -112,10 +112,17 @@ static void min_slots(const fy_model *m, const fy_plan *plan, const fy_chunk *c,
     free(held);
 }
 
-/* The ring of a block: the large one for a block that is not a layer and is larger than
- * the largest layer (layer_max elements). */
-static fy_ring_id ring_of(const fy_block_spec *blk, size_t layer_max) {
-    return blk->kind != FY_BLOCK_LAYER && blk->nelem > layer_max ? FY_RING_LARGE : FY_RING_LAYER;
+/* The ring of a block whose staged copies take stage_nelem elements: the large one for
+ * a block that is not a layer and is larger than the largest layer (layer_max). */
+static fy_ring_id ring_of(const fy_block_spec *blk, size_t stage_nelem, size_t layer_max) {
+    return blk->kind != FY_BLOCK_LAYER && stage_nelem > layer_max ? FY_RING_LARGE : FY_RING_LAYER;
+}
+
+/* Whether block b is gathered under the plan (storage.h): a row table whose parameters
+ * are streamed and, in training, whose optimizer runs on the CPU (an update on the
+ * device needs the whole table there). */
+static bool gathered(const fy_block_spec *blk, const fy_block_plan *bp, bool training) {
+    return blk->gather && bp->params == FY_PARAMS_STREAMED && (!training || bp->optim == FY_OPTIM_CPU);
 }
 
 static const char *ring_names[FY_RINGS] = {"layer", "large"};
@@ -135,24 +142,32 @@ static fy_status layout(walk *w, const fy_model *m, const fy_plan *plan, int T, 
         if (fy_model_block(m, b)->kind == FY_BLOCK_LAYER && fy_model_block(m, b)->nelem > layer_max)
             layer_max = fy_model_block(m, b)->nelem;
     bool any_cpu = false;
+    int gather_block = -1;
     fy_status s = FY_OK;
     for (int b = 0; b < nb; b++) {
         const fy_block_plan *bp = &plan->blocks[b];
-        const char *bname = fy_model_block(m, b)->name;
+        const fy_block_spec *blk = fy_model_block(m, b);
+        const char *bname = blk->name;
         fy_chunk *c = &c_all[b];
         memset(c, 0, sizeof *c);
-        c->nelem = fy_model_block(m, b)->nelem;
-        c->ring = ring_of(fy_model_block(m, b), layer_max);
-        const size_t nbytes = fsz(c->nelem), lpbytes = c->nelem * es;
+        c->nelem = blk->nelem;
+        c->stage_nelem = c->nelem;
+        if ((c->gathered = gathered(blk, bp, training))) {
+            const size_t rows = (size_t)blk->tensors[0].alloc_rows;
+            c->stage_nelem = (N < rows ? N : rows) * (size_t)blk->tensors[0].cols;
+            gather_block = b;
+        }
+        c->ring = ring_of(blk, c->stage_nelem, layer_max);
+        const size_t nbytes = fsz(c->nelem), lpbytes = c->nelem * es, stbytes = c->stage_nelem * es;
         bool streamed = bp->params == FY_PARAMS_STREAMED, cpu = bp->optim == FY_OPTIM_CPU;
         c->needs_grad_staging = training && (cpu || plan->grad_accum > 1);
         if (streamed) {
             /* a device update of a bf16 block needs its fp32 master and the bf16 copy out */
-            size_t need = lp && training && !cpu ? nbytes + lpbytes : lpbytes;
+            size_t need = lp && training && !cpu ? nbytes + lpbytes : stbytes;
             if (need > pslot[c->ring]) pslot[c->ring] = need;
         }
         if (c->needs_grad_staging) {
-            if (lpbytes > gslot[c->ring]) gslot[c->ring] = lpbytes;
+            if (stbytes > gslot[c->ring]) gslot[c->ring] = stbytes;
         }
         any_cpu |= cpu;
         if (!streamed) {
@@ -222,8 +237,19 @@ static fy_status layout(walk *w, const fy_model *m, const fy_plan *plan, int T, 
      * staged gradient of either ring */
     const size_t gslot_max = gslot[FY_RING_LAYER] > gslot[FY_RING_LARGE] ? gslot[FY_RING_LAYER]
                                                                         : gslot[FY_RING_LARGE];
-    if (any_cpu && plan->grad_accum > 1)
+    if ((any_cpu && plan->grad_accum > 1) || (training && gather_block >= 0))
         carve(w, FY_CAT_STAGING, gslot_max, true, st ? (void *)&st->grad_host_tmp : &tmp);
+    /* a gathered block's rows: the fetch's pinned buffer, the distinct tokens of each
+     * token buffer, and the table's row map */
+    if (st) st->gather.block = gather_block;
+    if (gather_block >= 0) {
+        const fy_block_spec *gb = fy_model_block(m, gather_block);
+        carve(w, FY_CAT_STAGING, c_all[gather_block].stage_nelem * es, true,
+              st ? &st->gather.host : &tmp);
+        carve(w, FY_CAT_WORKSPACE, 2 * N * sizeof(int32_t), false, st ? (void *)&st->gather.rows : &tmp);
+        carve(w, FY_CAT_WORKSPACE, (size_t)gb->tensors[0].alloc_rows * sizeof(int32_t), false,
+              st ? (void *)&st->gather.map : &tmp);
+    }
     /* activations: the saved area recomputed blocks share, then each block's own */
     size_t shared_n = 0, work_n = 0, out_max = 0;
     for (int b = 0; b < nb; b++) {
@@ -261,12 +287,14 @@ static fy_status layout(walk *w, const fy_model *m, const fy_plan *plan, int T, 
         goto done;
     const size_t accum = (size_t)plan->grad_accum;
     /* tokens are double-buffered so the next micro-batch loads while this one computes */
-    if ((s = take(w, FY_CAT_WORKSPACE, 4 * N * sizeof(int32_t), "tokens", st ? (void *)&st->tok_dev : &tmp)) != FY_OK ||
+    const size_t parts = gather_block >= 0 ? 3 : 2;
+    if (st) st->tok_parts = (int)parts;
+    if ((s = take(w, FY_CAT_WORKSPACE, 2 * parts * N * sizeof(int32_t), "tokens", st ? (void *)&st->tok_dev : &tmp)) != FY_OK ||
         (s = take(w, FY_CAT_WORKSPACE, accum * sizeof(float), "losses", st ? (void *)&st->loss_dev : &tmp)) != FY_OK ||
         (s = take(w, FY_CAT_WORKSPACE, (size_t)nb * sizeof(double), "gradient norms",
                   st ? (void *)&st->sumsq_dev : &tmp)) != FY_OK)
         goto done;
-    carve(w, FY_CAT_WORKSPACE, 4 * N * sizeof(int32_t), true, st ? (void *)&st->tok_host : &tmp);
+    carve(w, FY_CAT_WORKSPACE, 2 * parts * N * sizeof(int32_t), true, st ? (void *)&st->tok_host : &tmp);
     carve(w, FY_CAT_WORKSPACE, accum * sizeof(float), true, st ? (void *)&st->loss_host : &tmp);
     carve(w, FY_CAT_WORKSPACE, (size_t)nb * sizeof(double), true, st ? (void *)&st->sumsq_host : &tmp);
 done:
@@ -348,6 +376,10 @@ fy_status fy_storage_new(fy_dev *dev, const fy_model *m, const fy_plan *plan, in
               w.cur[1] - (char *)st->arena[1] == (ptrdiff_t)st->arena_nbytes[1] &&
               st->mem.device_total == dry.device_total,
               "the storage walk must be the same dry and real");
+    if (st->gather.block >= 0) {
+        const fy_block_spec *gb = fy_model_block(m, st->gather.block);
+        for (int r = 0; r < gb->tensors[0].alloc_rows; r++) st->gather.map[r] = -1;
+    }
     *out = st;
     return FY_OK;
 fail:

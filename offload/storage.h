@@ -31,6 +31,15 @@
  * plan's prefetch depth more, so transfers run ahead of compute. The large ring needs
  * none: its blocks are used once or twice a micro-batch, with a run of layers between
  * (an embedding's fetch for the head overlaps the layers' forward).
+ * A streamed row table (an untied embedding) optimised on the CPU is gathered: its
+ * forward gets only the rows of the micro-batch's tokens (gathered on the host into a
+ * pinned buffer and copied), and its backward gives back only those rows' gradient,
+ * which the host scatters into the block's gradient; its staged copies then take
+ * min(vocabulary, B*T) rows (Llama 3 8B at 1 x 2048: 16 MiB instead of 1 GiB), and the
+ * layer ring serves it. The rows are the distinct tokens in increasing order, and each
+ * row's gradient is the same sum in the same order as in the whole table, so the
+ * arithmetic is the whole table's (the gradient norm is taken on the host over the
+ * whole scattered gradient, as for accumulated blocks).
  * Activations are opaque buffers sized by the model (fy_model_acts): every block owns its
  * output; a kept block owns its saved area, recomputed blocks share one saved area that
  * forward and recompute overwrite; one workspace (the largest block's) and one
@@ -95,6 +104,11 @@ typedef struct fy_chunk {
     bool needs_grad_staging;  /* grads computed into a staging slot */
     bool grad_in_lp;          /* grad_host is param_lp: between the gradient's copy and
                                  the update param_lp holds the gradient, not weights */
+    bool gathered;            /* a streamed row table (model.h: gather) whose passes get
+                                 only the micro-batch's rows: staged copies hold
+                                 stage_nelem elements (see fy_storage.gather) */
+    size_t stage_nelem;       /* elements of its staged copies: nelem, or for a gathered
+                                 block min(rows, B*T) rows */
 } fy_chunk;
 
 /* A block's activations on the device (model.h: out and saved). */
@@ -116,8 +130,18 @@ typedef struct fy_storage {
     fy_block_acts *acts;      /* nblocks */
     void *work;               /* the blocks' shared workspace */
     void *dx;                 /* the activation gradient between blocks */
-    int32_t *tok_dev;         /* 2 x (2,B,T): double-buffered inputs, targets */
+    int tok_parts;            /* arrays per token buffer: inputs, targets, and with a
+                                 gathered block the inputs renumbered into its rows */
+    int32_t *tok_dev;         /* 2 x (tok_parts,B,T): double-buffered */
     int32_t *tok_host;        /* pinned staging, same shape */
+    struct {                  /* the gathered block (at most one: the embedding) */
+        int block;            /* -1: none */
+        int32_t *rows;        /* host, 2 x (B*T): per token buffer, the distinct tokens of
+                                 its inputs in increasing order, the rows its passes get */
+        int nrows[2];
+        int32_t *map;         /* host scratch, a row table's rows: -1, or its gathered row */
+        void *host;           /* pinned: the rows gathered for a fetch (stage_nelem) */
+    } gather;
     float *loss_dev, *loss_host;      /* one per micro-batch */
     double *sumsq_dev, *sumsq_host;   /* one per block */
     float *grad_host_tmp;     /* host landing slot for accumulated cpu-block gradients */

@@ -30,6 +30,7 @@ typedef struct result {
     float **w;       /* final parameters per block */
     size_t peak, model, staging;
     size_t pinned, pinned_model;  /* measured pinned peak; the model's, under g_pinned_cap */
+    int gathered;    /* the block whose passes got only the micro-batch's rows, or -1 */
 } result;
 
 /* The pinned-memory cap of plan_train's devices (0: the default). */
@@ -103,6 +104,7 @@ static fy_status plan_train(const fy_model *m, const fy_plan *plan, size_t cap,
         res->norm[s] = ss.grad_norm;
         res->skipped[s] = ss.skipped;
     }
+    res->gathered = tr->st->gather.block;
     res->nblocks = fy_model_nblocks(m);
     res->w = calloc((size_t)res->nblocks, sizeof *res->w);
     res->nelem = calloc((size_t)res->nblocks, sizeof *res->nelem);

@@ -345,6 +345,67 @@ Test(llama_model, every_plan_is_bit_identical_bf16) {
     fy_model_free(m);
 }
 
+/* An untied embedding streamed and optimised on the CPU gets only its micro-batch's rows
+ * (32 positions of a 256-row table: at most 32 rows staged): still every plan bit for
+ * bit, with accumulation (rows scattered into a gradient that holds the first
+ * micro-batch's) and without, fp32 and bf16. */
+Test(llama_model, a_gathered_embedding_is_bit_identical_and_smaller) {
+    fy_model *m = plan_llama(false);
+    const int L = fy_model_layers(m);
+    for (int d = 0; d < 2; d++) {
+        const fy_dtype dt = d ? FY_BF16 : FY_F32;
+        result r1, r2;
+        accumulated_plans_are_bit_identical(m, dt, &r2);
+        fy_plan full = plan_of(m, 2, 2, 1, 1, L, dt), whole = plan_of(m, 2, 2, 1, 1, L, dt);
+        whole.blocks[0].optim = FY_OPTIM_GPU; /* updated on the device: the whole table */
+        /* the head (as large as the table) resident, so that the table alone sizes the
+         * large ring */
+        full.blocks[L + 1].params = whole.blocks[L + 1].params = FY_PARAMS_RESIDENT;
+        cr_assert_eq(plan_train(m, &full, 0, FY_SCHED_PRIORITY, -1, &r1), FY_OK);
+        cr_expect_eq(r1.gathered, 0, "%s: the embedding is gathered", fy_dtype_name(dt));
+        expect_identical(&r2, &r1, "gathered, accumulated");
+        result rw;
+        cr_assert_eq(plan_train(m, &whole, 0, FY_SCHED_PRIORITY, -1, &rw), FY_OK);
+        cr_expect_eq(rw.gathered, -1);
+        expect_identical(&r2, &rw, "streamed whole, accumulated");
+        /* the table's slots (256 x 32) were the large ring's; 32 rows fit the layers' */
+        cr_expect(r1.staging < rw.staging, "%s: staging %zu gathered, %zu whole",
+                  fy_dtype_name(dt), r1.staging, rw.staging);
+        result_free(&r1);
+        result_free(&rw);
+        result_free(&r2);
+        fy_plan_free(&full);
+        fy_plan_free(&whole);
+        /* one micro-batch a step: the bf16 gradient lands in the table's bf16 copy */
+        fy_plan one = plan_of(m, 2, 1, 1, 1, 0, dt), base = plan_of(m, 2, 1, 0, 0, 0, dt);
+        result ro, rb;
+        cr_assert_eq(plan_train(m, &base, 0, FY_SCHED_PRIORITY, -1, &rb), FY_OK);
+        cr_assert_eq(plan_train(m, &one, 0, FY_SCHED_SERIAL, -1, &ro), FY_OK);
+        cr_expect_eq(ro.gathered, 0);
+        expect_identical(&rb, &ro, "gathered, one micro-batch");
+        result_free(&ro);
+        fy_plan_free(&one);
+        /* a skipped step (a NaN in the head) restores the table's bf16 copy */
+        fy_plan nanp = plan_of(m, 2, 1, 1, 1, 0, dt);
+        result rn, rbn;
+        cr_assert_eq(plan_train(m, &base, 0, FY_SCHED_PRIORITY, 2, &rbn), FY_OK);
+        cr_assert_eq(plan_train(m, &nanp, 0, FY_SCHED_PRIORITY, 2, &rn), FY_OK);
+        cr_expect(rn.skipped[2] && rbn.skipped[2]);
+        for (int st = 0; st < STEPS; st++)
+            cr_expect(st == 2 || (rn.loss[st] == rbn.loss[st] && rn.norm[st] == rbn.norm[st]),
+                      "gathered, a skipped step: step %d", st);
+        for (int bl = 0; bl < rn.nblocks; bl++)
+            cr_expect(!memcmp(rn.w[bl], rbn.w[bl], rn.nelem[bl] * sizeof(float)),
+                      "gathered, a skipped step: block %d", bl);
+        result_free(&rn);
+        result_free(&rbn);
+        result_free(&rb);
+        fy_plan_free(&nanp);
+        fy_plan_free(&base);
+    }
+    fy_model_free(m);
+}
+
 Test(llama_model, tied_and_accumulated_plans_are_bit_identical) {
     fy_model *m = plan_llama(true);
     result r32, r16;

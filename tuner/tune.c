@@ -52,9 +52,15 @@ void fy_tune_costs(const fy_profile *p, fy_trainer *dry, int adam_threads) {
     for (int b = 0; b < fy_model_nblocks(m); b++) {
         const double P = (double)fy_model_block(m, b)->nelem, nb = P * es;
         const double back = es == 4.0 ? nb : nb + P * 4.0;
-        fy_trainer_set_cost(dry, FY_T_H2D_PARAM, b, xfer_ms(nb, p->h2d_gbps, p->latency_ms));
+        /* a gathered block moves its micro-batch's rows (at most B*T of them); the host
+         * then zeroes, scatters into and sums its whole gradient, two passes where
+         * AdamW makes about eight */
+        const double stage = (double)st->chunks[b].stage_nelem * es;
+        const double scatter = st->chunks[b].gathered && adam > 0 ? P / adam * 1e3 / 4.0 : 0.0;
+        fy_trainer_set_cost(dry, FY_T_H2D_PARAM, b, xfer_ms(stage, p->h2d_gbps, p->latency_ms));
         fy_trainer_set_cost(dry, FY_T_H2D_UPDATE, b, xfer_ms(nb, p->h2d_gbps, p->latency_ms));
-        fy_trainer_set_cost(dry, FY_T_D2H_GRAD, b, xfer_ms(nb, p->d2h_gbps, p->latency_ms));
+        fy_trainer_set_cost(dry, FY_T_D2H_GRAD, b,
+                            xfer_ms(stage, p->d2h_gbps, p->latency_ms) + scatter);
         fy_trainer_set_cost(dry, FY_T_D2H_PARAM, b, xfer_ms(back, p->d2h_gbps, p->latency_ms));
         fy_trainer_set_cost(dry, FY_T_ADAM_CPU, b, adam > 0 ? P / adam * 1e3 : 1e9);
         static const int compute[] = {FY_T_FWD, FY_T_RECOMPUTE, FY_T_BWD, FY_T_HEAD, FY_T_GOPEN,

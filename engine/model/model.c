@@ -196,11 +196,16 @@ static fy_status check_blocks(const fy_block_spec *blocks, int n) {
             return FY_ERR_INVALID;
         }
         for (int k = 0; k < blk->nlinks; k++)
-            if (blk->links[k] < 0 || blk->links[k] >= b) {
-                fy_log_error("model: block %s links to block %d; links point to earlier blocks",
-                             blk->name, blk->links[k]);
+            if (blk->links[k] < 0 || blk->links[k] >= b || blocks[blk->links[k]].gather) {
+                fy_log_error("model: block %s links to block %d; links point to earlier "
+                             "blocks that are not row tables", blk->name, blk->links[k]);
                 return FY_ERR_INVALID;
             }
+        if (blk->gather && (b != 0 || blk->ntensors != 1 || blk->tensors[0].offset != 0)) {
+            fy_log_error("model: block %s: only the embedding can be a row table, of one tensor",
+                         blk->name);
+            return FY_ERR_INVALID;
+        }
     }
     return FY_OK;
 }

@@ -79,6 +79,13 @@ typedef struct fy_block_spec {
     int nlinks;         /* earlier blocks whose parameters every pass of this block reads
                            and whose gradients its backward adds into (tied weights) */
     int links[FY_MODEL_MAX_LINKS];
+    bool gather;        /* a table of rows read by token (an untied embedding: one tensor,
+                           no block links to it): its forward reads only the rows of
+                           io->tokens, its backward reads no parameters and adds only into
+                           those rows of grads. A streamed block's passes may then be given
+                           a table of just the micro-batch's rows, with the tokens
+                           renumbered into it (fy_block_io.tokens), and give back the
+                           gradient of those rows alone */
 } fy_block_spec;
 
 typedef struct fy_model fy_model;
