@@ -1197,6 +1197,10 @@ static const op_case op_cases[] = {
     {FY_OP_MATMUL_FWD, {10, 8, 12}, {0}},
     {FY_OP_MATMUL_BWD, {10, 8, 12}, {0}},
     {FY_OP_MATMUL_BWD_F32ACC, {10, 8, 12}, {0}},
+    {FY_OP_MATMUL_BWD_DX32, {10, 8, 12}, {0}},
+    {FY_OP_CE_CHUNK_FWD, {6, 0, 16, 11}, {0}},  /* the first chunk: starts the sums */
+    {FY_OP_CE_CHUNK_FWD, {6, 64, 64, 100}, {0}}, /* a later one, padding past class 99 */
+    {FY_OP_CE_CHUNK_BWD, {6, 64, 64, 100}, {1.0f / 6}},
     {FY_OP_ADD_F32, {37}, {0}},
     {FY_OP_RMSNORM_FWD, {10, 8}, {1e-5f}},
     {FY_OP_RMSNORM_BWD, {10, 8}, {0}},
@@ -1215,7 +1219,11 @@ static const op_case op_cases[] = {
 };
 
 /* The integer ids an I32 argument of op c holds: below the vocabulary. */
-static int32_t id_bound(const op_case *c) { return (int32_t)(c->kind == FY_OP_ENCODER_FWD || c->kind == FY_OP_ENCODER_BWD ? c->i[3] : c->i[1]); }
+static int32_t id_bound(const op_case *c) {
+    const bool fourth = c->kind == FY_OP_ENCODER_FWD || c->kind == FY_OP_ENCODER_BWD ||
+                        c->kind == FY_OP_CE_CHUNK_FWD || c->kind == FY_OP_CE_CHUNK_BWD;
+    return (int32_t)(fourth ? c->i[3] : c->i[1]);
+}
 
 static size_t elem_size(fy_dtype t, fy_arg_type a) {
     return a == FY_ARG_F64 ? 8 : a == FY_ARG_I32 ? 4 : fy_dtype_size(t);
@@ -1260,6 +1268,10 @@ static void check_op_case(const op_case *c) {
                 put(buf, h16, len * 2);
             } else if (a->type != FY_ARG_F64) {
                 put(buf, h, len * 4);
+            } else { /* fp64 inputs: positive sums (the classifier's running exp sums) */
+                double *hd = hnew(len * 8 + 8);
+                for (size_t e = 0; e < len; e++) hd[e] = 1.5 + h[e];
+                put(buf, hd, len * 8);
             }
             ops[run].p[k] = buf;
         }

@@ -22,6 +22,7 @@
 #include "engine/device/kernels.h"
 #include "engine/io/tokens.h"
 #include "engine/model/gpt2.h"
+#include "engine/model/llama.h"
 #include "engine/train.h"
 #include "engine/trainer.h"
 #include "tests/test_util.h"
@@ -351,15 +352,14 @@ static double rel_err(const float *got, const float *want, size_t n) {
     return sqrt(d / (w > 0 ? w : 1));
 }
 
-/* A vocabulary big enough that the logits of N = 128 rows take 3 chunks (55 rows each):
- * fy_gpt2_head_step must give what the unchunked sequence of kernels gives (the whole
- * (N, V) logits at once). Each row's logits and loss are the same products; dwte sums
- * the chunks' contributions in a different order, and BLAS may block differently for
- * 55 rows than for 128, so agreement is to fp32 rounding: 1e-5 relative. */
-Test(model, chunked_classifier_matches_unchunked) {
-    fy_gpt2_config cfg = {.vocab = 300000, .max_seq = 16, .channels = 8, .layers = 1, .heads = 2};
+/* fy_gpt2_head_step against the same kernels written out over all N rows at once (the
+ * whole (N, V) logits, fy_k_crossentropy): one vocabulary chunk at this size, the same
+ * products; BLAS may block the d lnf GEMM differently (beta 1 onto zeros), so agreement
+ * is to fp32 rounding: 1e-5 relative. */
+Test(model, gpt2_head_matches_the_kernels_written_out) {
+    fy_gpt2_config cfg = {.vocab = 3000, .max_seq = 16, .channels = 8, .layers = 1, .heads = 2};
     const int B = 8, T = 16, N = B * T, C = cfg.channels, V = cfg.vocab;
-    cr_assert_gt((size_t)N, fy_lm_logit_rows((size_t)N, (size_t)V, sizeof(float)) * 2, "needs 3+ chunks");
+    cr_assert_eq(fy_gpt2_chunks(&cfg, (size_t)N, 4).n, 1);
     fy_dev *d;
     fy_stream *s;
     fy_dev_cfg dc = {.kind = FY_DEV_CPU, .threads = 2};
@@ -378,6 +378,7 @@ Test(model, chunked_classifier_matches_unchunked) {
     /* wte and dwte take the padded vocabulary's rows (zero past V) */
     const size_t VpC = (size_t)fy_gpt2_vocab_padded(&cfg) * C;
     float *wte = dev_upload(d, s, NULL, VpC), *x = dev_upload(d, s, h_x, (size_t)N * C);
+    fy_memset_async(s, wte, 0, VpC * sizeof(float));
     fy_copy_async(s, wte, h_wte, (size_t)V * C * sizeof(float), FY_H2D);
     int32_t *y;
     cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, (size_t)N * 4, "y", (void **)&y), FY_OK);
@@ -388,19 +389,23 @@ Test(model, chunked_classifier_matches_unchunked) {
                            dev_upload(d, s, NULL, fy_gpt2_head_acts_nbytes(&cfg, B, T, FY_F32) / 4), &a);
     fy_gpt2_head_work_bind(&cfg, B, T, FY_F32,
                            dev_upload(d, s, NULL, fy_gpt2_head_work_nbytes(&cfg, B, T, FY_F32) / 4), &wk);
-    cr_assert_null(wk.dwte32, "fp32 storage sums dwte in place");
+    cr_assert_null(wk.dlnf, "fp32 storage: d lnf is its fp32 sum");
     float *dwte = dev_upload(d, s, NULL, VpC), *loss = dev_upload(d, s, NULL, 1);
+    fy_memset_async(s, dwte, 0, VpC * sizeof(float));
     float *dxL = dev_upload(d, s, NULL, (size_t)N * C);
     const float dloss = 1.0f / N;
     fy_gpt2_head_step(&cfg, &w, &g, wte, dwte, x, &a, &wk, y, dloss, loss, dxL, B, T, s);
 
-    /* the reference: the same kernels over all N rows at once */
     float *lnf = dev_upload(d, s, NULL, (size_t)N * C), *mean = dev_upload(d, s, NULL, N);
     float *rstd = dev_upload(d, s, NULL, N), *logits = dev_upload(d, s, NULL, (size_t)N * V);
     float *losses = dev_upload(d, s, NULL, N), *rloss = dev_upload(d, s, NULL, 1);
     float *rdwte = dev_upload(d, s, NULL, (size_t)V * C), *dlnf = dev_upload(d, s, NULL, (size_t)N * C);
     float *dx = dev_upload(d, s, NULL, (size_t)N * C);
+    fy_memset_async(s, rdwte, 0, (size_t)V * C * sizeof(float));
+    fy_memset_async(s, dx, 0, (size_t)N * C * sizeof(float));
     fy_gpt2_head_w rg = {.lnfw = dev_upload(d, s, NULL, C), .lnfb = dev_upload(d, s, NULL, C)};
+    fy_memset_async(s, rg.lnfw, 0, C * sizeof(float));
+    fy_memset_async(s, rg.lnfb, 0, C * sizeof(float));
     fy_k_layernorm_fwd(lnf, mean, rstd, x, w.lnfw, w.lnfb, N, C, s);
     fy_k_matmul_fwd(logits, lnf, wte, NULL, N, C, V, s);
     fy_k_crossentropy(losses, logits, y, N, V, V, dloss, s);
@@ -409,8 +414,8 @@ Test(model, chunked_classifier_matches_unchunked) {
     fy_k_layernorm_bwd(dx, rg.lnfw, rg.lnfb, dlnf, x, w.lnfw, mean, rstd, N, C, s);
     fy_stream_sync(s);
 
-    cr_expect_leq(rel_err(loss, rloss, 1), 1e-6, "loss %g vs %g", loss[0], rloss[0]);
-    cr_expect_leq(rel_err(a.losses, losses, N), 1e-5, "per-position losses");
+    cr_expect_eq(loss[0], rloss[0], "one chunk: the loss is crossentropy's bits");
+    cr_expect(!memcmp(a.losses, losses, (size_t)N * sizeof(float)), "per-position losses");
     cr_expect_leq(rel_err(dwte, rdwte, (size_t)V * C), 1e-5, "dwte");
     for (size_t i = (size_t)V * C; i < VpC; i++)
         cr_assert_eq(dwte[i], 0.0f, "the padded vocabulary's rows get no gradient ([%zu])", i);
@@ -422,100 +427,160 @@ Test(model, chunked_classifier_matches_unchunked) {
     fy_dev_free(d);
 }
 
-/* How a training step chunks the classifier's logits: in fp32 by the 64 MiB chunk alone;
- * in bf16, all rows at once when their logits take no more than a chunk and the fp32
- * accumulator the chunks would need (Llama 3 8B at 1 x 2048: 525 MB against 67 MB +
- * 2.1 GB), which then is not allocated; chunks and the accumulator for a batch whose
- * logits are larger (8 x 2048: 4.2 GB); neither when one chunk holds every row. */
-Test(model, bf16_classifier_takes_one_chunk_when_that_is_smaller) {
-    const size_t Vp = 128256, C = 4096;
-    cr_expect(fy_lm_one_chunk(2048, Vp, C, 2) && !fy_lm_acc32(2048, Vp, C, 2));
-    cr_expect(!fy_lm_one_chunk(8 * 2048, Vp, C, 2) && fy_lm_acc32(8 * 2048, Vp, C, 2));
-    cr_expect(!fy_lm_one_chunk(2048, Vp, C, 4) && !fy_lm_acc32(2048, Vp, C, 4), "fp32");
-    cr_expect(!fy_lm_one_chunk(32, 50304, 768, 2) && !fy_lm_acc32(32, 50304, 768, 2),
-              "GPT-2 at 1 x 32: one chunk holds every row");
+/* The classifier's chunks: multiples of 64, even, covering the padded vocabulary, their
+ * logits within the budget, bounded further where a family asks (Llama 3 8B's untied
+ * lm_head: a chunk and the norm within a layer's 218M parameters). */
+Test(model, vocabulary_chunks_are_even_and_bounded) {
+    const size_t budget = FY_LM_LOGIT_CHUNK_NBYTES;
+    const struct { size_t N; int Vp; size_t es, max_rows; } cases[] = {
+        {32, 50304, 4, 0}, {8192, 50304, 2, 0}, {8192, 50304, 4, 0}, {2048, 128256, 2, 53248},
+        {16384, 128256, 2, 53248}, {1u << 22, 128256, 2, 0}, {100, 64, 4, 0}, {100, 640, 4, 100}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fy_lm_chunks c = fy_lm_chunks_of(cases[i].N, cases[i].Vp, cases[i].es, cases[i].max_rows);
+        cr_expect(c.rows % 64 == 0 && c.rows >= 64 && c.n >= 1, "case %zu: %d rows x %d", i, c.rows, c.n);
+        cr_expect(fy_lm_chunk_v0(c, c.n - 1) < c.Vp && fy_lm_chunk_v0(c, c.n - 1) + fy_lm_chunk_nv(c, c.n - 1) == c.Vp,
+                  "case %zu: the chunks cover the rows", i);
+        cr_expect(fy_lm_chunk_nv(c, c.n - 1) > c.rows - 64 * c.n || c.n == 1, "case %zu: even", i);
+        if (c.rows > 64) {
+            cr_expect_leq(cases[i].N * (size_t)c.rows * cases[i].es, budget, "case %zu: logits", i);
+            if (cases[i].max_rows) cr_expect_leq((size_t)c.rows, cases[i].max_rows, "case %zu", i);
+        }
+    }
+    cr_expect_eq(fy_lm_chunks_of(32, 50304, 4, 0).n, 1, "GPT-2 at 1 x 32: one chunk");
+    fy_llama_config l3;
+    cr_assert_eq(fy_llama_config_named("llama3-8b", &l3), FY_OK);
+    fy_lm_chunks c = fy_llama_chunks(&l3, 2048, 2);
+    cr_expect((size_t)c.rows * 4096 + 4096 + 64 <= 218103808, "a chunk and the norm within a layer");
+    cr_expect_eq(c.n, 3);
 }
 
-/* With bf16 storage the classifier's dwte shares are summed in fp32 (dwte32) and rounded
- * once: against the same head computed in fp32 on the same (bf16) inputs, that dwte is
- * within bf16's rounding (2^-9 = 2e-3 relative per element; bound 4e-3 relative-norm),
- * and closer than the one rounded after every chunk (10 chunks here). */
-Test(model, bf16_classifier_rounds_dwte_once) {
-    fy_gpt2_config cfg = {.vocab = 300000, .max_seq = 64, .channels = 8, .layers = 1, .heads = 2};
-    const int B = 16, T = 64, N = B * T, C = cfg.channels, V = cfg.vocab;
-    const size_t VC = (size_t)V * C, VpC = (size_t)fy_gpt2_vocab_padded(&cfg) * C;
-    cr_assert_geq((size_t)N, fy_lm_logit_rows((size_t)N, (size_t)VpC / C, 2) * 9, "needs 10 chunks");
+/* fy_lm_head by vocabulary chunks against one pass over all logits (fy_k_crossentropy and
+ * the plain GEMMs), fp32: one chunk gives the same losses bit for bit; 2, 5 and 16 chunks
+ * (the running log-sum-exp rescaled at each) agree to fp32 rounding (1e-6 relative on
+ * the losses, 1e-5 on the gradients). */
+Test(model, vocabulary_chunks_match_one_pass) {
+    const int N = 96, C = 16, V = 1000, Vp = fy_lm_vocab_padded(V);
+    fy_dev *d;
+    fy_stream *s;
+    fy_dev_cfg dc = {.kind = FY_DEV_CPU, .threads = 2};
+    cr_assert_eq(fy_dev_new(&dc, &d), FY_OK);
+    cr_assert_eq(fy_stream_new(d, "t", &s), FY_OK);
+    uint64_t rng = 5;
+    float *hw = calloc((size_t)Vp * C, sizeof(float)), *hx = malloc((size_t)N * C * sizeof(float));
+    int32_t *hy = malloc((size_t)N * 4);
+    for (size_t i = 0; i < (size_t)V * C; i++) hw[i] = (float)(unif(&rng) - 0.5);
+    for (size_t i = 0; i < (size_t)N * C; i++) hx[i] = (float)(unif(&rng) * 4 - 2);
+    for (int n = 0; n < N; n++) hy[n] = (int32_t)(unif(&rng) * V) % V;
+    hy[0] = V - 1; /* the last class, in the last chunk */
+    float *w = dev_upload(d, s, hw, (size_t)Vp * C), *x = dev_upload(d, s, hx, (size_t)N * C);
+    int32_t *y;
+    cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, (size_t)N * 4, "y", (void **)&y), FY_OK);
+    fy_copy_async(s, y, hy, (size_t)N * 4, FY_H2D);
+    const float dloss = 1.0f / N;
+    /* the one pass */
+    float *logits = dev_upload(d, s, NULL, (size_t)N * Vp), *rl = dev_upload(d, s, NULL, N);
+    float *rdw = dev_upload(d, s, NULL, (size_t)Vp * C), *rdx = dev_upload(d, s, NULL, (size_t)N * C);
+    fy_memset_async(s, rdw, 0, (size_t)Vp * C * 4);
+    fy_k_matmul_fwd(logits, x, w, NULL, N, C, Vp, s);
+    fy_k_crossentropy(rl, logits, y, N, V, Vp, dloss, s);
+    fy_k_matmul_bwd(rdx, rdw, NULL, logits, x, w, N, C, Vp, s);
+    const int caps[] = {Vp, 512, 192, 64};
+    for (int i = 0; i < 4; i++) {
+        fy_lm_chunks ch = fy_lm_chunks_of((size_t)N, Vp, 4, (size_t)caps[i]);
+        float *lg = dev_upload(d, s, NULL, (size_t)N * ch.rows), *mx = dev_upload(d, s, NULL, N);
+        float *tl = dev_upload(d, s, NULL, N), *ls = dev_upload(d, s, NULL, N);
+        double *sm;
+        cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, (size_t)N * 8, "sum", (void **)&sm), FY_OK);
+        float *dw = dev_upload(d, s, NULL, (size_t)Vp * C), *dx = dev_upload(d, s, NULL, (size_t)N * C);
+        fy_memset_async(s, dw, 0, (size_t)Vp * C * 4);
+        fy_lm_head_io io = {.N = N, .C = C, .V = V, .chunks = ch, .xn = x, .logits = lg, .max = mx,
+                            .sum = sm, .tlogit = tl, .losses = ls, .targets = y, .dloss = dloss,
+                            .dxn32 = dx};
+        fy_lm_head(&io, w, dw, s);
+        fy_stream_sync(s);
+        cr_log_info("%d chunks of %d rows: losses %.3g, dw %.3g, dx %.3g", ch.n, ch.rows,
+                    rel_err(ls, rl, N), rel_err(dw, rdw, (size_t)Vp * C), rel_err(dx, rdx, (size_t)N * C));
+        if (ch.n == 1) cr_expect(!memcmp(ls, rl, (size_t)N * 4), "one chunk: crossentropy's losses");
+        cr_expect_leq(rel_err(ls, rl, N), 1e-6, "%d chunks: losses", ch.n);
+        cr_expect_leq(rel_err(dw, rdw, (size_t)Vp * C), 1e-5, "%d chunks: dw", ch.n);
+        cr_expect_leq(rel_err(dx, rdx, (size_t)N * C), 1e-5, "%d chunks: dx", ch.n);
+        for (size_t k = (size_t)V * C; k < (size_t)Vp * C; k++)
+            cr_assert_eq(dw[k], 0.0f, "%d chunks: padding rows get no gradient", ch.n);
+        if (i == 3) cr_expect_eq(ch.n, 16);
+    }
+    free(hw); free(hx); free(hy);
+    fy_stream_free(s);
+    fy_dev_free(d);
+}
+
+/* With bf16 storage and several vocabulary chunks, each row's gradient is one GEMM and d
+ * xn is summed in fp32: against the same classifier computed in fp32 on the same (bf16)
+ * inputs, dw and d xn are within bf16's rounding (2^-9 = 2e-3 relative per element;
+ * bound 4e-3 relative-norm). */
+Test(model, bf16_classifier_rounds_each_gradient_once) {
+    const int N = 256, C = 8, V = 3000, Vp = fy_lm_vocab_padded(V);
+    fy_lm_chunks ch = fy_lm_chunks_of((size_t)N, Vp, 2, 640);
+    cr_assert_eq(ch.n, 5);
     fy_dev *d;
     fy_dev_cfg dc = {.kind = FY_DEV_CPU, .threads = 2};
     cr_assert_eq(fy_dev_new(&dc, &d), FY_OK);
-    fy_stream *s32, *s16;
-    cr_assert_eq(fy_stream_new(d, "fp32", &s32), FY_OK);
-    cr_assert_eq(fy_stream_new(d, "bf16", &s16), FY_OK);
-    cr_assert_eq(fy_stream_set_dtype(s16, FY_BF16), FY_OK);
+    fy_stream *ss[2];
+    cr_assert_eq(fy_stream_new(d, "fp32", &ss[0]), FY_OK);
+    cr_assert_eq(fy_stream_new(d, "bf16", &ss[1]), FY_OK);
+    cr_assert_eq(fy_stream_set_dtype(ss[1], FY_BF16), FY_OK);
     uint64_t rng = 11;
-    /* bf16-representable inputs, as fp32 and as bf16 */
-    const size_t n_in[3] = {VC, (size_t)N * C, 2 * (size_t)C};
-    float *f[3];
-    uint16_t *h[3];
-    for (int k = 0; k < 3; k++) {
-        f[k] = malloc(n_in[k] * sizeof(float));
-        h[k] = malloc(n_in[k] * 2);
-        for (size_t i = 0; i < n_in[k]; i++) {
-            double u = k == 2 ? 1.0 + 0.1 * unif(&rng) : k == 0 ? unif(&rng) - 0.5 : unif(&rng) * 4 - 2;
-            h[k][i] = fy_f32_to_bf16((float)u);
+    const size_t n_in[2] = {(size_t)Vp * C, (size_t)N * C};
+    float *f[2];
+    uint16_t *h[2];
+    for (int k = 0; k < 2; k++) { /* bf16-representable inputs, as fp32 and as bf16 */
+        f[k] = calloc(n_in[k], sizeof(float));
+        h[k] = calloc(n_in[k], 2);
+        for (size_t i = 0; i < (k ? n_in[k] : (size_t)V * C); i++) {
+            h[k][i] = fy_f32_to_bf16((float)(k ? unif(&rng) * 4 - 2 : unif(&rng) - 0.5));
             f[k][i] = fy_bf16_to_f32(h[k][i]);
         }
     }
-    int32_t *hy = malloc((size_t)N * 4);
+    int32_t *hy = malloc((size_t)N * 4), *y;
     for (int n = 0; n < N; n++) hy[n] = (int32_t)(unif(&rng) * V) % V;
-    int32_t *y;
     cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, (size_t)N * 4, "y", (void **)&y), FY_OK);
-    fy_copy_async(s32, y, hy, (size_t)N * 4, FY_H2D);
-    float *dwte_out[3]; /* fp32 reference, bf16 with dwte32, bf16 per chunk */
-    for (int run = 0; run < 3; run++) {
-        fy_stream *s = run ? s16 : s32;
-        const fy_dtype dt = run ? FY_BF16 : FY_F32;
+    fy_copy_async(ss[0], y, hy, (size_t)N * 4, FY_H2D);
+    float *out[2][2]; /* [run][dw, dx] as fp32 */
+    for (int run = 0; run < 2; run++) {
+        fy_stream *s = ss[run];
         const size_t es = run ? 2 : 4;
-        void *buf[3];
-        for (int k = 0; k < 3; k++) { /* wte with the padded vocabulary's zero rows */
-            size_t room = k == 0 ? VpC : n_in[k];
-            cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, room * es, "in", &buf[k]), FY_OK);
-            fy_copy_async(s, buf[k], run ? (void *)h[k] : (void *)f[k], n_in[k] * es, FY_H2D);
+        void *in[2], *lg, *dw, *dx, *dx32;
+        for (int k = 0; k < 2; k++) {
+            cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, n_in[k] * es, "in", &in[k]), FY_OK);
+            fy_copy_async(s, in[k], run ? (void *)h[k] : (void *)f[k], n_in[k] * es, FY_H2D);
         }
-        fy_gpt2_head_w w, g;
-        w.lnfw = buf[2];
-        w.lnfb = (float *)((char *)buf[2] + C * es);
-        void *gb, *acts, *work, *dwte, *loss, *dxL;
-        cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, 2 * C * es, "g", &gb), FY_OK);
-        g.lnfw = gb;
-        g.lnfb = (float *)((char *)gb + C * es);
-        cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, fy_gpt2_head_acts_nbytes(&cfg, B, T, dt), "a", &acts), FY_OK);
-        cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, fy_gpt2_head_work_nbytes(&cfg, B, T, dt), "wk", &work), FY_OK);
-        cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, VpC * es, "dwte", &dwte), FY_OK);
-        cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, 4, "loss", &loss), FY_OK);
-        cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, (size_t)N * C * es, "dx", &dxL), FY_OK);
-        fy_gpt2_head_acts a;
-        fy_gpt2_head_work wk;
-        fy_gpt2_head_acts_bind(&cfg, B, T, dt, acts, &a);
-        fy_gpt2_head_work_bind(&cfg, B, T, dt, work, &wk);
-        /* bf16 storage brings the fp32 sums; run 2 takes them away: rounded every chunk */
-        cr_assert(run == 0 ? wk.dwte32 == NULL : wk.dwte32 != NULL);
-        if (run == 2) wk.dwte32 = NULL;
-        fy_gpt2_head_step(&cfg, &w, &g, buf[0], dwte, buf[1], &a, &wk, y, 1.0f / N, loss, dxL,
-                          B, T, s);
+        cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, (size_t)N * ch.rows * es, "lg", &lg), FY_OK);
+        cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, n_in[0] * es, "dw", &dw), FY_OK);
+        cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, n_in[1] * es, "dx", &dx), FY_OK);
+        cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, n_in[1] * 4, "dx32", &dx32), FY_OK);
+        fy_memset_async(s, dw, 0, n_in[0] * es);
+        float *mx = dev_upload(d, s, NULL, N), *tl = dev_upload(d, s, NULL, N), *ls = dev_upload(d, s, NULL, N);
+        double *sm;
+        cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, (size_t)N * 8, "sum", (void **)&sm), FY_OK);
+        fy_lm_head_io io = {.N = N, .C = C, .V = V, .chunks = ch, .xn = in[1], .logits = lg,
+                            .max = mx, .sum = sm, .tlogit = tl, .losses = ls, .targets = y,
+                            .dloss = 1.0f / N, .dxn32 = dx32, .dxn = run ? dx : NULL};
+        fy_lm_head(&io, in[0], dw, s);
         fy_stream_sync(s);
-        dwte_out[run] = malloc(VC * sizeof(float));
-        for (size_t i = 0; i < VC; i++)
-            dwte_out[run][i] = run ? fy_bf16_to_f32(((uint16_t *)dwte)[i]) : ((float *)dwte)[i];
+        void *res[2] = {dw, run ? dx : dx32};
+        for (int k = 0; k < 2; k++) {
+            out[run][k] = malloc(n_in[k] * sizeof(float));
+            for (size_t i = 0; i < n_in[k]; i++)
+                out[run][k][i] = run ? fy_bf16_to_f32(((uint16_t *)res[k])[i]) : ((float *)res[k])[i];
+        }
     }
-    double once = rel_err(dwte_out[1], dwte_out[0], VC), each = rel_err(dwte_out[2], dwte_out[0], VC);
-    cr_log_info("bf16 dwte vs fp32: rounded once %.3g, after each chunk %.3g", once, each);
-    cr_expect_leq(once, 4e-3, "dwte summed in fp32 then rounded: %.3g from fp32's", once);
-    cr_expect_lt(once, each, "rounding once (%.3g) should beat rounding every chunk (%.3g)", once, each);
-    for (int k = 0; k < 3; k++) { free(f[k]); free(h[k]); free(dwte_out[k]); }
+    const double edw = rel_err(out[1][0], out[0][0], n_in[0]), edx = rel_err(out[1][1], out[0][1], n_in[1]);
+    cr_log_info("bf16 vs fp32, 5 chunks: dw %.3g, d xn %.3g", edw, edx);
+    cr_expect_leq(edw, 4e-3, "dw: %.3g from fp32's", edw);
+    cr_expect_leq(edx, 4e-3, "d xn: %.3g from fp32's", edx);
+    for (int k = 0; k < 2; k++) { free(f[k]); free(h[k]); free(out[0][k]); free(out[1][k]); }
     free(hy);
-    fy_stream_free(s32);
-    fy_stream_free(s16);
+    fy_stream_free(ss[0]);
+    fy_stream_free(ss[1]);
     fy_dev_free(d);
 }
 

@@ -71,6 +71,12 @@ void fy_k_matmul_bwd_f32acc(float *dinp, float *dw32, const float *dout, const f
            NO_FLTS);
 }
 
+void fy_k_matmul_bwd_dx32(float *dinp32, float *dw, const float *dout, const float *inp,
+                          const float *w, int N, int C, int OC, fy_stream *s) {
+    launch(s, FY_OP_MATMUL_BWD_DX32, PTRS(dinp32, dw, P(dout), P(inp), P(w)), INTS(N, C, OC),
+           NO_FLTS);
+}
+
 void fy_k_add_f32(float *dst, const float *src, size_t n, fy_stream *s) {
     launch(s, FY_OP_ADD_F32, PTRS(dst, P(src)), INTS((int64_t)n), NO_FLTS);
 }
@@ -119,6 +125,21 @@ void fy_k_crossentropy(float *losses, float *logits, const int32_t *targets, int
                        int Vp, float dloss, fy_stream *s) {
     FY_ASSERT(Vp >= V, "crossentropy: rows shorter than the classes");
     launch(s, FY_OP_CROSSENTROPY, PTRS(losses, logits, P(targets)), INTS(N, V, Vp), FLTS(dloss));
+}
+
+void fy_k_ce_chunk_fwd(const float *logits, const int32_t *targets, float *max, double *sum,
+                       float *tlogit, float *losses, int N, int v0, int nv, int V, fy_stream *s) {
+    FY_ASSERT(v0 >= 0 && v0 < V && nv > 0, "ce_chunk_fwd: a chunk outside the classes");
+    launch(s, FY_OP_CE_CHUNK_FWD, PTRS(P(logits), P(targets), max, sum, tlogit, losses),
+           INTS(N, v0, nv, V), NO_FLTS);
+}
+
+void fy_k_ce_chunk_bwd(float *logits, const int32_t *targets, const float *max,
+                       const double *sum, int N, int v0, int nv, int V, float dloss,
+                       fy_stream *s) {
+    FY_ASSERT(v0 >= 0 && v0 < V && nv > 0, "ce_chunk_bwd: a chunk outside the classes");
+    launch(s, FY_OP_CE_CHUNK_BWD, PTRS(logits, P(targets), P(max), P(sum)), INTS(N, v0, nv, V),
+           FLTS(dloss));
 }
 
 void fy_k_mean(float *out, const float *x, size_t n, fy_stream *s) {

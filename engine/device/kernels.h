@@ -77,6 +77,11 @@ void fy_k_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout,
  * fp32 accumulator and rounds once (fy_k_add_f32). dinp may be NULL. */
 void fy_k_matmul_bwd_f32acc(float *dinp, float *dw32, const float *dout, const float *inp,
                             const float *w, int N, int C, int OC, fy_stream *s);
+/* As fy_k_matmul_bwd without a bias, but dinp32 (N,C) is fp32 whatever the stream's
+ * storage type and accumulates (+=): a bf16 run sums the shares of several GEMMs (the
+ * classifier's vocabulary chunks) before one rounding. */
+void fy_k_matmul_bwd_dx32(float *dinp32, float *dw, const float *dout, const float *inp,
+                          const float *w, int N, int C, int OC, fy_stream *s);
 /* dst (n, the storage type) += src (n, fp32), rounded once. */
 void fy_k_add_f32(float *dst, const float *src, size_t n, fy_stream *s);
 
@@ -121,6 +126,21 @@ void fy_k_residual_fwd(float *out, const float *a, const float *b, size_t n, fy_
  * dloss = 1/N), and the padding columns with 0. */
 void fy_k_crossentropy(float *losses, float *logits, const int32_t *targets, int N, int V,
                        int Vp, float dloss, fy_stream *s);
+
+/* Softmax cross-entropy by vocabulary chunks (an online log-sum-exp): logits (N,nv) are
+ * the columns [v0, v0+nv) of rows whose first V columns are the classes (columns past V
+ * are padding, ignored). Per row, fp32 max, fp64 sum of exp(logit - max) and the
+ * target's logit run over the chunks in order: the chunk with v0 == 0 starts them, later
+ * ones rescale the sum to a new max and add theirs; the chunk holding class V-1 (v0 + nv
+ * >= V) writes losses = max + log(sum) - logit[target]. One chunk of all Vp columns
+ * gives fy_k_crossentropy's arithmetic. */
+void fy_k_ce_chunk_fwd(const float *logits, const int32_t *targets, float *max, double *sum,
+                       float *tlogit, float *losses, int N, int v0, int nv, int V, fy_stream *s);
+/* After every chunk's forward: logits (N,nv) become (softmax - onehot) * dloss in place,
+ * the padding columns 0. */
+void fy_k_ce_chunk_bwd(float *logits, const int32_t *targets, const float *max,
+                       const double *sum, int N, int v0, int nv, int V, float dloss,
+                       fy_stream *s);
 
 /* out[0] = sum(x) / n, summed in double in a fixed order (the cpu backend: index order).
  * x and out are fp32 whatever the stream's storage type. */

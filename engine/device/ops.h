@@ -54,6 +54,9 @@
     X(MATMUL_BWD_F32ACC, 3, 0, /* dw fp32 whatever the storage type */                         \
       AO(dinp, OUT, S, NC) A(dw, INOUT, F32, OCC) A(dout, IN, S, NOC) A(inp, IN, S, NC)          \
       A(w, IN, S, OCC))                                                                        \
+    X(MATMUL_BWD_DX32, 3, 0, /* dinp fp32 and accumulated whatever the storage type */        \
+      A(dinp, INOUT, F32, NC) A(dw, INOUT, S, OCC) A(dout, IN, S, NOC) A(inp, IN, S, NC)         \
+      A(w, IN, S, OCC))                                                                        \
     X(ADD_F32, 1, 0, A(dst, INOUT, S, N0) A(src, IN, F32, N0))                                 \
     X(ATTENTION_FWD, 5, 0, /* i: B, T, NH, NKV, hd */                                          \
       A(out, OUT, S, BTQ) A(att, OUT, S, BHTT) A(qkv, IN, S, QKV))                               \
@@ -70,6 +73,11 @@
     X(RESIDUAL_FWD, 1, 0, A(out, OUT, S, N0) A(a, IN, S, N0) A(b, IN, S, N0))                  \
     X(CROSSENTROPY, 3, 1, /* i: N, V, Vp; f: dloss */                                          \
       A(losses, OUT, F32, N0) A(logits, INOUT, S, NVP) A(targets, IN, I32, N0))                  \
+    X(CE_CHUNK_FWD, 4, 0, /* i: N, v0, nv, V */                                                \
+      A(logits, IN, S, NOC) A(targets, IN, I32, N0) A(max, INOUT, F32, N0)                       \
+      A(sum, INOUT, F64, N0) A(tlogit, INOUT, F32, N0) A(losses, INOUT, F32, N0))                \
+    X(CE_CHUNK_BWD, 4, 1, /* i: N, v0, nv, V; f: dloss */                                      \
+      A(logits, INOUT, S, NOC) A(targets, IN, I32, N0) A(max, IN, F32, N0) A(sum, IN, F64, N0))  \
     X(MEAN, 1, 0, A(out, OUT, F32, ONE) A(x, IN, F32, N0))                                     \
     X(SUMSQ, 1, 0, A(out, OUT, F64, ONE) A(x, IN, S, N0))                                      \
     X(ADAMW, 5, 6, /* i: n, grad type, out type, decay, step; f: lr, b1, b2, eps, wd, scale */ \

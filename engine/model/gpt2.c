@@ -84,8 +84,7 @@ void fy_gpt2_head_view(const fy_block_spec *blk, fy_dtype dt, const void *base, 
 #define DIMS const size_t N = (size_t)B * T, C = (size_t)cfg->channels, V = (size_t)cfg->vocab, \
                           Vp = (size_t)fy_gpt2_vocab_padded(cfg), NH = (size_t)cfg->heads, \
                           es = fy_dtype_size(dt == FY_DTYPE_NONE ? FY_F32 : dt); \
-             const bool acc32 = fy_lm_acc32(N, Vp, C, es); \
-             (void)N; (void)C; (void)V; (void)Vp; (void)NH; (void)es; (void)acc32
+             (void)N; (void)C; (void)V; (void)Vp; (void)NH; (void)es
 
 size_t fy_gpt2_layer_acts_nbytes(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt) {
     DIMS; size_t total = 0; FY_GPT2_LAYER_ACTS(FY_ACT_SIZE) return total;
@@ -140,14 +139,20 @@ void fy_gpt2_layer_fwd(const fy_gpt2_config *cfg, const fy_gpt2_layer_w *w,
     fy_k_residual_fwd(a->out, a->res2, wk->proj, NC, s);
 }
 
+static fy_lm_chunks head_chunks(const fy_gpt2_config *cfg, int N, fy_stream *s) {
+    return fy_gpt2_chunks(cfg, (size_t)N, fy_dtype_size(fy_stream_dtype(s)));
+}
+
 void fy_gpt2_head_fwd(const fy_gpt2_config *cfg, const fy_gpt2_head_w *w, const float *wte,
                       const float *xL, fy_gpt2_head_acts *a, const int32_t *targets,
                       float *loss_out, int B, int T, fy_stream *s) {
     const int C = cfg->channels, N = B * T;
     fy_k_layernorm_fwd(a->lnf, a->lnf_mean, a->lnf_rstd, xL, w->lnfw, w->lnfb, N, C, s);
-    fy_lm_head(&(fy_lm_head_io){.N = N, .C = C, .V = cfg->vocab, .xn = a->lnf, .w = wte,
-                                .logits = a->logits, .losses = a->losses, .targets = targets},
-               s);
+    fy_lm_head(&(fy_lm_head_io){.N = N, .C = C, .V = cfg->vocab, .chunks = head_chunks(cfg, N, s),
+                                .xn = a->lnf, .logits = a->logits, .max = a->lse_max,
+                                .sum = (double *)a->lse_sum, .tlogit = a->tlogit,
+                                .losses = a->losses, .targets = targets},
+               wte, NULL, s);
     fy_k_mean(loss_out, a->losses, (size_t)N, s);
 }
 
@@ -159,15 +164,16 @@ void fy_gpt2_head_step(const fy_gpt2_config *cfg, const fy_gpt2_head_w *w,
                        float dloss, float *loss_out, float *dx, int B, int T, fy_stream *s) {
     const int C = cfg->channels, N = B * T;
     fy_k_layernorm_fwd(a->lnf, a->lnf_mean, a->lnf_rstd, xL, w->lnfw, w->lnfb, N, C, s);
-    fy_lm_head(&(fy_lm_head_io){.N = N, .C = C, .V = cfg->vocab, .xn = a->lnf, .w = wte,
-                                .logits = a->logits, .losses = a->losses, .targets = targets,
-                                .dloss = dloss, .dw = dwte, .dw32 = wk->dwte32, .dxn = wk->dlnf,
-                                .logits_all = wk->logits_all},
-               s);
+    fy_lm_head(&(fy_lm_head_io){.N = N, .C = C, .V = cfg->vocab, .chunks = head_chunks(cfg, N, s),
+                                .xn = a->lnf, .logits = a->logits, .max = a->lse_max,
+                                .sum = (double *)a->lse_sum, .tlogit = a->tlogit,
+                                .losses = a->losses, .targets = targets, .dloss = dloss,
+                                .dxn32 = wk->dlnf32, .dxn = wk->dlnf},
+               wte, dwte, s);
     fy_k_mean(loss_out, a->losses, (size_t)N, s);
     fy_memset_async(s, dx, 0, (size_t)N * C * fy_dtype_size(fy_stream_dtype(s)));
-    fy_k_layernorm_bwd(dx, g->lnfw, g->lnfb, wk->dlnf, xL, w->lnfw, a->lnf_mean,
-                       a->lnf_rstd, N, C, s);
+    fy_k_layernorm_bwd(dx, g->lnfw, g->lnfb, wk->dlnf ? wk->dlnf : wk->dlnf32, xL, w->lnfw,
+                       a->lnf_mean, a->lnf_rstd, N, C, s);
 }
 
 void fy_gpt2_layer_bwd(const fy_gpt2_config *cfg, const fy_gpt2_layer_w *w,

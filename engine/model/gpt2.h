@@ -143,29 +143,36 @@ typedef struct fy_gpt2_layer_acts {
     X(datt, (size_t)B * NH * T * T, S)
 typedef struct fy_gpt2_layer_work { FY_GPT2_LAYER_WORK(FY_GPT2_ACT_FIELD) } fy_gpt2_layer_work;
 
+/* The classifier's vocabulary chunks for N positions in es-byte storage (lm_head.h):
+ * the tied wte is read whole, so only the logits bound them. */
+static inline fy_lm_chunks fy_gpt2_chunks(const fy_gpt2_config *cfg, size_t N, size_t es) {
+    return fy_lm_chunks_of(N, fy_gpt2_vocab_padded(cfg), es, 0);
+}
+
 /* The head's activations (its saved area, used within its loss pass): the final norm,
- * one chunk of logits (overwritten by their gradient in a training step) and
- * per-position losses. */
+ * one vocabulary chunk of logits (overwritten by their gradient in a training step), the
+ * classifier's running log-sum-exp (lse_sum fp64) and per-position losses. */
 #define FY_GPT2_HEAD_ACTS(X)                            \
     X(lnf, (size_t)N * C, S)                             \
     X(lnf_mean, (size_t)N, F)                            \
     X(lnf_rstd, (size_t)N, F)                            \
-    X(logits, fy_lm_logit_rows(N, Vp, es) * Vp, S)     \
-    X(losses, (size_t)N, F)
+    X(logits, (size_t)N * (size_t)fy_gpt2_chunks(cfg, N, es).rows, S) \
+    X(losses, (size_t)N, F)                              \
+    X(lse_max, (size_t)N, F)                             \
+    X(lse_sum, (size_t)N, D)                             \
+    X(tlogit, (size_t)N, F)
 typedef struct fy_gpt2_head_acts { FY_GPT2_HEAD_ACTS(FY_GPT2_ACT_FIELD) } fy_gpt2_head_acts;
 
-/* The head's workspace in training: d lnf, and (bf16 storage only) dwte32, where the
- * chunks' shares of dwte are summed in fp32 (Vp*C) and added to dwte once, so a bf16 dwte
- * is rounded once, not once a chunk. */
+/* The head's workspace in training: d lnf summed over the classifier's chunks in fp32,
+ * and with bf16 storage d lnf rounded once. */
 #define FY_GPT2_HEAD_WORK(X)                             \
-    X(dlnf, (size_t)N * C, S)                            \
-    X(dwte32, acc32 ? Vp * C : 0, F)                     \
-    X(logits_all, fy_lm_one_chunk(N, Vp, C, es) ? N * Vp : 0, S)
+    X(dlnf32, (size_t)N * C, F)                          \
+    X(dlnf, es == 2 ? (size_t)N * C : 0, S)
 typedef struct fy_gpt2_head_work { FY_GPT2_HEAD_WORK(FY_GPT2_ACT_FIELD) } fy_gpt2_head_work;
 
 /* Bytes needed for each struct with storage type dt (every field 64-byte aligned), and
  * binding the fields to consecutive pieces of a buffer of that size (a layer's `out` is
- * left alone). The head's work is its training workspace (dwte32 with bf16 storage). */
+ * left alone). The head's work is its training workspace. */
 size_t fy_gpt2_layer_acts_nbytes(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt);
 size_t fy_gpt2_layer_work_nbytes(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt);
 size_t fy_gpt2_head_acts_nbytes(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt);

@@ -97,6 +97,14 @@ fy_status fy_llama_config_check(const fy_llama_config *c) {
     return FY_OK;
 }
 
+/* The classifier's chunks (lm_head.h): an untied lm_head streams by chunks through the
+ * layers' slots, so a chunk and the head's norm fit in a layer's parameters. */
+fy_lm_chunks fy_llama_chunks(const fy_llama_config *c, size_t N, size_t es) {
+    const size_t Q = (size_t)c->heads * c->head_dim, KV = (size_t)c->kv_heads * c->head_dim;
+    const size_t layer_rows = (Q + 2 * KV) + Q + 3 * (size_t)c->ffn; /* a layer's, less 2C, / C */
+    return fy_lm_chunks_of(N, fy_lm_vocab_padded(c->vocab), es, c->tied ? 0 : layer_rows);
+}
+
 size_t fy_llama_num_params(const fy_llama_config *c) {
     const size_t C = (size_t)c->channels, Q = (size_t)c->heads * c->head_dim,
                  KV = (size_t)c->kv_heads * c->head_dim, F = (size_t)c->ffn, V = (size_t)c->vocab;
@@ -144,20 +152,27 @@ typedef struct head_w { float *norm, *lm_head; } head_w; /* lm_head absent when 
     X(dgu, N * 2 * Fn, S)                \
     X(dact, N * Fn, S)                   \
     X(datt, (size_t)B * NH * T * T, S)
+/* The head's saved activations (the classifier's running log-sum-exp among them), in
+ * training also the fp32 accumulator of d lnf, kept from the classifier's first chunk's
+ * backward to its last (lm_head.h); its training workspace, d lnf rounded to bf16. */
 #define HEAD_ACTS(X)                            \
     X(lnf, N * C, S)                            \
     X(rstdf, N, F)                              \
-    X(logits, fy_lm_logit_rows(N, Vp, es) * Vp, S) \
-    X(losses, N, F)
+    X(logits, N * (size_t)fy_llama_chunks(cfg, N, es).rows, S) \
+    X(losses, N, F)                             \
+    X(lse_max, N, F)                            \
+    X(lse_sum, N, D)                            \
+    X(tlogit, N, F)
+#define HEAD_TRAIN(X)                           \
+    X(dlnf32, N * C, F)
 #define HEAD_WORK(X)                            \
-    X(dlnf, N * C, S)                           \
-    X(dw32, fy_lm_acc32(N, Vp, C, es) ? Vp * C : 0, F) \
-    X(logits_all, fy_lm_one_chunk(N, Vp, C, es) ? N * Vp : 0, S)
+    X(dlnf, es == 2 ? N * C : 0, S)
 
 typedef struct layer_acts { LAYER_ACTS(FY_ACT_FIELD) } layer_acts;
 typedef struct layer_work { LAYER_WORK(FY_ACT_FIELD) } layer_work;
-typedef struct head_acts { HEAD_ACTS(FY_ACT_FIELD) } head_acts;
+typedef struct head_acts { HEAD_ACTS(FY_ACT_FIELD) HEAD_TRAIN(FY_ACT_FIELD) } head_acts;
 typedef struct head_work { HEAD_WORK(FY_ACT_FIELD) } head_work;
+#define HEAD_ALL(X) HEAD_ACTS(X) HEAD_TRAIN(X)
 
 #define DIMS                                                                                \
     const size_t N = (size_t)B * T, C = (size_t)cfg->channels, NH = (size_t)cfg->heads,     \
@@ -180,10 +195,11 @@ SIZE_FN(layer_acts_nbytes, LAYER_ACTS)
 SIZE_FN(layer_work_nbytes, LAYER_WORK)
 SIZE_FN(layer_work_eval_nbytes, LAYER_WORK_EVAL)
 SIZE_FN(head_acts_nbytes, HEAD_ACTS)
+SIZE_FN(head_train_nbytes, HEAD_ALL)
 SIZE_FN(head_work_nbytes, HEAD_WORK)
 BIND_FN(layer_acts_bind, layer_acts, LAYER_ACTS)
 BIND_FN(layer_work_bind, layer_work, LAYER_WORK)
-BIND_FN(head_acts_bind, head_acts, HEAD_ACTS)
+BIND_FN(head_acts_bind, head_acts, HEAD_ALL)
 BIND_FN(head_work_bind, head_work, HEAD_WORK)
 
 /* ---- the passes ---------------------------------------------------------------------- */
@@ -280,7 +296,7 @@ static void acts(const fy_model *m, int b, int B, int T, fy_dtype dt, bool train
         out->work = training ? layer_work_nbytes(cfg, B, T, dt) : layer_work_eval_nbytes(cfg, B, T, dt);
         break;
     case FY_BLOCK_HEAD:
-        out->saved = head_acts_nbytes(cfg, B, T, dt);
+        out->saved = training ? head_train_nbytes(cfg, B, T, dt) : head_acts_nbytes(cfg, B, T, dt);
         out->work = training ? head_work_nbytes(cfg, B, T, dt) : 0;
         break;
     default: break;
@@ -340,16 +356,18 @@ static void loss(const fy_model *m, int b, const fy_block_io *io, fy_stream *s) 
     float *dcls = cfg->tied ? io->link_grads[0] : g.lm_head;
     head_acts_bind(cfg, io->B, io->T, dt, io->saved, &a);
     if (io->dloss != 0.0f) head_work_bind(cfg, io->B, io->T, dt, io->work, &wk);
+    else a.dlnf32 = NULL; /* evaluation's saved area ends before it */
     fy_k_rmsnorm_fwd(a.lnf, a.rstdf, io->in, w.norm, N, C, cfg->norm_eps, s);
-    fy_lm_head(&(fy_lm_head_io){.N = N, .C = C, .V = cfg->vocab, .xn = a.lnf, .w = cls,
-                                .logits = a.logits, .losses = a.losses, .targets = io->targets,
-                                .dloss = io->dloss, .dw = dcls, .dw32 = wk.dw32, .dxn = wk.dlnf,
-                                .logits_all = wk.logits_all},
-               s);
+    const fy_lm_head_io lio = {
+        .N = N, .C = C, .V = cfg->vocab, .chunks = fy_llama_chunks(cfg, (size_t)N, fy_dtype_size(dt)),
+        .xn = a.lnf, .logits = a.logits, .max = a.lse_max, .sum = (double *)a.lse_sum, .tlogit = a.tlogit,
+        .losses = a.losses, .targets = io->targets, .dloss = io->dloss, .dxn32 = a.dlnf32,
+        .dxn = wk.dlnf};
+    fy_lm_head(&lio, cls, dcls, s);
     fy_k_mean(io->loss, a.losses, (size_t)N, s);
     if (io->dloss == 0.0f) return;
     fy_memset_async(s, io->dx, 0, (size_t)N * C * fy_dtype_size(dt));
-    fy_k_rmsnorm_bwd(io->dx, g.norm, wk.dlnf, io->in, w.norm, a.rstdf, N, C, s);
+    fy_k_rmsnorm_bwd(io->dx, g.norm, wk.dlnf ? wk.dlnf : a.dlnf32, io->in, w.norm, a.rstdf, N, C, s);
 }
 
 /* Weights N(0, 0.02) (Hugging Face's initializer_range), norm gains 1. */

@@ -29,6 +29,7 @@
 
 #include "engine/core/status.h"
 #include "engine/device/rope.h"
+#include "engine/model/lm_head.h"
 #include "engine/model/model.h"
 
 #ifdef __cplusplus
@@ -57,6 +58,8 @@ const char *fy_llama_config_names(void);
 /* FY_ERR_INVALID (logged) for a shape ferry cannot build. */
 fy_status fy_llama_config_check(const fy_llama_config *cfg);
 size_t fy_llama_num_params(const fy_llama_config *cfg); /* without padding */
+/* The classifier's vocabulary chunks for N positions in es-byte storage (lm_head.h). */
+fy_lm_chunks fy_llama_chunks(const fy_llama_config *cfg, size_t N, size_t es);
 
 /* The family's model of a config; name may be NULL (a free shape). */
 fy_status fy_llama_new(const fy_llama_config *cfg, const char *name, fy_model **out);

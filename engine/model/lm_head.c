@@ -1,28 +1,41 @@
-/* lm_head.c — the shared classifier (lm_head.h): per chunk of rows, the logits, their
- * loss and, in training, their gradient in place, which gives dxn's rows and dw's share
- * before the next chunk reuses the buffer. */
+/* lm_head.c — the shared classifier by vocabulary chunks (lm_head.h). */
 #include "engine/model/lm_head.h"
 
 #include "engine/device/kernels.h"
 
-void fy_lm_head(const fy_lm_head_io *io, fy_stream *s) {
-    const int N = io->N, C = io->C, V = io->V, Vp = fy_lm_vocab_padded(V);
-    const size_t es = fy_dtype_size(fy_stream_dtype(s)); /* xn and dxn are stored so */
-    const size_t VpC = (size_t)Vp * C;
-    const bool train = io->dloss != 0.0f;
-    const bool one = train && io->logits_all;
-    const int rows = one ? N : (int)fy_lm_logit_rows((size_t)N, (size_t)Vp, es);
-    float *logits = one ? io->logits_all : io->logits;
-    if (train && io->dw32) fy_memset_async(s, io->dw32, 0, VpC * sizeof(float));
-    for (int r0 = 0; r0 < N; r0 += rows) {
-        const int n = N - r0 < rows ? N - r0 : rows;
-        const float *xn = (const float *)((const char *)io->xn + (size_t)r0 * C * es);
-        fy_k_matmul_fwd(logits, xn, io->w, NULL, n, C, Vp, s);
-        fy_k_crossentropy(io->losses + r0, logits, io->targets + r0, n, V, Vp, io->dloss, s);
-        if (!train) continue;
-        float *dxn = (float *)((char *)io->dxn + (size_t)r0 * C * es);
-        if (io->dw32) fy_k_matmul_bwd_f32acc(dxn, io->dw32, logits, xn, io->w, n, C, Vp, s);
-        else fy_k_matmul_bwd(dxn, io->dw, NULL, logits, xn, io->w, n, C, Vp, s);
+static const float *rows_at(const float *w, int v0, int C, fy_stream *s) {
+    return (const float *)((const char *)w + (size_t)v0 * C * fy_dtype_size(fy_stream_dtype(s)));
+}
+
+void fy_lm_head_fwd_chunk(const fy_lm_head_io *io, int k, const float *w_k, fy_stream *s) {
+    const int v0 = fy_lm_chunk_v0(io->chunks, k), nv = fy_lm_chunk_nv(io->chunks, k);
+    fy_k_matmul_fwd(io->logits, io->xn, w_k, NULL, io->N, io->C, nv, s);
+    fy_k_ce_chunk_fwd(io->logits, io->targets, io->max, io->sum, io->tlogit, io->losses, io->N,
+                      v0, nv, io->V, s);
+}
+
+void fy_lm_head_bwd_chunk(const fy_lm_head_io *io, int k, const float *w_k, float *dw_k,
+                          bool fresh, fy_stream *s) {
+    const int v0 = fy_lm_chunk_v0(io->chunks, k), nv = fy_lm_chunk_nv(io->chunks, k);
+    const int N = io->N, C = io->C;
+    if (!fresh) fy_k_matmul_fwd(io->logits, io->xn, w_k, NULL, N, C, nv, s);
+    fy_k_ce_chunk_bwd(io->logits, io->targets, io->max, io->sum, N, v0, nv, io->V, io->dloss, s);
+    if (k == io->chunks.n - 1) fy_memset_async(s, io->dxn32, 0, (size_t)N * C * sizeof(float));
+    fy_k_matmul_bwd_dx32(io->dxn32, dw_k, io->logits, io->xn, w_k, N, C, nv, s);
+    if (k == 0 && io->dxn) {
+        fy_memset_async(s, io->dxn, 0, (size_t)N * C * fy_dtype_size(fy_stream_dtype(s)));
+        fy_k_add_f32(io->dxn, io->dxn32, (size_t)N * C, s);
     }
-    if (train && io->dw32) fy_k_add_f32(io->dw, io->dw32, VpC, s);
+}
+
+void fy_lm_head(const fy_lm_head_io *io, const float *w, float *dw, fy_stream *s) {
+    const int K = io->chunks.n;
+    for (int k = 0; k < K; k++)
+        fy_lm_head_fwd_chunk(io, k, rows_at(w, fy_lm_chunk_v0(io->chunks, k), io->C, s), s);
+    if (io->dloss == 0.0f) return;
+    for (int k = K - 1; k >= 0; k--) {
+        const int v0 = fy_lm_chunk_v0(io->chunks, k);
+        fy_lm_head_bwd_chunk(io, k, rows_at(w, v0, io->C, s), (float *)rows_at(dw, v0, io->C, s),
+                             k == K - 1, s);
+    }
 }

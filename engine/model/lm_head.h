@@ -1,25 +1,30 @@
 /* lm_head.h — the language-model classifier the families share: logits of the final
  * normed activations against a (Vp, C) matrix (GPT-2's tied wte, Llama's lm_head or
  * tied embed_tokens), their softmax cross-entropy against the targets, and in training
- * its backward, fused chunk by chunk so the logits of a whole batch never exist at once.
+ * its backward, by vocabulary chunks, so neither the logits of a whole batch nor (when
+ * the classifier streams) the whole matrix ever need to be on the device at once.
  *
  * Vocabulary padding: the classifier keeps Vp = V rounded up to 64 rows in memory (GPT-2's
  * 50257 -> 50304, as llm.c), the rows past V zero and staying zero (no token selects
  * them and their logits are left out of the softmax, so their gradients are zero), so
  * every GEMM of the classifier gets aligned rows. Files hold the V real rows.
  *
- * Chunks: at most FY_LM_LOGIT_CHUNK_NBYTES of logits in the storage type (es bytes each):
- * 333 rows of GPT-2's vocabulary in fp32, 667 in bf16, where the whole batch of B=8,
- * T=1024 would take 1.6 GiB in fp32. Each chunk adds its share into the classifier's
- * gradient, so fewer chunks also mean fewer roundings of a bf16 gradient: with several
- * chunks and bf16 storage the shares are summed in an fp32 (Vp, C) accumulator (dw32) and
- * rounded once. That accumulator is as large as an fp32 classifier (2.1 GB for Llama 3's
- * 128256 x 4096), so a bf16 training step takes all N rows in one chunk whenever their
- * logits take no more than a chunk and the accumulator would (fy_lm_one_chunk; Llama 3 8B
- * at 1 x 2048: 525 MB of logits instead of 67 MB and 2.1 GB): one chunk rounds once
- * without it. Those logits are training workspace; evaluation, which has no gradient,
- * always goes by chunks. The chunking depends on N, V, C, the storage type and training
- * only, never on the plan, so every plan computes the same sums. */
+ * Chunks: the classifier's rows are cut into K chunks of at most `rows` (fy_lm_chunks:
+ * a multiple of 64, the chunks as even as that allows). A chunk's logits for all N
+ * positions take at most FY_LM_LOGIT_CHUNK_NBYTES, and a family may bound the rows
+ * further so that a chunk of the matrix is no larger than a layer (an untied classifier,
+ * which streams through the layers' slots chunk by chunk). The forward runs the chunks
+ * in order with an online log-sum-exp (a running max and fp64 sum per position,
+ * fy_k_ce_chunk_fwd); the loss is known after the last. The backward runs them from
+ * the last to the first: each recomputes its logits (the last one's are still in the
+ * buffer when forward and backward run together), turns them into their gradient, and
+ * gives its rows' gradient dw_k = dlogits_k^T xn in one GEMM over all N positions, so a
+ * bf16 classifier gradient is rounded once without an fp32 copy of the matrix; d xn sums
+ * the chunks' shares in an fp32 (N, C) accumulator and is rounded once. Recomputing
+ * costs K-1 of the K forward GEMMs again (GPT-2 124M at 8 x 1024: a quarter more
+ * classifier FLOPs in bf16).
+ * The chunking depends on N, V, C, the storage type and the family's bound only, never
+ * on the plan, so every plan computes the same sums. */
 #ifndef FY_LM_HEAD_H
 #define FY_LM_HEAD_H
 
@@ -35,43 +40,61 @@ extern "C" {
 
 static inline int fy_lm_vocab_padded(int V) { return (V + 63) / 64 * 64; }
 
-#define FY_LM_LOGIT_CHUNK_NBYTES ((size_t)64 << 20)
-/* Rows of logits a chunk holds (at most N). */
-static inline size_t fy_lm_logit_rows(size_t N, size_t Vp, size_t es) {
-    size_t rows = FY_LM_LOGIT_CHUNK_NBYTES / es / Vp;
-    if (rows < 1) rows = 1;
-    return rows < N ? rows : N;
+#define FY_LM_LOGIT_CHUNK_NBYTES ((size_t)256 << 20)
+
+typedef struct fy_lm_chunks {
+    int rows;   /* rows of every chunk but the last (a multiple of 64) */
+    int n;      /* chunks */
+    int Vp;     /* the classifier's rows */
+} fy_lm_chunks;
+
+/* The chunks of a Vp-row classifier for N positions in es-byte storage, at most max_rows
+ * rows each (0: no bound but the logits'). */
+static inline fy_lm_chunks fy_lm_chunks_of(size_t N, int Vp, size_t es, size_t max_rows) {
+    size_t cap = FY_LM_LOGIT_CHUNK_NBYTES / es / (N ? N : 1);
+    if (max_rows && max_rows < cap) cap = max_rows;
+    cap = cap / 64 * 64;
+    if (cap < 64) cap = 64;
+    const size_t k = ((size_t)Vp + cap - 1) / cap;
+    const size_t rows = ((size_t)Vp + k - 1) / k;
+    fy_lm_chunks c = {(int)((rows + 63) / 64 * 64), 0, Vp};
+    c.n = (Vp + c.rows - 1) / c.rows;
+    return c;
 }
-/* Whether a bf16 training step takes all N rows in one chunk (logits_all) rather than
- * chunks and the fp32 accumulator. */
-static inline bool fy_lm_one_chunk(size_t N, size_t Vp, size_t C, size_t es) {
-    const size_t rows = fy_lm_logit_rows(N, Vp, es);
-    return es == 2 && rows < N && N * Vp * es <= rows * Vp * es + Vp * C * sizeof(float);
-}
-/* Whether a bf16 training step sums the chunks' gradient shares in dw32. */
-static inline bool fy_lm_acc32(size_t N, size_t Vp, size_t C, size_t es) {
-    return es == 2 && fy_lm_logit_rows(N, Vp, es) < N && !fy_lm_one_chunk(N, Vp, C, es);
+static inline int fy_lm_chunk_v0(fy_lm_chunks c, int k) { return k * c.rows; }
+static inline int fy_lm_chunk_nv(fy_lm_chunks c, int k) {
+    return k < c.n - 1 ? c.rows : c.Vp - k * c.rows;
 }
 
 /* Device views, tensors in the stream's storage type unless said. */
 typedef struct fy_lm_head_io {
     int N, C, V;            /* rows, channels, classes (the classifier has Vp rows) */
+    fy_lm_chunks chunks;
     const float *xn;        /* (N, C) the normed activations */
-    const float *w;         /* (Vp, C) the classifier */
-    float *logits;          /* fy_lm_logit_rows(N, Vp, es) x Vp: one chunk */
-    float *logits_all;      /* training with fy_lm_one_chunk: (N, Vp); else NULL */
-    float *losses;          /* (N) fp32: per-position losses */
+    float *logits;          /* (N, chunks.rows): one chunk's logits */
+    float *max;             /* (N) fp32 \                                         */
+    double *sum;            /* (N) fp64  > the running log-sum-exp and the target's logit, */
+    float *tlogit;          /* (N) fp32 /  kept from the forward to the backward        */
+    float *losses;          /* (N) fp32: per-position losses, after the last chunk */
     const int32_t *targets; /* (N) */
-    float dloss;            /* 0: evaluate only; else the loss's scale, and the backward */
-    float *dw;              /* training: (Vp, C) += the classifier's gradient */
-    float *dw32;            /* training with bf16 storage in several chunks (fy_lm_acc32):
-                               (Vp, C) fp32 workspace where the chunks' shares are summed
-                               before one rounding; else NULL */
-    float *dxn;             /* training: (N, C) = d xn, overwritten */
+    float dloss;            /* training: the loss's scale */
+    float *dxn32;           /* training: (N, C) fp32, d xn summed over the chunks */
+    float *dxn;             /* training with bf16 storage: (N, C) = dxn32 rounded; with
+                               fp32 storage NULL (dxn32 is d xn) */
 } fy_lm_head_io;
 
-/* Queues the classifier on s: losses, and with dloss != 0 dw and dxn. */
-void fy_lm_head(const fy_lm_head_io *io, fy_stream *s);
+/* Chunk k's forward: its logits against w_k (its rows, (nv, C)), the running
+ * log-sum-exp; the last chunk writes the losses. Chunks in order 0..K-1. */
+void fy_lm_head_fwd_chunk(const fy_lm_head_io *io, int k, const float *w_k, fy_stream *s);
+/* Chunk k's backward, after every forward, chunks in order K-1..0: dw_k ((nv, C),
+ * storage type) += its rows' gradient, dxn32 += its share (the first, k = K-1, starts
+ * it; the last, k = 0, rounds it into dxn). `fresh`: the logits buffer still holds
+ * chunk k's from its forward (it ran last), so they are not recomputed. */
+void fy_lm_head_bwd_chunk(const fy_lm_head_io *io, int k, const float *w_k, float *dw_k,
+                          bool fresh, fy_stream *s);
+/* The whole classifier w ((Vp, C)): every chunk's forward, and with dloss != 0 every
+ * chunk's backward into dw ((Vp, C), +=). */
+void fy_lm_head(const fy_lm_head_io *io, const float *w, float *dw, fy_stream *s);
 
 #ifdef __cplusplus
 }

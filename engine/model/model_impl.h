@@ -83,6 +83,7 @@ void fy_model_fill_normal(float *p, size_t n, double std, uint64_t seed, int blo
  * their out/saved/work areas. */
 #define FY_ACT_ES_S(es) (es)
 #define FY_ACT_ES_F(es) sizeof(float)
+#define FY_ACT_ES_D(es) sizeof(double) /* fp64: the field's float pointer is cast */
 #define FY_ACT_FIELD(field, size, type) float *field;
 #define FY_ACT_SIZE(field, size, type) total += fy_round_up((size) * FY_ACT_ES_##type(es), 64);
 #define FY_ACT_BIND(field, size, type) \

@@ -419,7 +419,8 @@ static void against_cpu(fy_op_kind kind, std::initializer_list<int64_t> ints,
         b.p[j] = malloc(nb[j] ? nb[j] : 1);
         for (size_t e = 0; e < ne; e++) {
             if (d->args[j].type == FY_ARG_I32) ((int32_t *)a.p[j])[e] = (int32_t)((s = s * 1103515245u + 12345u) >> 8) % (int32_t)ids;
-            else if (d->args[j].type == FY_ARG_F64) ((double *)a.p[j])[e] = NAN;
+            else if (d->args[j].type == FY_ARG_F64) /* inputs: positive sums */
+                ((double *)a.p[j])[e] = d->args[j].role == FY_ARG_OUT ? NAN : 1.5 + frand(&s);
             else ((float *)a.p[j])[e] = d->args[j].role == FY_ARG_OUT ? NAN : frand(&s);
         }
         memcpy(b.p[j], a.p[j], nb[j]);
@@ -472,4 +473,10 @@ Test(odd_shapes, every_kernel_against_the_cpu_backend) {
     /* cross-entropy: N, V, Vp (a padded vocabulary), forward and fused backward */
     against_cpu(FY_OP_CROSSENTROPY, {7, 5, 8}, {0.0f}, 5, 1e-5);
     against_cpu(FY_OP_CROSSENTROPY, {3, 1500, 1536}, {1.0f / 3}, 1500, 1e-5);
+    /* the classifier by vocabulary chunks: N, v0, nv, V; a first chunk with padding past
+     * class 49, and a later chunk of a 3000-class vocabulary (some targets in it) */
+    against_cpu(FY_OP_CE_CHUNK_FWD, {7, 0, 64, 50}, {}, 50, 1e-5);
+    against_cpu(FY_OP_CE_CHUNK_BWD, {7, 0, 64, 50}, {1.0f / 7}, 50, 1e-5);
+    against_cpu(FY_OP_CE_CHUNK_FWD, {40, 1536, 1536, 3000}, {}, 3000, 1e-5);
+    against_cpu(FY_OP_CE_CHUNK_BWD, {40, 1536, 1536, 3000}, {1.0f / 40}, 3000, 1e-5);
 }

@@ -367,6 +367,43 @@ static void crossentropy(float *losses, float *logits, const int32_t *targets, i
     }
 }
 
+/* fy_k_ce_chunk_fwd: per row, the chunk's max, the running max and sum rescaled to it
+ * and the chunk's exps added in column order (fp64), as crossentropy's single pass. */
+static void ce_chunk_fwd(const float *logits, const int32_t *targets, float *mx, double *sm,
+                         float *tl, float *losses, int N, int v0, int nv, int V) {
+    const int lim = V - v0 < nv ? V - v0 : nv; /* the chunk's classes */
+    const bool first = v0 == 0, last = v0 + nv >= V;
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = logits + (size_t)n * nv;
+        float cm = -INFINITY;
+        for (int j = 0; j < lim; j++) cm = x[j] > cm ? x[j] : cm;
+        const float m = first || cm > mx[n] ? cm : mx[n];
+        double s = first ? 0.0 : sm[n] * exp((double)(mx[n] - m));
+        for (int j = 0; j < lim; j++) s += exp((double)(x[j] - m));
+        const int y = targets[n] - v0;
+        if (first) tl[n] = 0.0f;
+        if (y >= 0 && y < lim) tl[n] = x[y];
+        mx[n] = m;
+        sm[n] = s;
+        if (last) losses[n] = m + (float)log(s) - tl[n];
+    }
+}
+
+static void ce_chunk_bwd(float *logits, const int32_t *targets, const float *mx, const double *sm,
+                         int N, int v0, int nv, int V, float dloss) {
+    const int lim = V - v0 < nv ? V - v0 : nv;
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        float *x = logits + (size_t)n * nv;
+        const float m = mx[n], inv = (float)(1.0 / sm[n]);
+        for (int j = 0; j < lim; j++) x[j] = expf(x[j] - m) * inv * dloss;
+        const int y = targets[n] - v0;
+        if (y >= 0 && y < lim) x[y] -= dloss;
+        for (int j = lim; j < nv; j++) x[j] = 0.0f;
+    }
+}
+
 static void mean(float *out, const float *x, size_t n) {
     double s = 0.0;
     for (size_t i = 0; i < n; i++) s += x[i];
@@ -439,6 +476,19 @@ static void k_matmul_bwd(const fy_op *op) {
 static void k_matmul_bwd_f32acc(const fy_op *op) {
     matmul_bwd(OP_P(0), OP_P(1), NULL, OP_P(2), OP_P(3), OP_P(4), OP_I(0), OP_I(1), OP_I(2));
 }
+/* dinp32 += dout @ w, dw += dout^T @ inp */
+static void k_matmul_bwd_dx32(const fy_op *op) {
+    const int N = OP_I(0), C = OP_I(1), OC = OP_I(2);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, OP_P(2), OC, OP_P(4), C,
+                1.0f, OP_P(0), C);
+    matmul_bwd(NULL, OP_P(1), NULL, OP_P(2), OP_P(3), OP_P(4), N, C, OC);
+}
+static void k_ce_chunk_fwd(const fy_op *op) {
+    ce_chunk_fwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_P(4), OP_P(5), OP_I(0), OP_I(1), OP_I(2), OP_I(3));
+}
+static void k_ce_chunk_bwd(const fy_op *op) {
+    ce_chunk_bwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_I(0), OP_I(1), OP_I(2), OP_I(3), op->f[0]);
+}
 static void k_add_f32(const fy_op *op) { residual_fwd(OP_P(0), OP_P(0), OP_P(1), (size_t)OP_I(0)); }
 #define ATT_DIMS att_dims_of(OP_I(0), OP_I(1), OP_I(2), OP_I(3), OP_I(4))
 static void k_attention_fwd(const fy_op *op) { attention_fwd(OP_P(0), OP_P(1), OP_P(2), ATT_DIMS); }
@@ -472,6 +522,8 @@ static const cpu_kernel kernels[FY_OP_KERNELS] = {
     [FY_OP_RMSNORM_FWD] = k_rmsnorm_fwd, [FY_OP_RMSNORM_BWD] = k_rmsnorm_bwd,
     [FY_OP_MATMUL_FWD] = k_matmul_fwd, [FY_OP_MATMUL_BWD] = k_matmul_bwd,
     [FY_OP_MATMUL_BWD_F32ACC] = k_matmul_bwd_f32acc, [FY_OP_ADD_F32] = k_add_f32,
+    [FY_OP_MATMUL_BWD_DX32] = k_matmul_bwd_dx32, [FY_OP_CE_CHUNK_FWD] = k_ce_chunk_fwd,
+    [FY_OP_CE_CHUNK_BWD] = k_ce_chunk_bwd,
     [FY_OP_ATTENTION_FWD] = k_attention_fwd, [FY_OP_ATTENTION_BWD] = k_attention_bwd,
     [FY_OP_ROPE] = k_rope,
     [FY_OP_GELU_FWD] = k_gelu_fwd, [FY_OP_GELU_BWD] = k_gelu_bwd,

@@ -321,6 +321,20 @@ static void matmul_bwd(fy_cu_stream *cs, const fy_op *op, fy_dtype dt) {
     if (dbias) fy_cu_colsum_acc(cs, dt, dbias, dout, N, OC);
 }
 
+/* MATMUL_BWD_DX32 (dinp32, dw, dout, inp, w): dinp32 fp32 and accumulated (beta 1). */
+static void matmul_bwd_dx32(fy_cu_stream *cs, const fy_op *op, fy_dtype dt) {
+    void *dinp = op->p[0], *dw = op->p[1];
+    const void *dout = op->p[2], *inp = op->p[3], *w = op->p[4];
+    int N = (int)op->i[0], C = (int)op->i[1], OC = (int)op->i[2];
+    gemm gx = {.ta = false, .tb = false, .m = C, .n = N, .k = OC, .A = w, .lda = C, .B = dout,
+               .ldb = OC, .D = dinp, .ldd = C, .batch = 1, .alpha = 1.0f, .beta = 1.0f,
+               .d_f32 = true};
+    gemm_run(cs, dt, &gx, "matmul_bwd_dx32 (dinp)");
+    gemm gw = {.ta = false, .tb = true, .m = C, .n = OC, .k = N, .A = inp, .lda = C,
+               .B = dout, .ldb = OC, .D = dw, .ldd = C, .batch = 1, .alpha = 1.0f, .beta = 1.0f};
+    gemm_run(cs, dt, &gw, "matmul_bwd_dx32 (dw)");
+}
+
 /* Attention over packed rows (kernels.h): qkv (B,T,W), W = (NH + 2 NKV) hd, query head h
  * reading key/value head h / G, G = NH / NKV. For each batch row b and each g < G, the
  * query heads g, G + g, 2G + g, ... (one per key/value head) are a strided batch: stride
@@ -423,6 +437,7 @@ void fy_cu_exec_gemm_op(fy_cu_stream *cs, const fy_op *op) {
     switch (op->kind) {
     case FY_OP_MATMUL_FWD: matmul_fwd(cs, op, dt); break;
     case FY_OP_MATMUL_BWD: case FY_OP_MATMUL_BWD_F32ACC: matmul_bwd(cs, op, dt); break;
+    case FY_OP_MATMUL_BWD_DX32: matmul_bwd_dx32(cs, op, dt); break;
     case FY_OP_ATTENTION_FWD: attention_fwd(cs, op, dt); break;
     case FY_OP_ATTENTION_BWD: attention_bwd(cs, op, dt); break;
     default: FY_ASSERT(0, "not a GEMM op");

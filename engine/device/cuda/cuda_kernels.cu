@@ -567,6 +567,51 @@ __global__ void crossentropy_k(float *losses, T *logits, const int32_t *targets,
     }
 }
 
+/* The classifier by vocabulary chunks (kernels.h): one block per row of the chunk's nv
+ * logits, lim = min(nv, V - v0) of them classes. Forward: the chunk's max, then its
+ * exps' fp64 sum at the new running max; thread 0 adds the earlier chunks' sum rescaled
+ * (the cpu backend adds it first: the sums may differ in the last bits) and keeps the
+ * target's logit; the chunk holding class V-1 writes the loss. */
+template <typename T>
+__global__ void ce_chunk_fwd_k(const T *logits, const int32_t *targets, float *mx, double *sm,
+                               float *tl, float *losses, int v0, int nv, int V) {
+    __shared__ float shf[CE_THREADS / 32];
+    __shared__ double shd[CE_THREADS / 32];
+    const int n = blockIdx.x, lim = V - v0 < nv ? V - v0 : nv;
+    const bool first = v0 == 0;
+    const T *x = logits + (size_t)n * nv;
+    float cm = -INFINITY;
+    for (int j = threadIdx.x; j < lim; j += blockDim.x) cm = fmaxf(cm, to_f(x[j]));
+    cm = block_max(cm, shf);
+    const float m = first ? cm : fmaxf(cm, mx[n]); /* read by all before thread 0 writes */
+    double s = 0.0;
+    for (int j = threadIdx.x; j < lim; j += blockDim.x) s += exp((double)(to_f(x[j]) - m));
+    s = block_sum_d(s, shd);
+    if (threadIdx.x != 0) return;
+    if (!first) s += sm[n] * exp((double)(mx[n] - m));
+    const int y = targets[n] - v0;
+    float t = first ? 0.0f : tl[n];
+    if (y >= 0 && y < lim) t = to_f(x[y]);
+    mx[n] = m;
+    sm[n] = s;
+    tl[n] = t;
+    if (v0 + nv >= V) losses[n] = m + (float)log(s) - t;
+}
+
+/* Backward: the chunk's logits become (softmax - onehot) * dloss, the padding 0. */
+template <typename T>
+__global__ void ce_chunk_bwd_k(T *logits, const int32_t *targets, const float *mx,
+                               const double *sm, int v0, int nv, int V, float dloss) {
+    const int n = blockIdx.x, lim = V - v0 < nv ? V - v0 : nv, y = targets[n] - v0;
+    const float m = mx[n], inv = (float)(1.0 / sm[n]);
+    T *x = logits + (size_t)n * nv;
+    for (int j = threadIdx.x; j < nv; j += blockDim.x) {
+        float g = j < lim ? expf(to_f(x[j]) - m) * inv * dloss : 0.0f;
+        if (j == y) g -= dloss;
+        x[j] = from_f<T>(g);
+    }
+}
+
 /* ---- sums ------------------------------------------------------------------------------- */
 
 /* out[0] = sum(x) / n over fp32 x (the losses), in double, one block, in a fixed order
@@ -731,6 +776,18 @@ static void exec_typed(fy_cu_stream *cs, const fy_op *op) {
         if (i[0]) FY_LAUNCH((unsigned)i[0], CE_THREADS, 0, st, crossentropy_k<T>)((float *)p[0], (T *)p[1],
             (const int32_t *)p[2], (int)i[1], (int)i[2], op->f[0]);
         LAUNCHED("crossentropy");
+        break;
+    case FY_OP_CE_CHUNK_FWD:
+        if (i[0]) FY_LAUNCH((unsigned)i[0], CE_THREADS, 0, st, ce_chunk_fwd_k<T>)((const T *)p[0],
+            (const int32_t *)p[1], (float *)p[2], (double *)p[3], (float *)p[4], (float *)p[5],
+            (int)i[1], (int)i[2], (int)i[3]);
+        LAUNCHED("ce_chunk_fwd");
+        break;
+    case FY_OP_CE_CHUNK_BWD:
+        if (i[0]) FY_LAUNCH((unsigned)i[0], CE_THREADS, 0, st, ce_chunk_bwd_k<T>)((T *)p[0],
+            (const int32_t *)p[1], (const float *)p[2], (const double *)p[3], (int)i[1], (int)i[2],
+            (int)i[3], op->f[0]);
+        LAUNCHED("ce_chunk_bwd");
         break;
     case FY_OP_MEAN:
         FY_LAUNCH(1, 1024, 0, st, mean_k)((float *)p[0], (const float *)p[1], (size_t)i[0]);
