@@ -81,6 +81,8 @@ typedef struct sg_grad { int holder; bool first; } sg_grad;
 /* The payloads. */
 struct sg_task {
     int micro;                 /* micro-batch in the window; per-step tasks: the step's last */
+    int chunk;                 /* a chunked head's tasks (fetch, head, bwd, d2h_grad): the
+                                  vocabulary chunk they work on; else -1 */
     union {
         struct { int reuse; } load;               /* the load that last used its host buffer */
         struct { bool for_update; } fetch;        /* h2d_param: for a device update (fp32
@@ -166,7 +168,7 @@ static void grad_close(fy_trainer *tr, int b, int a, const void *g) {
         if (a == 0) fy_copy_async(tr->s, c->grad_dev, g, fy_tr_nbytes(tr, b), FY_D2D);
         else fy_k_residual_fwd(c->grad_dev, c->grad_dev, g, c->nelem, tr->s);
     }
-    if (a != accum(tr) - 1 || c->gathered) return; /* a gathered block's: on the host */
+    if (a != accum(tr) - 1 || c->gathered || c->chunked) return; /* theirs: on the host */
     const void *final = !fy_tr_cpu_optim(tr, b) ? c->grad_dev : accum(tr) == 1 ? g : NULL;
     if (!final) return;
     fy_k_sumsq(st->sumsq_dev + b, final, c->nelem, tr->s);
@@ -196,6 +198,11 @@ static void bind_grads(fy_trainer *tr, int b, const sg_task *p, int self, fy_blo
     io->grads = grad_open(tr, b, a, p->u.pass.grad, self);
     for (int k = 0; k < blk->nlinks; k++)
         io->link_grads[k] = grad_open(tr, blk->links[k], a, p->u.pass.link_grad[k], self);
+}
+
+/* The scale of a training step's mean loss: 1/(B*T*accum). */
+static float loss_scale(const fy_trainer *tr) {
+    return (float)(1.0 / ((double)tokens_n(tr) * accum(tr)));
 }
 
 /* ---- runners: each queues its block's work on its lane ---------------------------------- */
@@ -241,6 +248,18 @@ static fy_status run_load(fy_trainer *tr, int id, const fy_task *t, const sg_tas
     return FY_OK;
 }
 
+/* A chunked head's fetch of chunk k: the chunk view (model.h), its classifier rows then
+ * the head's other tensors. */
+static void fetch_chunk(fy_trainer *tr, int b, int k, void *slot) {
+    const fy_storage *st = tr->st;
+    size_t ro, rn, to, tn;
+    fy_model_chunk_ranges(tr->model, b, st->head_chunks, k, &ro, &rn, &to, &tn);
+    const char *src = (const char *)st->chunks[b].param_lp;
+    fy_copy_async(tr->s_h2d, slot, src + ro * st->es, rn * st->es, FY_H2D);
+    fy_copy_async(tr->s_h2d, (char *)slot + (st->chunks[b].stage_nelem - tn) * st->es,
+                  src + to * st->es, tn * st->es, FY_H2D);
+}
+
 /* A gathered block's fetch: the micro-batch's rows of its storage-type copy, gathered
  * into the pinned buffer (once the previous gathered fetch's copy out of it is done). */
 static void fetch_rows(fy_trainer *tr, int id, int b, int micro, void *slot) {
@@ -262,6 +281,7 @@ static fy_status run_h2d_param(fy_trainer *tr, int id, const fy_task *t, const s
     const fy_chunk *c = &tr->st->chunks[t->block];
     void *slot = param_unit(tr, id);
     if (c->gathered) fetch_rows(tr, id, t->block, p->micro, slot);
+    else if (p->chunk >= 0) fetch_chunk(tr, t->block, p->chunk, slot);
     else if (p->u.fetch.for_update && fy_tr_lp(tr))
         fy_copy_async(tr->s_h2d, slot, c->param_host, fy_tr_master_nbytes(tr, t->block), FY_H2D);
     else
@@ -286,18 +306,24 @@ static fy_status run_head(fy_trainer *tr, int id, const fy_task *t, const sg_tas
     fy_storage *st = tr->st;
     const int b = t->block;
     fy_block_io io = pass_io(tr, b, p);
+    /* a chunked head: chunk k's forward; the last writes the loss, and in training also
+     * runs its backward into the gradient unit it took */
+    const bool last = p->chunk < 0 || p->chunk == st->head_chunks.n - 1;
+    io.chunked = p->chunk >= 0;
+    io.chunk = p->chunk;
     if (!p->u.pass.train) { /* evaluation: one loss slot per batch in flight */
         const int slot = p->micro % accum(tr);
         io.loss = st->loss_dev + slot;
         fy_model_loss(tr->model, b, &io, tr->s);
-        fy_copy_async(tr->s, st->loss_host + slot, st->loss_dev + slot, sizeof(float), FY_D2H);
+        if (last) fy_copy_async(tr->s, st->loss_host + slot, st->loss_dev + slot, sizeof(float), FY_D2H);
         return FY_OK;
     }
     const int a = p->micro % accum(tr);
-    io.dloss = (float)(1.0 / ((double)tokens_n(tr) * accum(tr)));
+    io.dloss = loss_scale(tr);
     io.loss = st->loss_dev + a;
-    bind_grads(tr, b, p, id, &io);
+    if (last) bind_grads(tr, b, p, id, &io);
     fy_model_loss(tr->model, b, &io, tr->s);
+    if (!last) return FY_OK;
     fy_copy_async(tr->s, st->loss_host + a, st->loss_dev + a, sizeof(float), FY_D2H);
     grad_close(tr, b, a, io.grads);
     return FY_OK;
@@ -306,6 +332,14 @@ static fy_status run_head(fy_trainer *tr, int id, const fy_task *t, const sg_tas
 static fy_status run_bwd(fy_trainer *tr, int id, const fy_task *t, const sg_task *p) {
     const int b = t->block;
     fy_block_io io = pass_io(tr, b, p);
+    if (p->chunk >= 0) { /* a chunked head's backward of chunk k (its forward ran) */
+        io.chunked = io.chunk_bwd = true;
+        io.chunk = p->chunk;
+        io.dloss = loss_scale(tr);
+        bind_grads(tr, b, p, id, &io);
+        fy_model_loss(tr->model, b, &io, tr->s);
+        return FY_OK;
+    }
     bind_grads(tr, b, p, id, &io);
     fy_model_backward(tr->model, b, &io, tr->s);
     grad_close(tr, b, p->micro % accum(tr), io.grads);
@@ -349,6 +383,35 @@ static void scatter_rows(fy_trainer *tr, int b, int micro, const void *g) {
                                          : fy_sumsq((const float *)acc, c->nelem);
 }
 
+/* A chunked head's d2h_grad of chunk k: its rows' gradient (and with k = 0, the last,
+ * the other tensors') into grad_host's, directly for the first micro-batch, else through
+ * the landing slot and added; the last chunk of the step's last micro-batch takes the
+ * norm over the whole gradient (the earlier chunks' copies are before it on the stream). */
+static void land_chunk(fy_trainer *tr, int b, int micro, int k, const void *g) {
+    fy_storage *st = tr->st;
+    const fy_chunk *c = &st->chunks[b];
+    const int a = micro % accum(tr);
+    const size_t es = st->es;
+    size_t ro, rn, to, tn;
+    fy_model_chunk_ranges(tr->model, b, st->head_chunks, k, &ro, &rn, &to, &tn);
+    const char *gt = (const char *)g + (c->stage_nelem - tn) * es;
+    char *acc = (char *)c->grad_host, *tmp = (char *)st->grad_host_tmp;
+    if (a == 0) {
+        fy_copy_async(tr->s_d2h, acc + ro * es, g, rn * es, FY_D2H);
+        if (k == 0) fy_copy_async(tr->s_d2h, acc + to * es, gt, tn * es, FY_D2H);
+    } else {
+        fy_copy_async(tr->s_d2h, tmp, g, rn * es, FY_D2H);
+        if (k == 0) fy_copy_async(tr->s_d2h, tmp + rn * es, gt, tn * es, FY_D2H);
+        fy_stream_sync(tr->s_d2h);
+        host_add(tr, acc + ro * es, tmp, rn);
+        if (k == 0) host_add(tr, acc + to * es, tmp + rn * es, tn);
+    }
+    if (k != 0 || a != accum(tr) - 1) return;
+    fy_stream_sync(tr->s_d2h);
+    st->sumsq_host[b] = fy_tr_lp(tr) ? fy_sumsq_bf16((const uint16_t *)acc, c->nelem)
+                                     : fy_sumsq((const float *)acc, c->nelem);
+}
+
 /* d2h_grad: the first micro-batch lands in grad_host, later ones in the landing slot and
  * are added there (host_add), which reads the copy: the host waits for it. */
 static fy_status run_d2h_grad(fy_trainer *tr, int id, const fy_task *t, const sg_task *p) {
@@ -357,6 +420,10 @@ static fy_status run_d2h_grad(fy_trainer *tr, int id, const fy_task *t, const sg
     const void *g = grad_unit(tr, p->u.d2h_grad.holder);
     if (c->gathered) {
         scatter_rows(tr, b, p->micro, g);
+        return FY_OK;
+    }
+    if (p->chunk >= 0) {
+        land_chunk(tr, b, p->micro, p->chunk, g);
         return FY_OK;
     }
     float *dst = a == 0 ? c->grad_host : tr->st->grad_host_tmp;
@@ -618,6 +685,7 @@ static int add(builder *bd, fy_lane lane, fy_task_kind kind, int block, int micr
     sg_task *p = &tr->sgt[id];
     memset(p, 0, sizeof *p);
     p->micro = micro;
+    p->chunk = -1;
     return id;
 }
 
@@ -741,11 +809,55 @@ static void bind_pass_grads(builder *bd, int b, int id) {
     for (int k = 0; k < blk->nlinks; k++) p->u.pass.link_grad[k] = grad_of(bd, blk->links[k], id);
 }
 
+/* A compute task of a chunked head on chunk k (kind head: forward; bwd: backward) after
+ * `prev`, with its chunk's fetch; with `grad` it takes a gradient unit of its own. */
+static int chunk_task(builder *bd, fy_task_kind kind, int h, int m, int k, int prev, bool grad) {
+    int f = fetch(bd, h, m), t = add(bd, FY_LANE_COMPUTE, kind, h, m);
+    if (t < 0) return -1;
+    if (f >= 0) payload(bd, f)->chunk = k;
+    sg_task *p = payload(bd, t);
+    p->chunk = k;
+    p->u.pass.fetch = f;
+    dep(bd, f, t);
+    dep(bd, bd->ready[h], t);
+    dep(bd, prev, t);
+    releases(bd, t, f);
+    if (grad) {
+        bd->g->tasks[t].acquire_pool = bd->gpool[ring(bd->tr, h)];
+        p->u.pass.grad = (sg_grad){t, true};
+    }
+    return t;
+}
+
+/* A chunked head's gradient of chunk k, in task gt's unit, to the host (in chunk order:
+ * the host adds, and the last takes the norm). */
+static void chunk_d2h(builder *bd, int h, int m, int k, int gt) {
+    int d = add(bd, FY_LANE_D2H, FY_T_D2H_GRAD, h, m);
+    if (d < 0) return;
+    payload(bd, d)->chunk = k;
+    payload(bd, d)->u.d2h_grad.holder = gt;
+    releases(bd, d, gt);
+    dep(bd, gt, d);
+    dep(bd, bd->last_d2h[h], d);
+    bd->last_d2h[h] = bd->final_grad[h] = d;
+}
+
 /* The head's loss pass after `prev` (in training, with its backward). */
 static int build_head(builder *bd, int m, int prev, bool train) {
     fy_trainer *tr = bd->tr;
     const int h = bd->nb - 1;
     FY_ASSERT(fy_tr_block(tr, h)->kind == FY_BLOCK_HEAD, "the model's last block is its head");
+    if (tr->st->chunks[h].chunked) { /* one task per chunk; the last one starts backward */
+        const int K = tr->st->head_chunks.n;
+        int t = prev;
+        for (int k = 0; k < K; k++) {
+            t = chunk_task(bd, FY_T_HEAD, h, m, k, t, train && k == K - 1);
+            if (t < 0) return -1;
+            payload(bd, t)->u.pass.train = train;
+            if (k == 0) dep(bd, bd->last_bwd[h], t); /* the head's activations are reused */
+        }
+        return t;
+    }
     if (train) prev = open_links(bd, h, m, prev);
     int hd = pass_task(bd, FY_T_HEAD, h, m);
     if (hd < 0) return -1;
@@ -779,11 +891,27 @@ static void after_grad(builder *bd, int b, int m, int gt) {
     if (accum(tr) > 1) bd->final_grad[b] = d;
 }
 
+/* A chunked head's backward after its last chunk's task: that chunk's gradient to the
+ * host, then each earlier chunk's backward (recomputing its logits) and gradient, down to
+ * chunk 0, which gives d in. Returns the last task. */
+static int build_head_backward(builder *bd, int m, int head) {
+    const int h = bd->nb - 1, K = bd->tr->st->head_chunks.n;
+    chunk_d2h(bd, h, m, K - 1, head);
+    int t = head;
+    for (int k = K - 2; k >= 0 && t >= 0; k--) {
+        t = chunk_task(bd, FY_T_BWD, h, m, k, t, true);
+        if (t >= 0) chunk_d2h(bd, h, m, k, t);
+    }
+    bd->last_bwd[h] = t;
+    return t;
+}
+
 /* Backward from the block before the head down to the embedding. */
 static void build_backward(builder *bd, int m, int head) {
     fy_trainer *tr = bd->tr;
-    after_grad(bd, bd->nb - 1, m, head);
     int prev = head;
+    if (tr->st->chunks[bd->nb - 1].chunked) prev = build_head_backward(bd, m, head);
+    else after_grad(bd, bd->nb - 1, m, head);
     for (int b = bd->nb - 2; b >= 0; b--) {
         int rc = -1;
         if (tr->plan.blocks[b].acts == FY_ACTS_RECOMPUTE) {

@@ -118,6 +118,14 @@ static fy_ring_id ring_of(const fy_block_spec *blk, size_t stage_nelem, size_t l
     return blk->kind != FY_BLOCK_LAYER && stage_nelem > layer_max ? FY_RING_LARGE : FY_RING_LAYER;
 }
 
+/* Whether a head is chunked under the plan (storage.h): a vocab_chunks head streamed and,
+ * in training, optimised on the CPU, whose classifier takes more than one chunk. */
+static bool chunked(const fy_block_spec *blk, const fy_block_plan *bp, bool training,
+                    fy_lm_chunks ch) {
+    return blk->vocab_chunks && bp->params == FY_PARAMS_STREAMED &&
+           (!training || bp->optim == FY_OPTIM_CPU) && ch.n > 1;
+}
+
 /* Whether block b is gathered under the plan (storage.h): a row table whose parameters
  * are streamed and, in training, whose optimizer runs on the CPU (an update on the
  * device needs the whole table there). */
@@ -141,9 +149,12 @@ static fy_status layout(walk *w, const fy_model *m, const fy_plan *plan, int T, 
     for (int b = 0; b < nb; b++)
         if (fy_model_block(m, b)->kind == FY_BLOCK_LAYER && fy_model_block(m, b)->nelem > layer_max)
             layer_max = fy_model_block(m, b)->nelem;
-    bool any_cpu = false;
     int gather_block = -1;
+    size_t land = 0; /* the host landing slot: the largest gradient added on the host */
     fy_status s = FY_OK;
+    const fy_lm_chunks hch = fy_model_block(m, nb - 1)->vocab_chunks
+                                 ? fy_model_head_chunks(m, B, T, dt) : (fy_lm_chunks){0};
+    if (st) st->head_chunks = hch;
     for (int b = 0; b < nb; b++) {
         const fy_block_plan *bp = &plan->blocks[b];
         const fy_block_spec *blk = fy_model_block(m, b);
@@ -157,6 +168,8 @@ static fy_status layout(walk *w, const fy_model *m, const fy_plan *plan, int T, 
             c->stage_nelem = (N < rows ? N : rows) * (size_t)blk->tensors[0].cols;
             gather_block = b;
         }
+        if ((c->chunked = chunked(blk, bp, training, hch)))
+            c->stage_nelem = fy_model_chunk_view_nelem(m, b, hch);
         c->ring = ring_of(blk, c->stage_nelem, layer_max);
         const size_t nbytes = fsz(c->nelem), lpbytes = c->nelem * es, stbytes = c->stage_nelem * es;
         bool streamed = bp->params == FY_PARAMS_STREAMED, cpu = bp->optim == FY_OPTIM_CPU;
@@ -168,8 +181,8 @@ static fy_status layout(walk *w, const fy_model *m, const fy_plan *plan, int T, 
         }
         if (c->needs_grad_staging) {
             if (stbytes > gslot[c->ring]) gslot[c->ring] = stbytes;
+            if (cpu && (plan->grad_accum > 1 || c->gathered) && stbytes > land) land = stbytes;
         }
-        any_cpu |= cpu;
         if (!streamed) {
             NAME( "%s parameters", bname);
             if ((s = take(w, FY_CAT_PARAMS, lpbytes, what, &c->param_dev)) != FY_OK) goto done;
@@ -233,12 +246,8 @@ static fy_status layout(walk *w, const fy_model *m, const fy_plan *plan, int T, 
             if ((s = take(w, FY_CAT_STAGING, gslot[r], what, gr ? &gr->slots[i] : &tmp)) != FY_OK) goto done;
         }
     }
-    /* host landing buffer for micro-batch gradients added into grad_host: the largest
-     * staged gradient of either ring */
-    const size_t gslot_max = gslot[FY_RING_LAYER] > gslot[FY_RING_LARGE] ? gslot[FY_RING_LAYER]
-                                                                        : gslot[FY_RING_LARGE];
-    if ((any_cpu && plan->grad_accum > 1) || (training && gather_block >= 0))
-        carve(w, FY_CAT_STAGING, gslot_max, true, st ? (void *)&st->grad_host_tmp : &tmp);
+    /* host landing buffer for micro-batch gradients added (or scattered) into grad_host */
+    if (land) carve(w, FY_CAT_STAGING, land, true, st ? (void *)&st->grad_host_tmp : &tmp);
     /* a gathered block's rows: the fetch's pinned buffer, the distinct tokens of each
      * token buffer, and the table's row map */
     if (st) st->gather.block = gather_block;

@@ -40,6 +40,12 @@
  * row's gradient is the same sum in the same order as in the whole table, so the
  * arithmetic is the whole table's (the gradient norm is taken on the host over the
  * whole scattered gradient, as for accumulated blocks).
+ * A streamed untied classifier optimised on the CPU (a vocab_chunks head) is chunked:
+ * its loss pass runs as one task per vocabulary chunk forward and one per chunk backward
+ * (step_graph.c), each fetching its chunk's rows (and the head's small other tensors)
+ * and giving back their gradient, so the head also takes layer-sized slots, and a fully
+ * streamed plan's device memory is a few layers, the activations and a chunk whatever
+ * the vocabulary.
  * Activations are opaque buffers sized by the model (fy_model_acts): every block owns its
  * output; a kept block owns its saved area, recomputed blocks share one saved area that
  * forward and recompute overwrite; one workspace (the largest block's) and one
@@ -107,8 +113,11 @@ typedef struct fy_chunk {
     bool gathered;            /* a streamed row table (model.h: gather) whose passes get
                                  only the micro-batch's rows: staged copies hold
                                  stage_nelem elements (see fy_storage.gather) */
-    size_t stage_nelem;       /* elements of its staged copies: nelem, or for a gathered
-                                 block min(rows, B*T) rows */
+    bool chunked;             /* a streamed vocab_chunks head (model.h) whose passes take
+                                 one vocabulary chunk at a time (fy_storage.head_chunks):
+                                 its staged copies are chunk views */
+    size_t stage_nelem;       /* elements of its staged copies: nelem; for a gathered
+                                 block min(rows, B*T) rows; for a chunked head a chunk view */
 } fy_chunk;
 
 /* A block's activations on the device (model.h: out and saved). */
@@ -134,6 +143,7 @@ typedef struct fy_storage {
                                  gathered block the inputs renumbered into its rows */
     int32_t *tok_dev;         /* 2 x (tok_parts,B,T): double-buffered */
     int32_t *tok_host;        /* pinned staging, same shape */
+    fy_lm_chunks head_chunks; /* the head's vocabulary chunks, if it is chunked */
     struct {                  /* the gathered block (at most one: the embedding) */
         int block;            /* -1: none */
         int32_t *rows;        /* host, 2 x (B*T): per token buffer, the distinct tokens of

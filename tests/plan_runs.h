@@ -31,6 +31,7 @@ typedef struct result {
     size_t peak, model, staging;
     size_t pinned, pinned_model;  /* measured pinned peak; the model's, under g_pinned_cap */
     int gathered;    /* the block whose passes got only the micro-batch's rows, or -1 */
+    int head_chunks; /* the chunks a chunked head's passes took, or 0 */
 } result;
 
 /* The pinned-memory cap of plan_train's devices (0: the default). */
@@ -105,6 +106,7 @@ static fy_status plan_train(const fy_model *m, const fy_plan *plan, size_t cap,
         res->skipped[s] = ss.skipped;
     }
     res->gathered = tr->st->gather.block;
+    res->head_chunks = tr->st->chunks[fy_model_nblocks(m) - 1].chunked ? tr->st->head_chunks.n : 0;
     res->nblocks = fy_model_nblocks(m);
     res->w = calloc((size_t)res->nblocks, sizeof *res->w);
     res->nelem = calloc((size_t)res->nblocks, sizeof *res->nelem);

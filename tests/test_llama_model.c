@@ -406,6 +406,46 @@ Test(llama_model, a_gathered_embedding_is_bit_identical_and_smaller) {
     fy_model_free(m);
 }
 
+/* An untied lm_head streamed and optimised on the CPU runs by vocabulary chunks (2 here:
+ * a chunk within a layer, 224 rows, of 256), a task and a fetch each, its gradient to
+ * the host chunk by chunk: bit for bit the all-resident run, fp32 and bf16, with and
+ * without accumulation, in every schedule; and its slots are a layer's, not the head's. */
+Test(llama_model, a_chunked_head_is_bit_identical_and_smaller) {
+    fy_model *m = plan_llama(false);
+    const int L = fy_model_layers(m);
+    for (int d = 0; d < 2; d++) {
+        const fy_dtype dt = d ? FY_BF16 : FY_F32;
+        for (int A = 1; A <= 2; A++) {
+            fy_plan base = plan_of(m, 2, A, 0, 0, 0, dt), full = plan_of(m, 2, A, 1, 1, L / 2, dt);
+            fy_plan whole = plan_of(m, 2, A, 1, 1, L / 2, dt);
+            whole.blocks[L + 1].optim = FY_OPTIM_GPU; /* updated on the device: whole */
+            result rb, rf, rw, rs;
+            cr_assert_eq(plan_train(m, &base, 0, FY_SCHED_PRIORITY, -1, &rb), FY_OK);
+            cr_assert_eq(plan_train(m, &full, 0, FY_SCHED_PRIORITY, -1, &rf), FY_OK);
+            cr_assert_eq(plan_train(m, &full, 0, FY_SCHED_SERIAL, -1, &rs), FY_OK);
+            cr_assert_eq(plan_train(m, &whole, 0, FY_SCHED_PRIORITY, -1, &rw), FY_OK);
+            char what[64];
+            snprintf(what, sizeof what, "chunked head, %s, %d micro-batches", fy_dtype_name(dt), A);
+            cr_expect_eq(rf.head_chunks, 2, "%s", what);
+            cr_expect_eq(rw.head_chunks, 0, "%s", what);
+            expect_identical(&rb, &rf, what);
+            expect_identical(&rb, &rs, what);
+            expect_identical(&rb, &rw, what);
+            cr_expect(rf.peak == rf.model, "%s: peak %zu, model %zu", what, rf.peak, rf.model);
+            cr_expect(rf.staging < rw.staging, "%s: staging %zu chunked, %zu whole", what,
+                      rf.staging, rw.staging);
+            result_free(&rb);
+            result_free(&rf);
+            result_free(&rs);
+            result_free(&rw);
+            fy_plan_free(&base);
+            fy_plan_free(&full);
+            fy_plan_free(&whole);
+        }
+    }
+    fy_model_free(m);
+}
+
 Test(llama_model, tied_and_accumulated_plans_are_bit_identical) {
     fy_model *m = plan_llama(true);
     result r32, r16;

@@ -75,6 +75,13 @@ void fy_tune_costs(const fy_profile *p, fy_trainer *dry, int adam_threads) {
                 ms = analytic_ms(p, m, k, b, B, T, es);
             fy_trainer_set_cost(dry, (fy_task_kind)k, b, ms > 0 ? ms : 0.0);
         }
+        if (st->chunks[b].chunked) { /* its loss pass by K chunks: a forward each (a third of
+                                        the pass's work), then a backward each (recompute
+                                        and backward: the whole pass's share) */
+            const double loss = fy_trainer_cost(dry, FY_T_HEAD, b), K = st->head_chunks.n;
+            fy_trainer_set_cost(dry, FY_T_HEAD, b, loss / 3.0 / K);
+            fy_trainer_set_cost(dry, FY_T_BWD, b, loss / K);
+        }
     }
 }
 

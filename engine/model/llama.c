@@ -341,33 +341,50 @@ static void backward(const fy_model *m, int b, const fy_block_io *io, fy_stream 
 }
 
 /* The head: the final norm, then the classifier: lm_head, or the embedding (link 0)
- * when tied. */
+ * when tied; the whole pass, or one chunk of an untied lm_head (model.h's order). */
 static void loss(const fy_model *m, int b, const fy_block_io *io, fy_stream *s) {
     const fy_llama_config *cfg = fy_llama_config_of(m);
     const fy_block_spec *blk = &m->blocks[b];
     const fy_dtype dt = fy_stream_dtype(s);
     const int C = cfg->channels, N = io->B * io->T;
+    const fy_lm_chunks ch = fy_llama_chunks(cfg, (size_t)N, fy_dtype_size(dt));
     head_w w = {0}, g = {0};
     head_acts a;
     head_work wk = {0};
-    fy_model_view(blk, dt, io->params, (float **)&w, blk->ntensors);
-    fy_model_view(blk, dt, io->grads, (float **)&g, blk->ntensors);
-    const float *cls = cfg->tied ? io->link_params[0] : w.lm_head;
-    float *dcls = cfg->tied ? io->link_grads[0] : g.lm_head;
+    if (io->chunked) {
+        fy_model_chunk_view(blk, dt, io->params, ch.rows, (float **)&w, blk->ntensors);
+        fy_model_chunk_view(blk, dt, io->grads, ch.rows, (float **)&g, blk->ntensors);
+    } else {
+        fy_model_view(blk, dt, io->params, (float **)&w, blk->ntensors);
+        fy_model_view(blk, dt, io->grads, (float **)&g, blk->ntensors);
+    }
     head_acts_bind(cfg, io->B, io->T, dt, io->saved, &a);
     if (io->dloss != 0.0f) head_work_bind(cfg, io->B, io->T, dt, io->work, &wk);
     else a.dlnf32 = NULL; /* evaluation's saved area ends before it */
-    fy_k_rmsnorm_fwd(a.lnf, a.rstdf, io->in, w.norm, N, C, cfg->norm_eps, s);
     const fy_lm_head_io lio = {
-        .N = N, .C = C, .V = cfg->vocab, .chunks = fy_llama_chunks(cfg, (size_t)N, fy_dtype_size(dt)),
-        .xn = a.lnf, .logits = a.logits, .max = a.lse_max, .sum = (double *)a.lse_sum, .tlogit = a.tlogit,
-        .losses = a.losses, .targets = io->targets, .dloss = io->dloss, .dxn32 = a.dlnf32,
-        .dxn = wk.dlnf};
-    fy_lm_head(&lio, cls, dcls, s);
-    fy_k_mean(io->loss, a.losses, (size_t)N, s);
-    if (io->dloss == 0.0f) return;
+        .N = N, .C = C, .V = cfg->vocab, .chunks = ch, .xn = a.lnf, .logits = a.logits,
+        .max = a.lse_max, .sum = (double *)a.lse_sum, .tlogit = a.tlogit, .losses = a.losses,
+        .targets = io->targets, .dloss = io->dloss, .dxn32 = a.dlnf32, .dxn = wk.dlnf};
+    const bool first = !io->chunked || (io->chunk == 0 && !io->chunk_bwd);
+    if (first) fy_k_rmsnorm_fwd(a.lnf, a.rstdf, io->in, w.norm, N, C, cfg->norm_eps, s);
+    if (!io->chunked) {
+        fy_lm_head(&lio, cfg->tied ? io->link_params[0] : w.lm_head,
+                   cfg->tied ? io->link_grads[0] : g.lm_head, s);
+    } else if (!io->chunk_bwd) {
+        fy_lm_head_fwd_chunk(&lio, io->chunk, w.lm_head, s);
+        if (io->chunk < ch.n - 1) return;
+        if (io->dloss != 0.0f) fy_lm_head_bwd_chunk(&lio, io->chunk, w.lm_head, g.lm_head, true, s);
+    } else {
+        fy_lm_head_bwd_chunk(&lio, io->chunk, w.lm_head, g.lm_head, false, s);
+    }
+    if (!io->chunked || (!io->chunk_bwd && io->chunk == ch.n - 1)) fy_k_mean(io->loss, a.losses, (size_t)N, s);
+    if (io->dloss == 0.0f || (io->chunked && io->chunk > 0)) return;
     fy_memset_async(s, io->dx, 0, (size_t)N * C * fy_dtype_size(dt));
     fy_k_rmsnorm_bwd(io->dx, g.norm, wk.dlnf ? wk.dlnf : a.dlnf32, io->in, w.norm, a.rstdf, N, C, s);
+}
+
+static fy_lm_chunks head_chunks(const fy_model *m, int B, int T, fy_dtype dt) {
+    return fy_llama_chunks(fy_llama_config_of(m), (size_t)B * T, fy_dtype_size(dt));
 }
 
 /* Weights N(0, 0.02) (Hugging Face's initializer_range), norm gains 1. */
@@ -427,6 +444,7 @@ static const fy_model_iface llama_iface = {
     .forward = forward,
     .backward = backward,
     .loss = loss,
+    .head_chunks = head_chunks,
     .init_block = init_block,
     .cost = cost,
     .dir_prefix = "",
@@ -469,6 +487,7 @@ fy_status fy_llama_new(const fy_llama_config *cfg, const char *name, fy_model **
     } else {
         fy_model_add_tensor(blk, "lm_head.weight", V, C, true, false);
         blk->tensors[1].alloc_rows = fy_lm_vocab_padded(V);
+        blk->vocab_chunks = true;
     }
     for (int b = 0; b < L + 2; b++) fy_model_place_tensors(&blocks[b]);
     return fy_model_create(&llama_iface, ctx, name, blocks, L + 2, V, fy_llama_num_params(cfg),

@@ -177,6 +177,14 @@ void fy_model_fill_normal(float *p, size_t n, double std, uint64_t seed, int blo
     }
 }
 
+/* A vocab_chunks head's classifier: its tensor at offset 0 (the others follow it). */
+static const fy_tensor_spec *cls_tensor(const fy_block_spec *blk) {
+    for (int i = 0; i < blk->ntensors; i++)
+        if (blk->tensors[i].offset == 0) return &blk->tensors[i];
+    FY_ASSERT(0, "a block has a tensor at its start");
+    return NULL;
+}
+
 static const char *kind_names[FY_BLOCK_KINDS] = {"embed", "layer", "head"};
 const char *fy_block_kind_name(fy_block_kind k) {
     return (unsigned)k < FY_BLOCK_KINDS ? kind_names[k] : "?";
@@ -201,6 +209,12 @@ static fy_status check_blocks(const fy_block_spec *blocks, int n) {
                              "blocks that are not row tables", blk->name, blk->links[k]);
                 return FY_ERR_INVALID;
             }
+        if (blk->vocab_chunks && (b != n - 1 || blk->nlinks || cls_tensor(blk)->cols < 2 ||
+                                  cls_tensor(blk)->alloc_rows % 64)) {
+            fy_log_error("model: block %s: only an unlinked head whose first tensor is its "
+                         "classifier takes vocabulary chunks", blk->name);
+            return FY_ERR_INVALID;
+        }
         if (blk->gather && (b != 0 || blk->ntensors != 1 || blk->tensors[0].offset != 0)) {
             fy_log_error("model: block %s: only the embedding can be a row table, of one tensor",
                          blk->name);
@@ -245,6 +259,40 @@ void fy_model_free(fy_model *m) {
     if (m->iface->free) m->iface->free(m->ctx);
     free(m->blocks);
     free(m);
+}
+
+void fy_model_chunk_view(const fy_block_spec *blk, fy_dtype dt, const void *base, int rows,
+                         float **fields, int n) {
+    FY_ASSERT(blk->ntensors == n && blk->vocab_chunks, "a chunk view of a vocab_chunks head");
+    const size_t es = fy_dtype_size(dt == FY_DTYPE_NONE ? FY_F32 : dt);
+    const fy_tensor_spec *cls = cls_tensor(blk);
+    const size_t skip = (size_t)(cls->alloc_rows - rows) * cls->cols;
+    for (int i = 0; i < n; i++) {
+        const size_t off = blk->tensors[i].offset;
+        fields[i] = base ? (float *)((char *)base + (off ? off - skip : 0) * es) : NULL;
+    }
+}
+
+fy_lm_chunks fy_model_head_chunks(const fy_model *m, int B, int T, fy_dtype dt) {
+    FY_ASSERT(m->iface->head_chunks, "a model without vocab_chunks heads has no chunks");
+    return m->iface->head_chunks(m, B, T, dt == FY_DTYPE_NONE ? FY_F32 : dt);
+}
+
+void fy_model_chunk_ranges(const fy_model *m, int b, fy_lm_chunks c, int k, size_t *rows_off,
+                           size_t *rows_nelem, size_t *tail_off, size_t *tail_nelem) {
+    const fy_block_spec *blk = &m->blocks[b];
+    const fy_tensor_spec *cls = cls_tensor(blk);
+    const size_t C = (size_t)cls->cols, whole = (size_t)cls->alloc_rows * C;
+    *rows_off = (size_t)fy_lm_chunk_v0(c, k) * C;
+    *rows_nelem = (size_t)fy_lm_chunk_nv(c, k) * C;
+    *tail_off = whole;
+    *tail_nelem = blk->nelem - whole;
+}
+
+size_t fy_model_chunk_view_nelem(const fy_model *m, int b, fy_lm_chunks c) {
+    const fy_tensor_spec *cls = cls_tensor(&m->blocks[b]);
+    const size_t C = (size_t)cls->cols;
+    return (size_t)c.rows * C + m->blocks[b].nelem - (size_t)cls->alloc_rows * C;
 }
 
 /* ---- accessors --------------------------------------------------------------------- */

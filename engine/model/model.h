@@ -44,6 +44,7 @@
 #include "engine/core/status.h"
 #include "engine/device/device.h"
 #include "engine/io/weights.h"
+#include "engine/model/lm_head.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -86,6 +87,10 @@ typedef struct fy_block_spec {
                            a table of just the micro-batch's rows, with the tokens
                            renumbered into it (fy_block_io.tokens), and give back the
                            gradient of those rows alone */
+    bool vocab_chunks;  /* a head whose tensor at offset 0 (Vp rows) is its own
+                           classifier, which its loss pass can take by vocabulary chunks
+                           (fy_model_head_chunks; fy_block_io.chunk): a streamed head then
+                           needs one chunk on the device at a time, not the whole matrix */
 } fy_block_spec;
 
 typedef struct fy_model fy_model;
@@ -155,7 +160,29 @@ typedef struct fy_block_io {
                                                      scale (1/(B*T*accum) for a mean), and
                                                      the backward runs too */
     float *loss;                                  /* loss: device fp32, the mean loss */
+    bool chunked;                                 /* loss of a vocab_chunks head: one
+                                                     chunk (below), not the whole pass */
+    int chunk;                                    /* chunked: the chunk, k */
+    bool chunk_bwd;                               /* chunked: its backward */
 } fy_block_io;
+
+/* A vocab_chunks head's loss, chunk by chunk (lm_head.h's order), with K chunks:
+ *   chunk k forward (chunked, chunk_bwd false), k = 0..K-1: k = 0 first runs what precedes the
+ *     classifier, k = K-1 writes the loss; in training (dloss != 0) chunk K-1 also runs
+ *     its backward on the logits it just made;
+ *   chunk k backward (chunk_bwd true, dloss != 0), k = K-2..0: k = 0 ends with d in (dx)
+ *     and the gradients of the head's other tensors.
+ * params and grads are then chunk views: the classifier's rows of chunk k (the chunk's
+ * rows region holds `rows` rows, fy_lm_chunks), followed by the block's other tensors
+ * (fy_model_chunk_view); grads is zeroed by the caller for every chunk. The whole pass
+ * (chunked false) computes the same bits. */
+fy_lm_chunks fy_model_head_chunks(const fy_model *m, int B, int T, fy_dtype dt);
+/* Elements of a chunk view of vocab_chunks block b with chunks c. */
+size_t fy_model_chunk_view_nelem(const fy_model *m, int b, fy_lm_chunks c);
+/* Element offsets, in block b's buffer, of the classifier rows of chunk k and of the
+ * other tensors (which a chunk view holds after `rows` rows). */
+void fy_model_chunk_ranges(const fy_model *m, int b, fy_lm_chunks c, int k, size_t *rows_off,
+                           size_t *rows_nelem, size_t *tail_off, size_t *tail_nelem);
 
 void fy_model_forward(const fy_model *m, int b, const fy_block_io *io, fy_stream *s);
 void fy_model_backward(const fy_model *m, int b, const fy_block_io *io, fy_stream *s);

@@ -29,6 +29,8 @@ typedef struct fy_model_iface {
     void (*forward)(const fy_model *m, int b, const fy_block_io *io, fy_stream *s);
     void (*backward)(const fy_model *m, int b, const fy_block_io *io, fy_stream *s);
     void (*loss)(const fy_model *m, int b, const fy_block_io *io, fy_stream *s);
+    /* a vocab_chunks head's chunks (may be NULL when no block has vocab_chunks) */
+    fy_lm_chunks (*head_chunks)(const fy_model *m, int B, int T, fy_dtype dt);
     void (*init_block)(const fy_model *m, int b, uint64_t seed, float *host);
     void (*cost)(const fy_model *m, int b, fy_pass pass, int B, int T, double es, fy_cost *out);
     /* weights files: name prefixes accepted on load ("transformer.") besides none,
@@ -72,6 +74,10 @@ void fy_model_place_tensors(fy_block_spec *blk);
 /* A block buffer (nelem elements of type dt) seen as its n tensors, in spec order: a
  * family's weight struct of float pointers filled as an array (NULL base: all NULL). */
 void fy_model_view(const fy_block_spec *blk, fy_dtype dt, const void *base, float **fields, int n);
+/* The same for a chunk view of a vocab_chunks head (model.h): its classifier rows region
+ * holds `rows` rows. */
+void fy_model_chunk_view(const fy_block_spec *blk, fy_dtype dt, const void *base, int rows,
+                         float **fields, int n);
 
 /* p[0..n) ~ N(0, std), from a stream of its own seeded by (seed, block, tensor), so a
  * block's initialisation does not depend on the order blocks are initialised in. */
