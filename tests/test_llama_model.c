@@ -446,6 +446,41 @@ Test(llama_model, a_chunked_head_is_bit_identical_and_smaller) {
     fy_model_free(m);
 }
 
+/* Evaluation through a chunked head (and a gathered embedding), by a training trainer
+ * and by an evaluation-only one (whose head is chunked whatever its optimizer): the
+ * all-resident plan's loss, bit for bit. */
+Test(llama_model, a_chunked_head_evaluates_the_same_bits) {
+    fy_model *m = plan_llama(false);
+    fy_tokens *tok = test_corpus();
+    fy_loader *ld;
+    cr_assert_eq(fy_loader_new(tok, 0, fy_tokens_count(tok), 2, T_SEQ, &ld), FY_OK);
+    int32_t x[2 * T_SEQ], y[2 * T_SEQ];
+    fy_loader_next(ld, x, y);
+    for (int d = 0; d < 2; d++) {
+        const fy_dtype dt = d ? FY_BF16 : FY_F32;
+        float loss[3];
+        for (int run = 0; run < 3; run++) {
+            fy_plan p = plan_of(m, 2, 1, run ? 1 : 0, run == 1 ? 1 : 0, 0, dt);
+            fy_dev_cfg dc = {.kind = FY_DEV_CPU, .threads = 2};
+            fy_dev *dev;
+            cr_assert_eq(fy_dev_new(&dc, &dev), FY_OK);
+            fy_trainer_cfg tc = {.model = m, .T = T_SEQ, .seed = 5, .plan = &p, .eval_only = run == 2};
+            fy_trainer *tr;
+            cr_assert_eq(fy_trainer_new(dev, &tc, &tr), FY_OK);
+            if (run) cr_expect(tr->st->chunks[fy_model_nblocks(m) - 1].chunked, "run %d: chunked", run);
+            cr_assert_eq(fy_trainer_eval(tr, x, y, &loss[run]), FY_OK);
+            fy_trainer_free(tr);
+            fy_dev_free(dev);
+            fy_plan_free(&p);
+        }
+        cr_expect(loss[1] == loss[0] && loss[2] == loss[0], "%s: %.9g, %.9g, %.9g",
+                  fy_dtype_name(dt), loss[0], loss[1], loss[2]);
+    }
+    fy_loader_free(ld);
+    fy_tokens_free(tok);
+    fy_model_free(m);
+}
+
 Test(llama_model, tied_and_accumulated_plans_are_bit_identical) {
     fy_model *m = plan_llama(true);
     result r32, r16;
