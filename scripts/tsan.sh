@@ -10,7 +10,10 @@
 #      bit-identical results with no report; and its failure tests (--filter
 #      'failure/*'), where a failing task cancels steps while the other lanes run on.
 #      Skipped with FERRY_TSAN_SCHED_ONLY=1;
-#   3. the ferry binary training with checkpoints written in the background (a writer
+#   3. test_llama_model's gathered embedding and chunked head (--filter
+#      'llama_model/a_gathered*' and 'llama_model/a_chunked*'): the load, fetch and
+#      gradient-copy lanes share the gathered rows; the chunk tasks share the head's slots;
+#   4. the ferry binary training with checkpoints written in the background (a writer
 #      thread beside the lanes, stream workers and the Adam pool), stopped by SIGTERM
 #      and resumed (also skipped with FERRY_TSAN_SCHED_ONLY=1).
 # Reports are also written to files (log_path) and the run fails if any exists, so a
@@ -41,7 +44,7 @@ if ! "${setup[@]}" >"$build/tsan-setup.log" 2>&1; then
     exit 1
 fi
 targets=(test_scheduler)
-[ "${FERRY_TSAN_SCHED_ONLY:-0}" = 1 ] || targets+=(test_offload ferry)
+[ "${FERRY_TSAN_SCHED_ONLY:-0}" = 1 ] || targets+=(test_offload test_llama_model ferry)
 if ! meson compile -C "$build" -j "$jobs" "${targets[@]}" >"$build/tsan-build.log" 2>&1; then
     tail -n 40 "$build/tsan-build.log" >&2
     echo "tsan.sh: build failed (full log: $build/tsan-build.log)" >&2
@@ -101,6 +104,10 @@ if [ "${FERRY_TSAN_SCHED_ONLY:-0}" != 1 ]; then
     run offload-irregular timeout 600 "$build/tests/test_offload" --jobs 1 \
         --filter 'offload/irregular*'
     run offload-failure timeout 600 "$build/tests/test_offload" --jobs 1 --filter 'failure/*'
+    run llama-gathered timeout 600 "$build/tests/test_llama_model" --jobs 1 \
+        --filter 'llama_model/a_gathered*'
+    run llama-chunked timeout 600 "$build/tests/test_llama_model" --jobs 1 \
+        --filter 'llama_model/a_chunked*'
 fi
 
 # a command that is not a Criterion suite: its exit status alone

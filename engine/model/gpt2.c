@@ -98,6 +98,9 @@ size_t fy_gpt2_head_acts_nbytes(const fy_gpt2_config *cfg, int B, int T, fy_dtyp
 size_t fy_gpt2_head_work_nbytes(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt) {
     DIMS; size_t total = 0; FY_GPT2_HEAD_WORK(FY_ACT_SIZE) return total;
 }
+size_t fy_gpt2_head_work_eval_nbytes(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt) {
+    DIMS; return fy_round_up((size_t)N * (size_t)fy_gpt2_chunks(cfg, N, es).rows * es, 64);
+}
 void fy_gpt2_layer_acts_bind(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt, void *base,
                              fy_gpt2_layer_acts *out) {
     DIMS; size_t off = 0; FY_GPT2_LAYER_ACTS(FY_ACT_BIND)
@@ -144,12 +147,12 @@ static fy_lm_chunks head_chunks(const fy_gpt2_config *cfg, int N, fy_stream *s) 
 }
 
 void fy_gpt2_head_fwd(const fy_gpt2_config *cfg, const fy_gpt2_head_w *w, const float *wte,
-                      const float *xL, fy_gpt2_head_acts *a, const int32_t *targets,
-                      float *loss_out, int B, int T, fy_stream *s) {
+                      const float *xL, fy_gpt2_head_acts *a, fy_gpt2_head_work *wk,
+                      const int32_t *targets, float *loss_out, int B, int T, fy_stream *s) {
     const int C = cfg->channels, N = B * T;
     fy_k_layernorm_fwd(a->lnf, a->lnf_mean, a->lnf_rstd, xL, w->lnfw, w->lnfb, N, C, s);
     fy_lm_head(&(fy_lm_head_io){.N = N, .C = C, .V = cfg->vocab, .chunks = head_chunks(cfg, N, s),
-                                .xn = a->lnf, .logits = a->logits, .max = a->lse_max,
+                                .xn = a->lnf, .logits = wk->logits, .max = a->lse_max,
                                 .sum = (double *)a->lse_sum, .tlogit = a->tlogit,
                                 .losses = a->losses, .targets = targets},
                wte, NULL, s);
@@ -165,7 +168,7 @@ void fy_gpt2_head_step(const fy_gpt2_config *cfg, const fy_gpt2_head_w *w,
     const int C = cfg->channels, N = B * T;
     fy_k_layernorm_fwd(a->lnf, a->lnf_mean, a->lnf_rstd, xL, w->lnfw, w->lnfb, N, C, s);
     fy_lm_head(&(fy_lm_head_io){.N = N, .C = C, .V = cfg->vocab, .chunks = head_chunks(cfg, N, s),
-                                .xn = a->lnf, .logits = a->logits, .max = a->lse_max,
+                                .xn = a->lnf, .logits = wk->logits, .max = a->lse_max,
                                 .sum = (double *)a->lse_sum, .tlogit = a->tlogit,
                                 .losses = a->losses, .targets = targets, .dloss = dloss,
                                 .dxn32 = wk->dlnf32, .dxn = wk->dlnf},
@@ -255,7 +258,8 @@ static void acts(const fy_model *m, int b, int B, int T, fy_dtype dt, bool train
         break;
     case FY_BLOCK_HEAD:
         out->saved = fy_gpt2_head_acts_nbytes(cfg, B, T, dt);
-        out->work = training ? fy_gpt2_head_work_nbytes(cfg, B, T, dt) : 0;
+        out->work = training ? fy_gpt2_head_work_nbytes(cfg, B, T, dt)
+                             : fy_gpt2_head_work_eval_nbytes(cfg, B, T, dt);
         break;
     default: break;
     }
@@ -313,14 +317,14 @@ static void loss(const fy_model *m, int b, const fy_block_io *io, fy_stream *s) 
     fy_gpt2_head_view(blk, dt, io->params, &w);
     fy_gpt2_embed_view(emb, dt, io->link_params[0], &ew);
     fy_gpt2_head_acts_bind(cfg, io->B, io->T, dt, io->saved, &a);
+    fy_gpt2_head_work wk; /* evaluation's workspace holds the logits alone */
+    fy_gpt2_head_work_bind(cfg, io->B, io->T, dt, io->work, &wk);
     if (io->dloss == 0.0f) {
-        fy_gpt2_head_fwd(cfg, &w, ew.wte, io->in, &a, io->targets, io->loss, io->B, io->T, s);
+        fy_gpt2_head_fwd(cfg, &w, ew.wte, io->in, &a, &wk, io->targets, io->loss, io->B, io->T, s);
         return;
     }
-    fy_gpt2_head_work wk;
     fy_gpt2_head_view(blk, dt, io->grads, &g);
     fy_gpt2_embed_view(emb, dt, io->link_grads[0], &eg);
-    fy_gpt2_head_work_bind(cfg, io->B, io->T, dt, io->work, &wk);
     fy_gpt2_head_step(cfg, &w, &g, ew.wte, eg.wte, io->in, &a, &wk, io->targets, io->dloss,
                       io->loss, io->dx, io->B, io->T, s);
 }

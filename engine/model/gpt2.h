@@ -150,22 +150,23 @@ static inline fy_lm_chunks fy_gpt2_chunks(const fy_gpt2_config *cfg, size_t N, s
 }
 
 /* The head's activations (its saved area, used within its loss pass): the final norm,
- * one vocabulary chunk of logits (overwritten by their gradient in a training step), the
- * classifier's running log-sum-exp (lse_sum fp64) and per-position losses. */
+ * the classifier's running log-sum-exp (lse_sum fp64) and per-position losses. */
 #define FY_GPT2_HEAD_ACTS(X)                            \
     X(lnf, (size_t)N * C, S)                             \
     X(lnf_mean, (size_t)N, F)                            \
     X(lnf_rstd, (size_t)N, F)                            \
-    X(logits, (size_t)N * (size_t)fy_gpt2_chunks(cfg, N, es).rows, S) \
     X(losses, (size_t)N, F)                              \
     X(lse_max, (size_t)N, F)                             \
     X(lse_sum, (size_t)N, D)                             \
     X(tlogit, (size_t)N, F)
 typedef struct fy_gpt2_head_acts { FY_GPT2_HEAD_ACTS(FY_GPT2_ACT_FIELD) } fy_gpt2_head_acts;
 
-/* The head's workspace in training: d lnf summed over the classifier's chunks in fp32,
- * and with bf16 storage d lnf rounded once. */
+/* The head's workspace (shared with the layers'): one vocabulary chunk of logits
+ * (overwritten by their gradient in a training step); in training also d lnf summed over
+ * the classifier's chunks in fp32, and with bf16 storage d lnf rounded once. Evaluation's
+ * is the logits alone (the first field). */
 #define FY_GPT2_HEAD_WORK(X)                             \
+    X(logits, (size_t)N * (size_t)fy_gpt2_chunks(cfg, N, es).rows, S) \
     X(dlnf32, (size_t)N * C, F)                          \
     X(dlnf, es == 2 ? (size_t)N * C : 0, S)
 typedef struct fy_gpt2_head_work { FY_GPT2_HEAD_WORK(FY_GPT2_ACT_FIELD) } fy_gpt2_head_work;
@@ -177,6 +178,7 @@ size_t fy_gpt2_layer_acts_nbytes(const fy_gpt2_config *cfg, int B, int T, fy_dty
 size_t fy_gpt2_layer_work_nbytes(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt);
 size_t fy_gpt2_head_acts_nbytes(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt);
 size_t fy_gpt2_head_work_nbytes(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt);
+size_t fy_gpt2_head_work_eval_nbytes(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt);
 void fy_gpt2_layer_acts_bind(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt, void *base,
                              fy_gpt2_layer_acts *out);
 void fy_gpt2_layer_work_bind(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt, void *base,
@@ -196,8 +198,8 @@ void fy_gpt2_layer_fwd(const fy_gpt2_config *cfg, const fy_gpt2_layer_w *w,
                        int B, int T, fy_stream *s);
 /* Evaluation: per-position losses and loss_out[0] = their mean. */
 void fy_gpt2_head_fwd(const fy_gpt2_config *cfg, const fy_gpt2_head_w *w, const float *wte,
-                      const float *xL, fy_gpt2_head_acts *a, const int32_t *targets,
-                      float *loss_out, int B, int T, fy_stream *s);
+                      const float *xL, fy_gpt2_head_acts *a, fy_gpt2_head_work *wk,
+                      const int32_t *targets, float *loss_out, int B, int T, fy_stream *s);
 /* A training step's head, forward and backward fused chunk by chunk: losses and
  * loss_out[0] as fy_gpt2_head_fwd, the loss scaled by dloss (1/(B*T*accum) for a mean
  * loss) differentiated: dwte += the classifier's part, g accumulates, dx = d xL. */

@@ -152,20 +152,24 @@ typedef struct head_w { float *norm, *lm_head; } head_w; /* lm_head absent when 
     X(dgu, N * 2 * Fn, S)                \
     X(dact, N * Fn, S)                   \
     X(datt, (size_t)B * NH * T * T, S)
-/* The head's saved activations (the classifier's running log-sum-exp among them), in
- * training also the fp32 accumulator of d lnf, kept from the classifier's first chunk's
- * backward to its last (lm_head.h); its training workspace, d lnf rounded to bf16. */
+/* The head's saved activations (the classifier's running log-sum-exp among them); in
+ * training the fp32 accumulator of d lnf (lm_head.h), which an untied head keeps in its
+ * saved area (a chunked head's backward is several tasks) and a tied one in the shared
+ * workspace; and its training workspace, d lnf rounded to bf16. */
 #define HEAD_ACTS(X)                            \
     X(lnf, N * C, S)                            \
     X(rstdf, N, F)                              \
-    X(logits, N * (size_t)fy_llama_chunks(cfg, N, es).rows, S) \
     X(losses, N, F)                             \
     X(lse_max, N, F)                            \
     X(lse_sum, N, D)                            \
     X(tlogit, N, F)
 #define HEAD_TRAIN(X)                           \
-    X(dlnf32, N * C, F)
+    X(dlnf32, cfg->tied ? 0 : N * C, F)
+#define HEAD_WORK_EVAL(X)                       \
+    X(logits, N * (size_t)fy_llama_chunks(cfg, N, es).rows, S)
 #define HEAD_WORK(X)                            \
+    HEAD_WORK_EVAL(X)                           \
+    X(dlnf32_work, cfg->tied ? N * C : 0, F)    \
     X(dlnf, es == 2 ? N * C : 0, S)
 
 typedef struct layer_acts { LAYER_ACTS(FY_ACT_FIELD) } layer_acts;
@@ -197,6 +201,7 @@ SIZE_FN(layer_work_eval_nbytes, LAYER_WORK_EVAL)
 SIZE_FN(head_acts_nbytes, HEAD_ACTS)
 SIZE_FN(head_train_nbytes, HEAD_ALL)
 SIZE_FN(head_work_nbytes, HEAD_WORK)
+SIZE_FN(head_work_eval_nbytes, HEAD_WORK_EVAL)
 BIND_FN(layer_acts_bind, layer_acts, LAYER_ACTS)
 BIND_FN(layer_work_bind, layer_work, LAYER_WORK)
 BIND_FN(head_acts_bind, head_acts, HEAD_ALL)
@@ -297,7 +302,7 @@ static void acts(const fy_model *m, int b, int B, int T, fy_dtype dt, bool train
         break;
     case FY_BLOCK_HEAD:
         out->saved = training ? head_train_nbytes(cfg, B, T, dt) : head_acts_nbytes(cfg, B, T, dt);
-        out->work = training ? head_work_nbytes(cfg, B, T, dt) : 0;
+        out->work = training ? head_work_nbytes(cfg, B, T, dt) : head_work_eval_nbytes(cfg, B, T, dt);
         break;
     default: break;
     }
@@ -359,12 +364,16 @@ static void loss(const fy_model *m, int b, const fy_block_io *io, fy_stream *s) 
         fy_model_view(blk, dt, io->grads, (float **)&g, blk->ntensors);
     }
     head_acts_bind(cfg, io->B, io->T, dt, io->saved, &a);
-    if (io->dloss != 0.0f) head_work_bind(cfg, io->B, io->T, dt, io->work, &wk);
-    else a.dlnf32 = NULL; /* evaluation's saved area ends before it */
+    head_work_bind(cfg, io->B, io->T, dt, io->work, &wk);
+    if (io->dloss == 0.0f) { /* evaluation's areas end before these */
+        a.dlnf32 = NULL;
+        wk.dlnf32_work = wk.dlnf = NULL;
+    }
     const fy_lm_head_io lio = {
-        .N = N, .C = C, .V = cfg->vocab, .chunks = ch, .xn = a.lnf, .logits = a.logits,
+        .N = N, .C = C, .V = cfg->vocab, .chunks = ch, .xn = a.lnf, .logits = wk.logits,
         .max = a.lse_max, .sum = (double *)a.lse_sum, .tlogit = a.tlogit, .losses = a.losses,
-        .targets = io->targets, .dloss = io->dloss, .dxn32 = a.dlnf32, .dxn = wk.dlnf};
+        .targets = io->targets, .dloss = io->dloss, .dxn32 = a.dlnf32 ? a.dlnf32 : wk.dlnf32_work,
+        .dxn = wk.dlnf};
     const bool first = !io->chunked || (io->chunk == 0 && !io->chunk_bwd);
     if (first) fy_k_rmsnorm_fwd(a.lnf, a.rstdf, io->in, w.norm, N, C, cfg->norm_eps, s);
     if (!io->chunked) {
@@ -380,7 +389,7 @@ static void loss(const fy_model *m, int b, const fy_block_io *io, fy_stream *s) 
     if (!io->chunked || (!io->chunk_bwd && io->chunk == ch.n - 1)) fy_k_mean(io->loss, a.losses, (size_t)N, s);
     if (io->dloss == 0.0f || (io->chunked && io->chunk > 0)) return;
     fy_memset_async(s, io->dx, 0, (size_t)N * C * fy_dtype_size(dt));
-    fy_k_rmsnorm_bwd(io->dx, g.norm, wk.dlnf ? wk.dlnf : a.dlnf32, io->in, w.norm, a.rstdf, N, C, s);
+    fy_k_rmsnorm_bwd(io->dx, g.norm, wk.dlnf ? wk.dlnf : lio.dxn32, io->in, w.norm, a.rstdf, N, C, s);
 }
 
 static fy_lm_chunks head_chunks(const fy_model *m, int B, int T, fy_dtype dt) {
