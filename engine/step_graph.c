@@ -188,6 +188,7 @@ static fy_block_io pass_io(const fy_trainer *tr, int b, const sg_task *p) {
                       .targets = tokens_dev(tr, p->micro) + tokens_n(tr)};
     for (int k = 0; k < blk->nlinks; k++)
         io.link_params[k] = params_for(tr, blk->links[k], p->u.pass.link_fetch[k]);
+    if (gathered(tr, b)) io.table_rows = st->gather.nrows[p->micro % 2];
     return io;
 }
 

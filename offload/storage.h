@@ -11,7 +11,10 @@
  *   grad_dev    gpu-optimised blocks: the device accumulator
  *   grad_host   cpu-optimised blocks: the host accumulator; with bf16 storage and one
  *               micro-batch a step, param_lp itself (grad_in_lp): the gradient lands
- *               there once every read of the step's parameters is done, and CPU AdamW
+ *               there once every read of the step's parameters is done (a chunked
+ *               head's: each chunk's rows once that chunk's reads are done, and its
+ *               other tensors, which every chunk's fetch reads, with the last chunk,
+ *               after the last fetch), and CPU AdamW
  *               reads it element by element as it writes the updated bf16 copy in its
  *               place, so a fully offloaded bf16 run holds 14 bytes a parameter on the
  *               host (fp32 master, m, v; one bf16 buffer) instead of 16
@@ -35,8 +38,8 @@
  * forward gets only the rows of the micro-batch's tokens (gathered on the host into a
  * pinned buffer and copied), and its backward gives back only those rows' gradient,
  * which the host scatters into the block's gradient; its staged copies then take
- * min(vocabulary, B*T) rows (Llama 3 8B at 1 x 2048: 16 MiB instead of 1 GiB), and the
- * layer ring serves it. The rows are the distinct tokens in increasing order, and each
+ * min(padded vocabulary, B*T) rows (Llama 3 8B at 1 x 2048: 16 MiB instead of 1 GiB),
+ * which the layer ring serves when they are no larger than a layer. The rows are the distinct tokens in increasing order, and each
  * row's gradient is the same sum in the same order as in the whole table, so the
  * arithmetic is the whole table's (the gradient norm is taken on the host over the
  * whole scattered gradient, as for accumulated blocks).
@@ -154,7 +157,9 @@ typedef struct fy_storage {
     } gather;
     float *loss_dev, *loss_host;      /* one per micro-batch */
     double *sumsq_dev, *sumsq_host;   /* one per block */
-    float *grad_host_tmp;     /* host landing slot for accumulated cpu-block gradients */
+    float *grad_host_tmp;     /* host landing slot: a micro-batch's gradient of a
+                                 cpu-optimised block that the host adds (accumulation) or
+                                 scatters (a gathered block) into grad_host */
     void *arena[2];           /* host state: the pageable [0] and the pinned [1] arena */
     size_t arena_nbytes[2];
     bool arena_pinned;        /* the pinned arena is pinned (the system may refuse) */

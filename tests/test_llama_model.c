@@ -481,6 +481,85 @@ Test(llama_model, a_chunked_head_evaluates_the_same_bits) {
     fy_model_free(m);
 }
 
+/* A vocabulary much larger than a micro-batch (2048 rows, 32 positions: the gathered
+ * embedding takes at most 32 rows, the head 11 chunks of 192), three micro-batches a
+ * step, fp32 and bf16: training, evaluation after it, and a step that fails mid-way
+ * (a chunk's gradient copy, after a chunk landed in the bf16 copy) and is run again,
+ * all give the all-resident run's bits. */
+Test(llama_model, a_large_vocabulary_gathered_and_chunked) {
+    fy_llama_config c = {.vocab = 2048, .max_seq = 32, .channels = 32, .layers = 2, .heads = 4,
+                         .kv_heads = 2, .head_dim = 8, .ffn = 48, .norm_eps = 1e-5f,
+                         .rope = {FY_ROPE_DEFAULT, 10000.0f, 1.0f, 1.0f, 1.0f, 1.0f}};
+    fy_model *m;
+    cr_assert_eq(fy_llama_new(&c, NULL, &m), FY_OK);
+    fy_tokens *tok = test_corpus();
+    enum { A = 3, NST = 4 };
+    const size_t N = 2 * T_SEQ;
+    int32_t *x = malloc(NST * A * N * 4), *y = malloc(NST * A * N * 4);
+    fy_loader *ld;
+    cr_assert_eq(fy_loader_new(tok, 0, fy_tokens_count(tok), 2, T_SEQ, &ld), FY_OK);
+    for (int i = 0; i < NST * A; i++) fy_loader_next(ld, x + i * N, y + i * N);
+    for (int d = 0; d < 2; d++) {
+        const fy_dtype dt = d ? FY_BF16 : FY_F32;
+        for (int acc = 1; acc <= A; acc += A - 1) { /* one micro-batch a step, and three */
+            float loss[3][NST], eval[3];
+            float *w[3][4];
+            for (int run = 0; run < 3; run++) { /* all-resident, offloaded, offloaded failing */
+                fy_plan p = plan_of(m, 2, acc, run ? 1 : 0, run ? 1 : 0, 0, dt);
+                fy_dev_cfg dc = {.kind = FY_DEV_CPU, .threads = 2};
+                fy_dev *dev;
+                cr_assert_eq(fy_dev_new(&dc, &dev), FY_OK);
+                fy_trainer_cfg tc = {.model = m, .T = T_SEQ, .beta1 = 0.9f, .beta2 = 0.95f,
+                                     .eps = 1e-8f, .weight_decay = 0.1f, .clip = 1.0f, .seed = 9,
+                                     .plan = &p};
+                fy_trainer *tr;
+                cr_assert_eq(fy_trainer_new(dev, &tc, &tr), FY_OK);
+                if (run) {
+                    cr_expect_eq(tr->st->gather.block, 0);
+                    cr_expect(tr->st->chunks[3].chunked && tr->st->head_chunks.n == 11,
+                              "%d chunks", tr->st->head_chunks.n);
+                }
+                for (int s = 0; s < NST; s++) {
+                    const size_t at = (size_t)s * acc * N;
+                    fy_step_stats ss;
+                    if (run == 2 && s == 2) { /* chunk 5's gradient copy of the step's last micro */
+                        fy_trainer_inject_failure(tr, FY_T_D2H_GRAD, 3, (int64_t)s * acc + acc - 1,
+                                                  FY_ERR_IO);
+                        cr_assert_eq(fy_trainer_step(tr, x + at, y + at, 1e-2f, &ss), FY_ERR_IO);
+                    }
+                    cr_assert_eq(fy_trainer_step(tr, x + at, y + at, 1e-2f, &ss), FY_OK);
+                    loss[run][s] = ss.loss;
+                }
+                cr_assert_eq(fy_trainer_eval(tr, x, y, &eval[run]), FY_OK);
+                for (int b = 0; b < 4; b++) {
+                    w[run][b] = malloc(fy_model_block(m, b)->nelem * 4);
+                    fy_trainer_get_params(tr, b, w[run][b]);
+                }
+                fy_trainer_free(tr);
+                fy_dev_free(dev);
+                fy_plan_free(&p);
+            }
+            for (int run = 1; run < 3; run++) {
+                for (int s = 0; s < NST; s++)
+                    cr_expect(loss[run][s] == loss[0][s], "%s, %d micro-batches, run %d: step %d "
+                              "loss %.9g vs %.9g", fy_dtype_name(dt), acc, run, s, loss[run][s], loss[0][s]);
+                cr_expect(eval[run] == eval[0], "%s, %d micro-batches, run %d: evaluation",
+                          fy_dtype_name(dt), acc, run);
+                for (int b = 0; b < 4; b++)
+                    cr_expect(!memcmp(w[run][b], w[0][b], fy_model_block(m, b)->nelem * 4),
+                              "%s, %d micro-batches, run %d: block %d", fy_dtype_name(dt), acc, run, b);
+            }
+            for (int run = 0; run < 3; run++)
+                for (int b = 0; b < 4; b++) free(w[run][b]);
+        }
+    }
+    free(x);
+    free(y);
+    fy_loader_free(ld);
+    fy_tokens_free(tok);
+    fy_model_free(m);
+}
+
 Test(llama_model, tied_and_accumulated_plans_are_bit_identical) {
     fy_model *m = plan_llama(true);
     result r32, r16;

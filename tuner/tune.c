@@ -53,10 +53,14 @@ void fy_tune_costs(const fy_profile *p, fy_trainer *dry, int adam_threads) {
         const double P = (double)fy_model_block(m, b)->nelem, nb = P * es;
         const double back = es == 4.0 ? nb : nb + P * 4.0;
         /* a gathered block moves its micro-batch's rows (at most B*T of them); the host
-         * then zeroes, scatters into and sums its whole gradient, two passes where
-         * AdamW makes about eight */
+         * then zeroes, scatters into and sums its whole gradient once a step, two passes
+         * where AdamW makes about eight; a chunked head's chunks land on the host and the
+         * last takes the whole gradient's norm (the same pass, spread over its K copies) */
         const double stage = (double)st->chunks[b].stage_nelem * es;
-        const double scatter = st->chunks[b].gathered && adam > 0 ? P / adam * 1e3 / 4.0 : 0.0;
+        const double host_pass = adam > 0 ? P / adam * 1e3 / 4.0 : 0.0;
+        const double scatter = st->chunks[b].gathered ? host_pass / st->plan.grad_accum
+                             : st->chunks[b].chunked ? host_pass / 2.0 / st->head_chunks.n
+                                                     : 0.0;
         fy_trainer_set_cost(dry, FY_T_H2D_PARAM, b, xfer_ms(stage, p->h2d_gbps, p->latency_ms));
         fy_trainer_set_cost(dry, FY_T_H2D_UPDATE, b, xfer_ms(nb, p->h2d_gbps, p->latency_ms));
         fy_trainer_set_cost(dry, FY_T_D2H_GRAD, b,
@@ -75,11 +79,13 @@ void fy_tune_costs(const fy_profile *p, fy_trainer *dry, int adam_threads) {
                 ms = analytic_ms(p, m, k, b, B, T, es);
             fy_trainer_set_cost(dry, (fy_task_kind)k, b, ms > 0 ? ms : 0.0);
         }
-        if (st->chunks[b].chunked) { /* its loss pass by K chunks: a forward each (a third of
-                                        the pass's work), then a backward each (recompute
-                                        and backward: the whole pass's share) */
+        if (st->chunks[b].chunked) {
+            /* its loss pass by K chunks: K head tasks, a forward each (a third of a
+             * chunk's share of the pass) and the last also its backward (two thirds),
+             * costed at their mean, (K + 2) / (3K) of the pass over K tasks; then K - 1
+             * backward tasks (recompute and backward: a chunk's whole share) */
             const double loss = fy_trainer_cost(dry, FY_T_HEAD, b), K = st->head_chunks.n;
-            fy_trainer_set_cost(dry, FY_T_HEAD, b, loss / 3.0 / K);
+            fy_trainer_set_cost(dry, FY_T_HEAD, b, loss * (K + 2.0) / (3.0 * K * K));
             fy_trainer_set_cost(dry, FY_T_BWD, b, loss / K);
         }
     }

@@ -314,7 +314,7 @@ static void forward(const fy_model *m, int b, const fy_block_io *io, fy_stream *
     const fy_dtype dt = fy_stream_dtype(s);
     if (blk->kind == FY_BLOCK_EMBED) {
         fy_k_encoder_fwd(io->out, io->tokens, io->params, NULL, io->B, io->T, cfg->channels,
-                         cfg->vocab, s);
+                         io->table_rows ? io->table_rows : cfg->vocab, s);
         return;
     }
     layer_w w;
@@ -332,7 +332,7 @@ static void backward(const fy_model *m, int b, const fy_block_io *io, fy_stream 
     const fy_dtype dt = fy_stream_dtype(s);
     if (blk->kind == FY_BLOCK_EMBED) {
         fy_k_encoder_bwd(io->grads, NULL, io->dx, io->tokens, io->B, io->T, cfg->channels,
-                         cfg->vocab, s);
+                         io->table_rows ? io->table_rows : cfg->vocab, s);
         return;
     }
     layer_w w, g;

@@ -11,7 +11,8 @@
  *
  * Chunks: the classifier's rows are cut into K chunks of at most `rows` (fy_lm_chunks:
  * a multiple of 64, the chunks as even as that allows). A chunk's logits for all N
- * positions take at most FY_LM_LOGIT_CHUNK_NBYTES, and a family may bound the rows
+ * positions take at most FY_LM_LOGIT_CHUNK_NBYTES (but a chunk has at least 64 rows,
+ * which take more past 2^20 positions in fp32, 2^21 in bf16), and a family may bound the rows
  * further so that a chunk of the matrix is no larger than a layer (an untied classifier,
  * which streams through the layers' slots chunk by chunk). The forward runs the chunks
  * in order with an online log-sum-exp (a running max and fp64 sum per position,

@@ -155,6 +155,10 @@ typedef struct fy_block_io {
     void *work;                                   /* .work bytes (the largest of all) */
     void *dx;                                     /* backward: d out in, d in out */
     const int32_t *tokens;                        /* (B, T): embedding input */
+    int table_rows;                               /* a gathered pass of a gather block:
+                                                     the rows params and grads hold (the
+                                                     tokens are renumbered into them);
+                                                     0: the whole table */
     const int32_t *targets;                       /* (B, T): head */
     float dloss;                                  /* loss: 0 evaluates; else the loss's
                                                      scale (1/(B*T*accum) for a mean), and
