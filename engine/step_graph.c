@@ -1,16 +1,25 @@
 /* step_graph.c — training steps (and evaluation) as task graphs for the scheduler.
  *
  * For each step of a window and each micro-batch m of it (the builders below):
- *   forward   load(m)          h2d      micro-batch m into the token buffer m%2
+ *   forward   load(m)          h2d      micro-batch m into the token buffer m%2 (and a
+ *                                       gathered block's rows: its distinct tokens)
  *             h2d_param(b)     h2d      a streamed block's parameters into a staging slot
+ *                                       (a gathered block's rows, a chunked head's chunk)
  *             fwd(b)           compute  the embedding, then each layer
  *   head      gopen(l)         compute  a zeroed gradient slot for a staged block l the
  *                                       head adds into before l's own backward (links)
- *             head(m)          compute  the head's loss pass: forward, loss and backward
- *   backward  recompute(b)     compute  a checkpointed layer's forward again
+ *             head(m)          compute  the head's loss pass: forward, loss and backward;
+ *                                       a chunked head's, one task per vocabulary chunk
+ *                                       forward, the last with its chunk's backward
+ *   backward  bwd(head, k)     compute  a chunked head: each earlier chunk's backward
+ *             recompute(b)     compute  a checkpointed layer's forward again
  *             bwd(b)           compute  layers, then the embedding
- *             d2h_grad(b)      d2h      a cpu-optimised block's gradient to the host
+ *             d2h_grad(b)      d2h      a cpu-optimised block's gradient to the host (a
+ *                                       chunked head's chunk by chunk; a gathered block's
+ *                                       rows, scattered on the host)
  * and once per step:
+ *   reduce    reduce(b)        comm     data parallel: each block's gradient summed over
+ *                                       the ranks, in one order on every rank
  *   update    norm(t)          cpu      global gradient norm, clip coefficient, mean loss
  *             adam_gpu(b)      compute  (with h2d_param and d2h_param around it when streamed)
  *             adam_cpu(b)      cpu      optim_cpu on the host master
@@ -60,7 +69,7 @@
 
 static const char *kind_names[FY_T_COUNT] = {
     "load", "h2d_param", "fwd", "gopen", "head", "recompute", "bwd", "d2h_grad", "norm",
-    "adam_gpu", "d2h_param", "adam_cpu", "h2d_update", "collect"};
+    "adam_gpu", "d2h_param", "adam_cpu", "h2d_update", "collect", "reduce"};
 
 const char *fy_task_kind_name(int kind) {
     return kind >= 0 && kind < FY_T_COUNT ? kind_names[kind] : "?";
@@ -107,9 +116,16 @@ static bool staged(const fy_trainer *tr, int b) { return tr->st->chunks[b].needs
 static fy_ring_id ring(const fy_trainer *tr, int b) { return tr->st->chunks[b].ring; }
 static size_t tokens_n(const fy_trainer *tr) { return (size_t)tr->plan.micro_batch * tr->st->T; }
 static int step_of(const fy_trainer *tr, const sg_task *p) { return p->micro / accum(tr); }
+/* The batch number next_batch is asked for: evaluation's, or training's counted from the
+ * trainer's first step; in a data-parallel job the step's global numbers, this rank
+ * taking [rank*A, rank*A + A) of each step's world*A (trainer.h). */
 static int64_t abs_micro(const fy_trainer *tr, const sg_task *p) {
-    return (tr->eval ? tr->eval_base : tr->micro_base) + p->micro;
+    if (tr->eval) return tr->eval_base + p->micro;
+    const int64_t m = tr->micro_base + p->micro, A = accum(tr);
+    return (m / A) * A * tr->world + (int64_t)tr->rank * A + m % A;
 }
+/* Whether gradients are summed over the ranks (their norm is then taken after). */
+static bool dp(const fy_trainer *tr) { return tr->world > 1; }
 
 /* The buffer of the unit task `id` took from a parameter or a gradient pool: its block's
  * ring (a fetch's block, a gopen's, or a backward pass's own). */
@@ -168,7 +184,9 @@ static void grad_close(fy_trainer *tr, int b, int a, const void *g) {
         if (a == 0) fy_copy_async(tr->s, c->grad_dev, g, fy_tr_nbytes(tr, b), FY_D2D);
         else fy_k_residual_fwd(c->grad_dev, c->grad_dev, g, c->nelem, tr->s);
     }
-    if (a != accum(tr) - 1 || c->gathered || c->chunked) return; /* theirs: on the host */
+    /* a gathered or chunked block's norm is taken on the host, a data-parallel job's
+     * after the sum over ranks */
+    if (a != accum(tr) - 1 || c->gathered || c->chunked || dp(tr)) return;
     const void *final = !fy_tr_cpu_optim(tr, b) ? c->grad_dev : accum(tr) == 1 ? g : NULL;
     if (!final) return;
     fy_k_sumsq(st->sumsq_dev + b, final, c->nelem, tr->s);
@@ -203,7 +221,7 @@ static void bind_grads(fy_trainer *tr, int b, const sg_task *p, int self, fy_blo
 
 /* The scale of a training step's mean loss: 1/(B*T*accum). */
 static float loss_scale(const fy_trainer *tr) {
-    return (float)(1.0 / ((double)tokens_n(tr) * accum(tr)));
+    return (float)(1.0 / ((double)tokens_n(tr) * accum(tr) * tr->world));
 }
 
 /* ---- runners: each queues its block's work on its lane ---------------------------------- */
@@ -347,6 +365,12 @@ static fy_status run_bwd(fy_trainer *tr, int id, const fy_task *t, const sg_task
     return FY_OK;
 }
 
+/* The sum of squares of n elements of the storage type in host memory (fy_k_sumsq's
+ * bits on the cpu backend). */
+static double host_sumsq(const fy_trainer *tr, const void *g, size_t n) {
+    return fy_tr_lp(tr) ? fy_sumsq_bf16((const uint16_t *)g, n) : fy_sumsq((const float *)g, n);
+}
+
 /* The host's sum of micro-batch gradients: acc[i] += add[i] for n elements of the
  * storage type (fp32 sums, rounded to the storage type: the device's accumulation). */
 static void host_add(const fy_trainer *tr, void *acc, const void *add, size_t n) {
@@ -379,9 +403,7 @@ static void scatter_rows(fy_trainer *tr, int b, int micro, const void *g) {
         if (a == 0) memcpy(acc + (size_t)rows[k] * row, tmp + (size_t)k * row, row);
         else host_add(tr, acc + (size_t)rows[k] * row, tmp + (size_t)k * row, row / st->es);
     }
-    if (a == accum(tr) - 1)
-        st->sumsq_host[b] = fy_tr_lp(tr) ? fy_sumsq_bf16((const uint16_t *)acc, c->nelem)
-                                         : fy_sumsq((const float *)acc, c->nelem);
+    if (a == accum(tr) - 1 && !dp(tr)) st->sumsq_host[b] = host_sumsq(tr, acc, c->nelem);
 }
 
 /* A chunked head's d2h_grad of chunk k: its rows' gradient (and with k = 0, the last,
@@ -407,10 +429,9 @@ static void land_chunk(fy_trainer *tr, int b, int micro, int k, const void *g) {
         host_add(tr, acc + ro * es, tmp, rn);
         if (k == 0) host_add(tr, acc + to * es, tmp + rn * es, tn);
     }
-    if (k != 0 || a != accum(tr) - 1) return;
+    if (k != 0 || a != accum(tr) - 1 || dp(tr)) return;
     fy_stream_sync(tr->s_d2h);
-    st->sumsq_host[b] = fy_tr_lp(tr) ? fy_sumsq_bf16((const uint16_t *)acc, c->nelem)
-                                     : fy_sumsq((const float *)acc, c->nelem);
+    st->sumsq_host[b] = host_sumsq(tr, acc, c->nelem);
 }
 
 /* d2h_grad: the first micro-batch lands in grad_host, later ones in the landing slot and
@@ -432,9 +453,18 @@ static fy_status run_d2h_grad(fy_trainer *tr, int id, const fy_task *t, const sg
     if (accum(tr) == 1) return FY_OK;
     fy_stream_sync(tr->s_d2h);
     if (a > 0) host_add(tr, c->grad_host, dst, c->nelem);
-    if (a == accum(tr) - 1)
-        tr->st->sumsq_host[b] = fy_tr_lp(tr) ? fy_sumsq_bf16((const uint16_t *)c->grad_host, c->nelem)
-                                             : fy_sumsq(c->grad_host, c->nelem);
+    if (a == accum(tr) - 1 && !dp(tr)) tr->st->sumsq_host[b] = host_sumsq(tr, c->grad_host, c->nelem);
+    return FY_OK;
+}
+
+/* reduce (data parallel): block b's step gradient summed over the ranks in rank order, in
+ * place (the cpu backend's device memory is host memory), then its norm. */
+static fy_status run_reduce(fy_trainer *tr, int id, const fy_task *t, const sg_task *p) {
+    const int b = t->block;
+    const fy_chunk *c = &tr->st->chunks[b];
+    void *g = fy_tr_cpu_optim(tr, b) ? (void *)c->grad_host : (void *)c->grad_dev;
+    FY_TRY(fy_comm_sum(tr->comm, g, c->nelem, fy_tr_dt(tr)));
+    tr->st->sumsq_host[b] = host_sumsq(tr, g, c->nelem);
     return FY_OK;
 }
 
@@ -445,8 +475,9 @@ static fy_status run_norm(fy_trainer *tr, int id, const fy_task *t, const sg_tas
     double ss = 0.0, loss = 0.0;
     for (int b = 0; b < fy_tr_nblocks(tr); b++) ss += st->sumsq_host[b];
     for (int a = 0; a < accum(tr); a++) loss += st->loss_host[a];
+    if (dp(tr)) FY_TRY(fy_comm_sum(tr->comm, &loss, 1, FY_COMM_F64)); /* rank order */
     float norm = (float)sqrt(ss);
-    out->loss = (float)(loss / accum(tr));
+    out->loss = (float)(loss / ((double)accum(tr) * tr->world));
     out->grad_norm = norm;
     out->clip_coef = 1.0f;
     out->skipped = !isfinite(norm);
@@ -567,7 +598,7 @@ static const runner runners[FY_T_COUNT] = {
     [FY_T_BWD] = run_bwd, [FY_T_D2H_GRAD] = run_d2h_grad, [FY_T_NORM] = run_norm,
     [FY_T_ADAM_GPU] = run_adam_gpu, [FY_T_D2H_PARAM] = run_d2h_param,
     [FY_T_ADAM_CPU] = run_adam_cpu, [FY_T_H2D_UPDATE] = run_h2d_update,
-    [FY_T_COLLECT] = run_collect,
+    [FY_T_COLLECT] = run_collect, [FY_T_REDUCE] = run_reduce,
 };
 
 /* Makes task t's work wait for the work of task `before`: on the device when t has a
@@ -663,6 +694,7 @@ typedef struct builder {
     bool *opened;           /* per block, this micro-batch: its gradient is open */
     int shared_user;        /* the last task that used the recompute buffer */
     int prev_load, load_war[2], load_buf[2], prev_norm;
+    int prev_reduce;        /* the last reduce: they run in one order on every rank */
 } builder;
 
 /* A new task; its payload zeroed but for the micro-batch (the builders fill the member of
@@ -932,6 +964,22 @@ static void build_backward(builder *bd, int m, int head) {
     }
 }
 
+/* Data parallel: each block's step gradient summed over the ranks, once it is complete,
+ * in the order gradients complete (head, layers down, embedding). The reduces are
+ * chained: every rank runs the same collectives in the same order whatever is ready
+ * first. The norm and the updates then wait for them. */
+static void build_reduce(builder *bd, int tm) {
+    for (int b = bd->nb - 1; b >= 0; b--) {
+        int r = add(bd, FY_LANE_COMM, FY_T_REDUCE, b, tm);
+        if (r < 0) return;
+        dep(bd, bd->final_grad[b], r);
+        dep(bd, bd->last_d2h[b], r);
+        dep(bd, bd->prev_reduce, r);
+        bd->prev_reduce = bd->final_grad[b] = r;
+        if (bd->last_d2h[b] >= 0) bd->last_d2h[b] = r;
+    }
+}
+
 /* Step t's norm, after every gradient and loss of the step (tm: its last micro-batch). */
 static int build_norm(builder *bd, int tm, const int *heads) {
     int nm = add(bd, FY_LANE_CPU, FY_T_NORM, -1, tm);
@@ -1011,7 +1059,7 @@ static fy_status builder_init(builder *bd, fy_trainer *tr, fy_graph *g, bool bar
     if (!bd->ready || !bd->last_bwd || !bd->final_grad || !bd->last_d2h || !bd->grad || !bd->opened)
         return FY_ERR_NOMEM;
     for (size_t b = 0; b < n; b++) bd->ready[b] = bd->last_bwd[b] = bd->last_d2h[b] = -1;
-    bd->shared_user = bd->prev_load = bd->prev_norm = -1;
+    bd->shared_user = bd->prev_load = bd->prev_norm = bd->prev_reduce = -1;
     bd->load_war[0] = bd->load_war[1] = bd->load_buf[0] = bd->load_buf[1] = -1;
     return FY_OK;
 }
@@ -1047,6 +1095,7 @@ static fy_status build_train(fy_trainer *tr, fy_graph *g, int nsteps, bool barri
             bd.load_war[m % 2] = gathered(tr, 0) ? bd.last_d2h[0] : bd.last_bwd[0];
         }
         const int tm = t * A + A - 1; /* per-step tasks carry the step's last micro-batch */
+        if (dp(tr)) build_reduce(&bd, tm);
         build_update(&bd, tm, build_norm(&bd, tm, heads));
     }
     if (st != FY_OK) { builder_end(&bd); return st; }

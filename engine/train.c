@@ -82,17 +82,21 @@ static fy_status batch_from(void *ctx, int64_t micro, int32_t *x, int32_t *y) {
  * stopped and resumed. */
 typedef struct train_batches {
     fy_loader *ld;
-    int64_t accum, steps_per_pass;
+    int64_t accum, steps_per_pass; /* accum: micro-batches a step, over all ranks */
+    bool alone;                    /* one process: a signal may stop it within a window */
 } train_batches;
 
 static fy_status train_batch(void *ctx, int64_t micro, int32_t *x, int32_t *y) {
     const train_batches *tb = ctx;
-    if (atomic_load(&fy_train_stop_signal)) return FY_INTERRUPTED; /* this step applies nothing */
+    /* this step applies nothing; a data-parallel job stops between windows, together */
+    if (tb->alone && atomic_load(&fy_train_stop_signal)) return FY_INTERRUPTED;
     const int64_t step = micro / tb->accum, j = micro % tb->accum;
     FY_TRY(fy_loader_seek_batch(tb->ld, (step % tb->steps_per_pass) * tb->accum + j));
     fy_loader_next(tb->ld, x, y);
     return FY_OK;
 }
+
+static int world_of(const fy_train_cfg *c) { return c->comm ? fy_comm_size(c->comm) : 1; }
 
 /* ---- the run ------------------------------------------------------------------------------ */
 
@@ -164,9 +168,10 @@ static fy_status open_data(run *r) {
         train_end = n - (size_t)((double)n * c->val_split);
     }
     FY_TRY(fy_loader_new(r->train_tok, 0, train_end, B, T, &r->train));
-    const int64_t A = c->plan->grad_accum;
+    const int64_t A = c->plan->grad_accum * world_of(c);
     r->train_end = train_end;
-    r->batches = (train_batches){r->train, A, (int64_t)fy_loader_batches(r->train) / A};
+    r->batches = (train_batches){r->train, A, (int64_t)fy_loader_batches(r->train) / A,
+                                 world_of(c) == 1};
     if (r->batches.steps_per_pass < 1) {
         fy_log_error("%s: %zu training tokens, fewer than one step needs (%lld micro-batches of "
                      "%d x %d, and one more token)", fy_tokens_label(r->train_tok), train_end,
@@ -254,7 +259,8 @@ static fy_status build_config(run *r) {
     }
     cJSON_AddStringToObject(o, "model", sig);
     cJSON_AddNumberToObject(o, "seq", c->seq);
-    cJSON_AddNumberToObject(o, "sequences_per_step", (double)c->plan->micro_batch * c->plan->grad_accum);
+    cJSON_AddNumberToObject(o, "sequences_per_step",
+                            (double)c->plan->micro_batch * c->plan->grad_accum * world_of(c));
     cJSON_AddNumberToObject(o, "micro_batch", c->plan->micro_batch);
     cJSON_AddNumberToObject(o, "grad_accum", c->plan->grad_accum);
     cJSON_AddStringToObject(o, "dtype", fy_dtype_name(c->plan->dtype));
@@ -512,6 +518,11 @@ static fy_status resume_from(run *r, const fy_ckpt *ck) {
 
 static fy_status setup(run *r) {
     const fy_train_cfg *c = r->cfg;
+    if (world_of(c) > 1 && (c->ckpt_dir || c->resume)) {
+        fy_log_error("checkpoints in a job of several processes are not built yet: run "
+                     "without --checkpoint-dir and --resume");
+        return FY_ERR_UNSUPPORTED;
+    }
     if (c->save) FY_TRY(fy_model_save_check(c->save)); /* fail now, not after the run */
     FY_TRY(open_data(r));
     fy_ckpt *ck = NULL;
@@ -536,12 +547,13 @@ static fy_status setup_run(run *r, const fy_ckpt *ck) {
                          .beta2 = c->beta2, .eps = c->eps, .weight_decay = c->weight_decay,
                          .clip = c->clip, .seed = c->seed,
                          .weights = ck ? fy_ckpt_weights(ck) : c->init,
-                         .schedule = c->schedule, .adam_threads = c->adam_threads};
+                         .schedule = c->schedule, .adam_threads = c->adam_threads,
+                         .comm = c->comm};
     FY_TRY(fy_trainer_new(r->dev, &tc, &r->tr));
     if (ck) FY_TRY(resume_from(r, ck));
     fy_storage_model(c->model, c->plan, c->seq, &r->model);
     FY_TRY(setup_snapshot(r));
-    r->N = (size_t)c->plan->micro_batch * c->seq * c->plan->grad_accum;
+    r->N = (size_t)c->plan->micro_batch * c->seq * c->plan->grad_accum * (size_t)world_of(c);
     return FY_OK;
 }
 
@@ -780,10 +792,10 @@ fy_status fy_train(const fy_train_cfg *cfg) {
     r.t_start = fy_now_ms();
     int64_t s0 = r.start;
     while (s0 < cfg->steps && st == FY_OK) {
-        if (atomic_load(&fy_train_stop_signal)) {
-            st = FY_INTERRUPTED;
-            break;
-        }
+        int32_t stop = atomic_load(&fy_train_stop_signal) != 0;
+        if (cfg->comm) st = fy_comm_max_i32(cfg->comm, &stop); /* every rank stops, or none */
+        if (st == FY_OK && stop) st = FY_INTERRUPTED;
+        if (st != FY_OK) break;
         /* a window of steps runs as one task graph; it ends at a validation point and at a
          * checkpoint */
         int64_t n = cfg->steps - s0 < TRAIN_WINDOW ? cfg->steps - s0 : TRAIN_WINDOW;

@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "engine/comm/comm.h"
 #include "engine/device/device.h"
 #include "engine/model/model.h"
 #include "offload/plan.h"
@@ -31,6 +32,10 @@ typedef struct fy_train_cfg {
     const fy_plan *plan;        /* micro-batch, accumulation, placement, storage type */
     int seq;                    /* T */
     const fy_weights *init;     /* weights to start from, or NULL: initialised from seed */
+    fy_comm *comm;              /* data parallel: the job's processes (NULL: alone); a step
+                                   is then size x grad_accum micro-batches (trainer.h), and
+                                   only rank 0 should be given outputs (metrics, save,
+                                   trace); checkpoints are refused for now */
     /* data: text or token shards; NULL data: the embedded corpus (with its own
      * validation text unless val_data is given) */
     const char *data, *val_data;

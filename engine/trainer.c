@@ -91,6 +91,9 @@ fy_status fy_trainer_setup_plan(fy_trainer *tr, const fy_trainer_cfg *cfg) {
                                    &tr->plan));
     tr->cfg.B = tr->plan.micro_batch;
     tr->cfg.grad_accum = tr->plan.grad_accum;
+    tr->comm = cfg->comm;
+    tr->world = cfg->comm ? fy_comm_size(cfg->comm) : 1;
+    tr->rank = cfg->comm ? fy_comm_rank(cfg->comm) : 0;
     return FY_OK;
 }
 
@@ -101,6 +104,13 @@ fy_status fy_trainer_new(fy_dev *dev, const fy_trainer_cfg *cfg, fy_trainer **ou
     tr->dev = dev;
     fy_status st = fy_trainer_setup_plan(tr, cfg);
     if (st != FY_OK) goto fail;
+    if (tr->world > 1 && fy_dev_get_kind(dev) != FY_DEV_CPU) {
+        fy_log_error("data parallel runs on the cpu backend so far (the %s backend's NCCL "
+                     "collectives are not built yet): --device cpu, or one process",
+                     fy_dev_kind_name(fy_dev_get_kind(dev)));
+        st = FY_ERR_UNSUPPORTED;
+        goto fail;
+    }
     if ((st = fy_stream_new(dev, "compute", &tr->s)) != FY_OK ||
         (st = fy_stream_new(dev, "h2d", &tr->s_h2d)) != FY_OK ||
         (st = fy_stream_new(dev, "d2h", &tr->s_d2h)) != FY_OK)

@@ -35,6 +35,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "engine/comm/comm.h"
 #include "engine/device/device.h"
 #include "engine/io/safetensors.h"
 #include "engine/model/model.h"
@@ -59,6 +60,12 @@ typedef struct fy_trainer_cfg {
     fy_sched_mode schedule; /* how the step's tasks are ordered (default priority) */
     int adam_threads;  /* cpu optimizer threads (0 = the device's thread count) */
     bool eval_only;    /* evaluation only: no gradients, moments or optimizer threads */
+    fy_comm *comm;     /* data parallel: the job's processes (borrowed; NULL: this process
+                          alone). Each step is size x grad_accum micro-batches: this rank
+                          runs its grad_accum of them (next_batch's numbers are the step's
+                          global ones, rank r taking [r*A, r*A+A) of each step's size*A),
+                          gradients and losses are summed over the ranks in rank order
+                          (comm.h), and every rank applies the same update */
 } fy_trainer_cfg;
 
 typedef struct fy_step_stats {
@@ -91,7 +98,7 @@ fy_status fy_trainer_new_dry(const fy_trainer_cfg *cfg, fy_trainer **out);
 typedef enum fy_task_kind {
     FY_T_LOAD = 0, FY_T_H2D_PARAM, FY_T_FWD, FY_T_GOPEN, FY_T_HEAD, FY_T_RECOMPUTE, FY_T_BWD,
     FY_T_D2H_GRAD, FY_T_NORM, FY_T_ADAM_GPU, FY_T_D2H_PARAM, FY_T_ADAM_CPU, FY_T_H2D_UPDATE,
-    FY_T_COLLECT, FY_T_COUNT
+    FY_T_COLLECT, FY_T_REDUCE, FY_T_COUNT
 } fy_task_kind;
 const char *fy_task_kind_name(int kind);
 

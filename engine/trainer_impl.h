@@ -45,6 +45,8 @@ struct fy_trainer {
     fy_event **ev_start, **ev_end; /* per task of the graph: around its queued work */
     int nev;
     fy_event *ev_anchor;     /* the window's time origin on the device */
+    fy_comm *comm;           /* data parallel (NULL: alone) */
+    int world, rank;         /* the job's processes, this one's rank */
     int gather_last;         /* the window's last gathered fetch (its copy reads the
                                 pinned rows buffer), or -1 */
     double *host_start;      /* per task of the graph: host tasks' start after their waits */

@@ -17,7 +17,7 @@
 
 #include "engine/core/util.h"
 
-static const char *lane_names[FY_LANE_COUNT] = {"compute", "h2d", "d2h", "cpu"};
+static const char *lane_names[FY_LANE_COUNT] = {"compute", "h2d", "d2h", "cpu", "comm"};
 const char *fy_lane_name(fy_lane l) { return l < FY_LANE_COUNT ? lane_names[l] : "?"; }
 
 static const char *mode_names[] = {"priority", "fifo", "serial"};
@@ -499,7 +499,8 @@ static void *lane_main(void *arg) {
 fy_status fy_sched_execute(fy_graph *g, fy_sched_mode mode, fy_sched_result *out) {
     memset(out, 0, sizeof *out);
     out->failed_task = -1;
-    exec x = {.res = out, .lane_task = {-1, -1, -1, -1}, .drained_from = INT_MAX};
+    exec x = {.res = out, .drained_from = INT_MAX};
+    for (int l = 0; l < FY_LANE_COUNT; l++) x.lane_task[l] = -1; /* every lane, however many */
     FY_TRY(dispatch_init(&x.d, g, mode));
     out->recs = calloc((size_t)(g->n ? g->n : 1), sizeof *out->recs);
     if (!out->recs) { dispatch_free(&x.d); return FY_ERR_NOMEM; }

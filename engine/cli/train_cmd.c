@@ -21,6 +21,9 @@
 
 /* The exit status of a command's result: 2 for a command-line error, as the parser's;
  * 128 + the signal's number for a run a signal stopped, as a shell reports it. */
+/* This process's rank in a data-parallel job (0 alone): only rank 0 writes outputs. */
+static int g_rank;
+
 static int exit_status(fy_status st) {
     if (st == FY_INTERRUPTED) return 128 + atomic_load(&fy_train_stop_signal);
     return st == FY_OK ? 0 : st == FY_ERR_USAGE ? 2 : 1;
@@ -160,7 +163,7 @@ static fy_status resolve_plan(const fy_opts *o, const fy_model *m, fy_dev_kind k
     if (!o->plan || !strcmp(o->plan, "auto") || fy_opts_given(o, "dtype") ||
         plan->dtype == FY_DTYPE_NONE)
         plan->dtype = fy_opts_dtype(o, kind);
-    if (o->save_plan) FY_TRY(fy_plan_save(o->save_plan, plan));
+    if (o->save_plan && g_rank == 0) FY_TRY(fy_plan_save(o->save_plan, plan));
     return FY_OK;
 }
 
@@ -204,10 +207,13 @@ static fy_status check_budgets(const fy_opts *o, const fy_mem_model *plan_mm, fy
 
 /* The dry run's last line, for scripts: the model's parameters and the plan's bytes, in
  * total and by category, and the pinned part of the host's under the pinned cap. */
-static void print_memory_json(const fy_model *m, const fy_mem_model *mm) {
+static void print_memory_json(const fy_model *m, const fy_mem_model *mm, const fy_comm *comm) {
     static const char *const cats[FY_CAT_COUNT] = {"parameters", "gradients", "optimizer",
                                                    "activations", "staging", "workspace"};
-    printf("{\"params\":%zu,\"device_bytes\":%zu,\"host_bytes\":%zu,\"pinned_bytes\":%zu",
+    printf("{");
+    if (fy_comm_size(comm) > 1) /* every rank prints its own */
+        printf("\"rank\":%d,\"ranks\":%d,", fy_comm_rank(comm), fy_comm_size(comm));
+    printf("\"params\":%zu,\"device_bytes\":%zu,\"host_bytes\":%zu,\"pinned_bytes\":%zu",
            fy_model_num_params(m), mm->device_total, mm->host_total, mm->host_pinned);
     for (int side = 0; side < 2; side++) {
         printf(",\"%s\":{", side ? "host" : "device");
@@ -220,16 +226,42 @@ static void print_memory_json(const fy_model *m, const fy_mem_model *mm) {
 
 int fy_train_main(const fy_opts *o) {
     if (o->quiet) fy_log_set_level(FY_LOG_WARN);
+    /* a launcher's job (mpirun, srun): every line names the rank; rank 0 alone prints the
+     * run and writes outputs; a rank that fails ends the job */
+    fy_comm *comm = NULL;
+    fy_status st = fy_comm_init(&comm);
+    if (st != FY_OK) return exit_status(st);
+    const int world = fy_comm_size(comm);
+    g_rank = fy_comm_rank(comm);
+    if (world > 1) fy_log_set_rank(g_rank);
+    const bool lead = g_rank == 0, quiet = o->quiet || !lead;
+    if (quiet) fy_log_set_level(FY_LOG_WARN);
+    if (!lead && !o->dry_run && !freopen("/dev/null", "w", stdout)) { /* rank 0 reports */
+        fy_log_error("cannot quiet this rank's output: %s", strerror(errno));
+        return exit_status(FY_ERR_IO);
+    }
     if (!o->dry_run) catch_stop_signals();
     fy_weights *init = NULL;
     fy_model *m = NULL;
     fy_plan plan = {0};
     fy_train_cfg tc = {0};
-    fy_status st = check_tokens(o->batch, o->seq, "--batch");
+    st = check_tokens(o->batch, o->seq, "--batch");
+    /* test hooks (tests/test_dp.c): a rank that fails at once, or stalls */
+    const char *fail = getenv("FERRY_TEST_FAIL_RANK"), *stall = getenv("FERRY_TEST_STALL_RANK");
+    if (world > 1 && fail && atoi(fail) == g_rank) {
+        fy_log_error("injected failure");
+        st = FY_ERR_IO;
+    }
+    if (world > 1 && stall && atoi(stall) == g_rank) sleep(120);
+    if (st == FY_OK && world > 1 && o->plan && !strcmp(o->plan, "auto")) {
+        fy_log_error("--plan auto in a job of several processes is not built yet (the tuner "
+                     "plans one process): give a plan or the shorthands");
+        st = FY_ERR_USAGE;
+    }
     /* every output can be written, before any work */
-    if (st == FY_OK && o->metrics) st = fy_check_output(o->metrics, "--metrics", true);
-    if (st == FY_OK && o->trace) st = fy_check_output(o->trace, "--trace", false);
-    if (st == FY_OK && o->save_plan) st = fy_check_output(o->save_plan, "--save-plan", false);
+    if (st == FY_OK && lead && o->metrics) st = fy_check_output(o->metrics, "--metrics", true);
+    if (st == FY_OK && lead && o->trace) st = fy_check_output(o->trace, "--trace", false);
+    if (st == FY_OK && lead && o->save_plan) st = fy_check_output(o->save_plan, "--save-plan", false);
     if (st == FY_OK) st = check_ckpt_flags(o);
     if (st == FY_OK) st = fy_opts_dev_cfg(o, !o->dry_run, &tc.dev);
     if (st == FY_OK) st = resolve_model(o, fy_opts_given(o, "model"), &init, &m);
@@ -237,8 +269,8 @@ int fy_train_main(const fy_opts *o) {
     fy_mem_model mm = {0};
     if (st == FY_OK)
         fy_storage_model_pinned(m, &plan, (int)o->seq, true, fy_dev_cfg_pinned_cap(&tc.dev), &mm);
-    if (st == FY_OK && (!o->quiet || o->dry_run)) fy_train_print_plan(&plan, &mm, stdout);
-    if (st == FY_OK && o->dry_run) print_memory_json(m, &mm);
+    if (st == FY_OK && ((lead && !o->quiet) || o->dry_run)) fy_train_print_plan(&plan, &mm, stdout);
+    if (st == FY_OK && o->dry_run) print_memory_json(m, &mm, comm);
     if (st == FY_OK && !o->dry_run) st = check_budgets(o, &mm, &tc.dev);
     if (st == FY_OK && !o->dry_run) {
         tc.model = m;
@@ -264,13 +296,14 @@ int fy_train_main(const fy_opts *o) {
         tc.val_every = o->val_every;
         tc.val_batches = o->val_batches;
         tc.log_every = o->log_every;
-        tc.save = o->save;
+        tc.comm = comm;
+        tc.save = lead ? o->save : NULL;
         tc.save_opts = (fy_save_opts){.dtype = !strcmp(o->save_dtype, "bf16") ? FY_BF16 : FY_F32,
                                       .shard_nbytes = o->save_shard_size, .from = init};
-        tc.metrics = o->metrics;
-        tc.trace = o->trace;
+        tc.metrics = lead ? o->metrics : NULL;
+        tc.trace = lead ? o->trace : NULL;
         tc.predict = o->predict;
-        tc.quiet = o->quiet;
+        tc.quiet = quiet;
         tc.ckpt_dir = o->ckpt_dir;
         tc.ckpt_every = o->ckpt_every;
         tc.ckpt_keep = (int)o->ckpt_keep;
@@ -282,7 +315,11 @@ int fy_train_main(const fy_opts *o) {
     fy_plan_free(&plan);
     fy_model_free(m);
     fy_weights_close(init);
-    return exit_status(st);
+    const int code = exit_status(st);
+    if (world > 1 && code != 0 && st != FY_INTERRUPTED) fy_comm_abort(comm, code);
+    fflush(stdout);
+    fy_comm_free(comm);
+    return code;
 }
 
 int fy_eval_main(const fy_opts *o) {

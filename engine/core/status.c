@@ -9,6 +9,7 @@ static fy_log_level g_level = FY_LOG_INFO;
 static _Thread_local char t_last_error[1024];
 static _Thread_local const char *t_context;
 static _Thread_local unsigned t_errors;
+static char g_rank[24]; /* "rank 3: " in a job of several processes, else empty */
 
 const char *fy_status_str(fy_status s) {
     switch (s) {
@@ -68,11 +69,16 @@ void fy_log(fy_log_level level, const char *fmt, ...) {
     if (level < g_level) return;
     static const char *tags[] = {"debug: ", "", "warning: ", "error: "};
     /* one fprintf per line so concurrent threads do not interleave within a line */
-    fprintf(stderr, "ferry: %s%s\n", tags[level < FY_LOG_QUIET ? level : 0], msg);
+    fprintf(stderr, "ferry: %s%s%s\n", tags[level < FY_LOG_QUIET ? level : 0], g_rank, msg);
 }
 
 const char *fy_last_error(void) { return t_last_error; }
 void fy_log_set_context(const char *ctx) { t_context = ctx; }
+
+void fy_log_set_rank(int rank) {
+    if (rank < 0) g_rank[0] = '\0';
+    else snprintf(g_rank, sizeof g_rank, "rank %d: ", rank);
+}
 unsigned fy_log_error_count(void) { return t_errors; }
 
 void fy_abort_at(const char *file, int line, const char *cond, const char *hint) {

@@ -58,6 +58,9 @@ const char *fy_last_error(void);
 /* While set (non-NULL), error lines logged by this thread read "<ctx>: <message>": the
  * scheduler names the task whose work failed. ctx must outlive the setting. */
 void fy_log_set_context(const char *ctx);
+/* In a job of several processes: every line names this process's rank ("ferry: error:
+ * rank 1: ..."); -1: none (the default). Set once, before other threads log. */
+void fy_log_set_rank(int rank);
 /* Error lines logged by this thread so far. */
 unsigned fy_log_error_count(void);
 

@@ -1,0 +1,230 @@
+/* comm.c — the job's processes and the ordered collectives over MPI (comm.h). */
+#include "engine/comm/comm.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/core/util.h"
+
+#ifdef FY_HAVE_MPI
+#include <mpi.h>
+#endif
+
+/* Collectives move at most this many bytes a message (MPI counts are int). */
+#define PIECE_NBYTES ((size_t)16 << 20)
+
+struct fy_comm {
+    int rank, size, local_rank;
+    bool mpi;                /* this process started MPI */
+    char desc[96];
+    void *tmp;               /* rank 0's receive buffer, PIECE_NBYTES */
+    /* the watchdog: the start of the collective in progress (0: none) */
+    _Atomic double busy_since_ms;
+    double timeout_ms;
+    pthread_t watchdog;
+    bool watching;
+    atomic_bool stop;
+};
+
+/* The launcher's world size and rank from its environment (-1: no launcher). */
+static int env_int(const char *const *names) {
+    for (int i = 0; names[i]; i++) {
+        const char *v = getenv(names[i]);
+        if (v && *v) {
+            char *end;
+            long x = strtol(v, &end, 10);
+            if (*end == '\0' && x >= 0 && x < (1 << 24)) return (int)x;
+        }
+    }
+    return -1;
+}
+
+static const char *const size_vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE",
+                                        "SLURM_NTASKS", NULL};
+static const char *const local_vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                                         "SLURM_LOCALID", NULL};
+
+fy_status fy_comm_single(fy_comm **out) {
+    fy_comm *c = calloc(1, sizeof *c);
+    if (!c) return FY_ERR_NOMEM;
+    c->size = 1;
+    snprintf(c->desc, sizeof c->desc, "none");
+    *out = c;
+    return FY_OK;
+}
+
+#ifdef FY_HAVE_MPI
+static void *watch(void *arg) {
+    fy_comm *c = arg;
+    while (!atomic_load(&c->stop)) {
+        usleep(200 * 1000);
+        const double t0 = atomic_load(&c->busy_since_ms);
+        if (t0 > 0 && fy_now_ms() - t0 > c->timeout_ms) {
+            fy_log_error("a collective has waited %.0f s for the other ranks (one failed or "
+                         "stalled; FERRY_COMM_TIMEOUT): ending the job", c->timeout_ms / 1e3);
+            MPI_Abort(MPI_COMM_WORLD, 1);
+            _exit(1);
+        }
+    }
+    return NULL;
+}
+
+static fy_status mpi_check(int rc, const char *what) {
+    if (rc == MPI_SUCCESS) return FY_OK;
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    fy_log_error("MPI %s failed: %.*s", what, len, msg);
+    return FY_ERR_IO;
+}
+#endif
+
+fy_status fy_comm_init(fy_comm **out) {
+    *out = NULL;
+    const int size = env_int(size_vars);
+    if (size <= 1) return fy_comm_single(out);
+#ifndef FY_HAVE_MPI
+    fy_log_error("started as one of %d processes, but this build has no MPI (install "
+                 "libopenmpi-dev and rebuild)", size);
+    return FY_ERR_UNSUPPORTED;
+#else
+    fy_comm *c = calloc(1, sizeof *c);
+    if (!c) return FY_ERR_NOMEM;
+    int provided = 0;
+    /* the trainer's lanes call MPI from one thread at a time */
+    if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) {
+        fy_log_error("MPI failed to start (launched as one of %d processes)", size);
+        free(c);
+        return FY_ERR_IO;
+    }
+    c->mpi = true;
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &c->size);
+    c->local_rank = env_int(local_vars);
+    if (c->local_rank < 0) c->local_rank = c->rank;
+    char lib[MPI_MAX_LIBRARY_VERSION_STRING];
+    int len = 0;
+    MPI_Get_library_version(lib, &len);
+    lib[strcspn(lib, ",\n")] = '\0';
+    snprintf(c->desc, sizeof c->desc, "MPI (%.80s)", lib);
+    fy_status st = FY_OK;
+    if (provided < MPI_THREAD_SERIALIZED) {
+        fy_log_error("MPI gives thread level %d; ferry needs MPI_THREAD_SERIALIZED", provided);
+        st = FY_ERR_UNSUPPORTED;
+    }
+    if (st == FY_OK && !(c->tmp = malloc(PIECE_NBYTES))) st = FY_ERR_NOMEM;
+    const char *to = getenv("FERRY_COMM_TIMEOUT");
+    c->timeout_ms = (to && atof(to) > 0 ? atof(to) : 600.0) * 1e3;
+    if (st == FY_OK && pthread_create(&c->watchdog, NULL, watch, c) == 0) c->watching = true;
+    if (st != FY_OK) {
+        fy_comm_free(c);
+        return st;
+    }
+    *out = c;
+    return FY_OK;
+#endif
+}
+
+void fy_comm_free(fy_comm *c) {
+    if (!c) return;
+#ifdef FY_HAVE_MPI
+    if (c->watching) {
+        atomic_store(&c->stop, true);
+        pthread_join(c->watchdog, NULL);
+    }
+    if (c->mpi) MPI_Finalize();
+#endif
+    free(c->tmp);
+    free(c);
+}
+
+int fy_comm_rank(const fy_comm *c) { return c->rank; }
+int fy_comm_size(const fy_comm *c) { return c->size; }
+int fy_comm_local_rank(const fy_comm *c) { return c->local_rank; }
+const char *fy_comm_describe(const fy_comm *c) { return c->desc; }
+
+_Noreturn void fy_comm_abort(fy_comm *c, int code) {
+    fflush(stdout);
+    fflush(stderr);
+#ifdef FY_HAVE_MPI
+    if (c && c->mpi) MPI_Abort(MPI_COMM_WORLD, code);
+#endif
+    _exit(code);
+}
+
+/* acc[i] += add[i], in the type's arithmetic (comm.h). */
+static void add_into(void *acc, const void *add, size_t n, fy_dtype dt) {
+    if (dt == FY_BF16) {
+        uint16_t *x = acc;
+        const uint16_t *y = add;
+        for (size_t i = 0; i < n; i++) x[i] = fy_f32_to_bf16(fy_bf16_to_f32(x[i]) + fy_bf16_to_f32(y[i]));
+    } else if (dt == FY_F32) {
+        float *x = acc;
+        const float *y = add;
+        for (size_t i = 0; i < n; i++) x[i] = x[i] + y[i];
+    } else {
+        double *x = acc;
+        const double *y = add;
+        for (size_t i = 0; i < n; i++) x[i] = x[i] + y[i];
+    }
+}
+
+fy_status fy_comm_sum(fy_comm *c, void *buf, size_t n, fy_dtype dt) {
+    if (c->size == 1 || n == 0) return FY_OK;
+#ifndef FY_HAVE_MPI
+    (void)buf;
+    (void)dt;
+    return FY_ERR_UNSUPPORTED;
+#else
+    FY_ASSERT(dt == FY_F32 || dt == FY_BF16 || dt == FY_COMM_F64, "fy_comm_sum: a type it sums");
+    const size_t es = dt == FY_BF16 ? 2 : dt == FY_F32 ? 4 : 8, per = PIECE_NBYTES / es;
+    atomic_store(&c->busy_since_ms, fy_now_ms());
+    fy_status st = FY_OK;
+    for (size_t i0 = 0; i0 < n && st == FY_OK; i0 += per) {
+        const size_t k = n - i0 < per ? n - i0 : per;
+        char *p = (char *)buf + i0 * es;
+        if (c->rank == 0) {
+            for (int r = 1; r < c->size && st == FY_OK; r++) {
+                st = mpi_check(MPI_Recv(c->tmp, (int)(k * es), MPI_BYTE, r, 0, MPI_COMM_WORLD,
+                                        MPI_STATUS_IGNORE), "receive");
+                if (st == FY_OK) add_into(p, c->tmp, k, dt);
+            }
+        } else {
+            st = mpi_check(MPI_Send(p, (int)(k * es), MPI_BYTE, 0, 0, MPI_COMM_WORLD), "send");
+        }
+        if (st == FY_OK) st = mpi_check(MPI_Bcast(p, (int)(k * es), MPI_BYTE, 0, MPI_COMM_WORLD), "broadcast");
+    }
+    atomic_store(&c->busy_since_ms, 0.0);
+    return st;
+#endif
+}
+
+fy_status fy_comm_max_i32(fy_comm *c, int32_t *x) {
+    if (c->size == 1) return FY_OK;
+#ifndef FY_HAVE_MPI
+    return FY_ERR_UNSUPPORTED;
+#else
+    atomic_store(&c->busy_since_ms, fy_now_ms());
+    fy_status st = mpi_check(MPI_Allreduce(MPI_IN_PLACE, x, 1, MPI_INT32_T, MPI_MAX, MPI_COMM_WORLD),
+                             "allreduce");
+    atomic_store(&c->busy_since_ms, 0.0);
+    return st;
+#endif
+}
+
+fy_status fy_comm_barrier(fy_comm *c) {
+    if (c->size == 1) return FY_OK;
+#ifndef FY_HAVE_MPI
+    return FY_ERR_UNSUPPORTED;
+#else
+    atomic_store(&c->busy_since_ms, fy_now_ms());
+    fy_status st = mpi_check(MPI_Barrier(MPI_COMM_WORLD), "barrier");
+    atomic_store(&c->busy_since_ms, 0.0);
+    return st;
+#endif
+}

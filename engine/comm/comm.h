@@ -1,0 +1,65 @@
+/* comm.h — the processes of a data-parallel job and the collectives between them.
+ *
+ * One process per device, started by a launcher (mpirun, Slurm's srun). fy_comm_init
+ * reads the launcher's environment (Open MPI's OMPI_COMM_WORLD_SIZE, PMI's PMI_SIZE,
+ * Slurm's SLURM_NTASKS); without one the world is this process alone and no MPI call is
+ * made, so a single process needs the MPI library only to load. Ranks talk over MPI
+ * (host buffers; the cpu backend's device memory is host memory).
+ *
+ * Exactness: a sum over ranks is formed in rank order, (((x0 + x1) + x2) + ...), each
+ * addition in the buffer's type (bf16: an fp32 sum rounded to bf16, the device's
+ * accumulation), by rank 0, and broadcast: every rank gets the same bits, and they are
+ * the bits one process gets adding the ranks' values in that order (so W ranks of one
+ * micro-batch each train exactly as one process accumulating W micro-batches).
+ *
+ * Failure: a collective that waits longer than the timeout (FERRY_COMM_TIMEOUT seconds,
+ * default 600: a rank died or stalled) ends the job with one error line naming the rank
+ * that waited; fy_comm_abort ends it from a rank that failed (the launcher then stops
+ * the others). Never a hang.
+ *
+ * Threads: collectives are called from one thread at a time (the trainer's comm and cpu
+ * lanes are ordered by the graph). */
+#ifndef FY_COMM_H
+#define FY_COMM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/core/dtype.h"
+#include "engine/core/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fy_comm fy_comm;
+
+/* The world this process belongs to. FY_ERR_UNSUPPORTED (logged) when a launcher started
+ * several processes and this build has no MPI; FY_ERR_IO (logged) when MPI fails to
+ * start. */
+fy_status fy_comm_init(fy_comm **out);
+/* A world of one process, without MPI (tests, tools). */
+fy_status fy_comm_single(fy_comm **out);
+void fy_comm_free(fy_comm *c); /* NULL is a no-op; ends MPI when it started it */
+
+int fy_comm_rank(const fy_comm *c);
+int fy_comm_size(const fy_comm *c);
+int fy_comm_local_rank(const fy_comm *c); /* among the ranks of this node: picks the GPU */
+/* "MPI (Open MPI 4.1.4)", or "none" for a single process. */
+const char *fy_comm_describe(const fy_comm *c);
+
+/* buf[0..n) = the sum over ranks in rank order (above); dt F32, BF16 (host bf16 bits) or
+ * F64 (FY_DTYPE_NONE stands for fp64 here: dtype.h has no fp64). */
+#define FY_COMM_F64 FY_DTYPE_NONE
+fy_status fy_comm_sum(fy_comm *c, void *buf, size_t n, fy_dtype dt);
+/* x = the largest over ranks (a collective decision: stop, skip). */
+fy_status fy_comm_max_i32(fy_comm *c, int32_t *x);
+fy_status fy_comm_barrier(fy_comm *c);
+/* Ends every process of the job (this one with `code`). */
+_Noreturn void fy_comm_abort(fy_comm *c, int code);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

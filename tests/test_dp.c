@@ -1,0 +1,181 @@
+/* test_dp.c — data parallel over MPI on the cpu backend: ferry under `mpirun -np N`
+ * against one process accumulating N micro-batches (the same micro-batches, in the same
+ * order: comm.h's rank-order sums make them the same bits), and a job's failures.
+ * Built where meson finds MPI and mpirun ($MPIRUN); as root it needs Open MPI's
+ * OMPI_ALLOW_RUN_AS_ROOT variables (the test environment sets them). */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tests/test_util.h"
+
+static char g_dir[64];
+
+static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb; (void)flag; (void)ftw;
+    return remove(p);
+}
+static void make_dir(void) {
+    snprintf(g_dir, sizeof g_dir, "/tmp/ferry-test-dp-XXXXXX");
+    cr_assert_not_null(mkdtemp(g_dir), "mkdtemp: %s", strerror(errno));
+}
+static void remove_dir(void) { nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
+TestSuite(dp, .init = make_dir, .fini = remove_dir, .timeout = 300);
+
+static const char *path_in(const char *name) {
+    static char b[4][512];
+    static int k;
+    char *p = b[k++ % 4];
+    snprintf(p, 512, "%s/%s", g_dir, name);
+    return p;
+}
+
+/* ferry with args, alone (np 0) or as np processes under mpirun. */
+static void run(test_proc *r, int np, const char *const *args) {
+    if (np == 0) {
+        test_run_ferry(r, g_dir, 240, args);
+        return;
+    }
+    const char *bin = getenv("FERRY_BIN"), *mpirun = getenv("MPIRUN");
+    cr_assert(bin && mpirun, "FERRY_BIN and MPIRUN");
+    const char *a[64];
+    char nps[16];
+    snprintf(nps, sizeof nps, "%d", np);
+    int n = 0;
+    a[n++] = "-np";
+    a[n++] = nps;
+    a[n++] = "--oversubscribe"; /* more ranks than this machine's cores */
+    a[n++] = bin;
+    for (int i = 0; args[i]; i++) {
+        cr_assert_lt(n, 62);
+        a[n++] = args[i];
+    }
+    a[n] = NULL;
+    char *saved = strdup(bin);
+    setenv("FERRY_BIN", mpirun, 1);
+    test_run_ferry(r, g_dir, 240, a);
+    setenv("FERRY_BIN", saved, 1);
+    free(saved);
+}
+#define FERRY(r, np, ...) run((r), (np), (const char *const[]){__VA_ARGS__, NULL})
+
+static char *slurp(const char *path) { return test_read_file(path, NULL); }
+
+/* The loss and grad_norm fields of every metrics line, in order. */
+static void losses_of(const char *path, char *out, size_t cap) {
+    char *m = slurp(path), *save = NULL;
+    size_t len = 0;
+    out[0] = 0;
+    for (char *line = strtok_r(m, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        const char *l = strstr(line, "\"loss\":"), *g = strstr(line, "\"grad_norm\":");
+        cr_assert(l && g, "metrics line: %s", line);
+        len += (size_t)snprintf(out + len, cap - len, "%.24s|%.24s\n", l, g);
+    }
+    free(m);
+}
+
+/* One process accumulating `np` micro-batches against np processes of one each, under
+ * the extra flags: the saved weights byte for byte, every step's loss and gradient norm. */
+static void expect_same_run(int np, const char *const *extra, const char *what) {
+    const char *base[] = {"train", "--device", "cpu", "--threads", "1", "--seq", "32",
+                          "--batch", "2", "--steps", "5", "--val-batches", "1"};
+    const size_t nb = sizeof base / sizeof base[0];
+    char acc[8];
+    snprintf(acc, sizeof acc, "%d", np);
+    const char *a1[48], *a2[48];
+    size_t n1 = 0, n2 = 0;
+    for (size_t i = 0; i < nb; i++) a1[n1++] = a2[n2++] = base[i];
+    for (int i = 0; extra[i]; i++) a1[n1++] = a2[n2++] = extra[i];
+    const char *w1 = path_in("one.safetensors"), *w2 = path_in("many.safetensors");
+    const char *m1 = path_in("one.jsonl"), *m2 = path_in("many.jsonl");
+    unlink(w1); unlink(w2); unlink(m1); unlink(m2);
+    a1[n1++] = "--grad-accum"; a1[n1++] = acc;
+    a1[n1++] = "--save"; a1[n1++] = w1;
+    a1[n1++] = "--metrics"; a1[n1++] = m1;
+    a1[n1] = NULL;
+    a2[n2++] = "--save"; a2[n2++] = w2;
+    a2[n2++] = "--metrics"; a2[n2++] = m2;
+    a2[n2] = NULL;
+    test_proc r1, r2;
+    run(&r1, 0, a1);
+    cr_assert_eq(r1.code, 0, "%s: one process: %s", what, r1.err);
+    run(&r2, np, a2);
+    cr_assert_eq(r2.code, 0, "%s: %d processes: %s", what, np, r2.err);
+    size_t s1, s2;
+    char *b1 = test_read_file(w1, &s1), *b2 = test_read_file(w2, &s2);
+    cr_expect(s1 == s2 && !memcmp(b1, b2, s1), "%s: the weights of %d processes differ from "
+              "one process accumulating %d", what, np, np);
+    char l1[4096], l2[4096];
+    losses_of(m1, l1, sizeof l1);
+    losses_of(m2, l2, sizeof l2);
+    cr_expect_str_eq(l2, l1, "%s: losses and norms", what);
+    /* rank 0 alone reports: one summary line */
+    const char *done = strstr(r2.out, "done ");
+    cr_expect(done && !strstr(done + 1, "done "), "%s: one report, from rank 0:\n%s", what, r2.out);
+    free(b1);
+    free(b2);
+}
+
+#define EXTRA(...) (const char *const[]){__VA_ARGS__, NULL}
+
+Test(dp, two_ranks_match_one_rank_accumulating_two_all_resident) {
+    expect_same_run(2, EXTRA("--model", "gpt2-tiny"), "gpt2-tiny fp32");
+    expect_same_run(2, EXTRA("--model", "gpt2-tiny", "--dtype", "bf16"), "gpt2-tiny bf16");
+}
+
+Test(dp, two_ranks_match_one_rank_accumulating_two_with_offload) {
+    expect_same_run(2, EXTRA("--model", "gpt2-tiny", "--offload-params", "0.5", "--offload-optim",
+                             "0.5", "--ckpt-layers", "1"), "gpt2-tiny, mixed plan");
+    /* llama: the gathered embedding and the head by vocabulary chunks, summed on the host */
+    expect_same_run(2, EXTRA("--model", "llama-tiny", "--vocab", "4096", "--offload-params", "1",
+                             "--offload-optim", "1", "--dtype", "bf16"), "llama-tiny offloaded, bf16");
+}
+
+/* Sums in rank order: four ranks give one process's four accumulated micro-batches
+ * exactly, not within a bound. */
+Test(dp, four_ranks_match_one_rank_accumulating_four) {
+    expect_same_run(4, EXTRA("--model", "gpt2-tiny", "--offload-optim", "1"), "gpt2-tiny, 4 ranks");
+}
+
+Test(dp, every_rank_prints_its_memory_model) {
+    test_proc r;
+    FERRY(&r, 2, "train", "--model", "gpt2-tiny", "--device", "cpu", "--dry-run");
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    cr_expect(strstr(r.out, "{\"rank\":0,\"ranks\":2,") && strstr(r.out, "{\"rank\":1,\"ranks\":2,"),
+              "a JSON line from each rank:\n%s", r.out);
+}
+
+/* What a job cannot do yet is refused with one error line naming the rank. */
+Test(dp, checkpoints_and_auto_plans_are_refused_naming_the_rank) {
+    test_proc r;
+    FERRY(&r, 2, "train", "--model", "gpt2-tiny", "--device", "cpu", "--steps", "2",
+          "--checkpoint-dir", path_in("ck"));
+    cr_expect_neq(r.code, 0);
+    cr_expect(strstr(r.err, "ferry: error: rank ") && strstr(r.err, "checkpoints in a job of several"),
+              "%s", r.err);
+    FERRY(&r, 2, "train", "--model", "gpt2-tiny", "--device", "cpu", "--steps", "2", "--plan", "auto");
+    cr_expect_neq(r.code, 0);
+    cr_expect(strstr(r.err, "ferry: error: rank ") && strstr(r.err, "--plan auto"), "%s", r.err);
+}
+
+/* A rank that fails ends the job (its error line names it), and a rank that stalls is
+ * found by the others' collective timeout: never a hang. */
+Test(dp, a_failed_or_stalled_rank_ends_the_job) {
+    test_proc r;
+    setenv("FERRY_TEST_FAIL_RANK", "1", 1);
+    FERRY(&r, 2, "train", "--model", "gpt2-tiny", "--device", "cpu", "--threads", "1", "--steps", "50");
+    unsetenv("FERRY_TEST_FAIL_RANK");
+    cr_expect_neq(r.code, 0);
+    cr_expect(strstr(r.err, "ferry: error: rank 1: injected failure"), "%s", r.err);
+    setenv("FERRY_TEST_STALL_RANK", "1", 1);
+    setenv("FERRY_COMM_TIMEOUT", "2", 1);
+    FERRY(&r, 2, "train", "--model", "gpt2-tiny", "--device", "cpu", "--threads", "1", "--steps", "50");
+    unsetenv("FERRY_TEST_STALL_RANK");
+    unsetenv("FERRY_COMM_TIMEOUT");
+    cr_expect_neq(r.code, 0);
+    cr_expect(strstr(r.err, "ferry: error: rank 0: a collective has waited 2 s"), "%s", r.err);
+}
