@@ -475,10 +475,33 @@ static fy_status setup_run(run *r, const fy_ckpt *ck);
 
 /* Checkpoints: the directory, this run's configuration and the checkpoint resumed from
  * (*ck, NULL when starting afresh), whose step's metrics lines end the metrics file. */
+static fy_status setup_checkpoints_lead(run *r, fy_ckpt **ck);
+
+/* In a job, every rank holds the same state: rank 0 alone keeps the directory (its lock,
+ * its checkpoints, the metrics), finds the checkpoint to resume from and tells the
+ * others, which read it and check it against their configuration. */
 static fy_status setup_checkpoints(run *r, fy_ckpt **ck) {
     const fy_train_cfg *c = r->cfg;
     *ck = NULL;
     if (!c->ckpt_dir && !c->resume) return FY_OK;
+    if (world_of(c) == 1) return setup_checkpoints_lead(r, ck);
+    const bool lead = fy_comm_rank(c->comm) == 0;
+    fy_status st = lead ? setup_checkpoints_lead(r, ck) : build_config(r);
+    char path[4096] = "";
+    if (lead && *ck) snprintf(path, sizeof path, "%s", fy_ckpt_path(*ck));
+    int32_t failed = st != FY_OK; /* rank 0 said why; the others stop with it */
+    fy_status cs = fy_comm_max_i32(c->comm, &failed);
+    if (cs == FY_OK && !failed) cs = fy_comm_bcast(c->comm, path, sizeof path);
+    if (cs != FY_OK) return cs;
+    if (failed) return st != FY_OK ? st : FY_ERR_INVALID;
+    if (lead || !path[0]) return FY_OK;
+    FY_TRY(fy_ckpt_open(path, ck));
+    return check_config(r, *ck);
+}
+
+static fy_status setup_checkpoints_lead(run *r, fy_ckpt **ck) {
+    const fy_train_cfg *c = r->cfg;
+    *ck = NULL;
     if (c->ckpt_dir) FY_TRY(fy_ckpt_dir_open(c->ckpt_dir, &r->ckpt));
     if (c->ckpt_dir && !c->resume) { /* a new run must not mix with another's checkpoints */
         char *have = NULL;
@@ -518,11 +541,6 @@ static fy_status resume_from(run *r, const fy_ckpt *ck) {
 
 static fy_status setup(run *r) {
     const fy_train_cfg *c = r->cfg;
-    if (world_of(c) > 1 && (c->ckpt_dir || c->resume)) {
-        fy_log_error("checkpoints in a job of several processes are not built yet: run "
-                     "without --checkpoint-dir and --resume");
-        return FY_ERR_UNSUPPORTED;
-    }
     if (c->save) FY_TRY(fy_model_save_check(c->save)); /* fail now, not after the run */
     FY_TRY(open_data(r));
     fy_ckpt *ck = NULL;
@@ -803,7 +821,7 @@ fy_status fy_train(const fy_train_cfg *cfg) {
             int64_t to_val = cfg->val_every - s0 % cfg->val_every;
             if (to_val < n) n = to_val;
         }
-        if (r.ckpt && cfg->ckpt_every) {
+        if (cfg->ckpt_dir && cfg->ckpt_every) { /* the same windows on every rank */
             int64_t to_ckpt = cfg->ckpt_every - s0 % cfg->ckpt_every;
             if (to_ckpt < n) n = to_ckpt;
         }

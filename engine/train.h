@@ -35,7 +35,8 @@ typedef struct fy_train_cfg {
     fy_comm *comm;              /* data parallel: the job's processes (NULL: alone); a step
                                    is then size x grad_accum micro-batches (trainer.h), and
                                    only rank 0 should be given outputs (metrics, save,
-                                   trace); checkpoints are refused for now */
+                                   trace); rank 0 keeps the checkpoints (every rank holds
+                                   the same state) and tells the others which to resume */
     /* data: text or token shards; NULL data: the embedded corpus (with its own
      * validation text unless val_data is given) */
     const char *data, *val_data;

@@ -149,14 +149,49 @@ Test(dp, every_rank_prints_its_memory_model) {
               "a JSON line from each rank:\n%s", r.out);
 }
 
-/* What a job cannot do yet is refused with one error line naming the rank. */
-Test(dp, checkpoints_and_auto_plans_are_refused_naming_the_rank) {
+/* Checkpoints of a job are rank 0's (every rank holds the same state), and resume on
+ * another world size with the same sequences per step: 2 processes for 4 steps then one
+ * accumulating 2 for 4 more, and the other way round, give the weights of one process
+ * never stopped, byte for byte. */
+Test(dp, checkpoints_resume_on_another_world_size) {
+#define RUN_ARGS "train", "--model", "gpt2-tiny", "--device", "cpu", "--threads", "1", "--seq", \
+        "32", "--batch", "2", "--val-batches", "1", "--lr-schedule", "const"
     test_proc r;
-    FERRY(&r, 2, "train", "--model", "gpt2-tiny", "--device", "cpu", "--steps", "2",
-          "--checkpoint-dir", path_in("ck"));
+    const char *whole = path_in("whole.safetensors");
+    FERRY(&r, 0, RUN_ARGS, "--grad-accum", "2", "--steps", "8", "--save", whole);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    size_t n0;
+    char *w0 = test_read_file(whole, &n0);
+    for (int order = 0; order < 2; order++) {
+        char ck[32], wname[32];
+        snprintf(ck, sizeof ck, "ck%d", order);
+        snprintf(wname, sizeof wname, "resumed%d.safetensors", order);
+        const char *dir = path_in(ck), *w = path_in(wname);
+        const int first = order ? 0 : 2, second = order ? 2 : 0; /* processes (0: alone) */
+        if (first) FERRY(&r, first, RUN_ARGS, "--steps", "4", "--checkpoint-dir", dir, "--checkpoint-every", "2");
+        else FERRY(&r, 0, RUN_ARGS, "--grad-accum", "2", "--steps", "4", "--checkpoint-dir", dir);
+        cr_assert_eq(r.code, 0, "order %d, first part: %s", order, r.err);
+        if (second) FERRY(&r, second, RUN_ARGS, "--steps", "8", "--checkpoint-dir", dir, "--resume", "--save", w);
+        else FERRY(&r, 0, RUN_ARGS, "--grad-accum", "2", "--steps", "8", "--checkpoint-dir", dir, "--resume",
+                   "--save", w);
+        cr_assert_eq(r.code, 0, "order %d, resumed: %s", order, r.err);
+        size_t n;
+        char *b = test_read_file(w, &n);
+        cr_expect(n == n0 && !memcmp(b, w0, n), "order %d: the resumed run's weights differ", order);
+        free(b);
+    }
+    free(w0);
+    /* a new run refuses a directory that holds checkpoints: one error, from rank 0 */
+    FERRY(&r, 2, RUN_ARGS, "--steps", "2", "--checkpoint-dir", path_in("ck0"));
     cr_expect_neq(r.code, 0);
-    cr_expect(strstr(r.err, "ferry: error: rank ") && strstr(r.err, "checkpoints in a job of several"),
+    cr_expect(strstr(r.err, "ferry: error: rank 0: --checkpoint-dir") && strstr(r.err, "holds checkpoints"),
               "%s", r.err);
+#undef RUN_ARGS
+}
+
+/* What a job cannot do yet is refused with one error line naming the rank. */
+Test(dp, auto_plans_are_refused_naming_the_rank) {
+    test_proc r;
     FERRY(&r, 2, "train", "--model", "gpt2-tiny", "--device", "cpu", "--steps", "2", "--plan", "auto");
     cr_expect_neq(r.code, 0);
     cr_expect(strstr(r.err, "ferry: error: rank ") && strstr(r.err, "--plan auto"), "%s", r.err);

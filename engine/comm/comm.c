@@ -204,6 +204,23 @@ fy_status fy_comm_sum(fy_comm *c, void *buf, size_t n, fy_dtype dt) {
 #endif
 }
 
+fy_status fy_comm_bcast(fy_comm *c, void *buf, size_t nbytes) {
+    if (c->size == 1 || nbytes == 0) return FY_OK;
+#ifndef FY_HAVE_MPI
+    (void)buf;
+    return FY_ERR_UNSUPPORTED;
+#else
+    atomic_store(&c->busy_since_ms, fy_now_ms());
+    fy_status st = FY_OK;
+    for (size_t o = 0; o < nbytes && st == FY_OK; o += PIECE_NBYTES) {
+        const size_t k = nbytes - o < PIECE_NBYTES ? nbytes - o : PIECE_NBYTES;
+        st = mpi_check(MPI_Bcast((char *)buf + o, (int)k, MPI_BYTE, 0, MPI_COMM_WORLD), "broadcast");
+    }
+    atomic_store(&c->busy_since_ms, 0.0);
+    return st;
+#endif
+}
+
 fy_status fy_comm_max_i32(fy_comm *c, int32_t *x) {
     if (c->size == 1) return FY_OK;
 #ifndef FY_HAVE_MPI

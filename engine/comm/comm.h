@@ -53,6 +53,8 @@ const char *fy_comm_describe(const fy_comm *c);
  * F64 (FY_DTYPE_NONE stands for fp64 here: dtype.h has no fp64). */
 #define FY_COMM_F64 FY_DTYPE_NONE
 fy_status fy_comm_sum(fy_comm *c, void *buf, size_t n, fy_dtype dt);
+/* buf[0..nbytes) of rank 0 on every rank. */
+fy_status fy_comm_bcast(fy_comm *c, void *buf, size_t nbytes);
 /* x = the largest over ranks (a collective decision: stop, skip). */
 fy_status fy_comm_max_i32(fy_comm *c, int32_t *x);
 fy_status fy_comm_barrier(fy_comm *c);
