@@ -122,7 +122,7 @@ static int step_of(const fy_trainer *tr, const sg_task *p) { return p->micro / a
 static int64_t abs_micro(const fy_trainer *tr, const sg_task *p) {
     if (tr->eval) return tr->eval_base + p->micro;
     const int64_t m = tr->micro_base + p->micro, A = accum(tr);
-    return (m / A) * A * tr->world + (int64_t)tr->rank * A + m % A;
+    return (m / A) * tr->micro_total + tr->micro_first + m % A;
 }
 /* Whether gradients are summed over the ranks (their norm is then taken after). */
 static bool dp(const fy_trainer *tr) { return tr->world > 1; }
@@ -221,7 +221,7 @@ static void bind_grads(fy_trainer *tr, int b, const sg_task *p, int self, fy_blo
 
 /* The scale of a training step's mean loss: 1/(B*T*accum). */
 static float loss_scale(const fy_trainer *tr) {
-    return (float)(1.0 / ((double)tokens_n(tr) * accum(tr) * tr->world));
+    return (float)(1.0 / ((double)tokens_n(tr) * (double)tr->micro_total));
 }
 
 /* ---- runners: each queues its block's work on its lane ---------------------------------- */
@@ -477,7 +477,7 @@ static fy_status run_norm(fy_trainer *tr, int id, const fy_task *t, const sg_tas
     for (int a = 0; a < accum(tr); a++) loss += st->loss_host[a];
     if (dp(tr)) FY_TRY(fy_comm_sum(tr->comm, &loss, 1, FY_COMM_F64)); /* rank order */
     float norm = (float)sqrt(ss);
-    out->loss = (float)(loss / ((double)accum(tr) * tr->world));
+    out->loss = (float)(loss / (double)tr->micro_total);
     out->grad_norm = norm;
     out->clip_coef = 1.0f;
     out->skipped = !isfinite(norm);

@@ -97,6 +97,10 @@ static fy_status train_batch(void *ctx, int64_t micro, int32_t *x, int32_t *y) {
 }
 
 static int world_of(const fy_train_cfg *c) { return c->comm ? fy_comm_size(c->comm) : 1; }
+/* A step's micro-batches over the job (this process's alone when it is one). */
+static int64_t step_micros(const fy_train_cfg *c) {
+    return c->micro_total > 0 ? c->micro_total : (int64_t)c->plan->grad_accum * world_of(c);
+}
 
 /* ---- the run ------------------------------------------------------------------------------ */
 
@@ -168,7 +172,7 @@ static fy_status open_data(run *r) {
         train_end = n - (size_t)((double)n * c->val_split);
     }
     FY_TRY(fy_loader_new(r->train_tok, 0, train_end, B, T, &r->train));
-    const int64_t A = c->plan->grad_accum * world_of(c);
+    const int64_t A = step_micros(c);
     r->train_end = train_end;
     r->batches = (train_batches){r->train, A, (int64_t)fy_loader_batches(r->train) / A,
                                  world_of(c) == 1};
@@ -260,7 +264,7 @@ static fy_status build_config(run *r) {
     cJSON_AddStringToObject(o, "model", sig);
     cJSON_AddNumberToObject(o, "seq", c->seq);
     cJSON_AddNumberToObject(o, "sequences_per_step",
-                            (double)c->plan->micro_batch * c->plan->grad_accum * world_of(c));
+                            (double)c->plan->micro_batch * (double)step_micros(c));
     cJSON_AddNumberToObject(o, "micro_batch", c->plan->micro_batch);
     cJSON_AddNumberToObject(o, "grad_accum", c->plan->grad_accum);
     cJSON_AddStringToObject(o, "dtype", fy_dtype_name(c->plan->dtype));
@@ -566,12 +570,13 @@ static fy_status setup_run(run *r, const fy_ckpt *ck) {
                          .clip = c->clip, .seed = c->seed,
                          .weights = ck ? fy_ckpt_weights(ck) : c->init,
                          .schedule = c->schedule, .adam_threads = c->adam_threads,
-                         .comm = c->comm};
+                         .comm = c->comm, .micro_first = c->micro_first,
+                         .micro_total = c->micro_total};
     FY_TRY(fy_trainer_new(r->dev, &tc, &r->tr));
     if (ck) FY_TRY(resume_from(r, ck));
     fy_storage_model(c->model, c->plan, c->seq, &r->model);
     FY_TRY(setup_snapshot(r));
-    r->N = (size_t)c->plan->micro_batch * c->seq * c->plan->grad_accum * (size_t)world_of(c);
+    r->N = (size_t)c->plan->micro_batch * c->seq * (size_t)step_micros(c);
     return FY_OK;
 }
 

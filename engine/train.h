@@ -33,10 +33,12 @@ typedef struct fy_train_cfg {
     int seq;                    /* T */
     const fy_weights *init;     /* weights to start from, or NULL: initialised from seed */
     fy_comm *comm;              /* data parallel: the job's processes (NULL: alone); a step
-                                   is then size x grad_accum micro-batches (trainer.h), and
+                                   is then micro_total micro-batches (0: size x grad_accum),
+                                   this rank's from micro_first (trainer.h), and
                                    only rank 0 should be given outputs (metrics, save,
                                    trace); rank 0 keeps the checkpoints (every rank holds
                                    the same state) and tells the others which to resume */
+    int micro_first, micro_total;
     /* data: text or token shards; NULL data: the embedded corpus (with its own
      * validation text unless val_data is given) */
     const char *data, *val_data;

@@ -94,6 +94,8 @@ fy_status fy_trainer_setup_plan(fy_trainer *tr, const fy_trainer_cfg *cfg) {
     tr->comm = cfg->comm;
     tr->world = cfg->comm ? fy_comm_size(cfg->comm) : 1;
     tr->rank = cfg->comm ? fy_comm_rank(cfg->comm) : 0;
+    tr->micro_total = cfg->micro_total > 0 ? cfg->micro_total : (int64_t)tr->world * tr->plan.grad_accum;
+    tr->micro_first = cfg->micro_total > 0 ? cfg->micro_first : (int64_t)tr->rank * tr->plan.grad_accum;
     return FY_OK;
 }
 

@@ -60,10 +60,12 @@ typedef struct fy_trainer_cfg {
     fy_sched_mode schedule; /* how the step's tasks are ordered (default priority) */
     int adam_threads;  /* cpu optimizer threads (0 = the device's thread count) */
     bool eval_only;    /* evaluation only: no gradients, moments or optimizer threads */
+    int micro_first, micro_total; /* data parallel with unequal shares (below) */
     fy_comm *comm;     /* data parallel: the job's processes (borrowed; NULL: this process
-                          alone). Each step is size x grad_accum micro-batches: this rank
-                          runs its grad_accum of them (next_batch's numbers are the step's
-                          global ones, rank r taking [r*A, r*A+A) of each step's size*A),
+                          alone). Each step is micro_total micro-batches (0: size x
+                          grad_accum): this rank runs its grad_accum of them, from
+                          micro_first on (0 with micro_total 0: rank x grad_accum), and
+                          next_batch's numbers are the step's global ones,
                           gradients and losses are summed over the ranks in rank order
                           (comm.h), and every rank applies the same update */
 } fy_trainer_cfg;

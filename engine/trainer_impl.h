@@ -47,6 +47,8 @@ struct fy_trainer {
     fy_event *ev_anchor;     /* the window's time origin on the device */
     fy_comm *comm;           /* data parallel (NULL: alone) */
     int world, rank;         /* the job's processes, this one's rank */
+    int64_t micro_first, micro_total; /* a step's micro-batches over the job, and this
+                                 rank's first (trainer.h) */
     int gather_last;         /* the window's last gathered fetch (its copy reads the
                                 pinned rows buffer), or -1 */
     double *host_start;      /* per task of the graph: host tasks' start after their waits */

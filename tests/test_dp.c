@@ -5,6 +5,7 @@
  * OMPI_ALLOW_RUN_AS_ROOT variables (the test environment sets them). */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <math.h>
 #include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -186,6 +187,50 @@ Test(dp, checkpoints_resume_on_another_world_size) {
     cr_expect_neq(r.code, 0);
     cr_expect(strstr(r.err, "ferry: error: rank 0: --checkpoint-dir") && strstr(r.err, "holds checkpoints"),
               "%s", r.err);
+#undef RUN_ARGS
+}
+
+/* Unlike ranks: a step of 4 micro-batches split by speed (--sim-slowdown 1,2 makes rank
+ * 1's kernels twice as slow; auto gives it 1 of 4) or by explicit counts reads the same
+ * micro-batches as one process accumulating 4: auto's split (3, 1) sums them in one
+ * process's order, bit for bit; 1,3 in another, within 1e-5 relative. (The step time
+ * of auto against equal shares is a benchmark: bench/RESULTS.md.) */
+Test(dp, unequal_shares_read_the_same_micro_batches) {
+#define RUN_ARGS "train", "--model", "gpt2-tiny", "--device", "cpu", "--threads", "1", "--seq", \
+        "32", "--batch", "2", "--val-batches", "1", "--steps", "4"
+    test_proc r;
+    const char *m1 = path_in("one4.jsonl"), *ma = path_in("auto.jsonl"), *me = path_in("explicit.jsonl");
+    FERRY(&r, 0, RUN_ARGS, "--grad-accum", "4", "--metrics", m1);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    FERRY(&r, 2, RUN_ARGS, "--grad-accum", "2", "--sim-slowdown", "1,2", "--batch-shares", "auto",
+          "--metrics", ma);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    cr_expect(strstr(r.out, "by rank: 3 1 (auto"), "the shares line:\n%s", r.out);
+    FERRY(&r, 2, RUN_ARGS, "--batch-shares", "1,3", "--metrics", me);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    char l1[2048], la[2048], le[2048];
+    losses_of(m1, l1, sizeof l1);
+    losses_of(ma, la, sizeof la);
+    cr_expect_str_eq(la, l1, "auto (3, 1): one process's losses and norms");
+    losses_of(me, le, sizeof le);
+    const char *p1 = l1, *pe = le;
+    for (int s = 0; s < 4; s++) { /* "loss":X ... per line */
+        const char *a = strstr(p1, "\"loss\":"), *b = strstr(pe, "\"loss\":");
+        cr_assert(a && b);
+        const double x = atof(a + 7), y = atof(b + 7);
+        cr_expect(fabs(x - y) <= 1e-5 * fabs(x), "1,3: step %d loss %.9g vs %.9g", s, y, x);
+        p1 = a + 7;
+        pe = b + 7;
+    }
+    /* bad shares and slowdowns: one error line each */
+    const char *bad[][2] = {{"--batch-shares", "2"}, {"--batch-shares", "0,2"}, {"--batch-shares", "1.5,2"},
+                            {"--sim-slowdown", "0.5,1"}, {"--sim-slowdown", "1,2,3"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        FERRY(&r, 2, RUN_ARGS, bad[i][0], bad[i][1]);
+        cr_expect_neq(r.code, 0, "%s %s", bad[i][0], bad[i][1]);
+        cr_expect(strstr(r.err, "ferry: error: rank ") && strstr(r.err, bad[i][0] + 2),
+                  "%s %s:\n%s", bad[i][0], bad[i][1], r.err);
+    }
 #undef RUN_ARGS
 }
 

@@ -45,6 +45,9 @@ static const opt table[] = {
      "device memory budget, e.g. 512MiB, 16GiB (0 = all of it)", 0},
     {"sim-pcie-gbps", T_FLOAT, O(sim_pcie_gbps), TR | EV | PR | TU | SW, "0", R_NONNEG, NULL, "X",
      "cpu backend: throttle host<->device copies to X GB/s (0 = off)", 0},
+    {"sim-slowdown", T_STR, O(sim_slowdown), TR, NULL, R_ANY, NULL, "S0,S1,...",
+     "cpu backend, a job of several processes: rank i's kernels run S_i times slower "
+     "(unlike devices)", 0},
     {"threads", T_INT, O(threads), TR | EV | PR | TU | SW, "0", R_NONNEG, NULL, "N",
      "cpu backend: kernel threads (0 = all cores)", 1024},
     {"model", T_STR, O(model), TR | PR | TU | SW, "gpt2-mini", R_ANY, NULL, "NAME",
@@ -75,7 +78,10 @@ static const opt table[] = {
     {"batch", T_INT, O(batch), TR | EV | PR | TU | SW, "8", R_POS, NULL, "B", "micro-batch size", 65536},
     {"seq", T_INT, O(seq), TR | EV | PR | TU | SW, "128", R_POS, NULL, "T", "sequence length", 1 << 20},
     {"grad-accum", T_INT, O(grad_accum), TR, "1", R_POS, NULL, "N",
-     "micro-batches per optimizer step", 1024},
+     "micro-batches per optimizer step (in a job: per rank)", 1024},
+    {"batch-shares", T_STR, O(batch_shares), TR, "equal", R_ANY, NULL, "HOW",
+     "a job's micro-batches by rank: equal (--grad-accum each), auto (the same total in "
+     "proportion to each rank's measured speed), or n0,n1,... per rank", 0},
     {"steps", T_INT, O(steps), TR | SW, "300", R_POS, NULL, "N", "optimizer steps", (int64_t)1 << 40},
     {"lr", T_FLOAT, O(lr), TR, "2e-3", R_POS, NULL, "X", "peak learning rate", 0},
     {"lr-schedule", T_STR, O(lr_schedule), TR, "cosine", R_ANY, "const|cosine", "S",
@@ -163,7 +169,7 @@ static const opt table[] = {
     {"quiet", T_BOOL, O(quiet), TR | EV | PR | TU | SW, "0", R_ANY, NULL, NULL, "only errors and results", 0},
 };
 #define NOPTS (int)(sizeof table / sizeof table[0])
-_Static_assert(sizeof table / sizeof table[0] <= 64, "set_mask holds 64 options");
+_Static_assert(sizeof table / sizeof table[0] <= 128, "set_mask holds 128 options");
 
 static int set_value(fy_opts *o, const opt *op, const char *v, bool from_user) {
     char *base = (char *)o + op->offset;

@@ -28,6 +28,7 @@ typedef struct fy_opts {
     const char *dtype;
     size_t gpu_mem;
     double sim_pcie_gbps;
+    const char *sim_slowdown;  /* per rank, comma-separated */
     int64_t threads;
     /* model */
     const char *model;
@@ -39,6 +40,7 @@ typedef struct fy_opts {
     const char *val_data;
     double val_split;
     int64_t batch, seq, grad_accum;
+    const char *batch_shares;  /* equal | auto | n0,n1,... */
     /* schedule and optimizer */
     int64_t steps;
     double lr, min_lr;
@@ -76,7 +78,7 @@ typedef struct fy_opts {
     bool ckpt_sync;
     const char *resume; /* NULL: not given; "": the latest in ckpt_dir; else a checkpoint */
     bool quiet;
-    unsigned set_mask[2]; /* which table entries the user gave (bit per entry) */
+    unsigned set_mask[4]; /* which table entries the user gave (bit per entry) */
 } fy_opts;
 
 /* Parses argv[first..argc) for command cmd (FY_CMD_*) into o, defaults first.

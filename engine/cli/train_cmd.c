@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "engine/checkpoint.h"
+#include "engine/device/kernels.h"
 #include "engine/cli/tune_cmd.h"
 #include "engine/core/util.h"
 #include "engine/train.h"
@@ -205,6 +206,147 @@ static fy_status check_budgets(const fy_opts *o, const fy_mem_model *plan_mm, fy
     return FY_OK;
 }
 
+/* A comma-separated list of exactly n numbers (each through parse), for a per-rank flag. */
+static fy_status per_rank_list(const char *flag, const char *s, int n, double lo, double hi,
+                               double *out) {
+    int k = 0;
+    const char *p = s;
+    while (*p && k <= n) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        char item[64];
+        double v;
+        if (len == 0 || len >= sizeof item) break;
+        memcpy(item, p, len);
+        item[len] = '\0';
+        if (fy_parse_f64(item, &v) || !(v >= lo && v <= hi)) {
+            fy_log_error("--%s: '%s' is not a number in [%g, %g]", flag, item, lo, hi);
+            return FY_ERR_USAGE;
+        }
+        if (k < n) out[k] = v;
+        k++;
+        if (!comma) { p += len; break; }
+        p = comma + 1;
+    }
+    if (k != n || *p) {
+        fy_log_error("--%s: '%s' must give exactly %d comma-separated values, one per rank", flag, s, n);
+        return FY_ERR_USAGE;
+    }
+    return FY_OK;
+}
+
+/* The rank's speed for --batch-shares auto: a fixed GEMM workload timed on its device
+ * (with --sim-slowdown's slowdown), as micro-batches of work per second would rank it. */
+static fy_status measure_speed(const fy_dev_cfg *dc, double *out) {
+    fy_dev *dev = NULL;
+    fy_stream *s = NULL;
+    float *a = NULL, *b = NULL, *c = NULL;
+    const int n = 256, reps = 12;
+    fy_status st = fy_dev_new(dc, &dev);
+    if (st == FY_OK) st = fy_stream_new(dev, "speed", &s);
+    if (st == FY_OK) st = fy_dev_alloc(dev, FY_MEM_DEVICE, (size_t)n * n * 4, "speed", (void **)&a);
+    if (st == FY_OK) st = fy_dev_alloc(dev, FY_MEM_DEVICE, (size_t)n * n * 4, "speed", (void **)&b);
+    if (st == FY_OK) st = fy_dev_alloc(dev, FY_MEM_DEVICE, (size_t)n * n * 4, "speed", (void **)&c);
+    if (st == FY_OK) {
+        fy_memset_async(s, a, 0, (size_t)n * n * 4);
+        fy_memset_async(s, b, 0, (size_t)n * n * 4);
+        fy_k_matmul_fwd(c, a, b, NULL, n, n, n, s); /* warm */
+        fy_stream_sync(s);
+        /* the best of 5 rounds of at least 40 ms: what another process on the machine
+         * takes from a round is not this device's speed */
+        double best = 0.0;
+        for (int round = 0; round < 5; round++) {
+            const double t0 = fy_now_ms();
+            int done = 0;
+            do {
+                for (int i = 0; i < reps; i++) fy_k_matmul_fwd(c, a, b, NULL, n, n, n, s);
+                fy_stream_sync(s);
+                done += reps;
+            } while (fy_now_ms() - t0 < 40.0);
+            const double ms = fy_now_ms() - t0, v = done / (ms > 1e-3 ? ms : 1e-3);
+            if (v > best) best = v;
+        }
+        *out = best;
+    }
+    if (a) fy_dev_release(dev, a);
+    if (b) fy_dev_release(dev, b);
+    if (c) fy_dev_release(dev, c);
+    fy_stream_free(s);
+    fy_dev_free(dev);
+    return st;
+}
+
+/* --batch-shares: this rank's micro-batches a step and where they start among the step's
+ * (tc->micro_first, tc->micro_total; the plan's grad_accum becomes this rank's count).
+ * equal: --grad-accum each (nothing to set); n0,n1,...: as given; auto: the total of
+ * equal shares, in proportion to each rank's speed (1/--sim-slowdown when given, else
+ * measured), at least one each, by largest remainders. */
+static fy_status batch_shares(const fy_opts *o, fy_comm *comm, const double *slowdown,
+                              fy_train_cfg *tc, fy_plan *plan) {
+    const int world = fy_comm_size(comm), rank = fy_comm_rank(comm);
+    if (!strcmp(o->batch_shares, "equal") || world == 1) return FY_OK;
+    double *w = calloc((size_t)world, sizeof *w);
+    int64_t *n = calloc((size_t)world, sizeof *n);
+    if (!w || !n) { free(w); free(n); return FY_ERR_NOMEM; }
+    fy_status st = FY_OK;
+    int64_t total = 0;
+    if (strcmp(o->batch_shares, "auto")) { /* explicit counts */
+        st = per_rank_list("batch-shares", o->batch_shares, world, 1, FY_PLAN_MAX_ACCUM, w);
+        for (int r = 0; r < world && st == FY_OK; r++) {
+            if (w[r] != (double)(int64_t)w[r]) {
+                fy_log_error("--batch-shares: %g is not a whole number of micro-batches", w[r]);
+                st = FY_ERR_USAGE;
+            }
+            n[r] = (int64_t)w[r];
+            total += n[r];
+        }
+    } else {
+        total = (int64_t)world * plan->grad_accum;
+        double mine = 0.0;
+        if (slowdown) mine = 1.0 / slowdown[rank];
+        else st = measure_speed(&tc->dev, &mine);
+        w[rank] = mine;
+        if (st == FY_OK) st = fy_comm_sum(comm, w, (size_t)world, FY_COMM_F64); /* every rank's */
+        double sum = 0.0;
+        for (int r = 0; r < world; r++) sum += w[r];
+        int64_t given = 0;
+        for (int r = 0; r < world && st == FY_OK; r++) {
+            n[r] = (int64_t)((double)total * w[r] / sum);
+            if (n[r] < 1) n[r] = 1;
+            given += n[r];
+        }
+        while (st == FY_OK && given != total) { /* the largest remainder gets one more (or
+                                                   the largest count one fewer) */
+            int best = -1;
+            double bestv = 0.0;
+            for (int r = 0; r < world; r++) {
+                const double rem = (double)total * w[r] / sum - (double)n[r];
+                const double v = given < total ? rem : (n[r] > 1 ? -rem : -1e300);
+                if (best < 0 || v > bestv) { best = r; bestv = v; }
+            }
+            n[best] += given < total ? 1 : -1;
+            given += given < total ? 1 : -1;
+        }
+    }
+    if (st == FY_OK && rank == 0 && !o->quiet) {
+        printf("shares  micro-batches of %lld x %lld by rank:", (long long)o->batch, (long long)o->seq);
+        for (int r = 0; r < world; r++) printf(" %lld", (long long)n[r]);
+        if (!strcmp(o->batch_shares, "auto"))
+            for (int r = 0; r < world; r++) printf("%s%.3g", r ? " " : " (auto, relative speeds ", w[r] / w[0]);
+        printf("%s\n", !strcmp(o->batch_shares, "auto") ? ")" : "");
+    }
+    if (st == FY_OK) {
+        int64_t first = 0;
+        for (int r = 0; r < rank; r++) first += n[r];
+        tc->micro_first = (int)first;
+        tc->micro_total = (int)total;
+        plan->grad_accum = (int)n[rank];
+    }
+    free(w);
+    free(n);
+    return st;
+}
+
 /* The dry run's last line, for scripts: the model's parameters and the plan's bytes, in
  * total and by category, and the pinned part of the host's under the pinned cap. */
 static void print_memory_json(const fy_model *m, const fy_mem_model *mm, const fy_comm *comm) {
@@ -265,7 +407,22 @@ int fy_train_main(const fy_opts *o) {
     if (st == FY_OK) st = check_ckpt_flags(o);
     if (st == FY_OK) st = fy_opts_dev_cfg(o, !o->dry_run, &tc.dev);
     if (st == FY_OK) st = resolve_model(o, fy_opts_given(o, "model"), &init, &m);
+    double *slowdown = NULL; /* --sim-slowdown, per rank */
+    if (st == FY_OK && o->sim_slowdown) {
+        if (tc.dev.kind != FY_DEV_CPU) {
+            fy_log_error("--sim-slowdown: the cpu backend's (--device cpu)");
+            st = FY_ERR_USAGE;
+        } else if (!(slowdown = calloc((size_t)world, sizeof *slowdown))) {
+            st = FY_ERR_NOMEM;
+        } else if ((st = per_rank_list("sim-slowdown", o->sim_slowdown, world, 1, 1000, slowdown)) == FY_OK) {
+            tc.dev.sim_slowdown = slowdown[g_rank];
+        }
+    }
     if (st == FY_OK) st = resolve_plan(o, m, tc.dev.kind, &plan);
+    if (st == FY_OK && world == 1 && strcmp(o->batch_shares, "equal"))
+        fy_log_warn("--batch-shares: one process takes every micro-batch (--grad-accum)");
+    if (st == FY_OK && !o->dry_run) st = batch_shares(o, comm, slowdown, &tc, &plan);
+    free(slowdown);
     fy_mem_model mm = {0};
     if (st == FY_OK)
         fy_storage_model_pinned(m, &plan, (int)o->seq, true, fy_dev_cfg_pinned_cap(&tc.dev), &mm);

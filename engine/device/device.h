@@ -58,6 +58,8 @@ typedef struct fy_dev_cfg {
     fy_dev_kind kind;
     size_t mem_cap_nbytes; /* device memory capacity; 0 = the backend's own (cpu: no cap) */
     double sim_pcie_gbps;  /* cpu: throttle H2D/D2H copies to this many GB/s; 0 = off */
+    double sim_slowdown;   /* cpu: kernels take this many times their time (a slower
+                              device, for unlike ranks of a job); 0 or 1 = off */
     int threads;           /* cpu: kernel threads; 0 = all online cores */
     int ordinal;           /* cuda: which GPU */
     fy_matmul_math matmul; /* cuda: fp32 GEMM arithmetic */

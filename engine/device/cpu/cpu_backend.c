@@ -32,6 +32,7 @@
 typedef struct cpu_dev {
     int threads;
     double gbps;
+    double slowdown;        /* kernels: sleep (slowdown - 1) x their time after each */
     pthread_mutex_t link_mu;
     double link_free_ms[2]; /* per direction: when the emulated link is next free */
 } cpu_dev;
@@ -126,9 +127,16 @@ static void exec_op(cpu_stream *cs, const fy_op *op) {
         pthread_mutex_unlock(&ce->mu);
         break;
     }
-    default:
+    default: {
+        const cpu_dev *cd = cs->dev->ctx;
+        const double t0 = cd->slowdown > 1.0 ? fy_now_ms() : 0.0;
         if (op->dt == FY_BF16) fy_cpu_exec_bf16(op);
         else fy_cpu_exec(op);
+        if (cd->slowdown > 1.0) {
+            const double extra_ms = (fy_now_ms() - t0) * (cd->slowdown - 1.0);
+            if (extra_ms > 0) usleep((useconds_t)(extra_ms * 1e3));
+        }
+    }
     }
 }
 
@@ -296,6 +304,7 @@ fy_status fy_cpu_dev_init(fy_dev *dev) {
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     cd->threads = dev->cfg.threads > 0 ? dev->cfg.threads : (int)(ncpu > 0 ? ncpu : 1);
     cd->gbps = dev->cfg.sim_pcie_gbps;
+    cd->slowdown = dev->cfg.sim_slowdown;
     pthread_mutex_init(&cd->link_mu, NULL);
     openblas_set_num_threads(cd->threads);
     dev->iface = &cpu_iface;
