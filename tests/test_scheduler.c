@@ -1080,8 +1080,8 @@ Test(scheduler, empty_graph_finishes, .timeout = 10) {
 
 /* ---- 7. trace ---------------------------------------------------------------------------------- */
 
-static const char *kind_names[] = {"fwd", "h2d_param", "d2h_grad", "adam_cpu"};
-static const char *kind_name(int kind) { return kind_names[kind]; }
+static const char *kind_names[FY_LANE_COUNT] = {"fwd", "h2d_param", "d2h_grad", "adam_cpu", "reduce"};
+static const char *kind_name(int kind) { return kind_names[kind]; } /* kinds are lanes here */
 
 /* The file parses as JSON; it names the process (label), has one thread_name per lane
  * (tid = lane) and one complete ("X") event per record of each run appended, in order,
