@@ -475,7 +475,13 @@ static fy_status run_norm(fy_trainer *tr, int id, const fy_task *t, const sg_tas
     double ss = 0.0, loss = 0.0;
     for (int b = 0; b < fy_tr_nblocks(tr); b++) ss += st->sumsq_host[b];
     for (int a = 0; a < accum(tr); a++) loss += st->loss_host[a];
-    if (dp(tr)) FY_TRY(fy_comm_sum(tr->comm, &loss, 1, FY_COMM_F64)); /* rank order */
+    if (dp(tr)) { /* the loss in rank order, and a stop any rank was asked for: then the
+                   * step applies nothing on every rank, as one process's stopped step */
+        double v[2] = {loss, tr->cfg.stop && atomic_load(tr->cfg.stop) ? 1.0 : 0.0};
+        FY_TRY(fy_comm_sum(tr->comm, v, 2, FY_COMM_F64));
+        if (v[1] > 0) return FY_INTERRUPTED;
+        loss = v[0];
+    }
     float norm = (float)sqrt(ss);
     out->loss = (float)(loss / (double)tr->micro_total);
     out->grad_norm = norm;
@@ -1315,6 +1321,9 @@ fy_status fy_trainer_run(fy_trainer *tr, fy_window *w) {
         tr->micro_base += (int64_t)w->nsteps * accum(tr);
     } else if (res.recs && res.failed_task >= 0) {
         w->completed = settle_failure(tr, &g, &res, steps_before);
+        /* in a job, the other ranks may be inside the failed step's collectives: a retry
+         * would meet them out of order */
+        if (dp(tr) && st != FY_INTERRUPTED) tr->broken = true;
     } else if (res.nrecs > 0) {
         /* the scheduler could not finish the graph after some tasks ran (a bug, logged):
          * what they applied is unknown */
@@ -1393,6 +1402,10 @@ static fy_status from_arrays(void *ctx, int64_t micro, int32_t *x, int32_t *y) {
 
 fy_status fy_trainer_step(fy_trainer *tr, const int32_t *x, const int32_t *y, float lr,
                           fy_step_stats *out) {
+    if (dp(tr)) { /* its arrays hold this process's micro-batches, numbered locally */
+        fy_log_error("fy_trainer_step: a data-parallel trainer runs windows (fy_trainer_run)");
+        return FY_ERR_UNSUPPORTED;
+    }
     arrays a = {x, y, tokens_n(tr), tr->micro_base};
     fy_window w = {.nsteps = 1, .lrs = &lr, .next_batch = from_arrays, .batch_ctx = &a,
                    .stats = out};

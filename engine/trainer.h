@@ -32,6 +32,7 @@
 #ifndef FY_TRAINER_H
 #define FY_TRAINER_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -61,6 +62,9 @@ typedef struct fy_trainer_cfg {
     int adam_threads;  /* cpu optimizer threads (0 = the device's thread count) */
     bool eval_only;    /* evaluation only: no gradients, moments or optimizer threads */
     int micro_first, micro_total; /* data parallel with unequal shares (below) */
+    atomic_int *stop;  /* data parallel: a stop request (non-zero: a signal came), decided
+                          by all ranks together at each step's norm (that step then
+                          applies nothing, FY_INTERRUPTED); may be NULL */
     fy_comm *comm;     /* data parallel: the job's processes (borrowed; NULL: this process
                           alone). Each step is micro_total micro-batches (0: size x
                           grad_accum): this rank runs its grad_accum of them, from

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <math.h>
 #include <ftw.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,6 +64,12 @@ static void run(test_proc *r, int np, const char *const *args) {
     free(saved);
 }
 #define FERRY(r, np, ...) run((r), (np), (const char *const[]){__VA_ARGS__, NULL})
+
+static int count_stops(const char *err) {
+    int n = 0;
+    for (const char *p = err; (p = strstr(p, "stopping after this step")); p++) n++;
+    return n;
+}
 
 static char *slurp(const char *path) { return test_read_file(path, NULL); }
 
@@ -187,6 +194,44 @@ Test(dp, checkpoints_resume_on_another_world_size) {
     cr_expect_neq(r.code, 0);
     cr_expect(strstr(r.err, "ferry: error: rank 0: --checkpoint-dir") && strstr(r.err, "holds checkpoints"),
               "%s", r.err);
+#undef RUN_ARGS
+}
+
+static bool has_latest(void *dir) {
+    char p[600];
+    snprintf(p, sizeof p, "%s/latest", (const char *)dir);
+    return access(p, F_OK) == 0;
+}
+
+/* SIGTERM to mpirun (which passes it to every rank) once a checkpoint exists: every rank
+ * stops at the same step (decided together at the step's norm), rank 0 writes its
+ * checkpoint, and one process resuming from it ends with the weights of one process
+ * never stopped. */
+Test(dp, a_signalled_job_stops_together_and_resumes_exactly) {
+#define RUN_ARGS "train", "--model", "gpt2-tiny", "--device", "cpu", "--threads", "1", "--seq", \
+        "32", "--batch", "2", "--val-batches", "1", "--steps", "400", "--lr-schedule", "const"
+    test_proc r;
+    const char *whole = path_in("whole400.safetensors"), *res = path_in("res400.safetensors");
+    const char *dir = path_in("sigck");
+    FERRY(&r, 0, RUN_ARGS, "--grad-accum", "2", "--save", whole);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    const char *bin = getenv("FERRY_BIN"), *mpirun = getenv("MPIRUN");
+    char *saved = strdup(bin);
+    const char *a[] = {"-np", "2", "--oversubscribe", saved, RUN_ARGS, "--checkpoint-dir", dir,
+                       "--checkpoint-every", "5", NULL};
+    setenv("FERRY_BIN", mpirun, 1);
+    test_run_ferry_when(&r, g_dir, 240, a, 0, SIGTERM, 0, 0, has_latest, (void *)dir);
+    setenv("FERRY_BIN", saved, 1);
+    free(saved);
+    cr_expect_eq(count_stops(r.err), 2, "both ranks stop after their step:\n%s", r.err);
+    FERRY(&r, 0, RUN_ARGS, "--grad-accum", "2", "--checkpoint-dir", dir, "--resume", "--save", res);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    cr_expect(strstr(r.out, "resume "), "%s", r.out);
+    size_t n0, n1;
+    char *w0 = test_read_file(whole, &n0), *w1 = test_read_file(res, &n1);
+    cr_expect(n0 == n1 && !memcmp(w0, w1, n0), "the resumed weights differ from a run never stopped");
+    free(w0);
+    free(w1);
 #undef RUN_ARGS
 }
 

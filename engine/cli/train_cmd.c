@@ -380,7 +380,7 @@ int fy_train_main(const fy_opts *o) {
     if (quiet) fy_log_set_level(FY_LOG_WARN);
     if (!lead && !o->dry_run && !freopen("/dev/null", "w", stdout)) { /* rank 0 reports */
         fy_log_error("cannot quiet this rank's output: %s", strerror(errno));
-        return exit_status(FY_ERR_IO);
+        fy_comm_abort(comm, 1);
     }
     if (!o->dry_run) catch_stop_signals();
     fy_weights *init = NULL;
@@ -389,12 +389,14 @@ int fy_train_main(const fy_opts *o) {
     fy_train_cfg tc = {0};
     st = check_tokens(o->batch, o->seq, "--batch");
     /* test hooks (tests/test_dp.c): a rank that fails at once, or stalls */
-    const char *fail = getenv("FERRY_TEST_FAIL_RANK"), *stall = getenv("FERRY_TEST_STALL_RANK");
-    if (world > 1 && fail && atoi(fail) == g_rank) {
+    int64_t fail = -1, stall = -1;
+    if (getenv("FERRY_TEST_FAIL_RANK") && fy_parse_i64(getenv("FERRY_TEST_FAIL_RANK"), &fail)) fail = -1;
+    if (getenv("FERRY_TEST_STALL_RANK") && fy_parse_i64(getenv("FERRY_TEST_STALL_RANK"), &stall)) stall = -1;
+    if (world > 1 && fail == g_rank) {
         fy_log_error("injected failure");
         st = FY_ERR_IO;
     }
-    if (world > 1 && stall && atoi(stall) == g_rank) sleep(120);
+    if (world > 1 && stall == g_rank) sleep(120);
     if (st == FY_OK && world > 1 && o->plan && !strcmp(o->plan, "auto")) {
         fy_log_error("--plan auto in a job of several processes is not built yet (the tuner "
                      "plans one process): give a plan or the shorthands");

@@ -20,6 +20,8 @@
 struct fy_comm {
     int rank, size, local_rank;
     bool mpi;                /* this process started MPI */
+    bool multiple;           /* MPI_THREAD_MULTIPLE: the watchdog may call MPI_Abort while
+                                a lane waits inside MPI */
     char desc[96];
     void *tmp;               /* rank 0's receive buffer, PIECE_NBYTES */
     /* the watchdog: the start of the collective in progress (0: none) */
@@ -66,7 +68,10 @@ static void *watch(void *arg) {
         if (t0 > 0 && fy_now_ms() - t0 > c->timeout_ms) {
             fy_log_error("a collective has waited %.0f s for the other ranks (one failed or "
                          "stalled; FERRY_COMM_TIMEOUT): ending the job", c->timeout_ms / 1e3);
-            MPI_Abort(MPI_COMM_WORLD, 1);
+            fflush(stderr);
+            /* a second thread in MPI only where the library allows it; else the exit of
+             * this rank ends the job (the launcher stops the others) */
+            if (c->multiple) MPI_Abort(MPI_COMM_WORLD, 1);
             _exit(1);
         }
     }
@@ -95,13 +100,15 @@ fy_status fy_comm_init(fy_comm **out) {
     fy_comm *c = calloc(1, sizeof *c);
     if (!c) return FY_ERR_NOMEM;
     int provided = 0;
-    /* the trainer's lanes call MPI from one thread at a time */
-    if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) {
+    /* the trainer's lanes call MPI from one thread at a time; MULTIPLE, where the library
+     * has it, lets the watchdog abort while a lane waits */
+    if (MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
         fy_log_error("MPI failed to start (launched as one of %d processes)", size);
         free(c);
         return FY_ERR_IO;
     }
     c->mpi = true;
+    c->multiple = provided >= MPI_THREAD_MULTIPLE;
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
     MPI_Comm_size(MPI_COMM_WORLD, &c->size);
@@ -193,11 +200,13 @@ fy_status fy_comm_sum(fy_comm *c, void *buf, size_t n, fy_dtype dt) {
                 st = mpi_check(MPI_Recv(c->tmp, (int)(k * es), MPI_BYTE, r, 0, MPI_COMM_WORLD,
                                         MPI_STATUS_IGNORE), "receive");
                 if (st == FY_OK) add_into(p, c->tmp, k, dt);
+                atomic_store(&c->busy_since_ms, fy_now_ms()); /* it moves: no stall */
             }
         } else {
             st = mpi_check(MPI_Send(p, (int)(k * es), MPI_BYTE, 0, 0, MPI_COMM_WORLD), "send");
         }
         if (st == FY_OK) st = mpi_check(MPI_Bcast(p, (int)(k * es), MPI_BYTE, 0, MPI_COMM_WORLD), "broadcast");
+        atomic_store(&c->busy_since_ms, fy_now_ms());
     }
     atomic_store(&c->busy_since_ms, 0.0);
     return st;
