@@ -160,6 +160,7 @@ static fy_stream *lane_stream(const fy_trainer *tr, fy_lane lane) {
     case FY_LANE_COMPUTE: return tr->s;
     case FY_LANE_H2D: return tr->s_h2d;
     case FY_LANE_D2H: return tr->s_d2h;
+    case FY_LANE_COMM: return tr->s_comm;
     default: return NULL; /* the cpu lane works on the host */
     }
 }
@@ -461,10 +462,20 @@ static fy_status run_d2h_grad(fy_trainer *tr, int id, const fy_task *t, const sg
  * place (the cpu backend's device memory is host memory), then its norm. */
 static fy_status run_reduce(fy_trainer *tr, int id, const fy_task *t, const sg_task *p) {
     const int b = t->block;
-    const fy_chunk *c = &tr->st->chunks[b];
+    fy_storage *st = tr->st;
+    const fy_chunk *c = &st->chunks[b];
+    if (tr->s_comm && !fy_tr_cpu_optim(tr, b)) { /* device memory: the device's collectives */
+        fy_coll_sum_async(tr->s_comm, c->grad_dev, c->nelem, fy_tr_dt(tr));
+        fy_k_sumsq(st->sumsq_dev + b, c->grad_dev, c->nelem, tr->s_comm);
+        fy_copy_async(tr->s_comm, st->sumsq_host + b, st->sumsq_dev + b, sizeof(double), FY_D2H);
+        return FY_OK;
+    }
+    /* host memory over MPI: with a comm stream the waits were on the device, so the host
+     * waits for them here */
+    if (tr->s_comm) fy_stream_sync(tr->s_comm);
     void *g = fy_tr_cpu_optim(tr, b) ? (void *)c->grad_host : (void *)c->grad_dev;
     FY_TRY(fy_comm_sum(tr->comm, g, c->nelem, fy_tr_dt(tr)));
-    tr->st->sumsq_host[b] = host_sumsq(tr, g, c->nelem);
+    st->sumsq_host[b] = host_sumsq(tr, g, c->nelem);
     return FY_OK;
 }
 
@@ -1182,6 +1193,7 @@ static void sync_all(void *ctx) {
     fy_stream_sync(tr->s);
     fy_stream_sync(tr->s_h2d);
     fy_stream_sync(tr->s_d2h);
+    if (tr->s_comm) fy_stream_sync(tr->s_comm);
 }
 
 static int by_start(const void *a, const void *b) {

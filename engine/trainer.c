@@ -107,11 +107,17 @@ fy_status fy_trainer_new(fy_dev *dev, const fy_trainer_cfg *cfg, fy_trainer **ou
     fy_status st = fy_trainer_setup_plan(tr, cfg);
     if (st != FY_OK) goto fail;
     if (tr->world > 1 && fy_dev_get_kind(dev) != FY_DEV_CPU) {
-        fy_log_error("data parallel runs on the cpu backend so far (the %s backend's NCCL "
-                     "collectives are not built yet): --device cpu, or one process",
-                     fy_dev_kind_name(fy_dev_get_kind(dev)));
-        st = FY_ERR_UNSUPPORTED;
-        goto fail;
+        /* gradients in device memory are summed by the device's collectives (NCCL) on a
+         * stream of the comm lane; host ones over MPI */
+        if (!fy_dev_has_collectives(dev)) {
+            fy_log_error("data parallel on the %s backend needs its collectives, which it "
+                         "lacks", fy_dev_kind_name(fy_dev_get_kind(dev)));
+            st = FY_ERR_UNSUPPORTED;
+            goto fail;
+        }
+        if ((st = fy_comm_attach(cfg->comm, dev)) != FY_OK ||
+            (st = fy_stream_new(dev, "comm", &tr->s_comm)) != FY_OK)
+            goto fail;
     }
     if ((st = fy_stream_new(dev, "compute", &tr->s)) != FY_OK ||
         (st = fy_stream_new(dev, "h2d", &tr->s_h2d)) != FY_OK ||
@@ -119,6 +125,7 @@ fy_status fy_trainer_new(fy_dev *dev, const fy_trainer_cfg *cfg, fy_trainer **ou
         goto fail;
     if ((st = fy_storage_new(dev, tr->model, &tr->plan, cfg->T, !cfg->eval_only, &tr->st)) != FY_OK ||
         (st = fy_stream_set_dtype(tr->s, fy_tr_dt(tr))) != FY_OK ||
+        (tr->s_comm && (st = fy_stream_set_dtype(tr->s_comm, fy_tr_dt(tr))) != FY_OK) ||
         (st = fy_event_new_timed(dev, &tr->ev_anchor)) != FY_OK)
         goto fail;
     tr->cost_ms = calloc((size_t)FY_T_COUNT * (fy_tr_nblocks(tr) + 1) * 2, sizeof *tr->cost_ms);
@@ -161,6 +168,7 @@ void fy_trainer_free(fy_trainer *tr) {
     fy_stream_free(tr->s);
     fy_stream_free(tr->s_h2d);
     fy_stream_free(tr->s_d2h);
+    fy_stream_free(tr->s_comm);
     fy_trainer_graph_free(tr);
     fy_event_free(tr->ev_anchor);
     fy_storage_free(tr->st);

@@ -22,6 +22,8 @@ struct fy_trainer {
     fy_dev *dev;
     fy_stream *s;            /* compute lane */
     fy_stream *s_h2d, *s_d2h;/* transfer lanes */
+    fy_stream *s_comm;       /* the comm lane's, with device collectives (else NULL: the
+                                lane's work is host work) */
     fy_trainer_cfg cfg;
     const fy_model *model;
     fy_plan plan;

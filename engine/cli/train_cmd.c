@@ -409,6 +409,8 @@ int fy_train_main(const fy_opts *o) {
     if (st == FY_OK) st = check_ckpt_flags(o);
     if (st == FY_OK) st = fy_opts_dev_cfg(o, !o->dry_run, &tc.dev);
     if (st == FY_OK) st = resolve_model(o, fy_opts_given(o, "model"), &init, &m);
+    /* one GPU per process: the local rank picks it */
+    if (st == FY_OK && world > 1 && tc.dev.kind == FY_DEV_CUDA) tc.dev.ordinal = fy_comm_local_rank(comm);
     double *slowdown = NULL; /* --sim-slowdown, per rank */
     if (st == FY_OK && o->sim_slowdown) {
         if (tc.dev.kind != FY_DEV_CPU) {

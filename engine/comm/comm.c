@@ -230,6 +230,19 @@ fy_status fy_comm_bcast(fy_comm *c, void *buf, size_t nbytes) {
 #endif
 }
 
+fy_status fy_comm_attach(fy_comm *c, fy_dev *dev) {
+    if (c->size == 1 || !fy_dev_has_collectives(dev)) return FY_OK;
+    unsigned char id[FY_COLL_ID_BYTES] = {0};
+    size_t len = 0;
+    int32_t failed = c->rank == 0 && fy_dev_coll_id(dev, id, sizeof id, &len) != FY_OK;
+    FY_TRY(fy_comm_max_i32(c, &failed));
+    if (failed) return FY_ERR_UNSUPPORTED; /* rank 0 said why */
+    uint64_t n = len;
+    FY_TRY(fy_comm_bcast(c, &n, sizeof n));
+    FY_TRY(fy_comm_bcast(c, id, sizeof id));
+    return fy_dev_coll_init(dev, id, (size_t)n, c->rank, c->size);
+}
+
 fy_status fy_comm_max_i32(fy_comm *c, int32_t *x) {
     if (c->size == 1) return FY_OK;
 #ifndef FY_HAVE_MPI

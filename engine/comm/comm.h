@@ -28,6 +28,7 @@
 
 #include "engine/core/dtype.h"
 #include "engine/core/status.h"
+#include "engine/device/device.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -53,6 +54,11 @@ const char *fy_comm_describe(const fy_comm *c);
  * F64 (FY_DTYPE_NONE stands for fp64 here: dtype.h has no fp64). */
 #define FY_COMM_F64 FY_DTYPE_NONE
 fy_status fy_comm_sum(fy_comm *c, void *buf, size_t n, fy_dtype dt);
+/* The job's devices join in their backend's collectives (fy_dev_coll_*: NCCL on the
+ * cuda backend): rank 0 makes the id and sends it over MPI. A no-op alone or on a backend
+ * without them (the cpu backend sums host memory, fy_comm_sum). */
+fy_status fy_comm_attach(fy_comm *c, fy_dev *dev);
+
 /* buf[0..nbytes) of rank 0 on every rank. */
 fy_status fy_comm_bcast(fy_comm *c, void *buf, size_t nbytes);
 /* x = the largest over ranks (a collective decision: stop, skip). */

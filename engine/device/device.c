@@ -240,6 +240,23 @@ void fy_stream_free(fy_stream *s) {
 
 fy_dev *fy_stream_dev(const fy_stream *s) { return s->dev; }
 
+bool fy_dev_has_collectives(const fy_dev *dev) { return dev->iface->coll_init != NULL; }
+
+fy_status fy_dev_coll_id(fy_dev *dev, void *id, size_t cap, size_t *len) {
+    FY_ASSERT(dev->iface->coll_id, "a backend without collectives");
+    return dev->iface->coll_id(dev, id, cap, len);
+}
+
+fy_status fy_dev_coll_init(fy_dev *dev, const void *id, size_t len, int rank, int size) {
+    FY_ASSERT(dev->iface->coll_init, "a backend without collectives");
+    return dev->iface->coll_init(dev, id, len, rank, size);
+}
+
+void fy_coll_sum_async(fy_stream *s, void *buf, size_t n, fy_dtype dt) {
+    FY_ASSERT(s->dev->iface->coll_sum, "a backend without collectives");
+    s->dev->iface->coll_sum(s, buf, n, dt);
+}
+
 fy_status fy_stream_set_dtype(fy_stream *s, fy_dtype t) {
     if (t == FY_DTYPE_NONE) t = FY_F32;
     if (!(s->dev->iface->dtypes & (1u << t))) {

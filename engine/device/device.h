@@ -110,6 +110,17 @@ void fy_stream_sync(fy_stream *s);
  * widens bf16 tensors to fp32 around its fp32 kernels). FY_ERR_UNSUPPORTED (logged) for
  * any other type. Set it before queueing work. */
 fy_status fy_stream_set_dtype(fy_stream *s, fy_dtype t);
+
+/* Collectives between the devices of a data-parallel job, where the backend has them (the
+ * cuda backend: NCCL; the cpu backend: none, engine/comm sums host memory over MPI).
+ * Rank 0 makes an id (at most FY_COLL_ID_BYTES), every rank joins with it, then sums run
+ * on streams, in the job's order of calls. */
+#define FY_COLL_ID_BYTES 256
+bool fy_dev_has_collectives(const fy_dev *dev);
+fy_status fy_dev_coll_id(fy_dev *dev, void *id, size_t cap, size_t *len);
+fy_status fy_dev_coll_init(fy_dev *dev, const void *id, size_t len, int rank, int size);
+/* buf (n elements of dt: F32, BF16) = its sum over the job's ranks, queued on s. */
+void fy_coll_sum_async(fy_stream *s, void *buf, size_t n, fy_dtype dt);
 fy_dtype fy_stream_dtype(const fy_stream *s);
 
 /* Events: record captures the work queued on s so far; wait makes later work on s

@@ -48,6 +48,10 @@ typedef struct fy_dev_iface {
     void (*event_sync)(fy_event *e);
     bool (*event_done)(fy_event *e);
     double (*event_elapsed_ms)(fy_event *from, fy_event *to); /* both timed, complete */
+    /* collectives between the devices of a job (NULL: none; device.h fy_dev_coll_*) */
+    fy_status (*coll_id)(fy_dev *dev, void *id, size_t cap, size_t *len);
+    fy_status (*coll_init)(fy_dev *dev, const void *id, size_t len, int rank, int size);
+    void (*coll_sum)(fy_stream *s, void *buf, size_t n, fy_dtype dt);
 } fy_dev_iface;
 
 typedef struct fy_alloc_rec {

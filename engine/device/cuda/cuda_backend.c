@@ -250,8 +250,26 @@ static double cu_event_elapsed_ms(fy_event *from, fy_event *to) {
 static void cu_free(fy_dev *dev) {
     fy_cu_dev *cd = dev->ctx;
     make_current(dev);
+    fy_cu_nccl_free(cd);
     if (cd->zero_st) cudaStreamDestroy(cd->zero_st);
     free(cd);
+}
+
+/* ---- collectives (cuda_nccl.c) ------------------------------------------------------ */
+
+static fy_status cu_coll_id(fy_dev *dev, void *id, size_t cap, size_t *len) {
+    make_current(dev);
+    return fy_cu_nccl_id(id, cap, len);
+}
+
+static fy_status cu_coll_init(fy_dev *dev, const void *id, size_t len, int rank, int size) {
+    make_current(dev);
+    return fy_cu_nccl_init(dev->ctx, id, len, rank, size);
+}
+
+static void cu_coll_sum(fy_stream *s, void *buf, size_t n, fy_dtype dt) {
+    make_current(s->dev);
+    fy_cu_nccl_sum(s->dev->ctx, s->ctx, buf, n, dt);
 }
 
 static const fy_dev_iface cuda_iface = {
@@ -271,6 +289,9 @@ static const fy_dev_iface cuda_iface = {
     .event_sync = cu_event_sync,
     .event_done = cu_event_done,
     .event_elapsed_ms = cu_event_elapsed_ms,
+    .coll_id = cu_coll_id,
+    .coll_init = cu_coll_init,
+    .coll_sum = cu_coll_sum,
 };
 
 fy_status fy_cuda_dev_init(fy_dev *dev) {

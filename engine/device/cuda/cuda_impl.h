@@ -47,6 +47,7 @@ typedef struct fy_cu_dev {
     int sm_count;
     fy_matmul_math math;      /* resolved: never FY_MATMUL_AUTO */
     cudaStream_t zero_st;     /* zeroes fresh allocations */
+    void *nccl;               /* the job's ncclComm_t (cuda_nccl.c), or NULL */
 } fy_cu_dev;
 
 /* cuda_kernels.cu: the ops that are not GEMMs (encoder, layernorm, gelu, residual,
@@ -60,6 +61,12 @@ void fy_cu_bias_fill(fy_cu_stream *cs, fy_dtype dt, void *out, const void *bias,
  * diagonal); backward: ds = p * (ds - rowsum(p * ds)) in place, zero above it. */
 void fy_cu_softmax_causal_fwd(fy_cu_stream *cs, fy_dtype dt, void *att, int BH, int T);
 void fy_cu_softmax_causal_bwd(fy_cu_stream *cs, fy_dtype dt, void *ds, const void *att, int BH, int T);
+
+/* cuda_nccl.c: the job's collectives (NCCL, loaded with dlopen). */
+fy_status fy_cu_nccl_id(void *id, size_t cap, size_t *len);
+fy_status fy_cu_nccl_init(fy_cu_dev *cd, const void *id, size_t len, int rank, int size);
+void fy_cu_nccl_free(fy_cu_dev *cd);
+void fy_cu_nccl_sum(fy_cu_dev *cd, fy_cu_stream *cs, void *buf, size_t n, fy_dtype dt);
 
 /* cuda_gemm.c: the GEMM ops (matmul, attention) and the cuBLASLt library. */
 void fy_cu_exec_gemm_op(fy_cu_stream *cs, const fy_op *op);
