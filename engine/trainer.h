@@ -71,7 +71,8 @@ typedef struct fy_trainer_cfg {
                           micro_first on (0 with micro_total 0: rank x grad_accum), and
                           next_batch's numbers are the step's global ones,
                           gradients and losses are summed over the ranks in rank order
-                          (comm.h), and every rank applies the same update */
+                          (comm.h; gradients in a GPU's memory by NCCL, in its order),
+                          and every rank applies the same update */
 } fy_trainer_cfg;
 
 typedef struct fy_step_stats {
