@@ -373,17 +373,9 @@ static double host_sumsq(const fy_trainer *tr, const void *g, size_t n) {
 }
 
 /* The host's sum of micro-batch gradients: acc[i] += add[i] for n elements of the
- * storage type (fp32 sums, rounded to the storage type: the device's accumulation). */
+ * storage type (the device's accumulation). */
 static void host_add(const fy_trainer *tr, void *acc, const void *add, size_t n) {
-    if (fy_tr_lp(tr)) {
-        uint16_t *x = acc;
-        const uint16_t *y = add;
-        for (size_t i = 0; i < n; i++) x[i] = fy_f32_to_bf16(fy_bf16_to_f32(x[i]) + fy_bf16_to_f32(y[i]));
-    } else {
-        float *x = acc;
-        const float *y = add;
-        for (size_t i = 0; i < n; i++) x[i] = x[i] + y[i];
-    }
+    fy_add_n(fy_tr_dt(tr), acc, add, n);
 }
 
 /* A gathered block's d2h_grad: its rows' gradient lands in the landing slot and is

@@ -22,7 +22,6 @@ struct fy_comm {
     bool mpi;                /* this process started MPI */
     bool multiple;           /* MPI_THREAD_MULTIPLE: the watchdog may call MPI_Abort while
                                 a lane waits inside MPI */
-    char desc[96];
     void *tmp;               /* rank 0's receive buffer, PIECE_NBYTES */
     /* the watchdog: the start of the collective in progress (0: none) */
     _Atomic double busy_since_ms;
@@ -50,11 +49,11 @@ static const char *const size_vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI
 static const char *const local_vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
                                          "SLURM_LOCALID", NULL};
 
-fy_status fy_comm_single(fy_comm **out) {
+/* A world of this process alone, without MPI. */
+static fy_status single(fy_comm **out) {
     fy_comm *c = calloc(1, sizeof *c);
     if (!c) return FY_ERR_NOMEM;
     c->size = 1;
-    snprintf(c->desc, sizeof c->desc, "none");
     *out = c;
     return FY_OK;
 }
@@ -91,7 +90,7 @@ static fy_status mpi_check(int rc, const char *what) {
 fy_status fy_comm_init(fy_comm **out) {
     *out = NULL;
     const int size = env_int(size_vars);
-    if (size <= 1) return fy_comm_single(out);
+    if (size <= 1) return single(out);
 #ifndef FY_HAVE_MPI
     fy_log_error("started as one of %d processes, but this build has no MPI (install "
                  "libopenmpi-dev and rebuild)", size);
@@ -114,11 +113,6 @@ fy_status fy_comm_init(fy_comm **out) {
     MPI_Comm_size(MPI_COMM_WORLD, &c->size);
     c->local_rank = env_int(local_vars);
     if (c->local_rank < 0) c->local_rank = c->rank;
-    char lib[MPI_MAX_LIBRARY_VERSION_STRING];
-    int len = 0;
-    MPI_Get_library_version(lib, &len);
-    lib[strcspn(lib, ",\n")] = '\0';
-    snprintf(c->desc, sizeof c->desc, "MPI (%.80s)", lib);
     fy_status st = FY_OK;
     if (provided < MPI_THREAD_SERIALIZED) {
         fy_log_error("MPI gives thread level %d; ferry needs MPI_THREAD_SERIALIZED", provided);
@@ -153,7 +147,6 @@ void fy_comm_free(fy_comm *c) {
 int fy_comm_rank(const fy_comm *c) { return c->rank; }
 int fy_comm_size(const fy_comm *c) { return c->size; }
 int fy_comm_local_rank(const fy_comm *c) { return c->local_rank; }
-const char *fy_comm_describe(const fy_comm *c) { return c->desc; }
 
 _Noreturn void fy_comm_abort(fy_comm *c, int code) {
     fflush(stdout);
@@ -166,19 +159,13 @@ _Noreturn void fy_comm_abort(fy_comm *c, int code) {
 
 /* acc[i] += add[i], in the type's arithmetic (comm.h). */
 static void add_into(void *acc, const void *add, size_t n, fy_dtype dt) {
-    if (dt == FY_BF16) {
-        uint16_t *x = acc;
-        const uint16_t *y = add;
-        for (size_t i = 0; i < n; i++) x[i] = fy_f32_to_bf16(fy_bf16_to_f32(x[i]) + fy_bf16_to_f32(y[i]));
-    } else if (dt == FY_F32) {
-        float *x = acc;
-        const float *y = add;
-        for (size_t i = 0; i < n; i++) x[i] = x[i] + y[i];
-    } else {
-        double *x = acc;
-        const double *y = add;
-        for (size_t i = 0; i < n; i++) x[i] = x[i] + y[i];
+    if (dt != FY_COMM_F64) {
+        fy_add_n(dt, acc, add, n);
+        return;
     }
+    double *x = acc;
+    const double *y = add;
+    for (size_t i = 0; i < n; i++) x[i] = x[i] + y[i];
 }
 
 fy_status fy_comm_sum(fy_comm *c, void *buf, size_t n, fy_dtype dt) {
@@ -251,18 +238,6 @@ fy_status fy_comm_max_i32(fy_comm *c, int32_t *x) {
     atomic_store(&c->busy_since_ms, fy_now_ms());
     fy_status st = mpi_check(MPI_Allreduce(MPI_IN_PLACE, x, 1, MPI_INT32_T, MPI_MAX, MPI_COMM_WORLD),
                              "allreduce");
-    atomic_store(&c->busy_since_ms, 0.0);
-    return st;
-#endif
-}
-
-fy_status fy_comm_barrier(fy_comm *c) {
-    if (c->size == 1) return FY_OK;
-#ifndef FY_HAVE_MPI
-    return FY_ERR_UNSUPPORTED;
-#else
-    atomic_store(&c->busy_since_ms, fy_now_ms());
-    fy_status st = mpi_check(MPI_Barrier(MPI_COMM_WORLD), "barrier");
     atomic_store(&c->busy_since_ms, 0.0);
     return st;
 #endif

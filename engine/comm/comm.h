@@ -40,15 +40,11 @@ typedef struct fy_comm fy_comm;
  * several processes and this build has no MPI; FY_ERR_IO (logged) when MPI fails to
  * start. */
 fy_status fy_comm_init(fy_comm **out);
-/* A world of one process, without MPI (tests, tools). */
-fy_status fy_comm_single(fy_comm **out);
 void fy_comm_free(fy_comm *c); /* NULL is a no-op; ends MPI when it started it */
 
 int fy_comm_rank(const fy_comm *c);
 int fy_comm_size(const fy_comm *c);
 int fy_comm_local_rank(const fy_comm *c); /* among the ranks of this node: picks the GPU */
-/* "MPI (Open MPI 4.1.4)", or "none" for a single process. */
-const char *fy_comm_describe(const fy_comm *c);
 
 /* buf[0..n) = the sum over ranks in rank order (above); dt F32, BF16 (host bf16 bits) or
  * F64 (FY_DTYPE_NONE stands for fp64 here: dtype.h has no fp64). */
@@ -63,7 +59,6 @@ fy_status fy_comm_attach(fy_comm *c, fy_dev *dev);
 fy_status fy_comm_bcast(fy_comm *c, void *buf, size_t nbytes);
 /* x = the largest over ranks (a collective decision: stop, skip). */
 fy_status fy_comm_max_i32(fy_comm *c, int32_t *x);
-fy_status fy_comm_barrier(fy_comm *c);
 /* Ends every process of the job (this one with `code`). */
 _Noreturn void fy_comm_abort(fy_comm *c, int code);
 

@@ -27,6 +27,18 @@ int fy_dtype_parse(const char *s, fy_dtype *out) {
     return 0;
 }
 
+void fy_add_n(fy_dtype t, void *acc, const void *add, size_t n) {
+    if (t == FY_BF16) {
+        uint16_t *x = acc;
+        const uint16_t *y = add;
+        for (size_t i = 0; i < n; i++) x[i] = fy_f32_to_bf16(fy_bf16_to_f32(x[i]) + fy_bf16_to_f32(y[i]));
+    } else {
+        float *x = acc;
+        const float *y = add;
+        for (size_t i = 0; i < n; i++) x[i] = x[i] + y[i];
+    }
+}
+
 uint16_t fy_f32_to_f16(float f) {
     uint32_t u = fy_f32_bits(f);
     uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);

@@ -48,6 +48,10 @@ static inline void fy_bf16_to_f32_n(float *dst, const uint16_t *src, size_t n) {
 uint16_t fy_f32_to_f16(float f);
 float fy_f16_to_f32(uint16_t h);
 
+/* acc[i] += add[i] for n elements of type t (F32, or BF16 bits: the fp32 sum rounded, a
+ * device's accumulation of a bf16 gradient). */
+void fy_add_n(fy_dtype t, void *acc, const void *add, size_t n);
+
 #ifdef __cplusplus
 }
 #endif
