@@ -410,29 +410,29 @@ static void check_matmul_bwd(fy_dtype dt, mm_shape sh, bool with_dinp, bool with
 }
 
 /* Forward with and without bias, backward with and without dinp and dbias. */
-/* The matmul backward into an fp32 dw (the classifier's accumulator under bf16
- * storage): dinp in dt, dw fp32 on both sides whatever dt; then fy_k_add_f32 rounds it
- * into a dt tensor. */
-static void check_matmul_f32acc(fy_dtype dt, mm_shape sh, double tol) {
+/* The matmul backward into an fp32 dinp that accumulates (the classifier's d input,
+ * summed over its vocabulary chunks): dinp fp32 on both sides whatever dt, dw in dt; then
+ * fy_k_add_f32 rounds it into a dt tensor. */
+static void check_matmul_dx32(fy_dtype dt, mm_shape sh, double tol) {
     const int N = sh.N, C = sh.C, OC = sh.OC;
     seed(48);
     dual inp = dput(dt, hrand((size_t)N * C, -1, 1), (size_t)N * C);
     dual w = dput(dt, hrand((size_t)OC * C, -1, 1), (size_t)OC * C);
     dual dout = dput(dt, hrand((size_t)N * OC, -1, 1), (size_t)N * OC);
-    dual dinp = dpoison(dt, (size_t)N * C);                                     /* overwritten */
-    dual dw32 = dput(FY_F32, hrand((size_t)OC * C, -1, 1), (size_t)OC * C);     /* accumulates */
-    BOTH(fy_k_matmul_bwd_f32acc(X(dinp), X(dw32), X(dout), X(inp), X(w), N, C, OC, S));
-    expect_match("matmul_bwd_f32acc dinp", &dinp, tol);
-    expect_match("matmul_bwd_f32acc dw (fp32)", &dw32, tol);
-    dual dst = dput(dt, hrand((size_t)OC * C, -1, 1), (size_t)OC * C);
-    BOTH(fy_k_add_f32(X(dst), X(dw32), (size_t)OC * C, S));
+    dual dinp32 = dput(FY_F32, hrand((size_t)N * C, -1, 1), (size_t)N * C);   /* accumulates */
+    dual dw = dput(dt, hrand((size_t)OC * C, -1, 1), (size_t)OC * C);          /* accumulates */
+    BOTH(fy_k_matmul_bwd_dx32(X(dinp32), X(dw), X(dout), X(inp), X(w), N, C, OC, S));
+    expect_match("matmul_bwd_dx32 dinp (fp32)", &dinp32, tol);
+    expect_match("matmul_bwd_dx32 dw", &dw, tol);
+    dual dst = dput(dt, hrand((size_t)N * C, -1, 1), (size_t)N * C);
+    BOTH(fy_k_add_f32(X(dst), X(dinp32), (size_t)N * C, S));
     expect_match("add_f32", &dst, tol);
 }
 
 static void check_matmul(fy_dtype dt, mm_shape sh, double tol) {
     for (int bias = 0; bias < 2; bias++) check_matmul_fwd(dt, sh, bias, tol);
     for (int k = 0; k < 4; k++) check_matmul_bwd(dt, sh, k & 1, k & 2, tol);
-    check_matmul_f32acc(dt, sh, tol);
+    check_matmul_dx32(dt, sh, tol);
 }
 
 /* Attention over packed rows of NH query heads and NKV key/value heads of hd channels
@@ -952,7 +952,7 @@ _Static_assert((int)KF == (int)KC, "dy (KN, KC) is SwiGLU's dout (KN, KF) in the
     X_(rrstd, KN, 'F') X_(gqkv, KN * KQ, 'O') X_(gy, KN * KC, 'O')                             \
     X_(gatt, KB * KNH * KT * KT, 'O') X_(sw, KN * KF, 'O') X_(dgu, KN * KQ, 'O')               \
     X_(dgqkv, KN * KQ, 'O') X_(gscratch, KB * KNH * KT * KT, 'W') X_(drms, KN * KC, 'O')       \
-    X_(dgqkv_w32, KQ * KC, 'F') X_(dgqkv_w, KQ * KC, 'O') X_(dx1, KN * KC, 'O')                \
+    X_(drms32, KN * KC, 'F') X_(dgqkv_w, KQ * KC, 'O') X_(dx1, KN * KC, 'O')                \
     X_(drms_w, KC, 'O') X_(adam_p, KC, 'F') X_(adam_m, KC, 'F') X_(adam_v, KC, 'F')            \
     X_(adam_out, KC, 'O')
 
@@ -1061,8 +1061,8 @@ static void kset_run(fy_stream *s, fy_dtype dt, void *const img[K_COUNT], char *
     fy_k_attention_bwd(T_(dgqkv), T_(gscratch), T_(dy), T_(gqkv), T_(gatt), KB, KT, KNH, KNKV,
                        KHD, s);
     fy_k_rope(T_(dgqkv), KB, KT, KNH, KNKV, KHD, true, &rope, s);
-    fy_k_matmul_bwd_f32acc(T_(drms), T_(dgqkv_w32), T_(dgqkv), T_(rms), T_(gqkv_w), KN, KC, KQ, s);
-    fy_k_add_f32(T_(dgqkv_w), T_(dgqkv_w32), (size_t)KQ * KC, s);
+    fy_k_matmul_bwd_dx32(T_(drms32), T_(dgqkv_w), T_(dgqkv), T_(rms), T_(gqkv_w), KN, KC, KQ, s);
+    fy_k_add_f32(T_(drms), T_(drms32), (size_t)KN * KC, s);
     fy_k_rmsnorm_bwd(T_(dx1), T_(drms_w), T_(drms), T_(x1), T_(rms_w), T_(rrstd), KN, KC, s);
     fy_k_encoder_bwd(T_(dwte), NULL, T_(dx1), T_(tok), KB, KT, KC, KV, s);
     fy_adam_hparams hp = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,

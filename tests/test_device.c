@@ -1196,7 +1196,6 @@ static const op_case op_cases[] = {
     {FY_OP_LAYERNORM_BWD, {10, 8}, {0}},
     {FY_OP_MATMUL_FWD, {10, 8, 12}, {0}},
     {FY_OP_MATMUL_BWD, {10, 8, 12}, {0}},
-    {FY_OP_MATMUL_BWD_F32ACC, {10, 8, 12}, {0}},
     {FY_OP_MATMUL_BWD_DX32, {10, 8, 12}, {0}},
     {FY_OP_CE_CHUNK_FWD, {6, 0, 16, 11}, {0}},  /* the first chunk: starts the sums */
     {FY_OP_CE_CHUNK_FWD, {6, 64, 64, 100}, {0}}, /* a later one, padding past class 99 */

@@ -65,12 +65,6 @@ void fy_k_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout,
            NO_FLTS);
 }
 
-void fy_k_matmul_bwd_f32acc(float *dinp, float *dw32, const float *dout, const float *inp,
-                            const float *w, int N, int C, int OC, fy_stream *s) {
-    launch(s, FY_OP_MATMUL_BWD_F32ACC, PTRS(dinp, dw32, P(dout), P(inp), P(w)), INTS(N, C, OC),
-           NO_FLTS);
-}
-
 void fy_k_matmul_bwd_dx32(float *dinp32, float *dw, const float *dout, const float *inp,
                           const float *w, int N, int C, int OC, fy_stream *s) {
     launch(s, FY_OP_MATMUL_BWD_DX32, PTRS(dinp32, dw, P(dout), P(inp), P(w)), INTS(N, C, OC),

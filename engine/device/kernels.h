@@ -72,11 +72,6 @@ void fy_k_matmul_fwd(float *out, const float *inp, const float *w, const float *
 void fy_k_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout,
                      const float *inp, const float *w, int N, int C, int OC, fy_stream *s);
 
-/* As fy_k_matmul_bwd without a bias, but dw32 (OC,C) is fp32 whatever the stream's
- * storage type (dinp, dout, inp and w follow it): a bf16 run sums many products into one
- * fp32 accumulator and rounds once (fy_k_add_f32). dinp may be NULL. */
-void fy_k_matmul_bwd_f32acc(float *dinp, float *dw32, const float *dout, const float *inp,
-                            const float *w, int N, int C, int OC, fy_stream *s);
 /* As fy_k_matmul_bwd without a bias, but dinp32 (N,C) is fp32 whatever the stream's
  * storage type and accumulates (+=): a bf16 run sums the shares of several GEMMs (the
  * classifier's vocabulary chunks) before one rounding. */

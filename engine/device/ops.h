@@ -51,9 +51,6 @@
     X(MATMUL_BWD, 3, 0,                                                                        \
       AO(dinp, OUT, S, NC) A(dw, INOUT, S, OCC) AO(dbias, INOUT, S, OC) A(dout, IN, S, NOC)      \
       A(inp, IN, S, NC) A(w, IN, S, OCC))                                                      \
-    X(MATMUL_BWD_F32ACC, 3, 0, /* dw fp32 whatever the storage type */                         \
-      AO(dinp, OUT, S, NC) A(dw, INOUT, F32, OCC) A(dout, IN, S, NOC) A(inp, IN, S, NC)          \
-      A(w, IN, S, OCC))                                                                        \
     X(MATMUL_BWD_DX32, 3, 0, /* dinp fp32 and accumulated whatever the storage type */        \
       A(dinp, INOUT, F32, NC) A(dw, INOUT, S, OCC) A(dout, IN, S, NOC) A(inp, IN, S, NC)         \
       A(w, IN, S, OCC))                                                                        \

@@ -472,10 +472,6 @@ static void k_matmul_fwd(const fy_op *op) { matmul_fwd(OP_P(0), OP_P(1), OP_P(2)
 static void k_matmul_bwd(const fy_op *op) {
     matmul_bwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_P(4), OP_P(5), OP_I(0), OP_I(1), OP_I(2));
 }
-/* fp32 is the cpu kernels' only type: the fp32 dw is the plain backward's */
-static void k_matmul_bwd_f32acc(const fy_op *op) {
-    matmul_bwd(OP_P(0), OP_P(1), NULL, OP_P(2), OP_P(3), OP_P(4), OP_I(0), OP_I(1), OP_I(2));
-}
 /* dinp32 += dout @ w, dw += dout^T @ inp */
 static void k_matmul_bwd_dx32(const fy_op *op) {
     const int N = OP_I(0), C = OP_I(1), OC = OP_I(2);
@@ -521,7 +517,7 @@ static const cpu_kernel kernels[FY_OP_KERNELS] = {
     [FY_OP_LAYERNORM_FWD] = k_layernorm_fwd, [FY_OP_LAYERNORM_BWD] = k_layernorm_bwd,
     [FY_OP_RMSNORM_FWD] = k_rmsnorm_fwd, [FY_OP_RMSNORM_BWD] = k_rmsnorm_bwd,
     [FY_OP_MATMUL_FWD] = k_matmul_fwd, [FY_OP_MATMUL_BWD] = k_matmul_bwd,
-    [FY_OP_MATMUL_BWD_F32ACC] = k_matmul_bwd_f32acc, [FY_OP_ADD_F32] = k_add_f32,
+    [FY_OP_ADD_F32] = k_add_f32,
     [FY_OP_MATMUL_BWD_DX32] = k_matmul_bwd_dx32, [FY_OP_CE_CHUNK_FWD] = k_ce_chunk_fwd,
     [FY_OP_CE_CHUNK_BWD] = k_ce_chunk_bwd,
     [FY_OP_ATTENTION_FWD] = k_attention_fwd, [FY_OP_ATTENTION_BWD] = k_attention_bwd,

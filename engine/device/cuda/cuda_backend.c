@@ -190,8 +190,8 @@ static void cu_launch(fy_stream *s, const fy_op *op) {
         FY_CUDA_CHECK(cudaLaunchHostFunc(cs->st, fn, op->p[1]), "cudaLaunchHostFunc");
         break;
     }
-    case FY_OP_MATMUL_FWD: case FY_OP_MATMUL_BWD: case FY_OP_MATMUL_BWD_F32ACC:
-    case FY_OP_MATMUL_BWD_DX32: case FY_OP_ATTENTION_FWD: case FY_OP_ATTENTION_BWD:
+    case FY_OP_MATMUL_FWD: case FY_OP_MATMUL_BWD: case FY_OP_MATMUL_BWD_DX32:
+    case FY_OP_ATTENTION_FWD: case FY_OP_ATTENTION_BWD:
         fy_cu_exec_gemm_op(cs, op);
         break;
     default:

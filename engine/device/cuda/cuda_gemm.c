@@ -300,39 +300,26 @@ static void matmul_fwd(fy_cu_stream *cs, const fy_op *op, fy_dtype dt) {
     gemm_run(cs, dt, &g, "matmul_fwd");
 }
 
-/* MATMUL_BWD (dinp, dw, dbias, dout, inp, w) and MATMUL_BWD_F32ACC (dinp, dw32, dout, inp,
- * w: no bias, dw in fp32 whatever the storage type), as the op table lists them. */
+/* MATMUL_BWD (dinp, dw, dbias, dout, inp, w) and MATMUL_BWD_DX32 (dinp32, dw, dout, inp,
+ * w: no bias, dinp fp32 whatever the storage type and accumulated), as the op table lists
+ * them. */
 static void matmul_bwd(fy_cu_stream *cs, const fy_op *op, fy_dtype dt) {
-    const bool f32acc = op->kind == FY_OP_MATMUL_BWD_F32ACC;
-    const int o = f32acc ? -1 : 0; /* F32ACC has no dbias: its later arguments sit one lower */
-    void *dinp = op->p[0], *dw = op->p[1], *dbias = f32acc ? NULL : op->p[2];
+    const bool dx32 = op->kind == FY_OP_MATMUL_BWD_DX32;
+    const int o = dx32 ? -1 : 0; /* DX32 has no dbias: its later arguments sit one lower */
+    void *dinp = op->p[0], *dw = op->p[1], *dbias = dx32 ? NULL : op->p[2];
     const void *dout = op->p[3 + o], *inp = op->p[4 + o], *w = op->p[5 + o];
     int N = (int)op->i[0], C = (int)op->i[1], OC = (int)op->i[2];
-    if (dinp) { /* dinp (N,C) = dout @ w; column-major dinp^T = w^T dout^T */
+    if (dinp) { /* dinp (N,C) = (or +=) dout @ w; column-major dinp^T = w^T dout^T */
         gemm g = {.ta = false, .tb = false, .m = C, .n = N, .k = OC, .A = w, .lda = C,
-                  .B = dout, .ldb = OC, .D = dinp, .ldd = C, .batch = 1, .alpha = 1.0f, .beta = 0.0f};
+                  .B = dout, .ldb = OC, .D = dinp, .ldd = C, .batch = 1, .alpha = 1.0f,
+                  .beta = dx32 ? 1.0f : 0.0f, .d_f32 = dx32};
         gemm_run(cs, dt, &g, "matmul_bwd (dinp)");
     }
     /* dw (OC,C) += dout^T @ inp; column-major dw^T += inp^T dout */
     gemm g = {.ta = false, .tb = true, .m = C, .n = OC, .k = N, .A = inp, .lda = C,
-              .B = dout, .ldb = OC, .D = dw, .ldd = C, .batch = 1, .alpha = 1.0f, .beta = 1.0f,
-              .d_f32 = f32acc};
+              .B = dout, .ldb = OC, .D = dw, .ldd = C, .batch = 1, .alpha = 1.0f, .beta = 1.0f};
     gemm_run(cs, dt, &g, "matmul_bwd (dw)");
     if (dbias) fy_cu_colsum_acc(cs, dt, dbias, dout, N, OC);
-}
-
-/* MATMUL_BWD_DX32 (dinp32, dw, dout, inp, w): dinp32 fp32 and accumulated (beta 1). */
-static void matmul_bwd_dx32(fy_cu_stream *cs, const fy_op *op, fy_dtype dt) {
-    void *dinp = op->p[0], *dw = op->p[1];
-    const void *dout = op->p[2], *inp = op->p[3], *w = op->p[4];
-    int N = (int)op->i[0], C = (int)op->i[1], OC = (int)op->i[2];
-    gemm gx = {.ta = false, .tb = false, .m = C, .n = N, .k = OC, .A = w, .lda = C, .B = dout,
-               .ldb = OC, .D = dinp, .ldd = C, .batch = 1, .alpha = 1.0f, .beta = 1.0f,
-               .d_f32 = true};
-    gemm_run(cs, dt, &gx, "matmul_bwd_dx32 (dinp)");
-    gemm gw = {.ta = false, .tb = true, .m = C, .n = OC, .k = N, .A = inp, .lda = C,
-               .B = dout, .ldb = OC, .D = dw, .ldd = C, .batch = 1, .alpha = 1.0f, .beta = 1.0f};
-    gemm_run(cs, dt, &gw, "matmul_bwd_dx32 (dw)");
 }
 
 /* Attention over packed rows (kernels.h): qkv (B,T,W), W = (NH + 2 NKV) hd, query head h
@@ -436,8 +423,7 @@ void fy_cu_exec_gemm_op(fy_cu_stream *cs, const fy_op *op) {
     fy_dtype dt = op->dt == FY_BF16 ? FY_BF16 : FY_F32;
     switch (op->kind) {
     case FY_OP_MATMUL_FWD: matmul_fwd(cs, op, dt); break;
-    case FY_OP_MATMUL_BWD: case FY_OP_MATMUL_BWD_F32ACC: matmul_bwd(cs, op, dt); break;
-    case FY_OP_MATMUL_BWD_DX32: matmul_bwd_dx32(cs, op, dt); break;
+    case FY_OP_MATMUL_BWD: case FY_OP_MATMUL_BWD_DX32: matmul_bwd(cs, op, dt); break;
     case FY_OP_ATTENTION_FWD: attention_fwd(cs, op, dt); break;
     case FY_OP_ATTENTION_BWD: attention_bwd(cs, op, dt); break;
     default: FY_ASSERT(0, "not a GEMM op");
