@@ -44,18 +44,13 @@
 
 static char g_dir[64];
 
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb; (void)flag; (void)ftw;
-    return remove(p);
-}
-
 static void make_dir(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/ferry-test-cli-XXXXXX");
     cr_assert_not_null(mkdtemp(g_dir), "mkdtemp: %s", strerror(errno));
     cr_assert_not_null(getenv("FERRY_BIN"), "FERRY_BIN must name the ferry binary");
 }
 
-static void remove_dir(void) { nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
+static void remove_dir(void) { test_remove_tree(g_dir); }
 
 TestSuite(cli, .init = make_dir, .fini = remove_dir);
 

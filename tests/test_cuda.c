@@ -1437,18 +1437,13 @@ Test(offload_cuda, bf16_accumulated_plans_are_bit_identical_to_all_resident) {
 
 typedef test_proc proc;
 
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb; (void)flag; (void)ftw;
-    return remove(p);
-}
-
 /* Runs $FERRY_BIN with args in a fresh temporary directory (60 s alarm), capturing output. */
 static proc ferry(const char *const *args) {
     proc r;
     char dir[] = "/tmp/ferry-test-cuda-XXXXXX";
     cr_assert_not_null(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
     test_run_ferry(&r, dir, 60, args);
-    nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    test_remove_tree(dir);
     return r;
 }
 #define FERRY(...) ferry((const char *const[]){__VA_ARGS__, NULL})

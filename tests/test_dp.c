@@ -17,15 +17,11 @@
 
 static char g_dir[64];
 
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb; (void)flag; (void)ftw;
-    return remove(p);
-}
 static void make_dir(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/ferry-test-dp-XXXXXX");
     cr_assert_not_null(mkdtemp(g_dir), "mkdtemp: %s", strerror(errno));
 }
-static void remove_dir(void) { nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
+static void remove_dir(void) { test_remove_tree(g_dir); }
 TestSuite(dp, .init = make_dir, .fini = remove_dir, .timeout = 300);
 
 static const char *path_in(const char *name) {

@@ -34,11 +34,6 @@
 
 static char g_dir[64];
 
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb; (void)flag; (void)ftw;
-    return remove(p);
-}
-
 static void make_dir(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/ferry-test-io-XXXXXX");
     cr_assert_not_null(mkdtemp(g_dir), "mkdtemp: %s", strerror(errno));
@@ -46,7 +41,7 @@ static void make_dir(void) {
 
 static void remove_dir(void) {
     chmod(g_dir, 0700);
-    nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    test_remove_tree(g_dir);
 }
 
 /* A path inside the test directory (one of a few rotating buffers). */

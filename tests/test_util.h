@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -15,6 +16,15 @@
 
 #include "engine/io/corpus.h"
 #include "engine/io/tokens.h"
+
+static int test_rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb; (void)flag; (void)ftw;
+    return remove(p);
+}
+/* Removes dir and everything under it (a test's temporary directory). */
+static inline void test_remove_tree(const char *dir) {
+    nftw(dir, test_rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
 
 /* A whole file, NUL-terminated, in a malloc'd buffer (n, if not NULL, gets its size);
  * the calling test fails if it cannot be read. */
