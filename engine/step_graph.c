@@ -118,7 +118,7 @@ static size_t tokens_n(const fy_trainer *tr) { return (size_t)tr->plan.micro_bat
 static int step_of(const fy_trainer *tr, const sg_task *p) { return p->micro / accum(tr); }
 /* The batch number next_batch is asked for: evaluation's, or training's counted from the
  * trainer's first step; in a data-parallel job the step's global numbers, this rank
- * taking [rank*A, rank*A + A) of each step's world*A (trainer.h). */
+ * taking its A from micro_first on of each step's micro_total (trainer.h). */
 static int64_t abs_micro(const fy_trainer *tr, const sg_task *p) {
     if (tr->eval) return tr->eval_base + p->micro;
     const int64_t m = tr->micro_base + p->micro, A = accum(tr);
@@ -220,7 +220,8 @@ static void bind_grads(fy_trainer *tr, int b, const sg_task *p, int self, fy_blo
         io->link_grads[k] = grad_open(tr, blk->links[k], a, p->u.pass.link_grad[k], self);
 }
 
-/* The scale of a training step's mean loss: 1/(B*T*accum). */
+/* The scale of a training step's mean loss: 1/(B*T x the step's micro-batches, over all
+ * ranks). */
 static float loss_scale(const fy_trainer *tr) {
     return (float)(1.0 / ((double)tokens_n(tr) * (double)tr->micro_total));
 }

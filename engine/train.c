@@ -88,7 +88,8 @@ typedef struct train_batches {
 
 static fy_status train_batch(void *ctx, int64_t micro, int32_t *x, int32_t *y) {
     const train_batches *tb = ctx;
-    /* this step applies nothing; a data-parallel job stops between windows, together */
+    /* this step applies nothing; a data-parallel job's ranks decide together, in the
+     * step's norm (trainer.h: stop) */
     if (tb->alone && atomic_load(&fy_train_stop_signal)) return FY_INTERRUPTED;
     const int64_t step = micro / tb->accum, j = micro % tb->accum;
     FY_TRY(fy_loader_seek_batch(tb->ld, (step % tb->steps_per_pass) * tb->accum + j));
@@ -477,11 +478,11 @@ static fy_status metrics_start(run *r, bool resumed_afresh) {
 
 static fy_status setup_run(run *r, const fy_ckpt *ck);
 
-/* Checkpoints: the directory, this run's configuration and the checkpoint resumed from
- * (*ck, NULL when starting afresh), whose step's metrics lines end the metrics file. */
 static fy_status setup_checkpoints_lead(run *r, fy_ckpt **ck);
 
-/* In a job, every rank holds the same state: rank 0 alone keeps the directory (its lock,
+/* Checkpoints: the directory, this run's configuration and the checkpoint resumed from
+ * (*ck, NULL when starting afresh), whose step's metrics lines end the metrics file.
+ * In a job, every rank holds the same state: rank 0 alone keeps the directory (its lock,
  * its checkpoints, the metrics), finds the checkpoint to resume from and tells the
  * others, which read it and check it against their configuration. */
 static fy_status setup_checkpoints(run *r, fy_ckpt **ck) {
@@ -816,7 +817,9 @@ fy_status fy_train(const fy_train_cfg *cfg) {
     int64_t s0 = r.start;
     while (s0 < cfg->steps && st == FY_OK) {
         int32_t stop = atomic_load(&fy_train_stop_signal) != 0;
-        if (cfg->comm) st = fy_comm_max_i32(cfg->comm, &stop); /* every rank stops, or none */
+        /* every rank stops, or none (a request during a window stops it at a step's norm;
+         * one between windows, before the next window runs a step it would drop) */
+        if (cfg->comm) st = fy_comm_max_i32(cfg->comm, &stop);
         if (st == FY_OK && stop) st = FY_INTERRUPTED;
         if (st != FY_OK) break;
         /* a window of steps runs as one task graph; it ends at a validation point and at a

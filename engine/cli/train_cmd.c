@@ -20,11 +20,11 @@
 #include "engine/core/util.h"
 #include "engine/train.h"
 
-/* The exit status of a command's result: 2 for a command-line error, as the parser's;
- * 128 + the signal's number for a run a signal stopped, as a shell reports it. */
 /* This process's rank in a data-parallel job (0 alone): only rank 0 writes outputs. */
 static int g_rank;
 
+/* The exit status of a command's result: 2 for a command-line error, as the parser's;
+ * 128 + the signal's number for a run a signal stopped, as a shell reports it. */
 static int exit_status(fy_status st) {
     if (st == FY_INTERRUPTED) return 128 + atomic_load(&fy_train_stop_signal);
     return st == FY_OK ? 0 : st == FY_ERR_USAGE ? 2 : 1;
