@@ -19,10 +19,14 @@
  *                                       rows, scattered on the host)
  * and once per step:
  *   reduce    reduce(b)        comm     data parallel: each block's gradient summed over
- *                                       the ranks, in one order on every rank
+ *                                       the ranks into each shard's owner (reduce-scatter,
+ *                                       offload/storage.h), in one order on every rank,
+ *                                       and the chunk sums of its shard's norm
  *   update    norm(t)          cpu      global gradient norm, clip coefficient, mean loss
  *             adam_gpu(b)      compute  (with h2d_param and d2h_param around it when streamed)
  *             adam_cpu(b)      cpu      optim_cpu on the host master
+ *             allgather(b)     comm     data parallel: each shard's updated weights from
+ *                                       its owner, block 0 first
  *             h2d_update(b)    h2d      updated weights back to a resident block
  * Evaluation is forward and head (without backward) per batch, and collect(m) (cpu),
  * which reads the batch's loss.
@@ -69,7 +73,7 @@
 
 static const char *kind_names[FY_T_COUNT] = {
     "load", "h2d_param", "fwd", "gopen", "head", "recompute", "bwd", "d2h_grad", "norm",
-    "adam_gpu", "d2h_param", "adam_cpu", "h2d_update", "collect", "reduce"};
+    "adam_gpu", "d2h_param", "adam_cpu", "h2d_update", "collect", "reduce", "allgather"};
 
 const char *fy_task_kind_name(int kind) {
     return kind >= 0 && kind < FY_T_COUNT ? kind_names[kind] : "?";
@@ -124,8 +128,18 @@ static int64_t abs_micro(const fy_trainer *tr, const sg_task *p) {
     const int64_t m = tr->micro_base + p->micro, A = accum(tr);
     return (m / A) * tr->micro_total + tr->micro_first + m % A;
 }
-/* Whether gradients are summed over the ranks (their norm is then taken after). */
+/* Whether gradients are summed over the ranks (their norm is then taken after), each
+ * rank holding and updating its shard of the optimizer state (storage.h). */
 static bool dp(const fy_trainer *tr) { return tr->world > 1; }
+/* Block b's shard bounds over the job's ranks: off[0..world]. */
+static void shards_of(const fy_trainer *tr, int b, size_t *off) {
+    fy_shard_bounds(tr->st->chunks[b].nelem, tr->world, off);
+}
+/* Block b's fp32 master from element i of its shard on: the shard's own buffer (indexed
+ * from lo) or, with fp32 storage, the whole weights that are also the master. */
+static float *master_at(const fy_trainer *tr, float *whole_or_shard, int b, size_t i) {
+    return fy_tr_lp(tr) ? whole_or_shard + (i - tr->st->chunks[b].lo) : whole_or_shard + i;
+}
 
 /* The buffer of the unit task `id` took from a parameter or a gradient pool: its block's
  * ring (a fetch's block, a gopen's, or a backward pass's own). */
@@ -297,14 +311,14 @@ static void fetch_rows(fy_trainer *tr, int id, int b, int micro, void *slot) {
 }
 
 /* h2d_param: the storage type's copy for compute; for a device update with bf16 storage,
- * the fp32 master (the bf16 copy the update writes follows it in the slot). */
+ * the fp32 master of its shard (the bf16 copy the update writes follows it in the slot). */
 static fy_status run_h2d_param(fy_trainer *tr, int id, const fy_task *t, const sg_task *p) {
     const fy_chunk *c = &tr->st->chunks[t->block];
     void *slot = param_unit(tr, id);
     if (c->gathered) fetch_rows(tr, id, t->block, p->micro, slot);
     else if (p->chunk >= 0) fetch_chunk(tr, t->block, p->chunk, slot);
-    else if (p->u.fetch.for_update && fy_tr_lp(tr))
-        fy_copy_async(tr->s_h2d, slot, c->param_host, fy_tr_master_nbytes(tr, t->block), FY_H2D);
+    else if (p->u.fetch.for_update && fy_tr_lp(tr)) /* its shard's */
+        fy_copy_async(tr->s_h2d, slot, c->param_host, (c->hi - c->lo) * sizeof(float), FY_H2D);
     else
         fy_copy_async(tr->s_h2d, slot, c->param_lp, fy_tr_nbytes(tr, t->block), FY_H2D);
     return FY_OK;
@@ -451,24 +465,51 @@ static fy_status run_d2h_grad(fy_trainer *tr, int id, const fy_task *t, const sg
     return FY_OK;
 }
 
-/* reduce (data parallel): block b's step gradient summed over the ranks in rank order, in
- * place (the cpu backend's device memory is host memory), then its norm. */
+/* reduce (data parallel): block b's step gradient summed over the ranks into this rank's
+ * shard (rank order; the cpu backend's device memory is host memory), and the chunk sums
+ * of the shard's squares into this rank's part of parts_host (the norm adds every rank's
+ * in chunk order: the one-process norm's bits). */
 static fy_status run_reduce(fy_trainer *tr, int id, const fy_task *t, const sg_task *p) {
     const int b = t->block;
     fy_storage *st = tr->st;
     const fy_chunk *c = &st->chunks[b];
+    size_t off[FY_MAX_SHARDS + 1];
+    shards_of(tr, b, off);
+    double *parts = st->parts_host + tr->part_region[tr->rank] + tr->part_base[b];
     if (tr->s_comm && !fy_tr_cpu_optim(tr, b)) { /* device memory: the device's collectives */
-        fy_coll_sum_async(tr->s_comm, c->grad_dev, c->nelem, fy_tr_dt(tr));
-        fy_k_sumsq(st->sumsq_dev + b, c->grad_dev, c->nelem, tr->s_comm);
-        fy_copy_async(tr->s_comm, st->sumsq_host + b, st->sumsq_dev + b, sizeof(double), FY_D2H);
+        double *pd = st->parts_dev + tr->part_base[b];
+        const size_t nparts = (c->hi - c->lo + FY_SUMSQ_CHUNK - 1) / FY_SUMSQ_CHUNK;
+        fy_coll_reduce_scatter_async(tr->s_comm, c->grad_dev, off, tr->world, fy_tr_dt(tr));
+        fy_k_sumsq_parts(pd, fy_tr_at(tr, c->grad_dev, c->lo), c->hi - c->lo, tr->s_comm);
+        fy_copy_async(tr->s_comm, parts, pd, nparts * sizeof(double), FY_D2H);
         return FY_OK;
     }
     /* host memory over MPI: with a comm stream the waits were on the device, so the host
      * waits for them here */
     if (tr->s_comm) fy_stream_sync(tr->s_comm);
     void *g = fy_tr_cpu_optim(tr, b) ? (void *)c->grad_host : (void *)c->grad_dev;
-    FY_TRY(fy_comm_sum(tr->comm, g, c->nelem, fy_tr_dt(tr)));
-    st->sumsq_host[b] = host_sumsq(tr, g, c->nelem);
+    FY_TRY(fy_comm_reduce_scatter(tr->comm, g, off, fy_tr_dt(tr)));
+    fy_sumsq_parts(fy_tr_at(tr, g, c->lo), fy_tr_lp(tr), c->hi - c->lo, parts);
+    return FY_OK;
+}
+
+/* The sharded norm's sums of squares per block (sumsq_host): every rank's chunk sums
+ * (parts_host, rank after rank, each rank's block after block) added per block in chunk
+ * order, from rank 0's first chunk on. */
+static fy_status shard_sumsq(fy_trainer *tr) {
+    fy_storage *st = tr->st;
+    const int nb = fy_tr_nblocks(tr);
+    FY_TRY(fy_comm_allgather(tr->comm, st->parts_host, tr->part_region, sizeof(double)));
+    for (int b = 0; b < nb; b++) st->sumsq_host[b] = 0.0;
+    for (int r = 0; r < tr->world; r++) {
+        const double *x = st->parts_host + tr->part_region[r];
+        for (int b = 0; b < nb; b++) {
+            size_t off[FY_MAX_SHARDS + 1];
+            shards_of(tr, b, off);
+            const size_t n = (off[r + 1] - off[r] + FY_SUMSQ_CHUNK - 1) / FY_SUMSQ_CHUNK;
+            for (size_t k = 0; k < n; k++) st->sumsq_host[b] += *x++;
+        }
+    }
     return FY_OK;
 }
 
@@ -477,6 +518,7 @@ static fy_status run_norm(fy_trainer *tr, int id, const fy_task *t, const sg_tas
     const int step = step_of(tr, p);
     fy_step_stats *out = &tr->stats[step];
     double ss = 0.0, loss = 0.0;
+    if (dp(tr)) FY_TRY(shard_sumsq(tr));
     for (int b = 0; b < fy_tr_nblocks(tr); b++) ss += st->sumsq_host[b];
     for (int a = 0; a < accum(tr); a++) loss += st->loss_host[a];
     if (dp(tr)) { /* the loss in rank order, and a stop any rank was asked for: then the
@@ -508,52 +550,63 @@ static fy_adam_hparams hparams(const fy_trainer *tr, int step) {
                              .grad_scale = tr->stats[step].clip_coef};
 }
 
-/* The two AdamW ranges of block b: tensors with weight decay first, then the others. */
+/* The two AdamW ranges of block b's shard: tensors with weight decay first, then the
+ * others (each may be empty). */
 static void adam_ranges(const fy_trainer *tr, int b, size_t off[2], size_t len[2]) {
     const fy_block_spec *blk = fy_tr_block(tr, b);
-    off[0] = 0;
-    len[0] = blk->decay_nelem;
-    off[1] = blk->decay_nelem;
-    len[1] = blk->nelem - blk->decay_nelem;
+    const size_t lo = tr->st->chunks[b].lo, hi = tr->st->chunks[b].hi;
+    const size_t cut[3] = {0, blk->decay_nelem, blk->nelem};
+    for (int k = 0; k < 2; k++) {
+        const size_t a = cut[k] > lo ? cut[k] : lo, e = cut[k + 1] < hi ? cut[k + 1] : hi;
+        off[k] = a;
+        len[k] = e > a ? e - a : 0;
+    }
 }
 
-/* adam_gpu: the fp32 master is updated; with bf16 storage the update also writes the
- * bf16 copy (the resident one, or the slot's second part). */
+/* adam_gpu: the fp32 master of the block's shard is updated; with bf16 storage the
+ * update also writes the shard's bf16 copy (into the resident one, or the slot's second
+ * part). Masters, m and v of a shard are indexed from its lo (storage.h); the slot holds
+ * the shard's master (bf16 storage) or the whole fp32 weights. */
 static fy_status run_adam_gpu(fy_trainer *tr, int id, const fy_task *t, const sg_task *p) {
     if (tr->stats[step_of(tr, p)].skipped) return FY_OK;
     const int b = t->block, fetch = p->u.update.fetch;
     const fy_chunk *c = &tr->st->chunks[b];
+    const size_t lo = c->lo;
     fy_adam_hparams hp = hparams(tr, step_of(tr, p));
-    float *w = fetch >= 0 ? param_unit(tr, fetch) : c->param_dev;
-    void *out = NULL;
-    if (fy_tr_lp(tr) && fetch >= 0) out = (char *)w + fy_tr_master_nbytes(tr, b);
-    else if (fy_tr_lp(tr)) { out = c->param_dev; w = c->master_dev; }
+    float *w = fetch >= 0 ? param_unit(tr, fetch) : fy_tr_lp(tr) ? c->master_dev : c->param_dev;
+    void *out = NULL;               /* the bf16 copy, element i at out + (i - out_lo) */
+    size_t out_lo = 0;
+    if (fy_tr_lp(tr) && fetch >= 0) { out = w + (c->hi - lo); out_lo = lo; }
+    else if (fy_tr_lp(tr)) out = c->param_dev;
     size_t off[2], len[2];
     adam_ranges(tr, b, off, len);
     for (int k = 0; k < 2; k++) {
         if (!len[k]) continue;
         size_t o = off[k];
-        fy_adam_range r = {.param = w + o, .m = c->m + o, .v = c->v + o,
+        fy_adam_range r = {.param = master_at(tr, w, b, o), .m = c->m + (o - lo), .v = c->v + (o - lo),
                            .grad = fy_tr_at(tr, c->grad_dev, o), .grad_dtype = fy_tr_dt(tr),
-                           .param_out = out ? fy_tr_at(tr, out, o) : NULL,
+                           .param_out = out ? fy_tr_at(tr, out, o - out_lo) : NULL,
                            .out_dtype = fy_tr_dt(tr), .n = len[k], .decay = k == 0};
         fy_k_adamw(&hp, &r, tr->s);
     }
     return FY_OK;
 }
 
-/* d2h_param: the updated weights in the update fetch's slot (and, with bf16 storage,
- * their bf16 copy after them) back to the host. */
+/* d2h_param: the shard's updated weights in the update fetch's slot (and, with bf16
+ * storage, their bf16 copy after them) back to the host. */
 static fy_status run_d2h_param(fy_trainer *tr, int id, const fy_task *t, const sg_task *p) {
     /* a skipped update wrote nothing: the host copies are current (with bf16 storage the
      * slot's second part holds stale bytes) */
     if (tr->stats[step_of(tr, p)].skipped) return FY_OK;
     const fy_chunk *c = &tr->st->chunks[t->block];
+    const size_t lo = c->lo, n = c->hi - c->lo, es = tr->st->es;
     char *slot = param_unit(tr, p->u.update.fetch);
-    fy_copy_async(tr->s_d2h, c->param_host, slot, fy_tr_master_nbytes(tr, t->block), FY_D2H);
-    if (fy_tr_lp(tr))
-        fy_copy_async(tr->s_d2h, c->param_lp, slot + fy_tr_master_nbytes(tr, t->block),
-                      fy_tr_nbytes(tr, t->block), FY_D2H);
+    if (fy_tr_lp(tr)) {
+        fy_copy_async(tr->s_d2h, c->param_host, slot, n * sizeof(float), FY_D2H);
+        fy_copy_async(tr->s_d2h, (char *)c->param_lp + lo * es, slot + n * sizeof(float), n * es, FY_D2H);
+    } else {
+        fy_copy_async(tr->s_d2h, c->param_host + lo, slot + lo * sizeof(float), n * sizeof(float), FY_D2H);
+    }
     return FY_OK;
 }
 
@@ -561,7 +614,8 @@ static fy_status run_d2h_param(fy_trainer *tr, int id, const fy_task *t, const s
  * updated over it (a skipped step, a failed one) gets the copy back from its master. */
 static void restore_lp(fy_trainer *tr, int b) {
     const fy_chunk *c = &tr->st->chunks[b];
-    if (c->grad_in_lp) fy_f32_to_bf16_n((uint16_t *)c->param_lp, c->param_host, c->nelem);
+    if (c->grad_in_lp) /* its shard's: a job's allgather brings the others' */
+        fy_f32_to_bf16_n((uint16_t *)c->param_lp + c->lo, c->param_host, c->hi - c->lo);
 }
 
 /* adam_cpu: the fp32 master, m and v on the host; with bf16 storage the update writes the
@@ -580,7 +634,8 @@ static fy_status run_adam_cpu(fy_trainer *tr, int id, const fy_task *t, const sg
     for (int k = 0; k < 2; k++) {
         if (!len[k]) continue;
         size_t o = off[k];
-        fy_adam_range r = {.param = c->param_host + o, .m = c->m + o, .v = c->v + o,
+        fy_adam_range r = {.param = master_at(tr, c->param_host, b, o), .m = c->m + (o - c->lo),
+                           .v = c->v + (o - c->lo),
                            .grad = fy_tr_at(tr, c->grad_host, o), .grad_dtype = fy_tr_dt(tr),
                            .param_out = fy_tr_lp(tr) ? fy_tr_at(tr, c->param_lp, o) : NULL,
                            .out_dtype = fy_tr_dt(tr), .n = len[k], .decay = k == 0};
@@ -588,6 +643,23 @@ static fy_status run_adam_cpu(fy_trainer *tr, int id, const fy_task *t, const sg
         FY_ASSERT(s == FY_OK, "a cpu AdamW step without check_finite cannot fail");
     }
     return FY_OK;
+}
+
+/* allgather (data parallel): every shard's updated weights from its owner, where compute
+ * reads them: a resident gpu-optimised block's device copy (the device's collectives, or
+ * the cpu backend's host memory), else the host copy the fetches and h2d_update read. */
+static fy_status run_allgather(fy_trainer *tr, int id, const fy_task *t, const sg_task *p) {
+    const int b = t->block;
+    const fy_chunk *c = &tr->st->chunks[b];
+    size_t off[FY_MAX_SHARDS + 1];
+    shards_of(tr, b, off);
+    const bool on_dev = !fy_tr_cpu_optim(tr, b) && !fy_tr_streamed(tr, b);
+    if (tr->s_comm && on_dev) {
+        fy_coll_allgather_async(tr->s_comm, c->param_dev, off, tr->world, fy_tr_dt(tr));
+        return FY_OK;
+    }
+    if (tr->s_comm) fy_stream_sync(tr->s_comm);
+    return fy_comm_allgather(tr->comm, on_dev ? c->param_dev : c->param_lp, off, tr->st->es);
 }
 
 static fy_status run_h2d_update(fy_trainer *tr, int id, const fy_task *t, const sg_task *p) {
@@ -608,7 +680,7 @@ static const runner runners[FY_T_COUNT] = {
     [FY_T_BWD] = run_bwd, [FY_T_D2H_GRAD] = run_d2h_grad, [FY_T_NORM] = run_norm,
     [FY_T_ADAM_GPU] = run_adam_gpu, [FY_T_D2H_PARAM] = run_d2h_param,
     [FY_T_ADAM_CPU] = run_adam_cpu, [FY_T_H2D_UPDATE] = run_h2d_update,
-    [FY_T_COLLECT] = run_collect, [FY_T_REDUCE] = run_reduce,
+    [FY_T_COLLECT] = run_collect, [FY_T_REDUCE] = run_reduce, [FY_T_ALLGATHER] = run_allgather,
 };
 
 /* Makes task t's work wait for the work of task `before`: on the device when t has a
@@ -704,7 +776,8 @@ typedef struct builder {
     bool *opened;           /* per block, this micro-batch: its gradient is open */
     int shared_user;        /* the last task that used the recompute buffer */
     int prev_load, load_war[2], load_buf[2], prev_norm;
-    int prev_reduce;        /* the last reduce: they run in one order on every rank */
+    int prev_comm;          /* the last reduce or allgather: they run in one order on every
+                               rank */
 } builder;
 
 /* A new task; its payload zeroed but for the micro-batch (the builders fill the member of
@@ -984,8 +1057,8 @@ static void build_reduce(builder *bd, int tm) {
         if (r < 0) return;
         dep(bd, bd->final_grad[b], r);
         dep(bd, bd->last_d2h[b], r);
-        dep(bd, bd->prev_reduce, r);
-        bd->prev_reduce = bd->final_grad[b] = r;
+        dep(bd, bd->prev_comm, r);
+        bd->prev_comm = bd->final_grad[b] = r;
         if (bd->last_d2h[b] >= 0) bd->last_d2h[b] = r;
     }
 }
@@ -1003,6 +1076,26 @@ static int build_norm(builder *bd, int tm, const int *heads) {
     return nm;
 }
 
+/* A resident cpu-optimised block's updated weights back to the device, after `after`. */
+static void build_h2d_update(builder *bd, int b, int tm, int after) {
+    int up = add(bd, FY_LANE_H2D, FY_T_H2D_UPDATE, b, tm);
+    dep(bd, after, up);
+    bd->ready[b] = up;
+}
+
+/* Data parallel: each block's updated shards from their owners, after its update, block 0
+ * first (the next forward's order); chained like the reduces, after them. */
+static void build_allgather(builder *bd, int tm) {
+    fy_trainer *tr = bd->tr;
+    for (int b = 0; b < bd->nb; b++) {
+        int g = add(bd, FY_LANE_COMM, FY_T_ALLGATHER, b, tm);
+        dep(bd, bd->ready[b], g);
+        dep(bd, bd->prev_comm, g);
+        bd->prev_comm = bd->ready[b] = g;
+        if (fy_tr_cpu_optim(tr, b) && !fy_tr_streamed(tr, b)) build_h2d_update(bd, b, tm, g);
+    }
+}
+
 /* Every block's update after the norm, created in the order gradients complete (head,
  * layers down, embedding): fifo runs them so; priority reorders them by next use (block
  * 0 first). They are not program uses themselves: their priority is that of the next
@@ -1016,11 +1109,8 @@ static void build_update(builder *bd, int tm, int nm) {
             dep(bd, barrier, ad);
             dep(bd, bd->last_d2h[b], ad);
             bd->ready[b] = ad;
-            if (!fy_tr_streamed(tr, b)) {
-                int up = add(bd, FY_LANE_H2D, FY_T_H2D_UPDATE, b, tm);
-                dep(bd, ad, up);
-                bd->ready[b] = up;
-            }
+            /* a job's h2d_update follows the allgather */
+            if (!fy_tr_streamed(tr, b) && !dp(tr)) build_h2d_update(bd, b, tm, ad);
             continue;
         }
         int f = fetch(bd, b, tm);
@@ -1069,7 +1159,7 @@ static fy_status builder_init(builder *bd, fy_trainer *tr, fy_graph *g, bool bar
     if (!bd->ready || !bd->last_bwd || !bd->final_grad || !bd->last_d2h || !bd->grad || !bd->opened)
         return FY_ERR_NOMEM;
     for (size_t b = 0; b < n; b++) bd->ready[b] = bd->last_bwd[b] = bd->last_d2h[b] = -1;
-    bd->shared_user = bd->prev_load = bd->prev_norm = bd->prev_reduce = -1;
+    bd->shared_user = bd->prev_load = bd->prev_norm = bd->prev_comm = -1;
     bd->load_war[0] = bd->load_war[1] = bd->load_buf[0] = bd->load_buf[1] = -1;
     return FY_OK;
 }
@@ -1107,6 +1197,7 @@ static fy_status build_train(fy_trainer *tr, fy_graph *g, int nsteps, bool barri
         const int tm = t * A + A - 1; /* per-step tasks carry the step's last micro-batch */
         if (dp(tr)) build_reduce(&bd, tm);
         build_update(&bd, tm, build_norm(&bd, tm, heads));
+        if (dp(tr)) build_allgather(&bd, tm);
     }
     if (st != FY_OK) { builder_end(&bd); return st; }
     return builder_end(&bd);
@@ -1264,7 +1355,7 @@ static void step_times(const fy_trainer *tr, const fy_graph *g, const fy_sched_r
  * failing step is partly applied if any of its AdamW tasks ran (and it was not skipped):
  * some blocks then have its update and others, or their device copies, not. */
 static int settle_failure(fy_trainer *tr, const fy_graph *g, const fy_sched_result *r,
-                          int64_t steps_before) {
+                          int64_t steps_before, bool together) {
     const int failed = g->tasks[r->failed_task].epoch;
     bool partial = false;
     for (int i = 0; i < r->nrecs; i++) {
@@ -1274,8 +1365,17 @@ static int settle_failure(fy_trainer *tr, const fy_graph *g, const fy_sched_resu
             partial = true;
     }
     partial &= !tr->stats[failed].skipped;
-    /* gradients copied into bf16 parameter buffers before the failure are not weights */
-    for (int b = 0; b < fy_tr_nblocks(tr); b++) restore_lp(tr, b);
+    /* gradients copied into bf16 parameter buffers before the failure are not weights: each
+     * rank of a job restores its shards, and the ranks (all stopped at the same step's
+     * norm: together) gather the others' */
+    for (int b = 0; b < fy_tr_nblocks(tr); b++) {
+        restore_lp(tr, b);
+        if (!dp(tr) || !tr->st->chunks[b].grad_in_lp) continue;
+        size_t off[FY_MAX_SHARDS + 1];
+        shards_of(tr, b, off);
+        if (!together || fy_comm_allgather(tr->comm, tr->st->chunks[b].param_lp, off, tr->st->es) != FY_OK)
+            tr->broken = true;
+    }
     tr->steps_done = failed == 0 ? steps_before : tr->adam_step[failed - 1];
     tr->micro_base += (int64_t)failed * accum(tr);
     if (partial) {
@@ -1325,7 +1425,7 @@ fy_status fy_trainer_run(fy_trainer *tr, fy_window *w) {
         w->completed = w->nsteps;
         tr->micro_base += (int64_t)w->nsteps * accum(tr);
     } else if (res.recs && res.failed_task >= 0) {
-        w->completed = settle_failure(tr, &g, &res, steps_before);
+        w->completed = settle_failure(tr, &g, &res, steps_before, st == FY_INTERRUPTED);
         /* in a job, the other ranks may be inside the failed step's collectives: a retry
          * would meet them out of order */
         if (dp(tr) && st != FY_INTERRUPTED) tr->broken = true;

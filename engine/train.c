@@ -98,6 +98,9 @@ static fy_status train_batch(void *ctx, int64_t micro, int32_t *x, int32_t *y) {
 }
 
 static int world_of(const fy_train_cfg *c) { return c->comm ? fy_comm_size(c->comm) : 1; }
+/* A job's rank but 0: it writes nothing, and serves its shards of the optimizer state to
+ * rank 0's saves (trainer.h: fy_trainer_serve). */
+static bool follower(const fy_train_cfg *c) { return c->comm && fy_comm_rank(c->comm) != 0; }
 /* A step's micro-batches over the job (this process's alone when it is one). */
 static int64_t step_micros(const fy_train_cfg *c) {
     return c->micro_total > 0 ? c->micro_total : (int64_t)c->plan->grad_accum * world_of(c);
@@ -546,7 +549,7 @@ static fy_status resume_from(run *r, const fy_ckpt *ck) {
 
 static fy_status setup(run *r) {
     const fy_train_cfg *c = r->cfg;
-    if (c->save) FY_TRY(fy_model_save_check(c->save)); /* fail now, not after the run */
+    if (c->save && !follower(c)) FY_TRY(fy_model_save_check(c->save)); /* fail now, not after the run */
     FY_TRY(open_data(r));
     fy_ckpt *ck = NULL;
     fy_status st = setup_checkpoints(r, &ck);
@@ -673,7 +676,14 @@ static fy_status run_window(run *r, int64_t s0, int n, int *done) {
 static fy_status report(run *r) {
     const fy_train_cfg *c = r->cfg;
     double total_s = (fy_now_ms() - r->t_start) / 1e3;
-    if (c->save) FY_TRY(fy_trainer_save(r->tr, c->save, &c->save_opts));
+    if (c->save && follower(c)) {
+        FY_TRY(fy_trainer_serve(r->tr));
+    } else if (c->save) {
+        fy_status st = fy_trainer_save(r->tr, c->save, &c->save_opts);
+        fy_status es = fy_trainer_serve_end(r->tr, st != FY_OK);
+        FY_TRY(st);
+        FY_TRY(es);
+    }
     if (c->trace) FY_TRY(fy_trace_save(&r->trace, c->trace, "ferry train"));
     fy_dev_mem_stats ms;
     fy_dev_mem_stats_get(r->dev, &ms);
@@ -745,10 +755,26 @@ static fy_status finish_pending(run *r) {
     return FY_OK;
 }
 
+static fy_status save_checkpoint_lead(run *r, int64_t step, bool now);
+
+/* Whether this process takes part in checkpoints: rank 0 keeps the directory, a job's
+ * other ranks serve it their shards. */
+static bool ckpt_on(const run *r) { return r->ckpt || (r->cfg->ckpt_dir && follower(r->cfg)); }
+
 /* A checkpoint of the state after step `step` (steps are 1-based here: step steps done):
  * written in the background from a snapshot when the run has one (`now` false), else
- * before training goes on. */
+ * before training goes on; a job's other ranks serve their shards meanwhile. */
 static fy_status save_checkpoint(run *r, int64_t step, bool now) {
+    if (!r->ckpt) {
+        r->saved = step;
+        return fy_trainer_serve(r->tr);
+    }
+    fy_status st = save_checkpoint_lead(r, step, now);
+    fy_status es = fy_trainer_serve_end(r->tr, st != FY_OK);
+    return st != FY_OK ? st : es;
+}
+
+static fy_status save_checkpoint_lead(run *r, int64_t step, bool now) {
     fy_ckpt_info info = {.step = step, .updates = fy_trainer_steps_done(r->tr),
                          .skipped_run = r->skipped_run, .loss = r->loss, .val_loss = r->val_loss};
     if (r->metrics) fflush(r->metrics);
@@ -836,10 +862,10 @@ fy_status fy_train(const fy_train_cfg *cfg) {
         int done = 0;
         st = run_window(&r, s0, (int)n, &done);
         s0 += done;
-        if (st == FY_OK && r.ckpt && cfg->ckpt_every && s0 % cfg->ckpt_every == 0)
+        if (st == FY_OK && ckpt_on(&r) && cfg->ckpt_every && s0 % cfg->ckpt_every == 0)
             st = save_checkpoint(&r, s0, false);
     }
-    if (r.ckpt && (st == FY_OK || st == FY_INTERRUPTED) && s0 > r.saved && s0 > r.start) {
+    if (ckpt_on(&r) && (st == FY_OK || st == FY_INTERRUPTED) && s0 > r.saved && s0 > r.start) {
         fy_status cs = save_checkpoint(&r, s0, true); /* the end, or where the signal stopped it */
         if (cs != FY_OK) st = cs;
     }

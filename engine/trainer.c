@@ -41,8 +41,10 @@ static fy_status new_pool(int compute_threads, int adam_threads, fy_adam_pool **
  * scratch kept across calls (the caller frees it). */
 static fy_status upload_block(fy_trainer *tr, int b, const float *host, uint16_t **tmp) {
     const fy_chunk *c = &tr->st->chunks[b];
-    if (c->param_host) memcpy(c->param_host, host, fy_tr_master_nbytes(tr, b));
-    if (c->master_dev) fy_copy_async(tr->s, c->master_dev, host, fy_tr_master_nbytes(tr, b), FY_H2D);
+    const size_t shard = (c->hi - c->lo) * sizeof(float); /* a bf16 run's masters: its shard */
+    if (c->param_host && fy_tr_lp(tr)) memcpy(c->param_host, host + c->lo, shard);
+    else if (c->param_host) memcpy(c->param_host, host, fy_tr_master_nbytes(tr, b));
+    if (c->master_dev) fy_copy_async(tr->s, c->master_dev, host + c->lo, shard, FY_H2D);
     if (!fy_tr_lp(tr)) {
         if (c->param_dev) fy_copy_async(tr->s, c->param_dev, host, fy_tr_nbytes(tr, b), FY_H2D);
         fy_stream_sync(tr->s); /* host is reused for the next block */
@@ -96,6 +98,30 @@ fy_status fy_trainer_setup_plan(fy_trainer *tr, const fy_trainer_cfg *cfg) {
     tr->rank = cfg->comm ? fy_comm_rank(cfg->comm) : 0;
     tr->micro_total = cfg->micro_total > 0 ? cfg->micro_total : (int64_t)tr->world * tr->plan.grad_accum;
     tr->micro_first = cfg->micro_total > 0 ? cfg->micro_first : (int64_t)tr->rank * tr->plan.grad_accum;
+    if (tr->world > 1 && !cfg->eval_only) { /* ZeRO: this rank holds its shard (storage.h) */
+        tr->plan.shards = tr->world;
+        tr->plan.shard = tr->rank;
+    }
+    return FY_OK;
+}
+
+/* Where each rank's norm chunk sums go (trainer_impl.h: part_region, part_base). */
+static fy_status setup_parts(fy_trainer *tr) {
+    const int nb = fy_tr_nblocks(tr), W = tr->world;
+    tr->part_region = calloc((size_t)W + 1, sizeof *tr->part_region);
+    tr->part_base = calloc((size_t)nb, sizeof *tr->part_base);
+    if (!tr->part_region || !tr->part_base) return FY_ERR_NOMEM;
+    size_t off[FY_MAX_SHARDS + 1];
+    for (int r = 0; r < W; r++) {
+        size_t n = 0;
+        for (int b = 0; b < nb; b++) {
+            fy_shard_bounds(tr->st->chunks[b].nelem, W, off);
+            if (r == tr->rank) tr->part_base[b] = n;
+            n += (off[r + 1] - off[r] + FY_SUMSQ_CHUNK - 1) / FY_SUMSQ_CHUNK;
+        }
+        tr->part_region[r + 1] = tr->part_region[r] + n;
+    }
+    FY_ASSERT(tr->part_region[W] == tr->st->nparts, "every chunk sum has its place");
     return FY_OK;
 }
 
@@ -130,6 +156,7 @@ fy_status fy_trainer_new(fy_dev *dev, const fy_trainer_cfg *cfg, fy_trainer **ou
         goto fail;
     tr->cost_ms = calloc((size_t)FY_T_COUNT * (fy_tr_nblocks(tr) + 1) * 2, sizeof *tr->cost_ms);
     if (!tr->cost_ms) { st = FY_ERR_NOMEM; goto fail; }
+    if (tr->plan.shards > 1 && (st = setup_parts(tr)) != FY_OK) goto fail;
     for (int b = 0; b < fy_tr_nblocks(tr) && !cfg->eval_only; b++)
         if (fy_tr_cpu_optim(tr, b)) {
             int at = cfg->adam_threads > 0 ? cfg->adam_threads : fy_dev_threads(dev);
@@ -174,6 +201,8 @@ void fy_trainer_free(fy_trainer *tr) {
     fy_storage_free(tr->st);
     fy_adam_pool_free(tr->pool);
     free(tr->cost_ms);
+    free(tr->part_region);
+    free(tr->part_base);
     fy_plan_free(&tr->plan);
     free(tr);
 }
@@ -213,10 +242,88 @@ static void read_widened(fy_trainer *tr, float *host, const void *src, bool src_
     if (fy_tr_lp(tr)) fy_bf16_to_f32_n(host, dst, n);
 }
 
+/* ---- a sharded job's state, gathered on rank 0 ---------------------------------------- */
+
+/* What rank 0 asks the serving ranks for (fy_trainer_serve): */
+enum { SERVE_END = 0, SERVE_PARAMS, SERVE_M, SERVE_V };
+
+static bool sharded(const fy_trainer *tr) { return tr->plan.shards > 1; }
+
+/* Whether block b's fp32 master is held in shards (a bf16 run's separate masters); an
+ * fp32 run's master is the whole weights, current on every rank. */
+static bool master_sharded(const fy_trainer *tr, int b) {
+    const fy_chunk *c = &tr->st->chunks[b];
+    return sharded(tr) && fy_tr_lp(tr) && (c->param_host || c->master_dev);
+}
+
+/* This rank's shard of block b's `what` (fp32, hi - lo elements) in host memory: the
+ * host buffer itself, or a device one's copy in *tmp. */
+static const float *shard_on_host(fy_trainer *tr, int b, int what, float **tmp) {
+    const fy_chunk *c = &tr->st->chunks[b];
+    const float *src = what == SERVE_M ? c->m : what == SERVE_V ? c->v
+                       : c->param_host ? c->param_host : c->master_dev;
+    const bool on_dev = what == SERVE_PARAMS ? !c->param_host : !fy_tr_cpu_optim(tr, b);
+    const size_t nbytes = (c->hi - c->lo) * sizeof(float);
+    fy_stream_sync(tr->s);
+    if (!on_dev || !nbytes) return src;
+    float *t = realloc(*tmp, nbytes);
+    FY_ASSERT(t, "out of host memory gathering a block's shards");
+    *tmp = t;
+    fy_copy_async(tr->s, t, src, nbytes, FY_D2H);
+    fy_stream_sync(tr->s);
+    return t;
+}
+
+/* Rank 0: block b's `what` whole into host, its shards from their owners, who serve. A
+ * job whose collectives fail is ended (comm.h). */
+static void gather_shards(fy_trainer *tr, int b, int what, float *host) {
+    FY_ASSERT(tr->rank == 0, "rank 0 gathers a sharded job's state; the others serve it");
+    int64_t req[2] = {what, b};
+    float *tmp = NULL;
+    size_t off[FY_MAX_SHARDS + 1];
+    fy_shard_bounds(tr->st->chunks[b].nelem, tr->world, off);
+    fy_status st = fy_comm_bcast(tr->comm, req, sizeof req);
+    if (st == FY_OK)
+        st = fy_comm_gather(tr->comm, host, shard_on_host(tr, b, what, &tmp), off, sizeof(float));
+    free(tmp);
+    if (st != FY_OK) fy_comm_abort(tr->comm, 1);
+}
+
+fy_status fy_trainer_serve(fy_trainer *tr) {
+    if (!sharded(tr) || tr->rank == 0) return FY_OK;
+    float *tmp = NULL;
+    fy_status st;
+    for (;;) {
+        int64_t req[2];
+        if ((st = fy_comm_bcast(tr->comm, req, sizeof req)) != FY_OK) break;
+        if (req[0] == SERVE_END) { /* req[1]: rank 0's save failed (it said why) */
+            st = req[1] ? FY_ERR_IO : FY_OK;
+            break;
+        }
+        const int b = (int)req[1];
+        FY_ASSERT(b >= 0 && b < fy_tr_nblocks(tr) && req[0] <= SERVE_V, "a request for a block");
+        size_t off[FY_MAX_SHARDS + 1];
+        fy_shard_bounds(tr->st->chunks[b].nelem, tr->world, off);
+        if ((st = fy_comm_gather(tr->comm, NULL, shard_on_host(tr, b, (int)req[0], &tmp), off,
+                                 sizeof(float))) != FY_OK)
+            break;
+    }
+    free(tmp);
+    return st;
+}
+
+fy_status fy_trainer_serve_end(fy_trainer *tr, bool failed) {
+    if (!sharded(tr) || tr->rank != 0) return FY_OK;
+    int64_t req[2] = {SERVE_END, failed};
+    return fy_comm_bcast(tr->comm, req, sizeof req);
+}
+
 void fy_trainer_get_params(fy_trainer *tr, int b, float *host) {
     const fy_chunk *c = &tr->st->chunks[b];
     fy_stream_sync(tr->s);
-    if (c->param_host) { /* the master */
+    if (master_sharded(tr, b)) {
+        gather_shards(tr, b, SERVE_PARAMS, host);
+    } else if (c->param_host) { /* the master */
         memcpy(host, c->param_host, fy_tr_master_nbytes(tr, b));
     } else if (c->master_dev) {
         fy_copy_async(tr->s, host, c->master_dev, fy_tr_master_nbytes(tr, b), FY_D2H);
@@ -236,10 +343,10 @@ bool fy_trainer_get_grads(fy_trainer *tr, int b, float *host) {
 }
 
 
-/* A moment buffer (fp32, on the host with the cpu optimizer, else on the device) to or
- * from host memory. */
+/* A moment buffer (fp32, on the host with the cpu optimizer, else on the device; its
+ * shard's elements) to or from host memory. */
 static void copy_moment(fy_trainer *tr, int b, void *dst, const void *src, bool to_host) {
-    const size_t nb = fy_tr_master_nbytes(tr, b);
+    const size_t nb = (tr->st->chunks[b].hi - tr->st->chunks[b].lo) * sizeof(float);
     fy_stream_sync(tr->s);
     if (fy_tr_cpu_optim(tr, b)) {
         memcpy(dst, src, nb);
@@ -252,15 +359,21 @@ static void copy_moment(fy_trainer *tr, int b, void *dst, const void *src, bool 
 void fy_trainer_get_moments(fy_trainer *tr, int b, float *m, float *v) {
     FY_ASSERT(!tr->cfg.eval_only, "an evaluation-only trainer has no moments");
     const fy_chunk *c = &tr->st->chunks[b];
+    if (sharded(tr)) {
+        if (m) gather_shards(tr, b, SERVE_M, m);
+        if (v) gather_shards(tr, b, SERVE_V, v);
+        return;
+    }
     if (m) copy_moment(tr, b, m, c->m, true);
     if (v) copy_moment(tr, b, v, c->v, true);
 }
 
+/* Whole moments in: this rank keeps its shard. */
 void fy_trainer_set_moments(fy_trainer *tr, int b, const float *m, const float *v) {
     FY_ASSERT(!tr->cfg.eval_only, "an evaluation-only trainer has no moments");
     const fy_chunk *c = &tr->st->chunks[b];
-    copy_moment(tr, b, c->m, m, false);
-    copy_moment(tr, b, c->v, v, false);
+    copy_moment(tr, b, c->m, m + c->lo, false);
+    copy_moment(tr, b, c->v, v + c->lo, false);
 }
 
 void fy_trainer_set_progress(fy_trainer *tr, int64_t steps_done, int64_t micro_done) {

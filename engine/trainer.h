@@ -105,7 +105,7 @@ fy_status fy_trainer_new_dry(const fy_trainer_cfg *cfg, fy_trainer **out);
 typedef enum fy_task_kind {
     FY_T_LOAD = 0, FY_T_H2D_PARAM, FY_T_FWD, FY_T_GOPEN, FY_T_HEAD, FY_T_RECOMPUTE, FY_T_BWD,
     FY_T_D2H_GRAD, FY_T_NORM, FY_T_ADAM_GPU, FY_T_D2H_PARAM, FY_T_ADAM_CPU, FY_T_H2D_UPDATE,
-    FY_T_COLLECT, FY_T_REDUCE, FY_T_COUNT
+    FY_T_COLLECT, FY_T_REDUCE, FY_T_ALLGATHER, FY_T_COUNT
 } fy_task_kind;
 const char *fy_task_kind_name(int kind);
 
@@ -167,14 +167,23 @@ fy_status fy_trainer_eval(fy_trainer *tr, const int32_t *x, const int32_t *y, fl
 
 /* Copies block b's parameters (the fp32 master) or current gradients to host
  * (fy_model_block(m, b)->nelem floats). A block whose gradient shares its bf16 weights'
- * buffer (storage.h: grad_in_lp) has none after its update: false, nothing copied. */
+ * buffer (storage.h: grad_in_lp) has none after its update: false, nothing copied.
+ * In a data-parallel job the optimizer state is sharded (storage.h): a bf16 run's masters
+ * and every run's moments are gathered on rank 0 from their owners, which meanwhile run
+ * fy_trainer_serve, until rank 0's fy_trainer_serve_end (other ranks may not call these
+ * getters for them); a gradient outside this rank's shard is its own micro-batches'. */
 void fy_trainer_get_params(fy_trainer *tr, int b, float *host);
 bool fy_trainer_get_grads(fy_trainer *tr, int b, float *host);
 /* Block b's AdamW moments (fp32, nelem each) into host m and v (either may be NULL), or
- * replaced from them: what a checkpoint stores and restores, wherever the plan keeps
- * them. */
+ * replaced from them (a sharded job's rank keeps its shard): what a checkpoint stores and
+ * restores, wherever the plan keeps them. */
 void fy_trainer_get_moments(fy_trainer *tr, int b, float *m, float *v);
 void fy_trainer_set_moments(fy_trainer *tr, int b, const float *m, const float *v);
+/* A sharded job's ranks but 0: sends this rank's shards as rank 0's getters ask, until
+ * rank 0 ends (FY_ERR_IO when it says its save failed). FY_OK at once elsewhere. */
+fy_status fy_trainer_serve(fy_trainer *tr);
+/* Rank 0: the end of its getters' requests (failed: its save failed); a no-op elsewhere. */
+fy_status fy_trainer_serve_end(fy_trainer *tr, bool failed);
 /* Sets the counters a checkpoint restores: the updates applied (AdamW's bias correction
  * counts them) and the micro-batches of the steps run (the next window's first
  * micro-batch number, so batches continue where the checkpointed run was). */

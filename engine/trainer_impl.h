@@ -48,6 +48,10 @@ struct fy_trainer {
     int nev;
     fy_event *ev_anchor;     /* the window's time origin on the device */
     fy_comm *comm;           /* data parallel (NULL: alone) */
+    size_t *part_region;     /* sharded: where each rank's norm chunk sums start in
+                                parts_host (world + 1 entries) */
+    size_t *part_base;       /* sharded: per block, where its chunk sums start in this
+                                rank's (the same offsets in parts_dev) */
     int world, rank;         /* the job's processes, this one's rank */
     int64_t micro_first, micro_total; /* a step's micro-batches over the job, and this
                                  rank's first (trainer.h) */

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/core/reduce.h"
 #include "engine/core/util.h"
 #include "offload/plan.h"
 
@@ -135,6 +136,28 @@ static bool gathered(const fy_block_spec *blk, const fy_block_plan *bp, bool tra
 
 static const char *ring_names[FY_RINGS] = {"layer", "large"};
 
+void fy_shard_bounds(size_t nelem, int shards, size_t *off) {
+    const size_t nch = (nelem + FY_SUMSQ_CHUNK - 1) / FY_SUMSQ_CHUNK;
+    for (int r = 0; r <= shards; r++) {
+        const size_t e = nch * (size_t)r / (size_t)shards * FY_SUMSQ_CHUNK;
+        off[r] = e < nelem ? e : nelem;
+    }
+}
+
+/* Block chunk c's shard under the plan: [lo, hi) of its elements (all of them unless a
+ * data-parallel run trains). */
+static void shard_of(fy_chunk *c, const fy_plan *plan, bool training) {
+    c->lo = 0;
+    c->hi = c->nelem;
+    if (!training || plan->shards <= 1) return;
+    size_t off[FY_MAX_SHARDS + 1];
+    fy_shard_bounds(c->nelem, plan->shards, off);
+    c->lo = off[plan->shard];
+    c->hi = off[plan->shard + 1];
+}
+
+static size_t nchunks_of(size_t n) { return (n + FY_SUMSQ_CHUNK - 1) / FY_SUMSQ_CHUNK; }
+
 static fy_status layout(walk *w, const fy_model *m, const fy_plan *plan, int T, bool training,
                         fy_chunk *chunks, fy_storage *st) {
     const int B = plan->micro_batch, nb = plan->nblocks;
@@ -171,12 +194,16 @@ static fy_status layout(walk *w, const fy_model *m, const fy_plan *plan, int T, 
         if ((c->chunked = chunked(blk, bp, training, hch)))
             c->stage_nelem = fy_model_chunk_view_nelem(m, b, hch);
         c->ring = ring_of(blk, c->stage_nelem, layer_max);
+        shard_of(c, plan, training);
         const size_t nbytes = fsz(c->nelem), lpbytes = c->nelem * es, stbytes = c->stage_nelem * es;
+        const size_t own = c->hi - c->lo, ownbytes = fsz(own); /* its shard's fp32 state */
         bool streamed = bp->params == FY_PARAMS_STREAMED, cpu = bp->optim == FY_OPTIM_CPU;
         c->needs_grad_staging = training && (cpu || plan->grad_accum > 1);
         if (streamed) {
-            /* a device update of a bf16 block needs its fp32 master and the bf16 copy out */
-            size_t need = lp && training && !cpu ? nbytes + lpbytes : stbytes;
+            /* a device update of a bf16 block needs its (shard's) fp32 master and the bf16
+             * copy out */
+            size_t need = lp && training && !cpu ? ownbytes + own * es : stbytes;
+            if (need < stbytes) need = stbytes;
             if (need > pslot[c->ring]) pslot[c->ring] = need;
         }
         if (c->needs_grad_staging) {
@@ -188,13 +215,14 @@ static fy_status layout(walk *w, const fy_model *m, const fy_plan *plan, int T, 
             if ((s = take(w, FY_CAT_PARAMS, lpbytes, what, &c->param_dev)) != FY_OK) goto done;
             if (lp && training && !cpu) {
                 NAME( "%s fp32 master weights", bname);
-                if ((s = take(w, FY_CAT_OPTIM, nbytes, what, &c->master_dev)) != FY_OK) goto done;
+                if ((s = take(w, FY_CAT_OPTIM, ownbytes, what, &c->master_dev)) != FY_OK) goto done;
             }
         }
         if (streamed || (cpu && training)) {
             /* the master is copied when it is what compute reads (fp32) or when a
              * device update of a streamed block fetches it and sends it back */
-            carve(w, FY_CAT_PARAMS, nbytes, !lp || (streamed && training && !cpu), &c->param_host);
+            carve(w, FY_CAT_PARAMS, lp ? ownbytes : nbytes, !lp || (streamed && training && !cpu),
+                  &c->param_host);
             if (lp) carve(w, FY_CAT_PARAMS, lpbytes, true, &c->param_lp);
             else c->param_lp = c->param_host;
         }
@@ -202,19 +230,19 @@ static fy_status layout(walk *w, const fy_model *m, const fy_plan *plan, int T, 
         if (cpu && lp && plan->grad_accum == 1) {
             c->grad_host = c->param_lp;
             c->grad_in_lp = true;
-            carve(w, FY_CAT_OPTIM, nbytes, false, &c->m);
-            carve(w, FY_CAT_OPTIM, nbytes, false, &c->v);
+            carve(w, FY_CAT_OPTIM, ownbytes, false, &c->m);
+            carve(w, FY_CAT_OPTIM, ownbytes, false, &c->v);
         } else if (cpu) {
             carve(w, FY_CAT_GRADS, lpbytes, true, &c->grad_host);
-            carve(w, FY_CAT_OPTIM, nbytes, false, &c->m);
-            carve(w, FY_CAT_OPTIM, nbytes, false, &c->v);
+            carve(w, FY_CAT_OPTIM, ownbytes, false, &c->m);
+            carve(w, FY_CAT_OPTIM, ownbytes, false, &c->v);
         } else {
             NAME( "%s gradients", bname);
             if ((s = take(w, FY_CAT_GRADS, lpbytes, what, &c->grad_dev)) != FY_OK) goto done;
             NAME( "%s Adam m", bname);
-            if ((s = take(w, FY_CAT_OPTIM, nbytes, what, &c->m)) != FY_OK) goto done;
+            if ((s = take(w, FY_CAT_OPTIM, ownbytes, what, &c->m)) != FY_OK) goto done;
             NAME( "%s Adam v", bname);
-            if ((s = take(w, FY_CAT_OPTIM, nbytes, what, &c->v)) != FY_OK) goto done;
+            if ((s = take(w, FY_CAT_OPTIM, ownbytes, what, &c->v)) != FY_OK) goto done;
         }
     }
     /* staging rings: the serial minimum, plus the plan's prefetch depth in the layer
@@ -306,6 +334,20 @@ static fy_status layout(walk *w, const fy_model *m, const fy_plan *plan, int T, 
     carve(w, FY_CAT_WORKSPACE, 2 * parts * N * sizeof(int32_t), true, st ? (void *)&st->tok_host : &tmp);
     carve(w, FY_CAT_WORKSPACE, accum * sizeof(float), true, st ? (void *)&st->loss_host : &tmp);
     carve(w, FY_CAT_WORKSPACE, (size_t)nb * sizeof(double), true, st ? (void *)&st->sumsq_host : &tmp);
+    /* a sharded run's norm: each block's chunk sums, this rank's on the device, every
+     * rank's on the host */
+    if (training && plan->shards > 1) {
+        size_t own = 0, all = 0;
+        for (int b = 0; b < nb; b++) {
+            own += nchunks_of(c_all[b].hi - c_all[b].lo);
+            all += nchunks_of(c_all[b].nelem);
+        }
+        if (st) st->nparts = all;
+        if ((s = take(w, FY_CAT_WORKSPACE, (own ? own : 1) * sizeof(double), "norm chunk sums",
+                      st ? (void *)&st->parts_dev : &tmp)) != FY_OK)
+            goto done;
+        carve(w, FY_CAT_WORKSPACE, all * sizeof(double), true, st ? (void *)&st->parts_host : &tmp);
+    }
 done:
     if (!chunks) free(c_all);
     return s;

@@ -121,6 +121,8 @@ typedef struct fy_chunk {
                                  its staged copies are chunk views */
     size_t stage_nelem;       /* elements of its staged copies: nelem; for a gathered
                                  block min(rows, B*T) rows; for a chunked head a chunk view */
+    size_t lo, hi;            /* the elements of its shard: whose optimizer state this
+                                 process holds and updates (0, nelem unless sharded) */
 } fy_chunk;
 
 /* A block's activations on the device (model.h: out and saved). */
@@ -155,6 +157,9 @@ typedef struct fy_storage {
         int32_t *map;         /* host scratch, a row table's rows: -1, or its gathered row */
         void *host;           /* pinned: the rows gathered for a fetch (stage_nelem) */
     } gather;
+    size_t nparts;            /* sharded: the chunk sums of every block (over all ranks) */
+    double *parts_dev;        /* sharded: this rank's chunk sums of its shards, block by block */
+    double *parts_host;       /* sharded: every rank's, rank by rank (each as parts_dev) */
     float *loss_dev, *loss_host;      /* one per micro-batch */
     double *sumsq_dev, *sumsq_host;   /* one per block */
     float *grad_host_tmp;     /* host landing slot: a micro-batch's gradient of a
@@ -167,6 +172,21 @@ typedef struct fy_storage {
     int nallocs, capallocs;
     fy_mem_model mem;         /* the memory model: what this storage allocated */
 } fy_storage;
+
+/* Data parallel: a training run with plan->shards > 1 is sharded (ZeRO): each block's
+ * elements are cut into plan->shards contiguous shards in whole norm chunks
+ * (FY_SUMSQ_CHUNK, core/reduce.h; so each rank's chunk sums of the summed gradient
+ * make the whole norm, in the one-process order), as even as chunks allow, and this
+ * process (shard plan->shard) holds only its shard [lo, hi) of the fp32 master weights
+ * and the AdamW moments, wherever the plan puts them: m and v, a bf16 run's separate
+ * masters (master_dev, param_host) hold hi - lo elements, indexed from lo. What compute
+ * reads (param_dev, param_lp, and with fp32 storage param_host, which is also the
+ * master) and the gradients stay whole: each rank computes the whole gradient of its
+ * micro-batches, the shards' owners get them summed (reduce-scatter), update their
+ * shard, and the updated weights are gathered from every owner (step_graph.c).
+ * A fully offloaded bf16 run then holds 2 + 12/N bytes a parameter on each of N ranks'
+ * hosts instead of 14. off[0..shards] are block nelem's shard bounds. */
+void fy_shard_bounds(size_t nelem, int shards, size_t *off);
 
 /* Allocates all storage of a run under plan (micro-batch plan->micro_batch x T). Without
  * training, only what evaluation needs: parameters, activations, workspace (no

@@ -1214,6 +1214,7 @@ static const op_case op_cases[] = {
     {FY_OP_CROSSENTROPY, {6, 11, 16}, {1.0f / 6}},
     {FY_OP_MEAN, {37}, {0}},
     {FY_OP_SUMSQ, {37}, {0}},
+    {FY_OP_SUMSQ_PARTS, {40000}, {0}}, /* a whole chunk, a part of one */
     {FY_OP_ADAMW, {37, FY_BF16, FY_BF16, 1, 3}, {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f}},
 };
 

@@ -153,13 +153,52 @@ Test(dp, every_rank_prints_its_memory_model) {
               "a JSON line from each rank:\n%s", r.out);
 }
 
-/* Checkpoints of a job are rank 0's (every rank holds the same state), and resume on
- * another world size with the same sequences per step: 2 processes for 4 steps then one
- * accumulating 2 for 4 more, and the other way round, give the weights of one process
- * never stopped, byte for byte. */
-Test(dp, checkpoints_resume_on_another_world_size) {
+/* The host bytes of a job's ranks (--dry-run's memory model, which equals what they
+ * allocate): each holds its shard of the masters and moments (ZeRO), so two ranks of a
+ * fully offloaded bf16 run hold at most 1.25x one process's (2 + 12/2 bytes a parameter
+ * each against 14), and an fp32 run's optimizer bytes halve (its fp32 weights, which are
+ * also the masters, and its gradient stay whole on every rank). */
+static size_t json_size(const char *line, const char *key) {
+    const char *p = strstr(line, key);
+    cr_assert(p, "%s in %s", key, line);
+    return (size_t)strtoull(p + strlen(key), NULL, 10);
+}
+
+Test(dp, ranks_hold_their_shards_of_the_optimizer_state) {
+    for (int fp32 = 0; fp32 < 2; fp32++) {
+        test_proc r1, r2;
+#define ARGS "train", "--model", "gpt2-mini", "--device", "cpu", "--dry-run", "--offload-params", \
+        "1", "--offload-optim", "1", "--dtype", fp32 ? "fp32" : "bf16"
+        FERRY(&r1, 0, ARGS);
+        FERRY(&r2, 2, ARGS);
+#undef ARGS
+        cr_assert_eq(r1.code, 0, "%s", r1.err);
+        cr_assert_eq(r2.code, 0, "%s", r2.err);
+        const char *one = strstr(r1.out, "{\"params\""), *a = strstr(r2.out, "{\"rank\":0,"),
+                   *b = strstr(r2.out, "{\"rank\":1,");
+        cr_assert(one && a && b, "%s\n%s", r1.out, r2.out);
+        const size_t h1 = json_size(one, "\"host_bytes\":"),
+                     h2 = json_size(a, "\"host_bytes\":") + json_size(b, "\"host_bytes\":");
+        const size_t o1 = json_size(one, "\"optimizer\":"),
+                     o2 = json_size(a, "\"optimizer\":") + json_size(b, "\"optimizer\":");
+        cr_expect((double)o2 <= 1.01 * (double)o1, "%s: optimizer state %zu on two ranks, %zu on one",
+                  fp32 ? "fp32" : "bf16", o2, o1);
+        if (!fp32)
+            cr_expect((double)h2 <= 1.25 * (double)h1, "bf16: host bytes %zu on two ranks, %zu on one",
+                      h2, h1);
+    }
+}
+
+/* Checkpoints of a job are rank 0's, its shards of the optimizer state gathered from
+ * the other ranks, and resume on another world size with the same sequences per step
+ * (each rank keeping its shard): 2 processes for 4 steps then one accumulating 2 for 4
+ * more, and the other way round, give the weights of one process never stopped, byte for
+ * byte; all-resident in fp32 (the moments on the device gathered) and with the optimizer
+ * on the CPU in bf16 (the masters gathered too). */
+static void expect_resume_across_world_sizes(const char *dtype, const char *optim) {
 #define RUN_ARGS "train", "--model", "gpt2-tiny", "--device", "cpu", "--threads", "1", "--seq", \
-        "32", "--batch", "2", "--val-batches", "1", "--lr-schedule", "const"
+        "32", "--batch", "2", "--val-batches", "1", "--lr-schedule", "const", "--dtype", dtype, \
+        "--offload-optim", optim
     test_proc r;
     const char *whole = path_in("whole.safetensors");
     FERRY(&r, 0, RUN_ARGS, "--grad-accum", "2", "--steps", "8", "--save", whole);
@@ -181,10 +220,23 @@ Test(dp, checkpoints_resume_on_another_world_size) {
         cr_assert_eq(r.code, 0, "order %d, resumed: %s", order, r.err);
         size_t n;
         char *b = test_read_file(w, &n);
-        cr_expect(n == n0 && !memcmp(b, w0, n), "order %d: the resumed run's weights differ", order);
+        cr_expect(n == n0 && !memcmp(b, w0, n), "%s: order %d: the resumed run's weights differ",
+                  dtype, order);
         free(b);
+        test_remove_tree(dir);
     }
     free(w0);
+#undef RUN_ARGS
+}
+
+Test(dp, checkpoints_resume_on_another_world_size) {
+    expect_resume_across_world_sizes("fp32", "0");
+    expect_resume_across_world_sizes("bf16", "1");
+#define RUN_ARGS "train", "--model", "gpt2-tiny", "--device", "cpu", "--threads", "1", "--seq", \
+        "32", "--batch", "2", "--val-batches", "1", "--lr-schedule", "const"
+    test_proc r;
+    FERRY(&r, 0, RUN_ARGS, "--steps", "2", "--checkpoint-dir", path_in("ck0"));
+    cr_assert_eq(r.code, 0, "%s", r.err);
     /* a new run refuses a directory that holds checkpoints: one error, from rank 0 */
     FERRY(&r, 2, RUN_ARGS, "--steps", "2", "--checkpoint-dir", path_in("ck0"));
     cr_expect_neq(r.code, 0);
@@ -202,10 +254,12 @@ static bool has_latest(void *dir) {
 /* SIGTERM to mpirun (which passes it to every rank) once a checkpoint exists: every rank
  * stops at the same step (decided together at the step's norm), rank 0 writes its
  * checkpoint, and one process resuming from it ends with the weights of one process
- * never stopped. */
+ * never stopped. In bf16 with the optimizer on the CPU, where the stopped step's gradient
+ * had landed in the bf16 weights: each rank restores its shard and gathers the others'. */
 Test(dp, a_signalled_job_stops_together_and_resumes_exactly) {
 #define RUN_ARGS "train", "--model", "gpt2-tiny", "--device", "cpu", "--threads", "1", "--seq", \
-        "32", "--batch", "2", "--val-batches", "1", "--steps", "400", "--lr-schedule", "const"
+        "32", "--batch", "2", "--val-batches", "1", "--steps", "400", "--lr-schedule", "const", \
+        "--dtype", "bf16", "--offload-optim", "1"
     test_proc r;
     const char *whole = path_in("whole400.safetensors"), *res = path_in("res400.safetensors");
     const char *dir = path_in("sigck");

@@ -427,6 +427,10 @@ int fy_train_main(const fy_opts *o) {
         fy_log_warn("--batch-shares: one process takes every micro-batch (--grad-accum)");
     if (st == FY_OK && !o->dry_run) st = batch_shares(o, comm, slowdown, &tc, &plan);
     free(slowdown);
+    if (st == FY_OK && world > 1) { /* this rank's shard of the optimizer state (ZeRO) */
+        plan.shards = world;
+        plan.shard = g_rank;
+    }
     fy_mem_model mm = {0};
     if (st == FY_OK)
         fy_storage_model_pinned(m, &plan, (int)o->seq, true, fy_dev_cfg_pinned_cap(&tc.dev), &mm);
@@ -458,7 +462,7 @@ int fy_train_main(const fy_opts *o) {
         tc.val_batches = o->val_batches;
         tc.log_every = o->log_every;
         tc.comm = comm;
-        tc.save = lead ? o->save : NULL;
+        tc.save = o->save; /* rank 0 writes it, the others serve their shards */
         tc.save_opts = (fy_save_opts){.dtype = !strcmp(o->save_dtype, "bf16") ? FY_BF16 : FY_F32,
                                       .shard_nbytes = o->save_shard_size, .from = init};
         tc.metrics = lead ? o->metrics : NULL;

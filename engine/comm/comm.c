@@ -22,7 +22,8 @@ struct fy_comm {
     bool mpi;                /* this process started MPI */
     bool multiple;           /* MPI_THREAD_MULTIPLE: the watchdog may call MPI_Abort while
                                 a lane waits inside MPI */
-    void *tmp;               /* rank 0's receive buffer, PIECE_NBYTES */
+    void *tmp;               /* a receive buffer, PIECE_NBYTES */
+    void *acc;               /* reduce_scatter's running sum, PIECE_NBYTES */
     /* the watchdog: the start of the collective in progress (0: none) */
     _Atomic double busy_since_ms;
     double timeout_ms;
@@ -118,7 +119,8 @@ fy_status fy_comm_init(fy_comm **out) {
         fy_log_error("MPI gives thread level %d; ferry needs MPI_THREAD_SERIALIZED", provided);
         st = FY_ERR_UNSUPPORTED;
     }
-    if (st == FY_OK && !(c->tmp = malloc(PIECE_NBYTES))) st = FY_ERR_NOMEM;
+    if (st == FY_OK && (!(c->tmp = malloc(PIECE_NBYTES)) || !(c->acc = malloc(PIECE_NBYTES))))
+        st = FY_ERR_NOMEM;
     const char *to = getenv("FERRY_COMM_TIMEOUT");
     c->timeout_ms = (to && atof(to) > 0 ? atof(to) : 600.0) * 1e3;
     if (st == FY_OK && pthread_create(&c->watchdog, NULL, watch, c) == 0) c->watching = true;
@@ -141,6 +143,7 @@ void fy_comm_free(fy_comm *c) {
     if (c->mpi) MPI_Finalize();
 #endif
     free(c->tmp);
+    free(c->acc);
     free(c);
 }
 
@@ -156,6 +159,8 @@ _Noreturn void fy_comm_abort(fy_comm *c, int code) {
 #endif
     _exit(code);
 }
+
+static size_t elem_size(fy_dtype dt) { return dt == FY_BF16 ? 2 : dt == FY_F32 ? 4 : 8; }
 
 /* acc[i] += add[i], in the type's arithmetic (comm.h). */
 static void add_into(void *acc, const void *add, size_t n, fy_dtype dt) {
@@ -176,7 +181,7 @@ fy_status fy_comm_sum(fy_comm *c, void *buf, size_t n, fy_dtype dt) {
     return FY_ERR_UNSUPPORTED;
 #else
     FY_ASSERT(dt == FY_F32 || dt == FY_BF16 || dt == FY_COMM_F64, "fy_comm_sum: a type it sums");
-    const size_t es = dt == FY_BF16 ? 2 : dt == FY_F32 ? 4 : 8, per = PIECE_NBYTES / es;
+    const size_t es = elem_size(dt), per = PIECE_NBYTES / es;
     atomic_store(&c->busy_since_ms, fy_now_ms());
     fy_status st = FY_OK;
     for (size_t i0 = 0; i0 < n && st == FY_OK; i0 += per) {
@@ -238,6 +243,126 @@ fy_status fy_comm_max_i32(fy_comm *c, int32_t *x) {
     atomic_store(&c->busy_since_ms, fy_now_ms());
     fy_status st = mpi_check(MPI_Allreduce(MPI_IN_PLACE, x, 1, MPI_INT32_T, MPI_MAX, MPI_COMM_WORLD),
                              "allreduce");
+    atomic_store(&c->busy_since_ms, 0.0);
+    return st;
+#endif
+}
+
+#ifdef FY_HAVE_MPI
+/* Sends this rank's copy of every other rank's shard to its owner, PIECE_NBYTES a
+ * message; *reqs (free it) holds the sends to wait for. */
+static fy_status post_shards(fy_comm *c, const char *buf, const size_t *off, size_t es,
+                             MPI_Request **reqs, int *nreqs) {
+    const size_t per = PIECE_NBYTES / es;
+    size_t n = 0;
+    for (int q = 0; q < c->size; q++)
+        if (q != c->rank) n += (off[q + 1] - off[q] + per - 1) / per;
+    *nreqs = 0;
+    *reqs = malloc((n ? n : 1) * sizeof **reqs);
+    if (!*reqs) return FY_ERR_NOMEM;
+    for (int q = 0; q < c->size; q++) {
+        if (q == c->rank) continue;
+        for (size_t i0 = off[q]; i0 < off[q + 1]; i0 += per) {
+            const size_t k = off[q + 1] - i0 < per ? off[q + 1] - i0 : per;
+            FY_TRY(mpi_check(MPI_Isend(buf + i0 * es, (int)(k * es), MPI_BYTE, q, 1, MPI_COMM_WORLD,
+                                       &(*reqs)[(*nreqs)++]), "send"));
+        }
+    }
+    return FY_OK;
+}
+#endif
+
+fy_status fy_comm_reduce_scatter(fy_comm *c, void *buf, const size_t *off, fy_dtype dt) {
+    if (c->size == 1) return FY_OK;
+#ifndef FY_HAVE_MPI
+    (void)buf;
+    (void)off;
+    (void)dt;
+    return FY_ERR_UNSUPPORTED;
+#else
+    FY_ASSERT(dt == FY_F32 || dt == FY_BF16 || dt == FY_COMM_F64, "reduce_scatter: a type it sums");
+    const size_t es = elem_size(dt), per = PIECE_NBYTES / es;
+    atomic_store(&c->busy_since_ms, fy_now_ms());
+    MPI_Request *reqs = NULL;
+    int nreqs = 0;
+    fy_status st = post_shards(c, buf, off, es, &reqs, &nreqs);
+    /* this rank's shard, a piece at a time: (((x0 + x1) + x2) + ...), its own value added
+     * in its turn (an addition is commutative, so acc + own is own + acc's bits) */
+    for (size_t i0 = off[c->rank]; i0 < off[c->rank + 1] && st == FY_OK; i0 += per) {
+        const size_t k = off[c->rank + 1] - i0 < per ? off[c->rank + 1] - i0 : per;
+        char *own = (char *)buf + i0 * es;
+        void *acc = c->rank == 0 ? own : c->acc;
+        for (int q = 0; q < c->size && st == FY_OK; q++) {
+            if (q == c->rank) {
+                if (q) add_into(acc, own, k, dt);
+                continue;
+            }
+            void *into = q == 0 ? acc : c->tmp;
+            st = mpi_check(MPI_Recv(into, (int)(k * es), MPI_BYTE, q, 1, MPI_COMM_WORLD,
+                                    MPI_STATUS_IGNORE), "receive");
+            if (st == FY_OK && q) add_into(acc, c->tmp, k, dt);
+            atomic_store(&c->busy_since_ms, fy_now_ms()); /* it moves: no stall */
+        }
+        if (st == FY_OK && acc != own) memcpy(own, acc, k * es);
+    }
+    if (nreqs && st == FY_OK)
+        st = mpi_check(MPI_Waitall(nreqs, reqs, MPI_STATUSES_IGNORE), "send");
+    free(reqs);
+    atomic_store(&c->busy_since_ms, 0.0);
+    return st;
+#endif
+}
+
+fy_status fy_comm_allgather(fy_comm *c, void *buf, const size_t *off, size_t es) {
+    if (c->size == 1) return FY_OK;
+#ifndef FY_HAVE_MPI
+    (void)buf;
+    (void)off;
+    (void)es;
+    return FY_ERR_UNSUPPORTED;
+#else
+    const size_t per = PIECE_NBYTES / es;
+    atomic_store(&c->busy_since_ms, fy_now_ms());
+    fy_status st = FY_OK;
+    for (int q = 0; q < c->size && st == FY_OK; q++)
+        for (size_t i0 = off[q]; i0 < off[q + 1] && st == FY_OK; i0 += per) {
+            const size_t k = off[q + 1] - i0 < per ? off[q + 1] - i0 : per;
+            st = mpi_check(MPI_Bcast((char *)buf + i0 * es, (int)(k * es), MPI_BYTE, q, MPI_COMM_WORLD),
+                           "broadcast");
+            atomic_store(&c->busy_since_ms, fy_now_ms());
+        }
+    atomic_store(&c->busy_since_ms, 0.0);
+    return st;
+#endif
+}
+
+fy_status fy_comm_gather(fy_comm *c, void *whole, const void *mine, const size_t *off, size_t es) {
+    const size_t own = (off[c->rank + 1] - off[c->rank]) * es;
+    if (c->rank == 0 && own && (char *)whole + off[0] * es != (const char *)mine)
+        memcpy((char *)whole + off[0] * es, mine, own);
+    if (c->size == 1) return FY_OK;
+#ifndef FY_HAVE_MPI
+    return FY_ERR_UNSUPPORTED;
+#else
+    const size_t per = PIECE_NBYTES / es;
+    atomic_store(&c->busy_since_ms, fy_now_ms());
+    fy_status st = FY_OK;
+    if (c->rank == 0) {
+        for (int q = 1; q < c->size && st == FY_OK; q++)
+            for (size_t i0 = off[q]; i0 < off[q + 1] && st == FY_OK; i0 += per) {
+                const size_t k = off[q + 1] - i0 < per ? off[q + 1] - i0 : per;
+                st = mpi_check(MPI_Recv((char *)whole + i0 * es, (int)(k * es), MPI_BYTE, q, 2,
+                                        MPI_COMM_WORLD, MPI_STATUS_IGNORE), "receive");
+                atomic_store(&c->busy_since_ms, fy_now_ms());
+            }
+    } else {
+        for (size_t i0 = 0; i0 < own && st == FY_OK; i0 += per * es) {
+            const size_t k = own - i0 < per * es ? own - i0 : per * es;
+            st = mpi_check(MPI_Send((const char *)mine + i0, (int)k, MPI_BYTE, 0, 2, MPI_COMM_WORLD),
+                           "send");
+            atomic_store(&c->busy_since_ms, fy_now_ms());
+        }
+    }
     atomic_store(&c->busy_since_ms, 0.0);
     return st;
 #endif

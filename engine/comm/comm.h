@@ -50,6 +50,16 @@ int fy_comm_local_rank(const fy_comm *c); /* among the ranks of this node: picks
  * F64 (FY_DTYPE_NONE stands for fp64 here: dtype.h has no fp64). */
 #define FY_COMM_F64 FY_DTYPE_NONE
 fy_status fy_comm_sum(fy_comm *c, void *buf, size_t n, fy_dtype dt);
+/* Sharded collectives (data parallel's ZeRO, offload/storage.h): a buffer of elements of
+ * es bytes (dt's) is cut at off[0..size], rank r's shard being [off[r], off[r+1]).
+ * reduce_scatter: this rank's shard of buf becomes the sum over ranks of their shards,
+ * in rank order with fy_comm_sum's arithmetic and bits; the rest of buf is left as it
+ * was. allgather: every shard of buf from its owner. gather: rank 0's `whole` receives
+ * every rank's shard, each sent from `mine` (its shard's elements; rank 0's too). */
+fy_status fy_comm_reduce_scatter(fy_comm *c, void *buf, const size_t *off, fy_dtype dt);
+fy_status fy_comm_allgather(fy_comm *c, void *buf, const size_t *off, size_t es);
+fy_status fy_comm_gather(fy_comm *c, void *whole, const void *mine, const size_t *off, size_t es);
+
 /* The job's devices join in their backend's collectives (fy_dev_coll_*: NCCL on the
  * cuda backend): rank 0 makes the id and sends it over MPI. A no-op alone or on a backend
  * without them (the cpu backend sums host memory, fy_comm_sum). */

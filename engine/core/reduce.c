@@ -29,3 +29,11 @@ double fy_sumsq_bf16(const uint16_t *x, size_t n) {
     }
     return s;
 }
+
+void fy_sumsq_parts(const void *x, bool bf16, size_t n, double *part) {
+    for (size_t c = 0, i0 = 0; i0 < n; c++, i0 += FY_SUMSQ_CHUNK) {
+        const size_t len = n - i0 < FY_SUMSQ_CHUNK ? n - i0 : FY_SUMSQ_CHUNK;
+        part[c] = bf16 ? fy_sumsq_bf16((const uint16_t *)x + i0, len)
+                       : fy_sumsq_chunk((const float *)x + i0, len);
+    }
+}

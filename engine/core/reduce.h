@@ -7,6 +7,7 @@
 #ifndef FY_REDUCE_H
 #define FY_REDUCE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -23,6 +24,11 @@ double fy_sumsq(const float *x, size_t n);
 /* The same over bf16 values (uint16_t bit patterns), each widened to fp32 exactly: the
  * device kernel on a bf16 stream gives the same bits. */
 double fy_sumsq_bf16(const uint16_t *x, size_t n);
+/* The chunk sums alone: part[c] for each of the ceil(n / FY_SUMSQ_CHUNK) chunks of x,
+ * fp32 (bf16 false) or bf16 bit patterns. Adding them in chunk order, from 0.0, gives
+ * fy_sumsq's (fy_sumsq_bf16's) bits: a data-parallel job sums the chunks of a gradient
+ * each rank holds a part of so. */
+void fy_sumsq_parts(const void *x, bool bf16, size_t n, double *part);
 
 #ifdef __cplusplus
 }

@@ -252,9 +252,14 @@ fy_status fy_dev_coll_init(fy_dev *dev, const void *id, size_t len, int rank, in
     return dev->iface->coll_init(dev, id, len, rank, size);
 }
 
-void fy_coll_sum_async(fy_stream *s, void *buf, size_t n, fy_dtype dt) {
-    FY_ASSERT(s->dev->iface->coll_sum, "a backend without collectives");
-    s->dev->iface->coll_sum(s, buf, n, dt);
+void fy_coll_reduce_scatter_async(fy_stream *s, void *buf, const size_t *off, int nranks, fy_dtype dt) {
+    FY_ASSERT(s->dev->iface->coll_shards, "a backend without collectives");
+    s->dev->iface->coll_shards(s, buf, off, nranks, dt, false);
+}
+
+void fy_coll_allgather_async(fy_stream *s, void *buf, const size_t *off, int nranks, fy_dtype dt) {
+    FY_ASSERT(s->dev->iface->coll_shards, "a backend without collectives");
+    s->dev->iface->coll_shards(s, buf, off, nranks, dt, true);
 }
 
 fy_status fy_stream_set_dtype(fy_stream *s, fy_dtype t) {

@@ -119,8 +119,12 @@ fy_status fy_stream_set_dtype(fy_stream *s, fy_dtype t);
 bool fy_dev_has_collectives(const fy_dev *dev);
 fy_status fy_dev_coll_id(fy_dev *dev, void *id, size_t cap, size_t *len);
 fy_status fy_dev_coll_init(fy_dev *dev, const void *id, size_t len, int rank, int size);
-/* buf (n elements of dt: F32, BF16) = its sum over the job's ranks, queued on s. */
-void fy_coll_sum_async(fy_stream *s, void *buf, size_t n, fy_dtype dt);
+/* The sharded collectives (engine/comm/comm.h's, on device memory), queued on s: buf's
+ * elements of dt (F32, BF16) cut at off[0..nranks]; reduce_scatter leaves this rank's
+ * shard summed over the ranks (in the backend's order), allgather gives every shard its
+ * owner's values. */
+void fy_coll_reduce_scatter_async(fy_stream *s, void *buf, const size_t *off, int nranks, fy_dtype dt);
+void fy_coll_allgather_async(fy_stream *s, void *buf, const size_t *off, int nranks, fy_dtype dt);
 fy_dtype fy_stream_dtype(const fy_stream *s);
 
 /* Events: record captures the work queued on s so far; wait makes later work on s

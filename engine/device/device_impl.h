@@ -51,7 +51,8 @@ typedef struct fy_dev_iface {
     /* collectives between the devices of a job (NULL: none; device.h fy_dev_coll_*) */
     fy_status (*coll_id)(fy_dev *dev, void *id, size_t cap, size_t *len);
     fy_status (*coll_init)(fy_dev *dev, const void *id, size_t len, int rank, int size);
-    void (*coll_sum)(fy_stream *s, void *buf, size_t n, fy_dtype dt);
+    void (*coll_shards)(fy_stream *s, void *buf, const size_t *off, int nranks, fy_dtype dt,
+                        bool gather); /* reduce_scatter, or (gather) allgather */
 } fy_dev_iface;
 
 typedef struct fy_alloc_rec {

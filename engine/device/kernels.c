@@ -144,6 +144,10 @@ void fy_k_sumsq(double *out, const float *x, size_t n, fy_stream *s) {
     launch(s, FY_OP_SUMSQ, PTRS(out, P(x)), INTS((int64_t)n), NO_FLTS);
 }
 
+void fy_k_sumsq_parts(double *out, const void *x, size_t n, fy_stream *s) {
+    launch(s, FY_OP_SUMSQ_PARTS, PTRS(out, P(x)), INTS((int64_t)n), NO_FLTS);
+}
+
 void fy_k_adamw(const fy_adam_hparams *hp, const fy_adam_range *r, fy_stream *s) {
     FY_ASSERT(!hp->check_finite, "fy_k_adamw does not check gradients; check the norm");
     launch(s, FY_OP_ADAMW, PTRS(r->param, r->m, r->v, P(r->grad), r->param_out),

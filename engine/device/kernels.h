@@ -142,6 +142,9 @@ void fy_k_ce_chunk_bwd(float *logits, const int32_t *targets, const float *max,
 void fy_k_mean(float *out, const float *x, size_t n, fy_stream *s);
 /* out[0] = sum(x*x) in double, in a fixed order independent of the thread count. */
 void fy_k_sumsq(double *out, const float *x, size_t n, fy_stream *s);
+/* Its chunk sums (core/reduce.h): out[c] for each chunk c of x, ceil(n / FY_SUMSQ_CHUNK)
+ * of them, fy_sumsq_parts's bits; fy_k_sumsq's result is their sum in chunk order. */
+void fy_k_sumsq_parts(double *out, const void *x, size_t n, fy_stream *s);
 
 /* AdamW on device-resident state (the "GPU optimizer" blocks): optim_cpu's contract
  * (adam.h), bit-identical to fy_adam_step on the same range. hp->check_finite is not

@@ -24,11 +24,12 @@
 /* Sizes in elements, from the integer arguments i[]:
  *   N0 = i0, NC = i0*i1, C = i1, NOC = i0*i2, OCC = i2*i1, OC = i2, N2C = 2*i0*i1,
  *   BT = i0*i1, BTC = i0*i1*i2, TC = i1*i2, VC = i3*i2 (the embedding's V rows),
- *   NVP = i0*i2 (N rows of Vp), ONE = 1;
+ *   NVP = i0*i2 (N rows of Vp), ONE = 1, NCH = the norm chunks of i0 elements
+ *   (core/reduce.h: ceil(i0 / FY_SUMSQ_CHUNK));
  *   attention's, with i = (B, T, NH, NKV, hd): QKV = B*T*(NH+2*NKV)*hd (the packed q, k
  *   and v rows), BTQ = B*T*NH*hd, BHTT = B*NH*T*T */
 #define FY_OP_SIZES(X) X(N0) X(NC) X(C) X(NOC) X(OCC) X(OC) X(N2C) X(BT) X(BTC) X(TC) X(VC) \
-                       X(NVP) X(ONE) X(QKV) X(BTQ) X(BHTT)
+                       X(NVP) X(ONE) X(NCH) X(QKV) X(BTQ) X(BHTT)
 
 #define FY_KERNEL_OPS(X)                                                                       \
     X(ENCODER_FWD, 4, 0, /* i: B, T, C, V */                                                   \
@@ -77,6 +78,7 @@
       A(logits, INOUT, S, NOC) A(targets, IN, I32, N0) A(max, IN, F32, N0) A(sum, IN, F64, N0))  \
     X(MEAN, 1, 0, A(out, OUT, F32, ONE) A(x, IN, F32, N0))                                     \
     X(SUMSQ, 1, 0, A(out, OUT, F64, ONE) A(x, IN, S, N0))                                      \
+    X(SUMSQ_PARTS, 1, 0, A(out, OUT, F64, NCH) A(x, IN, S, N0))                                \
     X(ADAMW, 5, 6, /* i: n, grad type, out type, decay, step; f: lr, b1, b2, eps, wd, scale */ \
       A(param, INOUT, F32, N0) A(m, INOUT, F32, N0) A(v, INOUT, F32, N0) A(grad, IN, D1, N0)     \
       AO(param_out, OUT, D2, N0))

@@ -470,6 +470,8 @@ Test(odd_shapes, every_kernel_against_the_cpu_backend) {
         against_cpu(FY_OP_MEAN, {n}, {}, 1, 1e-6);
         against_cpu(FY_OP_SUMSQ, {n}, {}, 1, 0); /* the cpu's bits (the backend's claim) */
     }
+    for (int64_t n : {1, 16384, 40000}) /* one chunk, a whole one, a partial third */
+        against_cpu(FY_OP_SUMSQ_PARTS, {n}, {}, 1, 0);
     /* cross-entropy: N, V, Vp (a padded vocabulary), forward and fused backward */
     against_cpu(FY_OP_CROSSENTROPY, {7, 5, 8}, {0.0f}, 5, 1e-5);
     against_cpu(FY_OP_CROSSENTROPY, {3, 1500, 1536}, {1.0f / 3}, 1500, 1e-5);

@@ -410,15 +410,21 @@ static void mean(float *out, const float *x, size_t n) {
     out[0] = (float)(s / (double)n);
 }
 
-static void sumsq(double *out, const float *x, size_t n) {
-    size_t nchunks = (n + FY_SUMSQ_CHUNK - 1) / FY_SUMSQ_CHUNK;
-    double *part = malloc((nchunks ? nchunks : 1) * sizeof *part);
-    FY_ASSERT(part, "out of host memory in sumsq");
+/* part[c]: chunk c's sum of squares (reduce.h), the chunks in parallel. */
+static void sumsq_parts(double *part, const float *x, size_t n) {
+    const size_t nchunks = (n + FY_SUMSQ_CHUNK - 1) / FY_SUMSQ_CHUNK;
     #pragma omp parallel for schedule(static)
     for (size_t c = 0; c < nchunks; c++) {
         size_t i0 = c * FY_SUMSQ_CHUNK;
         part[c] = fy_sumsq_chunk(x + i0, n - i0 < FY_SUMSQ_CHUNK ? n - i0 : FY_SUMSQ_CHUNK);
     }
+}
+
+static void sumsq(double *out, const float *x, size_t n) {
+    size_t nchunks = (n + FY_SUMSQ_CHUNK - 1) / FY_SUMSQ_CHUNK;
+    double *part = malloc((nchunks ? nchunks : 1) * sizeof *part);
+    FY_ASSERT(part, "out of host memory in sumsq");
+    sumsq_parts(part, x, n);
     double s = 0.0;
     for (size_t c = 0; c < nchunks; c++) s += part[c];
     free(part);
@@ -507,6 +513,7 @@ static void k_crossentropy(const fy_op *op) {
 }
 static void k_mean(const fy_op *op) { mean(OP_P(0), OP_P(1), (size_t)OP_I(0)); }
 static void k_sumsq(const fy_op *op) { sumsq(OP_P(0), OP_P(1), (size_t)OP_I(0)); }
+static void k_sumsq_parts(const fy_op *op) { sumsq_parts(OP_P(0), OP_P(1), (size_t)OP_I(0)); }
 
 #undef OP_P
 #undef OP_I
@@ -525,7 +532,8 @@ static const cpu_kernel kernels[FY_OP_KERNELS] = {
     [FY_OP_GELU_FWD] = k_gelu_fwd, [FY_OP_GELU_BWD] = k_gelu_bwd,
     [FY_OP_SWIGLU_FWD] = k_swiglu_fwd, [FY_OP_SWIGLU_BWD] = k_swiglu_bwd,
     [FY_OP_RESIDUAL_FWD] = k_residual_fwd, [FY_OP_CROSSENTROPY] = k_crossentropy,
-    [FY_OP_MEAN] = k_mean, [FY_OP_SUMSQ] = k_sumsq, [FY_OP_ADAMW] = adamw,
+    [FY_OP_MEAN] = k_mean, [FY_OP_SUMSQ] = k_sumsq,
+    [FY_OP_SUMSQ_PARTS] = k_sumsq_parts, [FY_OP_ADAMW] = adamw,
 };
 
 bool fy_cpu_has_kernel(fy_op_kind kind) { return kind < FY_OP_KERNELS && kernels[kind]; }

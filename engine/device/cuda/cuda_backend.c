@@ -267,9 +267,10 @@ static fy_status cu_coll_init(fy_dev *dev, const void *id, size_t len, int rank,
     return fy_cu_nccl_init(dev->ctx, id, len, rank, size);
 }
 
-static void cu_coll_sum(fy_stream *s, void *buf, size_t n, fy_dtype dt) {
+static void cu_coll_shards(fy_stream *s, void *buf, const size_t *off, int nranks, fy_dtype dt,
+                           bool gather) {
     make_current(s->dev);
-    fy_cu_nccl_sum(s->dev->ctx, s->ctx, buf, n, dt);
+    fy_cu_nccl_shards(s->dev->ctx, s->ctx, buf, off, nranks, dt, gather);
 }
 
 static const fy_dev_iface cuda_iface = {
@@ -291,7 +292,7 @@ static const fy_dev_iface cuda_iface = {
     .event_elapsed_ms = cu_event_elapsed_ms,
     .coll_id = cu_coll_id,
     .coll_init = cu_coll_init,
-    .coll_sum = cu_coll_sum,
+    .coll_shards = cu_coll_shards,
 };
 
 fy_status fy_cuda_dev_init(fy_dev *dev) {

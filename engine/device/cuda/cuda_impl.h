@@ -66,7 +66,8 @@ void fy_cu_softmax_causal_bwd(fy_cu_stream *cs, fy_dtype dt, void *ds, const voi
 fy_status fy_cu_nccl_id(void *id, size_t cap, size_t *len);
 fy_status fy_cu_nccl_init(fy_cu_dev *cd, const void *id, size_t len, int rank, int size);
 void fy_cu_nccl_free(fy_cu_dev *cd);
-void fy_cu_nccl_sum(fy_cu_dev *cd, fy_cu_stream *cs, void *buf, size_t n, fy_dtype dt);
+void fy_cu_nccl_shards(fy_cu_dev *cd, fy_cu_stream *cs, void *buf, const size_t *off, int nranks,
+                       fy_dtype dt, bool gather);
 
 /* cuda_gemm.c: the GEMM ops (matmul, attention) and the cuBLASLt library. */
 void fy_cu_exec_gemm_op(fy_cu_stream *cs, const fy_op *op);

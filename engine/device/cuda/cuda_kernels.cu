@@ -663,6 +663,15 @@ static void sumsq(fy_cu_stream *cs, const fy_op *op) {
     LAUNCHED("sumsq");
 }
 
+template <typename T>
+static void sumsq_parts(fy_cu_stream *cs, const fy_op *op) {
+    size_t n = (size_t)op->i[0], nchunks = (n + FY_SUMSQ_CHUNK - 1) / FY_SUMSQ_CHUNK;
+    if (nchunks)
+        FY_LAUNCH(grid_for(nchunks * 32, 128), 128, 0, cs->st, sumsq_chunks_k<T>)((double *)op->p[0],
+                                                                                (const T *)op->p[1], n, nchunks);
+    LAUNCHED("sumsq_parts");
+}
+
 /* ---- AdamW ------------------------------------------------------------------------------- */
 
 __device__ __forceinline__ float load_grad(const void *g, int t, size_t i) {
@@ -794,6 +803,7 @@ static void exec_typed(fy_cu_stream *cs, const fy_op *op) {
         LAUNCHED("mean");
         break;
     case FY_OP_SUMSQ: sumsq<T>(cs, op); break;
+    case FY_OP_SUMSQ_PARTS: sumsq_parts<T>(cs, op); break;
     case FY_OP_ADAMW: adamw(st, op); break;
     default: FY_ASSERT(0, "op not handled by the cuda kernels");
     }

@@ -3,9 +3,11 @@
  * NCCL only where it runs data parallel on GPUs. One communicator per device, over the
  * job's ranks (its id made by rank 0 and sent to the others over MPI, engine/comm).
  *
- * Sums: ncclAllReduce with ncclSum on the stream given. NCCL's ring adds in an order of
- * its own: two ranks give a + b, the same bits as one process accumulating, more ranks
- * agree to float rounding (unlike the cpu backend's rank-order sums). */
+ * Sharded collectives (device.h), one group of calls a shard: a reduce-scatter is an
+ * ncclReduce (ncclSum) to each shard's owner, an allgather an ncclBroadcast from each
+ * owner, so shards may differ in size (ncclReduceScatter's may not). NCCL adds in an
+ * order of its own: two ranks give a + b, the same bits as one process accumulating;
+ * more ranks agree to float rounding (unlike the cpu backend's rank-order sums). */
 #include <dlfcn.h>
 #include <nccl.h>
 #include <pthread.h>
@@ -17,8 +19,12 @@
 #define NCCL_FUNCS(X)                                                                           \
     X(ncclResult_t, ncclGetUniqueId, (ncclUniqueId *))                                          \
     X(ncclResult_t, ncclCommInitRank, (ncclComm_t *, int, ncclUniqueId, int))                   \
-    X(ncclResult_t, ncclAllReduce, (const void *, void *, size_t, ncclDataType_t, ncclRedOp_t,  \
+    X(ncclResult_t, ncclReduce, (const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, int, \
+                                 ncclComm_t, cudaStream_t))                                     \
+    X(ncclResult_t, ncclBroadcast, (const void *, void *, size_t, ncclDataType_t, int,          \
                                     ncclComm_t, cudaStream_t))                                  \
+    X(ncclResult_t, ncclGroupStart, (void))                                                     \
+    X(ncclResult_t, ncclGroupEnd, (void))                                                       \
     X(ncclResult_t, ncclCommDestroy, (ncclComm_t))                                              \
     X(const char *, ncclGetErrorString, (ncclResult_t))
 
@@ -94,10 +100,20 @@ void fy_cu_nccl_free(fy_cu_dev *cd) {
     cd->nccl = NULL;
 }
 
-void fy_cu_nccl_sum(fy_cu_dev *cd, fy_cu_stream *cs, void *buf, size_t n, fy_dtype dt) {
+void fy_cu_nccl_shards(fy_cu_dev *cd, fy_cu_stream *cs, void *buf, const size_t *off, int nranks,
+                       fy_dtype dt, bool gather) {
     FY_ASSERT(cd->nccl, "a device collective before fy_dev_coll_init");
-    const ncclDataType_t t = dt == FY_BF16 ? ncclBfloat16 : dt == FY_F32 ? ncclFloat32 : ncclFloat64;
-    fy_status st = nc_check(nc.ncclAllReduce(buf, buf, n, t, ncclSum, (ncclComm_t)cd->nccl, cs->st),
-                            "ncclAllReduce");
-    FY_ASSERT(st == FY_OK, "an NCCL sum cannot be undone: the job's ranks disagree now");
+    const ncclDataType_t t = dt == FY_BF16 ? ncclBfloat16 : ncclFloat32;
+    const size_t es = dt == FY_BF16 ? 2 : 4;
+    const ncclComm_t comm = (ncclComm_t)cd->nccl;
+    fy_status st = nc_check(nc.ncclGroupStart(), "ncclGroupStart");
+    for (int q = 0; q < nranks && st == FY_OK; q++) {
+        char *p = (char *)buf + off[q] * es;
+        const size_t n = off[q + 1] - off[q];
+        if (!n) continue;
+        st = gather ? nc_check(nc.ncclBroadcast(p, p, n, t, q, comm, cs->st), "ncclBroadcast")
+                    : nc_check(nc.ncclReduce(p, p, n, t, ncclSum, q, comm, cs->st), "ncclReduce");
+    }
+    if (st == FY_OK) st = nc_check(nc.ncclGroupEnd(), "ncclGroupEnd");
+    FY_ASSERT(st == FY_OK, "an NCCL collective cannot be undone: the job's ranks disagree now");
 }
