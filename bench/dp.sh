@@ -5,7 +5,9 @@
 #   2. weak scaling: 1 process against 2 (the same micro-batch per process, 1 thread
 #      each, emulated PCIe, a mixed offload plan), alternated, median ms/step; and the
 #      2-process run's trace: how much of the comm lane's busy time lies inside the
-#      compute lane's (the reduces overlapping backward).
+#      compute lane's (the reduces overlapping backward, the allgathers the next forward);
+#   3. ZeRO: the host bytes of 2 processes' --dry-run memory models against one
+#      process's, a fully offloaded gpt2-124m in bf16 and fp32.
 # Usage: bench/dp.sh [BUILD_DIR]  (default build; needs mpirun). Prints a summary.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -49,6 +51,13 @@ iv = lambda tid: sorted((e["ts"], e["ts"] + e["dur"]) for e in ev if e.get("ph")
 comm, comp = iv(lane["comm"]), iv(lane["compute"])
 busy = sum(b - a for a, b in comm)
 inside = sum(max(0, min(b, d) - max(a, c)) for a, b in comm for c, d in comp)
-print(f"trace (rank 0, 6 steps): {len(comm)} reduces, comm lane busy {busy / 1e3:.1f} ms, "
+print(f"trace (rank 0, 6 steps): {len(comm)} reduces and allgathers, comm lane busy {busy / 1e3:.1f} ms, "
       f"{inside / busy * 100 if busy else 0:.0f}% of it while the compute lane ran")
 PY
+
+host_bytes() { grep -o '"host_bytes":[0-9]*' | cut -d: -f2 | paste -sd+ | bc; }
+for dt in bf16 fp32; do
+    dry=(train --model gpt2-124m --device cpu --dry-run --offload-params 1 --offload-optim 1 --dtype "$dt")
+    h1=$("$bin" "${dry[@]}" 2>&1 | host_bytes); h2=$(mpi "${dry[@]}" 2>&1 | host_bytes)
+    echo "ZeRO host bytes (gpt2-124m fully offloaded, $dt): 1 process $h1, 2 processes $h2 together, 2/1 $(awk -v a="$h2" -v e="$h1" 'BEGIN {printf "%.3f", a / e}')"
+done

@@ -1114,9 +1114,12 @@ static void build_update(builder *bd, int tm, int nm) {
             continue;
         }
         int f = fetch(bd, b, tm);
-        if (f >= 0) { /* a fetch for the update: the master (4 bytes an element) */
+        if (f >= 0) { /* a fetch for the update: the master of its shard (4 bytes an
+                       * element; with fp32 storage the whole weights) */
+            const fy_chunk *c = &tr->st->chunks[b];
             payload(bd, f)->u.fetch.for_update = true;
-            bd->g->tasks[f].cost_ms *= 4.0 / (double)tr->st->es;
+            if (fy_tr_lp(tr))
+                bd->g->tasks[f].cost_ms *= 4.0 / (double)tr->st->es * (double)(c->hi - c->lo) / (double)c->nelem;
         }
         int ad = add(bd, FY_LANE_COMPUTE, FY_T_ADAM_GPU, b, tm);
         if (ad < 0) return;

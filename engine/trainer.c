@@ -96,8 +96,17 @@ fy_status fy_trainer_setup_plan(fy_trainer *tr, const fy_trainer_cfg *cfg) {
     tr->comm = cfg->comm;
     tr->world = cfg->comm ? fy_comm_size(cfg->comm) : 1;
     tr->rank = cfg->comm ? fy_comm_rank(cfg->comm) : 0;
+    if (!cfg->comm && cfg->plan_ranks > 1) { /* planning a job's step (trainer.h) */
+        if (cfg->plan_ranks > FY_MAX_SHARDS) {
+            fy_log_error("a job of %d ranks: at most %d", cfg->plan_ranks, FY_MAX_SHARDS);
+            return FY_ERR_INVALID;
+        }
+        tr->world = cfg->plan_ranks;
+        tr->rank = -1; /* the plan's shard: each block's largest (plan.h) */
+    }
     tr->micro_total = cfg->micro_total > 0 ? cfg->micro_total : (int64_t)tr->world * tr->plan.grad_accum;
-    tr->micro_first = cfg->micro_total > 0 ? cfg->micro_first : (int64_t)tr->rank * tr->plan.grad_accum;
+    tr->micro_first = cfg->micro_total > 0 ? cfg->micro_first
+                                           : (int64_t)(tr->rank > 0 ? tr->rank : 0) * tr->plan.grad_accum;
     if (tr->world > 1 && !cfg->eval_only) { /* ZeRO: this rank holds its shard (storage.h) */
         tr->plan.shards = tr->world;
         tr->plan.shard = tr->rank;

@@ -65,6 +65,9 @@ typedef struct fy_trainer_cfg {
     atomic_int *stop;  /* data parallel: a stop request (non-zero: a signal came), decided
                           by all ranks together at each step's norm (that step then
                           applies nothing, FY_INTERRUPTED); may be NULL */
+    int plan_ranks;    /* planning only (fy_trainer_new_dry, without comm): a rank's step
+                          in a job of this many (storage sharded with each block's largest
+                          shard, the reduce and allgather tasks) */
     fy_comm *comm;     /* data parallel: the job's processes (borrowed; NULL: this process
                           alone). Each step is micro_total micro-batches (0: size x
                           grad_accum): this rank runs its grad_accum of them, from

@@ -100,7 +100,7 @@ fy_status fy_plan_check(const fy_plan *p, const fy_model *m) {
         fy_log_error("the plan is for %d layers, the model has %d", p->layers, fy_model_layers(m));
         return FY_ERR_INVALID;
     }
-    if (p->shards > FY_MAX_SHARDS || (p->shards > 1 && (p->shard < 0 || p->shard >= p->shards))) {
+    if (p->shards > FY_MAX_SHARDS || (p->shards > 1 && (p->shard < -1 || p->shard >= p->shards))) {
         fy_log_error("shard %d of %d: a job of at most %d ranks", p->shard, p->shards, FY_MAX_SHARDS);
         return FY_ERR_INVALID;
     }

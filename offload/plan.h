@@ -67,8 +67,10 @@ typedef struct fy_plan {
                               is stored as fp32 */
     int shards, shard;     /* data parallel: the optimizer state is cut into `shards`
                               (the job's ranks) and this process holds shard `shard`
-                              (offload/storage.h); shards <= 1: whole. Set by the run, not
-                              by a plan file (every rank of a job reads the same one) */
+                              (offload/storage.h); shards <= 1: whole; shard -1: planning,
+                              each block's largest shard (the memory any rank may need).
+                              Set by the run, not by a plan file (every rank of a job
+                              reads the same one) */
 } fy_plan;
 
 /* The all-resident plan for model m: everything on the device, nothing recomputed. */

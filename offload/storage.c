@@ -145,13 +145,19 @@ void fy_shard_bounds(size_t nelem, int shards, size_t *off) {
 }
 
 /* Block chunk c's shard under the plan: [lo, hi) of its elements (all of them unless a
- * data-parallel run trains). */
+ * data-parallel run trains); for planning (shard -1) the size of its largest shard. */
 static void shard_of(fy_chunk *c, const fy_plan *plan, bool training) {
     c->lo = 0;
     c->hi = c->nelem;
     if (!training || plan->shards <= 1) return;
     size_t off[FY_MAX_SHARDS + 1];
     fy_shard_bounds(c->nelem, plan->shards, off);
+    if (plan->shard < 0) {
+        c->hi = 0;
+        for (int r = 0; r < plan->shards; r++)
+            if (off[r + 1] - off[r] > c->hi) c->hi = off[r + 1] - off[r];
+        return;
+    }
     c->lo = off[plan->shard];
     c->hi = off[plan->shard + 1];
 }

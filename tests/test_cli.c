@@ -1680,6 +1680,30 @@ Test(cli, tune_fits_13b_on_one_h200_and_searches_70b, .timeout = 120) {
     expect_ok(&r);
 }
 
+/* tune --ranks N plans a rank of a data-parallel job: with its optimizer state sharded,
+ * Llama 3 8B at 8 x 2048 in 100 GiB of an H200 with a 16 GiB host fits 8 ranks, not one
+ * process;
+ * a profile without collectives, or none, is refused naming the fix; --ranks 0 is a
+ * command-line error. */
+Test(cli, tune_plans_a_rank_of_a_job) {
+    run_result r;
+#define ARGS "tune", "--model", "llama3-8b", "--profile", "h200-141gb", "--gpu-mem", "100GiB", "--host-mem", "16GiB", \
+        "--batch", "8", "--seq", "2048", "--dtype", "bf16"
+    FERRY(&r, ARGS, "--out", P("plan1.json"));
+    EXPECT_ERROR(&r, 1, "host", "--host-mem");
+    FERRY(&r, ARGS, "--ranks", "8", "--out", P("plan8.json"));
+    expect_ok(&r);
+#undef ARGS
+    const char *prof = P("prof.json");
+    FERRY(&r, "probe", "--model", "gpt2-tiny", "--batch", "2", "--seq", "16", "--threads", "1",
+          "--device", "cpu", "--out", prof);
+    expect_ok(&r);
+    FERRY(&r, "tune", "--model", "gpt2-tiny", "--profile", prof, "--ranks", "2", "--out", P("p.json"));
+    EXPECT_ERROR(&r, 1, "no figure for the collectives", "mpirun -np 2 ferry probe");
+    FERRY(&r, "tune", "--model", "gpt2-tiny", "--ranks", "0", "--out", P("p.json"));
+    EXPECT_ERROR(&r, 2, "--ranks");
+}
+
 /* --pinned-mem caps the page-locked memory: the dry run's pinned bytes stay under it, a
  * run under a tiny cap trains with one warning, and a bad size is a command-line error. */
 Test(cli, pinned_mem_caps_pinned_memory) {

@@ -330,11 +330,32 @@ Test(dp, unequal_shares_read_the_same_micro_batches) {
 }
 
 /* What a job cannot do yet is refused with one error line naming the rank. */
-Test(dp, auto_plans_are_refused_naming_the_rank) {
+/* --plan auto in a job: `ferry probe` under the launcher measures the collectives between
+ * the ranks (every rank probing, rank 0 writing); rank 0 searches for a rank's plan (its
+ * shards, its collectives) and every rank runs that one: under a device budget that the
+ * all-resident plan exceeds on each rank. A profile without collectives is refused with
+ * one error, from rank 0. */
+Test(dp, auto_plans_are_rank_zeros_for_every_rank) {
+#define ARGS "--model", "gpt2-tiny", "--device", "cpu", "--threads", "1", "--seq", "64"
     test_proc r;
-    FERRY(&r, 2, "train", "--model", "gpt2-tiny", "--device", "cpu", "--steps", "2", "--plan", "auto");
+    const char *job = path_in("job-profile.json"), *alone = path_in("alone-profile.json");
+    FERRY(&r, 2, "probe", ARGS, "--batch", "2", "--out", job);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    char *text = slurp(job);
+    cr_expect(text && strstr(text, "\"collectives\"") && strstr(text, "MPI over host memory"), "%s", text);
+    free(text);
+    FERRY(&r, 2, "train", ARGS, "--batch", "4", "--steps", "2", "--plan", "auto", "--profile", job,
+          "--gpu-mem", "2800KiB");
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    cr_expect(strstr(r.out, "plan    micro-batch") && !strstr(r.out, "optim on cpu: none"),
+              "rank 0's plan offloads:\n%s", r.out);
+    FERRY(&r, 0, "probe", ARGS, "--batch", "2", "--out", alone);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    FERRY(&r, 2, "train", ARGS, "--batch", "4", "--steps", "2", "--plan", "auto", "--profile", alone);
     cr_expect_neq(r.code, 0);
-    cr_expect(strstr(r.err, "ferry: error: rank ") && strstr(r.err, "--plan auto"), "%s", r.err);
+    cr_expect(strstr(r.err, "ferry: error: rank 0: profile") && strstr(r.err, "mpirun -np 2 ferry probe"),
+              "%s", r.err);
+#undef ARGS
 }
 
 /* A rank that fails ends the job (its error line names it), and a rank that stalls is

@@ -62,6 +62,10 @@ Test(profile, json_round_trip) {
     p.block_a[FY_T_FWD][FY_BLOCK_LAYER] = 1.5;
     p.block_b[FY_T_FWD][FY_BLOCK_LAYER] = 0.25;
     p.block_a[FY_T_HEAD][FY_BLOCK_HEAD] = 0.75;
+    p.coll_ranks = 4;
+    p.coll_gbps = 120;
+    p.coll_latency_ms = 0.03;
+    snprintf(p.coll_source, sizeof p.coll_source, "ferry probe: 4 ranks");
     char *path = tmp_path();
     cr_assert_eq(fy_profile_save(path, &p), FY_OK);
     cr_assert_eq(fy_profile_load(path, &q), FY_OK);
@@ -72,6 +76,8 @@ Test(profile, json_round_trip) {
     cr_expect_eq(q.block_a[FY_T_FWD][FY_BLOCK_LAYER], 1.5);
     cr_expect_eq(q.block_b[FY_T_FWD][FY_BLOCK_LAYER], 0.25);
     cr_expect_eq(q.block_a[FY_T_HEAD][FY_BLOCK_HEAD], 0.75);
+    cr_expect(q.coll_ranks == 4 && q.coll_gbps == 120 && q.coll_latency_ms == 0.03 &&
+              !strcmp(q.coll_source, p.coll_source));
     unlink(path);
 }
 
@@ -83,6 +89,8 @@ Test(profile, named_profiles_are_estimates_with_sources) {
         cr_expect(p.estimate);
         cr_expect(strstr(p.source, "estimate") != NULL && strlen(p.source) > 40);
         cr_expect(p.h2d_gbps > 0 && p.compute_tflops > 0 && p.device_mem_gib > 0);
+        cr_expect(p.coll_gbps > 0 && strstr(p.coll_source, "estimate") && strlen(p.coll_source) > 40,
+                  "%s: the collectives between its GPUs, with a source", names[i]);
     }
     fy_profile p;
     cr_expect_eq(fy_profile_named("tpu-v9", &p), FY_ERR_INVALID);
@@ -108,6 +116,11 @@ Test(profile, bad_files_are_refused) {
         "\"duplex_d2h_gbps\":1,\"latency_ms\":0,\"device_mem_gib\":1,\"host_mem_gib\":1,\"cores\":1,"
         "\"adam_gparams_by_threads\":[1],\"compute_tflops\":1,\"device_mem_gbps\":1,"
         "\"blocks\":{\"model\":\"\",\"seq\":1,\"ms_a_plus_b_times_batch\":{}}}",
+        /* collectives with no bandwidth */
+        "{\"format\":\"ferry-profile\",\"h2d_gbps\":1,\"d2h_gbps\":1,\"duplex_h2d_gbps\":1,"
+        "\"duplex_d2h_gbps\":1,\"latency_ms\":0,\"device_mem_gib\":1,\"host_mem_gib\":1,\"cores\":1,"
+        "\"adam_gparams_by_threads\":[1],\"compute_tflops\":1,\"device_mem_gbps\":1,"
+        "\"collectives\":{\"ranks\":2,\"gbps\":0,\"latency_ms\":0}}",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char *path = tmp_path();
@@ -375,4 +388,54 @@ Test(tune, ties_go_to_the_least_offload) {
     cr_expect_eq(fy_tune_pick(r, 3, 0.0), 0);
     cr_expect_eq(fy_tune_pick(r, 3, 0.06), 1);
     cr_expect_eq(fy_tune_pick(r, 3, 0.25), 2);
+}
+
+/* A data-parallel job's rank (cfg.ranks): its optimizer state is sharded, so a fully
+ * offloaded plan's host memory is below one process's (each block's largest shard
+ * budgeted), and every block's reduce-scatter and all-gather cost what the profile's
+ * collectives say: (N - 1) / N of its bytes over their bandwidth, plus their latency, on
+ * the comm lane. Without a figure for them the search refuses, naming the fix. */
+Test(tune, a_job_shards_the_state_and_pays_for_its_collectives) {
+    static const fy_gpt2_config cfg = {.vocab = 256, .max_seq = 32, .channels = 64, .layers = 2,
+                                       .heads = 4}; /* layers of 4 norm chunks */
+    fy_model *m;
+    cr_assert_eq(fy_gpt2_new(&cfg, NULL, &m), FY_OK);
+    fy_profile p = base_profile();
+    p.coll_gbps = 2;
+    p.coll_latency_ms = 0.05;
+    fy_plan plan;
+    cr_assert_eq(fy_plan_new(m, 4, 1, &plan), FY_OK);
+    cr_assert_eq(fy_plan_shorthands(&plan, 1, 1, 0), FY_OK);
+    fy_tune_cfg one = base_cfg((size_t)1 << 30), job = one;
+    one.model = job.model = m;
+    job.ranks = 2;
+    fy_tune_result a, b;
+    cr_assert_eq(fy_tune_predict(&p, &one, &plan, &a), FY_OK);
+    cr_assert_eq(fy_tune_predict(&p, &job, &plan, &b), FY_OK);
+    cr_expect(b.mem.host[FY_CAT_OPTIM] < a.mem.host[FY_CAT_OPTIM], "optimizer state %zu of %zu",
+              b.mem.host[FY_CAT_OPTIM], a.mem.host[FY_CAT_OPTIM]);
+    cr_expect_eq(a.busy_ms[FY_LANE_COMM], 0.0);
+    double want = 0.0; /* fp32 storage: 4 bytes an element, half of it moved by each rank */
+    for (int k = 0; k < fy_model_nblocks(m); k++)
+        want += 2.0 * (fy_model_block(m, k)->nelem * 4.0 / 2.0 / 2e9 * 1e3 + 0.05);
+    cr_expect(fabs(b.busy_ms[FY_LANE_COMM] - want) < 1e-9 * want, "comm lane %.6f ms, want %.6f",
+              b.busy_ms[FY_LANE_COMM], want);
+    fy_profile slow = p;
+    slow.coll_gbps = 0.01;
+    fy_tune_result c;
+    cr_assert_eq(fy_tune_predict(&slow, &job, &plan, &c), FY_OK);
+    cr_expect(c.step_ms > b.step_ms, "slow collectives %.3f ms, fast %.3f ms", c.step_ms, b.step_ms);
+    /* the search: a rank's plan, refused without collectives */
+    fy_tune_result top[2];
+    int n = 0, ne = 0;
+    cr_expect_eq(fy_tune(&p, &job, top, 2, &n, &ne), FY_OK);
+    for (int i = 0; i < n; i++) fy_plan_free(&top[i].plan);
+    fy_profile none = base_profile();
+    cr_expect_eq(fy_tune(&none, &job, top, 2, &n, &ne), FY_ERR_INVALID);
+    cr_expect(strstr(fy_last_error(), "mpirun -np 2 ferry probe") != NULL, "%s", fy_last_error());
+    fy_plan_free(&a.plan);
+    fy_plan_free(&b.plan);
+    fy_plan_free(&c.plan);
+    fy_plan_free(&plan);
+    fy_model_free(m);
 }

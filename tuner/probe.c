@@ -184,6 +184,56 @@ static int count_numa_nodes(void) {
     return n ? n : 1;
 }
 
+/* The collectives between a job's ranks (probe.h): the best of COLL_REPS of a
+ * reduce-scatter and an all-gather at two sizes, every rank together. */
+#define COLL_REPS 5
+static fy_status probe_collectives(fy_dev *dev, fy_comm *comm, fy_profile *p) {
+    const int N = fy_comm_size(comm);
+    const size_t sizes[2] = {(size_t)64 << 10, (size_t)32 << 20}; /* bytes, fp32 */
+    void *buf = NULL;
+    fy_stream *s = NULL;
+    const bool on_dev = fy_dev_has_collectives(dev);
+    fy_status st = fy_dev_alloc(dev, FY_MEM_DEVICE, sizes[1], "probe collectives", &buf);
+    if (st == FY_OK && on_dev) st = fy_comm_attach(comm, dev);
+    if (st == FY_OK && on_dev) st = fy_stream_new(dev, "probe comm", &s);
+    double t[2] = {1e30, 1e30};
+    for (int k = 0; k < 2 && st == FY_OK; k++) {
+        size_t off[FY_MAX_SHARDS + 1];
+        fy_shard_bounds(sizes[k] / sizeof(float), N, off);
+        if (on_dev) fy_memset_async(s, buf, 0, sizes[k]);
+        else memset(buf, 0, sizes[k]);
+        if (s) fy_stream_sync(s);
+        for (int r = 0; r < COLL_REPS && st == FY_OK; r++) {
+            int32_t sync = 0;
+            if ((st = fy_comm_max_i32(comm, &sync)) != FY_OK) break; /* start together */
+            const double t0 = fy_now_ms();
+            if (on_dev) {
+                fy_coll_reduce_scatter_async(s, buf, off, N, FY_F32);
+                fy_coll_allgather_async(s, buf, off, N, FY_F32);
+                fy_stream_sync(s);
+            } else if ((st = fy_comm_reduce_scatter(comm, buf, off, FY_F32)) != FY_OK ||
+                       (st = fy_comm_allgather(comm, buf, off, sizeof(float))) != FY_OK) {
+                break;
+            }
+            const double ms = (fy_now_ms() - t0) / 2.0; /* one collective */
+            if (ms < t[k]) t[k] = ms;
+        }
+    }
+    if (st == FY_OK) {
+        const double moved[2] = {(double)sizes[0] * (N - 1) / N, (double)sizes[1] * (N - 1) / N};
+        const double dt = t[1] - t[0] > 1e-6 ? t[1] - t[0] : 1e-6;
+        p->coll_ranks = N;
+        p->coll_gbps = (moved[1] - moved[0]) / (dt * 1e-3) / 1e9;
+        p->coll_latency_ms = t[0] - moved[0] / (p->coll_gbps * 1e9) * 1e3;
+        if (p->coll_latency_ms < 0) p->coll_latency_ms = 0;
+        snprintf(p->coll_source, sizeof p->coll_source, "ferry probe: %d ranks, %s", N,
+                 on_dev ? "the device's collectives" : "MPI over host memory");
+    }
+    fy_stream_free(s);
+    fy_dev_release(dev, buf);
+    return st;
+}
+
 fy_status fy_probe(const fy_probe_cfg *cfg, fy_profile *out) {
     memset(out, 0, sizeof *out);
     /* the device without a cap: the probe measures, the budget is the tuner's business */
@@ -205,6 +255,8 @@ fy_status fy_probe(const fy_probe_cfg *cfg, fy_profile *out) {
     size_t cap = cfg->dev.mem_cap_nbytes ? cfg->dev.mem_cap_nbytes : ms.cap_nbytes;
     out->device_mem_gib = cap ? (double)cap / 1073741824.0 : out->host_mem_gib;
     fy_status st = probe_transfers(dev, out);
+    if (st == FY_OK && cfg->comm && fy_comm_size(cfg->comm) > 1)
+        st = probe_collectives(dev, cfg->comm, out);
     int tmax = cfg->adam_threads_max > 0 ? cfg->adam_threads_max : out->cores;
     if (tmax > FY_PROFILE_MAX_THREADS) tmax = FY_PROFILE_MAX_THREADS;
     if (st == FY_OK) st = probe_adam(tmax, out);

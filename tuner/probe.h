@@ -6,10 +6,15 @@
  * the model's block costs: the engine itself trains a few steps serially (all resident,
  * every layer recomputed, so every compute task kind runs) at two micro-batch sizes, and
  * the measured task times are fitted as a + b * micro-batch per task kind and block
- * kind. On the cpu backend with --sim-pcie-gbps the bandwidths are the emulated link's. */
+ * kind. On the cpu backend with --sim-pcie-gbps the bandwidths are the emulated link's.
+ * Under a launcher (cfg->comm of several processes: every rank probes at once, as they
+ * train) also the collectives between the ranks: reduce-scatters and all-gathers of two
+ * sizes, on device memory as a data-parallel job's blocks (NCCL on GPUs, MPI on the cpu
+ * backend), fitted as latency + bytes (N - 1) / N / bandwidth. */
 #ifndef FY_PROBE_H
 #define FY_PROBE_H
 
+#include "engine/comm/comm.h"
 #include "engine/device/device.h"
 #include "tuner/profile.h"
 
@@ -24,6 +29,7 @@ typedef struct fy_probe_cfg {
     int adam_threads_max;  /* 0 = the cores available */
     fy_dtype dtype;        /* the storage type the block costs are measured in */
     bool quiet;
+    fy_comm *comm;         /* the job's processes (NULL or one: no collectives) */
 } fy_probe_cfg;
 
 fy_status fy_probe(const fy_probe_cfg *cfg, fy_profile *out);

@@ -14,28 +14,44 @@
  * Device memory is what the cuda backend would give a run, as a probe measures it: the
  * card's total as nvidia-smi reports it (H200 143771 MiB, H100 PCIe 81559, A100 40GB
  * 40960, RTX 4090 24564) less ~0.5 GiB for the CUDA context and the backend's 768 MiB
- * workspace reserve (cuda_backend.c). */
+ * workspace reserve (cuda_backend.c). The collectives between the GPUs of a node (a
+ * data-parallel job's reduce-scatter and all-gather, as NCCL's bus bandwidth) are
+ * estimates from the links: NVLink where the card has it, else PCIe peer copies, at
+ * ~75% of the link's nominal rate one way (nccl-tests' large-message bus bandwidth
+ * reaches about that share); a job across nodes runs at its network's rate instead
+ * (InfiniBand NDR 400 Gb/s: ~45 GB/s a NIC; HDR 200 Gb/s: ~22): give --profile a file
+ * with coll_gbps set to it. */
 static const struct {
     const char *name, *device, *source;
     double h2d, d2h, duplex, mem_gib, host_gib, tflops, mem_gbps, adam_per_thread, adam_max;
     int cores;
+    double coll_gbps;
+    const char *coll_source;
 } named[] = {
     {"a100-40gb-pcie4", "NVIDIA A100 40GB PCIe (PCIe 4.0 x16), AMD EPYC host",
      "NVIDIA A100 datasheet (312 TFLOPS dense bf16, 1555 GB/s HBM2); PCIe 4.0 x16 32 GB/s "
      "nominal, ~24 GB/s typical pinned copies; EPYC 7742 8-channel DDR4-3200 ~150 GB/s",
-     24, 24, 20, 38.7, 512, 190, 1400, 0.6, 5.0, 64},
+     24, 24, 20, 38.7, 512, 190, 1400, 0.6, 5.0, 64,
+     20, "PCIe 4.0 x16 peer copies between the node's A100 PCIe cards (32 GB/s nominal one "
+     "way; no NVLink bridge assumed)"},
     {"rtx4090-pcie4", "NVIDIA RTX 4090 24GB (PCIe 4.0 x16), desktop host",
      "NVIDIA Ada datasheet (165 TFLOPS dense bf16 with fp32 accumulate, 1008 GB/s GDDR6X); "
      "PCIe 4.0 x16 ~24 GB/s typical; dual-channel DDR5 ~60 GB/s",
-     24, 24, 20, 22.7, 128, 100, 900, 0.6, 2.0, 16},
+     24, 24, 20, 22.7, 128, 100, 900, 0.6, 2.0, 16,
+     10, "GeForce RTX 40 cards have no peer-to-peer copies or NVLink: NCCL stages through "
+     "host memory, about half a PCIe 4.0 x16 link's rate"},
     {"h100-80gb-pcie5", "NVIDIA H100 80GB PCIe (PCIe 5.0 x16), dual-socket host",
      "NVIDIA H100 PCIe datasheet (756 TFLOPS dense bf16, 2000 GB/s HBM2e); PCIe 5.0 x16 64 "
      "GB/s nominal, ~50 GB/s typical pinned copies; 2x 8-channel DDR5 ~400 GB/s",
-     50, 50, 40, 78.4, 1024, 450, 1800, 0.7, 12.0, 64},
+     50, 50, 40, 78.4, 1024, 450, 1800, 0.7, 12.0, 64,
+     45, "PCIe 5.0 x16 peer copies between the node's H100 PCIe cards (64 GB/s nominal one "
+     "way; no NVLink bridge assumed)"},
     {"h200-141gb", "NVIDIA H200 141GB (PCIe 5.0 x16 host link)",
      "NVIDIA H200 datasheet (989 TFLOPS dense bf16 SXM, ~790 measured on a lent H200, "
      "4800 GB/s HBM3e); PCIe 5.0 x16 ~50 GB/s typical; 16-32 core DDR5 host",
-     50, 50, 40, 139.1, 128, 500, 4000, 0.7, 8.0, 16},
+     50, 50, 40, 139.1, 128, 500, 4000, 0.7, 8.0, 16,
+     340, "NVLink 4 between the node's H200s (900 GB/s per GPU both ways, 450 one way; "
+     "HGX H200 through NVSwitch, H200 NVL through its bridge)"},
 };
 
 const char *fy_profile_names(void) { return "a100-40gb-pcie4, rtx4090-pcie4, h100-80gb-pcie5, h200-141gb"; }
@@ -63,6 +79,9 @@ fy_status fy_profile_named(const char *name, fy_profile *out) {
         }
         out->compute_tflops = named[i].tflops;
         out->device_mem_gbps = named[i].mem_gbps;
+        out->coll_gbps = named[i].coll_gbps;
+        out->coll_latency_ms = 0.02;
+        snprintf(out->coll_source, sizeof out->coll_source, "estimate: %s", named[i].coll_source);
         return FY_OK;
     }
     fy_log_error("unknown profile '%s' (a file, or one of: %s)", name, fy_profile_names());
@@ -107,6 +126,13 @@ fy_status fy_profile_save(const char *path, const fy_profile *p) {
     for (int t = 1; t <= p->adam_threads_max; t++) cJSON_AddItemToArray(adam, cJSON_CreateNumber(p->adam_gparams[t]));
     cJSON_AddNumberToObject(r, "compute_tflops", p->compute_tflops);
     cJSON_AddNumberToObject(r, "device_mem_gbps", p->device_mem_gbps);
+    if (p->coll_gbps > 0) {
+        cJSON *cl = cJSON_AddObjectToObject(r, "collectives");
+        cJSON_AddNumberToObject(cl, "ranks", p->coll_ranks);
+        cJSON_AddNumberToObject(cl, "gbps", p->coll_gbps);
+        cJSON_AddNumberToObject(cl, "latency_ms", p->coll_latency_ms);
+        cJSON_AddStringToObject(cl, "source", p->coll_source);
+    }
     if (p->has_blocks) {
         cJSON *b = cJSON_AddObjectToObject(r, "blocks");
         cJSON_AddStringToObject(b, "model", p->block_model);
@@ -175,6 +201,16 @@ fy_status fy_profile_load(const char *path, fy_profile *out) {
         out->adam_gparams[t] = x->valuedouble;
     }
     if (!num(r, "compute_tflops", 1e-6, 1e5, &out->compute_tflops) || !num(r, "device_mem_gbps", 1e-3, 1e6, &out->device_mem_gbps)) { why = "compute_tflops and device_mem_gbps must be positive"; goto done; }
+    const cJSON *cl = cJSON_GetObjectItemCaseSensitive(r, "collectives");
+    if (cl) {
+        if (!num(cl, "gbps", 1e-3, 1e5, &out->coll_gbps) || !num(cl, "latency_ms", 0, 1e4, &out->coll_latency_ms)) {
+            why = "collectives needs gbps (positive, GB/s) and latency_ms (>= 0)";
+            goto done;
+        }
+        out->coll_ranks = num(cl, "ranks", 0, FY_MAX_SHARDS, &v) ? (int)v : 0;
+        if ((s = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(cl, "source"))))
+            snprintf(out->coll_source, sizeof out->coll_source, "%s", s);
+    }
     const cJSON *b = cJSON_GetObjectItemCaseSensitive(r, "blocks");
     const cJSON *bm = b ? cJSON_GetObjectItemCaseSensitive(b, "model") : NULL;
     if (cJSON_IsObject(bm)) {

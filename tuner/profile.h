@@ -39,6 +39,12 @@ typedef struct fy_profile {
     int cores, numa_nodes;
     int adam_threads_max;
     double adam_gparams[FY_PROFILE_MAX_THREADS + 1]; /* CPU AdamW G params/s by threads */
+    /* data parallel: the collectives between the ranks of a job, as a reduce-scatter or an
+     * all-gather of S bytes over N ranks takes coll_latency_ms + S (N - 1) / N / coll_gbps
+     * (coll_gbps: NCCL's "bus bandwidth"); coll_gbps 0: not known (probed alone) */
+    int coll_ranks;            /* the job size they were measured with (0: estimates) */
+    double coll_gbps, coll_latency_ms;
+    char coll_source[256];
     /* analytic compute model */
     double compute_tflops;     /* effective matmul throughput */
     double device_mem_gbps;    /* memory-bound device work */

@@ -51,7 +51,10 @@ void fy_tune_costs(const fy_profile *p, fy_trainer *dry, int adam_threads) {
     const double es = (double)st->es;
     for (int b = 0; b < fy_model_nblocks(m); b++) {
         const double P = (double)fy_model_block(m, b)->nelem, nb = P * es;
-        const double back = es == 4.0 ? nb : nb + P * 4.0;
+        /* a job's rank updates its shard only (storage.h): AdamW and a streamed device
+         * update's return move share of the block */
+        const double own = (double)(st->chunks[b].hi - st->chunks[b].lo), share = P > 0 ? own / P : 1.0;
+        const double back = (es == 4.0 ? nb : nb + P * 4.0) * share;
         /* a gathered block moves its micro-batch's rows (at most B*T of them); the host
          * then zeroes, scatters into and sums its whole gradient once a step, two passes
          * where AdamW makes about eight; a chunked head's chunks land on the host and the
@@ -66,7 +69,7 @@ void fy_tune_costs(const fy_profile *p, fy_trainer *dry, int adam_threads) {
         fy_trainer_set_cost(dry, FY_T_D2H_GRAD, b,
                             xfer_ms(stage, p->d2h_gbps, p->latency_ms) + scatter);
         fy_trainer_set_cost(dry, FY_T_D2H_PARAM, b, xfer_ms(back, p->d2h_gbps, p->latency_ms));
-        fy_trainer_set_cost(dry, FY_T_ADAM_CPU, b, adam > 0 ? P / adam * 1e3 : 1e9);
+        fy_trainer_set_cost(dry, FY_T_ADAM_CPU, b, adam > 0 ? own / adam * 1e3 : 1e9);
         static const int compute[] = {FY_T_FWD, FY_T_RECOMPUTE, FY_T_BWD, FY_T_HEAD, FY_T_GOPEN,
                                       FY_T_ADAM_GPU};
         for (size_t i = 0; i < sizeof compute / sizeof compute[0]; i++) {
@@ -77,7 +80,14 @@ void fy_tune_costs(const fy_profile *p, fy_trainer *dry, int adam_threads) {
                 ms = p->block_a[k][c] + p->block_b[k][c] * B;
             else
                 ms = analytic_ms(p, m, k, b, B, T, es);
+            if (k == FY_T_ADAM_GPU) ms *= share;
             fy_trainer_set_cost(dry, (fy_task_kind)k, b, ms > 0 ? ms : 0.0);
+        }
+        if (st->plan.shards > 1) { /* a job's collectives: each rank moves (N-1)/N of it */
+            const double N = st->plan.shards, moved = nb * (N - 1.0) / N;
+            const double ms = p->coll_gbps > 0 ? xfer_ms(moved, p->coll_gbps, p->coll_latency_ms) : 1e9;
+            fy_trainer_set_cost(dry, FY_T_REDUCE, b, ms);
+            fy_trainer_set_cost(dry, FY_T_ALLGATHER, b, ms);
         }
         if (st->chunks[b].chunked) {
             /* its loss pass by K chunks: K head tasks, a forward each (a third of a
@@ -94,7 +104,7 @@ void fy_tune_costs(const fy_profile *p, fy_trainer *dry, int adam_threads) {
 fy_status fy_tune_predict(const fy_profile *p, const fy_tune_cfg *cfg, const fy_plan *plan,
                           fy_tune_result *out) {
     memset(out, 0, sizeof *out);
-    fy_trainer_cfg tc = {.model = cfg->model, .T = cfg->seq, .plan = plan};
+    fy_trainer_cfg tc = {.model = cfg->model, .T = cfg->seq, .plan = plan, .plan_ranks = cfg->ranks};
     fy_trainer *dry;
     FY_TRY(fy_trainer_new_dry(&tc, &dry));
     out->mem = fy_trainer_storage(dry)->mem;
@@ -144,6 +154,10 @@ static fy_status point_plan(const fy_tune_cfg *cfg, const cand *c, fy_plan *out)
     const int L = fy_model_layers(cfg->model);
     FY_TRY(fy_plan_new(cfg->model, c->micro, cfg->batch / c->micro, out));
     out->dtype = cfg->dtype == FY_BF16 ? FY_BF16 : FY_F32;
+    if (cfg->ranks > 1) { /* every block's largest shard: the most any rank holds */
+        out->shards = cfg->ranks;
+        out->shard = -1;
+    }
     fy_status st = fy_plan_shorthands(out, L ? (double)c->k2 / L : 0, L ? (double)c->k3 / L : 0, c->k1);
     if (st != FY_OK) fy_plan_free(out);
     return st;
@@ -238,7 +252,7 @@ static int window_for(const fy_tune_cfg *cfg, int tasks_per_step) {
 static fy_status lower_bound(const fy_profile *p, const fy_tune_cfg *cfg, cand *c) {
     fy_plan plan;
     FY_TRY(point_plan(cfg, c, &plan));
-    fy_trainer_cfg tc = {.model = cfg->model, .T = cfg->seq, .plan = &plan};
+    fy_trainer_cfg tc = {.model = cfg->model, .T = cfg->seq, .plan = &plan, .plan_ranks = cfg->ranks};
     fy_trainer *dry;
     fy_status st = fy_trainer_new_dry(&tc, &dry);
     if (st == FY_OK) {
@@ -361,6 +375,12 @@ fy_status fy_tune(const fy_profile *p, const fy_tune_cfg *cfg, fy_tune_result *t
                   int *nfound, int *nevaluated) {
     fy_tune_result keep[TUNE_KEEP];
     int nkeep = 0;
+    if (cfg->ranks > 1 && !(p->coll_gbps > 0)) {
+        fy_log_error("profile %s has no figure for the collectives between a job's ranks: probe "
+                     "under the launcher (mpirun -np %d ferry probe), or use a named profile",
+                     p->name, cfg->ranks);
+        return FY_ERR_INVALID;
+    }
     FY_TRY(search_all(p, cfg, keep, TUNE_KEEP, &nkeep, nevaluated));
     /* the pick first, then the rest fastest first */
     int pick = fy_tune_pick(keep, nkeep, cfg->tie_margin);

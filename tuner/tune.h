@@ -2,7 +2,9 @@
  *
  * The cost model gives every task of the step graph a duration from a profile: transfers
  * are bytes over the measured bandwidth plus latency, CPU AdamW is parameters over the
- * measured throughput for the thread count, and compute is the profile's measured block
+ * measured throughput for the thread count, a data-parallel job's reduce-scatter and
+ * all-gather of a block are its bytes in the storage type times (N - 1) / N over the
+ * profile's collective bandwidth plus its latency, and compute is the profile's measured block
  * costs (a + b * micro-batch, for the same model shape and sequence length) or, without
  * them, an analytic estimate from the effective matmul throughput and memory bandwidth.
  * The search walks AutoHete's space (recompute the first k1 layers, stream the first k2,
@@ -48,6 +50,11 @@ typedef struct fy_tune_cfg {
     int adam_threads;
     int window;            /* steps simulated per candidate */
     fy_dtype dtype;        /* the plans' device storage type (NONE = fp32) */
+    int ranks;             /* plans for each rank of a data-parallel job of this many
+                              processes (0, 1: one process): batch is a rank's, the
+                              optimizer state is sharded (a rank's largest shards are
+                              budgeted) and the reduce-scatters and all-gathers are costed
+                              from the profile's collectives */
     double tie_margin;     /* plans predicted within this fraction of the fastest count as
                               ties, settled for the one that moves the least work off the
                               compute lane (0: the fastest prediction wins) */

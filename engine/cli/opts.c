@@ -75,6 +75,9 @@ static const opt table[] = {
      "validation tokens (same formats as --data)", 0},
     {"val-split", T_FLOAT, O(val_split), TR, "0", R_UNIT, NULL, "F",
      "without --val-data: hold out the last fraction F of --data for validation", 0},
+    {"ranks", T_INT, O(ranks), TU, "1", R_POS, NULL, "N",
+     "plan each rank of a data-parallel job of N processes (ZeRO-sharded optimizer state; "
+     "the collectives costed from the profile's, probed under mpirun or named)", 1024},
     {"batch", T_INT, O(batch), TR | EV | PR | TU | SW, "8", R_POS, NULL, "B", "micro-batch size", 65536},
     {"seq", T_INT, O(seq), TR | EV | PR | TU | SW, "128", R_POS, NULL, "T", "sequence length", 1 << 20},
     {"grad-accum", T_INT, O(grad_accum), TR, "1", R_POS, NULL, "N",

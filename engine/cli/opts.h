@@ -58,6 +58,7 @@ typedef struct fy_opts {
     const char *schedule;
     const char *trace;
     int64_t adam_threads;
+    int64_t ranks;             /* tune: plan each rank of a job of this many */
     bool predict;
     /* probe and tune */
     const char *profile;

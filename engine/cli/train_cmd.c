@@ -127,7 +127,7 @@ static fy_status resolve_model(const fy_opts *o, bool model_given, fy_weights **
 /* The placement plan: a file, the tuner's (--plan auto), or the shorthands over the
  * all-resident plan. */
 static fy_status resolve_plan(const fy_opts *o, const fy_model *m, fy_dev_kind kind,
-                              fy_plan *plan) {
+                              fy_comm *comm, fy_plan *plan) {
     bool shorthands = fy_opts_given(o, "offload-params") || fy_opts_given(o, "offload-optim") ||
                       fy_opts_given(o, "ckpt-layers");
     if (o->plan && !strcmp(o->plan, "auto")) {
@@ -136,7 +136,7 @@ static fy_status resolve_plan(const fy_opts *o, const fy_model *m, fy_dev_kind k
                          "or --ckpt-layers");
             return FY_ERR_USAGE;
         }
-        FY_TRY(fy_tune_auto_plan(o, m, plan));
+        FY_TRY(fy_tune_auto_plan(o, m, comm, plan));
     } else if (o->plan) {
         if (shorthands) {
             fy_log_error("--plan cannot be combined with --offload-params, --offload-optim "
@@ -397,11 +397,6 @@ int fy_train_main(const fy_opts *o) {
         st = FY_ERR_IO;
     }
     if (world > 1 && stall == g_rank) sleep(120);
-    if (st == FY_OK && world > 1 && o->plan && !strcmp(o->plan, "auto")) {
-        fy_log_error("--plan auto in a job of several processes is not built yet (the tuner "
-                     "plans one process): give a plan or the shorthands");
-        st = FY_ERR_USAGE;
-    }
     /* every output can be written, before any work */
     if (st == FY_OK && lead && o->metrics) st = fy_check_output(o->metrics, "--metrics", true);
     if (st == FY_OK && lead && o->trace) st = fy_check_output(o->trace, "--trace", false);
@@ -422,7 +417,7 @@ int fy_train_main(const fy_opts *o) {
             tc.dev.sim_slowdown = slowdown[g_rank];
         }
     }
-    if (st == FY_OK) st = resolve_plan(o, m, tc.dev.kind, &plan);
+    if (st == FY_OK) st = resolve_plan(o, m, tc.dev.kind, comm, &plan);
     if (st == FY_OK && world == 1 && strcmp(o->batch_shares, "equal"))
         fy_log_warn("--batch-shares: one process takes every micro-batch (--grad-accum)");
     if (st == FY_OK && !o->dry_run) st = batch_shares(o, comm, slowdown, &tc, &plan);

@@ -49,12 +49,18 @@ static fy_status cache_path(char *buf, size_t cap) {
     return FY_OK;
 }
 
-static fy_status probe(const fy_opts *o, const fy_model *m, fy_profile *p) {
+/* A probe of this machine; in a job (comm of several processes) every rank probes at
+ * once, and the collectives between them are measured too. */
+static fy_status probe(const fy_opts *o, const fy_model *m, fy_comm *comm, fy_profile *p) {
+    const bool lead = !comm || fy_comm_rank(comm) == 0;
     fy_probe_cfg pc = {.model = m, .batch = (int)o->batch, .seq = (int)o->seq,
-                       .adam_threads_max = (int)o->adam_threads, .quiet = o->quiet};
+                       .adam_threads_max = (int)o->adam_threads, .quiet = o->quiet || !lead,
+                       .comm = comm};
     FY_TRY(fy_opts_dev_cfg(o, true, &pc.dev));
     pc.dtype = fy_opts_dtype(o, pc.dev.kind);
-    if (!o->quiet) fy_log_info("probing this machine (transfers, CPU AdamW, the model's blocks)...");
+    if (!pc.quiet)
+        fy_log_info("probing this machine (transfers, %sCPU AdamW, the model's blocks)...",
+                    comm && fy_comm_size(comm) > 1 ? "the collectives between the ranks, " : "");
     return fy_probe(&pc, p);
 }
 
@@ -70,6 +76,9 @@ static void print_profile(const fy_profile *p) {
     printf("        CPU AdamW");
     for (int t = 1; t <= p->adam_threads_max; t++) printf(" %d:%.2f", t, p->adam_gparams[t]);
     printf(" G params/s by threads\n");
+    if (p->coll_gbps > 0)
+        printf("        collectives %.2f GB/s bus bandwidth, latency %.3f ms (%s)\n", p->coll_gbps,
+               p->coll_latency_ms, p->coll_source);
     if (p->has_blocks) {
         int L = FY_BLOCK_LAYER;
         printf("        layer fwd %.2f + %.2f*B ms, bwd %.2f + %.2f*B ms, head %.2f + %.2f*B ms "
@@ -80,42 +89,77 @@ static void print_profile(const fy_profile *p) {
     }
 }
 
+/* Under a launcher every rank probes (the collectives need them all) and rank 0 writes. */
 int fy_probe_main(const fy_opts *o) {
     if (o->quiet) fy_log_set_level(FY_LOG_WARN);
-    fy_model *m;
-    if (fy_opts_model(o, &m) != FY_OK) return 1;
+    fy_comm *comm = NULL;
+    if (fy_comm_init(&comm) != FY_OK) return 1;
+    const bool lead = fy_comm_rank(comm) == 0;
+    if (fy_comm_size(comm) > 1) fy_log_set_rank(fy_comm_rank(comm));
+    fy_model *m = NULL;
     char path[4096];
     fy_profile p;
     int rc = 1;
-    if (o->out) snprintf(path, sizeof path, "%s", o->out);
-    else if (cache_path(path, sizeof path) != FY_OK) goto done;
-    if (fy_check_output(path, "--out", false) != FY_OK) goto done;
-    if (probe(o, m, &p) != FY_OK || fy_profile_save(path, &p) != FY_OK) goto done;
-    print_profile(&p);
-    printf("saved   %s\n", path);
+    int32_t failed = 0;
+    if (fy_opts_model(o, &m) != FY_OK) failed = 1;
+    else if (o->out) snprintf(path, sizeof path, "%s", o->out);
+    else if (lead && cache_path(path, sizeof path) != FY_OK) failed = 1;
+    if (!failed && lead && fy_check_output(path, "--out", false) != FY_OK) failed = 1;
+    if (fy_comm_max_i32(comm, &failed) != FY_OK || failed) goto done; /* rank 0 said why */
+    if (probe(o, m, comm, &p) != FY_OK) goto done;
+    if (lead && fy_profile_save(path, &p) != FY_OK) goto done;
+    if (lead) {
+        print_profile(&p);
+        printf("saved   %s\n", path);
+    }
     rc = 0;
 done:
     fy_model_free(m);
+    if (rc) fy_comm_abort(comm, rc); /* the other ranks may wait in a collective */
+    fy_comm_free(comm);
     return rc;
 }
 
-/* The profile: --profile (file or name), else the cache if it measured this model and
- * sequence length, else a probe now (saved to the cache). */
-fy_status fy_tune_auto_profile(const fy_opts *o, const fy_model *m, fy_profile *p) {
+/* The profile without probing: --profile (file or name), else the cache if it measured
+ * this model and sequence length (and, for a job of `ranks`, the collectives of that
+ * many); *found false: none. */
+static fy_status known_profile(const fy_opts *o, const fy_model *m, int ranks, fy_profile *p,
+                               bool *found) {
+    *found = true;
     if (o->profile) return fy_profile_open(o->profile, p);
     char path[4096], sig[256];
     FY_TRY(cache_path(path, sizeof path));
     fy_model_signature(m, sig, sizeof sig);
-    if (access(path, R_OK) == 0 && fy_profile_load(path, p) == FY_OK && p->has_blocks &&
-        !strcmp(p->block_model, sig) && p->block_seq == o->seq &&
-        p->block_dtype == fy_opts_dtype(o, fy_opts_dev_kind(o))) {
-        if (!o->quiet) fy_log_info("using the cached profile %s", path);
-        return FY_OK;
-    }
-    FY_TRY(probe(o, m, p));
+    *found = access(path, R_OK) == 0 && fy_profile_load(path, p) == FY_OK && p->has_blocks &&
+             !strcmp(p->block_model, sig) && p->block_seq == o->seq &&
+             p->block_dtype == fy_opts_dtype(o, fy_opts_dev_kind(o)) &&
+             (ranks <= 1 || (p->coll_gbps > 0 && p->coll_ranks == ranks));
+    if (*found && !o->quiet) fy_log_info("using the cached profile %s", path);
+    return FY_OK;
+}
+
+/* A probe now (every rank of a job), cached by rank 0. */
+static fy_status probe_and_cache(const fy_opts *o, const fy_model *m, fy_comm *comm, fy_profile *p) {
+    FY_TRY(probe(o, m, comm, p));
+    if (comm && fy_comm_rank(comm) != 0) return FY_OK;
+    char path[4096];
+    FY_TRY(cache_path(path, sizeof path));
     fy_status st = fy_profile_save(path, p);
     if (st == FY_OK && !o->quiet) fy_log_info("profile cached in %s", path);
     return st;
+}
+
+fy_status fy_tune_auto_profile(const fy_opts *o, const fy_model *m, fy_profile *p) {
+    bool found;
+    FY_TRY(known_profile(o, m, (int)o->ranks, p, &found));
+    if (!found && o->ranks > 1) { /* a probe of this process alone measures no collectives */
+        fy_log_error("--ranks %lld needs a profile with the collectives of %lld ranks: probe under "
+                     "the launcher (mpirun -np %lld ferry probe ...) or give --profile (a file or "
+                     "a name: %s)", (long long)o->ranks, (long long)o->ranks, (long long)o->ranks,
+                     fy_profile_names());
+        return FY_ERR_USAGE;
+    }
+    return found ? FY_OK : probe_and_cache(o, m, NULL, p);
 }
 
 /* The device budget is --gpu-mem, else the profile's device memory (what the backend
@@ -182,9 +226,10 @@ static void on_progress(void *ctx, int done, int total, double best_ms) {
     pg->shown = true;
 }
 
-static fy_status search(const fy_opts *o, const fy_model *m, const fy_profile *p,
+static fy_status search(const fy_opts *o, const fy_model *m, const fy_profile *p, int ranks,
                         fy_tune_result *top, int ntop, int *nfound) {
     fy_tune_cfg tc = tune_cfg(o, m, p);
+    tc.ranks = ranks;
     progress pg = {.tty = !o->quiet && isatty(STDERR_FILENO)};
     tc.progress = on_progress;
     tc.progress_ctx = &pg;
@@ -352,7 +397,7 @@ int fy_tune_main(const fy_opts *o) {
     fy_profile p;
     fy_tune_result top[5];
     int n = 0, rc = 1;
-    if (fy_tune_auto_profile(o, m, &p) == FY_OK && search(o, m, &p, top, 5, &n) == FY_OK) {
+    if (fy_tune_auto_profile(o, m, &p) == FY_OK && search(o, m, &p, (int)o->ranks, top, 5, &n) == FY_OK) {
         const char *out = o->out ? o->out : "plan.json";
         rc = save_tuned(out, &top[0]) == FY_OK ? 0 : 1;
         if (!rc) printf("saved   %s (predicted %.1f ms/step)\n", out, top[0].step_ms);
@@ -362,13 +407,52 @@ int fy_tune_main(const fy_opts *o) {
     return rc;
 }
 
-fy_status fy_tune_auto_plan(const fy_opts *o, const fy_model *m, fy_plan *out) {
+/* A job's plan: rank 0's, to every rank (one binary: the block table's bytes). */
+static fy_status share_plan(fy_comm *comm, const fy_model *m, fy_plan *p) {
+    int32_t hdr[4] = {p->micro_batch, p->grad_accum, p->prefetch, (int32_t)p->dtype};
+    FY_TRY(fy_comm_bcast(comm, hdr, sizeof hdr));
+    if (fy_comm_rank(comm) != 0) {
+        FY_TRY(fy_plan_new(m, hdr[0], hdr[1], p));
+        p->prefetch = hdr[2];
+        p->dtype = (fy_dtype)hdr[3];
+    }
+    return fy_comm_bcast(comm, p->blocks, (size_t)p->nblocks * sizeof *p->blocks);
+}
+
+/* Whether any rank failed (rank 0 said why): a collective decision. */
+static fy_status any_failed(fy_comm *comm, fy_status mine) {
+    int32_t failed = mine != FY_OK;
+    FY_TRY(fy_comm_max_i32(comm, &failed));
+    return !failed ? FY_OK : mine != FY_OK ? mine : FY_ERR_INVALID;
+}
+
+fy_status fy_tune_auto_plan(const fy_opts *o, const fy_model *m, fy_comm *comm, fy_plan *out) {
+    const int world = comm ? fy_comm_size(comm) : 1;
+    const bool lead = !comm || fy_comm_rank(comm) == 0;
     fy_profile p;
-    FY_TRY(fy_tune_auto_profile(o, m, &p));
+    bool found = false;
+    fy_status st = lead ? known_profile(o, m, world, &p, &found) : FY_OK;
+    int32_t need = !found; /* rank 0's: the others' are 1 and 0 below */
+    if (world > 1) {
+        FY_TRY(any_failed(comm, st));
+        if (!lead) need = 0;
+        FY_TRY(fy_comm_max_i32(comm, &need));
+    } else {
+        FY_TRY(st);
+    }
+    if (need) {
+        st = probe_and_cache(o, m, comm, &p);
+        if (world > 1) st = any_failed(comm, st);
+        FY_TRY(st);
+    }
     fy_tune_result top[5];
     int n = 0;
-    FY_TRY(search(o, m, &p, top, 5, &n));
-    fy_status st = fy_plan_copy(&top[0].plan, out);
-    for (int i = 0; i < n; i++) fy_plan_free(&top[i].plan);
-    return st;
+    if (lead) {
+        st = search(o, m, &p, world, top, 5, &n);
+        if (st == FY_OK) st = fy_plan_copy(&top[0].plan, out);
+        for (int i = 0; i < n; i++) fy_plan_free(&top[i].plan);
+    }
+    if (world == 1) return st;
+    FY_TRY(any_failed(comm, st));
+    return share_plan(comm, m, out);
 }

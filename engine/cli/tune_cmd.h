@@ -3,6 +3,7 @@
 #define FY_TUNE_CMD_H
 
 #include "engine/cli/opts.h"
+#include "engine/comm/comm.h"
 #include "engine/model/model.h"
 #include "offload/plan.h"
 #include "tuner/profile.h"
@@ -13,8 +14,11 @@ extern "C" {
 
 int fy_probe_main(const fy_opts *o);
 int fy_tune_main(const fy_opts *o);
-/* --plan auto: the profile (given, cached, or probed now and cached), then the search. */
-fy_status fy_tune_auto_plan(const fy_opts *o, const fy_model *m, fy_plan *out);
+/* --plan auto: the profile (given, cached, or probed now and cached), then the search. In
+ * a job (comm of several processes) rank 0 finds the profile, every rank probes if it
+ * must (the collectives between them too), rank 0 searches for a rank's plan of the job
+ * and every rank gets it. */
+fy_status fy_tune_auto_plan(const fy_opts *o, const fy_model *m, fy_comm *comm, fy_plan *out);
 /* The profile: --profile (file or name), else this machine's cached probe if it measured
  * this model and sequence length, else a probe now (then cached). */
 fy_status fy_tune_auto_profile(const fy_opts *o, const fy_model *m, fy_profile *p);
