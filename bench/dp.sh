@@ -47,12 +47,15 @@ import json, sys
 ev = json.load(open(sys.argv[1]))["traceEvents"]
 names = {e["tid"]: e["args"]["name"] for e in ev if e.get("ph") == "M" and e.get("name") == "thread_name"}
 lane = {v: k for k, v in names.items()}
-iv = lambda tid: sorted((e["ts"], e["ts"] + e["dur"]) for e in ev if e.get("ph") == "X" and e["tid"] == tid)
-comm, comp = iv(lane["comm"]), iv(lane["compute"])
-busy = sum(b - a for a, b in comm)
-inside = sum(max(0, min(b, d) - max(a, c)) for a, b in comm for c, d in comp)
-print(f"trace (rank 0, 6 steps): {len(comm)} reduces and allgathers, comm lane busy {busy / 1e3:.1f} ms, "
-      f"{inside / busy * 100 if busy else 0:.0f}% of it while the compute lane ran")
+iv = lambda tid, pre="": sorted((e["ts"], e["ts"] + e["dur"]) for e in ev
+                                if e.get("ph") == "X" and e["tid"] == tid and e["name"].startswith(pre))
+comp = iv(lane["compute"])
+for kind in ("reduce", "allgather"):
+    comm = iv(lane["comm"], kind)
+    busy = sum(b - a for a, b in comm)
+    inside = sum(max(0, min(b, d) - max(a, c)) for a, b in comm for c, d in comp)
+    print(f"trace (rank 0, 6 steps): {len(comm)} {kind}s, {busy / 1e3:.1f} ms on the comm lane, "
+          f"{inside / busy * 100 if busy else 0:.0f}% of it while the compute lane ran")
 PY
 
 host_bytes() { grep -o '"host_bytes":[0-9]*' | cut -d: -f2 | paste -sd+ | bc; }

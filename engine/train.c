@@ -196,10 +196,33 @@ static fy_status open_data(run *r) {
 }
 
 /* The mean loss of the first nbatches validation batches (at most one pass). */
+/* A job's rank's share of the validation batches: its i-th is batch first + i * stride. */
+typedef struct val_share { fy_loader *ld; int64_t first, stride; } val_share;
+
+static fy_status share_batch(void *ctx, int64_t i, int32_t *x, int32_t *y) {
+    const val_share *v = ctx;
+    return batch_from(v->ld, v->first + i * v->stride, x, y);
+}
+
+/* The mean validation loss over nbatches, in batch order. A job's ranks (every one holds
+ * the same weights) evaluate every N-th batch each, and the losses meet in their places
+ * (a sum whose other terms are zeros: the same bits), so the mean is one process's. */
 static fy_status validate(run *r, int64_t nbatches, float *loss) {
     int64_t avail = (int64_t)fy_loader_batches(r->val);
     if (nbatches > avail) nbatches = avail;
-    FY_TRY(fy_trainer_eval_run(r->tr, (int)nbatches, batch_from, r->val, r->val_losses));
+    const int W = world_of(r->cfg);
+    if (W == 1) {
+        FY_TRY(fy_trainer_eval_run(r->tr, (int)nbatches, batch_from, r->val, r->val_losses));
+    } else {
+        const int rank = fy_comm_rank(r->cfg->comm);
+        val_share v = {r->val, rank, W};
+        const int64_t mine = nbatches > rank ? (nbatches - rank + W - 1) / W : 0;
+        float *tmp = r->val_losses + nbatches; /* the buffer holds twice the batches */
+        if (mine) FY_TRY(fy_trainer_eval_run(r->tr, (int)mine, share_batch, &v, tmp));
+        memset(r->val_losses, 0, (size_t)nbatches * sizeof *r->val_losses);
+        for (int64_t i = 0; i < mine; i++) r->val_losses[rank + i * W] = tmp[i];
+        FY_TRY(fy_comm_sum(r->cfg->comm, r->val_losses, (size_t)nbatches, FY_F32));
+    }
     double sum = 0.0;
     for (int64_t i = 0; i < nbatches; i++) sum += r->val_losses[i];
     *loss = (float)(sum / (double)nbatches);
@@ -564,7 +587,7 @@ static fy_status setup_run(run *r, const fy_ckpt *ck) {
         fy_log_error("cannot open metrics file %s", c->metrics);
         return FY_ERR_IO;
     }
-    if (r->val && !(r->val_losses = malloc(fy_loader_batches(r->val) * sizeof(float)))) {
+    if (r->val && !(r->val_losses = malloc(2 * fy_loader_batches(r->val) * sizeof(float)))) {
         fy_log_error("out of host memory for the validation losses");
         return FY_ERR_NOMEM;
     }

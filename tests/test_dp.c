@@ -69,7 +69,8 @@ static int count_stops(const char *err) {
 
 static char *slurp(const char *path) { return test_read_file(path, NULL); }
 
-/* The loss and grad_norm fields of every metrics line, in order. */
+/* The loss and grad_norm (and val_loss, where there is one) fields of every metrics
+ * line, in order. */
 static void losses_of(const char *path, char *out, size_t cap) {
     char *m = slurp(path), *save = NULL;
     size_t len = 0;
@@ -77,16 +78,18 @@ static void losses_of(const char *path, char *out, size_t cap) {
     for (char *line = strtok_r(m, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
         const char *l = strstr(line, "\"loss\":"), *g = strstr(line, "\"grad_norm\":");
         cr_assert(l && g, "metrics line: %s", line);
-        len += (size_t)snprintf(out + len, cap - len, "%.24s|%.24s\n", l, g);
+        const char *v = strstr(line, "\"val_loss\":");
+        len += (size_t)snprintf(out + len, cap - len, "%.24s|%.24s|%.24s\n", l, g, v ? v : "");
     }
     free(m);
 }
 
 /* One process accumulating `np` micro-batches against np processes of one each, under
- * the extra flags: the saved weights byte for byte, every step's loss and gradient norm. */
+ * the extra flags: the saved weights byte for byte, every step's loss and gradient norm,
+ * and the validation loss (5 batches, split over the ranks). */
 static void expect_same_run(int np, const char *const *extra, const char *what) {
     const char *base[] = {"train", "--device", "cpu", "--threads", "1", "--seq", "32",
-                          "--batch", "2", "--steps", "5", "--val-batches", "1"};
+                          "--batch", "2", "--steps", "5", "--val-batches", "5"};
     const size_t nb = sizeof base / sizeof base[0];
     char acc[8];
     snprintf(acc, sizeof acc, "%d", np);
@@ -151,6 +154,28 @@ Test(dp, every_rank_prints_its_memory_model) {
     cr_assert_eq(r.code, 0, "%s", r.err);
     cr_expect(strstr(r.out, "{\"rank\":0,\"ranks\":2,") && strstr(r.out, "{\"rank\":1,\"ranks\":2,"),
               "a JSON line from each rank:\n%s", r.out);
+}
+
+/* Ranks the launcher did not bind take their share of their node's CPUs (comm.h:
+ * fy_comm_place), so their kernels and CPU AdamW pools do not share cores: two ranks on
+ * a machine of two or more cores run on different ones. */
+Test(dp, unbound_ranks_take_their_share_of_the_cpus) {
+    if (sysconf(_SC_NPROCESSORS_ONLN) < 2) cr_skip_test("one core");
+    setenv("OMPI_MCA_hwloc_base_binding_policy", "none", 1);
+    test_proc r;
+    FERRY(&r, 2, "train", "--model", "gpt2-tiny", "--device", "cpu", "--dry-run");
+    unsetenv("OMPI_MCA_hwloc_base_binding_policy");
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    char cpus[2][64] = {"", ""};
+    for (int k = 0; k < 2; k++) {
+        char key[32];
+        snprintf(key, sizeof key, "{\"rank\":%d,", k);
+        const char *line = strstr(r.out, key), *p = line ? strstr(line, "\"placed\":\"cpus ") : NULL;
+        cr_assert(p, "rank %d's placement:\n%s", k, r.out);
+        sscanf(p + strlen("\"placed\":\"cpus "), "%63[^,]", cpus[k]);
+        cr_expect(!strstr(p, "bound by the launcher"), "%s", p);
+    }
+    cr_expect(strcmp(cpus[0], cpus[1]) != 0, "both ranks on cpus %s", cpus[0]);
 }
 
 /* The host bytes of a job's ranks (--dry-run's memory model, which equals what they

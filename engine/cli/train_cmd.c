@@ -349,12 +349,14 @@ static fy_status batch_shares(const fy_opts *o, fy_comm *comm, const double *slo
 
 /* The dry run's last line, for scripts: the model's parameters and the plan's bytes, in
  * total and by category, and the pinned part of the host's under the pinned cap. */
-static void print_memory_json(const fy_model *m, const fy_mem_model *mm, const fy_comm *comm) {
+static void print_memory_json(const fy_model *m, const fy_mem_model *mm, const fy_comm *comm,
+                              const char *placed) {
     static const char *const cats[FY_CAT_COUNT] = {"parameters", "gradients", "optimizer",
                                                    "activations", "staging", "workspace"};
     printf("{");
-    if (fy_comm_size(comm) > 1) /* every rank prints its own */
-        printf("\"rank\":%d,\"ranks\":%d,", fy_comm_rank(comm), fy_comm_size(comm));
+    if (fy_comm_size(comm) > 1) /* every rank prints its own, and where it runs */
+        printf("\"rank\":%d,\"ranks\":%d,\"placed\":\"%s\",", fy_comm_rank(comm),
+               fy_comm_size(comm), placed);
     printf("\"params\":%zu,\"device_bytes\":%zu,\"host_bytes\":%zu,\"pinned_bytes\":%zu",
            fy_model_num_params(m), mm->device_total, mm->host_total, mm->host_pinned);
     for (int side = 0; side < 2; side++) {
@@ -383,6 +385,9 @@ int fy_train_main(const fy_opts *o) {
         fy_comm_abort(comm, 1);
     }
     if (!o->dry_run) catch_stop_signals();
+    char placed[320]; /* a job's rank on its node's CPUs and memory, before any threads */
+    fy_comm_place(comm, placed, sizeof placed);
+    if (world > 1) fy_log_debug("placed on %s", placed);
     fy_weights *init = NULL;
     fy_model *m = NULL;
     fy_plan plan = {0};
@@ -430,7 +435,7 @@ int fy_train_main(const fy_opts *o) {
     if (st == FY_OK)
         fy_storage_model_pinned(m, &plan, (int)o->seq, true, fy_dev_cfg_pinned_cap(&tc.dev), &mm);
     if (st == FY_OK && ((lead && !o->quiet) || o->dry_run)) fy_train_print_plan(&plan, &mm, stdout);
-    if (st == FY_OK && o->dry_run) print_memory_json(m, &mm, comm);
+    if (st == FY_OK && o->dry_run) print_memory_json(m, &mm, comm, placed);
     if (st == FY_OK && !o->dry_run) st = check_budgets(o, &mm, &tc.dev);
     if (st == FY_OK && !o->dry_run) {
         tc.model = m;

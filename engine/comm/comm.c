@@ -2,6 +2,7 @@
 #include "engine/comm/comm.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,12 +14,15 @@
 #ifdef FY_HAVE_MPI
 #include <mpi.h>
 #endif
+#ifdef FY_HAVE_NUMA
+#include <numa.h>
+#endif
 
 /* Collectives move at most this many bytes a message (MPI counts are int). */
 #define PIECE_NBYTES ((size_t)16 << 20)
 
 struct fy_comm {
-    int rank, size, local_rank;
+    int rank, size, local_rank, local_size;
     bool mpi;                /* this process started MPI */
     bool multiple;           /* MPI_THREAD_MULTIPLE: the watchdog may call MPI_Abort while
                                 a lane waits inside MPI */
@@ -49,12 +53,14 @@ static const char *const size_vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI
                                         "SLURM_NTASKS", NULL};
 static const char *const local_vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
                                          "SLURM_LOCALID", NULL};
+static const char *const local_size_vars[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
+                                              "SLURM_NTASKS_PER_NODE", NULL};
 
 /* A world of this process alone, without MPI. */
 static fy_status single(fy_comm **out) {
     fy_comm *c = calloc(1, sizeof *c);
     if (!c) return FY_ERR_NOMEM;
-    c->size = 1;
+    c->size = c->local_size = 1;
     *out = c;
     return FY_OK;
 }
@@ -114,6 +120,8 @@ fy_status fy_comm_init(fy_comm **out) {
     MPI_Comm_size(MPI_COMM_WORLD, &c->size);
     c->local_rank = env_int(local_vars);
     if (c->local_rank < 0) c->local_rank = c->rank;
+    c->local_size = env_int(local_size_vars);
+    if (c->local_size <= c->local_rank) c->local_size = c->size; /* not said: all local */
     fy_status st = FY_OK;
     if (provided < MPI_THREAD_SERIALIZED) {
         fy_log_error("MPI gives thread level %d; ferry needs MPI_THREAD_SERIALIZED", provided);
@@ -150,6 +158,79 @@ void fy_comm_free(fy_comm *c) {
 int fy_comm_rank(const fy_comm *c) { return c->rank; }
 int fy_comm_size(const fy_comm *c) { return c->size; }
 int fy_comm_local_rank(const fy_comm *c) { return c->local_rank; }
+int fy_comm_local_size(const fy_comm *c) { return c->local_size; }
+
+/* "a-b" runs of a CPU list into buf. */
+static void cpu_list(const int *cpus, int n, char *buf, size_t cap) {
+    size_t len = 0;
+    buf[0] = 0;
+    for (int i = 0; i < n && len < cap; i++) {
+        int j = i;
+        while (j + 1 < n && cpus[j + 1] == cpus[j] + 1) j++;
+        len += (size_t)snprintf(buf + len, cap - len, "%s%d", i ? "," : "", cpus[i]);
+        if (j > i && len < cap) len += (size_t)snprintf(buf + len, cap - len, "-%d", cpus[j]);
+        i = j;
+    }
+}
+
+static int node_of(int cpu) {
+#ifdef FY_HAVE_NUMA
+    if (numa_available() >= 0) {
+        const int n = numa_node_of_cpu(cpu);
+        return n >= 0 ? n : 0;
+    }
+#endif
+    (void)cpu;
+    return 0;
+}
+
+void fy_comm_place(const fy_comm *c, char *desc, size_t cap) {
+    snprintf(desc, cap, "not placed (one process)");
+    if (c->size <= 1) return;
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0) {
+        snprintf(desc, cap, "not placed (its CPUs unknown)");
+        return;
+    }
+    int mine[CPU_SETSIZE], all[CPU_SETSIZE];
+    int nall = 0, n = 0;
+    for (int i = 0; i < CPU_SETSIZE; i++) if (CPU_ISSET(i, &set)) all[nall++] = i;
+    const long online = sysconf(_SC_NPROCESSORS_ONLN);
+    int nodes = 1;
+#ifdef FY_HAVE_NUMA
+    if (numa_available() >= 0) nodes = numa_max_node() + 1;
+#endif
+    const bool bound = nall < online; /* by the launcher (or taskset): kept as it is */
+    int node = nall ? node_of(all[0]) : 0;
+    if (!bound) {
+        const int L = c->local_size, i = c->local_rank;
+        node = (int)((long)i * nodes / L);
+        int idx = 0, m = 0; /* this rank among the local ranks on its node */
+        for (int r = 0; r < L; r++)
+            if ((long)r * nodes / L == node) { idx += r < i; m++; }
+        int ncpu = 0;
+        for (int k = 0; k < nall; k++) if (node_of(all[k]) == node) all[ncpu++] = all[k];
+        if (ncpu == 0) { /* no CPU of ours on that node: share them all */
+            for (int k = 0; k < CPU_SETSIZE; k++) if (CPU_ISSET(k, &set)) all[ncpu++] = k;
+        }
+        const int lo = (int)((long)idx * ncpu / m), hi = (int)((long)(idx + 1) * ncpu / m);
+        CPU_ZERO(&set);
+        if (hi > lo) for (int k = lo; k < hi; k++) CPU_SET(all[k], &set);
+        else CPU_SET(all[lo < ncpu ? lo : ncpu - 1], &set); /* more ranks than CPUs: shared */
+        if (sched_setaffinity(0, sizeof set, &set) != 0) {
+            snprintf(desc, cap, "not placed (the system refused its CPUs)");
+            return;
+        }
+    }
+    for (int i = 0; i < CPU_SETSIZE; i++) if (CPU_ISSET(i, &set)) mine[n++] = i;
+#ifdef FY_HAVE_NUMA
+    if (nodes > 1) numa_set_preferred(node);
+#endif
+    char list[256];
+    cpu_list(mine, n, list, sizeof list);
+    snprintf(desc, cap, "cpus %s, NUMA node %d of %d%s", list, node, nodes,
+             bound ? " (bound by the launcher)" : "");
+}
 
 _Noreturn void fy_comm_abort(fy_comm *c, int code) {
     fflush(stdout);

@@ -45,6 +45,17 @@ void fy_comm_free(fy_comm *c); /* NULL is a no-op; ends MPI when it started it *
 int fy_comm_rank(const fy_comm *c);
 int fy_comm_size(const fy_comm *c);
 int fy_comm_local_rank(const fy_comm *c); /* among the ranks of this node: picks the GPU */
+int fy_comm_local_size(const fy_comm *c); /* the ranks of this node */
+
+/* Places this rank on its node: unless the launcher bound it already (its CPUs are fewer
+ * than the machine's), the local ranks are spread evenly over the NUMA nodes (local rank
+ * i of L on node i*K/L of K) and each takes its share of its node's CPUs (threads made
+ * later inherit them: the cpu backend's kernels, the CPU AdamW pool, which pins its
+ * workers inside them), and its memory is preferred on that node, so the host buffers
+ * it first-touches (the arenas, the moments) are local. Call before any of them exist.
+ * A no-op for a process alone. Describes the placement in desc ("cpus 0-3, NUMA node
+ * 0"). */
+void fy_comm_place(const fy_comm *c, char *desc, size_t cap);
 
 /* buf[0..n) = the sum over ranks in rank order (above); dt F32, BF16 (host bf16 bits) or
  * F64 (FY_DTYPE_NONE stands for fp64 here: dtype.h has no fp64). */

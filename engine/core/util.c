@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -70,6 +71,13 @@ const char *fy_fmt_size(size_t n, char *buf, size_t cap) {
     if (i == 0) snprintf(buf, cap, "%zu B", n);
     else snprintf(buf, cap, "%.2f %s", v, u[i]);
     return buf;
+}
+
+int fy_cpus_allowed(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+    const long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
 }
 
 double fy_now_ms(void) {

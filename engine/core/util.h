@@ -53,6 +53,9 @@ fy_status fy_check_output(const char *path, const char *what, bool stream);
 fy_status fy_fsync_dir(const char *path);
 /* Monotonic clock in milliseconds. */
 double fy_now_ms(void);
+/* The CPUs this process may run on (its affinity: a launcher's binding, taskset), at
+ * least 1. */
+int fy_cpus_allowed(void);
 
 static inline size_t fy_round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 

@@ -301,8 +301,8 @@ void openblas_set_num_threads(int num_threads);
 fy_status fy_cpu_dev_init(fy_dev *dev) {
     cpu_dev *cd = calloc(1, sizeof *cd);
     if (!cd) return FY_ERR_NOMEM;
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    cd->threads = dev->cfg.threads > 0 ? dev->cfg.threads : (int)(ncpu > 0 ? ncpu : 1);
+    const int ncpu = fy_cpus_allowed(); /* the cores this process may run on */
+    cd->threads = dev->cfg.threads > 0 ? dev->cfg.threads : ncpu;
     cd->gbps = dev->cfg.sim_pcie_gbps;
     cd->slowdown = dev->cfg.sim_slowdown;
     pthread_mutex_init(&cd->link_mu, NULL);
