@@ -299,6 +299,8 @@ Test(dp, a_signalled_job_stops_together_and_resumes_exactly) {
     setenv("FERRY_BIN", saved, 1);
     free(saved);
     cr_expect_eq(count_stops(r.err), 2, "both ranks stop after their step:\n%s", r.err);
+    cr_expect(strstr(r.err, "ferry: rank 0: stopping") && strstr(r.err, "ferry: rank 1: stopping"),
+              "each stop line names its rank:\n%s", r.err);
     FERRY(&r, 0, RUN_ARGS, "--grad-accum", "2", "--checkpoint-dir", dir, "--resume", "--save", res);
     cr_assert_eq(r.code, 0, "%s", r.err);
     cr_expect(strstr(r.out, "resume "), "%s", r.out);

@@ -37,6 +37,9 @@ static int exit_status(fy_status st) {
  * process group): a signal less than DUPLICATE_MS after the first is the same request. */
 #define DUPLICATE_MS 250
 static atomic_llong first_signal_ms;
+/* The handler's line, made before the handler is installed (a job's names the rank). */
+static char stop_msg[96];
+static size_t stop_msg_len;
 
 static void on_stop_signal(int sig) {
     const int saved = errno;
@@ -50,13 +53,17 @@ static void on_stop_signal(int sig) {
     }
     atomic_store(&first_signal_ms, now);
     atomic_store(&fy_train_stop_signal, sig);
-    static const char msg[] = "\nferry: stopping after this step (again to exit at once)\n";
-    ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+    ssize_t w = write(STDERR_FILENO, stop_msg, stop_msg_len);
     (void)w;
     errno = saved;
 }
 
-static void catch_stop_signals(void) {
+static void catch_stop_signals(int world) {
+    int n = world > 1 ? snprintf(stop_msg, sizeof stop_msg, "\nferry: rank %d: stopping after this "
+                                 "step (again to exit at once)\n", g_rank)
+                      : snprintf(stop_msg, sizeof stop_msg, "\nferry: stopping after this step "
+                                 "(again to exit at once)\n");
+    stop_msg_len = n > 0 && (size_t)n < sizeof stop_msg ? (size_t)n : 0;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_stop_signal;
@@ -384,7 +391,7 @@ int fy_train_main(const fy_opts *o) {
         fy_log_error("cannot quiet this rank's output: %s", strerror(errno));
         fy_comm_abort(comm, 1);
     }
-    if (!o->dry_run) catch_stop_signals();
+    if (!o->dry_run) catch_stop_signals(world);
     char placed[320]; /* a job's rank on its node's CPUs and memory, before any threads */
     fy_comm_place(comm, placed, sizeof placed);
     if (world > 1) fy_log_debug("placed on %s", placed);
