@@ -508,9 +508,10 @@ static fy_status setup_checkpoints_lead(run *r, fy_ckpt **ck);
 
 /* Checkpoints: the directory, this run's configuration and the checkpoint resumed from
  * (*ck, NULL when starting afresh), whose step's metrics lines end the metrics file.
- * In a job, every rank holds the same state: rank 0 alone keeps the directory (its lock,
- * its checkpoints, the metrics), finds the checkpoint to resume from and tells the
- * others, which read it and check it against their configuration. */
+ * In a job, rank 0 alone keeps the directory (its lock, its checkpoints, gathered from
+ * every rank's shards, the metrics), finds the checkpoint to resume from and tells the
+ * others, which read it (each keeping its shard) and check it against their
+ * configuration. */
 static fy_status setup_checkpoints(run *r, fy_ckpt **ck) {
     const fy_train_cfg *c = r->cfg;
     *ck = NULL;

@@ -72,10 +72,12 @@ typedef struct fy_trainer_cfg {
                           alone). Each step is micro_total micro-batches (0: size x
                           grad_accum): this rank runs its grad_accum of them, from
                           micro_first on (0 with micro_total 0: rank x grad_accum), and
-                          next_batch's numbers are the step's global ones,
-                          gradients and losses are summed over the ranks in rank order
-                          (comm.h; gradients in a GPU's memory by NCCL, in its order),
-                          and every rank applies the same update */
+                          next_batch's numbers are the step's global ones;
+                          the optimizer state is sharded (storage.h): each block's
+                          gradient is summed over the ranks in rank order into each
+                          shard's owner (comm.h; in a GPU's memory by NCCL, in its
+                          order), the losses likewise, each rank updates its shards and
+                          gathers the others' updated weights */
 } fy_trainer_cfg;
 
 typedef struct fy_step_stats {

@@ -16,6 +16,8 @@
 #   4. the ferry binary training with checkpoints written in the background (a writer
 #      thread beside the lanes, stream workers and the Adam pool), stopped by SIGTERM
 #      and resumed (also skipped with FERRY_TSAN_SCHED_ONLY=1).
+#   5. a data-parallel job of two ranks under mpirun (where it is), Open MPI's own
+#      libraries' reports suppressed (they are not built with ThreadSanitizer).
 # Reports are also written to files (log_path) and the run fails if any exists, so a
 # report from a forked Criterion worker cannot be lost in its output.
 #
@@ -142,6 +144,36 @@ if [ "${FERRY_TSAN_SCHED_ONLY:-0}" != 1 ]; then
         status=1
     fi
     run_cmd checkpoints-resume timeout 600 "$build/ferry" train "${small[@]}" --steps 402 --resume
+fi
+
+# 5. a data-parallel job of two ranks (where mpirun is): the comm lane's reduce-scatters
+#    and all-gathers beside the other lanes, the norm's collective on the cpu lane,
+#    validation split over the ranks and checkpoints served by rank 1. Open MPI's own
+#    libraries are not built with ThreadSanitizer: reports from inside them are
+#    suppressed, ferry's are not.
+if [ "${FERRY_TSAN_SCHED_ONLY:-0}" != 1 ] && command -v mpirun >/dev/null; then
+    supp="$build/tsan-openmpi.supp"
+    cat >"$supp" <<'SUPP'
+called_from_lib:libmpi.so
+called_from_lib:libopen-pal.so
+called_from_lib:libopen-rte.so
+race:libmpi.so
+race:libopen-pal.so
+race:libopen-rte.so
+race:mca_
+deadlock:mca_
+deadlock:libopen-pal.so
+mutex:mca_
+mutex:libopen-pal.so
+mutex:libmpi.so
+SUPP
+    run_cmd dp-job env TSAN_OPTIONS="$TSAN_OPTIONS suppressions=$supp" OMPI_ALLOW_RUN_AS_ROOT=1 \
+        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader \
+        OMPI_MCA_btl_vader_single_copy_mechanism=none \
+        timeout 600 mpirun -np 2 --oversubscribe -x TSAN_OPTIONS -x OMP_THREAD_LIMIT -x OMP_NUM_THREADS "$build/ferry" train \
+        --model gpt2-tiny --batch 2 --seq 32 --device cpu --threads 1 --steps 4 --dtype bf16 \
+        --offload-params 0.5 --offload-optim 1 --val-batches 2 --checkpoint-dir "$logdir/dpck" \
+        --checkpoint-every 2 --save "$logdir/dp.safetensors" --quiet
 fi
 
 if compgen -G "$logdir/report*" >/dev/null; then
