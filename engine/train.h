@@ -36,8 +36,9 @@ typedef struct fy_train_cfg {
                                    is then micro_total micro-batches (0: size x grad_accum),
                                    this rank's from micro_first (trainer.h), and
                                    only rank 0 should be given outputs (metrics, save,
-                                   trace); rank 0 keeps the checkpoints (every rank holds
-                                   the same state) and tells the others which to resume */
+                                   trace); rank 0 keeps the checkpoints (the other ranks
+                                   serve it their shards of the optimizer state) and tells
+                                   the others which to resume */
     int micro_first, micro_total;
     /* data: text or token shards; NULL data: the embedded corpus (with its own
      * validation text unless val_data is given) */

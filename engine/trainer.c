@@ -262,7 +262,8 @@ static bool sharded(const fy_trainer *tr) { return tr->plan.shards > 1; }
  * fp32 run's master is the whole weights, current on every rank. */
 static bool master_sharded(const fy_trainer *tr, int b) {
     const fy_chunk *c = &tr->st->chunks[b];
-    return sharded(tr) && fy_tr_lp(tr) && (c->param_host || c->master_dev);
+    return sharded(tr) && fy_tr_lp(tr) &&
+           (c->param_host || (!fy_tr_cpu_optim(tr, b) && !fy_tr_streamed(tr, b)));
 }
 
 /* This rank's shard of block b's `what` (fp32, hi - lo elements) in host memory: the
@@ -304,7 +305,10 @@ fy_status fy_trainer_serve(fy_trainer *tr) {
     fy_status st;
     for (;;) {
         int64_t req[2];
-        if ((st = fy_comm_bcast(tr->comm, req, sizeof req)) != FY_OK) break;
+        fy_comm_patient(tr->comm, true); /* rank 0 may write for long between requests */
+        st = fy_comm_bcast(tr->comm, req, sizeof req);
+        fy_comm_patient(tr->comm, false);
+        if (st != FY_OK) break;
         if (req[0] == SERVE_END) { /* req[1]: rank 0's save failed (it said why) */
             st = req[1] ? FY_ERR_IO : FY_OK;
             break;
@@ -356,6 +360,7 @@ bool fy_trainer_get_grads(fy_trainer *tr, int b, float *host) {
  * shard's elements) to or from host memory. */
 static void copy_moment(fy_trainer *tr, int b, void *dst, const void *src, bool to_host) {
     const size_t nb = (tr->st->chunks[b].hi - tr->st->chunks[b].lo) * sizeof(float);
+    if (!nb) return; /* an empty shard */
     fy_stream_sync(tr->s);
     if (fy_tr_cpu_optim(tr, b)) {
         memcpy(dst, src, nb);

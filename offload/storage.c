@@ -32,7 +32,7 @@ typedef struct walk {
 static fy_status take(walk *w, fy_mem_cat cat, size_t nbytes, const char *what, void *out) {
     w->m->device[cat] += nbytes;
     w->m->device_total += nbytes;
-    if (!w->st || !w->alloc) return FY_OK;
+    if (!w->st || !w->alloc || !nbytes) return FY_OK; /* an empty shard: NULL, as modelled */
     fy_storage *st = w->st;
     if (st->nallocs == st->capallocs) {
         int ncap = st->capallocs ? 2 * st->capallocs : 64;

@@ -111,7 +111,9 @@ typedef struct fy_chunk {
     float *grad_dev, *grad_host;
     float *m, *v;
     bool needs_grad_staging;  /* grads computed into a staging slot */
-    bool grad_in_lp;          /* grad_host is param_lp: between the gradient's copy and
+    bool grad_in_lp;          /* grad_host is param_lp (in a job, the shards this rank
+                                 does not own hold its gradient until the allgather brings
+                                 their owners' weights): between the gradient's copy and
                                  the update param_lp holds the gradient, not weights */
     bool gathered;            /* a streamed row table (model.h: gather) whose passes get
                                  only the micro-batch's rows: staged copies hold

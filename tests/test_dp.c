@@ -140,6 +140,19 @@ Test(dp, two_ranks_match_one_rank_accumulating_two_with_offload) {
     /* llama: the gathered embedding and the head by vocabulary chunks, summed on the host */
     expect_same_run(2, EXTRA("--model", "llama-tiny", "--vocab", "4096", "--offload-params", "1",
                              "--offload-optim", "1", "--dtype", "bf16"), "llama-tiny offloaded, bf16");
+    /* streamed and updated on the device: the update's slot holds the shard's fp32 master
+     * and its bf16 copy (bf16), or the whole fp32 weights (fp32) */
+    expect_same_run(2, EXTRA("--model", "gpt2-tiny", "--offload-params", "1", "--dtype", "bf16"),
+                    "gpt2-tiny streamed, device updates, bf16");
+    expect_same_run(2, EXTRA("--model", "gpt2-tiny", "--offload-params", "1"),
+                    "gpt2-tiny streamed, device updates, fp32");
+}
+
+/* Three ranks: shards of unequal size, empty ones (a block of one norm chunk is wholly
+ * the last rank's), the weight-decay cut inside a shard. */
+Test(dp, three_ranks_match_one_rank_accumulating_three) {
+    expect_same_run(3, EXTRA("--model", "gpt2-tiny", "--offload-params", "0.5", "--offload-optim",
+                             "0.5", "--dtype", "bf16"), "gpt2-tiny, 3 ranks, mixed plan, bf16");
 }
 
 /* Sums in rank order: four ranks give one process's four accumulated micro-batches
@@ -158,24 +171,29 @@ Test(dp, every_rank_prints_its_memory_model) {
 
 /* Ranks the launcher did not bind take their share of their node's CPUs (comm.h:
  * fy_comm_place), so their kernels and CPU AdamW pools do not share cores: two ranks on
- * a machine of two or more cores run on different ones. */
+ * a machine of two or more cores run on different ones. Ranks the launcher bound (Open
+ * MPI's binding policy "core") keep its binding. */
 Test(dp, unbound_ranks_take_their_share_of_the_cpus) {
     if (sysconf(_SC_NPROCESSORS_ONLN) < 2) cr_skip_test("one core");
-    setenv("OMPI_MCA_hwloc_base_binding_policy", "none", 1);
-    test_proc r;
-    FERRY(&r, 2, "train", "--model", "gpt2-tiny", "--device", "cpu", "--dry-run");
-    unsetenv("OMPI_MCA_hwloc_base_binding_policy");
-    cr_assert_eq(r.code, 0, "%s", r.err);
-    char cpus[2][64] = {"", ""};
-    for (int k = 0; k < 2; k++) {
-        char key[32];
-        snprintf(key, sizeof key, "{\"rank\":%d,", k);
-        const char *line = strstr(r.out, key), *p = line ? strstr(line, "\"placed\":\"cpus ") : NULL;
-        cr_assert(p, "rank %d's placement:\n%s", k, r.out);
-        sscanf(p + strlen("\"placed\":\"cpus "), "%63[^,]", cpus[k]);
-        cr_expect(!strstr(p, "bound by the launcher"), "%s", p);
+    for (int bind = 0; bind < 2; bind++) {
+        setenv("OMPI_MCA_hwloc_base_binding_policy", bind ? "core" : "none", 1);
+        test_proc r;
+        FERRY(&r, 2, "train", "--model", "gpt2-tiny", "--device", "cpu", "--dry-run");
+        unsetenv("OMPI_MCA_hwloc_base_binding_policy");
+        cr_assert_eq(r.code, 0, "%s", r.err);
+        char cpus[2][64] = {"", ""};
+        for (int k = 0; k < 2; k++) {
+            char key[32];
+            snprintf(key, sizeof key, "{\"rank\":%d,", k);
+            const char *line = strstr(r.out, key), *p = line ? strstr(line, "\"placed\":\"cpus ") : NULL;
+            cr_assert(p, "rank %d's placement:\n%s", k, r.out);
+            sscanf(p + strlen("\"placed\":\"cpus "), "%63[^,]", cpus[k]);
+            const char *end = strchr(p + 10, '"');
+            const bool said = strstr(p, "bound by the launcher") && strstr(p, "bound by the launcher") < end;
+            cr_expect(said == (bind == 1), "binding %d: %.80s", bind, p);
+        }
+        cr_expect(strcmp(cpus[0], cpus[1]) != 0, "binding %d: both ranks on cpus %s", bind, cpus[0]);
     }
-    cr_expect(strcmp(cpus[0], cpus[1]) != 0, "both ranks on cpus %s", cpus[0]);
 }
 
 /* The host bytes of a job's ranks (--dry-run's memory model, which equals what they
@@ -218,8 +236,8 @@ Test(dp, ranks_hold_their_shards_of_the_optimizer_state) {
  * the other ranks, and resume on another world size with the same sequences per step
  * (each rank keeping its shard): 2 processes for 4 steps then one accumulating 2 for 4
  * more, and the other way round, give the weights of one process never stopped, byte for
- * byte; all-resident in fp32 (the moments on the device gathered) and with the optimizer
- * on the CPU in bf16 (the masters gathered too). */
+ * byte; all-resident in fp32 (the moments on the device gathered) and in bf16 (the
+ * device's fp32 masters too), and with the optimizer on the CPU in bf16 (the host's). */
 static void expect_resume_across_world_sizes(const char *dtype, const char *optim) {
 #define RUN_ARGS "train", "--model", "gpt2-tiny", "--device", "cpu", "--threads", "1", "--seq", \
         "32", "--batch", "2", "--val-batches", "1", "--lr-schedule", "const", "--dtype", dtype, \
@@ -256,6 +274,7 @@ static void expect_resume_across_world_sizes(const char *dtype, const char *opti
 
 Test(dp, checkpoints_resume_on_another_world_size) {
     expect_resume_across_world_sizes("fp32", "0");
+    expect_resume_across_world_sizes("bf16", "0"); /* the masters on the device gathered */
     expect_resume_across_world_sizes("bf16", "1");
 #define RUN_ARGS "train", "--model", "gpt2-tiny", "--device", "cpu", "--threads", "1", "--seq", \
         "32", "--batch", "2", "--val-batches", "1", "--lr-schedule", "const"

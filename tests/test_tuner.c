@@ -65,6 +65,8 @@ Test(profile, json_round_trip) {
     p.coll_ranks = 4;
     p.coll_gbps = 120;
     p.coll_latency_ms = 0.03;
+    p.coll_host_gbps = 9;
+    p.coll_host_latency_ms = 0.01;
     snprintf(p.coll_source, sizeof p.coll_source, "ferry probe: 4 ranks");
     char *path = tmp_path();
     cr_assert_eq(fy_profile_save(path, &p), FY_OK);
@@ -77,6 +79,7 @@ Test(profile, json_round_trip) {
     cr_expect_eq(q.block_b[FY_T_FWD][FY_BLOCK_LAYER], 0.25);
     cr_expect_eq(q.block_a[FY_T_HEAD][FY_BLOCK_HEAD], 0.75);
     cr_expect(q.coll_ranks == 4 && q.coll_gbps == 120 && q.coll_latency_ms == 0.03 &&
+              q.coll_host_gbps == 9 && q.coll_host_latency_ms == 0.01 &&
               !strcmp(q.coll_source, p.coll_source));
     unlink(path);
 }
@@ -394,7 +397,9 @@ Test(tune, ties_go_to_the_least_offload) {
  * offloaded plan's host memory is below one process's (each block's largest shard
  * budgeted), and every block's reduce-scatter and all-gather cost what the profile's
  * collectives say: (N - 1) / N of its bytes over their bandwidth, plus their latency, on
- * the comm lane. Without a figure for them the search refuses, naming the fix. */
+ * the comm lane; over the device's collectives for a resident gpu-optimised block, over
+ * MPI in host memory for the blocks the CPU keeps. Without a figure for them the search
+ * refuses, naming the fix. */
 Test(tune, a_job_shards_the_state_and_pays_for_its_collectives) {
     static const fy_gpt2_config cfg = {.vocab = 256, .max_seq = 32, .channels = 64, .layers = 2,
                                        .heads = 4}; /* layers of 4 norm chunks */
@@ -403,6 +408,8 @@ Test(tune, a_job_shards_the_state_and_pays_for_its_collectives) {
     fy_profile p = base_profile();
     p.coll_gbps = 2;
     p.coll_latency_ms = 0.05;
+    p.coll_host_gbps = 1;
+    p.coll_host_latency_ms = 0.02;
     fy_plan plan;
     cr_assert_eq(fy_plan_new(m, 4, 1, &plan), FY_OK);
     cr_assert_eq(fy_plan_shorthands(&plan, 1, 1, 0), FY_OK);
@@ -415,16 +422,29 @@ Test(tune, a_job_shards_the_state_and_pays_for_its_collectives) {
     cr_expect(b.mem.host[FY_CAT_OPTIM] < a.mem.host[FY_CAT_OPTIM], "optimizer state %zu of %zu",
               b.mem.host[FY_CAT_OPTIM], a.mem.host[FY_CAT_OPTIM]);
     cr_expect_eq(a.busy_ms[FY_LANE_COMM], 0.0);
+    /* the resident plan: the device's collectives alone, exactly */
+    fy_plan res;
+    cr_assert_eq(fy_plan_new(m, 4, 1, &res), FY_OK);
+    fy_tune_result d;
+    cr_assert_eq(fy_tune_predict(&p, &job, &res, &d), FY_OK);
     double want = 0.0; /* fp32 storage: 4 bytes an element, half of it moved by each rank */
     for (int k = 0; k < fy_model_nblocks(m); k++)
         want += 2.0 * (fy_model_block(m, k)->nelem * 4.0 / 2.0 / 2e9 * 1e3 + 0.05);
-    cr_expect(fabs(b.busy_ms[FY_LANE_COMM] - want) < 1e-9 * want, "comm lane %.6f ms, want %.6f",
-              b.busy_ms[FY_LANE_COMM], want);
-    fy_profile slow = p;
-    slow.coll_gbps = 0.01;
-    fy_tune_result c;
+    cr_expect(fabs(d.busy_ms[FY_LANE_COMM] - want) < 1e-9 * want, "comm lane %.6f ms, want %.6f",
+              d.busy_ms[FY_LANE_COMM], want);
+    /* the offloaded plan's collectives are MPI's over host memory: slower there, slower
+     * step; the device's figure does not change it */
+    fy_profile slow = p, fast_dev = p;
+    slow.coll_host_gbps = 0.01;
+    fast_dev.coll_gbps = 1000;
+    fy_tune_result c, e;
     cr_assert_eq(fy_tune_predict(&slow, &job, &plan, &c), FY_OK);
+    cr_assert_eq(fy_tune_predict(&fast_dev, &job, &plan, &e), FY_OK);
     cr_expect(c.step_ms > b.step_ms, "slow collectives %.3f ms, fast %.3f ms", c.step_ms, b.step_ms);
+    cr_expect_eq(e.busy_ms[FY_LANE_COMM], b.busy_ms[FY_LANE_COMM]);
+    fy_plan_free(&d.plan);
+    fy_plan_free(&e.plan);
+    fy_plan_free(&res);
     /* the search: a rank's plan, refused without collectives */
     fy_tune_result top[2];
     int n = 0, ne = 0;

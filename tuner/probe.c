@@ -185,29 +185,30 @@ static int count_numa_nodes(void) {
 }
 
 /* The collectives between a job's ranks (probe.h): the best of COLL_REPS of a
- * reduce-scatter and an all-gather at two sizes, every rank together. */
+ * reduce-scatter and an all-gather at two sizes, every rank together, fitted as
+ * latency + moved bytes / bandwidth; on device memory through the device's collectives
+ * (s non-NULL), else over MPI (host memory; the cpu backend's device memory too). */
 #define COLL_REPS 5
-static fy_status probe_collectives(fy_dev *dev, fy_comm *comm, fy_profile *p) {
+static fy_status time_collectives(fy_comm *comm, fy_stream *s, void *buf, double *gbps,
+                                  double *latency_ms) {
     const int N = fy_comm_size(comm);
     const size_t sizes[2] = {(size_t)64 << 10, (size_t)32 << 20}; /* bytes, fp32 */
-    void *buf = NULL;
-    fy_stream *s = NULL;
-    const bool on_dev = fy_dev_has_collectives(dev);
-    fy_status st = fy_dev_alloc(dev, FY_MEM_DEVICE, sizes[1], "probe collectives", &buf);
-    if (st == FY_OK && on_dev) st = fy_comm_attach(comm, dev);
-    if (st == FY_OK && on_dev) st = fy_stream_new(dev, "probe comm", &s);
     double t[2] = {1e30, 1e30};
+    fy_status st = FY_OK;
     for (int k = 0; k < 2 && st == FY_OK; k++) {
         size_t off[FY_MAX_SHARDS + 1];
         fy_shard_bounds(sizes[k] / sizeof(float), N, off);
-        if (on_dev) fy_memset_async(s, buf, 0, sizes[k]);
-        else memset(buf, 0, sizes[k]);
-        if (s) fy_stream_sync(s);
+        if (s) {
+            fy_memset_async(s, buf, 0, sizes[k]);
+            fy_stream_sync(s);
+        } else {
+            memset(buf, 0, sizes[k]);
+        }
         for (int r = 0; r < COLL_REPS && st == FY_OK; r++) {
             int32_t sync = 0;
             if ((st = fy_comm_max_i32(comm, &sync)) != FY_OK) break; /* start together */
             const double t0 = fy_now_ms();
-            if (on_dev) {
+            if (s) {
                 fy_coll_reduce_scatter_async(s, buf, off, N, FY_F32);
                 fy_coll_allgather_async(s, buf, off, N, FY_F32);
                 fy_stream_sync(s);
@@ -219,18 +220,38 @@ static fy_status probe_collectives(fy_dev *dev, fy_comm *comm, fy_profile *p) {
             if (ms < t[k]) t[k] = ms;
         }
     }
+    if (st != FY_OK) return st;
+    const double moved[2] = {(double)sizes[0] * (N - 1) / N, (double)sizes[1] * (N - 1) / N};
+    const double dt = t[1] - t[0] > 1e-6 ? t[1] - t[0] : 1e-6;
+    *gbps = (moved[1] - moved[0]) / (dt * 1e-3) / 1e9;
+    *latency_ms = t[0] - moved[0] / (*gbps * 1e9) * 1e3;
+    if (*latency_ms < 0) *latency_ms = 0;
+    return FY_OK;
+}
+
+static fy_status probe_collectives(fy_dev *dev, fy_comm *comm, fy_profile *p) {
+    const size_t nbytes = (size_t)32 << 20;
+    void *dbuf = NULL, *hbuf = NULL;
+    fy_stream *s = NULL;
+    const bool on_dev = fy_dev_has_collectives(dev);
+    fy_status st = fy_dev_alloc(dev, FY_MEM_PINNED, nbytes, "probe collectives", &hbuf);
+    if (st == FY_OK) st = time_collectives(comm, NULL, hbuf, &p->coll_host_gbps, &p->coll_host_latency_ms);
+    if (st == FY_OK && on_dev) {
+        if ((st = fy_dev_alloc(dev, FY_MEM_DEVICE, nbytes, "probe collectives", &dbuf)) == FY_OK &&
+            (st = fy_comm_attach(comm, dev)) == FY_OK && (st = fy_stream_new(dev, "probe comm", &s)) == FY_OK)
+            st = time_collectives(comm, s, dbuf, &p->coll_gbps, &p->coll_latency_ms);
+    } else if (st == FY_OK) { /* the cpu backend: device memory is host memory, one path */
+        p->coll_gbps = p->coll_host_gbps;
+        p->coll_latency_ms = p->coll_host_latency_ms;
+    }
     if (st == FY_OK) {
-        const double moved[2] = {(double)sizes[0] * (N - 1) / N, (double)sizes[1] * (N - 1) / N};
-        const double dt = t[1] - t[0] > 1e-6 ? t[1] - t[0] : 1e-6;
-        p->coll_ranks = N;
-        p->coll_gbps = (moved[1] - moved[0]) / (dt * 1e-3) / 1e9;
-        p->coll_latency_ms = t[0] - moved[0] / (p->coll_gbps * 1e9) * 1e3;
-        if (p->coll_latency_ms < 0) p->coll_latency_ms = 0;
-        snprintf(p->coll_source, sizeof p->coll_source, "ferry probe: %d ranks, %s", N,
-                 on_dev ? "the device's collectives" : "MPI over host memory");
+        p->coll_ranks = fy_comm_size(comm);
+        snprintf(p->coll_source, sizeof p->coll_source, "ferry probe: %d ranks, %s", p->coll_ranks,
+                 on_dev ? "the device's collectives and MPI over host memory" : "MPI over host memory");
     }
     fy_stream_free(s);
-    fy_dev_release(dev, buf);
+    if (dbuf) fy_dev_release(dev, dbuf);
+    if (hbuf) fy_dev_release(dev, hbuf);
     return st;
 }
 
@@ -244,8 +265,7 @@ fy_status fy_probe(const fy_probe_cfg *cfg, fy_profile *out) {
     snprintf(out->name, sizeof out->name, "measured");
     snprintf(out->device, sizeof out->device, "%s", fy_dev_name(dev));
     snprintf(out->source, sizeof out->source, "ferry probe on this machine");
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    out->cores = ncpu > 0 ? (int)ncpu : 1;
+    out->cores = fy_cpus_allowed(); /* a job's rank: its share (comm.h: fy_comm_place) */
     out->numa_nodes = count_numa_nodes();
     out->host_mem_gib = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGE_SIZE) / 1073741824.0;
     /* the budget asked for; else what the backend can give (a GPU's free memory less

@@ -20,7 +20,9 @@
  * ~75% of the link's nominal rate one way (nccl-tests' large-message bus bandwidth
  * reaches about that share); a job across nodes runs at its network's rate instead
  * (InfiniBand NDR 400 Gb/s: ~45 GB/s a NIC; HDR 200 Gb/s: ~22): give --profile a file
- * with coll_gbps set to it. */
+ * with coll_gbps set to it. Host memory over MPI (the CPU optimizer's blocks) is taken as
+ * ~8 GB/s between a node's processes (Open MPI's shared-memory transport copies through
+ * a shared buffer, about half a DRAM copy's rate). */
 static const struct {
     const char *name, *device, *source;
     double h2d, d2h, duplex, mem_gib, host_gib, tflops, mem_gbps, adam_per_thread, adam_max;
@@ -28,6 +30,8 @@ static const struct {
     double coll_gbps;
     const char *coll_source;
 } named[] = {
+    /* each: host memory over MPI between the node's processes (Open MPI's shared-memory
+     * transport) at ~8 GB/s, a DRAM copy through a shared buffer */
     {"a100-40gb-pcie4", "NVIDIA A100 40GB PCIe (PCIe 4.0 x16), AMD EPYC host",
      "NVIDIA A100 datasheet (312 TFLOPS dense bf16, 1555 GB/s HBM2); PCIe 4.0 x16 32 GB/s "
      "nominal, ~24 GB/s typical pinned copies; EPYC 7742 8-channel DDR4-3200 ~150 GB/s",
@@ -81,6 +85,8 @@ fy_status fy_profile_named(const char *name, fy_profile *out) {
         out->device_mem_gbps = named[i].mem_gbps;
         out->coll_gbps = named[i].coll_gbps;
         out->coll_latency_ms = 0.02;
+        out->coll_host_gbps = 8;
+        out->coll_host_latency_ms = 0.01;
         snprintf(out->coll_source, sizeof out->coll_source, "estimate: %s", named[i].coll_source);
         return FY_OK;
     }
@@ -131,6 +137,8 @@ fy_status fy_profile_save(const char *path, const fy_profile *p) {
         cJSON_AddNumberToObject(cl, "ranks", p->coll_ranks);
         cJSON_AddNumberToObject(cl, "gbps", p->coll_gbps);
         cJSON_AddNumberToObject(cl, "latency_ms", p->coll_latency_ms);
+        cJSON_AddNumberToObject(cl, "host_gbps", p->coll_host_gbps);
+        cJSON_AddNumberToObject(cl, "host_latency_ms", p->coll_host_latency_ms);
         cJSON_AddStringToObject(cl, "source", p->coll_source);
     }
     if (p->has_blocks) {
@@ -208,6 +216,14 @@ fy_status fy_profile_load(const char *path, fy_profile *out) {
             goto done;
         }
         out->coll_ranks = num(cl, "ranks", 0, FY_MAX_SHARDS, &v) ? (int)v : 0;
+        out->coll_host_gbps = out->coll_gbps; /* not said: one path */
+        out->coll_host_latency_ms = out->coll_latency_ms;
+        if (cJSON_GetObjectItemCaseSensitive(cl, "host_gbps") &&
+            (!num(cl, "host_gbps", 1e-3, 1e5, &out->coll_host_gbps) ||
+             !num(cl, "host_latency_ms", 0, 1e4, &out->coll_host_latency_ms))) {
+            why = "collectives.host_gbps must be positive (GB/s), with host_latency_ms >= 0";
+            goto done;
+        }
         if ((s = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(cl, "source"))))
             snprintf(out->coll_source, sizeof out->coll_source, "%s", s);
     }

@@ -41,9 +41,12 @@ typedef struct fy_profile {
     double adam_gparams[FY_PROFILE_MAX_THREADS + 1]; /* CPU AdamW G params/s by threads */
     /* data parallel: the collectives between the ranks of a job, as a reduce-scatter or an
      * all-gather of S bytes over N ranks takes coll_latency_ms + S (N - 1) / N / coll_gbps
-     * (coll_gbps: NCCL's "bus bandwidth"); coll_gbps 0: not known (probed alone) */
+     * (coll_gbps: NCCL's "bus bandwidth"); coll_gbps 0: not known (probed alone). Two
+     * paths: device memory (NCCL between GPUs; the cpu backend's is host memory) and host
+     * memory over MPI (the blocks whose gradients and weights the CPU keeps) */
     int coll_ranks;            /* the job size they were measured with (0: estimates) */
-    double coll_gbps, coll_latency_ms;
+    double coll_gbps, coll_latency_ms;           /* device memory */
+    double coll_host_gbps, coll_host_latency_ms; /* host memory, MPI */
     char coll_source[256];
     /* analytic compute model */
     double compute_tflops;     /* effective matmul throughput */

@@ -83,11 +83,20 @@ void fy_tune_costs(const fy_profile *p, fy_trainer *dry, int adam_threads) {
             if (k == FY_T_ADAM_GPU) ms *= share;
             fy_trainer_set_cost(dry, (fy_task_kind)k, b, ms > 0 ? ms : 0.0);
         }
-        if (st->plan.shards > 1) { /* a job's collectives: each rank moves (N-1)/N of it */
+        if (st->plan.shards > 1) {
+            /* a job's collectives: each rank moves (N-1)/N of the block, over the device's
+             * collectives where the buffer is device memory, else over MPI in host memory
+             * (a cpu-optimised block's gradient; its weights and a streamed block's),
+             * where the reduce also takes its shard's chunk sums (a pass of the host) */
             const double N = st->plan.shards, moved = nb * (N - 1.0) / N;
-            const double ms = p->coll_gbps > 0 ? xfer_ms(moved, p->coll_gbps, p->coll_latency_ms) : 1e9;
-            fy_trainer_set_cost(dry, FY_T_REDUCE, b, ms);
-            fy_trainer_set_cost(dry, FY_T_ALLGATHER, b, ms);
+            const bool cpu = st->plan.blocks[b].optim == FY_OPTIM_CPU;
+            const bool host_w = cpu || st->plan.blocks[b].params == FY_PARAMS_STREAMED;
+            const double dev_ms = p->coll_gbps > 0 ? xfer_ms(moved, p->coll_gbps, p->coll_latency_ms) : 1e9;
+            const double host_ms = p->coll_host_gbps > 0
+                                       ? xfer_ms(moved, p->coll_host_gbps, p->coll_host_latency_ms) : 1e9;
+            const double parts = adam > 0 ? own / adam * 1e3 / 4.0 : 0.0;
+            fy_trainer_set_cost(dry, FY_T_REDUCE, b, cpu ? host_ms + parts : dev_ms);
+            fy_trainer_set_cost(dry, FY_T_ALLGATHER, b, host_w ? host_ms : dev_ms);
         }
         if (st->chunks[b].chunked) {
             /* its loss pass by K chunks: K head tasks, a forward each (a third of a

@@ -57,6 +57,9 @@ static fy_status probe(const fy_opts *o, const fy_model *m, fy_comm *comm, fy_pr
                        .adam_threads_max = (int)o->adam_threads, .quiet = o->quiet || !lead,
                        .comm = comm};
     FY_TRY(fy_opts_dev_cfg(o, true, &pc.dev));
+    /* one GPU per process, as training takes them: the local rank's */
+    if (comm && fy_comm_size(comm) > 1 && pc.dev.kind == FY_DEV_CUDA)
+        pc.dev.ordinal = fy_comm_local_rank(comm);
     pc.dtype = fy_opts_dtype(o, pc.dev.kind);
     if (!pc.quiet)
         fy_log_info("probing this machine (transfers, %sCPU AdamW, the model's blocks)...",
@@ -77,8 +80,9 @@ static void print_profile(const fy_profile *p) {
     for (int t = 1; t <= p->adam_threads_max; t++) printf(" %d:%.2f", t, p->adam_gparams[t]);
     printf(" G params/s by threads\n");
     if (p->coll_gbps > 0)
-        printf("        collectives %.2f GB/s bus bandwidth, latency %.3f ms (%s)\n", p->coll_gbps,
-               p->coll_latency_ms, p->coll_source);
+        printf("        collectives: device memory %.2f GB/s bus bandwidth, latency %.3f ms; host "
+               "memory over MPI %.2f GB/s, %.3f ms (%s)\n", p->coll_gbps, p->coll_latency_ms,
+               p->coll_host_gbps, p->coll_host_latency_ms, p->coll_source);
     if (p->has_blocks) {
         int L = FY_BLOCK_LAYER;
         printf("        layer fwd %.2f + %.2f*B ms, bwd %.2f + %.2f*B ms, head %.2f + %.2f*B ms "
@@ -96,6 +100,8 @@ int fy_probe_main(const fy_opts *o) {
     if (fy_comm_init(&comm) != FY_OK) return 1;
     const bool lead = fy_comm_rank(comm) == 0;
     if (fy_comm_size(comm) > 1) fy_log_set_rank(fy_comm_rank(comm));
+    char placed[320]; /* on the CPUs and memory a training rank would have */
+    fy_comm_place(comm, placed, sizeof placed);
     fy_model *m = NULL;
     char path[4096];
     fy_profile p;
@@ -453,6 +459,9 @@ fy_status fy_tune_auto_plan(const fy_opts *o, const fy_model *m, fy_comm *comm, 
         for (int i = 0; i < n; i++) fy_plan_free(&top[i].plan);
     }
     if (world == 1) return st;
-    FY_TRY(any_failed(comm, st));
+    fy_comm_patient(comm, !lead); /* the others wait for rank 0's search */
+    fy_status fs = any_failed(comm, st);
+    fy_comm_patient(comm, false);
+    FY_TRY(fs);
     return share_plan(comm, m, out);
 }

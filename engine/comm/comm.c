@@ -34,7 +34,19 @@ struct fy_comm {
     pthread_t watchdog;
     bool watching;
     atomic_bool stop;
+    atomic_bool patient;     /* fy_comm_patient: waits are not timed */
+#ifdef FY_HAVE_MPI
+    MPI_Comm node;           /* the ranks of this node */
+    bool has_node;
+#endif
 };
+
+/* A collective starts or progresses: the watchdog's clock (re)starts, unless patient. */
+static void arm(fy_comm *c) {
+    atomic_store(&c->busy_since_ms, atomic_load(&c->patient) ? 0.0 : fy_now_ms());
+}
+
+void fy_comm_patient(fy_comm *c, bool on) { atomic_store(&c->patient, on); }
 
 /* The launcher's world size and rank from its environment (-1: no launcher). */
 static int env_int(const char *const *names) {
@@ -118,11 +130,20 @@ fy_status fy_comm_init(fy_comm **out) {
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
     MPI_Comm_size(MPI_COMM_WORLD, &c->size);
-    c->local_rank = env_int(local_vars);
-    if (c->local_rank < 0) c->local_rank = c->rank;
-    c->local_size = env_int(local_size_vars);
-    if (c->local_size <= c->local_rank) c->local_size = c->size; /* not said: all local */
+    /* this node's ranks: the processes that share memory with this one (the launcher's
+     * variables as a fallback) */
     fy_status st = FY_OK;
+    if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL,
+                            &c->node) == MPI_SUCCESS) {
+        c->has_node = true;
+        MPI_Comm_rank(c->node, &c->local_rank);
+        MPI_Comm_size(c->node, &c->local_size);
+    } else {
+        c->local_rank = env_int(local_vars);
+        if (c->local_rank < 0) c->local_rank = c->rank;
+        c->local_size = env_int(local_size_vars);
+        if (c->local_size <= c->local_rank) c->local_size = c->size;
+    }
     if (provided < MPI_THREAD_SERIALIZED) {
         fy_log_error("MPI gives thread level %d; ferry needs MPI_THREAD_SERIALIZED", provided);
         st = FY_ERR_UNSUPPORTED;
@@ -148,6 +169,7 @@ void fy_comm_free(fy_comm *c) {
         atomic_store(&c->stop, true);
         pthread_join(c->watchdog, NULL);
     }
+    if (c->has_node) MPI_Comm_free(&c->node);
     if (c->mpi) MPI_Finalize();
 #endif
     free(c->tmp);
@@ -200,7 +222,19 @@ void fy_comm_place(const fy_comm *c, char *desc, size_t cap) {
 #ifdef FY_HAVE_NUMA
     if (numa_available() >= 0) nodes = numa_max_node() + 1;
 #endif
-    const bool bound = nall < online; /* by the launcher (or taskset): kept as it is */
+    /* bound by the launcher: the node's ranks were given different CPUs (kept as they
+     * are); the same set (a container's, the machine's) is theirs to share out */
+    bool bound = nall < online;
+#ifdef FY_HAVE_MPI
+    if (c->has_node) {
+        uint64_t h = 1469598103934665603ull; /* FNV-1a of the CPU set */
+        for (int i = 0; i < nall; i++) h = (h ^ (uint64_t)all[i]) * 1099511628211ull;
+        uint64_t lo = h, hi = h;
+        if (MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_UINT64_T, MPI_MIN, c->node) == MPI_SUCCESS &&
+            MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_UINT64_T, MPI_MAX, c->node) == MPI_SUCCESS)
+            bound = lo != hi;
+    }
+#endif
     int node = nall ? node_of(all[0]) : 0;
     if (!bound) {
         const int L = c->local_size, i = c->local_rank;
@@ -263,7 +297,7 @@ fy_status fy_comm_sum(fy_comm *c, void *buf, size_t n, fy_dtype dt) {
 #else
     FY_ASSERT(dt == FY_F32 || dt == FY_BF16 || dt == FY_COMM_F64, "fy_comm_sum: a type it sums");
     const size_t es = elem_size(dt), per = PIECE_NBYTES / es;
-    atomic_store(&c->busy_since_ms, fy_now_ms());
+    arm(c);
     fy_status st = FY_OK;
     for (size_t i0 = 0; i0 < n && st == FY_OK; i0 += per) {
         const size_t k = n - i0 < per ? n - i0 : per;
@@ -273,13 +307,13 @@ fy_status fy_comm_sum(fy_comm *c, void *buf, size_t n, fy_dtype dt) {
                 st = mpi_check(MPI_Recv(c->tmp, (int)(k * es), MPI_BYTE, r, 0, MPI_COMM_WORLD,
                                         MPI_STATUS_IGNORE), "receive");
                 if (st == FY_OK) add_into(p, c->tmp, k, dt);
-                atomic_store(&c->busy_since_ms, fy_now_ms()); /* it moves: no stall */
+                arm(c); /* it moves: no stall */
             }
         } else {
             st = mpi_check(MPI_Send(p, (int)(k * es), MPI_BYTE, 0, 0, MPI_COMM_WORLD), "send");
         }
         if (st == FY_OK) st = mpi_check(MPI_Bcast(p, (int)(k * es), MPI_BYTE, 0, MPI_COMM_WORLD), "broadcast");
-        atomic_store(&c->busy_since_ms, fy_now_ms());
+        arm(c);
     }
     atomic_store(&c->busy_since_ms, 0.0);
     return st;
@@ -292,7 +326,7 @@ fy_status fy_comm_bcast(fy_comm *c, void *buf, size_t nbytes) {
     (void)buf;
     return FY_ERR_UNSUPPORTED;
 #else
-    atomic_store(&c->busy_since_ms, fy_now_ms());
+    arm(c);
     fy_status st = FY_OK;
     for (size_t o = 0; o < nbytes && st == FY_OK; o += PIECE_NBYTES) {
         const size_t k = nbytes - o < PIECE_NBYTES ? nbytes - o : PIECE_NBYTES;
@@ -321,7 +355,7 @@ fy_status fy_comm_max_i32(fy_comm *c, int32_t *x) {
 #ifndef FY_HAVE_MPI
     return FY_ERR_UNSUPPORTED;
 #else
-    atomic_store(&c->busy_since_ms, fy_now_ms());
+    arm(c);
     fy_status st = mpi_check(MPI_Allreduce(MPI_IN_PLACE, x, 1, MPI_INT32_T, MPI_MAX, MPI_COMM_WORLD),
                              "allreduce");
     atomic_store(&c->busy_since_ms, 0.0);
@@ -363,7 +397,7 @@ fy_status fy_comm_reduce_scatter(fy_comm *c, void *buf, const size_t *off, fy_dt
 #else
     FY_ASSERT(dt == FY_F32 || dt == FY_BF16 || dt == FY_COMM_F64, "reduce_scatter: a type it sums");
     const size_t es = elem_size(dt), per = PIECE_NBYTES / es;
-    atomic_store(&c->busy_since_ms, fy_now_ms());
+    arm(c);
     MPI_Request *reqs = NULL;
     int nreqs = 0;
     fy_status st = post_shards(c, buf, off, es, &reqs, &nreqs);
@@ -382,7 +416,7 @@ fy_status fy_comm_reduce_scatter(fy_comm *c, void *buf, const size_t *off, fy_dt
             st = mpi_check(MPI_Recv(into, (int)(k * es), MPI_BYTE, q, 1, MPI_COMM_WORLD,
                                     MPI_STATUS_IGNORE), "receive");
             if (st == FY_OK && q) add_into(acc, c->tmp, k, dt);
-            atomic_store(&c->busy_since_ms, fy_now_ms()); /* it moves: no stall */
+            arm(c); /* it moves: no stall */
         }
         if (st == FY_OK && acc != own) memcpy(own, acc, k * es);
     }
@@ -403,14 +437,14 @@ fy_status fy_comm_allgather(fy_comm *c, void *buf, const size_t *off, size_t es)
     return FY_ERR_UNSUPPORTED;
 #else
     const size_t per = PIECE_NBYTES / es;
-    atomic_store(&c->busy_since_ms, fy_now_ms());
+    arm(c);
     fy_status st = FY_OK;
     for (int q = 0; q < c->size && st == FY_OK; q++)
         for (size_t i0 = off[q]; i0 < off[q + 1] && st == FY_OK; i0 += per) {
             const size_t k = off[q + 1] - i0 < per ? off[q + 1] - i0 : per;
             st = mpi_check(MPI_Bcast((char *)buf + i0 * es, (int)(k * es), MPI_BYTE, q, MPI_COMM_WORLD),
                            "broadcast");
-            atomic_store(&c->busy_since_ms, fy_now_ms());
+            arm(c);
         }
     atomic_store(&c->busy_since_ms, 0.0);
     return st;
@@ -426,7 +460,7 @@ fy_status fy_comm_gather(fy_comm *c, void *whole, const void *mine, const size_t
     return FY_ERR_UNSUPPORTED;
 #else
     const size_t per = PIECE_NBYTES / es;
-    atomic_store(&c->busy_since_ms, fy_now_ms());
+    arm(c);
     fy_status st = FY_OK;
     if (c->rank == 0) {
         for (int q = 1; q < c->size && st == FY_OK; q++)
@@ -434,14 +468,14 @@ fy_status fy_comm_gather(fy_comm *c, void *whole, const void *mine, const size_t
                 const size_t k = off[q + 1] - i0 < per ? off[q + 1] - i0 : per;
                 st = mpi_check(MPI_Recv((char *)whole + i0 * es, (int)(k * es), MPI_BYTE, q, 2,
                                         MPI_COMM_WORLD, MPI_STATUS_IGNORE), "receive");
-                atomic_store(&c->busy_since_ms, fy_now_ms());
+                arm(c);
             }
     } else {
         for (size_t i0 = 0; i0 < own && st == FY_OK; i0 += per * es) {
             const size_t k = own - i0 < per * es ? own - i0 : per * es;
             st = mpi_check(MPI_Send((const char *)mine + i0, (int)k, MPI_BYTE, 0, 2, MPI_COMM_WORLD),
                            "send");
-            atomic_store(&c->busy_since_ms, fy_now_ms());
+            arm(c);
         }
     }
     atomic_store(&c->busy_since_ms, 0.0);

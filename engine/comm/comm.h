@@ -8,9 +8,10 @@
  *
  * Exactness: a sum over ranks is formed in rank order, (((x0 + x1) + x2) + ...), each
  * addition in the buffer's type (bf16: an fp32 sum rounded to bf16, the device's
- * accumulation), by rank 0, and broadcast: every rank gets the same bits, and they are
- * the bits one process gets adding the ranks' values in that order (so W ranks of one
- * micro-batch each train exactly as one process accumulating W micro-batches).
+ * accumulation): by rank 0 and broadcast (fy_comm_sum: every rank gets the same bits),
+ * or by each shard's owner (fy_comm_reduce_scatter). Either way they are the bits one
+ * process gets adding the ranks' values in that order (so W ranks of one micro-batch
+ * each train exactly as one process accumulating W micro-batches).
  *
  * Failure: a collective that waits longer than the timeout (FERRY_COMM_TIMEOUT seconds,
  * default 600: a rank died or stalled) ends the job with one error line naming the rank
@@ -47,12 +48,15 @@ int fy_comm_size(const fy_comm *c);
 int fy_comm_local_rank(const fy_comm *c); /* among the ranks of this node: picks the GPU */
 int fy_comm_local_size(const fy_comm *c); /* the ranks of this node */
 
-/* Places this rank on its node: unless the launcher bound it already (its CPUs are fewer
- * than the machine's), the local ranks are spread evenly over the NUMA nodes (local rank
+/* Places this rank on its node: unless the launcher bound it already (the node's ranks
+ * were given different CPU sets), the local ranks (those sharing this node's memory)
+ * share out the set they were given: they are spread evenly over the NUMA nodes (local rank
  * i of L on node i*K/L of K) and each takes its share of its node's CPUs (threads made
  * later inherit them: the cpu backend's kernels, the CPU AdamW pool, which pins its
- * workers inside them), and its memory is preferred on that node, so the host buffers
- * it first-touches (the arenas, the moments) are local. Call before any of them exist.
+ * workers inside them; threads MPI or the comm watchdog started before keep the whole
+ * set), and its memory is preferred on that node, so the host buffers it first-touches
+ * (the arenas, the moments) are local. Call before any of them exist; every rank of the
+ * job together (it compares the node's CPU sets).
  * A no-op for a process alone. Describes the placement in desc ("cpus 0-3, NUMA node
  * 0"). */
 void fy_comm_place(const fy_comm *c, char *desc, size_t cap);
@@ -75,6 +79,10 @@ fy_status fy_comm_gather(fy_comm *c, void *whole, const void *mine, const size_t
  * cuda backend): rank 0 makes the id and sends it over MPI. A no-op alone or on a backend
  * without them (the cpu backend sums host memory, fy_comm_sum). */
 fy_status fy_comm_attach(fy_comm *c, fy_dev *dev);
+
+/* While on, this rank's collectives wait without the timeout: for a wait on rank 0's own
+ * long work (a save's writing, the tuner's search), which is no stall. */
+void fy_comm_patient(fy_comm *c, bool on);
 
 /* buf[0..nbytes) of rank 0 on every rank. */
 fy_status fy_comm_bcast(fy_comm *c, void *buf, size_t nbytes);

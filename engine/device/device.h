@@ -113,8 +113,8 @@ fy_status fy_stream_set_dtype(fy_stream *s, fy_dtype t);
 
 /* Collectives between the devices of a data-parallel job, where the backend has them (the
  * cuda backend: NCCL; the cpu backend: none, engine/comm sums host memory over MPI).
- * Rank 0 makes an id (at most FY_COLL_ID_BYTES), every rank joins with it, then sums run
- * on streams, in the job's order of calls. */
+ * Rank 0 makes an id (at most FY_COLL_ID_BYTES), every rank joins with it, then
+ * reduce-scatters and all-gathers run on streams, in the job's order of calls. */
 #define FY_COLL_ID_BYTES 256
 bool fy_dev_has_collectives(const fy_dev *dev);
 fy_status fy_dev_coll_id(fy_dev *dev, void *id, size_t cap, size_t *len);
