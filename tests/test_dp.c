@@ -146,6 +146,11 @@ Test(dp, two_ranks_match_one_rank_accumulating_two_with_offload) {
                     "gpt2-tiny streamed, device updates, bf16");
     expect_same_run(2, EXTRA("--model", "gpt2-tiny", "--offload-params", "1"),
                     "gpt2-tiny streamed, device updates, fp32");
+    /* a learning rate that overflows: the later steps' norms are not finite and every
+     * rank skips them together, each restoring its shard of the bf16 weights its gradient
+     * had landed in and gathering the others' */
+    expect_same_run(2, EXTRA("--model", "gpt2-tiny", "--offload-optim", "1", "--dtype", "bf16",
+                             "--lr", "1e36"), "gpt2-tiny, skipped steps");
 }
 
 /* Three ranks: shards of unequal size, empty ones (a block of one norm chunk is wholly
