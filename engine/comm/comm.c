@@ -209,6 +209,11 @@ static int node_of(int cpu) {
 void fy_comm_place(const fy_comm *c, char *desc, size_t cap) {
     snprintf(desc, cap, "not placed (one process)");
     if (c->size <= 1) return;
+    const char *env = getenv("FERRY_PLACE");
+    if (env && !strcmp(env, "0")) {
+        snprintf(desc, cap, "not placed (FERRY_PLACE=0)");
+        return;
+    }
     cpu_set_t set;
     if (sched_getaffinity(0, sizeof set, &set) != 0) {
         snprintf(desc, cap, "not placed (its CPUs unknown)");

@@ -56,7 +56,8 @@ int fy_comm_local_size(const fy_comm *c); /* the ranks of this node */
  * workers inside them; threads MPI or the comm watchdog started before keep the whole
  * set), and its memory is preferred on that node, so the host buffers it first-touches
  * (the arenas, the moments) are local. Call before any of them exist; every rank of the
- * job together (it compares the node's CPU sets).
+ * job together (it compares the node's CPU sets). FERRY_PLACE=0 in the environment
+ * leaves the rank where it is.
  * A no-op for a process alone. Describes the placement in desc ("cpus 0-3, NUMA node
  * 0"). */
 void fy_comm_place(const fy_comm *c, char *desc, size_t cap);
