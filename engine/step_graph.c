@@ -136,9 +136,10 @@ static void shards_of(const fy_trainer *tr, int b, size_t *off) {
     fy_shard_bounds(tr->st->chunks[b].nelem, tr->world, off);
 }
 /* Block b's fp32 master from element i of its shard on: the shard's own buffer (indexed
- * from lo) or, with fp32 storage, the whole weights that are also the master. */
+ * from lo; storage.h: apart) or the whole fp32 weights that are also the master. */
 static float *master_at(const fy_trainer *tr, float *whole_or_shard, int b, size_t i) {
-    return fy_tr_lp(tr) ? whole_or_shard + (i - tr->st->chunks[b].lo) : whole_or_shard + i;
+    const fy_chunk *c = &tr->st->chunks[b];
+    return c->apart ? whole_or_shard + (i - c->lo) : whole_or_shard + i;
 }
 
 /* The buffer of the unit task `id` took from a parameter or a gradient pool: its block's
@@ -529,6 +530,8 @@ static fy_status run_norm(fy_trainer *tr, int id, const fy_task *t, const sg_tas
         loss = v[0];
     }
     float norm = (float)sqrt(ss);
+    if (tr->cfg.test_nan_step > 0 && tr->micro_base / accum(tr) + step + 1 == tr->cfg.test_nan_step)
+        norm = NAN; /* the test hook (trainer.h) */
     out->loss = (float)(loss / (double)tr->micro_total);
     out->grad_norm = norm;
     out->clip_coef = 1.0f;
@@ -614,8 +617,10 @@ static fy_status run_d2h_param(fy_trainer *tr, int id, const fy_task *t, const s
  * updated over it (a skipped step, a failed one) gets the copy back from its master. */
 static void restore_lp(fy_trainer *tr, int b) {
     const fy_chunk *c = &tr->st->chunks[b];
-    if (c->grad_in_lp) /* its shard's: a job's allgather brings the others' */
-        fy_f32_to_bf16_n((uint16_t *)c->param_lp + c->lo, c->param_host, c->hi - c->lo);
+    if (!c->grad_in_lp) return;
+    /* its shard's: a job's allgather brings the others' */
+    if (fy_tr_lp(tr)) fy_f32_to_bf16_n((uint16_t *)c->param_lp + c->lo, c->param_host, c->hi - c->lo);
+    else memcpy(c->param_lp + c->lo, c->param_host, (c->hi - c->lo) * sizeof(float));
 }
 
 /* adam_cpu: the fp32 master, m and v on the host; with bf16 storage the update writes the
@@ -637,7 +642,7 @@ static fy_status run_adam_cpu(fy_trainer *tr, int id, const fy_task *t, const sg
         fy_adam_range r = {.param = master_at(tr, c->param_host, b, o), .m = c->m + (o - c->lo),
                            .v = c->v + (o - c->lo),
                            .grad = fy_tr_at(tr, c->grad_host, o), .grad_dtype = fy_tr_dt(tr),
-                           .param_out = fy_tr_lp(tr) ? fy_tr_at(tr, c->param_lp, o) : NULL,
+                           .param_out = c->apart ? fy_tr_at(tr, c->param_lp, o) : NULL,
                            .out_dtype = fy_tr_dt(tr), .n = len[k], .decay = k == 0};
         fy_status s = fy_adam_pool_step(tr->pool, &hp, &r);
         FY_ASSERT(s == FY_OK, "a cpu AdamW step without check_finite cannot fail");

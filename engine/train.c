@@ -599,7 +599,8 @@ static fy_status setup_run(run *r, const fy_ckpt *ck) {
                          .weights = ck ? fy_ckpt_weights(ck) : c->init,
                          .schedule = c->schedule, .adam_threads = c->adam_threads,
                          .comm = c->comm, .micro_first = c->micro_first,
-                         .micro_total = c->micro_total, .stop = &fy_train_stop_signal};
+                         .micro_total = c->micro_total, .stop = &fy_train_stop_signal,
+                         .test_nan_step = c->test_nan_step};
     FY_TRY(fy_trainer_new(r->dev, &tc, &r->tr));
     if (ck) FY_TRY(resume_from(r, ck));
     fy_storage_model(c->model, c->plan, c->seq, &r->model);

@@ -40,6 +40,7 @@ typedef struct fy_train_cfg {
                                    serve it their shards of the optimizer state) and tells
                                    the others which to resume */
     int micro_first, micro_total;
+    int64_t test_nan_step;      /* test hook (trainer.h): this step's norm is not finite */
     /* data: text or token shards; NULL data: the embedded corpus (with its own
      * validation text unless val_data is given) */
     const char *data, *val_data;

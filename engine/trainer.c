@@ -41,11 +41,13 @@ static fy_status new_pool(int compute_threads, int adam_threads, fy_adam_pool **
  * scratch kept across calls (the caller frees it). */
 static fy_status upload_block(fy_trainer *tr, int b, const float *host, uint16_t **tmp) {
     const fy_chunk *c = &tr->st->chunks[b];
-    const size_t shard = (c->hi - c->lo) * sizeof(float); /* a bf16 run's masters: its shard */
-    if (c->param_host && fy_tr_lp(tr)) memcpy(c->param_host, host + c->lo, shard);
+    const size_t shard = (c->hi - c->lo) * sizeof(float); /* masters apart: their shard */
+    if (c->param_host && c->apart) memcpy(c->param_host, host + c->lo, shard);
     else if (c->param_host) memcpy(c->param_host, host, fy_tr_master_nbytes(tr, b));
     if (c->master_dev) fy_copy_async(tr->s, c->master_dev, host + c->lo, shard, FY_H2D);
     if (!fy_tr_lp(tr)) {
+        if (c->param_lp && c->param_lp != c->param_host) /* an fp32 copy apart (storage.h) */
+            memcpy(c->param_lp, host, fy_tr_nbytes(tr, b));
         if (c->param_dev) fy_copy_async(tr->s, c->param_dev, host, fy_tr_nbytes(tr, b), FY_H2D);
         fy_stream_sync(tr->s); /* host is reused for the next block */
         return FY_OK;
@@ -258,11 +260,11 @@ enum { SERVE_END = 0, SERVE_PARAMS, SERVE_M, SERVE_V };
 
 static bool sharded(const fy_trainer *tr) { return tr->plan.shards > 1; }
 
-/* Whether block b's fp32 master is held in shards (a bf16 run's separate masters); an
- * fp32 run's master is the whole weights, current on every rank. */
+/* Whether block b's fp32 master is held in shards (masters apart, storage.h); else it
+ * is the whole fp32 weights, current on every rank. */
 static bool master_sharded(const fy_trainer *tr, int b) {
     const fy_chunk *c = &tr->st->chunks[b];
-    return sharded(tr) && fy_tr_lp(tr) &&
+    return sharded(tr) && c->apart &&
            (c->param_host || (!fy_tr_cpu_optim(tr, b) && !fy_tr_streamed(tr, b)));
 }
 

@@ -65,6 +65,8 @@ typedef struct fy_trainer_cfg {
     atomic_int *stop;  /* data parallel: a stop request (non-zero: a signal came), decided
                           by all ranks together at each step's norm (that step then
                           applies nothing, FY_INTERRUPTED); may be NULL */
+    int64_t test_nan_step; /* test hook: step n (1-based, counted over the run) takes its
+                          gradient norm as NaN, so it is skipped (0: none) */
     int plan_ranks;    /* planning only (fy_trainer_new_dry, without comm): a rank's step
                           in a job of this many (storage sharded with each block's largest
                           shard, the reduce and allgather tasks) */

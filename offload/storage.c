@@ -224,16 +224,20 @@ static fy_status layout(walk *w, const fy_model *m, const fy_plan *plan, int T, 
                 if ((s = take(w, FY_CAT_OPTIM, ownbytes, what, &c->master_dev)) != FY_OK) goto done;
             }
         }
+        /* the master apart from the copy compute reads: with bf16 storage, and in a
+         * sharded fp32 run for a cpu-optimised block whose gradient lands in that copy
+         * (its shard's master then stays apart; storage.h) */
+        c->apart = lp || (training && cpu && plan->shards > 1 && plan->grad_accum == 1);
         if (streamed || (cpu && training)) {
             /* the master is copied when it is what compute reads (fp32) or when a
              * device update of a streamed block fetches it and sends it back */
-            carve(w, FY_CAT_PARAMS, lp ? ownbytes : nbytes, !lp || (streamed && training && !cpu),
-                  &c->param_host);
-            if (lp) carve(w, FY_CAT_PARAMS, lpbytes, true, &c->param_lp);
+            carve(w, FY_CAT_PARAMS, c->apart ? ownbytes : nbytes,
+                  !c->apart || (streamed && training && !cpu), &c->param_host);
+            if (c->apart) carve(w, FY_CAT_PARAMS, lpbytes, true, &c->param_lp);
             else c->param_lp = c->param_host;
         }
         if (!training) continue; /* evaluation: parameters only */
-        if (cpu && lp && plan->grad_accum == 1) {
+        if (cpu && c->apart && plan->grad_accum == 1) {
             c->grad_host = c->param_lp;
             c->grad_in_lp = true;
             carve(w, FY_CAT_OPTIM, ownbytes, false, &c->m);

@@ -123,6 +123,12 @@ typedef struct fy_chunk {
                                  its staged copies are chunk views */
     size_t stage_nelem;       /* elements of its staged copies: nelem; for a gathered
                                  block min(rows, B*T) rows; for a chunked head a chunk view */
+    bool apart;               /* its fp32 master is apart from param_lp, the copy compute
+                                 reads: with bf16 storage, and in a sharded fp32 run for a
+                                 cpu-optimised block with one micro-batch a step, whose
+                                 gradient then lands in param_lp (grad_in_lp) as a bf16
+                                 run's does: 4 + 12/N host bytes a parameter, not 4 + 4 +
+                                 8/N */
     size_t lo, hi;            /* the elements of its shard: whose optimizer state this
                                  process holds and updates (0, nelem unless sharded) */
 } fy_chunk;
@@ -180,8 +186,9 @@ typedef struct fy_storage {
  * (FY_SUMSQ_CHUNK, core/reduce.h; so each rank's chunk sums of the summed gradient
  * make the whole norm, in the one-process order), as even as chunks allow, and this
  * process (shard plan->shard) holds only its shard [lo, hi) of the fp32 master weights
- * and the AdamW moments, wherever the plan puts them: m and v, a bf16 run's separate
- * masters (master_dev, param_host) hold hi - lo elements, indexed from lo. What compute
+ * and the AdamW moments, wherever the plan puts them: m and v, the masters apart from
+ * what compute reads (fy_chunk.apart: master_dev, param_host) hold hi - lo elements,
+ * indexed from lo. What compute
  * reads (param_dev, param_lp, and with fp32 storage param_host, which is also the
  * master) and the gradients stay whole: each rank computes the whole gradient of its
  * micro-batches, the shards' owners get them summed (reduce-scatter), update their

@@ -146,11 +146,15 @@ Test(dp, two_ranks_match_one_rank_accumulating_two_with_offload) {
                     "gpt2-tiny streamed, device updates, bf16");
     expect_same_run(2, EXTRA("--model", "gpt2-tiny", "--offload-params", "1"),
                     "gpt2-tiny streamed, device updates, fp32");
-    /* a learning rate that overflows: the later steps' norms are not finite and every
-     * rank skips them together, each restoring its shard of the bf16 weights its gradient
-     * had landed in and gathering the others' */
-    expect_same_run(2, EXTRA("--model", "gpt2-tiny", "--offload-optim", "1", "--dtype", "bf16",
-                             "--lr", "1e36"), "gpt2-tiny, skipped steps");
+    /* a step whose norm is not finite (the test hook makes step 3's NaN) is skipped by
+     * every rank together, each restoring its shard of the weights its gradient had
+     * landed in (bf16, and fp32's copy apart from the masters) and gathering the others' */
+    setenv("FERRY_TEST_NAN_STEP", "3", 1);
+    expect_same_run(2, EXTRA("--model", "gpt2-tiny", "--offload-optim", "1", "--dtype", "bf16"),
+                    "gpt2-tiny, a skipped step, bf16");
+    expect_same_run(2, EXTRA("--model", "gpt2-tiny", "--offload-optim", "1"),
+                    "gpt2-tiny, a skipped step, fp32");
+    unsetenv("FERRY_TEST_NAN_STEP");
 }
 
 /* Three ranks: shards of unequal size, empty ones (a block of one norm chunk is wholly
@@ -204,8 +208,9 @@ Test(dp, unbound_ranks_take_their_share_of_the_cpus) {
 /* The host bytes of a job's ranks (--dry-run's memory model, which equals what they
  * allocate): each holds its shard of the masters and moments (ZeRO), so two ranks of a
  * fully offloaded bf16 run hold at most 1.25x one process's (2 + 12/2 bytes a parameter
- * each against 14), and an fp32 run's optimizer bytes halve (its fp32 weights, which are
- * also the masters, and its gradient stay whole on every rank). */
+ * each against 14), and an fp32 run's 1.25x and its few constant buffers (4 +
+ * 12/2 against 16: the fp32 weights compute reads stay whole on every rank, the
+ * gradient landing in them). */
 static size_t json_size(const char *line, const char *key) {
     const char *p = strstr(line, key);
     cr_assert(p, "%s in %s", key, line);
@@ -231,9 +236,10 @@ Test(dp, ranks_hold_their_shards_of_the_optimizer_state) {
                      o2 = json_size(a, "\"optimizer\":") + json_size(b, "\"optimizer\":");
         cr_expect((double)o2 <= 1.01 * (double)o1, "%s: optimizer state %zu on two ranks, %zu on one",
                   fp32 ? "fp32" : "bf16", o2, o1);
-        if (!fp32)
-            cr_expect((double)h2 <= 1.25 * (double)h1, "bf16: host bytes %zu on two ranks, %zu on one",
-                      h2, h1);
+        /* fp32's floor is 1.25x plus the per-rank constants and the partial last chunks
+         * (1.2501x for gpt2-124m, 1.251x for this gpt2-mini) */
+        cr_expect((double)h2 <= (fp32 ? 1.26 : 1.25) * (double)h1,
+                  "%s: host bytes %zu on two ranks, %zu on one", fp32 ? "fp32" : "bf16", h2, h1);
     }
 }
 
@@ -281,6 +287,7 @@ Test(dp, checkpoints_resume_on_another_world_size) {
     expect_resume_across_world_sizes("fp32", "0");
     expect_resume_across_world_sizes("bf16", "0"); /* the masters on the device gathered */
     expect_resume_across_world_sizes("bf16", "1");
+    expect_resume_across_world_sizes("fp32", "1"); /* fp32 masters apart from the weights */
 #define RUN_ARGS "train", "--model", "gpt2-tiny", "--device", "cpu", "--threads", "1", "--seq", \
         "32", "--batch", "2", "--val-batches", "1", "--lr-schedule", "const"
     test_proc r;

@@ -469,6 +469,10 @@ int fy_train_main(const fy_opts *o) {
         tc.val_batches = o->val_batches;
         tc.log_every = o->log_every;
         tc.comm = comm;
+        /* test hook (tests/test_dp.c): a step whose norm is not finite */
+        int64_t nan_step = 0;
+        if (getenv("FERRY_TEST_NAN_STEP") && fy_parse_i64(getenv("FERRY_TEST_NAN_STEP"), &nan_step)) nan_step = 0;
+        tc.test_nan_step = nan_step;
         tc.save = o->save; /* rank 0 writes it, the others serve their shards */
         tc.save_opts = (fy_save_opts){.dtype = !strcmp(o->save_dtype, "bf16") ? FY_BF16 : FY_F32,
                                       .shard_nbytes = o->save_shard_size, .from = init};
