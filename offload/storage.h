@@ -189,12 +189,13 @@ typedef struct fy_storage {
  * and the AdamW moments, wherever the plan puts them: m and v, the masters apart from
  * what compute reads (fy_chunk.apart: master_dev, param_host) hold hi - lo elements,
  * indexed from lo. What compute
- * reads (param_dev, param_lp, and with fp32 storage param_host, which is also the
- * master) and the gradients stay whole: each rank computes the whole gradient of its
- * micro-batches, the shards' owners get them summed (reduce-scatter), update their
- * shard, and the updated weights are gathered from every owner (step_graph.c).
- * A fully offloaded bf16 run then holds 2 + 12/N bytes a parameter on each of N ranks'
- * hosts instead of 14. off[0..shards] are block nelem's shard bounds. */
+ * reads (param_dev, param_lp, and where the master is not apart param_host, which is
+ * then the master) and the gradients stay whole: each rank computes the whole gradient
+ * of its micro-batches, the shards' owners get them summed (reduce-scatter), update
+ * their shard, and the updated weights are gathered from every owner (step_graph.c).
+ * A fully offloaded run then holds 2 + 12/N (bf16) or 4 + 12/N (fp32) bytes a parameter
+ * on each of N ranks' hosts instead of 14 or 16. off[0..shards] are block nelem's shard
+ * bounds. */
 void fy_shard_bounds(size_t nelem, int shards, size_t *off);
 
 /* Allocates all storage of a run under plan (micro-batch plan->micro_batch x T). Without
