@@ -479,7 +479,7 @@ static fy_status run_reduce(fy_trainer *tr, int id, const fy_task *t, const sg_t
     double *parts = st->parts_host + tr->part_region[tr->rank] + tr->part_base[b];
     if (tr->s_comm && !fy_tr_cpu_optim(tr, b)) { /* device memory: the device's collectives */
         double *pd = st->parts_dev + tr->part_base[b];
-        const size_t nparts = (c->hi - c->lo + FY_SUMSQ_CHUNK - 1) / FY_SUMSQ_CHUNK;
+        const size_t nparts = fy_sumsq_nchunks(c->hi - c->lo);
         fy_coll_reduce_scatter_async(tr->s_comm, c->grad_dev, off, tr->world, fy_tr_dt(tr));
         fy_k_sumsq_parts(pd, fy_tr_at(tr, c->grad_dev, c->lo), c->hi - c->lo, tr->s_comm);
         fy_copy_async(tr->s_comm, parts, pd, nparts * sizeof(double), FY_D2H);
@@ -505,9 +505,7 @@ static fy_status shard_sumsq(fy_trainer *tr) {
     for (int r = 0; r < tr->world; r++) {
         const double *x = st->parts_host + tr->part_region[r];
         for (int b = 0; b < nb; b++) {
-            size_t off[FY_MAX_SHARDS + 1];
-            shards_of(tr, b, off);
-            const size_t n = (off[r + 1] - off[r] + FY_SUMSQ_CHUNK - 1) / FY_SUMSQ_CHUNK;
+            const size_t n = fy_shard_nchunks(st->chunks[b].nelem, tr->world, r);
             for (size_t k = 0; k < n; k++) st->sumsq_host[b] += *x++;
         }
     }

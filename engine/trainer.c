@@ -122,13 +122,11 @@ static fy_status setup_parts(fy_trainer *tr) {
     tr->part_region = calloc((size_t)W + 1, sizeof *tr->part_region);
     tr->part_base = calloc((size_t)nb, sizeof *tr->part_base);
     if (!tr->part_region || !tr->part_base) return FY_ERR_NOMEM;
-    size_t off[FY_MAX_SHARDS + 1];
     for (int r = 0; r < W; r++) {
         size_t n = 0;
         for (int b = 0; b < nb; b++) {
-            fy_shard_bounds(tr->st->chunks[b].nelem, W, off);
             if (r == tr->rank) tr->part_base[b] = n;
-            n += (off[r + 1] - off[r] + FY_SUMSQ_CHUNK - 1) / FY_SUMSQ_CHUNK;
+            n += fy_shard_nchunks(tr->st->chunks[b].nelem, W, r);
         }
         tr->part_region[r + 1] = tr->part_region[r] + n;
     }

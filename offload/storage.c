@@ -136,12 +136,20 @@ static bool gathered(const fy_block_spec *blk, const fy_block_plan *bp, bool tra
 
 static const char *ring_names[FY_RINGS] = {"layer", "large"};
 
+/* Shard r of `shards` takes chunks [nch r / shards, nch (r + 1) / shards). */
+static size_t first_chunk(size_t nch, int shards, int r) { return nch * (size_t)r / (size_t)shards; }
+
 void fy_shard_bounds(size_t nelem, int shards, size_t *off) {
-    const size_t nch = (nelem + FY_SUMSQ_CHUNK - 1) / FY_SUMSQ_CHUNK;
+    const size_t nch = fy_sumsq_nchunks(nelem);
     for (int r = 0; r <= shards; r++) {
-        const size_t e = nch * (size_t)r / (size_t)shards * FY_SUMSQ_CHUNK;
+        const size_t e = first_chunk(nch, shards, r) * FY_SUMSQ_CHUNK;
         off[r] = e < nelem ? e : nelem;
     }
+}
+
+size_t fy_shard_nchunks(size_t nelem, int shards, int r) {
+    const size_t nch = fy_sumsq_nchunks(nelem);
+    return first_chunk(nch, shards, r + 1) - first_chunk(nch, shards, r);
 }
 
 /* Block chunk c's shard under the plan: [lo, hi) of its elements (all of them unless a
@@ -162,7 +170,6 @@ static void shard_of(fy_chunk *c, const fy_plan *plan, bool training) {
     c->hi = off[plan->shard + 1];
 }
 
-static size_t nchunks_of(size_t n) { return (n + FY_SUMSQ_CHUNK - 1) / FY_SUMSQ_CHUNK; }
 
 static fy_status layout(walk *w, const fy_model *m, const fy_plan *plan, int T, bool training,
                         fy_chunk *chunks, fy_storage *st) {
@@ -349,8 +356,8 @@ static fy_status layout(walk *w, const fy_model *m, const fy_plan *plan, int T, 
     if (training && plan->shards > 1) {
         size_t own = 0, all = 0;
         for (int b = 0; b < nb; b++) {
-            own += nchunks_of(c_all[b].hi - c_all[b].lo);
-            all += nchunks_of(c_all[b].nelem);
+            own += fy_sumsq_nchunks(c_all[b].hi - c_all[b].lo);
+            all += fy_sumsq_nchunks(c_all[b].nelem);
         }
         if (st) st->nparts = all;
         if ((s = take(w, FY_CAT_WORKSPACE, (own ? own : 1) * sizeof(double), "norm chunk sums",

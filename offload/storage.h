@@ -197,6 +197,8 @@ typedef struct fy_storage {
  * on each of N ranks' hosts instead of 14 or 16. off[0..shards] are block nelem's shard
  * bounds. */
 void fy_shard_bounds(size_t nelem, int shards, size_t *off);
+/* The norm chunks of shard r (the last one of a block may be partial). */
+size_t fy_shard_nchunks(size_t nelem, int shards, int r);
 
 /* Allocates all storage of a run under plan (micro-batch plan->micro_batch x T). Without
  * training, only what evaluation needs: parameters, activations, workspace (no

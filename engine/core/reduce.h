@@ -17,6 +17,9 @@ extern "C" {
 
 #define FY_SUMSQ_CHUNK 16384
 
+/* The chunks of n elements. */
+static inline size_t fy_sumsq_nchunks(size_t n) { return (n + FY_SUMSQ_CHUNK - 1) / FY_SUMSQ_CHUNK; }
+
 /* Sum of x[i]^2 over one chunk (n <= FY_SUMSQ_CHUNK), in double, in index order. */
 double fy_sumsq_chunk(const float *x, size_t n);
 /* All chunks, serially. */

@@ -60,7 +60,7 @@ size_t fy_op_arg_nelem(const fy_op *op, int k) {
     case FY_SZ_BTC: return i0 * i1 * i2;
     case FY_SZ_VC: return i3 * i2;
     case FY_SZ_ONE: return 1;
-    case FY_SZ_NCH: return (i0 + FY_SUMSQ_CHUNK - 1) / FY_SUMSQ_CHUNK;
+    case FY_SZ_NCH: return fy_sumsq_nchunks(i0);
     case FY_SZ_QKV: return i0 * i1 * (i2 + 2 * i3) * i4;
     case FY_SZ_BTQ: return i0 * i1 * i2 * i4;
     case FY_SZ_BHTT: return i0 * i2 * i1 * i1;

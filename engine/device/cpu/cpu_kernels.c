@@ -412,7 +412,7 @@ static void mean(float *out, const float *x, size_t n) {
 
 /* part[c]: chunk c's sum of squares (reduce.h), the chunks in parallel. */
 static void sumsq_parts(double *part, const float *x, size_t n) {
-    const size_t nchunks = (n + FY_SUMSQ_CHUNK - 1) / FY_SUMSQ_CHUNK;
+    const size_t nchunks = fy_sumsq_nchunks(n);
     #pragma omp parallel for schedule(static)
     for (size_t c = 0; c < nchunks; c++) {
         size_t i0 = c * FY_SUMSQ_CHUNK;
@@ -421,7 +421,7 @@ static void sumsq_parts(double *part, const float *x, size_t n) {
 }
 
 static void sumsq(double *out, const float *x, size_t n) {
-    size_t nchunks = (n + FY_SUMSQ_CHUNK - 1) / FY_SUMSQ_CHUNK;
+    size_t nchunks = fy_sumsq_nchunks(n);
     double *part = malloc((nchunks ? nchunks : 1) * sizeof *part);
     FY_ASSERT(part, "out of host memory in sumsq");
     sumsq_parts(part, x, n);

@@ -654,7 +654,7 @@ __global__ void sumsq_total_k(double *out, const double *part, size_t nchunks) {
 
 template <typename T>
 static void sumsq(fy_cu_stream *cs, const fy_op *op) {
-    size_t n = (size_t)op->i[0], nchunks = (n + FY_SUMSQ_CHUNK - 1) / FY_SUMSQ_CHUNK;
+    size_t n = (size_t)op->i[0], nchunks = fy_sumsq_nchunks(n);
     FY_ASSERT(nchunks * sizeof(double) <= FY_CU_PART_NBYTES, "sumsq of more elements than the partials buffer holds");
     double *part = (double *)cs->part;
     if (nchunks)
@@ -665,7 +665,7 @@ static void sumsq(fy_cu_stream *cs, const fy_op *op) {
 
 template <typename T>
 static void sumsq_parts(fy_cu_stream *cs, const fy_op *op) {
-    size_t n = (size_t)op->i[0], nchunks = (n + FY_SUMSQ_CHUNK - 1) / FY_SUMSQ_CHUNK;
+    size_t n = (size_t)op->i[0], nchunks = fy_sumsq_nchunks(n);
     if (nchunks)
         FY_LAUNCH(grid_for(nchunks * 32, 128), 128, 0, cs->st, sumsq_chunks_k<T>)((double *)op->p[0],
                                                                                 (const T *)op->p[1], n, nchunks);
