@@ -41,12 +41,20 @@ struct fy_comm {
 #endif
 };
 
+void fy_comm_patient(fy_comm *c, bool on) { atomic_store(&c->patient, on); }
+
+#ifdef FY_HAVE_MPI
 /* A collective starts or progresses: the watchdog's clock (re)starts, unless patient. */
 static void arm(fy_comm *c) {
     atomic_store(&c->busy_since_ms, atomic_load(&c->patient) ? 0.0 : fy_now_ms());
 }
 
-void fy_comm_patient(fy_comm *c, bool on) { atomic_store(&c->patient, on); }
+/* The collective is over: nothing to time. */
+static void disarm(fy_comm *c) { atomic_store(&c->busy_since_ms, 0.0); }
+
+/* The length of the piece at i0 of a range ending at end, pieces of at most per. */
+static size_t piece(size_t i0, size_t end, size_t per) { return end - i0 < per ? end - i0 : per; }
+#endif
 
 /* The launcher's world size and rank from its environment (-1: no launcher). */
 static int env_int(const char *const *names) {
@@ -63,10 +71,12 @@ static int env_int(const char *const *names) {
 
 static const char *const size_vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE",
                                         "SLURM_NTASKS", NULL};
+#ifdef FY_HAVE_MPI
 static const char *const local_vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
                                          "SLURM_LOCALID", NULL};
 static const char *const local_size_vars[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
                                               "SLURM_NTASKS_PER_NODE", NULL};
+#endif
 
 /* A world of this process alone, without MPI. */
 static fy_status single(fy_comm **out) {
@@ -280,6 +290,7 @@ _Noreturn void fy_comm_abort(fy_comm *c, int code) {
     _exit(code);
 }
 
+#ifdef FY_HAVE_MPI
 static size_t elem_size(fy_dtype dt) { return dt == FY_BF16 ? 2 : dt == FY_F32 ? 4 : 8; }
 
 /* acc[i] += add[i], in the type's arithmetic (comm.h). */
@@ -292,6 +303,7 @@ static void add_into(void *acc, const void *add, size_t n, fy_dtype dt) {
     const double *y = add;
     for (size_t i = 0; i < n; i++) x[i] = x[i] + y[i];
 }
+#endif
 
 fy_status fy_comm_sum(fy_comm *c, void *buf, size_t n, fy_dtype dt) {
     if (c->size == 1 || n == 0) return FY_OK;
@@ -305,7 +317,7 @@ fy_status fy_comm_sum(fy_comm *c, void *buf, size_t n, fy_dtype dt) {
     arm(c);
     fy_status st = FY_OK;
     for (size_t i0 = 0; i0 < n && st == FY_OK; i0 += per) {
-        const size_t k = n - i0 < per ? n - i0 : per;
+        const size_t k = piece(i0, n, per);
         char *p = (char *)buf + i0 * es;
         if (c->rank == 0) {
             for (int r = 1; r < c->size && st == FY_OK; r++) {
@@ -320,7 +332,7 @@ fy_status fy_comm_sum(fy_comm *c, void *buf, size_t n, fy_dtype dt) {
         if (st == FY_OK) st = mpi_check(MPI_Bcast(p, (int)(k * es), MPI_BYTE, 0, MPI_COMM_WORLD), "broadcast");
         arm(c);
     }
-    atomic_store(&c->busy_since_ms, 0.0);
+    disarm(c);
     return st;
 #endif
 }
@@ -334,10 +346,10 @@ fy_status fy_comm_bcast(fy_comm *c, void *buf, size_t nbytes) {
     arm(c);
     fy_status st = FY_OK;
     for (size_t o = 0; o < nbytes && st == FY_OK; o += PIECE_NBYTES) {
-        const size_t k = nbytes - o < PIECE_NBYTES ? nbytes - o : PIECE_NBYTES;
+        const size_t k = piece(o, nbytes, PIECE_NBYTES);
         st = mpi_check(MPI_Bcast((char *)buf + o, (int)k, MPI_BYTE, 0, MPI_COMM_WORLD), "broadcast");
     }
-    atomic_store(&c->busy_since_ms, 0.0);
+    disarm(c);
     return st;
 #endif
 }
@@ -363,7 +375,7 @@ fy_status fy_comm_max_i32(fy_comm *c, int32_t *x) {
     arm(c);
     fy_status st = mpi_check(MPI_Allreduce(MPI_IN_PLACE, x, 1, MPI_INT32_T, MPI_MAX, MPI_COMM_WORLD),
                              "allreduce");
-    atomic_store(&c->busy_since_ms, 0.0);
+    disarm(c);
     return st;
 #endif
 }
@@ -383,7 +395,7 @@ static fy_status post_shards(fy_comm *c, const char *buf, const size_t *off, siz
     for (int q = 0; q < c->size; q++) {
         if (q == c->rank) continue;
         for (size_t i0 = off[q]; i0 < off[q + 1]; i0 += per) {
-            const size_t k = off[q + 1] - i0 < per ? off[q + 1] - i0 : per;
+            const size_t k = piece(i0, off[q + 1], per);
             FY_TRY(mpi_check(MPI_Isend(buf + i0 * es, (int)(k * es), MPI_BYTE, q, 1, MPI_COMM_WORLD,
                                        &(*reqs)[(*nreqs)++]), "send"));
         }
@@ -409,7 +421,7 @@ fy_status fy_comm_reduce_scatter(fy_comm *c, void *buf, const size_t *off, fy_dt
     /* this rank's shard, a piece at a time: (((x0 + x1) + x2) + ...), its own value added
      * in its turn (an addition is commutative, so acc + own is own + acc's bits) */
     for (size_t i0 = off[c->rank]; i0 < off[c->rank + 1] && st == FY_OK; i0 += per) {
-        const size_t k = off[c->rank + 1] - i0 < per ? off[c->rank + 1] - i0 : per;
+        const size_t k = piece(i0, off[c->rank + 1], per);
         char *own = (char *)buf + i0 * es;
         void *acc = c->rank == 0 ? own : c->acc;
         for (int q = 0; q < c->size && st == FY_OK; q++) {
@@ -428,7 +440,7 @@ fy_status fy_comm_reduce_scatter(fy_comm *c, void *buf, const size_t *off, fy_dt
     if (nreqs && st == FY_OK)
         st = mpi_check(MPI_Waitall(nreqs, reqs, MPI_STATUSES_IGNORE), "send");
     free(reqs);
-    atomic_store(&c->busy_since_ms, 0.0);
+    disarm(c);
     return st;
 #endif
 }
@@ -446,12 +458,12 @@ fy_status fy_comm_allgather(fy_comm *c, void *buf, const size_t *off, size_t es)
     fy_status st = FY_OK;
     for (int q = 0; q < c->size && st == FY_OK; q++)
         for (size_t i0 = off[q]; i0 < off[q + 1] && st == FY_OK; i0 += per) {
-            const size_t k = off[q + 1] - i0 < per ? off[q + 1] - i0 : per;
+            const size_t k = piece(i0, off[q + 1], per);
             st = mpi_check(MPI_Bcast((char *)buf + i0 * es, (int)(k * es), MPI_BYTE, q, MPI_COMM_WORLD),
                            "broadcast");
             arm(c);
         }
-    atomic_store(&c->busy_since_ms, 0.0);
+    disarm(c);
     return st;
 #endif
 }
@@ -470,20 +482,20 @@ fy_status fy_comm_gather(fy_comm *c, void *whole, const void *mine, const size_t
     if (c->rank == 0) {
         for (int q = 1; q < c->size && st == FY_OK; q++)
             for (size_t i0 = off[q]; i0 < off[q + 1] && st == FY_OK; i0 += per) {
-                const size_t k = off[q + 1] - i0 < per ? off[q + 1] - i0 : per;
+                const size_t k = piece(i0, off[q + 1], per);
                 st = mpi_check(MPI_Recv((char *)whole + i0 * es, (int)(k * es), MPI_BYTE, q, 2,
                                         MPI_COMM_WORLD, MPI_STATUS_IGNORE), "receive");
                 arm(c);
             }
     } else {
         for (size_t i0 = 0; i0 < own && st == FY_OK; i0 += per * es) {
-            const size_t k = own - i0 < per * es ? own - i0 : per * es;
+            const size_t k = piece(i0, own, per * es);
             st = mpi_check(MPI_Send((const char *)mine + i0, (int)k, MPI_BYTE, 0, 2, MPI_COMM_WORLD),
                            "send");
             arm(c);
         }
     }
-    atomic_store(&c->busy_since_ms, 0.0);
+    disarm(c);
     return st;
 #endif
 }
