@@ -17,6 +17,7 @@
  *
  * Threads: CUDA's current device is per thread, so every entry point first makes this
  * device current on the calling thread (a thread-local cache makes that free). */
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,17 @@
 
 #include "engine/core/util.h"
 #include "engine/device/cuda/cuda_impl.h"
+
+void *fy_cu_dlopen(const char *soname, const char *what, char *err, size_t cap) {
+    void *h = dlopen(soname, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s", FY_CUDA_LIBDIR, soname);
+        h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    }
+    if (!h) snprintf(err, cap, "cannot load %s (%s): %s", what, soname, dlerror());
+    return h;
+}
 
 #define FY_CU_RESERVE_NBYTES ((size_t)768 << 20)
 

@@ -47,19 +47,9 @@ static char lt_error[256];
 
 static void lt_load(void) {
     /* the major version this file was compiled against, and no other */
-    static const char *names[] = {"libcublasLt.so.13", FY_CUDA_LIBDIR "/libcublasLt.so.13"};
-    void *h = NULL;
-    for (size_t i = 0; i < sizeof names / sizeof *names && !h; i++)
-        h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        snprintf(lt_error, sizeof lt_error, "cannot load cuBLASLt (libcublasLt.so.13): %s", dlerror());
-        return;
-    }
-#define LT_SYM(f)                                                                         \
-    if (!(*(void **)&lt.f = dlsym(h, #f))) {                                              \
-        snprintf(lt_error, sizeof lt_error, "cuBLASLt lacks %s", #f);                     \
-        return;                                                                           \
-    }
+    void *h = fy_cu_dlopen("libcublasLt.so.13", "cuBLASLt", lt_error, sizeof lt_error);
+    if (!h) return;
+#define LT_SYM(f) FY_CU_SYM(h, lt, f, "cuBLASLt", lt_error)
     LT_FUNCS(LT_SYM)
 #undef LT_SYM
     size_t (*version)(void) = (size_t (*)(void))dlsym(h, "cublasLtGetVersion");

@@ -62,6 +62,17 @@ void fy_cu_bias_fill(fy_cu_stream *cs, fy_dtype dt, void *out, const void *bias,
 void fy_cu_softmax_causal_fwd(fy_cu_stream *cs, fy_dtype dt, void *att, int BH, int T);
 void fy_cu_softmax_causal_bwd(fy_cu_stream *cs, fy_dtype dt, void *ds, const void *att, int BH, int T);
 
+/* A library of the toolkit loaded with dlopen, by its soname, else from the toolkit's
+ * directory; NULL, with "cannot load <what> (<soname>): <why>" in err, if neither loads.
+ * FY_CU_SYM then loads one of its functions into a table of pointers typed like them,
+ * or says "<what> lacks <name>" in err and returns from the (void) loader. */
+void *fy_cu_dlopen(const char *soname, const char *what, char *err, size_t cap);
+#define FY_CU_SYM(h, table, f, what, err)                                                \
+    if (!(*(void **)&(table).f = dlsym((h), #f))) {                                     \
+        snprintf((err), sizeof(err), "%s lacks %s", (what), #f);                       \
+        return;                                                                         \
+    }
+
 /* cuda_nccl.c: the job's collectives (NCCL, loaded with dlopen). */
 fy_status fy_cu_nccl_id(void *id, size_t cap, size_t *len);
 fy_status fy_cu_nccl_init(fy_cu_dev *cd, const void *id, size_t len, int rank, int size);

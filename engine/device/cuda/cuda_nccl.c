@@ -16,20 +16,12 @@
 
 #include "engine/device/cuda/cuda_impl.h"
 
-#define NCCL_FUNCS(X)                                                                           \
-    X(ncclResult_t, ncclGetUniqueId, (ncclUniqueId *))                                          \
-    X(ncclResult_t, ncclCommInitRank, (ncclComm_t *, int, ncclUniqueId, int))                   \
-    X(ncclResult_t, ncclReduce, (const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, int, \
-                                 ncclComm_t, cudaStream_t))                                     \
-    X(ncclResult_t, ncclBroadcast, (const void *, void *, size_t, ncclDataType_t, int,          \
-                                    ncclComm_t, cudaStream_t))                                  \
-    X(ncclResult_t, ncclGroupStart, (void))                                                     \
-    X(ncclResult_t, ncclGroupEnd, (void))                                                       \
-    X(ncclResult_t, ncclCommDestroy, (ncclComm_t))                                              \
-    X(const char *, ncclGetErrorString, (ncclResult_t))
+#define NCCL_FUNCS(X)                                                                    \
+    X(ncclGetUniqueId) X(ncclCommInitRank) X(ncclReduce) X(ncclBroadcast) X(ncclGroupStart) \
+    X(ncclGroupEnd) X(ncclCommDestroy) X(ncclGetErrorString)
 
 static struct {
-#define NCCL_FIELD(ret, name, args) ret(*name) args;
+#define NCCL_FIELD(f) __typeof__(&f) f;
     NCCL_FUNCS(NCCL_FIELD)
 #undef NCCL_FIELD
 } nc;
@@ -39,19 +31,9 @@ static fy_status nc_status = FY_ERR_UNSUPPORTED;
 static char nc_error[256];
 
 static void nc_load(void) {
-    static const char *names[] = {"libnccl.so.2", FY_CUDA_LIBDIR "/libnccl.so.2"};
-    void *h = NULL;
-    for (size_t i = 0; i < sizeof names / sizeof *names && !h; i++)
-        h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        snprintf(nc_error, sizeof nc_error, "cannot load NCCL (libnccl.so.2): %s", dlerror());
-        return;
-    }
-#define NCCL_SYM(ret, name, args)                                                          \
-    if (!(*(void **)&nc.name = dlsym(h, #name))) {                                         \
-        snprintf(nc_error, sizeof nc_error, "NCCL lacks %s", #name);                       \
-        return;                                                                            \
-    }
+    void *h = fy_cu_dlopen("libnccl.so.2", "NCCL", nc_error, sizeof nc_error);
+    if (!h) return;
+#define NCCL_SYM(f) FY_CU_SYM(h, nc, f, "NCCL", nc_error)
     NCCL_FUNCS(NCCL_SYM)
 #undef NCCL_SYM
     nc_status = FY_OK;
