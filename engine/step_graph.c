@@ -131,10 +131,6 @@ static int64_t abs_micro(const fy_trainer *tr, const sg_task *p) {
 /* Whether gradients are summed over the ranks (their norm is then taken after), each
  * rank holding and updating its shard of the optimizer state (storage.h). */
 static bool dp(const fy_trainer *tr) { return tr->world > 1; }
-/* Block b's shard bounds over the job's ranks: off[0..world]. */
-static void shards_of(const fy_trainer *tr, int b, size_t *off) {
-    fy_shard_bounds(tr->st->chunks[b].nelem, tr->world, off);
-}
 /* Block b's fp32 master from element i of its shard on: the shard's own buffer (indexed
  * from lo; storage.h: apart) or the whole fp32 weights that are also the master. */
 static float *master_at(const fy_trainer *tr, float *whole_or_shard, int b, size_t i) {
@@ -475,7 +471,7 @@ static fy_status run_reduce(fy_trainer *tr, int id, const fy_task *t, const sg_t
     fy_storage *st = tr->st;
     const fy_chunk *c = &st->chunks[b];
     size_t off[FY_MAX_SHARDS + 1];
-    shards_of(tr, b, off);
+    fy_tr_shards(tr, b, off);
     double *parts = st->parts_host + tr->part_region[tr->rank] + tr->part_base[b];
     if (tr->s_comm && !fy_tr_cpu_optim(tr, b)) { /* device memory: the device's collectives */
         double *pd = st->parts_dev + tr->part_base[b];
@@ -655,7 +651,7 @@ static fy_status run_allgather(fy_trainer *tr, int id, const fy_task *t, const s
     const int b = t->block;
     const fy_chunk *c = &tr->st->chunks[b];
     size_t off[FY_MAX_SHARDS + 1];
-    shards_of(tr, b, off);
+    fy_tr_shards(tr, b, off);
     const bool on_dev = !fy_tr_cpu_optim(tr, b) && !fy_tr_streamed(tr, b);
     if (tr->s_comm && on_dev) {
         fy_coll_allgather_async(tr->s_comm, c->param_dev, off, tr->world, fy_tr_dt(tr));
@@ -1378,7 +1374,7 @@ static int settle_failure(fy_trainer *tr, const fy_graph *g, const fy_sched_resu
         restore_lp(tr, b);
         if (!dp(tr) || !tr->st->chunks[b].grad_in_lp) continue;
         size_t off[FY_MAX_SHARDS + 1];
-        shards_of(tr, b, off);
+        fy_tr_shards(tr, b, off);
         if (!together || fy_comm_allgather(tr->comm, tr->st->chunks[b].param_lp, off, tr->st->es) != FY_OK)
             tr->broken = true;
     }

@@ -284,17 +284,22 @@ static const float *shard_on_host(fy_trainer *tr, int b, int what, float **tmp) 
     return t;
 }
 
+/* Block b's `what` gathered into rank 0's whole (the others pass NULL): each rank sends
+ * its shard (through *tmp when it is in device memory). */
+static fy_status gather_block(fy_trainer *tr, int b, int what, float *whole, float **tmp) {
+    size_t off[FY_MAX_SHARDS + 1];
+    fy_tr_shards(tr, b, off);
+    return fy_comm_gather(tr->comm, whole, shard_on_host(tr, b, what, tmp), off, sizeof(float));
+}
+
 /* Rank 0: block b's `what` whole into host, its shards from their owners, who serve. A
  * job whose collectives fail is ended (comm.h). */
 static void gather_shards(fy_trainer *tr, int b, int what, float *host) {
     FY_ASSERT(tr->rank == 0, "rank 0 gathers a sharded job's state; the others serve it");
     int64_t req[2] = {what, b};
     float *tmp = NULL;
-    size_t off[FY_MAX_SHARDS + 1];
-    fy_shard_bounds(tr->st->chunks[b].nelem, tr->world, off);
     fy_status st = fy_comm_bcast(tr->comm, req, sizeof req);
-    if (st == FY_OK)
-        st = fy_comm_gather(tr->comm, host, shard_on_host(tr, b, what, &tmp), off, sizeof(float));
+    if (st == FY_OK) st = gather_block(tr, b, what, host, &tmp);
     free(tmp);
     if (st != FY_OK) fy_comm_abort(tr->comm, 1);
 }
@@ -315,11 +320,7 @@ fy_status fy_trainer_serve(fy_trainer *tr) {
         }
         const int b = (int)req[1];
         FY_ASSERT(b >= 0 && b < fy_tr_nblocks(tr) && req[0] <= SERVE_V, "a request for a block");
-        size_t off[FY_MAX_SHARDS + 1];
-        fy_shard_bounds(tr->st->chunks[b].nelem, tr->world, off);
-        if ((st = fy_comm_gather(tr->comm, NULL, shard_on_host(tr, b, (int)req[0], &tmp), off,
-                                 sizeof(float))) != FY_OK)
-            break;
+        if ((st = gather_block(tr, b, (int)req[0], NULL, &tmp)) != FY_OK) break;
     }
     free(tmp);
     return st;

@@ -80,6 +80,10 @@ static inline int fy_tr_nblocks(const fy_trainer *tr) { return tr->plan.nblocks;
 static inline const fy_block_spec *fy_tr_block(const fy_trainer *tr, int b) {
     return fy_model_block(tr->model, b);
 }
+/* Block b's shard bounds over the job's ranks: off[0..world] (storage.h). */
+static inline void fy_tr_shards(const fy_trainer *tr, int b, size_t *off) {
+    fy_shard_bounds(tr->st->chunks[b].nelem, tr->world, off);
+}
 /* The storage type of parameters, gradients and activations on the device. */
 static inline fy_dtype fy_tr_dt(const fy_trainer *tr) { return tr->st->dtype; }
 static inline bool fy_tr_lp(const fy_trainer *tr) { return tr->st->dtype != FY_F32; }
