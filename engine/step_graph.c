@@ -644,11 +644,10 @@ static fy_status run_adam_cpu(fy_trainer *tr, int id, const fy_task *t, const sg
     return FY_OK;
 }
 
-/* allgather (data parallel): every shard's updated weights from its owner, where compute
- * reads them: a resident gpu-optimised block's device copy (the device's collectives, or
- * the cpu backend's host memory), else the host copy the fetches and h2d_update read. */
-static fy_status run_allgather(fy_trainer *tr, int id, const fy_task *t, const sg_task *p) {
-    const int b = t->block;
+/* Every shard of block b's weights from its owner, where compute reads them: a resident
+ * gpu-optimised block's device copy (the device's collectives, or the cpu backend's host
+ * memory), else the host copy the fetches and h2d_update read. */
+static fy_status gather_weights(fy_trainer *tr, int b) {
     const fy_chunk *c = &tr->st->chunks[b];
     size_t off[FY_MAX_SHARDS + 1];
     fy_tr_shards(tr, b, off);
@@ -659,6 +658,11 @@ static fy_status run_allgather(fy_trainer *tr, int id, const fy_task *t, const s
     }
     if (tr->s_comm) fy_stream_sync(tr->s_comm);
     return fy_comm_allgather(tr->comm, on_dev ? c->param_dev : c->param_lp, off, tr->st->es);
+}
+
+/* allgather (data parallel): block b's updated weights, from every shard's owner. */
+static fy_status run_allgather(fy_trainer *tr, int id, const fy_task *t, const sg_task *p) {
+    return gather_weights(tr, t->block);
 }
 
 static fy_status run_h2d_update(fy_trainer *tr, int id, const fy_task *t, const sg_task *p) {
@@ -1373,10 +1377,7 @@ static int settle_failure(fy_trainer *tr, const fy_graph *g, const fy_sched_resu
     for (int b = 0; b < fy_tr_nblocks(tr); b++) {
         restore_lp(tr, b);
         if (!dp(tr) || !tr->st->chunks[b].grad_in_lp) continue;
-        size_t off[FY_MAX_SHARDS + 1];
-        fy_tr_shards(tr, b, off);
-        if (!together || fy_comm_allgather(tr->comm, tr->st->chunks[b].param_lp, off, tr->st->es) != FY_OK)
-            tr->broken = true;
+        if (!together || gather_weights(tr, b) != FY_OK) tr->broken = true;
     }
     tr->steps_done = failed == 0 ? steps_before : tr->adam_step[failed - 1];
     tr->micro_base += (int64_t)failed * accum(tr);
