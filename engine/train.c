@@ -521,11 +521,8 @@ static fy_status setup_checkpoints(run *r, fy_ckpt **ck) {
     fy_status st = lead ? setup_checkpoints_lead(r, ck) : build_config(r);
     char path[4096] = "";
     if (lead && *ck) snprintf(path, sizeof path, "%s", fy_ckpt_path(*ck));
-    int32_t failed = st != FY_OK; /* rank 0 said why; the others stop with it */
-    fy_status cs = fy_comm_max_i32(c->comm, &failed);
-    if (cs == FY_OK && !failed) cs = fy_comm_bcast(c->comm, path, sizeof path);
-    if (cs != FY_OK) return cs;
-    if (failed) return st != FY_OK ? st : FY_ERR_INVALID;
+    FY_TRY(fy_comm_agree(c->comm, st)); /* rank 0 said why; the others stop with it */
+    FY_TRY(fy_comm_bcast(c->comm, path, sizeof path));
     if (lead || !path[0]) return FY_OK;
     FY_TRY(fy_ckpt_open(path, ck));
     return check_config(r, *ck);

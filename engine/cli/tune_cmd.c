@@ -106,12 +106,11 @@ int fy_probe_main(const fy_opts *o) {
     char path[4096];
     fy_profile p;
     int rc = 1;
-    int32_t failed = 0;
-    if (fy_opts_model(o, &m) != FY_OK) failed = 1;
-    else if (o->out) snprintf(path, sizeof path, "%s", o->out);
-    else if (lead && cache_path(path, sizeof path) != FY_OK) failed = 1;
-    if (!failed && lead && fy_check_output(path, "--out", false) != FY_OK) failed = 1;
-    if (fy_comm_max_i32(comm, &failed) != FY_OK || failed) goto done; /* rank 0 said why */
+    fy_status st = fy_opts_model(o, &m);
+    if (st == FY_OK && o->out) snprintf(path, sizeof path, "%s", o->out);
+    else if (st == FY_OK && lead) st = cache_path(path, sizeof path);
+    if (st == FY_OK && lead) st = fy_check_output(path, "--out", false);
+    if (fy_comm_agree(comm, st) != FY_OK) goto done; /* the failing rank said why */
     if (probe(o, m, comm, &p) != FY_OK) goto done;
     if (lead && fy_profile_save(path, &p) != FY_OK) goto done;
     if (lead) {
@@ -425,32 +424,16 @@ static fy_status share_plan(fy_comm *comm, const fy_model *m, fy_plan *p) {
     return fy_comm_bcast(comm, p->blocks, (size_t)p->nblocks * sizeof *p->blocks);
 }
 
-/* Whether any rank failed (rank 0 said why): a collective decision. */
-static fy_status any_failed(fy_comm *comm, fy_status mine) {
-    int32_t failed = mine != FY_OK;
-    FY_TRY(fy_comm_max_i32(comm, &failed));
-    return !failed ? FY_OK : mine != FY_OK ? mine : FY_ERR_INVALID;
-}
-
 fy_status fy_tune_auto_plan(const fy_opts *o, const fy_model *m, fy_comm *comm, fy_plan *out) {
     const int world = comm ? fy_comm_size(comm) : 1;
     const bool lead = !comm || fy_comm_rank(comm) == 0;
     fy_profile p;
     bool found = false;
-    fy_status st = lead ? known_profile(o, m, world, &p, &found) : FY_OK;
-    int32_t need = !found; /* rank 0's: the others' are 1 and 0 below */
-    if (world > 1) {
-        FY_TRY(any_failed(comm, st));
-        if (!lead) need = 0;
-        FY_TRY(fy_comm_max_i32(comm, &need));
-    } else {
-        FY_TRY(st);
-    }
-    if (need) {
-        st = probe_and_cache(o, m, comm, &p);
-        if (world > 1) st = any_failed(comm, st);
-        FY_TRY(st);
-    }
+    FY_TRY(fy_comm_agree(comm, lead ? known_profile(o, m, world, &p, &found) : FY_OK));
+    int32_t need = lead && !found; /* rank 0's decision, for every rank */
+    if (world > 1) FY_TRY(fy_comm_max_i32(comm, &need));
+    if (need) FY_TRY(fy_comm_agree(comm, probe_and_cache(o, m, comm, &p)));
+    fy_status st = FY_OK;
     fy_tune_result top[5];
     int n = 0;
     if (lead) {
@@ -460,7 +443,7 @@ fy_status fy_tune_auto_plan(const fy_opts *o, const fy_model *m, fy_comm *comm, 
     }
     if (world == 1) return st;
     fy_comm_patient(comm, !lead); /* the others wait for rank 0's search */
-    fy_status fs = any_failed(comm, st);
+    fy_status fs = fy_comm_agree(comm, st);
     fy_comm_patient(comm, false);
     FY_TRY(fs);
     return share_plan(comm, m, out);

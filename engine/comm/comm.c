@@ -380,6 +380,13 @@ fy_status fy_comm_max_i32(fy_comm *c, int32_t *x) {
 #endif
 }
 
+fy_status fy_comm_agree(fy_comm *c, fy_status st) {
+    if (!c || c->size == 1) return st;
+    int32_t failed = st != FY_OK;
+    FY_TRY(fy_comm_max_i32(c, &failed));
+    return !failed ? FY_OK : st != FY_OK ? st : FY_ERR_INVALID;
+}
+
 #ifdef FY_HAVE_MPI
 /* Sends this rank's copy of every other rank's shard to its owner, PIECE_NBYTES a
  * message; *reqs (free it) holds the sends to wait for. */

@@ -89,6 +89,10 @@ void fy_comm_patient(fy_comm *c, bool on);
 fy_status fy_comm_bcast(fy_comm *c, void *buf, size_t nbytes);
 /* x = the largest over ranks (a collective decision: stop, skip). */
 fy_status fy_comm_max_i32(fy_comm *c, int32_t *x);
+/* Whether every rank's st is FY_OK, decided together: FY_OK, or where any failed (it
+ * logged why) this rank's own failure, else FY_ERR_INVALID. Alone (c NULL or one
+ * process): st. */
+fy_status fy_comm_agree(fy_comm *c, fy_status st);
 /* Ends every process of the job (this one with `code`). */
 _Noreturn void fy_comm_abort(fy_comm *c, int code);
 
