@@ -101,6 +101,13 @@ static int world_of(const fy_train_cfg *c) { return c->comm ? fy_comm_size(c->co
 /* A job's rank but 0: it writes nothing, and serves its shards of the optimizer state to
  * rank 0's saves (trainer.h: fy_trainer_serve). */
 static bool follower(const fy_train_cfg *c) { return c->comm && fy_comm_rank(c->comm) != 0; }
+
+/* Rank 0's save is over (st: how it went): the serving ranks are told, and stop with it
+ * if it failed. */
+static fy_status end_served(fy_trainer *tr, fy_status st) {
+    fy_status es = fy_trainer_serve_end(tr, st != FY_OK);
+    return st != FY_OK ? st : es;
+}
 /* A step's micro-batches over the job (this process's alone when it is one). */
 static int64_t step_micros(const fy_train_cfg *c) {
     return c->micro_total > 0 ? c->micro_total : (int64_t)c->plan->grad_accum * world_of(c);
@@ -701,10 +708,7 @@ static fy_status report(run *r) {
     if (c->save && follower(c)) {
         FY_TRY(fy_trainer_serve(r->tr));
     } else if (c->save) {
-        fy_status st = fy_trainer_save(r->tr, c->save, &c->save_opts);
-        fy_status es = fy_trainer_serve_end(r->tr, st != FY_OK);
-        FY_TRY(st);
-        FY_TRY(es);
+        FY_TRY(end_served(r->tr, fy_trainer_save(r->tr, c->save, &c->save_opts)));
     }
     if (c->trace) FY_TRY(fy_trace_save(&r->trace, c->trace, "ferry train"));
     fy_dev_mem_stats ms;
@@ -791,9 +795,7 @@ static fy_status save_checkpoint(run *r, int64_t step, bool now) {
         r->saved = step;
         return fy_trainer_serve(r->tr);
     }
-    fy_status st = save_checkpoint_lead(r, step, now);
-    fy_status es = fy_trainer_serve_end(r->tr, st != FY_OK);
-    return st != FY_OK ? st : es;
+    return end_served(r->tr, save_checkpoint_lead(r, step, now));
 }
 
 static fy_status save_checkpoint_lead(run *r, int64_t step, bool now) {
