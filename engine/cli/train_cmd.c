@@ -59,10 +59,10 @@ static void on_stop_signal(int sig) {
 }
 
 static void catch_stop_signals(int world) {
-    int n = world > 1 ? snprintf(stop_msg, sizeof stop_msg, "\nferry: rank %d: stopping after this "
-                                 "step (again to exit at once)\n", g_rank)
-                      : snprintf(stop_msg, sizeof stop_msg, "\nferry: stopping after this step "
-                                 "(again to exit at once)\n");
+    char who[32] = "";
+    if (world > 1) snprintf(who, sizeof who, "rank %d: ", g_rank);
+    int n = snprintf(stop_msg, sizeof stop_msg, "\nferry: %sstopping after this step (again to exit "
+                     "at once)\n", who);
     stop_msg_len = n > 0 && (size_t)n < sizeof stop_msg ? (size_t)n : 0;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
