@@ -334,6 +334,16 @@ static bool temp_name(const char *name, const char *tag, bool latest_too, char b
     return step_name(base, &step) || (latest_too && !strcmp(base, LATEST_NAME));
 }
 
+bool fy_ckpt_dir_owns(const char *name) {
+    int64_t step;
+    char base[64];
+    if (step_name(name, &step) || temp_name(name, ".tmp.", true, base) ||
+        temp_name(name, ".old.", false, base) || !strcmp(name, LATEST_NAME) || !strcmp(name, LOCK_NAME))
+        return true;
+    const size_t n = strlen(FY_CKPT_METRICS_START_NAME);
+    return !strncmp(name, FY_CKPT_METRICS_START_NAME, n) && (!name[n] || !strncmp(name + n, ".tmp.", 5));
+}
+
 /* What killed writers left in dir (run under the lock, so no other writer is at work):
  * step-N.tmp.PID directories and latest.tmp.PID links are removed; a step-N.old.PID
  * (a step directory moved aside to be replaced, or to be removed) goes back to step-N

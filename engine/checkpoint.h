@@ -80,6 +80,15 @@ void fy_ckpt_state_free(fy_ckpt_state *s);
 
 typedef struct fy_ckpt_dir fy_ckpt_dir;
 
+/* Where a run that starts in a checkpoint directory records the metrics file's size then
+ * (engine/train.c), so that a resume from no checkpoint cuts back to it. */
+#define FY_CKPT_METRICS_START_NAME ".metrics-start.json"
+
+/* Whether name, directly under a checkpoint directory, is one ferry writes, replaces or
+ * removes there: a step directory, `latest`, the lock, the metrics start, and their
+ * temporaries. The directory's other names are left alone. */
+bool fy_ckpt_dir_owns(const char *name);
+
 /* Whether path can be a checkpoint directory (an existing writable directory, or a new
  * name in one), checked before any work. FY_ERR_IO (logged) otherwise. */
 fy_status fy_ckpt_dir_check(const char *path);

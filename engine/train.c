@@ -426,8 +426,6 @@ static fy_status find_resume(run *r, fy_ckpt **out) {
     return st;
 }
 
-#define METRICS_START_NAME ".metrics-start.json"
-
 /* The metrics file's absolute path and size now, if it is a regular file (else
  * path[0] = 0). */
 static void metrics_position(const char *metrics, char path[1024], int64_t *nbytes) {
@@ -479,7 +477,7 @@ static fy_status trim_metrics(const char *metrics, const char *recorded, int64_t
 static fy_status metrics_start(run *r, bool resumed_afresh) {
     const fy_train_cfg *c = r->cfg;
     char file[4200];
-    snprintf(file, sizeof file, "%s/%s", c->ckpt_dir, METRICS_START_NAME);
+    snprintf(file, sizeof file, "%s/%s", c->ckpt_dir, FY_CKPT_METRICS_START_NAME);
     cJSON *j = NULL;
     struct stat sb;
     if (resumed_afresh && c->metrics && stat(file, &sb) == 0) {

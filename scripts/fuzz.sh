@@ -13,7 +13,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-/tmp/build-fuzz}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(safetensors plan profile tokens ckpt_state)
+[ ${#targets[@]} -gt 0 ] || targets=(safetensors plan profile tokens ckpt_state paths)
 runs=${RUNS:-1000000}
 max_len=${MAX_LEN:-4096}
 case "$(cd "$(dirname "$build")" 2>/dev/null && pwd)/$(basename "$build")" in

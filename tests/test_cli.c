@@ -237,63 +237,6 @@ static void run_args(run_result *r, const char *const *args) {
 #define SMALL "--batch", "2", "--seq", "16", "--steps", "1", "--threads", "1", "--device", "cpu"
 #define TINY "--model", "gpt2-tiny", SMALL
 
-/* Asserts no signal, no hang, and nothing on stderr that is not a "ferry: " line. */
-static void expect_clean(const run_result *r) {
-    cr_assert_eq(r->sig, 0, "`%s` was killed by signal %d (%s)%s\nstderr:\n%s", r->cmd, r->sig,
-                 strsignal(r->sig), r->sig == SIGALRM ? ": it hung" : "", r->err);
-    cr_assert_null(strstr(r->err, "internal error"), "`%s`: internal error\n%s", r->cmd, r->err);
-    for (const char *l = r->err; *l;) {
-        const char *nl = strchr(l, '\n');
-        size_t n = nl ? (size_t)(nl - l) : strlen(l);
-        cr_assert(n == 0 || !strncmp(l, "ferry: ", 7),
-                  "`%s`: stderr holds a line that is not ferry's: '%.*s'\nstderr:\n%s", r->cmd,
-                  (int)n, l, r->err);
-        l += n + (nl ? 1 : 0);
-    }
-}
-
-/* The one "ferry: error:" line (asserted to be exactly one), copied into line. */
-static void error_line(const run_result *r, char *line, size_t cap) {
-    int count = 0;
-    line[0] = 0;
-    for (const char *l = r->err; *l;) {
-        const char *nl = strchr(l, '\n');
-        size_t n = nl ? (size_t)(nl - l) : strlen(l);
-        if (!strncmp(l, "ferry: error:", 13)) {
-            if (count++ == 0) snprintf(line, cap, "%.*s", (int)n, l);
-        }
-        l += n + (nl ? 1 : 0);
-    }
-    cr_assert_eq(count, 1, "`%s`: expected exactly one 'ferry: error:' line, got %d\nstderr:\n%s",
-                 r->cmd, count, r->err);
-}
-
-/* Asserts a clean failure: exit status `want` (0: 1 or 2), exactly one error line, and
- * that line holds every key word. */
-static void expect_error_kw(const run_result *r, int want, const char *const *kw) {
-    expect_clean(r);
-    cr_assert_neq(r->code, 0, "`%s` succeeded; it should fail\nstdout:\n%s", r->cmd, r->out);
-    if (want) cr_assert_eq(r->code, want, "`%s`: exit status %d, expected %d\nstderr:\n%s", r->cmd,
-                           r->code, want, r->err);
-    else cr_assert(r->code == 1 || r->code == 2, "`%s`: exit status %d, expected 1 or 2\n%s",
-                   r->cmd, r->code, r->err);
-    char line[2048];
-    error_line(r, line, sizeof line);
-    cr_log_info("`%s` -> %d: %s", r->cmd, r->code, line); /* shown with --verbose */
-    for (int i = 0; kw[i]; i++)
-        cr_assert_not_null(strstr(line, kw[i]), "`%s`: the error does not mention '%s': %s",
-                           r->cmd, kw[i], line);
-}
-
-#define EXPECT_ERROR(r, want, ...) expect_error_kw((r), (want), (const char *const[]){__VA_ARGS__, NULL})
-
-static void expect_ok(const run_result *r) {
-    expect_clean(r);
-    cr_assert_eq(r->code, 0, "`%s` failed with status %d\nstderr:\n%s", r->cmd, r->code, r->err);
-    cr_assert_null(strstr(r->err, "ferry: error:"), "`%s` succeeded but logged an error:\n%s",
-                   r->cmd, r->err);
-}
-
 /* The last non-empty line of s, copied into line. */
 static void last_line(const char *s, char *line, size_t cap) {
     size_t n = strlen(s);
@@ -323,7 +266,7 @@ static void cap_address_space(void) {
 Test(cli, help_lists_commands) {
     run_result r;
     FERRY(&r, "--help");
-    expect_ok(&r);
+    test_expect_ok(&r);
     for (const char *const *c = (const char *const[]){"train", "eval", "info", NULL}; *c; c++)
         cr_assert_not_null(strstr(r.out, *c), "ferry --help does not list '%s':\n%s", *c, r.out);
 }
@@ -332,7 +275,7 @@ Test(cli, help_lists_commands) {
 Test(cli, train_help_lists_the_issue_options) {
     run_result r;
     FERRY(&r, "train", "--help");
-    expect_ok(&r);
+    test_expect_ok(&r);
     static const char *const want[] = {
         "--device", "--model", "--init", "--heads", "--data", "--val-data", "--batch", "--seq",
         "--steps", "--lr", "--lr-schedule", "--warmup", "--weight-decay", "--beta1", "--beta2",
@@ -348,7 +291,7 @@ Test(cli, train_help_lists_the_issue_options) {
 Test(cli, eval_help_lists_its_options) {
     run_result r;
     FERRY(&r, "eval", "--help");
-    expect_ok(&r);
+    test_expect_ok(&r);
     static const char *const want[] = {"--init", "--data", "--batch", "--seq", "--batches", NULL};
     for (int i = 0; want[i]; i++) {
         char pat[64];
@@ -374,14 +317,14 @@ static void check_parse(const char *cmd, const char *flag, const char *value, co
     } else {
         FERRY(&r, cmd, flag, value, "--help");
     }
-    expect_clean(&r);
+    test_expect_clean(&r);
     cr_assert_eq(r.code, 0, "`%s`: the parser rejects %s, which --help shows (%s)\nstderr:\n%s",
                  r.cmd, flag, why, r.err);
     if (value) {
         char eq[256];
         snprintf(eq, sizeof eq, "%s=%s", flag, value);
         FERRY(&r, cmd, eq, "--help");
-        expect_clean(&r);
+        test_expect_clean(&r);
         cr_assert_eq(r.code, 0, "`%s`: the --flag=value form is rejected\nstderr:\n%s", r.cmd, r.err);
     }
 }
@@ -392,7 +335,7 @@ static void check_parse(const char *cmd, const char *flag, const char *value, co
 static void help_options_parse(const char *cmd) {
     run_result r;
     FERRY(&r, cmd, "--help");
-    expect_ok(&r);
+    test_expect_ok(&r);
     int nopts = 0;
     for (char *l = r.out; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
         if (strncmp(l, "  --", 4)) continue;
@@ -430,7 +373,7 @@ Test(cli, eval_help_options_all_parse) { help_options_parse("eval"); }
 Test(cli, info_exits_0) {
     run_result r;
     FERRY(&r, "info");
-    expect_ok(&r);
+    test_expect_ok(&r);
     cr_assert_not_null(strstr(r.out, "gpt2-tiny"), "ferry info lists no models:\n%s", r.out);
     cr_assert_not_null(strstr(r.out, "cuda"), "ferry info does not say whether cuda is built:\n%s",
                        r.out);
@@ -460,7 +403,7 @@ Test(cli, train_metrics_save_then_eval) {
     write_text(data, 4000);
     run_result r;
     FERRY(&r, "train", TINY, "--steps", "3", "--data", data, "--metrics", m, "--save", w);
-    expect_ok(&r);
+    test_expect_ok(&r);
     cr_assert_not_null(strstr(r.out, "tok/s"), "no per-step line with tok/s:\n%s", r.out);
 
     char *jl = slurp(m, NULL);
@@ -494,7 +437,7 @@ Test(cli, train_metrics_save_then_eval) {
 
     FERRY(&r, "eval", "--init", w, "--data", data, "--batch", "2", "--seq", "16", "--batches", "2",
           "--threads", "1", "--device", "cpu");
-    expect_ok(&r);
+    test_expect_ok(&r);
     char last[1024];
     last_line(r.out, last, sizeof last);
     cJSON *j = cJSON_Parse(last);
@@ -517,7 +460,7 @@ Test(cli, train_on_tinyshakespeare) {
     run_result r;
     FERRY(&r, "train", TINY, "--steps", "2", "--data", path, "--val-split", "0.1",
           "--val-batches", "2");
-    expect_ok(&r);
+    test_expect_ok(&r);
     cr_assert_not_null(strstr(r.out, "val loss"), "no validation loss reported:\n%s", r.out);
 }
 
@@ -527,10 +470,10 @@ Test(cli, train_on_shard_glob_v1_and_v7) {
     write_good_shard(P("v7.bin"), 20240801, 7, 200);
     run_result r;
     FERRY(&r, "train", TINY, "--data", P("train_*.bin"));
-    expect_ok(&r);
+    test_expect_ok(&r);
     cr_assert_not_null(strstr(r.out, "400 tokens"), "the glob did not read both shards:\n%s", r.out);
     FERRY(&r, "train", TINY, "--data", P("v7.bin"));
-    expect_ok(&r);
+    test_expect_ok(&r);
 }
 
 /* Control for the weights cases below: the generator writes a file ferry accepts. */
@@ -539,7 +482,7 @@ Test(cli, generated_weights_are_accepted) {
     write_gpt2(w, &TINY_FILE);
     run_result r;
     FERRY(&r, "train", SMALL, "--init", w);
-    expect_ok(&r);
+    test_expect_ok(&r);
     FERRY(&r, "train", SMALL, "--init", w, "--model", "gpt2-tiny", "--heads", "4", "--seq", "128");
     /* gpt2-tiny is L=2; this file has L=1, so --model must be refused */
     EXPECT_ERROR(&r, 0, "gpt2-tiny");
@@ -548,13 +491,13 @@ Test(cli, generated_weights_are_accepted) {
 Test(cli, fixture_heads_from_flag_or_config_json) {
     run_result r;
     FERRY(&r, "train", SMALL, "--init", fixture("gpt2_tiny_init.safetensors"), "--heads", "4");
-    expect_ok(&r);
+    test_expect_ok(&r);
     const char *w = P("model.safetensors");
     copy_file(fixture("gpt2_tiny_init.safetensors"), w);
     const char cfg[] = "{\"model_type\": \"gpt2\", \"n_head\": 4, \"n_embd\": 64}\n";
     write_bytes(P("config.json"), cfg, sizeof cfg - 1);
     FERRY(&r, "train", SMALL, "--init", w);
-    expect_ok(&r);
+    test_expect_ok(&r);
 }
 
 /* ---- command line ---- */
@@ -734,7 +677,7 @@ Test(cli, seq_longer_than_positions_named_model) {
 Test(cli, absurd_thread_count) {
     run_result r;
     FERRY(&r, "train", TINY, "--threads", "100000");
-    expect_clean(&r);
+    test_expect_clean(&r);
     if (r.code != 0) EXPECT_ERROR(&r, 0, "--threads");
 }
 
@@ -742,7 +685,7 @@ Test(cli, absurd_thread_count) {
 Test(cli, device_cuda_without_backend) {
     run_result r;
     FERRY(&r, "info");
-    expect_ok(&r);
+    test_expect_ok(&r);
     if (!strstr(r.out, "cuda backend: not compiled in"))
         SKIP("this build has a cuda backend");
     FERRY(&r, "train", TINY, "--device", "cuda");
@@ -777,7 +720,7 @@ Test(cli, eval_of_nan_weights_prints_json) {
     run_result r;
     FERRY(&r, "eval", "--init", w, "--data", data, "--batch", "2", "--seq", "16", "--batches", "1",
           "--threads", "1", "--device", "cpu");
-    expect_ok(&r);
+    test_expect_ok(&r);
     char last[1024];
     last_line(r.out, last, sizeof last);
     cJSON *j = cJSON_Parse(last);
@@ -808,7 +751,7 @@ Test(cli, gpu_mem_smaller_than_the_model) {
     FERRY(&r, "train", TINY, "--gpu-mem", "1KiB");
     EXPECT_ERROR(&r, 1, "needs");
     char line[2048];
-    error_line(&r, line, sizeof line);
+    test_error_line(&r, line, sizeof line);
     cr_assert(strstr(line, "budget") || strstr(line, "gpu-mem"), "no budget named: %s", line);
     const char *what = strstr(line, "memory: "), *needs = strstr(line, " needs ");
     cr_assert(what && needs && needs > what + 8, "the error does not say what did not fit: %s",
@@ -1049,7 +992,7 @@ Test(cli, weights_shape_mismatch_with_model) {
     const char *w = P("tiny.safetensors");
     run_result r;
     FERRY(&r, "train", TINY, "--save", w);
-    expect_ok(&r);
+    test_expect_ok(&r);
     FERRY(&r, "train", SMALL, "--init", w, "--model", "gpt2-mini");
     EXPECT_ERROR(&r, 1, "gpt2-mini", w);
 }
@@ -1216,7 +1159,7 @@ Test(cli, plan_flags_refuse_bad_input) {
     EXPECT_ERROR(&r, 1, "bad.json");
     const char *good = P("good.json");
     FERRY(&r, "train", TINY, "--offload-params", "1", "--save-plan", good, "--dry-run");
-    expect_ok(&r);
+    test_expect_ok(&r);
     FERRY(&r, "train", TINY, "--plan", good, "--offload-optim", "1");
     EXPECT_ERROR(&r, 0, "--plan");
     FERRY(&r, "train", TINY, "--plan", good, "--batch", "3");
@@ -1229,7 +1172,7 @@ Test(cli, plan_flags_refuse_bad_input) {
 Test(cli, dry_run_prints_the_memory_model) {
     run_result r;
     FERRY(&r, "train", TINY, "--offload-optim", "1", "--ckpt-layers", "1", "--dry-run");
-    expect_ok(&r);
+    test_expect_ok(&r);
     cr_expect_not_null(strstr(r.out, "optim on cpu: layers 0-1, embed, head"), "%s", r.out);
     cr_expect_not_null(strstr(r.out, "recompute: layer 0"), "%s", r.out);
     cr_expect_not_null(strstr(r.out, "total"), "%s", r.out);
@@ -1245,10 +1188,10 @@ Test(cli, offloaded_training_matches_and_fits_the_budget) {
     const char *m[2] = {P("resident.jsonl"), P("offload.jsonl")};
     run_result r;
     FERRY(&r, "train", TINY, "--steps", "3", "--data", data, "--metrics", m[0]);
-    expect_ok(&r);
+    test_expect_ok(&r);
     FERRY(&r, "train", TINY, "--steps", "3", "--data", data, "--offload-params", "1",
           "--offload-optim", "1", "--ckpt-layers", "2", "--save-plan", plan, "--dry-run");
-    expect_ok(&r);
+    test_expect_ok(&r);
     double budget = size_after(r.out, "total");
     cr_assert(budget > 0, "no device total in:\n%s", r.out);
     char cap[32]; /* the printed total is rounded to 0.01 of its unit: 2% of headroom */
@@ -1257,7 +1200,7 @@ Test(cli, offloaded_training_matches_and_fits_the_budget) {
     EXPECT_ERROR(&r, 1, "budget", "short by");
     FERRY(&r, "train", TINY, "--steps", "3", "--data", data, "--plan", plan, "--gpu-mem", cap,
           "--metrics", m[1]);
-    expect_ok(&r);
+    test_expect_ok(&r);
     char *a = slurp(m[0], NULL), *b = slurp(m[1], NULL);
     cr_assert(a && b);
     for (char *sa, *sb, *la = strtok_r(a, "\n", &sa), *lb = strtok_r(b, "\n", &sb); la && lb;
@@ -1287,11 +1230,11 @@ Test(cli, gpt2_124m_fully_offloaded_fits_512_mib, .timeout = 900) {
              "--val-batches", "1", "--device", "cpu", "--dtype", dtypes[i]
         run_result r;
         FERRY_LONG(&r, G124, "--save", res);
-        expect_ok(&r);
+        test_expect_ok(&r);
         FERRY_LONG(&r, G124, "--gpu-mem", "512MiB", "--offload-params", "1", "--offload-optim", "1",
               "--ckpt-layers", "12", "--save", off);
 #undef G124
-        expect_ok(&r);
+        test_expect_ok(&r);
         double peak = size_after(r.out, "device peak ");
         cr_expect(peak > 0 && peak <= 512.0 * 1024 * 1024, "%s: device peak %.0f bytes:\n%s",
                   dtypes[i], peak, r.out);
@@ -1331,9 +1274,9 @@ Test(cli, diverging_run_stops_and_metrics_stay_json) {
 Test(cli, dtype_bf16_halves_device_storage_and_travels_in_plans) {
     run_result a, b, c, d;
     FERRY(&a, "train", TINY, "--dry-run", "--dtype", "fp32");
-    expect_ok(&a);
+    test_expect_ok(&a);
     FERRY(&b, "train", TINY, "--dry-run", "--dtype", "bf16");
-    expect_ok(&b);
+    test_expect_ok(&b);
     cr_expect_null(strstr(a.out, "bf16 storage"), "fp32 plan described as bf16:\n%s", a.out);
     cr_expect_not_null(strstr(b.out, "bf16 storage"), "the plan should say bf16 storage:\n%s", b.out);
     const char *pa = strstr(a.out, "        parameters"), *pb = strstr(b.out, "        parameters");
@@ -1347,13 +1290,13 @@ Test(cli, dtype_bf16_halves_device_storage_and_travels_in_plans) {
     const char *plan = P("bf16.json");
     FERRY(&c, "train", TINY, "--dtype", "bf16", "--offload-params", "1", "--offload-optim", "0.5",
           "--save-plan", plan, "--dry-run");
-    expect_ok(&c);
+    test_expect_ok(&c);
     char *text = slurp(plan, NULL);
     cr_assert(text && strstr(text, "\"dtype\":\t\"bf16\""), "the saved plan should say bf16:\n%s",
               text ? text : "(unreadable)");
     FERRY(&d, "train", "--model", "gpt2-tiny", "--seq", "16", "--steps", "2", "--threads", "1",
           "--device", "cpu", "--plan", plan);
-    expect_ok(&d);
+    test_expect_ok(&d);
     cr_expect_not_null(strstr(d.out, "bf16 storage"), "the plan's storage type was not used:\n%s", d.out);
     char line[512];
     last_line(d.out, line, sizeof line);
@@ -1440,7 +1383,7 @@ Test(cli, hf_config_edits_refused) {
         run_result r;
         FERRY(&r, "train", HF_ARGS, "--init", d);
         const char *kw[5] = {cases[i].kw[0], cases[i].kw[1], cases[i].kw[2], cases[i].kw[3], NULL};
-        expect_error_kw(&r, 1, kw);
+        test_expect_error_kw(&r, 1, kw);
     }
 }
 
@@ -1497,7 +1440,7 @@ Test(cli, hf_mistral_window_shorter_than_the_sequence) {
     edit(d, "config.json", "\"sliding_window\": 8", "\"sliding_window\": 4096");
     FERRY(&r, "eval", "--init", d, "--data", fixture("gpt2_tiny_tokens.bin"), "--batch", "2",
           "--seq", "16", "--device", "cpu", "--batches", "1");
-    expect_ok(&r);
+    test_expect_ok(&r);
 }
 
 Test(cli, hf_flags_disagreeing_with_the_config) {
@@ -1544,7 +1487,7 @@ Test(cli, hf_directory_trains_saves_and_evaluates) {
     run_result r;
     FERRY(&r, "train", HF_ARGS, "--init", fixture("llama_hf_tiny"), "--save", out,
           "--save-shard-size", "100KB", "--save-dtype", "bf16");
-    expect_ok(&r);
+    test_expect_ok(&r);
     cr_expect_geq(count_entries(out, "model-0000"), 2, "expected several shards");
     cr_expect_eq(count_entries(out, "generation_config.json"), 1, "the generation config is copied");
     char *cfg = slurp(P("out/config.json"), NULL);
@@ -1554,12 +1497,12 @@ Test(cli, hf_directory_trains_saves_and_evaluates) {
     free(cfg);
     FERRY(&r, "eval", "--init", out, "--data", fixture("gpt2_tiny_tokens.bin"), "--batch", "2",
           "--seq", "16", "--device", "cpu", "--batches", "2");
-    expect_ok(&r);
+    test_expect_ok(&r);
     FERRY(&r, "train", HF_ARGS, "--init", out, "--save", one);
-    expect_ok(&r);
+    test_expect_ok(&r);
     FERRY(&r, "eval", "--init", one, "--data", fixture("gpt2_tiny_tokens.bin"), "--batch", "2",
           "--seq", "16", "--device", "cpu", "--batches", "2");
-    expect_ok(&r);
+    test_expect_ok(&r);
     FERRY(&r, "train", HF_ARGS, "--init", out, "--save-dtype", "fp16");
     EXPECT_ERROR(&r, 2, "--save-dtype");
 }
@@ -1576,7 +1519,7 @@ Test(cli, dry_run_of_every_named_llama) {
         run_result r;
         FERRY(&r, "train", "--model", names[i], "--dry-run", "--device", "cpu", "--batch", "1",
               "--seq", "512");
-        expect_ok(&r);
+        test_expect_ok(&r);
         cr_expect(strstr(r.out, "total"), "%s: no memory model:\n%s", names[i], r.out);
     }
 }
@@ -1586,10 +1529,10 @@ Test(cli, dry_run_of_every_named_llama) {
 Test(cli, save_directory_names) {
     run_result r;
     FERRY(&r, "train", TINY, "--save", P("slash/"));
-    expect_ok(&r);
+    test_expect_ok(&r);
     cr_expect_eq(count_entries(P("slash"), "model.safetensors"), 1);
     FERRY(&r, "train", TINY, "--save", P("slash/"));
-    expect_ok(&r); /* replaced: it holds only what ferry wrote */
+    test_expect_ok(&r); /* replaced: it holds only what ferry wrote */
     cr_expect_eq(count_entries(g_dir, "slash."), 0, "a temporary directory was left behind");
     FERRY(&r, "train", TINY, "--save", P("."));
     EXPECT_ERROR(&r, 1, "--save");
@@ -1609,7 +1552,7 @@ Test(cli, weights_beside_an_unrelated_config_json) {
     write_bytes(P("side/config.json"), "{\"lr\": 3e-4}", 13);
     run_result r;
     FERRY(&r, "train", SMALL, "--init", P("side/w.safetensors"), "--heads", "4");
-    expect_ok(&r);
+    test_expect_ok(&r);
 }
 
 /* ---- budgets before allocation -------------------------------------------------------- */
@@ -1630,7 +1573,7 @@ Test(cli, host_mem_binds_training) {
     FERRY(&r, "train", TINY, "--offload-optim", "1", "--host-mem", "1KiB");
     EXPECT_ERROR(&r, 1, "host memory", "--host-mem", "short by");
     FERRY(&r, "train", TINY, "--offload-optim", "1", "--host-mem", "64MiB");
-    expect_ok(&r);
+    test_expect_ok(&r);
 }
 
 /* A budget too small for any plan: the one error names that budget (the host's for
@@ -1662,7 +1605,7 @@ Test(cli, tune_fits_13b_on_one_h200_and_searches_70b, .timeout = 120) {
     const char *plan = P("plan13.json");
     FERRY(&r, "tune", "--model", "llama2-13b", "--profile", "h200-141gb", "--host-mem", "120GiB",
           "--batch", "8", "--seq", "2048", "--dtype", "bf16", "--out", plan);
-    expect_ok(&r);
+    test_expect_ok(&r);
     cJSON *j = NULL;
     char *text = slurp(plan, NULL);
     cr_assert_not_null(text);
@@ -1677,7 +1620,7 @@ Test(cli, tune_fits_13b_on_one_h200_and_searches_70b, .timeout = 120) {
     free(text);
     FERRY(&r, "tune", "--model", "llama3-70b", "--profile", "h200-141gb", "--host-mem", "2TiB",
           "--batch", "8", "--seq", "2048", "--dtype", "bf16", "--out", P("plan70.json"));
-    expect_ok(&r);
+    test_expect_ok(&r);
 }
 
 /* tune --ranks N plans a rank of a data-parallel job: with its optimizer state sharded,
@@ -1692,12 +1635,12 @@ Test(cli, tune_plans_a_rank_of_a_job) {
     FERRY(&r, ARGS, "--out", P("plan1.json"));
     EXPECT_ERROR(&r, 1, "host", "--host-mem");
     FERRY(&r, ARGS, "--ranks", "8", "--out", P("plan8.json"));
-    expect_ok(&r);
+    test_expect_ok(&r);
 #undef ARGS
     const char *prof = P("prof.json");
     FERRY(&r, "probe", "--model", "gpt2-tiny", "--batch", "2", "--seq", "16", "--threads", "1",
           "--device", "cpu", "--out", prof);
-    expect_ok(&r);
+    test_expect_ok(&r);
     FERRY(&r, "tune", "--model", "gpt2-tiny", "--profile", prof, "--ranks", "2", "--out", P("p.json"));
     EXPECT_ERROR(&r, 1, "no figure for the collectives", "mpirun -np 2 ferry probe");
     FERRY(&r, "tune", "--model", "gpt2-tiny", "--ranks", "0", "--out", P("p.json"));
@@ -1709,7 +1652,7 @@ Test(cli, tune_plans_a_rank_of_a_job) {
 Test(cli, pinned_mem_caps_pinned_memory) {
     run_result r;
     FERRY(&r, "train", TINY, "--offload-optim", "1", "--pinned-mem", "8KiB", "--dry-run");
-    expect_ok(&r);
+    test_expect_ok(&r);
     char line[4096];
     last_line(r.out, line, sizeof line);
     cJSON *j = cJSON_Parse(line);
@@ -1719,7 +1662,7 @@ Test(cli, pinned_mem_caps_pinned_memory) {
     cr_expect(pinned <= 8192 && pinned < host, "pinned %.0f of %.0f host bytes", pinned, host);
     cJSON_Delete(j);
     FERRY(&r, "train", TINY, "--offload-optim", "1", "--pinned-mem", "8KiB");
-    expect_ok(&r);
+    test_expect_ok(&r);
     cr_expect_not_null(strstr(r.err, "ferry: warning: pinned memory is capped"), "%s", r.err);
     FERRY(&r, "train", TINY, "--pinned-mem", "lots");
     EXPECT_ERROR(&r, 2, "--pinned-mem", "lots");
@@ -1732,7 +1675,7 @@ Test(cli, tune_capacity_lists_what_fits) {
     run_result r;
     FERRY(&r, "tune", "--capacity", "--profile", "rtx4090-pcie4", "--host-mem", "16GiB", "--batch",
           "1", "--seq", "256", "--dtype", "bf16");
-    expect_ok(&r);
+    test_expect_ok(&r);
     cr_expect_not_null(strstr(r.out, "largest named model: gpt2-1558m"), "%s", r.out);
     cr_expect_not_null(strstr(r.out, "largest free shape: "), "%s", r.out);
     const char *row = strstr(r.out, "\nllama3-70b ");
@@ -1800,7 +1743,7 @@ Test(cli, default_outputs_are_not_replaced_unasked) {
     cr_expect(b && n == 4 && !memcmp(b, "mine", 4), "./plan.json was replaced");
     free(b);
     FERRY(&r, "tune", "--model", "gpt2-tiny", "--profile", "h200-141gb", "--out", plan);
-    expect_ok(&r);
+    test_expect_ok(&r);
     cr_assert_eq(mkdir(P("sweep"), 0755), 0);
     FERRY(&r, "sweep", "--model", "gpt2-tiny", "--profile", "h200-141gb", "--simulate", "--grid",
           "offload_params=0,1");
@@ -1900,7 +1843,7 @@ Test(cli, dry_run_prints_a_json_line) {
     run_result r;
     FERRY(&r, "train", "--model", "llama-tiny", "--device", "cpu", "--batch", "2", "--seq", "64",
           "--offload-optim", "1", "--dry-run");
-    expect_ok(&r);
+    test_expect_ok(&r);
     char line[4096];
     last_line(r.out, line, sizeof line);
     cJSON *j = cJSON_Parse(line);
@@ -1995,7 +1938,7 @@ Test(cli, killed_and_resumed_runs_match_a_run_never_stopped, .timeout = 300) {
     const char *ref_m = P("ref.jsonl"), *m = P("m.jsonl");
     run_result r;
     FERRY(&r, CKPT_RUN, "--checkpoint-dir", P("ref-ckpt"), "--metrics", ref_m, "--save", ref_w);
-    expect_ok(&r);
+    test_expect_ok(&r);
     static const char *const plans[][6] = {
         {"--offload-params", "1", "--offload-optim", "1", "--ckpt-layers", "1"},
         {"--offload-params", "0.5", "--offload-optim", "0", "--ckpt-layers", "0"},
@@ -2021,7 +1964,7 @@ Test(cli, killed_and_resumed_runs_match_a_run_never_stopped, .timeout = 300) {
                                                  NULL},
                            sig ? 0 : -1, sig, 0, 0, sig ? kill_now : NULL, &kp);
         if (r.sig == SIGKILL) { kills++; continue; }
-        expect_clean(&r);
+        test_expect_clean(&r);
         if (r.code == 128 + SIGTERM) { terms++; continue; }
         cr_assert_eq(r.code, 0, "seed %u, launch %d: status %d\n%s", seed, launches, r.code, r.err);
         done = true;
@@ -2045,7 +1988,7 @@ Test(cli, killed_and_resumed_runs_match_a_run_never_stopped, .timeout = 300) {
     cr_assert_gt(readlink(P("ckpt/latest"), target, sizeof target - 1), 0);
     cr_expect_str_eq(target, "step-00000063");
     FERRY(&r, CKPT_RUN, "--steps", "66", "--checkpoint-dir", P("ckpt"), "--resume");
-    expect_ok(&r);
+    test_expect_ok(&r);
     DIR *d = opendir(P("ckpt"));
     int ckpts = 0;
     for (struct dirent *e; (e = readdir(d));) {
@@ -2065,7 +2008,7 @@ Test(cli, sigterm_writes_a_checkpoint_and_a_second_signal_exits_at_once) {
                        (const char *const[]){"train", TINY, "--steps", "100000", "--checkpoint-dir",
                                              P("ckpt"), "--metrics", P("m.jsonl"), NULL},
                        1500, SIGTERM, 0);
-    expect_clean(&r);
+    test_expect_clean(&r);
     cr_assert_eq(r.code, 128 + SIGTERM, "status %d\n%s", r.code, r.err);
     cr_expect_not_null(strstr(r.err, "interrupted by SIGTERM"), "%s", r.err);
     char target[64] = "";
@@ -2080,7 +2023,7 @@ Test(cli, sigterm_writes_a_checkpoint_and_a_second_signal_exits_at_once) {
                        (const char *const[]){"train", TINY, "--steps", "100000", "--checkpoint-dir",
                                              P("ckpt"), "--checkpoint-every", "1", "--resume", NULL},
                        1500, SIGTERM, SIGTERM);
-    expect_clean(&r);
+    test_expect_clean(&r);
     cr_expect_eq(r.code, 128 + SIGTERM, "status %d\n%s", r.code, r.err);
     cr_expect_not_null(strstr(r.err, "interrupted by SIGTERM"), "%s", r.err);
     /* a second signal 400 ms later, inside a step made slow (every block streamed over a
@@ -2093,7 +2036,7 @@ Test(cli, sigterm_writes_a_checkpoint_and_a_second_signal_exits_at_once) {
                         1200, SIGTERM, SIGINT, 400, NULL, NULL);
     cr_expect_eq(r.code, 128 + SIGINT, "status %d (not the second signal's exit)\n%s", r.code, r.err);
     FERRY(&r, "train", TINY, "--steps", "2", "--checkpoint-dir", P("ckpt"), "--resume");
-    expect_ok(&r); /* the newest complete checkpoint is past step 2: nothing to train */
+    test_expect_ok(&r); /* the newest complete checkpoint is past step 2: nothing to train */
     cr_expect_not_null(strstr(r.out, "nothing to train"), "%s", r.out);
 }
 
@@ -2104,7 +2047,7 @@ Test(cli, bad_checkpoints_are_refused) {
     const char *ck = P("ckpt");
     FERRY(&r, "train", TINY, "--steps", "4", "--checkpoint-dir", ck, "--checkpoint-every", "2",
           "--checkpoint-keep", "10", "--resume");
-    expect_ok(&r);
+    test_expect_ok(&r);
     cr_expect_not_null(strstr(r.err, "no checkpoint"), "%s", r.err);
     /* a flipped byte in the newest: corrupt, and the older one is named */
     const char *f = P("ckpt/step-00000004/optimizer.exp_avg_sq.safetensors");
@@ -2118,7 +2061,7 @@ Test(cli, bad_checkpoints_are_refused) {
     cr_expect_not_null(strstr(r.err, "step-00000002"), "the older checkpoint is not named:\n%s", r.err);
     FERRY(&r, "train", TINY, "--steps", "6", "--checkpoint-dir", ck, "--checkpoint-keep", "10",
           "--resume", P("ckpt/step-00000002"));
-    expect_ok(&r);
+    test_expect_ok(&r);
     /* a missing file: incomplete */
     cr_assert_eq(unlink(P("ckpt/step-00000006/model.safetensors")), 0);
     FERRY(&r, "train", TINY, "--steps", "8", "--checkpoint-dir", ck, "--resume");
@@ -2152,13 +2095,13 @@ Test(cli, llama_bf16_resumes_exactly_under_another_plan) {
 #define LLAMA_RUN "train", "--model", "llama-tiny", "--batch", "2", "--grad-accum", "2", "--seq", \
         "16", "--threads", "1", "--device", "cpu", "--dtype", "bf16", "--lr-schedule", "const", "--quiet"
     FERRY(&r, LLAMA_RUN, "--steps", "8", "--metrics", P("a.jsonl"), "--save", P("a.safetensors"));
-    expect_ok(&r);
+    test_expect_ok(&r);
     FERRY(&r, LLAMA_RUN, "--steps", "4", "--metrics", P("b.jsonl"), "--checkpoint-dir", P("ck"));
-    expect_ok(&r);
+    test_expect_ok(&r);
     FERRY(&r, LLAMA_RUN, "--steps", "8", "--metrics", P("b.jsonl"), "--checkpoint-dir", P("ck"),
           "--resume", "--offload-params", "1", "--offload-optim", "1", "--ckpt-layers", "3",
           "--save", P("b.safetensors"));
-    expect_ok(&r);
+    test_expect_ok(&r);
     cr_expect_null(strstr(r.err, "warning"), "%s", r.err);
 #undef LLAMA_RUN
     expect_same_file(P("a.safetensors"), P("b.safetensors"));
@@ -2191,7 +2134,7 @@ Test(cli, relaunches_find_their_checkpoint) {
     cr_assert_eq(r.sig, SIGKILL);
     FERRY(&r, "train", TINY, "--steps", "100000", "--checkpoint-dir", P("ckpt"), "--checkpoint-every",
           "100000", "--metrics", m, "--resume", "--steps", "5");
-    expect_ok(&r);
+    test_expect_ok(&r);
     char *jl = slurp(m, NULL);
     cr_expect(!strncmp(jl, "{\"step\":7}\n{\"step\":1,", 21), "the killed attempt's lines stayed:\n%.300s", jl);
     const int lines = count_lines(m);
@@ -2200,7 +2143,7 @@ Test(cli, relaunches_find_their_checkpoint) {
     /* no `latest`: the newest step directory */
     cr_assert_eq(unlink(P("ckpt/latest")), 0);
     FERRY(&r, "train", TINY, "--steps", "7", "--checkpoint-dir", P("ckpt"), "--resume");
-    expect_ok(&r);
+    test_expect_ok(&r);
     cr_expect_not_null(strstr(r.err, "latest is missing"), "%s", r.err);
     cr_expect_not_null(strstr(r.out, "step-00000005: step 5 of 7"), "%s", r.out);
     /* a new run into a directory with checkpoints */
@@ -2215,12 +2158,12 @@ Test(cli, relaunches_find_their_checkpoint) {
 Test(cli, checkpoints_record_the_version_that_wrote_them) {
     run_result r;
     FERRY(&r, "--version");
-    expect_ok(&r);
+    test_expect_ok(&r);
     char line[256];
     last_line(r.out, line, sizeof line);
     cr_assert(!strncmp(line, "ferry ", 6) && strstr(line, " (git "), "%s", line);
     FERRY(&r, "train", TINY, "--steps", "2", "--checkpoint-dir", P("ck"));
-    expect_ok(&r);
+    test_expect_ok(&r);
     char *text = slurp(P("ck/latest/ferry_state.json"), NULL);
     cJSON *j = cJSON_Parse(text);
     const cJSON *v = cJSON_GetObjectItem(j, "ferry");
@@ -2254,7 +2197,7 @@ Test(cli, checkpoint_flags_are_checked_before_the_work) {
     EXPECT_ERROR(&r, 1, "another ferry run", "held");
     close(fd);
     FERRY(&r, "train", TINY, "--checkpoint-dir", P("held"));
-    expect_ok(&r);
+    test_expect_ok(&r);
 }
 
 /* A run that diverges names its last checkpoint, which holds finite weights. */
@@ -2264,7 +2207,7 @@ Test(cli, a_diverged_run_keeps_its_last_checkpoint) {
           "--checkpoint-dir", P("ckpt"), "--checkpoint-every", "1");
     EXPECT_ERROR(&r, 1, "diverged", "last checkpoint", "ckpt/step-");
     char line[1024], path[512];
-    error_line(&r, line, sizeof line);
+    test_error_line(&r, line, sizeof line);
     const char *at = strstr(line, "--resume ");
     cr_assert_not_null(at, "%s", line);
     snprintf(path, sizeof path, "%.*s", (int)strcspn(at + 9, " "), at + 9);

@@ -147,4 +147,63 @@ static inline void test_run_ferry_when(test_proc *r, const char *dir, int timeou
     unlink(errp);
 }
 
+/* ---- the contract for bad input (README, "Bad input") ---- */
+
+/* Asserts no signal, no hang, and nothing on stderr that is not a "ferry: " line. */
+static inline void test_expect_clean(const test_proc *r) {
+    cr_assert_eq(r->sig, 0, "`%s` was killed by signal %d (%s)%s\nstderr:\n%s", r->cmd, r->sig,
+                 strsignal(r->sig), r->sig == SIGALRM ? ": it hung" : "", r->err);
+    cr_assert_null(strstr(r->err, "internal error"), "`%s`: internal error\n%s", r->cmd, r->err);
+    for (const char *l = r->err; *l;) {
+        const char *nl = strchr(l, '\n');
+        size_t n = nl ? (size_t)(nl - l) : strlen(l);
+        cr_assert(n == 0 || !strncmp(l, "ferry: ", 7),
+                  "`%s`: stderr holds a line that is not ferry's: '%.*s'\nstderr:\n%s", r->cmd,
+                  (int)n, l, r->err);
+        l += n + (nl ? 1 : 0);
+    }
+}
+
+/* The one "ferry: error:" line (asserted to be exactly one), copied into line. */
+static inline void test_error_line(const test_proc *r, char *line, size_t cap) {
+    int count = 0;
+    line[0] = 0;
+    for (const char *l = r->err; *l;) {
+        const char *nl = strchr(l, '\n');
+        size_t n = nl ? (size_t)(nl - l) : strlen(l);
+        if (!strncmp(l, "ferry: error:", 13)) {
+            if (count++ == 0) snprintf(line, cap, "%.*s", (int)n, l);
+        }
+        l += n + (nl ? 1 : 0);
+    }
+    cr_assert_eq(count, 1, "`%s`: expected exactly one 'ferry: error:' line, got %d\nstderr:\n%s",
+                 r->cmd, count, r->err);
+}
+
+/* Asserts a clean failure: exit status `want` (0: 1 or 2), exactly one error line, and
+ * that line holds every key word. */
+static inline void test_expect_error_kw(const test_proc *r, int want, const char *const *kw) {
+    test_expect_clean(r);
+    cr_assert_neq(r->code, 0, "`%s` succeeded; it should fail\nstdout:\n%s", r->cmd, r->out);
+    if (want) cr_assert_eq(r->code, want, "`%s`: exit status %d, expected %d\nstderr:\n%s", r->cmd,
+                           r->code, want, r->err);
+    else cr_assert(r->code == 1 || r->code == 2, "`%s`: exit status %d, expected 1 or 2\n%s",
+                   r->cmd, r->code, r->err);
+    char line[2048];
+    test_error_line(r, line, sizeof line);
+    cr_log_info("`%s` -> %d: %s", r->cmd, r->code, line); /* shown with --verbose */
+    for (int i = 0; kw[i]; i++)
+        cr_assert_not_null(strstr(line, kw[i]), "`%s`: the error does not mention '%s': %s",
+                           r->cmd, kw[i], line);
+}
+
+#define EXPECT_ERROR(r, want, ...) test_expect_error_kw((r), (want), (const char *const[]){__VA_ARGS__, NULL})
+
+static inline void test_expect_ok(const test_proc *r) {
+    test_expect_clean(r);
+    cr_assert_eq(r->code, 0, "`%s` failed with status %d\nstderr:\n%s", r->cmd, r->code, r->err);
+    cr_assert_null(strstr(r->err, "ferry: error:"), "`%s` succeeded but logged an error:\n%s",
+                   r->cmd, r->err);
+}
+
 #endif

@@ -359,6 +359,32 @@ bool fy_opts_given(const fy_opts *o, const char *name) {
     FY_ASSERT(0, "fy_opts_given: no such option");
 }
 
+static const opt *find(const char *name) {
+    for (int i = 0; i < NOPTS; i++)
+        if (!strcmp(table[i].name, name)) return &table[i];
+    return NULL;
+}
+
+const char *fy_opts_str(const fy_opts *o, const char *name) {
+    const opt *op = find(name);
+    FY_ASSERT(op && (op->type == T_STR || op->type == T_OPTSTR), "fy_opts_str: no such string option");
+    return *(const char *const *)((const char *)o + op->offset);
+}
+
+bool fy_opts_takes(unsigned cmd, const char *name) {
+    const opt *op = find(name);
+    return op && (op->cmds & cmd);
+}
+
+int fy_opts_count(void) { return NOPTS; }
+
+void fy_opts_at(int i, const char **name, const char **metavar, unsigned *cmds) {
+    FY_ASSERT(i >= 0 && i < NOPTS, "fy_opts_at: no such option");
+    *name = table[i].name;
+    *metavar = table[i].metavar;
+    *cmds = table[i].cmds;
+}
+
 void fy_opts_help(unsigned cmd, const char *usage) {
     printf("%s\n\noptions:\n", usage);
     for (int i = 0; i < NOPTS; i++) {

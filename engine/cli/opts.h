@@ -97,6 +97,22 @@ fy_dtype fy_opts_dtype(const fy_opts *o, fy_dev_kind kind);
 /* The kind --device names, auto resolved by looking for a GPU (no notice, no error). */
 fy_dev_kind fy_opts_dev_kind(const fy_opts *o);
 void fy_opts_help(unsigned cmd, const char *usage);
+/* The value of string option `name` (NULL when unset; "" for --resume without a PATH). */
+const char *fy_opts_str(const fy_opts *o, const char *name);
+/* Whether command cmd (FY_CMD_*) takes option `name`. */
+bool fy_opts_takes(unsigned cmd, const char *name);
+/* The table, for tests: how many options, and option i's name, metavar (NULL for a switch)
+ * and the commands that take it. */
+int fy_opts_count(void);
+void fy_opts_at(int i, const char **name, const char **metavar, unsigned *cmds);
+
+/* Every file and directory the command's flags name, read and written, checked against
+ * each other before anything is written (engine/io/paths.h; opts_paths.c): FY_ERR_USAGE
+ * after one error line naming both flags when an output would land on an input or on
+ * another output. --save may replace --init (a fine-tune in place). */
+fy_status fy_opts_check_paths(const fy_opts *o, unsigned cmd);
+/* Whether option `name` names a path that fy_opts_check_paths registers. */
+bool fy_opts_is_path(const char *name);
 
 #ifdef __cplusplus
 }

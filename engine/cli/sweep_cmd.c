@@ -138,6 +138,15 @@ static fy_status measure(const fy_opts *o, const fy_model *model, const fy_plan 
     return s;
 }
 
+static const char *const sweep_files[] = {"sweep.csv", "summary.txt", "measured_vs_predicted.png",
+                                          "throughput.png", NULL};
+
+bool fy_sweep_owns(const char *name) {
+    for (int i = 0; sweep_files[i]; i++)
+        if (!strcmp(name, sweep_files[i])) return true;
+    return false;
+}
+
 static void plots(const char *dir) {
     if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
         fy_log_info("gnuplot is not installed: no plots (sweep.csv has every number)");
@@ -169,6 +178,8 @@ int fy_sweep_main(const fy_opts *o) {
                      (long long)o->steps);
         return 2;
     }
+    fy_status st = fy_opts_check_paths(o, FY_CMD_SWEEP);
+    if (st != FY_OK) return st == FY_ERR_USAGE ? 2 : 1;
     fy_model *model;
     if (fy_opts_model(o, &model) != FY_OK) return 1;
     int rc = sweep(o, model);

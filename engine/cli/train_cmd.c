@@ -137,6 +137,11 @@ static fy_status resolve_plan(const fy_opts *o, const fy_model *m, fy_dev_kind k
                               fy_comm *comm, fy_plan *plan) {
     bool shorthands = fy_opts_given(o, "offload-params") || fy_opts_given(o, "offload-optim") ||
                       fy_opts_given(o, "ckpt-layers");
+    if (o->profile && !(o->plan && !strcmp(o->plan, "auto"))) {
+        fy_log_error("--profile is the machine --plan auto plans for; without --plan auto it "
+                     "would be ignored");
+        return FY_ERR_USAGE;
+    }
     if (o->plan && !strcmp(o->plan, "auto")) {
         if (shorthands) {
             fy_log_error("--plan auto cannot be combined with --offload-params, --offload-optim "
@@ -409,7 +414,9 @@ int fy_train_main(const fy_opts *o) {
         st = FY_ERR_IO;
     }
     if (world > 1 && stall == g_rank) sleep(120);
-    /* every output can be written, before any work */
+    /* no output lands on an input or on another output, and every output can be
+     * written, before any work */
+    if (st == FY_OK && lead) st = fy_opts_check_paths(o, FY_CMD_TRAIN);
     if (st == FY_OK && lead && o->metrics) st = fy_check_output(o->metrics, "--metrics", true);
     if (st == FY_OK && lead && o->trace) st = fy_check_output(o->trace, "--trace", false);
     if (st == FY_OK && lead && o->save_plan) st = fy_check_output(o->save_plan, "--save-plan", false);

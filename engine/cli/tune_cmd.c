@@ -28,14 +28,26 @@ fy_status fy_opts_model(const fy_opts *o, fy_model **out) {
     return st;
 }
 
-/* $XDG_CACHE_HOME/ferry/profile-<host>.json (or ~/.cache/...), directories created. */
-static fy_status cache_path(char *buf, size_t cap) {
+fy_status fy_tune_cache_path(char *buf, size_t cap) {
     const char *base = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
     char dir[3072];
     if (base && *base) snprintf(dir, sizeof dir, "%s/ferry", base);
     else if (home && *home) snprintf(dir, sizeof dir, "%s/.cache/ferry", home);
     else snprintf(dir, sizeof dir, "/tmp/ferry-cache");
-    char parent[3072];
+    char host[256] = "host";
+    gethostname(host, sizeof host - 1);
+    if ((size_t)snprintf(buf, cap, "%s/profile-%s.json", dir, host) < cap) return FY_OK;
+    fy_log_error("the profile cache's path is too long (XDG_CACHE_HOME or HOME)");
+    return FY_ERR_INVALID;
+}
+
+/* The cache's path, its directories created. */
+static fy_status cache_path(char *buf, size_t cap) {
+    FY_TRY(fy_tune_cache_path(buf, cap));
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", buf);
+    *strrchr(dir, '/') = 0;
+    char parent[4096];
     snprintf(parent, sizeof parent, "%s", dir);
     char *slash = strrchr(parent, '/');
     if (slash && slash != parent) { *slash = 0; mkdir(parent, 0755); }
@@ -43,9 +55,6 @@ static fy_status cache_path(char *buf, size_t cap) {
         fy_log_error("cannot create the profile cache %s", dir);
         return FY_ERR_IO;
     }
-    char host[256] = "host";
-    gethostname(host, sizeof host - 1);
-    snprintf(buf, cap, "%s/profile-%s.json", dir, host);
     return FY_OK;
 }
 
@@ -106,10 +115,12 @@ int fy_probe_main(const fy_opts *o) {
     char path[4096];
     fy_profile p;
     int rc = 1;
-    fy_status st = fy_opts_model(o, &m);
+    fy_status st = lead ? fy_opts_check_paths(o, FY_CMD_PROBE) : FY_OK;
+    if (st == FY_OK) st = fy_opts_model(o, &m);
     if (st == FY_OK && o->out) snprintf(path, sizeof path, "%s", o->out);
     else if (st == FY_OK && lead) st = cache_path(path, sizeof path);
     if (st == FY_OK && lead) st = fy_check_output(path, "--out", false);
+    if (st == FY_ERR_USAGE) rc = 2;
     if (fy_comm_agree(comm, st) != FY_OK) goto done; /* the failing rank said why */
     if (probe(o, m, comm, &p) != FY_OK) goto done;
     if (lead && fy_profile_save(path, &p) != FY_OK) goto done;
@@ -389,6 +400,8 @@ static int capacity(const fy_opts *o) {
 
 int fy_tune_main(const fy_opts *o) {
     if (o->quiet) fy_log_set_level(FY_LOG_WARN);
+    fy_status st = fy_opts_check_paths(o, FY_CMD_TUNE);
+    if (st != FY_OK) return st == FY_ERR_USAGE ? 2 : 1;
     if (o->capacity) return capacity(o);
     /* the default output is never replaced unasked: --out may name any file, this one too */
     if (!o->out && access("plan.json", F_OK) == 0) {

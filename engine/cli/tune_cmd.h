@@ -22,6 +22,9 @@ fy_status fy_tune_auto_plan(const fy_opts *o, const fy_model *m, fy_comm *comm, 
 /* The profile: --profile (file or name), else this machine's cached probe if it measured
  * this model and sequence length, else a probe now (then cached). */
 fy_status fy_tune_auto_profile(const fy_opts *o, const fy_model *m, fy_profile *p);
+/* This machine's cached profile: $XDG_CACHE_HOME/ferry/profile-<host>.json (or
+ * ~/.cache/ferry/..., /tmp/ferry-cache/...), into buf; nothing is created. */
+fy_status fy_tune_cache_path(char *buf, size_t cap);
 /* The named model with the shape overrides of o (no weights file), checked against
  * --seq; the caller frees it. */
 fy_status fy_opts_model(const fy_opts *o, fy_model **out);

@@ -201,7 +201,7 @@ fy_status fy_tokens_open(const char *path, fy_tokens **out) {
     *out = NULL;
     fy_tokens *t;
     FY_TRY(tokens_alloc(path, &t));
-    fy_status st = strpbrk(path, "*?[") ? load_glob(t, path) : load_file(t, path);
+    fy_status st = fy_tokens_is_glob(path) ? load_glob(t, path) : load_file(t, path);
     if (st != FY_OK) {
         fy_tokens_free(t);
         return st;

@@ -26,8 +26,10 @@
 #ifndef FY_TOKENS_H
 #define FY_TOKENS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "engine/core/status.h"
 
@@ -45,6 +47,8 @@ typedef struct fy_tokens fy_tokens; /* all tokens of a file (or glob), mapped in
  * match), FY_ERR_FORMAT (empty, bad magic, bad version, bad count, wrong size) or
  * FY_ERR_NOMEM. On failure *out is NULL. */
 fy_status fy_tokens_open(const char *path, fy_tokens **out);
+/* Whether fy_tokens_open reads path as a glob (it holds one of *?[). */
+static inline bool fy_tokens_is_glob(const char *path) { return strpbrk(path, "*?[") != NULL; }
 /* Takes a copy of a byte buffer as text tokens (n bytes, one a token). */
 fy_status fy_tokens_from_bytes(const uint8_t *bytes, size_t n, const char *label,
                                fy_tokens **out);

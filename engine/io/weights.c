@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "engine/core/util.h"
 #include "engine/io/json_file.h"
@@ -89,9 +90,17 @@ static fy_status build_table(fy_weights *w) {
     return FY_OK;
 }
 
-/* A shard name from an index: a plain file name in the index's directory. */
-static bool plain_shard_name(const char *s) {
-    return *s && !strchr(s, '/') && strcmp(s, ".") && strcmp(s, "..") && fy_str_ends_with(s, ".safetensors");
+const char *const fy_hf_aux_names[] = {
+    "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+    "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt", NULL,
+};
+
+/* The shard an index's weight_map entry names: a plain .safetensors file name in the
+ * index's directory; NULL if it is not one. */
+static const char *shard_name(const cJSON *e) {
+    const char *s = cJSON_IsString(e) ? e->valuestring : NULL;
+    return s && *s && !strchr(s, '/') && strcmp(s, ".") && strcmp(s, "..") &&
+           fy_str_ends_with(s, ".safetensors") ? s : NULL;
 }
 
 static fy_status open_index(fy_weights *w, const char *index) {
@@ -108,7 +117,7 @@ static fy_status open_index(fy_weights *w, const char *index) {
     names = calloc((size_t)nmap, sizeof *names);
     if (!names) { st = FY_ERR_NOMEM; goto done; }
     for (const cJSON *e = map->child; e; e = e->next) {
-        if (!cJSON_IsString(e) || !plain_shard_name(e->valuestring)) {
+        if (!shard_name(e)) {
             fy_log_error("%s: weight_map[\"%s\"] is not a .safetensors file name in the index's "
                          "directory", index, e->string);
             goto done;
@@ -296,3 +305,61 @@ const char *fy_weights_meta(const fy_weights *w, const char *key) {
 
 const cJSON *fy_weights_config(const fy_weights *w) { return w->config; }
 const char *fy_weights_config_path(const fy_weights *w) { return w->config_path; }
+
+/* ---- the files of a path, unopened ------------------------------------------------------ */
+
+/* dir/name to fn if it is a file. */
+static fy_status file_to(fy_weights_file_fn fn, void *ctx, const char *dir, const char *name) {
+    char *path = dup_printf("%s/%s", dir, name);
+    if (!path) return FY_ERR_NOMEM;
+    fy_status st = is_file(path) ? fn(ctx, path) : FY_OK;
+    free(path);
+    return st;
+}
+
+/* The index and the shards it names, to fn; an index that does not parse names only
+ * itself. */
+static fy_status index_files(fy_weights_file_fn fn, void *ctx, const char *dir, const char *index) {
+    FY_TRY(fn(ctx, index));
+    int fd = fy_open_read(index);
+    struct stat sb;
+    char *text = NULL;
+    if (fd >= 0 && fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size <= FY_JSON_MAX_BYTES &&
+        (text = malloc((size_t)sb.st_size + 1))) {
+        size_t got = 0;
+        for (ssize_t k; got < (size_t)sb.st_size && (k = read(fd, text + got, (size_t)sb.st_size - got)) > 0;)
+            got += (size_t)k;
+        text[got] = 0;
+    }
+    if (fd >= 0) close(fd);
+    cJSON *root = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    const cJSON *map = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
+    fy_status st = FY_OK;
+    for (const cJSON *e = cJSON_IsObject(map) ? map->child : NULL; e && st == FY_OK; e = e->next)
+        if (shard_name(e)) st = file_to(fn, ctx, dir, shard_name(e));
+    cJSON_Delete(root);
+    return st;
+}
+
+fy_status fy_weights_files(const char *path, fy_weights_file_fn fn, void *ctx) {
+    struct stat sb;
+    if (stat(path, &sb) != 0) return FY_OK;
+    const char *slash = strrchr(path, '/');
+    char *dir = S_ISDIR(sb.st_mode) ? strdup(path)
+                : slash ? strndup(path, (size_t)(slash - path) + (slash == path)) : strdup(".");
+    if (!dir) return FY_ERR_NOMEM;
+    fy_status st = FY_OK;
+    char *index = S_ISDIR(sb.st_mode) ? dup_printf("%s/%s", dir, FY_HF_INDEX_NAME) : NULL;
+    if (S_ISDIR(sb.st_mode) && !index) st = FY_ERR_NOMEM;
+    else if (index && is_file(index)) st = index_files(fn, ctx, dir, index);
+    else if (index) st = file_to(fn, ctx, dir, FY_HF_SINGLE_NAME);
+    else if (fy_str_ends_with(path, ".json")) st = index_files(fn, ctx, dir, path);
+    else st = fn(ctx, path);
+    free(index);
+    if (st == FY_OK) st = file_to(fn, ctx, dir, FY_HF_CONFIG_NAME);
+    for (int i = 0; fy_hf_aux_names[i] && st == FY_OK; i++)
+        st = file_to(fn, ctx, dir, fy_hf_aux_names[i]);
+    free(dir);
+    return st;
+}

@@ -29,12 +29,24 @@ extern "C" {
 #define FY_HF_SINGLE_NAME "model.safetensors"
 #define FY_HF_CONFIG_NAME "config.json"
 
+/* The tokenizer and generation files of a model directory, which a directory save copies
+ * from the one it read (NULL-terminated). */
+extern const char *const fy_hf_aux_names[];
+
 typedef struct fy_weights fy_weights;
 
 /* path: a .safetensors file, an index file, or a directory with config.json and either
  * model.safetensors or the index. FY_ERR_IO / FY_ERR_FORMAT (logged). */
 fy_status fy_weights_open(const char *path, fy_weights **out);
 void fy_weights_close(fy_weights *w); /* NULL is a no-op */
+
+/* Every file of path that fy_weights_open reads or a directory save copies, each to fn
+ * (stopping at its first failure, returned): the .safetensors file, or the index and the
+ * shards it names; the config.json of the directory; the fy_hf_aux_names there. Only what
+ * exists; nothing is opened but the index, nothing is logged (a path that does not open
+ * names what it can, and fy_weights_open says what is wrong). */
+typedef fy_status (*fy_weights_file_fn)(void *ctx, const char *path);
+fy_status fy_weights_files(const char *path, fy_weights_file_fn fn, void *ctx);
 
 const char *fy_weights_path(const fy_weights *w); /* as given */
 /* The directory the files are in ("." for a bare file name). */

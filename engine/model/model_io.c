@@ -311,12 +311,7 @@ static fy_status save_file(const fy_model *m, const char *path, const fy_save_op
 /* ---- saving a directory ---------------------------------------------------------------- */
 
 /* What ferry writes into a model directory, and the tokenizer and generation files it
- * copies from the one it read. */
-static const char *const aux_files[] = {
-    "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-    "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt", NULL,
-};
-
+ * copies from the one it read (weights.h). */
 static bool ours(const char *name) {
     if (!strcmp(name, FY_HF_CONFIG_NAME) || !strcmp(name, FY_HF_SINGLE_NAME) ||
         !strcmp(name, FY_HF_INDEX_NAME))
@@ -325,8 +320,8 @@ static bool ours(const char *name) {
     char tail[32];
     if (sscanf(name, "model-%5u-of-%5u.safetensor%31s", &a, &b, tail) == 3 && !strcmp(tail, "s"))
         return true;
-    for (int i = 0; aux_files[i]; i++)
-        if (!strcmp(name, aux_files[i])) return true;
+    for (int i = 0; fy_hf_aux_names[i]; i++)
+        if (!strcmp(name, fy_hf_aux_names[i])) return true;
     return false;
 }
 
@@ -548,10 +543,10 @@ static fy_status write_dir(saver *sv, const char *dir, const fy_save_opts *o) {
         path = NULL;
     }
     const char *from = o && o->from ? fy_weights_dir(o->from) : NULL;
-    for (int i = 0; from && aux_files[i] && st == FY_OK; i++) {
-        char *src = join(from, aux_files[i]);
+    for (int i = 0; from && fy_hf_aux_names[i] && st == FY_OK; i++) {
+        char *src = join(from, fy_hf_aux_names[i]);
         struct stat sb;
-        path = join(dir, aux_files[i]);
+        path = join(dir, fy_hf_aux_names[i]);
         if (!src || !path) st = FY_ERR_NOMEM;
         else if (stat(src, &sb) == 0 && S_ISREG(sb.st_mode)) st = copy_file(src, path);
         free(src);
