@@ -138,8 +138,12 @@ fy_status fy_ckpt_state_parse(const char *text, size_t n, fy_ckpt_state *out, ch
     const cJSON *ferry = cJSON_GetObjectItemCaseSensitive(root, "ferry");
     const cJSON *files = cJSON_GetObjectItemCaseSensitive(root, "files");
     const cJSON *config = cJSON_GetObjectItemCaseSensitive(root, "config");
+    char dup[160], dup_why[200];
     if (!root || !cJSON_IsObject(root)) bad = "not a JSON object";
-    else if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, FORMAT_NAME))
+    else if (fy_json_duplicate(root, dup, sizeof dup)) {
+        snprintf(dup_why, sizeof dup_why, "key \"%s\" appears twice", dup);
+        bad = dup_why;
+    } else if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, FORMAT_NAME))
         bad = "\"format\" is not \"" FORMAT_NAME "\"";
     else if (!get_int(root, "version", 1, 1 << 20, &version)) bad = "no valid \"version\"";
     else if (version != FY_CKPT_VERSION) bad = "a format version this ferry does not read";

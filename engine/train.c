@@ -126,7 +126,7 @@ typedef struct run {
     fy_trace_buf trace;
     fy_mem_model model;
     size_t N;                 /* tokens per step: micro-batch x T x accumulation */
-    double t_start, ms_sum;
+    double t_start, ms_sum, first_ms; /* steps after the first; the first (warm-up) */
     int64_t ms_count;
     float loss, val_loss;
     int64_t skipped_run;
@@ -616,6 +616,7 @@ static fy_status log_step(run *r, int64_t s, const fy_step_stats *ss, float lr, 
     const fy_train_cfg *c = r->cfg;
     const double ms = ss->step_ms, tok_s = (double)r->N / (ms / 1e3);
     if (s > r->start) { r->ms_sum += ms; r->ms_count++; } /* the first step warms caches */
+    else r->first_ms = ms;
     r->loss = ss->loss;
     if (r->metrics) {
         char v[5][32];
@@ -712,14 +713,17 @@ static fy_status report(run *r) {
     fy_dev_mem_stats ms;
     fy_dev_mem_stats_get(r->dev, &ms);
     char peak[32], pred[32];
-    double mean_ms = r->ms_count ? r->ms_sum / (double)r->ms_count : 0.0;
+    /* the mean over the steps after the first, which warms caches; a run of one step has
+     * only that one, said so */
+    const double mean_ms = r->ms_count ? r->ms_sum / (double)r->ms_count : r->first_ms;
     const int64_t ran = c->steps > r->start ? c->steps - r->start : 0;
     if (!ran)
         printf("done    nothing to train: resumed at step %lld of %lld | final loss %.4f",
                (long long)r->start, (long long)c->steps, r->loss);
     else
-        printf("done    %lld steps%s in %.1f s | %.1f ms/step | %.0f tok/s | final loss %.4f",
-               (long long)ran, r->start ? " (resumed)" : "", total_s, mean_ms,
+        printf("done    %lld step%s%s in %.1f s | %.1f ms/step%s | %.0f tok/s | final loss %.4f",
+               (long long)ran, ran == 1 ? "" : "s", r->start ? " (resumed)" : "", total_s,
+               mean_ms, r->ms_count ? "" : " (the first step's, with its warm-up)",
                mean_ms > 0 ? (double)r->N / (mean_ms / 1e3) : 0.0, r->loss);
     if (r->val) printf(" | val loss %.4f", r->val_loss);
     printf(" | device peak %s (model %s)\n",

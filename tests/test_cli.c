@@ -36,7 +36,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "engine/io/safetensors.h"
 #include "tests/test_util.h"
+#include "tuner/profile.h"
 
 #define RUN_TIMEOUT_S 60
 
@@ -1451,6 +1453,156 @@ Test(cli, hf_flags_disagreeing_with_the_config) {
     EXPECT_ERROR(&r, 1, "--model", "llama-tiny");
     FERRY(&r, "train", HF_ARGS, "--init", fixture("llama_hf_tiny"), "--layers", "3");
     EXPECT_ERROR(&r, 2, "--layers");
+}
+
+/* Replaces the first `from` in a safetensors file's header with `to`, keeping the data:
+ * the header is rewritten with its new length (padded with spaces to 8 bytes). */
+static void edit_header(const char *path, const char *from, const char *to) {
+    size_t n;
+    char *b = slurp(path, &n);
+    cr_assert_not_null(b);
+    uint64_t hn;
+    memcpy(&hn, b, 8);
+    cr_assert(8 + hn <= n);
+    char *hdr = strndup(b + 8, hn);
+    char *at = strstr(hdr, from);
+    cr_assert_not_null(at, "%s: the header has no '%s'", path, from);
+    const size_t pre = (size_t)(at - hdr), fl = strlen(from), tl = strlen(to);
+    size_t nn = hn - fl + tl;
+    const size_t padded = (nn + 7) / 8 * 8;
+    char *out = malloc(8 + padded + (n - 8 - hn));
+    memcpy(out + 8, hdr, pre);
+    memcpy(out + 8 + pre, to, tl);
+    memcpy(out + 8 + pre + tl, at + fl, hn - pre - fl);
+    memset(out + 8 + nn, ' ', padded - nn);
+    const uint64_t le = padded;
+    memcpy(out, &le, 8);
+    memcpy(out + 8 + padded, b + 8 + hn, n - 8 - hn);
+    write_bytes(path, out, 8 + padded + (n - 8 - hn));
+    free(out);
+    free(hdr);
+    free(b);
+}
+
+/* A key twice in any JSON ferry reads means two things (ferry's cJSON would take the
+ * first, Python's json and so transformers the last): refused, naming the key and the
+ * file. config.json, an index, a plan, a profile, a checkpoint state, a safetensors
+ * header and ferry's config in a single file's metadata. */
+Test(cli, json_with_a_key_twice_refused) {
+    run_result r;
+    const char *d = copy_hf("llama_hf_tiny_bf16", "dupcfg");
+    edit(d, "config.json", "\"hidden_size\": 64,", "\"hidden_size\": 64, \"hidden_size\": 32,");
+    FERRY(&r, "train", HF_ARGS, "--init", d);
+    EXPECT_ERROR(&r, 1, "config.json", "\"hidden_size\"", "twice");
+    d = copy_hf("llama_hf_tiny_bf16", "duprope"); /* nested */
+    edit(d, "config.json", "\"factor\": 8.0,", "\"factor\": 8.0, \"factor\": 2.0,");
+    FERRY(&r, "train", HF_ARGS, "--init", d);
+    EXPECT_ERROR(&r, 1, "config.json", "\"rope_scaling.factor\"", "twice");
+    d = copy_hf("llama_hf_tiny", "dupidx");
+    edit(d, "model.safetensors.index.json", "\"lm_head.weight\": \"model-00011-of-00012.safetensors\",",
+         "\"lm_head.weight\": \"model-00011-of-00012.safetensors\", \"lm_head.weight\": "
+         "\"model-00011-of-00012.safetensors\",");
+    FERRY(&r, "train", HF_ARGS, "--init", d);
+    EXPECT_ERROR(&r, 1, "model.safetensors.index.json", "\"weight_map.lm_head.weight\"", "twice");
+    FERRY(&r, "train", TINY, "--save-plan", P("plan.json"), "--dry-run");
+    test_expect_ok(&r);
+    edit(g_dir, "plan.json", "\"micro_batch\":", "\"micro_batch\": 4, \"micro_batch\":");
+    FERRY(&r, "train", TINY, "--plan", P("plan.json"));
+    EXPECT_ERROR(&r, 1, "plan.json", "\"micro_batch\"", "twice");
+    fy_profile prof;
+    cr_assert_eq(fy_profile_named("rtx4090-pcie4", &prof), FY_OK);
+    cr_assert_eq(fy_profile_save(P("prof.json"), &prof), FY_OK);
+    edit(g_dir, "prof.json", "\"h2d_gbps\":", "\"h2d_gbps\": 1000, \"h2d_gbps\":");
+    FERRY(&r, "tune", "--model", "gpt2-tiny", "--profile", P("prof.json"), "--out", P("t.json"));
+    EXPECT_ERROR(&r, 1, "prof.json", "\"h2d_gbps\"", "twice");
+    FERRY(&r, "train", TINY, "--steps", "2", "--checkpoint-dir", P("ck"), "--checkpoint-sync");
+    test_expect_ok(&r);
+    edit(P("ck/step-00000002"), "ferry_state.json", "\"version\":", "\"version\": 1, \"version\":");
+    FERRY(&r, "train", TINY, "--steps", "3", "--checkpoint-dir", P("ck"), "--resume");
+    EXPECT_ERROR(&r, 1, "ferry_state.json", "\"version\"", "twice");
+    const char *w = P("dup.safetensors");
+    write_gpt2(w, &TINY_FILE);
+    edit_header(w, "\"dtype\":", "\"dtype\":\"F32\",\"dtype\":");
+    FERRY(&r, "train", SMALL, "--init", w);
+    EXPECT_ERROR(&r, 1, "dup.safetensors", ".dtype\"", "twice");
+    w = P("saved.safetensors");
+    FERRY(&r, "train", "--model", "llama-tiny", SMALL, "--save", w);
+    test_expect_ok(&r);
+    edit_header(w, "\\\"hidden_size\\\":", "\\\"hidden_size\\\":7,\\\"hidden_size\\\":");
+    FERRY(&r, "train", SMALL, "--init", w);
+    EXPECT_ERROR(&r, 1, "saved.safetensors", "ferry.config", "\"hidden_size\"", "twice");
+}
+
+/* Writes dir/model.safetensors from the fixture llama_hf_tiny_bf16's tensors, its lm_head
+ * replaced by the embedding's bytes (same) or left out (drop), and config.json tied. */
+static const char *tied_dir(const char *name, bool drop) {
+    const char *d = copy_hf("llama_hf_tiny_bf16", name);
+    edit(d, "config.json", "\"tie_word_embeddings\": false", "\"tie_word_embeddings\": true");
+    fy_st_file *f;
+    cr_assert_eq(fy_st_open(fixture("llama_hf_tiny_bf16/model.safetensors"), &f), FY_OK);
+    const fy_st_tensor *emb = fy_st_find(f, "model.embed_tokens.weight");
+    cr_assert_not_null(emb);
+    fy_st_entry es[64];
+    int n = 0;
+    for (int i = 0; i < fy_st_count(f); i++) {
+        const fy_st_tensor *t = fy_st_at(f, i);
+        const bool head = !strcmp(t->name, "lm_head.weight");
+        if (head && drop) continue;
+        es[n] = (fy_st_entry){.name = t->name, .dtype = t->dtype, .ndim = t->ndim,
+                              .data = head ? emb->data : t->data};
+        memcpy(es[n].shape, t->shape, sizeof t->shape);
+        n++;
+    }
+    char path[600];
+    snprintf(path, sizeof path, "%s/model.safetensors", d);
+    cr_assert_eq(fy_st_write(path, es, n, NULL), FY_OK);
+    fy_st_close(f);
+    return d;
+}
+
+/* tie_word_embeddings true with an lm_head.weight stored: tied, as transformers ties it,
+ * with one warning naming the dropped tensor and whether it was a copy of the embedding;
+ * a copy trains exactly as the same directory without it. */
+Test(cli, tied_head_with_a_stored_lm_head_warns_and_ties) {
+    run_result r, plain;
+    const char *d = copy_hf("llama_hf_tiny_bf16", "differs");
+    edit(d, "config.json", "\"tie_word_embeddings\": false", "\"tie_word_embeddings\": true");
+    FERRY(&r, "train", HF_ARGS, "--init", d);
+    test_expect_ok(&r);
+    cr_expect(strstr(r.err, "ferry: warning:") && strstr(r.err, "lm_head.weight is not read") &&
+              strstr(r.err, "differs from it"), "no warning about the dropped head:\n%s", r.err);
+    const char *same = tied_dir("same", false), *none = tied_dir("none", true);
+    FERRY(&r, "train", HF_ARGS, "--steps", "3", "--init", same);
+    test_expect_ok(&r);
+    cr_expect(strstr(r.err, "lm_head.weight is not read") && strstr(r.err, "is a copy of it"),
+              "no warning about the copied head:\n%s", r.err);
+    FERRY(&plain, "train", HF_ARGS, "--steps", "3", "--init", none);
+    test_expect_ok(&plain);
+    cr_expect_null(strstr(plain.err, "warning"), "%s", plain.err);
+    char a[512], b[512];
+    last_line(r.out, a, sizeof a);
+    last_line(plain.out, b, sizeof b);
+    const char *la = strstr(a, "final loss"), *lb = strstr(b, "final loss");
+    cr_assert(la && lb, "%s\n%s", a, b);
+    cr_expect_eq(strncmp(la, lb, 24), 0, "tied with the copy: %s; without it: %s", la, lb);
+}
+
+/* A run of one step reports that step's time, not 0 ms. */
+Test(cli, one_step_summary_gives_real_times) {
+    run_result r;
+    FERRY(&r, "train", TINY);
+    test_expect_ok(&r);
+    const char *done = strstr(r.out, "done    1 step in");
+    cr_assert_not_null(done, "%s", r.out);
+    double ms = 0, tok = 0;
+    const char *p = strstr(done, "| "), *q = strstr(done, "tok/s");
+    cr_assert(p && q);
+    cr_assert_eq(sscanf(p, "| %lf ms/step", &ms), 1, "%s", done);
+    const char *t = q;
+    while (t > done && t[-1] == ' ') t--;
+    while (t > done && (t[-1] == '.' || (t[-1] >= '0' && t[-1] <= '9'))) t--;
+    cr_assert_eq(sscanf(t, "%lf", &tok), 1, "%s", done);
+    cr_expect(ms > 0 && tok > 0, "%s", done);
 }
 
 Test(cli, llama_flags_refused_for_gpt2) {

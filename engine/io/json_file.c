@@ -3,6 +3,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -43,6 +44,60 @@ fy_status fy_json_read_text(const char *path, const char *what, char **text, siz
     return FY_OK;
 }
 
+typedef struct keyed { const char *key; int at; } keyed;
+
+static int cmp_keyed(const void *a, const void *b) {
+    const keyed *x = a, *y = b;
+    const int c = strcmp(x->key, y->key);
+    return c ? c : (x->at > y->at) - (x->at < y->at);
+}
+
+/* Appends ".key" (or "key" at the top) or "[i]" to where[0..len) as far as it fits. */
+static size_t extend(char *where, size_t cap, size_t len, const cJSON *parent, const cJSON *item,
+                     int i) {
+    if (len >= cap) return len;
+    const int w = cJSON_IsObject(parent) ? snprintf(where + len, cap - len, "%s%s", len ? "." : "", item->string)
+                                         : snprintf(where + len, cap - len, "[%d]", i);
+    return w < 0 ? len : len + (size_t)w < cap ? len + (size_t)w : cap - 1;
+}
+
+/* The index among node's children of the first key, in document order, that repeats an
+ * earlier key of node; -1 if none (or not an object). Sorting: O(n log n) for n keys. */
+static int repeated(const cJSON *node) {
+    int n = 0;
+    for (const cJSON *c = node->child; c; c = c->next) n++;
+    if (!cJSON_IsObject(node) || n < 2) return -1;
+    keyed *k = malloc((size_t)n * sizeof *k);
+    if (!k) return -1;
+    int i = 0, at = -1;
+    for (const cJSON *c = node->child; c; c = c->next, i++) k[i] = (keyed){c->string ? c->string : "", i};
+    qsort(k, (size_t)n, sizeof *k, cmp_keyed);
+    for (i = 1; i < n; i++)
+        if (!strcmp(k[i].key, k[i - 1].key) && (at < 0 || k[i].at < at)) at = k[i].at;
+    free(k);
+    return at;
+}
+
+/* The first repeated key under node in document order (where[0..len) names node): its
+ * path into where; false if none. */
+static bool first_dup(const cJSON *node, char *where, size_t cap, size_t len) {
+    const int at = repeated(node);
+    int i = 0;
+    for (const cJSON *c = node->child; c; c = c->next, i++) {
+        const size_t l = extend(where, cap, len, node, c, i);
+        if (i == at) return true;
+        if ((cJSON_IsObject(c) || cJSON_IsArray(c)) && first_dup(c, where, cap, l)) return true;
+        where[len] = 0;
+    }
+    return false;
+}
+
+bool fy_json_duplicate(const cJSON *root, char *where, size_t cap) {
+    if (!root || cap == 0) return false;
+    where[0] = 0;
+    return first_dup(root, where, cap, 0);
+}
+
 fy_status fy_json_read(const char *path, const char *what, cJSON **out) {
     *out = NULL;
     char *text;
@@ -53,6 +108,14 @@ fy_status fy_json_read(const char *path, const char *what, cJSON **out) {
     free(text);
     if (!*out) {
         fy_log_error("%s %s: not JSON", what, path);
+        return FY_ERR_FORMAT;
+    }
+    char where[256];
+    if (fy_json_duplicate(*out, where, sizeof where)) {
+        fy_log_error("%s %s: key \"%s\" appears twice; JSON readers disagree on which one counts "
+                     "(Python's json, and so transformers, takes the last): keep one", what, path, where);
+        cJSON_Delete(*out);
+        *out = NULL;
         return FY_ERR_FORMAT;
     }
     return FY_OK;

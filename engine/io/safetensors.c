@@ -34,6 +34,7 @@
 #include <cjson/cJSON.h>
 
 #include "engine/core/util.h"
+#include "engine/io/json_file.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors.c assumes a little-endian host"
@@ -245,6 +246,11 @@ static fy_status parse_header(fy_st_file *f, const char *json, size_t json_nbyte
         f->n++;
     }
     if (check_layout(f, spans, why, cap) != 0) goto fail;
+    char dup[160];
+    if (fy_json_duplicate(f->root, dup, sizeof dup)) { /* a tensor's or the metadata's key */
+        snprintf(why, cap, "header key \"%s\" appears twice", dup);
+        goto fail;
+    }
     free(spans);
     return FY_OK;
 dup_meta:

@@ -201,6 +201,12 @@ static fy_status meta_config(fy_weights *w) {
         fy_log_error("%s: metadata ferry.config is not a JSON object", w->path);
         return FY_ERR_FORMAT;
     }
+    char dup[160];
+    if (fy_json_duplicate(w->config, dup, sizeof dup)) {
+        fy_log_error("%s: metadata ferry.config holds key \"%s\" twice; JSON readers disagree on "
+                     "which one counts: keep one", w->path, dup);
+        return FY_ERR_FORMAT;
+    }
     return (w->config_path = dup_printf("%s (ferry.config)", w->path, NULL)) ? FY_OK : FY_ERR_NOMEM;
 }
 

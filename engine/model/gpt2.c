@@ -361,6 +361,13 @@ static bool ignored(const fy_model *m, const char *name) {
            (n > 17 && !strcmp(name + n - 17, ".attn.masked_bias"));
 }
 
+/* GPT-2's head is the token embedding: a stored lm_head.weight is a copy of it (or, if it
+ * differs, not what GPT2LMHeadModel computes with either). */
+static const char *tied_to(const fy_model *m, const char *name) {
+    (void)m;
+    return !strcmp(name, "lm_head.weight") ? "wte.weight" : NULL;
+}
+
 static void gpt2_free(void *ctx) { free(ctx); }
 
 static const char *const prefixes[] = {"", "transformer.", NULL};
@@ -379,6 +386,7 @@ static const fy_model_iface gpt2_iface = {
     .file_prefixes = prefixes,
     .dir_prefix = "transformer.",
     .ignored = ignored,
+    .tied_to = tied_to,
     .hf_config = fy_gpt2_hf_config,
 };
 

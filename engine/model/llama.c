@@ -435,11 +435,15 @@ static void cost(const fy_model *m, int b, fy_pass pass, int B, int T, double es
     }
 }
 
-/* Buffers some checkpoints hold besides the parameters, and a tied model's lm_head
- * (transformers ignores it too). */
+/* Buffers some checkpoints hold besides the parameters. */
 static bool ignored(const fy_model *m, const char *name) {
-    if (fy_str_ends_with(name, "rotary_emb.inv_freq")) return true;
-    return fy_llama_config_of(m)->tied && !strcmp(name, "lm_head.weight");
+    (void)m;
+    return fy_str_ends_with(name, "rotary_emb.inv_freq");
+}
+
+/* A tied model's stored lm_head is the embedding (transformers ties it the same way). */
+static const char *tied_to(const fy_model *m, const char *name) {
+    return fy_llama_config_of(m)->tied && !strcmp(name, "lm_head.weight") ? "model.embed_tokens.weight" : NULL;
 }
 
 static void llama_free(void *ctx) { free(ctx); }
@@ -458,6 +462,7 @@ static const fy_model_iface llama_iface = {
     .cost = cost,
     .dir_prefix = "",
     .ignored = ignored,
+    .tied_to = tied_to,
     .hf_config = fy_llama_hf_config,
 };
 

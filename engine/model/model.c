@@ -108,8 +108,10 @@ fy_status fy_model_from_weights(const fy_weights *w, const fy_model_shape *hint,
     if (st != FY_OK) {
         fy_model_free(*out);
         *out = NULL;
+        return st;
     }
-    return st;
+    fy_model_warn_tied(*out, w);
+    return FY_OK;
 }
 
 /* ---- creation and checks ----------------------------------------------------------- */

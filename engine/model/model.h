@@ -213,12 +213,19 @@ void fy_model_cost(const fy_model *m, int b, fy_pass pass, int B, int T, double 
 /* The model a weights source holds (weights.h): its family from config.json's model_type
  * (gpt2; llama; mistral, whose sliding window then bounds the sequence) or, without a
  * config, from its tensors (GPT-2's; `hint` gives what such a file may not say: the
- * heads); then fy_model_check_weights. FY_ERR_FORMAT / FY_ERR_INVALID (one logged line
- * naming the file and the field or tensor). */
+ * heads); then fy_model_check_weights, and a warning for each stored tensor the model
+ * ties instead of reading (fy_model_warn_tied). FY_ERR_FORMAT / FY_ERR_INVALID (one logged
+ * line naming the file and the field or tensor). */
 fy_status fy_model_from_weights(const fy_weights *w, const fy_model_shape *hint, fy_model **out);
 /* Whether w holds exactly the model's tensors: each with the model's shape and a type
- * ferry reads (F32, BF16, F16), and nothing else but buffers the family skips. */
+ * ferry reads (F32, BF16, F16), and nothing else but buffers the family skips and tensors
+ * it ties to a parameter (a tied head's stored lm_head.weight). */
 fy_status fy_model_check_weights(const fy_model *m, const fy_weights *w);
+/* One warning for each tensor of w the model ties to a parameter instead of reading (a
+ * tied head's lm_head.weight, which transformers drops the same way): it names the tensor
+ * and says whether it is a byte-for-byte copy of the parameter or differs (then its
+ * values are lost). Compares the two mapped tensors once (reads both from the file). */
+void fy_model_warn_tied(const fy_model *m, const fy_weights *w);
 /* Reads block b's tensors from w into host (nelem floats, padding zero): one block at a
  * time, so loading a model needs one block of memory besides the model's own. */
 fy_status fy_model_load_block(const fy_model *m, const fy_weights *w, int b, float *host);

@@ -37,11 +37,14 @@ typedef struct fy_model_iface {
      * NULL-terminated (may be NULL); the prefix a directory ferry writes gives every name
      * ("transformer." for GPT-2's, so transformers' LMHead classes find them all); tensors
      * a file may hold that are not parameters (buffers), skipped on load (may be NULL);
-     * the config.json fields that rebuild the model, set in cfg (an object that may
-     * already hold other keys, kept) */
+     * a stored tensor the model ties to one of its parameters instead of reading it (a
+     * tied head's lm_head.weight): that parameter's name, or NULL (may be NULL); the
+     * config.json fields that rebuild the model, set in cfg (an object that may already
+     * hold other keys, kept) */
     const char *const *file_prefixes;
     const char *dir_prefix;
     bool (*ignored)(const fy_model *m, const char *name);
+    const char *(*tied_to)(const fy_model *m, const char *name);
     void (*hf_config)(const fy_model *m, cJSON *cfg);
 } fy_model_iface;
 

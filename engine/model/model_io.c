@@ -104,6 +104,7 @@ fy_status fy_model_check_weights(const fy_model *m, const fy_weights *w) {
         const char *name = fy_weights_at(w, i, &f)->name;
         if (bsearch(&name, sorted, (size_t)n, sizeof *sorted, cmp_str)) continue;
         if (m->iface->ignored && m->iface->ignored(m, name)) continue;
+        if (m->iface->tied_to && m->iface->tied_to(m, name)) continue; /* fy_model_warn_tied */
         char shape[256];
         fy_model_describe(m, shape, sizeof shape);
         fy_log_error("%s: tensor %s is not a parameter of the model (%s: %s)", fy_st_path(f), name,
@@ -161,6 +162,26 @@ fy_status fy_model_load_block(const fy_model *m, const fy_weights *w, int b, flo
 fy_status fy_model_load(const fy_model *m, const fy_weights *w, float *const *host) {
     for (int b = 0; b < m->nblocks; b++) FY_TRY(fy_model_load_block(m, w, b, host[b]));
     return FY_OK;
+}
+
+void fy_model_warn_tied(const fy_model *m, const fy_weights *w) {
+    if (!m->iface->tied_to) return;
+    const char *pre = prefix_of(m, w);
+    for (int i = 0; i < fy_weights_count(w); i++) {
+        const fy_st_file *f, *ef;
+        const fy_st_tensor *t = fy_weights_at(w, i, &f);
+        const char *to = m->iface->tied_to(m, t->name);
+        const fy_st_tensor *e = to ? find(w, pre, to, &ef) : NULL;
+        if (!e) continue;
+        bool same = t->dtype_str && e->dtype_str && !strcmp(t->dtype_str, e->dtype_str) &&
+                    t->ndim == e->ndim && t->nbytes == e->nbytes;
+        for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == e->shape[d];
+        same = same && !memcmp(t->data, e->data, t->nbytes);
+        fy_log_warn("%s: %s is not read: the model ties its head to %s%s, as transformers does, "
+                    "and the stored tensor %s", fy_st_path(f), t->name, pre, to,
+                    same ? "is a copy of it" : "differs from it: its values are dropped (an untied "
+                    "head needs tie_word_embeddings false in config.json)");
+    }
 }
 
 /* ---- saving: the tensors as written -------------------------------------------------- */
