@@ -13,6 +13,8 @@ tokens when the vocabulary has at most 65536 entries, else magic 20240801 versio
 uint32. Each shard is written to <shard>.tmp and renamed, so no half-written shard is
 ever left under a shard's name; shards of an earlier run with the same PREFIX and split
 beyond the ones written are removed, so a glob over PREFIX_train_*.bin reads this run only.
+An input that is one of those shards (by name, through a link, or as a hard link of one) is
+refused before anything is written.
 
 Errors are one line, `tokenize: error: ...`, on stderr, and exit status 1.
 Needs the `tokenizers` package: python3 -m pip install tokenizers
@@ -161,9 +163,40 @@ class ShardWriter:
         self.written += 1
 
 
+def shard_name_re(prefix):
+    """The names of the files a run with --out PREFIX writes or removes: its shards and their
+    temporaries, in the prefix's directory."""
+    return re.compile(re.escape(os.path.basename(prefix)) + r"_(train|val)_[0-9]{6}\.bin(\.tmp)?")
+
+
+def check_inputs(args, tok_path):
+    """No input is a file this run writes or removes (a shard of --out PREFIX), whether
+    named so, through a symbolic link, or as a hard link of one: checked before any write."""
+    out_dir = os.path.realpath(os.path.dirname(os.path.abspath(args.out)))
+    names = shard_name_re(args.out)
+    outputs = set()  # the outputs there now, by device and inode
+    for name in os.listdir(out_dir) if os.path.isdir(out_dir) else ():
+        if names.fullmatch(name):
+            st = os.stat(os.path.join(out_dir, name), follow_symlinks=False)
+            outputs.add((st.st_dev, st.st_ino))
+    for flag, path in [("--tokenizer", tok_path)] + [("FILE", f) for f in args.files]:
+        for p in {os.path.abspath(path), os.path.realpath(path)}:  # as named, and where it leads
+            if os.path.realpath(os.path.dirname(p)) == out_dir and names.fullmatch(os.path.basename(p)):
+                raise Failure(f"{flag} {path} is one of the shards --out {args.out} writes or removes: "
+                              "give --out another prefix")
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue  # reading it says why
+        if (st.st_dev, st.st_ino) in outputs:
+            raise Failure(f"{flag} {path} is a hard link of a shard --out {args.out} writes or removes: "
+                          "give --out another prefix")
+
+
 def main(argv):
     args = parse_args(argv)
     tok, tok_path = load_tokenizer(args.tokenizer)
+    check_inputs(args, tok_path)
     # ids of added tokens may lie past get_vocab_size() in odd tokenizers: bound by both
     vocab = max(tok.get_vocab_size(), 1 + max(tok.get_vocab().values(), default=-1))
     eos = eos_id(tok, tok_path) if args.append_eos else None

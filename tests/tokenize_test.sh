@@ -152,6 +152,25 @@ bad "unwritable output" --tokenizer "$DIR/bpe" --out "$DIR/no/such/dir/x" "$DIR/
 : > "$DIR/blank.txt"
 bad "no tokens" --tokenizer "$DIR/bpe" --out "$DIR/x" "$DIR/blank.txt"
 bad "no eos" --tokenizer "$DIR/wide" --out "$DIR/x" --append-eos "$DIR/words.txt"
+# an input that is one of the shards the run writes or removes: named so, through a
+# symbolic link, or a hard link of one; refused with one line, the input byte for byte
+# as it was
+refused() { # NAME WANT INPUT: the run with --out $DIR/y (shard-tokens 37) on INPUT
+    local sum; sum=$(cksum < "$3")
+    python3 "$SCRIPT" --tokenizer "$DIR/bpe" --out "$DIR/y" --shard-tokens 37 "$3" > /dev/null 2> "$DIR/err"
+    local rc=$?
+    [ "$rc" = 1 ] && [ "$(wc -l < "$DIR/err")" = 1 ] && grep -q "^tokenize: error: .*$2" "$DIR/err" ||
+        fail "$1: exit $rc: $(cat "$DIR/err")"
+    [ "$(cksum < "$3")" = "$sum" ] || fail "$1: the input changed"
+}
+cp "$DIR/text.txt" "$DIR/y_train_000002.bin"
+refused "input is an output" "one of the shards" "$DIR/y_train_000002.bin"
+ln -s "$DIR/y_train_000002.bin" "$DIR/link.txt"
+refused "input links to an output" "one of the shards" "$DIR/link.txt"
+rm -f "$DIR"/y_* "$DIR/link.txt"
+run_ok "before the hard link" --tokenizer "$DIR/bpe" --out "$DIR/y" --shard-tokens 37 "$DIR/text.txt"
+ln "$DIR/y_train_000001.bin" "$DIR/hard.txt"
+refused "hard link of an output" "hard link" "$DIR/hard.txt"
 python3 "$SCRIPT" --help > "$DIR/help" 2>&1 && grep -q -- '--shard-tokens' "$DIR/help" ||
     fail "--help: $(cat "$DIR/help")"
 
