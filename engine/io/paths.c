@@ -14,19 +14,20 @@
 #define CAP (2 * PATH_MAX)
 #define MAX_HOPS 40 /* the kernel's limit on links followed in one lookup */
 
-/* A path as a write to it would reach it. */
-typedef struct resolved {
-    char name[CAP]; /* absolute: its directory resolved, its last component as given */
-    char real[CAP]; /* name with the last component's links followed (dangling: their end) */
-    bool exists;    /* real names a file or directory: dev and ino are its */
+/* A path as a write to it would reach it (malloc'd strings: a glob of ten thousand shards
+ * costs their lengths, not ten thousand buffers of PATH_MAX). */
+typedef struct where {
+    char *name;  /* absolute: its directory resolved, its last component as given */
+    char *real;  /* name with the last component's links followed (dangling: their end) */
+    bool exists; /* real names a file or directory: dev and ino are its */
     dev_t dev;
     ino_t ino;
-} resolved;
+} where;
 
 typedef struct entry {
     const char *flag;
     char *given;
-    resolved r;
+    where r;
     bool reads;
     fy_path_write writes;
     const char *what;
@@ -147,29 +148,39 @@ static bool name_of(const char *abs, char *out, size_t cap) {
     return w >= 0 && (size_t)w < cap;
 }
 
-/* Resolves path (paths.h): false if it is too long to. */
-static bool resolve(const char *path, resolved *r) {
-    char abs[CAP];
-    memset(r, 0, sizeof *r);
-    if (!absolute(path, abs, sizeof abs) || !name_of(abs, r->name, sizeof r->name)) return false;
-    snprintf(r->real, sizeof r->real, "%s", r->name);
+static void where_free(where *w) {
+    free(w->name);
+    free(w->real);
+    w->name = w->real = NULL;
+}
+
+/* Resolves path (paths.h) into *w: FY_ERR_USAGE if it is too long to, FY_ERR_NOMEM. */
+static fy_status resolve(const char *path, where *w) {
+    char abs[CAP], name[CAP], real[CAP];
+    memset(w, 0, sizeof *w);
+    if (!absolute(path, abs, sizeof abs) || !name_of(abs, name, sizeof name)) return FY_ERR_USAGE;
+    snprintf(real, sizeof real, "%s", name);
     struct stat sb;
-    for (int hop = 0; hop < MAX_HOPS && lstat(r->real, &sb) == 0 && S_ISLNK(sb.st_mode); hop++) {
+    for (int hop = 0; hop < MAX_HOPS && lstat(real, &sb) == 0 && S_ISLNK(sb.st_mode); hop++) {
         char target[CAP], next[CAP];
-        const ssize_t k = readlink(r->real, target, sizeof target - 1);
+        const ssize_t k = readlink(real, target, sizeof target - 1);
         if (k < 0) break;
         target[k] = 0;
-        const char *slash = strrchr(r->real, '/'); /* a relative target is from the link's directory */
-        const int w = target[0] == '/' ? snprintf(next, sizeof next, "%s", target)
-                      : snprintf(next, sizeof next, "%.*s/%s", (int)(slash - r->real), r->real, target);
-        if (w < 0 || (size_t)w >= sizeof next || !name_of(next, r->real, sizeof r->real)) return false;
+        const char *slash = strrchr(real, '/'); /* a relative target is from the link's directory */
+        const int n = target[0] == '/' ? snprintf(next, sizeof next, "%s", target)
+                      : snprintf(next, sizeof next, "%.*s/%s", (int)(slash - real), real, target);
+        if (n < 0 || (size_t)n >= sizeof next || !name_of(next, real, sizeof real)) return FY_ERR_USAGE;
     }
-    if (stat(r->real, &sb) == 0) {
-        r->exists = true;
-        r->dev = sb.st_dev;
-        r->ino = sb.st_ino;
+    if (stat(real, &sb) == 0) {
+        w->exists = true;
+        w->dev = sb.st_dev;
+        w->ino = sb.st_ino;
     }
-    return true;
+    w->name = strdup(name);
+    w->real = strdup(real);
+    if (w->name && w->real) return FY_OK;
+    where_free(w);
+    return FY_ERR_NOMEM;
 }
 
 /* ---- registering ---------------------------------------------------------------------- */
@@ -184,6 +195,7 @@ fy_status fy_paths_new(fy_paths **out) {
 void fy_paths_free(fy_paths *p) {
     if (!p) return;
     for (int i = 0; i < p->n; i++) {
+        where_free(&p->e[i].r);
         free(p->e[i].given);
         free(p->e[i].glob_at);
         free(p->e[i].glob_dir);
@@ -212,10 +224,12 @@ static fy_status add(fy_paths *p, const char *flag, const char *path, entry **ou
         fy_log_error("out of host memory");
         return FY_ERR_NOMEM;
     }
-    if (!resolve(path, &e->r)) {
+    const fy_status st = resolve(path, &e->r);
+    if (st != FY_OK) {
         free(e->given);
-        fy_log_error("%s %s: too long a path", flag, path);
-        return FY_ERR_USAGE;
+        if (st == FY_ERR_NOMEM) fy_log_error("out of host memory");
+        else fy_log_error("%s %s: too long a path", flag, path);
+        return st;
     }
     p->n++;
     *out = e;
@@ -294,16 +308,16 @@ fy_status fy_paths_allow(fy_paths *p, const char *out, const char *in) {
 
 /* ---- comparing ------------------------------------------------------------------------ */
 
-static bool one_file(const resolved *a, const resolved *b) {
+static bool one_file(const where *a, const where *b) {
     return (a->exists && b->exists && a->dev == b->dev && a->ino == b->ino) ||
            !strcmp(a->real, b->real) || !strcmp(a->name, b->name);
 }
 
 bool fy_paths_same(const char *a, const char *b) {
-    resolved *ra = malloc(sizeof *ra), *rb = malloc(sizeof *rb);
-    const bool same = ra && rb && resolve(a, ra) && resolve(b, rb) && one_file(ra, rb);
-    free(ra);
-    free(rb);
+    where wa = {0}, wb = {0};
+    const bool same = resolve(a, &wa) == FY_OK && resolve(b, &wb) == FY_OK && one_file(&wa, &wb);
+    where_free(&wa);
+    where_free(&wb);
     return same;
 }
 
@@ -377,8 +391,10 @@ static bool matches(const entry *o, const entry *g) {
     snprintf(pat, sizeof pat, "%s/", g->glob_at);
     for (char *c = pat; (c = strchr(c + 1, '/'));) {
         *c = 0;
-        resolved r;
-        const bool on_way = resolve(pat, &r) && (!strcmp(r.name, o->r.name) || !strcmp(r.real, o->r.real));
+        where r;
+        const bool on_way = resolve(pat, &r) == FY_OK &&
+                            (!strcmp(r.name, o->r.name) || !strcmp(r.real, o->r.real));
+        where_free(&r);
         *c = '/';
         if (on_way) return true;
     }
@@ -450,8 +466,9 @@ static bool outputs_meet(const entry *a, const entry *b) {
 }
 
 fy_status fy_paths_check(const fy_paths *p) {
-    for (int a = 0; a < p->n; a++) {
+    for (int a = 0; a < p->n; a++) { /* writers against everything: O(writers x entries) */
         const entry *ea = &p->e[a];
+        if (!ea->writes) continue;
         for (int b = 0; b < p->n; b++) {
             const entry *eb = &p->e[b];
             if (a == b || !strcmp(ea->flag, eb->flag)) continue;
