@@ -272,10 +272,15 @@ fy_status fy_paths_read_glob(fy_paths *p, const char *flag, const char *pattern)
         fy_log_error("out of host memory");
         return FY_ERR_NOMEM;
     }
+    /* what it matches now (without GLOB_ERR a directory it cannot read matches nothing;
+     * the names an output would take are compared all the same) */
     glob_t g;
     const int rc = glob(pattern, 0, NULL, &g);
-    fy_status st = rc == 0 || rc == GLOB_NOMATCH ? FY_OK : FY_ERR_NOMEM;
-    if (st != FY_OK) fy_log_error("%s %s: cannot expand the pattern", flag, pattern);
+    fy_status st = FY_OK;
+    if (rc == GLOB_NOSPACE) {
+        fy_log_error("out of host memory expanding %s %s", flag, pattern);
+        st = FY_ERR_NOMEM;
+    }
     for (size_t i = 0; rc == 0 && i < g.gl_pathc && st == FY_OK; i++)
         st = fy_paths_read(p, flag, g.gl_pathv[i]);
     if (rc == 0) globfree(&g);
