@@ -387,6 +387,7 @@ static const fy_model_iface gpt2_iface = {
     .dir_prefix = "transformer.",
     .ignored = ignored,
     .tied_to = tied_to,
+    .untie_hint = "GPT-2's head is always its token embedding",
     .hf_config = fy_gpt2_hf_config,
 };
 

@@ -463,6 +463,7 @@ static const fy_model_iface llama_iface = {
     .dir_prefix = "",
     .ignored = ignored,
     .tied_to = tied_to,
+    .untie_hint = "an untied head needs tie_word_embeddings false in config.json",
     .hf_config = fy_llama_hf_config,
 };
 

@@ -38,13 +38,15 @@ typedef struct fy_model_iface {
      * ("transformer." for GPT-2's, so transformers' LMHead classes find them all); tensors
      * a file may hold that are not parameters (buffers), skipped on load (may be NULL);
      * a stored tensor the model ties to one of its parameters instead of reading it (a
-     * tied head's lm_head.weight): that parameter's name, or NULL (may be NULL); the
+     * tied head's lm_head.weight): that parameter's name, or NULL (may be NULL), and what
+     * a user who wants that tensor trained can do (for the warning); the
      * config.json fields that rebuild the model, set in cfg (an object that may already
      * hold other keys, kept) */
     const char *const *file_prefixes;
     const char *dir_prefix;
     bool (*ignored)(const fy_model *m, const char *name);
     const char *(*tied_to)(const fy_model *m, const char *name);
+    const char *untie_hint;
     void (*hf_config)(const fy_model *m, cJSON *cfg);
 } fy_model_iface;
 

@@ -177,10 +177,11 @@ void fy_model_warn_tied(const fy_model *m, const fy_weights *w) {
                     t->ndim == e->ndim && t->nbytes == e->nbytes;
         for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == e->shape[d];
         same = same && !memcmp(t->data, e->data, t->nbytes);
+        const char *hint = same ? NULL : m->iface->untie_hint; /* what to do if it mattered */
         fy_log_warn("%s: %s is not read: the model ties its head to %s%s, as transformers does, "
-                    "and the stored tensor %s", fy_st_path(f), t->name, pre, to,
-                    same ? "is a copy of it" : "differs from it: its values are dropped (an untied "
-                    "head needs tie_word_embeddings false in config.json)");
+                    "and the stored tensor %s%s%s%s", fy_st_path(f), t->name, pre, to,
+                    same ? "is a copy of it" : "differs from it: its values are dropped",
+                    hint ? " (" : "", hint ? hint : "", hint ? ")" : "");
     }
 }
 
