@@ -741,14 +741,29 @@ Test(llama_model, saving_replaces_only_a_model_directory) {
     int before = count_files(path, ".safetensors");
     cr_assert_eq(fy_model_save_host(m, path, NULL, h2), FY_OK); /* now one shard */
     cr_expect_eq(count_files(path, ".safetensors"), 1, "the old %d shards were left behind", before);
-    /* what an interrupted save left (a process that is gone): removed by the next one */
-    char stale[4200], stale_file[4300];
+    /* what an interrupted save left (a process that is gone, its directory still marked
+     * partial): removed by the next one; directories only named like it (a user's backup
+     * model.old.20231231, an unmarked model.tmp.N) are left as they are */
+    char stale[4200], stale_file[4300], backup[4200], unmarked[4200];
     snprintf(stale, sizeof stale, "%s.tmp.4194303", path);
-    cr_assert_eq(mkdir(stale, 0755), 0);
-    snprintf(stale_file, sizeof stale_file, "%s/model.safetensors", stale);
+    snprintf(backup, sizeof backup, "%s.old.20231231", path);
+    snprintf(unmarked, sizeof unmarked, "%s.tmp.4194302", path);
+    const char *dirs[] = {stale, backup, unmarked};
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(mkdir(dirs[i], 0755), 0);
+        snprintf(stale_file, sizeof stale_file, "%s/model.safetensors", dirs[i]);
+        fclose(fopen(stale_file, "w"));
+    }
+    snprintf(stale_file, sizeof stale_file, "%s/.ferry-partial", stale);
     fclose(fopen(stale_file, "w"));
     cr_assert_eq(fy_model_save_host(m, path, NULL, h2), FY_OK);
     cr_expect_neq(access(stale, F_OK), 0, "the stale directory %s is still there", stale);
+    snprintf(stale_file, sizeof stale_file, "%s/model.safetensors", backup);
+    cr_expect_eq(access(stale_file, F_OK), 0, "the user's %s was removed", backup);
+    snprintf(stale_file, sizeof stale_file, "%s/model.safetensors", unmarked);
+    cr_expect_eq(access(stale_file, F_OK), 0, "the unmarked %s was removed", unmarked);
+    snprintf(stale_file, sizeof stale_file, "%s/.ferry-partial", path);
+    cr_expect_neq(access(stale_file, F_OK), 0, "the saved directory is still marked partial");
     snprintf(extra, sizeof extra, "%s/notes.txt", path);
     FILE *fp = fopen(extra, "w");
     fputs("mine\n", fp);

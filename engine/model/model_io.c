@@ -332,11 +332,16 @@ static fy_status save_file(const fy_model *m, const char *path, const fy_save_op
 
 /* ---- saving a directory ---------------------------------------------------------------- */
 
+/* The file that marks a directory a save is writing: a directory beside the target named
+ * like a save's temporary is removed as a dead writer's only if it holds this (a user's
+ * "model.old.20231231" is not ferry's); removed once the directory is in place. */
+#define PARTIAL_NAME ".ferry-partial"
+
 /* What ferry writes into a model directory, and the tokenizer and generation files it
  * copies from the one it read (weights.h). */
 static bool ours(const char *name) {
     if (!strcmp(name, FY_HF_CONFIG_NAME) || !strcmp(name, FY_HF_SINGLE_NAME) ||
-        !strcmp(name, FY_HF_INDEX_NAME))
+        !strcmp(name, FY_HF_INDEX_NAME) || !strcmp(name, PARTIAL_NAME))
         return true;
     unsigned a, b;
     char tail[32];
@@ -461,18 +466,20 @@ static void remove_ours(const char *dir) {
     rmdir(dir);
 }
 
-/* Directories an interrupted save left beside target (target.tmp.PID, target.old.PID of a
- * process no longer running, or this one's): removed as remove_ours does. */
+/* Directories an interrupted save left beside target (target.tmp.PID of a process no
+ * longer running, or this one's, still marked PARTIAL_NAME): removed as remove_ours does.
+ * Anything else so named is left alone, a dead save's target.old.PID (the directory it
+ * was replacing, whole) too. */
 static void remove_stale(const char *target) {
     char *parent = parent_of(target);
     const char *slash = strrchr(target, '/'), *base = slash ? slash + 1 : target;
     DIR *d = parent ? opendir(parent) : NULL;
     for (struct dirent *e; d && (e = readdir(d));) {
-        if (!fy_left_by_dead_writer(e->d_name, base, ".tmp.") &&
-            !fy_left_by_dead_writer(e->d_name, base, ".old."))
-            continue;
-        char *p = join(parent, e->d_name);
-        if (p) remove_ours(p);
+        if (!fy_left_by_dead_writer(e->d_name, base, ".tmp.")) continue;
+        char *p = join(parent, e->d_name), *mark = p ? join(p, PARTIAL_NAME) : NULL;
+        struct stat sb;
+        if (mark && lstat(mark, &sb) == 0 && S_ISREG(sb.st_mode)) remove_ours(p);
+        free(mark);
         free(p);
     }
     if (d) closedir(d);
@@ -628,10 +635,21 @@ static fy_status save_dir(const fy_model *m, const char *path, const fy_save_opt
     snprintf(old, sizeof old, "%s.old.%ld", target, (long)getpid());
     remove_stale(target);
     fy_status st = FY_OK;
+    char *mark = NULL;
     if (mkdir(tmp, 0755) != 0) {
         fy_log_error("cannot create %s: %s", tmp, strerror(errno));
         st = FY_ERR_IO;
+    } else if (!(mark = join(tmp, PARTIAL_NAME))) {
+        st = FY_ERR_NOMEM;
+    } else {
+        const int fd = open(mark, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        if (fd < 0 || close(fd) != 0) {
+            fy_log_error("cannot create %s: %s", mark, strerror(errno));
+            st = FY_ERR_IO;
+            remove_ours(tmp);
+        }
     }
+    free(mark);
     saver sv;
     if (st == FY_OK) {
         st = saver_init(&sv, m, o, get, ctx, m->iface->dir_prefix ? m->iface->dir_prefix : "");
@@ -641,6 +659,11 @@ static fy_status save_dir(const fy_model *m, const char *path, const fy_save_opt
         if (st != FY_OK) remove_ours(tmp);
     }
     if (st == FY_OK) st = swap_in(tmp, target, old);
+    if (st == FY_OK && (mark = join(target, PARTIAL_NAME))) { /* in place: no longer partial */
+        unlink(mark);
+        free(mark);
+        st = fy_fsync_dir(target);
+    }
     if (st == FY_OK) st = fy_fsync_dir(parent);
     free(target);
     free(parent);
