@@ -7,8 +7,9 @@
  * passes, every output is written as ferry writes it (a file beside its path then renamed
  * over it; a stream appended to through its links; a directory replaced whole; a
  * directory's own names, those starting "own", replaced), and afterwards every input must
- * read the bytes it read before, every glob must match what it matched before, and every
- * output must still hold what it wrote. A check that refuses is not judged (it may be
+ * read the bytes it read before, every glob (a pattern in its last component, sometimes
+ * in the directory before it too) must match what it matched before, and every output
+ * must still hold what it wrote. A check that refuses is not judged (it may be
  * stricter than needed), only that it names both sides in one error line.
  *
  * world_run(root, bytes, n) builds under root (which it empties first) and returns NULL,
@@ -273,6 +274,14 @@ static char *world_run(const char *root, const uint8_t *bytes, size_t nbytes) {
             char *slash = strrchr(pat, '/');
             snprintf(slash ? slash + 1 : pat, sizeof pat - (size_t)(slash ? slash + 1 - pat : 0), "%s",
                      w_pick(&b, 2) ? "*.bin" : "f?");
+            if (slash && w_pick(&b, 3) == 0) { /* the directory before it a pattern too */
+                char rest[W_PATH];
+                snprintf(rest, sizeof rest, "%s", slash);
+                *slash = 0;
+                char *up = strrchr(pat, '/');
+                snprintf(up ? up + 1 : pat, sizeof pat - (size_t)(up ? up + 1 - pat : 0), "%s%s",
+                         w_pick(&b, 2) ? "*" : "d?", rest);
+            }
             snprintf(e->path, sizeof e->path, "%s", pat);
         }
         snprintf(e->text, sizeof e->text, "output %d\n", i);

@@ -456,6 +456,77 @@ Test(paths, tune_and_sweep_never_write_over_the_profile) {
     FERRY(&r, "sweep", "--model", "gpt2-tiny", "--grid", "offload_params=0", "--simulate",
           "--profile", "sw/mine.json", "--out", "sw", "--quiet");
     test_expect_ok(&r);
+    /* links planted at the sweep's own names are replaced, never written through */
+    cr_assert_eq(mkdir(P("sw2"), 0755), 0);
+    cr_assert_eq(symlink(pf, P("sw2/sweep.csv")), 0);
+    cr_assert_eq(link(pf, P("sw2/summary.txt")), 0);
+    const uint64_t p0 = sum_of(pf);
+    FERRY(&r, "sweep", "--model", "gpt2-tiny", "--grid", "offload_params=0", "--simulate",
+          "--profile", pf, "--out", "sw2", "--quiet");
+    test_expect_ok(&r);
+    cr_expect_eq(sum_of(pf), p0, "the sweep wrote through a link at one of its own names");
+    struct stat sb;
+    cr_expect(lstat(P("sw2/sweep.csv"), &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_nlink == 1);
+    cr_expect(lstat(P("sw2/summary.txt"), &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_nlink == 1);
     FERRY(&r, "train", "--model", "gpt2-tiny", SMALL, "--profile", "h200-141gb");
     EXPECT_ERROR(&r, 2, "--profile", "--plan auto");
+}
+
+/* A save writes beside its path (<name>.tmp.<pid>) and removes what a dead writer left
+ * there: an input so named is refused; a directory only named like a save's leftover (a
+ * backup model.old.20231231) is an input like any other, and is kept. */
+Test(paths, temporaries_beside_a_save) {
+    const char *tokens = fixture("gpt2_tiny_tokens.bin");
+    copy(fixture("gpt2_tiny_init.safetensors"), P("w.safetensors.tmp.123"));
+    test_proc r;
+    FERRY(&r, "train", SMALL, "--heads", "4", "--init", "w.safetensors.tmp.123", "--data", tokens,
+          "--save", "w.safetensors");
+    EXPECT_ERROR(&r, 2, "--init", "--save", "temporary");
+    const char *src = fixture("llama_hf_tiny_bf16"), *d = P("mymodel.old.20231231");
+    cr_assert_eq(mkdir(d, 0755), 0);
+    DIR *dir = opendir(src);
+    for (struct dirent *e; (e = readdir(dir));) {
+        if (e->d_name[0] == '.') continue;
+        char from[1200], to[1200];
+        snprintf(from, sizeof from, "%s/%s", src, e->d_name);
+        snprintf(to, sizeof to, "%s/%s", d, e->d_name);
+        copy(from, to);
+    }
+    closedir(dir);
+    const uint64_t w0 = sum_of(P("mymodel.old.20231231/model.safetensors"));
+    FERRY(&r, "train", SMALL, "--init", d, "--data", tokens, "--save", "mymodel");
+    test_expect_ok(&r);
+    cr_expect_eq(sum_of(P("mymodel.old.20231231/model.safetensors")), w0, "the backup was changed");
+    struct stat sb;
+    cr_expect_eq(stat(P("mymodel.old.20231231/config.json"), &sb), 0, "the backup's config is gone");
+    cr_expect_eq(stat(P("mymodel/model.safetensors"), &sb), 0, "the save is missing");
+}
+
+/* A glob whose directory part is a pattern reaches directories through links; a working
+ * directory whose name holds glob characters is a name, not a pattern. */
+Test(paths, globs_through_links_and_odd_directories) {
+    const char *tokens = fixture("gpt2_tiny_tokens.bin");
+    cr_assert_eq(mkdir(P("g"), 0755), 0);
+    cr_assert_eq(mkdir(P("g/a"), 0755), 0);
+    cr_assert_eq(mkdir(P("else"), 0755), 0);
+    copy(tokens, P("g/a/s1.bin"));
+    cr_assert_eq(symlink("../else", P("g/c")), 0);
+    test_proc r;
+    FERRY(&r, "train", "--model", "gpt2-tiny", SMALL, "--data", "g/*/*.bin", "--save-plan", "else/p.bin");
+    EXPECT_ERROR(&r, 2, "--save-plan", "--data");
+    cr_assert_eq(symlink("g", P("lg")), 0);
+    FERRY(&r, "train", "--model", "gpt2-tiny", SMALL, "--data", "lg/*/*.bin", "--metrics", "g/a/x.bin");
+    EXPECT_ERROR(&r, 2, "--metrics", "--data");
+    /* the same from a working directory named x[1] */
+    cr_assert_eq(mkdir(P("x[1]"), 0755), 0);
+    cr_assert_eq(mkdir(P("x[1]/g"), 0755), 0);
+    copy(tokens, P("x[1]/g/s.bin"));
+    char cwd[600];
+    snprintf(cwd, sizeof cwd, "%s/x[1]", g_dir);
+    test_run_ferry(&r, cwd, 120, (const char *const[]){"train", "--model", "gpt2-tiny", SMALL,
+                   "--data", "g/*.bin", "--save-plan", "g/p.bin", NULL});
+    EXPECT_ERROR(&r, 2, "--save-plan", "--data");
+    struct stat sb;
+    cr_expect_neq(stat(P("else/p.bin"), &sb), 0);
+    cr_expect_neq(stat(P("x[1]/g/p.bin"), &sb), 0);
 }

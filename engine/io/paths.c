@@ -32,12 +32,16 @@ typedef struct entry {
     fy_path_write writes;
     const char *what;
     bool (*owns)(const char *name);
-    /* a glob (reads): its directory part, absolute as given (glob_at), which is either
-     * a pattern itself (glob_dir NULL; glob_at then lexically normalized), or a path:
-     * resolved (glob_dir) if it exists, else "" (the glob matches nothing now); and the
-     * pattern of the names in it (glob_base) */
+    /* a glob (reads): the pattern of the names (glob_base); the directories its
+     * directory part names now, resolved (glob_dirs: the one a plain path names, if it
+     * exists; every directory a pattern matches); that part made absolute, as given
+     * when it is a plain path (glob_at, for one that does not exist yet), else a pattern
+     * lexically normalized with the working directory's glob characters escaped
+     * (glob_pat, for directories that do not exist yet) */
     bool glob;
-    char *glob_at, *glob_dir, *glob_base;
+    char *glob_base, *glob_at, *glob_pat;
+    char **glob_dirs;
+    int nglob_dirs;
 } entry;
 
 typedef struct allowed { const char *out, *in; } allowed;
@@ -197,9 +201,11 @@ void fy_paths_free(fy_paths *p) {
     for (int i = 0; i < p->n; i++) {
         where_free(&p->e[i].r);
         free(p->e[i].given);
-        free(p->e[i].glob_at);
-        free(p->e[i].glob_dir);
         free(p->e[i].glob_base);
+        free(p->e[i].glob_at);
+        free(p->e[i].glob_pat);
+        for (int k = 0; k < p->e[i].nglob_dirs; k++) free(p->e[i].glob_dirs[k]);
+        free(p->e[i].glob_dirs);
     }
     free(p->e);
     free(p->ok);
@@ -243,40 +249,77 @@ fy_status fy_paths_read(fy_paths *p, const char *flag, const char *path) {
     return FY_OK;
 }
 
-fy_status fy_paths_read_glob(fy_paths *p, const char *flag, const char *pattern) {
-    char abs[CAP], norm[CAP];
-    if (!absolute(pattern, abs, sizeof abs) || !normalize(abs, norm, sizeof norm)) {
-        fy_log_error("%s %s: too long a path", flag, pattern);
-        return FY_ERR_USAGE;
+/* s with the characters glob gives a meaning escaped by a backslash, into out. */
+static bool escaped(const char *s, char *out, size_t cap) {
+    size_t n = 0;
+    for (; *s; s++) {
+        if (n + 3 > cap) return false;
+        if (strchr("*?[\\", *s)) out[n++] = '\\';
+        out[n++] = *s;
     }
+    out[n] = 0;
+    return true;
+}
+
+/* Adds the resolved directory dir to glob entry e's. */
+static fy_status add_glob_dir(entry *e, const char *dir) {
+    char *real = realpath(dir, NULL);
+    struct stat sb;
+    if (!real || stat(real, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        free(real);
+        return FY_OK; /* gone, or not a directory: nothing there to match */
+    }
+    char **d = realloc(e->glob_dirs, (size_t)(e->nglob_dirs + 1) * sizeof *d);
+    if (!d) {
+        free(real);
+        return FY_ERR_NOMEM;
+    }
+    e->glob_dirs = d;
+    e->glob_dirs[e->nglob_dirs++] = real;
+    return FY_OK;
+}
+
+/* Glob entry e's directories and patterns (entry's comment) from the pattern as given. */
+static fy_status glob_parts(entry *e, const char *pattern) {
+    char dir[CAP], abs[CAP], cwd[PATH_MAX], buf[CAP];
+    const char *slash = strrchr(pattern, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else snprintf(dir, sizeof dir, "%.*s", slash == pattern ? 1 : (int)(slash - pattern), pattern);
+    if (!(e->glob_base = strdup(slash ? slash + 1 : pattern))) return FY_ERR_NOMEM;
+    if (!strpbrk(dir, "*?[")) { /* a plain directory */
+        if (!absolute(dir, abs, sizeof abs)) return FY_ERR_USAGE;
+        if (!(e->glob_at = strdup(abs))) return FY_ERR_NOMEM;
+        return add_glob_dir(e, dir);
+    }
+    if (dir[0] == '/') {
+        snprintf(abs, sizeof abs, "%s", dir);
+    } else {
+        if (!getcwd(cwd, sizeof cwd) || !escaped(cwd, buf, sizeof buf)) return FY_ERR_USAGE;
+        const int w = snprintf(abs, sizeof abs, "%s/%s", buf, dir);
+        if (w < 0 || (size_t)w >= sizeof abs) return FY_ERR_USAGE;
+    }
+    if (!normalize(abs, buf, sizeof buf) || !(e->glob_pat = strdup(buf))) return FY_ERR_USAGE;
+    glob_t g;
+    const int rc = glob(dir, GLOB_ONLYDIR, NULL, &g);
+    fy_status st = rc == GLOB_NOSPACE ? FY_ERR_NOMEM : FY_OK;
+    for (size_t i = 0; rc == 0 && i < g.gl_pathc && st == FY_OK; i++) st = add_glob_dir(e, g.gl_pathv[i]);
+    if (rc == 0) globfree(&g);
+    return st;
+}
+
+fy_status fy_paths_read_glob(fy_paths *p, const char *flag, const char *pattern) {
     entry *e;
     FY_TRY(add(p, flag, pattern, &e));
     e->reads = true;
     e->glob = true;
-    char *slash = strrchr(abs, '/');
-    *slash = 0;
-    const bool dir_pattern = strpbrk(abs, "*?[") != NULL;
-    char *real = dir_pattern ? NULL : realpath(*abs ? abs : "/", NULL);
-    e->glob_base = strdup(slash + 1);
-    if (dir_pattern) { /* ".." among patterns: lexically, as far as one can */
-        char *ns = strrchr(norm, '/');
-        *ns = 0;
-        e->glob_at = strdup(*norm ? norm : "/");
-    } else {
-        e->glob_at = strdup(*abs ? abs : "/");
-        e->glob_dir = real ? real : strdup("");
-        real = NULL;
-    }
-    free(real);
-    if (!e->glob_at || !e->glob_base || (!dir_pattern && !e->glob_dir)) {
-        fy_log_error("out of host memory");
-        return FY_ERR_NOMEM;
-    }
+    fy_status st = glob_parts(e, pattern);
+    if (st == FY_ERR_USAGE) fy_log_error("%s %s: too long a path", flag, pattern);
+    if (st == FY_ERR_NOMEM) fy_log_error("out of host memory expanding %s %s", flag, pattern);
+    if (st != FY_OK) return st;
     /* what it matches now (without GLOB_ERR a directory it cannot read matches nothing;
      * the names an output would take are compared all the same) */
     glob_t g;
     const int rc = glob(pattern, 0, NULL, &g);
-    fy_status st = FY_OK;
     if (rc == GLOB_NOSPACE) {
         fy_log_error("out of host memory expanding %s %s", flag, pattern);
         st = FY_ERR_NOMEM;
@@ -350,14 +393,40 @@ static bool inside(const entry *x, const entry *d, char *part, size_t cap) {
     return false;
 }
 
+/* Whether directory output o writes where d (a resolved directory) is: d is o or lies
+ * below it (DIR), or is o or lies below a name o owns (DIR_NAMES). */
+static bool writes_over(const entry *o, const char *d) {
+    const char *ds[2] = {o->r.real, o->r.name};
+    for (int j = 0; j < 2; j++) {
+        const char *rest = below(d, ds[j]);
+        if (!rest) continue;
+        if (o->writes == FY_PATH_DIR || !*rest) return true;
+        char part[NAME_MAX + 1];
+        const char *sl = strchr(rest, '/');
+        snprintf(part, sizeof part, "%.*s", (int)(sl ? (size_t)(sl - rest) : strlen(rest)), rest);
+        if (o->owns(part)) return true;
+    }
+    return false;
+}
+
 /* Whether output o would be one of the files glob g matches, or (a directory it writes)
  * would change which files those are. */
 static bool matches(const entry *o, const entry *g) {
     const bool dir = o->writes == FY_PATH_DIR || o->writes == FY_PATH_DIR_NAMES;
     const char *os[2] = {o->r.name, o->r.real};
+    for (int k = 0; k < g->nglob_dirs; k++) { /* the directories it reads now */
+        const char *gd = g->glob_dirs[k];
+        for (int i = 0; i < 2; i++) {
+            const char *slash = strrchr(os[i], '/');
+            const size_t dn = slash == os[i] ? 1 : (size_t)(slash - os[i]);
+            if (strlen(gd) == dn && !strncmp(os[i], gd, dn) && fnmatch(g->glob_base, slash + 1, FNM_PERIOD) == 0)
+                return true;
+        }
+        if (dir && writes_over(o, gd)) return true;
+    }
     char pat[CAP];
-    if (!g->glob_dir) { /* the directory part a pattern too: its names, and its levels */
-        snprintf(pat, sizeof pat, "%s/%s", strcmp(g->glob_at, "/") ? g->glob_at : "", g->glob_base);
+    if (g->glob_pat) { /* directories a pattern would match once made: its names, its levels */
+        snprintf(pat, sizeof pat, "%s/%s", strcmp(g->glob_pat, "/") ? g->glob_pat : "", g->glob_base);
         for (int i = 0; i < 2; i++) {
             if (fnmatch(pat, os[i], FNM_PATHNAME | FNM_PERIOD) == 0) return true;
             for (char *c = pat; dir && (c = strchr(c + 1, '/'));) {
@@ -369,30 +438,8 @@ static bool matches(const entry *o, const entry *g) {
         }
         return false;
     }
-    if (*g->glob_dir) { /* a directory that exists: a name in it, or it written over */
-        for (int i = 0; i < 2; i++) {
-            const char *slash = strrchr(os[i], '/');
-            const size_t dn = slash == os[i] ? 1 : (size_t)(slash - os[i]);
-            if (strlen(g->glob_dir) == dn && !strncmp(os[i], g->glob_dir, dn) &&
-                fnmatch(g->glob_base, slash + 1, FNM_PERIOD) == 0)
-                return true;
-        }
-        if (!dir) return false;
-        const char *ds[2] = {o->r.real, o->r.name};
-        for (int j = 0; j < 2; j++) {
-            const char *rest = below(g->glob_dir, ds[j]);
-            if (rest && (o->writes == FY_PATH_DIR || !*rest)) return true;
-            if (rest) { /* below a directory of names: one of them */
-                char part[NAME_MAX + 1];
-                const char *sl = strchr(rest, '/');
-                snprintf(part, sizeof part, "%.*s", (int)(sl ? (size_t)(sl - rest) : strlen(rest)), rest);
-                if (o->owns(part)) return true;
-            }
-        }
-        return false;
-    }
-    /* a directory that does not exist yet: a directory output on its way would make it */
-    if (!dir) return false;
+    /* a plain directory that does not exist yet: a directory output on its way makes it */
+    if (!dir || g->nglob_dirs) return false;
     snprintf(pat, sizeof pat, "%s/", g->glob_at);
     for (char *c = pat; (c = strchr(c + 1, '/'));) {
         *c = 0;
@@ -402,6 +449,24 @@ static bool matches(const entry *o, const entry *g) {
         where_free(&r);
         *c = '/';
         if (on_way) return true;
+    }
+    return false;
+}
+
+/* Whether x is named as one of the temporaries file writer o makes beside its path
+ * (<name>.tmp.<digits>: a save removes one whose writer is gone). */
+static bool temporary_of(const entry *x, const entry *o) {
+    if (o->writes != FY_PATH_FILE) return false;
+    const char *slash = strrchr(o->r.name, '/');
+    const size_t dn = (size_t)(slash - o->r.name), bn = strlen(slash + 1);
+    const char *xs[2] = {x->r.name, x->r.real};
+    for (int i = 0; i < 2; i++) {
+        const char *p = xs[i];
+        if (strncmp(p, o->r.name, dn + 1 + bn) || strncmp(p + dn + 1 + bn, ".tmp.", 5)) continue;
+        const char *d = p + dn + 1 + bn + 5;
+        if (!*d) continue;
+        while (*d >= '0' && *d <= '9') d++;
+        if (!*d) return true;
     }
     return false;
 }
@@ -448,6 +513,13 @@ static bool lands_on_input(const entry *o, const entry *i) {
                      "another path", i->flag, i->given, o->flag, o->given, o->what, to_change(o, i));
         return true;
     }
+    if (temporary_of(i, o)) {
+        fy_log_error("%s %s is named as a temporary of %s %s (written beside it, then renamed; "
+                     "a later save removes one whose writer is gone): ferry never writes over "
+                     "what it reads; give %s another path", i->flag, i->given, o->flag, o->given,
+                     to_change(o, i));
+        return true;
+    }
     return false;
 }
 
@@ -457,6 +529,12 @@ static bool outputs_meet(const entry *a, const entry *b) {
     if (one_file(&a->r, &b->r)) {
         fy_log_error("%s %s and %s %s are one path%s: each output needs a path of its own",
                      a->flag, a->given, b->flag, b->given, how_one(a, b));
+        return true;
+    }
+    if (temporary_of(a, b) || temporary_of(b, a)) {
+        fy_log_error("%s %s and %s %s: one is named as the other's temporary (written beside "
+                     "it, then renamed): each output needs a path of its own", a->flag, a->given,
+                     b->flag, b->given);
         return true;
     }
     const entry *x = a, *d = b;

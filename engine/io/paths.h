@@ -13,6 +13,8 @@
  *     under DIR), or inside a name that a directory's writer owns (--checkpoint-dir's
  *     step-N directories and `latest`: the first component below the directory, asked of
  *     the writer through `owns`);
+ *   - one is named as a temporary of a file the other writes (<name>.tmp.<digits>, which
+ *     a save removes as a dead writer's);
  *   - an output would be one of the files an input's glob matches (written first, it
  *     would be read as data), or a directory output would change which files those are
  *     (it is the glob's directory, or holds it, or would create it).
