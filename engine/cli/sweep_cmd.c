@@ -10,6 +10,8 @@
  * is installed, DIR/measured_vs_predicted.png and DIR/throughput.png. */
 #include "engine/cli/sweep_cmd.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -138,19 +140,40 @@ static fy_status measure(const fy_opts *o, const fy_model *model, const fy_plan 
     return s;
 }
 
-static const char *const sweep_files[] = {"sweep.csv", "summary.txt", "measured_vs_predicted.png",
-                                          "throughput.png", NULL};
+static const char *const plot_files[] = {"measured_vs_predicted.png", "throughput.png", NULL};
 
 bool fy_sweep_owns(const char *name) {
-    for (int i = 0; sweep_files[i]; i++)
-        if (!strcmp(name, sweep_files[i])) return true;
+    if (!strcmp(name, "sweep.csv") || !strcmp(name, "summary.txt")) return true;
+    for (int i = 0; plot_files[i]; i++)
+        if (!strcmp(name, plot_files[i])) return true;
     return false;
+}
+
+/* A new file at dir/name for writing: what was there is unlinked first (a file of an
+ * earlier sweep, or a link planted there: never followed, never truncated through a hard
+ * link), then the name is created afresh. NULL (errno set) if it cannot be. */
+static FILE *fresh(const char *dir, const char *name, char *path, size_t cap) {
+    snprintf(path, cap, "%s/%s", dir, name);
+    if (unlink(path) != 0 && errno != ENOENT) return NULL;
+    const int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (fd >= 0 && !f) close(fd);
+    return f;
 }
 
 static void plots(const char *dir) {
     if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
         fy_log_info("gnuplot is not installed: no plots (sweep.csv has every number)");
         return;
+    }
+    char path[4200];
+    for (int i = 0; plot_files[i]; i++) { /* gnuplot opens them as they are: make them afresh */
+        FILE *f = fresh(dir, plot_files[i], path, sizeof path);
+        if (!f) {
+            fy_log_warn("cannot write %s: %s; no plots", path, strerror(errno));
+            return;
+        }
+        fclose(f);
     }
     char cmd[8192];
     snprintf(cmd, sizeof cmd,
@@ -223,9 +246,8 @@ static int sweep(const fy_opts *o, const fy_model *m) {
         free(text);
     }
     char path[4096];
-    snprintf(path, sizeof path, "%s/sweep.csv", dir);
-    FILE *csv = fopen(path, "w");
-    if (!csv) { fy_log_error("cannot write %s", path); fy_tokens_free(tok); return 1; }
+    FILE *csv = fresh(dir, "sweep.csv", path, sizeof path);
+    if (!csv) { fy_log_error("cannot write %s: %s", path, strerror(errno)); fy_tokens_free(tok); return 1; }
     fprintf(csv, "offload_params,offload_optim,ckpt,micro,accum,fits,predicted_ms,measured_ms,"
                  "tokens_per_s,predicted_device_bytes,measured_device_peak,host_bytes,"
                  "pred_compute_ms,pred_h2d_ms,pred_d2h_ms,pred_cpu_ms,"
@@ -314,8 +336,7 @@ static int sweep(const fy_opts *o, const fy_model *m) {
                      : "fits the budgets and ran", dir, (long long)o->batch);
         return 1;
     }
-    snprintf(path, sizeof path, "%s/summary.txt", dir);
-    FILE *sum = fopen(path, "w");
+    FILE *sum = fresh(dir, "summary.txt", path, sizeof path);
     if (sum && o->simulate) {
         fprintf(sum, "configurations simulated: %d\nfastest predicted: %s (%.1f ms/step)\n", nconf,
                 pbest_desc, best_pred);
