@@ -149,7 +149,11 @@ class ShardWriter:
             toks.byteswap()
         tmp = path + ".tmp"
         try:
-            with open(tmp, "wb") as f:
+            try:  # whatever is at the name (a link planted there too) goes, never written through
+                os.remove(tmp)
+            except FileNotFoundError:
+                pass
+            with open(tmp, "xb") as f:
                 f.write(struct.pack(f"<{HEADER_INTS}i", *header))
                 f.write(toks.tobytes())
             os.replace(tmp, path)

@@ -171,6 +171,14 @@ rm -f "$DIR"/y_* "$DIR/link.txt"
 run_ok "before the hard link" --tokenizer "$DIR/bpe" --out "$DIR/y" --shard-tokens 37 "$DIR/text.txt"
 ln "$DIR/y_train_000001.bin" "$DIR/hard.txt"
 refused "hard link of an output" "hard link" "$DIR/hard.txt"
+# a link planted at a shard's temporary name is replaced, not written through
+rm -f "$DIR"/y_*
+cp "$DIR/text.txt" "$DIR/in3.txt"
+ln -s "$DIR/in3.txt" "$DIR/y_train_000000.bin.tmp"
+sum=$(cksum < "$DIR/in3.txt")
+run_ok "a link at a temporary name" --tokenizer "$DIR/bpe" --out "$DIR/y" "$DIR/in3.txt" &&
+    check "a link at a temporary name" "$DIR/bpe/tokenizer.json" "$DIR/y" "$DIR/text.txt"
+[ "$(cksum < "$DIR/in3.txt")" = "$sum" ] || fail "a link at a temporary name: the input changed"
 python3 "$SCRIPT" --help > "$DIR/help" 2>&1 && grep -q -- '--shard-tokens' "$DIR/help" ||
     fail "--help: $(cat "$DIR/help")"
 
