@@ -62,14 +62,20 @@ static size_t extend(char *where, size_t cap, size_t len, const cJSON *parent, c
 }
 
 /* The index among node's children of the first key, in document order, that repeats an
- * earlier key of node; -1 if none (or not an object). Sorting: O(n log n) for n keys. */
+ * earlier key of node; -1 if none (or not an object). Sorting: O(n log n) for n keys
+ * (O(n^2) without the memory to sort). */
 static int repeated(const cJSON *node) {
     int n = 0;
     for (const cJSON *c = node->child; c; c = c->next) n++;
     if (!cJSON_IsObject(node) || n < 2) return -1;
     keyed *k = malloc((size_t)n * sizeof *k);
-    if (!k) return -1;
     int i = 0, at = -1;
+    if (!k) { /* no memory to sort: pair by pair, with none to spare */
+        for (const cJSON *c = node->child; c && at < 0; c = c->next, i++)
+            for (const cJSON *b = node->child; b != c; b = b->next)
+                if (!strcmp(b->string ? b->string : "", c->string ? c->string : "")) { at = i; break; }
+        return at;
+    }
     for (const cJSON *c = node->child; c; c = c->next, i++) k[i] = (keyed){c->string ? c->string : "", i};
     qsort(k, (size_t)n, sizeof *k, cmp_keyed);
     for (i = 1; i < n; i++)

@@ -170,26 +170,10 @@ static int cmp_span(const void *a, const void *b) {
     return x->idx - y->idx;
 }
 
-static int cmp_name(const void *a, const void *b) {
-    const fy_st_tensor *x = *(const fy_st_tensor *const *)a, *y = *(const fy_st_tensor *const *)b;
-    return strcmp(x->name, y->name);
-}
-
-/* Duplicate names and the exact tiling of the data region. */
+/* The exact tiling of the data region (names are unique: parse_header refused a key
+ * twice before). */
 static int check_layout(fy_st_file *f, span *spans, char *why, size_t cap) {
     int n = f->n;
-    const fy_st_tensor **by_name = malloc((size_t)(n ? n : 1) * sizeof *by_name);
-    if (!by_name) return snprintf(why, cap, "out of memory"), -1;
-    for (int i = 0; i < n; i++) by_name[i] = &f->tensors[i];
-    qsort(by_name, (size_t)n, sizeof *by_name, cmp_name);
-    for (int i = 1; i < n; i++) {
-        if (!strcmp(by_name[i - 1]->name, by_name[i]->name)) {
-            snprintf(why, cap, "duplicate tensor name \"%.64s\"", by_name[i]->name);
-            free(by_name);
-            return -1;
-        }
-    }
-    free(by_name);
     qsort(spans, (size_t)n, sizeof *spans, cmp_span);
     uint64_t at = 0;
     for (int i = 0; i < n; i++) {
@@ -218,6 +202,9 @@ static fy_status parse_header(fy_st_file *f, const char *json, size_t json_nbyte
             return snprintf(why, cap, "junk after the header JSON"), FY_ERR_FORMAT;
     if (!cJSON_IsObject(f->root))
         return snprintf(why, cap, "header is not a JSON object"), FY_ERR_FORMAT;
+    char dup[160];
+    if (fy_json_duplicate(f->root, dup, sizeof dup)) /* a tensor's name, or a key in one */
+        return snprintf(why, cap, "duplicate header key \"%s\" (it appears twice)", dup), FY_ERR_FORMAT;
     int n = 0;
     const cJSON *e;
     cJSON_ArrayForEach(e, f->root) n += strcmp(e->string, "__metadata__") != 0;
@@ -229,7 +216,6 @@ static fy_status parse_header(fy_st_file *f, const char *json, size_t json_nbyte
     }
     cJSON_ArrayForEach(e, f->root) {
         if (!strcmp(e->string, "__metadata__")) {
-            if (f->meta) goto dup_meta;
             if (parse_meta(e, why, cap) != 0) goto fail;
             f->meta = (cJSON *)e;
             continue;
@@ -246,15 +232,8 @@ static fy_status parse_header(fy_st_file *f, const char *json, size_t json_nbyte
         f->n++;
     }
     if (check_layout(f, spans, why, cap) != 0) goto fail;
-    char dup[160];
-    if (fy_json_duplicate(f->root, dup, sizeof dup)) { /* a tensor's or the metadata's key */
-        snprintf(why, cap, "header key \"%s\" appears twice", dup);
-        goto fail;
-    }
     free(spans);
     return FY_OK;
-dup_meta:
-    snprintf(why, cap, "duplicate \"__metadata__\"");
 fail:
     free(spans);
     return FY_ERR_FORMAT;
