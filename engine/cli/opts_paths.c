@@ -175,20 +175,21 @@ bool fy_opts_is_path(const char *name) {
  * the directory --init names. */
 static bool save_replaces_init(const char *save, const char *init) {
     if (fy_paths_same(save, init)) return true;
-    char buf[4096];
+    char buf[8192];
     struct stat sb;
     if (!fy_str_ends_with(save, ".safetensors")) {
         const char *slash = strrchr(init, '/'), *base = slash ? slash + 1 : init;
         if (strcmp(base, FY_HF_INDEX_NAME) && strcmp(base, FY_HF_SINGLE_NAME)) return false;
-        snprintf(buf, sizeof buf, "%.*s", slash ? (int)(slash - init) + (slash == init) : 1,
-                 slash ? init : ".");
-        return fy_paths_same(save, buf);
+        const int w = snprintf(buf, sizeof buf, "%.*s", slash ? (int)(slash - init) + (slash == init) : 1,
+                               slash ? init : ".");
+        return w >= 0 && (size_t)w < sizeof buf && fy_paths_same(save, buf);
     }
     if (stat(init, &sb) != 0 || !S_ISDIR(sb.st_mode)) return false;
-    snprintf(buf, sizeof buf, "%s/%s", init, FY_HF_INDEX_NAME);
-    if (stat(buf, &sb) == 0) return false; /* one shard of several is not the model */
-    snprintf(buf, sizeof buf, "%s/%s", init, FY_HF_SINGLE_NAME);
-    return fy_paths_same(save, buf);
+    int w = snprintf(buf, sizeof buf, "%s/%s", init, FY_HF_INDEX_NAME);
+    if (w < 0 || (size_t)w >= sizeof buf || stat(buf, &sb) == 0)
+        return false; /* one shard of several is not the model */
+    w = snprintf(buf, sizeof buf, "%s/%s", init, FY_HF_SINGLE_NAME);
+    return w >= 0 && (size_t)w < sizeof buf && fy_paths_same(save, buf);
 }
 
 fy_status fy_opts_check_paths(const fy_opts *o, unsigned cmd) {

@@ -146,7 +146,16 @@ static fy_status known_profile(const fy_opts *o, const fy_model *m, int ranks, f
     char path[4096], sig[256];
     FY_TRY(cache_path(path, sizeof path));
     fy_model_signature(m, sig, sizeof sig);
-    *found = access(path, R_OK) == 0 && fy_profile_load(path, p) == FY_OK && p->has_blocks &&
+    /* a cache that does not load is probed again, with a note, not an error */
+    bool loaded = false;
+    if (access(path, R_OK) == 0) {
+        const fy_log_level lvl = fy_log_get_level();
+        fy_log_set_level(FY_LOG_QUIET);
+        loaded = fy_profile_load(path, p) == FY_OK;
+        fy_log_set_level(lvl);
+        if (!loaded && !o->quiet) fy_log_info("the cached profile is not used: %s", fy_last_error());
+    }
+    *found = loaded && p->has_blocks &&
              !strcmp(p->block_model, sig) && p->block_seq == o->seq &&
              p->block_dtype == fy_opts_dtype(o, fy_opts_dev_kind(o)) &&
              (ranks <= 1 || (p->coll_gbps > 0 && p->coll_ranks == ranks));
