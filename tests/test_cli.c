@@ -59,29 +59,13 @@ TestSuite(cli, .init = make_dir, .fini = remove_dir);
 /* cr_skip_test does not run .fini */
 #define SKIP(...) do { remove_dir(); cr_skip_test(__VA_ARGS__); } while (0)
 
-/* A path inside the test directory (one of a few rotating buffers). */
+/* A path inside the test directory. */
 static const char *P(const char *fmt, ...) {
-    static char bufs[16][512];
-    static int k;
-    char name[256];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
+    const char *p = test_vpath(g_dir, fmt, ap);
     va_end(ap);
-    char *b = bufs[k++ % 16];
-    snprintf(b, 512, "%s/%s", g_dir, name);
-    return b;
-}
-
-/* A fixture path ($FERRY_FIXTURES/name), in a rotating buffer. */
-static const char *fixture(const char *name) {
-    static char bufs[4][1024];
-    static int k;
-    const char *d = getenv("FERRY_FIXTURES");
-    cr_assert_not_null(d, "FERRY_FIXTURES must name tests/fixtures");
-    char *b = bufs[k++ % 4];
-    snprintf(b, 1024, "%s/%s", d, name);
-    return b;
+    return p;
 }
 
 static void write_bytes(const char *path, const void *p, size_t n) {
@@ -107,14 +91,6 @@ static char *slurp(const char *path, size_t *n) {
     b[len] = 0;
     if (n) *n = len;
     return b;
-}
-
-static void copy_file(const char *from, const char *to) {
-    size_t n;
-    char *b = slurp(from, &n);
-    cr_assert_not_null(b, "cannot read %s", from);
-    write_bytes(to, b, n);
-    free(b);
 }
 
 /* n bytes of English-like text. */
@@ -492,10 +468,10 @@ Test(cli, generated_weights_are_accepted) {
 
 Test(cli, fixture_heads_from_flag_or_config_json) {
     run_result r;
-    FERRY(&r, "train", SMALL, "--init", fixture("gpt2_tiny_init.safetensors"), "--heads", "4");
+    FERRY(&r, "train", SMALL, "--init", test_fixture("gpt2_tiny_init.safetensors"), "--heads", "4");
     test_expect_ok(&r);
     const char *w = P("model.safetensors");
-    copy_file(fixture("gpt2_tiny_init.safetensors"), w);
+    test_copy_file(test_fixture("gpt2_tiny_init.safetensors"), w);
     const char cfg[] = "{\"model_type\": \"gpt2\", \"n_head\": 4, \"n_embd\": 64}\n";
     write_bytes(P("config.json"), cfg, sizeof cfg - 1);
     FERRY(&r, "train", SMALL, "--init", w);
@@ -700,7 +676,7 @@ Test(cli, eval_without_init_or_data) {
     run_result r;
     FERRY(&r, "eval", "--data", data);
     EXPECT_ERROR(&r, 0, "--init");
-    FERRY(&r, "eval", "--init", fixture("gpt2_tiny_init.safetensors"), "--heads", "4");
+    FERRY(&r, "eval", "--init", test_fixture("gpt2_tiny_init.safetensors"), "--heads", "4");
     EXPECT_ERROR(&r, 0, "--data");
 }
 
@@ -1059,7 +1035,7 @@ Test(cli, weights_layer_index_overflow) {
 
 Test(cli, weights_heads_not_dividing_channels) {
     run_result r;
-    FERRY(&r, "train", SMALL, "--init", fixture("gpt2_tiny_init.safetensors"), "--heads", "5");
+    FERRY(&r, "train", SMALL, "--init", test_fixture("gpt2_tiny_init.safetensors"), "--heads", "5");
     EXPECT_ERROR(&r, 0, "heads", "5", "64");
 }
 
@@ -1076,7 +1052,7 @@ Test(cli, weights_heads_metadata_not_dividing_channels) {
 /* No ferry.heads metadata and no config.json beside it: ask for --heads. */
 Test(cli, weights_without_head_count) {
     const char *w = P("noheads.safetensors");
-    copy_file(fixture("gpt2_tiny_init.safetensors"), w);
+    test_copy_file(test_fixture("gpt2_tiny_init.safetensors"), w);
     run_result r;
     FERRY(&r, "train", SMALL, "--init", w);
     EXPECT_ERROR(&r, 1, w, "--heads");
@@ -1088,7 +1064,7 @@ Test(cli, weights_without_head_count) {
 /* The fixture has 64 positions. */
 Test(cli, seq_longer_than_the_files_positions) {
     run_result r;
-    FERRY(&r, "train", SMALL, "--init", fixture("gpt2_tiny_init.safetensors"), "--heads", "4",
+    FERRY(&r, "train", SMALL, "--init", test_fixture("gpt2_tiny_init.safetensors"), "--heads", "4",
           "--seq", "65");
     EXPECT_ERROR(&r, 0, "--seq", "64");
 }
@@ -1320,18 +1296,8 @@ Test(cli, dtype_bf16_halves_device_storage_and_travels_in_plans) {
  * way. */
 
 static const char *copy_hf(const char *fixture_dir, const char *name) {
-    const char *src = fixture(fixture_dir), *dst = P("%s", name);
-    cr_assert_eq(mkdir(dst, 0755), 0);
-    DIR *d = opendir(src);
-    cr_assert_not_null(d, "%s", src);
-    for (struct dirent *e; (e = readdir(d));) {
-        if (e->d_name[0] == '.') continue;
-        char from[1200], to[1200];
-        snprintf(from, sizeof from, "%s/%s", src, e->d_name);
-        snprintf(to, sizeof to, "%s/%s", dst, e->d_name);
-        copy_file(from, to);
-    }
-    closedir(d);
+    const char *dst = P("%s", name);
+    test_copy_dir(test_fixture(fixture_dir), dst);
     return dst;
 }
 
@@ -1355,7 +1321,7 @@ static void edit(const char *dir, const char *file, const char *from, const char
 }
 
 #define HF_ARGS "--batch", "2", "--seq", "16", "--steps", "1", "--threads", "1", "--device", "cpu", \
-                "--data", fixture("gpt2_tiny_tokens.bin")
+                "--data", test_fixture("gpt2_tiny_tokens.bin")
 
 /* One field of config.json changed: each refused with one error naming the file (or the
  * tensor) and the field. 3 layers over weights of 2: layer 2's tensors are missing; 1
@@ -1400,7 +1366,7 @@ Test(cli, hf_config_not_json) {
 Test(cli, hf_directory_without_config) {
     const char *d = P("noconfig");
     cr_assert_eq(mkdir(d, 0755), 0);
-    copy_file(fixture("llama_hf_tiny_bf16/model.safetensors"), P("noconfig/model.safetensors"));
+    test_copy_file(test_fixture("llama_hf_tiny_bf16/model.safetensors"), P("noconfig/model.safetensors"));
     run_result r;
     FERRY(&r, "train", HF_ARGS, "--init", d);
     EXPECT_ERROR(&r, 1, "noconfig", "config.json");
@@ -1409,7 +1375,7 @@ Test(cli, hf_directory_without_config) {
 Test(cli, hf_directory_without_weights) {
     const char *d = P("noweights");
     cr_assert_eq(mkdir(d, 0755), 0);
-    copy_file(fixture("llama_hf_tiny_bf16/config.json"), P("noweights/config.json"));
+    test_copy_file(test_fixture("llama_hf_tiny_bf16/config.json"), P("noweights/config.json"));
     run_result r;
     FERRY(&r, "train", HF_ARGS, "--init", d);
     EXPECT_ERROR(&r, 1, "noweights", "model.safetensors");
@@ -1440,18 +1406,18 @@ Test(cli, hf_mistral_window_shorter_than_the_sequence) {
     FERRY(&r, "train", HF_ARGS, "--init", d);
     EXPECT_ERROR(&r, 1, "sliding window", "8");
     edit(d, "config.json", "\"sliding_window\": 8", "\"sliding_window\": 4096");
-    FERRY(&r, "eval", "--init", d, "--data", fixture("gpt2_tiny_tokens.bin"), "--batch", "2",
+    FERRY(&r, "eval", "--init", d, "--data", test_fixture("gpt2_tiny_tokens.bin"), "--batch", "2",
           "--seq", "16", "--device", "cpu", "--batches", "1");
     test_expect_ok(&r);
 }
 
 Test(cli, hf_flags_disagreeing_with_the_config) {
     run_result r;
-    FERRY(&r, "train", HF_ARGS, "--init", fixture("llama_hf_tiny"), "--heads", "8");
+    FERRY(&r, "train", HF_ARGS, "--init", test_fixture("llama_hf_tiny"), "--heads", "8");
     EXPECT_ERROR(&r, 1, "--heads", "num_attention_heads");
-    FERRY(&r, "train", HF_ARGS, "--init", fixture("llama_hf_tiny"), "--model", "llama-tiny");
+    FERRY(&r, "train", HF_ARGS, "--init", test_fixture("llama_hf_tiny"), "--model", "llama-tiny");
     EXPECT_ERROR(&r, 1, "--model", "llama-tiny");
-    FERRY(&r, "train", HF_ARGS, "--init", fixture("llama_hf_tiny"), "--layers", "3");
+    FERRY(&r, "train", HF_ARGS, "--init", test_fixture("llama_hf_tiny"), "--layers", "3");
     EXPECT_ERROR(&r, 2, "--layers");
 }
 
@@ -1539,7 +1505,7 @@ static const char *tied_dir(const char *name, bool drop) {
     const char *d = copy_hf("llama_hf_tiny_bf16", name);
     edit(d, "config.json", "\"tie_word_embeddings\": false", "\"tie_word_embeddings\": true");
     fy_st_file *f;
-    cr_assert_eq(fy_st_open(fixture("llama_hf_tiny_bf16/model.safetensors"), &f), FY_OK);
+    cr_assert_eq(fy_st_open(test_fixture("llama_hf_tiny_bf16/model.safetensors"), &f), FY_OK);
     const fy_st_tensor *emb = fy_st_find(f, "model.embed_tokens.weight");
     cr_assert_not_null(emb);
     fy_st_entry es[64];
@@ -1637,7 +1603,7 @@ Test(cli, save_into_a_directory_of_other_files) {
 Test(cli, hf_directory_trains_saves_and_evaluates) {
     const char *out = P("out"), *one = P("out.safetensors");
     run_result r;
-    FERRY(&r, "train", HF_ARGS, "--init", fixture("llama_hf_tiny"), "--save", out,
+    FERRY(&r, "train", HF_ARGS, "--init", test_fixture("llama_hf_tiny"), "--save", out,
           "--save-shard-size", "100KB", "--save-dtype", "bf16");
     test_expect_ok(&r);
     cr_expect_geq(count_entries(out, "model-0000"), 2, "expected several shards");
@@ -1647,12 +1613,12 @@ Test(cli, hf_directory_trains_saves_and_evaluates) {
     cr_expect(strstr(cfg, "\"bfloat16\"") && strstr(cfg, "\"bos_token_id\""),
               "config.json lacks torch_dtype or the source's token ids:\n%s", cfg);
     free(cfg);
-    FERRY(&r, "eval", "--init", out, "--data", fixture("gpt2_tiny_tokens.bin"), "--batch", "2",
+    FERRY(&r, "eval", "--init", out, "--data", test_fixture("gpt2_tiny_tokens.bin"), "--batch", "2",
           "--seq", "16", "--device", "cpu", "--batches", "2");
     test_expect_ok(&r);
     FERRY(&r, "train", HF_ARGS, "--init", out, "--save", one);
     test_expect_ok(&r);
-    FERRY(&r, "eval", "--init", one, "--data", fixture("gpt2_tiny_tokens.bin"), "--batch", "2",
+    FERRY(&r, "eval", "--init", one, "--data", test_fixture("gpt2_tiny_tokens.bin"), "--batch", "2",
           "--seq", "16", "--device", "cpu", "--batches", "2");
     test_expect_ok(&r);
     FERRY(&r, "train", HF_ARGS, "--init", out, "--save-dtype", "fp16");
@@ -1700,7 +1666,7 @@ Test(cli, save_directory_names) {
 Test(cli, weights_beside_an_unrelated_config_json) {
     const char *d = P("side");
     cr_assert_eq(mkdir(d, 0755), 0);
-    copy_file(fixture("gpt2_tiny_init.safetensors"), P("side/w.safetensors"));
+    test_copy_file(test_fixture("gpt2_tiny_init.safetensors"), P("side/w.safetensors"));
     write_bytes(P("side/config.json"), "{\"lr\": 3e-4}", 13);
     run_result r;
     FERRY(&r, "train", SMALL, "--init", P("side/w.safetensors"), "--heads", "4");

@@ -44,18 +44,13 @@ static void remove_dir(void) {
     test_remove_tree(g_dir);
 }
 
-/* A path inside the test directory (one of a few rotating buffers). */
+/* A path inside the test directory. */
 static const char *P(const char *fmt, ...) {
-    static char bufs[8][512];
-    static int k;
-    char name[256];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
+    const char *p = test_vpath(g_dir, fmt, ap);
     va_end(ap);
-    char *b = bufs[k++ % 8];
-    snprintf(b, 512, "%s/%s", g_dir, name);
-    return b;
+    return p;
 }
 
 /* The temporary file a write of `name` in the test directory uses from this process. */

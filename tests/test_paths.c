@@ -29,42 +29,19 @@ static void remove_dir(void) { test_remove_tree(g_dir); }
 
 TestSuite(paths, .init = make_dir, .fini = remove_dir);
 
-/* A path inside the test directory (one of a few rotating buffers). */
+/* A path inside the test directory. */
 static const char *P(const char *fmt, ...) {
-    static char bufs[16][512];
-    static int k;
-    char name[256];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
+    const char *p = test_vpath(g_dir, fmt, ap);
     va_end(ap);
-    char *b = bufs[k++ % 16];
-    snprintf(b, 512, "%s/%s", g_dir, name);
-    return b;
+    return p;
 }
 
 static void put(const char *path, const char *text) {
     FILE *f = fopen(path, "wb");
     cr_assert_not_null(f, "cannot create %s: %s", path, strerror(errno));
     cr_assert_eq(fputs(text, f) >= 0 && fclose(f) == 0, true);
-}
-
-static void copy(const char *from, const char *to) {
-    size_t n;
-    char *b = test_read_file(from, &n);
-    FILE *f = fopen(to, "wb");
-    cr_assert_not_null(f, "cannot create %s", to);
-    cr_assert_eq(fwrite(b, 1, n, f), n);
-    cr_assert_eq(fclose(f), 0);
-    free(b);
-}
-
-static const char *fixture(const char *name) {
-    static char bufs[4][1024];
-    static int k;
-    char *b = bufs[k++ % 4];
-    snprintf(b, 1024, "%s/%s", getenv("FERRY_FIXTURES"), name);
-    return b;
 }
 
 /* ---- the module ------------------------------------------------------------------------ */
@@ -304,8 +281,8 @@ static void metrics_on_init(test_proc *r, const char *out) {
 /* The five commands of the audit (issue #26), each three ways. */
 Test(paths, outputs_never_land_on_the_data_or_the_weights) {
     const char *shard = P("train.bin"), *weights = P("init.safetensors");
-    copy(fixture("gpt2_tiny_tokens.bin"), shard);
-    copy(fixture("gpt2_tiny_init.safetensors"), weights);
+    test_copy_file(test_fixture("gpt2_tiny_tokens.bin"), shard);
+    test_copy_file(test_fixture("gpt2_tiny_init.safetensors"), weights);
     g_in = shard;
     refused_three_ways(shard, "--data", "--save-plan", save_plan_on_data);
     refused_three_ways(shard, "--data", "--trace", trace_on_data);
@@ -322,18 +299,8 @@ Test(paths, outputs_never_land_on_the_data_or_the_weights) {
 /* --init as a Hugging Face directory: every file of it is an input (index, shards,
  * config, tokenizer and generation files); --save may replace it whole, not one shard. */
 Test(paths, a_model_directory_is_all_inputs) {
-    const char *src = fixture("llama_hf_tiny"), *d = P("model");
-    cr_assert_eq(mkdir(d, 0755), 0);
-    DIR *dir = opendir(src);
-    cr_assert_not_null(dir);
-    for (struct dirent *e; (e = readdir(dir));) {
-        if (e->d_name[0] == '.') continue;
-        char from[1200], to[1200];
-        snprintf(from, sizeof from, "%s/%s", src, e->d_name);
-        snprintf(to, sizeof to, "%s/%s", d, e->d_name);
-        copy(from, to);
-    }
-    closedir(dir);
+    const char *d = P("model");
+    test_copy_dir(test_fixture("llama_hf_tiny"), d);
     const char *shard = P("model/model-00007-of-00012.safetensors");
     const uint64_t before = sum_of(shard), cfg = sum_of(P("model/config.json"));
     test_proc r;
@@ -353,19 +320,9 @@ Test(paths, a_model_directory_is_all_inputs) {
 /* A fine-tune in place: --save onto --init's directory replaces it after training; data
  * inside that directory is refused before anything runs. */
 Test(paths, save_replaces_init_but_not_the_data) {
-    const char *src = fixture("llama_hf_tiny_bf16"), *d = P("model");
-    cr_assert_eq(mkdir(d, 0755), 0);
-    DIR *dir = opendir(src);
-    cr_assert_not_null(dir);
-    for (struct dirent *e; (e = readdir(dir));) {
-        if (e->d_name[0] == '.') continue;
-        char from[1200], to[1200];
-        snprintf(from, sizeof from, "%s/%s", src, e->d_name);
-        snprintf(to, sizeof to, "%s/%s", d, e->d_name);
-        copy(from, to);
-    }
-    closedir(dir);
-    const char *tokens = fixture("gpt2_tiny_tokens.bin");
+    const char *d = P("model");
+    test_copy_dir(test_fixture("llama_hf_tiny_bf16"), d);
+    const char *tokens = test_fixture("gpt2_tiny_tokens.bin");
     const uint64_t w0 = sum_of(P("model/model.safetensors"));
     test_proc r;
     FERRY(&r, "train", SMALL, "--init", d, "--save", d, "--data", tokens);
@@ -373,7 +330,7 @@ Test(paths, save_replaces_init_but_not_the_data) {
     cr_expect_neq(sum_of(P("model/model.safetensors")), w0, "the trained weights were not saved");
     FERRY(&r, "train", SMALL, "--init", P("model/model.safetensors"), "--save", P("model/"), "--data", tokens);
     test_expect_ok(&r);
-    copy(tokens, P("model/t.bin"));
+    test_copy_file(tokens, P("model/t.bin"));
     const uint64_t t0 = sum_of(P("model/t.bin")), w1 = sum_of(P("model/model.safetensors"));
     FERRY(&r, "train", SMALL, "--init", d, "--save", d, "--data", P("model/t.bin"));
     EXPECT_ERROR(&r, 2, "--data", "--save", "replaces whole");
@@ -382,7 +339,7 @@ Test(paths, save_replaces_init_but_not_the_data) {
 }
 
 Test(paths, outputs_never_meet) {
-    const char *tokens = fixture("gpt2_tiny_tokens.bin");
+    const char *tokens = test_fixture("gpt2_tiny_tokens.bin");
     cr_assert_eq(mkdir(P("sub"), 0755), 0);
     test_proc r;
     FERRY(&r, "train", "--model", "gpt2-tiny", SMALL, "--trace", "t.json", "--save-plan", "sub/../t.json");
@@ -390,7 +347,7 @@ Test(paths, outputs_never_meet) {
     FERRY(&r, "train", "--model", "gpt2-tiny", SMALL, "--save", "sv", "--metrics", "sv/m.jsonl");
     EXPECT_ERROR(&r, 2, "--save", "--metrics");
     cr_assert_eq(mkdir(P("d"), 0755), 0);
-    copy(tokens, P("d/a.bin"));
+    test_copy_file(tokens, P("d/a.bin"));
     FERRY(&r, "train", "--model", "gpt2-tiny", SMALL, "--data", "d/*.bin", "--save-plan", "d/plan.bin");
     EXPECT_ERROR(&r, 2, "--data", "--save-plan", "matches");
     struct stat sb;
@@ -400,7 +357,7 @@ Test(paths, outputs_never_meet) {
 
 /* The checkpoint directory's own names (step-N, latest) are outputs; --resume reads one. */
 Test(paths, checkpoints_are_outputs_and_resume_an_input) {
-    const char *tokens = fixture("gpt2_tiny_tokens.bin");
+    const char *tokens = test_fixture("gpt2_tiny_tokens.bin");
     test_proc r;
     FERRY(&r, "train", "--model", "gpt2-tiny", SMALL, "--checkpoint-dir", "ck", "--metrics", "ck/latest");
     EXPECT_ERROR(&r, 2, "--checkpoint-dir", "--metrics");
@@ -440,19 +397,19 @@ Test(paths, tune_and_sweep_never_write_over_the_profile) {
     g_in = pf;
     refused_three_ways(pf, "--profile", "--out", tune_onto_profile);
     test_proc r;
-    copy(pf, P("plan.json")); /* tune's default output, given as the profile */
+    test_copy_file(pf, P("plan.json")); /* tune's default output, given as the profile */
     FERRY(&r, "tune", "--model", "gpt2-mini", "--profile", "plan.json");
     EXPECT_ERROR(&r, 2, "--out", "--profile", "plan.json");
     FERRY(&r, "tune", "--capacity", "--profile", "h200-141gb", "--out", "x.json");
     EXPECT_ERROR(&r, 2, "--out", "capacity");
     cr_assert_eq(mkdir(P("sw"), 0755), 0);
-    copy(pf, P("sw/sweep.csv"));
+    test_copy_file(pf, P("sw/sweep.csv"));
     const uint64_t s0 = sum_of(P("sw/sweep.csv"));
     FERRY(&r, "sweep", "--model", "gpt2-tiny", "--grid", "offload_params=0", "--simulate",
           "--profile", "sw/sweep.csv", "--out", "sw");
     EXPECT_ERROR(&r, 2, "--profile", "--out", "sweep.csv");
     cr_expect_eq(sum_of(P("sw/sweep.csv")), s0);
-    copy(pf, P("sw/mine.json")); /* a file the sweep does not write is the user's to keep there */
+    test_copy_file(pf, P("sw/mine.json")); /* a file the sweep does not write is the user's to keep there */
     FERRY(&r, "sweep", "--model", "gpt2-tiny", "--grid", "offload_params=0", "--simulate",
           "--profile", "sw/mine.json", "--out", "sw", "--quiet");
     test_expect_ok(&r);
@@ -476,23 +433,14 @@ Test(paths, tune_and_sweep_never_write_over_the_profile) {
  * there: an input so named is refused; a directory only named like a save's leftover (a
  * backup model.old.20231231) is an input like any other, and is kept. */
 Test(paths, temporaries_beside_a_save) {
-    const char *tokens = fixture("gpt2_tiny_tokens.bin");
-    copy(fixture("gpt2_tiny_init.safetensors"), P("w.safetensors.tmp.123"));
+    const char *tokens = test_fixture("gpt2_tiny_tokens.bin");
+    test_copy_file(test_fixture("gpt2_tiny_init.safetensors"), P("w.safetensors.tmp.123"));
     test_proc r;
     FERRY(&r, "train", SMALL, "--heads", "4", "--init", "w.safetensors.tmp.123", "--data", tokens,
           "--save", "w.safetensors");
     EXPECT_ERROR(&r, 2, "--init", "--save", "temporary");
-    const char *src = fixture("llama_hf_tiny_bf16"), *d = P("mymodel.old.20231231");
-    cr_assert_eq(mkdir(d, 0755), 0);
-    DIR *dir = opendir(src);
-    for (struct dirent *e; (e = readdir(dir));) {
-        if (e->d_name[0] == '.') continue;
-        char from[1200], to[1200];
-        snprintf(from, sizeof from, "%s/%s", src, e->d_name);
-        snprintf(to, sizeof to, "%s/%s", d, e->d_name);
-        copy(from, to);
-    }
-    closedir(dir);
+    const char *d = P("mymodel.old.20231231");
+    test_copy_dir(test_fixture("llama_hf_tiny_bf16"), d);
     const uint64_t w0 = sum_of(P("mymodel.old.20231231/model.safetensors"));
     FERRY(&r, "train", SMALL, "--init", d, "--data", tokens, "--save", "mymodel");
     test_expect_ok(&r);
@@ -505,11 +453,11 @@ Test(paths, temporaries_beside_a_save) {
 /* A glob whose directory part is a pattern reaches directories through links; a working
  * directory whose name holds glob characters is a name, not a pattern. */
 Test(paths, globs_through_links_and_odd_directories) {
-    const char *tokens = fixture("gpt2_tiny_tokens.bin");
+    const char *tokens = test_fixture("gpt2_tiny_tokens.bin");
     cr_assert_eq(mkdir(P("g"), 0755), 0);
     cr_assert_eq(mkdir(P("g/a"), 0755), 0);
     cr_assert_eq(mkdir(P("else"), 0755), 0);
-    copy(tokens, P("g/a/s1.bin"));
+    test_copy_file(tokens, P("g/a/s1.bin"));
     cr_assert_eq(symlink("../else", P("g/c")), 0);
     test_proc r;
     FERRY(&r, "train", "--model", "gpt2-tiny", SMALL, "--data", "g/*/*.bin", "--save-plan", "else/p.bin");
@@ -520,7 +468,7 @@ Test(paths, globs_through_links_and_odd_directories) {
     /* the same from a working directory named x[1] */
     cr_assert_eq(mkdir(P("x[1]"), 0755), 0);
     cr_assert_eq(mkdir(P("x[1]/g"), 0755), 0);
-    copy(tokens, P("x[1]/g/s.bin"));
+    test_copy_file(tokens, P("x[1]/g/s.bin"));
     char cwd[600];
     snprintf(cwd, sizeof cwd, "%s/x[1]", g_dir);
     test_run_ferry(&r, cwd, 120, (const char *const[]){"train", "--model", "gpt2-tiny", SMALL,

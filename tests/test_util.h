@@ -3,14 +3,17 @@
 #ifndef FY_TEST_UTIL_H
 #define FY_TEST_UTIL_H
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -41,6 +44,54 @@ static inline char *test_read_file(const char *path, size_t *n) {
     fclose(f);
     if (n) *n = (size_t)sz;
     return b;
+}
+
+/* dir/<fmt, ...> in one of 16 rotating buffers: a path in a test's temporary directory. */
+static inline const char *test_vpath(const char *dir, const char *fmt, va_list ap) {
+    static char bufs[16][512];
+    static int k;
+    char name[256];
+    vsnprintf(name, sizeof name, fmt, ap);
+    char *b = bufs[k++ % 16];
+    snprintf(b, sizeof bufs[0], "%s/%s", dir, name);
+    return b;
+}
+
+/* $FERRY_FIXTURES/name, in one of 4 rotating buffers. */
+static inline const char *test_fixture(const char *name) {
+    static char bufs[4][1024];
+    static int k;
+    const char *d = getenv("FERRY_FIXTURES");
+    cr_assert_not_null(d, "FERRY_FIXTURES must name tests/fixtures");
+    char *b = bufs[k++ % 4];
+    snprintf(b, sizeof bufs[0], "%s/%s", d, name);
+    return b;
+}
+
+/* A copy of the file from at to (created or replaced). */
+static inline void test_copy_file(const char *from, const char *to) {
+    size_t n;
+    char *b = test_read_file(from, &n);
+    FILE *f = fopen(to, "wb");
+    cr_assert_not_null(f, "cannot create %s: %s", to, strerror(errno));
+    cr_assert_eq(fwrite(b, 1, n, f), n);
+    cr_assert_eq(fclose(f), 0);
+    free(b);
+}
+
+/* A new directory dst with a copy of every file of src but its dot files. */
+static inline void test_copy_dir(const char *src, const char *dst) {
+    cr_assert_eq(mkdir(dst, 0755), 0, "mkdir %s: %s", dst, strerror(errno));
+    DIR *d = opendir(src);
+    cr_assert_not_null(d, "%s", src);
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.') continue;
+        char from[1200], to[1200];
+        snprintf(from, sizeof from, "%s/%s", src, e->d_name);
+        snprintf(to, sizeof to, "%s/%s", dst, e->d_name);
+        test_copy_file(from, to);
+    }
+    closedir(d);
 }
 
 /* 64 KiB of the generated corpus as byte tokens: the training data of the plan tests. */
