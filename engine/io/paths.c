@@ -377,36 +377,26 @@ static const char *below(const char *path, const char *dir) {
     return path[n] == '/' ? path + n + 1 : path[n] ? NULL : path + n;
 }
 
-/* Whether x lies in what directory writer d writes: anywhere under it (DIR), or under one
- * of the names it owns (DIR_NAMES). The first component of that name into part. */
-static bool inside(const entry *x, const entry *d, char *part, size_t cap) {
+/* Whether directory writer d writes at path: below it (DIR), or below one of the names
+ * it owns (DIR_NAMES); with at_too, also at d itself. */
+static bool claims(const entry *d, const char *path, bool at_too) {
     if (d->writes != FY_PATH_DIR && d->writes != FY_PATH_DIR_NAMES) return false;
-    const char *xs[2] = {x->r.name, x->r.real}, *ds[2] = {d->r.real, d->r.name};
-    for (int i = 0; i < 2; i++)
-        for (int j = 0; j < 2; j++) {
-            const char *rest = below(xs[i], ds[j]);
-            if (!rest || !*rest) continue;
-            const char *slash = strchr(rest, '/');
-            snprintf(part, cap, "%.*s", (int)(slash ? (size_t)(slash - rest) : strlen(rest)), rest);
-            if (d->writes == FY_PATH_DIR || d->owns(part)) return true;
-        }
-    return false;
-}
-
-/* Whether directory output o writes where d (a resolved directory) is: d is o or lies
- * below it (DIR), or is o or lies below a name o owns (DIR_NAMES). */
-static bool writes_over(const entry *o, const char *d) {
-    const char *ds[2] = {o->r.real, o->r.name};
+    const char *ds[2] = {d->r.real, d->r.name};
     for (int j = 0; j < 2; j++) {
-        const char *rest = below(d, ds[j]);
-        if (!rest) continue;
-        if (o->writes == FY_PATH_DIR || !*rest) return true;
+        const char *rest = below(path, ds[j]);
+        if (!rest || (!*rest && !at_too)) continue;
+        if (d->writes == FY_PATH_DIR || !*rest) return true;
         char part[NAME_MAX + 1];
         const char *sl = strchr(rest, '/');
         snprintf(part, sizeof part, "%.*s", (int)(sl ? (size_t)(sl - rest) : strlen(rest)), rest);
-        if (o->owns(part)) return true;
+        if (d->owns(part)) return true;
     }
     return false;
+}
+
+/* Whether x lies in what directory writer d writes (claims, by either of x's names). */
+static bool inside(const entry *x, const entry *d) {
+    return claims(d, x->r.name, false) || claims(d, x->r.real, false);
 }
 
 /* Whether output o would be one of the files glob g matches, or (a directory it writes)
@@ -422,7 +412,7 @@ static bool matches(const entry *o, const entry *g) {
             if (strlen(gd) == dn && !strncmp(os[i], gd, dn) && fnmatch(g->glob_base, slash + 1, FNM_PERIOD) == 0)
                 return true;
         }
-        if (dir && writes_over(o, gd)) return true;
+        if (dir && claims(o, gd, true)) return true; /* it is written over */
     }
     char pat[CAP];
     if (g->glob_pat) { /* directories a pattern would match once made: its names, its levels */
@@ -493,7 +483,6 @@ static const char *to_change(const entry *o, const entry *i) {
 
 /* Writer o against reader i: whether they collide (logged). */
 static bool lands_on_input(const entry *o, const entry *i) {
-    char part[NAME_MAX + 1];
     if (i->glob) {
         if (!matches(o, i)) return false;
         fy_log_error("%s %s would %s %s %s matches: ferry never writes over what it reads; give "
@@ -508,7 +497,7 @@ static bool lands_on_input(const entry *o, const entry *i) {
                      to_change(o, i));
         return true;
     }
-    if (inside(i, o, part, sizeof part)) {
+    if (inside(i, o)) {
         fy_log_error("%s %s is inside %s %s, %s: ferry never writes over what it reads; give %s "
                      "another path", i->flag, i->given, o->flag, o->given, o->what, to_change(o, i));
         return true;
@@ -525,7 +514,6 @@ static bool lands_on_input(const entry *o, const entry *i) {
 
 /* Writers a and b: whether they collide (logged). */
 static bool outputs_meet(const entry *a, const entry *b) {
-    char part[NAME_MAX + 1];
     if (one_file(&a->r, &b->r)) {
         fy_log_error("%s %s and %s %s are one path%s: each output needs a path of its own",
                      a->flag, a->given, b->flag, b->given, how_one(a, b));
@@ -538,10 +526,10 @@ static bool outputs_meet(const entry *a, const entry *b) {
         return true;
     }
     const entry *x = a, *d = b;
-    if (!inside(x, d, part, sizeof part)) {
+    if (!inside(x, d)) {
         x = b;
         d = a;
-        if (!inside(x, d, part, sizeof part)) return false;
+        if (!inside(x, d)) return false;
     }
     fy_log_error("%s %s is inside %s %s, %s: each output needs a path of its own", x->flag,
                  x->given, d->flag, d->given, d->what);
