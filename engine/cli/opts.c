@@ -353,16 +353,17 @@ fy_dev_kind fy_opts_dev_kind(const fy_opts *o) {
     return kind_of(o, why, sizeof why);
 }
 
-bool fy_opts_given(const fy_opts *o, const char *name) {
-    for (int i = 0; i < NOPTS; i++)
-        if (!strcmp(table[i].name, name)) return (o->set_mask[i / 32] >> (i % 32)) & 1u;
-    FY_ASSERT(0, "fy_opts_given: no such option");
-}
-
 static const opt *find(const char *name) {
     for (int i = 0; i < NOPTS; i++)
         if (!strcmp(table[i].name, name)) return &table[i];
     return NULL;
+}
+
+bool fy_opts_given(const fy_opts *o, const char *name) {
+    const opt *op = find(name);
+    FY_ASSERT(op, "fy_opts_given: no such option");
+    const int i = (int)(op - table);
+    return (o->set_mask[i / 32] >> (i % 32)) & 1u;
 }
 
 const char *fy_opts_str(const fy_opts *o, const char *name) {

@@ -9,39 +9,63 @@
 
 #include "engine/core/util.h"
 
-fy_status fy_json_read_text(const char *path, const char *what, char **text, size_t *nbytes) {
+/* path's text (malloc'd, NUL-terminated, n bytes); on failure the reason in *why (a
+ * string with the status) and nothing logged. */
+static fy_status read_text(const char *path, char **text, size_t *nbytes, const char **why) {
     *text = NULL;
     int fd = fy_open_read(path);
     struct stat sb;
     if (fd < 0 || fstat(fd, &sb) != 0) {
         if (fd >= 0) close(fd);
-        fy_log_error("cannot open %s %s", what, path);
+        *why = "cannot open";
         return FY_ERR_IO;
     }
     if (!S_ISREG(sb.st_mode)) {
         close(fd);
-        fy_log_error("%s %s: not a regular file", what, path);
+        *why = "not a regular file";
         return FY_ERR_IO;
     }
     FILE *f = fdopen(fd, "rb");
     if (!f) {
         close(fd);
-        fy_log_error("cannot open %s %s", what, path);
+        *why = "cannot open";
         return FY_ERR_IO;
     }
     char *t = malloc(FY_JSON_MAX_BYTES + 1);
     size_t n = t ? fread(t, 1, FY_JSON_MAX_BYTES + 1, f) : 0;
     fclose(f);
-    if (!t) return FY_ERR_NOMEM;
+    if (!t) {
+        *why = "out of memory";
+        return FY_ERR_NOMEM;
+    }
     if (n > FY_JSON_MAX_BYTES) {
         free(t);
-        fy_log_error("%s %s: larger than %u bytes", what, path, FY_JSON_MAX_BYTES);
+        *why = "too large";
         return FY_ERR_FORMAT;
     }
     t[n] = 0;
     *text = t;
     *nbytes = n;
     return FY_OK;
+}
+
+fy_status fy_json_read_text(const char *path, const char *what, char **text, size_t *nbytes) {
+    const char *why = "";
+    const fy_status st = read_text(path, text, nbytes, &why);
+    if (st == FY_ERR_IO && !strcmp(why, "cannot open")) fy_log_error("cannot open %s %s", what, path);
+    else if (st == FY_ERR_FORMAT) fy_log_error("%s %s: larger than %u bytes", what, path, FY_JSON_MAX_BYTES);
+    else if (st == FY_ERR_IO) fy_log_error("%s %s: %s", what, path, why);
+    return st;
+}
+
+cJSON *fy_json_try_read(const char *path) {
+    char *text;
+    size_t n;
+    const char *why;
+    if (read_text(path, &text, &n, &why) != FY_OK) return NULL;
+    cJSON *root = cJSON_ParseWithLength(text, n);
+    free(text);
+    return root;
 }
 
 typedef struct keyed { const char *key; int at; } keyed;

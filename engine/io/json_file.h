@@ -28,6 +28,9 @@ fy_status fy_json_read(const char *path, const char *what, cJSON **out);
 /* The same file's text (malloc'd, NUL-terminated, n bytes), unparsed: for a parser of
  * its own (the checkpoint state's). The same errors, logged. */
 fy_status fy_json_read_text(const char *path, const char *what, char **text, size_t *n);
+/* The same file parsed, or NULL without a word if it cannot be read or parsed: for a
+ * listing whose reader reports the problem later (weights.h: fy_weights_files). */
+cJSON *fy_json_try_read(const char *path);
 /* Writes root (pretty-printed) to path atomically. FY_ERR_IO (logged) on failure. */
 fy_status fy_json_write(const char *path, const char *what, const cJSON *root);
 

@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include "engine/core/util.h"
 #include "engine/io/json_file.h"
@@ -327,19 +326,7 @@ static fy_status file_to(fy_weights_file_fn fn, void *ctx, const char *dir, cons
  * itself. */
 static fy_status index_files(fy_weights_file_fn fn, void *ctx, const char *dir, const char *index) {
     FY_TRY(fn(ctx, index));
-    int fd = fy_open_read(index);
-    struct stat sb;
-    char *text = NULL;
-    if (fd >= 0 && fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size <= FY_JSON_MAX_BYTES &&
-        (text = malloc((size_t)sb.st_size + 1))) {
-        size_t got = 0;
-        for (ssize_t k; got < (size_t)sb.st_size && (k = read(fd, text + got, (size_t)sb.st_size - got)) > 0;)
-            got += (size_t)k;
-        text[got] = 0;
-    }
-    if (fd >= 0) close(fd);
-    cJSON *root = text ? cJSON_Parse(text) : NULL;
-    free(text);
+    cJSON *root = fy_json_try_read(index);
     const cJSON *map = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
     fy_status st = FY_OK;
     for (const cJSON *e = cJSON_IsObject(map) ? map->child : NULL; e && st == FY_OK; e = e->next)
