@@ -1,7 +1,8 @@
-/* trainer.c — a trainer's life outside its windows: building its storage under the plan
- * (offload/storage.c), initialising, loading and saving weights, reading parameters and
- * gradients back. Training and evaluation run as task graphs on the scheduler
- * (step_graph.c). */
+/* trainer.c — a trainer's life outside its windows: its layout and storage under the
+ * plan (offload/layout.h, storage.h), initialising, loading and saving weights, reading
+ * weights, gradients and moments back. Windows run in step_exec.c; a sharded job's state
+ * is gathered on rank 0 in trainer_shards.c. Every buffer comes from the layout's
+ * answer for a state: no code here knows which plan put it where. */
 #include "engine/trainer_impl.h"
 
 #include <math.h>
@@ -11,7 +12,6 @@
 #include <string.h>
 
 #include "engine/core/dtype.h"
-#include "engine/core/reduce.h"
 #include "engine/device/kernels.h"
 
 /* ---- construction ------------------------------------------------------------------ */
@@ -35,41 +35,49 @@ static fy_status new_pool(int compute_threads, int adam_threads, fy_adam_pool **
     return st;
 }
 
-/* Every copy of the parameters from fp32 host blocks: masters as they are, the storage
- * type's copies rounded to it. */
-/* Block b's fp32 parameters into every copy the plan keeps of them; *tmp is bf16
+/* State s of block b (a buffer of its own) from fp32 host values of the whole block:
+ * its range, in its dtype, copied to the device or written in host memory. *tmp is
  * scratch kept across calls (the caller frees it). */
-static fy_status upload_block(fy_trainer *tr, int b, const float *host, uint16_t **tmp) {
-    const fy_chunk *c = &tr->st->chunks[b];
-    const size_t shard = (c->hi - c->lo) * sizeof(float); /* masters apart: their shard */
-    if (c->param_host && c->apart) memcpy(c->param_host, host + c->lo, shard);
-    else if (c->param_host) memcpy(c->param_host, host, fy_tr_master_nbytes(tr, b));
-    if (c->master_dev) fy_copy_async(tr->s, c->master_dev, host + c->lo, shard, FY_H2D);
-    if (!fy_tr_lp(tr)) {
-        if (c->param_lp && c->param_lp != c->param_host) /* an fp32 copy apart (storage.h) */
-            memcpy(c->param_lp, host, fy_tr_nbytes(tr, b));
-        if (c->param_dev) fy_copy_async(tr->s, c->param_dev, host, fy_tr_nbytes(tr, b), FY_H2D);
-        fy_stream_sync(tr->s); /* host is reused for the next block */
+static fy_status fill_state(fy_trainer *tr, int b, fy_state s, const float *host, void **tmp) {
+    const fy_place *p = fy_layout_state(tr->L, b, s);
+    const size_t n = p->hi - p->lo, nbytes = fy_place_nbytes(p);
+    void *dst = fy_tr_ptr(tr, b, s);
+    if (!nbytes) return FY_OK;
+    const float *src = host + p->lo;
+    if (p->dtype == FY_F32 && p->tier != FY_TIER_DEVICE) {
+        memcpy(dst, src, nbytes);
         return FY_OK;
     }
-    if (c->param_lp) fy_f32_to_bf16_n((uint16_t *)c->param_lp, host, c->nelem);
-    fy_stream_sync(tr->s);
-    if (!c->param_dev) return FY_OK;
-    uint16_t *t = realloc(*tmp, fy_tr_nbytes(tr, b));
-    if (!t) return FY_ERR_NOMEM;
-    *tmp = t;
-    fy_f32_to_bf16_n(t, host, c->nelem);
-    fy_copy_async(tr->s, c->param_dev, t, fy_tr_nbytes(tr, b), FY_H2D);
-    fy_stream_sync(tr->s);
+    if (p->dtype != FY_F32 && p->tier != FY_TIER_DEVICE) {
+        fy_f32_to_bf16_n(dst, src, n);
+        return FY_OK;
+    }
+    if (p->dtype != FY_F32) { /* rounded on the host, then copied */
+        void *t = realloc(*tmp, nbytes);
+        if (!t) return FY_ERR_NOMEM;
+        *tmp = t;
+        fy_f32_to_bf16_n(t, src, n);
+        src = t;
+    }
+    fy_copy_async(tr->s, dst, src, nbytes, FY_H2D);
+    fy_stream_sync(tr->s); /* host and *tmp are reused for the next state */
     return FY_OK;
 }
 
-/* Every block's parameters, from w or (w NULL) the seed's initialisation, through one
+/* Block b's fp32 weights into every buffer the layout keeps of them. */
+static fy_status upload_block(fy_trainer *tr, int b, const float *host, void **tmp) {
+    static const fy_state weights[] = {FY_STATE_MASTER, FY_STATE_HOST_WEIGHTS, FY_STATE_WEIGHTS};
+    for (size_t i = 0; i < sizeof weights / sizeof weights[0]; i++)
+        if (fy_layout_owns(tr->L, b, weights[i])) FY_TRY(fill_state(tr, b, weights[i], host, tmp));
+    return FY_OK;
+}
+
+/* Every block's weights, from w or (w NULL) the seed's initialisation, through one
  * block-sized host buffer. */
 static fy_status fill_params(fy_trainer *tr, const fy_weights *w, uint64_t seed) {
     const unsigned errors = fy_log_error_count();
     float *host = malloc(fy_model_max_block_nelem(tr->model) * sizeof *host);
-    uint16_t *tmp = NULL;
+    void *tmp = NULL;
     fy_status st = host ? FY_OK : FY_ERR_NOMEM;
     if (st == FY_OK && w) st = fy_model_check_weights(tr->model, w);
     for (int b = 0; b < fy_tr_nblocks(tr) && st == FY_OK; b++) {
@@ -84,7 +92,9 @@ static fy_status fill_params(fy_trainer *tr, const fy_weights *w, uint64_t seed)
     return st;
 }
 
-fy_status fy_trainer_setup_plan(fy_trainer *tr, const fy_trainer_cfg *cfg) {
+/* The plan (a copy of cfg->plan, or all-resident from cfg), checked against the model,
+ * the job (world, rank, the step's micro-batches) and the layout under them. */
+static fy_status setup(fy_trainer *tr, const fy_trainer_cfg *cfg, fy_layout *L) {
     tr->cfg = *cfg;
     tr->cfg.plan = NULL;
     tr->model = cfg->model;
@@ -98,22 +108,9 @@ fy_status fy_trainer_setup_plan(fy_trainer *tr, const fy_trainer_cfg *cfg) {
     tr->comm = cfg->comm;
     tr->world = cfg->comm ? fy_comm_size(cfg->comm) : 1;
     tr->rank = cfg->comm ? fy_comm_rank(cfg->comm) : 0;
-    if (!cfg->comm && cfg->plan_ranks > 1) { /* planning a job's step (trainer.h) */
-        if (cfg->plan_ranks > FY_MAX_SHARDS) {
-            fy_log_error("a job of %d ranks: at most %d", cfg->plan_ranks, FY_MAX_SHARDS);
-            return FY_ERR_INVALID;
-        }
-        tr->world = cfg->plan_ranks;
-        tr->rank = -1; /* the plan's shard: each block's largest (plan.h) */
-    }
     tr->micro_total = cfg->micro_total > 0 ? cfg->micro_total : (int64_t)tr->world * tr->plan.grad_accum;
-    tr->micro_first = cfg->micro_total > 0 ? cfg->micro_first
-                                           : (int64_t)(tr->rank > 0 ? tr->rank : 0) * tr->plan.grad_accum;
-    if (tr->world > 1 && !cfg->eval_only) { /* ZeRO: this rank holds its shard (storage.h) */
-        tr->plan.shards = tr->world;
-        tr->plan.shard = tr->rank;
-    }
-    return FY_OK;
+    tr->micro_first = cfg->micro_total > 0 ? cfg->micro_first : (int64_t)tr->rank * tr->plan.grad_accum;
+    return fy_layout_new(tr->model, &tr->plan, cfg->T, !cfg->eval_only, tr->world, tr->rank, L);
 }
 
 /* Where each rank's norm chunk sums go (trainer_impl.h: part_region, part_base). */
@@ -126,11 +123,40 @@ static fy_status setup_parts(fy_trainer *tr) {
         size_t n = 0;
         for (int b = 0; b < nb; b++) {
             if (r == tr->rank) tr->part_base[b] = n;
-            n += fy_shard_nchunks(tr->st->chunks[b].nelem, W, r);
+            n += fy_shard_nchunks(fy_tr_blk(tr, b)->nelem, W, r);
         }
         tr->part_region[r + 1] = tr->part_region[r] + n;
     }
-    FY_ASSERT(tr->part_region[W] == tr->st->nparts, "every chunk sum has its place");
+    FY_ASSERT(tr->part_region[W] == tr->L->nparts, "every chunk sum has its place");
+    return FY_OK;
+}
+
+/* The lanes' streams: compute and the two copy directions, and in a job on a device with
+ * collectives the comm lane's (gradients in device memory are summed there, by NCCL;
+ * host ones over MPI). */
+static fy_status new_streams(fy_trainer *tr) {
+    fy_dev *dev = tr->dev;
+    if (tr->world > 1 && fy_dev_get_kind(dev) != FY_DEV_CPU) {
+        if (!fy_dev_has_collectives(dev)) {
+            fy_log_error("data parallel on the %s backend needs its collectives, which it "
+                         "lacks", fy_dev_kind_name(fy_dev_get_kind(dev)));
+            return FY_ERR_UNSUPPORTED;
+        }
+        FY_TRY(fy_comm_attach(tr->comm, dev));
+        FY_TRY(fy_stream_new(dev, "comm", &tr->s_comm));
+    }
+    FY_TRY(fy_stream_new(dev, "compute", &tr->s));
+    FY_TRY(fy_stream_new(dev, "h2d", &tr->s_h2d));
+    return fy_stream_new(dev, "d2h", &tr->s_d2h);
+}
+
+/* The optimizer pool, when a block is updated on the CPU. */
+static fy_status maybe_pool(fy_trainer *tr) {
+    for (int b = 0; b < fy_tr_nblocks(tr) && tr->L->training; b++)
+        if (fy_tr_blk(tr, b)->update == FY_UPDATE_CPU) {
+            const int at = tr->cfg.adam_threads > 0 ? tr->cfg.adam_threads : fy_dev_threads(tr->dev);
+            return new_pool(fy_dev_threads(tr->dev), at, &tr->pool);
+        }
     return FY_OK;
 }
 
@@ -139,63 +165,25 @@ fy_status fy_trainer_new(fy_dev *dev, const fy_trainer_cfg *cfg, fy_trainer **ou
     fy_trainer *tr = calloc(1, sizeof *tr);
     if (!tr) return FY_ERR_NOMEM;
     tr->dev = dev;
-    fy_status st = fy_trainer_setup_plan(tr, cfg);
+    fy_layout L = {0};
+    fy_status st = setup(tr, cfg, &L);
+    if (st == FY_OK) st = new_streams(tr);
+    if (st == FY_OK) st = fy_storage_new(dev, &L, &tr->st);
+    fy_layout_free(&L);
     if (st != FY_OK) goto fail;
-    if (tr->world > 1 && fy_dev_get_kind(dev) != FY_DEV_CPU) {
-        /* gradients in device memory are summed by the device's collectives (NCCL) on a
-         * stream of the comm lane; host ones over MPI */
-        if (!fy_dev_has_collectives(dev)) {
-            fy_log_error("data parallel on the %s backend needs its collectives, which it "
-                         "lacks", fy_dev_kind_name(fy_dev_get_kind(dev)));
-            st = FY_ERR_UNSUPPORTED;
-            goto fail;
-        }
-        if ((st = fy_comm_attach(cfg->comm, dev)) != FY_OK ||
-            (st = fy_stream_new(dev, "comm", &tr->s_comm)) != FY_OK)
-            goto fail;
-    }
-    if ((st = fy_stream_new(dev, "compute", &tr->s)) != FY_OK ||
-        (st = fy_stream_new(dev, "h2d", &tr->s_h2d)) != FY_OK ||
-        (st = fy_stream_new(dev, "d2h", &tr->s_d2h)) != FY_OK)
-        goto fail;
-    if ((st = fy_storage_new(dev, tr->model, &tr->plan, cfg->T, !cfg->eval_only, &tr->st)) != FY_OK ||
-        (st = fy_stream_set_dtype(tr->s, fy_tr_dt(tr))) != FY_OK ||
+    tr->L = &tr->st->layout;
+    if ((st = fy_stream_set_dtype(tr->s, fy_tr_dt(tr))) != FY_OK ||
         (tr->s_comm && (st = fy_stream_set_dtype(tr->s_comm, fy_tr_dt(tr))) != FY_OK) ||
-        (st = fy_event_new_timed(dev, &tr->ev_anchor)) != FY_OK)
+        (st = fy_cost_table_init(&tr->costs, fy_tr_nblocks(tr))) != FY_OK ||
+        (fy_tr_sharded(tr) && (st = setup_parts(tr)) != FY_OK) ||
+        (st = maybe_pool(tr)) != FY_OK ||
+        (st = fill_params(tr, cfg->weights, cfg->seed)) != FY_OK)
         goto fail;
-    tr->cost_ms = calloc((size_t)FY_T_COUNT * (fy_tr_nblocks(tr) + 1) * 2, sizeof *tr->cost_ms);
-    if (!tr->cost_ms) { st = FY_ERR_NOMEM; goto fail; }
-    if (tr->plan.shards > 1 && (st = setup_parts(tr)) != FY_OK) goto fail;
-    for (int b = 0; b < fy_tr_nblocks(tr) && !cfg->eval_only; b++)
-        if (fy_tr_cpu_optim(tr, b)) {
-            int at = cfg->adam_threads > 0 ? cfg->adam_threads : fy_dev_threads(dev);
-            if ((st = new_pool(fy_dev_threads(dev), at, &tr->pool)) != FY_OK) goto fail;
-            break;
-        }
-    if ((st = fill_params(tr, cfg->weights, cfg->seed)) != FY_OK) goto fail;
     *out = tr;
     return FY_OK;
 fail:
     fy_trainer_free(tr);
     return st;
-}
-
-fy_status fy_trainer_new_dry(const fy_trainer_cfg *cfg, fy_trainer **out) {
-    *out = NULL;
-    fy_trainer *tr = calloc(1, sizeof *tr);
-    if (!tr) return FY_ERR_NOMEM;
-    fy_status st = fy_trainer_setup_plan(tr, cfg);
-    if (st == FY_OK) st = fy_storage_dry(tr->model, &tr->plan, cfg->T, true, &tr->st);
-    if (st == FY_OK) {
-        tr->cost_ms = calloc((size_t)FY_T_COUNT * (fy_tr_nblocks(tr) + 1) * 2, sizeof *tr->cost_ms);
-        if (!tr->cost_ms) st = FY_ERR_NOMEM;
-    }
-    if (st != FY_OK) {
-        fy_trainer_free(tr);
-        return st;
-    }
-    *out = tr;
-    return FY_OK;
 }
 
 void fy_trainer_free(fy_trainer *tr) {
@@ -205,11 +193,10 @@ void fy_trainer_free(fy_trainer *tr) {
     fy_stream_free(tr->s_h2d);
     fy_stream_free(tr->s_d2h);
     fy_stream_free(tr->s_comm);
-    fy_trainer_graph_free(tr);
-    fy_event_free(tr->ev_anchor);
+    fy_exec_free(&tr->ex);
     fy_storage_free(tr->st);
     fy_adam_pool_free(tr->pool);
-    free(tr->cost_ms);
+    fy_cost_table_free(&tr->costs);
     free(tr->part_region);
     free(tr->part_base);
     fy_plan_free(&tr->plan);
@@ -218,9 +205,15 @@ void fy_trainer_free(fy_trainer *tr) {
 
 const fy_model *fy_trainer_model(const fy_trainer *tr) { return tr->model; }
 const fy_plan *fy_trainer_plan(const fy_trainer *tr) { return &tr->plan; }
+const fy_layout *fy_trainer_layout(const fy_trainer *tr) { return tr->L; }
 int64_t fy_trainer_steps_done(const fy_trainer *tr) { return tr->steps_done; }
 int64_t fy_trainer_micro_done(const fy_trainer *tr) { return tr->micro_base; }
 const fy_storage *fy_trainer_storage(const fy_trainer *tr) { return tr->st; }
+
+void fy_trainer_set_progress(fy_trainer *tr, int64_t steps_done, int64_t micro_done) {
+    tr->steps_done = steps_done;
+    tr->micro_base = micro_done;
+}
 
 fy_status fy_trainer_load(fy_trainer *tr, const fy_weights *w) {
     return fill_params(tr, w, 0);
@@ -235,163 +228,46 @@ fy_status fy_trainer_save(fy_trainer *tr, const char *path, const fy_save_opts *
     return fy_model_save(tr->model, path, o, params_of, tr);
 }
 
-/* Block b's buffer of the storage type (in host memory, or on the device) into fp32
- * host memory. */
-static void read_widened(fy_trainer *tr, float *host, const void *src, bool src_on_host, int b) {
-    const size_t n = fy_tr_block(tr, b)->nelem;
-    /* bf16 lands in the back half and is widened in place: host holds n floats, the bf16
-     * copy 2n bytes, and host[i] (bytes 4i..4i+3) never overtakes lo[i] (2n + 2i) */
-    void *dst = fy_tr_lp(tr) ? (void *)((uint16_t *)host + n) : (void *)host;
-    if (src_on_host) {
-        memcpy(dst, src, fy_tr_nbytes(tr, b));
-    } else {
-        fy_copy_async(tr->s, dst, src, fy_tr_nbytes(tr, b), FY_D2H);
-        fy_stream_sync(tr->s);
-    }
-    if (fy_tr_lp(tr)) fy_bf16_to_f32_n(host, dst, n);
-}
+/* ---- reading state back ------------------------------------------------------------ */
 
-/* ---- a sharded job's state, gathered on rank 0 ---------------------------------------- */
-
-/* What rank 0 asks the serving ranks for (fy_trainer_serve): */
-enum { SERVE_END = 0, SERVE_PARAMS, SERVE_M, SERVE_V };
-
-static bool sharded(const fy_trainer *tr) { return tr->plan.shards > 1; }
-
-/* Whether block b's fp32 master is held in shards (masters apart, storage.h); else it
- * is the whole fp32 weights, current on every rank. */
-static bool master_sharded(const fy_trainer *tr, int b) {
-    const fy_chunk *c = &tr->st->chunks[b];
-    return sharded(tr) && c->apart &&
-           (c->param_host || (!fy_tr_cpu_optim(tr, b) && !fy_tr_streamed(tr, b)));
-}
-
-/* This rank's shard of block b's `what` (fp32, hi - lo elements) in host memory: the
- * host buffer itself, or a device one's copy in *tmp. */
-static const float *shard_on_host(fy_trainer *tr, int b, int what, float **tmp) {
-    const fy_chunk *c = &tr->st->chunks[b];
-    const float *src = what == SERVE_M ? c->m : what == SERVE_V ? c->v
-                       : c->param_host ? c->param_host : c->master_dev;
-    const bool on_dev = what == SERVE_PARAMS ? !c->param_host : !fy_tr_cpu_optim(tr, b);
-    const size_t nbytes = (c->hi - c->lo) * sizeof(float);
+/* State s of block b (its range, in its dtype, on the device or the host) into fp32 host
+ * memory at host + lo. bf16 lands in the back half and is widened in place: host holds
+ * the floats, the bf16 copy half their bytes, and host[i] (bytes 4i..4i+3) never
+ * overtakes the copy's element i (2n + 2i). */
+void fy_trainer_read_state(fy_trainer *tr, int b, fy_state s, float *host) {
+    const fy_place *p = fy_layout_state(tr->L, b, s);
+    const size_t n = p->hi - p->lo, nbytes = n * fy_dtype_size(p->dtype);
+    float *out = host + p->lo;
+    void *dst = p->dtype != FY_F32 ? (void *)((uint16_t *)out + n) : (void *)out;
     fy_stream_sync(tr->s);
-    if (!on_dev || !nbytes) return src;
-    float *t = realloc(*tmp, nbytes);
-    FY_ASSERT(t, "out of host memory gathering a block's shards");
-    *tmp = t;
-    fy_copy_async(tr->s, t, src, nbytes, FY_D2H);
-    fy_stream_sync(tr->s);
-    return t;
-}
-
-/* Block b's `what` gathered into rank 0's whole (the others pass NULL): each rank sends
- * its shard (through *tmp when it is in device memory). */
-static fy_status gather_block(fy_trainer *tr, int b, int what, float *whole, float **tmp) {
-    size_t off[FY_MAX_SHARDS + 1];
-    fy_tr_shards(tr, b, off);
-    return fy_comm_gather(tr->comm, whole, shard_on_host(tr, b, what, tmp), off, sizeof(float));
-}
-
-/* Rank 0: block b's `what` whole into host, its shards from their owners, who serve. A
- * job whose collectives fail is ended (comm.h). */
-static void gather_shards(fy_trainer *tr, int b, int what, float *host) {
-    FY_ASSERT(tr->rank == 0, "rank 0 gathers a sharded job's state; the others serve it");
-    int64_t req[2] = {what, b};
-    float *tmp = NULL;
-    fy_status st = fy_comm_bcast(tr->comm, req, sizeof req);
-    if (st == FY_OK) st = gather_block(tr, b, what, host, &tmp);
-    free(tmp);
-    if (st != FY_OK) fy_comm_abort(tr->comm, 1);
-}
-
-fy_status fy_trainer_serve(fy_trainer *tr) {
-    if (!sharded(tr) || tr->rank == 0) return FY_OK;
-    float *tmp = NULL;
-    fy_status st;
-    for (;;) {
-        int64_t req[2];
-        fy_comm_patient(tr->comm, true); /* rank 0 may write for long between requests */
-        st = fy_comm_bcast(tr->comm, req, sizeof req);
-        fy_comm_patient(tr->comm, false);
-        if (st != FY_OK) break;
-        if (req[0] == SERVE_END) { /* req[1]: rank 0's save failed (it said why) */
-            st = req[1] ? FY_ERR_IO : FY_OK;
-            break;
-        }
-        const int b = (int)req[1];
-        FY_ASSERT(b >= 0 && b < fy_tr_nblocks(tr) && req[0] <= SERVE_V, "a request for a block");
-        if ((st = gather_block(tr, b, (int)req[0], NULL, &tmp)) != FY_OK) break;
-    }
-    free(tmp);
-    return st;
-}
-
-fy_status fy_trainer_serve_end(fy_trainer *tr, bool failed) {
-    if (!sharded(tr) || tr->rank != 0) return FY_OK;
-    int64_t req[2] = {SERVE_END, failed};
-    return fy_comm_bcast(tr->comm, req, sizeof req);
-}
-
-void fy_trainer_get_params(fy_trainer *tr, int b, float *host) {
-    const fy_chunk *c = &tr->st->chunks[b];
-    fy_stream_sync(tr->s);
-    if (master_sharded(tr, b)) {
-        gather_shards(tr, b, SERVE_PARAMS, host);
-    } else if (c->param_host) { /* the master */
-        memcpy(host, c->param_host, fy_tr_master_nbytes(tr, b));
-    } else if (c->master_dev) {
-        fy_copy_async(tr->s, host, c->master_dev, fy_tr_master_nbytes(tr, b), FY_D2H);
+    if (!nbytes) return;
+    if (p->tier == FY_TIER_DEVICE) {
+        fy_copy_async(tr->s, dst, fy_tr_ptr(tr, b, s), nbytes, FY_D2H);
         fy_stream_sync(tr->s);
     } else {
-        read_widened(tr, host, c->param_dev, false, b);
+        memcpy(dst, fy_tr_ptr(tr, b, s), nbytes);
+    }
+    if (p->dtype != FY_F32) fy_bf16_to_f32_n(out, dst, n);
+}
+
+/* State s of block b (fp32, its range) from host + lo. */
+void fy_trainer_write_state(fy_trainer *tr, int b, fy_state s, const float *host) {
+    const fy_place *p = fy_layout_state(tr->L, b, s);
+    const size_t nbytes = fy_place_nbytes(p);
+    FY_ASSERT(p->dtype == FY_F32 && p->same_as < 0, "fp32 state of its own is written back");
+    if (!nbytes) return; /* an empty shard */
+    fy_stream_sync(tr->s);
+    if (p->tier == FY_TIER_DEVICE) {
+        fy_copy_async(tr->s, fy_tr_ptr(tr, b, s), host + p->lo, nbytes, FY_H2D);
+        fy_stream_sync(tr->s);
+    } else {
+        memcpy(fy_tr_ptr(tr, b, s), host + p->lo, nbytes);
     }
 }
 
 bool fy_trainer_get_grads(fy_trainer *tr, int b, float *host) {
     FY_ASSERT(!tr->cfg.eval_only, "an evaluation-only trainer has no gradients");
-    const fy_chunk *c = &tr->st->chunks[b];
-    if (c->grad_in_lp) return false;
-    fy_stream_sync(tr->s);
-    read_widened(tr, host, c->grad_host ? c->grad_host : c->grad_dev, c->grad_host != NULL, b);
+    if (fy_layout_buffer_of(tr->L, b, FY_STATE_GRAD) != FY_STATE_GRAD) return false;
+    fy_trainer_read_state(tr, b, FY_STATE_GRAD, host);
     return true;
-}
-
-
-/* A moment buffer (fp32, on the host with the cpu optimizer, else on the device; its
- * shard's elements) to or from host memory. */
-static void copy_moment(fy_trainer *tr, int b, void *dst, const void *src, bool to_host) {
-    const size_t nb = (tr->st->chunks[b].hi - tr->st->chunks[b].lo) * sizeof(float);
-    if (!nb) return; /* an empty shard */
-    fy_stream_sync(tr->s);
-    if (fy_tr_cpu_optim(tr, b)) {
-        memcpy(dst, src, nb);
-    } else {
-        fy_copy_async(tr->s, dst, src, nb, to_host ? FY_D2H : FY_H2D);
-        fy_stream_sync(tr->s);
-    }
-}
-
-void fy_trainer_get_moments(fy_trainer *tr, int b, float *m, float *v) {
-    FY_ASSERT(!tr->cfg.eval_only, "an evaluation-only trainer has no moments");
-    const fy_chunk *c = &tr->st->chunks[b];
-    if (sharded(tr)) {
-        if (m) gather_shards(tr, b, SERVE_M, m);
-        if (v) gather_shards(tr, b, SERVE_V, v);
-        return;
-    }
-    if (m) copy_moment(tr, b, m, c->m, true);
-    if (v) copy_moment(tr, b, v, c->v, true);
-}
-
-/* Whole moments in: this rank keeps its shard. */
-void fy_trainer_set_moments(fy_trainer *tr, int b, const float *m, const float *v) {
-    FY_ASSERT(!tr->cfg.eval_only, "an evaluation-only trainer has no moments");
-    const fy_chunk *c = &tr->st->chunks[b];
-    copy_moment(tr, b, c->m, m + c->lo, false);
-    copy_moment(tr, b, c->v, v + c->lo, false);
-}
-
-void fy_trainer_set_progress(fy_trainer *tr, int64_t steps_done, int64_t micro_done) {
-    tr->steps_done = steps_done;
-    tr->micro_base = micro_done;
 }

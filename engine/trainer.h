@@ -1,16 +1,17 @@
 /* trainer.h — one model being trained on one device under a placement plan, and the
  * optimizer steps over it.
  *
- * A trainer owns the storage of a run (offload/storage.h: each block's parameters,
- * gradients and AdamW moments where the plan puts them, staging slots, activations) and
+ * A trainer owns the storage of a run: the layout under its plan says where each
+ * block's weights, master, gradient and AdamW moments live (offload/layout.h) and the
+ * storage allocates them with staging slots and activations (offload/storage.h). It
  * knows the model only through the model interface (engine/model/model.h). A step runs
  * forward and backward over the plan's micro-batches, fetching streamed blocks into
  * staging slots, recomputing checkpointed layers in backward and sending the gradients
  * of cpu-optimised blocks to the host; it takes the global gradient norm (summed per
  * block in block order), clips, and updates every block where its optimizer lives,
  * sending updated weights back to the device. Steps run as a task graph on the
- * scheduler's lanes (step_graph.c), several in flight as dependencies allow; evaluation
- * runs through the same graph builder and staging pools.
+ * scheduler's lanes (built by step_build.c, run by step_exec.c), several in flight as
+ * dependencies allow; evaluation runs through the same graph builder and staging pools.
  *
  * Invariance: every plan computes the same floating-point operations in the same order
  * (micro-batch gradients are produced into zeroed buffers and accumulated with one add
@@ -41,7 +42,9 @@
 #include "engine/io/safetensors.h"
 #include "engine/model/model.h"
 #include "offload/plan.h"
+#include "offload/layout.h"
 #include "offload/storage.h"
+#include "engine/tasks.h"
 #include "scheduler/scheduler.h"
 
 #ifdef __cplusplus
@@ -67,15 +70,12 @@ typedef struct fy_trainer_cfg {
                           applies nothing, FY_INTERRUPTED); may be NULL */
     int64_t test_nan_step; /* test hook: step n (1-based, counted over the run) takes its
                           gradient norm as NaN, so it is skipped (0: none) */
-    int plan_ranks;    /* planning only (fy_trainer_new_dry, without comm): a rank's step
-                          in a job of this many (storage sharded with each block's largest
-                          shard, the reduce and allgather tasks) */
     fy_comm *comm;     /* data parallel: the job's processes (borrowed; NULL: this process
                           alone). Each step is micro_total micro-batches (0: size x
                           grad_accum): this rank runs its grad_accum of them, from
                           micro_first on (0 with micro_total 0: rank x grad_accum), and
                           next_batch's numbers are the step's global ones;
-                          the optimizer state is sharded (storage.h): each block's
+                          the optimizer state is sharded (layout.h): each block's
                           gradient is summed over the ranks in rank order into each
                           shard's owner (comm.h; in a GPU's memory by NCCL, in its
                           order), the losses likewise, each rank updates its shards and
@@ -103,29 +103,16 @@ typedef struct fy_trainer fy_trainer;
 fy_status fy_trainer_new(fy_dev *dev, const fy_trainer_cfg *cfg, fy_trainer **out);
 void fy_trainer_free(fy_trainer *tr); /* NULL is a no-op */
 
-/* A trainer for planning only: the plan, its storage tables and memory model, and a task
- * cost table, with no device and no memory. fy_trainer_predict works on it (after
- * fy_trainer_set_cost); nothing else may be called but fy_trainer_storage/model/free. */
-fy_status fy_trainer_new_dry(const fy_trainer_cfg *cfg, fy_trainer **out);
-
-/* Task kinds of the step graph, for cost tables and traces (see step_graph.c). */
-typedef enum fy_task_kind {
-    FY_T_LOAD = 0, FY_T_H2D_PARAM, FY_T_FWD, FY_T_GOPEN, FY_T_HEAD, FY_T_RECOMPUTE, FY_T_BWD,
-    FY_T_D2H_GRAD, FY_T_NORM, FY_T_ADAM_GPU, FY_T_D2H_PARAM, FY_T_ADAM_CPU, FY_T_H2D_UPDATE,
-    FY_T_COLLECT, FY_T_REDUCE, FY_T_ALLGATHER, FY_T_COUNT
-} fy_task_kind;
-const char *fy_task_kind_name(int kind);
-
 /* The mean measured duration of tasks of kind on block (-1: no block), or -1 if none
- * ran; and setting it (a planning trainer's cost model). Durations are the device's
- * (between events around the task's work) for tasks on device lanes. */
+ * ran. Durations are the device's (between events around the task's work) for tasks on
+ * device lanes. */
 double fy_trainer_cost(const fy_trainer *tr, fy_task_kind kind, int block);
-void fy_trainer_set_cost(fy_trainer *tr, fy_task_kind kind, int block, double ms);
 /* Forgets the measured durations (e.g. after warm-up steps). */
 void fy_trainer_reset_costs(fy_trainer *tr);
 
 const fy_model *fy_trainer_model(const fy_trainer *tr);
 const fy_plan *fy_trainer_plan(const fy_trainer *tr); /* the plan it runs (its own copy) */
+const fy_layout *fy_trainer_layout(const fy_trainer *tr); /* where its states live */
 
 /* Replaces the weights with w's (every tensor checked against the model), a block at a
  * time. */
@@ -174,8 +161,8 @@ fy_status fy_trainer_eval(fy_trainer *tr, const int32_t *x, const int32_t *y, fl
 
 /* Copies block b's parameters (the fp32 master) or current gradients to host
  * (fy_model_block(m, b)->nelem floats). A block whose gradient shares its bf16 weights'
- * buffer (storage.h: grad_in_lp) has none after its update: false, nothing copied.
- * In a data-parallel job the optimizer state is sharded (storage.h): a bf16 run's masters
+ * buffer (layout.h: GRAD the same as HOST_WEIGHTS) has none after its update: false,
+ * nothing copied. In a data-parallel job the optimizer state is sharded (layout.h): a bf16 run's masters
  * and every run's moments are gathered on rank 0 from their owners, which meanwhile run
  * fy_trainer_serve, until rank 0's fy_trainer_serve_end (other ranks may not call these
  * getters for them); a gradient outside this rank's shard is its own micro-batches'. */

@@ -50,8 +50,6 @@ fy_status fy_plan_copy(const fy_plan *src, fy_plan *dst) {
     dst->layers = src->layers;
     dst->prefetch = src->prefetch;
     dst->dtype = src->dtype;
-    dst->shards = src->shards;
-    dst->shard = src->shard;
     return FY_OK;
 }
 
@@ -98,10 +96,6 @@ static void block_name(const fy_block_plan *bp, char *buf, size_t cap) {
 fy_status fy_plan_check(const fy_plan *p, const fy_model *m) {
     if (p->nblocks != fy_model_nblocks(m)) {
         fy_log_error("the plan is for %d layers, the model has %d", p->layers, fy_model_layers(m));
-        return FY_ERR_INVALID;
-    }
-    if (p->shards > FY_MAX_SHARDS || (p->shards > 1 && (p->shard < -1 || p->shard >= p->shards))) {
-        fy_log_error("shard %d of %d: a job of at most %d ranks", p->shard, p->shards, FY_MAX_SHARDS);
         return FY_ERR_INVALID;
     }
     for (int b = 0; b < p->nblocks; b++) {

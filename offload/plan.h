@@ -52,8 +52,6 @@ typedef struct fy_block_plan {
     fy_acts_policy acts;
 } fy_block_plan;
 
-#define FY_MAX_SHARDS 1024 /* a job's ranks, at most */
-
 typedef struct fy_plan {
     int nblocks;           /* the model's blocks, in its order */
     int layers;            /* how many of them are layers */
@@ -65,12 +63,6 @@ typedef struct fy_plan {
     fy_dtype dtype;        /* device storage: FY_F32 (default) or FY_BF16; FY_DTYPE_NONE
                               (a plan file without "dtype") means the run's default, and
                               is stored as fp32 */
-    int shards, shard;     /* data parallel: the optimizer state is cut into `shards`
-                              (the job's ranks) and this process holds shard `shard`
-                              (offload/storage.h); shards <= 1: whole; shard -1: planning,
-                              each block's largest shard (the memory any rank may need).
-                              Set by the run, not by a plan file (every rank of a job
-                              reads the same one) */
 } fy_plan;
 
 /* The all-resident plan for model m: everything on the device, nothing recomputed. */

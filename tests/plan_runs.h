@@ -37,16 +37,21 @@ typedef struct result {
 /* The pinned-memory cap of plan_train's devices (0: the default). */
 static size_t g_pinned_cap;
 
-/* Planting a NaN in every copy of one weight of block b (fp32 masters and the storage
- * type's copies), and taking it out again. */
+/* Planting a NaN in every copy of one weight of block b (the layout's weights, host
+ * weights and master: fp32 masters and the storage type's copies), and taking it out
+ * again. */
 typedef struct planted { void *p; bool half; uint32_t saved; } planted;
 
 static int plant_nan(fy_trainer *tr, int b, planted out[4]) {
-    fy_chunk *c = &tr->st->chunks[b];
-    const bool lp = fy_tr_lp(tr);
-    void *ptrs[4] = {c->param_dev, c->param_lp != c->param_host ? c->param_lp : NULL,
-                     c->param_host, c->master_dev};
-    const bool half[4] = {lp, lp, false, false};
+    const fy_layout *L = fy_trainer_layout(tr);
+    const fy_state states[3] = {FY_STATE_WEIGHTS, FY_STATE_HOST_WEIGHTS, FY_STATE_MASTER};
+    void *ptrs[4] = {0};
+    bool half[4] = {0};
+    for (int k = 0; k < 3; k++) {
+        if (!fy_layout_owns(L, b, states[k])) continue;
+        ptrs[k] = fy_storage_ptr(fy_trainer_storage(tr), b, states[k]);
+        half[k] = fy_layout_state(L, b, states[k])->dtype == FY_BF16;
+    }
     int n = 0;
     for (int k = 0; k < 4; k++) {
         if (!ptrs[k]) continue;
@@ -105,8 +110,9 @@ static fy_status plan_train(const fy_model *m, const fy_plan *plan, size_t cap,
         res->norm[s] = ss.grad_norm;
         res->skipped[s] = ss.skipped;
     }
-    res->gathered = tr->st->gather.block;
-    res->head_chunks = tr->st->chunks[fy_model_nblocks(m) - 1].chunked ? tr->st->head_chunks.n : 0;
+    const fy_layout *L = fy_trainer_layout(tr);
+    res->gathered = L->rows_block;
+    res->head_chunks = L->blocks[fy_model_nblocks(m) - 1].staging == FY_STAGE_CHUNKS ? L->head_chunks.n : 0;
     res->nblocks = fy_model_nblocks(m);
     res->w = calloc((size_t)res->nblocks, sizeof *res->w);
     res->nelem = calloc((size_t)res->nblocks, sizeof *res->nelem);

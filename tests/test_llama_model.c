@@ -467,7 +467,8 @@ Test(llama_model, a_chunked_head_evaluates_the_same_bits) {
             fy_trainer_cfg tc = {.model = m, .T = T_SEQ, .seed = 5, .plan = &p, .eval_only = run == 2};
             fy_trainer *tr;
             cr_assert_eq(fy_trainer_new(dev, &tc, &tr), FY_OK);
-            if (run) cr_expect(tr->st->chunks[fy_model_nblocks(m) - 1].chunked, "run %d: chunked", run);
+            if (run) cr_expect(fy_trainer_layout(tr)->blocks[fy_model_nblocks(m) - 1].staging == FY_STAGE_CHUNKS,
+                               "run %d: chunked", run);
             cr_assert_eq(fy_trainer_eval(tr, x, y, &loss[run]), FY_OK);
             fy_trainer_free(tr);
             fy_dev_free(dev);
@@ -515,9 +516,10 @@ Test(llama_model, a_large_vocabulary_gathered_and_chunked) {
                 fy_trainer *tr;
                 cr_assert_eq(fy_trainer_new(dev, &tc, &tr), FY_OK);
                 if (run) {
-                    cr_expect_eq(tr->st->gather.block, 0);
-                    cr_expect(tr->st->chunks[3].chunked && tr->st->head_chunks.n == 11,
-                              "%d chunks", tr->st->head_chunks.n);
+                    const fy_layout *L = fy_trainer_layout(tr);
+                    cr_expect_eq(L->rows_block, 0);
+                    cr_expect(L->blocks[3].staging == FY_STAGE_CHUNKS && L->head_chunks.n == 11,
+                              "%d chunks", L->head_chunks.n);
                 }
                 for (int s = 0; s < NST; s++) {
                     const size_t at = (size_t)s * acc * N;

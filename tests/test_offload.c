@@ -13,7 +13,7 @@
 #include "engine/model/gpt2.h"
 #include "engine/io/tokens.h"
 #include "engine/trainer.h"
-#include "engine/trainer_impl.h"
+#include "engine/trainer.h"
 #include "offload/plan.h"
 #include "offload/storage.h"
 #include "tests/plan_runs.h"
@@ -68,11 +68,11 @@ Test(offload, a_large_embedding_gets_its_own_ring, .timeout = 300) {
     const size_t embed = fy_model_block(m, 0)->nelem, layer = fy_model_block(m, 1)->nelem;
     cr_assert_gt(embed, layer);
     fy_plan p = plan_of(m, 2, 1, 1, 1, 4, FY_F32);
-    fy_storage *st;
-    cr_assert_eq(fy_storage_dry(m, &p, T_SEQ, true, &st), FY_OK);
-    cr_expect_eq(st->chunks[0].ring, FY_RING_LARGE);
-    cr_expect_eq(st->chunks[1].ring, FY_RING_LAYER);
-    cr_expect_eq(st->chunks[p.nblocks - 1].ring, FY_RING_LAYER, "GPT-2's head (ln_f) is small");
+    fy_layout L, *st = &L;
+    cr_assert_eq(fy_layout_new(m, &p, T_SEQ, true, 1, 0, &L), FY_OK);
+    cr_expect_eq(L.blocks[0].ring, FY_RING_LARGE);
+    cr_expect_eq(L.blocks[1].ring, FY_RING_LAYER);
+    cr_expect_eq(L.blocks[p.nblocks - 1].ring, FY_RING_LAYER, "GPT-2's head (ln_f) is small");
     /* the tied head fetches the embedding: one slot, and one for its gradient (opened by
      * the head, closed by the embedding's backward) */
     cr_expect_eq(st->param_ring[FY_RING_LARGE].n, 1);
@@ -81,7 +81,7 @@ Test(offload, a_large_embedding_gets_its_own_ring, .timeout = 300) {
     cr_expect_eq(st->param_ring[FY_RING_LAYER].n, 1 + p.prefetch);
     cr_expect_eq(st->param_ring[FY_RING_LAYER].nbytes, layer * sizeof(float));
     cr_expect_eq(st->grad_ring[FY_RING_LAYER].nbytes, layer * sizeof(float));
-    fy_storage_free(st);
+    fy_layout_free(&L);
     fy_plan_free(&p);
     every_plan_is_bit_identical(m, FY_F32);
     every_plan_is_bit_identical(m, FY_BF16);

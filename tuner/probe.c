@@ -9,6 +9,7 @@
 
 #include "engine/core/util.h"
 #include "engine/device/kernels.h"
+#include "engine/trainer.h"
 #include "optim_cpu/adam_pool.h"
 
 #define XFER_BYTES ((size_t)64 << 20)

@@ -2,6 +2,7 @@
 #include "tuner/profile.h"
 
 #include "engine/io/json_file.h"
+#include "offload/layout.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

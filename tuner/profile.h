@@ -17,7 +17,7 @@
 
 #include "engine/core/status.h"
 #include "engine/model/model.h"
-#include "engine/trainer.h"
+#include "engine/tasks.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -11,123 +11,208 @@ static double xfer_ms(double nbytes, double gbps, double latency_ms) {
     return nbytes / (gbps * 1e9) * 1e3 + latency_ms;
 }
 
-/* Analytic compute cost of kind on block b: the model's matmul FLOPs for the pass at the
+/* What the cost rules read: the profile, the layout, whether the profile's measured
+ * block costs are for this model, and CPU AdamW's throughput (params/s). */
+typedef struct costing {
+    const fy_profile *p;
+    const fy_layout *L;
+    bool measured;
+    double adam, es;
+} costing;
+
+/* Analytic device cost of kind on block b: the model's matmul FLOPs for the pass at the
  * effective throughput plus its memory traffic at the device's bandwidth, with
  * parameters, gradients and activations of es bytes (the storage type). Zeroing a
  * gradient slot moves it once; AdamW moves 28 bytes an element either way: fp32
  * weights, m and v read and written (24) plus the gradient in and, with bf16 storage,
  * the bf16 copy out (4 for fp32 storage, 2 + 2 for bf16). */
-static double analytic_ms(const fy_profile *p, const fy_model *m, int kind, int b, int B, int T,
-                          double es) {
-    const double P = (double)fy_model_block(m, b)->nelem;
+static double analytic_ms(const costing *c, int kind, int b) {
+    const fy_profile *p = c->p;
+    const fy_model *m = c->L->model;
+    const int B = c->L->B, T = c->L->T;
+    const double es = c->es, P = (double)fy_model_block(m, b)->nelem;
     const double flop_s = p->compute_tflops * 1e12, byte_s = p->device_mem_gbps * 1e9;
-    fy_cost c;
+    fy_cost cost;
     switch (kind) {
     case FY_T_FWD:
-    case FY_T_RECOMPUTE: fy_model_cost(m, b, FY_PASS_FWD, B, T, es, &c); break;
-    case FY_T_BWD: fy_model_cost(m, b, FY_PASS_BWD, B, T, es, &c); break;
-    case FY_T_HEAD: fy_model_cost(m, b, FY_PASS_LOSS, B, T, es, &c); break;
-    case FY_T_GOPEN: return 1e3 * es * P / byte_s;
+    case FY_T_RECOMPUTE: fy_model_cost(m, b, FY_PASS_FWD, B, T, es, &cost); break;
+    case FY_T_BWD: fy_model_cost(m, b, FY_PASS_BWD, B, T, es, &cost); break;
+    case FY_T_HEAD: fy_model_cost(m, b, FY_PASS_LOSS, B, T, es, &cost); break;
+    case FY_T_GRAD_ZERO: return 1e3 * es * P / byte_s;
     case FY_T_ADAM_GPU: return 1e3 * 28.0 * P / byte_s;
     default: return 0.0;
     }
-    return 1e3 * (c.flops / flop_s + c.bytes / byte_s);
+    return 1e3 * (cost.flops / flop_s + cost.bytes / byte_s);
 }
 
-void fy_tune_costs(const fy_profile *p, fy_trainer *dry, int adam_threads) {
-    const fy_model *m = fy_trainer_model(dry);
-    const fy_storage *st = fy_trainer_storage(dry);
-    const int B = st->plan.micro_batch, T = st->T;
+/* The rules, one per cost column of the kinds' table (engine/tasks.h): a task's duration
+ * in ms, or NAN where the rule does not price the kind on that block (block -1: the
+ * tasks of no block). Transfers move the storage type's copies. */
+static double block_nbytes(const costing *c, int b) {
+    return (double)c->L->blocks[b].nelem * c->es;
+}
+/* A block's share of the update: a job's rank updates its shard only (layout.h). */
+static double share_of(const costing *c, int b) {
+    const double P = (double)c->L->blocks[b].nelem, own = (double)(c->L->blocks[b].hi - c->L->blocks[b].lo);
+    return P > 0 ? own / P : 1.0;
+}
+static double own_of(const costing *c, int b) {
+    return (double)(c->L->blocks[b].hi - c->L->blocks[b].lo);
+}
+static double stage_of(const costing *c, int b) {
+    return (double)c->L->blocks[b].stage_nelem * c->es;
+}
+
+static double cost_tokens(const costing *c, fy_task_kind k, int b) {
+    return b < 0 ? xfer_ms(8.0 * c->L->B * c->L->T, c->p->h2d_gbps, c->p->latency_ms) : NAN;
+}
+
+static double cost_fixed(const costing *c, fy_task_kind k, int b) {
+    return k == FY_T_NORM && b < 0 ? 0.01 : NAN;
+}
+
+/* A fetch moves the block's staged copy (a row-staged block its micro-batch's rows, at
+ * most B*T of them; a chunked head a chunk). A device update's fetch of a bf16 block's
+ * master is priced from it by its bytes (step_build.h). */
+static double cost_fetch(const costing *c, fy_task_kind k, int b) {
+    return b < 0 ? NAN : xfer_ms(stage_of(c, b), c->p->h2d_gbps, c->p->latency_ms);
+}
+
+static double cost_send(const costing *c, fy_task_kind k, int b) {
+    return b < 0 ? NAN : xfer_ms(block_nbytes(c, b), c->p->h2d_gbps, c->p->latency_ms);
+}
+
+/* A gradient to the host; the host then zeroes, scatters into and sums a row-staged
+ * block's whole gradient once a step, two passes where AdamW makes about eight; a
+ * chunked head's chunks land on the host and the last takes the whole gradient's norm
+ * (the same pass, spread over its K copies). */
+static double cost_grad_out(const costing *c, fy_task_kind k, int b) {
+    if (b < 0) return NAN;
+    const fy_block_layout *bl = &c->L->blocks[b];
+    const double P = (double)bl->nelem;
+    const double host_pass = c->adam > 0 ? P / c->adam * 1e3 / 4.0 : 0.0;
+    const double scatter = bl->staging == FY_STAGE_ROWS ? host_pass / c->L->accum
+                         : bl->staging == FY_STAGE_CHUNKS ? host_pass / 2.0 / c->L->head_chunks.n
+                                                          : 0.0;
+    return xfer_ms(stage_of(c, b), c->p->d2h_gbps, c->p->latency_ms) + scatter;
+}
+
+/* A streamed device update's return: its shard's copy and, with bf16 storage, its fp32
+ * master. */
+static double cost_master_out(const costing *c, fy_task_kind k, int b) {
+    if (b < 0) return NAN;
+    const double nb = block_nbytes(c, b), P = (double)c->L->blocks[b].nelem;
+    const double back = (c->es == 4.0 ? nb : nb + P * 4.0) * share_of(c, b);
+    return xfer_ms(back, c->p->d2h_gbps, c->p->latency_ms);
+}
+
+static double cost_host_adam(const costing *c, fy_task_kind k, int b) {
+    if (b < 0) return NAN;
+    return c->adam > 0 ? own_of(c, b) / c->adam * 1e3 : 1e9;
+}
+
+/* Device work: the profile's measured block cost (a + b * micro-batch) when it is for
+ * this model, else the analytic one; a rank's AdamW on its share; a chunked head's loss
+ * pass by K chunks: K head tasks, a forward each (a third of a chunk's share of the
+ * pass) and the last also its backward (two thirds), priced at their mean, (K + 2) /
+ * (3K) of the pass over K tasks; then K - 1 backward tasks (recompute and backward: a
+ * chunk's whole share). */
+static double device_ms(const costing *c, fy_task_kind k, int b) {
+    const fy_profile *p = c->p;
+    const fy_block_kind bk = fy_model_block(c->L->model, b)->kind;
+    double ms;
+    if (c->measured && (p->block_a[k][bk] != 0 || p->block_b[k][bk] != 0))
+        ms = p->block_a[k][bk] + p->block_b[k][bk] * c->L->B;
+    else
+        ms = analytic_ms(c, k, b);
+    if (k == FY_T_ADAM_GPU) ms *= share_of(c, b);
+    return ms > 0 ? ms : 0.0;
+}
+
+static double cost_device(const costing *c, fy_task_kind k, int b) {
+    if (b < 0) return NAN;
+    if (c->L->blocks[b].staging != FY_STAGE_CHUNKS || (k != FY_T_HEAD && k != FY_T_BWD))
+        return device_ms(c, k, b);
+    const double loss = device_ms(c, FY_T_HEAD, b), K = c->L->head_chunks.n;
+    return k == FY_T_HEAD ? loss * (K + 2.0) / (3.0 * K * K) : loss / K;
+}
+
+/* A job's collectives: each rank moves (N-1)/N of the block, over the device's
+ * collectives where the buffer is device memory, else over MPI in host memory (a
+ * cpu-updated block's gradient; its weights and a streamed block's), where the reduce
+ * also takes its shard's chunk sums (a pass of the host). */
+static double cost_collective(const costing *c, fy_task_kind k, int b) {
+    if (b < 0 || c->L->world <= 1) return NAN;
+    const fy_profile *p = c->p;
+    const double N = c->L->world, moved = block_nbytes(c, b) * (N - 1.0) / N;
+    const bool grad_host = fy_layout_state(c->L, b, FY_STATE_GRAD)->tier != FY_TIER_DEVICE;
+    const bool weights_host = fy_layout_updated_weights(c->L, b) == FY_STATE_HOST_WEIGHTS;
+    const double dev_ms = p->coll_gbps > 0 ? xfer_ms(moved, p->coll_gbps, p->coll_latency_ms) : 1e9;
+    const double host_ms = p->coll_host_gbps > 0
+                               ? xfer_ms(moved, p->coll_host_gbps, p->coll_host_latency_ms) : 1e9;
+    const double parts = c->adam > 0 ? own_of(c, b) / c->adam * 1e3 / 4.0 : 0.0;
+    if (k == FY_T_REDUCE) return grad_host ? host_ms + parts : dev_ms;
+    return weights_host ? host_ms : dev_ms;
+}
+
+typedef double (*cost_rule)(const costing *c, fy_task_kind k, int b);
+#define X_RULE(id, name, lane, cost) [FY_T_##id] = cost_##cost,
+static const cost_rule rules[FY_T_COUNT] = {FY_TASK_KINDS(X_RULE)};
+#undef X_RULE
+
+void fy_tune_costs(const fy_profile *p, const fy_layout *L, int adam_threads, fy_cost_table *out) {
     char sig[256];
-    fy_model_signature(m, sig, sizeof sig);
-    const bool measured = p->has_blocks && p->block_seq == T && p->block_dtype == st->dtype &&
-                          !strcmp(p->block_model, sig);
-    double adam = fy_profile_adam_gparams(p, adam_threads) * 1e9;
-    fy_trainer_set_cost(dry, FY_T_LOAD, -1, xfer_ms(8.0 * B * T, p->h2d_gbps, p->latency_ms));
-    fy_trainer_set_cost(dry, FY_T_NORM, -1, 0.01);
-    /* transfers move the storage type's copies; a device update of a streamed block with
-     * bf16 storage also returns the fp32 master (its fetch, costed as a compute fetch,
-     * moves the master too: the model undercounts that one) */
-    const double es = (double)st->es;
-    for (int b = 0; b < fy_model_nblocks(m); b++) {
-        const double P = (double)fy_model_block(m, b)->nelem, nb = P * es;
-        /* a job's rank updates its shard only (storage.h): AdamW and a streamed device
-         * update's return move share of the block */
-        const double own = (double)(st->chunks[b].hi - st->chunks[b].lo), share = P > 0 ? own / P : 1.0;
-        const double back = (es == 4.0 ? nb : nb + P * 4.0) * share;
-        /* a gathered block moves its micro-batch's rows (at most B*T of them); the host
-         * then zeroes, scatters into and sums its whole gradient once a step, two passes
-         * where AdamW makes about eight; a chunked head's chunks land on the host and the
-         * last takes the whole gradient's norm (the same pass, spread over its K copies) */
-        const double stage = (double)st->chunks[b].stage_nelem * es;
-        const double host_pass = adam > 0 ? P / adam * 1e3 / 4.0 : 0.0;
-        const double scatter = st->chunks[b].gathered ? host_pass / st->plan.grad_accum
-                             : st->chunks[b].chunked ? host_pass / 2.0 / st->head_chunks.n
-                                                     : 0.0;
-        fy_trainer_set_cost(dry, FY_T_H2D_PARAM, b, xfer_ms(stage, p->h2d_gbps, p->latency_ms));
-        fy_trainer_set_cost(dry, FY_T_H2D_UPDATE, b, xfer_ms(nb, p->h2d_gbps, p->latency_ms));
-        fy_trainer_set_cost(dry, FY_T_D2H_GRAD, b,
-                            xfer_ms(stage, p->d2h_gbps, p->latency_ms) + scatter);
-        fy_trainer_set_cost(dry, FY_T_D2H_PARAM, b, xfer_ms(back, p->d2h_gbps, p->latency_ms));
-        fy_trainer_set_cost(dry, FY_T_ADAM_CPU, b, adam > 0 ? own / adam * 1e3 : 1e9);
-        static const int compute[] = {FY_T_FWD, FY_T_RECOMPUTE, FY_T_BWD, FY_T_HEAD, FY_T_GOPEN,
-                                      FY_T_ADAM_GPU};
-        for (size_t i = 0; i < sizeof compute / sizeof compute[0]; i++) {
-            int k = compute[i];
-            fy_block_kind c = fy_model_block(m, b)->kind;
-            double ms;
-            if (measured && (p->block_a[k][c] != 0 || p->block_b[k][c] != 0))
-                ms = p->block_a[k][c] + p->block_b[k][c] * B;
-            else
-                ms = analytic_ms(p, m, k, b, B, T, es);
-            if (k == FY_T_ADAM_GPU) ms *= share;
-            fy_trainer_set_cost(dry, (fy_task_kind)k, b, ms > 0 ? ms : 0.0);
+    fy_model_signature(L->model, sig, sizeof sig);
+    const costing c = {.p = p, .L = L, .es = (double)L->es,
+                       .measured = p->has_blocks && p->block_seq == L->T && p->block_dtype == L->dtype &&
+                                   !strcmp(p->block_model, sig),
+                       .adam = fy_profile_adam_gparams(p, adam_threads) * 1e9};
+    for (int k = 0; k < FY_T_COUNT; k++)
+        for (int b = -1; b < L->nblocks; b++) {
+            const double ms = rules[k](&c, (fy_task_kind)k, b);
+            if (!isnan(ms)) fy_cost_set(out, (fy_task_kind)k, b, ms);
         }
-        if (st->plan.shards > 1) {
-            /* a job's collectives: each rank moves (N-1)/N of the block, over the device's
-             * collectives where the buffer is device memory, else over MPI in host memory
-             * (a cpu-optimised block's gradient; its weights and a streamed block's),
-             * where the reduce also takes its shard's chunk sums (a pass of the host) */
-            const double N = st->plan.shards, moved = nb * (N - 1.0) / N;
-            const bool cpu = st->plan.blocks[b].optim == FY_OPTIM_CPU;
-            const bool host_w = cpu || st->plan.blocks[b].params == FY_PARAMS_STREAMED;
-            const double dev_ms = p->coll_gbps > 0 ? xfer_ms(moved, p->coll_gbps, p->coll_latency_ms) : 1e9;
-            const double host_ms = p->coll_host_gbps > 0
-                                       ? xfer_ms(moved, p->coll_host_gbps, p->coll_host_latency_ms) : 1e9;
-            const double parts = adam > 0 ? own / adam * 1e3 / 4.0 : 0.0;
-            fy_trainer_set_cost(dry, FY_T_REDUCE, b, cpu ? host_ms + parts : dev_ms);
-            fy_trainer_set_cost(dry, FY_T_ALLGATHER, b, host_w ? host_ms : dev_ms);
-        }
-        if (st->chunks[b].chunked) {
-            /* its loss pass by K chunks: K head tasks, a forward each (a third of a
-             * chunk's share of the pass) and the last also its backward (two thirds),
-             * costed at their mean, (K + 2) / (3K) of the pass over K tasks; then K - 1
-             * backward tasks (recompute and backward: a chunk's whole share) */
-            const double loss = fy_trainer_cost(dry, FY_T_HEAD, b), K = st->head_chunks.n;
-            fy_trainer_set_cost(dry, FY_T_HEAD, b, loss * (K + 2.0) / (3.0 * K * K));
-            fy_trainer_set_cost(dry, FY_T_BWD, b, loss / K);
-        }
-    }
+}
+
+/* The layout of plan for the tuner's job: alone, or a rank of cfg->ranks (each block's
+ * largest shard: the most any rank holds). */
+static fy_status plan_layout(const fy_tune_cfg *cfg, const fy_plan *plan, fy_layout *L) {
+    return fy_layout_new(cfg->model, plan, cfg->seq, true, cfg->ranks > 1 ? cfg->ranks : 1, -1, L);
+}
+
+/* The training graph of nsteps under plan, priced by the profile. */
+static fy_status priced_graph(const fy_profile *p, const fy_tune_cfg *cfg, const fy_layout *L,
+                              int nsteps, fy_step_graph *sg) {
+    fy_cost_table costs;
+    FY_TRY(fy_cost_table_init(&costs, L->nblocks));
+    fy_tune_costs(p, L, cfg->adam_threads, &costs);
+    fy_status st = fy_step_build_train(L, nsteps, true, sg);
+    if (st == FY_OK) fy_step_graph_price(sg, L, &costs);
+    fy_cost_table_free(&costs);
+    return st;
 }
 
 fy_status fy_tune_predict(const fy_profile *p, const fy_tune_cfg *cfg, const fy_plan *plan,
                           fy_tune_result *out) {
     memset(out, 0, sizeof *out);
-    fy_trainer_cfg tc = {.model = cfg->model, .T = cfg->seq, .plan = plan, .plan_ranks = cfg->ranks};
-    fy_trainer *dry;
-    FY_TRY(fy_trainer_new_dry(&tc, &dry));
-    out->mem = fy_trainer_storage(dry)->mem;
-    fy_tune_costs(p, dry, cfg->adam_threads);
-    int w = cfg->window > 0 ? cfg->window : 20;
+    fy_layout L;
+    FY_TRY(plan_layout(cfg, plan, &L));
+    fy_layout_memory(&L, SIZE_MAX, &out->mem);
+    const int w = cfg->window > 0 ? cfg->window : 20;
+    fy_step_graph sg;
     fy_sched_result r;
-    fy_status st = fy_trainer_predict(dry, w, FY_SCHED_PRIORITY, true, &r);
+    fy_status st = priced_graph(p, cfg, &L, w, &sg);
+    if (st == FY_OK) {
+        st = fy_sched_simulate(&sg.g, FY_SCHED_PRIORITY, &r);
+        fy_step_graph_free(&sg);
+    }
     if (st == FY_OK) {
         out->step_ms = r.makespan_ms / w;
         for (int l = 0; l < FY_LANE_COUNT; l++) out->busy_ms[l] = r.busy_ms[l] / w;
         fy_sched_result_free(&r);
         st = fy_plan_copy(plan, &out->plan);
     }
-    fy_trainer_free(dry);
+    fy_layout_free(&L);
     return st;
 }
 
@@ -163,10 +248,6 @@ static fy_status point_plan(const fy_tune_cfg *cfg, const cand *c, fy_plan *out)
     const int L = fy_model_layers(cfg->model);
     FY_TRY(fy_plan_new(cfg->model, c->micro, cfg->batch / c->micro, out));
     out->dtype = cfg->dtype == FY_BF16 ? FY_BF16 : FY_F32;
-    if (cfg->ranks > 1) { /* every block's largest shard: the most any rank holds */
-        out->shards = cfg->ranks;
-        out->shard = -1;
-    }
     fy_status st = fy_plan_shorthands(out, L ? (double)c->k2 / L : 0, L ? (double)c->k3 / L : 0, c->k1);
     if (st != FY_OK) fy_plan_free(out);
     return st;
@@ -175,9 +256,12 @@ static fy_status point_plan(const fy_tune_cfg *cfg, const cand *c, fy_plan *out)
 static fy_status point_mem(const fy_tune_cfg *cfg, const cand *c, fy_mem_model *mm) {
     fy_plan plan;
     FY_TRY(point_plan(cfg, c, &plan));
-    fy_storage_model(cfg->model, &plan, cfg->seq, mm);
+    fy_layout L;
+    fy_status st = plan_layout(cfg, &plan, &L);
+    if (st == FY_OK) fy_layout_memory(&L, SIZE_MAX, mm);
+    fy_layout_free(&L);
     fy_plan_free(&plan);
-    return FY_OK;
+    return st;
 }
 
 typedef struct cands { cand *v; int n, cap; } cands;
@@ -261,17 +345,19 @@ static int window_for(const fy_tune_cfg *cfg, int tasks_per_step) {
 static fy_status lower_bound(const fy_profile *p, const fy_tune_cfg *cfg, cand *c) {
     fy_plan plan;
     FY_TRY(point_plan(cfg, c, &plan));
-    fy_trainer_cfg tc = {.model = cfg->model, .T = cfg->seq, .plan = &plan, .plan_ranks = cfg->ranks};
-    fy_trainer *dry;
-    fy_status st = fy_trainer_new_dry(&tc, &dry);
+    fy_layout L;
+    fy_step_graph sg;
+    fy_status st = plan_layout(cfg, &plan, &L);
+    if (st == FY_OK) st = priced_graph(p, cfg, &L, 1, &sg);
     if (st == FY_OK) {
-        fy_tune_costs(p, dry, cfg->adam_threads);
         double busy[FY_LANE_COUNT];
-        st = fy_trainer_step_work(dry, busy, &c->ntasks);
+        fy_step_graph_busy(&sg, busy);
+        c->ntasks = sg.g.n;
         c->lb = 0.0;
         for (int l = 0; l < FY_LANE_COUNT; l++) if (busy[l] > c->lb) c->lb = busy[l];
-        fy_trainer_free(dry);
+        fy_step_graph_free(&sg);
     }
+    fy_layout_free(&L);
     fy_plan_free(&plan);
     return st;
 }

@@ -24,7 +24,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "engine/trainer.h"
+#include "engine/step_build.h"
+#include "offload/layout.h"
 #include "offload/plan.h"
 #include "offload/storage.h"
 #include "tuner/profile.h"
@@ -33,8 +34,9 @@
 extern "C" {
 #endif
 
-/* Fills a planning trainer's cost table from the profile. */
-void fy_tune_costs(const fy_profile *p, fy_trainer *dry, int adam_threads);
+/* The cost table of a run under layout L from the profile: every (task kind, block) the
+ * step graph can hold, each by its kind's rule (engine/tasks.h: the cost column). */
+void fy_tune_costs(const fy_profile *p, const fy_layout *L, int adam_threads, fy_cost_table *out);
 
 /* Predictions closer than this are ties: the sweeps in bench/RESULTS.md put the cost
  * model's median error at ~4% and show it under-predicting plans that add transfers and

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "engine/cli/tune_cmd.h"
+#include "engine/trainer.h"
 #include "engine/core/util.h"
 #include "engine/io/corpus.h"
 #include "engine/io/tokens.h"

@@ -441,13 +441,13 @@ int fy_train_main(const fy_opts *o) {
         fy_log_warn("--batch-shares: one process takes every micro-batch (--grad-accum)");
     if (st == FY_OK && !o->dry_run) st = batch_shares(o, comm, slowdown, &tc, &plan);
     free(slowdown);
-    if (st == FY_OK && world > 1) { /* this rank's shard of the optimizer state (ZeRO) */
-        plan.shards = world;
-        plan.shard = g_rank;
-    }
     fy_mem_model mm = {0};
-    if (st == FY_OK)
-        fy_storage_model_pinned(m, &plan, (int)o->seq, true, fy_dev_cfg_pinned_cap(&tc.dev), &mm);
+    if (st == FY_OK) { /* in a job, this rank holds its shard of the optimizer state (ZeRO) */
+        fy_layout L;
+        st = fy_layout_new(m, &plan, (int)o->seq, true, world, g_rank, &L);
+        if (st == FY_OK) fy_layout_memory(&L, fy_dev_cfg_pinned_cap(&tc.dev), &mm);
+        fy_layout_free(&L);
+    }
     if (st == FY_OK && ((lead && !o->quiet) || o->dry_run)) fy_train_print_plan(&plan, &mm, stdout);
     if (st == FY_OK && o->dry_run) print_memory_json(m, &mm, comm, placed);
     if (st == FY_OK && !o->dry_run) st = check_budgets(o, &mm, &tc.dev);

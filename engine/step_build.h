@@ -1,0 +1,109 @@
+/* step_build.h — the step graph's builder: training steps and evaluation as task graphs,
+ * from a layout alone.
+ *
+ * Design. The step graph has three parts: this builder (typed tasks, no device), the
+ * executor (engine/step_exec.c: binds tasks to streams and lanes, owns the window's
+ * state, runs the runners of engine/step_run.c) and the trainer (device, streams,
+ * storage, optimizer pool, counters). The builder reads only a layout (offload/layout.h)
+ * and writes a graph whose every task has a kind (engine/tasks.h), a block, a typed
+ * payload and the bytes it moves; the simulator and the tuner run its output directly,
+ * with costs from a cost table (measured by a trainer, or the tuner's model).
+ *
+ * For each step of a window and each micro-batch m of it:
+ *   forward   load(m); h2d_param(b) for streamed blocks; fwd(b): the embedding, layers
+ *   head      grad_zero(l) for a staged block l the head adds into before l's own
+ *             backward (its links); head(m): forward, loss, backward (a chunked head: one
+ *             task per vocabulary chunk, the last with its chunk's backward)
+ *   backward  bwd(head, k) for a chunked head's earlier chunks; recompute(b); bwd(b):
+ *             layers, then the embedding; d2h_grad(b) for blocks updated on the CPU
+ * and once per step: reduce(b) (data parallel), norm, adam_gpu(b) (with h2d_param and
+ * d2h_param around it when streamed) or adam_cpu(b), allgather(b) (data parallel),
+ * h2d_update(b) for resident blocks updated on the CPU. Evaluation: forward, head, and
+ * collect(m).
+ *
+ * Dependencies are the data flow (each read after its write) plus the reuse of buffers
+ * (a write after the previous reads: activations, the recompute area, token buffers, the
+ * landing slot). Compute tasks' program positions give the next-use priorities across the
+ * window's steps: after backward, block 0's gradient copy and update come first because
+ * the next forward needs block 0 first. Staging slots are the scheduler's pools.
+ *
+ * Exactness: clipping needs the global norm before any update, so every update of step t
+ * waits for norm(t) (the norm barrier; without it, a prediction measures what exact
+ * clipping costs in overlap).
+ *
+ * Threads: a graph is built and priced on one thread. */
+#ifndef FY_STEP_BUILD_H
+#define FY_STEP_BUILD_H
+
+#include <stdbool.h>
+
+#include "engine/tasks.h"
+#include "offload/layout.h"
+#include "scheduler/scheduler.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FY_PASS_LINKS FY_MODEL_MAX_LINKS
+
+/* Where a backward pass writes a block's gradient: the staging unit task `unit_task`
+ * took (a grad_zero, or the pass itself), or, with -1, the block's GRAD accumulator on
+ * the device. writes_first: the pass writes it first in its micro-batch, so it zeroes it
+ * (a unit it took itself always; the accumulator on the step's first micro-batch). */
+typedef struct fy_grad_at { int unit_task; bool writes_first; } fy_grad_at;
+
+/* A task's payload: the member of its kind. */
+typedef struct fy_step_task {
+    int micro;                 /* micro-batch in the window; per-step tasks: the step's last */
+    int chunk;                 /* a chunked head's tasks: the vocabulary chunk; else -1 */
+    double bytes;              /* what it moves across PCIe or between ranks (0: none) */
+    union {
+        struct { int reuse; } load;             /* the load that last used its host buffer */
+        struct { bool for_update; } fetch;      /* h2d_param: the master, for a device update */
+        struct {                                /* fwd, recompute, head, bwd */
+            int fetch;                          /* the block's fetch task, -1 resident */
+            int link_fetch[FY_PASS_LINKS];      /* the linked blocks' fetches */
+            fy_grad_at grad;                    /* head, bwd: the block's gradient */
+            fy_grad_at link_grad[FY_PASS_LINKS];/* head, bwd: the linked blocks' */
+            bool train;                         /* head: training (else evaluation) */
+        } pass;
+        struct { int unit_task; } d2h_grad;     /* the task whose unit holds the gradient */
+        struct { int fetch; } update;           /* adam_gpu, d2h_param: the update's fetch,
+                                                   -1 resident */
+    } u;
+} fy_step_task;
+
+typedef struct fy_step_graph {
+    fy_graph g;                /* tasks' run and ctx are NULL: the executor binds them */
+    fy_step_task *task;        /* per task of g */
+    int cap;
+} fy_step_graph;
+
+/* nsteps training steps (each an epoch of the scheduler), or nbatches evaluation
+ * batches (each an epoch), under layout L. The graph is prioritized and unpriced. */
+fy_status fy_step_build_train(const fy_layout *L, int nsteps, bool norm_barrier, fy_step_graph *out);
+fy_status fy_step_build_eval(const fy_layout *L, int nbatches, fy_step_graph *out);
+void fy_step_graph_free(fy_step_graph *sg);
+
+/* Mean durations per (task kind, block): measured by a trainer, or the tuner's model.
+ * Tasks of no block (load, norm, collect) use block -1. */
+typedef struct fy_cost_table { int nblocks; double *sum_count; } fy_cost_table;
+fy_status fy_cost_table_init(fy_cost_table *c, int nblocks);
+void fy_cost_table_free(fy_cost_table *c);
+void fy_cost_reset(fy_cost_table *c);
+void fy_cost_add(fy_cost_table *c, fy_task_kind kind, int block, double ms);
+void fy_cost_set(fy_cost_table *c, fy_task_kind kind, int block, double ms);
+double fy_cost_mean(const fy_cost_table *c, fy_task_kind kind, int block); /* -1: none */
+
+/* Every task's cost_ms from c: its kind's mean on its block (none: the scheduler's
+ * default, fy_task_make); a fetch of a master for a device update scaled by its bytes
+ * over the block's staged copy's. */
+void fy_step_graph_price(fy_step_graph *sg, const fy_layout *L, const fy_cost_table *c);
+/* A step graph's work per lane (the sum of its tasks' costs). */
+void fy_step_graph_busy(const fy_step_graph *sg, double busy_ms[FY_LANE_COUNT]);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

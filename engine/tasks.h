@@ -1,0 +1,71 @@
+/* tasks.h — the step graph's task kinds: one table that everything else reads.
+ *
+ * FY_TASK_KINDS(X) lists each kind once as X(ID, name, lane, cost): its enum (FY_T_ID),
+ * its stable public name (profile files, traces and error lines use it; a name never
+ * changes meaning), the lane it runs on, and the rule the tuner prices it by (cost_<rule>
+ * in tuner/tune.c). The runner of kind `name` is run_<name> (engine/step_run.c); the
+ * builder (engine/step_build.c) makes the tasks.
+ *
+ *   load        h2d      a micro-batch's tokens into a token buffer (and a row-staged
+ *                        block's rows: its distinct tokens)
+ *   h2d_param   h2d      a streamed block's weights into a staging slot (its rows, a
+ *                        chunk); for a device update, its master
+ *   fwd         compute  a block's forward
+ *   grad_zero   compute  a zeroed staging slot for a block's gradient that a later
+ *                        block's backward adds into first (its links)
+ *   head        compute  the head's loss pass: forward, loss and (training) backward; a
+ *                        chunked head's, one task per vocabulary chunk
+ *   recompute   compute  a recomputed layer's forward again, before its backward
+ *   bwd         compute  a block's backward (a chunked head's earlier chunks')
+ *   d2h_grad    d2h      a cpu-updated block's gradient to the host
+ *   norm        cpu      the step's global gradient norm, clip coefficient, mean loss
+ *   adam_gpu    compute  AdamW on the device
+ *   d2h_param   d2h      a streamed device-updated block's master (and copy) back
+ *   adam_cpu    cpu      AdamW on the host (optim_cpu)
+ *   h2d_update  h2d      a cpu-updated resident block's weights back to the device
+ *   collect     cpu      an evaluated batch's loss
+ *   reduce      comm     data parallel: a block's gradient summed into each shard's owner
+ *   allgather   comm     data parallel: each shard's updated weights from its owner */
+#ifndef FY_TASKS_H
+#define FY_TASKS_H
+
+#include "scheduler/scheduler.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FY_TASK_KINDS(X)                                   \
+    X(LOAD, load, FY_LANE_H2D, tokens)                     \
+    X(H2D_PARAM, h2d_param, FY_LANE_H2D, fetch)            \
+    X(FWD, fwd, FY_LANE_COMPUTE, device)                   \
+    X(GRAD_ZERO, grad_zero, FY_LANE_COMPUTE, device)       \
+    X(HEAD, head, FY_LANE_COMPUTE, device)                 \
+    X(RECOMPUTE, recompute, FY_LANE_COMPUTE, device)       \
+    X(BWD, bwd, FY_LANE_COMPUTE, device)                   \
+    X(D2H_GRAD, d2h_grad, FY_LANE_D2H, grad_out)           \
+    X(NORM, norm, FY_LANE_CPU, fixed)                      \
+    X(ADAM_GPU, adam_gpu, FY_LANE_COMPUTE, device)         \
+    X(D2H_PARAM, d2h_param, FY_LANE_D2H, master_out)       \
+    X(ADAM_CPU, adam_cpu, FY_LANE_CPU, host_adam)          \
+    X(H2D_UPDATE, h2d_update, FY_LANE_H2D, send)           \
+    X(COLLECT, collect, FY_LANE_CPU, fixed)                \
+    X(REDUCE, reduce, FY_LANE_COMM, collective)            \
+    X(ALLGATHER, allgather, FY_LANE_COMM, collective)
+
+typedef enum fy_task_kind {
+#define FY_X_ENUM(id, name, lane, cost) FY_T_##id,
+    FY_TASK_KINDS(FY_X_ENUM)
+#undef FY_X_ENUM
+    FY_T_COUNT
+} fy_task_kind;
+
+/* The kind's public name ("?" out of range), its lane; and the kind of a name (-1). */
+const char *fy_task_kind_name(int kind);
+fy_lane fy_task_kind_lane(fy_task_kind kind);
+int fy_task_kind_parse(const char *name);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,103 @@
+/* trainer_shards.c — a sharded job's state read and written whole: the getters a
+ * checkpoint and a save use, and the ranks that serve them.
+ *
+ * In a data-parallel job each rank holds its shard of the fp32 masters (where they are
+ * apart from the weights) and of the moments (layout.h). Rank 0's getters gather a
+ * block's state from every rank: rank 0 broadcasts a request (the state and block), and
+ * every other rank, inside fy_trainer_serve, sends its shard, until rank 0's
+ * fy_trainer_serve_end. A state that is not sharded is read where it is. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/trainer_impl.h"
+
+/* A request's first word: a state (fy_state), or the end. */
+enum { SERVE_END = -1 };
+
+/* This rank's shard of block b's state s (fp32, its range) in host memory: the host
+ * buffer itself, or a device one's copy in *tmp. */
+static const float *shard_on_host(fy_trainer *tr, int b, fy_state s, float **tmp) {
+    const fy_place *p = fy_layout_state(tr->L, b, s);
+    const float *src = fy_tr_ptr(tr, b, s);
+    const size_t nbytes = (p->hi - p->lo) * sizeof(float);
+    fy_stream_sync(tr->s);
+    if (p->tier != FY_TIER_DEVICE || !nbytes) return src;
+    float *t = realloc(*tmp, nbytes);
+    FY_ASSERT(t, "out of host memory gathering a block's shards");
+    *tmp = t;
+    fy_copy_async(tr->s, t, src, nbytes, FY_D2H);
+    fy_stream_sync(tr->s);
+    return t;
+}
+
+/* Block b's state s gathered into rank 0's whole (the others pass NULL): each rank sends
+ * its shard (through *tmp when it is in device memory). */
+static fy_status gather_block(fy_trainer *tr, int b, fy_state s, float *whole, float **tmp) {
+    size_t off[FY_MAX_SHARDS + 1];
+    fy_tr_shards(tr, b, off);
+    return fy_comm_gather(tr->comm, whole, shard_on_host(tr, b, s, tmp), off, sizeof(float));
+}
+
+/* Rank 0: block b's state s whole into host, its shards from their owners, who serve. A
+ * job whose collectives fail is ended (comm.h). */
+static void gather_shards(fy_trainer *tr, int b, fy_state s, float *host) {
+    FY_ASSERT(tr->rank == 0, "rank 0 gathers a sharded job's state; the others serve it");
+    int64_t req[2] = {s, b};
+    float *tmp = NULL;
+    fy_status st = fy_comm_bcast(tr->comm, req, sizeof req);
+    if (st == FY_OK) st = gather_block(tr, b, s, host, &tmp);
+    free(tmp);
+    if (st != FY_OK) fy_comm_abort(tr->comm, 1);
+}
+
+fy_status fy_trainer_serve(fy_trainer *tr) {
+    if (!fy_tr_sharded(tr) || tr->rank == 0) return FY_OK;
+    float *tmp = NULL;
+    fy_status st;
+    for (;;) {
+        int64_t req[2];
+        fy_comm_patient(tr->comm, true); /* rank 0 may write for long between requests */
+        st = fy_comm_bcast(tr->comm, req, sizeof req);
+        fy_comm_patient(tr->comm, false);
+        if (st != FY_OK) break;
+        if (req[0] == SERVE_END) { /* req[1]: rank 0's save failed (it said why) */
+            st = req[1] ? FY_ERR_IO : FY_OK;
+            break;
+        }
+        const int b = (int)req[1];
+        FY_ASSERT(b >= 0 && b < fy_tr_nblocks(tr) && req[0] >= 0 && req[0] < FY_STATES,
+                  "a request for a block's state");
+        if ((st = gather_block(tr, b, (fy_state)req[0], NULL, &tmp)) != FY_OK) break;
+    }
+    free(tmp);
+    return st;
+}
+
+fy_status fy_trainer_serve_end(fy_trainer *tr, bool failed) {
+    if (!fy_tr_sharded(tr) || tr->rank != 0) return FY_OK;
+    int64_t req[2] = {SERVE_END, failed};
+    return fy_comm_bcast(tr->comm, req, sizeof req);
+}
+
+void fy_trainer_get_params(fy_trainer *tr, int b, float *host) {
+    if (fy_layout_master_sharded(tr->L, b)) gather_shards(tr, b, FY_STATE_MASTER, host);
+    else fy_trainer_read_state(tr, b, FY_STATE_MASTER, host);
+}
+
+void fy_trainer_get_moments(fy_trainer *tr, int b, float *m, float *v) {
+    FY_ASSERT(!tr->cfg.eval_only, "an evaluation-only trainer has no moments");
+    const fy_state s[2] = {FY_STATE_M, FY_STATE_V};
+    float *out[2] = {m, v};
+    for (int k = 0; k < 2; k++) {
+        if (!out[k]) continue;
+        if (fy_tr_sharded(tr)) gather_shards(tr, b, s[k], out[k]);
+        else fy_trainer_read_state(tr, b, s[k], out[k]);
+    }
+}
+
+/* Whole moments in: this rank keeps its shard. */
+void fy_trainer_set_moments(fy_trainer *tr, int b, const float *m, const float *v) {
+    FY_ASSERT(!tr->cfg.eval_only, "an evaluation-only trainer has no moments");
+    fy_trainer_write_state(tr, b, FY_STATE_M, m);
+    fy_trainer_write_state(tr, b, FY_STATE_V, v);
+}

@@ -1,0 +1,273 @@
+/* layout.c — the placement of every state of a run (layout.h), decided in one place.
+ *
+ * place_block() is the policy: from a block's plan (resident or streamed weights, update
+ * on the device or the CPU, kept or recomputed activations), the storage type and the
+ * job's shards, the place of each of its states. The rest sizes what the blocks share:
+ * the staging rings (the serial order's least slots, plus the plan's prefetch depth in
+ * the layer ring), the landing slot, the activations' shared areas, the norm's chunk
+ * sums. Nothing here allocates state; storage.c walks the result. */
+#include "offload/layout.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/core/reduce.h"
+#include "engine/core/util.h"
+
+static const char *state_names[FY_STATES] = {"weights", "master", "host weights", "gradient",
+                                             "adam m", "adam v", "saved activations"};
+static const char *tier_names[] = {"none", "device", "pinned host", "host"};
+
+const char *fy_state_name(fy_state s) { return s < FY_STATES ? state_names[s] : "?"; }
+const char *fy_tier_name(fy_tier t) { return t <= FY_TIER_HOST ? tier_names[t] : "?"; }
+
+size_t fy_place_nbytes(const fy_place *p) {
+    return p->tier == FY_TIER_NONE || p->same_as >= 0 ? 0 : (p->hi - p->lo) * fy_dtype_size(p->dtype);
+}
+
+/* Shard r of `shards` takes chunks [nch r / shards, nch (r + 1) / shards). */
+static size_t first_chunk(size_t nch, int shards, int r) { return nch * (size_t)r / (size_t)shards; }
+
+void fy_shard_bounds(size_t nelem, int shards, size_t *off) {
+    const size_t nch = fy_sumsq_nchunks(nelem);
+    for (int r = 0; r <= shards; r++) {
+        const size_t e = first_chunk(nch, shards, r) * FY_SUMSQ_CHUNK;
+        off[r] = e < nelem ? e : nelem;
+    }
+}
+
+size_t fy_shard_nchunks(size_t nelem, int shards, int r) {
+    const size_t nch = fy_sumsq_nchunks(nelem);
+    return first_chunk(nch, shards, r + 1) - first_chunk(nch, shards, r);
+}
+
+/* The shard of a block this rank updates: whole alone (or in evaluation); planning
+ * (rank -1), the size of its largest shard. */
+static void shard_of(fy_block_layout *bl, const fy_layout *L) {
+    bl->lo = 0;
+    bl->hi = bl->nelem;
+    if (!L->training || L->world <= 1) return;
+    size_t off[FY_MAX_SHARDS + 1];
+    fy_shard_bounds(bl->nelem, L->world, off);
+    if (L->rank < 0) {
+        bl->hi = 0;
+        for (int r = 0; r < L->world; r++)
+            if (off[r + 1] - off[r] > bl->hi) bl->hi = off[r + 1] - off[r];
+        return;
+    }
+    bl->lo = off[L->rank];
+    bl->hi = off[L->rank + 1];
+}
+
+static fy_place whole(fy_tier tier, fy_dtype dt, size_t nelem, fy_mem_cat cat) {
+    return (fy_place){.tier = tier, .dtype = dt, .lo = 0, .hi = nelem, .same_as = -1, .cat = cat};
+}
+static fy_place shard(fy_tier tier, const fy_block_layout *bl, const fy_layout *L, fy_mem_cat cat) {
+    return (fy_place){.tier = tier, .dtype = FY_F32, .lo = bl->lo, .hi = bl->hi,
+                      .sharded = L->training && L->world > 1, .same_as = -1, .cat = cat};
+}
+static fy_place alias(fy_state of, const fy_place *p) {
+    fy_place a = *p;
+    a.same_as = of;
+    return a;
+}
+
+/* How block b's staged copies cut it (layout.h: fy_staging): rows for a streamed row
+ * table updated on the CPU (a device update needs the whole table there), chunks for a
+ * streamed vocab_chunks head so updated (or evaluated) whose classifier takes more than
+ * one chunk. */
+static fy_staging staging_of(const fy_block_spec *blk, const fy_block_plan *bp, const fy_layout *L) {
+    const bool cpu_or_eval = !L->training || bp->optim == FY_OPTIM_CPU;
+    if (bp->params != FY_PARAMS_STREAMED || !cpu_or_eval) return FY_STAGE_WHOLE;
+    if (blk->gather) return FY_STAGE_ROWS;
+    if (blk->vocab_chunks && L->head_chunks.n > 1) return FY_STAGE_CHUNKS;
+    return FY_STAGE_WHOLE;
+}
+
+/* The policy: where each state of block b lives under its plan. */
+static void place_block(fy_layout *L, int b, const fy_block_plan *bp, size_t layer_max) {
+    const fy_block_spec *blk = fy_model_block(L->model, b);
+    fy_block_layout *bl = &L->blocks[b];
+    fy_place *pl = bl->place;
+    const size_t N = (size_t)L->B * L->T;
+    const bool lp = L->dtype != FY_F32, training = L->training;
+    bl->nelem = blk->nelem;
+    bl->streamed = bp->params == FY_PARAMS_STREAMED;
+    bl->recompute = bp->acts == FY_ACTS_RECOMPUTE;
+    bl->update = bp->optim == FY_OPTIM_CPU ? FY_UPDATE_CPU : FY_UPDATE_DEVICE;
+    const bool cpu = bl->update == FY_UPDATE_CPU;
+    shard_of(bl, L);
+    bl->staging = staging_of(blk, bp, L);
+    bl->stage_nelem = bl->nelem;
+    if (bl->staging == FY_STAGE_ROWS) {
+        const size_t rows = (size_t)blk->tensors[0].alloc_rows;
+        bl->stage_nelem = (N < rows ? N : rows) * (size_t)blk->tensors[0].cols;
+        L->rows_block = b;
+    } else if (bl->staging == FY_STAGE_CHUNKS) {
+        bl->stage_nelem = fy_model_chunk_view_nelem(L->model, b, L->head_chunks);
+    }
+    bl->ring = blk->kind != FY_BLOCK_LAYER && bl->stage_nelem > layer_max ? FY_RING_LARGE : FY_RING_LAYER;
+    bl->grad_staged = training && (cpu || L->accum > 1);
+    const size_t own = bl->hi - bl->lo, stbytes = bl->stage_nelem * L->es;
+    if (bl->streamed) { /* a device update of a bf16 block fetches its shard's master and
+                           room for the bf16 copy it writes */
+        const size_t upd = lp && training && !cpu ? own * sizeof(float) + own * L->es : 0;
+        bl->fetch_nbytes = upd > stbytes ? upd : stbytes;
+    }
+    for (int s = 0; s < FY_STATES; s++) pl[s] = (fy_place){.same_as = -1};
+    if (!bl->streamed) {
+        pl[FY_STATE_WEIGHTS] = whole(FY_TIER_DEVICE, L->dtype, bl->nelem, FY_CAT_PARAMS);
+        pl[FY_STATE_MASTER] = lp && training && !cpu ? shard(FY_TIER_DEVICE, bl, L, FY_CAT_OPTIM)
+                                                     : alias(FY_STATE_WEIGHTS, &pl[FY_STATE_WEIGHTS]);
+    }
+    /* the master apart from the copy compute reads: with bf16 storage, and in a sharded
+     * fp32 run for a block updated on the CPU whose gradient lands in its host weights
+     * (its shard's master then stays apart: 4 + 12/N host bytes a parameter, not 4 + 4 +
+     * 8/N) */
+    const bool apart = lp || (training && cpu && L->world > 1 && L->accum == 1);
+    if (bl->streamed || (cpu && training)) {
+        pl[FY_STATE_HOST_WEIGHTS] = whole(FY_TIER_PINNED, L->dtype, bl->nelem, FY_CAT_PARAMS);
+        if (apart) /* copied only when a device update of a streamed block fetches it */
+            pl[FY_STATE_MASTER] = shard(bl->streamed && training && !cpu ? FY_TIER_PINNED : FY_TIER_HOST,
+                                        bl, L, FY_CAT_PARAMS);
+        else
+            pl[FY_STATE_MASTER] = alias(FY_STATE_HOST_WEIGHTS, &pl[FY_STATE_HOST_WEIGHTS]);
+    }
+    if (!training) return;
+    if (cpu) {
+        pl[FY_STATE_GRAD] = apart && L->accum == 1
+                                ? alias(FY_STATE_HOST_WEIGHTS, &pl[FY_STATE_HOST_WEIGHTS])
+                                : whole(FY_TIER_PINNED, L->dtype, bl->nelem, FY_CAT_GRADS);
+        pl[FY_STATE_M] = pl[FY_STATE_V] = shard(FY_TIER_HOST, bl, L, FY_CAT_OPTIM);
+    } else {
+        pl[FY_STATE_GRAD] = whole(FY_TIER_DEVICE, L->dtype, bl->nelem, FY_CAT_GRADS);
+        pl[FY_STATE_M] = pl[FY_STATE_V] = shard(FY_TIER_DEVICE, bl, L, FY_CAT_OPTIM);
+    }
+    pl[FY_STATE_GRAD].cat = FY_CAT_GRADS;
+}
+
+/* The least slots each ring needs for the serial order to run. Parameters: the most
+ * streamed blocks of the ring one task uses at once (a block and the blocks it links to).
+ * Gradients: walking backward from the head, the most staged gradients of the ring open
+ * at once: a block's own during its backward, and a linked block's from the backward of
+ * the block linking to it until its own (it is opened by the first writer). */
+static fy_status min_slots(const fy_layout *L, int np[FY_RINGS], int ng[FY_RINGS]) {
+    const int nb = L->nblocks;
+    bool *held = calloc((size_t)nb, sizeof *held);
+    if (!held) return FY_ERR_NOMEM;
+    int nheld[FY_RINGS] = {0};
+    for (int r = 0; r < FY_RINGS; r++) np[r] = ng[r] = 0;
+    for (int b = nb - 1; b >= 0; b--) {
+        const fy_block_spec *blk = fy_model_block(L->model, b);
+        const fy_block_layout *c = L->blocks;
+        int p[FY_RINGS] = {0}, open[FY_RINGS] = {0};
+        p[c[b].ring] += c[b].streamed;
+        open[c[b].ring] += c[b].grad_staged && !held[b];
+        for (int k = 0; k < blk->nlinks; k++) {
+            const int l = blk->links[k];
+            p[c[l].ring] += c[l].streamed;
+            open[c[l].ring] += c[l].grad_staged && !held[l];
+        }
+        for (int r = 0; r < FY_RINGS; r++) {
+            if (p[r] > np[r]) np[r] = p[r];
+            if (nheld[r] + open[r] > ng[r]) ng[r] = nheld[r] + open[r];
+        }
+        for (int k = 0; k < blk->nlinks; k++) {
+            const int l = blk->links[k];
+            if (c[l].grad_staged && !held[l]) { held[l] = true; nheld[c[l].ring]++; }
+        }
+        if (held[b]) { held[b] = false; nheld[c[b].ring]--; }
+    }
+    free(held);
+    return FY_OK;
+}
+
+/* The rings' slot counts and sizes, and the landing slot. */
+static fy_status size_rings(fy_layout *L, int prefetch) {
+    int np[FY_RINGS], ng[FY_RINGS];
+    FY_TRY(min_slots(L, np, ng));
+    if (np[FY_RING_LAYER]) np[FY_RING_LAYER] += prefetch;
+    if (ng[FY_RING_LAYER]) ng[FY_RING_LAYER] += prefetch;
+    for (int r = 0; r < FY_RINGS; r++) {
+        L->param_ring[r].n = np[r];
+        L->grad_ring[r].n = ng[r];
+    }
+    for (int b = 0; b < L->nblocks; b++) {
+        const fy_block_layout *bl = &L->blocks[b];
+        const size_t st = bl->stage_nelem * L->es;
+        size_t *ps = &L->param_ring[bl->ring].nbytes, *gs = &L->grad_ring[bl->ring].nbytes;
+        if (bl->streamed && bl->fetch_nbytes > *ps) *ps = bl->fetch_nbytes;
+        if (!bl->grad_staged) continue;
+        if (st > *gs) *gs = st;
+        if (bl->update == FY_UPDATE_CPU && (L->accum > 1 || bl->staging == FY_STAGE_ROWS) &&
+            st > L->landing_nbytes)
+            L->landing_nbytes = st;
+    }
+    return FY_OK;
+}
+
+/* Activations: each block's, the area recomputed blocks share, the workspace and the
+ * activation gradient (the largest of each). */
+static void size_acts(fy_layout *L) {
+    for (int b = 0; b < L->nblocks; b++) {
+        fy_block_layout *bl = &L->blocks[b];
+        fy_act_sizes a;
+        fy_model_acts(L->model, b, L->B, L->T, L->dtype, L->training, &a);
+        bl->saved_nbytes = a.saved;
+        bl->out_nbytes = a.out;
+        bl->work_nbytes = a.work;
+        if (bl->recompute && a.saved > L->shared_saved_nbytes) L->shared_saved_nbytes = a.saved;
+        if (a.work > L->work_nbytes) L->work_nbytes = a.work;
+        if (a.out > L->dx_nbytes) L->dx_nbytes = a.out;
+        bl->place[FY_STATE_SAVED] = (fy_place){.tier = a.saved ? FY_TIER_DEVICE : FY_TIER_NONE,
+                                               .dtype = FY_DTYPE_NONE, .lo = 0, .hi = a.saved,
+                                               .same_as = -1, .cat = FY_CAT_ACTS};
+    }
+    if (!L->training) L->dx_nbytes = 0;
+}
+
+fy_status fy_layout_new(const fy_model *m, const fy_plan *plan, int T, bool training, int world,
+                        int rank, fy_layout *out) {
+    memset(out, 0, sizeof *out);
+    FY_TRY(fy_plan_check(plan, m));
+    if (world > FY_MAX_SHARDS || rank >= world || rank < -1) {
+        fy_log_error("rank %d of a job of %d: at most %d ranks", rank, world, FY_MAX_SHARDS);
+        return FY_ERR_INVALID;
+    }
+    fy_layout *L = out;
+    L->model = m;
+    L->nblocks = plan->nblocks;
+    L->B = plan->micro_batch;
+    L->T = T;
+    L->accum = plan->grad_accum;
+    L->world = world > 1 ? world : 1;
+    L->rank = world > 1 ? rank : 0;
+    L->training = training;
+    L->dtype = plan->dtype == FY_BF16 ? FY_BF16 : FY_F32;
+    L->es = fy_dtype_size(L->dtype);
+    L->rows_block = -1;
+    L->blocks = calloc((size_t)L->nblocks, sizeof *L->blocks);
+    if (!L->blocks) return FY_ERR_NOMEM;
+    if (fy_model_block(m, L->nblocks - 1)->vocab_chunks)
+        L->head_chunks = fy_model_head_chunks(m, L->B, T, L->dtype);
+    size_t layer_max = 0;
+    for (int b = 0; b < L->nblocks; b++)
+        if (fy_model_block(m, b)->kind == FY_BLOCK_LAYER && fy_model_block(m, b)->nelem > layer_max)
+            layer_max = fy_model_block(m, b)->nelem;
+    for (int b = 0; b < L->nblocks; b++) place_block(L, b, &plan->blocks[b], layer_max);
+    fy_status st = size_rings(L, plan->prefetch);
+    if (st != FY_OK) { fy_layout_free(L); return st; }
+    size_acts(L);
+    L->tok_parts = L->rows_block >= 0 ? 3 : 2;
+    if (training && L->world > 1)
+        for (int b = 0; b < L->nblocks; b++) {
+            L->own_parts += fy_sumsq_nchunks(L->blocks[b].hi - L->blocks[b].lo);
+            L->nparts += fy_sumsq_nchunks(L->blocks[b].nelem);
+        }
+    return FY_OK;
+}
+
+void fy_layout_free(fy_layout *L) {
+    free(L->blocks);
+    L->blocks = NULL;
+}
