@@ -77,26 +77,19 @@ static fy_place alias(fy_state of, const fy_place *p) {
  * streamed vocab_chunks head so updated (or evaluated) whose classifier takes more than
  * one chunk. */
 static fy_staging staging_of(const fy_block_spec *blk, const fy_block_plan *bp, const fy_layout *L) {
-    const bool cpu_or_eval = !L->training || bp->optim == FY_OPTIM_CPU;
-    if (bp->params != FY_PARAMS_STREAMED || !cpu_or_eval) return FY_STAGE_WHOLE;
+    const bool cpu_or_eval = !L->training || bp->update == FY_UPDATE_CPU;
+    if (bp->weights != FY_ON_HOST || !cpu_or_eval) return FY_STAGE_WHOLE;
     if (blk->gather) return FY_STAGE_ROWS;
     if (blk->vocab_chunks && L->head_chunks.n > 1) return FY_STAGE_CHUNKS;
     return FY_STAGE_WHOLE;
 }
 
-/* The policy: where each state of block b lives under its plan. */
-static void place_block(fy_layout *L, int b, const fy_block_plan *bp, size_t layer_max) {
+/* How block b is staged: its staged copies' size, its ring, its gradient's staging and
+ * the size of a fetch's slot. */
+static void place_staging(fy_layout *L, int b, const fy_block_plan *bp, size_t layer_max) {
     const fy_block_spec *blk = fy_model_block(L->model, b);
     fy_block_layout *bl = &L->blocks[b];
-    fy_place *pl = bl->place;
     const size_t N = (size_t)L->B * L->T;
-    const bool lp = L->dtype != FY_F32, training = L->training;
-    bl->nelem = blk->nelem;
-    bl->streamed = bp->params == FY_PARAMS_STREAMED;
-    bl->recompute = bp->acts == FY_ACTS_RECOMPUTE;
-    bl->update = bp->optim == FY_OPTIM_CPU ? FY_UPDATE_CPU : FY_UPDATE_DEVICE;
-    const bool cpu = bl->update == FY_UPDATE_CPU;
-    shard_of(bl, L);
     bl->staging = staging_of(blk, bp, L);
     bl->stage_nelem = bl->nelem;
     if (bl->staging == FY_STAGE_ROWS) {
@@ -107,43 +100,59 @@ static void place_block(fy_layout *L, int b, const fy_block_plan *bp, size_t lay
         bl->stage_nelem = fy_model_chunk_view_nelem(L->model, b, L->head_chunks);
     }
     bl->ring = blk->kind != FY_BLOCK_LAYER && bl->stage_nelem > layer_max ? FY_RING_LARGE : FY_RING_LAYER;
-    bl->grad_staged = training && (cpu || L->accum > 1);
+    const bool cpu = bl->update == FY_UPDATE_CPU;
+    bl->grad_staged = L->training && (cpu || L->accum > 1);
     const size_t own = bl->hi - bl->lo, stbytes = bl->stage_nelem * L->es;
     if (bl->streamed) { /* a device update of a bf16 block fetches its shard's master and
                            room for the bf16 copy it writes */
-        const size_t upd = lp && training && !cpu ? own * sizeof(float) + own * L->es : 0;
+        const size_t upd = L->dtype != FY_F32 && L->training && !cpu ? own * sizeof(float) + own * L->es : 0;
         bl->fetch_nbytes = upd > stbytes ? upd : stbytes;
     }
+}
+
+/* The policy: each state's place, from where the plan keeps it (plan.h: fy_plan_where;
+ * in evaluation the master is wherever the weights are). */
+static void place_states(fy_layout *L, fy_block_layout *bl, const fy_block_plan *bp) {
+    fy_place *pl = bl->place;
+    const bool lp = L->dtype != FY_F32, training = L->training, cpu = bl->update == FY_UPDATE_CPU;
     for (int s = 0; s < FY_STATES; s++) pl[s] = (fy_place){.same_as = -1};
-    if (!bl->streamed) {
-        pl[FY_STATE_WEIGHTS] = whole(FY_TIER_DEVICE, L->dtype, bl->nelem, FY_CAT_PARAMS);
-        pl[FY_STATE_MASTER] = lp && training && !cpu ? shard(FY_TIER_DEVICE, bl, L, FY_CAT_OPTIM)
-                                                     : alias(FY_STATE_WEIGHTS, &pl[FY_STATE_WEIGHTS]);
-    }
-    /* the master apart from the copy compute reads: with bf16 storage, and in a sharded
-     * fp32 run for a block updated on the CPU whose gradient lands in its host weights
-     * (its shard's master then stays apart: 4 + 12/N host bytes a parameter, not 4 + 4 +
-     * 8/N) */
-    const bool apart = lp || (training && cpu && L->world > 1 && L->accum == 1);
-    if (bl->streamed || (cpu && training)) {
+    if (!bl->streamed) pl[FY_STATE_WEIGHTS] = whole(FY_TIER_DEVICE, L->dtype, bl->nelem, FY_CAT_PARAMS);
+    if (bl->streamed || (cpu && training))
         pl[FY_STATE_HOST_WEIGHTS] = whole(FY_TIER_PINNED, L->dtype, bl->nelem, FY_CAT_PARAMS);
-        if (apart) /* copied only when a device update of a streamed block fetches it */
-            pl[FY_STATE_MASTER] = shard(bl->streamed && training && !cpu ? FY_TIER_PINNED : FY_TIER_HOST,
-                                        bl, L, FY_CAT_PARAMS);
-        else
-            pl[FY_STATE_MASTER] = alias(FY_STATE_HOST_WEIGHTS, &pl[FY_STATE_HOST_WEIGHTS]);
-    }
+    /* the master on the host apart from the host weights: with bf16 storage, and in a
+     * sharded fp32 run for a block updated on the CPU whose gradient lands in its host
+     * weights (its shard's master then stays apart: 4 + 12/N host bytes a parameter, not
+     * 4 + 4 + 8/N); pinned only when a device update of a streamed block fetches it */
+    const bool apart = lp || (training && cpu && L->world > 1 && L->accum == 1);
+    const fy_where master = training ? fy_plan_where(bp, FY_PLAN_MASTER) : bp->weights;
+    if (master == FY_ON_DEVICE)
+        pl[FY_STATE_MASTER] = lp && training ? shard(FY_TIER_DEVICE, bl, L, FY_CAT_OPTIM)
+                                             : alias(FY_STATE_WEIGHTS, &pl[FY_STATE_WEIGHTS]);
+    else if (apart)
+        pl[FY_STATE_MASTER] = shard(bl->streamed && training && !cpu ? FY_TIER_PINNED : FY_TIER_HOST,
+                                    bl, L, FY_CAT_PARAMS);
+    else
+        pl[FY_STATE_MASTER] = alias(FY_STATE_HOST_WEIGHTS, &pl[FY_STATE_HOST_WEIGHTS]);
     if (!training) return;
-    if (cpu) {
-        pl[FY_STATE_GRAD] = apart && L->accum == 1
-                                ? alias(FY_STATE_HOST_WEIGHTS, &pl[FY_STATE_HOST_WEIGHTS])
-                                : whole(FY_TIER_PINNED, L->dtype, bl->nelem, FY_CAT_GRADS);
-        pl[FY_STATE_M] = pl[FY_STATE_V] = shard(FY_TIER_HOST, bl, L, FY_CAT_OPTIM);
-    } else {
+    if (fy_plan_where(bp, FY_PLAN_GRAD) == FY_ON_DEVICE)
         pl[FY_STATE_GRAD] = whole(FY_TIER_DEVICE, L->dtype, bl->nelem, FY_CAT_GRADS);
-        pl[FY_STATE_M] = pl[FY_STATE_V] = shard(FY_TIER_DEVICE, bl, L, FY_CAT_OPTIM);
-    }
-    pl[FY_STATE_GRAD].cat = FY_CAT_GRADS;
+    else if (apart && L->accum == 1)
+        pl[FY_STATE_GRAD] = alias(FY_STATE_HOST_WEIGHTS, &pl[FY_STATE_HOST_WEIGHTS]);
+    else
+        pl[FY_STATE_GRAD] = whole(FY_TIER_PINNED, L->dtype, bl->nelem, FY_CAT_GRADS);
+    const bool m_dev = fy_plan_where(bp, FY_PLAN_MOMENTS) == FY_ON_DEVICE;
+    pl[FY_STATE_M] = pl[FY_STATE_V] = shard(m_dev ? FY_TIER_DEVICE : FY_TIER_HOST, bl, L, FY_CAT_OPTIM);
+}
+
+static void place_block(fy_layout *L, int b, const fy_block_plan *bp, size_t layer_max) {
+    fy_block_layout *bl = &L->blocks[b];
+    bl->nelem = fy_model_block(L->model, b)->nelem;
+    bl->streamed = bp->weights == FY_ON_HOST;
+    bl->recompute = bp->acts == FY_ACTS_RECOMPUTE;
+    bl->update = bp->update;
+    shard_of(bl, L);
+    place_staging(L, b, bp, layer_max);
+    place_states(L, bl, bp);
 }
 
 /* The least slots each ring needs for the serial order to run. Parameters: the most

@@ -92,8 +92,6 @@ typedef enum fy_staging {
                           chunk view (model.h) */
 } fy_staging;
 
-typedef enum fy_update_at { FY_UPDATE_DEVICE = 0, FY_UPDATE_CPU } fy_update_at;
-
 typedef struct fy_block_layout {
     size_t nelem;
     size_t lo, hi;             /* the shard whose update this rank runs (0, nelem alone) */

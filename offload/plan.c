@@ -7,9 +7,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *params_names[] = {"resident", "streamed"};
-static const char *optim_names[] = {"gpu", "cpu"};
+static const char *params_names[] = {"resident", "streamed"}; /* version 1's weights */
+static const char *where_names[FY_WHERES] = {"device", "host"};
+static const char *update_names[] = {"gpu", "cpu"};
 static const char *acts_names[] = {"keep", "recompute"};
+static const char *state_keys[FY_PLAN_STATES] = {"master", "grad", "moments"};
+
+const char *fy_where_name(fy_where w) { return w < FY_WHERES ? where_names[w] : "?"; }
+
+fy_where fy_plan_where(const fy_block_plan *bp, fy_plan_state s) {
+    if (bp->update == FY_UPDATE_CPU) return FY_ON_HOST;
+    return s == FY_PLAN_MASTER ? bp->weights : FY_ON_DEVICE;
+}
 
 static fy_status plan_alloc(int nblocks, int micro_batch, int grad_accum, fy_plan *out) {
     memset(out, 0, sizeof *out);
@@ -76,12 +85,12 @@ fy_status fy_plan_shorthands(fy_plan *p, double params_ratio, double optim_ratio
         fy_block_plan *bp = &p->blocks[b];
         if (bp->kind == FY_BLOCK_LAYER) {
             const int l = bp->layer;
-            bp->params = l < kp ? FY_PARAMS_STREAMED : FY_PARAMS_RESIDENT;
-            bp->optim = l >= L - ko ? FY_OPTIM_CPU : FY_OPTIM_GPU;
+            bp->weights = l < kp ? FY_ON_HOST : FY_ON_DEVICE;
+            bp->update = l >= L - ko ? FY_UPDATE_CPU : FY_UPDATE_DEVICE;
             bp->acts = l < ckpt_layers ? FY_ACTS_RECOMPUTE : FY_ACTS_KEEP;
         } else { /* the embedding and the head move only with a ratio of 1 */
-            bp->params = params_ratio >= 1 ? FY_PARAMS_STREAMED : FY_PARAMS_RESIDENT;
-            bp->optim = optim_ratio >= 1 ? FY_OPTIM_CPU : FY_OPTIM_GPU;
+            bp->weights = params_ratio >= 1 ? FY_ON_HOST : FY_ON_DEVICE;
+            bp->update = optim_ratio >= 1 ? FY_UPDATE_CPU : FY_UPDATE_DEVICE;
             bp->acts = FY_ACTS_KEEP;
         }
     }
@@ -129,7 +138,7 @@ cJSON *fy_plan_json(const fy_plan *p) {
         return NULL;
     }
     cJSON_AddStringToObject(root, "format", "ferry-plan");
-    cJSON_AddNumberToObject(root, "version", 1);
+    cJSON_AddNumberToObject(root, "version", 2);
     cJSON_AddNumberToObject(root, "layers", p->layers);
     cJSON_AddNumberToObject(root, "micro_batch", p->micro_batch);
     cJSON_AddNumberToObject(root, "grad_accum", p->grad_accum);
@@ -137,13 +146,16 @@ cJSON *fy_plan_json(const fy_plan *p) {
     if (p->dtype == FY_F32 || p->dtype == FY_BF16)
         cJSON_AddStringToObject(root, "dtype", fy_dtype_name(p->dtype));
     for (int b = 0; b < p->nblocks; b++) {
+        const fy_block_plan *bp = &p->blocks[b];
         char name[32];
-        block_name(&p->blocks[b], name, sizeof name);
+        block_name(bp, name, sizeof name);
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "block", name);
-        cJSON_AddStringToObject(o, "params", params_names[p->blocks[b].params]);
-        cJSON_AddStringToObject(o, "optim", optim_names[p->blocks[b].optim]);
-        cJSON_AddStringToObject(o, "acts", acts_names[p->blocks[b].acts]);
+        cJSON_AddStringToObject(o, "weights", where_names[bp->weights]);
+        cJSON_AddStringToObject(o, "update", update_names[bp->update]);
+        for (int k = 0; k < FY_PLAN_STATES; k++)
+            cJSON_AddStringToObject(o, state_keys[k], where_names[fy_plan_where(bp, (fy_plan_state)k)]);
+        cJSON_AddStringToObject(o, "acts", acts_names[bp->acts]);
         cJSON_AddItemToArray(blocks, o);
     }
     cJSON_AddItemToObject(root, "blocks", blocks);
@@ -161,6 +173,47 @@ fy_status fy_plan_save(const char *path, const fy_plan *p) {
     return st;
 }
 
+/* Block b's entry of a plan file into bp: version 1 says params (resident|streamed) and
+ * optim (gpu|cpu); version 2 weights (device|host) and update (gpu|cpu), and may say
+ * where the master, the gradient and the moments live, which must be where they follow
+ * (fy_plan_where). false, with why, when the entry is not one of these. */
+static bool parse_block(const cJSON *o, int b, const char *name, int version, fy_block_plan *bp,
+                        char *why, size_t cap) {
+    const cJSON *jn = cJSON_GetObjectItemCaseSensitive(o, "block");
+    if (!cJSON_IsString(jn) || strcmp(jn->valuestring, name)) {
+        snprintf(why, cap, "block %d must be named \"%s\"", b, name);
+        return false;
+    }
+#define KEY(k) cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, k))
+    const int pw = version == 1 ? pick(KEY("params"), params_names, 2) : pick(KEY("weights"), where_names, FY_WHERES);
+    const int pu = pick(KEY(version == 1 ? "optim" : "update"), update_names, 2);
+    const int pa = pick(KEY("acts"), acts_names, 2);
+    if (pw < 0 || pu < 0 || pa < 0) {
+        snprintf(why, cap, version == 1 ? "block %s: params resident|streamed, optim gpu|cpu, acts keep|recompute"
+                                        : "block %s: weights device|host, update gpu|cpu, acts keep|recompute", name);
+        return false;
+    }
+    if (pa == FY_ACTS_RECOMPUTE && bp->kind != FY_BLOCK_LAYER) {
+        snprintf(why, cap, "block %s: only layers can recompute", name);
+        return false;
+    }
+    bp->weights = (fy_where)pw;
+    bp->update = (fy_update_at)pu;
+    bp->acts = (fy_acts_policy)pa;
+    for (int k = 0; k < FY_PLAN_STATES && version == 2; k++) {
+        const char *said = KEY(state_keys[k]);
+        const fy_where w = fy_plan_where(bp, (fy_plan_state)k);
+        if (said && pick(said, where_names, FY_WHERES) != (int)w) {
+            snprintf(why, cap, "block %s: %s \"%s\": with weights on the %s and the update on the %s, "
+                     "it lives on the %s", name, state_keys[k], said, where_names[bp->weights],
+                     update_names[bp->update], where_names[w]);
+            return false;
+        }
+    }
+#undef KEY
+    return true;
+}
+
 fy_status fy_plan_load(const char *path, const fy_model *m, fy_plan *out) {
     const int layers = fy_model_layers(m), nb = fy_model_nblocks(m);
     memset(out, 0, sizeof *out);
@@ -168,7 +221,7 @@ fy_status fy_plan_load(const char *path, const fy_model *m, fy_plan *out) {
     FY_TRY(fy_json_read(path, "plan", &root));
     fy_status st = FY_ERR_FORMAT;
     const char *why = NULL;
-    char whybuf[128];
+    char whybuf[192];
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root, "format");
     const cJSON *jl = cJSON_GetObjectItemCaseSensitive(root, "layers");
     const cJSON *jb = cJSON_GetObjectItemCaseSensitive(root, "micro_batch");
@@ -208,38 +261,25 @@ fy_status fy_plan_load(const char *path, const fy_model *m, fy_plan *out) {
         why = "dtype must be \"fp32\" or \"bf16\"";
         goto done;
     }
+    const cJSON *jv = cJSON_GetObjectItemCaseSensitive(root, "version");
+    const int version = jv ? (cJSON_IsNumber(jv) ? (int)jv->valuedouble : -1) : 1;
+    if (version != 1 && version != 2) {
+        why = "version must be 1 or 2";
+        goto done;
+    }
     if ((st = fy_plan_new(m, (int)jb->valuedouble, (int)ja->valuedouble, out)) != FY_OK)
         goto done;
     if (jp) out->prefetch = (int)jp->valuedouble;
     out->dtype = dtype;
     st = FY_ERR_FORMAT;
     for (int b = 0; b < nb; b++) {
-        const cJSON *o = cJSON_GetArrayItem(blocks, b);
         char name[32];
         block_name(&out->blocks[b], name, sizeof name);
-        const cJSON *jn = cJSON_GetObjectItemCaseSensitive(o, "block");
-        int pp = pick(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "params")), params_names, 2);
-        int po = pick(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "optim")), optim_names, 2);
-        int pa = pick(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "acts")), acts_names, 2);
-        if (!cJSON_IsString(jn) || strcmp(jn->valuestring, name)) {
-            snprintf(whybuf, sizeof whybuf, "block %d must be named \"%s\"", b, name);
+        if (!parse_block(cJSON_GetArrayItem(blocks, b), b, name, version, &out->blocks[b], whybuf,
+                         sizeof whybuf)) {
             why = whybuf;
             goto done;
         }
-        if (pp < 0 || po < 0 || pa < 0) {
-            snprintf(whybuf, sizeof whybuf, "block %s: params resident|streamed, optim gpu|cpu, "
-                     "acts keep|recompute", name);
-            why = whybuf;
-            goto done;
-        }
-        if (pa == FY_ACTS_RECOMPUTE && out->blocks[b].kind != FY_BLOCK_LAYER) {
-            snprintf(whybuf, sizeof whybuf, "block %s: only layers can recompute", name);
-            why = whybuf;
-            goto done;
-        }
-        out->blocks[b].params = (fy_params_place)pp;
-        out->blocks[b].optim = (fy_optim_place)po;
-        out->blocks[b].acts = (fy_acts_policy)pa;
     }
     st = FY_OK;
 done:
@@ -252,7 +292,7 @@ done:
 }
 
 static int field_of(const fy_block_plan *bp, int field) {
-    return field == 0 ? (int)bp->params : field == 1 ? (int)bp->optim : (int)bp->acts;
+    return field == 0 ? (int)bp->weights : field == 1 ? (int)bp->update : (int)bp->acts;
 }
 
 /* Appends "what: layers a-b, c, embed" for the blocks whose field has value: runs of
@@ -291,8 +331,8 @@ static void describe_set(const fy_plan *p, const char *what, int field, int valu
 
 void fy_plan_describe(const fy_plan *p, char *buf, size_t cap) {
     buf[0] = 0;
-    describe_set(p, "params streamed", 0, FY_PARAMS_STREAMED, buf, cap);
-    describe_set(p, "optim on cpu", 1, FY_OPTIM_CPU, buf, cap);
+    describe_set(p, "params streamed", 0, FY_ON_HOST, buf, cap);
+    describe_set(p, "optim on cpu", 1, FY_UPDATE_CPU, buf, cap);
     describe_set(p, "recompute", 2, FY_ACTS_RECOMPUTE, buf, cap);
     if (p->dtype == FY_BF16) snprintf(buf + strlen(buf), cap - strlen(buf), " | bf16 storage");
 }

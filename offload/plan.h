@@ -1,29 +1,39 @@
-/* plan.h — where each block's state lives and what is recomputed: the placement plan.
+/* plan.h — what a run places where, per block: the placement plan.
  *
- * Per block of the model (an embedding, layers, a head; model.h):
- *   params  resident  parameters stay in device memory
- *           streamed  parameters live in host memory and are copied into a device
- *                     staging slot for each use (forward, recompute, backward, update)
- *   optim   gpu       gradients accumulate in device memory, AdamW moments live there
- *                     and the update runs on the device
- *           cpu       gradients go to host memory after the block's backward, moments
- *                     and the fp32 master weights live there, optim_cpu updates them and
- *                     the new weights go back to the device (resident blocks)
- *   acts    keep      the layer's activations stay until its backward
- *           recompute only the layer's output is kept; backward reruns its forward
- *                     (layers only: the embedding and head always keep theirs)
- * plus the micro-batch size, the number of micro-batches accumulated per step, and the
- * storage type of what the device computes on (parameters, gradients, activations):
- * fp32, or bf16 (fp32 master weights and moments then stay wherever the optimizer is).
+ * Per block of the model (an embedding, layers, a head; model.h), where each of its
+ * states lives and where its update runs:
+ *   weights   device: resident (the copy compute reads stays in device memory)
+ *             host: streamed (the copy lives in host memory and is fetched into a
+ *             device staging slot for each use: forward, recompute, backward, update)
+ *   update    gpu: AdamW runs on the device; cpu: optim_cpu runs it on the host, and the
+ *             new weights go back to the device (resident blocks)
+ *   master    the fp32 weights the update changes, where the update runs (a streamed
+ *             block updated on the device keeps its master on the host; its update
+ *             fetches it)
+ *   grad      the step's gradient: where the update runs
+ *   moments   AdamW's m and v: where the update runs
+ *   acts      keep: the layer's activations stay until its backward; recompute: only
+ *             its output is kept and backward reruns its forward (layers only)
+ * The plan chooses weights, update and acts; master, grad and moments follow from them
+ * (fy_plan_where) and plan files state them, so a plan says per block where everything
+ * lives. Exactly how (pinned or pageable host memory, shards, which buffers are shared)
+ * is the layout's (layout.h), computed from the plan.
+ * Plus the micro-batch size, the number of micro-batches accumulated per step, and the
+ * storage type of what the device computes on (weights, gradients, activations): fp32,
+ * or bf16 (fp32 masters and moments then stay wherever the update runs).
  *
  * Every plan computes the same numbers: on the cpu backend losses and weights are
  * bit-identical to the all-resident plan's (tests/test_offload.c).
  *
- * Plans are JSON files (fy_plan_load / fy_plan_save):
- *   {"format": "ferry-plan", "version": 1, "layers": L, "micro_batch": B, "grad_accum": N,
+ * Plans are JSON files (fy_plan_load / fy_plan_save), version 2:
+ *   {"format": "ferry-plan", "version": 2, "layers": L, "micro_batch": B, "grad_accum": N,
  *    "prefetch": 1, "dtype": "fp32",
- *    "blocks": [{"block": "embed", "params": "resident", "optim": "gpu", "acts": "keep"},
- *               {"block": "layer.0", ...}, ..., {"block": "head", ...}]} */
+ *    "blocks": [{"block": "embed", "weights": "device", "update": "gpu", "master": "device",
+ *                "grad": "device", "moments": "device", "acts": "keep"},
+ *               {"block": "layer.0", ...}, ..., {"block": "head", ...}]}
+ * master, grad and moments may be left out (they follow); given, they must be where they
+ * follow. Version 1 files ("params": "resident"|"streamed", "optim": "gpu"|"cpu") load
+ * as they always did. */
 #ifndef FY_PLAN_H
 #define FY_PLAN_H
 
@@ -38,17 +48,21 @@
 extern "C" {
 #endif
 
-typedef enum fy_params_place { FY_PARAMS_RESIDENT = 0, FY_PARAMS_STREAMED } fy_params_place;
-typedef enum fy_optim_place { FY_OPTIM_GPU = 0, FY_OPTIM_CPU } fy_optim_place;
+/* Where a state lives, as a plan says it (room for disk). */
+typedef enum fy_where { FY_ON_DEVICE = 0, FY_ON_HOST, FY_WHERES } fy_where;
+/* Where a block's update runs. */
+typedef enum fy_update_at { FY_UPDATE_DEVICE = 0, FY_UPDATE_CPU } fy_update_at;
 typedef enum fy_acts_policy { FY_ACTS_KEEP = 0, FY_ACTS_RECOMPUTE } fy_acts_policy;
+/* The states a plan file names beside the weights (fy_plan_where). */
+typedef enum fy_plan_state { FY_PLAN_MASTER = 0, FY_PLAN_GRAD, FY_PLAN_MOMENTS, FY_PLAN_STATES } fy_plan_state;
 
 #define FY_PLAN_MAX_ACCUM 1024
 
 typedef struct fy_block_plan {
     fy_block_kind kind;    /* the model's block (fixed at fy_plan_new) */
     int layer;             /* layers: 0..L-1; else -1 */
-    fy_params_place params;
-    fy_optim_place optim;
+    fy_where weights;      /* the copy compute reads: resident, or streamed from the host */
+    fy_update_at update;
     fy_acts_policy acts;
 } fy_block_plan;
 
@@ -87,6 +101,11 @@ struct cJSON *fy_plan_json(const fy_plan *p);
 /* FY_ERR_INVALID (logged) unless plan p fits model m (its blocks, recompute on layers
  * only, sizes in range). */
 fy_status fy_plan_check(const fy_plan *p, const fy_model *m);
+/* Where block plan bp keeps state s (the master, the gradient, the moments): where its
+ * update runs, but a streamed block updated on the device keeps its master on the host. */
+fy_where fy_plan_where(const fy_block_plan *bp, fy_plan_state s);
+const char *fy_where_name(fy_where w);
+
 /* "params streamed: layers 0-5 | optim cpu: layers 6-11, embed, head | recompute: none" */
 void fy_plan_describe(const fy_plan *p, char *buf, size_t cap);
 bool fy_plan_equal(const fy_plan *a, const fy_plan *b);

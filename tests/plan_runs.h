@@ -212,12 +212,12 @@ static void irregular_plan_is_bit_identical(const fy_model *m, fy_dtype dt) {
     cr_assert_eq(plan_train(m, &base, 0, FY_SCHED_PRIORITY, -1, &ref), FY_OK);
     fy_plan p = plan_of(m, 2, 1, 0, 0, 0, dt);
     for (int b = 0; b < p.nblocks; b++) {
-        p.blocks[b].params = b % 2 ? FY_PARAMS_STREAMED : FY_PARAMS_RESIDENT;
-        p.blocks[b].optim = b % 3 ? FY_OPTIM_CPU : FY_OPTIM_GPU;
+        p.blocks[b].weights = b % 2 ? FY_ON_HOST : FY_ON_DEVICE;
+        p.blocks[b].update = b % 3 ? FY_UPDATE_CPU : FY_UPDATE_DEVICE;
         if (p.blocks[b].kind == FY_BLOCK_LAYER)
             p.blocks[b].acts = b % 2 ? FY_ACTS_KEEP : FY_ACTS_RECOMPUTE;
     }
-    p.blocks[0].params = FY_PARAMS_STREAMED; /* the embedding streamed, gpu optimizer */
+    p.blocks[0].weights = FY_ON_HOST; /* the embedding streamed, gpu optimizer */
     result r;
     cr_assert_eq(plan_train(m, &p, 0, FY_SCHED_PRIORITY, -1, &r), FY_OK);
     expect_identical(&ref, &r, "irregular");

@@ -1386,11 +1386,11 @@ static void plans_match_all_resident(fy_dtype dt) {
     /* per-block patterns the shorthands cannot express (test_offload.c's) */
     p = plan_dt(cfg, 2, 1, 0, 0, 0, dt);
     for (int b = 0; b < p.nblocks; b++) {
-        p.blocks[b].params = b % 2 ? FY_PARAMS_STREAMED : FY_PARAMS_RESIDENT;
-        p.blocks[b].optim = b % 3 ? FY_OPTIM_CPU : FY_OPTIM_GPU;
+        p.blocks[b].weights = b % 2 ? FY_ON_HOST : FY_ON_DEVICE;
+        p.blocks[b].update = b % 3 ? FY_UPDATE_CPU : FY_UPDATE_DEVICE;
         if (b >= 1 && b <= L) p.blocks[b].acts = b % 2 ? FY_ACTS_KEEP : FY_ACTS_RECOMPUTE;
     }
-    p.blocks[0].params = FY_PARAMS_STREAMED; /* the tied embedding streamed, gpu optimizer */
+    p.blocks[0].weights = FY_ON_HOST; /* the tied embedding streamed, gpu optimizer */
     expect_plan_matches(&ref, &p, "mixed per-block plan");
     run_free(&ref);
     fy_plan_free(&base);

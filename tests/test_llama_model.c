@@ -357,10 +357,10 @@ Test(llama_model, a_gathered_embedding_is_bit_identical_and_smaller) {
         result r1, r2;
         accumulated_plans_are_bit_identical(m, dt, &r2);
         fy_plan full = plan_of(m, 2, 2, 1, 1, L, dt), whole = plan_of(m, 2, 2, 1, 1, L, dt);
-        whole.blocks[0].optim = FY_OPTIM_GPU; /* updated on the device: the whole table */
+        whole.blocks[0].update = FY_UPDATE_DEVICE; /* updated on the device: the whole table */
         /* the head (as large as the table) resident, so that the table alone sizes the
          * large ring */
-        full.blocks[L + 1].params = whole.blocks[L + 1].params = FY_PARAMS_RESIDENT;
+        full.blocks[L + 1].weights = whole.blocks[L + 1].weights = FY_ON_DEVICE;
         cr_assert_eq(plan_train(m, &full, 0, FY_SCHED_PRIORITY, -1, &r1), FY_OK);
         cr_expect_eq(r1.gathered, 0, "%s: the embedding is gathered", fy_dtype_name(dt));
         expect_identical(&r2, &r1, "gathered, accumulated");
@@ -418,7 +418,7 @@ Test(llama_model, a_chunked_head_is_bit_identical_and_smaller) {
         for (int A = 1; A <= 2; A++) {
             fy_plan base = plan_of(m, 2, A, 0, 0, 0, dt), full = plan_of(m, 2, A, 1, 1, L / 2, dt);
             fy_plan whole = plan_of(m, 2, A, 1, 1, L / 2, dt);
-            whole.blocks[L + 1].optim = FY_OPTIM_GPU; /* updated on the device: whole */
+            whole.blocks[L + 1].update = FY_UPDATE_DEVICE; /* updated on the device: whole */
             result rb, rf, rw, rs;
             cr_assert_eq(plan_train(m, &base, 0, FY_SCHED_PRIORITY, -1, &rb), FY_OK);
             cr_assert_eq(plan_train(m, &full, 0, FY_SCHED_PRIORITY, -1, &rf), FY_OK);

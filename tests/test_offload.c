@@ -193,17 +193,17 @@ Test(plan, shorthands_follow_autohete) {
     fy_model_free(m);
     cr_assert_eq(fy_plan_shorthands(&p, 0.25, 0.5, 3), FY_OK);
     for (int l = 0; l < 12; l++) {
-        cr_expect_eq(p.blocks[1 + l].params, l < 3 ? FY_PARAMS_STREAMED : FY_PARAMS_RESIDENT, "l %d", l);
-        cr_expect_eq(p.blocks[1 + l].optim, l >= 6 ? FY_OPTIM_CPU : FY_OPTIM_GPU, "l %d", l);
+        cr_expect_eq(p.blocks[1 + l].weights, l < 3 ? FY_ON_HOST : FY_ON_DEVICE, "l %d", l);
+        cr_expect_eq(p.blocks[1 + l].update, l >= 6 ? FY_UPDATE_CPU : FY_UPDATE_DEVICE, "l %d", l);
         cr_expect_eq(p.blocks[1 + l].acts, l < 3 ? FY_ACTS_RECOMPUTE : FY_ACTS_KEEP, "l %d", l);
     }
-    cr_expect_eq(p.blocks[0].params, FY_PARAMS_RESIDENT);
-    cr_expect_eq(p.blocks[13].optim, FY_OPTIM_GPU);
+    cr_expect_eq(p.blocks[0].weights, FY_ON_DEVICE);
+    cr_expect_eq(p.blocks[13].update, FY_UPDATE_DEVICE);
     cr_assert_eq(fy_plan_shorthands(&p, 0.1, 1.0, 0), FY_OK); /* ceil(1.2) = 2 layers */
-    cr_expect_eq(p.blocks[2].params, FY_PARAMS_STREAMED);
-    cr_expect_eq(p.blocks[3].params, FY_PARAMS_RESIDENT);
-    cr_expect_eq(p.blocks[0].optim, FY_OPTIM_CPU, "ratio 1 moves the embedding too");
-    cr_expect_eq(p.blocks[13].optim, FY_OPTIM_CPU, "ratio 1 moves the head too");
+    cr_expect_eq(p.blocks[2].weights, FY_ON_HOST);
+    cr_expect_eq(p.blocks[3].weights, FY_ON_DEVICE);
+    cr_expect_eq(p.blocks[0].update, FY_UPDATE_CPU, "ratio 1 moves the embedding too");
+    cr_expect_eq(p.blocks[13].update, FY_UPDATE_CPU, "ratio 1 moves the head too");
     cr_expect_eq(fy_plan_shorthands(&p, 1.5, 0, 0), FY_ERR_INVALID);
     cr_expect_eq(fy_plan_shorthands(&p, 0, 0, 13), FY_ERR_INVALID);
     fy_plan_free(&p);
@@ -240,6 +240,49 @@ Test(plan, json_round_trip) {
     fy_model_free(m5);
 }
 
+/* A version 1 file (params, optim) loads as it always did and means what its version 2
+ * equivalent (weights, update, and the states that follow) means; version 2 may leave
+ * master, grad and moments out; a saved plan is version 2 and says every state's place. */
+Test(plan, version_1_files_mean_what_they_meant) {
+    fy_model *m1 = model_with_layers(1);
+    const char *v1 =
+        "{\"format\":\"ferry-plan\",\"version\":1,\"layers\":1,\"micro_batch\":2,\"grad_accum\":1,\"blocks\":["
+        "{\"block\":\"embed\",\"params\":\"streamed\",\"optim\":\"gpu\",\"acts\":\"keep\"},"
+        "{\"block\":\"layer.0\",\"params\":\"resident\",\"optim\":\"cpu\",\"acts\":\"recompute\"},"
+        "{\"block\":\"head\",\"params\":\"resident\",\"optim\":\"gpu\",\"acts\":\"keep\"}]}";
+    const char *v2 =
+        "{\"format\":\"ferry-plan\",\"version\":2,\"layers\":1,\"micro_batch\":2,\"grad_accum\":1,\"blocks\":["
+        "{\"block\":\"embed\",\"weights\":\"host\",\"update\":\"gpu\",\"master\":\"host\",\"grad\":\"device\","
+        "\"moments\":\"device\",\"acts\":\"keep\"},"
+        "{\"block\":\"layer.0\",\"weights\":\"device\",\"update\":\"cpu\",\"acts\":\"recompute\"},"
+        "{\"block\":\"head\",\"weights\":\"device\",\"update\":\"gpu\",\"master\":\"device\",\"acts\":\"keep\"}]}";
+    fy_plan a, b, c;
+    char *pa = tmpfile_with(v1), *pb = tmpfile_with(v2);
+    cr_assert_eq(fy_plan_load(pa, m1, &a), FY_OK);
+    cr_assert_eq(fy_plan_load(pb, m1, &b), FY_OK);
+    cr_expect(fy_plan_equal(&a, &b));
+    cr_expect_eq(a.blocks[0].weights, FY_ON_HOST);
+    cr_expect_eq(a.blocks[1].update, FY_UPDATE_CPU);
+    cr_expect_eq(fy_plan_where(&a.blocks[0], FY_PLAN_MASTER), FY_ON_HOST,
+                 "a streamed block updated on the device keeps its master on the host");
+    cr_expect_eq(fy_plan_where(&a.blocks[0], FY_PLAN_MOMENTS), FY_ON_DEVICE);
+    cr_expect_eq(fy_plan_where(&a.blocks[1], FY_PLAN_GRAD), FY_ON_HOST);
+    cr_assert_eq(fy_plan_save(pa, &a), FY_OK);
+    cr_assert_eq(fy_plan_load(pa, m1, &c), FY_OK);
+    cr_expect(fy_plan_equal(&a, &c));
+    FILE *f = fopen(pa, "r");
+    char text[4096] = {0};
+    cr_assert(f && fread(text, 1, sizeof text - 1, f) > 0);
+    fclose(f);
+    cr_expect(strstr(text, "\"version\":\t2") && strstr(text, "\"moments\":\t\"host\""), "%s", text);
+    unlink(pa);
+    unlink(pb);
+    fy_plan_free(&a);
+    fy_plan_free(&b);
+    fy_plan_free(&c);
+    fy_model_free(m1);
+}
+
 Test(plan, bad_files_are_refused) {
     const char *bad[] = {
         "not json",
@@ -262,7 +305,22 @@ Test(plan, bad_files_are_refused) {
         "{\"block\":\"head\",\"params\":\"resident\",\"optim\":\"gpu\",\"acts\":\"keep\"},"
         "{\"block\":\"layer.0\",\"params\":\"resident\",\"optim\":\"gpu\",\"acts\":\"keep\"},"
         "{\"block\":\"embed\",\"params\":\"resident\",\"optim\":\"gpu\",\"acts\":\"keep\"}]}",
+        /* version 2: a state where ferry does not keep it, version 1's keys, an unknown
+         * version */
+        "{\"format\":\"ferry-plan\",\"version\":2,\"layers\":1,\"micro_batch\":1,\"grad_accum\":1,\"blocks\":["
+        "{\"block\":\"embed\",\"weights\":\"device\",\"update\":\"gpu\",\"acts\":\"keep\"},"
+        "{\"block\":\"layer.0\",\"weights\":\"device\",\"update\":\"cpu\",\"moments\":\"device\",\"acts\":\"keep\"},"
+        "{\"block\":\"head\",\"weights\":\"device\",\"update\":\"gpu\",\"acts\":\"keep\"}]}",
+        "{\"format\":\"ferry-plan\",\"version\":2,\"layers\":1,\"micro_batch\":1,\"grad_accum\":1,\"blocks\":["
+        "{\"block\":\"embed\",\"params\":\"resident\",\"optim\":\"gpu\",\"acts\":\"keep\"},"
+        "{\"block\":\"layer.0\",\"params\":\"resident\",\"optim\":\"gpu\",\"acts\":\"keep\"},"
+        "{\"block\":\"head\",\"params\":\"resident\",\"optim\":\"gpu\",\"acts\":\"keep\"}]}",
+        "{\"format\":\"ferry-plan\",\"version\":3,\"layers\":1,\"micro_batch\":1,\"grad_accum\":1,\"blocks\":["
+        "{\"block\":\"embed\",\"weights\":\"device\",\"update\":\"gpu\",\"acts\":\"keep\"},"
+        "{\"block\":\"layer.0\",\"weights\":\"device\",\"update\":\"gpu\",\"acts\":\"keep\"},"
+        "{\"block\":\"head\",\"weights\":\"device\",\"update\":\"gpu\",\"acts\":\"keep\"}]}",
     };
+
     fy_model *m1 = model_with_layers(1);
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         fy_plan p;
@@ -647,4 +705,95 @@ Test(eval, streamed_plans_evaluate_the_same_bits_as_training, .timeout = 60) {
         failing_close(&f);
         fy_plan_free(&plan);
     }
+}
+
+/* ---- the layout ------------------------------------------------------------------------ */
+
+/* Every state's place agrees with the plan (the master, gradient and moments where
+ * fy_plan_where says, device or not), an alias's owner is a buffer of its own with the
+ * same dtype and range, the moments hold exactly the rank's shard and the ranks' shards
+ * tile each block, and the layout is a pure function: made twice, the same bytes. Over
+ * every placement of every block (irregular plans), both storage types, accumulation, and
+ * jobs of 1 to 3 ranks (and planning: rank -1). */
+static void check_layout(const fy_model *m, const fy_plan *p, int world, int rank) {
+    fy_layout L, again;
+    cr_assert_eq(fy_layout_new(m, p, 16, true, world, rank, &L), FY_OK);
+    cr_assert_eq(fy_layout_new(m, p, 16, true, world, rank, &again), FY_OK);
+    cr_expect(!memcmp(L.blocks, again.blocks, (size_t)L.nblocks * sizeof *L.blocks), "a pure function");
+    const fy_plan_state ps[] = {FY_PLAN_MASTER, FY_PLAN_GRAD, FY_PLAN_MOMENTS, FY_PLAN_MOMENTS};
+    const fy_state ss[] = {FY_STATE_MASTER, FY_STATE_GRAD, FY_STATE_M, FY_STATE_V};
+    for (int b = 0; b < L.nblocks; b++) {
+        const fy_block_layout *bl = &L.blocks[b];
+        for (int k = 0; k < 4; k++) {
+            const fy_place *pl = fy_layout_state(&L, b, ss[k]);
+            const bool dev = fy_plan_where(&p->blocks[b], ps[k]) == FY_ON_DEVICE;
+            cr_assert(pl->tier != FY_TIER_NONE, "block %d has its %s", b, fy_state_name(ss[k]));
+            cr_expect_eq(pl->tier == FY_TIER_DEVICE, dev, "block %d %s on %s", b, fy_state_name(ss[k]),
+                         fy_tier_name(pl->tier));
+        }
+        for (int s = 0; s < FY_STATES; s++) {
+            if (fy_layout_owns(&L, b, (fy_state)s) || !fy_layout_has(&L, b, (fy_state)s)) continue;
+            const fy_state o = fy_layout_buffer_of(&L, b, (fy_state)s);
+            const fy_place *pl = fy_layout_state(&L, b, (fy_state)s), *po = fy_layout_state(&L, b, o);
+            cr_expect(fy_layout_owns(&L, b, o) && pl->dtype == po->dtype && pl->lo == po->lo &&
+                      pl->hi == po->hi && pl->tier == po->tier, "block %d: %s is %s's buffer", b,
+                      fy_state_name((fy_state)s), fy_state_name(o));
+        }
+        const fy_place *mp = fy_layout_state(&L, b, FY_STATE_M);
+        cr_expect(mp->lo == bl->lo && mp->hi == bl->hi && mp->sharded == (world > 1));
+        cr_expect_eq(bl->streamed, p->blocks[b].weights == FY_ON_HOST);
+        cr_expect_eq(fy_layout_has(&L, b, FY_STATE_WEIGHTS), !bl->streamed);
+        if (world > 1 && rank >= 0) { /* the ranks' shards tile the block */
+            size_t off[FY_MAX_SHARDS + 1];
+            fy_shard_bounds(bl->nelem, world, off);
+            cr_expect(off[0] == 0 && off[world] == bl->nelem && bl->lo == off[rank] && bl->hi == off[rank + 1]);
+        }
+    }
+    fy_layout_free(&L);
+    fy_layout_free(&again);
+}
+
+Test(layout, every_state_is_where_the_plan_says, .timeout = 60) {
+    fy_model *m = new_model(&small_cfg);
+    const int nb = fy_model_nblocks(m);
+    for (int pattern = 0; pattern < 64; pattern++)
+        for (int v = 0; v < 4; v++) {
+            fy_plan p = plan_of(m, 2, v % 2 ? 2 : 1, 0, 0, 0, v < 2 ? FY_F32 : FY_BF16);
+            for (int b = 0; b < nb; b++) { /* a different placement per block and pattern */
+                const int bits = (pattern * 7 + b * 3) % 4;
+                p.blocks[b].weights = bits & 1 ? FY_ON_HOST : FY_ON_DEVICE;
+                p.blocks[b].update = bits & 2 ? FY_UPDATE_CPU : FY_UPDATE_DEVICE;
+            }
+            for (int world = 1; world <= 3; world++)
+                for (int rank = world > 1 ? -1 : 0; rank < world; rank++) check_layout(m, &p, world, rank);
+            fy_plan_free(&p);
+        }
+    fy_model_free(m);
+}
+
+/* The layout's memory model counts every buffer a state owns, under its category and
+ * on its side (device, or host). */
+Test(layout, the_memory_model_counts_every_state, .timeout = 60) {
+    fy_model *m = new_model(&small_cfg);
+    for (int v = 0; v < 4; v++) {
+        fy_plan p = plan_of(m, 2, 1, v & 1 ? 1 : 0.5, v & 2 ? 1 : 0.5, 2, v < 2 ? FY_F32 : FY_BF16);
+        fy_layout L;
+        cr_assert_eq(fy_layout_new(m, &p, 16, true, 1, 0, &L), FY_OK);
+        size_t dev[FY_CAT_COUNT] = {0}, host[FY_CAT_COUNT] = {0};
+        for (int b = 0; b < L.nblocks; b++)
+            for (int s = 0; s < FY_STATE_SAVED; s++) {
+                const fy_place *pl = fy_layout_state(&L, b, (fy_state)s);
+                (pl->tier == FY_TIER_DEVICE ? dev : host)[pl->cat] += fy_place_nbytes(pl);
+            }
+        fy_mem_model mm;
+        fy_layout_memory(&L, SIZE_MAX, &mm);
+        for (int c = FY_CAT_PARAMS; c <= FY_CAT_OPTIM; c++) {
+            cr_expect_eq(mm.device[c], dev[c], "v %d device %s", v, fy_mem_cat_name((fy_mem_cat)c));
+            cr_expect(mm.host[c] >= host[c] && mm.host[c] < host[c] + 64 * 1024, "v %d host %s: %zu of %zu",
+                      v, fy_mem_cat_name((fy_mem_cat)c), mm.host[c], host[c]);
+        }
+        fy_layout_free(&L);
+        fy_plan_free(&p);
+    }
+    fy_model_free(m);
 }

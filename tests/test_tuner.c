@@ -186,7 +186,7 @@ Test(tune, finds_cpu_optimizer_when_device_adam_is_slow) {
     int n, ne;
     cr_assert_eq(fy_tune(&p, &c, top, 1, &n, &ne), FY_OK);
     cr_expect_eq(top[0].k3, small_cfg.layers, "picked k3=%d", top[0].k3);
-    cr_expect(top[0].plan.blocks[0].optim == FY_OPTIM_CPU, "the embedding's optimizer too");
+    cr_expect(top[0].plan.blocks[0].update == FY_UPDATE_CPU, "the embedding's optimizer too");
     free_top(top, n);
 }
 
