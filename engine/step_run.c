@@ -355,11 +355,15 @@ static fy_status run_d2h_grad(fy_trainer *tr, int id, const fy_task *t, const fy
 
 /* ---- collectives ------------------------------------------------------------------------ */
 
+/* The job's collectives for a state's buffer (comm.h: the backend by its memory kind). */
+static fy_coll coll_for(const fy_trainer *tr, int b, fy_state s) {
+    return fy_comm_coll(tr->comm, tr->dev, fy_tr_on_device(tr, b, s) ? FY_MEM_DEVICE : FY_MEM_HOST);
+}
+
 /* reduce (data parallel): block b's step gradient summed over the ranks into this rank's
  * shard, and the chunk sums of the shard's squares into this rank's part of parts_host
- * (the norm adds every rank's in chunk order: the one-process norm's bits). Device
- * memory goes through the device's collectives (NCCL), host memory over MPI (the cpu
- * backend's device memory is host memory). */
+ * (the norm adds every rank's in chunk order: the one-process norm's bits), on the
+ * stream after a queued collective, else on the host. */
 static fy_status run_reduce(fy_trainer *tr, int id, const fy_task *t, const fy_step_task *p) {
     const int b = t->block;
     const fy_block_layout *bl = fy_tr_blk(tr, b);
@@ -367,37 +371,26 @@ static fy_status run_reduce(fy_trainer *tr, int id, const fy_task *t, const fy_s
     size_t off[FY_MAX_SHARDS + 1];
     fy_tr_shards(tr, b, off);
     double *parts = st->parts_host + tr->part_region[tr->rank] + tr->part_base[b];
-    void *g = fy_tr_ptr(tr, b, FY_STATE_GRAD);
-    if (tr->s_comm && fy_tr_on_device(tr, b, FY_STATE_GRAD)) {
-        double *pd = st->parts_dev + tr->part_base[b];
-        const size_t nparts = fy_sumsq_nchunks(bl->hi - bl->lo);
-        fy_coll_reduce_scatter_async(tr->s_comm, g, off, tr->world, fy_tr_dt(tr));
-        fy_k_sumsq_parts(pd, fy_tr_at(tr, b, FY_STATE_GRAD, bl->lo), bl->hi - bl->lo, tr->s_comm);
-        fy_copy_async(tr->s_comm, parts, pd, nparts * sizeof(double), FY_D2H);
+    const fy_coll co = coll_for(tr, b, FY_STATE_GRAD);
+    FY_TRY(fy_coll_reduce_scatter(co, tr->s_comm, fy_tr_ptr(tr, b, FY_STATE_GRAD), off, fy_tr_dt(tr)));
+    const void *shard = fy_tr_at(tr, b, FY_STATE_GRAD, bl->lo);
+    if (!co.iface->queued) {
+        fy_sumsq_parts(shard, lp(tr), bl->hi - bl->lo, parts);
         return FY_OK;
     }
-    /* host memory over MPI: with a comm stream the waits were on the device, so the host
-     * waits for them here */
-    if (tr->s_comm) fy_stream_sync(tr->s_comm);
-    FY_TRY(fy_comm_reduce_scatter(tr->comm, g, off, fy_tr_dt(tr)));
-    fy_sumsq_parts(fy_tr_at(tr, b, FY_STATE_GRAD, bl->lo), lp(tr), bl->hi - bl->lo, parts);
+    double *pd = st->parts_dev + tr->part_base[b];
+    fy_k_sumsq_parts(pd, shard, bl->hi - bl->lo, tr->s_comm);
+    fy_copy_async(tr->s_comm, parts, pd, fy_sumsq_nchunks(bl->hi - bl->lo) * sizeof(double), FY_D2H);
     return FY_OK;
 }
 
 /* Every shard of block b's weights from its owner, where the update wrote them (layout.h:
- * fy_layout_updated_weights): the device's collectives for device memory (the cpu
- * backend's is host memory, over MPI). */
+ * fy_layout_updated_weights). */
 fy_status fy_run_gather_weights(fy_trainer *tr, int b) {
     const fy_state s = fy_layout_updated_weights(tr->L, b);
-    void *w = fy_tr_ptr(tr, b, s);
     size_t off[FY_MAX_SHARDS + 1];
     fy_tr_shards(tr, b, off);
-    if (tr->s_comm && fy_tr_on_device(tr, b, s)) {
-        fy_coll_allgather_async(tr->s_comm, w, off, tr->world, fy_tr_dt(tr));
-        return FY_OK;
-    }
-    if (tr->s_comm) fy_stream_sync(tr->s_comm);
-    return fy_comm_allgather(tr->comm, w, off, fy_tr_es(tr));
+    return fy_coll_allgather(coll_for(tr, b, s), tr->s_comm, fy_tr_ptr(tr, b, s), off, fy_tr_dt(tr));
 }
 
 static fy_status run_allgather(fy_trainer *tr, int id, const fy_task *t, const fy_step_task *p) {

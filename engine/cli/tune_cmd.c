@@ -335,11 +335,11 @@ static int max_layers(const fy_tune_cfg *tc, const char *name) {
 /* The best so far of a table: a label, its parameters and predicted step time. */
 typedef struct best { char label[96]; size_t params; double ms; } best;
 
-/* One table: every named model (pass 0), or every Llama width with as many layers as fit
- * (pass 1); rows printed, the largest that fits in *b. */
+/* One table: every named model (pass 0), or every width of a real size with as many
+ * layers as fit (pass 1: fy_model_width_names); rows printed, the largest that fits in *b. */
 static void capacity_table(const fy_profile *p, const fy_tune_cfg *tc, int pass, best *b) {
     char buf[1024], *save = NULL;
-    snprintf(buf, sizeof buf, "%s", fy_model_names());
+    snprintf(buf, sizeof buf, "%s", pass == 0 ? fy_model_names() : fy_model_width_names());
     const fy_log_level lvl = fy_log_get_level();
     capacity_head();
     for (char *name = strtok_r(buf, ", ", &save); name; name = strtok_r(NULL, ", ", &save)) {
@@ -355,9 +355,7 @@ static void capacity_table(const fy_profile *p, const fy_tune_cfg *tc, int pass,
         char label[96];
         snprintf(label, sizeof label, "%s", name);
         if (pass == 1) {
-            const bool width = !strcmp(fy_model_family(m), "llama") && strcmp(name, "llama-tiny");
             fy_model_free(m);
-            if (!width) continue;
             const int L = max_layers(tc, name);
             fy_model_shape over = {.layers = L ? L : 1};
             if (fy_model_named(name, &over, &m) != FY_OK) continue;

@@ -506,3 +506,34 @@ fy_status fy_comm_gather(fy_comm *c, void *whole, const void *mine, const size_t
     return st;
 #endif
 }
+
+/* ---- the sharded collectives' backends (comm.h: fy_coll) ------------------------------- */
+
+static fy_status mpi_reduce_scatter(void *ctx, fy_stream *s, void *buf, const size_t *off, fy_dtype dt) {
+    if (s) fy_stream_sync(s); /* the buffer's writers' work, waited for on the stream */
+    return fy_comm_reduce_scatter(ctx, buf, off, dt);
+}
+
+static fy_status mpi_allgather(void *ctx, fy_stream *s, void *buf, const size_t *off, fy_dtype dt) {
+    if (s) fy_stream_sync(s);
+    return fy_comm_allgather(ctx, buf, off, fy_dtype_size(dt));
+}
+
+static fy_status dev_reduce_scatter(void *ctx, fy_stream *s, void *buf, const size_t *off, fy_dtype dt) {
+    fy_coll_reduce_scatter_async(s, buf, off, fy_comm_size(ctx), dt);
+    return FY_OK;
+}
+
+static fy_status dev_allgather(void *ctx, fy_stream *s, void *buf, const size_t *off, fy_dtype dt) {
+    fy_coll_allgather_async(s, buf, off, fy_comm_size(ctx), dt);
+    return FY_OK;
+}
+
+static const fy_coll_iface mpi_coll = {"mpi", false, mpi_reduce_scatter, mpi_allgather};
+static const fy_coll_iface dev_coll = {"device", true, dev_reduce_scatter, dev_allgather};
+
+fy_coll fy_comm_coll(fy_comm *c, const fy_dev *dev, fy_mem_kind kind) {
+    const bool device = kind == FY_MEM_DEVICE && fy_dev_get_kind(dev) != FY_DEV_CPU &&
+                        fy_dev_has_collectives(dev);
+    return (fy_coll){device ? &dev_coll : &mpi_coll, c};
+}

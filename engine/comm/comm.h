@@ -76,6 +76,29 @@ fy_status fy_comm_reduce_scatter(fy_comm *c, void *buf, const size_t *off, fy_dt
 fy_status fy_comm_allgather(fy_comm *c, void *buf, const size_t *off, size_t es);
 fy_status fy_comm_gather(fy_comm *c, void *whole, const void *mine, const size_t *off, size_t es);
 
+/* A job's sharded collectives on a buffer, as {iface, ctx}: two backends, MPI over host
+ * memory (done when the call returns, after the host waits for the work queued on s,
+ * which the buffer's writers may still have pending), and the device's own (NCCL on the
+ * cuda backend) over device memory, queued on s. fy_comm_coll picks the backend by the
+ * memory kind of the buffer (the cpu backend's device memory is host memory, over MPI);
+ * nothing else chooses between them. */
+typedef struct fy_coll_iface {
+    const char *name;         /* "mpi", "device" */
+    bool queued;              /* the work is queued on the stream, not done on return */
+    fy_status (*reduce_scatter)(void *ctx, fy_stream *s, void *buf, const size_t *off, fy_dtype dt);
+    fy_status (*allgather)(void *ctx, fy_stream *s, void *buf, const size_t *off, fy_dtype dt);
+} fy_coll_iface;
+typedef struct fy_coll { const fy_coll_iface *iface; void *ctx; } fy_coll;
+fy_coll fy_comm_coll(fy_comm *c, const fy_dev *dev, fy_mem_kind kind);
+static inline fy_status fy_coll_reduce_scatter(fy_coll co, fy_stream *s, void *buf, const size_t *off,
+                                               fy_dtype dt) {
+    return co.iface->reduce_scatter(co.ctx, s, buf, off, dt);
+}
+static inline fy_status fy_coll_allgather(fy_coll co, fy_stream *s, void *buf, const size_t *off,
+                                          fy_dtype dt) {
+    return co.iface->allgather(co.ctx, s, buf, off, dt);
+}
+
 /* The job's devices join in their backend's collectives (fy_dev_coll_*: NCCL on the
  * cuda backend): rank 0 makes the id and sends it over MPI. A no-op alone or on a backend
  * without them (the cpu backend sums host memory, fy_comm_sum). */

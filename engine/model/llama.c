@@ -40,6 +40,10 @@ const char *fy_llama_config_names(void) {
     return "llama-tiny, llama3.2-1b, llama3.2-3b, llama3-8b, llama2-7b, llama2-13b, llama3-70b";
 }
 
+const char *fy_llama_width_names(void) {
+    return "llama3.2-1b, llama3.2-3b, llama3-8b, llama2-7b, llama2-13b, llama3-70b";
+}
+
 fy_status fy_llama_config_check(const fy_llama_config *c) {
     if (c->vocab <= 0 || c->max_seq <= 0 || c->channels <= 0 || c->layers <= 0 || c->heads <= 0 ||
         c->kv_heads <= 0 || c->head_dim <= 0 || c->ffn <= 0) {

@@ -55,6 +55,8 @@ typedef struct fy_llama_config {
 /* Named configs (fy_llama_config_names); FY_ERR_UNSUPPORTED, silently, for another name. */
 fy_status fy_llama_config_named(const char *name, fy_llama_config *out);
 const char *fy_llama_config_names(void);
+/* The named configs of real sizes (a capacity table fills their widths with layers). */
+const char *fy_llama_width_names(void);
 /* FY_ERR_INVALID (logged) for a shape ferry cannot build. */
 fy_status fy_llama_config_check(const fy_llama_config *cfg);
 size_t fy_llama_num_params(const fy_llama_config *cfg); /* without padding */

@@ -24,6 +24,8 @@ typedef struct family {
     /* FY_ERR_UNSUPPORTED, not logged, if the name is not this family's */
     fy_status (*named)(const char *name, const fy_model_shape *over, fy_model **out);
     const char *(*names)(void);
+    /* its named models whose widths a capacity table fills with layers (NULL: none) */
+    const char *(*widths)(void);
     /* true if weights without a config hold this family's tensors (NULL: never) */
     bool (*recognise)(const fy_weights *w);
     fy_status (*from_weights)(const fy_weights *w, const fy_model_shape *hint, fy_model **out);
@@ -33,9 +35,10 @@ static const char *const gpt2_types[] = {"gpt2", NULL};
 static const char *const llama_types[] = {"llama", "mistral", NULL};
 
 static const family families[] = {
-    {"gpt2", gpt2_types, fy_gpt2_named, fy_gpt2_config_names, fy_gpt2_recognise,
+    {"gpt2", gpt2_types, fy_gpt2_named, fy_gpt2_config_names, NULL, fy_gpt2_recognise,
      fy_gpt2_from_weights},
-    {"llama", llama_types, fy_llama_named, fy_llama_config_names, NULL, fy_llama_from_weights},
+    {"llama", llama_types, fy_llama_named, fy_llama_config_names, fy_llama_width_names, NULL,
+     fy_llama_from_weights},
 };
 #define NFAMILIES (int)(sizeof families / sizeof families[0])
 
@@ -45,6 +48,16 @@ const char *fy_model_names(void) {
         for (int i = 0; i < NFAMILIES; i++)
             snprintf(buf + strlen(buf), sizeof buf - strlen(buf), "%s%s", i ? ", " : "",
                      families[i].names());
+    return buf;
+}
+
+const char *fy_model_width_names(void) {
+    static char buf[1024];
+    if (!buf[0])
+        for (int i = 0; i < NFAMILIES; i++)
+            if (families[i].widths)
+                snprintf(buf + strlen(buf), sizeof buf - strlen(buf), "%s%s", buf[0] ? ", " : "",
+                         families[i].widths());
     return buf;
 }
 

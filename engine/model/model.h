@@ -106,6 +106,9 @@ typedef struct fy_model_shape {
 fy_status fy_model_named(const char *name, const fy_model_shape *over, fy_model **out);
 /* The named models of every family, comma-separated, for --help and errors. */
 const char *fy_model_names(void);
+/* The named models whose widths a capacity table fills with as many layers as fit
+ * (real sizes of families whose layer count is free), comma-separated. */
+const char *fy_model_width_names(void);
 /* The families and their named models, a line each ("llama: llama-tiny, ..."), and the
  * config.json model types they read, for `ferry info`. */
 void fy_model_print_families(FILE *fp);
