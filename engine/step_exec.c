@@ -136,6 +136,13 @@ static fy_status events_for(fy_trainer *tr, int n) {
     return FY_OK;
 }
 
+void fy_exec_init(fy_trainer *tr) {
+    const int rb = tr->L->rows_block;
+    if (rb < 0) return;
+    const int nrows = fy_model_block(tr->model, rb)->tensors[0].alloc_rows;
+    for (int r = 0; r < nrows; r++) tr->st->win.row_map[r] = -1; /* no row gathered */
+}
+
 void fy_exec_free(fy_exec *ex) {
     for (int i = 0; i < ex->nev; i++) {
         fy_event_free(ex->ev_start[i]);

@@ -26,6 +26,9 @@
 
 /* ---- helpers -------------------------------------------------------------------------- */
 
+/* The window's working buffers (storage.h: fy_window_bufs). */
+static fy_window_bufs *bufs(const fy_trainer *tr) { return &tr->st->win; }
+
 static int accum(const fy_trainer *tr) { return tr->L->accum; }
 static size_t tokens_n(const fy_trainer *tr) { return (size_t)tr->L->B * tr->L->T; }
 static int step_of(const fy_trainer *tr, const fy_step_task *p) { return p->micro / accum(tr); }
@@ -61,7 +64,7 @@ static const void *weights_for(const fy_trainer *tr, int b, int fetch) {
 /* Micro-batch m's token buffer: inputs, targets, and with a row-staged block the inputs
  * renumbered into its rows. */
 static int32_t *tokens_dev(const fy_trainer *tr, int m) {
-    return tr->st->tok_dev + (size_t)(m % 2) * tr->L->tok_parts * tokens_n(tr);
+    return bufs(tr)->tok_dev + (size_t)(m % 2) * tr->L->tok_parts * tokens_n(tr);
 }
 /* A block's staged copy (a slot's weights or gradient) in bytes. */
 static size_t stage_nbytes(const fy_trainer *tr, int b) {
@@ -79,7 +82,6 @@ static void *grad_for_write(fy_trainer *tr, int b, int a, fy_grad_at g, int self
 
 /* Micro-batch a's gradient of block b is complete in g (see the top). */
 static void grad_complete(fy_trainer *tr, int b, int a, const void *g) {
-    fy_storage *st = tr->st;
     void *acc = fy_tr_ptr(tr, b, FY_STATE_GRAD);
     const size_t n = fy_tr_blk(tr, b)->nelem;
     if (!cpu_update(tr, b) && staged(tr, b)) {
@@ -89,8 +91,8 @@ static void grad_complete(fy_trainer *tr, int b, int a, const void *g) {
     if (a != accum(tr) - 1 || rows_staged(tr, b) || chunked(tr, b) || dp(tr)) return;
     const void *final = !cpu_update(tr, b) ? acc : accum(tr) == 1 ? g : NULL;
     if (!final) return;
-    fy_k_sumsq(st->sumsq_dev + b, final, n, tr->s);
-    fy_copy_async(tr->s, st->sumsq_host + b, st->sumsq_dev + b, sizeof(double), FY_D2H);
+    fy_k_sumsq(bufs(tr)->sumsq_dev + b, final, n, tr->s);
+    fy_copy_async(tr->s, bufs(tr)->sumsq_host + b, bufs(tr)->sumsq_dev + b, sizeof(double), FY_D2H);
 }
 
 /* A pass's device views: activations and tokens of micro-batch m, weights of the block
@@ -135,10 +137,9 @@ static int cmp_i32(const void *a, const void *b) {
 /* The row-staged block's rows for token buffer `buf` (the distinct inputs, in increasing
  * order), and the inputs renumbered into them (out). */
 static fy_status gather_rows(fy_trainer *tr, int buf, const int32_t *tok, int32_t *out, size_t N) {
-    fy_storage *st = tr->st;
     const fy_block_spec *blk = fy_model_block(tr->model, tr->L->rows_block);
     const uint32_t nrows = (uint32_t)blk->tensors[0].alloc_rows;
-    int32_t *rows = st->gather.rows + (size_t)buf * N, *map = st->gather.map;
+    int32_t *rows = bufs(tr)->rows + (size_t)buf * N, *map = bufs(tr)->row_map;
     size_t n = 0;
     for (size_t i = 0; i < N; i++) {
         if ((uint32_t)tok[i] >= nrows) { /* the data layer keeps tokens in the vocabulary */
@@ -157,9 +158,8 @@ static fy_status gather_rows(fy_trainer *tr, int buf, const int32_t *tok, int32_
 }
 
 static fy_status run_load(fy_trainer *tr, int id, const fy_task *t, const fy_step_task *p) {
-    fy_storage *st = tr->st;
     const size_t N = tokens_n(tr), parts = (size_t)tr->L->tok_parts;
-    int32_t *h = st->tok_host + (size_t)(p->micro % 2) * parts * N;
+    int32_t *h = bufs(tr)->tok_host + (size_t)(p->micro % 2) * parts * N;
     if (p->u.load.reuse >= 0) fy_event_sync(tr->ex.ev_end[p->u.load.reuse]); /* its copy is done */
     FY_TRY(tr->ex.next_batch(tr->ex.batch_ctx, fy_exec_abs_micro(tr, p), h, h + N));
     if (tr->L->rows_block >= 0) FY_TRY(gather_rows(tr, p->micro % 2, h, h + 2 * N, N));
@@ -182,12 +182,11 @@ static void fetch_chunk(fy_trainer *tr, int b, int k, void *slot) {
 /* A row-staged block's fetch: the micro-batch's rows of its host weights, gathered into
  * the pinned buffer (once the previous such fetch's copy out of it is done). */
 static void fetch_rows(fy_trainer *tr, int id, int b, int micro, void *slot) {
-    fy_storage *st = tr->st;
     const size_t row = (size_t)fy_model_block(tr->model, b)->tensors[0].cols * fy_tr_es(tr);
     const int buf = micro % 2, n = tr->ex.nrows[buf];
-    const int32_t *rows = st->gather.rows + (size_t)buf * tokens_n(tr);
+    const int32_t *rows = bufs(tr)->rows + (size_t)buf * tokens_n(tr);
     if (tr->ex.rows_fetch_last >= 0) fy_event_sync(tr->ex.ev_end[tr->ex.rows_fetch_last]);
-    char *dst = st->gather.host;
+    char *dst = bufs(tr)->rows_host;
     const char *src = fy_tr_ptr(tr, b, FY_STATE_HOST_WEIGHTS);
     for (int k = 0; k < n; k++) memcpy(dst + (size_t)k * row, src + (size_t)rows[k] * row, row);
     fy_copy_async(tr->s_h2d, slot, dst, (size_t)n * row, FY_H2D);
@@ -227,7 +226,6 @@ static fy_status run_grad_zero(fy_trainer *tr, int id, const fy_task *t, const f
 
 /* head: the loss pass; in training also its backward, and the loss goes to the host. */
 static fy_status run_head(fy_trainer *tr, int id, const fy_task *t, const fy_step_task *p) {
-    fy_storage *st = tr->st;
     const int b = t->block;
     fy_block_io io = pass_io(tr, b, p);
     /* a chunked head: chunk k's forward; the last writes the loss, and in training also
@@ -237,17 +235,17 @@ static fy_status run_head(fy_trainer *tr, int id, const fy_task *t, const fy_ste
     io.chunk = p->chunk;
     const int slot = p->micro % accum(tr); /* training: its micro-batch; evaluation: one
                                               loss slot per batch in flight */
-    io.loss = st->loss_dev + slot;
+    io.loss = bufs(tr)->loss_dev + slot;
     if (!p->u.pass.train) {
         fy_model_loss(tr->model, b, &io, tr->s);
-        if (last) fy_copy_async(tr->s, st->loss_host + slot, st->loss_dev + slot, sizeof(float), FY_D2H);
+        if (last) fy_copy_async(tr->s, bufs(tr)->loss_host + slot, bufs(tr)->loss_dev + slot, sizeof(float), FY_D2H);
         return FY_OK;
     }
     io.dloss = loss_scale(tr);
     if (last) bind_grads(tr, b, p, id, &io);
     fy_model_loss(tr->model, b, &io, tr->s);
     if (!last) return FY_OK;
-    fy_copy_async(tr->s, st->loss_host + slot, st->loss_dev + slot, sizeof(float), FY_D2H);
+    fy_copy_async(tr->s, bufs(tr)->loss_host + slot, bufs(tr)->loss_dev + slot, sizeof(float), FY_D2H);
     grad_complete(tr, b, slot, io.grads);
     return FY_OK;
 }
@@ -288,11 +286,10 @@ static void host_add(const fy_trainer *tr, void *acc, const void *add, size_t n)
  * nothing, as their gradient in the whole table is zero. The norm is taken over the
  * whole table, as an accumulated block's. */
 static void scatter_rows(fy_trainer *tr, int b, int micro, const void *g) {
-    fy_storage *st = tr->st;
     const size_t es = fy_tr_es(tr), row = (size_t)fy_model_block(tr->model, b)->tensors[0].cols * es;
     const int buf = micro % 2, n = tr->ex.nrows[buf], a = micro % accum(tr);
-    const int32_t *rows = st->gather.rows + (size_t)buf * tokens_n(tr);
-    char *tmp = st->landing, *acc = fy_tr_ptr(tr, b, FY_STATE_GRAD);
+    const int32_t *rows = bufs(tr)->rows + (size_t)buf * tokens_n(tr);
+    char *tmp = bufs(tr)->landing, *acc = fy_tr_ptr(tr, b, FY_STATE_GRAD);
     fy_copy_async(tr->s_d2h, tmp, g, (size_t)n * row, FY_D2H);
     fy_stream_sync(tr->s_d2h);
     if (a == 0) memset(acc, 0, fy_tr_nbytes(tr, b));
@@ -300,7 +297,7 @@ static void scatter_rows(fy_trainer *tr, int b, int micro, const void *g) {
         if (a == 0) memcpy(acc + (size_t)rows[k] * row, tmp + (size_t)k * row, row);
         else host_add(tr, acc + (size_t)rows[k] * row, tmp + (size_t)k * row, row / es);
     }
-    if (a == accum(tr) - 1 && !dp(tr)) st->sumsq_host[b] = host_sumsq(tr, acc, fy_tr_blk(tr, b)->nelem);
+    if (a == accum(tr) - 1 && !dp(tr)) bufs(tr)->sumsq_host[b] = host_sumsq(tr, acc, fy_tr_blk(tr, b)->nelem);
 }
 
 /* A chunked head's d2h_grad of chunk k: its rows' gradient (and with k = 0, the last,
@@ -308,13 +305,12 @@ static void scatter_rows(fy_trainer *tr, int b, int micro, const void *g) {
  * landing slot and added; the last chunk of the step's last micro-batch takes the norm
  * over the whole gradient (the earlier chunks' copies are before it on the stream). */
 static void land_chunk(fy_trainer *tr, int b, int micro, int k, const void *g) {
-    fy_storage *st = tr->st;
     const int a = micro % accum(tr);
     const size_t es = fy_tr_es(tr);
     size_t ro, rn, to, tn;
     fy_model_chunk_ranges(tr->model, b, tr->L->head_chunks, k, &ro, &rn, &to, &tn);
     const char *gt = (const char *)g + (fy_tr_blk(tr, b)->stage_nelem - tn) * es;
-    char *acc = fy_tr_ptr(tr, b, FY_STATE_GRAD), *tmp = st->landing;
+    char *acc = fy_tr_ptr(tr, b, FY_STATE_GRAD), *tmp = bufs(tr)->landing;
     if (a == 0) {
         fy_copy_async(tr->s_d2h, acc + ro * es, g, rn * es, FY_D2H);
         if (k == 0) fy_copy_async(tr->s_d2h, acc + to * es, gt, tn * es, FY_D2H);
@@ -327,7 +323,7 @@ static void land_chunk(fy_trainer *tr, int b, int micro, int k, const void *g) {
     }
     if (k != 0 || a != accum(tr) - 1 || dp(tr)) return;
     fy_stream_sync(tr->s_d2h);
-    st->sumsq_host[b] = host_sumsq(tr, acc, fy_tr_blk(tr, b)->nelem);
+    bufs(tr)->sumsq_host[b] = host_sumsq(tr, acc, fy_tr_blk(tr, b)->nelem);
 }
 
 /* d2h_grad: the first micro-batch lands in GRAD, later ones in the landing slot and are
@@ -343,13 +339,13 @@ static fy_status run_d2h_grad(fy_trainer *tr, int id, const fy_task *t, const fy
         land_chunk(tr, b, p->micro, p->chunk, g);
         return FY_OK;
     }
-    void *acc = fy_tr_ptr(tr, b, FY_STATE_GRAD), *dst = a == 0 ? acc : tr->st->landing;
+    void *acc = fy_tr_ptr(tr, b, FY_STATE_GRAD), *dst = a == 0 ? acc : bufs(tr)->landing;
     fy_copy_async(tr->s_d2h, dst, g, fy_tr_nbytes(tr, b), FY_D2H);
     if (accum(tr) == 1) return FY_OK;
     fy_stream_sync(tr->s_d2h);
     const size_t n = fy_tr_blk(tr, b)->nelem;
     if (a > 0) host_add(tr, acc, dst, n);
-    if (a == accum(tr) - 1 && !dp(tr)) tr->st->sumsq_host[b] = host_sumsq(tr, acc, n);
+    if (a == accum(tr) - 1 && !dp(tr)) bufs(tr)->sumsq_host[b] = host_sumsq(tr, acc, n);
     return FY_OK;
 }
 
@@ -367,10 +363,9 @@ static fy_coll coll_for(const fy_trainer *tr, int b, fy_state s) {
 static fy_status run_reduce(fy_trainer *tr, int id, const fy_task *t, const fy_step_task *p) {
     const int b = t->block;
     const fy_block_layout *bl = fy_tr_blk(tr, b);
-    fy_storage *st = tr->st;
     size_t off[FY_MAX_SHARDS + 1];
     fy_tr_shards(tr, b, off);
-    double *parts = st->parts_host + tr->part_region[tr->rank] + tr->part_base[b];
+    double *parts = bufs(tr)->parts_host + tr->part_region[tr->rank] + tr->part_base[b];
     const fy_coll co = coll_for(tr, b, FY_STATE_GRAD);
     FY_TRY(fy_coll_reduce_scatter(co, tr->s_comm, fy_tr_ptr(tr, b, FY_STATE_GRAD), off, fy_tr_dt(tr)));
     const void *shard = fy_tr_at(tr, b, FY_STATE_GRAD, bl->lo);
@@ -378,7 +373,7 @@ static fy_status run_reduce(fy_trainer *tr, int id, const fy_task *t, const fy_s
         fy_sumsq_parts(shard, lp(tr), bl->hi - bl->lo, parts);
         return FY_OK;
     }
-    double *pd = st->parts_dev + tr->part_base[b];
+    double *pd = bufs(tr)->parts_dev + tr->part_base[b];
     fy_k_sumsq_parts(pd, shard, bl->hi - bl->lo, tr->s_comm);
     fy_copy_async(tr->s_comm, parts, pd, fy_sumsq_nchunks(bl->hi - bl->lo) * sizeof(double), FY_D2H);
     return FY_OK;
@@ -403,28 +398,26 @@ static fy_status run_allgather(fy_trainer *tr, int id, const fy_task *t, const f
  * (parts_host, rank after rank, each rank's block after block) added per block in chunk
  * order, from rank 0's first chunk on. */
 static fy_status shard_sumsq(fy_trainer *tr) {
-    fy_storage *st = tr->st;
     const int nb = fy_tr_nblocks(tr);
-    FY_TRY(fy_comm_allgather(tr->comm, st->parts_host, tr->part_region, sizeof(double)));
-    for (int b = 0; b < nb; b++) st->sumsq_host[b] = 0.0;
+    FY_TRY(fy_comm_allgather(tr->comm, bufs(tr)->parts_host, tr->part_region, sizeof(double)));
+    for (int b = 0; b < nb; b++) bufs(tr)->sumsq_host[b] = 0.0;
     for (int r = 0; r < tr->world; r++) {
-        const double *x = st->parts_host + tr->part_region[r];
+        const double *x = bufs(tr)->parts_host + tr->part_region[r];
         for (int b = 0; b < nb; b++) {
             const size_t n = fy_shard_nchunks(fy_tr_blk(tr, b)->nelem, tr->world, r);
-            for (size_t k = 0; k < n; k++) st->sumsq_host[b] += *x++;
+            for (size_t k = 0; k < n; k++) bufs(tr)->sumsq_host[b] += *x++;
         }
     }
     return FY_OK;
 }
 
 static fy_status run_norm(fy_trainer *tr, int id, const fy_task *t, const fy_step_task *p) {
-    fy_storage *st = tr->st;
     const int step = step_of(tr, p);
     fy_step_stats *out = &tr->ex.stats[step];
     double ss = 0.0, loss = 0.0;
     if (dp(tr)) FY_TRY(shard_sumsq(tr));
-    for (int b = 0; b < fy_tr_nblocks(tr); b++) ss += st->sumsq_host[b];
-    for (int a = 0; a < accum(tr); a++) loss += st->loss_host[a];
+    for (int b = 0; b < fy_tr_nblocks(tr); b++) ss += bufs(tr)->sumsq_host[b];
+    for (int a = 0; a < accum(tr); a++) loss += bufs(tr)->loss_host[a];
     if (dp(tr)) { /* the loss in rank order, and a stop any rank was asked for: then the
                    * step applies nothing on every rank, as one process's stopped step */
         double v[2] = {loss, tr->cfg.stop && atomic_load(tr->cfg.stop) ? 1.0 : 0.0};
@@ -561,7 +554,7 @@ static fy_status run_h2d_update(fy_trainer *tr, int id, const fy_task *t, const 
 
 /* collect: an evaluated batch's loss, from the host copy its head made. */
 static fy_status run_collect(fy_trainer *tr, int id, const fy_task *t, const fy_step_task *p) {
-    tr->ex.eval_losses[p->micro] = tr->st->loss_host[p->micro % accum(tr)];
+    tr->ex.eval_losses[p->micro] = bufs(tr)->loss_host[p->micro % accum(tr)];
     return FY_OK;
 }
 

@@ -39,6 +39,7 @@ typedef struct fy_exec {
     int nahead[FY_LANE_COUNT];
     int rows_fetch_last;     /* the window's last row-staged fetch (its copy reads the
                                 pinned rows buffer), or -1 */
+    /* (its working buffers are allocated with the storage: fy_storage.win) */
     int nrows[2];            /* per token buffer: the row-staged block's rows */
 } fy_exec;
 
@@ -107,6 +108,8 @@ void fy_trainer_write_state(fy_trainer *tr, int b, fy_state s, const float *host
 /* The executor (step_exec.c): runs graph sg (built for this trainer's layout) on its
  * lanes, with events around every task, and gives the records the device's times. */
 fy_status fy_exec_run(fy_trainer *tr, fy_step_graph *sg, fy_sched_result *res);
+/* The executor's state for a new trainer (its working buffers' initial values). */
+void fy_exec_init(fy_trainer *tr);
 /* Frees the executor's per-task state (events, host times). */
 void fy_exec_free(fy_exec *ex);
 /* The runner of each task kind (step_run.c), and the step number of a task. */

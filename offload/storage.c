@@ -111,14 +111,14 @@ static fy_status walk_staging(walk *w, const fy_layout *L) {
             FY_TRY(take(w, FY_CAT_STAGING, L->grad_ring[r].nbytes, gr ? &gr->slots[i] : &w->scratch));
         }
     }
-    if (L->landing_nbytes) carve(w, FY_CAT_STAGING, L->landing_nbytes, true, OUT(landing));
+    if (L->landing_nbytes) carve(w, FY_CAT_STAGING, L->landing_nbytes, true, OUT(win.landing));
     if (L->rows_block >= 0) {
         const fy_block_spec *gb = fy_model_block(L->model, L->rows_block);
         const size_t N = (size_t)L->B * L->T;
-        carve(w, FY_CAT_STAGING, L->blocks[L->rows_block].stage_nelem * L->es, true, OUT(gather.host));
-        carve(w, FY_CAT_WORKSPACE, 2 * N * sizeof(int32_t), false, OUT(gather.rows));
+        carve(w, FY_CAT_STAGING, L->blocks[L->rows_block].stage_nelem * L->es, true, OUT(win.rows_host));
+        carve(w, FY_CAT_WORKSPACE, 2 * N * sizeof(int32_t), false, OUT(win.rows));
         carve(w, FY_CAT_WORKSPACE, (size_t)gb->tensors[0].alloc_rows * sizeof(int32_t), false,
-              OUT(gather.map));
+              OUT(win.row_map));
     }
     return FY_OK;
 }
@@ -160,18 +160,18 @@ static fy_status walk_scratch(walk *w, const fy_layout *L) {
     const size_t N = (size_t)L->B * L->T, tok = 2 * (size_t)L->tok_parts * N * sizeof(int32_t);
     const size_t accum = (size_t)L->accum, nb = (size_t)L->nblocks;
     NAME("tokens");
-    FY_TRY(take(w, FY_CAT_WORKSPACE, tok, OUT(tok_dev)));
+    FY_TRY(take(w, FY_CAT_WORKSPACE, tok, OUT(win.tok_dev)));
     NAME("losses");
-    FY_TRY(take(w, FY_CAT_WORKSPACE, accum * sizeof(float), OUT(loss_dev)));
+    FY_TRY(take(w, FY_CAT_WORKSPACE, accum * sizeof(float), OUT(win.loss_dev)));
     NAME("gradient norms");
-    FY_TRY(take(w, FY_CAT_WORKSPACE, nb * sizeof(double), OUT(sumsq_dev)));
-    carve(w, FY_CAT_WORKSPACE, tok, true, OUT(tok_host));
-    carve(w, FY_CAT_WORKSPACE, accum * sizeof(float), true, OUT(loss_host));
-    carve(w, FY_CAT_WORKSPACE, nb * sizeof(double), true, OUT(sumsq_host));
+    FY_TRY(take(w, FY_CAT_WORKSPACE, nb * sizeof(double), OUT(win.sumsq_dev)));
+    carve(w, FY_CAT_WORKSPACE, tok, true, OUT(win.tok_host));
+    carve(w, FY_CAT_WORKSPACE, accum * sizeof(float), true, OUT(win.loss_host));
+    carve(w, FY_CAT_WORKSPACE, nb * sizeof(double), true, OUT(win.sumsq_host));
     if (!L->training || L->world <= 1) return FY_OK;
     NAME("norm chunk sums");
-    FY_TRY(take(w, FY_CAT_WORKSPACE, (L->own_parts ? L->own_parts : 1) * sizeof(double), OUT(parts_dev)));
-    carve(w, FY_CAT_WORKSPACE, L->nparts * sizeof(double), true, OUT(parts_host));
+    FY_TRY(take(w, FY_CAT_WORKSPACE, (L->own_parts ? L->own_parts : 1) * sizeof(double), OUT(win.parts_dev)));
+    carve(w, FY_CAT_WORKSPACE, L->nparts * sizeof(double), true, OUT(win.parts_host));
     return FY_OK;
 }
 
@@ -273,10 +273,6 @@ fy_status fy_storage_new(fy_dev *dev, const fy_layout *L, fy_storage **out) {
               w.cur[1] - (char *)st->arena[1] == (ptrdiff_t)st->arena_nbytes[1] &&
               st->mem.device_total == dry.device_total,
               "the storage walk must be the same dry and real");
-    if (L->rows_block >= 0) {
-        const fy_block_spec *gb = fy_model_block(L->model, L->rows_block);
-        for (int r = 0; r < gb->tensors[0].alloc_rows; r++) st->gather.map[r] = -1;
-    }
     *out = st;
     return FY_OK;
 }

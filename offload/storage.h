@@ -13,8 +13,9 @@
  *    only: the scheduler's pools grant them to tasks (engine/step_build.c);
  *  - activations: every block's output, a kept block's saved area, the one area the
  *    recomputed blocks share, one workspace and one activation gradient;
- *  - the window's scratch: double-buffered tokens, a loss slot per micro-batch, a norm
- *    slot per block (and a sharded job's chunk sums), the host landing slot, a row-staged
+ *  - the step graph's working buffers (fy_window_bufs, the executor's: storage only
+ *    allocates them): double-buffered tokens, a loss slot per micro-batch, a norm slot
+ *    per block (and a sharded job's chunk sums), the host landing slot, a row-staged
  *    block's rows.
  * Host state comes from two arenas: what the device copies to or from (pinned tier:
  * weights and gradients of the storage type, a streamed device-updated block's master,
@@ -62,6 +63,23 @@ typedef struct fy_block_acts {
     void *saved;              /* own, or the area recomputed blocks share */
 } fy_block_acts;
 
+/* The step graph's working buffers (engine/step_exec.c and step_run.c use them; storage
+ * only allocates them, with everything else, so the memory model stays one list). */
+typedef struct fy_window_bufs {
+    int32_t *tok_dev;         /* 2 x (tok_parts,B,T): double-buffered */
+    int32_t *tok_host;        /* pinned staging, same shape */
+    float *loss_dev, *loss_host;      /* one per micro-batch */
+    double *sumsq_dev, *sumsq_host;   /* one per block */
+    double *parts_dev;        /* sharded: this rank's chunk sums of its shards, block by block */
+    double *parts_host;       /* sharded: every rank's, rank by rank (each as parts_dev) */
+    void *landing;            /* host landing slot (layout.h: landing_nbytes) */
+    int32_t *rows;            /* the row-staged block's (layout.h: rows_block), host, 2 x
+                                 (B*T): per token buffer, the distinct tokens of its inputs
+                                 in increasing order, the rows its passes get */
+    int32_t *row_map;         /* host scratch, a row table's rows: -1, or its gathered row */
+    void *rows_host;          /* pinned: the rows gathered for a fetch (stage_nelem) */
+} fy_window_bufs;
+
 typedef struct fy_storage {
     fy_dev *dev;
     const fy_model *model;
@@ -72,20 +90,7 @@ typedef struct fy_storage {
     fy_block_acts *acts;      /* nblocks */
     void *work;               /* the blocks' shared workspace */
     void *dx;                 /* the activation gradient between blocks */
-    int32_t *tok_dev;         /* 2 x (tok_parts,B,T): double-buffered */
-    int32_t *tok_host;        /* pinned staging, same shape */
-    struct {                  /* the row-staged block's (layout.h: rows_block) */
-        int32_t *rows;        /* host, 2 x (B*T): per token buffer, the distinct tokens of
-                                 its inputs in increasing order, the rows its passes get */
-        int nrows[2];
-        int32_t *map;         /* host scratch, a row table's rows: -1, or its gathered row */
-        void *host;           /* pinned: the rows gathered for a fetch (stage_nelem) */
-    } gather;
-    double *parts_dev;        /* sharded: this rank's chunk sums of its shards, block by block */
-    double *parts_host;       /* sharded: every rank's, rank by rank (each as parts_dev) */
-    float *loss_dev, *loss_host;      /* one per micro-batch */
-    double *sumsq_dev, *sumsq_host;   /* one per block */
-    void *landing;            /* host landing slot (layout.h: landing_nbytes) */
+    fy_window_bufs win;       /* the executor's */
     void *arena[2];           /* host state: the pageable [0] and the pinned [1] arena */
     size_t arena_nbytes[2];
     bool arena_pinned;        /* the pinned arena is pinned (the system may refuse) */
