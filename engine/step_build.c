@@ -72,6 +72,24 @@ static double stage_bytes(const builder *bd, int b) {
     return (double)blk_of(bd, b)->stage_nelem * (double)bd->L->es;
 }
 
+/* The matmul FLOPs of a pass task of block b (model.h: fy_model_cost; the loss pass is
+ * the head's forward and backward, about a third of it forward): a chunked head's task
+ * on chunk k of K does its chunk's share, a forward (a third) and, the last in
+ * training, its backward (two thirds); a chunk's backward task recomputes and
+ * backpropagates its share. */
+static double pass_flops(const builder *bd, fy_task_kind kind, int b, int chunk, bool train) {
+    const fy_layout *L = bd->L;
+    fy_cost c;
+    const fy_pass pass = kind == FY_T_BWD && chunk < 0 ? FY_PASS_BWD
+                       : kind == FY_T_FWD || kind == FY_T_RECOMPUTE ? FY_PASS_FWD : FY_PASS_LOSS;
+    fy_model_cost(L->model, b, pass, L->B, L->T, (double)L->es, &c);
+    if (pass != FY_PASS_LOSS) return c.flops;
+    const double K = chunk >= 0 ? L->head_chunks.n : 1;
+    if (kind == FY_T_BWD) return c.flops / K;
+    const bool backward = train && (chunk < 0 || chunk == L->head_chunks.n - 1);
+    return c.flops / (3.0 * K) + (backward ? 2.0 * c.flops / (3.0 * K) : 0.0);
+}
+
 /* A new task of kind on its lane; its payload zeroed but for the micro-batch. */
 static int add(builder *bd, fy_task_kind kind, int block, int micro) {
     const fy_lane lane = fy_task_kind_lane(kind);
@@ -120,7 +138,7 @@ static int fetch(builder *bd, int b, int micro) {
     int f = add(bd, FY_T_H2D_PARAM, b, micro);
     if (f < 0) return -1;
     bd->g->tasks[f].acquire_pool = bd->ppool[ring(bd, b)];
-    payload(bd, f)->bytes = stage_bytes(bd, b);
+    bd->g->tasks[f].bytes = stage_bytes(bd, b);
     dep(bd, bd->ready[b], f);
     if (rows(bd, b)) dep(bd, bd->load_buf[micro % 2], f); /* its rows are known */
     return f;
@@ -135,6 +153,7 @@ static int pass_task(builder *bd, fy_task_kind kind, int b, int micro) {
     for (int k = 0; k < blk->nlinks; k++) lf[k] = fetch(bd, blk->links[k], micro);
     int id = add(bd, kind, b, micro);
     if (id < 0) return -1;
+    if (kind != FY_T_HEAD) bd->g->tasks[id].flops = pass_flops(bd, kind, b, -1, true);
     payload(bd, id)->u.pass.fetch = f;
     dep(bd, f, id);
     dep(bd, bd->ready[b], id);
@@ -165,7 +184,7 @@ static int build_load(builder *bd, int m) {
     int load = add(bd, FY_T_LOAD, -1, m);
     if (load < 0) return -1;
     payload(bd, load)->u.load.reuse = bd->load_buf[m % 2];
-    payload(bd, load)->bytes = (double)bd->L->tok_parts * bd->L->B * bd->L->T * sizeof(int32_t);
+    bd->g->tasks[load].bytes = (double)bd->L->tok_parts * bd->L->B * bd->L->T * sizeof(int32_t);
     dep(bd, bd->load_war[m % 2], load);
     dep(bd, bd->prev_load, load);
     bd->prev_load = bd->load_buf[m % 2] = load;
@@ -243,7 +262,7 @@ static void chunk_d2h(builder *bd, int h, int m, int k, int gt) {
     if (d < 0) return;
     payload(bd, d)->chunk = k;
     payload(bd, d)->u.d2h_grad.unit_task = gt;
-    payload(bd, d)->bytes = stage_bytes(bd, h);
+    bd->g->tasks[d].bytes = stage_bytes(bd, h);
     releases(bd, d, gt);
     dep(bd, gt, d);
     dep(bd, bd->last_d2h[h], d);
@@ -260,6 +279,7 @@ static int build_head(builder *bd, int m, int prev, bool train) {
         for (int k = 0; k < K; k++) {
             t = chunk_task(bd, FY_T_HEAD, h, m, k, t, train && k == K - 1);
             if (t < 0) return -1;
+            bd->g->tasks[t].flops = pass_flops(bd, FY_T_HEAD, h, k, train);
             payload(bd, t)->u.pass.train = train;
             if (k == 0) dep(bd, bd->last_bwd[h], t); /* the head's activations are reused */
         }
@@ -268,6 +288,7 @@ static int build_head(builder *bd, int m, int prev, bool train) {
     if (train) prev = zero_link_grads(bd, h, m, prev);
     int hd = pass_task(bd, FY_T_HEAD, h, m);
     if (hd < 0) return -1;
+    bd->g->tasks[hd].flops = pass_flops(bd, FY_T_HEAD, h, -1, train);
     payload(bd, hd)->u.pass.train = train;
     dep(bd, prev, hd);
     dep(bd, bd->last_bwd[h], hd);
@@ -290,7 +311,7 @@ static void grad_done(builder *bd, int b, int m, int gt) {
     int d = add(bd, FY_T_D2H_GRAD, b, m);
     if (d < 0) return;
     payload(bd, d)->u.d2h_grad.unit_task = unit;
-    payload(bd, d)->bytes = stage_bytes(bd, b);
+    bd->g->tasks[d].bytes = stage_bytes(bd, b);
     releases(bd, d, unit);
     dep(bd, gt, d);
     dep(bd, bd->last_d2h[b], d); /* the host adds in micro-batch order */
@@ -307,7 +328,9 @@ static int build_head_backward(builder *bd, int m, int head) {
     int t = head;
     for (int k = K - 2; k >= 0 && t >= 0; k--) {
         t = chunk_task(bd, FY_T_BWD, h, m, k, t, true);
-        if (t >= 0) chunk_d2h(bd, h, m, k, t);
+        if (t < 0) break;
+        bd->g->tasks[t].flops = pass_flops(bd, FY_T_BWD, h, k, true);
+        chunk_d2h(bd, h, m, k, t);
     }
     bd->last_bwd[h] = t;
     return t;
@@ -353,7 +376,7 @@ static void build_reduce(builder *bd, int last) {
     for (int b = bd->nb - 1; b >= 0; b--) {
         int r = add(bd, FY_T_REDUCE, b, last);
         if (r < 0) return;
-        payload(bd, r)->bytes = coll_bytes(bd, b);
+        bd->g->tasks[r].bytes = coll_bytes(bd, b);
         dep(bd, bd->final_grad[b], r);
         dep(bd, bd->last_d2h[b], r);
         dep(bd, bd->prev_comm, r);
@@ -379,7 +402,7 @@ static int build_norm(builder *bd, int last, const int *heads) {
 static void build_h2d_update(builder *bd, int b, int last, int after) {
     int up = add(bd, FY_T_H2D_UPDATE, b, last);
     if (up < 0) return;
-    payload(bd, up)->bytes = (double)blk_of(bd, b)->nelem * (double)bd->L->es;
+    bd->g->tasks[up].bytes = (double)blk_of(bd, b)->nelem * (double)bd->L->es;
     dep(bd, after, up);
     bd->ready[b] = up;
 }
@@ -390,7 +413,7 @@ static void build_allgather(builder *bd, int last) {
     for (int b = 0; b < bd->nb; b++) {
         int g = add(bd, FY_T_ALLGATHER, b, last);
         if (g < 0) return;
-        payload(bd, g)->bytes = coll_bytes(bd, b);
+        bd->g->tasks[g].bytes = coll_bytes(bd, b);
         dep(bd, bd->ready[b], g);
         dep(bd, bd->prev_comm, g);
         bd->prev_comm = bd->ready[b] = g;
@@ -407,7 +430,7 @@ static void build_adam_gpu(builder *bd, int b, int last, int barrier) {
     int f = fetch(bd, b, last);
     if (f >= 0) { /* the master of its shard (with fp32 storage, the whole weights) */
         payload(bd, f)->u.fetch.for_update = true;
-        payload(bd, f)->bytes = master_bytes;
+        bd->g->tasks[f].bytes = master_bytes;
     }
     int ad = add(bd, FY_T_ADAM_GPU, b, last);
     if (ad < 0) return;
@@ -422,7 +445,7 @@ static void build_adam_gpu(builder *bd, int b, int last, int barrier) {
     if (d < 0) return;
     const bool out_apart = fy_layout_owns(bd->L, b, FY_STATE_MASTER);
     payload(bd, d)->u.update.fetch = f;
-    payload(bd, d)->bytes = (double)(bl->hi - bl->lo) * (sizeof(float) + (out_apart ? bd->L->es : 0));
+    bd->g->tasks[d].bytes = (double)(bl->hi - bl->lo) * (sizeof(float) + (out_apart ? bd->L->es : 0));
     releases(bd, d, f);
     dep(bd, ad, d);
     bd->ready[b] = d;
@@ -604,9 +627,8 @@ void fy_step_graph_price(fy_step_graph *sg, const fy_layout *L, const fy_cost_ta
         fy_task *t = &sg->g.tasks[i];
         const double *s = cost_slot(c, t->kind, t->block);
         if (s[1] > 0) t->cost_ms = s[0] / s[1]; /* else the scheduler's default */
-        const fy_step_task *p = &sg->task[i];
-        if (t->kind == FY_T_H2D_PARAM && p->u.fetch.for_update)
-            t->cost_ms *= p->bytes / ((double)L->blocks[t->block].stage_nelem * (double)L->es);
+        if (t->kind == FY_T_H2D_PARAM && sg->task[i].u.fetch.for_update)
+            t->cost_ms *= t->bytes / ((double)L->blocks[t->block].stage_nelem * (double)L->es);
     }
 }
 

@@ -6,7 +6,7 @@
  * state, runs the runners of engine/step_run.c) and the trainer (device, streams,
  * storage, optimizer pool, counters). The builder reads only a layout (offload/layout.h)
  * and writes a graph whose every task has a kind (engine/tasks.h), a block, a typed
- * payload and the bytes it moves; the simulator and the tuner run its output directly,
+ * payload, and its work (fy_task: the bytes it moves, the matmul FLOPs it computes); the simulator and the tuner run its output directly,
  * with costs from a cost table (measured by a trainer, or the tuner's model).
  *
  * For each step of a window and each micro-batch m of it:
@@ -57,7 +57,6 @@ typedef struct fy_grad_at { int unit_task; bool writes_first; } fy_grad_at;
 typedef struct fy_step_task {
     int micro;                 /* micro-batch in the window; per-step tasks: the step's last */
     int chunk;                 /* a chunked head's tasks: the vocabulary chunk; else -1 */
-    double bytes;              /* what it moves across PCIe or between ranks (0: none) */
     union {
         struct { int reuse; } load;             /* the load that last used its host buffer */
         struct { bool for_update; } fetch;      /* h2d_param: the master, for a device update */

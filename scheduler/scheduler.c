@@ -618,8 +618,11 @@ fy_status fy_trace_append(fy_trace_buf *tb, const fy_graph *g, const fy_sched_re
         double ts = (r->recs[i].start_ms + offset_ms) * 1e3, dur = (r->recs[i].end_ms - r->recs[i].start_ms) * 1e3;
         FY_TRY(tb_printf(tb, ",\n{\"name\":\"%s(%d) it %d\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":1,"
                          "\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"block\":%d,\"iter\":%d,"
-                         "\"prio\":%lld}}", kind, t->block, t->iter + iter_offset, kind, (int)t->lane,
+                         "\"prio\":%lld", kind, t->block, t->iter + iter_offset, kind, (int)t->lane,
                          ts, dur, t->block, t->iter + iter_offset, (long long)t->prio));
+        if (t->bytes > 0) FY_TRY(tb_printf(tb, ",\"bytes\":%.0f", t->bytes));
+        if (t->flops > 0) FY_TRY(tb_printf(tb, ",\"flops\":%.0f", t->flops));
+        FY_TRY(tb_printf(tb, "}}"));
         tb->nevents++;
     }
     return FY_OK;

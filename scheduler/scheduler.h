@@ -78,6 +78,8 @@ struct fy_task {
     int epoch;                   /* failure scope (see above); >= 0 */
     int64_t use_pos;             /* compute tasks: program position; others -1 */
     double cost_ms;              /* estimate, for the simulator */
+    double bytes, flops;         /* its work, for traces: bytes it moves (copies,
+                                    collectives), matmul FLOPs it computes (0: none) */
     int acquire_pool;            /* -1: none */
     int release_of[FY_SCHED_MAX_RELEASES]; /* ids of tasks whose units this one releases;
                                               -1 none */
@@ -142,7 +144,7 @@ fy_status fy_sched_execute(fy_graph *g, fy_sched_mode mode, fy_sched_result *out
 fy_status fy_sched_simulate(fy_graph *g, fy_sched_mode mode, fy_sched_result *out);
 
 /* Chrome trace event files (open in Perfetto or chrome://tracing): one row per lane,
- * each task named "<kind>(<block>) it <iter>". A buffer collects the runs of several
+ * each task named "<kind>(<block>) it <iter>", with its bytes and FLOPs. A buffer collects the runs of several
  * graphs (shifted by offset_ms) and is written at once. */
 typedef struct fy_trace_buf {
     char *text;

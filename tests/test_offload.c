@@ -13,7 +13,7 @@
 #include "engine/model/gpt2.h"
 #include "engine/io/tokens.h"
 #include "engine/trainer.h"
-#include "engine/trainer.h"
+#include "engine/step_build.h"
 #include "offload/plan.h"
 #include "offload/storage.h"
 #include "tests/plan_runs.h"
@@ -792,6 +792,54 @@ Test(layout, the_memory_model_counts_every_state, .timeout = 60) {
             cr_expect(mm.host[c] >= host[c] && mm.host[c] < host[c] + 64 * 1024, "v %d host %s: %zu of %zu",
                       v, fy_mem_cat_name((fy_mem_cat)c), mm.host[c], host[c]);
         }
+        fy_layout_free(&L);
+        fy_plan_free(&p);
+    }
+    fy_model_free(m);
+}
+
+/* The builder's tasks carry their work: a step's matmul FLOPs are every block's forward
+ * and backward, the recomputed layers' forwards again and the head's loss pass (whole, or
+ * cut into vocabulary chunks), and its fetches move each streamed block's staged copy once
+ * per pass that reads it; built from the layout alone. */
+Test(step_graph, tasks_carry_their_bytes_and_flops, .timeout = 60) {
+    fy_model *m = new_model(&small_cfg);
+    const int nb = fy_model_nblocks(m), L4 = fy_model_layers(m);
+    for (int v = 0; v < 2; v++) {
+        fy_plan p = plan_of(m, 2, 1, v ? 1 : 0, v ? 1 : 0, v ? L4 : 0, FY_F32);
+        fy_layout L;
+        cr_assert_eq(fy_layout_new(m, &p, 16, true, 1, 0, &L), FY_OK);
+        fy_step_graph sg;
+        cr_assert_eq(fy_step_build_train(&L, 1, true, &sg), FY_OK);
+        double flops = 0, want = 0, fetched = 0;
+        for (int i = 0; i < sg.g.n; i++) {
+            flops += sg.g.tasks[i].flops;
+            if (sg.g.tasks[i].kind == FY_T_H2D_PARAM) fetched += sg.g.tasks[i].bytes;
+        }
+        for (int b = 0; b < nb; b++) {
+            fy_cost c;
+            const bool head = fy_model_block(m, b)->kind == FY_BLOCK_HEAD;
+            fy_model_cost(m, b, head ? FY_PASS_LOSS : FY_PASS_FWD, 2, 16, 4, &c);
+            want += c.flops * (p.blocks[b].acts == FY_ACTS_RECOMPUTE ? 2 : 1);
+            if (head) continue;
+            fy_model_cost(m, b, FY_PASS_BWD, 2, 16, 4, &c);
+            want += c.flops;
+        }
+        cr_expect(fabs(flops - want) <= 1e-9 * want, "v %d: %g flops, want %g", v, flops, want);
+        cr_expect(v || fetched == 0, "all resident: nothing fetched");
+        if (v) { /* streamed and updated on the CPU: each pass's fetch of its block (the
+                    head's pass also reads the tied embedding it links to) */
+            double want_bytes = 0;
+            for (int b = 0; b < nb; b++) {
+                const fy_block_spec *blk = fy_model_block(m, b);
+                const int passes = blk->kind == FY_BLOCK_HEAD ? 1 : blk->kind == FY_BLOCK_LAYER ? 3 : 2;
+                want_bytes += passes * (double)L.blocks[b].stage_nelem * 4;
+                for (int k = 0; k < blk->nlinks; k++)
+                    want_bytes += (double)L.blocks[blk->links[k]].stage_nelem * 4;
+            }
+            cr_expect_eq(fetched, want_bytes, "v %d: %g bytes fetched, want %g", v, fetched, want_bytes);
+        }
+        fy_step_graph_free(&sg);
         fy_layout_free(&L);
         fy_plan_free(&p);
     }
