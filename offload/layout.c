@@ -21,10 +21,6 @@ static const char *tier_names[] = {"none", "device", "pinned host", "host"};
 const char *fy_state_name(fy_state s) { return s < FY_STATES ? state_names[s] : "?"; }
 const char *fy_tier_name(fy_tier t) { return t <= FY_TIER_HOST ? tier_names[t] : "?"; }
 
-size_t fy_place_nbytes(const fy_place *p) {
-    return p->tier == FY_TIER_NONE || p->same_as >= 0 ? 0 : (p->hi - p->lo) * fy_dtype_size(p->dtype);
-}
-
 /* Shard r of `shards` takes chunks [nch r / shards, nch (r + 1) / shards). */
 static size_t first_chunk(size_t nch, int shards, int r) { return nch * (size_t)r / (size_t)shards; }
 
@@ -59,17 +55,36 @@ static void shard_of(fy_block_layout *bl, const fy_layout *L) {
     bl->hi = off[L->rank + 1];
 }
 
-static fy_place whole(fy_tier tier, fy_dtype dt, size_t nelem, fy_mem_cat cat) {
-    return (fy_place){.tier = tier, .dtype = dt, .lo = 0, .hi = nelem, .same_as = -1, .cat = cat};
+/* A place of the whole block, of this rank's shard, or another state's buffer (written in
+ * place: the tuner makes layouts by the hundred thousand). */
+static void whole(fy_place *p, fy_tier tier, fy_dtype dt, size_t nelem, fy_mem_cat cat) {
+    p->tier = tier;
+    p->dtype = dt;
+    p->lo = 0;
+    p->hi = nelem;
+    p->cat = cat;
+    p->sharded = false;
+    p->same_as = -1;
 }
-static fy_place shard(fy_tier tier, const fy_block_layout *bl, const fy_layout *L, fy_mem_cat cat) {
-    return (fy_place){.tier = tier, .dtype = FY_F32, .lo = bl->lo, .hi = bl->hi,
-                      .sharded = L->training && L->world > 1, .same_as = -1, .cat = cat};
+static void shard(fy_place *p, fy_tier tier, const fy_block_layout *bl, const fy_layout *L, fy_mem_cat cat) {
+    p->tier = tier;
+    p->dtype = FY_F32;
+    p->lo = bl->lo;
+    p->hi = bl->hi;
+    p->cat = cat;
+    p->sharded = L->training && L->world > 1;
+    p->same_as = -1;
 }
-static fy_place alias(fy_state of, const fy_place *p) {
-    fy_place a = *p;
-    a.same_as = of;
-    return a;
+static void alias(fy_place *p, fy_state of, const fy_place *owner) {
+    /* field by field: the owner was just written the same way (a whole-struct copy would
+     * read it back wider than it was stored) */
+    p->tier = owner->tier;
+    p->dtype = owner->dtype;
+    p->lo = owner->lo;
+    p->hi = owner->hi;
+    p->cat = owner->cat;
+    p->sharded = owner->sharded;
+    p->same_as = (int8_t)of;
 }
 
 /* How block b's staged copies cut it (layout.h: fy_staging): rows for a streamed row
@@ -115,33 +130,36 @@ static void place_staging(fy_layout *L, int b, const fy_block_plan *bp, size_t l
 static void place_states(fy_layout *L, fy_block_layout *bl, const fy_block_plan *bp) {
     fy_place *pl = bl->place;
     const bool lp = L->dtype != FY_F32, training = L->training, cpu = bl->update == FY_UPDATE_CPU;
-    for (int s = 0; s < FY_STATES; s++) pl[s] = (fy_place){.same_as = -1};
-    if (!bl->streamed) pl[FY_STATE_WEIGHTS] = whole(FY_TIER_DEVICE, L->dtype, bl->nelem, FY_CAT_PARAMS);
+    for (int s = 0; s < FY_STATES; s++) pl[s].same_as = -1; /* the rest is zero: none */
+    if (!bl->streamed) whole(&pl[FY_STATE_WEIGHTS], FY_TIER_DEVICE, L->dtype, bl->nelem, FY_CAT_PARAMS);
     if (bl->streamed || (cpu && training))
-        pl[FY_STATE_HOST_WEIGHTS] = whole(FY_TIER_PINNED, L->dtype, bl->nelem, FY_CAT_PARAMS);
+        whole(&pl[FY_STATE_HOST_WEIGHTS], FY_TIER_PINNED, L->dtype, bl->nelem, FY_CAT_PARAMS);
     /* the master on the host apart from the host weights: with bf16 storage, and in a
      * sharded fp32 run for a block updated on the CPU whose gradient lands in its host
      * weights (its shard's master then stays apart: 4 + 12/N host bytes a parameter, not
      * 4 + 4 + 8/N); pinned only when a device update of a streamed block fetches it */
     const bool apart = lp || (training && cpu && L->world > 1 && L->accum == 1);
     const fy_where master = training ? fy_plan_where(bp, FY_PLAN_MASTER) : bp->weights;
-    if (master == FY_ON_DEVICE)
-        pl[FY_STATE_MASTER] = lp && training ? shard(FY_TIER_DEVICE, bl, L, FY_CAT_OPTIM)
-                                             : alias(FY_STATE_WEIGHTS, &pl[FY_STATE_WEIGHTS]);
+    fy_place *mp = &pl[FY_STATE_MASTER];
+    if (master == FY_ON_DEVICE && lp && training)
+        shard(mp, FY_TIER_DEVICE, bl, L, FY_CAT_OPTIM);
+    else if (master == FY_ON_DEVICE)
+        alias(mp, FY_STATE_WEIGHTS, &pl[FY_STATE_WEIGHTS]);
     else if (apart)
-        pl[FY_STATE_MASTER] = shard(bl->streamed && training && !cpu ? FY_TIER_PINNED : FY_TIER_HOST,
-                                    bl, L, FY_CAT_PARAMS);
+        shard(mp, bl->streamed && training && !cpu ? FY_TIER_PINNED : FY_TIER_HOST, bl, L, FY_CAT_PARAMS);
     else
-        pl[FY_STATE_MASTER] = alias(FY_STATE_HOST_WEIGHTS, &pl[FY_STATE_HOST_WEIGHTS]);
+        alias(mp, FY_STATE_HOST_WEIGHTS, &pl[FY_STATE_HOST_WEIGHTS]);
     if (!training) return;
+    fy_place *gp = &pl[FY_STATE_GRAD];
     if (fy_plan_where(bp, FY_PLAN_GRAD) == FY_ON_DEVICE)
-        pl[FY_STATE_GRAD] = whole(FY_TIER_DEVICE, L->dtype, bl->nelem, FY_CAT_GRADS);
+        whole(gp, FY_TIER_DEVICE, L->dtype, bl->nelem, FY_CAT_GRADS);
     else if (apart && L->accum == 1)
-        pl[FY_STATE_GRAD] = alias(FY_STATE_HOST_WEIGHTS, &pl[FY_STATE_HOST_WEIGHTS]);
+        alias(gp, FY_STATE_HOST_WEIGHTS, &pl[FY_STATE_HOST_WEIGHTS]);
     else
-        pl[FY_STATE_GRAD] = whole(FY_TIER_PINNED, L->dtype, bl->nelem, FY_CAT_GRADS);
+        whole(gp, FY_TIER_PINNED, L->dtype, bl->nelem, FY_CAT_GRADS);
     const bool m_dev = fy_plan_where(bp, FY_PLAN_MOMENTS) == FY_ON_DEVICE;
-    pl[FY_STATE_M] = pl[FY_STATE_V] = shard(m_dev ? FY_TIER_DEVICE : FY_TIER_HOST, bl, L, FY_CAT_OPTIM);
+    shard(&pl[FY_STATE_M], m_dev ? FY_TIER_DEVICE : FY_TIER_HOST, bl, L, FY_CAT_OPTIM);
+    shard(&pl[FY_STATE_V], m_dev ? FY_TIER_DEVICE : FY_TIER_HOST, bl, L, FY_CAT_OPTIM);
 }
 
 static void place_block(fy_layout *L, int b, const fy_block_plan *bp, size_t layer_max) {
@@ -228,9 +246,8 @@ static void size_acts(fy_layout *L) {
         if (bl->recompute && a.saved > L->shared_saved_nbytes) L->shared_saved_nbytes = a.saved;
         if (a.work > L->work_nbytes) L->work_nbytes = a.work;
         if (a.out > L->dx_nbytes) L->dx_nbytes = a.out;
-        bl->place[FY_STATE_SAVED] = (fy_place){.tier = a.saved ? FY_TIER_DEVICE : FY_TIER_NONE,
-                                               .dtype = FY_DTYPE_NONE, .lo = 0, .hi = a.saved,
-                                               .same_as = -1, .cat = FY_CAT_ACTS};
+        whole(&bl->place[FY_STATE_SAVED], a.saved ? FY_TIER_DEVICE : FY_TIER_NONE, FY_DTYPE_NONE,
+              a.saved, FY_CAT_ACTS);
     }
     if (!L->training) L->dx_nbytes = 0;
 }
@@ -238,12 +255,22 @@ static void size_acts(fy_layout *L) {
 fy_status fy_layout_new(const fy_model *m, const fy_plan *plan, int T, bool training, int world,
                         int rank, fy_layout *out) {
     memset(out, 0, sizeof *out);
+    return fy_layout_renew(m, plan, T, training, world, rank, out);
+}
+
+fy_status fy_layout_renew(const fy_model *m, const fy_plan *plan, int T, bool training, int world,
+                          int rank, fy_layout *out) {
     FY_TRY(fy_plan_check(plan, m));
     if (world > FY_MAX_SHARDS || rank >= world || rank < -1) {
         fy_log_error("rank %d of a job of %d: at most %d ranks", rank, world, FY_MAX_SHARDS);
         return FY_ERR_INVALID;
     }
     fy_layout *L = out;
+    fy_block_layout *table = L->blocks;
+    const int cap = L->cap;
+    memset(L, 0, sizeof *L);
+    L->blocks = table;
+    L->cap = cap;
     L->model = m;
     L->nblocks = plan->nblocks;
     L->B = plan->micro_batch;
@@ -255,8 +282,13 @@ fy_status fy_layout_new(const fy_model *m, const fy_plan *plan, int T, bool trai
     L->dtype = plan->dtype == FY_BF16 ? FY_BF16 : FY_F32;
     L->es = fy_dtype_size(L->dtype);
     L->rows_block = -1;
-    L->blocks = calloc((size_t)L->nblocks, sizeof *L->blocks);
-    if (!L->blocks) return FY_ERR_NOMEM;
+    if (L->cap < L->nblocks) {
+        free(L->blocks);
+        L->cap = 0;
+        if (!(L->blocks = malloc((size_t)L->nblocks * sizeof *L->blocks))) return FY_ERR_NOMEM;
+        L->cap = L->nblocks;
+    }
+    memset(L->blocks, 0, (size_t)L->nblocks * sizeof *L->blocks);
     if (fy_model_block(m, L->nblocks - 1)->vocab_chunks)
         L->head_chunks = fy_model_head_chunks(m, L->B, T, L->dtype);
     size_t layer_max = 0;
@@ -279,4 +311,5 @@ fy_status fy_layout_new(const fy_model *m, const fy_plan *plan, int T, bool trai
 void fy_layout_free(fy_layout *L) {
     free(L->blocks);
     L->blocks = NULL;
+    L->cap = 0;
 }

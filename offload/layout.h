@@ -42,6 +42,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "engine/core/dtype.h"
 #include "engine/core/status.h"
@@ -70,9 +71,9 @@ typedef struct fy_place {
     fy_tier tier;        /* FY_TIER_NONE: the block has no such state in this run */
     fy_dtype dtype;
     size_t lo, hi;       /* the block's elements the buffer holds, indexed from lo */
-    bool sharded;        /* it holds this rank's shard of a job's state, not the block */
-    int same_as;         /* -1: a buffer of its own; else the state whose buffer it is */
     fy_mem_cat cat;
+    bool sharded;        /* it holds this rank's shard of a job's state, not the block */
+    int8_t same_as;      /* -1: a buffer of its own; else the state whose buffer it is */
 } fy_place;
 
 /* The staging rings: the layer ring, sized for the largest layer, serves the layers and
@@ -116,6 +117,7 @@ typedef struct fy_layout {
     fy_dtype dtype;            /* storage of weights, gradients, activations on the device */
     size_t es;                 /* its size */
     fy_block_layout *blocks;
+    int cap;                   /* blocks' allocated entries (fy_layout_renew reuses them) */
     struct { int n; size_t nbytes; } param_ring[FY_RINGS], grad_ring[FY_RINGS];
     size_t landing_nbytes;     /* the host landing slot: a micro-batch's gradient the host
                                   adds (accumulation) or scatters (rows) into GRAD */
@@ -135,6 +137,10 @@ typedef struct fy_layout {
  * activations. */
 fy_status fy_layout_new(const fy_model *m, const fy_plan *plan, int T, bool training, int world,
                         int rank, fy_layout *out);
+/* The same into a layout made before (or zeroed), reusing its table: the tuner makes
+ * layouts by the hundred thousand. On failure L is still freeable. */
+fy_status fy_layout_renew(const fy_model *m, const fy_plan *plan, int T, bool training, int world,
+                          int rank, fy_layout *L);
 void fy_layout_free(fy_layout *L);
 
 static inline const fy_place *fy_layout_state(const fy_layout *L, int b, fy_state s) {
@@ -162,7 +168,10 @@ static inline fy_state fy_layout_updated_weights(const fy_layout *L, int b) {
 static inline bool fy_layout_master_sharded(const fy_layout *L, int b) {
     return L->blocks[b].place[FY_STATE_MASTER].sharded;
 }
-size_t fy_place_nbytes(const fy_place *p);
+/* The bytes of a place's own buffer (0: none, or another state's). */
+static inline size_t fy_place_nbytes(const fy_place *p) {
+    return p->tier == FY_TIER_NONE || p->same_as >= 0 ? 0 : (p->hi - p->lo) * fy_dtype_size(p->dtype);
+}
 const char *fy_state_name(fy_state s);
 const char *fy_tier_name(fy_tier t);
 

@@ -216,6 +216,7 @@ static fy_status storage_tables(const fy_layout *L, fy_storage *st) {
     st->acts = calloc(nb, sizeof *st->acts);
     if (!st->layout.blocks || !st->state || !st->acts) return FY_ERR_NOMEM;
     memcpy(st->layout.blocks, L->blocks, nb * sizeof *L->blocks);
+    st->layout.cap = L->nblocks;
     for (int r = 0; r < FY_RINGS; r++) {
         const int np = L->param_ring[r].n, ng = L->grad_ring[r].n;
         st->param_ring[r] = (fy_ring){.n = np, .nbytes = L->param_ring[r].nbytes,

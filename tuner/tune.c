@@ -174,10 +174,11 @@ void fy_tune_costs(const fy_profile *p, const fy_layout *L, int adam_threads, fy
         }
 }
 
-/* The layout of plan for the tuner's job: alone, or a rank of cfg->ranks (each block's
- * largest shard: the most any rank holds). */
+/* The layout of plan for the tuner's job (alone, or a rank of cfg->ranks: each block's
+ * largest shard, the most any rank holds), into L (made before, or zeroed: its table is
+ * reused). */
 static fy_status plan_layout(const fy_tune_cfg *cfg, const fy_plan *plan, fy_layout *L) {
-    return fy_layout_new(cfg->model, plan, cfg->seq, true, cfg->ranks > 1 ? cfg->ranks : 1, -1, L);
+    return fy_layout_renew(cfg->model, plan, cfg->seq, true, cfg->ranks > 1 ? cfg->ranks : 1, -1, L);
 }
 
 /* The training graph of nsteps under plan, priced by the profile. */
@@ -195,7 +196,7 @@ static fy_status priced_graph(const fy_profile *p, const fy_tune_cfg *cfg, const
 fy_status fy_tune_predict(const fy_profile *p, const fy_tune_cfg *cfg, const fy_plan *plan,
                           fy_tune_result *out) {
     memset(out, 0, sizeof *out);
-    fy_layout L;
+    fy_layout L = {0};
     FY_TRY(plan_layout(cfg, plan, &L));
     fy_layout_memory(&L, SIZE_MAX, &out->mem);
     const int w = cfg->window > 0 ? cfg->window : 20;
@@ -253,13 +254,12 @@ static fy_status point_plan(const fy_tune_cfg *cfg, const cand *c, fy_plan *out)
     return st;
 }
 
-static fy_status point_mem(const fy_tune_cfg *cfg, const cand *c, fy_mem_model *mm) {
+/* A point's memory model, through the search's layout L. */
+static fy_status point_mem(const fy_tune_cfg *cfg, const cand *c, fy_layout *L, fy_mem_model *mm) {
     fy_plan plan;
     FY_TRY(point_plan(cfg, c, &plan));
-    fy_layout L;
-    fy_status st = plan_layout(cfg, &plan, &L);
-    if (st == FY_OK) fy_layout_memory(&L, SIZE_MAX, mm);
-    fy_layout_free(&L);
+    fy_status st = plan_layout(cfg, &plan, L);
+    if (st == FY_OK) fy_layout_memory(L, SIZE_MAX, mm);
     fy_plan_free(&plan);
     return st;
 }
@@ -288,7 +288,8 @@ static fy_status push(cands *cs, cand c) {
  * models. With `any`, only whether a point fits: it stops at the first, trying first
  * micro-batch 1 (the least device memory) and the whole batch (no accumulation: the least
  * host memory with bf16 storage, whose gradients then share the weights' buffers). */
-static fy_status frontier_micro(const fy_tune_cfg *cfg, int micro, bool any, cands *out) {
+static fy_status frontier_micro(const fy_tune_cfg *cfg, int micro, bool any, fy_layout *lay,
+                                cands *out) {
     const int L = fy_model_layers(cfg->model);
     const size_t dev = cfg->device_budget, host = cfg->host_budget ? cfg->host_budget : SIZE_MAX;
     for (int k3 = 0; k3 <= L; k3++) {
@@ -296,7 +297,7 @@ static fy_status frontier_micro(const fy_tune_cfg *cfg, int micro, bool any, can
         for (int k2 = 0; k2 <= L; k2++) {
             fy_mem_model mm;
             cand c = {micro, k1, k2, k3, 0, 0};
-            FY_TRY(point_mem(cfg, &c, &mm));
+            FY_TRY(point_mem(cfg, &c, lay, &mm));
             if (mm.host_total > host) {
                 if (k2 == 0) return FY_OK; /* more cpu optimizer: more host memory */
                 break;                     /* more streaming: more host memory */
@@ -305,7 +306,7 @@ static fy_status frontier_micro(const fy_tune_cfg *cfg, int micro, bool any, can
             for (; c.k1 > 0; c.k1--) { /* the least recomputation that still fits */
                 cand d = c;
                 d.k1--;
-                FY_TRY(point_mem(cfg, &d, &mm));
+                FY_TRY(point_mem(cfg, &d, lay, &mm));
                 if (mm.device_total > dev) break;
             }
             k1 = c.k1;
@@ -320,13 +321,13 @@ static fy_status frontier_micro(const fy_tune_cfg *cfg, int micro, bool any, can
     return FY_OK;
 }
 
-static fy_status frontier(const fy_tune_cfg *cfg, bool any, cands *out) {
+static fy_status frontier(const fy_tune_cfg *cfg, bool any, fy_layout *lay, cands *out) {
     /* micro-batch 1 and the whole batch first, then the other divisors */
     for (int pass = 0; pass < 2; pass++)
         for (int micro = 1; micro <= cfg->batch; micro++) {
             const bool ends = micro == 1 || micro == cfg->batch;
             if (cfg->batch % micro || ends != (pass == 0)) continue;
-            FY_TRY(frontier_micro(cfg, micro, any, out));
+            FY_TRY(frontier_micro(cfg, micro, any, lay, out));
             if (any && out->n) return FY_OK;
         }
     return FY_OK;
@@ -342,13 +343,12 @@ static int window_for(const fy_tune_cfg *cfg, int tasks_per_step) {
     return fit > 4 ? fit : (w < 4 ? w : 4);
 }
 
-static fy_status lower_bound(const fy_profile *p, const fy_tune_cfg *cfg, cand *c) {
+static fy_status lower_bound(const fy_profile *p, const fy_tune_cfg *cfg, fy_layout *lay, cand *c) {
     fy_plan plan;
     FY_TRY(point_plan(cfg, c, &plan));
-    fy_layout L;
     fy_step_graph sg;
-    fy_status st = plan_layout(cfg, &plan, &L);
-    if (st == FY_OK) st = priced_graph(p, cfg, &L, 1, &sg);
+    fy_status st = plan_layout(cfg, &plan, lay);
+    if (st == FY_OK) st = priced_graph(p, cfg, lay, 1, &sg);
     if (st == FY_OK) {
         double busy[FY_LANE_COUNT];
         fy_step_graph_busy(&sg, busy);
@@ -357,7 +357,6 @@ static fy_status lower_bound(const fy_profile *p, const fy_tune_cfg *cfg, cand *
         for (int l = 0; l < FY_LANE_COUNT; l++) if (busy[l] > c->lb) c->lb = busy[l];
         fy_step_graph_free(&sg);
     }
-    fy_layout_free(&L);
     fy_plan_free(&plan);
     return st;
 }
@@ -384,17 +383,17 @@ static void keep_top(const fy_tune_cfg *cfg, fy_tune_result *top, int ntop, int 
  * everything offloaded at micro-batch 1; when each alone can be met, the least host
  * memory of a plan within the device budget (per micro-batch and k3, the least streaming
  * that fits the device with every layer recomputed). */
-static fy_status no_plan_fits(const fy_tune_cfg *cfg) {
+static fy_status no_plan_fits(const fy_tune_cfg *cfg, fy_layout *lay) {
     const int L = fy_model_layers(cfg->model);
     char a[32], b[32], c[32];
     fy_mem_model mm;
     size_t host_floor = SIZE_MAX, host_fit = SIZE_MAX;
     for (int micro = 1; micro <= cfg->batch; micro++) {
         if (cfg->batch % micro) continue;
-        FY_TRY(point_mem(cfg, &(cand){micro, 0, 0, 0, 0, 0}, &mm));
+        FY_TRY(point_mem(cfg, &(cand){micro, 0, 0, 0, 0, 0}, lay, &mm));
         if (mm.host_total < host_floor) host_floor = mm.host_total;
     }
-    FY_TRY(point_mem(cfg, &(cand){1, L, L, L, 0, 0}, &mm));
+    FY_TRY(point_mem(cfg, &(cand){1, L, L, L, 0, 0}, lay, &mm));
     const size_t dev_floor = mm.device_total;
     if (cfg->host_budget && host_floor > cfg->host_budget) {
         fy_log_error("no plan fits the host budget: the smallest needs %s of host memory, the "
@@ -412,7 +411,7 @@ static fy_status no_plan_fits(const fy_tune_cfg *cfg) {
         if (cfg->batch % micro) continue;
         for (int k3 = 0; k3 <= L; k3++)
             for (int k2 = 0; k2 <= L; k2++) {
-                FY_TRY(point_mem(cfg, &(cand){micro, L, k2, k3, 0, 0}, &mm));
+                FY_TRY(point_mem(cfg, &(cand){micro, L, k2, k3, 0, 0}, lay, &mm));
                 if (mm.device_total > cfg->device_budget) continue;
                 if (mm.host_total < host_fit) host_fit = mm.host_total;
                 break;
@@ -433,8 +432,9 @@ static fy_status search_all(const fy_profile *p, const fy_tune_cfg *cfg, fy_tune
     *nfound = 0;
     *nevaluated = 0;
     cands cs = {0};
-    fy_status st = frontier(cfg, false, &cs);
-    for (int i = 0; st == FY_OK && i < cs.n; i++) st = lower_bound(p, cfg, &cs.v[i]);
+    fy_layout lay = {0};
+    fy_status st = frontier(cfg, false, &lay, &cs);
+    for (int i = 0; st == FY_OK && i < cs.n; i++) st = lower_bound(p, cfg, &lay, &cs.v[i]);
     if (st == FY_OK && cs.n > 1) qsort(cs.v, (size_t)cs.n, sizeof *cs.v, by_lb);
     double best = INFINITY, last_report = fy_now_ms();
     for (int i = 0; st == FY_OK && i < cs.n; i++) {
@@ -460,10 +460,10 @@ static fy_status search_all(const fy_profile *p, const fy_tune_cfg *cfg, fy_tune
         }
     }
     free(cs.v);
-    if (st != FY_OK) return st;
-    if (cfg->progress) cfg->progress(cfg->progress_ctx, -1, cs.n, best);
-    if (*nfound == 0) return no_plan_fits(cfg);
-    return FY_OK;
+    if (st == FY_OK && cfg->progress) cfg->progress(cfg->progress_ctx, -1, cs.n, best);
+    if (st == FY_OK && *nfound == 0) st = no_plan_fits(cfg, &lay);
+    fy_layout_free(&lay);
+    return st;
 }
 
 fy_status fy_tune(const fy_profile *p, const fy_tune_cfg *cfg, fy_tune_result *top, int ntop,
@@ -490,8 +490,10 @@ fy_status fy_tune(const fy_profile *p, const fy_tune_cfg *cfg, fy_tune_result *t
 
 bool fy_tune_fits(const fy_tune_cfg *cfg) {
     cands cs = {0};
-    fy_status st = frontier(cfg, true, &cs);
+    fy_layout lay = {0};
+    fy_status st = frontier(cfg, true, &lay, &cs);
     const bool any = st == FY_OK && cs.n > 0;
+    fy_layout_free(&lay);
     free(cs.v);
     return any;
 }
