@@ -443,9 +443,9 @@ static void build_adam_gpu(builder *bd, int b, int last, int barrier) {
     if (f < 0) return;
     int d = add(bd, FY_T_D2H_PARAM, b, last);
     if (d < 0) return;
-    const bool out_apart = fy_layout_owns(bd->L, b, FY_STATE_MASTER);
+    const bool writes_copy = fy_layout_owns(bd->L, b, FY_STATE_MASTER);
     payload(bd, d)->u.update.fetch = f;
-    bd->g->tasks[d].bytes = (double)(bl->hi - bl->lo) * (sizeof(float) + (out_apart ? bd->L->es : 0));
+    bd->g->tasks[d].bytes = (double)(bl->hi - bl->lo) * (sizeof(float) + (writes_copy ? bd->L->es : 0));
     releases(bd, d, f);
     dep(bd, ad, d);
     bd->ready[b] = d;

@@ -468,7 +468,7 @@ static fy_status run_adam_gpu(fy_trainer *tr, int id, const fy_task *t, const fy
     if (tr->ex.stats[step_of(tr, p)].skipped) return FY_OK;
     const int b = t->block, fetch = p->u.update.fetch;
     const fy_place *mp = fy_layout_state(tr->L, b, FY_STATE_MASTER);
-    const bool out_apart = fy_layout_owns(tr->L, b, FY_STATE_MASTER);
+    const bool writes_copy = fy_layout_owns(tr->L, b, FY_STATE_MASTER);
     fy_adam_hparams hp = hparams(tr, step_of(tr, p));
     float *slot = fetch >= 0 ? param_unit(tr, fetch) : NULL;
     size_t off[2], len[2];
@@ -476,7 +476,7 @@ static fy_status run_adam_gpu(fy_trainer *tr, int id, const fy_task *t, const fy
     for (int k = 0; k < 2; k++) {
         if (!len[k]) continue;
         const size_t o = off[k];
-        void *out = !out_apart ? NULL : slot ? (char *)(slot + (mp->hi - mp->lo)) + (o - mp->lo) * fy_tr_es(tr)
+        void *out = !writes_copy ? NULL : slot ? (char *)(slot + (mp->hi - mp->lo)) + (o - mp->lo) * fy_tr_es(tr)
                                              : fy_tr_at(tr, b, FY_STATE_WEIGHTS, o);
         fy_adam_range r = {.param = slot ? slot + (o - mp->lo) : fy_tr_at(tr, b, FY_STATE_MASTER, o),
                            .m = fy_tr_at(tr, b, FY_STATE_M, o), .v = fy_tr_at(tr, b, FY_STATE_V, o),
@@ -527,7 +527,7 @@ static fy_status run_adam_cpu(fy_trainer *tr, int id, const fy_task *t, const fy
         fy_run_restore_weights(tr, b);
         return FY_OK;
     }
-    const bool out_apart = fy_layout_owns(tr->L, b, FY_STATE_MASTER);
+    const bool writes_copy = fy_layout_owns(tr->L, b, FY_STATE_MASTER);
     fy_adam_hparams hp = hparams(tr, step_of(tr, p));
     size_t off[2], len[2];
     adam_ranges(tr, b, off, len);
@@ -537,7 +537,7 @@ static fy_status run_adam_cpu(fy_trainer *tr, int id, const fy_task *t, const fy
         fy_adam_range r = {.param = fy_tr_at(tr, b, FY_STATE_MASTER, o),
                            .m = fy_tr_at(tr, b, FY_STATE_M, o), .v = fy_tr_at(tr, b, FY_STATE_V, o),
                            .grad = fy_tr_at(tr, b, FY_STATE_GRAD, o), .grad_dtype = fy_tr_dt(tr),
-                           .param_out = out_apart ? fy_tr_at(tr, b, FY_STATE_HOST_WEIGHTS, o) : NULL,
+                           .param_out = writes_copy ? fy_tr_at(tr, b, FY_STATE_HOST_WEIGHTS, o) : NULL,
                            .out_dtype = fy_tr_dt(tr), .n = len[k], .decay = k == 0};
         fy_status s = fy_adam_pool_step(tr->pool, &hp, &r);
         FY_ASSERT(s == FY_OK, "a cpu AdamW step without check_finite cannot fail");

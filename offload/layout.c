@@ -134,18 +134,19 @@ static void place_states(fy_layout *L, fy_block_layout *bl, const fy_block_plan 
     if (!bl->streamed) whole(&pl[FY_STATE_WEIGHTS], FY_TIER_DEVICE, L->dtype, bl->nelem, FY_CAT_PARAMS);
     if (bl->streamed || (cpu && training))
         whole(&pl[FY_STATE_HOST_WEIGHTS], FY_TIER_PINNED, L->dtype, bl->nelem, FY_CAT_PARAMS);
-    /* the master on the host apart from the host weights: with bf16 storage, and in a
-     * sharded fp32 run for a block updated on the CPU whose gradient lands in its host
-     * weights (its shard's master then stays apart: 4 + 12/N host bytes a parameter, not
-     * 4 + 4 + 8/N); pinned only when a device update of a streamed block fetches it */
-    const bool apart = lp || (training && cpu && L->world > 1 && L->accum == 1);
+    /* the master on the host in a buffer of its own, not the host weights': with bf16
+     * storage, and in a sharded fp32 run for a block updated on the CPU whose gradient
+     * lands in its host weights (its shard's master then has its own: 4 + 12/N host bytes
+     * a parameter, not 4 + 4 + 8/N); pinned only when a device update of a streamed block
+     * fetches it */
+    const bool own_master = lp || (training && cpu && L->world > 1 && L->accum == 1);
     const fy_where master = training ? fy_plan_where(bp, FY_PLAN_MASTER) : bp->weights;
     fy_place *mp = &pl[FY_STATE_MASTER];
     if (master == FY_ON_DEVICE && lp && training)
         shard(mp, FY_TIER_DEVICE, bl, L, FY_CAT_OPTIM);
     else if (master == FY_ON_DEVICE)
         alias(mp, FY_STATE_WEIGHTS, &pl[FY_STATE_WEIGHTS]);
-    else if (apart)
+    else if (own_master)
         shard(mp, bl->streamed && training && !cpu ? FY_TIER_PINNED : FY_TIER_HOST, bl, L, FY_CAT_PARAMS);
     else
         alias(mp, FY_STATE_HOST_WEIGHTS, &pl[FY_STATE_HOST_WEIGHTS]);
@@ -153,7 +154,7 @@ static void place_states(fy_layout *L, fy_block_layout *bl, const fy_block_plan 
     fy_place *gp = &pl[FY_STATE_GRAD];
     if (fy_plan_where(bp, FY_PLAN_GRAD) == FY_ON_DEVICE)
         whole(gp, FY_TIER_DEVICE, L->dtype, bl->nelem, FY_CAT_GRADS);
-    else if (apart && L->accum == 1)
+    else if (own_master && L->accum == 1)
         alias(gp, FY_STATE_HOST_WEIGHTS, &pl[FY_STATE_HOST_WEIGHTS]);
     else
         whole(gp, FY_TIER_PINNED, L->dtype, bl->nelem, FY_CAT_GRADS);

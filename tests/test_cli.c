@@ -1199,7 +1199,7 @@ Test(cli, offloaded_training_matches_and_fits_the_budget) {
  * recomputed trains within 512 MiB of device memory (B=1, T=32), in fp32 and in bf16, and
  * its weights after two steps are the all-resident run's, bit for bit: the layers'
  * staging slots are sized for a layer, not for the 50304 x 768 embedding, which has a
- * ring of its own (storage.h). */
+ * ring of its own (layout.h). */
 Test(cli, gpt2_124m_fully_offloaded_fits_512_mib, .timeout = 900) {
     static const char *const dtypes[] = {"fp32", "bf16"};
     for (int i = 0; i < 2; i++) {

@@ -574,7 +574,7 @@ typedef struct injection {
     int block;             /* -1: any */
     bool breaks;           /* inside an update: the trainer cannot go on */
     bool bf16;             /* bf16 storage (cpu-optimised blocks' gradients then land in
-                              their bf16 weights' buffer: storage.h, grad_in_lp) */
+                              their bf16 weights' buffer: layout.h, GRAD the same as HOST_WEIGHTS) */
 } injection;
 
 enum { FAIL_AT = 2 }; /* the step whose task fails */

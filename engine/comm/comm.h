@@ -66,7 +66,7 @@ void fy_comm_place(const fy_comm *c, char *desc, size_t cap);
  * F64 (FY_DTYPE_NONE stands for fp64 here: dtype.h has no fp64). */
 #define FY_COMM_F64 FY_DTYPE_NONE
 fy_status fy_comm_sum(fy_comm *c, void *buf, size_t n, fy_dtype dt);
-/* Sharded collectives (data parallel's ZeRO, offload/storage.h): a buffer of elements of
+/* Sharded collectives (data parallel's ZeRO, offload/layout.h): a buffer of elements of
  * es bytes (dt's) is cut at off[0..size], rank r's shard being [off[r], off[r+1]).
  * reduce_scatter: this rank's shard of buf becomes the sum over ranks of their shards,
  * in rank order with fy_comm_sum's arithmetic and bits; the rest of buf is left as it
