@@ -113,24 +113,6 @@ static fy_status setup(fy_trainer *tr, const fy_trainer_cfg *cfg, fy_layout *L) 
     return fy_layout_new(tr->model, &tr->plan, cfg->T, !cfg->eval_only, tr->world, tr->rank, L);
 }
 
-/* Where each rank's norm chunk sums go (trainer_impl.h: part_region, part_base). */
-static fy_status setup_parts(fy_trainer *tr) {
-    const int nb = fy_tr_nblocks(tr), W = tr->world;
-    tr->part_region = calloc((size_t)W + 1, sizeof *tr->part_region);
-    tr->part_base = calloc((size_t)nb, sizeof *tr->part_base);
-    if (!tr->part_region || !tr->part_base) return FY_ERR_NOMEM;
-    for (int r = 0; r < W; r++) {
-        size_t n = 0;
-        for (int b = 0; b < nb; b++) {
-            if (r == tr->rank) tr->part_base[b] = n;
-            n += fy_shard_nchunks(fy_tr_blk(tr, b)->nelem, W, r);
-        }
-        tr->part_region[r + 1] = tr->part_region[r] + n;
-    }
-    FY_ASSERT(tr->part_region[W] == tr->L->nparts, "every chunk sum has its place");
-    return FY_OK;
-}
-
 /* The lanes' streams: compute and the two copy directions, and in a job on a device with
  * collectives the comm lane's (gradients in device memory are summed there, by NCCL;
  * host ones over MPI). */
@@ -176,7 +158,7 @@ fy_status fy_trainer_new(fy_dev *dev, const fy_trainer_cfg *cfg, fy_trainer **ou
     if ((st = fy_stream_set_dtype(tr->s, fy_tr_dt(tr))) != FY_OK ||
         (tr->s_comm && (st = fy_stream_set_dtype(tr->s_comm, fy_tr_dt(tr))) != FY_OK) ||
         (st = fy_cost_table_init(&tr->costs, fy_tr_nblocks(tr))) != FY_OK ||
-        (fy_tr_sharded(tr) && (st = setup_parts(tr)) != FY_OK) ||
+        (fy_tr_sharded(tr) && (st = fy_trainer_setup_parts(tr)) != FY_OK) ||
         (st = maybe_pool(tr)) != FY_OK ||
         (st = fill_params(tr, cfg->weights, cfg->seed)) != FY_OK)
         goto fail;

@@ -105,6 +105,10 @@ static inline bool fy_tr_on_device(const fy_trainer *tr, int b, fy_state s) {
 void fy_trainer_read_state(fy_trainer *tr, int b, fy_state s, float *host);
 void fy_trainer_write_state(fy_trainer *tr, int b, fy_state s, const float *host);
 
+/* A sharded job's rank: where each rank's norm chunk sums go (part_region, part_base;
+ * trainer_shards.c). */
+fy_status fy_trainer_setup_parts(fy_trainer *tr);
+
 /* The executor (step_exec.c): runs graph sg (built for this trainer's layout) on its
  * lanes, with events around every task, and gives the records the device's times. */
 fy_status fy_exec_run(fy_trainer *tr, fy_step_graph *sg, fy_sched_result *res);

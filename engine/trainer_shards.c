@@ -1,5 +1,6 @@
-/* trainer_shards.c — a sharded job's state read and written whole: the getters a
- * checkpoint and a save use, and the ranks that serve them.
+/* trainer_shards.c — a sharded job's state: where each rank's norm chunk sums go, and
+ * the state read and written whole (the getters a checkpoint and a save use, and the
+ * ranks that serve them).
  *
  * In a data-parallel job each rank holds its shard of the fp32 masters (where they are
  * apart from the weights) and of the moments (layout.h). Rank 0's getters gather a
@@ -10,6 +11,24 @@
 #include <string.h>
 
 #include "engine/trainer_impl.h"
+
+/* Where each rank's norm chunk sums go (trainer_impl.h: part_region, part_base). */
+fy_status fy_trainer_setup_parts(fy_trainer *tr) {
+    const int nb = fy_tr_nblocks(tr), W = tr->world;
+    tr->part_region = calloc((size_t)W + 1, sizeof *tr->part_region);
+    tr->part_base = calloc((size_t)nb, sizeof *tr->part_base);
+    if (!tr->part_region || !tr->part_base) return FY_ERR_NOMEM;
+    for (int r = 0; r < W; r++) {
+        size_t n = 0;
+        for (int b = 0; b < nb; b++) {
+            if (r == tr->rank) tr->part_base[b] = n;
+            n += fy_shard_nchunks(fy_tr_blk(tr, b)->nelem, W, r);
+        }
+        tr->part_region[r + 1] = tr->part_region[r] + n;
+    }
+    FY_ASSERT(tr->part_region[W] == tr->L->nparts, "every chunk sum has its place");
+    return FY_OK;
+}
 
 /* A request's first word: a state (fy_state), or the end. */
 enum { SERVE_END = -1 };
