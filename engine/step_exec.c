@@ -26,7 +26,7 @@
 #include <string.h>
 
 #include "engine/core/util.h"
-#include "engine/trainer_impl.h"
+#include "engine/trainer_core.h"
 
 /* ---- binding tasks to lanes ------------------------------------------------------------ */
 

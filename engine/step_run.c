@@ -22,7 +22,7 @@
 #include "engine/core/reduce.h"
 #include "engine/core/util.h"
 #include "engine/device/kernels.h"
-#include "engine/trainer_impl.h"
+#include "engine/trainer_core.h"
 
 /* ---- helpers -------------------------------------------------------------------------- */
 

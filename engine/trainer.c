@@ -1,9 +1,10 @@
 /* trainer.c — a trainer's life outside its windows: its layout and storage under the
- * plan (offload/layout.h, storage.h), initialising, loading and saving weights, reading
- * weights, gradients and moments back. Windows run in step_exec.c; a sharded job's state
- * is gathered on rank 0 in trainer_shards.c. Every buffer comes from the layout's
- * answer for a state: no code here knows which plan put it where. */
-#include "engine/trainer_impl.h"
+ * plan (offload/layout.h, storage.h), its streams and optimizer pool, initialising,
+ * loading and saving weights. Windows run in step_exec.c; weights, gradients and
+ * moments are read back (a sharded job's gathered on rank 0) in trainer_state.c. Every
+ * buffer comes from the layout's answer for a state: no code here knows which plan put
+ * it where. */
+#include "engine/trainer_core.h"
 
 #include <math.h>
 #include <sched.h>
@@ -209,48 +210,4 @@ static fy_status params_of(void *ctx, int b, float *host) {
 
 fy_status fy_trainer_save(fy_trainer *tr, const char *path, const fy_save_opts *o) {
     return fy_model_save(tr->model, path, o, params_of, tr);
-}
-
-/* ---- reading state back ------------------------------------------------------------ */
-
-/* State s of block b (its range, in its dtype, on the device or the host) into fp32 host
- * memory at host + lo. bf16 lands in the back half and is widened in place: host holds
- * the floats, the bf16 copy half their bytes, and host[i] (bytes 4i..4i+3) never
- * overtakes the copy's element i (2n + 2i). */
-void fy_trainer_read_state(fy_trainer *tr, int b, fy_state s, float *host) {
-    const fy_place *p = fy_layout_state(tr->L, b, s);
-    const size_t n = p->hi - p->lo, nbytes = n * fy_dtype_size(p->dtype);
-    float *out = host + p->lo;
-    void *dst = p->dtype != FY_F32 ? (void *)((uint16_t *)out + n) : (void *)out;
-    fy_stream_sync(tr->s);
-    if (!nbytes) return;
-    if (p->tier == FY_TIER_DEVICE) {
-        fy_copy_async(tr->s, dst, fy_tr_ptr(tr, b, s), nbytes, FY_D2H);
-        fy_stream_sync(tr->s);
-    } else {
-        memcpy(dst, fy_tr_ptr(tr, b, s), nbytes);
-    }
-    if (p->dtype != FY_F32) fy_bf16_to_f32_n(out, dst, n);
-}
-
-/* State s of block b (fp32, its range) from host + lo. */
-void fy_trainer_write_state(fy_trainer *tr, int b, fy_state s, const float *host) {
-    const fy_place *p = fy_layout_state(tr->L, b, s);
-    const size_t nbytes = fy_place_nbytes(p);
-    FY_ASSERT(p->dtype == FY_F32 && p->same_as < 0, "fp32 state of its own is written back");
-    if (!nbytes) return; /* an empty shard */
-    fy_stream_sync(tr->s);
-    if (p->tier == FY_TIER_DEVICE) {
-        fy_copy_async(tr->s, fy_tr_ptr(tr, b, s), host + p->lo, nbytes, FY_H2D);
-        fy_stream_sync(tr->s);
-    } else {
-        memcpy(fy_tr_ptr(tr, b, s), host + p->lo, nbytes);
-    }
-}
-
-bool fy_trainer_get_grads(fy_trainer *tr, int b, float *host) {
-    FY_ASSERT(!tr->cfg.eval_only, "an evaluation-only trainer has no gradients");
-    if (fy_layout_buffer_of(tr->L, b, FY_STATE_GRAD) != FY_STATE_GRAD) return false;
-    fy_trainer_read_state(tr, b, FY_STATE_GRAD, host);
-    return true;
 }

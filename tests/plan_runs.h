@@ -14,7 +14,7 @@
 #include "engine/core/dtype.h"
 #include "engine/model/model.h"
 #include "engine/trainer.h"
-#include "engine/trainer_impl.h" /* white box: the copies of a block, to plant a NaN */
+#include "engine/trainer_core.h" /* white box: the copies of a block, to plant a NaN */
 #include "offload/plan.h"
 #include "offload/storage.h"
 #include "tests/test_util.h"

@@ -1,6 +1,7 @@
-/* trainer_shards.c — a sharded job's state: where each rank's norm chunk sums go, and
- * the state read and written whole (the getters a checkpoint and a save use, and the
- * ranks that serve them).
+/* trainer_state.c — a trainer's state read and written block by block, wherever the
+ * layout keeps it: the weights, gradients and moments a save or a checkpoint reads and
+ * a resume writes; in a sharded job, gathered on rank 0 from the ranks that serve them,
+ * and where each rank's norm chunk sums go.
  *
  * In a data-parallel job each rank holds its shard of the fp32 masters (where they are
  * apart from the weights) and of the moments (layout.h). Rank 0's getters gather a
@@ -10,9 +11,51 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/trainer_impl.h"
+#include "engine/trainer_core.h"
 
-/* Where each rank's norm chunk sums go (trainer_impl.h: part_region, part_base). */
+/* State s of block b (its range, in its dtype, on the device or the host) into fp32 host
+ * memory at host + lo. bf16 lands in the back half and is widened in place: host holds
+ * the floats, the bf16 copy half their bytes, and host[i] (bytes 4i..4i+3) never
+ * overtakes the copy's element i (2n + 2i). */
+void fy_trainer_read_state(fy_trainer *tr, int b, fy_state s, float *host) {
+    const fy_place *p = fy_layout_state(tr->L, b, s);
+    const size_t n = p->hi - p->lo, nbytes = n * fy_dtype_size(p->dtype);
+    float *out = host + p->lo;
+    void *dst = p->dtype != FY_F32 ? (void *)((uint16_t *)out + n) : (void *)out;
+    fy_stream_sync(tr->s);
+    if (!nbytes) return;
+    if (p->tier == FY_TIER_DEVICE) {
+        fy_copy_async(tr->s, dst, fy_tr_ptr(tr, b, s), nbytes, FY_D2H);
+        fy_stream_sync(tr->s);
+    } else {
+        memcpy(dst, fy_tr_ptr(tr, b, s), nbytes);
+    }
+    if (p->dtype != FY_F32) fy_bf16_to_f32_n(out, dst, n);
+}
+
+/* State s of block b (fp32, its range) from host + lo. */
+void fy_trainer_write_state(fy_trainer *tr, int b, fy_state s, const float *host) {
+    const fy_place *p = fy_layout_state(tr->L, b, s);
+    const size_t nbytes = fy_place_nbytes(p);
+    FY_ASSERT(p->dtype == FY_F32 && p->same_as < 0, "fp32 state of its own is written back");
+    if (!nbytes) return; /* an empty shard */
+    fy_stream_sync(tr->s);
+    if (p->tier == FY_TIER_DEVICE) {
+        fy_copy_async(tr->s, fy_tr_ptr(tr, b, s), host + p->lo, nbytes, FY_H2D);
+        fy_stream_sync(tr->s);
+    } else {
+        memcpy(fy_tr_ptr(tr, b, s), host + p->lo, nbytes);
+    }
+}
+
+bool fy_trainer_get_grads(fy_trainer *tr, int b, float *host) {
+    FY_ASSERT(!tr->cfg.eval_only, "an evaluation-only trainer has no gradients");
+    if (fy_layout_buffer_of(tr->L, b, FY_STATE_GRAD) != FY_STATE_GRAD) return false;
+    fy_trainer_read_state(tr, b, FY_STATE_GRAD, host);
+    return true;
+}
+
+/* Where each rank's norm chunk sums go (trainer_core.h: part_region, part_base). */
 fy_status fy_trainer_setup_parts(fy_trainer *tr) {
     const int nb = fy_tr_nblocks(tr), W = tr->world;
     tr->part_region = calloc((size_t)W + 1, sizeof *tr->part_region);

@@ -1,9 +1,9 @@
-/* trainer_impl.h — the trainer's state, shared by its parts: trainer.c (construction,
- * weights, reading back), trainer_shards.c (a sharded job's state gathered on rank 0),
- * step_exec.c (the executor: windows of the step graph) and step_run.c (the tasks'
- * runners). Not a public header. */
-#ifndef FY_TRAINER_IMPL_H
-#define FY_TRAINER_IMPL_H
+/* trainer_core.h — the trainer's state, shared by its parts: trainer.c (construction,
+ * weights), trainer_state.c (a block's state read and written, a sharded job's gathered
+ * on rank 0), step_exec.c (the executor: windows of the step graph) and step_run.c (the
+ * tasks' runners). Not a public header. */
+#ifndef FY_TRAINER_CORE_H
+#define FY_TRAINER_CORE_H
 
 #include <stdatomic.h>
 
@@ -100,13 +100,13 @@ static inline bool fy_tr_on_device(const fy_trainer *tr, int b, fy_state s) {
     return fy_layout_state(tr->L, b, s)->tier == FY_TIER_DEVICE;
 }
 
-/* State s of block b, fp32 values of its range at host + lo (trainer.c): read back
+/* State s of block b, fp32 values of its range at host + lo (trainer_state.c): read back
  * (widened from its dtype), or written (fp32 states of their own). */
 void fy_trainer_read_state(fy_trainer *tr, int b, fy_state s, float *host);
 void fy_trainer_write_state(fy_trainer *tr, int b, fy_state s, const float *host);
 
 /* A sharded job's rank: where each rank's norm chunk sums go (part_region, part_base;
- * trainer_shards.c). */
+ * trainer_state.c). */
 fy_status fy_trainer_setup_parts(fy_trainer *tr);
 
 /* The executor (step_exec.c): runs graph sg (built for this trainer's layout) on its
