@@ -356,17 +356,6 @@ fy_status fy_trainer_predict(fy_trainer *tr, int nsteps, fy_sched_mode mode, boo
     return st;
 }
 
-fy_status fy_trainer_step_work(fy_trainer *tr, double busy_ms[FY_LANE_COUNT], int *ntasks) {
-    for (int l = 0; l < FY_LANE_COUNT; l++) busy_ms[l] = 0.0;
-    *ntasks = 0;
-    fy_step_graph sg;
-    FY_TRY(priced_train(tr, 1, true, &sg));
-    *ntasks = sg.g.n;
-    fy_step_graph_busy(&sg, busy_ms);
-    fy_step_graph_free(&sg);
-    return FY_OK;
-}
-
 /* Evaluation graphs hold at most this many batches (a pass over a large validation set
  * runs as several). */
 #define EVAL_WINDOW 32

@@ -1,10 +1,11 @@
 /* tasks.h — the step graph's task kinds: one table that everything else reads.
  *
  * FY_TASK_KINDS(X) lists each kind once as X(ID, name, lane, cost): its enum (FY_T_ID),
- * its stable public name (profile files, traces and error lines use it; a name never
- * changes meaning), the lane it runs on, and the rule the tuner prices it by (cost_<rule>
- * in tuner/tune.c). The runner of kind `name` is run_<name> (engine/step_run.c); the
- * builder (engine/step_build.c) makes the tasks.
+ * its stable public name (profile files, traces and error lines use it; a name keeps its
+ * meaning: only `gopen`, which no profile stored, became `grad_zero`), the lane it runs
+ * on, and the rule the tuner prices it by (cost_<rule> in tuner/tune.c). The runner of
+ * kind `name` is run_<name> (engine/step_run.c); the builder (engine/step_build.c) makes
+ * the tasks.
  *
  *   load        h2d      a micro-batch's tokens into a token buffer (and a row-staged
  *                        block's rows: its distinct tokens)

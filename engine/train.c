@@ -605,7 +605,7 @@ static fy_status setup_run(run *r, const fy_ckpt *ck) {
                          .test_nan_step = c->test_nan_step};
     FY_TRY(fy_trainer_new(r->dev, &tc, &r->tr));
     if (ck) FY_TRY(resume_from(r, ck));
-    fy_storage_model(c->model, c->plan, c->seq, &r->model);
+    r->model = fy_trainer_storage(r->tr)->mem; /* this rank's: in a job, its shards */
     FY_TRY(setup_snapshot(r));
     r->N = (size_t)c->plan->micro_batch * c->seq * (size_t)step_micros(c);
     return FY_OK;

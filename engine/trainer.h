@@ -137,16 +137,12 @@ typedef struct fy_window {
 fy_status fy_trainer_run(fy_trainer *tr, fy_window *w);
 
 /* Predicts, on the simulator, the run of nsteps steps under mode from the mean task
- * durations measured by earlier runs (or set). Without norm_barrier, updates wait
- * only for their own gradients (not what training does: exact clipping and skipping a
- * non-finite step need the global norm first), which measures what the barrier costs. */
+ * durations measured by earlier runs (tasks never measured take the scheduler's
+ * default). Without norm_barrier, updates wait only for their own gradients (not what
+ * training does: exact clipping and skipping a non-finite step need the global norm
+ * first), which measures what the barrier costs. */
 fy_status fy_trainer_predict(fy_trainer *tr, int nsteps, fy_sched_mode mode, bool norm_barrier,
                              fy_sched_result *out);
-
-/* The work of one step on each lane (ms; the sum of the step graph's task costs, from the
- * mean task durations as fy_trainer_predict) and the step graph's task count: the
- * busiest lane bounds the step time from below, whatever the schedule. */
-fy_status fy_trainer_step_work(fy_trainer *tr, double busy_ms[FY_LANE_COUNT], int *ntasks);
 
 /* One optimizer step over the plan's grad_accum micro-batches: x and y hold
  * grad_accum*B*T tokens each (host memory), micro-batch after micro-batch. */

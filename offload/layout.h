@@ -13,8 +13,10 @@
  *   WEIGHTS       the copy compute reads, in the storage type, on the device: resident
  *                 blocks (streamed ones are fetched into staging slots from HOST_WEIGHTS)
  *   MASTER        the fp32 weights the update changes: on the device (a resident block
- *                 updated there), or in host memory; with fp32 storage and no shards it
- *                 is the WEIGHTS or HOST_WEIGHTS buffer itself (same_as)
+ *                 updated there), or in host memory; with fp32 storage it is the WEIGHTS
+ *                 or HOST_WEIGHTS buffer itself (same_as), but for a block updated on the
+ *                 CPU in a job with one micro-batch a step, whose gradient lands in its
+ *                 host weights: its shard's master then has a buffer of its own
  *   HOST_WEIGHTS  the storage type's copy in host memory: a streamed block's source for
  *                 fetches, a cpu-updated block's output (sent to WEIGHTS after the update)
  *   GRAD          the step's gradient: a device accumulator (updated on the device), or
@@ -23,11 +25,14 @@
  *                 once the step's reads of the weights are done, and CPU AdamW reads each
  *                 element before it writes the weight over it)
  *   M, V          AdamW's moments, fp32, where the update runs, this rank's shard
- *   SAVED         the block's saved activations, on the device (own, or the area every
- *                 recomputed block shares)
+ *   SAVED         the block's saved activations, on the device: an opaque area of the
+ *                 model's (its range is bytes, its dtype none), a kept block's own, a
+ *                 recomputed block's the one area every recomputed block shares (storage
+ *                 allocates it once; same_as does not say it)
  * Tiers: FY_TIER_PINNED is host memory the device copies to or from (pinned up to the
- * run's cap, storage.c); FY_TIER_HOST is host memory only the CPU touches. A disk tier
- * is a tier here, a place per state, and a mover lane in the step graph.
+ * run's cap, storage.c); FY_TIER_HOST is host memory only the CPU touches. There is no
+ * disk tier yet: it would be one more tier here, a place per state, and a mover lane in
+ * the step graph.
  *
  * Data parallel (ZeRO): with world > 1 in training, each block's elements are cut into
  * `world` contiguous shards in whole norm chunks (FY_SUMSQ_CHUNK, core/reduce.h; each

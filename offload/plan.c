@@ -189,8 +189,10 @@ static bool parse_block(const cJSON *o, int b, const char *name, int version, fy
     const int pu = pick(KEY(version == 1 ? "optim" : "update"), update_names, 2);
     const int pa = pick(KEY("acts"), acts_names, 2);
     if (pw < 0 || pu < 0 || pa < 0) {
-        snprintf(why, cap, version == 1 ? "block %s: params resident|streamed, optim gpu|cpu, acts keep|recompute"
-                                        : "block %s: weights device|host, update gpu|cpu, acts keep|recompute", name);
+        const bool v2_keys = version == 1 && KEY("weights");
+        snprintf(why, cap, version == 1 ? "block %s: params resident|streamed, optim gpu|cpu, acts keep|recompute%s"
+                                        : "block %s: weights device|host, update gpu|cpu, acts keep|recompute", name,
+                 v2_keys ? " (a version 2 file says \"version\": 2)" : "");
         return false;
     }
     if (pa == FY_ACTS_RECOMPUTE && bp->kind != FY_BLOCK_LAYER) {

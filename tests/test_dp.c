@@ -120,9 +120,15 @@ static void expect_same_run(int np, const char *const *extra, const char *what) 
     losses_of(m1, l1, sizeof l1);
     losses_of(m2, l2, sizeof l2);
     cr_expect_str_eq(l2, l1, "%s: losses and norms", what);
-    /* rank 0 alone reports: one summary line */
+    /* rank 0 alone reports: one summary line, whose memory model is its rank's (its
+     * shards of the optimizer state) and equals its measured device peak */
     const char *done = strstr(r2.out, "done ");
     cr_expect(done && !strstr(done + 1, "done "), "%s: one report, from rank 0:\n%s", what, r2.out);
+    char peak[32] = "", model[32] = "";
+    const char *pk = done ? strstr(done, "device peak ") : NULL;
+    cr_assert(pk && sscanf(pk, "device peak %31[^(](model %31[^)])", peak, model) == 2, "%s: %s", what, done);
+    peak[strlen(peak) - 1] = 0; /* the space before "(model" */
+    cr_expect_str_eq(model, peak, "%s: rank 0's memory model against its peak", what);
     free(b1);
     free(b2);
 }

@@ -187,10 +187,10 @@ static int count_numa_nodes(void) {
 
 /* The collectives between a job's ranks (probe.h): the best of COLL_REPS of a
  * reduce-scatter and an all-gather at two sizes, every rank together, fitted as
- * latency + moved bytes / bandwidth; on device memory through the device's collectives
- * (s non-NULL), else over MPI (host memory; the cpu backend's device memory too). */
+ * latency + moved bytes / bandwidth; through the backend comm gives buffers of buf's
+ * memory (co: the device's collectives on device memory, queued on s; else MPI). */
 #define COLL_REPS 5
-static fy_status time_collectives(fy_comm *comm, fy_stream *s, void *buf, double *gbps,
+static fy_status time_collectives(fy_comm *comm, fy_coll co, fy_stream *s, void *buf, double *gbps,
                                   double *latency_ms) {
     const int N = fy_comm_size(comm);
     const size_t sizes[2] = {(size_t)64 << 10, (size_t)32 << 20}; /* bytes, fp32 */
@@ -209,14 +209,10 @@ static fy_status time_collectives(fy_comm *comm, fy_stream *s, void *buf, double
             int32_t sync = 0;
             if ((st = fy_comm_max_i32(comm, &sync)) != FY_OK) break; /* start together */
             const double t0 = fy_now_ms();
-            if (s) {
-                fy_coll_reduce_scatter_async(s, buf, off, N, FY_F32);
-                fy_coll_allgather_async(s, buf, off, N, FY_F32);
-                fy_stream_sync(s);
-            } else if ((st = fy_comm_reduce_scatter(comm, buf, off, FY_F32)) != FY_OK ||
-                       (st = fy_comm_allgather(comm, buf, off, sizeof(float))) != FY_OK) {
+            if ((st = fy_coll_reduce_scatter(co, s, buf, off, FY_F32)) != FY_OK ||
+                (st = fy_coll_allgather(co, s, buf, off, FY_F32)) != FY_OK)
                 break;
-            }
+            if (co.iface->queued) fy_stream_sync(s);
             const double ms = (fy_now_ms() - t0) / 2.0; /* one collective */
             if (ms < t[k]) t[k] = ms;
         }
@@ -234,13 +230,15 @@ static fy_status probe_collectives(fy_dev *dev, fy_comm *comm, fy_profile *p) {
     const size_t nbytes = (size_t)32 << 20;
     void *dbuf = NULL, *hbuf = NULL;
     fy_stream *s = NULL;
-    const bool on_dev = fy_dev_has_collectives(dev);
+    /* host memory's path, then device memory's where comm gives it another backend */
+    const fy_coll host = fy_comm_coll(comm, dev, FY_MEM_HOST), devc = fy_comm_coll(comm, dev, FY_MEM_DEVICE);
+    const bool on_dev = devc.iface != host.iface;
     fy_status st = fy_dev_alloc(dev, FY_MEM_PINNED, nbytes, "probe collectives", &hbuf);
-    if (st == FY_OK) st = time_collectives(comm, NULL, hbuf, &p->coll_host_gbps, &p->coll_host_latency_ms);
+    if (st == FY_OK) st = time_collectives(comm, host, NULL, hbuf, &p->coll_host_gbps, &p->coll_host_latency_ms);
     if (st == FY_OK && on_dev) {
         if ((st = fy_dev_alloc(dev, FY_MEM_DEVICE, nbytes, "probe collectives", &dbuf)) == FY_OK &&
             (st = fy_comm_attach(comm, dev)) == FY_OK && (st = fy_stream_new(dev, "probe comm", &s)) == FY_OK)
-            st = time_collectives(comm, s, dbuf, &p->coll_gbps, &p->coll_latency_ms);
+            st = time_collectives(comm, devc, s, dbuf, &p->coll_gbps, &p->coll_latency_ms);
     } else if (st == FY_OK) { /* the cpu backend: device memory is host memory, one path */
         p->coll_gbps = p->coll_host_gbps;
         p->coll_latency_ms = p->coll_host_latency_ms;

@@ -380,6 +380,62 @@ static void print_memory_json(const fy_model *m, const fy_mem_model *mm, const f
     printf("}\n");
 }
 
+/* The training run's configuration from the options (tc->dev is set already). */
+static void fill_train_cfg(const fy_opts *o, fy_model *m, fy_plan *plan, fy_weights *init,
+                           fy_comm *comm, bool lead, bool quiet, fy_train_cfg *tc) {
+    tc->model = m;
+    tc->plan = plan;
+    tc->seq = (int)o->seq;
+    tc->init = init;
+    tc->data = o->data;
+    tc->val_data = o->val_data;
+    tc->val_split = o->val_split;
+    tc->steps = o->steps;
+    tc->lr = o->lr;
+    tc->min_lr = fy_opts_given(o, "min-lr") ? o->min_lr : o->lr / 10.0;
+    tc->cosine = !strcmp(o->lr_schedule, "cosine");
+    tc->warmup = o->warmup;
+    tc->weight_decay = (float)o->weight_decay;
+    tc->beta1 = (float)o->beta1;
+    tc->beta2 = (float)o->beta2;
+    tc->eps = (float)o->eps;
+    tc->clip = (float)o->clip;
+    tc->seed = (uint64_t)o->seed;
+    fy_sched_mode_parse(o->schedule, &tc->schedule); /* the option table checked the name */
+    tc->adam_threads = (int)o->adam_threads;
+    tc->val_every = o->val_every;
+    tc->val_batches = o->val_batches;
+    tc->log_every = o->log_every;
+    tc->comm = comm;
+    /* test hook (tests/test_dp.c): a step whose norm is not finite */
+    int64_t nan_step = 0;
+    if (getenv("FERRY_TEST_NAN_STEP") && fy_parse_i64(getenv("FERRY_TEST_NAN_STEP"), &nan_step)) nan_step = 0;
+    tc->test_nan_step = nan_step;
+    tc->save = o->save; /* rank 0 writes it, the others serve their shards */
+    tc->save_opts = (fy_save_opts){.dtype = !strcmp(o->save_dtype, "bf16") ? FY_BF16 : FY_F32,
+                                   .shard_nbytes = o->save_shard_size, .from = init};
+    tc->metrics = lead ? o->metrics : NULL;
+    tc->trace = lead ? o->trace : NULL;
+    tc->predict = o->predict;
+    tc->quiet = quiet;
+    tc->ckpt_dir = o->ckpt_dir;
+    tc->ckpt_every = o->ckpt_every;
+    tc->ckpt_keep = (int)o->ckpt_keep;
+    tc->resume = o->resume;
+    tc->ckpt_sync = o->ckpt_sync;
+    tc->host_budget = o->host_mem;
+}
+
+/* This rank's memory model: in a job it holds its shard of the optimizer state (ZeRO). */
+static fy_status rank_memory(const fy_model *m, const fy_plan *plan, int seq, int world,
+                             const fy_dev_cfg *dev, fy_mem_model *mm) {
+    fy_layout L;
+    FY_TRY(fy_layout_new(m, plan, seq, true, world, g_rank, &L));
+    fy_layout_memory(&L, fy_dev_cfg_pinned_cap(dev), mm);
+    fy_layout_free(&L);
+    return FY_OK;
+}
+
 int fy_train_main(const fy_opts *o) {
     if (o->quiet) fy_log_set_level(FY_LOG_WARN);
     /* a launcher's job (mpirun, srun): every line names the rank; rank 0 alone prints the
@@ -442,57 +498,12 @@ int fy_train_main(const fy_opts *o) {
     if (st == FY_OK && !o->dry_run) st = batch_shares(o, comm, slowdown, &tc, &plan);
     free(slowdown);
     fy_mem_model mm = {0};
-    if (st == FY_OK) { /* in a job, this rank holds its shard of the optimizer state (ZeRO) */
-        fy_layout L;
-        st = fy_layout_new(m, &plan, (int)o->seq, true, world, g_rank, &L);
-        if (st == FY_OK) fy_layout_memory(&L, fy_dev_cfg_pinned_cap(&tc.dev), &mm);
-        fy_layout_free(&L);
-    }
+    if (st == FY_OK) st = rank_memory(m, &plan, (int)o->seq, world, &tc.dev, &mm);
     if (st == FY_OK && ((lead && !o->quiet) || o->dry_run)) fy_train_print_plan(&plan, &mm, stdout);
     if (st == FY_OK && o->dry_run) print_memory_json(m, &mm, comm, placed);
     if (st == FY_OK && !o->dry_run) st = check_budgets(o, &mm, &tc.dev);
     if (st == FY_OK && !o->dry_run) {
-        tc.model = m;
-        tc.plan = &plan;
-        tc.seq = (int)o->seq;
-        tc.init = init;
-        tc.data = o->data;
-        tc.val_data = o->val_data;
-        tc.val_split = o->val_split;
-        tc.steps = o->steps;
-        tc.lr = o->lr;
-        tc.min_lr = fy_opts_given(o, "min-lr") ? o->min_lr : o->lr / 10.0;
-        tc.cosine = !strcmp(o->lr_schedule, "cosine");
-        tc.warmup = o->warmup;
-        tc.weight_decay = (float)o->weight_decay;
-        tc.beta1 = (float)o->beta1;
-        tc.beta2 = (float)o->beta2;
-        tc.eps = (float)o->eps;
-        tc.clip = (float)o->clip;
-        tc.seed = (uint64_t)o->seed;
-        fy_sched_mode_parse(o->schedule, &tc.schedule); /* the option table checked the name */
-        tc.adam_threads = (int)o->adam_threads;
-        tc.val_every = o->val_every;
-        tc.val_batches = o->val_batches;
-        tc.log_every = o->log_every;
-        tc.comm = comm;
-        /* test hook (tests/test_dp.c): a step whose norm is not finite */
-        int64_t nan_step = 0;
-        if (getenv("FERRY_TEST_NAN_STEP") && fy_parse_i64(getenv("FERRY_TEST_NAN_STEP"), &nan_step)) nan_step = 0;
-        tc.test_nan_step = nan_step;
-        tc.save = o->save; /* rank 0 writes it, the others serve their shards */
-        tc.save_opts = (fy_save_opts){.dtype = !strcmp(o->save_dtype, "bf16") ? FY_BF16 : FY_F32,
-                                      .shard_nbytes = o->save_shard_size, .from = init};
-        tc.metrics = lead ? o->metrics : NULL;
-        tc.trace = lead ? o->trace : NULL;
-        tc.predict = o->predict;
-        tc.quiet = quiet;
-        tc.ckpt_dir = o->ckpt_dir;
-        tc.ckpt_every = o->ckpt_every;
-        tc.ckpt_keep = (int)o->ckpt_keep;
-        tc.resume = o->resume;
-        tc.ckpt_sync = o->ckpt_sync;
-        tc.host_budget = o->host_mem;
+        fill_train_cfg(o, m, &plan, init, comm, lead, quiet, &tc);
         st = fy_train(&tc);
     }
     fy_plan_free(&plan);
