@@ -87,12 +87,23 @@ static void losses_of(const char *path, char *out, size_t cap) {
 /* One process accumulating `np` micro-batches against np processes of one each, under
  * the extra flags: the saved weights byte for byte, every step's loss and gradient norm,
  * and the validation loss (5 batches, split over the ranks). */
+static void expect_same_runs(int np, const char *const *extra, const char *const *one_extra,
+                             const char *const *many_extra, const char *what);
+
 static void expect_same_run(int np, const char *const *extra, const char *what) {
+    char acc[8];
+    snprintf(acc, sizeof acc, "%d", np);
+    expect_same_runs(np, extra, (const char *const[]){"--grad-accum", acc, NULL},
+                     (const char *const[]){NULL}, what);
+}
+
+/* The same with flags for the one process and for the np processes (a plan file each:
+ * its accumulation is the plan's). */
+static void expect_same_runs(int np, const char *const *extra, const char *const *one_extra,
+                             const char *const *many_extra, const char *what) {
     const char *base[] = {"train", "--device", "cpu", "--threads", "1", "--seq", "32",
                           "--batch", "2", "--steps", "5", "--val-batches", "5"};
     const size_t nb = sizeof base / sizeof base[0];
-    char acc[8];
-    snprintf(acc, sizeof acc, "%d", np);
     const char *a1[48], *a2[48];
     size_t n1 = 0, n2 = 0;
     for (size_t i = 0; i < nb; i++) a1[n1++] = a2[n2++] = base[i];
@@ -100,7 +111,8 @@ static void expect_same_run(int np, const char *const *extra, const char *what) 
     const char *w1 = path_in("one.safetensors"), *w2 = path_in("many.safetensors");
     const char *m1 = path_in("one.jsonl"), *m2 = path_in("many.jsonl");
     unlink(w1); unlink(w2); unlink(m1); unlink(m2);
-    a1[n1++] = "--grad-accum"; a1[n1++] = acc;
+    for (int i = 0; one_extra[i]; i++) a1[n1++] = one_extra[i];
+    for (int i = 0; many_extra[i]; i++) a2[n2++] = many_extra[i];
     a1[n1++] = "--save"; a1[n1++] = w1;
     a1[n1++] = "--metrics"; a1[n1++] = m1;
     a1[n1] = NULL;
@@ -161,6 +173,50 @@ Test(dp, two_ranks_match_one_rank_accumulating_two_with_offload) {
     expect_same_run(2, EXTRA("--model", "gpt2-tiny", "--offload-optim", "1"),
                     "gpt2-tiny, a skipped step, fp32");
     unsetenv("FERRY_TEST_NAN_STEP");
+}
+
+/* A plan file for gpt2-tiny (2 layers) with accumulation `accum`: each block's weights
+ * (device|host) and update (gpu|cpu) from the strings, in block order. */
+static const char *tiny_plan(const char *name, int accum, const char *dtype, const char *const w[4],
+                             const char *const u[4]) {
+    static const char *const blocks[4] = {"embed", "layer.0", "layer.1", "head"};
+    const char *path = path_in(name);
+    FILE *f = fopen(path, "w");
+    cr_assert(f, "%s", path);
+    fprintf(f, "{\"format\": \"ferry-plan\", \"version\": 2, \"layers\": 2, \"micro_batch\": 2, "
+               "\"grad_accum\": %d, \"dtype\": \"%s\", \"blocks\": [", accum, dtype);
+    for (int b = 0; b < 4; b++)
+        fprintf(f, "%s{\"block\": \"%s\", \"weights\": \"%s\", \"update\": \"%s\", \"acts\": \"keep\"}",
+                b ? ", " : "", blocks[b], w[b], u[b]);
+    fprintf(f, "]}\n");
+    fclose(f);
+    return path;
+}
+
+/* Irregular plans in a job of np ranks against one process accumulating np (plans that
+ * crashed or saved the wrong master before the layout, issue 27: a streamed head updated on
+ * the CPU beside streamed blocks updated on the device, fp32 and bf16; a resident embedding
+ * updated on the CPU, whose shard on rank 0 is empty, beside device-updated blocks, bf16). */
+Test(dp, irregular_plans_match_one_process, .timeout = 300) {
+    struct { int np; const char *dtype; const char *w[4], *u[4]; } cases[] = {
+        {2, "fp32", {"host", "device", "host", "host"}, {"gpu", "gpu", "gpu", "cpu"}},
+        {3, "bf16", {"device", "host", "host", "host"}, {"gpu", "gpu", "gpu", "cpu"}},
+        {3, "bf16", {"device", "device", "device", "host"}, {"cpu", "gpu", "gpu", "gpu"}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char what[64], one[32], many[32];
+        snprintf(what, sizeof what, "irregular plan %zu, %d ranks, %s", i, cases[i].np, cases[i].dtype);
+        snprintf(one, sizeof one, "one_%zu.json", i);
+        snprintf(many, sizeof many, "many_%zu.json", i);
+        const char *p1 = tiny_plan(one, cases[i].np, cases[i].dtype, cases[i].w, cases[i].u);
+        char *p1c = strdup(p1);
+        const char *pn = tiny_plan(many, 1, cases[i].dtype, cases[i].w, cases[i].u);
+        char *pnc = strdup(pn);
+        expect_same_runs(cases[i].np, EXTRA("--model", "gpt2-tiny"), EXTRA("--plan", p1c),
+                         EXTRA("--plan", pnc), what);
+        free(p1c);
+        free(pnc);
+    }
 }
 
 /* Three ranks: shards of unequal size, empty ones (a block of one norm chunk is wholly
