@@ -27,11 +27,6 @@ const char *fy_task_kind_name(int kind) {
     return kind >= 0 && kind < FY_T_COUNT ? kind_names[kind] : "?";
 }
 fy_lane fy_task_kind_lane(fy_task_kind kind) { return kind_lanes[kind]; }
-int fy_task_kind_parse(const char *name) {
-    for (int k = 0; k < FY_T_COUNT; k++)
-        if (!strcmp(kind_names[k], name)) return k;
-    return -1;
-}
 
 /* ---- the builder's state ------------------------------------------------------------ */
 
@@ -482,6 +477,16 @@ static void builder_end(builder *bd) {
     free(bd->started);
 }
 
+/* The builder's end: its status, then the priorities; the graph is freed on failure. */
+static fy_status finish(builder *bd, fy_status st) {
+    builder_end(bd);
+    if (st == FY_OK) st = bd->st;
+    if (st == FY_OK) st = fy_graph_prioritize(bd->g);
+    if (st != FY_OK) fy_step_graph_free(bd->sg);
+    return st;
+}
+
+/* A builder over an empty graph sg (freed, as everything else, if it fails). */
 static fy_status builder_init(builder *bd, const fy_layout *L, fy_step_graph *sg, bool barrier) {
     memset(bd, 0, sizeof *bd);
     memset(sg, 0, sizeof *sg);
@@ -503,32 +508,17 @@ static fy_status builder_init(builder *bd, const fy_layout *L, fy_step_graph *sg
     bd->last_d2h = malloc(n * sizeof *bd->last_d2h);
     bd->grad = malloc(n * sizeof *bd->grad);
     bd->started = malloc(n * sizeof *bd->started);
-    if (!bd->ready || !bd->last_bwd || !bd->final_grad || !bd->last_d2h || !bd->grad || !bd->started) {
-        builder_end(bd);
-        return FY_ERR_NOMEM;
-    }
+    if (!bd->ready || !bd->last_bwd || !bd->final_grad || !bd->last_d2h || !bd->grad || !bd->started)
+        return finish(bd, FY_ERR_NOMEM);
     for (size_t b = 0; b < n; b++) bd->ready[b] = bd->last_bwd[b] = bd->last_d2h[b] = -1;
     bd->shared_user = bd->prev_load = bd->prev_norm = bd->prev_comm = -1;
     bd->load_war[0] = bd->load_war[1] = bd->load_buf[0] = bd->load_buf[1] = -1;
     return FY_OK;
 }
 
-/* The builder's end: its status, then the priorities; the graph is freed on failure. */
-static fy_status finish(builder *bd, fy_status st) {
-    builder_end(bd);
-    if (st == FY_OK) st = bd->st;
-    if (st == FY_OK) st = fy_graph_prioritize(bd->g);
-    if (st != FY_OK) fy_step_graph_free(bd->sg);
-    return st;
-}
-
 fy_status fy_step_build_train(const fy_layout *L, int nsteps, bool norm_barrier, fy_step_graph *out) {
     builder bd;
-    fy_status st = builder_init(&bd, L, out, norm_barrier);
-    if (st != FY_OK) {
-        fy_step_graph_free(out);
-        return st;
-    }
+    FY_TRY(builder_init(&bd, L, out, norm_barrier));
     const int A = L->accum;
     int heads[FY_PLAN_MAX_ACCUM];
     for (int t = 0; t < nsteps && bd.st == FY_OK; t++) {
@@ -554,11 +544,7 @@ fy_status fy_step_build_train(const fy_layout *L, int nsteps, bool norm_barrier,
 
 fy_status fy_step_build_eval(const fy_layout *L, int nbatches, fy_step_graph *out) {
     builder bd;
-    fy_status st = builder_init(&bd, L, out, true);
-    if (st != FY_OK) {
-        fy_step_graph_free(out);
-        return st;
-    }
+    FY_TRY(builder_init(&bd, L, out, true));
     const int nslots = L->accum;
     int *collect = malloc((size_t)(nbatches > 0 ? nbatches : 1) * sizeof *collect);
     if (!collect) return finish(&bd, FY_ERR_NOMEM);

@@ -251,8 +251,7 @@ static int settle_failure(fy_trainer *tr, const fy_graph *g, const fy_sched_resu
      * together) gather the others' */
     for (int b = 0; b < fy_tr_nblocks(tr); b++) {
         fy_run_restore_weights(tr, b);
-        if (tr->world <= 1 || fy_layout_buffer_of(tr->L, b, FY_STATE_GRAD) != FY_STATE_HOST_WEIGHTS)
-            continue;
+        if (tr->world <= 1 || !fy_layout_grad_in_weights(tr->L, b)) continue;
         if (!together || fy_run_gather_weights(tr, b) != FY_OK) tr->broken = true;
     }
     tr->steps_done = failed == 0 ? steps_before : tr->ex.adam_step[failed - 1];
@@ -313,9 +312,14 @@ fy_status fy_trainer_run(fy_trainer *tr, fy_window *w) {
     if (w->nsteps <= 0) return FY_OK;
     FY_ASSERT(!tr->cfg.eval_only, "an evaluation-only trainer cannot train");
     FY_TRY(usable(tr));
+    fy_step_graph sg;
+    FY_TRY(priced_train(tr, w->nsteps, true, &sg));
     fy_exec *ex = &tr->ex;
     ex->adam_step = calloc((size_t)w->nsteps, sizeof *ex->adam_step);
-    if (!ex->adam_step) return FY_ERR_NOMEM;
+    if (!ex->adam_step) {
+        fy_step_graph_free(&sg);
+        return FY_ERR_NOMEM;
+    }
     ex->lrs = w->lrs;
     ex->stats = w->stats;
     ex->next_batch = w->next_batch;
@@ -323,15 +327,8 @@ fy_status fy_trainer_run(fy_trainer *tr, fy_window *w) {
     ex->eval = false;
     memset(w->stats, 0, (size_t)w->nsteps * sizeof *w->stats);
     const int64_t steps_before = tr->steps_done;
-    fy_step_graph sg;
     fy_sched_result res = {0};
-    fy_status st = priced_train(tr, w->nsteps, true, &sg);
-    if (st != FY_OK) {
-        free(ex->adam_step);
-        ex->adam_step = NULL;
-        return st;
-    }
-    st = fy_exec_run(tr, &sg, &res);
+    fy_status st = fy_exec_run(tr, &sg, &res);
     w->completed = window_end(tr, w, &sg, &res, st, steps_before);
     free(ex->adam_step);
     ex->adam_step = NULL;

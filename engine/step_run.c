@@ -510,7 +510,7 @@ static fy_status run_d2h_param(fy_trainer *tr, int id, const fy_task *t, const f
  * HOST_WEIGHTS) and was not updated over it (a skipped step, a failed one) gets its
  * shard of them back from its master (a job's allgather brings the others'). */
 void fy_run_restore_weights(fy_trainer *tr, int b) {
-    if (fy_layout_buffer_of(tr->L, b, FY_STATE_GRAD) != FY_STATE_HOST_WEIGHTS) return;
+    if (!fy_layout_grad_in_weights(tr->L, b)) return;
     const fy_block_layout *bl = fy_tr_blk(tr, b);
     void *w = fy_tr_at(tr, b, FY_STATE_HOST_WEIGHTS, bl->lo);
     const float *master = fy_tr_at(tr, b, FY_STATE_MASTER, bl->lo);

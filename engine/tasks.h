@@ -61,10 +61,9 @@ typedef enum fy_task_kind {
     FY_T_COUNT
 } fy_task_kind;
 
-/* The kind's public name ("?" out of range), its lane; and the kind of a name (-1). */
+/* The kind's public name ("?" out of range), and its lane. */
 const char *fy_task_kind_name(int kind);
 fy_lane fy_task_kind_lane(fy_task_kind kind);
-int fy_task_kind_parse(const char *name);
 
 #ifdef __cplusplus
 }

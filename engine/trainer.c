@@ -159,7 +159,7 @@ fy_status fy_trainer_new(fy_dev *dev, const fy_trainer_cfg *cfg, fy_trainer **ou
     if ((st = fy_stream_set_dtype(tr->s, fy_tr_dt(tr))) != FY_OK ||
         (tr->s_comm && (st = fy_stream_set_dtype(tr->s_comm, fy_tr_dt(tr))) != FY_OK) ||
         (st = fy_cost_table_init(&tr->costs, fy_tr_nblocks(tr))) != FY_OK ||
-        (fy_tr_sharded(tr) && (st = fy_trainer_setup_parts(tr)) != FY_OK) ||
+        (fy_layout_sharded(tr->L) && (st = fy_trainer_setup_parts(tr)) != FY_OK) ||
         (st = maybe_pool(tr)) != FY_OK ||
         (st = fill_params(tr, cfg->weights, cfg->seed)) != FY_OK)
         goto fail;

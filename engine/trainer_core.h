@@ -77,7 +77,6 @@ static inline int fy_tr_nblocks(const fy_trainer *tr) { return tr->L->nblocks; }
 static inline const fy_block_layout *fy_tr_blk(const fy_trainer *tr, int b) {
     return &tr->L->blocks[b];
 }
-static inline bool fy_tr_sharded(const fy_trainer *tr) { return tr->L->training && tr->world > 1; }
 /* Block b's shard bounds over the job's ranks: off[0..world] (layout.h). */
 static inline void fy_tr_shards(const fy_trainer *tr, int b, size_t *off) {
     fy_shard_bounds(tr->L->blocks[b].nelem, tr->world, off);

@@ -50,7 +50,7 @@ void fy_trainer_write_state(fy_trainer *tr, int b, fy_state s, const float *host
 
 bool fy_trainer_get_grads(fy_trainer *tr, int b, float *host) {
     FY_ASSERT(!tr->cfg.eval_only, "an evaluation-only trainer has no gradients");
-    if (fy_layout_buffer_of(tr->L, b, FY_STATE_GRAD) != FY_STATE_GRAD) return false;
+    if (fy_layout_grad_in_weights(tr->L, b)) return false;
     fy_trainer_read_state(tr, b, FY_STATE_GRAD, host);
     return true;
 }
@@ -113,7 +113,7 @@ static void gather_shards(fy_trainer *tr, int b, fy_state s, float *host) {
 }
 
 fy_status fy_trainer_serve(fy_trainer *tr) {
-    if (!fy_tr_sharded(tr) || tr->rank == 0) return FY_OK;
+    if (!fy_layout_sharded(tr->L) || tr->rank == 0) return FY_OK;
     float *tmp = NULL;
     fy_status st;
     for (;;) {
@@ -136,7 +136,7 @@ fy_status fy_trainer_serve(fy_trainer *tr) {
 }
 
 fy_status fy_trainer_serve_end(fy_trainer *tr, bool failed) {
-    if (!fy_tr_sharded(tr) || tr->rank != 0) return FY_OK;
+    if (!fy_layout_sharded(tr->L) || tr->rank != 0) return FY_OK;
     int64_t req[2] = {SERVE_END, failed};
     return fy_comm_bcast(tr->comm, req, sizeof req);
 }
@@ -152,7 +152,7 @@ void fy_trainer_get_moments(fy_trainer *tr, int b, float *m, float *v) {
     float *out[2] = {m, v};
     for (int k = 0; k < 2; k++) {
         if (!out[k]) continue;
-        if (fy_tr_sharded(tr)) gather_shards(tr, b, s[k], out[k]);
+        if (fy_layout_sharded(tr->L)) gather_shards(tr, b, s[k], out[k]);
         else fy_trainer_read_state(tr, b, s[k], out[k]);
     }
 }

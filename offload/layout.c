@@ -42,7 +42,7 @@ size_t fy_shard_nchunks(size_t nelem, int shards, int r) {
 static void shard_of(fy_block_layout *bl, const fy_layout *L) {
     bl->lo = 0;
     bl->hi = bl->nelem;
-    if (!L->training || L->world <= 1) return;
+    if (!fy_layout_sharded(L)) return;
     size_t off[FY_MAX_SHARDS + 1];
     fy_shard_bounds(bl->nelem, L->world, off);
     if (L->rank < 0) {
@@ -72,7 +72,7 @@ static void shard(fy_place *p, fy_tier tier, const fy_block_layout *bl, const fy
     p->lo = bl->lo;
     p->hi = bl->hi;
     p->cat = cat;
-    p->sharded = L->training && L->world > 1;
+    p->sharded = fy_layout_sharded(L);
     p->same_as = -1;
 }
 static void alias(fy_place *p, fy_state of, const fy_place *owner) {
@@ -243,7 +243,6 @@ static void size_acts(fy_layout *L) {
         fy_model_acts(L->model, b, L->B, L->T, L->dtype, L->training, &a);
         bl->saved_nbytes = a.saved;
         bl->out_nbytes = a.out;
-        bl->work_nbytes = a.work;
         if (bl->recompute && a.saved > L->shared_saved_nbytes) L->shared_saved_nbytes = a.saved;
         if (a.work > L->work_nbytes) L->work_nbytes = a.work;
         if (a.out > L->dx_nbytes) L->dx_nbytes = a.out;
@@ -301,7 +300,7 @@ fy_status fy_layout_renew(const fy_model *m, const fy_plan *plan, int T, bool tr
     if (st != FY_OK) { fy_layout_free(L); return st; }
     size_acts(L);
     L->tok_parts = L->rows_block >= 0 ? 3 : 2;
-    if (training && L->world > 1)
+    if (fy_layout_sharded(L))
         for (int b = 0; b < L->nblocks; b++) {
             L->own_parts += fy_sumsq_nchunks(L->blocks[b].hi - L->blocks[b].lo);
             L->nparts += fy_sumsq_nchunks(L->blocks[b].nelem);

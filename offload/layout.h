@@ -23,7 +23,8 @@
  *                 host memory (updated on the CPU); with one micro-batch a step and the
  *                 master apart, HOST_WEIGHTS' buffer (same_as: the gradient lands there
  *                 once the step's reads of the weights are done, and CPU AdamW reads each
- *                 element before it writes the weight over it)
+ *                 element before it writes the weight over it, so a fully offloaded bf16
+ *                 run holds 14 bytes a parameter on the host, not 16)
  *   M, V          AdamW's moments, fp32, where the update runs, this rank's shard
  *   SAVED         the block's saved activations, on the device: an opaque area of the
  *                 model's (its range is bytes, its dtype none), a kept block's own, a
@@ -81,9 +82,16 @@ typedef struct fy_place {
     int8_t same_as;      /* -1: a buffer of its own; else the state whose buffer it is */
 } fy_place;
 
-/* The staging rings: the layer ring, sized for the largest layer, serves the layers and
- * every other block no larger; the large ring serves the blocks larger than a layer (an
- * embedding, a classifier), so a vocabulary of 128K never sizes the layers' slots. */
+/* The staging rings, each for weights and for gradients: streamed weights are fetched
+ * into slots, and gradients that leave the device (updated on the CPU) or accumulate
+ * (grad_accum > 1) are computed into slots. The layer ring, sized for the largest layer,
+ * serves the layers and every other block no larger; the large ring serves the blocks
+ * larger than a layer (an embedding, a classifier), so a vocabulary of 128K never sizes
+ * the layers' slots. Each ring has the least slots that let the serial order run; the
+ * layer ring has the plan's prefetch depth more, so transfers run ahead of compute. The
+ * large ring needs none: its blocks are used once or twice a micro-batch, with a run of
+ * layers between. The slots are buffers only: the scheduler's pools grant them to tasks
+ * (engine/step_build.c). */
 typedef enum fy_ring_id { FY_RING_LAYER = 0, FY_RING_LARGE, FY_RINGS } fy_ring_id;
 
 /* How a streamed block's staged copies (its fetches, its staged gradients) cut it. */
@@ -91,11 +99,19 @@ typedef enum fy_staging {
     FY_STAGE_WHOLE = 0,
     FY_STAGE_ROWS,     /* a row table (model.h: gather) streamed and updated on the CPU:
                           its passes get only the micro-batch's rows (the distinct tokens
-                          in increasing order), gathered on the host; its gradient comes
-                          back as those rows and is scattered into GRAD */
+                          in increasing order), gathered on the host into a pinned buffer;
+                          its gradient comes back as those rows and is scattered into
+                          GRAD. Each row's gradient is the same sum in the same order as
+                          the whole table's, and the norm is taken on the host over the
+                          whole scattered gradient, so the arithmetic is the whole
+                          table's (Llama 3 8B at 1 x 2048: 16 MiB staged, not 1 GiB) */
     FY_STAGE_CHUNKS    /* a vocab_chunks head streamed and updated on the CPU: its loss
                           pass runs one vocabulary chunk at a time, each staged copy a
-                          chunk view (model.h) */
+                          chunk view (model.h), so a fully streamed plan's device memory
+                          is a few layers, the activations and a chunk whatever the
+                          vocabulary. With its gradient in its host weights, each chunk's
+                          rows land there once that chunk's reads are done, its other
+                          tensors (which every chunk reads) with the last chunk */
 } fy_staging;
 
 typedef struct fy_block_layout {
@@ -112,7 +128,7 @@ typedef struct fy_block_layout {
                                   or a chunk view */
     fy_ring_id ring;
     size_t fetch_nbytes;       /* the parameter slot a fetch of it needs (streamed) */
-    size_t saved_nbytes, out_nbytes, work_nbytes; /* its activations (model.h) */
+    size_t saved_nbytes, out_nbytes; /* its activations (model.h) */
 } fy_block_layout;
 
 typedef struct fy_layout {
@@ -168,6 +184,13 @@ static inline fy_state fy_layout_buffer_of(const fy_layout *L, int b, fy_state s
 static inline fy_state fy_layout_updated_weights(const fy_layout *L, int b) {
     const fy_block_layout *bl = &L->blocks[b];
     return bl->update == FY_UPDATE_DEVICE && !bl->streamed ? FY_STATE_WEIGHTS : FY_STATE_HOST_WEIGHTS;
+}
+/* A job's training run: each rank holds its shard of the masters and moments (above). */
+static inline bool fy_layout_sharded(const fy_layout *L) { return L->training && L->world > 1; }
+/* Block b's gradient lands in its host weights' buffer (GRAD same as HOST_WEIGHTS): after
+ * the copy and until its update, that buffer holds the gradient, not weights. */
+static inline bool fy_layout_grad_in_weights(const fy_layout *L, int b) {
+    return fy_layout_buffer_of(L, b, FY_STATE_GRAD) == FY_STATE_HOST_WEIGHTS;
 }
 /* Whether the master's buffer holds a shard (not the whole block): rank 0 gathers it. */
 static inline bool fy_layout_master_sharded(const fy_layout *L, int b) {

@@ -13,8 +13,6 @@ static const char *update_names[] = {"gpu", "cpu"};
 static const char *acts_names[] = {"keep", "recompute"};
 static const char *state_keys[FY_PLAN_STATES] = {"master", "grad", "moments"};
 
-const char *fy_where_name(fy_where w) { return w < FY_WHERES ? where_names[w] : "?"; }
-
 fy_where fy_plan_where(const fy_block_plan *bp, fy_plan_state s) {
     if (bp->update == FY_UPDATE_CPU) return FY_ON_HOST;
     return s == FY_PLAN_MASTER ? bp->weights : FY_ON_DEVICE;

@@ -104,7 +104,6 @@ fy_status fy_plan_check(const fy_plan *p, const fy_model *m);
 /* Where block plan bp keeps state s (the master, the gradient, the moments): where its
  * update runs, but a streamed block updated on the device keeps its master on the host. */
 fy_where fy_plan_where(const fy_block_plan *bp, fy_plan_state s);
-const char *fy_where_name(fy_where w);
 
 /* "params streamed: layers 0-5 | optim cpu: layers 6-11, embed, head | recompute: none" */
 void fy_plan_describe(const fy_plan *p, char *buf, size_t cap);

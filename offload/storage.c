@@ -168,7 +168,7 @@ static fy_status walk_scratch(walk *w, const fy_layout *L) {
     carve(w, FY_CAT_WORKSPACE, tok, true, OUT(win.tok_host));
     carve(w, FY_CAT_WORKSPACE, accum * sizeof(float), true, OUT(win.loss_host));
     carve(w, FY_CAT_WORKSPACE, nb * sizeof(double), true, OUT(win.sumsq_host));
-    if (!L->training || L->world <= 1) return FY_OK;
+    if (!fy_layout_sharded(L)) return FY_OK;
     NAME("norm chunk sums");
     FY_TRY(take(w, FY_CAT_WORKSPACE, (L->own_parts ? L->own_parts : 1) * sizeof(double), OUT(win.parts_dev)));
     carve(w, FY_CAT_WORKSPACE, L->nparts * sizeof(double), true, OUT(win.parts_host));

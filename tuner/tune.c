@@ -51,13 +51,14 @@ static double analytic_ms(const costing *c, int kind, int b) {
 static double block_nbytes(const costing *c, int b) {
     return (double)c->L->blocks[b].nelem * c->es;
 }
-/* A block's share of the update: a job's rank updates its shard only (layout.h). */
-static double share_of(const costing *c, int b) {
-    const double P = (double)c->L->blocks[b].nelem, own = (double)(c->L->blocks[b].hi - c->L->blocks[b].lo);
-    return P > 0 ? own / P : 1.0;
-}
+/* The elements of a block's update, and their share of it: a job's rank updates its
+ * shard only (layout.h). */
 static double own_of(const costing *c, int b) {
     return (double)(c->L->blocks[b].hi - c->L->blocks[b].lo);
+}
+static double share_of(const costing *c, int b) {
+    const double P = (double)c->L->blocks[b].nelem;
+    return P > 0 ? own_of(c, b) / P : 1.0;
 }
 static double stage_of(const costing *c, int b) {
     return (double)c->L->blocks[b].stage_nelem * c->es;

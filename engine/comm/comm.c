@@ -533,7 +533,7 @@ static const fy_coll_iface mpi_coll = {"mpi", false, mpi_reduce_scatter, mpi_all
 static const fy_coll_iface dev_coll = {"device", true, dev_reduce_scatter, dev_allgather};
 
 fy_coll fy_comm_coll(fy_comm *c, const fy_dev *dev, fy_mem_kind kind) {
-    const bool device = kind == FY_MEM_DEVICE && fy_dev_get_kind(dev) != FY_DEV_CPU &&
-                        fy_dev_has_collectives(dev);
+    /* the cpu backend has no collectives of its own: its device memory goes over MPI */
+    const bool device = kind == FY_MEM_DEVICE && fy_dev_has_collectives(dev);
     return (fy_coll){device ? &dev_coll : &mpi_coll, c};
 }
