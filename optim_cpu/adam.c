@@ -93,6 +93,10 @@ fy_status fy_adam_range_check(const fy_adam_range *r) {
         fy_log_error("adam: output dtype %d is not fp32, bf16 or fp16", (int)r->out_dtype);
         return FY_ERR_INVALID;
     }
+    if (!r->src_param != !r->src_m || !r->src_m != !r->src_v) {
+        fy_log_error("adam: an out-of-place range names some of its sources, not all");
+        return FY_ERR_INVALID;
+    }
     if (r->n && (!r->param || !r->m || !r->v || !r->grad)) {
         fy_log_error("adam: a range of %zu elements has a NULL array", r->n);
         return FY_ERR_INVALID;
@@ -139,6 +143,9 @@ void fy_adam_range_slice(const fy_adam_range *r, size_t lo, size_t hi, fy_adam_r
     out->param = r->param + lo;
     out->m = r->m + lo;
     out->v = r->v + lo;
+    if (r->src_param) out->src_param = r->src_param + lo;
+    if (r->src_m) out->src_m = r->src_m + lo;
+    if (r->src_v) out->src_v = r->src_v + lo;
     out->grad = (const char *)r->grad + lo * fy_dtype_size(r->grad_dtype);
     if (r->param_out) out->param_out = (char *)r->param_out + lo * fy_dtype_size(r->out_dtype);
     out->n = hi - lo;

@@ -46,8 +46,12 @@ typedef struct fy_adam_consts {
 } fy_adam_consts;
 
 typedef struct fy_adam_range {
-    float *param;            /* (n) fp32 master weights, updated in place */
-    float *m, *v;            /* (n) moments, updated in place */
+    float *param;            /* (n) fp32 master weights, updated (written) */
+    float *m, *v;            /* (n) moments, updated (written) */
+    const float *src_param;  /* (n) the state read, when it is elsewhere (an out-of-place */
+    const float *src_m;      /* update: the speculative step writes beside the state it */
+    const float *src_v;      /* keeps, engine/step_run.c); NULL: param, m, v (in place).
+                                Each or none; the arithmetic is the in-place update's */
     const void *grad;        /* (n) gradients of type grad_dtype (F32, BF16 or F16) */
     fy_dtype grad_dtype;
     void *param_out;         /* (n) optional copy of the updated weights, or NULL; may be

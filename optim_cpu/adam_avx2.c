@@ -61,6 +61,7 @@ INL void store_out(void *o, size_t i, __m256 w, int O, bool nt) {
  * so the pointers stay in registers. */
 typedef struct arrays {
     float *param, *m, *v;
+    const float *sp, *sm, *sv; /* what is read: param, m, v unless out of place */
     const void *grad;
     void *out;
 } arrays;
@@ -69,9 +70,9 @@ typedef struct arrays {
 INL void step8(const vconsts *c, const arrays *r, size_t i, int G, int O, bool nt) {
     float *pp = r->param + i, *pm = r->m + i, *pv = r->v + i;
     __m256 g = _mm256_mul_ps(load_grad(r->grad, i, G), c->gs);
-    __m256 w = _mm256_mul_ps(_mm256_loadu_ps(pp), c->dm);
-    __m256 m = _mm256_fmadd_ps(c->b1, _mm256_loadu_ps(pm), _mm256_mul_ps(c->omb1, g));
-    __m256 v = _mm256_fmadd_ps(c->b2, _mm256_loadu_ps(pv),
+    __m256 w = _mm256_mul_ps(_mm256_loadu_ps(r->sp + i), c->dm);
+    __m256 m = _mm256_fmadd_ps(c->b1, _mm256_loadu_ps(r->sm + i), _mm256_mul_ps(c->omb1, g));
+    __m256 v = _mm256_fmadd_ps(c->b2, _mm256_loadu_ps(r->sv + i),
                                _mm256_mul_ps(_mm256_mul_ps(c->omb2, g), g));
     __m256 d = _mm256_fmadd_ps(_mm256_sqrt_ps(v), c->rsbc2, c->eps);
     w = _mm256_fmadd_ps(c->nss, _mm256_div_ps(m, d), w);
@@ -92,7 +93,10 @@ INL size_t body(const vconsts *c, const arrays *r, size_t i, size_t hi, int G, i
 
 INL void run(const fy_adam_consts *cs, const fy_adam_range *range, size_t lo, size_t hi, int G,
              int O) {
-    const arrays a = {range->param, range->m, range->v, range->grad, range->param_out};
+    const arrays a = {range->param, range->m, range->v,
+                      range->src_param ? range->src_param : range->param,
+                      range->src_m ? range->src_m : range->m,
+                      range->src_v ? range->src_v : range->v, range->grad, range->param_out};
     vconsts c = {
         _mm256_set1_ps(cs->grad_scale), _mm256_set1_ps(cs->decay_mul),
         _mm256_set1_ps(cs->beta1), _mm256_set1_ps(cs->omb1),

@@ -103,6 +103,7 @@ INL void store_out(void *o, size_t i, __m512 w, int O, __mmask16 k, bool masked,
  * so the pointers stay in registers. */
 typedef struct arrays {
     float *param, *m, *v;
+    const float *sp, *sm, *sv; /* what is read: param, m, v unless out of place */
     const void *grad;
     void *out;
 } arrays;
@@ -111,9 +112,10 @@ INL void step16(const vconsts *c, const arrays *r, size_t i, int G, int O,
                 __mmask16 k, bool masked, bool nt) {
     float *pp = r->param + i, *pm = r->m + i, *pv = r->v + i;
     __m512 g = load_grad(r->grad, i, G, k, masked);
-    __m512 w = masked ? _mm512_maskz_loadu_ps(k, pp) : _mm512_loadu_ps(pp);
-    __m512 m = masked ? _mm512_maskz_loadu_ps(k, pm) : _mm512_loadu_ps(pm);
-    __m512 v = masked ? _mm512_maskz_loadu_ps(k, pv) : _mm512_loadu_ps(pv);
+    const float *sp = r->sp + i, *sm = r->sm + i, *sv = r->sv + i;
+    __m512 w = masked ? _mm512_maskz_loadu_ps(k, sp) : _mm512_loadu_ps(sp);
+    __m512 m = masked ? _mm512_maskz_loadu_ps(k, sm) : _mm512_loadu_ps(sm);
+    __m512 v = masked ? _mm512_maskz_loadu_ps(k, sv) : _mm512_loadu_ps(sv);
     g = _mm512_mul_ps(g, c->gs);
     w = _mm512_mul_ps(w, c->dm);
     m = _mm512_fmadd_ps(c->b1, m, _mm512_mul_ps(c->omb1, g));
@@ -144,7 +146,10 @@ INL size_t body(const vconsts *c, const arrays *r, size_t i, size_t hi, int G, i
 
 INL void run(const fy_adam_consts *cs, const fy_adam_range *range, size_t lo, size_t hi, int G,
              int O) {
-    const arrays a = {range->param, range->m, range->v, range->grad, range->param_out};
+    const arrays a = {range->param, range->m, range->v,
+                      range->src_param ? range->src_param : range->param,
+                      range->src_m ? range->src_m : range->m,
+                      range->src_v ? range->src_v : range->v, range->grad, range->param_out};
     const arrays *r = &a;
     vconsts c = {
         _mm512_set1_ps(cs->grad_scale), _mm512_set1_ps(cs->decay_mul),

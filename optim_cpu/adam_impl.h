@@ -67,9 +67,9 @@ static inline void fy_adam_store_out(void *o, fy_dtype t, size_t i, float w) {
 
 static inline void fy_adam_elem(const fy_adam_consts *c, const fy_adam_range *r, size_t i) {
     float g = fy_adam_load_grad(r->grad, r->grad_dtype, i) * c->grad_scale;
-    float w = r->param[i] * c->decay_mul;
-    float m = fmaf(c->beta1, r->m[i], c->omb1 * g);
-    float v = fmaf(c->beta2, r->v[i], (c->omb2 * g) * g);
+    float w = (r->src_param ? r->src_param : r->param)[i] * c->decay_mul;
+    float m = fmaf(c->beta1, (r->src_m ? r->src_m : r->m)[i], c->omb1 * g);
+    float v = fmaf(c->beta2, (r->src_v ? r->src_v : r->v)[i], (c->omb2 * g) * g);
     float d = fmaf(sqrtf(v), c->rsbc2, c->eps);
     w = fmaf(c->neg_step_size, m / d, w);
     r->param[i] = w;

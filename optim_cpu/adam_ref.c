@@ -44,11 +44,13 @@ fy_status fy_adam_step_ref(const fy_adam_hparams *hp, const fy_adam_range *r) {
             if (!isfinite(load_grad(r->grad, r->grad_dtype, i) * c.grad_scale))
                 return FY_ERR_NONFINITE;
     }
+    const float *sp = r->src_param ? r->src_param : r->param;
+    const float *sm = r->src_m ? r->src_m : r->m, *sv = r->src_v ? r->src_v : r->v;
     for (size_t i = 0; i < r->n; i++) {
         float g = load_grad(r->grad, r->grad_dtype, i) * c.grad_scale;
-        float w = r->param[i] * c.decay_mul;
-        float m = fmaf(c.beta1, r->m[i], c.omb1 * g);
-        float v = fmaf(c.beta2, r->v[i], (c.omb2 * g) * g);
+        float w = sp[i] * c.decay_mul;
+        float m = fmaf(c.beta1, sm[i], c.omb1 * g);
+        float v = fmaf(c.beta2, sv[i], (c.omb2 * g) * g);
         float d = fmaf(sqrtf(v), c.rsbc2, c.eps);
         w = fmaf(c.neg_step_size, m / d, w);
         r->param[i] = w;

@@ -544,6 +544,59 @@ Test(pool, matches_single_thread) {
     }
 }
 
+/* An out-of-place update (src_param, src_m, src_v: the speculative step's, which writes
+ * beside the state it keeps) writes the in-place update's bits and reads its sources
+ * only, on every path, alone and through a pool of threads. */
+ParameterizedTestParameters(paths, out_of_place_matches_in_place) {
+    static fy_adam_path paths[] = {FY_ADAM_PATH_SCALAR, FY_ADAM_PATH_AVX2, FY_ADAM_PATH_AVX512,
+                                   FY_ADAM_PATH_AVX512_BF16};
+    return cr_make_param_array(fy_adam_path, paths, sizeof paths / sizeof paths[0]);
+}
+ParameterizedTest(fy_adam_path *pp, paths, out_of_place_matches_in_place) {
+    SKIP_UNSUPPORTED(*pp);
+    uint64_t rng = 21;
+    fy_adam_pool *pool;
+    cr_assert_eq(fy_adam_pool_new(2, &pool), FY_OK);
+    const size_t ns[] = {1, 17, 1000, 2 * FY_ADAM_TILE_NELEM + 333};
+    for (size_t a = 0; a < 4; a++)
+        for (size_t t = 0; t < 3; t++) {
+            const size_t off[5] = {3, 1, 2, 0, 1};
+            state in, src, dst;
+            st_init(&in, ns[a], pool_types[t].gt, pool_types[t].ot, off);
+            st_fill(&in, &rng);
+            st_clone(&src, &in);
+            st_clone(&dst, &in);
+            for (size_t i = 0; i < ns[a]; i++) dst.param[i] = dst.m[i] = dst.v[i] = -1.0f;
+            fy_adam_range r = st_range(&in, true), o = st_range(&dst, true);
+            o.grad = src.grad;
+            o.src_param = src.param;
+            o.src_m = src.m;
+            o.src_v = src.v;
+            fy_adam_hparams hp = hparams(7);
+            cr_assert_eq(fy_adam_step_path(*pp, &hp, &r), FY_OK);
+            state keep;
+            st_clone(&keep, &src);
+            cr_assert_eq(a < 3 ? fy_adam_step_path(*pp, &hp, &o) : fy_adam_pool_step(pool, &hp, &o),
+                         FY_OK);
+            ASSERT_SAME(&src, &keep, "%s n=%zu: the sources are read only", fy_adam_path_name(*pp), ns[a]);
+            /* dst's param, m, v and out now hold in's; its grad is the untouched copy */
+            memcpy(dst.grad, in.grad, ns[a] * esize(in.gt));
+            ASSERT_SAME(&in, &dst, "%s n=%zu types#%zu", fy_adam_path_name(*pp), ns[a], t);
+            st_free(&in);
+            st_free(&src);
+            st_free(&dst);
+            st_free(&keep);
+        }
+    fy_adam_range half = {.param = (float[1]){0}, .m = (float[1]){0}, .v = (float[1]){0},
+                          .src_param = (float[1]){0}, .grad = (float[1]){0}, .grad_dtype = FY_F32,
+                          .n = 1};
+    fy_log_set_level(FY_LOG_QUIET);
+    fy_adam_hparams hp = hparams(1);
+    cr_assert_eq(fy_adam_step_path(*pp, &hp, &half), FY_ERR_INVALID, "some sources, not all");
+    fy_log_set_level(FY_LOG_INFO);
+    fy_adam_pool_free(pool);
+}
+
 /* Any cut into tiles, in any order, on any thread gives the same bits. */
 Test(pool, tiles_any_split) {
     uint64_t rng = 12;

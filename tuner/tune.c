@@ -218,6 +218,26 @@ fy_status fy_tune_predict(const fy_profile *p, const fy_tune_cfg *cfg, const fy_
     return st;
 }
 
+fy_status fy_tune_trace(const fy_profile *p, const fy_tune_cfg *cfg, const fy_plan *plan,
+                        const char *path) {
+    fy_layout L = {0};
+    FY_TRY(plan_layout(cfg, plan, &L));
+    const int w = cfg->window > 0 ? cfg->window : 20;
+    fy_step_graph sg;
+    fy_sched_result r;
+    fy_status st = priced_graph(p, cfg, &L, w, &sg);
+    if (st == FY_OK) {
+        st = fy_sched_simulate(&sg.g, FY_SCHED_PRIORITY, &r);
+        if (st == FY_OK) {
+            st = fy_sched_write_trace(&sg.g, &r, path, "ferry tune (simulated)");
+            fy_sched_result_free(&r);
+        }
+        fy_step_graph_free(&sg);
+    }
+    fy_layout_free(&L);
+    return st;
+}
+
 /* Tokens per millisecond: the objective (micro-batch and accumulation vary, the batch
  * does not, so step time alone would do; this keeps the comparison explicit). */
 static double throughput(const fy_tune_cfg *cfg, const fy_tune_result *r) {

@@ -95,6 +95,10 @@ bool fy_tune_fits(const fy_tune_cfg *cfg);
 fy_status fy_tune_predict(const fy_profile *p, const fy_tune_cfg *cfg, const fy_plan *plan,
                           fy_tune_result *out);
 
+/* The simulated run of plan (cfg->window steps, as predicted) as a Chrome trace at path. */
+fy_status fy_tune_trace(const fy_profile *p, const fy_tune_cfg *cfg, const fy_plan *plan,
+                        const char *path);
+
 #ifdef __cplusplus
 }
 #endif

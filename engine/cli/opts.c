@@ -114,8 +114,9 @@ static const opt table[] = {
      "print the plan and its memory model, then exit", 0},
     {"schedule", T_STR, O(schedule), TR, "priority", R_ANY, "priority|fifo|serial", "S",
      "task order: by next use, by readiness, or one task at a time", 0},
-    {"trace", T_STR, O(trace), TR, NULL, R_ANY, NULL, "FILE",
-     "write a Chrome trace (JSON) of every task, one row per lane", 0},
+    {"trace", T_STR, O(trace), TR | TU, NULL, R_ANY, NULL, "FILE",
+     "write a Chrome trace (JSON) of every task, one row per lane (tune: the pick's "
+     "simulated steps)", 0},
     {"adam-threads", T_INT, O(adam_threads), TR | PR | TU | SW, "0", R_NONNEG, NULL, "N",
      "threads of the CPU optimizer (0 = --threads)", 1024},
     {"predict", T_BOOL, O(predict), TR, "0", R_ANY, NULL, NULL,

@@ -426,6 +426,12 @@ int fy_tune_main(const fy_opts *o) {
         const char *out = o->out ? o->out : "plan.json";
         rc = save_tuned(out, &top[0]) == FY_OK ? 0 : 1;
         if (!rc) printf("saved   %s (predicted %.1f ms/step)\n", out, top[0].step_ms);
+        if (!rc && o->trace) {
+            fy_tune_cfg tc = tune_cfg(o, m, &p);
+            tc.ranks = (int)o->ranks;
+            rc = fy_tune_trace(&p, &tc, &top[0].plan, o->trace) == FY_OK ? 0 : 1;
+            if (!rc) printf("trace   %s (the pick's simulated steps)\n", o->trace);
+        }
     }
     for (int i = 0; i < n; i++) fy_plan_free(&top[i].plan);
     fy_model_free(m);
