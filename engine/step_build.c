@@ -50,6 +50,8 @@ typedef struct builder {
     bool *started;          /* per block, this micro-batch: its gradient has a writer */
     int shared_user;        /* the last task that used the recompute area */
     int prev_load, load_war[2], load_buf[2], prev_norm;
+    int spec_after;         /* the previous step's norm: a speculative update assumes the
+                               step count it left */
     int prev_comm;          /* the last reduce or allgather: they run in one order on every
                                rank */
 } builder;
@@ -446,10 +448,24 @@ static void build_adam_gpu(builder *bd, int b, int last, int barrier) {
     bd->ready[b] = d;
 }
 
-/* Every block's update after the norm, created in the order gradients complete (head,
- * layers down, embedding): fifo runs them so; priority reorders them by next use (block
- * 0 first). They are not program uses themselves: their priority is that of the next
- * forward. */
+/* A speculative block's update (plan.h): its adam_cpu as soon as its gradient is on the
+ * host (and the previous step's norm has counted the step), then its commit once this
+ * step's norm is known; the block's next use waits for the commit. */
+static int build_speculative(builder *bd, int b, int last, int nm) {
+    int ad = add(bd, FY_T_ADAM_CPU, b, last);
+    dep(bd, bd->last_d2h[b], ad);
+    dep(bd, bd->ready[b], ad);
+    dep(bd, bd->spec_after, ad);
+    int c = add(bd, FY_T_COMMIT, b, last);
+    dep(bd, ad, c);
+    dep(bd, nm, c);
+    return c;
+}
+
+/* Every block's update after the norm (a speculative block's before it, committed
+ * after), created in the order gradients complete (head, layers down, embedding): fifo
+ * runs them so; priority reorders them by next use (block 0 first). They are not
+ * program uses themselves: their priority is that of the next forward. */
 static void build_update(builder *bd, int last, int nm) {
     const int barrier = bd->barrier ? nm : -1;
     for (int b = bd->nb - 1; b >= 0; b--) {
@@ -457,9 +473,14 @@ static void build_update(builder *bd, int last, int nm) {
             build_adam_gpu(bd, b, last, barrier);
             continue;
         }
-        int ad = add(bd, FY_T_ADAM_CPU, b, last);
-        dep(bd, barrier, ad);
-        dep(bd, bd->last_d2h[b], ad);
+        int ad;
+        if (blk_of(bd, b)->speculate) {
+            ad = build_speculative(bd, b, last, nm);
+        } else {
+            ad = add(bd, FY_T_ADAM_CPU, b, last);
+            dep(bd, barrier, ad);
+            dep(bd, bd->last_d2h[b], ad);
+        }
         bd->ready[b] = ad;
         /* a job's h2d_update follows the allgather */
         if (!streamed(bd, b) && !dp(bd)) build_h2d_update(bd, b, last, ad);
@@ -511,7 +532,7 @@ static fy_status builder_init(builder *bd, const fy_layout *L, fy_step_graph *sg
     if (!bd->ready || !bd->last_bwd || !bd->final_grad || !bd->last_d2h || !bd->grad || !bd->started)
         return finish(bd, FY_ERR_NOMEM);
     for (size_t b = 0; b < n; b++) bd->ready[b] = bd->last_bwd[b] = bd->last_d2h[b] = -1;
-    bd->shared_user = bd->prev_load = bd->prev_norm = bd->prev_comm = -1;
+    bd->shared_user = bd->prev_load = bd->prev_norm = bd->prev_comm = bd->spec_after = -1;
     bd->load_war[0] = bd->load_war[1] = bd->load_buf[0] = bd->load_buf[1] = -1;
     return FY_OK;
 }
@@ -536,7 +557,9 @@ fy_status fy_step_build_train(const fy_layout *L, int nsteps, bool norm_barrier,
         }
         const int last = t * A + A - 1; /* per-step tasks carry the step's last micro-batch */
         if (dp(&bd)) build_reduce(&bd, last);
-        build_update(&bd, last, build_norm(&bd, last, heads));
+        const int nm = build_norm(&bd, last, heads);
+        build_update(&bd, last, nm);
+        bd.spec_after = nm;
         if (dp(&bd)) build_allgather(&bd, last);
     }
     return finish(&bd, FY_OK);

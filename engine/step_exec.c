@@ -136,11 +136,14 @@ static fy_status events_for(fy_trainer *tr, int n) {
     return FY_OK;
 }
 
-void fy_exec_init(fy_trainer *tr) {
+fy_status fy_exec_init(fy_trainer *tr) {
+    tr->ex.spec_wrote = calloc((size_t)fy_tr_nblocks(tr), sizeof *tr->ex.spec_wrote);
+    if (!tr->ex.spec_wrote) return FY_ERR_NOMEM;
     const int rb = tr->L->rows_block;
-    if (rb < 0) return;
+    if (rb < 0) return FY_OK;
     const int nrows = fy_model_block(tr->model, rb)->tensors[0].alloc_rows;
     for (int r = 0; r < nrows; r++) tr->st->win.row_map[r] = -1; /* no row gathered */
+    return FY_OK;
 }
 
 void fy_exec_free(fy_exec *ex) {
@@ -152,6 +155,7 @@ void fy_exec_free(fy_exec *ex) {
     free(ex->ev_start);
     free(ex->ev_end);
     free(ex->host_start);
+    free(ex->spec_wrote);
     memset(ex, 0, sizeof *ex);
 }
 
@@ -241,8 +245,7 @@ static int settle_failure(fy_trainer *tr, const fy_graph *g, const fy_sched_resu
     bool partial = false;
     for (int i = 0; i < r->nrecs; i++) {
         const fy_task *t = &g->tasks[r->recs[i].task];
-        if (t->epoch == failed && r->recs[i].task != r->failed_task &&
-            (t->kind == FY_T_ADAM_GPU || t->kind == FY_T_ADAM_CPU))
+        if (t->epoch == failed && r->recs[i].task != r->failed_task && fy_run_applies(tr, t))
             partial = true;
     }
     partial &= !tr->ex.stats[failed].skipped;
@@ -325,6 +328,8 @@ fy_status fy_trainer_run(fy_trainer *tr, fy_window *w) {
     ex->next_batch = w->next_batch;
     ex->batch_ctx = w->batch_ctx;
     ex->eval = false;
+    ex->normed = -1;
+    ex->spec_ss = 0.0;
     memset(w->stats, 0, (size_t)w->nsteps * sizeof *w->stats);
     const int64_t steps_before = tr->steps_done;
     fy_sched_result res = {0};

@@ -438,6 +438,8 @@ static fy_status run_norm(fy_trainer *tr, int id, const fy_task *t, const fy_ste
     }
     if (!out->skipped) tr->steps_done++;
     tr->ex.adam_step[step] = tr->steps_done;
+    tr->ex.normed = step;
+    tr->ex.spec_ss = 0.0;
     return FY_OK;
 }
 
@@ -510,7 +512,10 @@ static fy_status run_d2h_param(fy_trainer *tr, int id, const fy_task *t, const f
  * HOST_WEIGHTS) and was not updated over it (a skipped step, a failed one) gets its
  * shard of them back from its master (a job's allgather brings the others'). */
 void fy_run_restore_weights(fy_trainer *tr, int b) {
-    if (!fy_layout_grad_in_weights(tr->L, b)) return;
+    const bool spec = tr->ex.spec_wrote[b];
+    tr->ex.spec_wrote[b] = false; /* its spare side is not the update */
+    if (!fy_layout_grad_in_weights(tr->L, b) && !(spec && fy_layout_owns(tr->L, b, FY_STATE_MASTER)))
+        return;
     const fy_block_layout *bl = fy_tr_blk(tr, b);
     void *w = fy_tr_at(tr, b, FY_STATE_HOST_WEIGHTS, bl->lo);
     const float *master = fy_tr_at(tr, b, FY_STATE_MASTER, bl->lo);
@@ -518,31 +523,97 @@ void fy_run_restore_weights(fy_trainer *tr, int b) {
     else memcpy(w, master, (bl->hi - bl->lo) * sizeof(float));
 }
 
-/* adam_cpu: the fp32 master, m and v on the host; with the master apart the update
+/* Block b's AdamW on the host under hp: the fp32 master, m and v, in place, or (spare)
+ * read from them and written into the spare side; with the master apart the update
  * writes the host weights too (over the gradient when they share a buffer: AdamW reads
  * each gradient element before it writes that element's weight). */
-static fy_status run_adam_cpu(fy_trainer *tr, int id, const fy_task *t, const fy_step_task *p) {
-    const int b = t->block;
-    if (tr->ex.stats[step_of(tr, p)].skipped) {
-        fy_run_restore_weights(tr, b);
-        return FY_OK;
-    }
+static void host_adam(fy_trainer *tr, int b, const fy_adam_hparams *hp, bool spare) {
     const bool writes_copy = fy_layout_owns(tr->L, b, FY_STATE_MASTER);
-    fy_adam_hparams hp = hparams(tr, step_of(tr, p));
+    const fy_state ws[3] = {spare ? FY_STATE_SPARE_MASTER : FY_STATE_MASTER,
+                            spare ? FY_STATE_SPARE_M : FY_STATE_M, spare ? FY_STATE_SPARE_V : FY_STATE_V};
     size_t off[2], len[2];
     adam_ranges(tr, b, off, len);
     for (int k = 0; k < 2; k++) {
         if (!len[k]) continue;
         const size_t o = off[k];
-        fy_adam_range r = {.param = fy_tr_at(tr, b, FY_STATE_MASTER, o),
-                           .m = fy_tr_at(tr, b, FY_STATE_M, o), .v = fy_tr_at(tr, b, FY_STATE_V, o),
+        fy_adam_range r = {.param = fy_tr_at(tr, b, ws[0], o), .m = fy_tr_at(tr, b, ws[1], o),
+                           .v = fy_tr_at(tr, b, ws[2], o),
                            .grad = fy_tr_at(tr, b, FY_STATE_GRAD, o), .grad_dtype = fy_tr_dt(tr),
                            .param_out = writes_copy ? fy_tr_at(tr, b, FY_STATE_HOST_WEIGHTS, o) : NULL,
                            .out_dtype = fy_tr_dt(tr), .n = len[k], .decay = k == 0};
-        fy_status s = fy_adam_pool_step(tr->pool, &hp, &r);
+        if (spare) {
+            r.src_param = fy_tr_at(tr, b, FY_STATE_MASTER, o);
+            r.src_m = fy_tr_at(tr, b, FY_STATE_M, o);
+            r.src_v = fy_tr_at(tr, b, FY_STATE_V, o);
+        }
+        fy_status s = fy_adam_pool_step(tr->pool, hp, &r);
         FY_ASSERT(s == FY_OK, "a cpu AdamW step without check_finite cannot fail");
     }
+}
+
+/* The update of a step whose norm is known: AdamW with its clip coefficient, or, skipped,
+ * the host weights made weights again. */
+static void known_update(fy_trainer *tr, int b, int step) {
+    if (tr->ex.stats[step].skipped) {
+        fy_run_restore_weights(tr, b);
+        return;
+    }
+    const fy_adam_hparams hp = hparams(tr, step);
+    host_adam(tr, b, &hp, false);
+}
+
+/* Speculation (plan.h; step_build.h): before the norm, a block's update assumes it is
+ * the unclipped, counted one, unless what is known already says otherwise: its own
+ * gradient is not finite, or with this step's blocks updated so far it reaches the clip
+ * threshold (their sums of squares only grow; that much clips, up to rounding, which the
+ * commit settles exactly). It reads the block's state and writes the spare side; the
+ * commit swaps them when the norm agrees. */
+static bool speculate(fy_trainer *tr, int b, int step) {
+    fy_exec *ex = &tr->ex;
+    const double ss = bufs(tr)->sumsq_host[b], clip = tr->cfg.clip;
+    if (ex->normed >= step || !isfinite(ss)) return false;
+    ex->spec_ss += ss;
+    if (clip > 0.0 && ex->spec_ss >= clip * clip) return false;
+    fy_adam_hparams hp = hparams(tr, step);
+    hp.grad_scale = 1.0f;
+    hp.step = tr->steps_done + 1; /* the previous step's norm counted the steps so far */
+    host_adam(tr, b, &hp, true);
+    ex->spec_wrote[b] = true;
+    ex->stats[step].speculated++;
+    return true;
+}
+
+static fy_status run_adam_cpu(fy_trainer *tr, int id, const fy_task *t, const fy_step_task *p) {
+    const int b = t->block;
+    if (fy_tr_blk(tr, b)->speculate) {
+        speculate(tr, b, step_of(tr, p)); /* else its commit updates it */
+        return FY_OK;
+    }
+    known_update(tr, b, step_of(tr, p));
     return FY_OK;
+}
+
+/* commit: a speculative update that was the update (unclipped, counted) takes its spare
+ * side; otherwise the block is updated now, as without speculation: in place with the
+ * clip coefficient (the kept side is the state before the step), or skipped (the host
+ * weights the speculation wrote made weights again). */
+static fy_status run_commit(fy_trainer *tr, int id, const fy_task *t, const fy_step_task *p) {
+    const int b = t->block, step = step_of(tr, p);
+    const fy_step_stats *s = &tr->ex.stats[step];
+    if (tr->ex.spec_wrote[b] && !s->skipped && s->clip_coef == 1.0f) {
+        tr->ex.spec_wrote[b] = false;
+        fy_storage_swap_spare(tr->st, b);
+        tr->ex.stats[step].kept++;
+        return FY_OK;
+    }
+    known_update(tr, b, step); /* a skipped one reads spec_wrote[b] (and clears it) */
+    tr->ex.spec_wrote[b] = false;
+    return FY_OK;
+}
+
+bool fy_run_applies(const fy_trainer *tr, const fy_task *t) {
+    return t->kind == FY_T_ADAM_GPU || t->kind == FY_T_COMMIT ||
+           (t->kind == FY_T_ADAM_CPU && !fy_tr_blk(tr, t->block)->speculate);
 }
 
 static fy_status run_h2d_update(fy_trainer *tr, int id, const fy_task *t, const fy_step_task *p) {

@@ -22,7 +22,10 @@
  *   norm        cpu      the step's global gradient norm, clip coefficient, mean loss
  *   adam_gpu    compute  AdamW on the device
  *   d2h_param   d2h      a streamed device-updated block's master (and copy) back
- *   adam_cpu    cpu      AdamW on the host (optim_cpu)
+ *   adam_cpu    cpu      AdamW on the host (optim_cpu); a speculative block's (plan.h) may
+ *                        run before the norm, into its spare side
+ *   commit      cpu      a speculative block's update, once the norm is known: its sides
+ *                        swapped, or the update redone (clipped) or undone (skipped)
  *   h2d_update  h2d      a cpu-updated resident block's weights back to the device
  *   collect     cpu      an evaluated batch's loss
  *   reduce      comm     data parallel: a block's gradient summed into each shard's owner
@@ -50,6 +53,7 @@ extern "C" {
     X(D2H_PARAM, d2h_param, FY_LANE_D2H, master_out)       \
     X(ADAM_CPU, adam_cpu, FY_LANE_CPU, host_adam)          \
     X(H2D_UPDATE, h2d_update, FY_LANE_H2D, send)           \
+    X(COMMIT, commit, FY_LANE_CPU, fixed)                  \
     X(COLLECT, collect, FY_LANE_CPU, fixed)                \
     X(REDUCE, reduce, FY_LANE_COMM, collective)            \
     X(ALLGATHER, allgather, FY_LANE_COMM, collective)

@@ -625,6 +625,8 @@ static fy_status log_step(run *r, int64_t s, const fy_step_stats *ss, float lr, 
                 (long long)s + 1, json_num(ss->loss, v[0]), json_num(lr, v[1]),
                 json_num(ss->grad_norm, v[2]), json_num(ss->clip_coef, v[3]), ms, tok_s);
         if (ss->skipped) fprintf(r->metrics, ",\"skipped\":true");
+        if (ss->speculated)
+            fprintf(r->metrics, ",\"speculated\":%d,\"kept\":%d", ss->speculated, ss->kept);
         if (validated) fprintf(r->metrics, ",\"val_loss\":%s", json_num(r->val_loss, v[4]));
         fprintf(r->metrics, "}\n");
         if (fflush(r->metrics) != 0 || ferror(r->metrics)) { /* a full disk, a closed pipe */

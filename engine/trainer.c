@@ -155,8 +155,8 @@ fy_status fy_trainer_new(fy_dev *dev, const fy_trainer_cfg *cfg, fy_trainer **ou
     fy_layout_free(&L);
     if (st != FY_OK) goto fail;
     tr->L = &tr->st->layout;
-    fy_exec_init(tr);
-    if ((st = fy_stream_set_dtype(tr->s, fy_tr_dt(tr))) != FY_OK ||
+    if ((st = fy_exec_init(tr)) != FY_OK ||
+        (st = fy_stream_set_dtype(tr->s, fy_tr_dt(tr))) != FY_OK ||
         (tr->s_comm && (st = fy_stream_set_dtype(tr->s_comm, fy_tr_dt(tr))) != FY_OK) ||
         (st = fy_cost_table_init(&tr->costs, fy_tr_nblocks(tr))) != FY_OK ||
         (fy_layout_sharded(tr->L) && (st = fy_trainer_setup_parts(tr)) != FY_OK) ||

@@ -87,6 +87,9 @@ typedef struct fy_step_stats {
     float grad_norm;   /* before clipping */
     float clip_coef;   /* applied scale (1 when not clipped) */
     bool skipped;      /* non-finite gradients: no update */
+    int speculated;    /* blocks whose update ran before the norm (plan.h: speculate) */
+    int kept;          /* of them, those whose speculation was the update (the others were
+                          redone, or undone when skipped) */
     double step_ms;    /* from the end of the previous step's last task to this one's */
 } fy_step_stats;
 

@@ -41,6 +41,12 @@ typedef struct fy_exec {
                                 pinned rows buffer), or -1 */
     /* (its working buffers are allocated with the storage: fy_storage.win) */
     int nrows[2];            /* per token buffer: the row-staged block's rows */
+    /* speculative updates (step_run.c), read and written on the cpu lane only */
+    bool *spec_wrote;        /* per block: its speculative update wrote its spare side
+                                (and, with the master apart, its host weights), not yet
+                                committed */
+    double spec_ss;          /* the sums of squares of this step's blocks updated so far */
+    int normed;              /* the window's last step whose norm is known, -1 none */
 } fy_exec;
 
 struct fy_trainer {
@@ -112,7 +118,7 @@ fy_status fy_trainer_setup_parts(fy_trainer *tr);
  * lanes, with events around every task, and gives the records the device's times. */
 fy_status fy_exec_run(fy_trainer *tr, fy_step_graph *sg, fy_sched_result *res);
 /* The executor's state for a new trainer (its working buffers' initial values). */
-void fy_exec_init(fy_trainer *tr);
+fy_status fy_exec_init(fy_trainer *tr);
 /* Frees the executor's per-task state (events, host times). */
 void fy_exec_free(fy_exec *ex);
 /* The runner of each task kind (step_run.c), and the step number of a task. */
@@ -123,6 +129,8 @@ int64_t fy_exec_abs_micro(const fy_trainer *tr, const fy_step_task *p);
 /* After a failed window: a block whose gradient landed in its host weights gets them
  * back from its master (step_run.c), and a job's shards of them from their owners. */
 void fy_run_restore_weights(fy_trainer *tr, int b);
+/* Whether task t, run, applied part of its step's update (an adam task, a commit). */
+bool fy_run_applies(const fy_trainer *tr, const fy_task *t);
 fy_status fy_run_gather_weights(fy_trainer *tr, int b);
 
 #endif

@@ -15,7 +15,8 @@
 #include "engine/core/util.h"
 
 static const char *state_names[FY_STATES] = {"weights", "master", "host weights", "gradient",
-                                             "adam m", "adam v", "saved activations"};
+                                             "adam m", "adam v", "spare master", "spare adam m",
+                                             "spare adam v", "saved activations"};
 static const char *tier_names[] = {"none", "device", "pinned host", "host"};
 
 const char *fy_state_name(fy_state s) { return s < FY_STATES ? state_names[s] : "?"; }
@@ -154,13 +155,21 @@ static void place_states(fy_layout *L, fy_block_layout *bl, const fy_block_plan 
     fy_place *gp = &pl[FY_STATE_GRAD];
     if (fy_plan_where(bp, FY_PLAN_GRAD) == FY_ON_DEVICE)
         whole(gp, FY_TIER_DEVICE, L->dtype, bl->nelem, FY_CAT_GRADS);
-    else if (own_master && L->accum == 1)
+    else if (own_master && L->accum == 1 && !bl->speculate)
         alias(gp, FY_STATE_HOST_WEIGHTS, &pl[FY_STATE_HOST_WEIGHTS]);
     else
         whole(gp, FY_TIER_PINNED, L->dtype, bl->nelem, FY_CAT_GRADS);
     const bool m_dev = fy_plan_where(bp, FY_PLAN_MOMENTS) == FY_ON_DEVICE;
     shard(&pl[FY_STATE_M], m_dev ? FY_TIER_DEVICE : FY_TIER_HOST, bl, L, FY_CAT_OPTIM);
     shard(&pl[FY_STATE_V], m_dev ? FY_TIER_DEVICE : FY_TIER_HOST, bl, L, FY_CAT_OPTIM);
+    if (!bl->speculate) return;
+    const fy_place *owner = &pl[fy_layout_buffer_of(L, (int)(bl - L->blocks), FY_STATE_MASTER)];
+    fy_place *sp = &pl[FY_STATE_SPARE_MASTER];
+    whole(sp, owner->tier, FY_F32, 0, FY_CAT_PARAMS);
+    sp->lo = mp->lo;
+    sp->hi = mp->hi;
+    shard(&pl[FY_STATE_SPARE_M], FY_TIER_HOST, bl, L, FY_CAT_OPTIM);
+    shard(&pl[FY_STATE_SPARE_V], FY_TIER_HOST, bl, L, FY_CAT_OPTIM);
 }
 
 static void place_block(fy_layout *L, int b, const fy_block_plan *bp, size_t layer_max) {
@@ -169,6 +178,7 @@ static void place_block(fy_layout *L, int b, const fy_block_plan *bp, size_t lay
     bl->streamed = bp->weights == FY_ON_HOST;
     bl->recompute = bp->acts == FY_ACTS_RECOMPUTE;
     bl->update = bp->update;
+    bl->speculate = bp->speculate && L->training;
     shard_of(bl, L);
     place_staging(L, b, bp, layer_max);
     place_states(L, bl, bp);
@@ -265,6 +275,12 @@ fy_status fy_layout_renew(const fy_model *m, const fy_plan *plan, int T, bool tr
         fy_log_error("rank %d of a job of %d: at most %d ranks", rank, world, FY_MAX_SHARDS);
         return FY_ERR_INVALID;
     }
+    for (int b = 0; b < plan->nblocks && world > 1 && training; b++)
+        if (plan->blocks[b].speculate) {
+            fy_log_error("plan block %s: a speculative update runs in one process (a job's "
+                         "norm is known only after its reduces)", fy_model_block(m, b)->name);
+            return FY_ERR_INVALID;
+        }
     fy_layout *L = out;
     fy_block_layout *table = L->blocks;
     const int cap = L->cap;

@@ -26,6 +26,14 @@
  *                 element before it writes the weight over it, so a fully offloaded bf16
  *                 run holds 14 bytes a parameter on the host, not 16)
  *   M, V          AdamW's moments, fp32, where the update runs, this rank's shard
+ *   SPARE_MASTER, SPARE_M, SPARE_V
+ *                 a speculative update's (plan.h) other side: it writes the new master
+ *                 and moments there, beside the ones it keeps, and when the step's norm
+ *                 says they are the update, storage swaps the two sides
+ *                 (fy_storage_swap_spare); the spare master is where the master's buffer
+ *                 is (the host weights' pinned buffer with fp32 storage, which then
+ *                 swaps with it). Its GRAD is never the host weights' buffer (a redone
+ *                 update reads it again)
  *   SAVED         the block's saved activations, on the device: an opaque area of the
  *                 model's (its range is bytes, its dtype none), a kept block's own, a
  *                 recomputed block's the one area every recomputed block shares (storage
@@ -62,7 +70,7 @@ extern "C" {
 
 typedef enum fy_state {
     FY_STATE_WEIGHTS = 0, FY_STATE_MASTER, FY_STATE_HOST_WEIGHTS, FY_STATE_GRAD, FY_STATE_M,
-    FY_STATE_V, FY_STATE_SAVED, FY_STATES
+    FY_STATE_V, FY_STATE_SPARE_MASTER, FY_STATE_SPARE_M, FY_STATE_SPARE_V, FY_STATE_SAVED, FY_STATES
 } fy_state;
 
 typedef enum fy_tier { FY_TIER_NONE = 0, FY_TIER_DEVICE, FY_TIER_PINNED, FY_TIER_HOST } fy_tier;
@@ -121,6 +129,7 @@ typedef struct fy_block_layout {
     fy_update_at update;
     bool streamed;             /* fetched into staging slots for each use */
     bool recompute;            /* its forward runs again before its backward */
+    bool speculate;            /* its CPU update may start before the norm (SPARE_*) */
     bool grad_staged;          /* each micro-batch's gradient is computed into a staging
                                   slot (updated on the CPU, or accumulated) */
     fy_staging staging;

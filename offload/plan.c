@@ -86,11 +86,28 @@ fy_status fy_plan_shorthands(fy_plan *p, double params_ratio, double optim_ratio
             bp->weights = l < kp ? FY_ON_HOST : FY_ON_DEVICE;
             bp->update = l >= L - ko ? FY_UPDATE_CPU : FY_UPDATE_DEVICE;
             bp->acts = l < ckpt_layers ? FY_ACTS_RECOMPUTE : FY_ACTS_KEEP;
+            bp->speculate = false; /* fy_plan_speculate, after */
         } else { /* the embedding and the head move only with a ratio of 1 */
             bp->weights = params_ratio >= 1 ? FY_ON_HOST : FY_ON_DEVICE;
             bp->update = optim_ratio >= 1 ? FY_UPDATE_CPU : FY_UPDATE_DEVICE;
             bp->acts = FY_ACTS_KEEP;
+            bp->speculate = false;
         }
+    }
+    return FY_OK;
+}
+
+fy_status fy_plan_speculate(fy_plan *p, double ratio) {
+    const int L = p->layers;
+    if (!(ratio >= 0 && ratio <= 1)) {
+        fy_log_error("--speculate takes a ratio in [0, 1]");
+        return FY_ERR_INVALID;
+    }
+    const int k = (int)ceil(ratio * L - 1e-9);
+    for (int b = 0; b < p->nblocks; b++) {
+        fy_block_plan *bp = &p->blocks[b];
+        const bool chosen = bp->kind == FY_BLOCK_LAYER ? bp->layer >= L - k : ratio >= 1;
+        bp->speculate = chosen && bp->update == FY_UPDATE_CPU;
     }
     return FY_OK;
 }
@@ -116,6 +133,10 @@ fy_status fy_plan_check(const fy_plan *p, const fy_model *m) {
         }
         if (bp->acts == FY_ACTS_RECOMPUTE && bp->kind != FY_BLOCK_LAYER) {
             fy_log_error("plan block %s: only layers can recompute", blk->name);
+            return FY_ERR_INVALID;
+        }
+        if (bp->speculate && bp->update != FY_UPDATE_CPU) {
+            fy_log_error("plan block %s: only an update on the CPU can speculate", blk->name);
             return FY_ERR_INVALID;
         }
     }
@@ -154,6 +175,7 @@ cJSON *fy_plan_json(const fy_plan *p) {
         for (int k = 0; k < FY_PLAN_STATES; k++)
             cJSON_AddStringToObject(o, state_keys[k], where_names[fy_plan_where(bp, (fy_plan_state)k)]);
         cJSON_AddStringToObject(o, "acts", acts_names[bp->acts]);
+        if (bp->speculate) cJSON_AddTrueToObject(o, "speculate");
         cJSON_AddItemToArray(blocks, o);
     }
     cJSON_AddItemToObject(root, "blocks", blocks);
@@ -197,9 +219,15 @@ static bool parse_block(const cJSON *o, int b, const char *name, int version, fy
         snprintf(why, cap, "block %s: only layers can recompute", name);
         return false;
     }
+    const cJSON *js = cJSON_GetObjectItemCaseSensitive(o, "speculate");
+    if (js && (!cJSON_IsBool(js) || (cJSON_IsTrue(js) && pu != FY_UPDATE_CPU))) {
+        snprintf(why, cap, "block %s: speculate is true or false, and true only with update cpu", name);
+        return false;
+    }
     bp->weights = (fy_where)pw;
     bp->update = (fy_update_at)pu;
     bp->acts = (fy_acts_policy)pa;
+    bp->speculate = cJSON_IsTrue(js);
     for (int k = 0; k < FY_PLAN_STATES && version == 2; k++) {
         const char *said = KEY(state_keys[k]);
         const fy_where w = fy_plan_where(bp, (fy_plan_state)k);
@@ -292,7 +320,8 @@ done:
 }
 
 static int field_of(const fy_block_plan *bp, int field) {
-    return field == 0 ? (int)bp->weights : field == 1 ? (int)bp->update : (int)bp->acts;
+    return field == 0 ? (int)bp->weights : field == 1 ? (int)bp->update
+         : field == 2 ? (int)bp->acts : (int)bp->speculate;
 }
 
 /* Appends "what: layers a-b, c, embed" for the blocks whose field has value: runs of
@@ -334,5 +363,10 @@ void fy_plan_describe(const fy_plan *p, char *buf, size_t cap) {
     describe_set(p, "params streamed", 0, FY_ON_HOST, buf, cap);
     describe_set(p, "optim on cpu", 1, FY_UPDATE_CPU, buf, cap);
     describe_set(p, "recompute", 2, FY_ACTS_RECOMPUTE, buf, cap);
+    for (int b = 0; b < p->nblocks; b++)
+        if (p->blocks[b].speculate) { /* said only when some block does */
+            describe_set(p, "speculative", 3, 1, buf, cap);
+            break;
+        }
     if (p->dtype == FY_BF16) snprintf(buf + strlen(buf), cap - strlen(buf), " | bf16 storage");
 }

@@ -14,6 +14,13 @@
  *   moments   AdamW's m and v: where the update runs
  *   acts      keep: the layer's activations stay until its backward; recompute: only
  *             its output is kept and backward reruns its forward (layers only)
+ *   speculate with the update on the CPU: it may start as soon as the block's gradient
+ *             is on the host, before the step's norm is known, writing its new master
+ *             and moments beside the ones it keeps until the norm says the unclipped,
+ *             finite update was the update (engine/step_build.h); 12 host bytes a
+ *             parameter more (14 with bf16 storage, whose gradient then has a buffer
+ *             apart from the host weights). One process only: a job's norm is known
+ *             only after its reduces
  * The plan chooses weights, update and acts; master, grad and moments follow from them
  * (fy_plan_where) and plan files state them, so a plan says per block where everything
  * lives. Exactly how (pinned or pageable host memory, shards, which buffers are shared)
@@ -30,9 +37,10 @@
  *    "prefetch": 1, "dtype": "fp32",
  *    "blocks": [{"block": "embed", "weights": "device", "update": "gpu", "master": "device",
  *                "grad": "device", "moments": "device", "acts": "keep"},
+ *               {"block": "layer.5", "weights": "host", "update": "cpu", ..., "speculate": true},
  *               {"block": "layer.0", ...}, ..., {"block": "head", ...}]}
  * master, grad and moments may be left out (they follow); given, they must be where they
- * follow. Version 1 files ("params": "resident"|"streamed", "optim": "gpu"|"cpu") load
+ * follow; "speculate" is said when true (cpu updates only). Version 1 files ("params": "resident"|"streamed", "optim": "gpu"|"cpu") load
  * as they always did. */
 #ifndef FY_PLAN_H
 #define FY_PLAN_H
@@ -64,6 +72,7 @@ typedef struct fy_block_plan {
     fy_where weights;      /* the copy compute reads: resident, or streamed from the host */
     fy_update_at update;
     fy_acts_policy acts;
+    bool speculate;        /* update cpu: starts before the norm is known (above) */
 } fy_block_plan;
 
 typedef struct fy_plan {
@@ -91,6 +100,12 @@ fy_status fy_plan_copy(const fy_plan *src, fy_plan *dst);
  * [0, 1], ckpt_layers in [0, L]; FY_ERR_INVALID (logged) otherwise. */
 fy_status fy_plan_shorthands(fy_plan *p, double params_ratio, double optim_ratio,
                              int ckpt_layers);
+
+/* Speculative CPU updates (above) for the cpu-updated blocks among the last
+ * ceil(ratio*L) layers (a ratio of 1: also the embedding and the head), whose gradients
+ * reach the host first; the others' are not. ratio in [0, 1]; FY_ERR_INVALID (logged)
+ * otherwise. */
+fy_status fy_plan_speculate(fy_plan *p, double ratio);
 
 /* A plan file for model m: its blocks must be m's, by name and order. */
 fy_status fy_plan_load(const char *path, const fy_model *m, fy_plan *out);

@@ -98,6 +98,22 @@ static fy_status walk_block(walk *w, const fy_layout *L, int b) {
     return FY_OK;
 }
 
+void fy_storage_swap_spare(fy_storage *st, int b) {
+    const fy_layout *L = &st->layout;
+    FY_ASSERT(L->blocks[b].speculate, "only a speculative block has a spare side");
+    void **ptr = &st->state[(size_t)b * FY_STATES], *t;
+    const fy_state pairs[3][2] = {{fy_layout_buffer_of(L, b, FY_STATE_MASTER), FY_STATE_SPARE_MASTER},
+                                  {FY_STATE_M, FY_STATE_SPARE_M}, {FY_STATE_V, FY_STATE_SPARE_V}};
+    for (int k = 0; k < 3; k++) {
+        t = ptr[pairs[k][0]];
+        ptr[pairs[k][0]] = ptr[pairs[k][1]];
+        ptr[pairs[k][1]] = t;
+    }
+    for (int s = 0; s < FY_STATE_SAVED; s++)
+        if (fy_layout_has(L, b, (fy_state)s) && !fy_layout_owns(L, b, (fy_state)s))
+            ptr[s] = ptr[fy_layout_buffer_of(L, b, (fy_state)s)];
+}
+
 /* The staging rings' slots, the landing slot, a row-staged block's buffers. */
 static fy_status walk_staging(walk *w, const fy_layout *L) {
     for (int r = 0; r < FY_RINGS; r++) {

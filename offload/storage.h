@@ -113,6 +113,10 @@ static inline void *fy_storage_at(const fy_storage *st, int b, fy_state s, size_
     return (char *)fy_storage_ptr(st, b, s) + (i - p->lo) * fy_dtype_size(p->dtype);
 }
 
+/* A speculative block's two sides swap (layout.h: SPARE_*): the master's buffer (and the
+ * states that are it) with SPARE_MASTER, M with SPARE_M, V with SPARE_V. */
+void fy_storage_swap_spare(fy_storage *st, int b);
+
 /* The memory model of layout L under a pinned-memory cap (SIZE_MAX: none). */
 void fy_layout_memory(const fy_layout *L, size_t pinned_cap, fy_mem_model *out);
 /* The same for one process's training run of plan (evaluation: training false), under a

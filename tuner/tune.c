@@ -68,8 +68,12 @@ static double cost_tokens(const costing *c, fy_task_kind k, int b) {
     return b < 0 ? xfer_ms(8.0 * c->L->B * c->L->T, c->p->h2d_gbps, c->p->latency_ms) : NAN;
 }
 
+/* The norm (a sum over the blocks), and a commit that swaps a speculative block's sides
+ * (the prediction assumes speculation holds: a step that clips or is skipped redoes
+ * its speculated updates after the norm, step_build.h). */
 static double cost_fixed(const costing *c, fy_task_kind k, int b) {
-    return k == FY_T_NORM && b < 0 ? 0.01 : NAN;
+    if (k == FY_T_NORM) return b < 0 ? 0.01 : NAN;
+    return k == FY_T_COMMIT && b >= 0 ? 0.01 : NAN;
 }
 
 /* A fetch moves the block's staged copy (a row-staged block its micro-batch's rows, at

@@ -108,6 +108,10 @@ static const opt table[] = {
      "stream the parameters of the first ceil(R*L) layers from host memory (R=1: all blocks)", 0},
     {"offload-optim", T_FLOAT, O(offload_optim), TR, "0", R_RATIO, NULL, "R",
      "run the optimizer of the last ceil(R*L) layers on the CPU (R=1: all blocks)", 0},
+    {"speculate", T_FLOAT, O(speculate), TR, "0", R_RATIO, NULL, "R",
+     "start the CPU updates of the last ceil(R*L) layers (R=1: all blocks) as soon as their "
+     "gradients reach the host, before the step's norm is known, exactly (a step that clips "
+     "redoes them); 12 host bytes a parameter more", 0},
     {"ckpt-layers", T_INT, O(ckpt_layers), TR, "0", R_NONNEG, NULL, "K",
      "recompute the activations of the first K layers in backward", 0},
     {"dry-run", T_BOOL, O(dry_run), TR, "0", R_ANY, NULL, NULL,

@@ -51,7 +51,7 @@ typedef struct fy_opts {
     /* placement plan */
     const char *plan;
     const char *save_plan;
-    double offload_params, offload_optim;
+    double offload_params, offload_optim, speculate;
     int64_t ckpt_layers;
     bool dry_run;
     /* scheduling */

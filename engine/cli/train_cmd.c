@@ -136,7 +136,7 @@ static fy_status resolve_model(const fy_opts *o, bool model_given, fy_weights **
 static fy_status resolve_plan(const fy_opts *o, const fy_model *m, fy_dev_kind kind,
                               fy_comm *comm, fy_plan *plan) {
     bool shorthands = fy_opts_given(o, "offload-params") || fy_opts_given(o, "offload-optim") ||
-                      fy_opts_given(o, "ckpt-layers");
+                      fy_opts_given(o, "ckpt-layers") || fy_opts_given(o, "speculate");
     if (o->profile && !(o->plan && !strcmp(o->plan, "auto"))) {
         fy_log_error("--profile is the machine --plan auto plans for; without --plan auto it "
                      "would be ignored");
@@ -144,15 +144,15 @@ static fy_status resolve_plan(const fy_opts *o, const fy_model *m, fy_dev_kind k
     }
     if (o->plan && !strcmp(o->plan, "auto")) {
         if (shorthands) {
-            fy_log_error("--plan auto cannot be combined with --offload-params, --offload-optim "
-                         "or --ckpt-layers");
+            fy_log_error("--plan auto cannot be combined with --offload-params, --offload-optim, "
+                         "--speculate or --ckpt-layers");
             return FY_ERR_USAGE;
         }
         FY_TRY(fy_tune_auto_plan(o, m, comm, plan));
     } else if (o->plan) {
         if (shorthands) {
-            fy_log_error("--plan cannot be combined with --offload-params, --offload-optim "
-                         "or --ckpt-layers");
+            fy_log_error("--plan cannot be combined with --offload-params, --offload-optim, "
+                         "--speculate or --ckpt-layers");
             return FY_ERR_USAGE;
         }
         FY_TRY(fy_plan_load(o->plan, m, plan));
@@ -170,6 +170,14 @@ static fy_status resolve_plan(const fy_opts *o, const fy_model *m, fy_dev_kind k
             return FY_ERR_USAGE;
         }
         FY_TRY(fy_plan_shorthands(plan, o->offload_params, o->offload_optim, (int)o->ckpt_layers));
+        FY_TRY(fy_plan_speculate(plan, o->speculate));
+        bool any = false;
+        for (int b = 0; b < plan->nblocks; b++) any |= plan->blocks[b].speculate;
+        if (o->speculate > 0 && !any) {
+            fy_log_error("--speculate %g: none of those layers is updated on the CPU "
+                         "(--offload-optim chooses which are)", o->speculate);
+            return FY_ERR_USAGE;
+        }
     }
     FY_TRY(check_tokens(plan->micro_batch, o->seq, "micro-batch"));
     /* a plan file keeps the storage type it names unless --dtype says otherwise */
