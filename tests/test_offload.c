@@ -485,6 +485,117 @@ Test(bf16, skipped_step_leaves_every_plan_on_track, .timeout = 120) {
     skipped_step_leaves_every_plan_on_track(FY_BF16);
 }
 
+/* ---- speculative updates ----------------------------------------------------------------
+ * A speculative block's CPU update runs before the step's norm is known, into its spare
+ * side, and its commit keeps it, redoes it (the step clips) or undoes it (skipped): the
+ * results are the non-speculative plan's bit for bit whether clipping never fires (kept),
+ * fires late (speculated, then redone), or fires early (known before any speculation:
+ * none), and when the norm is not finite after the speculation (undone). Each case is
+ * checked to have taken its path, so the test cannot pass by never speculating. */
+typedef enum { NEVER, LATE, EARLY, NAN_NORM } clip_case;
+static const char *clip_case_names[] = {"never clips", "clips late", "clips early", "NaN norm"};
+
+static void speculation_is_exact(fy_dtype dt, int accum) {
+    fy_model *m = new_model(&small_cfg);
+    /* without clipping (the never case's reference), for the norms that place the late
+     * case's threshold below every step's */
+    g_clip = 0.0f;
+    fy_plan plain = plan_of(m, 2, accum, 0.5, 1, 1, dt);
+    result free_run;
+    cr_assert_eq(plan_train(m, &plain, 0, FY_SCHED_PRIORITY, -1, &free_run), FY_OK);
+    float min_norm = free_run.norm[0];
+    for (int s = 1; s < STEPS; s++) if (free_run.norm[s] < min_norm) min_norm = free_run.norm[s];
+    for (int c = NEVER; c <= NAN_NORM; c++) {
+        g_clip = c == NEVER ? 0.0f : c == LATE ? 0.9f * min_norm : c == EARLY ? 1e-6f : 1e6f;
+        g_nan_norm_step = c == NAN_NORM ? 3 : 0;
+        result ref;
+        if (c == NEVER) ref = free_run;
+        else cr_assert_eq(plan_train(m, &plain, 0, FY_SCHED_PRIORITY, -1, &ref), FY_OK);
+        /* every cpu update speculative; and (never) the upper half only, beside
+         * non-speculative ones */
+        for (int variant = 0; variant < (c == NEVER ? 2 : 1); variant++) {
+            fy_plan spec = plan_of(m, 2, accum, 0.5, 1, 1, dt);
+            cr_assert_eq(fy_plan_speculate(&spec, variant ? 0.5 : 1.0), FY_OK);
+            result r;
+            char what[128];
+            snprintf(what, sizeof what, "%s accum %d, %s, speculate %s", fy_dtype_name(dt), accum,
+                     clip_case_names[c], variant ? "half the layers" : "all");
+            cr_assert_eq(plan_train(m, &spec, 0, FY_SCHED_PRIORITY, -1, &r), FY_OK, "%s", what);
+            expect_identical(&ref, &r, what);
+            int speculated = 0, kept = 0, redone_clipped = 0;
+            for (int s = 0; s < STEPS; s++) {
+                cr_expect_eq(ref.speculated[s], 0, "%s: the plain plan speculated", what);
+                cr_expect(r.kept[s] <= r.speculated[s]);
+                speculated += r.speculated[s];
+                kept += r.kept[s];
+                redone_clipped += r.speculated[s] > r.kept[s] && !r.skipped[s] && r.clip_coef[s] < 1.0f;
+            }
+            switch (c) {
+            case NEVER:
+                cr_expect(speculated > 0 && kept == speculated, "%s: %d speculated, %d kept", what,
+                          speculated, kept);
+                break;
+            case LATE:
+                cr_expect(redone_clipped > 0, "%s: no step speculated and then clipped (%d "
+                          "speculated, %d kept)", what, speculated, kept);
+                break;
+            case EARLY:
+                cr_expect_eq(speculated, 0, "%s: speculated though the first gradient clips", what);
+                break;
+            case NAN_NORM:
+                cr_expect(r.skipped[2] && r.speculated[2] > 0 && r.kept[2] == 0,
+                          "%s: step 3 skipped %d, %d speculated, %d kept", what, r.skipped[2],
+                          r.speculated[2], r.kept[2]);
+                cr_expect(isfinite(r.loss[STEPS - 1]));
+                break;
+            }
+            result_free(&r);
+            fy_plan_free(&spec);
+        }
+        if (c != NEVER) result_free(&ref);
+    }
+    result_free(&free_run);
+    g_clip = 1.0f;
+    g_nan_norm_step = 0;
+    fy_plan_free(&plain);
+    fy_model_free(m);
+}
+
+Test(speculate, exact_in_fp32, .timeout = 240) { speculation_is_exact(FY_F32, 1); }
+
+Test(speculate, exact_in_bf16_accumulated, .timeout = 240) { speculation_is_exact(FY_BF16, 2); }
+
+/* The spare side is in the memory model (12 bytes a parameter of the speculative blocks,
+ * 2 more with bf16 storage and one micro-batch, whose gradient then leaves the host
+ * weights' buffer), and the layout refuses speculation in a job. */
+Test(speculate, costs_its_spare_side_and_needs_one_process) {
+    fy_model *m = new_model(&small_cfg);
+    for (int v = 0; v < 2; v++) {
+        const fy_dtype dt = v ? FY_BF16 : FY_F32;
+        fy_plan p = plan_of(m, 2, 1, 0.5, 1, 0, dt), q = plan_of(m, 2, 1, 0.5, 1, 0, dt);
+        cr_assert_eq(fy_plan_speculate(&q, 1.0), FY_OK);
+        fy_mem_model a, b;
+        fy_storage_model(m, &p, T_SEQ, &a);
+        fy_storage_model(m, &q, T_SEQ, &b);
+        const size_t P = fy_model_num_params(m), extra = 12 * P + (v ? 2 * P : 0);
+        cr_expect(b.host_total >= a.host_total + extra && b.host_total < a.host_total + extra + 64 * 1024,
+                  "%s: host %zu, without speculation %zu, expected %zu more", fy_dtype_name(dt),
+                  b.host_total, a.host_total, extra);
+        cr_expect_eq(b.device_total, a.device_total);
+        fy_layout L;
+        fy_log_set_level(FY_LOG_QUIET);
+        cr_expect_eq(fy_layout_new(m, &q, T_SEQ, true, 2, 0, &L), FY_ERR_INVALID);
+        fy_log_set_level(FY_LOG_INFO);
+        cr_assert_eq(fy_layout_new(m, &q, T_SEQ, true, 1, 0, &L), FY_OK);
+        for (int bl = 0; bl < L.nblocks; bl++)
+            cr_expect(!fy_layout_grad_in_weights(&L, bl), "block %d: a speculative gradient is apart", bl);
+        fy_layout_free(&L);
+        fy_plan_free(&p);
+        fy_plan_free(&q);
+    }
+    fy_model_free(m);
+}
+
 /* ---- failures ----------------------------------------------------------------------------
  * A task that fails stops its step and the later ones of the window; the steps before it
  * finish. A failure before a step's update leaves the trainer exactly where those steps
