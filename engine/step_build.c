@@ -142,11 +142,14 @@ static int fetch(builder *bd, int b, int micro) {
 }
 
 /* A pass of block b (fwd, recompute, head, bwd) with its weights and its links': fetched
- * for it when streamed (and given back at its end), current after their last update. */
-static int pass_task(builder *bd, fy_task_kind kind, int b, int micro) {
+ * for it when streamed (and given back at its end: `keep` holds its own for the next
+ * pass, which names it as `fetched`), current after their last update. */
+static int pass_with(builder *bd, fy_task_kind kind, int b, int micro, int fetched, bool keep) {
     const fy_block_spec *blk = spec(bd, b);
-    /* a row table's backward reads no weights (model.h: gather) */
-    int f = kind == FY_T_BWD && rows(bd, b) ? -1 : fetch(bd, b, micro), lf[ML];
+    /* an embedding's backward reads no weights (model.h) */
+    int f = fetched >= 0 ? fetched : kind == FY_T_BWD && blk->kind == FY_BLOCK_EMBED ? -1
+                                                                                 : fetch(bd, b, micro),
+        lf[ML];
     for (int k = 0; k < blk->nlinks; k++) lf[k] = fetch(bd, blk->links[k], micro);
     int id = add(bd, kind, b, micro);
     if (id < 0) return -1;
@@ -154,7 +157,7 @@ static int pass_task(builder *bd, fy_task_kind kind, int b, int micro) {
     payload(bd, id)->u.pass.fetch = f;
     dep(bd, f, id);
     dep(bd, bd->ready[b], id);
-    releases(bd, id, f);
+    if (!keep) releases(bd, id, f);
     for (int k = 0; k < blk->nlinks; k++) {
         payload(bd, id)->u.pass.link_fetch[k] = lf[k];
         dep(bd, lf[k], id);
@@ -162,6 +165,10 @@ static int pass_task(builder *bd, fy_task_kind kind, int b, int micro) {
         releases(bd, id, lf[k]);
     }
     return id;
+}
+
+static int pass_task(builder *bd, fy_task_kind kind, int b, int micro) {
+    return pass_with(bd, kind, b, micro, -1, false);
 }
 
 /* Where backward pass `id` writes block b's gradient: where an earlier task of this
@@ -339,14 +346,16 @@ static void build_backward(builder *bd, int m, int head) {
     if (chunked(bd, bd->nb - 1)) prev = build_head_backward(bd, m, head);
     else grad_done(bd, bd->nb - 1, m, head);
     for (int b = bd->nb - 2; b >= 0; b--) {
-        int rc = -1;
-        if (blk_of(bd, b)->recompute) {
-            rc = pass_task(bd, FY_T_RECOMPUTE, b, m);
+        int rc = -1, kept = -1;
+        if (blk_of(bd, b)->recompute) { /* its weights stay for its backward: one fetch */
+            rc = pass_with(bd, FY_T_RECOMPUTE, b, m, -1, true);
+            if (rc < 0) return;
+            kept = payload(bd, rc)->u.pass.fetch;
             dep(bd, prev, rc);
             dep(bd, bd->shared_user, rc);
         }
         prev = zero_link_grads(bd, b, m, prev);
-        int gt = pass_task(bd, FY_T_BWD, b, m);
+        int gt = pass_with(bd, FY_T_BWD, b, m, kept, false);
         if (gt < 0) return;
         bind_pass_grads(bd, b, gt);
         dep(bd, rc, gt);

@@ -266,15 +266,17 @@ int fy_tune_pick(const fy_tune_result *r, int n, double margin) {
 #define TUNE_KEEP 64 /* candidates kept for the tie-break */
 
 /* A point of the search space: micro-batch, recomputed (k1), streamed (k2) and
- * cpu-optimised (k3) layers; lb: its busiest lane's work in a step (ms), which bounds its
- * step time from below; ntasks: its step graph's tasks. */
-typedef struct cand { int micro, k1, k2, k3; double lb; int ntasks; } cand;
+ * cpu-optimised (k3) layers, and of the cpu updates those among the last k4 layers
+ * speculative (k4 = L: the embedding's and head's too); lb: its busiest lane's work in a
+ * step (ms), which bounds its step time from below; ntasks: its step graph's tasks. */
+typedef struct cand { int micro, k1, k2, k3, k4; double lb; int ntasks; } cand;
 
 static fy_status point_plan(const fy_tune_cfg *cfg, const cand *c, fy_plan *out) {
     const int L = fy_model_layers(cfg->model);
     FY_TRY(fy_plan_new(cfg->model, c->micro, cfg->batch / c->micro, out));
     out->dtype = cfg->dtype == FY_BF16 ? FY_BF16 : FY_F32;
     fy_status st = fy_plan_shorthands(out, L ? (double)c->k2 / L : 0, L ? (double)c->k3 / L : 0, c->k1);
+    if (st == FY_OK) st = fy_plan_speculate(out, L ? (double)c->k4 / L : 0);
     if (st != FY_OK) fy_plan_free(out);
     return st;
 }
@@ -321,7 +323,7 @@ static fy_status frontier_micro(const fy_tune_cfg *cfg, int micro, bool any, fy_
         int k1 = L, last_k1 = L + 1;
         for (int k2 = 0; k2 <= L; k2++) {
             fy_mem_model mm;
-            cand c = {micro, k1, k2, k3, 0, 0};
+            cand c = {micro, k1, k2, k3, 0, 0, 0};
             FY_TRY(point_mem(cfg, &c, lay, &mm));
             if (mm.host_total > host) {
                 if (k2 == 0) return FY_OK; /* more cpu optimizer: more host memory */
@@ -343,6 +345,29 @@ static fy_status frontier_micro(const fy_tune_cfg *cfg, int micro, bool any, fy_
             if (k1 == 0) break; /* more streaming from here on only adds transfers */
         }
     }
+    return FY_OK;
+}
+
+/* Speculation (plan.h) costs host memory only and lets the CPU's updates start during
+ * the backward, so each frontier point speculates as many cpu updates as the host budget
+ * allows: the last k4 layers' (their gradients reach the host first), the most that fits
+ * (host memory grows with k4). In a job it is not an option. */
+static fy_status most_speculation(const fy_tune_cfg *cfg, fy_layout *lay, cand *c) {
+    const int L = fy_model_layers(cfg->model);
+    const size_t host = cfg->host_budget ? cfg->host_budget : SIZE_MAX;
+    c->k4 = 0;
+    if (cfg->ranks > 1 || c->k3 == 0) return FY_OK;
+    int lo = 0, hi = c->k3 < L ? c->k3 : L; /* k4 past k3 adds only the embedding and head */
+    if (c->k3 == L) hi = L;
+    while (lo < hi) {
+        cand d = *c;
+        d.k4 = lo + (hi - lo + 1) / 2;
+        fy_mem_model mm;
+        FY_TRY(point_mem(cfg, &d, lay, &mm));
+        if (mm.host_total <= host) lo = d.k4;
+        else hi = d.k4 - 1;
+    }
+    c->k4 = lo;
     return FY_OK;
 }
 
@@ -415,10 +440,10 @@ static fy_status no_plan_fits(const fy_tune_cfg *cfg, fy_layout *lay) {
     size_t host_floor = SIZE_MAX, host_fit = SIZE_MAX;
     for (int micro = 1; micro <= cfg->batch; micro++) {
         if (cfg->batch % micro) continue;
-        FY_TRY(point_mem(cfg, &(cand){micro, 0, 0, 0, 0, 0}, lay, &mm));
+        FY_TRY(point_mem(cfg, &(cand){micro, 0, 0, 0, 0, 0, 0}, lay, &mm));
         if (mm.host_total < host_floor) host_floor = mm.host_total;
     }
-    FY_TRY(point_mem(cfg, &(cand){1, L, L, L, 0, 0}, lay, &mm));
+    FY_TRY(point_mem(cfg, &(cand){1, L, L, L, 0, 0, 0}, lay, &mm));
     const size_t dev_floor = mm.device_total;
     if (cfg->host_budget && host_floor > cfg->host_budget) {
         fy_log_error("no plan fits the host budget: the smallest needs %s of host memory, the "
@@ -436,7 +461,7 @@ static fy_status no_plan_fits(const fy_tune_cfg *cfg, fy_layout *lay) {
         if (cfg->batch % micro) continue;
         for (int k3 = 0; k3 <= L; k3++)
             for (int k2 = 0; k2 <= L; k2++) {
-                FY_TRY(point_mem(cfg, &(cand){micro, L, k2, k3, 0, 0}, lay, &mm));
+                FY_TRY(point_mem(cfg, &(cand){micro, L, k2, k3, 0, 0, 0}, lay, &mm));
                 if (mm.device_total > cfg->device_budget) continue;
                 if (mm.host_total < host_fit) host_fit = mm.host_total;
                 break;
@@ -459,6 +484,7 @@ static fy_status search_all(const fy_profile *p, const fy_tune_cfg *cfg, fy_tune
     cands cs = {0};
     fy_layout lay = {0};
     fy_status st = frontier(cfg, false, &lay, &cs);
+    for (int i = 0; st == FY_OK && i < cs.n; i++) st = most_speculation(cfg, &lay, &cs.v[i]);
     for (int i = 0; st == FY_OK && i < cs.n; i++) st = lower_bound(p, cfg, &lay, &cs.v[i]);
     if (st == FY_OK && cs.n > 1) qsort(cs.v, (size_t)cs.n, sizeof *cs.v, by_lb);
     double best = INFINITY, last_report = fy_now_ms();
@@ -477,6 +503,7 @@ static fy_status search_all(const fy_profile *p, const fy_tune_cfg *cfg, fy_tune
         r.k1 = c->k1;
         r.k2 = c->k2;
         r.k3 = c->k3;
+        r.k4 = c->k4;
         if (r.step_ms < best) best = r.step_ms;
         keep_top(cfg, top, ntop, nfound, &r);
         if (cfg->progress && fy_now_ms() - last_report > 500) {

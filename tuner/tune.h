@@ -9,7 +9,8 @@
  * them, an analytic estimate from the effective matmul throughput and memory bandwidth.
  * The search walks AutoHete's space (recompute the first k1 layers, stream the first k2,
  * CPU optimizer for the last k3, so the optimizer state is split between the device and
- * the host) times the micro-batch sizes that divide the batch. It keeps the memory
+ * the host) times the micro-batch sizes that divide the batch; each point speculates the
+ * cpu updates of as many of the last layers as the host budget allows (plan.h). It keeps the memory
  * frontier (tune.c: for each micro-batch and k3, the fitting points where more streaming
  * buys less recomputation; the memory model is monotone in the counts), bounds each
  * point's step time from below by its busiest lane's work, and predicts the points in
@@ -72,6 +73,7 @@ typedef struct fy_tune_result {
     double busy_ms[FY_LANE_COUNT];
     fy_mem_model mem;
     int k1, k2, k3;
+    int k4;                    /* of the cpu updates, those of the last k4 layers speculate */
 } fy_tune_result;
 
 /* Searches and returns the best `ntop` plans in top[] (fastest first; the caller frees

@@ -54,6 +54,8 @@ extern "C" {
 #define FY_MODEL_MAX_LINKS 2
 #define FY_MODEL_MAX_LAYERS 4096
 
+/* An embedding's backward reads no parameters (a streamed one is not fetched for it:
+ * io->params is then NULL). */
 typedef enum fy_block_kind { FY_BLOCK_EMBED = 0, FY_BLOCK_LAYER, FY_BLOCK_HEAD, FY_BLOCK_KINDS } fy_block_kind;
 const char *fy_block_kind_name(fy_block_kind k); /* "embed", "layer", "head" */
 
