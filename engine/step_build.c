@@ -129,17 +129,21 @@ static void releases(builder *bd, int task, int taker) {
 
 /* ---- forward, head, backward -------------------------------------------------------- */
 
-/* A fetch of streamed block b's weights after `ready`, or -1 if b is resident. */
-static int fetch(builder *bd, int b, int micro) {
+/* A fetch of streamed block b's weights after `ready` (with `rows`, of a fwd_rows block:
+ * only the micro-batch's rows), or -1 if b is resident. */
+static int fetch_of(builder *bd, int b, int micro, bool rows_only) {
     if (!streamed(bd, b)) return -1;
     int f = add(bd, FY_T_H2D_PARAM, b, micro);
     if (f < 0) return -1;
+    const bool by_rows = rows(bd, b) || rows_only;
     bd->g->tasks[f].acquire_pool = bd->ppool[ring(bd, b)];
-    bd->g->tasks[f].bytes = stage_bytes(bd, b);
+    bd->g->tasks[f].bytes = by_rows ? (double)blk_of(bd, b)->rows_nelem * (double)bd->L->es : stage_bytes(bd, b);
+    payload(bd, f)->u.fetch.rows = by_rows;
     dep(bd, bd->ready[b], f);
-    if (rows(bd, b)) dep(bd, bd->load_buf[micro % 2], f); /* its rows are known */
+    if (by_rows) dep(bd, bd->load_buf[micro % 2], f); /* its rows are known */
     return f;
 }
+static int fetch(builder *bd, int b, int micro) { return fetch_of(bd, b, micro, false); }
 
 /* A pass of block b (fwd, recompute, head, bwd) with its weights and its links': fetched
  * for it when streamed (and given back at its end: `keep` holds its own for the next
@@ -148,7 +152,7 @@ static int pass_with(builder *bd, fy_task_kind kind, int b, int micro, int fetch
     const fy_block_spec *blk = spec(bd, b);
     /* an embedding's backward reads no weights (model.h) */
     int f = fetched >= 0 ? fetched : kind == FY_T_BWD && blk->kind == FY_BLOCK_EMBED ? -1
-                                                                                 : fetch(bd, b, micro),
+            : fetch_of(bd, b, micro, kind == FY_T_FWD && blk_of(bd, b)->fwd_rows),
         lf[ML];
     for (int k = 0; k < blk->nlinks; k++) lf[k] = fetch(bd, blk->links[k], micro);
     int id = add(bd, kind, b, micro);
@@ -645,9 +649,13 @@ void fy_step_graph_price(fy_step_graph *sg, const fy_layout *L, const fy_cost_ta
         fy_task *t = &sg->g.tasks[i];
         const double *s = cost_slot(c, t->kind, t->block);
         if (s[1] > 0) t->cost_ms = s[0] / s[1]; /* else the scheduler's default */
-        if (t->kind == FY_T_H2D_PARAM && sg->task[i].u.fetch.for_update)
-            t->cost_ms *= t->bytes / ((double)L->blocks[t->block].stage_nelem * (double)L->es);
+        if (t->kind == FY_T_H2D_PARAM) t->cost_ms *= fy_step_fetch_scale(sg, L, i);
     }
+}
+
+double fy_step_fetch_scale(const fy_step_graph *sg, const fy_layout *L, int i) {
+    const fy_task *t = &sg->g.tasks[i];
+    return t->bytes / ((double)L->blocks[t->block].stage_nelem * (double)L->es);
 }
 
 void fy_step_graph_busy(const fy_step_graph *sg, double busy_ms[FY_LANE_COUNT]) {

@@ -59,7 +59,12 @@ typedef struct fy_step_task {
     int chunk;                 /* a chunked head's tasks: the vocabulary chunk; else -1 */
     union {
         struct { int reuse; } load;             /* the load that last used its host buffer */
-        struct { bool for_update; } fetch;      /* h2d_param: the master, for a device update */
+        struct {                                /* h2d_param */
+            bool for_update;                    /* the master, for a device update */
+            bool rows;                          /* only the micro-batch's rows (layout.h:
+                                                   a row-staged block's, a fwd_rows one's
+                                                   forward) */
+        } fetch;
         struct {                                /* fwd, recompute, head, bwd */
             int fetch;                          /* the block's fetch task, -1 resident */
             int link_fetch[FY_PASS_LINKS];      /* the linked blocks' fetches */
@@ -96,9 +101,11 @@ void fy_cost_set(fy_cost_table *c, fy_task_kind kind, int block, double ms);
 double fy_cost_mean(const fy_cost_table *c, fy_task_kind kind, int block); /* -1: none */
 
 /* Every task's cost_ms from c: its kind's mean on its block (none: the scheduler's
- * default, fy_task_make); a fetch of a master for a device update scaled by its bytes
- * over the block's staged copy's. */
+ * default, fy_task_make); a fetch's by its bytes over the block's staged copy's (a
+ * master for a device update, a fwd_rows block's rows): fetch costs are kept per staged
+ * copy (fy_step_fetch_scale: a measured fetch is divided by it before it is added). */
 void fy_step_graph_price(fy_step_graph *sg, const fy_layout *L, const fy_cost_table *c);
+double fy_step_fetch_scale(const fy_step_graph *sg, const fy_layout *L, int task);
 /* A step graph's work per lane (the sum of its tasks' costs). */
 void fy_step_graph_busy(const fy_step_graph *sg, double busy_ms[FY_LANE_COUNT]);
 

@@ -282,8 +282,11 @@ static int window_end(fy_trainer *tr, fy_window *w, const fy_step_graph *sg, con
     if (res->recs) {
         step_times(&sg->g, res, w->nsteps, w->stats);
         for (int i = 0; i < res->nrecs; i++) {
-            const fy_task *t = &sg->g.tasks[res->recs[i].task];
-            fy_cost_add(&tr->costs, (fy_task_kind)t->kind, t->block, res->recs[i].end_ms - res->recs[i].start_ms);
+            const int id = res->recs[i].task;
+            const fy_task *t = &sg->g.tasks[id];
+            double ms = res->recs[i].end_ms - res->recs[i].start_ms;
+            if (t->kind == FY_T_H2D_PARAM) ms /= fy_step_fetch_scale(sg, tr->L, id);
+            fy_cost_add(&tr->costs, (fy_task_kind)t->kind, t->block, ms);
         }
     }
     if (st == FY_OK) {

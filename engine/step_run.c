@@ -96,19 +96,22 @@ static void grad_complete(fy_trainer *tr, int b, int a, const void *g) {
 }
 
 /* A pass's device views: activations and tokens of micro-batch m, weights of the block
- * and its links. */
+ * and its links; a pass given the micro-batch's rows (a row-staged block's, a fwd_rows
+ * block's forward: its fetch says) sees them and the tokens renumbered into them. */
 static fy_block_io pass_io(const fy_trainer *tr, int b, const fy_step_task *p) {
     const fy_storage *st = tr->st;
     const fy_block_spec *blk = fy_model_block(tr->model, b);
+    const int f = p->u.pass.fetch;
+    const bool by_rows = rows_staged(tr, b) || (f >= 0 && tr->ex.sg->task[f].u.fetch.rows);
     fy_block_io io = {.B = tr->L->B, .T = tr->L->T,
                       .params = weights_for(tr, b, p->u.pass.fetch),
                       .in = b > 0 ? st->acts[b - 1].out : NULL, .out = st->acts[b].out,
                       .saved = st->acts[b].saved, .work = st->work, .dx = st->dx,
-                      .tokens = tokens_dev(tr, p->micro) + (rows_staged(tr, b) ? 2 * tokens_n(tr) : 0),
+                      .tokens = tokens_dev(tr, p->micro) + (by_rows ? 2 * tokens_n(tr) : 0),
                       .targets = tokens_dev(tr, p->micro) + tokens_n(tr)};
     for (int k = 0; k < blk->nlinks; k++)
         io.link_params[k] = weights_for(tr, blk->links[k], p->u.pass.link_fetch[k]);
-    if (rows_staged(tr, b)) io.table_rows = tr->ex.nrows[p->micro % 2];
+    if (by_rows) io.table_rows = tr->ex.nrows[p->micro % 2];
     return io;
 }
 
@@ -198,7 +201,7 @@ static void fetch_rows(fy_trainer *tr, int id, int b, int micro, void *slot) {
 static fy_status run_h2d_param(fy_trainer *tr, int id, const fy_task *t, const fy_step_task *p) {
     const int b = t->block;
     void *slot = param_unit(tr, id);
-    if (rows_staged(tr, b)) {
+    if (p->u.fetch.rows) {
         fetch_rows(tr, id, b, p->micro, slot);
     } else if (p->chunk >= 0) {
         fetch_chunk(tr, b, p->chunk, slot);

@@ -108,10 +108,14 @@ static void place_staging(fy_layout *L, int b, const fy_block_plan *bp, size_t l
     const size_t N = (size_t)L->B * L->T;
     bl->staging = staging_of(blk, bp, L);
     bl->stage_nelem = bl->nelem;
-    if (bl->staging == FY_STAGE_ROWS) {
-        const size_t rows = (size_t)blk->tensors[0].alloc_rows;
-        bl->stage_nelem = (N < rows ? N : rows) * (size_t)blk->tensors[0].cols;
+    const size_t rows = blk->ntensors ? (size_t)blk->tensors[0].alloc_rows : 0;
+    bl->fwd_rows = bl->streamed && (blk->gather || blk->rows_fwd) && bl->staging != FY_STAGE_ROWS;
+    if (bl->staging == FY_STAGE_ROWS || bl->fwd_rows) {
+        bl->rows_nelem = (N < rows ? N : rows) * (size_t)blk->tensors[0].cols;
         L->rows_block = b;
+    }
+    if (bl->staging == FY_STAGE_ROWS) {
+        bl->stage_nelem = bl->rows_nelem;
     } else if (bl->staging == FY_STAGE_CHUNKS) {
         bl->stage_nelem = fy_model_chunk_view_nelem(L->model, b, L->head_chunks);
     }

@@ -135,6 +135,11 @@ typedef struct fy_block_layout {
     fy_staging staging;
     size_t stage_nelem;        /* elements of a staged copy: nelem, or min(rows, B*T) rows,
                                   or a chunk view */
+    bool fwd_rows;             /* streamed, its forward's fetch is just the micro-batch's
+                                  rows (model.h: rows_fwd), as a row-staged block's fetches
+                                  are; another block linking to it (a tied head) fetches
+                                  it whole, once */
+    size_t rows_nelem;         /* elements of a fetch of rows: min(rows, B*T) rows */
     fy_ring_id ring;
     size_t fetch_nbytes;       /* the parameter slot a fetch of it needs (streamed) */
     size_t saved_nbytes, out_nbytes; /* its activations (model.h) */
@@ -151,7 +156,8 @@ typedef struct fy_layout {
     struct { int n; size_t nbytes; } param_ring[FY_RINGS], grad_ring[FY_RINGS];
     size_t landing_nbytes;     /* the host landing slot: a micro-batch's gradient the host
                                   adds (accumulation) or scatters (rows) into GRAD */
-    int rows_block;            /* the FY_STAGE_ROWS block (at most one: the embedding), -1 */
+    int rows_block;            /* the block whose fetches may be rows (FY_STAGE_ROWS, or
+                                  fwd_rows; at most one: the embedding), -1 */
     fy_lm_chunks head_chunks;  /* the head's vocabulary chunks (FY_STAGE_CHUNKS) */
     size_t shared_saved_nbytes;/* the saved area recomputed blocks share */
     size_t work_nbytes, dx_nbytes; /* the shared workspace and activation gradient */

@@ -131,7 +131,7 @@ static fy_status walk_staging(walk *w, const fy_layout *L) {
     if (L->rows_block >= 0) {
         const fy_block_spec *gb = fy_model_block(L->model, L->rows_block);
         const size_t N = (size_t)L->B * L->T;
-        carve(w, FY_CAT_STAGING, L->blocks[L->rows_block].stage_nelem * L->es, true, OUT(win.rows_host));
+        carve(w, FY_CAT_STAGING, L->blocks[L->rows_block].rows_nelem * L->es, true, OUT(win.rows_host));
         carve(w, FY_CAT_WORKSPACE, 2 * N * sizeof(int32_t), false, OUT(win.rows));
         carve(w, FY_CAT_WORKSPACE, (size_t)gb->tensors[0].alloc_rows * sizeof(int32_t), false,
               OUT(win.row_map));

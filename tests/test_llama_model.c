@@ -323,6 +323,54 @@ Test(llama_model, a_transformers_directory_trains_to_the_same_step) {
 
 /* ---- every plan, bit for bit ---------------------------------------------------------------- */
 
+static fy_model *plan_llama(bool tied);
+
+/* A tied table streamed crosses to the device once a step, whole, for the head (its
+ * classifier); the embedding's forward fetches only the micro-batch's rows and its
+ * backward nothing; each streamed layer crosses twice (its forward; its recompute and
+ * backward together). The bytes are the tasks' (step_build.c), and the run is every
+ * plan's bits (fp32 and bf16, with and without accumulation). */
+Test(llama_model, a_tied_table_crosses_once_a_step) {
+    fy_model *m = plan_llama(true);
+    const int L = fy_model_layers(m), nb = fy_model_nblocks(m);
+    for (int v = 0; v < 4; v++) {
+        const fy_dtype dt = v & 1 ? FY_BF16 : FY_F32;
+        const int accum = v & 2 ? 2 : 1;
+        fy_plan p = plan_of(m, 2, accum, 1, 1, v < 2 ? L : 0, dt);
+        fy_layout lay;
+        cr_assert_eq(fy_layout_new(m, &p, T_SEQ, true, 1, 0, &lay), FY_OK);
+        cr_expect(lay.blocks[0].fwd_rows && lay.rows_block == 0);
+        fy_step_graph sg;
+        cr_assert_eq(fy_step_build_train(&lay, 1, true, &sg), FY_OK);
+        double table = 0, rows = 0, layers = 0, want_layers = 0;
+        for (int i = 0; i < sg.g.n; i++) {
+            const fy_task *t = &sg.g.tasks[i];
+            if (t->kind != FY_T_H2D_PARAM) continue;
+            if (t->block == 0 && sg.task[i].u.fetch.rows) rows += t->bytes;
+            else if (t->block == 0) table += t->bytes;
+            else if (t->block < nb - 1) layers += t->bytes;
+        }
+        for (int b = 1; b < nb - 1; b++) want_layers += 2.0 * accum * (double)lay.blocks[b].nelem * lay.es;
+        const double tbl = (double)lay.blocks[0].nelem * lay.es;
+        cr_expect_eq(table, accum * tbl, "v %d: the table crossed %g times", v, table / tbl);
+        cr_expect(rows > 0 && rows <= accum * (double)lay.blocks[0].rows_nelem * lay.es);
+        cr_expect_eq(layers, want_layers, "v %d: layers %g bytes, want %g", v, layers, want_layers);
+        fy_step_graph_free(&sg);
+        fy_layout_free(&lay);
+        fy_plan base = plan_of(m, 2, accum, 0, 0, 0, dt);
+        result r0, r1;
+        cr_assert_eq(plan_train(m, &base, 0, FY_SCHED_PRIORITY, -1, &r0), FY_OK);
+        cr_assert_eq(plan_train(m, &p, 0, FY_SCHED_PRIORITY, -1, &r1), FY_OK);
+        cr_expect_eq(r1.gathered, 0);
+        expect_identical(&r0, &r1, "tied, streamed");
+        result_free(&r0);
+        result_free(&r1);
+        fy_plan_free(&base);
+        fy_plan_free(&p);
+    }
+    fy_model_free(m);
+}
+
 static fy_model *plan_llama(bool tied) {
     fy_llama_config c = {.vocab = 256, .max_seq = 32, .channels = 32, .layers = 4, .heads = 4,
                          .kv_heads = 2, .head_dim = 8, .ffn = 48, .norm_eps = 1e-5f,
@@ -348,7 +396,8 @@ Test(llama_model, every_plan_is_bit_identical_bf16) {
 /* An untied embedding streamed and optimised on the CPU gets only its micro-batch's rows
  * (32 positions of a 256-row table: at most 32 rows staged): still every plan bit for
  * bit, with accumulation (rows scattered into a gradient that holds the first
- * micro-batch's) and without, fp32 and bf16. */
+ * micro-batch's) and without, fp32 and bf16. Updated on the device, its gradient and
+ * update take the whole table, but its forward still fetches rows. */
 Test(llama_model, a_gathered_embedding_is_bit_identical_and_smaller) {
     fy_model *m = plan_llama(false);
     const int L = fy_model_layers(m);
@@ -366,7 +415,7 @@ Test(llama_model, a_gathered_embedding_is_bit_identical_and_smaller) {
         expect_identical(&r2, &r1, "gathered, accumulated");
         result rw;
         cr_assert_eq(plan_train(m, &whole, 0, FY_SCHED_PRIORITY, -1, &rw), FY_OK);
-        cr_expect_eq(rw.gathered, -1);
+        cr_expect_eq(rw.gathered, 0, "its forward still gets rows (model.h: rows_fwd)");
         expect_identical(&r2, &rw, "streamed whole, accumulated");
         /* the table's slots (256 x 32) were the large ring's; 32 rows fit the layers' */
         cr_expect(r1.staging < rw.staging, "%s: staging %zu gathered, %zu whole",

@@ -239,17 +239,20 @@ static int exhaustive(const fy_profile *p, const fy_tune_cfg *c, double *fastest
         if (c->batch % micro) continue;
         for (int k1 = 0; k1 <= L; k1++)
             for (int k2 = 0; k2 <= L; k2++)
-                for (int k3 = 0; k3 <= L; k3++) {
-                    fy_mem_model m;
-                    fy_plan q = point(c->model, c->batch, micro, k1, k2, k3, c->dtype, &m);
-                    if (m.device_total <= c->device_budget &&
-                        (!c->host_budget || m.host_total <= c->host_budget)) {
-                        all = realloc(all, (size_t)(n + 1) * sizeof *all);
-                        cr_assert_eq(fy_tune_predict(p, c, &q, &all[n]), FY_OK);
-                        n++;
+                for (int k3 = 0; k3 <= L; k3++)
+                    for (int k4 = 0; k4 <= (k3 < L ? k3 : L); k4++) { /* speculative layers */
+                        fy_mem_model m;
+                        fy_plan q = point(c->model, c->batch, micro, k1, k2, k3, c->dtype, &m);
+                        cr_assert_eq(fy_plan_speculate(&q, (double)k4 / L), FY_OK);
+                        fy_storage_model(c->model, &q, c->seq, &m);
+                        if (m.device_total <= c->device_budget &&
+                            (!c->host_budget || m.host_total <= c->host_budget)) {
+                            all = realloc(all, (size_t)(n + 1) * sizeof *all);
+                            cr_assert_eq(fy_tune_predict(p, c, &q, &all[n]), FY_OK);
+                            n++;
+                        }
+                        fy_plan_free(&q);
                     }
-                    fy_plan_free(&q);
-                }
     }
     if (!n) return 0;
     int f = 0;

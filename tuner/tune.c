@@ -349,9 +349,10 @@ static fy_status frontier_micro(const fy_tune_cfg *cfg, int micro, bool any, fy_
 }
 
 /* Speculation (plan.h) costs host memory only and lets the CPU's updates start during
- * the backward, so each frontier point speculates as many cpu updates as the host budget
- * allows: the last k4 layers' (their gradients reach the host first), the most that fits
- * (host memory grows with k4). In a job it is not an option. */
+ * the backward: each frontier point is also tried speculating as many cpu updates as the
+ * host budget allows, the last k4 layers' (their gradients reach the host first; host
+ * memory grows with k4). It is not always faster (a commit is one more task on the cpu
+ * lane, which a small model's step feels), so both are simulated. Not in a job. */
 static fy_status most_speculation(const fy_tune_cfg *cfg, fy_layout *lay, cand *c) {
     const int L = fy_model_layers(cfg->model);
     const size_t host = cfg->host_budget ? cfg->host_budget : SIZE_MAX;
@@ -484,7 +485,11 @@ static fy_status search_all(const fy_profile *p, const fy_tune_cfg *cfg, fy_tune
     cands cs = {0};
     fy_layout lay = {0};
     fy_status st = frontier(cfg, false, &lay, &cs);
-    for (int i = 0; st == FY_OK && i < cs.n; i++) st = most_speculation(cfg, &lay, &cs.v[i]);
+    for (int i = 0, n = cs.n; st == FY_OK && i < n; i++) {
+        cand c = cs.v[i];
+        st = most_speculation(cfg, &lay, &c);
+        if (st == FY_OK && c.k4 > 0) st = push(&cs, c);
+    }
     for (int i = 0; st == FY_OK && i < cs.n; i++) st = lower_bound(p, cfg, &lay, &cs.v[i]);
     if (st == FY_OK && cs.n > 1) qsort(cs.v, (size_t)cs.n, sizeof *cs.v, by_lb);
     double best = INFINITY, last_report = fy_now_ms();

@@ -485,6 +485,7 @@ fy_status fy_llama_new(const fy_llama_config *cfg, const char *name, fy_model **
     fy_model_add_tensor(blk, "model.embed_tokens.weight", V, C, true, false);
     blk->tensors[0].alloc_rows = fy_lm_vocab_padded(V);
     blk->gather = !cfg->tied; /* tied, the head reads the whole table anyway */
+    blk->rows_fwd = true;      /* its forward reads the tokens' rows, tied or not */
     char tname[64];
 #define ADD(field, hf, rows, cols, decay, packed)                                  \
     snprintf(tname, sizeof tname, "model.layers.%d.%s", l, hf);                    \

@@ -230,7 +230,7 @@ static fy_status check_blocks(const fy_block_spec *blocks, int n) {
                          "classifier takes vocabulary chunks", blk->name);
             return FY_ERR_INVALID;
         }
-        if (blk->gather && (b != 0 || blk->ntensors != 1 || blk->tensors[0].offset != 0)) {
+        if ((blk->gather || blk->rows_fwd) && (b != 0 || blk->ntensors != 1 || blk->tensors[0].offset != 0)) {
             fy_log_error("model: block %s: only the embedding can be a row table, of one tensor",
                          blk->name);
             return FY_ERR_INVALID;

@@ -89,6 +89,10 @@ typedef struct fy_block_spec {
                            a table of just the micro-batch's rows, with the tokens
                            renumbered into it (fy_block_io.tokens), and give back the
                            gradient of those rows alone */
+    bool rows_fwd;      /* its forward reads only the rows of io->tokens (a one-table
+                           embedding, tied or not; implied by gather): a streamed block's
+                           forward may be given just the micro-batch's rows, tokens
+                           renumbered into them, as a gather block's passes are */
     bool vocab_chunks;  /* a head whose tensor at offset 0 (Vp rows) is its own
                            classifier, which its loss pass can take by vocabulary chunks
                            (fy_model_head_chunks; fy_block_io.chunk): a streamed head then
