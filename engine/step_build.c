@@ -52,6 +52,7 @@ typedef struct builder {
     int prev_load, load_war[2], load_buf[2], prev_norm;
     int spec_after;         /* the previous step's norm: a speculative update assumes the
                                step count it left */
+    int prev_fetch;         /* the last pass's fetch (pass_fetch) */
     int prev_comm;          /* the last reduce or allgather: they run in one order on every
                                rank */
 } builder;
@@ -145,6 +146,18 @@ static int fetch_of(builder *bd, int b, int micro, bool rows_only) {
 }
 static int fetch(builder *bd, int b, int micro) { return fetch_of(bd, b, micro, false); }
 
+/* A pass's fetch (fetch_of), after the previous pass's: the copy lane takes them in the
+ * order compute uses them, so a long copy for a later pass (a tied table for the head)
+ * never starts ahead of a short one the next pass waits for that becomes ready a moment
+ * later (its block's update still running): a copy, once started, cannot be overtaken. */
+static int pass_fetch(builder *bd, int b, int micro, bool rows_only) {
+    int f = fetch_of(bd, b, micro, rows_only);
+    if (f < 0) return f;
+    dep(bd, bd->prev_fetch, f);
+    bd->prev_fetch = f;
+    return f;
+}
+
 /* A pass of block b (fwd, recompute, head, bwd) with its weights and its links': fetched
  * for it when streamed (and given back at its end: `keep` holds its own for the next
  * pass, which names it as `fetched`), current after their last update. */
@@ -152,9 +165,9 @@ static int pass_with(builder *bd, fy_task_kind kind, int b, int micro, int fetch
     const fy_block_spec *blk = spec(bd, b);
     /* an embedding's backward reads no weights (model.h) */
     int f = fetched >= 0 ? fetched : kind == FY_T_BWD && blk->kind == FY_BLOCK_EMBED ? -1
-            : fetch_of(bd, b, micro, kind == FY_T_FWD && blk_of(bd, b)->fwd_rows),
+            : pass_fetch(bd, b, micro, kind == FY_T_FWD && blk_of(bd, b)->fwd_rows),
         lf[ML];
-    for (int k = 0; k < blk->nlinks; k++) lf[k] = fetch(bd, blk->links[k], micro);
+    for (int k = 0; k < blk->nlinks; k++) lf[k] = pass_fetch(bd, blk->links[k], micro, false);
     int id = add(bd, kind, b, micro);
     if (id < 0) return -1;
     if (kind != FY_T_HEAD) bd->g->tasks[id].flops = pass_flops(bd, kind, b, -1, true);
@@ -246,7 +259,7 @@ static void bind_pass_grads(builder *bd, int b, int id) {
 /* A compute task of a chunked head on chunk k (kind head: forward; bwd: backward) after
  * `prev`, with its chunk's fetch; with `grad` it takes a gradient unit of its own. */
 static int chunk_task(builder *bd, fy_task_kind kind, int h, int m, int k, int prev, bool grad) {
-    int f = fetch(bd, h, m), t = add(bd, kind, h, m);
+    int f = pass_fetch(bd, h, m, false), t = add(bd, kind, h, m);
     if (t < 0) return -1;
     if (f >= 0) payload(bd, f)->chunk = k;
     fy_step_task *p = payload(bd, t);
@@ -546,6 +559,7 @@ static fy_status builder_init(builder *bd, const fy_layout *L, fy_step_graph *sg
         return finish(bd, FY_ERR_NOMEM);
     for (size_t b = 0; b < n; b++) bd->ready[b] = bd->last_bwd[b] = bd->last_d2h[b] = -1;
     bd->shared_user = bd->prev_load = bd->prev_norm = bd->prev_comm = bd->spec_after = -1;
+    bd->prev_fetch = -1;
     bd->load_war[0] = bd->load_war[1] = bd->load_buf[0] = bd->load_buf[1] = -1;
     return FY_OK;
 }
