@@ -230,6 +230,7 @@ static void step_times(const fy_graph *g, const fy_sched_result *r, int nsteps, 
     for (int s = 0; s < nsteps; s++) {
         if (end[s] < prev) end[s] = prev;
         stats[s].step_ms = end[s] - prev;
+        stats[s].done_ms = r->t0_ms + end[s];
         prev = end[s];
     }
     free(end);

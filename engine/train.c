@@ -128,6 +128,10 @@ typedef struct run {
     size_t N;                 /* tokens per step: micro-batch x T x accumulation */
     double t_start, ms_sum, first_ms; /* steps after the first; the first (warm-up) */
     int64_t ms_count;
+    double last_done;         /* when the last step completed (fy_now_ms), shifted past the
+                                 pauses since (validation, checkpoints): a step's time is
+                                 the wall time from the previous step's completion */
+    double *ms_all;           /* every step's time after the first, for the median */
     float loss, val_loss;
     int64_t skipped_run;
     float *val_losses;
@@ -159,6 +163,7 @@ static void run_free(run *r) {
     fy_tokens_free(r->train_tok);
     fy_tokens_free(r->val_tok);
     fy_trace_buf_free(&r->trace);
+    free(r->ms_all);
     free(r->val_losses);
 }
 
@@ -260,6 +265,8 @@ static void print_header(const run *r) {
     if (c->plan->grad_accum > 1) printf(" x %d accumulated", c->plan->grad_accum);
     printf("; validation: %s\n", r->val ? (r->val_tok ? fy_tokens_label(r->val_tok)
                                                       : "held-out tail") : "none");
+    printf("timing  a step line's ms: the mean over its window (up to %d steps run as one task "
+           "graph) of the wall time between step completions\n", TRAIN_WINDOW);
     fflush(stdout);
 }
 
@@ -611,19 +618,27 @@ static fy_status setup_run(run *r, const fy_ckpt *ck) {
     return FY_OK;
 }
 
-/* Step s (0-based) is done: metrics, the skip check, and the line or the progress bar. */
-static fy_status log_step(run *r, int64_t s, const fy_step_stats *ss, float lr, bool validated) {
+/* Step s (0-based) is done: metrics, the skip check, and the line or the progress bar;
+ * wall_ms is its own time (from the previous step's completion), ss->step_ms its
+ * window's mean. */
+static fy_status log_step(run *r, int64_t s, const fy_step_stats *ss, double wall_ms, float lr,
+                          bool validated) {
     const fy_train_cfg *c = r->cfg;
     const double ms = ss->step_ms, tok_s = (double)r->N / (ms / 1e3);
-    if (s > r->start) { r->ms_sum += ms; r->ms_count++; } /* the first step warms caches */
-    else r->first_ms = ms;
+    if (s > r->start) { /* the first step warms caches */
+        if (r->ms_all) r->ms_all[r->ms_count] = wall_ms;
+        r->ms_sum += wall_ms;
+        r->ms_count++;
+    } else {
+        r->first_ms = wall_ms;
+    }
     r->loss = ss->loss;
     if (r->metrics) {
         char v[5][32];
         fprintf(r->metrics, "{\"step\":%lld,\"loss\":%s,\"lr\":%s,\"grad_norm\":%s,"
-                "\"clip_coef\":%s,\"step_ms\":%.6f,\"tokens_per_s\":%.3f",
+                "\"clip_coef\":%s,\"step_ms\":%.6f,\"step_wall_ms\":%.6f,\"tokens_per_s\":%.3f",
                 (long long)s + 1, json_num(ss->loss, v[0]), json_num(lr, v[1]),
-                json_num(ss->grad_norm, v[2]), json_num(ss->clip_coef, v[3]), ms, tok_s);
+                json_num(ss->grad_norm, v[2]), json_num(ss->clip_coef, v[3]), ms, wall_ms, tok_s);
         if (ss->skipped) fprintf(r->metrics, ",\"skipped\":true");
         if (ss->speculated)
             fprintf(r->metrics, ",\"speculated\":%d,\"kept\":%d", ss->speculated, ss->kept);
@@ -691,15 +706,37 @@ static fy_status run_window(run *r, int64_t s0, int n, int *done) {
         fy_sched_result_free(&res);
         fy_graph_free(&g);
     }
+    /* a step's time is the window's mean of the wall time between step completions: a
+     * window's last step completes with nothing after it competing, and the next window's
+     * first fills the pipeline, so single steps at the boundaries would alternate short
+     * and long; the median is of the single steps */
+    double wall[TRAIN_WINDOW];
+    if (w.completed > 0) {
+        const double mean = (stats[w.completed - 1].done_ms - r->last_done) / w.completed;
+        for (int i = 0; i < w.completed; i++) {
+            wall[i] = stats[i].done_ms - r->last_done;
+            r->last_done = stats[i].done_ms;
+            stats[i].step_ms = mean;
+        }
+    }
     for (int i = 0; i < w.completed; i++) { /* all of them, unless a task failed */
         const int64_t s = s0 + i;
         const bool do_val = r->val && i == n - 1 &&
                             (s + 1 == c->steps || (c->val_every && (s + 1) % c->val_every == 0));
-        if (do_val) FY_TRY(validate(r, c->val_batches, &r->val_loss));
-        FY_TRY(log_step(r, s, &stats[i], lrs[i], do_val));
+        if (do_val) {
+            const double v0 = fy_now_ms();
+            FY_TRY(validate(r, c->val_batches, &r->val_loss));
+            r->last_done += fy_now_ms() - v0; /* a pause, not the next step's time */
+        }
+        FY_TRY(log_step(r, s, &stats[i], wall[i], lrs[i], do_val));
         *done = i + 1;
     }
     return st;
+}
+
+static int cmp_f64(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
 }
 
 /* The summary line, the weights, the trace, and the what-if of --predict. */
@@ -718,14 +755,21 @@ static fy_status report(run *r) {
     /* the mean over the steps after the first, which warms caches; a run of one step has
      * only that one, said so */
     const double mean_ms = r->ms_count ? r->ms_sum / (double)r->ms_count : r->first_ms;
+    double median_ms = mean_ms;
+    if (r->ms_count && r->ms_all) {
+        qsort(r->ms_all, (size_t)r->ms_count, sizeof *r->ms_all, cmp_f64);
+        const int64_t k = r->ms_count / 2;
+        median_ms = r->ms_count % 2 ? r->ms_all[k] : 0.5 * (r->ms_all[k - 1] + r->ms_all[k]);
+    }
     const int64_t ran = c->steps > r->start ? c->steps - r->start : 0;
     if (!ran)
         printf("done    nothing to train: resumed at step %lld of %lld | final loss %.4f",
                (long long)r->start, (long long)c->steps, r->loss);
     else
-        printf("done    %lld step%s%s in %.1f s | %.1f ms/step%s | %.0f tok/s | final loss %.4f",
+        printf("done    %lld step%s%s in %.1f s | %.1f ms/step%s, median %.1f | %.0f tok/s | final loss %.4f",
                (long long)ran, ran == 1 ? "" : "s", r->start ? " (resumed)" : "", total_s,
-               mean_ms, r->ms_count ? "" : " (the first step's, with its warm-up)",
+               mean_ms, r->ms_count ? " (mean after the first)" : " (the first step's, with its warm-up)",
+               median_ms,
                mean_ms > 0 ? (double)r->N / (mean_ms / 1e3) : 0.0, r->loss);
     if (r->val) printf(" | val loss %.4f", r->val_loss);
     printf(" | device peak %s (model %s)\n",
@@ -867,7 +911,8 @@ fy_status fy_train(const fy_train_cfg *cfg) {
     if (st == FY_OK && r.start > 0 && !cfg->quiet)
         printf("resume  %s: step %lld of %lld\n", r.saved_path, (long long)r.start,
                (long long)cfg->steps);
-    r.t_start = fy_now_ms();
+    r.t_start = r.last_done = fy_now_ms();
+    if (cfg->steps > r.start + 1) r.ms_all = malloc((size_t)(cfg->steps - r.start) * sizeof *r.ms_all);
     int64_t s0 = r.start;
     while (s0 < cfg->steps && st == FY_OK) {
         int32_t stop = atomic_load(&fy_train_stop_signal) != 0;
@@ -890,8 +935,11 @@ fy_status fy_train(const fy_train_cfg *cfg) {
         int done = 0;
         st = run_window(&r, s0, (int)n, &done);
         s0 += done;
-        if (st == FY_OK && ckpt_on(&r) && cfg->ckpt_every && s0 % cfg->ckpt_every == 0)
+        if (st == FY_OK && ckpt_on(&r) && cfg->ckpt_every && s0 % cfg->ckpt_every == 0) {
+            const double c0 = fy_now_ms();
             st = save_checkpoint(&r, s0, false);
+            r.last_done += fy_now_ms() - c0; /* a pause, not the next step's time */
+        }
     }
     if (ckpt_on(&r) && (st == FY_OK || st == FY_INTERRUPTED) && s0 > r.saved && s0 > r.start) {
         fy_status cs = save_checkpoint(&r, s0, true); /* the end, or where the signal stopped it */

@@ -90,7 +90,9 @@ typedef struct fy_step_stats {
     int speculated;    /* blocks whose update ran before the norm (plan.h: speculate) */
     int kept;          /* of them, those whose speculation was the update (the others were
                           redone, or undone when skipped) */
-    double step_ms;    /* from the end of the previous step's last task to this one's */
+    double step_ms;    /* from the end of the previous step's last task to this one's (the
+                          window's first: from the window's start) */
+    double done_ms;    /* when its last task ended, on fy_now_ms()'s clock */
 } fy_step_stats;
 
 /* Fills x and y (B*T tokens each, host memory) with micro-batch number `micro`: training
