@@ -290,6 +290,22 @@ static void chunk_d2h(builder *bd, int h, int m, int k, int gt) {
     bd->last_d2h[h] = bd->final_grad[h] = d;
 }
 
+/* A split table's (layout.h: split_grad) first part to the host after the head wrote
+ * it: the rows its own backward will not touch. */
+static void split_d2h(builder *bd, int l, int m, int head) {
+    const fy_block_layout *bl = blk_of(bd, l);
+    int d = add(bd, FY_T_D2H_GRAD, l, m);
+    if (d < 0) return;
+    payload(bd, d)->u.d2h_grad.unit_task = bd->grad[l].unit_task;
+    payload(bd, d)->u.d2h_grad.part = 1;
+    /* its bytes depend on the tokens: at most the table less the rows that stay */
+    bd->g->tasks[d].bytes = (double)(bl->nelem - (bl->rows_nelem < bl->nelem ? bl->rows_nelem : 0)) * bd->L->es;
+    dep(bd, head, d);
+    dep(bd, bd->last_d2h[l], d);
+    dep(bd, bd->load_buf[m % 2], d); /* the rows it leaves */
+    bd->last_d2h[l] = d;
+}
+
 /* The head's loss pass after `prev` (in training, with its backward). */
 static int build_head(builder *bd, int m, int prev, bool train) {
     const int h = bd->nb - 1;
@@ -313,7 +329,10 @@ static int build_head(builder *bd, int m, int prev, bool train) {
     payload(bd, hd)->u.pass.train = train;
     dep(bd, prev, hd);
     dep(bd, bd->last_bwd[h], hd);
-    if (train) bind_pass_grads(bd, h, hd);
+    if (!train) return hd;
+    bind_pass_grads(bd, h, hd);
+    for (int k = 0; k < spec(bd, h)->nlinks; k++) /* a tied table's rows the head finished */
+        if (blk_of(bd, spec(bd, h)->links[k])->split_grad) split_d2h(bd, spec(bd, h)->links[k], m, hd);
     return hd;
 }
 
@@ -333,6 +352,10 @@ static void grad_done(builder *bd, int b, int m, int gt) {
     if (d < 0) return;
     payload(bd, d)->u.d2h_grad.unit_task = unit;
     bd->g->tasks[d].bytes = stage_bytes(bd, b);
+    if (blk_of(bd, b)->split_grad) { /* the second part: the micro-batch's rows */
+        payload(bd, d)->u.d2h_grad.part = 2;
+        bd->g->tasks[d].bytes = (double)blk_of(bd, b)->rows_nelem * (double)bd->L->es;
+    }
     releases(bd, d, unit);
     dep(bd, gt, d);
     dep(bd, bd->last_d2h[b], d); /* the host adds in micro-batch order */
@@ -580,7 +603,7 @@ fy_status fy_step_build_train(const fy_layout *L, int nsteps, bool norm_barrier,
             build_backward(&bd, m, heads[a]);
             /* the embedding's backward reads tokens last; a row-staged one's rows are
              * read by its gradient's copy */
-            bd.load_war[m % 2] = rows(&bd, 0) ? bd.last_d2h[0] : bd.last_bwd[0];
+            bd.load_war[m % 2] = rows(&bd, 0) || blk_of(&bd, 0)->split_grad ? bd.last_d2h[0] : bd.last_bwd[0];
         }
         const int last = t * A + A - 1; /* per-step tasks carry the step's last micro-batch */
         if (dp(&bd)) build_reduce(&bd, last);
@@ -663,11 +686,11 @@ void fy_step_graph_price(fy_step_graph *sg, const fy_layout *L, const fy_cost_ta
         fy_task *t = &sg->g.tasks[i];
         const double *s = cost_slot(c, t->kind, t->block);
         if (s[1] > 0) t->cost_ms = s[0] / s[1]; /* else the scheduler's default */
-        if (t->kind == FY_T_H2D_PARAM) t->cost_ms *= fy_step_fetch_scale(sg, L, i);
+        if (t->kind == FY_T_H2D_PARAM || t->kind == FY_T_D2H_GRAD) t->cost_ms *= fy_step_copy_scale(sg, L, i);
     }
 }
 
-double fy_step_fetch_scale(const fy_step_graph *sg, const fy_layout *L, int i) {
+double fy_step_copy_scale(const fy_step_graph *sg, const fy_layout *L, int i) {
     const fy_task *t = &sg->g.tasks[i];
     return t->bytes / ((double)L->blocks[t->block].stage_nelem * (double)L->es);
 }

@@ -72,7 +72,14 @@ typedef struct fy_step_task {
             fy_grad_at link_grad[FY_PASS_LINKS];/* head, bwd: the linked blocks' */
             bool train;                         /* head: training (else evaluation) */
         } pass;
-        struct { int unit_task; } d2h_grad;     /* the task whose unit holds the gradient */
+        struct {                                /* d2h_grad */
+            int unit_task;                      /* the task whose unit holds the gradient */
+            int part;                           /* a split tied table's (layout.h:
+                                                   split_grad): 1 the rows the micro-batch's
+                                                   tokens do not choose, after the head;
+                                                   2 those they do, after its own backward;
+                                                   0 the whole gradient */
+        } d2h_grad;
         struct { int fetch; } update;           /* adam_gpu, d2h_param: the update's fetch,
                                                    -1 resident */
     } u;
@@ -101,11 +108,12 @@ void fy_cost_set(fy_cost_table *c, fy_task_kind kind, int block, double ms);
 double fy_cost_mean(const fy_cost_table *c, fy_task_kind kind, int block); /* -1: none */
 
 /* Every task's cost_ms from c: its kind's mean on its block (none: the scheduler's
- * default, fy_task_make); a fetch's by its bytes over the block's staged copy's (a
- * master for a device update, a fwd_rows block's rows): fetch costs are kept per staged
- * copy (fy_step_fetch_scale: a measured fetch is divided by it before it is added). */
+ * default, fy_task_make); a fetch's and a gradient copy's by its bytes over the block's
+ * staged copy's (a master for a device update, a fwd_rows block's rows, a split table's
+ * parts): their costs are kept per staged copy (fy_step_copy_scale: a measured copy is
+ * divided by it before it is added). */
 void fy_step_graph_price(fy_step_graph *sg, const fy_layout *L, const fy_cost_table *c);
-double fy_step_fetch_scale(const fy_step_graph *sg, const fy_layout *L, int task);
+double fy_step_copy_scale(const fy_step_graph *sg, const fy_layout *L, int task);
 /* A step graph's work per lane (the sum of its tasks' costs). */
 void fy_step_graph_busy(const fy_step_graph *sg, double busy_ms[FY_LANE_COUNT]);
 

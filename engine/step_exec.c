@@ -286,7 +286,7 @@ static int window_end(fy_trainer *tr, fy_window *w, const fy_step_graph *sg, con
             const int id = res->recs[i].task;
             const fy_task *t = &sg->g.tasks[id];
             double ms = res->recs[i].end_ms - res->recs[i].start_ms;
-            if (t->kind == FY_T_H2D_PARAM) ms /= fy_step_fetch_scale(sg, tr->L, id);
+            if (t->kind == FY_T_H2D_PARAM || t->kind == FY_T_D2H_GRAD) ms /= fy_step_copy_scale(sg, tr->L, id);
             fy_cost_add(&tr->costs, (fy_task_kind)t->kind, t->block, ms);
         }
     }

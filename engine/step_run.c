@@ -329,11 +329,50 @@ static void land_chunk(fy_trainer *tr, int b, int micro, int k, const void *g) {
     bufs(tr)->sumsq_host[b] = host_sumsq(tr, acc, fy_tr_blk(tr, b)->nelem);
 }
 
+/* A split table's part (layout.h: split_grad; 1: the rows the micro-batch's tokens do
+ * not choose, 2: those they do) from unit g: into GRAD at their places (the first
+ * micro-batch), else into the landing slot at the same places and added. One copy per
+ * run of consecutive rows (the tokens' rows are in increasing order). */
+static void land_part(fy_trainer *tr, int b, int micro, int part, const char *g) {
+    const size_t es = fy_tr_es(tr), row = (size_t)fy_model_block(tr->model, b)->tensors[0].cols * es;
+    const size_t nrows = fy_tr_nbytes(tr, b) / row;
+    const int buf = micro % 2, n = tr->ex.nrows[buf], a = micro % accum(tr);
+    const int32_t *rows = bufs(tr)->rows + (size_t)buf * tokens_n(tr);
+    char *acc = fy_tr_ptr(tr, b, FY_STATE_GRAD), *dst = a == 0 ? acc : bufs(tr)->landing;
+    for (int pass = 0; pass < (a == 0 ? 1 : 2); pass++) { /* copy; then add what landed */
+        if (pass == 1) fy_stream_sync(tr->s_d2h);
+        size_t next = 0; /* part 1: the first row after the last token row seen */
+        for (int k = 0; k <= n;) {
+            size_t r0, r1;
+            if (part == 1) {
+                r0 = next;
+                r1 = k < n ? (size_t)rows[k] : nrows;
+                next = r1 + 1;
+                k++;
+            } else {
+                if (k == n) break;
+                r0 = (size_t)rows[k];
+                while (k + 1 < n && (size_t)rows[k + 1] == (size_t)rows[k] + 1) k++;
+                r1 = (size_t)rows[k++] + 1;
+            }
+            if (r1 <= r0) continue;
+            if (pass == 0) fy_copy_async(tr->s_d2h, dst + r0 * row, g + r0 * row, (r1 - r0) * row, FY_D2H);
+            else host_add(tr, acc + r0 * row, dst + r0 * row, (r1 - r0) * row / es);
+        }
+    }
+}
+
 /* d2h_grad: the first micro-batch lands in GRAD, later ones in the landing slot and are
  * added there (host_add), which reads the copy: the host waits for it. */
 static fy_status run_d2h_grad(fy_trainer *tr, int id, const fy_task *t, const fy_step_task *p) {
     const int b = t->block, a = p->micro % accum(tr);
     const void *g = grad_unit(tr, p->u.d2h_grad.unit_task);
+    if (p->u.d2h_grad.part) {
+        land_part(tr, b, p->micro, p->u.d2h_grad.part, g);
+        if (p->u.d2h_grad.part == 1 || accum(tr) == 1 || a != accum(tr) - 1 || dp(tr)) return FY_OK;
+        bufs(tr)->sumsq_host[b] = host_sumsq(tr, fy_tr_ptr(tr, b, FY_STATE_GRAD), fy_tr_blk(tr, b)->nelem);
+        return FY_OK;
+    }
     if (rows_staged(tr, b)) {
         scatter_rows(tr, b, p->micro, g);
         return FY_OK;

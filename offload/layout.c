@@ -110,6 +110,10 @@ static void place_staging(fy_layout *L, int b, const fy_block_plan *bp, size_t l
     bl->stage_nelem = bl->nelem;
     const size_t rows = blk->ntensors ? (size_t)blk->tensors[0].alloc_rows : 0;
     bl->fwd_rows = bl->streamed && (blk->gather || blk->rows_fwd) && bl->staging != FY_STAGE_ROWS;
+    bl->split_grad = false;
+    for (int l = b + 1; l < L->nblocks && bl->fwd_rows && L->training && bl->update == FY_UPDATE_CPU; l++)
+        for (int k = 0; k < fy_model_block(L->model, l)->nlinks; k++)
+            bl->split_grad |= fy_model_block(L->model, l)->links[k] == b;
     if (bl->staging == FY_STAGE_ROWS || bl->fwd_rows) {
         bl->rows_nelem = (N < rows ? N : rows) * (size_t)blk->tensors[0].cols;
         L->rows_block = b;

@@ -140,6 +140,12 @@ typedef struct fy_block_layout {
                                   are; another block linking to it (a tied head) fetches
                                   it whole, once */
     size_t rows_nelem;         /* elements of a fetch of rows: min(rows, B*T) rows */
+    bool split_grad;           /* a fwd_rows table updated on the CPU that a later block
+                                  links to (a tied head): its gradient leaves the device in
+                                  two parts, the rows its own backward does not touch once
+                                  the head has written them (during the layers' backward),
+                                  and the micro-batch's rows after its own backward; each
+                                  row's value is the whole copy's */
     fy_ring_id ring;
     size_t fetch_nbytes;       /* the parameter slot a fetch of it needs (streamed) */
     size_t saved_nbytes, out_nbytes; /* its activations (model.h) */

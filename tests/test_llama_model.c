@@ -328,8 +328,9 @@ static fy_model *plan_llama(bool tied);
 /* A tied table streamed crosses to the device once a step, whole, for the head (its
  * classifier); the embedding's forward fetches only the micro-batch's rows and its
  * backward nothing; each streamed layer crosses twice (its forward; its recompute and
- * backward together). The bytes are the tasks' (step_build.c), and the run is every
- * plan's bits (fp32 and bf16, with and without accumulation). */
+ * backward together). Its gradient comes back in two parts (layout.h: split_grad). The
+ * bytes are the tasks' (step_build.c), and the run is every plan's bits (fp32 and bf16,
+ * with and without accumulation). */
 Test(llama_model, a_tied_table_crosses_once_a_step) {
     fy_model *m = plan_llama(true);
     const int L = fy_model_layers(m), nb = fy_model_nblocks(m);
@@ -339,12 +340,14 @@ Test(llama_model, a_tied_table_crosses_once_a_step) {
         fy_plan p = plan_of(m, 2, accum, 1, 1, v < 2 ? L : 0, dt);
         fy_layout lay;
         cr_assert_eq(fy_layout_new(m, &p, T_SEQ, true, 1, 0, &lay), FY_OK);
-        cr_expect(lay.blocks[0].fwd_rows && lay.rows_block == 0);
+        cr_expect(lay.blocks[0].fwd_rows && lay.rows_block == 0 && lay.blocks[0].split_grad);
         fy_step_graph sg;
         cr_assert_eq(fy_step_build_train(&lay, 1, true, &sg), FY_OK);
         double table = 0, rows = 0, layers = 0, want_layers = 0;
+        int parts[3] = {0};
         for (int i = 0; i < sg.g.n; i++) {
             const fy_task *t = &sg.g.tasks[i];
+            if (t->kind == FY_T_D2H_GRAD && t->block == 0) parts[sg.task[i].u.d2h_grad.part]++;
             if (t->kind != FY_T_H2D_PARAM) continue;
             if (t->block == 0 && sg.task[i].u.fetch.rows) rows += t->bytes;
             else if (t->block == 0) table += t->bytes;
@@ -355,6 +358,9 @@ Test(llama_model, a_tied_table_crosses_once_a_step) {
         cr_expect_eq(table, accum * tbl, "v %d: the table crossed %g times", v, table / tbl);
         cr_expect(rows > 0 && rows <= accum * (double)lay.blocks[0].rows_nelem * lay.es);
         cr_expect_eq(layers, want_layers, "v %d: layers %g bytes, want %g", v, layers, want_layers);
+        /* its gradient leaves in two parts a micro-batch: the head's rows early, the
+         * tokens' after the embedding's backward */
+        cr_expect(parts[0] == 0 && parts[1] == accum && parts[2] == accum);
         fy_step_graph_free(&sg);
         fy_layout_free(&lay);
         fy_plan base = plan_of(m, 2, accum, 0, 0, 0, dt);
