@@ -1146,6 +1146,59 @@ Test(cli, plan_flags_refuse_bad_input) {
     EXPECT_ERROR(&r, 1, "good.json", "layers");
 }
 
+/* text with its first `from` replaced by `to` (malloc'd). */
+static char *str_replace_first(const char *text, const char *from, const char *to) {
+    const char *at = strstr(text, from);
+    cr_assert_not_null(at, "no %s in %s", from, text);
+    const size_t n = strlen(text) - strlen(from) + strlen(to) + 1;
+    char *out = malloc(n);
+    snprintf(out, n, "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
+    return out;
+}
+
+/* --speculate and a plan's "speculate": every wrong use is one error line naming it;
+ * a speculative run prints the losses of the plain one, says the blocks in --dry-run, and
+ * its plan file round-trips. */
+Test(cli, speculation_flags_and_plan_keys) {
+    run_result r, plain;
+    FERRY(&r, "train", TINY, "--speculate", "1.5");
+    EXPECT_ERROR(&r, 2, "--speculate", "1.5");
+    FERRY(&r, "train", TINY, "--speculate", "1");
+    EXPECT_ERROR(&r, 2, "--speculate", "--offload-optim");
+    FERRY(&r, "train", TINY, "--offload-optim", "0.5", "--speculate", "0.5", "--plan", "auto");
+    EXPECT_ERROR(&r, 2, "--plan auto", "--speculate");
+    const char *gpu = P("spec_gpu.json"), *word = P("spec_word.json"), *good = P("spec_good.json");
+    FERRY(&r, "train", TINY, "--offload-optim", "1", "--speculate", "1", "--save-plan", good,
+          "--dry-run");
+    test_expect_ok(&r);
+    cr_expect_not_null(strstr(r.out, "speculative: layers 0-1, embed, head"), "%s", r.out);
+    char *text = test_read_file(good, NULL);
+    cr_assert_not_null(strstr(text, "\"speculate\":\ttrue"), "%s", text);
+    /* a gpu update that says it speculates; a speculate that is not a boolean */
+    char *g = str_replace_first(text, "\"update\":\t\"cpu\",", "\"update\":\t\"gpu\",");
+    write_bytes(gpu, g, strlen(g));
+    FERRY(&r, "train", TINY, "--plan", gpu);
+    EXPECT_ERROR(&r, 1, "spec_gpu.json", "speculate");
+    char *w = str_replace_first(text, "\"speculate\":\ttrue", "\"speculate\":\t\"yes\"");
+    write_bytes(word, w, strlen(w));
+    FERRY(&r, "train", TINY, "--plan", word);
+    EXPECT_ERROR(&r, 1, "spec_word.json", "speculate");
+    free(g);
+    free(w);
+    free(text);
+    /* the same losses as the plain plan, clipping or not */
+    const char *clips[] = {"1.0", "100"};
+    for (int c = 0; c < 2; c++) {
+        FERRY(&plain, "train", TINY, "--steps", "6", "--offload-optim", "1", "--clip", clips[c]);
+        test_expect_ok(&plain);
+        FERRY(&r, "train", TINY, "--steps", "6", "--plan", good, "--clip", clips[c]);
+        test_expect_ok(&r);
+        const char *a = strstr(plain.out, "final loss"), *b = strstr(r.out, "final loss");
+        cr_assert(a && b, "%s", r.out);
+        cr_expect(!strncmp(a, b, 20), "clip %s: %.20s against %.20s", clips[c], b, a);
+    }
+}
+
 /* --dry-run prints the plan and the memory model and trains nothing. */
 Test(cli, dry_run_prints_the_memory_model) {
     run_result r;

@@ -179,6 +179,13 @@ static fy_status resolve_plan(const fy_opts *o, const fy_model *m, fy_dev_kind k
             return FY_ERR_USAGE;
         }
     }
+    for (int b = 0; b < plan->nblocks && comm && fy_comm_size(comm) > 1; b++)
+        if (plan->blocks[b].speculate) { /* every rank stops here; the first says why */
+            if (fy_comm_rank(comm) == 0)
+                fy_log_error("%s: a speculative update runs in one process (a job's norm is known "
+                             "only after its reduces)", o->plan ? o->plan : "--speculate");
+            return FY_ERR_USAGE;
+        }
     FY_TRY(check_tokens(plan->micro_batch, o->seq, "micro-batch"));
     /* a plan file keeps the storage type it names unless --dtype says otherwise */
     if (!o->plan || !strcmp(o->plan, "auto") || fy_opts_given(o, "dtype") ||
