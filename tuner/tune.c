@@ -271,6 +271,8 @@ int fy_tune_pick(const fy_tune_result *r, int n, double margin) {
  * step (ms), which bounds its step time from below; ntasks: its step graph's tasks. */
 typedef struct cand { int micro, k1, k2, k3, k4; double lb; int ntasks; } cand;
 
+#define FY_TUNE_MAX_PREFETCH 3
+
 static fy_status point_plan(const fy_tune_cfg *cfg, const cand *c, fy_plan *out) {
     const int L = fy_model_layers(cfg->model);
     FY_TRY(fy_plan_new(cfg->model, c->micro, cfg->batch / c->micro, out));
@@ -475,6 +477,43 @@ static fy_status no_plan_fits(const fy_tune_cfg *cfg, fy_layout *lay) {
     return FY_ERR_INVALID;
 }
 
+/* Point c simulated at the least prefetch depth, and, when that is within the tie
+ * margin of the best so far, at deeper ones while the device budget allows and each
+ * is faster (a deeper layer ring lets streamed layers' fetches run further ahead): the
+ * fastest into r. */
+static fy_status predict_prefetch(const fy_profile *p, const fy_tune_cfg *cfg, const cand *c,
+                                  double best, fy_layout *lay, fy_tune_result *r, int *nevaluated) {
+    fy_tune_cfg wc = *cfg;
+    wc.window = window_for(cfg, c->ntasks);
+    bool have = false;
+    for (int pf = 1; pf <= FY_TUNE_MAX_PREFETCH; pf++) {
+        fy_plan plan;
+        FY_TRY(point_plan(cfg, c, &plan));
+        plan.prefetch = pf;
+        fy_mem_model mm;
+        fy_status st = plan_layout(cfg, &plan, lay);
+        if (st == FY_OK) fy_layout_memory(lay, SIZE_MAX, &mm);
+        if (st != FY_OK || (pf > 1 && mm.device_total > cfg->device_budget)) {
+            fy_plan_free(&plan);
+            return st;
+        }
+        fy_tune_result t;
+        st = fy_tune_predict(p, &wc, &plan, &t);
+        fy_plan_free(&plan);
+        FY_TRY(st);
+        (*nevaluated)++;
+        if (have && !(t.step_ms < r->step_ms * 0.995)) { /* no better: the shallower */
+            fy_plan_free(&t.plan);
+            return FY_OK;
+        }
+        if (have) fy_plan_free(&r->plan);
+        *r = t;
+        have = true;
+        if (r->step_ms > best * (1.0 + cfg->tie_margin)) return FY_OK; /* not a contender */
+    }
+    return FY_OK;
+}
+
 /* The frontier's points in order of their lower bounds, each simulated, until the bound
  * passes the fastest prediction by more than the tie margin: no later point can be the
  * fastest or tie with it, so the pick is the exhaustive search's (on the frontier). */
@@ -496,15 +535,8 @@ static fy_status search_all(const fy_profile *p, const fy_tune_cfg *cfg, fy_tune
     for (int i = 0; st == FY_OK && i < cs.n; i++) {
         const cand *c = &cs.v[i];
         if (c->lb > best * (1.0 + cfg->tie_margin)) break;
-        fy_plan plan;
-        if ((st = point_plan(cfg, c, &plan)) != FY_OK) break;
-        fy_tune_cfg wc = *cfg;
-        wc.window = window_for(cfg, c->ntasks);
         fy_tune_result r;
-        st = fy_tune_predict(p, &wc, &plan, &r);
-        fy_plan_free(&plan);
-        if (st != FY_OK) break;
-        (*nevaluated)++;
+        if ((st = predict_prefetch(p, cfg, c, best, &lay, &r, nevaluated)) != FY_OK) break;
         r.k1 = c->k1;
         r.k2 = c->k2;
         r.k3 = c->k3;

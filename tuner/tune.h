@@ -10,7 +10,8 @@
  * The search walks AutoHete's space (recompute the first k1 layers, stream the first k2,
  * CPU optimizer for the last k3, so the optimizer state is split between the device and
  * the host) times the micro-batch sizes that divide the batch; each point speculates the
- * cpu updates of as many of the last layers as the host budget allows (plan.h). It keeps the memory
+ * cpu updates of as many of the last layers as the host budget allows (plan.h); the
+ * contenders are also tried with a deeper prefetch while the device budget allows. It keeps the memory
  * frontier (tune.c: for each micro-batch and k3, the fitting points where more streaming
  * buys less recomputation; the memory model is monotone in the counts), bounds each
  * point's step time from below by its busiest lane's work, and predicts the points in

@@ -200,15 +200,16 @@ static fy_tune_cfg tune_cfg(const fy_opts *o, const fy_model *m, const fy_profil
 }
 
 static void print_top(const fy_tune_cfg *tc, const fy_tune_result *top, int n) {
-    printf("%-4s %-6s %-7s %-7s %-5s %-8s %11s %10s %11s %11s %s\n", "rank", "ckpt", "stream", "cpu-opt",
-           "spec", "micro", "ms/step", "tok/s", "device", "host", "busiest lane");
+    printf("%-4s %-6s %-7s %-7s %-5s %-8s %-3s %11s %10s %11s %11s %s\n", "rank", "ckpt", "stream",
+           "cpu-opt", "spec", "micro", "pf", "ms/step", "tok/s", "device", "host", "busiest lane");
     for (int i = 0; i < n; i++) {
         const fy_tune_result *r = &top[i];
         char d[32], h[32];
         int bl = 0;
         for (int l = 1; l < FY_LANE_COUNT; l++) if (r->busy_ms[l] > r->busy_ms[bl]) bl = l;
-        printf("%-4d %-6d %-7d %-7d %-5d %dx%-6d %11.1f %10.0f %11s %11s %s %.1f ms\n", i + 1, r->k1,
-               r->k2, r->k3, r->k4, r->plan.micro_batch, r->plan.grad_accum, r->step_ms,
+        printf("%-4d %-6d %-7d %-7d %-5d %dx%-6d %-3d %11.1f %10.0f %11s %11s %s %.1f ms\n", i + 1,
+               r->k1, r->k2, r->k3, r->k4, r->plan.micro_batch, r->plan.grad_accum, r->plan.prefetch,
+               r->step_ms,
                (double)tc->batch * tc->seq / (r->step_ms / 1e3),
                fy_fmt_size(r->mem.device_total, d, sizeof d), fy_fmt_size(r->mem.host_total, h, sizeof h),
                fy_lane_name((fy_lane)bl), r->busy_ms[bl]);
