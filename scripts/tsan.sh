@@ -10,9 +10,11 @@
 #      bit-identical results with no report; and its failure tests (--filter
 #      'failure/*'), where a failing task cancels steps while the other lanes run on.
 #      Skipped with FERRY_TSAN_SCHED_ONLY=1;
-#   3. test_llama_model's gathered embedding and chunked head (--filter
-#      'llama_model/a_gathered*' and 'llama_model/a_chunked*'): the load, fetch and
+#   3. test_llama_model's gathered embedding, chunked head and tied table (--filter
+#      'llama_model/a_gathered*', 'a_chunked*', 'a_tied_table*'): the load, fetch and
 #      gradient-copy lanes share the gathered rows; the chunk tasks share the head's slots;
+#      and test_offload's speculative updates ('speculate/exact_in_fp32'): a commit swaps
+#      a block's buffers on the cpu lane while the other lanes run;
 #   4. the ferry binary training with checkpoints written in the background (a writer
 #      thread beside the lanes, stream workers and the Adam pool), stopped by SIGTERM
 #      and resumed (also skipped with FERRY_TSAN_SCHED_ONLY=1).
@@ -110,6 +112,9 @@ if [ "${FERRY_TSAN_SCHED_ONLY:-0}" != 1 ]; then
         --filter 'llama_model/a_gathered*'
     run llama-chunked timeout 600 "$build/tests/test_llama_model" --jobs 1 \
         --filter 'llama_model/a_chunked*'
+    run speculate timeout 600 "$build/tests/test_offload" --jobs 1 --filter 'speculate/exact_in_fp32'
+    run llama-tied timeout 600 "$build/tests/test_llama_model" --jobs 1 \
+        --filter 'llama_model/a_tied_table*'
 fi
 
 # a command that is not a Criterion suite: its exit status alone
