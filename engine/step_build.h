@@ -17,9 +17,15 @@
  *   backward  bwd(head, k) for a chunked head's earlier chunks; recompute(b); bwd(b):
  *             layers, then the embedding; d2h_grad(b) for blocks updated on the CPU
  * and once per step: reduce(b) (data parallel), norm, adam_gpu(b) (with h2d_param and
- * d2h_param around it when streamed) or adam_cpu(b), allgather(b) (data parallel),
- * h2d_update(b) for resident blocks updated on the CPU. Evaluation: forward, head, and
- * collect(m).
+ * d2h_param around it when streamed) or adam_cpu(b) (and commit(b) when speculative),
+ * allgather(b) (data parallel), h2d_update(b) for resident blocks updated on the CPU.
+ * Evaluation: forward, head, and collect(m).
+ *
+ * Each byte crosses once where it can: a recomputed layer's fetch serves its recompute
+ * and its backward; an embedding's backward reads no weights and fetches none; a
+ * fwd_rows table's forward fetches the micro-batch's rows, and a tied head fetches it
+ * whole; a split table's gradient leaves in two parts (layout.h). Passes' fetches are
+ * chained in program order, so the copy lane takes them in the order compute uses them.
  *
  * Dependencies are the data flow (each read after its write) plus the reuse of buffers
  * (a write after the previous reads: activations, the recompute area, token buffers, the
@@ -29,7 +35,10 @@
  *
  * Exactness: clipping needs the global norm before any update, so every update of step t
  * waits for norm(t) (the norm barrier; without it, a prediction measures what exact
- * clipping costs in overlap).
+ * clipping costs in overlap), except a speculative block's (plan.h): its adam_cpu runs
+ * once its gradient is on the host and the previous step's norm has counted the steps,
+ * into its spare side, and its commit(b) after norm(t) keeps, redoes or undoes it; the
+ * block's next use waits for the commit.
  *
  * Threads: a graph is built and priced on one thread. */
 #ifndef FY_STEP_BUILD_H
