@@ -198,8 +198,10 @@ static fy_status priced_graph(const fy_profile *p, const fy_tune_cfg *cfg, const
     return st;
 }
 
-fy_status fy_tune_predict(const fy_profile *p, const fy_tune_cfg *cfg, const fy_plan *plan,
-                          fy_tune_result *out) {
+/* Plan simulated over cfg->window steps: its prediction into out, and with `trace`, the
+ * simulated run as a Chrome trace there. */
+static fy_status simulate(const fy_profile *p, const fy_tune_cfg *cfg, const fy_plan *plan,
+                          const char *trace, fy_tune_result *out) {
     memset(out, 0, sizeof *out);
     fy_layout L = {0};
     FY_TRY(plan_layout(cfg, plan, &L));
@@ -210,6 +212,9 @@ fy_status fy_tune_predict(const fy_profile *p, const fy_tune_cfg *cfg, const fy_
     fy_status st = priced_graph(p, cfg, &L, w, &sg);
     if (st == FY_OK) {
         st = fy_sched_simulate(&sg.g, FY_SCHED_PRIORITY, &r);
+        if (st == FY_OK && trace &&
+            (st = fy_sched_write_trace(&sg.g, &r, trace, "ferry tune (simulated)")) != FY_OK)
+            fy_sched_result_free(&r);
         fy_step_graph_free(&sg);
     }
     if (st == FY_OK) {
@@ -222,24 +227,17 @@ fy_status fy_tune_predict(const fy_profile *p, const fy_tune_cfg *cfg, const fy_
     return st;
 }
 
+fy_status fy_tune_predict(const fy_profile *p, const fy_tune_cfg *cfg, const fy_plan *plan,
+                          fy_tune_result *out) {
+    return simulate(p, cfg, plan, NULL, out);
+}
+
 fy_status fy_tune_trace(const fy_profile *p, const fy_tune_cfg *cfg, const fy_plan *plan,
                         const char *path) {
-    fy_layout L = {0};
-    FY_TRY(plan_layout(cfg, plan, &L));
-    const int w = cfg->window > 0 ? cfg->window : 20;
-    fy_step_graph sg;
-    fy_sched_result r;
-    fy_status st = priced_graph(p, cfg, &L, w, &sg);
-    if (st == FY_OK) {
-        st = fy_sched_simulate(&sg.g, FY_SCHED_PRIORITY, &r);
-        if (st == FY_OK) {
-            st = fy_sched_write_trace(&sg.g, &r, path, "ferry tune (simulated)");
-            fy_sched_result_free(&r);
-        }
-        fy_step_graph_free(&sg);
-    }
-    fy_layout_free(&L);
-    return st;
+    fy_tune_result r;
+    FY_TRY(simulate(p, cfg, plan, path, &r));
+    fy_plan_free(&r.plan);
+    return FY_OK;
 }
 
 /* Tokens per millisecond: the objective (micro-batch and accumulation vary, the batch
