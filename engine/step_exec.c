@@ -51,6 +51,16 @@ static void wait_for(const fy_trainer *tr, fy_stream *s, int before) {
     else fy_event_sync(tr->ex.ev_end[before]);
 }
 
+void fy_exec_host_after(const fy_trainer *tr, int id) {
+    const fy_task *t = &tr->ex.sg->g.tasks[id];
+    fy_stream *s = lane_stream(tr, t->lane);
+    for (int k = 0; k < t->npred; k++) {
+        const int b = t->pred[k];
+        fy_stream *bs = lane_stream(tr, tr->ex.sg->g.tasks[b].lane);
+        if (bs && bs != s) fy_event_sync(tr->ex.ev_end[b]);
+    }
+}
+
 /* Whether the test hook (trainer.h) claims task t. */
 static bool injected(fy_trainer *tr, const fy_task *t, const fy_step_task *p) {
     return tr->inject.kind == t->kind && (tr->inject.block < 0 || tr->inject.block == t->block) &&

@@ -182,13 +182,16 @@ static void fetch_chunk(fy_trainer *tr, int b, int k, void *slot) {
                   src + to * es, tn * es, FY_H2D);
 }
 
-/* A row-staged block's fetch: the micro-batch's rows of its host weights, gathered into
- * the pinned buffer (once the previous such fetch's copy out of it is done). */
+/* A fetch of rows: the micro-batch's rows of the block's host weights, gathered on the
+ * host into the pinned buffer once the previous such fetch's copy out of it is done and
+ * the weights' last writer on another device lane (a device update's d2h_param) has
+ * landed them. */
 static void fetch_rows(fy_trainer *tr, int id, int b, int micro, void *slot) {
     const size_t row = (size_t)fy_model_block(tr->model, b)->tensors[0].cols * fy_tr_es(tr);
     const int buf = micro % 2, n = tr->ex.nrows[buf];
     const int32_t *rows = bufs(tr)->rows + (size_t)buf * tokens_n(tr);
     if (tr->ex.rows_fetch_last >= 0) fy_event_sync(tr->ex.ev_end[tr->ex.rows_fetch_last]);
+    fy_exec_host_after(tr, id);
     char *dst = bufs(tr)->rows_host;
     const char *src = fy_tr_ptr(tr, b, FY_STATE_HOST_WEIGHTS);
     for (int k = 0; k < n; k++) memcpy(dst + (size_t)k * row, src + (size_t)rows[k] * row, row);
@@ -482,6 +485,7 @@ static fy_status run_norm(fy_trainer *tr, int id, const fy_task *t, const fy_ste
     tr->ex.adam_step[step] = tr->steps_done;
     tr->ex.normed = step;
     tr->ex.spec_ss = 0.0;
+    tr->ex.prev_clipped = out->skipped || out->clip_coef < 1.0f;
     return FY_OK;
 }
 
@@ -608,12 +612,13 @@ static void known_update(fy_trainer *tr, int b, int step) {
  * the unclipped, counted one, unless what is known already says otherwise: its own
  * gradient is not finite, or with this step's blocks updated so far it reaches the clip
  * threshold (their sums of squares only grow; that much clips, up to rounding, which the
- * commit settles exactly). It reads the block's state and writes the spare side; the
+ * commit settles exactly); and not after a step that clipped or was skipped (the next one
+ * likely does too, and each speculation it redoes costs the CPU a second AdamW). It reads the block's state and writes the spare side; the
  * commit swaps them when the norm agrees. */
 static bool speculate(fy_trainer *tr, int b, int step) {
     fy_exec *ex = &tr->ex;
     const double ss = bufs(tr)->sumsq_host[b], clip = tr->cfg.clip;
-    if (ex->normed >= step || !isfinite(ss)) return false;
+    if (ex->normed >= step || !isfinite(ss) || ex->prev_clipped) return false;
     ex->spec_ss += ss;
     if (clip > 0.0 && ex->spec_ss >= clip * clip) return false;
     fy_adam_hparams hp = hparams(tr, step);

@@ -266,7 +266,8 @@ static void print_header(const run *r) {
     printf("; validation: %s\n", r->val ? (r->val_tok ? fy_tokens_label(r->val_tok)
                                                       : "held-out tail") : "none");
     printf("timing  a step line's ms: the mean over its window (up to %d steps run as one task "
-           "graph) of the wall time between step completions\n", TRAIN_WINDOW);
+           "graph) of the wall time between step completions (the first step's own)\n",
+           TRAIN_WINDOW);
     fflush(stdout);
 }
 
@@ -711,14 +712,16 @@ static fy_status run_window(run *r, int64_t s0, int n, int *done) {
      * first fills the pipeline, so single steps at the boundaries would alternate short
      * and long; the median is of the single steps */
     double wall[TRAIN_WINDOW];
-    if (w.completed > 0) {
-        const double mean = (stats[w.completed - 1].done_ms - r->last_done) / w.completed;
-        for (int i = 0; i < w.completed; i++) {
-            wall[i] = stats[i].done_ms - r->last_done;
-            r->last_done = stats[i].done_ms;
-            stats[i].step_ms = mean;
-        }
+    for (int i = 0; i < w.completed; i++) {
+        wall[i] = stats[i].done_ms - r->last_done;
+        r->last_done = stats[i].done_ms;
     }
+    /* the run's first step (its warm-up) shows its own time, outside the mean */
+    const int first = s0 == r->start ? 1 : 0;
+    double sum = 0.0;
+    for (int i = first; i < w.completed; i++) sum += wall[i];
+    for (int i = 0; i < w.completed; i++)
+        stats[i].step_ms = i < first ? wall[i] : sum / (w.completed - first);
     for (int i = 0; i < w.completed; i++) { /* all of them, unless a task failed */
         const int64_t s = s0 + i;
         const bool do_val = r->val && i == n - 1 &&

@@ -47,6 +47,7 @@ typedef struct fy_exec {
                                 committed */
     double spec_ss;          /* the sums of squares of this step's blocks updated so far */
     int normed;              /* the window's last step whose norm is known, -1 none */
+    bool prev_clipped;       /* the last step whose norm is known clipped or was skipped */
 } fy_exec;
 
 struct fy_trainer {
@@ -121,6 +122,10 @@ fy_status fy_exec_run(fy_trainer *tr, fy_step_graph *sg, fy_sched_result *res);
 fy_status fy_exec_init(fy_trainer *tr);
 /* Frees the executor's per-task state (events, host times). */
 void fy_exec_free(fy_exec *ex);
+/* Host work inside device-lane task `id` (a fetch gathering rows from host memory) waits
+ * here for its predecessors' work on the other device lanes (a d2h_param writing those
+ * host weights): its stream's waits order only the device's work. */
+void fy_exec_host_after(const fy_trainer *tr, int id);
 /* The runner of each task kind (step_run.c), and the step number of a task. */
 typedef fy_status (*fy_runner)(fy_trainer *tr, int id, const fy_task *t, const fy_step_task *p);
 extern const fy_runner fy_runners[FY_T_COUNT];

@@ -1199,6 +1199,30 @@ Test(cli, speculation_flags_and_plan_keys) {
     }
 }
 
+/* A streamed Llama embedding updated on the device: its forward fetches its rows,
+ * gathered on the host from the host weights, which the previous step's update copies
+ * back on another lane; the gather must wait for that copy (the review of issue 28 found
+ * it read the weights before they landed, under a slow emulated PCIe, in 3 runs of 3).
+ * Three runs, each the all-resident run's weights. */
+Test(cli, a_row_fetch_waits_for_the_update_it_reads) {
+    run_result r;
+    const char *ref = P("rows_ref.safetensors"), *got = P("rows_got.safetensors");
+    FERRY(&r, "train", "--model", "llama-tiny", "--steps", "12", "--seq", "32", "--batch", "4",
+          "--quiet", "--save", ref);
+    test_expect_ok(&r);
+    size_t n0, n1;
+    char *a = test_read_file(ref, &n0);
+    for (int run = 0; run < 3; run++) {
+        FERRY(&r, "train", "--model", "llama-tiny", "--steps", "12", "--seq", "32", "--batch", "4",
+              "--quiet", "--offload-params", "1", "--sim-pcie-gbps", "1", "--save", got);
+        test_expect_ok(&r);
+        char *b = test_read_file(got, &n1);
+        cr_expect(n0 == n1 && !memcmp(a, b, n0), "run %d: the streamed plan's weights differ", run);
+        free(b);
+    }
+    free(a);
+}
+
 /* --dry-run prints the plan and the memory model and trains nothing. */
 Test(cli, dry_run_prints_the_memory_model) {
     run_result r;
