@@ -355,7 +355,8 @@ static fy_status frontier_micro(const fy_tune_cfg *cfg, int micro, bool any, fy_
  * lane, which a small model's step feels), so both are simulated. Not in a job. */
 static fy_status most_speculation(const fy_tune_cfg *cfg, fy_layout *lay, cand *c) {
     const int L = fy_model_layers(cfg->model);
-    const size_t host = cfg->host_budget ? cfg->host_budget : SIZE_MAX;
+    size_t host = cfg->host_budget ? cfg->host_budget : SIZE_MAX;
+    if (cfg->spec_host_cap && cfg->spec_host_cap < host) host = cfg->spec_host_cap;
     c->k4 = 0;
     if (cfg->ranks > 1 || c->k3 == 0) return FY_OK;
     int lo = 0, hi = c->k3 < L ? c->k3 : L; /* k4 past k3 adds only the embedding and head */

@@ -51,6 +51,9 @@ typedef struct fy_tune_cfg {
     int seq;
     size_t device_budget;  /* bytes */
     size_t host_budget;    /* bytes; 0 = no limit */
+    size_t spec_host_cap;  /* bytes: speculation (plan.h) never takes a plan's host memory
+                              past this (0 = only the host budget binds): a run on this
+                              machine gets no more than it has */
     int adam_threads;
     int window;            /* steps simulated per candidate */
     fy_dtype dtype;        /* the plans' device storage type (NONE = fp32) */

@@ -252,10 +252,14 @@ static void on_progress(void *ctx, int done, int total, double best_ms) {
     pg->shown = true;
 }
 
+/* The search; for a run on this machine (train --plan auto: `here`), speculation takes no
+ * more host memory than the profile says the machine has (--host-mem, when given, binds
+ * everything). */
 static fy_status search(const fy_opts *o, const fy_model *m, const fy_profile *p, int ranks,
-                        fy_tune_result *top, int ntop, int *nfound) {
+                        bool here, fy_tune_result *top, int ntop, int *nfound) {
     fy_tune_cfg tc = tune_cfg(o, m, p);
     tc.ranks = ranks;
+    if (here) tc.spec_host_cap = (size_t)(p->host_mem_gib * 1073741824.0);
     progress pg = {.tty = !o->quiet && isatty(STDERR_FILENO)};
     tc.progress = on_progress;
     tc.progress_ctx = &pg;
@@ -423,7 +427,7 @@ int fy_tune_main(const fy_opts *o) {
     fy_profile p;
     fy_tune_result top[5];
     int n = 0, rc = 1;
-    if (fy_tune_auto_profile(o, m, &p) == FY_OK && search(o, m, &p, (int)o->ranks, top, 5, &n) == FY_OK) {
+    if (fy_tune_auto_profile(o, m, &p) == FY_OK && search(o, m, &p, (int)o->ranks, false, top, 5, &n) == FY_OK) {
         const char *out = o->out ? o->out : "plan.json";
         rc = save_tuned(out, &top[0]) == FY_OK ? 0 : 1;
         if (!rc) printf("saved   %s (predicted %.1f ms/step)\n", out, top[0].step_ms);
@@ -464,7 +468,7 @@ fy_status fy_tune_auto_plan(const fy_opts *o, const fy_model *m, fy_comm *comm, 
     fy_tune_result top[5];
     int n = 0;
     if (lead) {
-        st = search(o, m, &p, world, top, 5, &n);
+        st = search(o, m, &p, world, true, top, 5, &n);
         if (st == FY_OK) st = fy_plan_copy(&top[0].plan, out);
         for (int i = 0; i < n; i++) fy_plan_free(&top[i].plan);
     }
