@@ -613,8 +613,9 @@ static void known_update(fy_trainer *tr, int b, int step) {
  * gradient is not finite, or with this step's blocks updated so far it reaches the clip
  * threshold (their sums of squares only grow; that much clips, up to rounding, which the
  * commit settles exactly); and not after a step that clipped or was skipped (the next one
- * likely does too, and each speculation it redoes costs the CPU a second AdamW). It reads the block's state and writes the spare side; the
- * commit swaps them when the norm agrees. */
+ * likely does too, and each speculation it redoes costs the CPU a second AdamW). It
+ * reads the block's state and writes the spare side; the commit swaps them when the norm
+ * agrees. */
 static bool speculate(fy_trainer *tr, int b, int step) {
     fy_exec *ex = &tr->ex;
     const double ss = bufs(tr)->sumsq_host[b], clip = tr->cfg.clip;
