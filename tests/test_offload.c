@@ -622,7 +622,7 @@ static void failing_open(failing_run *f, const fy_plan *plan) {
     cr_assert_eq(fy_dev_new(&dc, &f->dev), FY_OK);
     f->model = new_model(&small_cfg);
     fy_trainer_cfg tc = {.model = f->model, .T = T_SEQ, .beta1 = 0.9f, .beta2 = 0.95f,
-                         .eps = 1e-8f, .weight_decay = 0.1f, .clip = 1.0f, .seed = 11,
+                         .eps = 1e-8f, .weight_decay = 0.1f, .clip = g_clip, .seed = 11,
                          .plan = plan};
     cr_assert_eq(fy_trainer_new(f->dev, &tc, &f->tr), FY_OK);
     f->tok = test_corpus();
@@ -686,6 +686,7 @@ typedef struct injection {
     bool breaks;           /* inside an update: the trainer cannot go on */
     bool bf16;             /* bf16 storage (cpu-optimised blocks' gradients then land in
                               their bf16 weights' buffer: layout.h, GRAD the same as HOST_WEIGHTS) */
+    double speculate;      /* fy_plan_speculate's ratio (0: none) */
 } injection;
 
 enum { FAIL_AT = 2 }; /* the step whose task fails */
@@ -706,6 +707,7 @@ static void unbroken_run(const fy_plan *plan, float *loss, float **w) {
 static void check_injection(const injection *in) {
     fy_plan plan = make_plan(&small_cfg, 2, 1, in->params, in->optim, 0);
     if (in->bf16) plan.dtype = FY_BF16;
+    cr_assert_eq(fy_plan_speculate(&plan, in->speculate), FY_OK);
     fy_model *m = new_model(&small_cfg);
     const int nb = fy_model_nblocks(m);
     float want_loss[STEPS], **want_w = calloc((size_t)nb, sizeof *want_w);
@@ -734,6 +736,7 @@ static void check_injection(const injection *in) {
     for (int s = 0; s < done; s++)
         cr_expect(stats[s].loss == want_loss[s], "%s: step %d before the failure: loss %.9g vs %.9g",
                   in->what, s, stats[s].loss, want_loss[s]);
+    cr_expect(!in->speculate || stats[done - 1].kept > 0, "%s: nothing speculated", in->what);
     if (in->breaks) {
         cr_expect(strstr(err, "ferry: warning:") != NULL, "%s: a broken trainer says so", in->what);
         st = failing_window_captured(&f, done, STEPS - done, stats, &done, err, sizeof err);
@@ -764,18 +767,18 @@ static void check_injection(const injection *in) {
 /* Failures before the update, on every lane: compute, h2d, d2h, cpu. */
 Test(failure, before_the_update_every_lane_retries_exactly, .timeout = 120) {
     const injection cases[] = {
-        {"load (h2d)", 0, 0, FY_T_LOAD, -1, false, false},
-        {"h2d_param (h2d)", 1, 0, FY_T_H2D_PARAM, 2, false, false},
-        {"fwd (compute)", 0.5, 0.5, FY_T_FWD, 3, false, false},
-        {"head (compute)", 0, 0, FY_T_HEAD, -1, false, false},
-        {"bwd (compute)", 0.5, 1, FY_T_BWD, 0, false, false},
-        {"d2h_grad (d2h)", 0, 1, FY_T_D2H_GRAD, 2, false, false},
-        {"norm (cpu)", 0.5, 0.5, FY_T_NORM, -1, false, false},
+        {"load (h2d)", 0, 0, FY_T_LOAD, -1, false, false, 0},
+        {"h2d_param (h2d)", 1, 0, FY_T_H2D_PARAM, 2, false, false, 0},
+        {"fwd (compute)", 0.5, 0.5, FY_T_FWD, 3, false, false, 0},
+        {"head (compute)", 0, 0, FY_T_HEAD, -1, false, false, 0},
+        {"bwd (compute)", 0.5, 1, FY_T_BWD, 0, false, false, 0},
+        {"d2h_grad (d2h)", 0, 1, FY_T_D2H_GRAD, 2, false, false, 0},
+        {"norm (cpu)", 0.5, 0.5, FY_T_NORM, -1, false, false, 0},
         /* the first update of the step to run (block 0's: next use) applies nothing */
-        {"the step's first adam_cpu (cpu)", 0, 1, FY_T_ADAM_CPU, 0, false, false},
+        {"the step's first adam_cpu (cpu)", 0, 1, FY_T_ADAM_CPU, 0, false, false, 0},
         /* bf16: the gradients of blocks 1.. are in their weights' buffers when it fails */
-        {"bf16: the step's first adam_cpu (cpu)", 1, 1, FY_T_ADAM_CPU, 0, false, true},
-        {"bf16: norm (cpu)", 1, 1, FY_T_NORM, -1, false, true},
+        {"bf16: the step's first adam_cpu (cpu)", 1, 1, FY_T_ADAM_CPU, 0, false, true, 0},
+        {"bf16: norm (cpu)", 1, 1, FY_T_NORM, -1, false, true, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_injection(&cases[i]);
 }
@@ -784,12 +787,35 @@ Test(failure, before_the_update_every_lane_retries_exactly, .timeout = 120) {
 Test(failure, inside_an_update_breaks_the_trainer, .timeout = 120) {
     const int head = small_cfg.layers + 1;
     const injection cases[] = {
-        {"a later adam_cpu (cpu)", 0, 1, FY_T_ADAM_CPU, head, true, false},
-        {"h2d_update (h2d)", 0, 1, FY_T_H2D_UPDATE, head, true, false},
-        {"a later adam_gpu (compute)", 0, 0, FY_T_ADAM_GPU, head, true, false},
-        {"d2h_param (d2h)", 1, 0, FY_T_D2H_PARAM, 1, true, false},
+        {"a later adam_cpu (cpu)", 0, 1, FY_T_ADAM_CPU, head, true, false, 0},
+        {"h2d_update (h2d)", 0, 1, FY_T_H2D_UPDATE, head, true, false, 0},
+        {"a later adam_gpu (compute)", 0, 0, FY_T_ADAM_GPU, head, true, false, 0},
+        {"d2h_param (d2h)", 1, 0, FY_T_D2H_PARAM, 1, true, false, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_injection(&cases[i]);
+}
+
+/* Speculative updates (plan.h): a failure before the step's first commit (a gradient
+ * copy, the norm, the first commit itself: block 0's, which the next forward needs first)
+ * applies nothing, and the retried steps are the unbroken run's bits (the speculations
+ * written are dropped, the bf16 copies they wrote rebuilt from the masters); one inside a
+ * later commit breaks the trainer. (A failing speculative adam_cpu applies nothing
+ * either, but whether a commit of its step ran before it depends on timing.) Cases from
+ * the review of issue 28. */
+Test(failure, around_speculative_updates, .timeout = 120) {
+    const int head = small_cfg.layers + 1;
+    const injection cases[] = {
+        {"spec: norm", 1, 1, FY_T_NORM, -1, false, false, 1},
+        {"spec bf16: norm", 1, 1, FY_T_NORM, -1, false, true, 1},
+        {"spec: d2h_grad of block 0", 1, 1, FY_T_D2H_GRAD, 0, false, false, 1},
+        {"spec bf16: d2h_grad of block 0", 1, 1, FY_T_D2H_GRAD, 0, false, true, 1},
+        {"spec: the first commit", 0, 1, FY_T_COMMIT, 0, false, false, 1},
+        {"spec bf16: the first commit", 1, 1, FY_T_COMMIT, 0, false, true, 1},
+        {"spec: a later commit", 0, 1, FY_T_COMMIT, head, true, false, 1},
+    };
+    g_clip = 1e6f; /* clipping on, never firing: every step speculates */
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_injection(&cases[i]);
+    g_clip = 1.0f;
 }
 
 /* Evaluation runs through the same graph and pools: a streamed plan evaluates the same
