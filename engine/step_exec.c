@@ -317,9 +317,30 @@ static int window_end(fy_trainer *tr, fy_window *w, const fy_step_graph *sg, con
     return 0;
 }
 
+/* The test hook (trainer.h: test_speculate_first): each step's norm after its
+ * speculative blocks' adam_cpu tasks. */
+static fy_status speculate_first(const fy_trainer *tr, fy_step_graph *sg) {
+    fy_graph *g = &sg->g;
+    for (int n = 0; n < g->n; n++) {
+        if (g->tasks[n].kind != FY_T_NORM) continue;
+        for (int i = 0; i < g->n; i++)
+            if (g->tasks[i].kind == FY_T_ADAM_CPU && g->tasks[i].epoch == g->tasks[n].epoch &&
+                fy_tr_blk(tr, g->tasks[i].block)->speculate)
+                FY_TRY(fy_graph_dep(g, i, n));
+    }
+    return fy_graph_prioritize(g);
+}
+
 /* A training graph of nsteps under the trainer's layout, priced by its measured costs. */
 static fy_status priced_train(fy_trainer *tr, int nsteps, bool norm_barrier, fy_step_graph *sg) {
     FY_TRY(fy_step_build_train(tr->L, nsteps, norm_barrier, sg));
+    if (tr->cfg.test_speculate_first) {
+        fy_status st = speculate_first(tr, sg);
+        if (st != FY_OK) {
+            fy_step_graph_free(sg);
+            return st;
+        }
+    }
     fy_step_graph_price(sg, tr->L, &tr->costs);
     return FY_OK;
 }

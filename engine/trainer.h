@@ -70,6 +70,10 @@ typedef struct fy_trainer_cfg {
                           applies nothing, FY_INTERRUPTED); may be NULL */
     int64_t test_nan_step; /* test hook: step n (1-based, counted over the run) takes its
                           gradient norm as NaN, so it is skipped (0: none) */
+    bool test_speculate_first; /* test hook: each step's norm waits for its speculative
+                                  updates (plan.h), so every one of them runs before the
+                                  norm is known, whatever the timing: the path tests of
+                                  speculation must take (the results are the same) */
     fy_comm *comm;     /* data parallel: the job's processes (borrowed; NULL: this process
                           alone). Each step is micro_total micro-batches (0: size x
                           grad_accum): this rank runs its grad_accum of them, from

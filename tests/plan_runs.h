@@ -92,7 +92,8 @@ static fy_status plan_train(const fy_model *m, const fy_plan *plan, size_t cap,
     cr_assert_eq(fy_dev_new(&dc, &dev), FY_OK);
     fy_trainer_cfg tc = {.model = m, .T = T_SEQ, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                          .weight_decay = 0.1f, .clip = g_clip, .seed = 11, .plan = plan,
-                         .schedule = mode, .test_nan_step = g_nan_norm_step};
+                         .schedule = mode, .test_nan_step = g_nan_norm_step,
+                         .test_speculate_first = true}; /* speculation, whatever the timing */
     fy_trainer *tr;
     fy_status st = fy_trainer_new(dev, &tc, &tr);
     if (st != FY_OK) {

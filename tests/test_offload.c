@@ -623,7 +623,7 @@ static void failing_open(failing_run *f, const fy_plan *plan) {
     f->model = new_model(&small_cfg);
     fy_trainer_cfg tc = {.model = f->model, .T = T_SEQ, .beta1 = 0.9f, .beta2 = 0.95f,
                          .eps = 1e-8f, .weight_decay = 0.1f, .clip = g_clip, .seed = 11,
-                         .plan = plan};
+                         .plan = plan, .test_speculate_first = true};
     cr_assert_eq(fy_trainer_new(f->dev, &tc, &f->tr), FY_OK);
     f->tok = test_corpus();
     cr_assert_eq(fy_loader_new(f->tok, 0, fy_tokens_count(f->tok), plan->micro_batch, T_SEQ,
@@ -795,18 +795,20 @@ Test(failure, inside_an_update_breaks_the_trainer, .timeout = 120) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_injection(&cases[i]);
 }
 
-/* Speculative updates (plan.h): a failure before the step's first commit (a gradient
- * copy, the norm, the first commit itself: block 0's, which the next forward needs first)
- * applies nothing, and the retried steps are the unbroken run's bits (the speculations
- * written are dropped, the bf16 copies they wrote rebuilt from the masters); one inside a
- * later commit breaks the trainer. (A failing speculative adam_cpu applies nothing
- * either, but whether a commit of its step ran before it depends on timing.) Cases from
- * the review of issue 28. */
+/* Speculative updates (plan.h): a failure before the step's first commit (a speculative
+ * update, a gradient copy, the norm, the first commit itself: block 0's, which the next
+ * forward needs first) applies nothing, and the retried steps are the unbroken run's bits
+ * (the speculations written are dropped, the bf16 copies they wrote rebuilt from the
+ * masters); one inside a later commit breaks the trainer. The trainer's test hook makes
+ * every speculation run before its step's norm (failing_open). Cases from the review of
+ * issue 28. */
 Test(failure, around_speculative_updates, .timeout = 120) {
     const int head = small_cfg.layers + 1;
     const injection cases[] = {
         {"spec: norm", 1, 1, FY_T_NORM, -1, false, false, 1},
         {"spec bf16: norm", 1, 1, FY_T_NORM, -1, false, true, 1},
+        {"spec: the head's speculative adam_cpu", 1, 1, FY_T_ADAM_CPU, head, false, false, 1},
+        {"spec bf16: the head's speculative adam_cpu", 1, 1, FY_T_ADAM_CPU, head, false, true, 1},
         {"spec: d2h_grad of block 0", 1, 1, FY_T_D2H_GRAD, 0, false, false, 1},
         {"spec bf16: d2h_grad of block 0", 1, 1, FY_T_D2H_GRAD, 0, false, true, 1},
         {"spec: the first commit", 0, 1, FY_T_COMMIT, 0, false, false, 1},
