@@ -686,12 +686,13 @@ void fy_step_graph_price(fy_step_graph *sg, const fy_layout *L, const fy_cost_ta
         fy_task *t = &sg->g.tasks[i];
         const double *s = cost_slot(c, t->kind, t->block);
         if (s[1] > 0) t->cost_ms = s[0] / s[1]; /* else the scheduler's default */
-        if (t->kind == FY_T_H2D_PARAM || t->kind == FY_T_D2H_GRAD) t->cost_ms *= fy_step_copy_scale(sg, L, i);
+        t->cost_ms *= fy_step_copy_scale(sg, L, i);
     }
 }
 
 double fy_step_copy_scale(const fy_step_graph *sg, const fy_layout *L, int i) {
     const fy_task *t = &sg->g.tasks[i];
+    if (t->kind != FY_T_H2D_PARAM && t->kind != FY_T_D2H_GRAD) return 1.0;
     return t->bytes / ((double)L->blocks[t->block].stage_nelem * (double)L->es);
 }
 

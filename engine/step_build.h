@@ -122,6 +122,7 @@ double fy_cost_mean(const fy_cost_table *c, fy_task_kind kind, int block); /* -1
  * parts): their costs are kept per staged copy (fy_step_copy_scale: a measured copy is
  * divided by it before it is added). */
 void fy_step_graph_price(fy_step_graph *sg, const fy_layout *L, const fy_cost_table *c);
+/* That scale of a task (1 but for fetches and gradient copies). */
 double fy_step_copy_scale(const fy_step_graph *sg, const fy_layout *L, int task);
 /* A step graph's work per lane (the sum of its tasks' costs). */
 void fy_step_graph_busy(const fy_step_graph *sg, double busy_ms[FY_LANE_COUNT]);

@@ -54,11 +54,8 @@ static void wait_for(const fy_trainer *tr, fy_stream *s, int before) {
 void fy_exec_host_after(const fy_trainer *tr, int id) {
     const fy_task *t = &tr->ex.sg->g.tasks[id];
     fy_stream *s = lane_stream(tr, t->lane);
-    for (int k = 0; k < t->npred; k++) {
-        const int b = t->pred[k];
-        fy_stream *bs = lane_stream(tr, tr->ex.sg->g.tasks[b].lane);
-        if (bs && bs != s) fy_event_sync(tr->ex.ev_end[b]);
-    }
+    for (int k = 0; k < t->npred; k++) /* its own stream's work writes no host memory */
+        if (lane_stream(tr, tr->ex.sg->g.tasks[t->pred[k]].lane) != s) wait_for(tr, NULL, t->pred[k]);
 }
 
 /* Whether the test hook (trainer.h) claims task t. */
@@ -295,9 +292,8 @@ static int window_end(fy_trainer *tr, fy_window *w, const fy_step_graph *sg, con
         for (int i = 0; i < res->nrecs; i++) {
             const int id = res->recs[i].task;
             const fy_task *t = &sg->g.tasks[id];
-            double ms = res->recs[i].end_ms - res->recs[i].start_ms;
-            if (t->kind == FY_T_H2D_PARAM || t->kind == FY_T_D2H_GRAD) ms /= fy_step_copy_scale(sg, tr->L, id);
-            fy_cost_add(&tr->costs, (fy_task_kind)t->kind, t->block, ms);
+            const double ms = res->recs[i].end_ms - res->recs[i].start_ms;
+            fy_cost_add(&tr->costs, (fy_task_kind)t->kind, t->block, ms / fy_step_copy_scale(sg, tr->L, id));
         }
     }
     if (st == FY_OK) {

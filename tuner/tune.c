@@ -354,13 +354,11 @@ static fy_status frontier_micro(const fy_tune_cfg *cfg, int micro, bool any, fy_
  * memory grows with k4). It is not always faster (a commit is one more task on the cpu
  * lane, which a small model's step feels), so both are simulated. Not in a job. */
 static fy_status most_speculation(const fy_tune_cfg *cfg, fy_layout *lay, cand *c) {
-    const int L = fy_model_layers(cfg->model);
     size_t host = cfg->host_budget ? cfg->host_budget : SIZE_MAX;
     if (cfg->spec_host_cap && cfg->spec_host_cap < host) host = cfg->spec_host_cap;
     c->k4 = 0;
     if (cfg->ranks > 1 || c->k3 == 0) return FY_OK;
-    int lo = 0, hi = c->k3 < L ? c->k3 : L; /* k4 past k3 adds only the embedding and head */
-    if (c->k3 == L) hi = L;
+    int lo = 0, hi = c->k3; /* the cpu-updated layers are the last k3 */
     while (lo < hi) {
         cand d = *c;
         d.k4 = lo + (hi - lo + 1) / 2;
@@ -489,12 +487,15 @@ static fy_status predict_prefetch(const fy_profile *p, const fy_tune_cfg *cfg, c
         fy_plan plan;
         FY_TRY(point_plan(cfg, c, &plan));
         plan.prefetch = pf;
-        fy_mem_model mm;
-        fy_status st = plan_layout(cfg, &plan, lay);
-        if (st == FY_OK) fy_layout_memory(lay, SIZE_MAX, &mm);
-        if (st != FY_OK || (pf > 1 && mm.device_total > cfg->device_budget)) {
-            fy_plan_free(&plan);
-            return st;
+        fy_status st = FY_OK;
+        if (pf > 1) { /* the frontier's points fit at the least depth */
+            fy_mem_model mm;
+            st = plan_layout(cfg, &plan, lay);
+            if (st == FY_OK) fy_layout_memory(lay, SIZE_MAX, &mm);
+            if (st != FY_OK || mm.device_total > cfg->device_budget) {
+                fy_plan_free(&plan);
+                return st;
+            }
         }
         fy_tune_result t;
         st = fy_tune_predict(p, &wc, &plan, &t);
