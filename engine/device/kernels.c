@@ -22,13 +22,15 @@ static void launch(fy_stream *s, fy_op_kind kind, void *const *p, int np, const 
 }
 
 void fy_k_encoder_fwd(float *out, const int32_t *tokens, const float *wte, const float *wpe,
-                      int B, int T, int C, int V, fy_stream *s) {
-    launch(s, FY_OP_ENCODER_FWD, PTRS(out, P(tokens), P(wte), P(wpe)), INTS(B, T, C, V), NO_FLTS);
+                      const int32_t *docs, int B, int T, int C, int V, fy_stream *s) {
+    launch(s, FY_OP_ENCODER_FWD, PTRS(out, P(tokens), P(wte), P(wpe), P(docs)), INTS(B, T, C, V),
+           NO_FLTS);
 }
 
 void fy_k_encoder_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
-                      int B, int T, int C, int V, fy_stream *s) {
-    launch(s, FY_OP_ENCODER_BWD, PTRS(dwte, dwpe, P(dout), P(tokens)), INTS(B, T, C, V), NO_FLTS);
+                      const int32_t *docs, int B, int T, int C, int V, fy_stream *s) {
+    launch(s, FY_OP_ENCODER_BWD, PTRS(dwte, dwpe, P(dout), P(tokens), P(docs)), INTS(B, T, C, V),
+           NO_FLTS);
 }
 
 void fy_k_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
@@ -75,23 +77,30 @@ void fy_k_add_f32(float *dst, const float *src, size_t n, fy_stream *s) {
     launch(s, FY_OP_ADD_F32, PTRS(dst, P(src)), INTS((int64_t)n), NO_FLTS);
 }
 
-void fy_k_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int NH, int NKV,
-                        int hd, fy_stream *s) {
+static void attn_check(int NH, int NKV, int hd, const fy_attn *a) {
     FY_ASSERT(NKV > 0 && NH % NKV == 0, "attention: key/value heads must divide the heads");
-    launch(s, FY_OP_ATTENTION_FWD, PTRS(out, att, P(qkv)), INTS(B, T, NH, NKV, hd), NO_FLTS);
+    FY_ASSERT(hd > 0 && a->window >= 0, "attention: a positive head size, a window of >= 0");
 }
 
-void fy_k_attention_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                        const float *att, int B, int T, int NH, int NKV, int hd, fy_stream *s) {
-    FY_ASSERT(NKV > 0 && NH % NKV == 0, "attention: key/value heads must divide the heads");
-    launch(s, FY_OP_ATTENTION_BWD, PTRS(dqkv, scratch, P(dout), P(qkv), P(att)),
-           INTS(B, T, NH, NKV, hd), NO_FLTS);
+void fy_k_attention_fwd(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV,
+                        int hd, const fy_attn *a, fy_stream *s) {
+    attn_check(NH, NKV, hd, a);
+    launch(s, FY_OP_ATTENTION_FWD, PTRS(out, lse, P(qkv), P(a->docs)),
+           INTS(B, T, NH, NKV, hd, a->window), FLTS(a->scale));
 }
 
-void fy_k_rope(float *qkv, int B, int T, int NH, int NKV, int hd, bool inverse,
-               const fy_rope *r, fy_stream *s) {
+void fy_k_attention_bwd(float *dqkv, float *delta, const float *dout, const float *qkv,
+                        const float *out, const float *lse, int B, int T, int NH, int NKV,
+                        int hd, const fy_attn *a, fy_stream *s) {
+    attn_check(NH, NKV, hd, a);
+    launch(s, FY_OP_ATTENTION_BWD, PTRS(dqkv, delta, P(dout), P(qkv), P(out), P(lse), P(a->docs)),
+           INTS(B, T, NH, NKV, hd, a->window), FLTS(a->scale));
+}
+
+void fy_k_rope(float *qkv, const int32_t *docs, int B, int T, int NH, int NKV, int hd,
+               bool inverse, const fy_rope *r, fy_stream *s) {
     FY_ASSERT(hd % 2 == 0, "rope: the head dimension must be even");
-    launch(s, FY_OP_ROPE, PTRS(qkv), INTS(B, T, NH, NKV, hd, inverse, r->type),
+    launch(s, FY_OP_ROPE, PTRS(qkv, P(docs)), INTS(B, T, NH, NKV, hd, inverse, r->type),
            FLTS(r->theta, r->factor, r->low_freq_factor, r->high_freq_factor, r->orig_max_pos));
 }
 

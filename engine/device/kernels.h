@@ -37,16 +37,24 @@
 extern "C" {
 #endif
 
-/* out (B,T,C) = wte[tokens] (V,C) + wpe[t] (maxT,C); wpe may be NULL (no learned
- * positions: Llama's). Tokens must be < V (checked by the data layer, not here). */
+/* Positions and documents: a sequence may pack several documents. docs (B,T), int32 in
+ * device memory, or NULL for one document a sequence: docs[b,t] is where position t's
+ * document starts in its sequence (0 <= docs[b,t] <= t, and a new document starts where
+ * docs changes: docs[b,t] is t or docs[b,t-1]). A position's place in its document,
+ * t - docs[b,t], is what learned positions and rotary embeddings see, and attention never
+ * looks across a document's start. */
+
+/* out (B,T,C) = wte[tokens] (V,C) + wpe[pos] (maxT,C), pos = t - docs[b,t] (t without
+ * docs); wpe may be NULL (no learned positions: Llama's). Tokens must be < V (checked by
+ * the data layer, not here). */
 void fy_k_encoder_fwd(float *out, const int32_t *tokens, const float *wte, const float *wpe,
-                      int B, int T, int C, int V, fy_stream *s);
-/* dwte (V,C): dwte[tokens[b,t]] += dout[b,t]; dwpe[t] += dout[b,t] (dwpe may be NULL,
+                      const int32_t *docs, int B, int T, int C, int V, fy_stream *s);
+/* dwte (V,C): dwte[tokens[b,t]] += dout[b,t]; dwpe[pos] += dout[b,t] (dwpe may be NULL,
  * as wpe in the forward). Each row's sum is
  * formed in fp32 before it meets a bf16 dwte (so a frequent token's gradient is not
  * rounded once per position). */
 void fy_k_encoder_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
-                      int B, int T, int C, int V, fy_stream *s);
+                      const int32_t *docs, int B, int T, int C, int V, fy_stream *s);
 
 /* out (N,C) = (inp - mean) * rstd * w + b, eps 1e-5; saves mean, rstd (N). */
 void fy_k_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
@@ -84,21 +92,39 @@ void fy_k_add_f32(float *dst, const float *src, size_t n, fy_stream *s);
  * (NKV divides NH; query head h reads key/value head h / (NH/NKV): grouped-query
  * attention, and multi-head for NKV = NH). qkv (B,T,W), W = (NH + 2 NKV) hd, packs each
  * position's NH query heads, NKV key heads and NKV value heads, heads contiguous (GPT-2's
- * (B,T,3C) with NKV = NH, hd = C/NH). out (B,T,NH*hd); att (B,NH,T,T) keeps the softmax
- * probabilities (zero above the diagonal) for backward. Scores are scaled by 1/sqrt(hd). */
-void fy_k_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int NH, int NKV,
-                        int hd, fy_stream *s);
+ * (B,T,3C) with NKV = NH, hd = C/NH).
+ *
+ * The mask: query t sees key j when j <= t, j >= docs[b,t] (docs may be NULL: see the
+ * top) and, with a window w > 0, t - j < w (w keys, itself among them: Hugging Face's
+ * sliding_window). Scores are q.k * scale (1/sqrt(hd) for the families so far).
+ *
+ * Tiled (FlashAttention's algorithm): nothing of size T x T is ever stored. The forward
+ * keeps, per query row, a running max and sum of the softmax in fp32 over key tiles, and
+ * saves the row's log-sum-exp of the scaled scores, lse (B,NH,T) fp32, for the backward,
+ * which rebuilds the probabilities tile by tile from it. Tiles the mask hides entirely
+ * (above the diagonal, before the window or the document) are skipped. */
+typedef struct fy_attn {
+    int window;           /* 0: none */
+    float scale;          /* the scores' factor */
+    const int32_t *docs;  /* (B,T) or NULL */
+} fy_attn;
+
+/* out (B,T,NH*hd), lse (B,NH,T) overwritten. */
+void fy_k_attention_fwd(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV,
+                        int hd, const fy_attn *a, fy_stream *s);
 /* dqkv (B,T,W) overwritten (a key/value head's gradient sums its query heads' shares in
- * head order); scratch (B,NH,T,T) is workspace. */
-void fy_k_attention_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                        const float *att, int B, int T, int NH, int NKV, int hd, fy_stream *s);
+ * head order) from dout (B,T,NH*hd), the forward's qkv, out and lse; delta (B,NH,T) fp32 is
+ * workspace (each row's sum of dout * out). */
+void fy_k_attention_bwd(float *dqkv, float *delta, const float *dout, const float *qkv,
+                        const float *out, const float *lse, int B, int T, int NH, int NKV,
+                        int hd, const fy_attn *a, fy_stream *s);
 
 /* Rotary position embeddings (rope.h) on the query and key heads of packed rows qkv
- * (B,T,W) as fy_k_attention_fwd's, in place, position t = the row's index in its
- * sequence; inverse: the opposite rotation (the backward: rotations are orthogonal). The
- * value heads are left alone. */
-void fy_k_rope(float *qkv, int B, int T, int NH, int NKV, int hd, bool inverse,
-               const fy_rope *rope, fy_stream *s);
+ * (B,T,W) as fy_k_attention_fwd's, in place, at position t - docs[b,t] (docs may be NULL:
+ * t); inverse: the opposite rotation (the backward: rotations are orthogonal). The value
+ * heads are left alone. */
+void fy_k_rope(float *qkv, const int32_t *docs, int B, int T, int NH, int NKV, int hd,
+               bool inverse, const fy_rope *rope, fy_stream *s);
 
 /* GELU, tanh approximation. */
 void fy_k_gelu_fwd(float *out, const float *inp, size_t n, fy_stream *s);

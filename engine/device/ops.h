@@ -27,15 +27,17 @@
  *   NVP = i0*i2 (N rows of Vp), ONE = 1, NCH = the norm chunks of i0 elements
  *   (core/reduce.h: ceil(i0 / FY_SUMSQ_CHUNK));
  *   attention's, with i = (B, T, NH, NKV, hd): QKV = B*T*(NH+2*NKV)*hd (the packed q, k
- *   and v rows), BTQ = B*T*NH*hd, BHTT = B*NH*T*T */
+ *   and v rows), BTQ = B*T*NH*hd, BHT = B*NH*T (a value per query row) */
 #define FY_OP_SIZES(X) X(N0) X(NC) X(C) X(NOC) X(OCC) X(OC) X(N2C) X(BT) X(BTC) X(TC) X(VC) \
-                       X(NVP) X(ONE) X(NCH) X(QKV) X(BTQ) X(BHTT)
+                       X(NVP) X(ONE) X(NCH) X(QKV) X(BTQ) X(BHT)
 
 #define FY_KERNEL_OPS(X)                                                                       \
     X(ENCODER_FWD, 4, 0, /* i: B, T, C, V */                                                   \
-      A(out, OUT, S, BTC) A(tokens, IN, I32, BT) A(wte, IN, S, VC) AO(wpe, IN, S, TC))           \
+      A(out, OUT, S, BTC) A(tokens, IN, I32, BT) A(wte, IN, S, VC) AO(wpe, IN, S, TC)            \
+      AO(docs, IN, I32, BT))                                                                   \
     X(ENCODER_BWD, 4, 0,                                                                       \
-      A(dwte, INOUT, S, VC) AO(dwpe, INOUT, S, TC) A(dout, IN, S, BTC) A(tokens, IN, I32, BT))   \
+      A(dwte, INOUT, S, VC) AO(dwpe, INOUT, S, TC) A(dout, IN, S, BTC) A(tokens, IN, I32, BT)    \
+      AO(docs, IN, I32, BT))                                                                   \
     X(LAYERNORM_FWD, 2, 0, /* i: N, C */                                                       \
       A(out, OUT, S, NC) A(mean, OUT, F32, N0) A(rstd, OUT, F32, N0) A(inp, IN, S, NC)           \
       A(w, IN, S, C) A(b, IN, S, C))                                                           \
@@ -56,13 +58,13 @@
       A(dinp, INOUT, F32, NC) A(dw, INOUT, S, OCC) A(dout, IN, S, NOC) A(inp, IN, S, NC)         \
       A(w, IN, S, OCC))                                                                        \
     X(ADD_F32, 1, 0, A(dst, INOUT, S, N0) A(src, IN, F32, N0))                                 \
-    X(ATTENTION_FWD, 5, 0, /* i: B, T, NH, NKV, hd */                                          \
-      A(out, OUT, S, BTQ) A(att, OUT, S, BHTT) A(qkv, IN, S, QKV))                               \
-    X(ATTENTION_BWD, 5, 0,                                                                     \
-      A(dqkv, OUT, S, QKV) A(scratch, OUT, S, BHTT) A(dout, IN, S, BTQ) A(qkv, IN, S, QKV)       \
-      A(att, IN, S, BHTT))                                                                     \
+    X(ATTENTION_FWD, 6, 1, /* i: B, T, NH, NKV, hd, window; f: scale */                        \
+      A(out, OUT, S, BTQ) A(lse, OUT, F32, BHT) A(qkv, IN, S, QKV) AO(docs, IN, I32, BT))        \
+    X(ATTENTION_BWD, 6, 1,                                                                     \
+      A(dqkv, OUT, S, QKV) A(delta, OUT, F32, BHT) A(dout, IN, S, BTQ) A(qkv, IN, S, QKV)        \
+      A(out, IN, S, BTQ) A(lse, IN, F32, BHT) AO(docs, IN, I32, BT))                             \
     X(ROPE, 7, 5, /* i: B, T, NH, NKV, hd, inverse, type; f: rope.h's parameters */            \
-      A(qkv, INOUT, S, QKV))                                                                   \
+      A(qkv, INOUT, S, QKV) AO(docs, IN, I32, BT))                                             \
     X(GELU_FWD, 1, 0, A(out, OUT, S, N0) A(inp, IN, S, N0))                                    \
     X(GELU_BWD, 1, 0, A(dinp, OUT, S, N0) A(inp, IN, S, N0) A(dout, IN, S, N0))                \
     X(SWIGLU_FWD, 2, 0, /* i: N, F */                                                          \

@@ -121,18 +121,20 @@ void fy_gpt2_head_work_bind(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt
 /* ---- forward ---------------------------------------------------------------------- */
 
 void fy_gpt2_embed_fwd(const fy_gpt2_config *cfg, const fy_gpt2_embed_w *w,
-                       const int32_t *tokens, float *x0, int B, int T, fy_stream *s) {
-    fy_k_encoder_fwd(x0, tokens, w->wte, w->wpe, B, T, cfg->channels, cfg->vocab, s);
+                       const int32_t *tokens, const int32_t *docs, float *x0, int B, int T,
+                       fy_stream *s) {
+    fy_k_encoder_fwd(x0, tokens, w->wte, w->wpe, docs, B, T, cfg->channels, cfg->vocab, s);
 }
 
 void fy_gpt2_layer_fwd(const fy_gpt2_config *cfg, const fy_gpt2_layer_w *w,
                        fy_gpt2_layer_acts *a, const float *x_in, fy_gpt2_layer_work *wk,
-                       int B, int T, fy_stream *s) {
+                       const int32_t *docs, int B, int T, fy_stream *s) {
     const int C = cfg->channels, NH = cfg->heads, N = B * T;
+    const fy_attn at = {.scale = 1.0f / sqrtf((float)(C / NH)), .docs = docs};
     const size_t NC = (size_t)N * C;
     fy_k_layernorm_fwd(a->ln1, a->ln1_mean, a->ln1_rstd, x_in, w->ln1w, w->ln1b, N, C, s);
     fy_k_matmul_fwd(a->qkv, a->ln1, w->qkvw, w->qkvb, N, C, 3 * C, s);
-    fy_k_attention_fwd(a->atty, a->att, a->qkv, B, T, NH, NH, C / NH, s);
+    fy_k_attention_fwd(a->atty, a->lse, a->qkv, B, T, NH, NH, C / NH, &at, s);
     fy_k_matmul_fwd(wk->proj, a->atty, w->attprojw, w->attprojb, N, C, C, s);
     fy_k_residual_fwd(a->res2, x_in, wk->proj, NC, s);
     fy_k_layernorm_fwd(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2w, w->ln2b, N, C, s);
@@ -181,8 +183,10 @@ void fy_gpt2_head_step(const fy_gpt2_config *cfg, const fy_gpt2_head_w *w,
 
 void fy_gpt2_layer_bwd(const fy_gpt2_config *cfg, const fy_gpt2_layer_w *w,
                        fy_gpt2_layer_w *g, const fy_gpt2_layer_acts *a, const float *x_in,
-                       fy_gpt2_layer_work *wk, float *dx, int B, int T, fy_stream *s) {
+                       fy_gpt2_layer_work *wk, float *dx, const int32_t *docs, int B, int T,
+                       fy_stream *s) {
     const int C = cfg->channels, NH = cfg->heads, N = B * T;
+    const fy_attn at = {.scale = 1.0f / sqrtf((float)(C / NH)), .docs = docs};
     /* MLP: out = res2 + fcproj(gelu(fc(ln2(res2)))) */
     fy_k_matmul_bwd(wk->dfch_gelu, g->fcprojw, g->fcprojb, dx, a->fch_gelu, w->fcprojw,
                     N, 4 * C, C, s);
@@ -193,15 +197,16 @@ void fy_gpt2_layer_bwd(const fy_gpt2_config *cfg, const fy_gpt2_layer_w *w,
     /* attention: res2 = x_in + attproj(attn(qkv(ln1(x_in)))) */
     fy_k_matmul_bwd(wk->datty, g->attprojw, g->attprojb, dx, a->atty, w->attprojw,
                     N, C, C, s);
-    fy_k_attention_bwd(wk->dqkv, wk->datt, wk->datty, a->qkv, a->att, B, T, NH, NH, C / NH, s);
+    fy_k_attention_bwd(wk->dqkv, wk->delta, wk->datty, a->qkv, a->atty, a->lse, B, T, NH, NH,
+                       C / NH, &at, s);
     fy_k_matmul_bwd(wk->dln, g->qkvw, g->qkvb, wk->dqkv, a->ln1, w->qkvw, N, C, 3 * C, s);
     fy_k_layernorm_bwd(dx, g->ln1w, g->ln1b, wk->dln, x_in, w->ln1w, a->ln1_mean,
                        a->ln1_rstd, N, C, s);
 }
 
 void fy_gpt2_embed_bwd(const fy_gpt2_config *cfg, fy_gpt2_embed_w *g, const int32_t *tokens,
-                       const float *dx, int B, int T, fy_stream *s) {
-    fy_k_encoder_bwd(g->wte, g->wpe, dx, tokens, B, T, cfg->channels, cfg->vocab, s);
+                       const int32_t *docs, const float *dx, int B, int T, fy_stream *s) {
+    fy_k_encoder_bwd(g->wte, g->wpe, dx, tokens, docs, B, T, cfg->channels, cfg->vocab, s);
 }
 
 /* ---- init ------------------------------------------------------------------------- */
@@ -272,7 +277,7 @@ static void forward(const fy_model *m, int b, const fy_block_io *io, fy_stream *
     if (blk->kind == FY_BLOCK_EMBED) {
         fy_gpt2_embed_w w;
         fy_gpt2_embed_view(blk, dt, io->params, &w);
-        fy_gpt2_embed_fwd(cfg, &w, io->tokens, io->out, io->B, io->T, s);
+        fy_gpt2_embed_fwd(cfg, &w, io->tokens, io->docs, io->out, io->B, io->T, s);
         return;
     }
     fy_gpt2_layer_w w;
@@ -282,7 +287,7 @@ static void forward(const fy_model *m, int b, const fy_block_io *io, fy_stream *
     fy_gpt2_layer_acts_bind(cfg, io->B, io->T, dt, io->saved, &a);
     a.out = io->out;
     fy_gpt2_layer_work_bind(cfg, io->B, io->T, dt, io->work, &wk);
-    fy_gpt2_layer_fwd(cfg, &w, &a, io->in, &wk, io->B, io->T, s);
+    fy_gpt2_layer_fwd(cfg, &w, &a, io->in, &wk, io->docs, io->B, io->T, s);
 }
 
 static void backward(const fy_model *m, int b, const fy_block_io *io, fy_stream *s) {
@@ -292,7 +297,7 @@ static void backward(const fy_model *m, int b, const fy_block_io *io, fy_stream 
     if (blk->kind == FY_BLOCK_EMBED) {
         fy_gpt2_embed_w g;
         fy_gpt2_embed_view(blk, dt, io->grads, &g);
-        fy_gpt2_embed_bwd(cfg, &g, io->tokens, io->dx, io->B, io->T, s);
+        fy_gpt2_embed_bwd(cfg, &g, io->tokens, io->docs, io->dx, io->B, io->T, s);
         return;
     }
     fy_gpt2_layer_w w, g;
@@ -303,7 +308,7 @@ static void backward(const fy_model *m, int b, const fy_block_io *io, fy_stream 
     fy_gpt2_layer_acts_bind(cfg, io->B, io->T, dt, io->saved, &a);
     a.out = io->out;
     fy_gpt2_layer_work_bind(cfg, io->B, io->T, dt, io->work, &wk);
-    fy_gpt2_layer_bwd(cfg, &w, &g, &a, io->in, &wk, io->dx, io->B, io->T, s);
+    fy_gpt2_layer_bwd(cfg, &w, &g, &a, io->in, &wk, io->dx, io->docs, io->B, io->T, s);
 }
 
 /* The head: ln_f, then the classifier on the tied wte (link 0, the embedding). */

@@ -117,7 +117,7 @@ void fy_gpt2_head_view(const fy_block_spec *blk, fy_dtype dt, const void *base, 
     X(ln1_mean, (size_t)N, F)              \
     X(ln1_rstd, (size_t)N, F)              \
     X(qkv, (size_t)N * 3 * C, S)           \
-    X(att, (size_t)B * NH * T * T, S)      \
+    X(lse, (size_t)B * NH * T, F)          \
     X(atty, (size_t)N * C, S)              \
     X(res2, (size_t)N * C, S)              \
     X(ln2, (size_t)N * C, S)               \
@@ -140,7 +140,7 @@ typedef struct fy_gpt2_layer_acts {
     X(dqkv, (size_t)N * 3 * C, S)          \
     X(dfch, (size_t)N * 4 * C, S)          \
     X(dfch_gelu, (size_t)N * 4 * C, S)     \
-    X(datt, (size_t)B * NH * T * T, S)
+    X(delta, (size_t)B * NH * T, F)
 typedef struct fy_gpt2_layer_work { FY_GPT2_LAYER_WORK(FY_GPT2_ACT_FIELD) } fy_gpt2_layer_work;
 
 /* The classifier's vocabulary chunks for N positions in es-byte storage (lm_head.h):
@@ -190,12 +190,14 @@ void fy_gpt2_head_work_bind(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt
 
 /* Forward and backward, block by block. All pointers are device memory; each call
  * queues kernels on s and returns at once. Gradients (g, dwte, ...) accumulate. */
+/* docs: (B,T) document starts or NULL (kernels.h), in every pass below that takes it. */
 void fy_gpt2_embed_fwd(const fy_gpt2_config *cfg, const fy_gpt2_embed_w *w,
-                       const int32_t *tokens, float *x0, int B, int T, fy_stream *s);
+                       const int32_t *tokens, const int32_t *docs, float *x0, int B, int T,
+                       fy_stream *s);
 /* x_out = layer(x_in); x_out is a->out. */
 void fy_gpt2_layer_fwd(const fy_gpt2_config *cfg, const fy_gpt2_layer_w *w,
                        fy_gpt2_layer_acts *a, const float *x_in, fy_gpt2_layer_work *wk,
-                       int B, int T, fy_stream *s);
+                       const int32_t *docs, int B, int T, fy_stream *s);
 /* Evaluation: per-position losses and loss_out[0] = their mean. */
 void fy_gpt2_head_fwd(const fy_gpt2_config *cfg, const fy_gpt2_head_w *w, const float *wte,
                       const float *xL, fy_gpt2_head_acts *a, fy_gpt2_head_work *wk,
@@ -210,10 +212,11 @@ void fy_gpt2_head_step(const fy_gpt2_config *cfg, const fy_gpt2_head_w *w,
 /* dx holds d x_out on entry and d x_in on return. */
 void fy_gpt2_layer_bwd(const fy_gpt2_config *cfg, const fy_gpt2_layer_w *w,
                        fy_gpt2_layer_w *g, const fy_gpt2_layer_acts *a, const float *x_in,
-                       fy_gpt2_layer_work *wk, float *dx, int B, int T, fy_stream *s);
+                       fy_gpt2_layer_work *wk, float *dx, const int32_t *docs, int B, int T,
+                       fy_stream *s);
 /* From dx = d x0: dwte and dwpe accumulate. */
 void fy_gpt2_embed_bwd(const fy_gpt2_config *cfg, fy_gpt2_embed_w *g, const int32_t *tokens,
-                       const float *dx, int B, int T, fy_stream *s);
+                       const int32_t *docs, const float *dx, int B, int T, fy_stream *s);
 
 #ifdef __cplusplus
 }

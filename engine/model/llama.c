@@ -139,7 +139,7 @@ typedef struct head_w { float *norm, *lm_head; } head_w; /* lm_head absent when 
     X(ln1, N * C, S)                     \
     X(rstd1, N, F)                       \
     X(qkv, N * W, S)                     \
-    X(att, (size_t)B * NH * T * T, S)    \
+    X(lse, (size_t)B * NH * T, F)        \
     X(atty, N * Q, S)                    \
     X(res2, N * C, S)                    \
     X(ln2, N * C, S)                     \
@@ -155,7 +155,7 @@ typedef struct head_w { float *norm, *lm_head; } head_w; /* lm_head absent when 
     X(dqkv, N * W, S)                    \
     X(dgu, N * 2 * Fn, S)                \
     X(dact, N * Fn, S)                   \
-    X(datt, (size_t)B * NH * T * T, S)
+    X(delta, (size_t)B * NH * T, F)
 /* The head's saved activations (the classifier's running log-sum-exp among them); in
  * training the fp32 accumulator of d lnf (lm_head.h), which an untied head keeps in its
  * saved area (a chunked head's backward is several tasks) and a tied one in the shared
@@ -214,16 +214,22 @@ BIND_FN(head_work_bind, head_work, HEAD_WORK)
 /* ---- the passes ---------------------------------------------------------------------- */
 
 /* x_out = x_in + attn(rmsnorm(x_in)); then + mlp(rmsnorm(.)). */
+static fy_attn attn_of(const fy_llama_config *cfg, const int32_t *docs) {
+    return (fy_attn){.window = cfg->sliding_window, .scale = 1.0f / sqrtf((float)cfg->head_dim),
+                     .docs = docs};
+}
+
 static void layer_fwd(const fy_llama_config *cfg, const layer_w *w, layer_acts *a,
-                      layer_work *wk, const float *x_in, float *x_out, int B, int T,
-                      fy_stream *s) {
+                      layer_work *wk, const float *x_in, float *x_out, const int32_t *docs,
+                      int B, int T, fy_stream *s) {
     const int C = cfg->channels, NH = cfg->heads, NKV = cfg->kv_heads, hd = cfg->head_dim,
               F = cfg->ffn, N = B * T, W = (NH + 2 * NKV) * hd;
     const size_t NC = (size_t)N * C;
     fy_k_rmsnorm_fwd(a->ln1, a->rstd1, x_in, w->ln1, N, C, cfg->norm_eps, s);
     fy_k_matmul_fwd(a->qkv, a->ln1, w->wq, NULL, N, C, W, s); /* q, k, v packed */
-    fy_k_rope(a->qkv, B, T, NH, NKV, hd, false, &cfg->rope, s);
-    fy_k_attention_fwd(a->atty, a->att, a->qkv, B, T, NH, NKV, hd, s);
+    const fy_attn at = attn_of(cfg, docs);
+    fy_k_rope(a->qkv, docs, B, T, NH, NKV, hd, false, &cfg->rope, s);
+    fy_k_attention_fwd(a->atty, a->lse, a->qkv, B, T, NH, NKV, hd, &at, s);
     fy_k_matmul_fwd(wk->proj, a->atty, w->wo, NULL, N, NH * hd, C, s);
     fy_k_residual_fwd(a->res2, x_in, wk->proj, NC, s);
     fy_k_rmsnorm_fwd(a->ln2, a->rstd2, a->res2, w->ln2, N, C, cfg->norm_eps, s);
@@ -236,7 +242,7 @@ static void layer_fwd(const fy_llama_config *cfg, const layer_w *w, layer_acts *
 /* dx holds d x_out on entry and d x_in on return (the norms' backwards add into it). */
 static void layer_bwd(const fy_llama_config *cfg, const layer_w *w, layer_w *g,
                       const layer_acts *a, layer_work *wk, const float *x_in, float *dx,
-                      int B, int T, fy_stream *s) {
+                      const int32_t *docs, int B, int T, fy_stream *s) {
     const int C = cfg->channels, NH = cfg->heads, NKV = cfg->kv_heads, hd = cfg->head_dim,
               F = cfg->ffn, N = B * T, W = (NH + 2 * NKV) * hd;
     fy_k_swiglu_fwd(wk->act, a->gu, N, F, s); /* rebuilt, not kept */
@@ -245,8 +251,10 @@ static void layer_bwd(const fy_llama_config *cfg, const layer_w *w, layer_w *g,
     fy_k_matmul_bwd(wk->dln, g->wgate, NULL, wk->dgu, a->ln2, w->wgate, N, C, 2 * F, s);
     fy_k_rmsnorm_bwd(dx, g->ln2, wk->dln, a->res2, w->ln2, a->rstd2, N, C, s);
     fy_k_matmul_bwd(wk->datty, g->wo, NULL, dx, a->atty, w->wo, N, NH * hd, C, s);
-    fy_k_attention_bwd(wk->dqkv, wk->datt, wk->datty, a->qkv, a->att, B, T, NH, NKV, hd, s);
-    fy_k_rope(wk->dqkv, B, T, NH, NKV, hd, true, &cfg->rope, s);
+    const fy_attn at = attn_of(cfg, docs);
+    fy_k_attention_bwd(wk->dqkv, wk->delta, wk->datty, a->qkv, a->atty, a->lse, B, T, NH, NKV,
+                       hd, &at, s);
+    fy_k_rope(wk->dqkv, docs, B, T, NH, NKV, hd, true, &cfg->rope, s);
     fy_k_matmul_bwd(wk->dln, g->wq, NULL, wk->dqkv, a->ln1, w->wq, N, C, W, s);
     fy_k_rmsnorm_bwd(dx, g->ln1, wk->dln, x_in, w->ln1, a->rstd1, N, C, s);
 }
@@ -285,11 +293,6 @@ static fy_status check_seq(const fy_model *m, int64_t T) {
                      c->max_seq);
         return FY_ERR_INVALID;
     }
-    if (c->sliding_window && T > c->sliding_window) {
-        fy_log_error("--seq %lld is longer than the model's sliding window of %d tokens (ferry's "
-                     "attention is not windowed)", (long long)T, c->sliding_window);
-        return FY_ERR_INVALID;
-    }
     return FY_OK;
 }
 
@@ -317,7 +320,7 @@ static void forward(const fy_model *m, int b, const fy_block_io *io, fy_stream *
     const fy_block_spec *blk = &m->blocks[b];
     const fy_dtype dt = fy_stream_dtype(s);
     if (blk->kind == FY_BLOCK_EMBED) {
-        fy_k_encoder_fwd(io->out, io->tokens, io->params, NULL, io->B, io->T, cfg->channels,
+        fy_k_encoder_fwd(io->out, io->tokens, io->params, NULL, NULL, io->B, io->T, cfg->channels,
                          io->table_rows ? io->table_rows : cfg->vocab, s);
         return;
     }
@@ -327,7 +330,7 @@ static void forward(const fy_model *m, int b, const fy_block_io *io, fy_stream *
     fy_model_view(blk, dt, io->params, (float **)&w, sizeof w / sizeof(float *));
     layer_acts_bind(cfg, io->B, io->T, dt, io->saved, &a);
     layer_work_bind(cfg, io->B, io->T, dt, io->work, &wk);
-    layer_fwd(cfg, &w, &a, &wk, io->in, io->out, io->B, io->T, s);
+    layer_fwd(cfg, &w, &a, &wk, io->in, io->out, io->docs, io->B, io->T, s);
 }
 
 static void backward(const fy_model *m, int b, const fy_block_io *io, fy_stream *s) {
@@ -335,7 +338,7 @@ static void backward(const fy_model *m, int b, const fy_block_io *io, fy_stream 
     const fy_block_spec *blk = &m->blocks[b];
     const fy_dtype dt = fy_stream_dtype(s);
     if (blk->kind == FY_BLOCK_EMBED) {
-        fy_k_encoder_bwd(io->grads, NULL, io->dx, io->tokens, io->B, io->T, cfg->channels,
+        fy_k_encoder_bwd(io->grads, NULL, io->dx, io->tokens, NULL, io->B, io->T, cfg->channels,
                          io->table_rows ? io->table_rows : cfg->vocab, s);
         return;
     }
@@ -346,7 +349,7 @@ static void backward(const fy_model *m, int b, const fy_block_io *io, fy_stream 
     fy_model_view(blk, dt, io->grads, (float **)&g, sizeof g / sizeof(float *));
     layer_acts_bind(cfg, io->B, io->T, dt, io->saved, &a);
     layer_work_bind(cfg, io->B, io->T, dt, io->work, &wk);
-    layer_bwd(cfg, &w, &g, &a, &wk, io->in, io->dx, io->B, io->T, s);
+    layer_bwd(cfg, &w, &g, &a, &wk, io->in, io->dx, io->docs, io->B, io->T, s);
 }
 
 /* The head: the final norm, then the classifier: lm_head, or the embedding (link 0)

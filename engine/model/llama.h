@@ -1,5 +1,5 @@
 /* llama.h — the Llama family behind the model interface (model.h): Llama 2 and 3 and the
- * models of their shape (Mistral without a sliding window shorter than the sequence).
+ * models of their shape (Mistral v0.1's sliding window among them).
  *
  * Semantics are Hugging Face LlamaForCausalLM's: token embeddings without learned
  * positions; pre-norm layers, x += o_proj(attn(rope(q, k), v)) over RMSNorm(x), then
@@ -7,7 +7,7 @@
  * config's eps and a gain, no bias anywhere; rotary embeddings on the queries and keys
  * with rope_theta and rope_scaling (none, linear or llama3), rotate_half pairs (rope.h);
  * grouped-query attention (kv_heads dividing heads; head_dim from the config, else
- * channels / heads), causal, scaled by 1/sqrt(head_dim); a final RMSNorm; the classifier
+ * channels / heads), causal (and windowed with a sliding_window), scaled by 1/sqrt(head_dim); a final RMSNorm; the classifier
  * lm_head, or the embedding when tie_word_embeddings (Llama 3.2 1B and 3B); mean
  * cross-entropy over all B*T positions, no dropout.
  *
@@ -48,8 +48,7 @@ typedef struct fy_llama_config {
     float norm_eps;     /* rms_norm_eps */
     fy_rope rope;
     bool tied;          /* tie_word_embeddings */
-    int sliding_window; /* Mistral's; 0 for none. Sequences may not be longer (ferry's
-                           attention is not windowed) */
+    int sliding_window; /* Mistral's; 0 for none: query t sees keys t - w < j <= t */
 } fy_llama_config;
 
 /* Named configs (fy_llama_config_names); FY_ERR_UNSUPPORTED, silently, for another name. */

@@ -164,6 +164,9 @@ typedef struct fy_block_io {
     void *work;                                   /* .work bytes (the largest of all) */
     void *dx;                                     /* backward: d out in, d in out */
     const int32_t *tokens;                        /* (B, T): embedding input */
+    const int32_t *docs;                          /* (B, T): each position's document
+                                                     start (kernels.h), or NULL: one
+                                                     document a sequence */
     int table_rows;                               /* a gathered pass of a gather block:
                                                      the rows params and grads hold (the
                                                      tokens are renumbered into them);

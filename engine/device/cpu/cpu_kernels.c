@@ -1,7 +1,7 @@
 /* cpu_kernels.c — the cpu backend's kernels: the reference every other backend is
  * compared with. GEMMs go to BLAS (OpenBLAS's OpenMP build: called inside an OpenMP
  * region it runs serially, so attention parallelises over (b, h) itself); the rest are
- * OpenMP loops.
+ * OpenMP loops; attention is tiled over BLAS products of tiles.
  *
  * Determinism: results depend on inputs (and at most the thread count), never on timing
  * or addresses. Reductions across rows (bias, gain and embedding gradients, sums) are
@@ -20,19 +20,19 @@
 #define COLS_PER_TASK 16 /* column tile for column-parallel reductions (one cache line) */
 
 static void encoder_fwd(float *out, const int32_t *tok, const float *wte, const float *wpe,
-                        int B, int T, int C) {
+                        const int32_t *docs, int B, int T, int C) {
     #pragma omp parallel for schedule(static)
     for (int bt = 0; bt < B * T; bt++) {
         const float *we = wte + (size_t)tok[bt] * C;
         float *o = out + (size_t)bt * C;
         if (!wpe) { memcpy(o, we, (size_t)C * sizeof(float)); continue; }
-        const float *pe = wpe + (size_t)(bt % T) * C;
+        const float *pe = wpe + (size_t)(bt % T - (docs ? docs[bt] : 0)) * C;
         for (int c = 0; c < C; c++) o[c] = we[c] + pe[c];
     }
 }
 
 static void encoder_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *tok,
-                        int B, int T, int C) {
+                        const int32_t *docs, int B, int T, int C) {
     /* parallel over column tiles: every row of dwte/dwpe is summed in bt order */
     int ntiles = (C + COLS_PER_TASK - 1) / COLS_PER_TASK;
     #pragma omp parallel for schedule(static)
@@ -43,7 +43,7 @@ static void encoder_bwd(float *dwte, float *dwpe, const float *dout, const int32
             float *we = dwte + (size_t)tok[bt] * C;
             for (int c = c0; c < c1; c++) we[c] += d[c];
             if (!dwpe) continue;
-            float *pe = dwpe + (size_t)(bt % T) * C;
+            float *pe = dwpe + (size_t)(bt % T - (docs ? docs[bt] : 0)) * C;
             for (int c = c0; c < c1; c++) pe[c] += d[c];
         }
     }
@@ -183,91 +183,177 @@ static void matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout,
 
 /* Attention over packed rows: a row of qkv (B,T,W), W = (NH + 2 NKV) hd, holds the NH
  * query heads, then the NKV key heads, then the NKV value heads; query head h reads
- * key/value head h / G, G = NH / NKV (G = 1: multi-head attention, GPT-2's). Work is
- * split over (b, kv head) pairs; each runs its G query heads in order, so the key and
- * value gradients, which sum over them, have one fixed order. */
-typedef struct att_dims { int B, T, NH, NKV, hd, G, W; float scale; } att_dims;
+ * key/value head h / G, G = NH / NKV (G = 1: multi-head attention, GPT-2's).
+ *
+ * Tiled: tiles of ATT_BQ queries by ATT_BK keys, their products by BLAS (serial inside
+ * the OpenMP region), the softmax online per query row in fp32 (running max and sum), so
+ * the memory is a few tiles a thread. The forward splits over (b, head, query tile): each
+ * output row is one thread's, its key tiles in order. The backward splits over (b, key
+ * head): each runs its key tiles in order and, within one, its G query heads and their
+ * query tiles in order, so dK and dV (summed over query heads and tiles) and dQ (summed
+ * over key tiles, in place) each have one fixed order, whatever the thread count. */
+#define ATT_BQ 64
+#define ATT_BK 128
 
-static att_dims att_dims_of(int B, int T, int NH, int NKV, int hd) {
-    return (att_dims){B, T, NH, NKV, hd, NH / NKV, (NH + 2 * NKV) * hd, 1.0f / sqrtf((float)hd)};
+typedef struct att_dims {
+    int B, T, NH, NKV, hd, G, W, window;
+    float scale;
+    const int32_t *docs;
+} att_dims;
+
+static att_dims att_dims_of(const fy_op *op, int docs_arg) {
+    const int NH = (int)op->i[2], NKV = (int)op->i[3], hd = (int)op->i[4];
+    return (att_dims){(int)op->i[0], (int)op->i[1], NH, NKV, hd, NH / NKV, (NH + 2 * NKV) * hd,
+                      (int)op->i[5], op->f[0], op->p[docs_arg]};
 }
 
-/* P = softmax(mask(Q K^T / sqrt(hd))), Y = P V, per query head. */
-static void attention_fwd(float *out, float *att, const float *qkv, att_dims d) {
-    const int T = d.T, hd = d.hd, W = d.W, Cq = d.NH * hd;
-    #pragma omp parallel for schedule(dynamic, 1)
-    for (int bk = 0; bk < d.B * d.NKV; bk++) {
-        int b = bk / d.NKV, kh = bk % d.NKV;
-        const float *row0 = qkv + (size_t)b * T * W;
-        const float *k = row0 + Cq + (size_t)kh * hd, *v = row0 + Cq + (size_t)d.NKV * hd + (size_t)kh * hd;
-        for (int g = 0; g < d.G; g++) {
-            int h = kh * d.G + g;
-            const float *q = row0 + (size_t)h * hd;
-            float *p = att + ((size_t)b * d.NH + h) * T * T;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, d.scale, q, W, k, W,
-                        0.0f, p, T);
-            for (int t = 0; t < T; t++) {
-                float *row = p + (size_t)t * T;
-                float mx = -INFINITY;
-                for (int j = 0; j <= t; j++) mx = row[j] > mx ? row[j] : mx;
-                float sum = 0.0f;
-                for (int j = 0; j <= t; j++) { row[j] = expf(row[j] - mx); sum += row[j]; }
-                float inv = 1.0f / sum;
-                for (int j = 0; j <= t; j++) row[j] *= inv;
-                for (int j = t + 1; j < T; j++) row[j] = 0.0f;
+/* The first key query t of sequence b sees (the last is t). */
+static int att_lo(const att_dims *d, int b, int t) {
+    int lo = d->docs ? d->docs[(size_t)b * d->T + t] : 0;
+    if (d->window > 0 && t - d->window + 1 > lo) lo = t - d->window + 1;
+    return lo;
+}
+
+/* P = softmax(mask(scale Q K^T)), Y = P V, lse = log-sum-exp of each row's scores. */
+static void attention_fwd(float *out, float *lse, const float *qkv, att_dims d) {
+    const int T = d.T, hd = d.hd, W = d.W, Cq = d.NH * hd, nqt = (T + ATT_BQ - 1) / ATT_BQ;
+    #pragma omp parallel
+    {
+        float *S = malloc(sizeof(float) * ATT_BQ * ATT_BK);
+        float *acc = malloc(sizeof(float) * ATT_BQ * (size_t)hd);
+        float m[ATT_BQ], l[ATT_BQ];
+        FY_ASSERT(S && acc, "out of host memory for attention's tiles");
+        #pragma omp for schedule(dynamic, 1)
+        for (int task = 0; task < d.B * d.NH * nqt; task++) {
+            const int b = task / (d.NH * nqt), h = task / nqt % d.NH, i0 = task % nqt * ATT_BQ;
+            const int nq = T - i0 < ATT_BQ ? T - i0 : ATT_BQ, kh = h / d.G;
+            const float *row0 = qkv + (size_t)b * T * W;
+            const float *q = row0 + (size_t)i0 * W + (size_t)h * hd;
+            const float *k = row0 + Cq + (size_t)kh * hd;
+            const float *v = row0 + Cq + (size_t)d.NKV * hd + (size_t)kh * hd;
+            for (int r = 0; r < nq; r++) { m[r] = -INFINITY; l[r] = 0.0f; }
+            memset(acc, 0, sizeof(float) * (size_t)nq * hd);
+            const int j_first = att_lo(&d, b, i0) / ATT_BK * ATT_BK;
+            for (int j0 = j_first; j0 < i0 + nq; j0 += ATT_BK) {
+                const int nk = i0 + nq - j0 < ATT_BK ? i0 + nq - j0 : ATT_BK;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, d.scale, q, W,
+                            k + (size_t)j0 * W, W, 0.0f, S, ATT_BK);
+                for (int r = 0; r < nq; r++) {
+                    const int t = i0 + r, lo = att_lo(&d, b, t);
+                    const int c0 = (lo > j0 ? lo : j0) - j0, c1 = (t < j0 + nk - 1 ? t : j0 + nk - 1) - j0;
+                    float *sr = S + (size_t)r * ATT_BK;
+                    if (c0 > c1) { memset(sr, 0, sizeof(float) * nk); continue; }
+                    float mx = m[r];
+                    for (int c = c0; c <= c1; c++) mx = sr[c] > mx ? sr[c] : mx;
+                    const float alpha = expf(m[r] - mx); /* 0 on the first tile */
+                    float sum = 0.0f;
+                    for (int c = 0; c < c0; c++) sr[c] = 0.0f;
+                    for (int c = c0; c <= c1; c++) { sr[c] = expf(sr[c] - mx); sum += sr[c]; }
+                    for (int c = c1 + 1; c < nk; c++) sr[c] = 0.0f;
+                    l[r] = l[r] * alpha + sum;
+                    m[r] = mx;
+                    float *ar = acc + (size_t)r * hd;
+                    if (alpha != 1.0f) for (int c = 0; c < hd; c++) ar[c] *= alpha;
+                }
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nk, 1.0f, S, ATT_BK,
+                            v + (size_t)j0 * W, W, 1.0f, acc, hd);
             }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, p, T, v, W,
-                        0.0f, out + (size_t)b * T * Cq + (size_t)h * hd, Cq);
+            float *y = out + ((size_t)b * T + i0) * Cq + (size_t)h * hd;
+            float *ls = lse + ((size_t)b * d.NH + h) * T + i0;
+            for (int r = 0; r < nq; r++) {
+                const float inv = 1.0f / l[r];
+                for (int c = 0; c < hd; c++) y[(size_t)r * Cq + c] = acc[(size_t)r * hd + c] * inv;
+                ls[r] = m[r] + logf(l[r]);
+            }
         }
+        free(S);
+        free(acc);
     }
 }
 
-static void attention_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                          const float *att, att_dims d) {
+/* dV = P^T dY, dP = dY V^T, dS = P * (dP - delta), delta = rowsum(dY * Y); dQ = scale dS K,
+ * dK = scale dS^T Q, P rebuilt tile by tile from lse. */
+static void attention_bwd(float *dqkv, float *delta, const float *dout, const float *qkv,
+                          const float *out, const float *lse, att_dims d) {
     const int T = d.T, hd = d.hd, W = d.W, Cq = d.NH * hd;
-    #pragma omp parallel for schedule(dynamic, 1)
-    for (int bk = 0; bk < d.B * d.NKV; bk++) {
-        int b = bk / d.NKV, kh = bk % d.NKV;
-        const size_t r0 = (size_t)b * T * W, koff = (size_t)Cq + (size_t)kh * hd,
-                     voff = (size_t)Cq + (size_t)d.NKV * hd + (size_t)kh * hd;
-        const float *k = qkv + r0 + koff, *v = qkv + r0 + voff;
-        float *dk = dqkv + r0 + koff, *dv = dqkv + r0 + voff;
-        for (int g = 0; g < d.G; g++) {
-            int h = kh * d.G + g;
-            const float beta = g ? 1.0f : 0.0f; /* the group's heads add into dK, dV */
-            const float *q = qkv + r0 + (size_t)h * hd;
-            float *dq = dqkv + r0 + (size_t)h * hd;
-            const float *dy = dout + (size_t)b * T * Cq + (size_t)h * hd;
-            const float *p = att + ((size_t)b * d.NH + h) * T * T;
-            float *ds = scratch + ((size_t)b * d.NH + h) * T * T;
-            /* dP = dY V^T; dV (+)= P^T dY */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, 1.0f, dy, Cq, v, W,
-                        0.0f, ds, T);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, p, T, dy, Cq,
-                        beta, dv, W);
-            /* dS = P * (dP - rowsum(P * dP)), zero above the diagonal */
-            for (int t = 0; t < T; t++) {
-                const float *pr = p + (size_t)t * T;
-                float *dr = ds + (size_t)t * T;
-                float dot = 0.0f;
-                for (int j = 0; j <= t; j++) dot += pr[j] * dr[j];
-                for (int j = 0; j <= t; j++) dr[j] = pr[j] * (dr[j] - dot);
-                for (int j = t + 1; j < T; j++) dr[j] = 0.0f;
-            }
-            /* dQ = scale dS K; dK (+)= scale dS^T Q */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, d.scale, ds, T, k,
-                        W, 0.0f, dq, W);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, d.scale, ds, T, q, W,
-                        beta, dk, W);
+    #pragma omp parallel for schedule(static)
+    for (int bt = 0; bt < d.B * T; bt++) {
+        const int b = bt / T, t = bt % T;
+        for (int h = 0; h < d.NH; h++) {
+            const float *dy = dout + (size_t)bt * Cq + (size_t)h * hd, *y = out + (size_t)bt * Cq + (size_t)h * hd;
+            float s = 0.0f;
+            for (int c = 0; c < hd; c++) s += dy[c] * y[c];
+            delta[((size_t)b * d.NH + h) * T + t] = s;
         }
+    }
+    #pragma omp parallel
+    {
+        float *P = malloc(sizeof(float) * ATT_BQ * ATT_BK), *dS = malloc(sizeof(float) * ATT_BQ * ATT_BK);
+        float *dk = malloc(sizeof(float) * ATT_BK * (size_t)hd), *dv = malloc(sizeof(float) * ATT_BK * (size_t)hd);
+        FY_ASSERT(P && dS && dk && dv, "out of host memory for attention's tiles");
+        #pragma omp for schedule(dynamic, 1)
+        for (int bk = 0; bk < d.B * d.NKV; bk++) {
+            const int b = bk / d.NKV, kh = bk % d.NKV;
+            const size_t r0 = (size_t)b * T * W, koff = (size_t)Cq + (size_t)kh * hd,
+                         voff = (size_t)Cq + (size_t)d.NKV * hd + (size_t)kh * hd;
+            for (int t = 0; t < T; t++) /* dQ of the group's heads accumulates below */
+                memset(dqkv + r0 + (size_t)t * W + (size_t)kh * d.G * hd, 0, sizeof(float) * (size_t)d.G * hd);
+            int t_end = 0; /* queries t < t_end see keys before j0 + nk (lo is nondecreasing) */
+            for (int j0 = 0; j0 < T; j0 += ATT_BK) {
+                const int nk = T - j0 < ATT_BK ? T - j0 : ATT_BK;
+                const float *k = qkv + r0 + (size_t)j0 * W + koff, *v = qkv + r0 + (size_t)j0 * W + voff;
+                while (t_end < T && att_lo(&d, b, t_end) <= j0 + nk - 1) t_end++;
+                memset(dk, 0, sizeof(float) * (size_t)nk * hd);
+                memset(dv, 0, sizeof(float) * (size_t)nk * hd);
+                for (int g = 0; g < d.G; g++) {
+                    const int h = kh * d.G + g;
+                    const float *ls = lse + ((size_t)b * d.NH + h) * T, *dl = delta + ((size_t)b * d.NH + h) * T;
+                    for (int i0 = j0 / ATT_BQ * ATT_BQ; i0 < t_end; i0 += ATT_BQ) {
+                        const int nq = t_end - i0 < ATT_BQ ? t_end - i0 : ATT_BQ;
+                        const float *q = qkv + r0 + (size_t)i0 * W + (size_t)h * hd;
+                        const float *dy = dout + ((size_t)b * T + i0) * Cq + (size_t)h * hd;
+                        float *dq = dqkv + r0 + (size_t)i0 * W + (size_t)h * hd;
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, d.scale, q, W,
+                                    k, W, 0.0f, P, ATT_BK);
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, 1.0f, dy, Cq,
+                                    v, W, 0.0f, dS, ATT_BK);
+                        for (int r = 0; r < nq; r++) {
+                            const int t = i0 + r, lo = att_lo(&d, b, t);
+                            const int c0 = (lo > j0 ? lo : j0) - j0, c1 = (t < j0 + nk - 1 ? t : j0 + nk - 1) - j0;
+                            float *pr = P + (size_t)r * ATT_BK, *sr = dS + (size_t)r * ATT_BK;
+                            const float lr = ls[t], dr = dl[t];
+                            for (int c = 0; c < nk; c++) {
+                                const float p = c >= c0 && c <= c1 ? expf(pr[c] - lr) : 0.0f;
+                                pr[c] = p;
+                                sr[c] = p * (sr[c] - dr);
+                            }
+                        }
+                        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hd, nq, 1.0f, P, ATT_BK,
+                                    dy, Cq, 1.0f, dv, hd);
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nk, d.scale, dS,
+                                    ATT_BK, k, W, 1.0f, dq, W);
+                        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hd, nq, d.scale, dS,
+                                    ATT_BK, q, W, 1.0f, dk, hd);
+                    }
+                }
+                for (int r = 0; r < nk; r++) {
+                    memcpy(dqkv + r0 + (size_t)(j0 + r) * W + koff, dk + (size_t)r * hd, sizeof(float) * (size_t)hd);
+                    memcpy(dqkv + r0 + (size_t)(j0 + r) * W + voff, dv + (size_t)r * hd, sizeof(float) * (size_t)hd);
+                }
+            }
+        }
+        free(P);
+        free(dS);
+        free(dk);
+        free(dv);
     }
 }
 
 /* Rotary embeddings on the query and key heads of packed rows (rope.h), in place; the
- * inverse rotation (the transpose: the backward) with inverse != 0. Angles for the T
- * positions are tabulated once per call. */
-static void rope(float *qkv, int B, int T, int NH, int NKV, int hd, bool inverse, int type,
-                 const float *f) {
+ * inverse rotation (the transpose: the backward) with inverse != 0, at each row's place in
+ * its document (kernels.h). Angles for the T positions are tabulated once per call. */
+static void rope(float *qkv, const int32_t *docs, int B, int T, int NH, int NKV, int hd,
+                 bool inverse, int type, const float *f) {
     const int half = hd / 2, W = (NH + 2 * NKV) * hd, heads = NH + NKV;
     float *cs = malloc((size_t)T * half * 2 * sizeof *cs);
     FY_ASSERT(cs, "out of host memory for rope's angles");
@@ -281,7 +367,8 @@ static void rope(float *qkv, int B, int T, int NH, int NKV, int hd, bool inverse
     }
     #pragma omp parallel for schedule(static)
     for (int bt = 0; bt < B * T; bt++) {
-        const float *a = cs + (size_t)(bt % T) * half * 2;
+        const int pos = bt % T - (docs ? docs[bt] : 0); /* its place in its document */
+        const float *a = cs + (size_t)pos * half * 2;
         for (int h = 0; h < heads; h++) {
             float *x = qkv + (size_t)bt * W + (size_t)h * hd;
             for (int j = 0; j < half; j++) {
@@ -460,8 +547,12 @@ static void adamw(const fy_op *op) {
 #define OP_P(k) (op->p[k])
 #define OP_I(k) (op->i[k])
 
-static void k_encoder_fwd(const fy_op *op) { encoder_fwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_I(0), OP_I(1), OP_I(2)); }
-static void k_encoder_bwd(const fy_op *op) { encoder_bwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_I(0), OP_I(1), OP_I(2)); }
+static void k_encoder_fwd(const fy_op *op) {
+    encoder_fwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_P(4), OP_I(0), OP_I(1), OP_I(2));
+}
+static void k_encoder_bwd(const fy_op *op) {
+    encoder_bwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_P(4), OP_I(0), OP_I(1), OP_I(2));
+}
 static void k_layernorm_fwd(const fy_op *op) {
     layernorm_fwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_P(4), OP_P(5), OP_I(0), OP_I(1));
 }
@@ -492,14 +583,14 @@ static void k_ce_chunk_bwd(const fy_op *op) {
     ce_chunk_bwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_I(0), OP_I(1), OP_I(2), OP_I(3), op->f[0]);
 }
 static void k_add_f32(const fy_op *op) { residual_fwd(OP_P(0), OP_P(0), OP_P(1), (size_t)OP_I(0)); }
-#define ATT_DIMS att_dims_of(OP_I(0), OP_I(1), OP_I(2), OP_I(3), OP_I(4))
-static void k_attention_fwd(const fy_op *op) { attention_fwd(OP_P(0), OP_P(1), OP_P(2), ATT_DIMS); }
-static void k_attention_bwd(const fy_op *op) {
-    attention_bwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_P(4), ATT_DIMS);
+static void k_attention_fwd(const fy_op *op) {
+    attention_fwd(OP_P(0), OP_P(1), OP_P(2), att_dims_of(op, 3));
 }
-#undef ATT_DIMS
+static void k_attention_bwd(const fy_op *op) {
+    attention_bwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_P(4), OP_P(5), att_dims_of(op, 6));
+}
 static void k_rope(const fy_op *op) {
-    rope(OP_P(0), OP_I(0), OP_I(1), OP_I(2), OP_I(3), OP_I(4), OP_I(5) != 0, OP_I(6), op->f);
+    rope(OP_P(0), OP_P(1), OP_I(0), OP_I(1), OP_I(2), OP_I(3), OP_I(4), OP_I(5) != 0, OP_I(6), op->f);
 }
 static void k_gelu_fwd(const fy_op *op) { gelu_fwd(OP_P(0), OP_P(1), (size_t)OP_I(0)); }
 static void k_gelu_bwd(const fy_op *op) { gelu_bwd(OP_P(0), OP_P(1), OP_P(2), (size_t)OP_I(0)); }

@@ -721,8 +721,14 @@ static void exec_typed(fy_cu_stream *cs, const fy_op *op) {
     void *const *p = op->p;
     const int64_t *i = op->i;
     switch (op->kind) {
-    case FY_OP_ENCODER_FWD: encoder_fwd<T>(st, op); break;
-    case FY_OP_ENCODER_BWD: encoder_bwd<T>(st, op); break;
+    case FY_OP_ENCODER_FWD:
+        FY_ASSERT(!p[4], "cuda: documents in the embedding are not in this build yet");
+        encoder_fwd<T>(st, op);
+        break;
+    case FY_OP_ENCODER_BWD:
+        FY_ASSERT(!p[4], "cuda: documents in the embedding are not in this build yet");
+        encoder_bwd<T>(st, op);
+        break;
     case FY_OP_LAYERNORM_FWD: {
         int N = (int)i[0], C = (int)i[1];
         FY_LAUNCH(grid_for((size_t)N, ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, 0, st, layernorm_fwd_k<T>)(
@@ -742,6 +748,7 @@ static void exec_typed(fy_cu_stream *cs, const fy_op *op) {
     }
     case FY_OP_RMSNORM_BWD: rmsnorm_bwd<T>(cs, op); break;
     case FY_OP_ROPE: {
+        FY_ASSERT(!p[1], "cuda: documents in rope are not in this build yet");
         int B = (int)i[0], T_ = (int)i[1], NH = (int)i[2], NKV = (int)i[3], hd = (int)i[4];
         size_t n = (size_t)B * T_ * (NH + NKV) * (hd / 2);
         if (n)
