@@ -108,6 +108,8 @@ static fy_block_io pass_io(const fy_trainer *tr, int b, const fy_step_task *p) {
                       .in = b > 0 ? st->acts[b - 1].out : NULL, .out = st->acts[b].out,
                       .saved = st->acts[b].saved, .work = st->work, .dx = st->dx,
                       .tokens = tokens_dev(tr, p->micro) + (by_rows ? 2 * tokens_n(tr) : 0),
+                      .docs = tr->cfg.docs.kind == FY_DOCS_NONE ? NULL
+                              : tokens_dev(tr, p->micro) + (size_t)tr->L->docs_part * tokens_n(tr),
                       .targets = tokens_dev(tr, p->micro) + tokens_n(tr)};
     for (int k = 0; k < blk->nlinks; k++)
         io.link_params[k] = weights_for(tr, blk->links[k], p->u.pass.link_fetch[k]);
@@ -131,6 +133,19 @@ static float loss_scale(const fy_trainer *tr) {
 }
 
 /* ---- forward and backward ------------------------------------------------------------- */
+
+void fy_doc_starts(const fy_doc_mask *m, const int32_t *tok, int n, int T, int32_t *docs) {
+    for (int b = 0; b < n; b++) {
+        const int32_t *x = tok + (size_t)b * T;
+        int32_t *d = docs + (size_t)b * T, start = 0;
+        for (int t = 0; t < T; t++) {
+            if (t > 0 && ((m->kind == FY_DOCS_EOT && x[t - 1] == m->token) ||
+                          (m->kind == FY_DOCS_BOS && x[t] == m->token)))
+                start = t;
+            d[t] = start;
+        }
+    }
+}
 
 static int cmp_i32(const void *a, const void *b) {
     const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
@@ -166,6 +181,8 @@ static fy_status run_load(fy_trainer *tr, int id, const fy_task *t, const fy_ste
     if (p->u.load.reuse >= 0) fy_event_sync(tr->ex.ev_end[p->u.load.reuse]); /* its copy is done */
     FY_TRY(tr->ex.next_batch(tr->ex.batch_ctx, fy_exec_abs_micro(tr, p), h, h + N));
     if (tr->L->rows_block >= 0) FY_TRY(gather_rows(tr, p->micro % 2, h, h + 2 * N, N));
+    if (tr->cfg.docs.kind != FY_DOCS_NONE)
+        fy_doc_starts(&tr->cfg.docs, h, tr->L->B, tr->L->T, h + (size_t)tr->L->docs_part * N);
     fy_copy_async(tr->s_h2d, tokens_dev(tr, p->micro), h, parts * N * sizeof(int32_t), FY_H2D);
     return FY_OK;
 }

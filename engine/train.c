@@ -610,6 +610,7 @@ static fy_status setup_run(run *r, const fy_ckpt *ck) {
                          .schedule = c->schedule, .adam_threads = c->adam_threads,
                          .comm = c->comm, .micro_first = c->micro_first,
                          .micro_total = c->micro_total, .stop = &fy_train_stop_signal,
+                         .docs = c->docs,
                          .test_nan_step = c->test_nan_step};
     FY_TRY(fy_trainer_new(r->dev, &tc, &r->tr));
     if (ck) FY_TRY(resume_from(r, ck));
@@ -996,7 +997,7 @@ fy_status fy_eval(const fy_eval_cfg *cfg, fy_eval_result *out) {
         goto done;
     plan.dtype = cfg->dtype;
     fy_trainer_cfg tc = {.model = cfg->model, .T = cfg->seq, .eval_only = true, .plan = &plan,
-                         .weights = cfg->weights};
+                         .weights = cfg->weights, .docs = cfg->docs};
     if ((st = fy_trainer_new(dev, &tc, &tr)) != FY_OK ||
         (st = fy_trainer_eval_run(tr, (int)nb, batch_from, ld, losses)) != FY_OK)
         goto done;

@@ -20,6 +20,7 @@
 #include "engine/model/model.h"
 #include "offload/plan.h"
 #include "offload/storage.h"
+#include "engine/trainer.h"
 #include "scheduler/scheduler.h"
 
 #ifdef __cplusplus
@@ -45,6 +46,7 @@ typedef struct fy_train_cfg {
      * validation text unless val_data is given) */
     const char *data, *val_data;
     double val_split;           /* without val_data: the last fraction of data */
+    fy_doc_mask docs;           /* packed documents (trainer.h), in training and validation */
     /* the optimizer and its schedule */
     int64_t steps;
     double lr, min_lr;
@@ -99,6 +101,7 @@ typedef struct fy_eval_cfg {
     const char *data;
     int batch, seq;
     int64_t batches;            /* 0: one pass over the data */
+    fy_doc_mask docs;           /* packed documents (trainer.h) */
     fy_dtype dtype;             /* device storage */
     fy_dev_cfg dev;
 } fy_eval_cfg;

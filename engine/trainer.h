@@ -51,6 +51,16 @@
 extern "C" {
 #endif
 
+/* Packed documents in the token stream (kernels.h: docs): none, or a document ends at each
+ * `token` (FY_DOCS_EOT: the next position starts the next one), or starts at each `token`
+ * (FY_DOCS_BOS). The trainer finds each micro-batch's document starts from its inputs;
+ * attention never crosses them and positions restart at them. */
+typedef enum fy_docs_kind { FY_DOCS_NONE = 0, FY_DOCS_EOT, FY_DOCS_BOS } fy_docs_kind;
+typedef struct fy_doc_mask { fy_docs_kind kind; int32_t token; } fy_doc_mask;
+
+/* The document starts of n rows of T inputs (docs[b*T + t], kernels.h) under mask m. */
+void fy_doc_starts(const fy_doc_mask *m, const int32_t *tokens, int n, int T, int32_t *docs);
+
 typedef struct fy_trainer_cfg {
     const fy_model *model; /* borrowed: must outlive the trainer */
     int B, T;          /* micro-batch (B is taken from the plan when one is given) */
@@ -64,6 +74,7 @@ typedef struct fy_trainer_cfg {
     fy_sched_mode schedule; /* how the step's tasks are ordered (default priority) */
     int adam_threads;  /* cpu optimizer threads (0 = the device's thread count) */
     bool eval_only;    /* evaluation only: no gradients, moments or optimizer threads */
+    fy_doc_mask docs;  /* packed documents (default none) */
     int micro_first, micro_total; /* data parallel with unequal shares (below) */
     atomic_int *stop;  /* data parallel: a stop request (non-zero: a signal came), decided
                           by all ranks together at each step's norm (that step then

@@ -323,7 +323,8 @@ fy_status fy_layout_renew(const fy_model *m, const fy_plan *plan, int T, bool tr
     fy_status st = size_rings(L, plan->prefetch);
     if (st != FY_OK) { fy_layout_free(L); return st; }
     size_acts(L);
-    L->tok_parts = L->rows_block >= 0 ? 3 : 2;
+    L->tok_parts = L->rows_block >= 0 ? 4 : 3;
+    L->docs_part = L->tok_parts - 1;
     if (fy_layout_sharded(L))
         for (int b = 0; b < L->nblocks; b++) {
             L->own_parts += fy_sumsq_nchunks(L->blocks[b].hi - L->blocks[b].lo);

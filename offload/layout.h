@@ -168,7 +168,10 @@ typedef struct fy_layout {
     size_t shared_saved_nbytes;/* the saved area recomputed blocks share */
     size_t work_nbytes, dx_nbytes; /* the shared workspace and activation gradient */
     int tok_parts;             /* token arrays per buffer: inputs, targets (and the inputs
-                                  renumbered into a row-staged block's rows) */
+                                  renumbered into a row-staged block's rows), then the
+                                  positions' document starts (kernels.h; filled when the
+                                  run masks documents) */
+    int docs_part;             /* that last array's index */
     size_t nparts;             /* sharded: every rank's norm chunk sums */
     size_t own_parts;          /* sharded: this rank's (planning: the largest shards') */
 } fy_layout;

@@ -42,6 +42,8 @@ static size_t g_pinned_cap;
  * test hook makes NaN (0: none). */
 static float g_clip = 1.0f;
 static int g_nan_norm_step;
+/* plan_train's packed documents (trainer.h; default none). */
+static fy_doc_mask g_docs;
 
 /* Planting a NaN in every copy of one weight of block b (the layout's weights, host
  * weights and master: fp32 masters and the storage type's copies), and taking it out
@@ -92,7 +94,7 @@ static fy_status plan_train(const fy_model *m, const fy_plan *plan, size_t cap,
     cr_assert_eq(fy_dev_new(&dc, &dev), FY_OK);
     fy_trainer_cfg tc = {.model = m, .T = T_SEQ, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                          .weight_decay = 0.1f, .clip = g_clip, .seed = 11, .plan = plan,
-                         .schedule = mode, .test_nan_step = g_nan_norm_step,
+                         .schedule = mode, .test_nan_step = g_nan_norm_step, .docs = g_docs,
                          .test_speculate_first = true}; /* speculation, whatever the timing */
     fy_trainer *tr;
     fy_status st = fy_trainer_new(dev, &tc, &tr);

@@ -167,9 +167,11 @@ static void expect_fixture(ref *r, fy_trainer *tr, bool grads, const char *suffi
     blocks_free(r->model, want);
 }
 
-static void check_first_step(const char *name) {
+/* chunk > 0: the layers' position-wise work in sequence chunks of that many positions. */
+static void check_first_step(const char *name, int chunk) {
     ref r;
     ref_open(&r, name);
+    if (chunk > 0) fy_model_set_chunk(r.model, chunk);
     fy_trainer *tr = ref_trainer(&r, r.init, 0.0f);
     const size_t N = (size_t)r.B * r.T;
     int32_t *x = malloc(N * 4), *y = malloc(N * 4);
@@ -228,9 +230,14 @@ static void check_ten_steps(const char *name, const char *run_name) {
 TestSuite(llama_model, .timeout = 300);
 
 Test(llama_model, first_step_gradients_match_pytorch_untied_gqa_llama3_rope) {
-    check_first_step("llama_tiny");
+    check_first_step("llama_tiny", 0);
 }
-Test(llama_model, first_step_gradients_match_pytorch_tied) { check_first_step("llama_tied"); }
+/* The same step with the layers' norms, projections and MLP in chunks of 7 positions (not
+ * dividing B*T, so a short last chunk): the same gradients, within the same bounds. */
+Test(llama_model, first_step_gradients_match_pytorch_in_sequence_chunks) {
+    check_first_step("llama_tiny", 7);
+}
+Test(llama_model, first_step_gradients_match_pytorch_tied) { check_first_step("llama_tied", 0); }
 Test(llama_model, ten_steps_match_pytorch_untied_noclip) { check_ten_steps("llama_tiny", "noclip"); }
 Test(llama_model, ten_steps_match_pytorch_untied_clip) { check_ten_steps("llama_tiny", "clip"); }
 Test(llama_model, ten_steps_match_pytorch_tied_noclip) { check_ten_steps("llama_tied", "noclip"); }
@@ -396,6 +403,97 @@ Test(llama_model, every_plan_is_bit_identical_fp32) {
 Test(llama_model, every_plan_is_bit_identical_bf16) {
     fy_model *m = plan_llama(false);
     every_plan_is_bit_identical(m, FY_BF16);
+    fy_model_free(m);
+}
+
+/* Long-context features move no data differently, so they keep the invariance: a sliding
+ * window of 6 positions, documents ending at each newline of the corpus (byte 10: a few a
+ * sequence of 16), and sequence chunks of 5 positions (a micro-batch's 32 positions in 7
+ * chunks, the last short): every plan gives the all-resident plan's bits. */
+Test(llama_model, every_plan_is_bit_identical_with_windows_documents_and_chunks) {
+    fy_llama_config c = {.vocab = 256, .max_seq = 32, .channels = 32, .layers = 4, .heads = 4,
+                         .kv_heads = 2, .head_dim = 8, .ffn = 48, .norm_eps = 1e-5f,
+                         .rope = {FY_ROPE_LLAMA3, 500000.0f, 8.0f, 1.0f, 4.0f, 8.0f},
+                         .sliding_window = 6};
+    fy_model *m;
+    cr_assert_eq(fy_llama_new(&c, NULL, &m), FY_OK);
+    fy_model_set_chunk(m, 5);
+    g_docs = (fy_doc_mask){FY_DOCS_EOT, '\n'};
+    every_plan_is_bit_identical(m, FY_F32);
+    g_docs = (fy_doc_mask){FY_DOCS_NONE, 0};
+    fy_model_free(m);
+}
+
+/* Sum of the per-position losses of x (n positions, targets y) as one sequence of n. */
+static double seq_loss_sum(const fy_model *m, const fy_weights *w, const int32_t *x,
+                           const int32_t *y, int n, const fy_doc_mask *docs) {
+    fy_dev_cfg dc = {.kind = FY_DEV_CPU, .threads = 2};
+    fy_dev *dev;
+    cr_assert_eq(fy_dev_new(&dc, &dev), FY_OK);
+    fy_plan plan;
+    cr_assert_eq(fy_plan_new(m, 1, 1, &plan), FY_OK);
+    fy_trainer_cfg tc = {.model = m, .T = n, .plan = &plan, .eval_only = true, .weights = w,
+                         .seed = 5};
+    if (docs) tc.docs = *docs;
+    fy_trainer *tr;
+    cr_assert_eq(fy_trainer_new(dev, &tc, &tr), FY_OK, "%s", fy_last_error());
+    float loss;
+    cr_assert_eq(fy_trainer_eval(tr, x, y, &loss), FY_OK);
+    fy_trainer_free(tr);
+    fy_plan_free(&plan);
+    fy_dev_free(dev);
+    return (double)loss * n;
+}
+
+/* A packed sequence's loss is the sum of its documents' losses evaluated one by one
+ * (attention stops at each document's start, positions restart there), for learned
+ * positions (GPT-2) and rotary ones (Llama, with a window longer than some documents and
+ * shorter than others). Documents end at token 7 (eot); lengths 9, 23, 1, 31 = 64. The
+ * sums differ only in rounding: the tiles of the packed sequence split each document's
+ * keys differently, and the mean is over other rows; 2e-6 relative bounds fp32's on
+ * sums of ~64 terms. */
+static void packed_equals_one_by_one(const fy_model *m) {
+    enum { T = 64 };
+    const int lens[] = {9, 23, 1, 31};
+    int32_t x[T], y[T];
+    uint64_t st = 77;
+    for (int t = 0; t < T; t++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        x[t] = 8 + (int32_t)((st >> 33) % 200);
+        y[t] = 8 + (int32_t)((st >> 13) % 200);
+    }
+    int off = 0;
+    for (int d = 0; d < 4; d++) {
+        off += lens[d];
+        x[off - 1] = 7; /* each document ends with the end-of-text token */
+    }
+    const fy_doc_mask docs = {FY_DOCS_EOT, 7};
+    const double packed = seq_loss_sum(m, NULL, x, y, T, &docs);
+    double alone = 0;
+    off = 0;
+    for (int d = 0; d < 4; d++) {
+        alone += seq_loss_sum(m, NULL, x + off, y + off, lens[d], NULL);
+        off += lens[d];
+    }
+    cr_expect(fabs(packed - alone) <= 2e-6 * fabs(alone), "%s: packed %.9g, one by one %.9g",
+              fy_model_name(m), packed, alone);
+    /* and without the mask, the documents see each other: a different loss */
+    const double crossing = seq_loss_sum(m, NULL, x, y, T, NULL);
+    cr_expect(fabs(crossing - alone) > 1e-4 * fabs(alone), "%s: the mask changed nothing",
+              fy_model_name(m));
+}
+
+Test(llama_model, a_packed_sequence_evaluates_to_its_documents_one_by_one) {
+    fy_llama_config c = {.vocab = 256, .max_seq = 64, .channels = 32, .layers = 2, .heads = 4,
+                         .kv_heads = 2, .head_dim = 8, .ffn = 48, .norm_eps = 1e-5f,
+                         .rope = {FY_ROPE_DEFAULT, 10000.0f, 0, 0, 0, 0}, .sliding_window = 12};
+    fy_model *m;
+    cr_assert_eq(fy_llama_new(&c, NULL, &m), FY_OK);
+    packed_equals_one_by_one(m);
+    fy_model_free(m);
+    fy_model_shape over = {.vocab = 256, .max_seq = 64};
+    cr_assert_eq(fy_model_named("gpt2-tiny", &over, &m), FY_OK, "%s", fy_last_error());
+    packed_equals_one_by_one(m);
     fy_model_free(m);
 }
 

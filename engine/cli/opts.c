@@ -80,6 +80,13 @@ static const opt table[] = {
      "the collectives costed from the profile's, probed under mpirun or named)", 1024},
     {"batch", T_INT, O(batch), TR | EV | PR | TU | SW, "8", R_POS, NULL, "B", "micro-batch size", 65536},
     {"seq", T_INT, O(seq), TR | EV | PR | TU | SW, "128", R_POS, NULL, "T", "sequence length", 1 << 20},
+    {"chunk-tokens", T_INT, O(chunk_tokens), TR | EV | PR | TU | SW, "4096", R_POS, NULL, "N",
+     "a layer's norms, projections and MLP run on N of a micro-batch's positions at a time, "
+     "so their workspace is bounded by N, not by the sequence", 1 << 30},
+    {"doc-mask", T_STR, O(doc_mask), TR | EV, "none", R_ANY, NULL, "HOW",
+     "packed documents: none; eot (a document ends at each end-of-text token: attention "
+     "never crosses it and positions restart after it); bos (one starts at each "
+     "beginning-of-text token); eot=ID or bos=ID name the token", 0},
     {"grad-accum", T_INT, O(grad_accum), TR, "1", R_POS, NULL, "N",
      "micro-batches per optimizer step (in a job: per rank)", 1024},
     {"batch-shares", T_STR, O(batch_shares), TR, "equal", R_ANY, NULL, "HOW",

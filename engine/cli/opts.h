@@ -40,6 +40,8 @@ typedef struct fy_opts {
     const char *val_data;
     double val_split;
     int64_t batch, seq, grad_accum;
+    int64_t chunk_tokens;      /* a layer's position-wise work per chunk (model.h) */
+    const char *doc_mask;      /* none | eot[=ID] | bos[=ID] */
     const char *batch_shares;  /* equal | auto | n0,n1,... */
     /* schedule and optimizer */
     int64_t steps;

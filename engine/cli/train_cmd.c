@@ -114,6 +114,7 @@ static fy_status resolve_model(const fy_opts *o, bool model_given, fy_weights **
     FY_TRY(fy_weights_open(o->init, init));
     fy_model_shape hint = {.heads = (int)o->heads, .kv_heads = (int)o->kv_heads, .ffn = (int)o->ffn};
     FY_TRY(fy_model_from_weights(*init, &hint, out));
+    fy_model_set_chunk(*out, (int)o->chunk_tokens);
     if (model_given) {
         fy_model *named;
         fy_model_shape over = {.heads = (int)o->heads};
@@ -396,6 +397,42 @@ static void print_memory_json(const fy_model *m, const fy_mem_model *mm, const f
 }
 
 /* The training run's configuration from the options (tc->dev is set already). */
+/* --doc-mask: none, eot or bos, with the token named (=ID) or the vocabulary's own: GPT-2's
+ * <|endoftext|> (50256, both), Llama 3's <|begin_of_text|> / <|end_of_text|> (128000,
+ * 128001), Llama 2's and Mistral's <s> / </s> (1, 2). */
+static fy_status parse_doc_mask(const fy_opts *o, const fy_model *m, fy_doc_mask *out) {
+    *out = (fy_doc_mask){FY_DOCS_NONE, 0};
+    const char *v = o->doc_mask;
+    if (!strcmp(v, "none")) return FY_OK;
+    const bool eot = !strncmp(v, "eot", 3), bos = !strncmp(v, "bos", 3);
+    const char *id = v + 3;
+    if ((!eot && !bos) || (*id && *id != '=')) {
+        fy_log_error("--doc-mask %s: expected none, eot, bos, eot=ID or bos=ID", v);
+        return FY_ERR_USAGE;
+    }
+    out->kind = eot ? FY_DOCS_EOT : FY_DOCS_BOS;
+    const int V = fy_model_vocab(m);
+    int64_t t = -1;
+    if (*id) {
+        if (!fy_parse_i64(id + 1, &t) || t < 0 || t >= V) {
+            fy_log_error("--doc-mask %s: the token must be an id below the vocabulary (%d)", v, V);
+            return FY_ERR_USAGE;
+        }
+    } else if (V == 50257 || V == 50304) {
+        t = 50256;
+    } else if (V == 128256) {
+        t = eot ? 128001 : 128000;
+    } else if (V == 32000 || V == 32768) {
+        t = eot ? 2 : 1;
+    } else {
+        fy_log_error("--doc-mask %s: ferry does not know this vocabulary's (%d) %s token: name "
+                     "it, %s=ID", v, V, eot ? "end-of-text" : "beginning-of-text", eot ? "eot" : "bos");
+        return FY_ERR_USAGE;
+    }
+    out->token = (int32_t)t;
+    return FY_OK;
+}
+
 static void fill_train_cfg(const fy_opts *o, fy_model *m, fy_plan *plan, fy_weights *init,
                            fy_comm *comm, bool lead, bool quiet, fy_train_cfg *tc) {
     tc->model = m;
@@ -519,6 +556,9 @@ int fy_train_main(const fy_opts *o) {
     if (st == FY_OK && !o->dry_run) st = check_budgets(o, &mm, &tc.dev);
     if (st == FY_OK && !o->dry_run) {
         fill_train_cfg(o, m, &plan, init, comm, lead, quiet, &tc);
+        st = parse_doc_mask(o, m, &tc.docs);
+    }
+    if (st == FY_OK && !o->dry_run) {
         st = fy_train(&tc);
     }
     fy_plan_free(&plan);
@@ -545,6 +585,7 @@ int fy_eval_main(const fy_opts *o) {
     fy_status st = check_tokens(o->batch, o->seq, "--batch");
     if (st == FY_OK) st = fy_opts_dev_cfg(o, true, &ec.dev);
     if (st == FY_OK) st = resolve_model(o, false, &init, &m);
+    if (st == FY_OK) st = parse_doc_mask(o, m, &ec.docs);
     if (st == FY_OK) {
         ec.model = m;
         ec.weights = init;

@@ -20,6 +20,7 @@ fy_status fy_opts_model(const fy_opts *o, fy_model **out) {
                            .heads = (int)o->heads, .kv_heads = (int)o->kv_heads,
                            .ffn = (int)o->ffn};
     FY_TRY(fy_model_named(o->model, &over, out));
+    fy_model_set_chunk(*out, (int)o->chunk_tokens);
     fy_status st = fy_model_check_seq(*out, o->seq);
     if (st != FY_OK) {
         fy_model_free(*out);

@@ -134,7 +134,9 @@ typedef struct layer_w { LAYER_PARAMS(FIELD) } layer_w;
 typedef struct head_w { float *norm, *lm_head; } head_w; /* lm_head absent when tied */
 
 /* A layer's saved activations (qkv holds the roped q and k) and workspace; eval needs
- * only the first two work fields (proj, act), training all. */
+ * only the first two work fields (proj, act), training all. The position-wise work runs by
+ * sequence chunks of Nc rows (model.h: fy_model_chunk), so its buffers hold a chunk; the
+ * attention's gradients (datty, dqkv) hold every row, as attention needs them whole. */
 #define LAYER_ACTS(X)                    \
     X(ln1, N * C, S)                     \
     X(rstd1, N, F)                       \
@@ -146,15 +148,15 @@ typedef struct head_w { float *norm, *lm_head; } head_w; /* lm_head absent when 
     X(rstd2, N, F)                       \
     X(gu, N * 2 * Fn, S)
 #define LAYER_WORK_EVAL(X)               \
-    X(proj, N * C, S)                    \
-    X(act, N * Fn, S)
+    X(proj, Nc * C, S)                   \
+    X(act, Nc * Fn, S)
 #define LAYER_WORK(X)                    \
     LAYER_WORK_EVAL(X)                   \
-    X(dln, N * C, S)                     \
+    X(dln, Nc * C, S)                    \
     X(datty, N * Q, S)                   \
     X(dqkv, N * W, S)                    \
-    X(dgu, N * 2 * Fn, S)                \
-    X(dact, N * Fn, S)                   \
+    X(dgu, Nc * 2 * Fn, S)               \
+    X(dact, Nc * Fn, S)                  \
     X(delta, (size_t)B * NH * T, F)
 /* The head's saved activations (the classifier's running log-sum-exp among them); in
  * training the fp32 accumulator of d lnf (lm_head.h), which an untied head keeps in its
@@ -183,20 +185,21 @@ typedef struct head_work { HEAD_WORK(FY_ACT_FIELD) } head_work;
 #define HEAD_ALL(X) HEAD_ACTS(X) HEAD_TRAIN(X)
 
 #define DIMS                                                                                \
-    const size_t N = (size_t)B * T, C = (size_t)cfg->channels, NH = (size_t)cfg->heads,     \
+    const size_t N = (size_t)B * T, Nc = N < (size_t)chunk ? N : (size_t)chunk,              \
+                 C = (size_t)cfg->channels, NH = (size_t)cfg->heads,     \
                  hd = (size_t)cfg->head_dim, Q = NH * hd,                                   \
                  W = (NH + 2 * (size_t)cfg->kv_heads) * hd, Fn = (size_t)cfg->ffn,           \
                  Vp = (size_t)fy_lm_vocab_padded(cfg->vocab),                               \
                  es = fy_dtype_size(dt == FY_DTYPE_NONE ? FY_F32 : dt);                    \
-    (void)N; (void)C; (void)Q; (void)W; (void)Fn; (void)Vp; (void)es
+    (void)N; (void)Nc; (void)C; (void)Q; (void)W; (void)Fn; (void)Vp; (void)es
 
 #define SIZE_FN(name, LIST)                                                                 \
-    static size_t name(const fy_llama_config *cfg, int B, int T, fy_dtype dt) {             \
+    static size_t name(const fy_llama_config *cfg, int B, int T, int chunk, fy_dtype dt) {  \
         DIMS; size_t total = 0; LIST(FY_ACT_SIZE) return total;                            \
     }
 #define BIND_FN(name, type, LIST)                                                          \
-    static void name(const fy_llama_config *cfg, int B, int T, fy_dtype dt, void *base,     \
-                     type *out) {                                                          \
+    static void name(const fy_llama_config *cfg, int B, int T, int chunk, fy_dtype dt,      \
+                     void *base, type *out) {                                              \
         DIMS; size_t off = 0; LIST(FY_ACT_BIND)                                            \
     }
 SIZE_FN(layer_acts_nbytes, LAYER_ACTS)
@@ -213,50 +216,78 @@ BIND_FN(head_work_bind, head_work, HEAD_WORK)
 
 /* ---- the passes ---------------------------------------------------------------------- */
 
-/* x_out = x_in + attn(rmsnorm(x_in)); then + mlp(rmsnorm(.)). */
 static fy_attn attn_of(const fy_llama_config *cfg, const int32_t *docs) {
     return (fy_attn){.window = cfg->sliding_window, .scale = 1.0f / sqrtf((float)cfg->head_dim),
                      .docs = docs};
 }
 
-static void layer_fwd(const fy_llama_config *cfg, const layer_w *w, layer_acts *a,
-                      layer_work *wk, const float *x_in, float *x_out, const int32_t *docs,
-                      int B, int T, fy_stream *s) {
-    const int C = cfg->channels, NH = cfg->heads, NKV = cfg->kv_heads, hd = cfg->head_dim,
-              F = cfg->ffn, N = B * T, W = (NH + 2 * NKV) * hd;
-    const size_t NC = (size_t)N * C;
-    fy_k_rmsnorm_fwd(a->ln1, a->rstd1, x_in, w->ln1, N, C, cfg->norm_eps, s);
-    fy_k_matmul_fwd(a->qkv, a->ln1, w->wq, NULL, N, C, W, s); /* q, k, v packed */
-    const fy_attn at = attn_of(cfg, docs);
-    fy_k_rope(a->qkv, docs, B, T, NH, NKV, hd, false, &cfg->rope, s);
-    fy_k_attention_fwd(a->atty, a->lse, a->qkv, B, T, NH, NKV, hd, &at, s);
-    fy_k_matmul_fwd(wk->proj, a->atty, w->wo, NULL, N, NH * hd, C, s);
-    fy_k_residual_fwd(a->res2, x_in, wk->proj, NC, s);
-    fy_k_rmsnorm_fwd(a->ln2, a->rstd2, a->res2, w->ln2, N, C, cfg->norm_eps, s);
-    fy_k_matmul_fwd(a->gu, a->ln2, w->wgate, NULL, N, C, 2 * F, s); /* gate, up packed */
-    fy_k_swiglu_fwd(wk->act, a->gu, N, F, s);
-    fy_k_matmul_fwd(wk->proj, wk->act, w->wdown, NULL, N, F, C, s);
-    fy_k_residual_fwd(x_out, a->res2, wk->proj, NC, s);
+/* The rows [r0, r0 + n) of a row-major (N, width) tensor of es-byte elements. */
+static float *rows_at(const float *x, size_t r0, size_t width, size_t es) {
+    return (float *)((const char *)x + r0 * width * es);
 }
 
-/* dx holds d x_out on entry and d x_in on return (the norms' backwards add into it). */
+/* x_out = x_in + attn(rmsnorm(x_in)); then + mlp(rmsnorm(.)), the attention's output
+ * projection and the MLP by chunks of Nc rows. */
+static void layer_fwd(const fy_llama_config *cfg, const layer_w *w, layer_acts *a,
+                      layer_work *wk, const float *x_in, float *x_out, const int32_t *docs,
+                      int B, int T, int Nc, fy_stream *s) {
+    const int C = cfg->channels, NH = cfg->heads, NKV = cfg->kv_heads, hd = cfg->head_dim,
+              F = cfg->ffn, N = B * T, W = (NH + 2 * NKV) * hd, Q = NH * hd;
+    const size_t es = fy_dtype_size(fy_stream_dtype(s));
+    const fy_attn at = attn_of(cfg, docs);
+    fy_k_rmsnorm_fwd(a->ln1, a->rstd1, x_in, w->ln1, N, C, cfg->norm_eps, s);
+    fy_k_matmul_fwd(a->qkv, a->ln1, w->wq, NULL, N, C, W, s); /* q, k, v packed */
+    fy_k_rope(a->qkv, docs, B, T, NH, NKV, hd, false, &cfg->rope, s);
+    fy_k_attention_fwd(a->atty, a->lse, a->qkv, B, T, NH, NKV, hd, &at, s);
+    for (int r = 0; r < N; r += Nc) {
+        const int n = N - r < Nc ? N - r : Nc;
+        fy_k_matmul_fwd(wk->proj, rows_at(a->atty, r, Q, es), w->wo, NULL, n, Q, C, s);
+        fy_k_residual_fwd(rows_at(a->res2, r, C, es), rows_at(x_in, r, C, es), wk->proj,
+                          (size_t)n * C, s);
+    }
+    fy_k_rmsnorm_fwd(a->ln2, a->rstd2, a->res2, w->ln2, N, C, cfg->norm_eps, s);
+    fy_k_matmul_fwd(a->gu, a->ln2, w->wgate, NULL, N, C, 2 * F, s); /* gate, up packed */
+    for (int r = 0; r < N; r += Nc) {
+        const int n = N - r < Nc ? N - r : Nc;
+        fy_k_swiglu_fwd(wk->act, rows_at(a->gu, r, 2 * (size_t)F, es), n, F, s);
+        fy_k_matmul_fwd(wk->proj, wk->act, w->wdown, NULL, n, F, C, s);
+        fy_k_residual_fwd(rows_at(x_out, r, C, es), rows_at(a->res2, r, C, es), wk->proj,
+                          (size_t)n * C, s);
+    }
+}
+
+/* dx holds d x_out on entry and d x_in on return (the norms' backwards add into it). The
+ * MLP and the norms by chunks of Nc rows, last chunk first (the reverse of the forward). */
 static void layer_bwd(const fy_llama_config *cfg, const layer_w *w, layer_w *g,
                       const layer_acts *a, layer_work *wk, const float *x_in, float *dx,
-                      const int32_t *docs, int B, int T, fy_stream *s) {
+                      const int32_t *docs, int B, int T, int Nc, fy_stream *s) {
     const int C = cfg->channels, NH = cfg->heads, NKV = cfg->kv_heads, hd = cfg->head_dim,
-              F = cfg->ffn, N = B * T, W = (NH + 2 * NKV) * hd;
-    fy_k_swiglu_fwd(wk->act, a->gu, N, F, s); /* rebuilt, not kept */
-    fy_k_matmul_bwd(wk->dact, g->wdown, NULL, dx, wk->act, w->wdown, N, F, C, s);
-    fy_k_swiglu_bwd(wk->dgu, a->gu, wk->dact, N, F, s);
-    fy_k_matmul_bwd(wk->dln, g->wgate, NULL, wk->dgu, a->ln2, w->wgate, N, C, 2 * F, s);
-    fy_k_rmsnorm_bwd(dx, g->ln2, wk->dln, a->res2, w->ln2, a->rstd2, N, C, s);
-    fy_k_matmul_bwd(wk->datty, g->wo, NULL, dx, a->atty, w->wo, N, NH * hd, C, s);
+              F = cfg->ffn, N = B * T, W = (NH + 2 * NKV) * hd, Q = NH * hd;
+    const size_t es = fy_dtype_size(fy_stream_dtype(s));
     const fy_attn at = attn_of(cfg, docs);
+    for (int r = (N - 1) / Nc * Nc; r >= 0; r -= Nc) {
+        const int n = N - r < Nc ? N - r : Nc;
+        const float *gu = rows_at(a->gu, r, 2 * (size_t)F, es);
+        float *dxr = rows_at(dx, r, C, es);
+        fy_k_swiglu_fwd(wk->act, gu, n, F, s); /* rebuilt, not kept */
+        fy_k_matmul_bwd(wk->dact, g->wdown, NULL, dxr, wk->act, w->wdown, n, F, C, s);
+        fy_k_swiglu_bwd(wk->dgu, gu, wk->dact, n, F, s);
+        fy_k_matmul_bwd(wk->dln, g->wgate, NULL, wk->dgu, rows_at(a->ln2, r, C, es), w->wgate, n,
+                        C, 2 * F, s);
+        fy_k_rmsnorm_bwd(dxr, g->ln2, wk->dln, rows_at(a->res2, r, C, es), w->ln2, a->rstd2 + r,
+                         n, C, s);
+    }
+    fy_k_matmul_bwd(wk->datty, g->wo, NULL, dx, a->atty, w->wo, N, Q, C, s);
     fy_k_attention_bwd(wk->dqkv, wk->delta, wk->datty, a->qkv, a->atty, a->lse, B, T, NH, NKV,
                        hd, &at, s);
     fy_k_rope(wk->dqkv, docs, B, T, NH, NKV, hd, true, &cfg->rope, s);
-    fy_k_matmul_bwd(wk->dln, g->wq, NULL, wk->dqkv, a->ln1, w->wq, N, C, W, s);
-    fy_k_rmsnorm_bwd(dx, g->ln1, wk->dln, x_in, w->ln1, a->rstd1, N, C, s);
+    for (int r = (N - 1) / Nc * Nc; r >= 0; r -= Nc) {
+        const int n = N - r < Nc ? N - r : Nc;
+        fy_k_matmul_bwd(wk->dln, g->wq, NULL, rows_at(wk->dqkv, r, W, es),
+                        rows_at(a->ln1, r, C, es), w->wq, n, C, W, s);
+        fy_k_rmsnorm_bwd(rows_at(dx, r, C, es), g->ln1, wk->dln, rows_at(x_in, r, C, es), w->ln1,
+                         a->rstd1 + r, n, C, s);
+    }
 }
 
 /* ---- the model interface ------------------------------------------------------------- */
@@ -304,12 +335,15 @@ static void acts(const fy_model *m, int b, int B, int T, fy_dtype dt, bool train
     case FY_BLOCK_EMBED: out->out = NC; break;
     case FY_BLOCK_LAYER:
         out->out = NC;
-        out->saved = layer_acts_nbytes(cfg, B, T, dt);
-        out->work = training ? layer_work_nbytes(cfg, B, T, dt) : layer_work_eval_nbytes(cfg, B, T, dt);
+        out->saved = layer_acts_nbytes(cfg, B, T, m->chunk, dt);
+        out->work = training ? layer_work_nbytes(cfg, B, T, m->chunk, dt)
+                             : layer_work_eval_nbytes(cfg, B, T, m->chunk, dt);
         break;
     case FY_BLOCK_HEAD:
-        out->saved = training ? head_train_nbytes(cfg, B, T, dt) : head_acts_nbytes(cfg, B, T, dt);
-        out->work = training ? head_work_nbytes(cfg, B, T, dt) : head_work_eval_nbytes(cfg, B, T, dt);
+        out->saved = training ? head_train_nbytes(cfg, B, T, m->chunk, dt)
+                              : head_acts_nbytes(cfg, B, T, m->chunk, dt);
+        out->work = training ? head_work_nbytes(cfg, B, T, m->chunk, dt)
+                             : head_work_eval_nbytes(cfg, B, T, m->chunk, dt);
         break;
     default: break;
     }
@@ -328,9 +362,9 @@ static void forward(const fy_model *m, int b, const fy_block_io *io, fy_stream *
     layer_acts a;
     layer_work wk;
     fy_model_view(blk, dt, io->params, (float **)&w, sizeof w / sizeof(float *));
-    layer_acts_bind(cfg, io->B, io->T, dt, io->saved, &a);
-    layer_work_bind(cfg, io->B, io->T, dt, io->work, &wk);
-    layer_fwd(cfg, &w, &a, &wk, io->in, io->out, io->docs, io->B, io->T, s);
+    layer_acts_bind(cfg, io->B, io->T, m->chunk, dt, io->saved, &a);
+    layer_work_bind(cfg, io->B, io->T, m->chunk, dt, io->work, &wk);
+    layer_fwd(cfg, &w, &a, &wk, io->in, io->out, io->docs, io->B, io->T, m->chunk, s);
 }
 
 static void backward(const fy_model *m, int b, const fy_block_io *io, fy_stream *s) {
@@ -347,9 +381,9 @@ static void backward(const fy_model *m, int b, const fy_block_io *io, fy_stream 
     layer_work wk;
     fy_model_view(blk, dt, io->params, (float **)&w, sizeof w / sizeof(float *));
     fy_model_view(blk, dt, io->grads, (float **)&g, sizeof g / sizeof(float *));
-    layer_acts_bind(cfg, io->B, io->T, dt, io->saved, &a);
-    layer_work_bind(cfg, io->B, io->T, dt, io->work, &wk);
-    layer_bwd(cfg, &w, &g, &a, &wk, io->in, io->dx, io->docs, io->B, io->T, s);
+    layer_acts_bind(cfg, io->B, io->T, m->chunk, dt, io->saved, &a);
+    layer_work_bind(cfg, io->B, io->T, m->chunk, dt, io->work, &wk);
+    layer_bwd(cfg, &w, &g, &a, &wk, io->in, io->dx, io->docs, io->B, io->T, m->chunk, s);
 }
 
 /* The head: the final norm, then the classifier: lm_head, or the embedding (link 0)
@@ -370,8 +404,8 @@ static void loss(const fy_model *m, int b, const fy_block_io *io, fy_stream *s) 
         fy_model_view(blk, dt, io->params, (float **)&w, blk->ntensors);
         fy_model_view(blk, dt, io->grads, (float **)&g, blk->ntensors);
     }
-    head_acts_bind(cfg, io->B, io->T, dt, io->saved, &a);
-    head_work_bind(cfg, io->B, io->T, dt, io->work, &wk);
+    head_acts_bind(cfg, io->B, io->T, m->chunk, dt, io->saved, &a);
+    head_work_bind(cfg, io->B, io->T, m->chunk, dt, io->work, &wk);
     if (io->dloss == 0.0f) { /* evaluation's areas end before these */
         a.dlnf32 = NULL;
         wk.dlnf32_work = wk.dlnf = NULL;
@@ -427,7 +461,7 @@ static void cost(const fy_model *m, int b, fy_pass pass, int B, int T, double es
     const fy_block_spec *blk = &m->blocks[b];
     const double N = (double)B * T, C = cfg->channels, V = cfg->vocab, P = (double)blk->nelem;
     const double fwd_flops = 2.0 * N * P + 4.0 * B * (double)T * T * cfg->heads * cfg->head_dim;
-    const double acts_bytes = (double)layer_acts_nbytes(cfg, B, T, es <= 2.0 ? FY_BF16 : FY_F32);
+    const double acts_bytes = (double)layer_acts_nbytes(cfg, B, T, m->chunk, es <= 2.0 ? FY_BF16 : FY_F32);
     if (blk->kind == FY_BLOCK_EMBED) {
         out->bytes = 3.0 * N * C * es;
     } else if (blk->kind == FY_BLOCK_HEAD) {

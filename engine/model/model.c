@@ -257,6 +257,7 @@ fy_status fy_model_create(const fy_model_iface *iface, void *ctx, const char *na
     m->blocks = blocks;
     m->nblocks = nblocks;
     m->vocab = vocab;
+    m->chunk = FY_MODEL_CHUNK;
     m->num_params = num_params;
     for (int b = 0; b < nblocks; b++) {
         fy_block_spec *blk = &blocks[b];
@@ -332,6 +333,11 @@ bool fy_model_same(const fy_model *a, const fy_model *b) {
 int fy_model_nblocks(const fy_model *m) { return m->nblocks; }
 int fy_model_layers(const fy_model *m) { return m->layers; }
 int fy_model_vocab(const fy_model *m) { return m->vocab; }
+int fy_model_chunk(const fy_model *m) { return m->chunk; }
+void fy_model_set_chunk(fy_model *m, int positions) {
+    FY_ASSERT(positions > 0, "a chunk holds at least one position");
+    m->chunk = positions;
+}
 size_t fy_model_num_params(const fy_model *m) { return m->num_params; }
 
 size_t fy_model_max_block_nelem(const fy_model *m) {

@@ -121,6 +121,15 @@ void fy_model_print_families(FILE *fp);
 void fy_model_free(fy_model *m); /* NULL is a no-op */
 
 const char *fy_model_family(const fy_model *m);
+/* Sequence chunks: a layer runs its position-wise work (norms, projections, the MLP and
+ * their gradients) on at most this many of a micro-batch's B*T positions at a time, so its
+ * workspace is bounded by a chunk, not by the sequence (attention needs the whole
+ * sequence's q, k and v, and keeps O(T) of its own). FY_MODEL_CHUNK by default (chosen so a
+ * chunk's GEMMs still run at full speed); results depend on it (the order in which the
+ * chunks' parameter gradients add up), so every plan of a run uses the same. */
+#define FY_MODEL_CHUNK 4096
+int fy_model_chunk(const fy_model *m);
+void fy_model_set_chunk(fy_model *m, int positions);
 /* The name it was created under ("gpt2-124m"), or the family for a free shape. */
 const char *fy_model_name(const fy_model *m);
 /* "vocab 50257, positions 1024, channels 768, layers 12, heads 12" */

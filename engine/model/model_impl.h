@@ -55,6 +55,8 @@ struct fy_model {
     void *ctx;
     char name[48];
     int nblocks, layers, vocab;
+    int chunk;          /* positions a layer's position-wise work runs on at once
+                           (fy_model_chunk) */
     size_t num_params;
     fy_block_spec *blocks;
 };
