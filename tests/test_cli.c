@@ -1475,16 +1475,49 @@ Test(cli, hf_index_maps_a_tensor_to_the_wrong_shard) {
     EXPECT_ERROR(&r, 1, "index.json", "model.norm.weight");
 }
 
-/* Mistral's attention is windowed; ferry's is not: sequences must fit the window. */
+/* The "loss" of an eval's JSON line. */
+static double eval_loss(const run_result *r) {
+    const char *l = r->out ? strstr(r->out, "\"loss\":") : NULL;
+    cr_assert_not_null(l, "no loss in:\n%s", r->out);
+    return strtod(l + 7, NULL);
+}
+
+/* Mistral's sliding window is honoured: a window shorter than the sequence trains and
+ * evaluates, to another loss than a window that covers it. */
 Test(cli, hf_mistral_window_shorter_than_the_sequence) {
     const char *d = copy_hf("llama_hf_tiny_bf16", "mistral");
-    edit(d, "config.json", "\"model_type\": \"llama\"", "\"model_type\": \"mistral\", \"sliding_window\": 8");
+    edit(d, "config.json", "\"model_type\": \"llama\"", "\"model_type\": \"mistral\", \"sliding_window\": 4");
     run_result r;
     FERRY(&r, "train", HF_ARGS, "--init", d);
-    EXPECT_ERROR(&r, 1, "sliding window", "8");
-    edit(d, "config.json", "\"sliding_window\": 8", "\"sliding_window\": 4096");
+    test_expect_ok(&r);
     FERRY(&r, "eval", "--init", d, "--data", test_fixture("gpt2_tiny_tokens.bin"), "--batch", "2",
           "--seq", "16", "--device", "cpu", "--batches", "1");
+    test_expect_ok(&r);
+    const double windowed = eval_loss(&r);
+    edit(d, "config.json", "\"sliding_window\": 4", "\"sliding_window\": 4096");
+    FERRY(&r, "eval", "--init", d, "--data", test_fixture("gpt2_tiny_tokens.bin"), "--batch", "2",
+          "--seq", "16", "--device", "cpu", "--batches", "1");
+    test_expect_ok(&r);
+    cr_expect(fabs(eval_loss(&r) - windowed) > 1e-6, "the window changed nothing: %.9g", windowed);
+}
+
+#define LTINY "--model", "llama-tiny", "--steps", "2", "--seq", "32", "--batch", "2", "--device", \
+              "cpu", "--threads", "1"
+/* --doc-mask: each wrong value is one error line; a token the vocabulary does not name by
+ * itself must be given; a run with documents trains. --chunk-tokens must be positive. */
+Test(cli, doc_mask_and_chunk_flags) {
+    run_result r;
+    FERRY(&r, "train", LTINY, "--doc-mask", "sometimes");
+    EXPECT_ERROR(&r, 2, "--doc-mask", "sometimes");
+    FERRY(&r, "train", LTINY, "--doc-mask", "eot");
+    EXPECT_ERROR(&r, 2, "--doc-mask", "eot=ID");
+    FERRY(&r, "train", LTINY, "--doc-mask", "eot=256");
+    EXPECT_ERROR(&r, 2, "--doc-mask", "vocabulary");
+    FERRY(&r, "train", LTINY, "--doc-mask", "bos=x");
+    EXPECT_ERROR(&r, 2, "--doc-mask");
+    FERRY(&r, "train", LTINY, "--chunk-tokens", "0");
+    EXPECT_ERROR(&r, 2, "--chunk-tokens");
+    FERRY(&r, "train", LTINY, "--doc-mask", "eot=10", "--chunk-tokens", "24");
     test_expect_ok(&r);
 }
 

@@ -414,7 +414,7 @@ static fy_status parse_doc_mask(const fy_opts *o, const fy_model *m, fy_doc_mask
     const int V = fy_model_vocab(m);
     int64_t t = -1;
     if (*id) {
-        if (!fy_parse_i64(id + 1, &t) || t < 0 || t >= V) {
+        if (fy_parse_i64(id + 1, &t) != FY_OK || t < 0 || t >= V) {
             fy_log_error("--doc-mask %s: the token must be an id below the vocabulary (%d)", v, V);
             return FY_ERR_USAGE;
         }
