@@ -380,9 +380,70 @@ static void capacity_table(const fy_profile *p, const fy_tune_cfg *tc, int pass,
     }
 }
 
+/* Whether m trains sequences of T tokens (its positions allow them and a plan fits). */
+static bool seq_fits(const fy_tune_cfg *tc, fy_model *m, int T) {
+    const fy_log_level lvl = fy_log_get_level();
+    fy_log_set_level(FY_LOG_QUIET);
+    const bool ok = fy_model_check_seq(m, T) == FY_OK;
+    fy_log_set_level(lvl);
+    fy_tune_cfg c = *tc;
+    c.model = m;
+    c.seq = T;
+    return ok && fy_tune_fits(&c);
+}
+
+/* The longest sequence named model m trains at under tc's budgets and batch, to
+ * SEQ_STEP tokens (1 below it), by doubling and bisection (memory grows with T); 0: none. */
+#define SEQ_STEP 1024
+static int longest_seq(const fy_tune_cfg *tc, fy_model *m) {
+    int lo = 0, hi = 1;
+    while (hi <= (1 << 20) && seq_fits(tc, m, hi)) {
+        lo = hi;
+        hi *= 2;
+    }
+    while (hi - lo > (lo >= SEQ_STEP ? SEQ_STEP : 1)) {
+        const int mid = lo + (hi - lo) / 2;
+        if (seq_fits(tc, m, mid)) lo = mid;
+        else hi = mid;
+    }
+    return lo >= SEQ_STEP ? lo / SEQ_STEP * SEQ_STEP : lo;
+}
+
+/* The longest sequence each named model trains at, with its best plan there. */
+static void capacity_seq(const fy_profile *p, const fy_tune_cfg *tc) {
+    char buf[1024], *save = NULL;
+    snprintf(buf, sizeof buf, "%s", fy_model_names());
+    printf("longest sequence: each named model at batch %d, to %d tokens (its positions bound "
+           "it too)\n", tc->batch, SEQ_STEP);
+    printf("%-26s %8s %9s %5s %6s %7s %9s %8s %11s %11s\n", "model", "params", "max seq", "ckpt",
+           "stream", "cpu-opt", "ms/step", "tok/s", "device", "host");
+    for (char *name = strtok_r(buf, ", ", &save); name; name = strtok_r(NULL, ", ", &save)) {
+        fy_model *m;
+        if (fy_model_named(name, NULL, &m) != FY_OK) continue;
+        char params[32];
+        snprintf(params, sizeof params, "%.2fB", (double)fy_model_num_params(m) / 1e9);
+        const int T = longest_seq(tc, m);
+        fy_tune_cfg c = *tc;
+        c.seq = T;
+        fy_tune_result r;
+        if (T == 0 || !capacity_tune(p, c, m, &r)) {
+            printf("%-26s %8s %9s\n", name, params, T ? "?" : "none");
+            fy_model_free(m);
+            continue;
+        }
+        char d[32], h[32];
+        printf("%-26s %8s %9d %5d %6d %7d %9.1f %8.0f %11s %11s\n", name, params, T, r.k1, r.k2,
+               r.k3, r.step_ms, (double)tc->batch * T / (r.step_ms / 1e3),
+               fy_fmt_size(r.mem.device_total, d, sizeof d), fy_fmt_size(r.mem.host_total, h, sizeof h));
+        fy_plan_free(&r.plan);
+        fy_model_free(m);
+    }
+}
+
 /* ferry tune --capacity: what fits the profile's device and --host-mem (or the profile's
  * host memory) at --batch x --seq: every named model with its best plan, then each Llama
- * width with as many layers as fit; the largest of each. */
+ * width with as many layers as fit; the largest of each; then the longest sequence each
+ * named model trains at, at --batch. */
 static int capacity(const fy_opts *o) {
     if (!o->profile) {
         fy_log_error("tune --capacity needs --profile FILE|NAME (the machine to fill)");
@@ -408,6 +469,7 @@ static int capacity(const fy_opts *o) {
     if (shape.params)
         printf("largest free shape: %s (%.2fB parameters, %.1f ms/step)\n", shape.label,
                (double)shape.params / 1e9, shape.ms);
+    capacity_seq(&p, &tc);
     return 0;
 }
 
