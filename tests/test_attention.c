@@ -376,3 +376,208 @@ Test(attn_docs, same_bits_with_one_and_two_threads) {
     fy_stream_free(s1);
     fy_dev_free(d1);
 }
+
+/* ---- against the float64 PyTorch reference (tests/ref/gen_attn_ref.py) ------------------ */
+
+/* The script's cases (its CASES, in the same words): document lengths per sequence,
+ * 0-terminated, none for one document a sequence. */
+typedef struct attn_case {
+    const char *name;
+    attn_shape sh;
+    int window;
+    int lens[2][8];
+    bool bf16;
+    uint32_t seed;
+} attn_case;
+
+static const attn_case attn_cases[] = {
+    {"causal_4096", {1, 4096, 4, 2, 32}, 0, {{0}}, false, 4096},
+    {"window", {2, 1000, 8, 2, 32}, 300, {{0}}, false, 300},
+    {"docs", {2, 1024, 4, 2, 64}, 0, {{1, 200, 64, 128, 77, 300, 254}, {500, 1, 1, 130, 392}},
+     false, 1024},
+    {"window_docs_4096", {2, 4096, 4, 2, 32}, 512,
+     {{700, 1, 1500, 63, 129, 1703}, {128, 3000, 968}}, false, 512},
+    {"window_docs_4096_bf16", {2, 4096, 4, 2, 32}, 512,
+     {{700, 1, 1500, 63, 129, 1703}, {128, 3000, 968}}, true, 513},
+    {"causal_mqa_bf16", {2, 777, 4, 1, 32}, 0, {{0}}, true, 777},
+};
+
+#define ATTN_MAGIC 0x54415946u /* "FYAT" */
+
+/* The script's inputs: splitmix64 from state seed, each output z made a value in (-a, a)
+ * exact in the storage type, a * (2u + 1 - 2^bits) / 2^bits with u = z >> (64 - bits),
+ * bits 24 (fp32) or 8 (bf16). */
+static float *exact_uniform(uint64_t seed, size_t n, float a, bool bf16) {
+    const int bits = bf16 ? 8 : 24;
+    rng r = {seed};
+    float *x = hnewf(n);
+    for (size_t i = 0; i < n; i++) {
+        const int64_t u = (int64_t)(rng_u64(&r) >> (64 - bits));
+        x[i] = (float)(2 * u + 1 - ((int64_t)1 << bits)) * ldexpf(a, -bits);
+    }
+    return x;
+}
+
+/* FNV-1a 64 over the docs array's int32 little-endian bytes (the script's docs_hash). */
+static uint64_t docs_hash(const int32_t *docs, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; docs && i < n; i++)
+        for (int k = 0; k < 4; k++) h = (h ^ (((uint32_t)docs[i] >> (8 * k)) & 0xff)) * 0x100000001b3ull;
+    return docs ? h : 0;
+}
+
+/* The stored rows: t % 61 == 0, the last 64 positions, a document's first and last. */
+static bool row_kept(const int32_t *docs, int T, int b, int t) {
+    const int32_t *d = docs ? docs + (size_t)b * T : NULL;
+    return t % 61 == 0 || t >= T - 64 || (d && (d[t] == t || t == T - 1 || d[t + 1] == t + 1));
+}
+
+/* A tensor's tolerance: err = ||got - ref|| / ||ref|| <= norm, and every element
+ * |got - ref| <= rel |ref| + abs_rms rms(ref) + abs. */
+typedef struct attn_tol { double norm, rel, abs_rms, abs; } attn_tol;
+
+/* U_BF16: bf16's unit roundoff (8 significant bits, round to nearest): a result rounded
+ * once to bf16 is within U_BF16 of it, relatively. */
+#define U_BF16 0x1p-8
+
+/* fp32 (index: out, lse, dq, dk, dv). out, dq, dk and dv are sums of up to T = 4096
+ * terms (P v, P dout, dS k, dS q) over fp32 BLAS tiles and an online softmax whose
+ * probabilities carry the scores' errors (fp32 dots of hd <= 64 products, scores up to
+ * ~15): norm-wise ~sqrt(T) u ~ 4e-6 at most, measured 2e-7..5e-7; the spec's 1e-5.
+ * Per element the error follows the terms, whose size is the tensor's typical element,
+ * not the element itself (a sum that cancels to ~0 keeps its terms' rounding), hence an
+ * absolute part of the tensor's rms: measured <= 7.4e-6 rms past 1e-5 |ref|; 5e-5 rms. lse = max + log
+ * of an fp32 sum of <= 4096 terms <= 1 (its relative error becomes lse's absolute one):
+ * measured <= 1e-6 absolute; 1e-5. */
+static const attn_tol tol_f32[5] = {
+    {1e-5, 1e-5, 5e-5, 0}, {1e-5, 0, 0, 1e-5}, {1e-5, 1e-5, 5e-5, 0}, {1e-5, 1e-5, 5e-5, 0},
+    {1e-5, 1e-5, 5e-5, 0}};
+/* bf16 storage: the inputs are exact bf16 values, the arithmetic fp32, each output
+ * rounded once. out and dv: their fp32 result rounded, so within U_BF16 of it per element
+ * and in norm, plus fp32's error (measured in norm: out 8.9e-4 and 9.8e-4, dv 1.5e-3 and
+ * 1.8e-3 in the two cases; past U_BF16 |ref| no element is off by more than 5e-8 rms).
+ * lse stays fp32: fp32's bounds. dq and dk also see out rounded: delta = rowsum(dout *
+ * out) moves by up to U_BF16 sum |dout out|, and with it dS = P (dP - delta), by P times
+ * that: a second error of U_BF16's order in norm (bound 2 U_BF16; measured dq 1.8e-3 and
+ * 1.7e-3, dk 2.5e-3 and 1.9e-3). Per element that part follows the row's delta (dq) or
+ * the attending queries' (dk), not the element: measured up to 0.014 rms (dq) and 0.037
+ * rms (dk) past U_BF16 |ref|; 16 U_BF16 = 0.0625 rms. */
+static const attn_tol tol_bf16[5] = {
+    {U_BF16 + 1e-5, U_BF16 + 1e-5, 5e-5, 0}, {1e-5, 0, 0, 1e-5},
+    {2 * U_BF16, U_BF16 + 1e-5, 16 * U_BF16, 0}, {2 * U_BF16, U_BF16 + 1e-5, 16 * U_BF16, 0},
+    {U_BF16 + 1e-5, U_BF16 + 1e-5, 5e-5, 0}};
+
+/* Checks one tensor against its tolerance; logs the error and the worst element's
+ * distance past the bound's relative part, in units of rms(ref). */
+static void expect_close(const char *cname, const char *tname, const float *got,
+                         const float *ref, size_t n, const attn_tol *tol) {
+    double e2 = 0, r2 = 0, past = 0;
+    for (size_t i = 0; i < n; i++) r2 += (double)ref[i] * ref[i];
+    const double rms = sqrt(r2 / n);
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double d = fabs((double)got[i] - ref[i]);
+        e2 += d * d;
+        past = fmax(past, (d - tol->rel * fabs(ref[i])) / rms);
+        if (!(d <= tol->rel * fabs(ref[i]) + tol->abs_rms * rms + tol->abs) && bad++ == 0) first = i;
+    }
+    const double err = sqrt(e2 / r2);
+    cr_log_info("%-22s %-3s ||got - ref|| / ||ref|| = %.2e (tol %.1e), worst element %.1e rms "
+                "past %.1e |ref|", cname, tname, err, tol->norm, past, tol->rel);
+    cr_expect(err <= tol->norm, "%s %s: ||got - ref|| / ||ref|| = %.3g > %.3g", cname, tname,
+              err, tol->norm);
+    cr_expect(bad == 0, "%s %s: %zu of %zu elements past the bound, first [%zu] = %.9g, "
+              "reference %.9g", cname, tname, bad, n, first, got[first], ref[first]);
+}
+
+static float *read_fixture(const char *name, size_t *nbytes) {
+    const char *dir = getenv("FERRY_FIXTURES");
+    cr_assert_not_null(dir, "FERRY_FIXTURES must name tests/fixtures");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/attn_%s.bin", dir, name);
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "cannot open %s (tests/ref/gen_attn_ref.py writes it)", path);
+    fseek(f, 0, SEEK_END);
+    *nbytes = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    float *b = hnew(*nbytes);
+    cr_assert_eq(fread(b, 1, *nbytes, f), *nbytes, "cannot read %s", path);
+    fclose(f);
+    return b;
+}
+
+static void check_case(const attn_case *c) {
+    const attn_shape *sh = &c->sh;
+    const int T = sh->T, W = (sh->NH + 2 * sh->NKV) * sh->hd, Cq = sh->NH * sh->hd;
+    const int Ck = sh->NKV * sh->hd;
+    const float scale = 1.0f / sqrtf((float)sh->hd);
+    const int32_t *docs = c->lens[0][0] ? docs_from_lengths(sh->B, T, c->lens) : NULL;
+    size_t nbytes;
+    const float *file = read_fixture(c->name, &nbytes);
+    const uint32_t *hdr = (const uint32_t *)file;
+    const uint64_t h = docs_hash(docs, (size_t)sh->B * T);
+    uint32_t scale_bits;
+    memcpy(&scale_bits, &scale, 4);
+    const uint32_t want[14] = {ATTN_MAGIC, 1, (uint32_t)sh->B, (uint32_t)T, (uint32_t)sh->NH,
+                               (uint32_t)sh->NKV, (uint32_t)sh->hd, (uint32_t)c->window,
+                               c->bf16, c->seed, hdr[10], scale_bits, (uint32_t)h,
+                               (uint32_t)(h >> 32)};
+    for (int i = 0; i < 14; i++)
+        cr_assert_eq(hdr[i], want[i], "attn_%s.bin: header word %d is %u, this test's case "
+                     "has %u (regenerate with tests/ref/gen_attn_ref.py, or align the cases)",
+                     c->name, i, hdr[i], want[i]);
+    const size_t nrows = hdr[10];
+    const int32_t *rows = (const int32_t *)(hdr + 16);
+    const float *ref = file + 16 + nrows;
+    const float *r_out = ref, *r_lse = r_out + nrows * Cq, *r_dq = r_lse + nrows * sh->NH;
+    const float *r_dk = r_dq + nrows * Cq, *r_dv = r_dk + nrows * Ck;
+    cr_assert_eq(nbytes, (16 + nrows + nrows * (2 * Cq + sh->NH + 2 * Ck)) * 4,
+                 "attn_%s.bin: %zu bytes", c->name, nbytes);
+    size_t k = 0;
+    for (int b = 0; b < sh->B; b++)
+        for (int t = 0; t < T; t++)
+            if (row_kept(docs, T, b, t)) {
+                cr_assert(k < nrows && rows[k] == b * T + t, "attn_%s.bin: stored row %zu is "
+                          "not (%d, %d)", c->name, k, b, t);
+                k++;
+            }
+    cr_assert_eq(k, nrows, "attn_%s.bin: %zu rows, the rule keeps %zu", c->name, nrows, k);
+
+    const float *qkv = exact_uniform(c->seed, shape_nqkv(sh), 2.0f, c->bf16);
+    const float *dout = exact_uniform((uint64_t)c->seed + 1, shape_nout(sh), 1.0f, c->bf16);
+    fy_stream *s = g_s;
+    if (c->bf16) {
+        cr_assert_eq(fy_stream_new(g_dev, "bf16", &s), FY_OK);
+        cr_assert_eq(fy_stream_set_dtype(s, FY_BF16), FY_OK);
+    }
+    attn_res g = attn_run(g_dev, s, c->bf16, sh, c->window, scale, docs, qkv, dout);
+    if (c->bf16) fy_stream_free(s);
+    /* the kernel's results at the stored rows, in the file's layout */
+    float *got = hnewf(nrows * (2 * Cq + sh->NH + 2 * Ck));
+    float *g_out = got, *g_lse = g_out + nrows * Cq, *g_dq = g_lse + nrows * sh->NH;
+    float *g_dk = g_dq + nrows * Cq, *g_dv = g_dk + nrows * Ck;
+    for (size_t i = 0; i < nrows; i++) {
+        const size_t bt = (size_t)rows[i], b = bt / T, t = bt % T;
+        memcpy(g_out + i * Cq, g.out + bt * Cq, sizeof(float) * Cq);
+        for (int hh = 0; hh < sh->NH; hh++) g_lse[i * sh->NH + hh] = g.lse[(b * sh->NH + hh) * T + t];
+        memcpy(g_dq + i * Cq, g.dqkv + bt * W, sizeof(float) * Cq);
+        memcpy(g_dk + i * Ck, g.dqkv + bt * W + Cq, sizeof(float) * Ck);
+        memcpy(g_dv + i * Ck, g.dqkv + bt * W + Cq + Ck, sizeof(float) * Ck);
+    }
+    struct { const char *name; const float *got, *ref; size_t n; } t[] = {
+        {"out", g_out, r_out, nrows * Cq}, {"lse", g_lse, r_lse, nrows * sh->NH},
+        {"dq", g_dq, r_dq, nrows * Cq}, {"dk", g_dk, r_dk, nrows * Ck},
+        {"dv", g_dv, r_dv, nrows * Ck}};
+    for (int i = 0; i < 5; i++)
+        expect_close(c->name, t[i].name, t[i].got, t[i].ref, t[i].n,
+                     c->bf16 ? &tol_bf16[i] : &tol_f32[i]);
+}
+
+TestSuite(attn_torch, .init = setup, .fini = teardown, .timeout = 120);
+
+Test(attn_torch, causal_4096) { check_case(&attn_cases[0]); }
+Test(attn_torch, window) { check_case(&attn_cases[1]); }
+Test(attn_torch, docs) { check_case(&attn_cases[2]); }
+Test(attn_torch, window_docs_4096) { check_case(&attn_cases[3]); }
+Test(attn_torch, window_docs_4096_bf16) { check_case(&attn_cases[4]); }
+Test(attn_torch, causal_mqa_bf16) { check_case(&attn_cases[5]); }
