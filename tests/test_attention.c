@@ -45,6 +45,7 @@ static int32_t *docs_from_lengths(int B, int T, const int lens[][8]) {
     for (int b = 0; b < B; b++) {
         int t = 0;
         for (int i = 0; i < 8 && lens[b][i]; i++) {
+            cr_assert(t + lens[b][i] <= T, "sequence %d: documents past T = %d", b, T);
             for (int k = 0; k < lens[b][i]; k++) d[(size_t)b * T + t + k] = t;
             t += lens[b][i];
         }
@@ -64,13 +65,13 @@ static attn_res attn_run(fy_dev *d, fy_stream *s, bool bf16, const attn_shape *s
                          const float *dout) {
     const size_t nq = shape_nqkv(sh), no = shape_nout(sh), nl = shape_nlse(sh);
     const size_t es = bf16 ? 2 : 4, nd = (size_t)sh->B * sh->T;
-    void *dq, *ddout, *dout_, *dlse, *ddqkv, *ddelta, *ddocs = NULL;
-    cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, nq * es, "qkv", &dq), FY_OK);
-    cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, no * es, "dout", &ddout), FY_OK);
-    cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, no * es, "out", &dout_), FY_OK);
-    cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, nl * 4, "lse", &dlse), FY_OK);
-    cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, nq * es, "dqkv", &ddqkv), FY_OK);
-    cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, nl * 4, "delta", &ddelta), FY_OK);
+    void *d_qkv, *d_dout, *d_out, *d_lse, *d_dqkv, *d_delta, *d_docs = NULL;
+    cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, nq * es, "qkv", &d_qkv), FY_OK);
+    cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, no * es, "dout", &d_dout), FY_OK);
+    cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, no * es, "out", &d_out), FY_OK);
+    cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, nl * 4, "lse", &d_lse), FY_OK);
+    cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, nq * es, "dqkv", &d_dqkv), FY_OK);
+    cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, nl * 4, "delta", &d_delta), FY_OK);
     uint16_t *q16 = NULL, *o16 = NULL;
     if (bf16) {
         q16 = malloc(nq * 2);
@@ -79,35 +80,35 @@ static attn_res attn_run(fy_dev *d, fy_stream *s, bool bf16, const attn_shape *s
         fy_f32_to_bf16_n(q16, qkv, nq);
         fy_f32_to_bf16_n(o16, dout, no);
     }
-    fy_copy_async(s, dq, bf16 ? (const void *)q16 : qkv, nq * es, FY_H2D);
-    fy_copy_async(s, ddout, bf16 ? (const void *)o16 : dout, no * es, FY_H2D);
+    fy_copy_async(s, d_qkv, bf16 ? (const void *)q16 : qkv, nq * es, FY_H2D);
+    fy_copy_async(s, d_dout, bf16 ? (const void *)o16 : dout, no * es, FY_H2D);
     if (docs) {
-        cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, nd * 4, "docs", &ddocs), FY_OK);
-        fy_copy_async(s, ddocs, docs, nd * 4, FY_H2D);
+        cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, nd * 4, "docs", &d_docs), FY_OK);
+        fy_copy_async(s, d_docs, docs, nd * 4, FY_H2D);
     }
-    const fy_attn a = {.window = window, .scale = scale, .docs = ddocs};
-    fy_k_attention_fwd(dout_, dlse, dq, sh->B, sh->T, sh->NH, sh->NKV, sh->hd, &a, s);
-    fy_k_attention_bwd(ddqkv, ddelta, ddout, dq, dout_, dlse, sh->B, sh->T, sh->NH, sh->NKV,
+    const fy_attn a = {.window = window, .scale = scale, .docs = d_docs};
+    fy_k_attention_fwd(d_out, d_lse, d_qkv, sh->B, sh->T, sh->NH, sh->NKV, sh->hd, &a, s);
+    fy_k_attention_bwd(d_dqkv, d_delta, d_dout, d_qkv, d_out, d_lse, sh->B, sh->T, sh->NH, sh->NKV,
                        sh->hd, &a, s);
     attn_res r = {hnewf(no), hnewf(nl), hnewf(nq)};
-    fy_copy_async(s, r.lse, dlse, nl * 4, FY_D2H);
+    fy_copy_async(s, r.lse, d_lse, nl * 4, FY_D2H);
     if (bf16) {
         uint16_t *g16 = malloc(nq * 2);
         cr_assert(g16);
-        fy_copy_async(s, o16, dout_, no * 2, FY_D2H);
-        fy_copy_async(s, g16, ddqkv, nq * 2, FY_D2H);
+        fy_copy_async(s, o16 /* dout's staging, out's size */, d_out, no * 2, FY_D2H);
+        fy_copy_async(s, g16, d_dqkv, nq * 2, FY_D2H);
         fy_stream_sync(s);
         fy_bf16_to_f32_n(r.out, o16, no);
         fy_bf16_to_f32_n(r.dqkv, g16, nq);
         free(g16);
     } else {
-        fy_copy_async(s, r.out, dout_, no * 4, FY_D2H);
-        fy_copy_async(s, r.dqkv, ddqkv, nq * 4, FY_D2H);
+        fy_copy_async(s, r.out, d_out, no * 4, FY_D2H);
+        fy_copy_async(s, r.dqkv, d_dqkv, nq * 4, FY_D2H);
         fy_stream_sync(s);
     }
     free(q16);
     free(o16);
-    void *bufs[] = {dq, ddout, dout_, dlse, ddqkv, ddelta, ddocs};
+    void *bufs[] = {d_qkv, d_dout, d_out, d_lse, d_dqkv, d_delta, d_docs};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) fy_dev_release(d, bufs[i]);
     return r;
 }
@@ -137,7 +138,8 @@ Test(attn_docs, learned_positions_restart_per_document) {
     int32_t tok[PB * PT];
     for (int i = 0; i < PB * PT; i++) tok[i] = rng_int(&r, V);
     const int32_t *docs = docs_from_lengths(PB, PT, pack_lens);
-    float *wte = dputf(hrand(&r, V * C, -1, 1), V * C), *wpe = dputf(hrand(&r, PT * C, -1, 1), PT * C);
+    float *wte = dputf(hrand(&r, V * C, -1, 1), V * C);
+    float *wpe = dputf(hrand(&r, PT * C, -1, 1), PT * C);
     float *dout = hrand(&r, PB * PT * C, -1, 1);
     int32_t *dtok = dnew(sizeof tok), *ddocs = dnew(sizeof tok);
     put(dtok, tok, sizeof tok);
@@ -200,7 +202,7 @@ Test(attn_docs, rope_restarts_per_document) {
 
 /* ---- attention over packed documents --------------------------------------------------- */
 
-/* max |a - b| over n elements (a, b with strides of their rows: width columns of each). */
+/* max |a - b| over n elements. */
 static double max_diff(const float *a, const float *b, size_t n) {
     double m = 0;
     for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - b[i]));
@@ -224,28 +226,29 @@ Test(attn_docs, attention_over_packed_documents_is_each_document_alone) {
         for (int i = 0, t0 = 0; lens[b][i]; t0 += lens[b][i++]) {
             const int n = lens[b][i];
             const attn_shape one = {1, n, sh.NH, sh.NKV, sh.hd};
-            attn_res a = attn_run(g_dev, g_s, false, &one, 0, scale, NULL,
-                                  rows_of(qkv, sh.T, W, b, t0, n), rows_of(dout, sh.T, Cq, b, t0, n));
+            const float *qkv1 = rows_of(qkv, sh.T, W, b, t0, n);
+            attn_res a = attn_run(g_dev, g_s, false, &one, 0, scale, NULL, qkv1,
+                                  rows_of(dout, sh.T, Cq, b, t0, n));
             worst_out = fmax(worst_out, max_diff(a.out, p.out + ((size_t)b * sh.T + t0) * Cq,
                                                  (size_t)n * Cq));
             worst_g = fmax(worst_g, max_diff(a.dqkv, p.dqkv + ((size_t)b * sh.T + t0) * W,
                                              (size_t)n * W));
-            for (int h = 0; h < sh.NH; h++)
-                worst_lse = fmax(worst_lse, max_diff(a.lse + (size_t)h * n,
-                                                     p.lse + ((size_t)b * sh.NH + h) * sh.T + t0, n));
+            for (int h = 0; h < sh.NH; h++) {
+                const float *lp = p.lse + ((size_t)b * sh.NH + h) * sh.T + t0;
+                worst_lse = fmax(worst_lse, max_diff(a.lse + (size_t)h * n, lp, n));
+            }
         }
     cr_log_info("packed vs alone: max |diff| out %.2e, lse %.2e, dqkv %.2e", worst_out,
                 worst_lse, worst_g);
     /* The same terms summed in another order: a document's keys fall into other tiles,
-     * so the running max, the rescalings and BLAS's partial sums differ. out is a convex
-     * combination of values < 2 (a few ulps of 2: 2.4e-7 each, over at most 3 tiles);
-     * lse < ~8 the same; dqkv sums <= 200 products of size ~1 over tiles of 64 and 128,
-     * so its rounding (~sqrt(terms) ulps of the partial sums, ~|g| <= ~10) may differ by a
-     * few ulps of those. Measured 4.6e-7, 9.5e-7, 9.5e-7; bounds 2e-6, 4e-6, 5e-6. */
+     * so the running max, the rescalings and BLAS's partial sums differ, each by a few
+     * ulps of the values summed: out is a convex combination of values < 2 (an ulp 2.4e-7),
+     * lse < 16 (an ulp 9.5e-7), dqkv sums of <= 130 terms into gradients < 16. Measured
+     * 4.6e-7, 9.5e-7, 9.5e-7 (one ulp); bounds 2e-6, 4e-6, 5e-6. */
     cr_expect(worst_out <= 2e-6, "out differs from the documents alone by %.3g", worst_out);
     cr_expect(worst_lse <= 4e-6, "lse differs from the documents alone by %.3g", worst_lse);
     cr_expect(worst_g <= 5e-6, "dqkv differs from the documents alone by %.3g", worst_g);
-    /* a one-position document sees itself alone: out = v, lse = its own score */
+    /* a one-position document sees itself alone: out = v exactly (one probability, 1) */
     for (int h = 0; h < sh.NH; h++)
         for (int c = 0; c < sh.hd; c++) {
             const float v = qkv[(sh.NH + sh.NKV + h / 2) * sh.hd + c];
@@ -268,9 +271,10 @@ static void host_attention(const float *qkv, const attn_shape *sh, int window, f
                 int lo = docs ? docs[b * T + t] : 0;
                 if (window > 0 && t - window + 1 > lo) lo = t - window + 1;
                 const float *q = qkv + ((size_t)b * T + t) * W + (size_t)h * hd;
+                const size_t kh = (size_t)(sh->NH + h / G) * hd, vh = kh + (size_t)sh->NKV * hd;
                 double mx = -INFINITY, sum = 0;
                 for (int j = lo; j <= t; j++) {
-                    const float *k = qkv + ((size_t)b * T + j) * W + (size_t)(sh->NH + h / G) * hd;
+                    const float *k = qkv + ((size_t)b * T + j) * W + kh;
                     double s = 0;
                     for (int d = 0; d < hd; d++) s += (double)q[d] * k[d];
                     p[j] = s * scale;
@@ -281,8 +285,7 @@ static void host_attention(const float *qkv, const attn_shape *sh, int window, f
                 for (int d = 0; d < hd; d++) {
                     double y = 0;
                     for (int j = lo; j <= t; j++)
-                        y += p[j] / sum *
-                             qkv[((size_t)b * T + j) * W + (size_t)(sh->NH + sh->NKV + h / G) * hd + d];
+                        y += p[j] / sum * qkv[((size_t)b * T + j) * W + vh + d];
                     out[((size_t)b * T + t) * sh->NH * hd + (size_t)h * hd + d] = y;
                 }
             }
@@ -296,7 +299,8 @@ static void check_window_host(int window, const int lens[][8], uint64_t seed) {
     const int32_t *docs = lens ? docs_from_lengths(sh.B, sh.T, lens) : NULL;
     float *qkv = hrand(&r, shape_nqkv(&sh), -1.5f, 1.5f), *dout = hrand(&r, shape_nout(&sh), -1, 1);
     attn_res g = attn_run(g_dev, g_s, false, &sh, window, scale, docs, qkv, dout);
-    double *out = malloc(sizeof(double) * shape_nout(&sh)), *lse = malloc(sizeof(double) * shape_nlse(&sh));
+    double *out = malloc(sizeof(double) * shape_nout(&sh));
+    double *lse = malloc(sizeof(double) * shape_nlse(&sh));
     cr_assert(out && lse);
     host_attention(qkv, &sh, window, scale, docs, out, lse);
     double eo = 0, el = 0;
@@ -422,7 +426,8 @@ static float *exact_uniform(uint64_t seed, size_t n, float a, bool bf16) {
 static uint64_t docs_hash(const int32_t *docs, size_t n) {
     uint64_t h = 0xcbf29ce484222325ull;
     for (size_t i = 0; docs && i < n; i++)
-        for (int k = 0; k < 4; k++) h = (h ^ (((uint32_t)docs[i] >> (8 * k)) & 0xff)) * 0x100000001b3ull;
+        for (int k = 0; k < 4; k++)
+            h = (h ^ (((uint32_t)docs[i] >> (8 * k)) & 0xff)) * 0x100000001b3ull;
     return docs ? h : 0;
 }
 
@@ -442,13 +447,13 @@ typedef struct attn_tol { double norm, rel, abs_rms, abs; } attn_tol;
 
 /* fp32 (index: out, lse, dq, dk, dv). out, dq, dk and dv are sums of up to T = 4096
  * terms (P v, P dout, dS k, dS q) over fp32 BLAS tiles and an online softmax whose
- * probabilities carry the scores' errors (fp32 dots of hd <= 64 products, scores up to
- * ~15): norm-wise ~sqrt(T) u ~ 4e-6 at most, measured 2e-7..5e-7; the spec's 1e-5.
+ * probabilities carry the scores' errors (fp32 dots of hd <= 64 products, scores of a
+ * few units): norm-wise ~sqrt(T) u ~ 4e-6 at most; measured 2e-7..5e-7; bound 1e-5.
  * Per element the error follows the terms, whose size is the tensor's typical element,
- * not the element itself (a sum that cancels to ~0 keeps its terms' rounding), hence an
- * absolute part of the tensor's rms: measured <= 7.4e-6 rms past 1e-5 |ref|; 5e-5 rms. lse = max + log
- * of an fp32 sum of <= 4096 terms <= 1 (its relative error becomes lse's absolute one):
- * measured <= 1e-6 absolute; 1e-5. */
+ * not the element itself (a sum that cancels to ~0 keeps its terms' rounding), hence a
+ * part in units of the tensor's rms: measured <= 7.4e-6 rms past 1e-5 |ref|; 5e-5 rms.
+ * lse = max + log of an fp32 sum of <= 4096 terms <= 1 (the sum's relative error becomes
+ * lse's absolute one): measured <= 1e-6 absolute; 1e-5. */
 static const attn_tol tol_f32[5] = {
     {1e-5, 1e-5, 5e-5, 0}, {1e-5, 0, 0, 1e-5}, {1e-5, 1e-5, 5e-5, 0}, {1e-5, 1e-5, 5e-5, 0},
     {1e-5, 1e-5, 5e-5, 0}};
@@ -479,7 +484,8 @@ static void expect_close(const char *cname, const char *tname, const float *got,
         const double d = fabs((double)got[i] - ref[i]);
         e2 += d * d;
         past = fmax(past, (d - tol->rel * fabs(ref[i])) / rms);
-        if (!(d <= tol->rel * fabs(ref[i]) + tol->abs_rms * rms + tol->abs) && bad++ == 0) first = i;
+        const double bound = tol->rel * fabs(ref[i]) + tol->abs_rms * rms + tol->abs;
+        if (!(d <= bound) && bad++ == 0) first = i;
     }
     const double err = sqrt(e2 / r2);
     cr_log_info("%-22s %-3s ||got - ref|| / ||ref|| = %.2e (tol %.1e), worst element %.1e rms "
@@ -559,7 +565,8 @@ static void check_case(const attn_case *c) {
     for (size_t i = 0; i < nrows; i++) {
         const size_t bt = (size_t)rows[i], b = bt / T, t = bt % T;
         memcpy(g_out + i * Cq, g.out + bt * Cq, sizeof(float) * Cq);
-        for (int hh = 0; hh < sh->NH; hh++) g_lse[i * sh->NH + hh] = g.lse[(b * sh->NH + hh) * T + t];
+        for (int hh = 0; hh < sh->NH; hh++)
+            g_lse[i * sh->NH + hh] = g.lse[(b * sh->NH + hh) * T + t];
         memcpy(g_dq + i * Cq, g.dqkv + bt * W, sizeof(float) * Cq);
         memcpy(g_dk + i * Ck, g.dqkv + bt * W + Cq, sizeof(float) * Ck);
         memcpy(g_dv + i * Ck, g.dqkv + bt * W + Cq + Ck, sizeof(float) * Ck);
