@@ -496,7 +496,7 @@ static void expect_close(const char *cname, const char *tname, const float *got,
               "reference %.9g", cname, tname, bad, n, first, got[first], ref[first]);
 }
 
-static float *read_fixture(const char *name, size_t *nbytes) {
+static void *read_fixture(const char *name, size_t *nbytes) {
     const char *dir = getenv("FERRY_FIXTURES");
     cr_assert_not_null(dir, "FERRY_FIXTURES must name tests/fixtures");
     char path[1024];
@@ -506,7 +506,7 @@ static float *read_fixture(const char *name, size_t *nbytes) {
     fseek(f, 0, SEEK_END);
     *nbytes = (size_t)ftell(f);
     fseek(f, 0, SEEK_SET);
-    float *b = hnew(*nbytes);
+    void *b = hnew(*nbytes);
     cr_assert_eq(fread(b, 1, *nbytes, f), *nbytes, "cannot read %s", path);
     fclose(f);
     return b;
@@ -519,8 +519,9 @@ static void check_case(const attn_case *c) {
     const float scale = 1.0f / sqrtf((float)sh->hd);
     const int32_t *docs = c->lens[0][0] ? docs_from_lengths(sh->B, T, c->lens) : NULL;
     size_t nbytes;
-    const float *file = read_fixture(c->name, &nbytes);
-    const uint32_t *hdr = (const uint32_t *)file;
+    const void *file = read_fixture(c->name, &nbytes);
+    const uint32_t *hdr = file; /* little-endian, as the machines we run on */
+    cr_assert_geq(nbytes, 64, "attn_%s.bin: %zu bytes, no header", c->name, nbytes);
     const uint64_t h = docs_hash(docs, (size_t)sh->B * T);
     uint32_t scale_bits;
     memcpy(&scale_bits, &scale, 4);
@@ -534,7 +535,7 @@ static void check_case(const attn_case *c) {
                      c->name, i, hdr[i], want[i]);
     const size_t nrows = hdr[10];
     const int32_t *rows = (const int32_t *)(hdr + 16);
-    const float *ref = file + 16 + nrows;
+    const float *ref = (const float *)(hdr + 16 + nrows);
     const float *r_out = ref, *r_lse = r_out + nrows * Cq, *r_dq = r_lse + nrows * sh->NH;
     const float *r_dk = r_dq + nrows * Cq, *r_dv = r_dk + nrows * Ck;
     cr_assert_eq(nbytes, (16 + nrows + nrows * (2 * Cq + sh->NH + 2 * Ck)) * 4,
