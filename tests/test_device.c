@@ -56,7 +56,7 @@ typedef struct enc_ctx {
 } enc_ctx;
 static double enc_obj(void *p) {
     enc_ctx *c = p;
-    fy_k_encoder_fwd(c->out, c->tok, c->wte, c->wpe, c->B, c->T, c->C, c->V, g_s);
+    fy_k_encoder_fwd(c->out, c->tok, c->wte, c->wpe, NULL, c->B, c->T, c->C, c->V, g_s);
     return dot_dev(c->out, c->R, c->tmp, (size_t)c->B * c->T * c->C);
 }
 
@@ -84,15 +84,18 @@ static double mm_obj(void *p) {
     return dot_dev(c->out, c->R, c->tmp, (size_t)c->N * c->OC);
 }
 
+/* The objective reads out only: lse is the backward's input, not a second output. */
 typedef struct att_ctx {
-    float *out, *att, *qkv;
+    float *out, *lse, *qkv;
     const float *R;
     float *tmp;
     int B, T, C, NH;
+    fy_attn mask;
 } att_ctx;
 static double att_obj(void *p) {
     att_ctx *c = p;
-    fy_k_attention_fwd(c->out, c->att, c->qkv, c->B, c->T, c->NH, c->NH, c->C / c->NH, g_s);
+    fy_k_attention_fwd(c->out, c->lse, c->qkv, c->B, c->T, c->NH, c->NH, c->C / c->NH, &c->mask,
+                       g_s);
     return dot_dev(c->out, c->R, c->tmp, (size_t)c->B * c->T * c->C);
 }
 
@@ -141,7 +144,7 @@ Test(kernel_grad, encoder_bwd_matches_fd) {
                  .R = R, .tmp = hnewf(B * T * C), .B = B, .T = T, .C = C, .V = V};
     put(c.tok, tok, sizeof tok);
     float *dwte = dnewf(V * C), *dwpe = dnewf(maxT * C);
-    fy_k_encoder_bwd(dwte, dwpe, dputf(R, B * T * C), c.tok, B, T, C, V, g_s);
+    fy_k_encoder_bwd(dwte, dwpe, dputf(R, B * T * C), c.tok, NULL, B, T, C, V, g_s);
     float *ana_wte = dgetf(dwte, V * C), *ana_wpe = dgetf(dwpe, maxT * C);
     /* Linear in wte and wpe: central differences are exact for any h, leaving only the
      * rounding of out = wte + wpe (u*|out| <= 1.2e-7 for each of <= 12 outputs a
@@ -201,22 +204,42 @@ static void check_matmul_fd(bool with_bias) {
 Test(kernel_grad, matmul_bwd_matches_fd_with_bias) { check_matmul_fd(true); }
 Test(kernel_grad, matmul_bwd_matches_fd_without_bias) { check_matmul_fd(false); }
 
-Test(kernel_grad, attention_bwd_matches_fd) {
+/* Two sequences of 7 positions packing documents of 3, 3, 1 and 1, 4, 2 positions
+ * (kernels.h's docs: each position's document start). */
+static const int32_t fd_docs[2 * 7] = {0, 0, 0, 3, 3, 3, 6, 0, 1, 1, 1, 1, 5, 5};
+
+static void check_attention_fd(int window, bool docs, uint64_t seed) {
     enum { B = 2, T = 7, C = 16, NH = 2 };
-    rng r = {404};
+    rng r = {seed};
     float *R = hrand(&r, B * T * C, -1, 1);
-    att_ctx c = {.out = dnewf(B * T * C), .att = dnewf(B * NH * T * T),
+    int32_t *ddocs = NULL;
+    if (docs) {
+        ddocs = dnew(sizeof fd_docs);
+        put(ddocs, fd_docs, sizeof fd_docs);
+    }
+    att_ctx c = {.out = dnewf(B * T * C), .lse = dnewf(B * NH * T),
                  .qkv = dputf(hrand(&r, B * T * 3 * C, -1.5f, 1.5f), B * T * 3 * C),
-                 .R = R, .tmp = hnewf(B * T * C), .B = B, .T = T, .C = C, .NH = NH};
+                 .R = R, .tmp = hnewf(B * T * C), .B = B, .T = T, .C = C, .NH = NH,
+                 .mask = {.window = window, .scale = 1.0f / sqrtf(C / NH), .docs = ddocs}};
     att_obj(&c);
-    float *dqkv = dnewf(B * T * 3 * C), *scratch = dnewf(B * NH * T * T);
-    fy_k_attention_bwd(dqkv, scratch, dputf(R, B * T * C), c.qkv, c.att, B, T, NH, NH, C / NH, g_s);
+    float *dqkv = dnewf(B * T * 3 * C), *delta = dnewf(B * NH * T);
+    fy_k_attention_bwd(dqkv, delta, dputf(R, B * T * C), c.qkv, c.out, c.lse, B, T, NH, NH,
+                       C / NH, &c.mask, g_s);
     /* Softmax is smooth on the scale of the scores (~1): h = 5e-3 on inputs of ~1.
      * Rounding: a coordinate moves up to T*hs = 56 outputs of ~1, ~sqrt(56)*2u / 2h
      * ~ 2e-4 of gradients ~0.5, less as errors of different outputs cancel (measured
-     * ~3e-5); curvature h^2/6 ~ 4e-6. tol 1e-3. */
-    expect_fd(att_obj, &c, &(fd_check){"attention dqkv", c.qkv, B * T * 3 * C,
-                                       dgetf(dqkv, B * T * 3 * C), 5e-3f, 128, 1e-3});
+     * ~3e-5); curvature h^2/6 ~ 4e-6. tol 1e-3. A mask only removes terms. */
+    char name[64];
+    snprintf(name, sizeof name, "attention dqkv (window %d%s)", window, docs ? ", docs" : "");
+    expect_fd(att_obj, &c, &(fd_check){name, c.qkv, B * T * 3 * C, dgetf(dqkv, B * T * 3 * C),
+                                       5e-3f, 128, 1e-3});
+}
+
+Test(kernel_grad, attention_bwd_matches_fd) {
+    check_attention_fd(0, false, 404); /* causal */
+    check_attention_fd(3, false, 405); /* each query sees itself and 2 keys before */
+    check_attention_fd(0, true, 406);  /* packed documents */
+    check_attention_fd(2, true, 407);  /* both */
 }
 
 Test(kernel_grad, gelu_bwd_matches_fd) {
@@ -375,14 +398,15 @@ static void layer_fix_init(layer_fix *f, uint64_t seed) {
 
 static double layer_obj(void *p) {
     layer_fix *f = p;
-    fy_gpt2_layer_fwd(&f->cfg, &f->w, &f->a, f->x_in, &f->wk, f->B, f->T, g_s);
+    fy_gpt2_layer_fwd(&f->cfg, &f->w, &f->a, f->x_in, &f->wk, NULL, f->B, f->T, g_s);
     return dot_dev(f->a.out, f->R, f->tmp, f->NC);
 }
 
 /* Backward with d out = R; parameter gradients add into gbase. Returns d x_in. */
 static float *layer_bwd(layer_fix *f) {
     put(f->dx, f->R, f->NC * sizeof(float));
-    fy_gpt2_layer_bwd(&f->cfg, &f->w, &f->g, &f->a, f->x_in, &f->wk, f->dx, f->B, f->T, g_s);
+    fy_gpt2_layer_bwd(&f->cfg, &f->w, &f->g, &f->a, f->x_in, &f->wk, f->dx, NULL, f->B, f->T,
+                      g_s);
     return dgetf(f->dx, f->NC);
 }
 
@@ -420,9 +444,9 @@ Test(accumulate, encoder_bwd_adds_into_dwte_dwpe) {
     put(dtok, tok, sizeof tok);
     float *dout = dputf(hrand(&r, B * T * C, -1, 1), B * T * C);
     float *dwte = dnewf(V * C), *dwpe = dnewf(T * C);
-    fy_k_encoder_bwd(dwte, dwpe, dout, dtok, B, T, C, V, g_s);
+    fy_k_encoder_bwd(dwte, dwpe, dout, dtok, NULL, B, T, C, V, g_s);
     float *wte1 = dgetf(dwte, V * C), *wpe1 = dgetf(dwpe, T * C);
-    fy_k_encoder_bwd(dwte, dwpe, dout, dtok, B, T, C, V, g_s);
+    fy_k_encoder_bwd(dwte, dwpe, dout, dtok, NULL, B, T, C, V, g_s);
     expect_accumulated("encoder dwte", dgetf(dwte, V * C), wte1, wte1, V * C);
     expect_accumulated("encoder dwpe", dgetf(dwpe, T * C), wpe1, wpe1, T * C);
 }
@@ -497,16 +521,18 @@ Test(accumulate, matmul_bwd_without_dinp_gives_same_dw) {
 Test(accumulate, attention_bwd_overwrites_dqkv) {
     enum { B = 2, T = 6, C = 16, NH = 2 };
     rng r = {444};
+    const fy_attn mask = {.window = 0, .scale = 1.0f / sqrtf(C / NH), .docs = NULL};
     float *qkv = dputf(hrand(&r, B * T * 3 * C, -1, 1), B * T * 3 * C);
-    float *out = dnewf(B * T * C), *att = dnewf(B * NH * T * T);
+    float *out = dnewf(B * T * C), *lse = dnewf(B * NH * T);
     float *dout = dputf(hrand(&r, B * T * C, -1, 1), B * T * C);
-    fy_k_attention_fwd(out, att, qkv, B, T, NH, NH, C / NH, g_s);
-    float *dqkv = dnewf(B * T * 3 * C), *scratch = dnewf(B * NH * T * T);
-    fy_k_attention_bwd(dqkv, scratch, dout, qkv, att, B, T, NH, NH, C / NH, g_s);
+    fy_k_attention_fwd(out, lse, qkv, B, T, NH, NH, C / NH, &mask, g_s);
+    float *dqkv = dnewf(B * T * 3 * C), *delta = dnewf(B * NH * T);
+    fy_k_attention_bwd(dqkv, delta, dout, qkv, out, lse, B, T, NH, NH, C / NH, &mask, g_s);
     float *clean = dgetf(dqkv, B * T * 3 * C);
+    /* stale contents in dqkv and in the workspace delta */
     put(dqkv, hrand(&r, B * T * 3 * C, 100, 1000), B * T * 3 * C * sizeof(float));
-    put(scratch, hrand(&r, B * NH * T * T, 100, 1000), B * NH * T * T * sizeof(float));
-    fy_k_attention_bwd(dqkv, scratch, dout, qkv, att, B, T, NH, NH, C / NH, g_s);
+    put(delta, hrand(&r, B * NH * T, 100, 1000), B * NH * T * sizeof(float));
+    fy_k_attention_bwd(dqkv, delta, dout, qkv, out, lse, B, T, NH, NH, C / NH, &mask, g_s);
     expect_same_bits("attention dqkv over stale contents", dgetf(dqkv, B * T * 3 * C), clean,
                      B * T * 3 * C * sizeof(float));
 }
@@ -554,7 +580,7 @@ Test(kernel_fwd, encoder_and_residual_are_exact_sums) {
     put(dtok, tok, sizeof tok);
     float *wte = hrand(&r, V * C, -1, 1), *wpe = hrand(&r, T * C, -1, 1);
     float *out = dnewf(B * T * C);
-    fy_k_encoder_fwd(out, dtok, dputf(wte, V * C), dputf(wpe, T * C), B, T, C, V, g_s);
+    fy_k_encoder_fwd(out, dtok, dputf(wte, V * C), dputf(wpe, T * C), NULL, B, T, C, V, g_s);
     float *got = dgetf(out, B * T * C), *want = hnewf(B * T * C);
     for (int bt = 0; bt < B * T; bt++)
         for (int c = 0; c < C; c++) want[bt * C + c] = wte[tok[bt] * C + c] + wpe[(bt % T) * C + c];
@@ -618,11 +644,12 @@ Test(kernel_fwd, matmul_without_bias_matches_host_double) { check_matmul_fwd(fal
 Test(kernel_fwd, attention_matches_host_double) {
     enum { B = 2, T = 6, C = 16, NH = 2, hs = C / NH };
     rng r = {151};
+    const fy_attn mask = {.window = 0, .scale = 1.0f / sqrtf(hs), .docs = NULL};
     float *qkv = hrand(&r, B * T * 3 * C, -1.5f, 1.5f);
-    float *out = dnewf(B * T * C), *att = dnewf(B * NH * T * T);
-    put(att, hrand(&r, B * NH * T * T, 5, 6), B * NH * T * T * sizeof(float)); /* stale */
-    fy_k_attention_fwd(out, att, dputf(qkv, B * T * 3 * C), B, T, NH, NH, C / NH, g_s);
-    float *go = dgetf(out, B * T * C), *gp = dgetf(att, B * NH * T * T);
+    float *out = dnewf(B * T * C), *lse = dnewf(B * NH * T);
+    put(lse, hrand(&r, B * NH * T, 5, 6), B * NH * T * sizeof(float)); /* stale */
+    fy_k_attention_fwd(out, lse, dputf(qkv, B * T * 3 * C), B, T, NH, NH, C / NH, &mask, g_s);
+    float *go = dgetf(out, B * T * C), *gl = dgetf(lse, B * NH * T);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++)
             for (int t = 0; t < T; t++) {
@@ -636,21 +663,22 @@ Test(kernel_fwd, attention_matches_host_double) {
                     mx = fmax(mx, p[j]);
                 }
                 for (int j = 0; j <= t; j++) sum += (p[j] = exp(p[j] - mx));
-                const float *prow = gp + ((b * NH + h) * T + t) * T;
-                for (int j = 0; j < T; j++) {
-                    double want = j <= t ? p[j] / sum : 0.0;
-                    /* probabilities <= 1 after an fp32 dot of 8 terms, exp and a
-                     * normalisation: a few ulps of 1; 1e-6 */
-                    cr_expect(fabs(prow[j] - want) <= 1e-6, "att[%d,%d,%d,%d] %.9g vs %.9g",
-                              b, h, t, j, prow[j], want);
-                }
+                const double want_lse = mx + log(sum);
+                const float got_lse = gl[(b * NH + h) * T + t];
+                /* scores |s| <= 8 * 1.5^2 / sqrt(8) ~ 6.4 from an fp32 dot of 8 terms
+                 * scaled (<= ~9u relative each, <= 6e-6 absolute), an fp32 running max,
+                 * expf and a sum of <= 6 terms and one logf: a few 1e-7 beside the score
+                 * error (measured <= 1.5e-7); 1e-5 */
+                cr_expect(fabs(got_lse - want_lse) <= 1e-5, "lse[%d,%d,%d] %.9g vs %.9g", b,
+                          h, t, got_lse, want_lse);
                 for (int d = 0; d < hs; d++) {
                     double y = 0;
                     for (int j = 0; j <= t; j++)
                         y += p[j] / sum * qkv[(b * T + j) * 3 * C + 2 * C + h * hs + d];
                     float got = go[(b * T + t) * C + h * hs + d];
                     /* a convex combination of values <= 1.5 with probabilities off by
-                     * <= 1e-6 each: 1e-5 */
+                     * a few 1e-6 relative (the score errors above; measured <= 1.3e-7):
+                     * 1e-5 */
                     cr_expect(fabs(got - y) <= 1e-5, "out[%d,%d,%d] %.9g vs %.9g", b, t,
                               h * hs + d, got, y);
                 }
@@ -727,7 +755,7 @@ enum { KB = 2, KT = 7, KC = 16, KNH = 2, KV = 11, KN = KB * KT, KOC = 20 };
     X(mm_inp, KN * KC, 1) X(mm_w, KOC * KC, 1) X(mm_bias, KOC, 1) X(mm_dout, KN * KOC, 1) \
     X(mm_out, KN * KOC, 0) X(mm_dinp, KN * KC, 0) X(mm_dw, KOC * KC, 0) X(mm_dbias, KOC, 0) \
     X(qkv, KN * 3 * KC, 1) X(att_dout, KN * KC, 1) X(att_out, KN * KC, 0)                 \
-    X(att_p, KB * KNH * KT * KT, 0) X(dqkv, KN * 3 * KC, 0) X(att_scratch, KB * KNH * KT * KT, 2) \
+    X(att_lse, KB * KNH * KT, 0) X(dqkv, KN * 3 * KC, 0) X(att_delta, KB * KNH * KT, 2)    \
     X(gelu_inp, KN * 4 * KC, 1) X(gelu_dout, KN * 4 * KC, 1) X(gelu_out, KN * 4 * KC, 0)  \
     X(gelu_dinp, KN * 4 * KC, 0) X(res_out, KN * KC, 0)                                   \
     X(logits, KN * KV, 1) X(targets, KN, 1) X(losses, KN, 0) X(mean_out, 1, 0)
@@ -790,17 +818,18 @@ static void kset_run(float *const img[K_COUNT], float *base, size_t off, size_t 
         if (img[k]) fy_copy_async(g_s, t[k], img[k], kset_n[k] * sizeof(float), FY_H2D);
 #define T(name) t[K_##name]
     const int32_t *tok = (const int32_t *)T(tok), *tgt = (const int32_t *)T(targets);
-    fy_k_encoder_fwd(T(enc_out), tok, T(wte), T(wpe), KB, KT, KC, KV, g_s);
-    fy_k_encoder_bwd(T(dwte), T(dwpe), T(enc_dout), tok, KB, KT, KC, KV, g_s);
+    fy_k_encoder_fwd(T(enc_out), tok, T(wte), T(wpe), NULL, KB, KT, KC, KV, g_s);
+    fy_k_encoder_bwd(T(dwte), T(dwpe), T(enc_dout), tok, NULL, KB, KT, KC, KV, g_s);
     fy_k_layernorm_fwd(T(ln_out), T(ln_mean), T(ln_rstd), T(ln_inp), T(ln_w), T(ln_b), KN, KC, g_s);
     fy_k_layernorm_bwd(T(ln_dinp), T(ln_dw), T(ln_db), T(ln_dout), T(ln_inp), T(ln_w),
                        T(ln_mean), T(ln_rstd), KN, KC, g_s);
     fy_k_matmul_fwd(T(mm_out), T(mm_inp), T(mm_w), T(mm_bias), KN, KC, KOC, g_s);
     fy_k_matmul_bwd(T(mm_dinp), T(mm_dw), T(mm_dbias), T(mm_dout), T(mm_inp), T(mm_w), KN, KC,
                     KOC, g_s);
-    fy_k_attention_fwd(T(att_out), T(att_p), T(qkv), KB, KT, KNH, KNH, KC / KNH, g_s);
-    fy_k_attention_bwd(T(dqkv), T(att_scratch), T(att_dout), T(qkv), T(att_p), KB, KT, KNH, KNH, KC / KNH,
-                       g_s);
+    const fy_attn mask = {.window = 0, .scale = 1.0f / sqrtf(KC / KNH), .docs = NULL};
+    fy_k_attention_fwd(T(att_out), T(att_lse), T(qkv), KB, KT, KNH, KNH, KC / KNH, &mask, g_s);
+    fy_k_attention_bwd(T(dqkv), T(att_delta), T(att_dout), T(qkv), T(att_out), T(att_lse), KB, KT,
+                       KNH, KNH, KC / KNH, &mask, g_s);
     fy_k_gelu_fwd(T(gelu_out), T(gelu_inp), KN * 4 * KC, g_s);
     fy_k_gelu_bwd(T(gelu_dinp), T(gelu_inp), T(gelu_dout), KN * 4 * KC, g_s);
     fy_k_residual_fwd(T(res_out), T(att_out), T(ln_out), KN * KC, g_s);
@@ -1137,17 +1166,24 @@ Test(bf16_storage, matmul_layernorm_gelu_residual_round_the_fp32_results) {
 Test(bf16_storage, attention_encoder_crossentropy_sumsq_round_the_fp32_results) {
     rng r = {0x5eed16};
     const int B = 2, T = 9, C = 16, NH = 4, V = 50;
+    const fy_attn mask = {.window = 0, .scale = 0.5f, .docs = NULL};
     bpair qkv = bpair_new(&r, B * T * 3 * C, -2, 2), y = bpair_new(&r, B * T * C, 0, 0);
-    bpair att = bpair_new(&r, B * NH * T * T, 0, 0), dy = bpair_new(&r, B * T * C, -1, 1);
-    bpair dqkv = bpair_new(&r, B * T * 3 * C, 0, 0), scr = bpair_new(&r, B * NH * T * T, 0, 0);
-    fy_k_attention_fwd(y.d32, att.d32, qkv.d32, B, T, NH, NH, C / NH, g_s);
-    fy_k_attention_fwd(y.d16, att.d16, qkv.d16, B, T, NH, NH, C / NH, g_s16);
+    bpair dy = bpair_new(&r, B * T * C, -1, 1), dqkv = bpair_new(&r, B * T * 3 * C, 0, 0);
+    float *lse32 = dnewf(B * NH * T), *lse16 = dnewf(B * NH * T);
+    float *delta32 = dnewf(B * NH * T), *delta16 = dnewf(B * NH * T);
+    fy_k_attention_fwd(y.d32, lse32, qkv.d32, B, T, NH, NH, C / NH, &mask, g_s);
+    fy_k_attention_fwd(y.d16, lse16, qkv.d16, B, T, NH, NH, C / NH, &mask, g_s16);
     bpair_expect_rounded(&y, "attention out");
-    bpair_expect_rounded(&att, "attention probabilities");
-    bpair_resync(&att); /* backward from the same (rounded) probabilities on both sides */
-    fy_k_attention_bwd(dqkv.d32, scr.d32, dy.d32, qkv.d32, att.d32, B, T, NH, NH, C / NH, g_s);
-    fy_k_attention_bwd(dqkv.d16, scr.d16, dy.d16, qkv.d16, att.d16, B, T, NH, NH, C / NH, g_s16);
+    cr_expect_arr_eq(dgetf(lse16, B * NH * T), dgetf(lse32, B * NH * T),
+                     B * NH * T * sizeof(float), "attention lse stays fp32");
+    bpair_resync(&y); /* backward from the same (rounded) output on both sides */
+    fy_k_attention_bwd(dqkv.d32, delta32, dy.d32, qkv.d32, y.d32, lse32, B, T, NH, NH, C / NH,
+                       &mask, g_s);
+    fy_k_attention_bwd(dqkv.d16, delta16, dy.d16, qkv.d16, y.d16, lse16, B, T, NH, NH, C / NH,
+                       &mask, g_s16);
     bpair_expect_rounded(&dqkv, "attention dqkv");
+    cr_expect_arr_eq(dgetf(delta16, B * NH * T), dgetf(delta32, B * NH * T),
+                     B * NH * T * sizeof(float), "attention delta stays fp32");
 
     int32_t tok[2 * 9];
     for (int i = 0; i < B * T; i++) tok[i] = rng_int(&r, V);
@@ -1155,11 +1191,11 @@ Test(bf16_storage, attention_encoder_crossentropy_sumsq_round_the_fp32_results) 
     put(dtok, tok, sizeof tok);
     bpair wte = bpair_new(&r, V * C, -1, 1), wpe = bpair_new(&r, T * C, -1, 1);
     bpair x0 = bpair_new(&r, B * T * C, 0, 0);
-    fy_k_encoder_fwd(x0.d32, dtok, wte.d32, wpe.d32, B, T, C, V, g_s);
-    fy_k_encoder_fwd(x0.d16, dtok, wte.d16, wpe.d16, B, T, C, V, g_s16);
+    fy_k_encoder_fwd(x0.d32, dtok, wte.d32, wpe.d32, NULL, B, T, C, V, g_s);
+    fy_k_encoder_fwd(x0.d16, dtok, wte.d16, wpe.d16, NULL, B, T, C, V, g_s16);
     bpair_expect_rounded(&x0, "encoder out");
-    fy_k_encoder_bwd(wte.d32, wpe.d32, dy.d32, dtok, B, T, C, V, g_s);
-    fy_k_encoder_bwd(wte.d16, wpe.d16, dy.d16, dtok, B, T, C, V, g_s16);
+    fy_k_encoder_bwd(wte.d32, wpe.d32, dy.d32, dtok, NULL, B, T, C, V, g_s);
+    fy_k_encoder_bwd(wte.d16, wpe.d16, dy.d16, dtok, NULL, B, T, C, V, g_s16);
     bpair_expect_rounded(&wte, "encoder dwte (accumulated)");
     bpair_expect_rounded(&wpe, "encoder dwpe (accumulated)");
 
@@ -1203,8 +1239,10 @@ static const op_case op_cases[] = {
     {FY_OP_ADD_F32, {37}, {0}},
     {FY_OP_RMSNORM_FWD, {10, 8}, {1e-5f}},
     {FY_OP_RMSNORM_BWD, {10, 8}, {0}},
-    {FY_OP_ATTENTION_FWD, {2, 5, 4, 2, 4}, {0}}, /* grouped: 4 query heads, 2 key/value */
-    {FY_OP_ATTENTION_BWD, {2, 5, 4, 2, 4}, {0}},
+    {FY_OP_ATTENTION_FWD, {2, 5, 4, 2, 4, 0}, {0.5f}}, /* grouped: 4 query heads, 2 key/value */
+    {FY_OP_ATTENTION_BWD, {2, 5, 4, 2, 4, 0}, {0.5f}},
+    {FY_OP_ATTENTION_FWD, {2, 70, 4, 2, 4, 9}, {0.5f}}, /* a window, two query tiles */
+    {FY_OP_ATTENTION_BWD, {2, 70, 4, 2, 4, 9}, {0.5f}},
     {FY_OP_ROPE, {2, 5, 4, 2, 4, 0, FY_ROPE_LLAMA3}, {500000.0f, 8.0f, 1.0f, 4.0f, 8.0f}},
     {FY_OP_SWIGLU_FWD, {10, 6}, {0}},
     {FY_OP_SWIGLU_BWD, {10, 6}, {0}},
@@ -1257,7 +1295,18 @@ static void check_op_case(const op_case *c) {
         for (int run = 0; run < 2; run++) {
             fy_dtype t = fy_op_arg_dtype(&ops[run], k);
             void *buf = dnew((len ? len : 1) * elem_size(t, a->type));
-            if (a->type == FY_ARG_I32) {
+            if (a->type == FY_ARG_I32 && !strcmp(a->name, "docs")) {
+                /* document starts (kernels.h), (B,T) with T = i[1]: a new document at
+                 * t = 0 and then at one position in four */
+                int32_t *docs = hnew(len * 4 + 4);
+                rng ri = {7 + (uint64_t)k};
+                const int T = (int)c->i[1];
+                for (size_t e = 0; e < len; e++) {
+                    const int t = (int)(e % (size_t)T);
+                    docs[e] = t == 0 || rng_int(&ri, 4) == 0 ? t : docs[e - 1];
+                }
+                put(buf, docs, len * 4);
+            } else if (a->type == FY_ARG_I32) {
                 int32_t *ids = hnew(len * 4 + 4);
                 rng ri = {7 + (uint64_t)k};
                 for (size_t e = 0; e < len; e++) ids[e] = (int32_t)(rng_u64(&ri) % (uint64_t)id_bound(c));

@@ -149,7 +149,7 @@ static void check_rope_host(const fy_rope *rp, const char *what) {
     memcpy(want, x, sizeof(float) * B * T * W);
     host_rope(want, B, T, NH, NKV, hd, rp);
     float *d = dputf(x, B * T * W);
-    fy_k_rope(d, B, T, NH, NKV, hd, false, rp, g_s);
+    fy_k_rope(d, NULL, B, T, NH, NKV, hd, false, rp, g_s);
     float *got = dgetf(d, B * T * W);
     size_t bad = 0, first = 0;
     for (size_t i = 0; i < (size_t)B * T * W; i++) {
@@ -203,7 +203,7 @@ typedef struct rope_ctx {
 static double rope_obj(void *p) {
     rope_ctx *c = p;
     fy_copy_async(g_s, c->y, c->x, c->n * sizeof(float), FY_D2D);
-    fy_k_rope(c->y, c->B, c->T, c->NH, c->NKV, c->hd, false, &rope_llama3, g_s);
+    fy_k_rope(c->y, NULL, c->B, c->T, c->NH, c->NKV, c->hd, false, &rope_llama3, g_s);
     return dot_dev(c->y, c->R, c->tmp, c->n);
 }
 
@@ -215,13 +215,13 @@ Test(llama_kernels, rope_inverse_is_the_backward_and_undoes_the_forward) {
     rope_ctx c = {.x = dputf(x, n), .y = dnewf(n), .R = R, .tmp = hnewf(n), .B = B, .T = T,
                   .NH = NH, .NKV = NKV, .hd = hd, .n = n};
     float *g = dputf(R, n);
-    fy_k_rope(g, B, T, NH, NKV, hd, true, &rope_llama3, g_s);
+    fy_k_rope(g, NULL, B, T, NH, NKV, hd, true, &rope_llama3, g_s);
     /* Linear in x: exact for any h up to the rounding of the outputs (~u each, two per
      * coordinate) over 2h = 1. */
     expect_fd(rope_obj, &c, &(fd_check){"rope dx", c.x, n, dgetf(g, n), 0.5f, 1000, 1e-5});
     float *y = dputf(x, n);
-    fy_k_rope(y, B, T, NH, NKV, hd, false, &rope_llama3, g_s);
-    fy_k_rope(y, B, T, NH, NKV, hd, true, &rope_llama3, g_s);
+    fy_k_rope(y, NULL, B, T, NH, NKV, hd, false, &rope_llama3, g_s);
+    fy_k_rope(y, NULL, B, T, NH, NKV, hd, true, &rope_llama3, g_s);
     float *back = dgetf(y, n);
     double worst = 0;
     for (int i = 0; i < n; i++) worst = fmax(worst, fabs(back[i] - x[i]));
@@ -231,15 +231,17 @@ Test(llama_kernels, rope_inverse_is_the_backward_and_undoes_the_forward) {
 
 /* ---- grouped-query attention -------------------------------------------------------- */
 
+/* The objective reads out only (lse is the backward's input). */
 typedef struct gqa_ctx {
-    float *out, *att, *qkv;
+    float *out, *lse, *qkv;
     const float *R;
     float *tmp;
     int B, T, NH, NKV, hd;
+    fy_attn mask;
 } gqa_ctx;
 static double gqa_obj(void *p) {
     gqa_ctx *c = p;
-    fy_k_attention_fwd(c->out, c->att, c->qkv, c->B, c->T, c->NH, c->NKV, c->hd, g_s);
+    fy_k_attention_fwd(c->out, c->lse, c->qkv, c->B, c->T, c->NH, c->NKV, c->hd, &c->mask, g_s);
     return dot_dev(c->out, c->R, c->tmp, (size_t)c->B * c->T * c->NH * c->hd);
 }
 
@@ -248,12 +250,14 @@ static void check_gqa_fd(int NKV, uint64_t seed) {
     const int W = (NH + 2 * NKV) * hd, nq = B * T * W, nout = B * T * NH * hd;
     rng r = {seed};
     float *R = hrand(&r, nout, -1, 1);
-    gqa_ctx c = {.out = dnewf(nout), .att = dnewf(B * NH * T * T),
+    gqa_ctx c = {.out = dnewf(nout), .lse = dnewf(B * NH * T),
                  .qkv = dputf(hrand(&r, nq, -1.5f, 1.5f), nq), .R = R, .tmp = hnewf(nout),
-                 .B = B, .T = T, .NH = NH, .NKV = NKV, .hd = hd};
+                 .B = B, .T = T, .NH = NH, .NKV = NKV, .hd = hd,
+                 .mask = {.window = 0, .scale = 0.5f, .docs = NULL}};
     gqa_obj(&c);
-    float *dqkv = dnewf(nq), *scratch = dnewf(B * NH * T * T);
-    fy_k_attention_bwd(dqkv, scratch, dputf(R, nout), c.qkv, c.att, B, T, NH, NKV, hd, g_s);
+    float *dqkv = dnewf(nq), *delta = dnewf(B * NH * T);
+    fy_k_attention_bwd(dqkv, delta, dputf(R, nout), c.qkv, c.out, c.lse, B, T, NH, NKV, hd,
+                       &c.mask, g_s);
     /* As GPT-2's attention (test_device.c): h = 5e-3 on inputs ~1, a coordinate of a
      * shared key or value head moves NH/NKV heads' outputs, so rounding grows by up to
      * sqrt(4); measured ~5e-5. tol 1e-3. */
@@ -285,16 +289,20 @@ Test(llama_kernels, grouped_query_attention_is_repeated_kv) {
                 mrow[2 * NH * hd + h * hd + d] = row[(NH + NKV) * hd + (h / G) * hd + d];
             }
     float *dg = dputf(g, B * T * Wg), *dm = dputf(m, B * T * Wm);
-    float *og = dnewf(nout), *om = dnewf(nout), *ag = dnewf(B * NH * T * T), *am = dnewf(B * NH * T * T);
-    fy_k_attention_fwd(og, ag, dg, B, T, NH, NKV, hd, g_s);
-    fy_k_attention_fwd(om, am, dm, B, T, NH, NH, hd, g_s);
+    const fy_attn mask = {.window = 0, .scale = 1.0f / sqrtf(hd), .docs = NULL};
+    float *og = dnewf(nout), *om = dnewf(nout), *lg = dnewf(B * NH * T), *lm = dnewf(B * NH * T);
+    fy_k_attention_fwd(og, lg, dg, B, T, NH, NKV, hd, &mask, g_s);
+    fy_k_attention_fwd(om, lm, dm, B, T, NH, NH, hd, &mask, g_s);
     float *hog = dgetf(og, nout), *hom = dgetf(om, nout);
     for (int i = 0; i < nout; i++) /* the same products in the same order */
         cr_expect(fabs(hog[i] - hom[i]) <= 1e-6, "out[%d] %.9g vs %.9g", i, hog[i], hom[i]);
+    float *hlg = dgetf(lg, B * NH * T), *hlm = dgetf(lm, B * NH * T);
+    for (int i = 0; i < B * NH * T; i++) /* likewise: a few ulps of |lse| <= ~5 */
+        cr_expect(fabs(hlg[i] - hlm[i]) <= 1e-6, "lse[%d] %.9g vs %.9g", i, hlg[i], hlm[i]);
     float *dy = dputf(hrand(&r, nout, -1, 1), nout);
-    float *gg = dnewf(B * T * Wg), *gm = dnewf(B * T * Wm), *sc = dnewf(B * NH * T * T);
-    fy_k_attention_bwd(gg, sc, dy, dg, ag, B, T, NH, NKV, hd, g_s);
-    fy_k_attention_bwd(gm, sc, dy, dm, am, B, T, NH, NH, hd, g_s);
+    float *gg = dnewf(B * T * Wg), *gm = dnewf(B * T * Wm), *delta = dnewf(B * NH * T);
+    fy_k_attention_bwd(gg, delta, dy, dg, og, lg, B, T, NH, NKV, hd, &mask, g_s);
+    fy_k_attention_bwd(gm, delta, dy, dm, om, lm, B, T, NH, NH, hd, &mask, g_s);
     float *hgg = dgetf(gg, B * T * Wg), *hgm = dgetf(gm, B * T * Wm);
     double worst = 0;
     for (int bt = 0; bt < B * T; bt++)
@@ -364,7 +372,7 @@ typedef struct emb_ctx {
 } emb_ctx;
 static double emb_obj(void *p) {
     emb_ctx *c = p;
-    fy_k_encoder_fwd(c->out, c->tok, c->wte, NULL, c->B, c->T, c->C, c->V, g_s);
+    fy_k_encoder_fwd(c->out, c->tok, c->wte, NULL, NULL, c->B, c->T, c->C, c->V, g_s);
     return dot_dev(c->out, c->R, c->tmp, (size_t)c->B * c->T * c->C);
 }
 
@@ -387,9 +395,9 @@ Test(llama_kernels, embedding_without_positions_is_a_lookup) {
     float *dwte = dnewf(V * C), *base = hrand(&r, V * C, -1, 1);
     put(dwte, base, V * C * sizeof(float));
     float *dR = dputf(R, B * T * C);
-    fy_k_encoder_bwd(dwte, NULL, dR, c.tok, B, T, C, V, g_s);
+    fy_k_encoder_bwd(dwte, NULL, dR, c.tok, NULL, B, T, C, V, g_s);
     float *zero = dnewf(V * C);
-    fy_k_encoder_bwd(zero, NULL, dR, c.tok, B, T, C, V, g_s);
+    fy_k_encoder_bwd(zero, NULL, dR, c.tok, NULL, B, T, C, V, g_s);
     expect_accumulated("embedding dwte", dgetf(dwte, V * C), base, dgetf(zero, V * C), V * C);
     /* linear: exact up to the rounding of out over 2h = 1 */
     expect_fd(emb_obj, &c, &(fd_check){"embedding dwte", c.wte, V * C, dgetf(zero, V * C), 0.5f,
