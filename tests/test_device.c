@@ -388,8 +388,9 @@ static void layer_fix_init(layer_fix *f, uint64_t seed) {
     fy_gpt2_layer_acts_bind(&f->cfg, f->B, f->T, FY_F32,
                             dnew(fy_gpt2_layer_acts_nbytes(&f->cfg, f->B, f->T, FY_F32)), &f->a);
     f->a.out = dnewf(f->NC); /* the output is bound apart from the other activations */
-    fy_gpt2_layer_work_bind(&f->cfg, f->B, f->T, FY_F32,
-                            dnew(fy_gpt2_layer_work_nbytes(&f->cfg, f->B, f->T, FY_F32)), &f->wk);
+    /* sequence chunks of 4 of the 10 positions (4, 4, 2): the passes' chunked loops */
+    fy_gpt2_layer_work_bind(&f->cfg, f->B, f->T, 4, FY_F32,
+                            dnew(fy_gpt2_layer_work_nbytes(&f->cfg, f->B, f->T, 4, FY_F32)), &f->wk);
     f->dx = dnewf(f->NC);
     f->x_in = dputf(hrand(&r, f->NC, -1.5f, 1.5f), f->NC);
     f->R = hrand(&r, f->NC, -1, 1);

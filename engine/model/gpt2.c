@@ -89,8 +89,9 @@ void fy_gpt2_head_view(const fy_block_spec *blk, fy_dtype dt, const void *base, 
 size_t fy_gpt2_layer_acts_nbytes(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt) {
     DIMS; size_t total = 0; FY_GPT2_LAYER_ACTS(FY_ACT_SIZE) return total;
 }
-size_t fy_gpt2_layer_work_nbytes(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt) {
-    DIMS; size_t total = 0; FY_GPT2_LAYER_WORK(FY_ACT_SIZE) return total;
+size_t fy_gpt2_layer_work_nbytes(const fy_gpt2_config *cfg, int B, int T, int chunk, fy_dtype dt) {
+    DIMS; const size_t Nc = N < (size_t)chunk ? N : (size_t)chunk;
+    size_t total = 0; FY_GPT2_LAYER_WORK(FY_ACT_SIZE) return total;
 }
 size_t fy_gpt2_head_acts_nbytes(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt) {
     DIMS; size_t total = 0; FY_GPT2_HEAD_ACTS(FY_ACT_SIZE) return total;
@@ -105,9 +106,11 @@ void fy_gpt2_layer_acts_bind(const fy_gpt2_config *cfg, int B, int T, fy_dtype d
                              fy_gpt2_layer_acts *out) {
     DIMS; size_t off = 0; FY_GPT2_LAYER_ACTS(FY_ACT_BIND)
 }
-void fy_gpt2_layer_work_bind(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt, void *base,
+void fy_gpt2_layer_work_bind(const fy_gpt2_config *cfg, int B, int T, int chunk, fy_dtype dt, void *base,
                              fy_gpt2_layer_work *out) {
-    DIMS; size_t off = 0; FY_GPT2_LAYER_WORK(FY_ACT_BIND)
+    DIMS; const size_t Nc = N < (size_t)chunk ? N : (size_t)chunk;
+    size_t off = 0; FY_GPT2_LAYER_WORK(FY_ACT_BIND)
+    out->rows = (int)Nc;
 }
 void fy_gpt2_head_acts_bind(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt, void *base,
                             fy_gpt2_head_acts *out) {
@@ -120,6 +123,9 @@ void fy_gpt2_head_work_bind(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt
 
 /* ---- forward ---------------------------------------------------------------------- */
 
+/* Rows [r, ...) of a row-major tensor of `width` es-byte elements a row. */
+#define ROWS(x, r, width) ((float *)((char *)(x) + (size_t)(r) * (size_t)(width) * es))
+
 void fy_gpt2_embed_fwd(const fy_gpt2_config *cfg, const fy_gpt2_embed_w *w,
                        const int32_t *tokens, const int32_t *docs, float *x0, int B, int T,
                        fy_stream *s) {
@@ -129,19 +135,26 @@ void fy_gpt2_embed_fwd(const fy_gpt2_config *cfg, const fy_gpt2_embed_w *w,
 void fy_gpt2_layer_fwd(const fy_gpt2_config *cfg, const fy_gpt2_layer_w *w,
                        fy_gpt2_layer_acts *a, const float *x_in, fy_gpt2_layer_work *wk,
                        const int32_t *docs, int B, int T, fy_stream *s) {
-    const int C = cfg->channels, NH = cfg->heads, N = B * T;
+    const int C = cfg->channels, NH = cfg->heads, N = B * T, Nc = wk->rows;
     const fy_attn at = {.scale = 1.0f / sqrtf((float)(C / NH)), .docs = docs};
-    const size_t NC = (size_t)N * C;
+    const size_t NC = (size_t)N * C, es = fy_dtype_size(fy_stream_dtype(s));
     fy_k_layernorm_fwd(a->ln1, a->ln1_mean, a->ln1_rstd, x_in, w->ln1w, w->ln1b, N, C, s);
     fy_k_matmul_fwd(a->qkv, a->ln1, w->qkvw, w->qkvb, N, C, 3 * C, s);
     fy_k_attention_fwd(a->atty, a->lse, a->qkv, B, T, NH, NH, C / NH, &at, s);
-    fy_k_matmul_fwd(wk->proj, a->atty, w->attprojw, w->attprojb, N, C, C, s);
-    fy_k_residual_fwd(a->res2, x_in, wk->proj, NC, s);
+    for (int r = 0; r < N; r += Nc) { /* the projections by sequence chunks (wk->proj) */
+        const int n = N - r < Nc ? N - r : Nc;
+        fy_k_matmul_fwd(wk->proj, ROWS(a->atty, r, C), w->attprojw, w->attprojb, n, C, C, s);
+        fy_k_residual_fwd(ROWS(a->res2, r, C), ROWS(x_in, r, C), wk->proj, (size_t)n * C, s);
+    }
     fy_k_layernorm_fwd(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2w, w->ln2b, N, C, s);
     fy_k_matmul_fwd(a->fch, a->ln2, w->fcw, w->fcb, N, C, 4 * C, s);
     fy_k_gelu_fwd(a->fch_gelu, a->fch, NC * 4, s);
-    fy_k_matmul_fwd(wk->proj, a->fch_gelu, w->fcprojw, w->fcprojb, N, 4 * C, C, s);
-    fy_k_residual_fwd(a->out, a->res2, wk->proj, NC, s);
+    for (int r = 0; r < N; r += Nc) {
+        const int n = N - r < Nc ? N - r : Nc;
+        fy_k_matmul_fwd(wk->proj, ROWS(a->fch_gelu, r, 4 * C), w->fcprojw, w->fcprojb, n, 4 * C,
+                        C, s);
+        fy_k_residual_fwd(ROWS(a->out, r, C), ROWS(a->res2, r, C), wk->proj, (size_t)n * C, s);
+    }
 }
 
 static fy_lm_chunks head_chunks(const fy_gpt2_config *cfg, int N, fy_stream *s) {
@@ -185,23 +198,32 @@ void fy_gpt2_layer_bwd(const fy_gpt2_config *cfg, const fy_gpt2_layer_w *w,
                        fy_gpt2_layer_w *g, const fy_gpt2_layer_acts *a, const float *x_in,
                        fy_gpt2_layer_work *wk, float *dx, const int32_t *docs, int B, int T,
                        fy_stream *s) {
-    const int C = cfg->channels, NH = cfg->heads, N = B * T;
+    const int C = cfg->channels, NH = cfg->heads, N = B * T, Nc = wk->rows;
+    const size_t es = fy_dtype_size(fy_stream_dtype(s));
     const fy_attn at = {.scale = 1.0f / sqrtf((float)(C / NH)), .docs = docs};
-    /* MLP: out = res2 + fcproj(gelu(fc(ln2(res2)))) */
-    fy_k_matmul_bwd(wk->dfch_gelu, g->fcprojw, g->fcprojb, dx, a->fch_gelu, w->fcprojw,
-                    N, 4 * C, C, s);
-    fy_k_gelu_bwd(wk->dfch, a->fch, wk->dfch_gelu, (size_t)N * 4 * C, s);
-    fy_k_matmul_bwd(wk->dln, g->fcw, g->fcb, wk->dfch, a->ln2, w->fcw, N, C, 4 * C, s);
-    fy_k_layernorm_bwd(dx, g->ln2w, g->ln2b, wk->dln, a->res2, w->ln2w, a->ln2_mean,
-                       a->ln2_rstd, N, C, s);
+    /* MLP: out = res2 + fcproj(gelu(fc(ln2(res2)))), by sequence chunks, last first */
+    for (int r = (N - 1) / Nc * Nc; r >= 0; r -= Nc) {
+        const int n = N - r < Nc ? N - r : Nc;
+        fy_k_matmul_bwd(wk->dfch_gelu, g->fcprojw, g->fcprojb, ROWS(dx, r, C),
+                        ROWS(a->fch_gelu, r, 4 * C), w->fcprojw, n, 4 * C, C, s);
+        fy_k_gelu_bwd(wk->dfch, ROWS(a->fch, r, 4 * C), wk->dfch_gelu, (size_t)n * 4 * C, s);
+        fy_k_matmul_bwd(wk->dln, g->fcw, g->fcb, wk->dfch, ROWS(a->ln2, r, C), w->fcw, n, C,
+                        4 * C, s);
+        fy_k_layernorm_bwd(ROWS(dx, r, C), g->ln2w, g->ln2b, wk->dln, ROWS(a->res2, r, C),
+                           w->ln2w, a->ln2_mean + r, a->ln2_rstd + r, n, C, s);
+    }
     /* attention: res2 = x_in + attproj(attn(qkv(ln1(x_in)))) */
     fy_k_matmul_bwd(wk->datty, g->attprojw, g->attprojb, dx, a->atty, w->attprojw,
                     N, C, C, s);
     fy_k_attention_bwd(wk->dqkv, wk->delta, wk->datty, a->qkv, a->atty, a->lse, B, T, NH, NH,
                        C / NH, &at, s);
-    fy_k_matmul_bwd(wk->dln, g->qkvw, g->qkvb, wk->dqkv, a->ln1, w->qkvw, N, C, 3 * C, s);
-    fy_k_layernorm_bwd(dx, g->ln1w, g->ln1b, wk->dln, x_in, w->ln1w, a->ln1_mean,
-                       a->ln1_rstd, N, C, s);
+    for (int r = (N - 1) / Nc * Nc; r >= 0; r -= Nc) {
+        const int n = N - r < Nc ? N - r : Nc;
+        fy_k_matmul_bwd(wk->dln, g->qkvw, g->qkvb, ROWS(wk->dqkv, r, 3 * C), ROWS(a->ln1, r, C),
+                        w->qkvw, n, C, 3 * C, s);
+        fy_k_layernorm_bwd(ROWS(dx, r, C), g->ln1w, g->ln1b, wk->dln, ROWS(x_in, r, C), w->ln1w,
+                           a->ln1_mean + r, a->ln1_rstd + r, n, C, s);
+    }
 }
 
 void fy_gpt2_embed_bwd(const fy_gpt2_config *cfg, fy_gpt2_embed_w *g, const int32_t *tokens,
@@ -259,7 +281,7 @@ static void acts(const fy_model *m, int b, int B, int T, fy_dtype dt, bool train
     case FY_BLOCK_LAYER:
         out->out = NC;
         out->saved = fy_gpt2_layer_acts_nbytes(cfg, B, T, dt);
-        out->work = fy_gpt2_layer_work_nbytes(cfg, B, T, dt);
+        out->work = fy_gpt2_layer_work_nbytes(cfg, B, T, m->chunk, dt);
         break;
     case FY_BLOCK_HEAD:
         out->saved = fy_gpt2_head_acts_nbytes(cfg, B, T, dt);
@@ -286,7 +308,7 @@ static void forward(const fy_model *m, int b, const fy_block_io *io, fy_stream *
     fy_gpt2_layer_view(blk, dt, io->params, &w);
     fy_gpt2_layer_acts_bind(cfg, io->B, io->T, dt, io->saved, &a);
     a.out = io->out;
-    fy_gpt2_layer_work_bind(cfg, io->B, io->T, dt, io->work, &wk);
+    fy_gpt2_layer_work_bind(cfg, io->B, io->T, m->chunk, dt, io->work, &wk);
     fy_gpt2_layer_fwd(cfg, &w, &a, io->in, &wk, io->docs, io->B, io->T, s);
 }
 
@@ -307,7 +329,7 @@ static void backward(const fy_model *m, int b, const fy_block_io *io, fy_stream 
     fy_gpt2_layer_view(blk, dt, io->grads, &g);
     fy_gpt2_layer_acts_bind(cfg, io->B, io->T, dt, io->saved, &a);
     a.out = io->out;
-    fy_gpt2_layer_work_bind(cfg, io->B, io->T, dt, io->work, &wk);
+    fy_gpt2_layer_work_bind(cfg, io->B, io->T, m->chunk, dt, io->work, &wk);
     fy_gpt2_layer_bwd(cfg, &w, &g, &a, io->in, &wk, io->dx, io->docs, io->B, io->T, s);
 }
 
@@ -335,22 +357,25 @@ static void loss(const fy_model *m, int b, const fy_block_io *io, fy_stream *s) 
 }
 
 /* Matmul FLOPs at the effective throughput plus memory traffic: a layer's forward is
- * 2*N*P for its weights plus 4*B*T^2*C for attention, and moves its parameters once and
- * ~20 activations of N*C; backward twice the FLOPs, six passes over the parameters and
+ * 2*N*P for its weights plus 4*B*C per attended (query, key) pair (two products of hd per
+ * head: the scores and the values; causal, about T^2/2 pairs, model_impl.h), and moves its
+ * parameters once and ~20 activations of N*C; backward twice the weights' FLOPs and 2.5
+ * times the attention's (the scores rebuilt, dP, dV, dQ, dK), six passes over the parameters and
  * ~40 activations; the embedding moves 3 activations either way; the head's classifier
  * is 6*N*C*V FLOPs (forward and both backward products) over 4 passes of the logits. */
 static void cost(const fy_model *m, int b, fy_pass pass, int B, int T, double es, fy_cost *out) {
     const fy_gpt2_config *cfg = fy_gpt2_config_of(m);
     const fy_block_spec *blk = &m->blocks[b];
     const double N = (double)B * T, C = cfg->channels, V = cfg->vocab, P = (double)blk->nelem;
-    const double fwd_flops = 2.0 * N * P + 4.0 * B * (double)T * T * C;
+    const double att = 4.0 * B * C * fy_attn_pairs(T, 0);
+    const double fwd_flops = 2.0 * N * P + att;
     if (blk->kind == FY_BLOCK_EMBED) {
         out->bytes = 3.0 * N * C * es;
     } else if (blk->kind == FY_BLOCK_HEAD) {
         out->flops = 6.0 * N * C * V;
         out->bytes = 4.0 * N * V * es;
     } else if (pass == FY_PASS_BWD) {
-        out->flops = 2.0 * fwd_flops;
+        out->flops = 2.0 * (fwd_flops - att) + 2.5 * att;
         out->bytes = 6.0 * es * P + 40.0 * N * C * es;
     } else {
         out->flops = fwd_flops;

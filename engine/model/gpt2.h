@@ -132,16 +132,21 @@ typedef struct fy_gpt2_layer_acts {
 } fy_gpt2_layer_acts;
 
 /* A layer's transient workspace: the projections' output in forward, the activation
- * gradients inside its backward. */
+ * gradients inside its backward. The position-wise work runs by sequence chunks of Nc rows
+ * (model.h: fy_model_chunk; `rows` below), so those buffers hold a chunk; the attention's
+ * gradients hold every row. */
 #define FY_GPT2_LAYER_WORK(X)             \
-    X(proj, (size_t)N * C, S)              \
-    X(dln, (size_t)N * C, S)               \
+    X(proj, (size_t)Nc * C, S)             \
+    X(dln, (size_t)Nc * C, S)              \
     X(datty, (size_t)N * C, S)             \
     X(dqkv, (size_t)N * 3 * C, S)          \
-    X(dfch, (size_t)N * 4 * C, S)          \
-    X(dfch_gelu, (size_t)N * 4 * C, S)     \
+    X(dfch, (size_t)Nc * 4 * C, S)         \
+    X(dfch_gelu, (size_t)Nc * 4 * C, S)    \
     X(delta, (size_t)B * NH * T, F)
-typedef struct fy_gpt2_layer_work { FY_GPT2_LAYER_WORK(FY_GPT2_ACT_FIELD) } fy_gpt2_layer_work;
+typedef struct fy_gpt2_layer_work {
+    FY_GPT2_LAYER_WORK(FY_GPT2_ACT_FIELD)
+    int rows; /* Nc: the rows of a chunk, set by the bind */
+} fy_gpt2_layer_work;
 
 /* The classifier's vocabulary chunks for N positions in es-byte storage (lm_head.h):
  * the tied wte is read whole, so only the logits bound them. */
@@ -175,13 +180,14 @@ typedef struct fy_gpt2_head_work { FY_GPT2_HEAD_WORK(FY_GPT2_ACT_FIELD) } fy_gpt
  * binding the fields to consecutive pieces of a buffer of that size (a layer's `out` is
  * left alone). The head's work is its training workspace. */
 size_t fy_gpt2_layer_acts_nbytes(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt);
-size_t fy_gpt2_layer_work_nbytes(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt);
+/* chunk: the positions of a sequence chunk (fy_model_chunk) */
+size_t fy_gpt2_layer_work_nbytes(const fy_gpt2_config *cfg, int B, int T, int chunk, fy_dtype dt);
 size_t fy_gpt2_head_acts_nbytes(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt);
 size_t fy_gpt2_head_work_nbytes(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt);
 size_t fy_gpt2_head_work_eval_nbytes(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt);
 void fy_gpt2_layer_acts_bind(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt, void *base,
                              fy_gpt2_layer_acts *out);
-void fy_gpt2_layer_work_bind(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt, void *base,
+void fy_gpt2_layer_work_bind(const fy_gpt2_config *cfg, int B, int T, int chunk, fy_dtype dt, void *base,
                              fy_gpt2_layer_work *out);
 void fy_gpt2_head_acts_bind(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt, void *base,
                             fy_gpt2_head_acts *out);

@@ -452,15 +452,17 @@ static void init_block(const fy_model *m, int b, uint64_t seed, float *host) {
     }
 }
 
-/* As GPT-2's (gpt2.c): a layer's forward is 2*N*P for its weights plus 4*B*T^2*NH*hd for
- * attention and moves its parameters once and its saved activations about twice;
- * backward twice the FLOPs, six passes over the parameters and twice the traffic; the
+/* As GPT-2's (gpt2.c): a layer's forward is 2*N*P for its weights plus 4*B*NH*hd per
+ * attended (query, key) pair (windowed: fewer) and moves its parameters once and its saved
+ * activations about twice; backward twice the weights' FLOPs and 2.5 times the
+ * attention's, six passes over the parameters and twice the traffic; the
  * head's classifier 6*N*C*V FLOPs over 4 passes of the logits. */
 static void cost(const fy_model *m, int b, fy_pass pass, int B, int T, double es, fy_cost *out) {
     const fy_llama_config *cfg = fy_llama_config_of(m);
     const fy_block_spec *blk = &m->blocks[b];
     const double N = (double)B * T, C = cfg->channels, V = cfg->vocab, P = (double)blk->nelem;
-    const double fwd_flops = 2.0 * N * P + 4.0 * B * (double)T * T * cfg->heads * cfg->head_dim;
+    const double att = 4.0 * B * cfg->heads * cfg->head_dim * fy_attn_pairs(T, cfg->sliding_window);
+    const double fwd_flops = 2.0 * N * P + att;
     const double acts_bytes = (double)layer_acts_nbytes(cfg, B, T, m->chunk, es <= 2.0 ? FY_BF16 : FY_F32);
     if (blk->kind == FY_BLOCK_EMBED) {
         out->bytes = 3.0 * N * C * es;
@@ -468,7 +470,7 @@ static void cost(const fy_model *m, int b, fy_pass pass, int B, int T, double es
         out->flops = 6.0 * N * C * V;
         out->bytes = 4.0 * N * V * es;
     } else if (pass == FY_PASS_BWD) {
-        out->flops = 2.0 * fwd_flops;
+        out->flops = 2.0 * (fwd_flops - att) + 2.5 * att;
         out->bytes = 6.0 * es * P + 4.0 * acts_bytes;
     } else {
         out->flops = fwd_flops;

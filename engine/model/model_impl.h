@@ -86,6 +86,12 @@ void fy_model_view(const fy_block_spec *blk, fy_dtype dt, const void *base, floa
 void fy_model_chunk_view(const fy_block_spec *blk, fy_dtype dt, const void *base, int rows,
                          float **fields, int n);
 
+/* The (query, key) pairs a sequence of T attends over, causal, with a window of w keys
+ * (0: none): the tiled attention's work is about this many score products (the tiles
+ * along the mask's edges add a little). Packed documents would make it fewer; the costs
+ * assume one document a sequence. */
+double fy_attn_pairs(int T, int window);
+
 /* p[0..n) ~ N(0, std), from a stream of its own seeded by (seed, block, tensor), so a
  * block's initialisation does not depend on the order blocks are initialised in. */
 void fy_model_fill_normal(float *p, size_t n, double std, uint64_t seed, int block, int tensor);
