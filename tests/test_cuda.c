@@ -789,6 +789,7 @@ static const att_case att_mha[] = {
     {100, 4, 4, 32, 24, false}, /* a window of 24 keys */
     {90, 2, 2, 64, 0, true},    /* packed documents */
     {40, 2, 2, 128, 0, false},  /* Llama's head size */
+    {33, 2, 2, 32, 1, true},    /* a window of one key: each query sees itself */
 };
 static const att_case att_gqa[] = {
     {130, 4, 2, 64, 0, true},   /* groups of 2, packed documents */
@@ -932,6 +933,8 @@ Test(kernels_bf16, attention) {
      * lse and delta are fp32 from the same bf16 inputs: products exact, sums in another
      * order (measured ~4e-8): 1e-5 as fp32's. */
     for (size_t i = 0; i < NCASES(att_mha); i++) check_attention(FY_BF16, att_mha[i], BF16_TOL, 1e-5, BF16_TOL);
+    /* Gemma's head size (bf16 only: fp32 tiles of 256 channels do not fit) */
+    check_attention(FY_BF16, (att_case){40, 2, 1, 256, 0, true}, BF16_TOL, 1e-5, BF16_TOL);
 }
 
 Test(kernels_bf16, grouped_query_attention) {
