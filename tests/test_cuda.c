@@ -16,8 +16,9 @@
  *   - bf16 storage (fy_stream_set_dtype): inputs are rounded to bf16 on the host and the
  *     cpu runs fp32 on the rounded values. bf16 keeps 8 significant bits; the cuda outputs
  *     are rounded to bf16 (2^-9 = 2e-3 relative at most, ~1e-3 rms) and some intermediates
- *     are stored in bf16 too (attention's probabilities and score gradients): ~4e-3 per
- *     element at worst, ~2e-3 measured in an emulation of attention's backward. Bound 1e-2.
+ *     are rounded to bf16 too (attention's probabilities and score gradients, as the
+ *     tensor cores' inputs): ~4e-3 per element at worst, 2.4e-3 measured for attention's
+ *     backward (see its test). Bound 1e-2.
  *     The tensors kernels.h and cuda_impl.h keep in fp32 (layernorm's mean and rstd,
  *     RMSNorm's rstd, cross-entropy's losses, mean's input and output, sumsq's double,
  *     AdamW's state) are held to fp32 bounds.
@@ -34,10 +35,11 @@
  * Without a GPU the kernel suites still run: test_cuda_emu is this file compiled with
  * FY_TEST_CUDA_EMU, where "the cuda device" is tests/cuda_emu's emulated one (the cuda
  * backend's kernels, the same source nvcc builds, run on the CPU as fibers per CUDA
- * thread, each kernel three times in three thread and block orders to catch races). There
- * the GEMM ops (cuBLASLt's: matmul, attention) skip, and so do streams, events, copies,
- * the memory budget and training, which stay GPU-only; tests/cuda_emu/test_emu.cc checks
- * the emulation itself and the kernels the GEMM ops call (softmax, column sums, bias).
+ * thread, each kernel three times in three thread and block orders to catch races;
+ * attention's tensor-core products by the emulated mma instruction). There the matmul ops
+ * (cuBLASLt's) skip, and so do streams, events, copies, the memory budget and training,
+ * which stay GPU-only; tests/cuda_emu/test_emu.cc checks the emulation itself (its mma
+ * against a plain product) and the kernels the matmul ops call (column sums, bias).
  *
  * GPU tests start with need_gpu(), which skips the test when fy_dev_gpus() finds no GPU.
  * CUDA is touched only inside test bodies, which Criterion runs in a forked process per
@@ -83,7 +85,7 @@
 #ifdef FY_TEST_CUDA_EMU
 /* The kernel suites compiled again (test_cuda_emu): "the cuda device" is the CPU emulation
  * of the cuda kernels (tests/cuda_emu/emu_dev.h), which every machine has; its GEMMs are
- * the cpu backend's, so the tests of GEMM ops (matmul, attention) skip there, and so does
+ * the cpu backend's, so the tests of GEMM ops (matmul) skip there, and so does
  * every test that needs a GPU (need_gpu); the kernel tests start with need_kernels. */
 static void need_gpu(void) { cr_skip_test("GPU only: the emulation runs the kernel tests"); }
 static void need_kernels(void) {}
@@ -290,28 +292,56 @@ static void expect_match(const char *what, const dual *x, double tol) {
 
 /* ---- kernel checks, one per launcher family ---------------------------------------- */
 
-/* learned_pos: with wpe and dwpe (GPT-2's), else both NULL (Llama's). tol_fwd, tol_bwd:
- * the bounds on the storage-typed outputs (0: the same bits). */
-static void check_encoder(fy_dtype dt, bool learned_pos, double tol_fwd, double tol_bwd) {
+/* Document starts for B sequences of T positions (kernels.h's docs): documents of 1 to 48
+ * positions, the first of each sequence at 0, different in each sequence. */
+static int32_t *make_docs(int B, int T) {
+    int32_t *d = hnew((size_t)B * T * 4);
+    for (int b = 0; b < B; b++) {
+        int start = 0, next = 1 + rng_int(48);
+        for (int t = 0; t < T; t++) {
+            if (t == next) {
+                start = t;
+                next = t + 1 + rng_int(48);
+            }
+            d[b * T + t] = start;
+        }
+    }
+    return d;
+}
+
+/* learned_pos: with wpe and dwpe (GPT-2's), else both NULL (Llama's); with_docs: packed
+ * documents, positions restarting at each. tol_fwd, tol_bwd: the bounds on the
+ * storage-typed outputs (0: the same bits). */
+static void check_encoder(fy_dtype dt, bool learned_pos, bool with_docs, double tol_fwd,
+                          double tol_bwd) {
     /* 256 positions over 49 tokens: every token repeats, so the scatter adds rows in
      * order; token V-1 never occurs and positions >= T are unused, so those gradient rows
-     * must keep their values. C = 80 leaves the last warp of channels half full. */
+     * must keep their values. C = 80 leaves the last warp of channels half full. With
+     * documents, a position's gradient row adds the rows at that place of every document
+     * of every sequence. */
     enum { B = 4, T = 64, C = 80, V = 50, maxT = 96 };
     seed(learned_pos ? 11 : 12);
     int32_t tok[B * T];
     for (int i = 0; i < B * T; i++) tok[i] = rng_int(V - 1);
     dual dtok = dput_i32(tok, B * T);
+    dual docs = with_docs ? dput_i32(make_docs(B, T), B * T) : (dual){0};
     dual wte = dput(dt, hrand(V * C, -1, 1), V * C);
     dual wpe = learned_pos ? dput(dt, hrand(maxT * C, -1, 1), maxT * C) : (dual){0};
     dual out = dpoison(dt, B * T * C);
-    BOTH(fy_k_encoder_fwd(X(out), X(dtok), X(wte), X(wpe), B, T, C, V, S));
-    expect_match(learned_pos ? "encoder_fwd out" : "encoder_fwd out (no wpe)", &out, tol_fwd);
+    char what[64];
+    BOTH(fy_k_encoder_fwd(X(out), X(dtok), X(wte), X(wpe), X(docs), B, T, C, V, S));
+    snprintf(what, sizeof what, "encoder_fwd out%s%s", learned_pos ? "" : " (no wpe)",
+             with_docs ? " docs" : "");
+    expect_match(what, &out, tol_fwd);
     dual dout = dput(dt, hrand(B * T * C, -1, 1), B * T * C);
     dual dwte = dput(dt, hrand(V * C, -1, 1), V * C); /* both accumulate */
     dual dwpe = learned_pos ? dput(dt, hrand(maxT * C, -1, 1), maxT * C) : (dual){0};
-    BOTH(fy_k_encoder_bwd(X(dwte), X(dwpe), X(dout), X(dtok), B, T, C, V, S));
-    expect_match(learned_pos ? "encoder_bwd dwte" : "encoder_bwd dwte (no dwpe)", &dwte, tol_bwd);
-    if (learned_pos) expect_match("encoder_bwd dwpe", &dwpe, tol_bwd);
+    BOTH(fy_k_encoder_bwd(X(dwte), X(dwpe), X(dout), X(dtok), X(docs), B, T, C, V, S));
+    snprintf(what, sizeof what, "encoder_bwd dwte%s%s", learned_pos ? "" : " (no dwpe)",
+             with_docs ? " docs" : "");
+    expect_match(what, &dwte, tol_bwd);
+    snprintf(what, sizeof what, "encoder_bwd dwpe%s", with_docs ? " docs" : "");
+    if (learned_pos) expect_match(what, &dwpe, tol_bwd);
 }
 
 static void check_layernorm(fy_dtype dt, double tol_fwd, double tol_bwd) {
@@ -435,31 +465,51 @@ static void check_matmul(fy_dtype dt, mm_shape sh, double tol) {
     check_matmul_dx32(dt, sh, tol);
 }
 
-/* Attention over packed rows of NH query heads and NKV key/value heads of hd channels
- * (NKV = NH: multi-head; NKV < NH: grouped-query, each key/value head shared by NH/NKV
- * query heads whose gradient shares it sums). */
-static void check_attention(fy_dtype dt, int T, int NH, int NKV, int hd, double tol_fwd,
+/* The mask of an attention check (kernels.h's fy_attn) on the backend BOTH() is running:
+ * its documents are that backend's copy. */
+static const fy_attn *attn_on(int window, float scale, const dual *docs) {
+    static fy_attn a;
+    a = (fy_attn){.window = window, .scale = scale, .docs = docs->p[g_side]};
+    return &a;
+}
+
+typedef struct att_case {
+    int T, NH, NKV, hd, window;
+    bool docs;  /* packed documents (make_docs), else one a sequence */
+} att_case;
+
+/* Attention over packed rows of NH query heads and NKV key/value heads of hd channels (NKV
+ * = NH: multi-head; NKV < NH: grouped-query, each key/value head shared by NH/NKV query
+ * heads whose gradient shares it sums), masked as c says. The forward's out and lse; the
+ * backward from the cpu's out and lse on both sides (so it is compared on its own): dqkv,
+ * and delta (fp32 whatever the storage type: rowsum(dout * out) from the same inputs). */
+static void check_attention(fy_dtype dt, att_case c, double tol_fwd, double tol_lse,
                             double tol_bwd) {
-    const int B = 2, W = (NH + 2 * NKV) * hd, Cq = NH * hd;
-    const size_t nqkv = (size_t)B * T * W, nout = (size_t)B * T * Cq;
-    const size_t natt = (size_t)B * NH * T * T;
-    seed(55 + (uint64_t)T);
+    const int B = 2, T = c.T, NH = c.NH, NKV = c.NKV, hd = c.hd;
+    const int W = (NH + 2 * NKV) * hd, Cq = NH * hd;
+    const size_t nqkv = (size_t)B * T * W, nout = (size_t)B * T * Cq, nrow = (size_t)B * NH * T;
+    const float scale = 1.0f / sqrtf((float)hd);
+    seed(55 + (uint64_t)T + 7 * (uint64_t)hd + (uint64_t)c.window);
+    dual docs = c.docs ? dput_i32(make_docs(B, T), (size_t)B * T) : (dual){0};
     dual qkv = dput(dt, hrand(nqkv, -1.5f, 1.5f), nqkv);
-    dual out = dpoison(dt, nout), att = dpoison(dt, natt);
-    BOTH(fy_k_attention_fwd(X(out), X(att), X(qkv), B, T, NH, NKV, hd, S));
-    char what[96];
-    snprintf(what, sizeof what, "attention_fwd T=%d NH=%d NKV=%d out", T, NH, NKV);
+    dual out = dpoison(dt, nout), lse = dpoison(FY_F32, nrow);
+    BOTH(fy_k_attention_fwd(X(out), X(lse), X(qkv), B, T, NH, NKV, hd, attn_on(c.window, scale, &docs), S));
+    char what[96], shape[64];
+    snprintf(shape, sizeof shape, "T=%d NH=%d NKV=%d hd=%d w=%d%s", T, NH, NKV, hd, c.window,
+             c.docs ? " docs" : "");
+    snprintf(what, sizeof what, "attention_fwd %s out", shape);
     expect_match(what, &out, tol_fwd);
-    /* zeros above the diagonal too */
-    snprintf(what, sizeof what, "attention_fwd T=%d NH=%d NKV=%d att", T, NH, NKV);
-    expect_match(what, &att, tol_fwd);
-    /* backward from the cpu's probabilities on both sides, so it is compared on its own */
-    dual p = dput(dt, dget(&att, CPU), natt);
+    snprintf(what, sizeof what, "attention_fwd %s lse", shape);
+    expect_match(what, &lse, tol_lse);
+    dual y = dput(dt, dget(&out, CPU), nout), l = dput(FY_F32, dget(&lse, CPU), nrow);
     dual dout = dput(dt, hrand(nout, -1, 1), nout);
-    dual dqkv = dpoison(dt, nqkv), scratch = dpoison(dt, natt);
-    BOTH(fy_k_attention_bwd(X(dqkv), X(scratch), X(dout), X(qkv), X(p), B, T, NH, NKV, hd, S));
-    snprintf(what, sizeof what, "attention_bwd T=%d NH=%d NKV=%d dqkv", T, NH, NKV);
+    dual dqkv = dpoison(dt, nqkv), delta = dpoison(FY_F32, nrow);
+    BOTH(fy_k_attention_bwd(X(dqkv), X(delta), X(dout), X(qkv), X(y), X(l), B, T, NH, NKV, hd,
+                            attn_on(c.window, scale, &docs), S));
+    snprintf(what, sizeof what, "attention_bwd %s dqkv", shape);
     expect_match(what, &dqkv, tol_bwd);
+    snprintf(what, sizeof what, "attention_bwd %s delta", shape);
+    expect_match(what, &delta, 1e-5);
 }
 
 /* The rope parameters checked: Llama 2's (none), position interpolation, and Llama 3.1's
@@ -476,21 +526,25 @@ enum { NROPES = sizeof ropes / sizeof ropes[0] };
 
 /* Rotary embeddings on packed rows (B,T,(NH + 2 NKV) hd), forward and inverse, with the
  * parameters ropes[r]. T = 72 positions in each of 2 sequences: the angles t * inv_freq
- * grow to ~70 radians on the fastest pairs, and the position restarts at each sequence.
- * tol bounds every comparison but the value heads, which must keep their bits. */
-static void check_rope(fy_dtype dt, int r, int NH, int NKV, int hd, double tol) {
+ * grow to ~70 radians on the fastest pairs, and the position restarts at each sequence
+ * (and, with_docs, at each packed document). tol bounds every comparison but the value
+ * heads, which must keep their bits. */
+static void check_rope(fy_dtype dt, int r, int NH, int NKV, int hd, bool with_docs, double tol) {
     const int B = 2, T = 72, W = (NH + 2 * NKV) * hd, V0 = (NH + NKV) * hd;
     const size_t n = (size_t)B * T * W;
     const fy_rope *rope = &ropes[r].rope;
     seed(131 + 8 * (uint64_t)r + (uint64_t)NKV);
+    dual docs = with_docs ? dput_i32(make_docs(B, T), (size_t)B * T) : (dual){0};
     float *h = hrand(n, -2, 2);
     dual fwd = dput(dt, h, n), inv = dput(dt, h, n); /* h now holds the values both see */
     char what[96];
-    BOTH(fy_k_rope(X(fwd), B, T, NH, NKV, hd, false, rope, S));
-    snprintf(what, sizeof what, "rope %s NH=%d NKV=%d hd=%d", ropes[r].name, NH, NKV, hd);
+    BOTH(fy_k_rope(X(fwd), X(docs), B, T, NH, NKV, hd, false, rope, S));
+    snprintf(what, sizeof what, "rope %s NH=%d NKV=%d hd=%d%s", ropes[r].name, NH, NKV, hd,
+             with_docs ? " docs" : "");
     expect_match(what, &fwd, tol);
-    BOTH(fy_k_rope(X(inv), B, T, NH, NKV, hd, true, rope, S));
-    snprintf(what, sizeof what, "rope inverse %s NH=%d NKV=%d hd=%d", ropes[r].name, NH, NKV, hd);
+    BOTH(fy_k_rope(X(inv), X(docs), B, T, NH, NKV, hd, true, rope, S));
+    snprintf(what, sizeof what, "rope inverse %s NH=%d NKV=%d hd=%d%s", ropes[r].name, NH, NKV,
+             hd, with_docs ? " docs" : "");
     expect_match(what, &inv, tol);
     for (int side = GPU; side <= CPU; side++) {
         const float *y = dget(&fwd, side);
@@ -503,7 +557,7 @@ static void check_rope(fy_dtype dt, int r, int NH, int NKV, int hd, double tol) 
     }
     /* the inverse undoes the forward (rotations are orthogonal): within fp32 rounding of
      * the two rotations (~2e-7), or two bf16 roundings of the outputs (~2e-3) */
-    BOTH(fy_k_rope(X(fwd), B, T, NH, NKV, hd, true, rope, S));
+    BOTH(fy_k_rope(X(fwd), X(docs), B, T, NH, NKV, hd, true, rope, S));
     double e = rel_err(dget(&fwd, GPU), h, n);
     cr_expect(e <= tol, "rope %s: cuda's inverse of its forward is %.3g from the input",
               ropes[r].name, e);
@@ -679,8 +733,9 @@ Test(kernels_fp32, encoder) {
     /* 0 (the same bits): the forward is one fp32 addition per element on both, or a copy
      * without wpe; the backward adds each row in position order, the cpu's order (the
      * backend's claim), with or without dwpe */
-    check_encoder(FY_F32, true, 0, 0);
-    check_encoder(FY_F32, false, 0, 0);
+    check_encoder(FY_F32, true, false, 0, 0);
+    check_encoder(FY_F32, false, false, 0, 0);
+    check_encoder(FY_F32, true, true, 0, 0); /* documents: still each row in position order */
 }
 
 Test(kernels_fp32, layernorm) {
@@ -709,9 +764,10 @@ Test(kernels_fp32, rope) {
      * double functions differ by an ulp), then two fp32 products and a sum per channel
      * (nvcc may fuse them into an fma): a few ulps, ~1e-7 */
     for (int r = 0; r < NROPES; r++) {
-        check_rope(FY_F32, r, 8, 2, 16, 1e-5); /* grouped-query heads */
-        check_rope(FY_F32, r, 4, 4, 16, 1e-5); /* multi-head */
-        check_rope(FY_F32, r, 4, 1, 64, 1e-5); /* Llama's head size, one key/value head */
+        check_rope(FY_F32, r, 8, 2, 16, false, 1e-5); /* grouped-query heads */
+        check_rope(FY_F32, r, 4, 4, 16, false, 1e-5); /* multi-head */
+        check_rope(FY_F32, r, 4, 1, 64, false, 1e-5); /* Llama's head size, one key/value head */
+        check_rope(FY_F32, r, 8, 2, 16, true, 1e-5);  /* packed documents */
     }
 }
 
@@ -724,31 +780,42 @@ Test(kernels_fp32, matmul) {
         check_matmul(FY_F32, mm_fp32_shapes[i], 1e-5);
 }
 
+/* The attention checks: T not a multiple of any tile (the kernels' are 16 to 64 rows), the
+ * head sizes of the tile configurations (kernels of 16, 32, 64, 128 channels), causal
+ * masks alone, sliding windows, packed documents (make_docs: different in each sequence)
+ * and both, multi-head and grouped-query heads. */
+static const att_case att_mha[] = {
+    {70, 4, 4, 32, 0, false},   /* causal only */
+    {100, 4, 4, 32, 24, false}, /* a window of 24 keys */
+    {90, 2, 2, 64, 0, true},    /* packed documents */
+    {40, 2, 2, 128, 0, false},  /* Llama's head size */
+    {33, 2, 2, 32, 1, true},    /* a window of one key: each query sees itself */
+};
+static const att_case att_gqa[] = {
+    {130, 4, 2, 64, 0, true},   /* groups of 2, packed documents */
+    {200, 4, 2, 32, 40, true},  /* a window and documents */
+    {77, 4, 1, 16, 16, false},  /* multi-query (one group of 4), a window, hd 16 */
+    {50, 4, 4, 32, 0, true},    /* groups of one, documents */
+};
+#define NCASES(a) (sizeof(a) / sizeof((a)[0]))
+
 Test(kernels_fp32, attention) {
     need_kernels();
-    need_gemms();
     open_pair(FY_MATMUL_FP32, FY_F32);
-    /* fwd 1e-5 (cpu ~1e-7 from float64, CUDA's expf within 2 ulps); bwd 2e-5: dS =
-     * P*(dP - rowsum(P*dP)) subtracts nearly equal numbers where P is flat and dQ, dK sum
-     * rows of dS that add up to zero, amplifying the GEMMs' rounding a few times (cpu
-     * measured 1.8e-7 from float64) */
-    check_attention(FY_F32, 64, 4, 4, 16, 1e-5, 2e-5);
-    /* T not a multiple of 32: partial warps, odd strides */
-    check_attention(FY_F32, 37, 4, 4, 16, 1e-5, 2e-5);
+    /* fwd and lse 1e-5 (see the top: the cpu is ~1e-7 from float64, CUDA's expf within 2
+     * ulps; measured 1.1e-7 to 1.7e-7 out, ~5e-8 lse); bwd 2e-5: dS = P*(dP - delta)
+     * subtracts nearly equal numbers where P is flat and dQ, dK sum rows of dS that add up
+     * to zero, amplifying the products' rounding a few times (measured 2e-7 to 3.5e-7);
+     * delta, a sum of hd fp32 products in another order, 1e-5 */
+    for (size_t i = 0; i < NCASES(att_mha); i++) check_attention(FY_F32, att_mha[i], 1e-5, 1e-5, 2e-5);
 }
 
 Test(kernels_fp32, grouped_query_attention) {
     need_kernels();
-    need_gemms();
     open_pair(FY_MATMUL_FP32, FY_F32);
-    /* multi-head attention's bounds (above): each query head's forward is the same
-     * computation, and a key/value head's gradient adds its NH/NKV heads' shares in head
-     * order on both backends (GEMMs with beta 1), so only the GEMMs' inner sums differ in
-     * order, as for multi-head */
-    check_attention(FY_F32, 64, 8, 2, 16, 1e-5, 2e-5); /* 4 query heads a group */
-    check_attention(FY_F32, 64, 8, 1, 16, 1e-5, 2e-5); /* multi-query: one group of 8 */
-    check_attention(FY_F32, 64, 8, 8, 16, 1e-5, 2e-5); /* groups of one */
-    check_attention(FY_F32, 37, 8, 2, 16, 1e-5, 2e-5); /* partial warps, odd strides */
+    /* the bounds above: a key/value head's gradient adds its NH/NKV heads' shares in head
+     * order on both backends */
+    for (size_t i = 0; i < NCASES(att_gqa); i++) check_attention(FY_F32, att_gqa[i], 1e-5, 1e-5, 2e-5);
 }
 
 Test(kernels_fp32, gelu) {
@@ -814,10 +881,11 @@ static const mm_shape mm_bf16_shapes[] = {{128, 64, 192}, {96, 80, 136}};
 Test(kernels_bf16, encoder) {
     need_kernels();
     open_pair(FY_MATMUL_AUTO, FY_BF16);
-    check_encoder(FY_BF16, true, BF16_TOL, BF16_TOL);
+    check_encoder(FY_BF16, true, false, BF16_TOL, BF16_TOL);
+    check_encoder(FY_BF16, true, true, BF16_TOL, BF16_TOL);
     /* without wpe the forward copies wte's bf16 values, which the cpu holds widened: the
      * same numbers, so the same bits */
-    check_encoder(FY_BF16, false, 0, BF16_TOL);
+    check_encoder(FY_BF16, false, false, 0, BF16_TOL);
 }
 
 Test(kernels_bf16, layernorm) {
@@ -838,8 +906,9 @@ Test(kernels_bf16, rope) {
     /* cuda rounds each rotated channel to bf16 once (~1e-3 rms); the value heads, left
      * alone, keep their bits */
     for (int r = 0; r < NROPES; r++) {
-        check_rope(FY_BF16, r, 8, 2, 16, BF16_TOL);
-        check_rope(FY_BF16, r, 4, 1, 64, BF16_TOL);
+        check_rope(FY_BF16, r, 8, 2, 16, false, BF16_TOL);
+        check_rope(FY_BF16, r, 4, 1, 64, false, BF16_TOL);
+        check_rope(FY_BF16, r, 8, 2, 16, true, BF16_TOL);
     }
 }
 
@@ -853,25 +922,25 @@ Test(kernels_bf16, matmul) {
 
 Test(kernels_bf16, attention) {
     need_kernels();
-    need_gemms();
     open_pair(FY_MATMUL_AUTO, FY_BF16);
-    check_attention(FY_BF16, 64, 4, 4, 16, BF16_TOL, BF16_TOL);
-    /* not a multiple of 32, rows 16-byte aligned */
-    check_attention(FY_BF16, 48, 4, 4, 16, BF16_TOL, BF16_TOL);
+    /* BF16_TOL for out and dqkv, the storage-typed outputs. Measured: out 1.7e-3 to 1.9e-3,
+     * dqkv 2.2e-3 to 2.4e-3 over these cases. The cpu runs fp32 on the same bf16 inputs; the
+     * cuda's differences are roundings to bf16: each output once (uniform relative error of
+     * at most 2^-9, ~1.1e-3 rms), and the probabilities P (forward, and dV's products) and
+     * score gradients dS (dQ's and dK's products) where they enter the tensor cores, ~1.1e-3
+     * rms each, averaged over a row's keys but not cancelled: sqrt(2) x 1.1e-3 = 1.6e-3 for
+     * out, about sqrt(4) x 1.1e-3 = 2.2e-3 for dqkv, as measured; 1e-2 leaves a factor 4.
+     * lse and delta are fp32 from the same bf16 inputs: products exact, sums in another
+     * order (measured ~4e-8): 1e-5 as fp32's. */
+    for (size_t i = 0; i < NCASES(att_mha); i++) check_attention(FY_BF16, att_mha[i], BF16_TOL, 1e-5, BF16_TOL);
+    /* Gemma's head size (bf16 only: fp32 tiles of 256 channels do not fit) */
+    check_attention(FY_BF16, (att_case){40, 2, 1, 256, 0, true}, BF16_TOL, 1e-5, BF16_TOL);
 }
 
 Test(kernels_bf16, grouped_query_attention) {
     need_kernels();
-    need_gemms();
     open_pair(FY_MATMUL_AUTO, FY_BF16);
-    /* BF16_TOL still: cuda rounds a key/value gradient to bf16 after each of its G =
-     * NH/NKV query heads' shares (GEMMs with beta 1 into the bf16 dqkv), G roundings of
-     * partial sums instead of one: ~1.1e-3 * sqrt((G + 1) / 2) rms, 2.4e-3 for G = 8,
-     * beside the ~2e-3 of the bf16 score gradients (see the top) */
-    check_attention(FY_BF16, 64, 8, 2, 16, BF16_TOL, BF16_TOL);
-    check_attention(FY_BF16, 64, 8, 1, 16, BF16_TOL, BF16_TOL);
-    check_attention(FY_BF16, 64, 8, 8, 16, BF16_TOL, BF16_TOL);
-    check_attention(FY_BF16, 48, 8, 2, 16, BF16_TOL, BF16_TOL);
+    for (size_t i = 0; i < NCASES(att_gqa); i++) check_attention(FY_BF16, att_gqa[i], BF16_TOL, 1e-5, BF16_TOL);
 }
 
 Test(kernels_bf16, gelu_and_residual) {
@@ -929,9 +998,10 @@ Test(matmul_math, bf16) {
 
 /* A small chain through every kernel, its tensors in one device buffer: GPT-2's block
  * (learned positions, layernorm, multi-head attention, GELU) and Llama's pieces (no
- * positions, RMSNorm, grouped-query attention with rope, SwiGLU, the fp32 weight gradient)
- * and an AdamW update. Roles: I input in the storage type, T int32 tokens, O output in the
- * storage type, F fp32 output, D a double, W workspace (its contents are not promised). */
+ * positions, RMSNorm, grouped-query attention with rope and a sliding window, SwiGLU, the
+ * fp32 weight gradient) and an AdamW update. Roles: I input in the storage type, T int32
+ * tokens, O output in the storage type, F fp32 output (attention's lse and delta among
+ * them), D a double. */
 enum { KB = 2, KT = 40, KC = 64, KNH = 4, KV = 72, KN = KB * KT };
 /* Llama's part: 2 key/value heads of KHD channels; KQ the packed row; KF = KQ/2 SwiGLU's
  * width (the packed rows double as its gate and up halves, and dy as its dout) */
@@ -942,16 +1012,16 @@ _Static_assert((int)KF == (int)KC, "dy (KN, KC) is SwiGLU's dout (KN, KF) in the
     X_(ln_w, KC, 'I') X_(ln_b, KC, 'I') X_(qkv_w, 3 * KC * KC, 'I') X_(qkv_b, 3 * KC, 'I')     \
     X_(dy, KN * KC, 'I') X_(x0, KN * KC, 'O') X_(ln, KN * KC, 'O') X_(mean, KN, 'F')           \
     X_(rstd, KN, 'F') X_(qkv, KN * 3 * KC, 'O') X_(y, KN * KC, 'O')                            \
-    X_(att, KB * KNH * KT * KT, 'O') X_(res, KN * KC, 'O') X_(logits, KN * KV, 'O')            \
+    X_(lse, KB * KNH * KT, 'F') X_(res, KN * KC, 'O') X_(logits, KN * KV, 'O')            \
     X_(losses, KN, 'F') X_(loss, 1, 'F') X_(dres, KN * KC, 'O') X_(gelu, KN * 3 * KC, 'O')     \
     X_(dgelu, KN * 3 * KC, 'O') X_(sq, 1, 'D') X_(dqkv, KN * 3 * KC, 'O')                      \
-    X_(scratch, KB * KNH * KT * KT, 'W') X_(dln, KN * KC, 'O') X_(dqkv_w, 3 * KC * KC, 'O')    \
+    X_(delta, KB * KNH * KT, 'F') X_(dln, KN * KC, 'O') X_(dqkv_w, 3 * KC * KC, 'O')    \
     X_(dqkv_b, 3 * KC, 'O') X_(dx0, KN * KC, 'O') X_(dln_w, KC, 'O') X_(dln_b, KC, 'O')        \
     X_(dwte, KV * KC, 'O') X_(dwpe, KT * KC, 'O')                                              \
     X_(rms_w, KC, 'I') X_(gqkv_w, KQ * KC, 'I') X_(x1, KN * KC, 'O') X_(rms, KN * KC, 'O')     \
     X_(rrstd, KN, 'F') X_(gqkv, KN * KQ, 'O') X_(gy, KN * KC, 'O')                             \
-    X_(gatt, KB * KNH * KT * KT, 'O') X_(sw, KN * KF, 'O') X_(dgu, KN * KQ, 'O')               \
-    X_(dgqkv, KN * KQ, 'O') X_(gscratch, KB * KNH * KT * KT, 'W') X_(drms, KN * KC, 'O')       \
+    X_(glse, KB * KNH * KT, 'F') X_(sw, KN * KF, 'O') X_(dgu, KN * KQ, 'O')               \
+    X_(dgqkv, KN * KQ, 'O') X_(gdelta, KB * KNH * KT, 'F') X_(drms, KN * KC, 'O')       \
     X_(drms32, KN * KC, 'F') X_(dgqkv_w, KQ * KC, 'O') X_(dx1, KN * KC, 'O')                \
     X_(drms_w, KC, 'O') X_(adam_p, KC, 'F') X_(adam_m, KC, 'F') X_(adam_v, KC, 'F')            \
     X_(adam_out, KC, 'O')
@@ -980,7 +1050,7 @@ static const char *const kset_name[] = {
 
 static size_t kset_nbytes(int k, fy_dtype dt) {
     char r = kset_role[k];
-    bool storage = r == 'I' || r == 'O' || r == 'W';
+    bool storage = r == 'I' || r == 'O';
     size_t es = r == 'D' ? 8 : (storage && dt == FY_BF16) ? 2 : 4;
     return kset_n[k] * es;
 }
@@ -1017,7 +1087,7 @@ static void kset_inputs(fy_dtype dt, void *img[K_COUNT]) {
 }
 
 /* Runs the chain on s with tensor k at base + off + (earlier tensors, each rounded up to
- * 64 bytes, + gap) and returns host copies of every tensor but the workspace. */
+ * 64 bytes, + gap) and returns host copies of every tensor. */
 static void kset_run(fy_stream *s, fy_dtype dt, void *const img[K_COUNT], char *base, size_t off,
                      size_t gap, void *res[K_COUNT]) {
     void *t[K_COUNT];
@@ -1030,10 +1100,12 @@ static void kset_run(fy_stream *s, fy_dtype dt, void *const img[K_COUNT], char *
     for (int k = 0; k < K_COUNT; k++)
         if (img[k]) fy_copy_async(s, t[k], img[k], kset_nbytes(k, dt), FY_H2D);
 #define T_(name) (t[K_##name])
-    fy_k_encoder_fwd(T_(x0), T_(tok), T_(wte), T_(wpe), KB, KT, KC, KV, s);
+    const fy_attn causal = {.scale = 1.0f / sqrtf((float)(KC / KNH))};
+    const fy_attn windowed = {.window = 16, .scale = 1.0f / sqrtf((float)KHD)};
+    fy_k_encoder_fwd(T_(x0), T_(tok), T_(wte), T_(wpe), NULL, KB, KT, KC, KV, s);
     fy_k_layernorm_fwd(T_(ln), T_(mean), T_(rstd), T_(x0), T_(ln_w), T_(ln_b), KN, KC, s);
     fy_k_matmul_fwd(T_(qkv), T_(ln), T_(qkv_w), T_(qkv_b), KN, KC, 3 * KC, s);
-    fy_k_attention_fwd(T_(y), T_(att), T_(qkv), KB, KT, KNH, KNH, KC / KNH, s);
+    fy_k_attention_fwd(T_(y), T_(lse), T_(qkv), KB, KT, KNH, KNH, KC / KNH, &causal, s);
     fy_k_residual_fwd(T_(res), T_(x0), T_(y), KN * KC, s);
     fy_k_matmul_fwd(T_(logits), T_(res), T_(wte), NULL, KN, KC, KV, s);
     fy_k_crossentropy(T_(losses), T_(logits), T_(tgt), KN, KV, KV, 1.0f / KN, s);
@@ -1042,29 +1114,30 @@ static void kset_run(fy_stream *s, fy_dtype dt, void *const img[K_COUNT], char *
     fy_k_gelu_fwd(T_(gelu), T_(qkv), KN * 3 * KC, s);
     fy_k_gelu_bwd(T_(dgelu), T_(qkv), T_(gelu), KN * 3 * KC, s);
     fy_k_sumsq(T_(sq), T_(dgelu), KN * 3 * KC, s);
-    fy_k_attention_bwd(T_(dqkv), T_(scratch), T_(dy), T_(qkv), T_(att), KB, KT, KNH, KNH, KC / KNH, s);
+    fy_k_attention_bwd(T_(dqkv), T_(delta), T_(dy), T_(qkv), T_(y), T_(lse), KB, KT, KNH, KNH,
+                       KC / KNH, &causal, s);
     fy_k_matmul_bwd(T_(dln), T_(dqkv_w), T_(dqkv_b), T_(dqkv), T_(ln), T_(qkv_w), KN, KC, 3 * KC, s);
     fy_k_layernorm_bwd(T_(dx0), T_(dln_w), T_(dln_b), T_(dln), T_(x0), T_(ln_w), T_(mean),
                        T_(rstd), KN, KC, s);
-    fy_k_encoder_bwd(T_(dwte), T_(dwpe), T_(dx0), T_(tok), KB, KT, KC, KV, s);
+    fy_k_encoder_bwd(T_(dwte), T_(dwpe), T_(dx0), T_(tok), NULL, KB, KT, KC, KV, s);
     /* Llama's pieces, then AdamW on the RMSNorm gain */
     static const fy_rope rope = {.type = FY_ROPE_LLAMA3, .theta = 500000.0f, .factor = 8.0f,
                                  .low_freq_factor = 1.0f, .high_freq_factor = 4.0f,
                                  .orig_max_pos = 8192.0f};
-    fy_k_encoder_fwd(T_(x1), T_(tok), T_(wte), NULL, KB, KT, KC, KV, s);
+    fy_k_encoder_fwd(T_(x1), T_(tok), T_(wte), NULL, NULL, KB, KT, KC, KV, s);
     fy_k_rmsnorm_fwd(T_(rms), T_(rrstd), T_(x1), T_(rms_w), KN, KC, 1e-5f, s);
     fy_k_matmul_fwd(T_(gqkv), T_(rms), T_(gqkv_w), NULL, KN, KC, KQ, s);
-    fy_k_rope(T_(gqkv), KB, KT, KNH, KNKV, KHD, false, &rope, s);
-    fy_k_attention_fwd(T_(gy), T_(gatt), T_(gqkv), KB, KT, KNH, KNKV, KHD, s);
+    fy_k_rope(T_(gqkv), NULL, KB, KT, KNH, KNKV, KHD, false, &rope, s);
+    fy_k_attention_fwd(T_(gy), T_(glse), T_(gqkv), KB, KT, KNH, KNKV, KHD, &windowed, s);
     fy_k_swiglu_fwd(T_(sw), T_(gqkv), KN, KF, s);
     fy_k_swiglu_bwd(T_(dgu), T_(gqkv), T_(dy), KN, KF, s);
-    fy_k_attention_bwd(T_(dgqkv), T_(gscratch), T_(dy), T_(gqkv), T_(gatt), KB, KT, KNH, KNKV,
-                       KHD, s);
-    fy_k_rope(T_(dgqkv), KB, KT, KNH, KNKV, KHD, true, &rope, s);
+    fy_k_attention_bwd(T_(dgqkv), T_(gdelta), T_(dy), T_(gqkv), T_(gy), T_(glse), KB, KT, KNH,
+                       KNKV, KHD, &windowed, s);
+    fy_k_rope(T_(dgqkv), NULL, KB, KT, KNH, KNKV, KHD, true, &rope, s);
     fy_k_matmul_bwd_dx32(T_(drms32), T_(dgqkv_w), T_(dgqkv), T_(rms), T_(gqkv_w), KN, KC, KQ, s);
     fy_k_add_f32(T_(drms), T_(drms32), (size_t)KN * KC, s);
     fy_k_rmsnorm_bwd(T_(dx1), T_(drms_w), T_(drms), T_(x1), T_(rms_w), T_(rrstd), KN, KC, s);
-    fy_k_encoder_bwd(T_(dwte), NULL, T_(dx1), T_(tok), KB, KT, KC, KV, s);
+    fy_k_encoder_bwd(T_(dwte), NULL, T_(dx1), T_(tok), NULL, KB, KT, KC, KV, s);
     fy_adam_hparams hp = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                           .weight_decay = 0.1f, .step = 1, .grad_scale = 1.0f};
     fy_adam_range ar = {.param = T_(adam_p), .m = T_(adam_m), .v = T_(adam_v),
@@ -1074,7 +1147,6 @@ static void kset_run(fy_stream *s, fy_dtype dt, void *const img[K_COUNT], char *
 #undef T_
     for (int k = 0; k < K_COUNT; k++) {
         res[k] = NULL;
-        if (kset_role[k] == 'W') continue;
         res[k] = hnew(kset_nbytes(k, dt));
         fy_copy_async(s, res[k], t[k], kset_nbytes(k, dt), FY_D2H);
     }

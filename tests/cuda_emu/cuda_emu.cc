@@ -316,7 +316,54 @@ void run_grid(dim3 grid, dim3 block, size_t shmem, const char *name, void (*fn)(
     delete r;
 }
 
+/* The m16n8k16 fragments' places (PTX ISA, "Matrix Fragments for mma.m16n8k16 with
+ * floating point type"), for lane l: g = l >> 2 (groupID), t = l % 4 (threadID_in_group).
+ * A's element a_i (i = 0..7, register i / 2, its low half for even i): row g for i in
+ * {0, 1, 4, 5}, else g + 8; column 2t + (i & 1), plus 8 for i >= 4. B's b_i (i = 0..3):
+ * row 2t + (i & 1), plus 8 for i >= 2; column g. C's and D's c_i: row g for i < 2, else
+ * g + 8; column 2t + (i & 1). */
+static float bf16_half(uint32_t reg, int hi) {
+    uint32_t u = (hi ? reg >> 16 : reg & 0xffffu) << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static void mma_16816_bf16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
+    check_full_mask(0xffffffffu);
+    uint64_t a01[32], a23[32], bb[32];
+    warp_exchange((uint64_t)a[0] | (uint64_t)a[1] << 32, a01, 4);
+    warp_exchange((uint64_t)a[2] | (uint64_t)a[3] << 32, a23, 4);
+    warp_exchange((uint64_t)b[0] | (uint64_t)b[1] << 32, bb, 4);
+    float A[16][16], B[16][8];
+    for (int l = 0; l < 32; l++) {
+        const int g = l >> 2, t = l & 3;
+        const uint32_t ra[4] = {(uint32_t)a01[l], (uint32_t)(a01[l] >> 32), (uint32_t)a23[l],
+                                (uint32_t)(a23[l] >> 32)};
+        const uint32_t rb[2] = {(uint32_t)bb[l], (uint32_t)(bb[l] >> 32)};
+        for (int i = 0; i < 8; i++) {
+            const int row = (i < 2 || (i >= 4 && i < 6)) ? g : g + 8;
+            const int col = 2 * t + (i & 1) + (i >= 4 ? 8 : 0);
+            A[row][col] = bf16_half(ra[i / 2], i & 1);
+        }
+        for (int i = 0; i < 4; i++) B[2 * t + (i & 1) + (i >= 2 ? 8 : 0)][g] = bf16_half(rb[i / 2], i & 1);
+    }
+    const int l = lane_of_caller(), g = l >> 2, t = l & 3;
+    float out[4];
+    for (int i = 0; i < 4; i++) {
+        const int row = i < 2 ? g : g + 8, col = 2 * t + (i & 1);
+        float acc = c[i];
+        for (int k = 0; k < 16; k++) acc += A[row][k] * B[k][col]; /* exact products */
+        out[i] = acc;
+    }
+    memcpy(d, out, sizeof out);
+}
+
 } /* namespace fy_emu */
+
+void fy_mma_16816_bf16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
+    fy_emu::mma_16816_bf16(d, a, b, c);
+}
 
 cudaError_t cudaGetLastError(void) {
     cudaError_t e = fy_emu::g_last_error;

@@ -21,6 +21,14 @@
  *                 32 lanes, which all must be there at the same operation (the same
  *                 kind, each lane's n-th warp operation); full masks only: a lane that
  *                 returned, a partial mask or a partial warp is an error; __ffs;
+ *   tensor cores  fy_mma_16816_bf16, the kernels' wrapper of mma.sync.aligned.m16n8k16
+ *                 .row.col.f32.bf16.bf16.f32 (inline PTX under nvcc): the lanes exchange
+ *                 their A and B fragments (three warp operations) and each computes its
+ *                 four outputs by the PTX ISA's fragment layouts (section "Matrix Fragments
+ *                 for mma.m16n8k16 with floating point type"), summing the 16 exact bf16
+ *                 products onto c in k order in fp32 (the GPU's internal order and
+ *                 intermediate precision are not documented: results agree to fp32
+ *                 rounding, not bitwise);
  *   arithmetic    __fmul_rn, __fmaf_rn, __fdiv_rn, __fsqrt_rn, __dadd_rn, __dmul_rn as
  *                 IEEE operations (this file's users compile with -ffp-contract=off, so
  *                 nothing is fused unasked); expf, tanhf, sqrtf, fmaxf... are the C
@@ -71,8 +79,6 @@
 #define fy_cu_exec_kernel fy_emu_cu_exec_kernel
 #define fy_cu_colsum_acc fy_emu_cu_colsum_acc
 #define fy_cu_bias_fill fy_emu_cu_bias_fill
-#define fy_cu_softmax_causal_fwd fy_emu_cu_softmax_causal_fwd
-#define fy_cu_softmax_causal_bwd fy_emu_cu_softmax_causal_bwd
 /* Shared memory: one section of static variables, poisoned (every byte 0xff: NaN, -1)
  * before each block, so a read before the block's own write shows; emulated launches are
  * serialised across OS threads (the section is the process's). */
@@ -222,6 +228,12 @@ static inline unsigned __ballot_sync(unsigned mask, int pred) {
     return r;
 }
 static inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
+
+/* D (16x8) = A (16x16) B (16x8) + C in fp32, a warp's collective operation: each lane
+ * passes its fragments (a: four registers of two bf16, the lower index in the low half;
+ * b: two; c and d: four floats) laid out as the PTX ISA documents for m16n8k16 (see the
+ * top); d may be c. */
+void fy_mma_16816_bf16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]);
 
 #define FY_LAUNCH(grid, block, shmem, stream, ...) \
     (void)(stream), fy_emu::launch(dim3(grid), dim3(block), (shmem), #__VA_ARGS__, __VA_ARGS__)

@@ -16,7 +16,6 @@ static fy_dev_iface emu_iface;
 extern "C" bool fy_emu_dev_emulates(int kind) {
     switch (kind) {
     case FY_OP_MATMUL_FWD: case FY_OP_MATMUL_BWD: case FY_OP_MATMUL_BWD_DX32:
-    case FY_OP_ATTENTION_FWD: case FY_OP_ATTENTION_BWD:
         return false; /* cuda_gemm.c: cuBLASLt */
     default:
         return kind < FY_OP_KERNELS;

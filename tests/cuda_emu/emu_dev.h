@@ -1,6 +1,6 @@
 /* emu_dev.h — a device for the kernel tests where there is no GPU: the cpu backend
- * (memory, streams, copies, events, and the GEMM ops, which are cuBLASLt's on a GPU and
- * stay GPU-only) whose other kernels run as the cuda backend runs them, from
+ * (memory, streams, copies, events, and the matmul ops, which are cuBLASLt's on a GPU and
+ * stay GPU-only) whose other kernels (attention's included) run as the cuda backend runs them, from
  * engine/device/cuda/cuda_kernels.cu, under the CPU emulation (cuda_emu.h). Each kernel
  * op runs in the stream's order (a host function on the cpu stream), three times: its
  * threads forward, reversed and shuffled between barriers, from the same inputs; results

@@ -1,6 +1,6 @@
 /* test_emu.cc — the CPU emulation of CUDA itself (cuda_emu.h), and the kernels of
- * cuda_kernels.cu that the GEMM ops call (softmax, column sums, bias), which
- * test_cuda.c reaches only through cuBLASLt's ops.
+ * cuda_kernels.cu that the GEMM ops call (column sums, bias), which test_cuda.c reaches
+ * only through cuBLASLt's ops.
  *
  * The emulation: warp shuffles and ballots give what CUDA defines; __syncthreads orders
  * shared memory in every thread order; a planted race (a shared variable every thread
@@ -8,7 +8,11 @@
  * which is how emu_dev.cc catches races; a planted out-of-bounds write (a buffer that
  * ends at a guard page; AddressSanitizer's own report in the sanitized build) and a
  * divergent barrier end the test process; bf16 and fp16 conversions round to nearest
- * even exactly as ferry's host conversion (and IEEE) does.
+ * even exactly as ferry's host conversion (and IEEE) does; the emulated tensor-core
+ * product (fy_mma_16816_bf16) is the matrix product when the fragments are loaded by the
+ * PTX ISA's layouts, written out again here from the ISA's formulas (integer-valued
+ * inputs: exact; random bf16: fp32 rounding), and a load that swaps two registers (rows
+ * g + 8 and columns + 8 of A, the easy mistake) is caught.
  * The helper kernels: against plain C references in fp32 (sums in another order: 1e-6). */
 #include <criterion/criterion.h>
 
@@ -29,6 +33,13 @@ extern "C" {
 }
 #include "engine/device/cuda/cuda_impl.h"
 #include "tests/cuda_emu/emu_dev.h"
+
+static float frand(unsigned *s) {
+    *s = *s * 1103515245u + 12345u;
+    return (float)((*s >> 8) & 0xffff) / 32768.0f - 1.0f;
+}
+static void to_bf16(uint16_t *dst, const float *src, size_t n) { fy_f32_to_bf16_n(dst, src, n); }
+static void from_bf16(float *dst, const uint16_t *src, size_t n) { fy_bf16_to_f32_n(dst, src, n); }
 
 /* ---- kernels of the tests ---------------------------------------------------------- */
 
@@ -92,6 +103,51 @@ __global__ void divergent_k(float *out) {
     } else {
         out[threadIdx.x] = __shfl_sync(0xffffffffu, 1.0f, 0);
     }
+}
+
+/* One warp: D (16x8, row-major) = A (16x16, row-major) B (16x8, column-major: B[n*16 + k])
+ * + C (16x8, row-major) through fy_mma_16816_bf16, the fragments placed by the PTX ISA's
+ * formulas (groupID g = lane >> 2, threadID_in_group u = lane % 4): A's a_i at row g for
+ * i in {0,1,4,5} else g + 8, column 2u + (i & 1) (+ 8 for i >= 4); B's b_i at row (k)
+ * 2u + (i & 1) (+ 8 for i >= 2), column g; C's c_i at row g for i < 2 else g + 8, column
+ * 2u + (i & 1). swap: registers a1 and a2 exchanged (a wrong layout). */
+template <bool swap>
+__global__ void mma_k(float *D, const uint16_t *A, const uint16_t *B, const float *C) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, u = lane & 3;
+    uint32_t a[4], b[2];
+    float c[4], d[4];
+    for (int r = 0; r < 4; r++) {
+        const int row = g + 8 * (r & 1), col = 2 * u + 8 * (r >> 1);
+        a[r] = (uint32_t)A[row * 16 + col] | (uint32_t)A[row * 16 + col + 1] << 16;
+    }
+    if (swap) { uint32_t x = a[1]; a[1] = a[2]; a[2] = x; }
+    for (int r = 0; r < 2; r++) {
+        const int k = 2 * u + 8 * r;
+        b[r] = (uint32_t)B[g * 16 + k] | (uint32_t)B[g * 16 + k + 1] << 16;
+    }
+    for (int i = 0; i < 4; i++) c[i] = C[(g + 8 * (i >> 1)) * 8 + 2 * u + (i & 1)];
+    fy_mma_16816_bf16(d, a, b, c);
+    for (int i = 0; i < 4; i++) D[(g + 8 * (i >> 1)) * 8 + 2 * u + (i & 1)] = d[i];
+}
+
+/* The emulated product against a plain one (in double) from A, B (bf16 bits) and C:
+ * the largest difference relative to the largest |result|. */
+static double mma_err(bool swap, const uint16_t *A, const uint16_t *B, const float *C) {
+    float D[128], a[256], b[128];
+    from_bf16(a, A, 256);
+    from_bf16(b, B, 128);
+    if (swap) FY_LAUNCH(1, 32, 0, (cudaStream_t)0, mma_k<true>)(D, A, B, C);
+    else FY_LAUNCH(1, 32, 0, (cudaStream_t)0, mma_k<false>)(D, A, B, C);
+    cr_assert_eq(cudaGetLastError(), cudaSuccess);
+    double worst = 0, big = 0;
+    for (int i = 0; i < 16; i++)
+        for (int n = 0; n < 8; n++) {
+            double want = C[i * 8 + n];
+            for (int k = 0; k < 16; k++) want += (double)a[i * 16 + k] * b[n * 16 + k];
+            worst = fmax(worst, fabs(D[i * 8 + n] - want));
+            big = fmax(big, fabs(want));
+        }
+    return worst / big;
 }
 
 /* ---- the emulation ---------------------------------------------------------------------- */
@@ -224,6 +280,36 @@ Test(emulation, a_divergent_barrier_is_reported, .signal = SIGABRT) {
     FY_LAUNCH(1, 64, 0, (cudaStream_t)0, divergent_k)(out);
 }
 
+Test(emulation, mma_is_the_matrix_product_by_the_ptx_layouts) {
+    uint16_t A[256], B[128];
+    float C[128], f[256];
+    /* integers: every element of A says where it is (16 i + k - 128, exact in bf16), B and C
+     * small integers; products and sums are exact in fp32, so any misplaced element shows */
+    for (int i = 0; i < 256; i++) f[i] = (float)(i - 128);
+    to_bf16(A, f, 256);
+    for (int i = 0; i < 128; i++) f[i] = (float)((i * 37) % 19 - 9);
+    to_bf16(B, f, 128);
+    for (int i = 0; i < 128; i++) C[i] = (float)(i % 7 - 3);
+    for (int order = 0; order < 3; order++) {
+        fy_emu_set_order(order);
+        cr_expect_eq(mma_err(false, A, B, C), 0.0, "order %d: the integer product is not exact", order);
+    }
+    fy_emu_set_order(0);
+    cr_expect_gt(mma_err(true, A, B, C), 1e-2, "a wrong A layout goes unnoticed");
+    /* random bf16 values: fp32 sums of 16 exact products, within a few fp32 ulps */
+    unsigned s = 99;
+    for (int trial = 0; trial < 4; trial++) {
+        for (int i = 0; i < 256; i++) f[i] = 4 * frand(&s);
+        to_bf16(A, f, 256);
+        for (int i = 0; i < 128; i++) f[i] = 4 * frand(&s);
+        to_bf16(B, f, 128);
+        for (int i = 0; i < 128; i++) C[i] = frand(&s);
+        double e = mma_err(false, A, B, C);
+        cr_expect_lt(e, 1e-6, "trial %d: %g from the product", trial, e);
+        cr_expect_gt(mma_err(true, A, B, C), 1e-2, "trial %d: a wrong A layout goes unnoticed", trial);
+    }
+}
+
 Test(emulation, bf16_and_fp16_round_to_nearest_even) {
     /* every float with these 16-bit tops and a spread of low halves (ties included),
      * and the specials */
@@ -255,10 +341,6 @@ static fy_cu_stream *stream(void) {
     return &cs;
 }
 
-static float frand(unsigned *s) {
-    *s = *s * 1103515245u + 12345u;
-    return (float)((*s >> 8) & 0xffff) / 32768.0f - 1.0f;
-}
 
 static double rel_err(const float *a, const double *b, size_t n) {
     double num = 0, den = 0;
@@ -271,64 +353,6 @@ static double rel_err(const float *a, const double *b, size_t n) {
 }
 
 TestSuite(gemm_helpers, .timeout = 60);
-
-Test(gemm_helpers, causal_softmax_forward_and_backward) {
-    const int BH = 3, T = 37; /* rows not a multiple of anything */
-    const size_t n = (size_t)BH * T * T;
-    float *att = (float *)malloc(n * 4), *ds = (float *)malloc(n * 4);
-    double *p = (double *)malloc(n * 8), *g = (double *)malloc(n * 8);
-    unsigned s = 7;
-    for (size_t i = 0; i < n; i++) att[i] = 3 * frand(&s);
-    for (size_t r = 0; r < (size_t)BH * T; r++) { /* row r: position t = r % T sees 0..t */
-        const float *x = att + r * T;
-        int t = (int)(r % T);
-        double m = -INFINITY, z = 0;
-        for (int j = 0; j <= t; j++) m = fmax(m, x[j]);
-        for (int j = 0; j <= t; j++) z += exp(x[j] - m);
-        for (int j = 0; j < T; j++) p[r * T + j] = j <= t ? exp(x[j] - m) / z : 0.0;
-    }
-    fy_cu_softmax_causal_fwd(stream(), FY_F32, att, BH, T);
-    cr_expect_lt(rel_err(att, p, n), 1e-6, "softmax: %g", rel_err(att, p, n));
-    for (size_t i = 0; i < n; i++) ds[i] = frand(&s);
-    for (size_t r = 0; r < (size_t)BH * T; r++) {
-        double dot = 0;
-        for (int j = 0; j < T; j++) dot += (double)att[r * T + j] * ds[r * T + j];
-        int t = (int)(r % T);
-        for (int j = 0; j < T; j++)
-            g[r * T + j] = j <= t ? att[r * T + j] * (ds[r * T + j] - dot) : 0.0;
-    }
-    fy_cu_softmax_causal_bwd(stream(), FY_F32, ds, att, BH, T);
-    cr_expect_lt(rel_err(ds, g, n), 1e-6, "softmax backward: %g", rel_err(ds, g, n));
-    free(att); free(ds); free(p); free(g);
-}
-
-static void to_bf16(uint16_t *dst, const float *src, size_t n) { fy_f32_to_bf16_n(dst, src, n); }
-static void from_bf16(float *dst, const uint16_t *src, size_t n) { fy_bf16_to_f32_n(dst, src, n); }
-
-/* bf16 storage: the softmax of bf16 scores, rounded once (2^-9 relative at most): 1e-2 as
- * test_cuda.c's bf16 bound */
-Test(gemm_helpers, causal_softmax_in_bf16) {
-    const int BH = 2, T = 33;
-    const size_t n = (size_t)BH * T * T;
-    float *x = (float *)malloc(n * 4), *y = (float *)malloc(n * 4);
-    uint16_t *h = (uint16_t *)malloc(n * 2);
-    double *p = (double *)malloc(n * 8);
-    unsigned s = 5;
-    for (size_t i = 0; i < n; i++) x[i] = 3 * frand(&s);
-    to_bf16(h, x, n);
-    from_bf16(x, h, n); /* the scores as stored */
-    for (size_t r = 0; r < (size_t)BH * T; r++) {
-        int t = (int)(r % T);
-        double m = -INFINITY, z = 0;
-        for (int j = 0; j <= t; j++) m = fmax(m, x[r * T + j]);
-        for (int j = 0; j <= t; j++) z += exp(x[r * T + j] - m);
-        for (int j = 0; j < T; j++) p[r * T + j] = j <= t ? exp(x[r * T + j] - m) / z : 0.0;
-    }
-    fy_cu_softmax_causal_fwd(stream(), FY_BF16, h, BH, T);
-    from_bf16(y, h, n);
-    cr_expect_lt(rel_err(y, p, n), 1e-2, "bf16 softmax: %g", rel_err(y, p, n));
-    free(x); free(y); free(h); free(p);
-}
 
 /* ADD_F32 (dst += an fp32 source; the fp32 accumulator of the bf16 GEMM gradients), whose
  * only other caller is a GEMM test: fp32 exact, bf16 one rounding of the fp32 sum */
@@ -393,7 +417,7 @@ Test(gemm_helpers, column_sums_accumulate_and_bias_fills) {
  * backend (fy_cpu_exec) and by the emulated cuda kernel from the same buffers; outputs
  * start as NaN (an element left unwritten shows), accumulators random; every output
  * within tol (relative norm; 0: the same bits). Token and target arguments hold ids
- * below `ids`. Shapes the kernel tests of test_cuda.c do not take: one row, rows and
+ * below `ids`; optional int32 arguments (documents) are absent. Shapes the kernel tests of test_cuda.c do not take: one row, rows and
  * channels that are not multiples of 32, vocabularies of one or many partitions. */
 static void against_cpu(fy_op_kind kind, std::initializer_list<int64_t> ints,
                         std::initializer_list<float> flts, int64_t ids, double tol) {
@@ -411,6 +435,11 @@ static void against_cpu(fy_op_kind kind, std::initializer_list<int64_t> ints,
     unsigned s = 17u + (unsigned)kind;
     size_t nb[FY_OP_MAX_ARGS];
     for (int j = 0; j < n; j++) {
+        if (d->args[j].optional && d->args[j].type == FY_ARG_I32) { /* documents: none */
+            nb[j] = 0;
+            a.p[j] = b.p[j] = NULL;
+            continue;
+        }
         a.p[j] = (void *)1; /* sizes first: they depend on the integers only */
         size_t ne = fy_op_arg_nelem(&a, j);
         size_t es = d->args[j].type == FY_ARG_F64 ? 8 : 4;

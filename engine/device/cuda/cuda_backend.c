@@ -203,7 +203,6 @@ static void cu_launch(fy_stream *s, const fy_op *op) {
         break;
     }
     case FY_OP_MATMUL_FWD: case FY_OP_MATMUL_BWD: case FY_OP_MATMUL_BWD_DX32:
-    case FY_OP_ATTENTION_FWD: case FY_OP_ATTENTION_BWD:
         fy_cu_exec_gemm_op(cs, op);
         break;
     default:

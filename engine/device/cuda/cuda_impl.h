@@ -1,7 +1,8 @@
 /* cuda_impl.h — what the cuda backend's files share: the device and stream state, the
  * error check, and the entry points between cuda_backend.c (memory, streams, events,
- * copies), cuda_gemm.c (cuBLASLt, and the ops built on GEMMs) and cuda_kernels.cu (the
- * hand-written kernels). Included by those files only; it may name CUDA types.
+ * copies), cuda_gemm.c (cuBLASLt, and the matmul ops built on it) and cuda_kernels.cu
+ * (the hand-written kernels, attention's included). Included by those files only; it may
+ * name CUDA types.
  *
  * Every kernel's tensors are in the stream's storage type (fy_stream_set_dtype): fp32
  * or bf16, always accumulated in fp32. Kernels never use atomics, so each result
@@ -50,18 +51,13 @@ typedef struct fy_cu_dev {
     void *nccl;               /* the job's ncclComm_t (cuda_nccl.c), or NULL */
 } fy_cu_dev;
 
-/* cuda_kernels.cu: the ops that are not GEMMs (encoder, layernorm, gelu, residual,
- * crossentropy, mean, sumsq, adamw). */
+/* cuda_kernels.cu: the ops that are not GEMMs (encoder, layernorm, attention, rope, gelu,
+ * residual, crossentropy, mean, sumsq, adamw). */
 void fy_cu_exec_kernel(fy_cu_stream *cs, const fy_op *op);
 /* dst (C) += column sums of x (N, C), tensors of type dt, in a fixed order. */
 void fy_cu_colsum_acc(fy_cu_stream *cs, fy_dtype dt, void *dst, const void *x, int N, int C);
 /* out (N, C) = bias broadcast over rows. */
 void fy_cu_bias_fill(fy_cu_stream *cs, fy_dtype dt, void *out, const void *bias, int N, int C);
-/* Rows of the score matrices (BH, T, T): causal softmax in place (zero above the
- * diagonal); backward: ds = p * (ds - rowsum(p * ds)) in place, zero above it. */
-void fy_cu_softmax_causal_fwd(fy_cu_stream *cs, fy_dtype dt, void *att, int BH, int T);
-void fy_cu_softmax_causal_bwd(fy_cu_stream *cs, fy_dtype dt, void *ds, const void *att, int BH, int T);
-
 /* A library of the toolkit loaded with dlopen, by its soname, else from the toolkit's
  * directory; NULL, with "cannot load <what> (<soname>): <why>" in err, if neither loads.
  * FY_CU_SYM then loads one of its functions into a table of pointers typed like them,
@@ -80,7 +76,7 @@ void fy_cu_nccl_free(fy_cu_dev *cd);
 void fy_cu_nccl_shards(fy_cu_dev *cd, fy_cu_stream *cs, void *buf, const size_t *off, int nranks,
                        fy_dtype dt, bool gather);
 
-/* cuda_gemm.c: the GEMM ops (matmul, attention) and the cuBLASLt library. */
+/* cuda_gemm.c: the GEMM ops (matmul) and the cuBLASLt library. */
 void fy_cu_exec_gemm_op(fy_cu_stream *cs, const fy_op *op);
 /* Loads cuBLASLt (dlopen, once per process). FY_ERR_UNSUPPORTED (logged) if missing. */
 fy_status fy_cu_blas_load(void);

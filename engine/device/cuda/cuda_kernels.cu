@@ -1,4 +1,5 @@
-/* cuda_kernels.cu — the cuda backend's hand-written kernels: everything but the GEMMs.
+/* cuda_kernels.cu — the cuda backend's hand-written kernels: everything but the GEMMs
+ * (attention, tiled on the tensor cores, is in cuda_attention.cuh, included below).
  *
  * Each kernel is written once over the storage type T (float or bf16) and computes in
  * fp32 (sums of many terms in double where the cpu reference does). Shapes use llm.c's
@@ -15,6 +16,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stdint.h>
+#include <string.h>
 
 #include "engine/core/reduce.h"
 #include "engine/device/cuda/cuda_impl.h"
@@ -60,23 +63,50 @@ static unsigned grid_for(size_t n, unsigned threads) {
 
 /* ---- encoder ---------------------------------------------------------------------- */
 
+/* A row's place in its document (kernels.h): t, or t - docs[n] with documents. */
+__device__ __forceinline__ int position_of(const int32_t *docs, int n, int T_) {
+    return n % T_ - (docs ? docs[n] : 0);
+}
+
 template <typename T>
-__global__ void encoder_fwd_k(T *out, const int32_t *tok, const T *wte, const T *wpe, int N,
-                              int T_, int C) {
+__global__ void encoder_fwd_k(T *out, const int32_t *tok, const T *wte, const T *wpe,
+                              const int32_t *docs, int N, int T_, int C) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)N * C) return;
     int n = (int)(idx / C), c = (int)(idx % C);
-    float pe = wpe ? to_f(wpe[(size_t)(n % T_) * C + c]) : 0.0f;
+    float pe = wpe ? to_f(wpe[(size_t)position_of(docs, n, T_) * C + c]) : 0.0f;
     out[idx] = wpe ? from_f<T>(to_f(wte[(size_t)tok[n] * C + c]) + pe) : wte[(size_t)tok[n] * C + c];
 }
 
-/* dwpe (T, C): one thread per (t, c) adds the batch rows in order. */
+/* dwpe (T, C): one thread per (position p, c) adds, in row order, the rows at place p of
+ * their document: row (b, p) of each sequence without documents; with them, row s + p of
+ * each document starting at s that is longer than p (docs[b, s+p] == s). The next
+ * document's start is the first t with docs[b,t] > s (docs is nondecreasing in t): a
+ * binary search. The cpu backend's order, so fp32 gives its bits. */
 template <typename T>
-__global__ void encoder_bwd_wpe_k(T *dwpe, const T *dout, int B, int T_, int C) {
+__global__ void encoder_bwd_wpe_k(T *dwpe, const T *dout, const int32_t *docs, int B, int T_, int C) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)T_ * C) return;
+    const int p = (int)(idx / C), c = (int)(idx % C);
     float acc = to_f(dwpe[idx]);
-    for (int b = 0; b < B; b++) acc += to_f(dout[(size_t)b * T_ * C + idx]);
+    for (int b = 0; b < B; b++) {
+        const T *d = dout + (size_t)b * T_ * C;
+        if (!docs) { acc += to_f(d[idx]); continue; }
+        const int32_t *doc = docs + (size_t)b * T_;
+        for (int s = 0; s + p < T_;) {
+            int lo = s + 1, hi = T_;
+            if (doc[s + p] == s) {
+                acc += to_f(d[(size_t)(s + p) * C + c]);
+                lo = s + p + 1; /* this document runs past s + p */
+            }
+            while (lo < hi) {
+                const int mid = (lo + hi) / 2;
+                if (doc[mid] > s) hi = mid;
+                else lo = mid + 1;
+            }
+            s = lo;
+        }
+    }
     dwpe[idx] = from_f<T>(acc);
 }
 
@@ -150,7 +180,7 @@ static void encoder_fwd(cudaStream_t st, const fy_op *op) {
     int B = (int)op->i[0], T_ = (int)op->i[1], C = (int)op->i[2];
     size_t n = (size_t)B * T_ * C;
     FY_LAUNCH(grid_for(n, 256), 256, 0, st, encoder_fwd_k<T>)((T *)op->p[0], (const int32_t *)op->p[1],
-        (const T *)op->p[2], (const T *)op->p[3], B * T_, T_, C);
+        (const T *)op->p[2], (const T *)op->p[3], (const int32_t *)op->p[4], B * T_, T_, C);
     LAUNCHED("encoder_fwd");
 }
 
@@ -159,7 +189,7 @@ static void encoder_bwd(cudaStream_t st, const fy_op *op) {
     int B = (int)op->i[0], T_ = (int)op->i[1], C = (int)op->i[2], V = (int)op->i[3], N = B * T_;
     if (op->p[1]) { /* learned positions */
         FY_LAUNCH(grid_for((size_t)T_ * C, 256), 256, 0, st, encoder_bwd_wpe_k<T>)((T *)op->p[1],
-            (const T *)op->p[2], B, T_, C);
+            (const T *)op->p[2], (const int32_t *)op->p[4], B, T_, C);
         LAUNCHED("encoder_bwd (wpe)");
     }
     if (sizeof(T) == 2) {
@@ -376,56 +406,6 @@ extern "C" void fy_cu_bias_fill(fy_cu_stream *cs, fy_dtype dt, void *out, const 
     LAUNCHED("matmul bias");
 }
 
-/* ---- attention's softmax ------------------------------------------------------------ */
-
-/* One warp per row of (BH*T) rows of length T; row t keeps columns 0..t. */
-template <typename T>
-__global__ void softmax_causal_fwd_k(T *att, int rows, int T_) {
-    int lane = threadIdx.x & 31, row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
-    if (row >= rows) return;
-    int t = row % T_;
-    T *p = att + (size_t)row * T_;
-    float mx = -INFINITY;
-    for (int j = lane; j <= t; j += 32) mx = fmaxf(mx, to_f(p[j]));
-    mx = warp_max(mx);
-    float sum = 0.0f;
-    for (int j = lane; j <= t; j += 32) sum += expf(to_f(p[j]) - mx);
-    float inv = 1.0f / warp_sum(sum);
-    for (int j = lane; j < T_; j += 32) p[j] = from_f<T>(j <= t ? expf(to_f(p[j]) - mx) * inv : 0.0f);
-}
-
-template <typename T>
-__global__ void softmax_causal_bwd_k(T *ds, const T *att, int rows, int T_) {
-    int lane = threadIdx.x & 31, row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
-    if (row >= rows) return;
-    int t = row % T_;
-    const T *p = att + (size_t)row * T_;
-    T *d = ds + (size_t)row * T_;
-    float dot = 0.0f;
-    for (int j = lane; j <= t; j += 32) dot += to_f(p[j]) * to_f(d[j]);
-    dot = warp_sum(dot);
-    for (int j = lane; j < T_; j += 32)
-        d[j] = from_f<T>(j <= t ? to_f(p[j]) * (to_f(d[j]) - dot) : 0.0f);
-}
-
-extern "C" void fy_cu_softmax_causal_fwd(fy_cu_stream *cs, fy_dtype dt, void *att, int BH, int T_) {
-    int rows = BH * T_;
-    unsigned g = grid_for((size_t)rows, ROWS_PER_BLOCK);
-    if (dt == FY_BF16) FY_LAUNCH(g, 256, 0, cs->st, softmax_causal_fwd_k<bf16>)((bf16 *)att, rows, T_);
-    else FY_LAUNCH(g, 256, 0, cs->st, softmax_causal_fwd_k<float>)((float *)att, rows, T_);
-    LAUNCHED("attention_fwd (softmax)");
-}
-
-extern "C" void fy_cu_softmax_causal_bwd(fy_cu_stream *cs, fy_dtype dt, void *ds, const void *att, int BH, int T_) {
-    int rows = BH * T_;
-    unsigned g = grid_for((size_t)rows, ROWS_PER_BLOCK);
-    if (dt == FY_BF16)
-        FY_LAUNCH(g, 256, 0, cs->st, softmax_causal_bwd_k<bf16>)((bf16 *)ds, (const bf16 *)att, rows, T_);
-    else
-        FY_LAUNCH(g, 256, 0, cs->st, softmax_causal_bwd_k<float>)((float *)ds, (const float *)att, rows, T_);
-    LAUNCHED("attention_bwd (softmax)");
-}
-
 /* ---- pointwise ---------------------------------------------------------------------- */
 
 template <typename T>
@@ -471,10 +451,10 @@ __global__ void swiglu_bwd_k(T *dgu, const T *gu, const T *dout, size_t N, size_
 }
 
 /* Rotary embeddings (rope.h) on the query and key heads of packed rows: one thread per
- * (position, head, pair); the angle in double, its cosine and sine rounded to fp32, as the
- * cpu backend does. */
+ * (row, head, pair), at the row's place in its document; the angle in double, its cosine
+ * and sine rounded to fp32, as the cpu backend does. */
 template <typename T>
-__global__ void rope_k(T *qkv, int N, int T_, int heads, int W, int hd, bool inverse,
+__global__ void rope_k(T *qkv, const int32_t *docs, int N, int T_, int heads, int W, int hd, bool inverse,
                        int type, float theta, float factor, float low, float high, float orig) {
     const int half = hd / 2;
     const size_t total = (size_t)N * heads * half;
@@ -483,7 +463,7 @@ __global__ void rope_k(T *qkv, int N, int T_, int heads, int W, int hd, bool inv
         int j = (int)(idx % half);
         size_t nh = idx / half;
         int h = (int)(nh % heads), n = (int)(nh / heads);
-        double a = (double)(n % T_) * fy_rope_inv_freq(j, hd, type, theta, factor, low, high, orig);
+        double a = (double)position_of(docs, n, T_) * fy_rope_inv_freq(j, hd, type, theta, factor, low, high, orig);
         double sd, cd;
         sincos(a, &sd, &cd);
         float c = (float)cd, sn = inverse ? -(float)sd : (float)sd;
@@ -713,6 +693,10 @@ static void adamw(cudaStream_t st, const fy_op *op) {
     LAUNCHED("adamw");
 }
 
+/* ---- attention ------------------------------------------------------------------------------ */
+
+#include "engine/device/cuda/cuda_attention.cuh"
+
 /* ---- dispatch ------------------------------------------------------------------------------ */
 
 template <typename T>
@@ -721,14 +705,8 @@ static void exec_typed(fy_cu_stream *cs, const fy_op *op) {
     void *const *p = op->p;
     const int64_t *i = op->i;
     switch (op->kind) {
-    case FY_OP_ENCODER_FWD:
-        FY_ASSERT(!p[4], "cuda: documents in the embedding are not in this build yet");
-        encoder_fwd<T>(st, op);
-        break;
-    case FY_OP_ENCODER_BWD:
-        FY_ASSERT(!p[4], "cuda: documents in the embedding are not in this build yet");
-        encoder_bwd<T>(st, op);
-        break;
+    case FY_OP_ENCODER_FWD: encoder_fwd<T>(st, op); break;
+    case FY_OP_ENCODER_BWD: encoder_bwd<T>(st, op); break;
     case FY_OP_LAYERNORM_FWD: {
         int N = (int)i[0], C = (int)i[1];
         FY_LAUNCH(grid_for((size_t)N, ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, 0, st, layernorm_fwd_k<T>)(
@@ -748,16 +726,16 @@ static void exec_typed(fy_cu_stream *cs, const fy_op *op) {
     }
     case FY_OP_RMSNORM_BWD: rmsnorm_bwd<T>(cs, op); break;
     case FY_OP_ROPE: {
-        FY_ASSERT(!p[1], "cuda: documents in rope are not in this build yet");
         int B = (int)i[0], T_ = (int)i[1], NH = (int)i[2], NKV = (int)i[3], hd = (int)i[4];
         size_t n = (size_t)B * T_ * (NH + NKV) * (hd / 2);
         if (n)
-            FY_LAUNCH(pointwise_grid(n), 256, 0, st, rope_k<T>)((T *)p[0], B * T_, T_, NH + NKV,
+            FY_LAUNCH(pointwise_grid(n), 256, 0, st, rope_k<T>)((T *)p[0], (const int32_t *)p[1], B * T_, T_, NH + NKV,
                 (NH + 2 * NKV) * hd, hd, i[5] != 0, (int)i[6], op->f[0], op->f[1], op->f[2],
                 op->f[3], op->f[4]);
         LAUNCHED("rope");
         break;
     }
+    case FY_OP_ATTENTION_FWD: case FY_OP_ATTENTION_BWD: attention<T>(st, op); break;
     case FY_OP_SWIGLU_FWD: {
         size_t N = (size_t)i[0], F = (size_t)i[1];
         if (N && F) FY_LAUNCH(pointwise_grid(N * F), 256, 0, st, swiglu_fwd_k<T>)((T *)p[0], (const T *)p[1], N, F);
