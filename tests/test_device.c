@@ -363,7 +363,8 @@ typedef struct layer_fix {
 
 /* A 1-layer GPT-2 (C 16, NH 2) with parameters drawn so every nonlinearity works in
  * its curved range: gains 1 +- 0.3, biases +- 0.2, weights of unit output variance. */
-static void layer_fix_init(layer_fix *f, uint64_t seed) {
+/* chunk: the positions of the layer's sequence chunks (fy_model_chunk). */
+static void layer_fix_init(layer_fix *f, uint64_t seed, int chunk) {
     memset(f, 0, sizeof *f);
     f->cfg = (fy_gpt2_config){.vocab = 11, .max_seq = 8, .channels = 16, .layers = 1, .heads = 2};
     f->B = 2;
@@ -388,9 +389,8 @@ static void layer_fix_init(layer_fix *f, uint64_t seed) {
     fy_gpt2_layer_acts_bind(&f->cfg, f->B, f->T, FY_F32,
                             dnew(fy_gpt2_layer_acts_nbytes(&f->cfg, f->B, f->T, FY_F32)), &f->a);
     f->a.out = dnewf(f->NC); /* the output is bound apart from the other activations */
-    /* sequence chunks of 4 of the 10 positions (4, 4, 2): the passes' chunked loops */
-    fy_gpt2_layer_work_bind(&f->cfg, f->B, f->T, 4, FY_F32,
-                            dnew(fy_gpt2_layer_work_nbytes(&f->cfg, f->B, f->T, 4, FY_F32)), &f->wk);
+    fy_gpt2_layer_work_bind(&f->cfg, f->B, f->T, chunk, FY_F32,
+                            dnew(fy_gpt2_layer_work_nbytes(&f->cfg, f->B, f->T, chunk, FY_F32)), &f->wk);
     f->dx = dnewf(f->NC);
     f->x_in = dputf(hrand(&r, f->NC, -1.5f, 1.5f), f->NC);
     f->R = hrand(&r, f->NC, -1, 1);
@@ -413,7 +413,7 @@ static float *layer_bwd(layer_fix *f) {
 
 Test(kernel_grad, gpt2_layer_bwd_matches_fd) {
     layer_fix f;
-    layer_fix_init(&f, 707);
+    layer_fix_init(&f, 707, 4); /* chunks of 4 of the 10 positions (4, 4, 2): the chunked loops */
     layer_obj(&f);
     float *ana_x = layer_bwd(&f);
     float *ana_p = dgetf(f.gbase, f.blk->nelem);
@@ -552,7 +552,7 @@ Test(accumulate, gelu_bwd_overwrites_dinp) {
 
 Test(accumulate, gpt2_layer_bwd_adds_param_grads) {
     layer_fix f;
-    layer_fix_init(&f, 777);
+    layer_fix_init(&f, 777, FY_MODEL_CHUNK); /* one chunk: a gradient's one GEMM adds exactly */
     layer_obj(&f);
     float *dx1 = layer_bwd(&f);
     float *g1 = dgetf(f.gbase, f.blk->nelem);
@@ -892,7 +892,7 @@ Test(determinism, kernel_results_independent_of_buffer_addresses) {
 
 Test(determinism, gpt2_layer_fwd_bwd_bit_identical_when_rerun) {
     layer_fix f;
-    layer_fix_init(&f, 717);
+    layer_fix_init(&f, 717, FY_MODEL_CHUNK);
     size_t na = fy_gpt2_layer_acts_nbytes(&f.cfg, f.B, f.T, FY_F32) / sizeof(float);
     float *acts[2], *dx[2], *grads[2];
     for (int run = 0; run < 2; run++) {
