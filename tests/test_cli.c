@@ -1234,6 +1234,32 @@ Test(cli, dry_run_prints_the_memory_model) {
     cr_expect_null(strstr(r.out, "step "), "a dry run trained:\n%s", r.out);
 }
 
+/* Long context's memory (issue 29's bar, from the memory model, which equals the measured
+ * peak in the plan tests): Llama 3 8B in bf16, everything offloaded and recomputed, one
+ * sequence, needs at most 20 GiB of device memory at 32768 tokens and 64 GiB at 131072;
+ * nothing grows with T squared (twice the tokens take at most 2.2 times the memory). */
+static double dry_run_device_gib(int T) {
+    char seq[16];
+    snprintf(seq, sizeof seq, "%d", T);
+    run_result r;
+    FERRY(&r, "train", "--model", "llama3-8b", "--dtype", "bf16", "--batch", "1", "--offload-params",
+          "1", "--offload-optim", "1", "--ckpt-layers", "32", "--device", "cpu", "--seq", seq,
+          "--dry-run");
+    test_expect_ok(&r);
+    const char *d = strstr(r.out, "\"device_bytes\":");
+    cr_assert_not_null(d, "%s", r.out);
+    return strtod(d + 15, NULL) / 1073741824.0;
+}
+
+Test(cli, llama3_8b_trains_long_sequences_in_bounded_device_memory) {
+    const double g16 = dry_run_device_gib(16384), g32 = dry_run_device_gib(32768),
+                 g128 = dry_run_device_gib(131072);
+    cr_expect(g32 <= 20.0, "32768 tokens need %.2f GiB", g32);
+    cr_expect(g128 <= 64.0, "131072 tokens need %.2f GiB", g128);
+    cr_expect(g32 <= 2.2 * g16 && g128 <= 4.4 * g32, "not linear in T: %.2f, %.2f, %.2f GiB", g16,
+              g32, g128);
+}
+
 /* The same run under a saved offload plan and under shorthands prints the same losses
  * as all-resident (the invariance, through the command line), and a device budget below
  * the all-resident need fails that plan while the offloaded one trains under it. */
