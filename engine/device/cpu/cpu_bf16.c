@@ -5,8 +5,8 @@
  * tensor argument is widened into an fp32 temporary, the fp32 kernel runs on the
  * temporaries, and the outputs are rounded back to bf16 (round to nearest even). This is
  * the storage type's meaning, "fp32 arithmetic, bf16 at rest": results may differ in the
- * last bf16 bit from the cuda kernels, which also keep some intermediates (attention's
- * scores) in bf16. The arguments kernels.h keeps in fp32 (norm statistics, losses, the
+ * last bf16 bit from the cuda kernels, which also round some intermediates to bf16
+ * (attention's probabilities and score gradients, where they enter the tensor cores). The arguments kernels.h keeps in fp32 (norm statistics, losses, the
  * mean, AdamW's state) pass through untouched. Which arguments are tensors of the storage
  * type, whether they are read or written, and how many elements they hold: the op table
  * (ops.h).
