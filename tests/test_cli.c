@@ -1934,6 +1934,19 @@ Test(cli, tune_capacity_lists_what_fits) {
     cr_expect_not_null(strstr(r.out, "largest free shape: "), "%s", r.out);
     const char *row = strstr(r.out, "\nllama3-70b ");
     cr_expect(row && strstr(row, " no\n"), "llama3-70b should not fit:\n%s", r.out);
+    /* the longest sequences: GPT-2's bound by its 1024 positions; Llama 3.2 1B's by the
+     * memory, far past 1024, to a multiple of 1024; Llama 3 70B's host memory is short */
+    const char *seqs = strstr(r.out, "longest sequence");
+    cr_assert_not_null(seqs, "%s", r.out);
+    long gpt2 = 0, l1b = 0;
+    const char *g = strstr(seqs, "\ngpt2-124m "), *l = strstr(seqs, "\nllama3.2-1b ");
+    cr_assert(g && l, "%s", seqs);
+    cr_assert_eq(sscanf(g, " gpt2-124m %*s %ld", &gpt2), 1, "%s", seqs);
+    cr_assert_eq(sscanf(l, " llama3.2-1b %*s %ld", &l1b), 1, "%s", seqs);
+    cr_expect(gpt2 == 1024 && l1b > 16384 && l1b % 1024 == 0, "longest: gpt2-124m %ld, "
+              "llama3.2-1b %ld\n%s", gpt2, l1b, seqs);
+    row = strstr(seqs, "\nllama3-70b ");
+    cr_expect(row && !strncmp(strchr(row + 1, '\n') - 5, " none", 5), "%s", seqs);
     FERRY(&r, "tune", "--capacity");
     EXPECT_ERROR(&r, 2, "--capacity", "--profile");
 }
