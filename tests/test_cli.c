@@ -1545,6 +1545,20 @@ Test(cli, doc_mask_and_chunk_flags) {
     EXPECT_ERROR(&r, 2, "--chunk-tokens");
     FERRY(&r, "train", LTINY, "--doc-mask", "eot=10", "--chunk-tokens", "24");
     test_expect_ok(&r);
+    /* eval takes the mask too: spaces (token 32, 7 of the first 40) end documents */
+    const char *ev[] = {"eval", "--init", test_fixture("llama_hf_tiny"), "--data",
+                        test_fixture("gpt2_tiny_tokens.bin"), "--batch", "2", "--seq", "16",
+                        "--device", "cpu", "--batches", "1"};
+#define EV ev[0], ev[1], ev[2], ev[3], ev[4], ev[5], ev[6], ev[7], ev[8], ev[9], ev[10], ev[11], ev[12]
+    FERRY(&r, EV);
+    test_expect_ok(&r);
+    const double whole = eval_loss(&r);
+    FERRY(&r, EV, "--doc-mask", "eot=32");
+    test_expect_ok(&r);
+    cr_expect(fabs(eval_loss(&r) - whole) > 1e-6, "the documents changed nothing: %.9g", whole);
+    FERRY(&r, EV, "--doc-mask", "eot=x");
+    EXPECT_ERROR(&r, 2, "--doc-mask");
+#undef EV
 }
 
 Test(cli, hf_flags_disagreeing_with_the_config) {
