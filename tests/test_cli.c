@@ -1535,6 +1535,9 @@ Test(cli, doc_mask_and_chunk_flags) {
     run_result r;
     FERRY(&r, "train", LTINY, "--doc-mask", "sometimes");
     EXPECT_ERROR(&r, 2, "--doc-mask", "sometimes");
+    cr_expect(!strstr(r.out, "plan"), "a plan was printed before the error:\n%s", r.out);
+    FERRY(&r, "train", LTINY, "--doc-mask", "sometimes", "--dry-run");
+    EXPECT_ERROR(&r, 2, "--doc-mask", "sometimes");
     FERRY(&r, "train", LTINY, "--doc-mask", "eot");
     EXPECT_ERROR(&r, 2, "--doc-mask", "eot=ID");
     FERRY(&r, "train", LTINY, "--doc-mask", "eot=256");

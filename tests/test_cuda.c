@@ -790,12 +790,14 @@ static const att_case att_mha[] = {
     {90, 2, 2, 64, 0, true},    /* packed documents */
     {40, 2, 2, 128, 0, false},  /* Llama's head size */
     {33, 2, 2, 32, 1, true},    /* a window of one key: each query sees itself */
+    {45, 2, 2, 48, 0, true},    /* a head size between the tiles' widths (zero columns) */
 };
 static const att_case att_gqa[] = {
     {130, 4, 2, 64, 0, true},   /* groups of 2, packed documents */
     {200, 4, 2, 32, 40, true},  /* a window and documents */
     {77, 4, 1, 16, 16, false},  /* multi-query (one group of 4), a window, hd 16 */
     {50, 4, 4, 32, 0, true},    /* groups of one, documents */
+    {37, 4, 2, 80, 12, false},  /* 80-channel heads on 128-wide tiles, a window */
 };
 #define NCASES(a) (sizeof(a) / sizeof((a)[0]))
 

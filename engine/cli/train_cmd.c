@@ -396,10 +396,10 @@ static void print_memory_json(const fy_model *m, const fy_mem_model *mm, const f
     printf("}\n");
 }
 
-/* The training run's configuration from the options (tc->dev is set already). */
 /* --doc-mask: none, eot or bos, with the token named (=ID) or the vocabulary's own: GPT-2's
  * <|endoftext|> (50256, both), Llama 3's <|begin_of_text|> / <|end_of_text|> (128000,
- * 128001), Llama 2's and Mistral's <s> / </s> (1, 2). */
+ * 128001: instruction data that ends turns with <|eot_id|> names 128009), Llama 2's and
+ * Mistral's <s> / </s> (1, 2). */
 static fy_status parse_doc_mask(const fy_opts *o, const fy_model *m, fy_doc_mask *out) {
     *out = (fy_doc_mask){FY_DOCS_NONE, 0};
     const char *v = o->doc_mask;
@@ -433,6 +433,7 @@ static fy_status parse_doc_mask(const fy_opts *o, const fy_model *m, fy_doc_mask
     return FY_OK;
 }
 
+/* The training run's configuration from the options (tc->dev is set already). */
 static void fill_train_cfg(const fy_opts *o, fy_model *m, fy_plan *plan, fy_weights *init,
                            fy_comm *comm, bool lead, bool quiet, fy_train_cfg *tc) {
     tc->model = m;
@@ -531,6 +532,8 @@ int fy_train_main(const fy_opts *o) {
     if (st == FY_OK) st = check_ckpt_flags(o);
     if (st == FY_OK) st = fy_opts_dev_cfg(o, !o->dry_run, &tc.dev);
     if (st == FY_OK) st = resolve_model(o, fy_opts_given(o, "model"), &init, &m);
+    fy_doc_mask docs = {FY_DOCS_NONE, 0};
+    if (st == FY_OK) st = parse_doc_mask(o, m, &docs);
     /* one GPU per process: the local rank picks it */
     if (st == FY_OK && world > 1 && tc.dev.kind == FY_DEV_CUDA) tc.dev.ordinal = fy_comm_local_rank(comm);
     double *slowdown = NULL; /* --sim-slowdown, per rank */
@@ -556,9 +559,7 @@ int fy_train_main(const fy_opts *o) {
     if (st == FY_OK && !o->dry_run) st = check_budgets(o, &mm, &tc.dev);
     if (st == FY_OK && !o->dry_run) {
         fill_train_cfg(o, m, &plan, init, comm, lead, quiet, &tc);
-        st = parse_doc_mask(o, m, &tc.docs);
-    }
-    if (st == FY_OK && !o->dry_run) {
+        tc.docs = docs;
         st = fy_train(&tc);
     }
     fy_plan_free(&plan);

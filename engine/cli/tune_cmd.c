@@ -343,7 +343,7 @@ typedef struct best { char label[96]; size_t params; double ms; } best;
 
 /* One table: every named model (pass 0), or every width of a real size with as many
  * layers as fit (pass 1: fy_model_width_names); rows printed, the largest that fits in *b. */
-static void capacity_table(const fy_profile *p, const fy_tune_cfg *tc, int pass, best *b) {
+static void capacity_table(const fy_profile *p, const fy_tune_cfg *tc, int chunk, int pass, best *b) {
     char buf[1024], *save = NULL;
     snprintf(buf, sizeof buf, "%s", pass == 0 ? fy_model_names() : fy_model_width_names());
     const fy_log_level lvl = fy_log_get_level();
@@ -367,6 +367,7 @@ static void capacity_table(const fy_profile *p, const fy_tune_cfg *tc, int pass,
             if (fy_model_named(name, &over, &m) != FY_OK) continue;
             snprintf(label, sizeof label, L ? "%s, %d layers" : "%s width", name, L);
         }
+        fy_model_set_chunk(m, chunk);
         fy_tune_result r;
         const bool fits = capacity_tune(p, *tc, m, &r);
         capacity_row(label, m, tc, fits ? &r : NULL);
@@ -409,17 +410,20 @@ static int longest_seq(const fy_tune_cfg *tc, fy_model *m) {
     return lo >= SEQ_STEP ? lo / SEQ_STEP * SEQ_STEP : lo;
 }
 
-/* The longest sequence each named model trains at, with its best plan there. */
-static void capacity_seq(const fy_profile *p, const fy_tune_cfg *tc) {
+/* The longest sequence each named model trains at, with its best plan there (--max-seq
+ * extends the models' positions, --chunk-tokens sets their chunks). */
+static void capacity_seq(const fy_opts *o, const fy_profile *p, const fy_tune_cfg *tc) {
     char buf[1024], *save = NULL;
     snprintf(buf, sizeof buf, "%s", fy_model_names());
     printf("longest sequence: each named model at batch %d, to %d tokens (its positions bound "
            "it too)\n", tc->batch, SEQ_STEP);
     printf("%-26s %8s %9s %5s %6s %7s %9s %8s %11s %11s\n", "model", "params", "max seq", "ckpt",
            "stream", "cpu-opt", "ms/step", "tok/s", "device", "host");
+    const fy_model_shape over = {.max_seq = (int)o->max_seq};
     for (char *name = strtok_r(buf, ", ", &save); name; name = strtok_r(NULL, ", ", &save)) {
         fy_model *m;
-        if (fy_model_named(name, NULL, &m) != FY_OK) continue;
+        if (fy_model_named(name, &over, &m) != FY_OK) continue;
+        fy_model_set_chunk(m, (int)o->chunk_tokens);
         char params[32];
         snprintf(params, sizeof params, "%.2fB", (double)fy_model_num_params(m) / 1e9);
         const int T = longest_seq(tc, m);
@@ -458,9 +462,9 @@ static int capacity(const fy_opts *o) {
            fy_fmt_size(tc.device_budget, d, sizeof d), fy_fmt_size(tc.host_budget, h, sizeof h),
            tc.batch, tc.seq, fy_dtype_name(tc.dtype == FY_BF16 ? FY_BF16 : FY_F32));
     best named = {0}, shape = {0};
-    capacity_table(&p, &tc, 0, &named);
+    capacity_table(&p, &tc, (int)o->chunk_tokens, 0, &named);
     printf("free shapes: a Llama's width with as many layers as fit\n");
-    capacity_table(&p, &tc, 1, &shape);
+    capacity_table(&p, &tc, (int)o->chunk_tokens, 1, &shape);
     if (named.params)
         printf("largest named model: %s (%.2fB parameters, %.1f ms/step)\n", named.label,
                (double)named.params / 1e9, named.ms);
@@ -469,7 +473,7 @@ static int capacity(const fy_opts *o) {
     if (shape.params)
         printf("largest free shape: %s (%.2fB parameters, %.1f ms/step)\n", shape.label,
                (double)shape.params / 1e9, shape.ms);
-    capacity_seq(&p, &tc);
+    capacity_seq(o, &p, &tc);
     return 0;
 }
 

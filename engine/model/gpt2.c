@@ -49,6 +49,11 @@ fy_status fy_gpt2_config_check(const fy_gpt2_config *c) {
         fy_log_error("heads (%d) must divide channels (%d)", c->heads, c->channels);
         return FY_ERR_INVALID;
     }
+    if (c->channels / c->heads > FY_ATTN_MAX_HEAD) {
+        fy_log_error("%d heads of %d channels: ferry's attention takes heads of at most %d "
+                     "(more heads)", c->heads, c->channels, FY_ATTN_MAX_HEAD);
+        return FY_ERR_INVALID;
+    }
     return FY_OK;
 }
 
@@ -359,8 +364,10 @@ static void loss(const fy_model *m, int b, const fy_block_io *io, fy_stream *s) 
 /* Matmul FLOPs at the effective throughput plus memory traffic: a layer's forward is
  * 2*N*P for its weights plus 4*B*C per attended (query, key) pair (two products of hd per
  * head: the scores and the values; causal, about T^2/2 pairs, model_impl.h), and moves its
- * parameters once and ~20 activations of N*C; backward twice the weights' FLOPs and 2.5
- * times the attention's (the scores rebuilt, dP, dV, dQ, dK), six passes over the parameters and
+ * parameters once and ~20 activations of N*C; backward twice the weights' FLOPs and 3.5
+ * times the attention's (the cuda kernels' seven products: the scores and dP rebuilt in
+ * both the dK/dV and the dQ pass, dV, dK, dQ; the cpu's five cost less than this says),
+ * six passes over the parameters and
  * ~40 activations; the embedding moves 3 activations either way; the head's classifier
  * is 6*N*C*V FLOPs (forward and both backward products) over 4 passes of the logits. */
 static void cost(const fy_model *m, int b, fy_pass pass, int B, int T, double es, fy_cost *out) {
@@ -375,7 +382,7 @@ static void cost(const fy_model *m, int b, fy_pass pass, int B, int T, double es
         out->flops = 6.0 * N * C * V;
         out->bytes = 4.0 * N * V * es;
     } else if (pass == FY_PASS_BWD) {
-        out->flops = 2.0 * (fwd_flops - att) + 2.5 * att;
+        out->flops = 2.0 * (fwd_flops - att) + 3.5 * att;
         out->bytes = 6.0 * es * P + 40.0 * N * C * es;
     } else {
         out->flops = fwd_flops;

@@ -62,6 +62,11 @@ fy_status fy_llama_config_check(const fy_llama_config *c) {
                      c->heads);
         return FY_ERR_INVALID;
     }
+    if (c->head_dim > FY_ATTN_MAX_HEAD) {
+        fy_log_error("the head dimension (%d) is more than the %d ferry's attention takes",
+                     c->head_dim, FY_ATTN_MAX_HEAD);
+        return FY_ERR_INVALID;
+    }
     if (c->head_dim % 2) {
         fy_log_error("the head dimension (%d) must be even for rotary embeddings", c->head_dim);
         return FY_ERR_INVALID;
@@ -454,8 +459,8 @@ static void init_block(const fy_model *m, int b, uint64_t seed, float *host) {
 
 /* As GPT-2's (gpt2.c): a layer's forward is 2*N*P for its weights plus 4*B*NH*hd per
  * attended (query, key) pair (windowed: fewer) and moves its parameters once and its saved
- * activations about twice; backward twice the weights' FLOPs and 2.5 times the
- * attention's, six passes over the parameters and twice the traffic; the
+ * activations about twice; backward twice the weights' FLOPs and 3.5 times the
+ * attention's (as GPT-2's), six passes over the parameters and twice the traffic; the
  * head's classifier 6*N*C*V FLOPs over 4 passes of the logits. */
 static void cost(const fy_model *m, int b, fy_pass pass, int B, int T, double es, fy_cost *out) {
     const fy_llama_config *cfg = fy_llama_config_of(m);
@@ -470,7 +475,7 @@ static void cost(const fy_model *m, int b, fy_pass pass, int B, int T, double es
         out->flops = 6.0 * N * C * V;
         out->bytes = 4.0 * N * V * es;
     } else if (pass == FY_PASS_BWD) {
-        out->flops = 2.0 * (fwd_flops - att) + 2.5 * att;
+        out->flops = 2.0 * (fwd_flops - att) + 3.5 * att;
         out->bytes = 6.0 * es * P + 4.0 * acts_bytes;
     } else {
         out->flops = fwd_flops;

@@ -180,6 +180,8 @@ template <typename T, int HD> struct att_tiles {
 
 typedef struct att_args {
     int B, T, NH, NKV, G, W, window; /* G = NH / NKV; W = (NH + 2 NKV) hd, a packed row */
+    int hd;                          /* the head size: at most the kernel's HD (a tile's row
+                                        width; the columns past hd are zeros) */
     float scale;
     const int32_t *docs;             /* (B,T) or NULL */
 } att_args;
@@ -191,12 +193,14 @@ __device__ __forceinline__ int att_lo(const att_args &a, int b, int t) {
     return lo;
 }
 
-/* dst (n, HD) = rows r0 .. r0+n-1 of src (row r at src + r*stride), zeros past row T. */
+/* dst (n, HD) = the hd columns of rows r0 .. r0+n-1 of src (row r at src + r*stride),
+ * zeros past row T and past column hd (so a product over HD is the product over hd). */
 template <typename T, int HD>
-__device__ __forceinline__ void load_rows(T *dst, const T *src, size_t stride, int r0, int n, int T_) {
+__device__ __forceinline__ void load_rows(T *dst, const T *src, size_t stride, int r0, int n,
+                                          int T_, int hd) {
     for (int idx = threadIdx.x; idx < n * HD; idx += blockDim.x) {
         const int r = idx / HD, c = idx % HD;
-        dst[idx] = r0 + r < T_ ? src[(size_t)(r0 + r) * stride + c] : from_f<T>(0.0f);
+        dst[idx] = r0 + r < T_ && c < hd ? src[(size_t)(r0 + r) * stride + c] : from_f<T>(0.0f);
     }
 }
 
@@ -224,9 +228,9 @@ __global__ void attention_fwd_k(T *out, float *lse, const T *qkv, att_args a) {
     static_assert(att_tiles<T, HD>::fits && att_smem(sizeof(T), HD, R, C) <= ATT_SMEM_MAX, "tiles");
     __shared__ T q_s[R * HD], k_s[C * HD], v_s[C * HD], p_s[R * C];
     const int w = threadIdx.x >> 5, b = blockIdx.z, h = blockIdx.y, i0 = blockIdx.x * R;
-    const int kh = h / a.G, T_ = a.T, Cq = a.NH * HD;
+    const int kh = h / a.G, T_ = a.T, Cq = a.NH * a.hd;
     const T *seq = qkv + (size_t)b * T_ * a.W;
-    load_rows<T, HD>(q_s, seq + (size_t)h * HD, a.W, i0, R, T_);
+    load_rows<T, HD>(q_s, seq + (size_t)h * a.hd, a.W, i0, R, T_, a.hd);
     int t[2], lo[2]; /* this lane's two query rows; a row past T sees nothing */
     for (int r = 0; r < 2; r++) {
         t[r] = i0 + w * 16 + frag_row(2 * r);
@@ -238,8 +242,8 @@ __global__ void attention_fwd_k(T *out, float *lse, const T *qkv, att_args a) {
     const int last = (i0 + R < T_ ? i0 + R : T_) - 1;
     for (int j0 = att_lo(a, b, i0) / C * C; j0 <= last; j0 += C) {
         __syncthreads(); /* the previous tile's readers are done */
-        load_rows<T, HD>(k_s, seq + Cq + (size_t)kh * HD, a.W, j0, C, T_);
-        load_rows<T, HD>(v_s, seq + Cq + (size_t)(a.NKV + kh) * HD, a.W, j0, C, T_);
+        load_rows<T, HD>(k_s, seq + Cq + (size_t)kh * a.hd, a.W, j0, C, T_, a.hd);
+        load_rows<T, HD>(v_s, seq + Cq + (size_t)(a.NKV + kh) * a.hd, a.W, j0, C, T_, a.hd);
         __syncthreads();
         float s[C / 8][4];
         for (int n = 0; n < C / 8; n++)
@@ -275,10 +279,11 @@ __global__ void attention_fwd_k(T *out, float *lse, const T *qkv, att_args a) {
     }
     for (int r = 0; r < 2; r++) {
         if (t[r] >= T_) continue;
-        T *y = out + ((size_t)b * T_ + t[r]) * Cq + (size_t)h * HD;
+        T *y = out + ((size_t)b * T_ + t[r]) * Cq + (size_t)h * a.hd;
         const float inv = 1.0f / l[r];
         for (int n = 0; n < HD / 8; n++)
-            for (int i = 2 * r; i < 2 * r + 2; i++) y[frag_col(n, i)] = from_f<T>(o[n][i] * inv);
+            for (int i = 2 * r; i < 2 * r + 2; i++)
+                if (frag_col(n, i) < a.hd) y[frag_col(n, i)] = from_f<T>(o[n][i] * inv);
         if ((threadIdx.x & 3) == 0) lse[((size_t)b * a.NH + h) * T_ + t[r]] = m[r] + logf(l[r]);
     }
 }
@@ -309,10 +314,10 @@ __global__ void attention_bwd_dkv_k(T *dqkv, const T *dout, const T *qkv, const 
     __shared__ float lse_s[C], delta_s[C];
     __shared__ int lo_s[C];
     const int w = threadIdx.x >> 5, b = blockIdx.z, kh = blockIdx.y, j0 = blockIdx.x * R;
-    const int T_ = a.T, Cq = a.NH * HD;
+    const int T_ = a.T, Cq = a.NH * a.hd;
     const T *seq = qkv + (size_t)b * T_ * a.W;
-    load_rows<T, HD>(k_s, seq + Cq + (size_t)kh * HD, a.W, j0, R, T_);
-    load_rows<T, HD>(v_s, seq + Cq + (size_t)(a.NKV + kh) * HD, a.W, j0, R, T_);
+    load_rows<T, HD>(k_s, seq + Cq + (size_t)kh * a.hd, a.W, j0, R, T_, a.hd);
+    load_rows<T, HD>(v_s, seq + Cq + (size_t)(a.NKV + kh) * a.hd, a.W, j0, R, T_, a.hd);
     /* the queries that see a key of the tile: j0 <= t < t_end, t_end the first t whose lo
      * is past the tile's last key */
     const int jlast = (j0 + R < T_ ? j0 + R : T_) - 1;
@@ -333,8 +338,8 @@ __global__ void attention_bwd_dkv_k(T *dqkv, const T *dout, const T *qkv, const 
         const float *lse_h = lse + ((size_t)b * a.NH + h) * T_, *delta_h = delta + ((size_t)b * a.NH + h) * T_;
         for (int i0 = j0 / C * C; i0 < t_end; i0 += C) {
             __syncthreads(); /* the previous tile's readers are done */
-            load_rows<T, HD>(q_s, seq + (size_t)h * HD, a.W, i0, C, T_);
-            load_rows<T, HD>(do_s, dout + (size_t)b * T_ * Cq + (size_t)h * HD, Cq, i0, C, T_);
+            load_rows<T, HD>(q_s, seq + (size_t)h * a.hd, a.W, i0, C, T_, a.hd);
+            load_rows<T, HD>(do_s, dout + (size_t)b * T_ * Cq + (size_t)h * a.hd, Cq, i0, C, T_, a.hd);
             for (int c = threadIdx.x; c < C; c += blockDim.x) {
                 const int t = i0 + c;
                 lse_s[c] = t < T_ ? lse_h[t] : 0.0f;
@@ -365,8 +370,9 @@ __global__ void attention_bwd_dkv_k(T *dqkv, const T *dout, const T *qkv, const 
         T *row = dqkv + ((size_t)b * T_ + j[r]) * a.W + Cq;
         for (int n = 0; n < HD / 8; n++)
             for (int i = 2 * r; i < 2 * r + 2; i++) {
-                row[(size_t)kh * HD + frag_col(n, i)] = from_f<T>(dk[n][i] * a.scale);
-                row[(size_t)(a.NKV + kh) * HD + frag_col(n, i)] = from_f<T>(dv[n][i]);
+                if (frag_col(n, i) >= a.hd) continue;
+                row[(size_t)kh * a.hd + frag_col(n, i)] = from_f<T>(dk[n][i] * a.scale);
+                row[(size_t)(a.NKV + kh) * a.hd + frag_col(n, i)] = from_f<T>(dv[n][i]);
             }
     }
 }
@@ -378,10 +384,10 @@ __global__ void attention_bwd_dq_k(T *dqkv, const T *dout, const T *qkv, const f
     constexpr int R = att_tiles<T, HD>::R, C = att_tiles<T, HD>::C;
     __shared__ T q_s[R * HD], do_s[R * HD], k_s[C * HD], v_s[C * HD], ds_s[R * C];
     const int w = threadIdx.x >> 5, b = blockIdx.z, h = blockIdx.y, i0 = blockIdx.x * R;
-    const int kh = h / a.G, T_ = a.T, Cq = a.NH * HD;
+    const int kh = h / a.G, T_ = a.T, Cq = a.NH * a.hd;
     const T *seq = qkv + (size_t)b * T_ * a.W;
-    load_rows<T, HD>(q_s, seq + (size_t)h * HD, a.W, i0, R, T_);
-    load_rows<T, HD>(do_s, dout + (size_t)b * T_ * Cq + (size_t)h * HD, Cq, i0, R, T_);
+    load_rows<T, HD>(q_s, seq + (size_t)h * a.hd, a.W, i0, R, T_, a.hd);
+    load_rows<T, HD>(do_s, dout + (size_t)b * T_ * Cq + (size_t)h * a.hd, Cq, i0, R, T_, a.hd);
     int t[2], lo[2];
     float ls[2], dl[2];
     for (int r = 0; r < 2; r++) {
@@ -397,8 +403,8 @@ __global__ void attention_bwd_dq_k(T *dqkv, const T *dout, const T *qkv, const f
     const int last = (i0 + R < T_ ? i0 + R : T_) - 1;
     for (int j0 = att_lo(a, b, i0) / C * C; j0 <= last; j0 += C) {
         __syncthreads();
-        load_rows<T, HD>(k_s, seq + Cq + (size_t)kh * HD, a.W, j0, C, T_);
-        load_rows<T, HD>(v_s, seq + Cq + (size_t)(a.NKV + kh) * HD, a.W, j0, C, T_);
+        load_rows<T, HD>(k_s, seq + Cq + (size_t)kh * a.hd, a.W, j0, C, T_, a.hd);
+        load_rows<T, HD>(v_s, seq + Cq + (size_t)(a.NKV + kh) * a.hd, a.W, j0, C, T_, a.hd);
         __syncthreads();
         float s[C / 8][4], dp[C / 8][4];
         for (int n = 0; n < C / 8; n++)
@@ -416,9 +422,10 @@ __global__ void attention_bwd_dq_k(T *dqkv, const T *dout, const T *qkv, const f
     }
     for (int r = 0; r < 2; r++) {
         if (t[r] >= T_) continue;
-        T *row = dqkv + ((size_t)b * T_ + t[r]) * a.W + (size_t)h * HD;
+        T *row = dqkv + ((size_t)b * T_ + t[r]) * a.W + (size_t)h * a.hd;
         for (int n = 0; n < HD / 8; n++)
-            for (int i = 2 * r; i < 2 * r + 2; i++) row[frag_col(n, i)] = from_f<T>(dq[n][i] * a.scale);
+            for (int i = 2 * r; i < 2 * r + 2; i++)
+                if (frag_col(n, i) < a.hd) row[frag_col(n, i)] = from_f<T>(dq[n][i] * a.scale);
     }
 }
 
@@ -427,7 +434,7 @@ __global__ void attention_bwd_dq_k(T *dqkv, const T *dout, const T *qkv, const f
 static att_args att_args_of(const fy_op *op, int docs_arg) {
     const int NH = (int)op->i[2], NKV = (int)op->i[3], hd = (int)op->i[4];
     return att_args{(int)op->i[0], (int)op->i[1], NH, NKV, NH / NKV, (NH + 2 * NKV) * hd,
-                    (int)op->i[5], op->f[0], (const int32_t *)op->p[docs_arg]};
+                    (int)op->i[5], hd, op->f[0], (const int32_t *)op->p[docs_arg]};
 }
 
 template <typename T, int HD>
@@ -453,14 +460,15 @@ static void attention_bwd_hd(cudaStream_t st, const fy_op *op, const att_args &a
     LAUNCHED("attention_bwd (dq)");
 }
 
-/* Calls F<T, hd>::run(args...) for the head sizes the kernels take (multiples of 16 up to
- * 256 whose tiles fit: every family's head size so far). */
+/* The kernels' tile widths HD: a head of hd channels runs on the least HD >= hd whose
+ * tiles fit (its columns past hd zeros), so every head size up to 256 (128 in fp32) runs;
+ * the families' are 64, 80, 96, 128 and 256. */
 #define ATT_HEAD_SIZES(X) X(16) X(32) X(64) X(128) X(256)
 
 template <typename T>
 static void attention(cudaStream_t st, const fy_op *op) {
     const att_args a = att_args_of(op, op->kind == FY_OP_ATTENTION_FWD ? 3 : 6);
-    const int hd = (int)op->i[4];
+    const int hd = a.hd;
     FY_ASSERT(a.NKV > 0 && a.NH % a.NKV == 0, "attention: NKV must divide NH");
     if (a.B == 0 || a.T == 0 || a.NH == 0) return;
     const bool fwd = op->kind == FY_OP_ATTENTION_FWD;
@@ -470,18 +478,15 @@ static void attention(cudaStream_t st, const fy_op *op) {
             (float *)op->p[1], (const T *)op->p[2], (const T *)op->p[4], a.B, a.T, a.NH, hd);
         LAUNCHED("attention_bwd (delta)");
     }
-    switch (hd) {
 #define ATT_CASE(n)                                                                       \
-    case n:                                                                               \
-        if constexpr (att_tiles<T, n>::fits) {                                            \
+    if constexpr (att_tiles<T, n>::fits) {                                                \
+        if (hd <= n) {                                                                    \
             if (fwd) attention_fwd_hd<T, n>(st, op, a);                                   \
             else attention_bwd_hd<T, n>(st, op, a);                                       \
             return;                                                                       \
         }                                                                                 \
-        break;
-        ATT_HEAD_SIZES(ATT_CASE)
-#undef ATT_CASE
-    default: break;
     }
-    FY_ASSERT(0, "cuda attention: a head size the kernels do not take (16, 32, 64, 128; 256 in bf16)");
+    ATT_HEAD_SIZES(ATT_CASE)
+#undef ATT_CASE
+    FY_ASSERT(0, "cuda attention: heads of at most 256 channels (128 with fp32 storage)");
 }
