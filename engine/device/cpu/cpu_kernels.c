@@ -16,6 +16,11 @@
 #include "engine/device/rope.h"
 #include "optim_cpu/adam.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define ATT_X86 1
+#endif
+
 #define LN_EPS 1e-5f
 #define COLS_PER_TASK 16 /* column tile for column-parallel reductions (one cache line) */
 
@@ -214,9 +219,124 @@ static int att_lo(const att_dims *d, int b, int t) {
     return lo;
 }
 
+/* ---- one row of a tile: the softmax's exponentials -------------------------------------
+ * A row of nk scores, of which the columns c0..c1 are visible (c0 <= c1); the others
+ * become 0. Two versions: the scalar one (expf, the reference, any CPU) and a 16-lane
+ * AVX-512 one (picked at run time, att_wide), whose exp is Cody-Waite reduction to
+ * |r| <= ln2/2 and the Taylor polynomial of degree 7 (truncation < 6e-9, below half an
+ * ulp; a few ulps in all, like expf's 1) scaled by 2^n with vscalefps (gradual underflow
+ * as expf's). Sums run in a fixed order either way (the wide one: 16 lane sums, then a
+ * fixed tree), so results depend on the CPU's kind but never on threads or timing. */
+
+/* Forward: the row's running max *m and sum *l take in the visible scores; the row
+ * becomes exp(score - new max); returns the factor that rescales the row's output so
+ * far, exp(old max - new max). */
+static float att_fwd_row(float *sr, int nk, int c0, int c1, float *m, float *l) {
+    float mx = *m;
+    for (int c = c0; c <= c1; c++) mx = sr[c] > mx ? sr[c] : mx;
+    const float alpha = expf(*m - mx); /* 0 on the first tile */
+    float sum = 0.0f;
+    for (int c = 0; c < c0; c++) sr[c] = 0.0f;
+    for (int c = c0; c <= c1; c++) { sr[c] = expf(sr[c] - mx); sum += sr[c]; }
+    for (int c = c1 + 1; c < nk; c++) sr[c] = 0.0f;
+    *l = *l * alpha + sum;
+    *m = mx;
+    return alpha;
+}
+
+/* Backward: pr (scores) becomes P = exp(score - lse), dr (dP) becomes P (dP - delta). */
+static void att_bwd_row(float *pr, float *dr, int nk, int c0, int c1, float lse, float delta) {
+    for (int c = 0; c < nk; c++) {
+        const float p = c >= c0 && c <= c1 ? expf(pr[c] - lse) : 0.0f;
+        pr[c] = p;
+        dr[c] = p * (dr[c] - delta);
+    }
+}
+
+#ifdef ATT_X86
+#define ATT_T512 __attribute__((target("avx512f")))
+
+static inline __attribute__((always_inline)) ATT_T512 __m512 att_exp16(__m512 x) {
+    /* below -104 expf is 0; the clamp also keeps -inf from making r NaN */
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(88.7f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    /* ln 2 = 0.693359375 (9 bits: n * it is exact) - 2.12194440e-4 */
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* the lanes of columns c..c+15 that are visible */
+static inline __attribute__((always_inline)) ATT_T512 __mmask16 att_vis16(int c, int c0, int c1) {
+    const __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(c),
+                                         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    return _mm512_cmpge_epi32_mask(idx, _mm512_set1_epi32(c0)) &
+           _mm512_cmple_epi32_mask(idx, _mm512_set1_epi32(c1));
+}
+
+static ATT_T512 float att_fwd_row_avx512(float *sr, int nk, int c0, int c1, float *m, float *l) {
+    __m512 vmx = _mm512_set1_ps(*m);
+    for (int c = c0 / 16 * 16; c <= c1; c += 16) {
+        const __mmask16 vis = att_vis16(c, c0, c1);
+        vmx = _mm512_mask_max_ps(vmx, vis, vmx, _mm512_maskz_loadu_ps(vis, sr + c));
+    }
+    const float mx = _mm512_reduce_max_ps(vmx); /* a max: the scalar one's bits */
+    const float alpha = expf(*m - mx);
+    const __m512 vm = _mm512_set1_ps(mx);
+    __m512 vsum = _mm512_setzero_ps();
+    for (int c = 0; c < nk; c += 16) {
+        const __mmask16 in = nk - c >= 16 ? 0xffff : (__mmask16)((1u << (nk - c)) - 1);
+        const __mmask16 vis = att_vis16(c, c0, c1);
+        if (!vis) { _mm512_mask_storeu_ps(sr + c, in, _mm512_setzero_ps()); continue; }
+        const __m512 e = _mm512_maskz_mov_ps(vis, att_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(in, sr + c), vm)));
+        vsum = _mm512_add_ps(vsum, e);
+        _mm512_mask_storeu_ps(sr + c, in, e);
+    }
+    *l = *l * alpha + _mm512_reduce_add_ps(vsum);
+    *m = mx;
+    return alpha;
+}
+
+static ATT_T512 void att_bwd_row_avx512(float *pr, float *dr, int nk, int c0, int c1, float lse,
+                                        float delta) {
+    const __m512 vl = _mm512_set1_ps(lse), vd = _mm512_set1_ps(delta);
+    for (int c = 0; c < nk; c += 16) {
+        const __mmask16 in = nk - c >= 16 ? 0xffff : (__mmask16)((1u << (nk - c)) - 1);
+        const __mmask16 vis = att_vis16(c, c0, c1);
+        if (!vis) {
+            _mm512_mask_storeu_ps(pr + c, in, _mm512_setzero_ps());
+            _mm512_mask_storeu_ps(dr + c, in, _mm512_setzero_ps());
+            continue;
+        }
+        const __m512 p = _mm512_maskz_mov_ps(vis, att_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(in, pr + c), vl)));
+        _mm512_mask_storeu_ps(pr + c, in, p);
+        _mm512_mask_storeu_ps(dr + c, in, _mm512_mul_ps(p, _mm512_sub_ps(_mm512_maskz_loadu_ps(in, dr + c), vd)));
+    }
+}
+#endif
+
+/* Whether the rows take the AVX-512 path: the CPU's answer, asked once a call. */
+static bool att_wide(void) {
+#ifdef ATT_X86
+    return __builtin_cpu_supports("avx512f");
+#else
+    return false;
+#endif
+}
+
 /* P = softmax(mask(scale Q K^T)), Y = P V, lse = log-sum-exp of each row's scores. */
 static void attention_fwd(float *out, float *lse, const float *qkv, att_dims d) {
     const int T = d.T, hd = d.hd, W = d.W, Cq = d.NH * hd, nqt = (T + ATT_BQ - 1) / ATT_BQ;
+    const bool wide = att_wide();
     #pragma omp parallel
     {
         float *S = malloc(sizeof(float) * ATT_BQ * ATT_BK);
@@ -243,15 +363,8 @@ static void attention_fwd(float *out, float *lse, const float *qkv, att_dims d) 
                     const int c0 = (lo > j0 ? lo : j0) - j0, c1 = (t < j0 + nk - 1 ? t : j0 + nk - 1) - j0;
                     float *sr = S + (size_t)r * ATT_BK;
                     if (c0 > c1) { memset(sr, 0, sizeof(float) * nk); continue; }
-                    float mx = m[r];
-                    for (int c = c0; c <= c1; c++) mx = sr[c] > mx ? sr[c] : mx;
-                    const float alpha = expf(m[r] - mx); /* 0 on the first tile */
-                    float sum = 0.0f;
-                    for (int c = 0; c < c0; c++) sr[c] = 0.0f;
-                    for (int c = c0; c <= c1; c++) { sr[c] = expf(sr[c] - mx); sum += sr[c]; }
-                    for (int c = c1 + 1; c < nk; c++) sr[c] = 0.0f;
-                    l[r] = l[r] * alpha + sum;
-                    m[r] = mx;
+                    const float alpha = wide ? att_fwd_row_avx512(sr, nk, c0, c1, &m[r], &l[r])
+                                             : att_fwd_row(sr, nk, c0, c1, &m[r], &l[r]);
                     float *ar = acc + (size_t)r * hd;
                     if (alpha != 1.0f) for (int c = 0; c < hd; c++) ar[c] *= alpha;
                 }
@@ -276,6 +389,7 @@ static void attention_fwd(float *out, float *lse, const float *qkv, att_dims d) 
 static void attention_bwd(float *dqkv, float *delta, const float *dout, const float *qkv,
                           const float *out, const float *lse, att_dims d) {
     const int T = d.T, hd = d.hd, W = d.W, Cq = d.NH * hd;
+    const bool wide = att_wide();
     #pragma omp parallel for schedule(static)
     for (int bt = 0; bt < d.B * T; bt++) {
         const int b = bt / T, t = bt % T;
@@ -321,11 +435,13 @@ static void attention_bwd(float *dqkv, float *delta, const float *dout, const fl
                             const int t = i0 + r, lo = att_lo(&d, b, t);
                             const int c0 = (lo > j0 ? lo : j0) - j0, c1 = (t < j0 + nk - 1 ? t : j0 + nk - 1) - j0;
                             float *pr = P + (size_t)r * ATT_BK, *sr = dS + (size_t)r * ATT_BK;
-                            const float lr = ls[t], dr = dl[t];
-                            for (int c = 0; c < nk; c++) {
-                                const float p = c >= c0 && c <= c1 ? expf(pr[c] - lr) : 0.0f;
-                                pr[c] = p;
-                                sr[c] = p * (sr[c] - dr);
+                            if (c0 > c1) {
+                                memset(pr, 0, sizeof(float) * nk);
+                                memset(sr, 0, sizeof(float) * nk);
+                            } else if (wide) {
+                                att_bwd_row_avx512(pr, sr, nk, c0, c1, ls[t], dl[t]);
+                            } else {
+                                att_bwd_row(pr, sr, nk, c0, c1, ls[t], dl[t]);
                             }
                         }
                         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hd, nq, 1.0f, P, ATT_BK,
