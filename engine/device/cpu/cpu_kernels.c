@@ -194,11 +194,16 @@ static void matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout,
  * the OpenMP region), the softmax online per query row in fp32 (running max and sum), so
  * the memory is a few tiles a thread. The forward splits over (b, head, query tile): each
  * output row is one thread's, its key tiles in order. The backward splits over (b, key
- * head): each runs its key tiles in order and, within one, its G query heads and their
- * query tiles in order, so dK and dV (summed over query heads and tiles) and dQ (summed
- * over key tiles, in place) each have one fixed order, whatever the thread count. */
+ * head, chunk of key tiles) (att_bwd_chunks: chunks only where B*NKV is under
+ * ATT_BWD_TASKS, their bounds from the shapes alone): each runs its key tiles in order
+ * and, within one, its G query heads and their query tiles in order, so dK and dV (summed
+ * over query heads and tiles) have one fixed order; dQ sums over key tiles within a
+ * chunk (chunk 0 in place, the others into shares of their own) and then over chunks in
+ * order, whatever the thread count. A query tile's products stop at its last query's key
+ * (the causal triangle past it is not computed). */
 #define ATT_BQ 64
 #define ATT_BK 128
+#define ATT_BWD_TASKS 16 /* the backward splits keys until B*NKV*chunks reaches this */
 
 typedef struct att_dims {
     int B, T, NH, NKV, hd, G, W, window;
@@ -384,6 +389,27 @@ static void attention_fwd(float *out, float *lse, const float *qkv, att_dims d) 
     }
 }
 
+/* The backward's split of each (b, key head)'s key tiles into chunks of about equal
+ * causal work (key tile j0 meets about T - j0 queries), enough for ATT_BWD_TASKS tasks in
+ * all: chunk c holds tiles [first[c], first[c+1]), none empty. From the shapes alone, so
+ * dQ's order of summation (chunk by chunk) never depends on the thread count. Returns
+ * the number of chunks. */
+static int att_bwd_chunks(const att_dims *d, int first[ATT_BWD_TASKS + 1]) {
+    const int ntk = (d->T + ATT_BK - 1) / ATT_BK, pairs = d->B * d->NKV;
+    int nch = (ATT_BWD_TASKS + pairs - 1) / pairs;
+    nch = nch < ntk ? nch : ntk;
+    double total = 0.0, acc = 0.0;
+    for (int jt = 0; jt < ntk; jt++) total += d->T - jt * ATT_BK;
+    first[0] = 0;
+    for (int jt = 0, c = 1; c < nch; c++) {
+        while (jt < ntk && acc < total * c / nch) acc += d->T - jt++ * ATT_BK;
+        const int lo = first[c - 1] + 1, hi = ntk - (nch - c);
+        first[c] = jt < lo ? lo : jt > hi ? hi : jt;
+    }
+    first[nch] = ntk;
+    return nch;
+}
+
 /* dV = P^T dY, dP = dY V^T, dS = P * (dP - delta), delta = rowsum(dY * Y); dQ = scale dS K,
  * dK = scale dS^T Q, P rebuilt tile by tile from lse. */
 static void attention_bwd(float *dqkv, float *delta, const float *dout, const float *qkv,
@@ -400,20 +426,29 @@ static void attention_bwd(float *dqkv, float *delta, const float *dout, const fl
             delta[((size_t)b * d.NH + h) * T + t] = s;
         }
     }
+    int first[ATT_BWD_TASKS + 1];
+    const int nch = att_bwd_chunks(&d, first);
+    const size_t nq_all = (size_t)d.B * T * Cq;
+    float *part = nch > 1 ? malloc(sizeof(float) * (nch - 1) * nq_all) : NULL; /* rows >= chunk's first key touched */
+    FY_ASSERT(nch == 1 || part, "out of host memory for attention's dQ shares");
     #pragma omp parallel
     {
         float *P = malloc(sizeof(float) * ATT_BQ * ATT_BK), *dS = malloc(sizeof(float) * ATT_BQ * ATT_BK);
         float *dk = malloc(sizeof(float) * ATT_BK * (size_t)hd), *dv = malloc(sizeof(float) * ATT_BK * (size_t)hd);
         FY_ASSERT(P && dS && dk && dv, "out of host memory for attention's tiles");
         #pragma omp for schedule(dynamic, 1)
-        for (int bk = 0; bk < d.B * d.NKV; bk++) {
-            const int b = bk / d.NKV, kh = bk % d.NKV;
+        for (int task = 0; task < d.B * d.NKV * nch; task++) {
+            const int b = task / nch / d.NKV, kh = task / nch % d.NKV, ch = task % nch;
             const size_t r0 = (size_t)b * T * W, koff = (size_t)Cq + (size_t)kh * hd,
                          voff = (size_t)Cq + (size_t)d.NKV * hd + (size_t)kh * hd;
-            for (int t = 0; t < T; t++) /* dQ of the group's heads accumulates below */
-                memset(dqkv + r0 + (size_t)t * W + (size_t)kh * d.G * hd, 0, sizeof(float) * (size_t)d.G * hd);
+            /* dQ of the group's heads: chunk 0's into dqkv, the others' into their shares */
+            float *dq0 = ch == 0 ? dqkv + r0 + (size_t)kh * d.G * hd
+                                 : part + (ch - 1) * nq_all + (size_t)b * T * Cq + (size_t)kh * d.G * hd;
+            const int ldq = ch == 0 ? W : Cq, j_begin = first[ch] * ATT_BK;
+            for (int t = ch == 0 ? 0 : j_begin; t < T; t++)
+                memset(dq0 + (size_t)t * ldq, 0, sizeof(float) * (size_t)d.G * hd);
             int t_end = 0; /* queries t < t_end see keys before j0 + nk (lo is nondecreasing) */
-            for (int j0 = 0; j0 < T; j0 += ATT_BK) {
+            for (int j0 = j_begin; j0 < T && j0 < first[ch + 1] * ATT_BK; j0 += ATT_BK) {
                 const int nk = T - j0 < ATT_BK ? T - j0 : ATT_BK;
                 const float *k = qkv + r0 + (size_t)j0 * W + koff, *v = qkv + r0 + (size_t)j0 * W + voff;
                 while (t_end < T && att_lo(&d, b, t_end) <= j0 + nk - 1) t_end++;
@@ -424,31 +459,33 @@ static void attention_bwd(float *dqkv, float *delta, const float *dout, const fl
                     const float *ls = lse + ((size_t)b * d.NH + h) * T, *dl = delta + ((size_t)b * d.NH + h) * T;
                     for (int i0 = j0 / ATT_BQ * ATT_BQ; i0 < t_end; i0 += ATT_BQ) {
                         const int nq = t_end - i0 < ATT_BQ ? t_end - i0 : ATT_BQ;
+                        /* keys past the tile's last query are hidden from all of it */
+                        const int nkq = i0 + nq - j0 < nk ? i0 + nq - j0 : nk;
                         const float *q = qkv + r0 + (size_t)i0 * W + (size_t)h * hd;
                         const float *dy = dout + ((size_t)b * T + i0) * Cq + (size_t)h * hd;
-                        float *dq = dqkv + r0 + (size_t)i0 * W + (size_t)h * hd;
-                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, d.scale, q, W,
+                        float *dq = dq0 + (size_t)i0 * ldq + (size_t)g * hd;
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nkq, hd, d.scale, q, W,
                                     k, W, 0.0f, P, ATT_BK);
-                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, 1.0f, dy, Cq,
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nkq, hd, 1.0f, dy, Cq,
                                     v, W, 0.0f, dS, ATT_BK);
                         for (int r = 0; r < nq; r++) {
                             const int t = i0 + r, lo = att_lo(&d, b, t);
-                            const int c0 = (lo > j0 ? lo : j0) - j0, c1 = (t < j0 + nk - 1 ? t : j0 + nk - 1) - j0;
+                            const int c0 = (lo > j0 ? lo : j0) - j0, c1 = (t < j0 + nkq - 1 ? t : j0 + nkq - 1) - j0;
                             float *pr = P + (size_t)r * ATT_BK, *sr = dS + (size_t)r * ATT_BK;
                             if (c0 > c1) {
-                                memset(pr, 0, sizeof(float) * nk);
-                                memset(sr, 0, sizeof(float) * nk);
+                                memset(pr, 0, sizeof(float) * nkq);
+                                memset(sr, 0, sizeof(float) * nkq);
                             } else if (wide) {
-                                att_bwd_row_avx512(pr, sr, nk, c0, c1, ls[t], dl[t]);
+                                att_bwd_row_avx512(pr, sr, nkq, c0, c1, ls[t], dl[t]);
                             } else {
-                                att_bwd_row(pr, sr, nk, c0, c1, ls[t], dl[t]);
+                                att_bwd_row(pr, sr, nkq, c0, c1, ls[t], dl[t]);
                             }
                         }
-                        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hd, nq, 1.0f, P, ATT_BK,
+                        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nkq, hd, nq, 1.0f, P, ATT_BK,
                                     dy, Cq, 1.0f, dv, hd);
-                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nk, d.scale, dS,
-                                    ATT_BK, k, W, 1.0f, dq, W);
-                        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hd, nq, d.scale, dS,
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nkq, d.scale, dS,
+                                    ATT_BK, k, W, 1.0f, dq, ldq);
+                        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nkq, hd, nq, d.scale, dS,
                                     ATT_BK, q, W, 1.0f, dk, hd);
                     }
                 }
@@ -458,11 +495,22 @@ static void attention_bwd(float *dqkv, float *delta, const float *dout, const fl
                 }
             }
         }
+        /* dQ = chunk 0's + chunk 1's + ..., in chunk order (the loop above ends in a barrier) */
+        #pragma omp for schedule(static)
+        for (int bt = 0; bt < (nch > 1 ? d.B * T : 0); bt++) {
+            float *dq = dqkv + (size_t)bt * W;
+            for (int ch = 1; ch < nch; ch++) {
+                if (bt % T < first[ch] * ATT_BK) continue;
+                const float *sh = part + (ch - 1) * nq_all + (size_t)bt * Cq;
+                for (int c = 0; c < Cq; c++) dq[c] += sh[c];
+            }
+        }
         free(P);
         free(dS);
         free(dk);
         free(dv);
     }
+    free(part);
 }
 
 /* Rotary embeddings on the query and key heads of packed rows (rope.h), in place; the
