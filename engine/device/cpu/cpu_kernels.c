@@ -229,9 +229,10 @@ static int att_lo(const att_dims *d, int b, int t) {
  * become 0. Two versions: the scalar one (expf, the reference, any CPU) and a 16-lane
  * AVX-512 one (picked at run time, att_wide), whose exp is Cody-Waite reduction to
  * |r| <= ln2/2 and the Taylor polynomial of degree 7 (truncation < 6e-9, below half an
- * ulp; a few ulps in all, like expf's 1) scaled by 2^n with vscalefps (gradual underflow
- * as expf's). Sums run in a fixed order either way (the wide one: 16 lane sums, then a
- * fixed tree), so results depend on the CPU's kind but never on threads or timing. */
+ * ulp), scaled by 2^n with vscalefps (gradual underflow as expf's): within a few ulps of
+ * exp, where expf is within one. Sums run in a fixed order either way (the wide one: 16
+ * lane sums, then a fixed tree), so results depend on the CPU's kind but never on the
+ * threads or timing. */
 
 /* Forward: the row's running max *m and sum *l take in the visible scores; the row
  * becomes exp(score - new max); returns the factor that rescales the row's output so
