@@ -16,6 +16,11 @@
 #include "engine/device/rope.h"
 #include "optim_cpu/adam.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define ATT_X86 1
+#endif
+
 #define LN_EPS 1e-5f
 #define COLS_PER_TASK 16 /* column tile for column-parallel reductions (one cache line) */
 
@@ -189,11 +194,16 @@ static void matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout,
  * the OpenMP region), the softmax online per query row in fp32 (running max and sum), so
  * the memory is a few tiles a thread. The forward splits over (b, head, query tile): each
  * output row is one thread's, its key tiles in order. The backward splits over (b, key
- * head): each runs its key tiles in order and, within one, its G query heads and their
- * query tiles in order, so dK and dV (summed over query heads and tiles) and dQ (summed
- * over key tiles, in place) each have one fixed order, whatever the thread count. */
+ * head, chunk of key tiles) (att_bwd_chunks: chunks only where B*NKV is under
+ * ATT_BWD_TASKS, their bounds from the shapes alone): each runs its key tiles in order
+ * and, within one, its G query heads and their query tiles in order, so dK and dV (summed
+ * over query heads and tiles) have one fixed order; dQ sums over key tiles within a
+ * chunk (chunk 0 in place, the others into shares of their own) and then over chunks in
+ * order, whatever the thread count. A query tile's products stop at its last query's key
+ * (the causal triangle past it is not computed). */
 #define ATT_BQ 64
 #define ATT_BK 128
+#define ATT_BWD_TASKS 16 /* the backward splits keys until B*NKV*chunks reaches this */
 
 typedef struct att_dims {
     int B, T, NH, NKV, hd, G, W, window;
@@ -214,9 +224,126 @@ static int att_lo(const att_dims *d, int b, int t) {
     return lo;
 }
 
+/* ---- one row of a tile: the softmax's exponentials -------------------------------------
+ * A row of nk scores, of which the columns c0..c1 are visible (c0 <= c1); the others
+ * become 0. Two versions: the scalar one (expf, the reference, any CPU) and a 16-lane
+ * AVX-512 one (picked at run time, att_wide), whose exp is Cody-Waite reduction to
+ * |r| <= ln2/2 and the Taylor polynomial of degree 7 (truncation < 6e-9, below half an
+ * ulp), scaled by 2^n with vscalefps (gradual underflow as expf's): within 1 ulp of the
+ * correctly rounded exp at every float in [-103.9, 0] (checked exhaustively, 2026-12-03),
+ * as glibc's expf. Sums run in a fixed order either way (the wide one: 16
+ * lane sums, then a fixed tree), so results depend on the CPU's kind but never on the
+ * threads or timing. */
+
+/* Forward: the row's running max *m and sum *l take in the visible scores; the row
+ * becomes exp(score - new max); returns the factor that rescales the row's output so
+ * far, exp(old max - new max). */
+static float att_fwd_row(float *sr, int nk, int c0, int c1, float *m, float *l) {
+    float mx = *m;
+    for (int c = c0; c <= c1; c++) mx = sr[c] > mx ? sr[c] : mx;
+    const float alpha = expf(*m - mx); /* 0 on the first tile */
+    float sum = 0.0f;
+    for (int c = 0; c < c0; c++) sr[c] = 0.0f;
+    for (int c = c0; c <= c1; c++) { sr[c] = expf(sr[c] - mx); sum += sr[c]; }
+    for (int c = c1 + 1; c < nk; c++) sr[c] = 0.0f;
+    *l = *l * alpha + sum;
+    *m = mx;
+    return alpha;
+}
+
+/* Backward: pr (scores) becomes P = exp(score - lse), dr (dP) becomes P (dP - delta). */
+static void att_bwd_row(float *pr, float *dr, int nk, int c0, int c1, float lse, float delta) {
+    for (int c = 0; c < nk; c++) {
+        const float p = c >= c0 && c <= c1 ? expf(pr[c] - lse) : 0.0f;
+        pr[c] = p;
+        dr[c] = p * (dr[c] - delta);
+    }
+}
+
+#ifdef ATT_X86
+#define ATT_T512 __attribute__((target("avx512f")))
+
+static inline __attribute__((always_inline)) ATT_T512 __m512 att_exp16(__m512 x) {
+    /* below -104 expf is 0; the clamp also keeps -inf from making r NaN */
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(88.7f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    /* ln 2 = 0.693359375 (9 bits: n * it is exact) - 2.12194440e-4 */
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* the lanes of columns c..c+15 that are visible */
+static inline __attribute__((always_inline)) ATT_T512 __mmask16 att_vis16(int c, int c0, int c1) {
+    const __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(c),
+                                         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    return _mm512_cmpge_epi32_mask(idx, _mm512_set1_epi32(c0)) &
+           _mm512_cmple_epi32_mask(idx, _mm512_set1_epi32(c1));
+}
+
+static ATT_T512 float att_fwd_row_avx512(float *sr, int nk, int c0, int c1, float *m, float *l) {
+    __m512 vmx = _mm512_set1_ps(*m);
+    for (int c = c0 / 16 * 16; c <= c1; c += 16) {
+        const __mmask16 vis = att_vis16(c, c0, c1);
+        vmx = _mm512_mask_max_ps(vmx, vis, vmx, _mm512_maskz_loadu_ps(vis, sr + c));
+    }
+    const float mx = _mm512_reduce_max_ps(vmx); /* a max: the scalar one's bits */
+    const float alpha = expf(*m - mx);
+    const __m512 vm = _mm512_set1_ps(mx);
+    __m512 vsum = _mm512_setzero_ps();
+    for (int c = 0; c < nk; c += 16) {
+        const __mmask16 in = nk - c >= 16 ? 0xffff : (__mmask16)((1u << (nk - c)) - 1);
+        const __mmask16 vis = att_vis16(c, c0, c1);
+        if (!vis) { _mm512_mask_storeu_ps(sr + c, in, _mm512_setzero_ps()); continue; }
+        const __m512 e = _mm512_maskz_mov_ps(vis, att_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(in, sr + c), vm)));
+        vsum = _mm512_add_ps(vsum, e);
+        _mm512_mask_storeu_ps(sr + c, in, e);
+    }
+    *l = *l * alpha + _mm512_reduce_add_ps(vsum);
+    *m = mx;
+    return alpha;
+}
+
+static ATT_T512 void att_bwd_row_avx512(float *pr, float *dr, int nk, int c0, int c1, float lse,
+                                        float delta) {
+    const __m512 vl = _mm512_set1_ps(lse), vd = _mm512_set1_ps(delta);
+    for (int c = 0; c < nk; c += 16) {
+        const __mmask16 in = nk - c >= 16 ? 0xffff : (__mmask16)((1u << (nk - c)) - 1);
+        const __mmask16 vis = att_vis16(c, c0, c1);
+        if (!vis) {
+            _mm512_mask_storeu_ps(pr + c, in, _mm512_setzero_ps());
+            _mm512_mask_storeu_ps(dr + c, in, _mm512_setzero_ps());
+            continue;
+        }
+        const __m512 p = _mm512_maskz_mov_ps(vis, att_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(in, pr + c), vl)));
+        _mm512_mask_storeu_ps(pr + c, in, p);
+        _mm512_mask_storeu_ps(dr + c, in, _mm512_mul_ps(p, _mm512_sub_ps(_mm512_maskz_loadu_ps(in, dr + c), vd)));
+    }
+}
+#endif
+
+/* Whether the rows take the AVX-512 path: the CPU's answer, asked once a call. */
+static bool att_wide(void) {
+#ifdef ATT_X86
+    return __builtin_cpu_supports("avx512f");
+#else
+    return false;
+#endif
+}
+
 /* P = softmax(mask(scale Q K^T)), Y = P V, lse = log-sum-exp of each row's scores. */
 static void attention_fwd(float *out, float *lse, const float *qkv, att_dims d) {
     const int T = d.T, hd = d.hd, W = d.W, Cq = d.NH * hd, nqt = (T + ATT_BQ - 1) / ATT_BQ;
+    const bool wide = att_wide();
     #pragma omp parallel
     {
         float *S = malloc(sizeof(float) * ATT_BQ * ATT_BK);
@@ -243,15 +370,8 @@ static void attention_fwd(float *out, float *lse, const float *qkv, att_dims d) 
                     const int c0 = (lo > j0 ? lo : j0) - j0, c1 = (t < j0 + nk - 1 ? t : j0 + nk - 1) - j0;
                     float *sr = S + (size_t)r * ATT_BK;
                     if (c0 > c1) { memset(sr, 0, sizeof(float) * nk); continue; }
-                    float mx = m[r];
-                    for (int c = c0; c <= c1; c++) mx = sr[c] > mx ? sr[c] : mx;
-                    const float alpha = expf(m[r] - mx); /* 0 on the first tile */
-                    float sum = 0.0f;
-                    for (int c = 0; c < c0; c++) sr[c] = 0.0f;
-                    for (int c = c0; c <= c1; c++) { sr[c] = expf(sr[c] - mx); sum += sr[c]; }
-                    for (int c = c1 + 1; c < nk; c++) sr[c] = 0.0f;
-                    l[r] = l[r] * alpha + sum;
-                    m[r] = mx;
+                    const float alpha = wide ? att_fwd_row_avx512(sr, nk, c0, c1, &m[r], &l[r])
+                                             : att_fwd_row(sr, nk, c0, c1, &m[r], &l[r]);
                     float *ar = acc + (size_t)r * hd;
                     if (alpha != 1.0f) for (int c = 0; c < hd; c++) ar[c] *= alpha;
                 }
@@ -271,11 +391,33 @@ static void attention_fwd(float *out, float *lse, const float *qkv, att_dims d) 
     }
 }
 
+/* The backward's split of each (b, key head)'s key tiles into chunks of about equal
+ * causal work (key tile j0 meets about T - j0 queries), enough for ATT_BWD_TASKS tasks in
+ * all: chunk c holds tiles [first[c], first[c+1]), none empty. From the shapes alone, so
+ * dQ's order of summation (chunk by chunk) never depends on the thread count. Returns
+ * the number of chunks. */
+static int att_bwd_chunks(const att_dims *d, int first[ATT_BWD_TASKS + 1]) {
+    const int ntk = (d->T + ATT_BK - 1) / ATT_BK, pairs = d->B * d->NKV;
+    int nch = (ATT_BWD_TASKS + pairs - 1) / pairs;
+    nch = nch < ntk ? nch : ntk;
+    double total = 0.0, acc = 0.0;
+    for (int jt = 0; jt < ntk; jt++) total += d->T - jt * ATT_BK;
+    first[0] = 0;
+    for (int jt = 0, c = 1; c < nch; c++) {
+        while (jt < ntk && acc < total * c / nch) acc += d->T - jt++ * ATT_BK;
+        const int lo = first[c - 1] + 1, hi = ntk - (nch - c);
+        first[c] = jt < lo ? lo : jt > hi ? hi : jt;
+    }
+    first[nch] = ntk;
+    return nch;
+}
+
 /* dV = P^T dY, dP = dY V^T, dS = P * (dP - delta), delta = rowsum(dY * Y); dQ = scale dS K,
  * dK = scale dS^T Q, P rebuilt tile by tile from lse. */
 static void attention_bwd(float *dqkv, float *delta, const float *dout, const float *qkv,
                           const float *out, const float *lse, att_dims d) {
     const int T = d.T, hd = d.hd, W = d.W, Cq = d.NH * hd;
+    const bool wide = att_wide();
     #pragma omp parallel for schedule(static)
     for (int bt = 0; bt < d.B * T; bt++) {
         const int b = bt / T, t = bt % T;
@@ -286,20 +428,29 @@ static void attention_bwd(float *dqkv, float *delta, const float *dout, const fl
             delta[((size_t)b * d.NH + h) * T + t] = s;
         }
     }
+    int first[ATT_BWD_TASKS + 1];
+    const int nch = att_bwd_chunks(&d, first);
+    const size_t nq_all = (size_t)d.B * T * Cq;
+    float *part = nch > 1 ? malloc(sizeof(float) * (nch - 1) * nq_all) : NULL; /* rows >= chunk's first key touched */
+    FY_ASSERT(nch == 1 || part, "out of host memory for attention's dQ shares");
     #pragma omp parallel
     {
         float *P = malloc(sizeof(float) * ATT_BQ * ATT_BK), *dS = malloc(sizeof(float) * ATT_BQ * ATT_BK);
         float *dk = malloc(sizeof(float) * ATT_BK * (size_t)hd), *dv = malloc(sizeof(float) * ATT_BK * (size_t)hd);
         FY_ASSERT(P && dS && dk && dv, "out of host memory for attention's tiles");
         #pragma omp for schedule(dynamic, 1)
-        for (int bk = 0; bk < d.B * d.NKV; bk++) {
-            const int b = bk / d.NKV, kh = bk % d.NKV;
+        for (int task = 0; task < d.B * d.NKV * nch; task++) {
+            const int b = task / nch / d.NKV, kh = task / nch % d.NKV, ch = task % nch;
             const size_t r0 = (size_t)b * T * W, koff = (size_t)Cq + (size_t)kh * hd,
                          voff = (size_t)Cq + (size_t)d.NKV * hd + (size_t)kh * hd;
-            for (int t = 0; t < T; t++) /* dQ of the group's heads accumulates below */
-                memset(dqkv + r0 + (size_t)t * W + (size_t)kh * d.G * hd, 0, sizeof(float) * (size_t)d.G * hd);
+            /* dQ of the group's heads: chunk 0's into dqkv, the others' into their shares */
+            float *dq0 = ch == 0 ? dqkv + r0 + (size_t)kh * d.G * hd
+                                 : part + (ch - 1) * nq_all + (size_t)b * T * Cq + (size_t)kh * d.G * hd;
+            const int ldq = ch == 0 ? W : Cq, j_begin = first[ch] * ATT_BK;
+            for (int t = ch == 0 ? 0 : j_begin; t < T; t++)
+                memset(dq0 + (size_t)t * ldq, 0, sizeof(float) * (size_t)d.G * hd);
             int t_end = 0; /* queries t < t_end see keys before j0 + nk (lo is nondecreasing) */
-            for (int j0 = 0; j0 < T; j0 += ATT_BK) {
+            for (int j0 = j_begin; j0 < T && j0 < first[ch + 1] * ATT_BK; j0 += ATT_BK) {
                 const int nk = T - j0 < ATT_BK ? T - j0 : ATT_BK;
                 const float *k = qkv + r0 + (size_t)j0 * W + koff, *v = qkv + r0 + (size_t)j0 * W + voff;
                 while (t_end < T && att_lo(&d, b, t_end) <= j0 + nk - 1) t_end++;
@@ -310,29 +461,33 @@ static void attention_bwd(float *dqkv, float *delta, const float *dout, const fl
                     const float *ls = lse + ((size_t)b * d.NH + h) * T, *dl = delta + ((size_t)b * d.NH + h) * T;
                     for (int i0 = j0 / ATT_BQ * ATT_BQ; i0 < t_end; i0 += ATT_BQ) {
                         const int nq = t_end - i0 < ATT_BQ ? t_end - i0 : ATT_BQ;
+                        /* keys past the tile's last query are hidden from all of it */
+                        const int nkq = i0 + nq - j0 < nk ? i0 + nq - j0 : nk;
                         const float *q = qkv + r0 + (size_t)i0 * W + (size_t)h * hd;
                         const float *dy = dout + ((size_t)b * T + i0) * Cq + (size_t)h * hd;
-                        float *dq = dqkv + r0 + (size_t)i0 * W + (size_t)h * hd;
-                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, d.scale, q, W,
+                        float *dq = dq0 + (size_t)i0 * ldq + (size_t)g * hd;
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nkq, hd, d.scale, q, W,
                                     k, W, 0.0f, P, ATT_BK);
-                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, 1.0f, dy, Cq,
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nkq, hd, 1.0f, dy, Cq,
                                     v, W, 0.0f, dS, ATT_BK);
                         for (int r = 0; r < nq; r++) {
                             const int t = i0 + r, lo = att_lo(&d, b, t);
-                            const int c0 = (lo > j0 ? lo : j0) - j0, c1 = (t < j0 + nk - 1 ? t : j0 + nk - 1) - j0;
+                            const int c0 = (lo > j0 ? lo : j0) - j0, c1 = (t < j0 + nkq - 1 ? t : j0 + nkq - 1) - j0;
                             float *pr = P + (size_t)r * ATT_BK, *sr = dS + (size_t)r * ATT_BK;
-                            const float lr = ls[t], dr = dl[t];
-                            for (int c = 0; c < nk; c++) {
-                                const float p = c >= c0 && c <= c1 ? expf(pr[c] - lr) : 0.0f;
-                                pr[c] = p;
-                                sr[c] = p * (sr[c] - dr);
+                            if (c0 > c1) {
+                                memset(pr, 0, sizeof(float) * nkq);
+                                memset(sr, 0, sizeof(float) * nkq);
+                            } else if (wide) {
+                                att_bwd_row_avx512(pr, sr, nkq, c0, c1, ls[t], dl[t]);
+                            } else {
+                                att_bwd_row(pr, sr, nkq, c0, c1, ls[t], dl[t]);
                             }
                         }
-                        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hd, nq, 1.0f, P, ATT_BK,
+                        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nkq, hd, nq, 1.0f, P, ATT_BK,
                                     dy, Cq, 1.0f, dv, hd);
-                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nk, d.scale, dS,
-                                    ATT_BK, k, W, 1.0f, dq, W);
-                        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hd, nq, d.scale, dS,
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nkq, d.scale, dS,
+                                    ATT_BK, k, W, 1.0f, dq, ldq);
+                        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nkq, hd, nq, d.scale, dS,
                                     ATT_BK, q, W, 1.0f, dk, hd);
                     }
                 }
@@ -342,11 +497,22 @@ static void attention_bwd(float *dqkv, float *delta, const float *dout, const fl
                 }
             }
         }
+        /* dQ = chunk 0's + chunk 1's + ..., in chunk order (the loop above ends in a barrier) */
+        #pragma omp for schedule(static)
+        for (int bt = 0; bt < (nch > 1 ? d.B * T : 0); bt++) {
+            float *dq = dqkv + (size_t)bt * W;
+            for (int ch = 1; ch < nch; ch++) {
+                if (bt % T < first[ch] * ATT_BK) continue;
+                const float *sh = part + (ch - 1) * nq_all + (size_t)bt * Cq;
+                for (int c = 0; c < Cq; c++) dq[c] += sh[c];
+            }
+        }
         free(P);
         free(dS);
         free(dk);
         free(dv);
     }
+    free(part);
 }
 
 /* Rotary embeddings on the query and key heads of packed rows (rope.h), in place; the
