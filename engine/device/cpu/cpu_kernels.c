@@ -195,7 +195,8 @@ static void matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout,
  * the memory is a few tiles a thread. The forward splits over (b, head, query tile): each
  * output row is one thread's, its key tiles in order. The backward splits over (b, key
  * head, chunk of key tiles) (att_bwd_chunks: chunks only where B*NKV is under
- * ATT_BWD_TASKS, their bounds from the shapes alone): each runs its key tiles in order
+ * ATT_BWD_TASKS and their dQ shares fit ATT_SHARES_NBYTES, their bounds from the shapes
+ * alone): each runs its key tiles in order
  * and, within one, its G query heads and their query tiles in order, so dK and dV (summed
  * over query heads and tiles) have one fixed order; dQ sums over key tiles within a
  * chunk (chunk 0 in place, the others into shares of their own) and then over chunks in
@@ -204,6 +205,8 @@ static void matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout,
 #define ATT_BQ 64
 #define ATT_BK 128
 #define ATT_BWD_TASKS 16 /* the backward splits keys until B*NKV*chunks reaches this */
+#define ATT_SHARES_NBYTES ((size_t)64 << 20) /* and while its dQ shares take at most this:
+                                                a bound whatever T, like the tiles' */
 
 typedef struct att_dims {
     int B, T, NH, NKV, hd, G, W, window;
@@ -398,8 +401,11 @@ static void attention_fwd(float *out, float *lse, const float *qkv, att_dims d) 
  * the number of chunks. */
 static int att_bwd_chunks(const att_dims *d, int first[ATT_BWD_TASKS + 1]) {
     const int ntk = (d->T + ATT_BK - 1) / ATT_BK, pairs = d->B * d->NKV;
+    const size_t share = (size_t)d->B * d->T * d->NH * d->hd * sizeof(float);
+    const size_t most = 1 + ATT_SHARES_NBYTES / share; /* chunk 0 needs no share */
     int nch = (ATT_BWD_TASKS + pairs - 1) / pairs;
     nch = nch < ntk ? nch : ntk;
+    nch = (size_t)nch < most ? nch : (int)most;
     double total = 0.0, acc = 0.0;
     for (int jt = 0; jt < ntk; jt++) total += d->T - jt * ATT_BK;
     first[0] = 0;
