@@ -181,9 +181,10 @@ static fy_status run_load(fy_trainer *tr, int id, const fy_task *t, const fy_ste
     if (p->u.load.reuse >= 0) fy_event_sync(tr->ex.ev_end[p->u.load.reuse]); /* its copy is done */
     FY_TRY(tr->ex.next_batch(tr->ex.batch_ctx, fy_exec_abs_micro(tr, p), h, h + N));
     if (tr->L->rows_block >= 0) FY_TRY(gather_rows(tr, p->micro % 2, h, h + 2 * N, N));
-    if (tr->cfg.docs.kind != FY_DOCS_NONE)
-        fy_doc_starts(&tr->cfg.docs, h, tr->L->B, tr->L->T, h + (size_t)tr->L->docs_part * N);
-    fy_copy_async(tr->s_h2d, tokens_dev(tr, p->micro), h, parts * N * sizeof(int32_t), FY_H2D);
+    const bool docs = tr->cfg.docs.kind != FY_DOCS_NONE; /* the last part, else unused */
+    if (docs) fy_doc_starts(&tr->cfg.docs, h, tr->L->B, tr->L->T, h + (size_t)tr->L->docs_part * N);
+    fy_copy_async(tr->s_h2d, tokens_dev(tr, p->micro), h, (docs ? parts : parts - 1) * N * sizeof(int32_t),
+                  FY_H2D);
     return FY_OK;
 }
 

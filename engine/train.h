@@ -18,9 +18,9 @@
 #include "engine/comm/comm.h"
 #include "engine/device/device.h"
 #include "engine/model/model.h"
+#include "engine/trainer.h"
 #include "offload/plan.h"
 #include "offload/storage.h"
-#include "engine/trainer.h"
 #include "scheduler/scheduler.h"
 
 #ifdef __cplusplus

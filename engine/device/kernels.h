@@ -102,9 +102,10 @@ void fy_k_add_f32(float *dst, const float *src, size_t n, fy_stream *s);
  * keeps, per query row, a running max and sum of the softmax in fp32 over key tiles, and
  * saves the row's log-sum-exp of the scaled scores, lse (B,NH,T) fp32, for the backward,
  * which rebuilds the probabilities tile by tile from it. Tiles the mask hides entirely
- * (above the diagonal, before the window or the document) are skipped. */
-/* Heads of at most this many channels (the cuda kernels' widest tile; 128 there with fp32
- * storage); the families refuse wider ones when a model is built. */
+ * (above the diagonal, before the window or the document) are skipped.
+ *
+ * Heads of at most FY_ATTN_MAX_HEAD channels (the cuda kernels' widest tile; 128 there with
+ * fp32 storage); the families refuse wider ones when a model is built. */
 #define FY_ATTN_MAX_HEAD 256
 
 typedef struct fy_attn {

@@ -334,15 +334,15 @@ int fy_model_nblocks(const fy_model *m) { return m->nblocks; }
 int fy_model_layers(const fy_model *m) { return m->layers; }
 int fy_model_vocab(const fy_model *m) { return m->vocab; }
 int fy_model_chunk(const fy_model *m) { return m->chunk; }
+void fy_model_set_chunk(fy_model *m, int positions) {
+    FY_ASSERT(positions > 0, "a chunk holds at least one position");
+    m->chunk = positions;
+}
 
 double fy_attn_pairs(int T, int window) {
     const double t = T, w = window;
     if (window <= 0 || window >= T) return t * (t + 1) / 2;
     return w * (w + 1) / 2 + (t - w) * w;
-}
-void fy_model_set_chunk(fy_model *m, int positions) {
-    FY_ASSERT(positions > 0, "a chunk holds at least one position");
-    m->chunk = positions;
 }
 size_t fy_model_num_params(const fy_model *m) { return m->num_params; }
 
