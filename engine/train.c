@@ -310,6 +310,12 @@ static fy_status build_config(run *r) {
     cJSON_AddNumberToObject(o, "micro_batch", c->plan->micro_batch);
     cJSON_AddNumberToObject(o, "grad_accum", c->plan->grad_accum);
     cJSON_AddStringToObject(o, "dtype", fy_dtype_name(c->plan->dtype));
+    cJSON_AddNumberToObject(o, "chunk_tokens", fy_model_chunk(c->model));
+    char docs[32] = "none";
+    if (c->docs.kind != FY_DOCS_NONE)
+        snprintf(docs, sizeof docs, "%s=%d", c->docs.kind == FY_DOCS_EOT ? "eot" : "bos",
+                 (int)c->docs.token);
+    cJSON_AddStringToObject(o, "doc_mask", docs);
     cJSON_AddStringToObject(d, "source", fy_tokens_label(r->train_tok));
     cJSON_AddNumberToObject(d, "tokens", (double)r->train_end);
     cJSON_AddStringToObject(d, "fingerprint", fp);
@@ -376,11 +382,13 @@ static fy_status check_config(const run *r, const fy_ckpt *ck) {
         {"lr_schedule", "--lr-schedule"}, {"warmup", "--warmup"},
         {"weight_decay", "--weight-decay"}, {"beta1", "--beta1"}, {"beta2", "--beta2"},
         {"eps", "--eps"}, {"clip", "--clip"}, {"dtype", "--dtype"},
+        {"chunk_tokens", "--chunk-tokens"}, {"doc_mask", "--doc-mask"},
     };
     const cJSON *sched = cJSON_GetObjectItemCaseSensitive(now, "lr_schedule");
     const bool cosine = cJSON_IsString(sched) && !strcmp(sched->valuestring, "cosine");
     for (size_t i = 0; i < sizeof soft / sizeof soft[0]; i++)
-        if (!same_field(was, now, soft[i].key) && (cosine || strcmp(soft[i].key, "steps")))
+        if (!same_field(was, now, soft[i].key) && (cosine || strcmp(soft[i].key, "steps")) &&
+            cJSON_GetObjectItemCaseSensitive(was, soft[i].key)) /* older checkpoints lack some */
             fy_log_warn("resuming with %s %s where the checkpoint's run had %s: the result will "
                         "differ from a run never stopped", soft[i].flag,
                         field_text(now, soft[i].key, b, sizeof b),

@@ -1546,8 +1546,18 @@ Test(cli, doc_mask_and_chunk_flags) {
     EXPECT_ERROR(&r, 2, "--doc-mask");
     FERRY(&r, "train", LTINY, "--chunk-tokens", "0");
     EXPECT_ERROR(&r, 2, "--chunk-tokens");
-    FERRY(&r, "train", LTINY, "--doc-mask", "eot=10", "--chunk-tokens", "24");
+    FERRY(&r, "train", LTINY, "--doc-mask", "eot=10", "--chunk-tokens", "24", "--checkpoint-dir",
+          P("dm"));
     test_expect_ok(&r);
+    /* both change the math: a resume under others says so (and under the same, nothing) */
+    FERRY(&r, "train", LTINY, "--doc-mask", "eot=10", "--chunk-tokens", "24", "--checkpoint-dir",
+          P("dm"), "--resume", "--steps", "3");
+    test_expect_ok(&r);
+    cr_expect(!strstr(r.err, "--doc-mask") && !strstr(r.err, "--chunk-tokens"), "%s", r.err);
+    FERRY(&r, "train", LTINY, "--checkpoint-dir", P("dm"), "--resume", "--steps", "4");
+    test_expect_ok(&r);
+    cr_expect(strstr(r.err, "--doc-mask none where the checkpoint's run had eot=10") &&
+              strstr(r.err, "--chunk-tokens 4096 where the checkpoint's run had 24"), "%s", r.err);
     /* eval takes the mask too: spaces (token 32, 7 of the first 40) end documents */
     const char *ev[] = {"eval", "--init", test_fixture("llama_hf_tiny"), "--data",
                         test_fixture("gpt2_tiny_tokens.bin"), "--batch", "2", "--seq", "16",
