@@ -310,7 +310,8 @@ static fy_status build_config(run *r) {
     cJSON_AddNumberToObject(o, "micro_batch", c->plan->micro_batch);
     cJSON_AddNumberToObject(o, "grad_accum", c->plan->grad_accum);
     cJSON_AddStringToObject(o, "dtype", fy_dtype_name(c->plan->dtype));
-    cJSON_AddNumberToObject(o, "chunk_tokens", fy_model_chunk(c->model));
+    const int64_t N = (int64_t)c->plan->micro_batch * c->seq; /* a chunk past it is all of it */
+    cJSON_AddNumberToObject(o, "chunk_tokens", (double)(fy_model_chunk(c->model) < N ? fy_model_chunk(c->model) : N));
     char docs[32] = "none";
     if (c->docs.kind != FY_DOCS_NONE)
         snprintf(docs, sizeof docs, "%s=%d", c->docs.kind == FY_DOCS_EOT ? "eot" : "bos",

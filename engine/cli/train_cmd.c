@@ -434,6 +434,16 @@ static fy_status parse_doc_mask(const fy_opts *o, const fy_model *m, fy_doc_mask
 }
 
 /* The training run's configuration from the options (tc->dev is set already). */
+/* Whether the model's heads run on the device with storage type dt (one error line). */
+static fy_status check_heads(const fy_model *m, fy_dev_kind kind, fy_dtype dt) {
+    const int hd = fy_model_head_dim(m), most = fy_attn_max_head(kind, dt);
+    if (hd <= most) return FY_OK;
+    fy_log_error("heads of %d channels: the %s backend's attention takes at most %d with %s "
+                 "storage%s", hd, fy_dev_kind_name(kind), most, fy_dtype_name(dt),
+                 kind == FY_DEV_CUDA ? " (bf16 storage takes 256: --dtype bf16)" : "");
+    return FY_ERR_USAGE;
+}
+
 static void fill_train_cfg(const fy_opts *o, fy_model *m, fy_plan *plan, fy_weights *init,
                            fy_comm *comm, bool lead, bool quiet, fy_train_cfg *tc) {
     tc->model = m;
@@ -553,6 +563,7 @@ int fy_train_main(const fy_opts *o) {
     if (st == FY_OK && !o->dry_run) st = batch_shares(o, comm, slowdown, &tc, &plan);
     free(slowdown);
     fy_mem_model mm = {0};
+    if (st == FY_OK) st = check_heads(m, tc.dev.kind, plan.dtype == FY_BF16 ? FY_BF16 : FY_F32);
     if (st == FY_OK) st = rank_memory(m, &plan, (int)o->seq, world, &tc.dev, &mm);
     if (st == FY_OK && ((lead && !o->quiet) || o->dry_run)) fy_train_print_plan(&plan, &mm, stdout);
     if (st == FY_OK && o->dry_run) print_memory_json(m, &mm, comm, placed);
@@ -591,7 +602,8 @@ int fy_eval_main(const fy_opts *o) {
         ec.model = m;
         ec.weights = init;
         ec.dtype = fy_opts_dtype(o, ec.dev.kind);
-        st = fy_eval(&ec, &r);
+        st = check_heads(m, ec.dev.kind, ec.dtype == FY_BF16 ? FY_BF16 : FY_F32);
+        if (st == FY_OK) st = fy_eval(&ec, &r);
     }
     if (st == FY_OK && !isfinite(r.loss))
         fy_log_warn("the loss is not finite: these weights give NaN or infinite logits");

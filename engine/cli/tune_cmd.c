@@ -309,11 +309,13 @@ static bool capacity_tune(const fy_profile *p, fy_tune_cfg tc, const fy_model *m
     return fy_tune(p, &tc, r, 1, &n, &ne) == FY_OK && n == 1;
 }
 
-/* Whether named model `name` with L layers has a plan that fits tc's budgets. */
-static bool layers_fit(const fy_tune_cfg *tc, const char *name, int L) {
-    fy_model_shape over = {.layers = L};
+/* Whether named model `name` with L layers (positions and chunks as o says) has a plan
+ * that fits tc's budgets. */
+static bool layers_fit(const fy_tune_cfg *tc, const fy_opts *o, const char *name, int L) {
+    fy_model_shape over = {.layers = L, .max_seq = (int)o->max_seq};
     fy_model *m;
     if (fy_model_named(name, &over, &m) != FY_OK) return false;
+    fy_model_set_chunk(m, (int)o->chunk_tokens);
     fy_tune_cfg c = *tc;
     c.model = m;
     const bool fits = fy_tune_fits(&c);
@@ -323,16 +325,16 @@ static bool layers_fit(const fy_tune_cfg *tc, const char *name, int L) {
 
 /* The largest layer count of named model `name`'s shape that fits (0: not even one; at
  * most 4096), by doubling and bisection: every plan's memory grows with the layers. */
-static int max_layers(const fy_tune_cfg *tc, const char *name) {
+static int max_layers(const fy_tune_cfg *tc, const fy_opts *o, const char *name) {
     int lo = 0, hi = 1;
-    while (layers_fit(tc, name, hi)) {
+    while (layers_fit(tc, o, name, hi)) {
         lo = hi;
         if (hi == 4096) return hi;
         hi *= 2;
     }
     while (hi - lo > 1) {
         const int mid = lo + (hi - lo) / 2;
-        if (layers_fit(tc, name, mid)) lo = mid;
+        if (layers_fit(tc, o, name, mid)) lo = mid;
         else hi = mid;
     }
     return lo;
@@ -343,7 +345,8 @@ typedef struct best { char label[96]; size_t params; double ms; } best;
 
 /* One table: every named model (pass 0), or every width of a real size with as many
  * layers as fit (pass 1: fy_model_width_names); rows printed, the largest that fits in *b. */
-static void capacity_table(const fy_profile *p, const fy_tune_cfg *tc, int chunk, int pass, best *b) {
+static void capacity_table(const fy_profile *p, const fy_tune_cfg *tc, const fy_opts *o, int pass,
+                           best *b) {
     char buf[1024], *save = NULL;
     snprintf(buf, sizeof buf, "%s", pass == 0 ? fy_model_names() : fy_model_width_names());
     const fy_log_level lvl = fy_log_get_level();
@@ -351,7 +354,8 @@ static void capacity_table(const fy_profile *p, const fy_tune_cfg *tc, int chunk
     for (char *name = strtok_r(buf, ", ", &save); name; name = strtok_r(NULL, ", ", &save)) {
         fy_model *m;
         fy_log_set_level(FY_LOG_QUIET); /* a shape that cannot run is a row, not an error */
-        fy_status st = fy_model_named(name, NULL, &m);
+        const fy_model_shape pos = {.max_seq = (int)o->max_seq};
+        fy_status st = fy_model_named(name, &pos, &m);
         if (st == FY_OK && (st = fy_model_check_seq(m, tc->seq)) != FY_OK) fy_model_free(m);
         fy_log_set_level(lvl);
         if (st != FY_OK) {
@@ -362,12 +366,12 @@ static void capacity_table(const fy_profile *p, const fy_tune_cfg *tc, int chunk
         snprintf(label, sizeof label, "%s", name);
         if (pass == 1) {
             fy_model_free(m);
-            const int L = max_layers(tc, name);
-            fy_model_shape over = {.layers = L ? L : 1};
+            const int L = max_layers(tc, o, name);
+            fy_model_shape over = {.layers = L ? L : 1, .max_seq = (int)o->max_seq};
             if (fy_model_named(name, &over, &m) != FY_OK) continue;
             snprintf(label, sizeof label, L ? "%s, %d layers" : "%s width", name, L);
         }
-        fy_model_set_chunk(m, chunk);
+        fy_model_set_chunk(m, (int)o->chunk_tokens);
         fy_tune_result r;
         const bool fits = capacity_tune(p, *tc, m, &r);
         capacity_row(label, m, tc, fits ? &r : NULL);
@@ -411,7 +415,7 @@ static int longest_seq(const fy_tune_cfg *tc, fy_model *m) {
 }
 
 /* The longest sequence each named model trains at, with its best plan there (--max-seq
- * extends the models' positions, --chunk-tokens sets their chunks). */
+ * sets the models' positions, --chunk-tokens their chunks). */
 static void capacity_seq(const fy_opts *o, const fy_profile *p, const fy_tune_cfg *tc) {
     char buf[1024], *save = NULL;
     snprintf(buf, sizeof buf, "%s", fy_model_names());
@@ -462,9 +466,9 @@ static int capacity(const fy_opts *o) {
            fy_fmt_size(tc.device_budget, d, sizeof d), fy_fmt_size(tc.host_budget, h, sizeof h),
            tc.batch, tc.seq, fy_dtype_name(tc.dtype == FY_BF16 ? FY_BF16 : FY_F32));
     best named = {0}, shape = {0};
-    capacity_table(&p, &tc, (int)o->chunk_tokens, 0, &named);
+    capacity_table(&p, &tc, o, 0, &named);
     printf("free shapes: a Llama's width with as many layers as fit\n");
-    capacity_table(&p, &tc, (int)o->chunk_tokens, 1, &shape);
+    capacity_table(&p, &tc, o, 1, &shape);
     if (named.params)
         printf("largest named model: %s (%.2fB parameters, %.1f ms/step)\n", named.label,
                (double)named.params / 1e9, named.ms);

@@ -77,6 +77,10 @@ void fy_k_add_f32(float *dst, const float *src, size_t n, fy_stream *s) {
     launch(s, FY_OP_ADD_F32, PTRS(dst, P(src)), INTS((int64_t)n), NO_FLTS);
 }
 
+int fy_attn_max_head(fy_dev_kind kind, fy_dtype dt) {
+    return kind == FY_DEV_CUDA && dt != FY_BF16 ? 128 : FY_ATTN_MAX_HEAD; /* cuda_attention.cuh */
+}
+
 static void attn_check(int NH, int NKV, int hd, const fy_attn *a) {
     FY_ASSERT(NKV > 0 && NH % NKV == 0, "attention: key/value heads must divide the heads");
     FY_ASSERT(hd > 0 && a->window >= 0, "attention: a positive head size, a window of >= 0");

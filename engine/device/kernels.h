@@ -107,6 +107,8 @@ void fy_k_add_f32(float *dst, const float *src, size_t n, fy_stream *s);
  * Heads of at most FY_ATTN_MAX_HEAD channels (the cuda kernels' widest tile; 128 there with
  * fp32 storage); the families refuse wider ones when a model is built. */
 #define FY_ATTN_MAX_HEAD 256
+/* The widest head a device of this kind runs with storage type dt. */
+int fy_attn_max_head(fy_dev_kind kind, fy_dtype dt);
 
 typedef struct fy_attn {
     int window;           /* 0: none */

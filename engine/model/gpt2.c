@@ -461,7 +461,9 @@ fy_status fy_gpt2_new(const fy_gpt2_config *cfg, const char *name, fy_model **ou
 #undef ADD
     (void)V; (void)maxT;
     for (int b = 0; b < L + 2; b++) fy_model_place_tensors(&blocks[b]);
-    return fy_model_create(&gpt2_iface, ctx, name, blocks, L + 2, V, fy_gpt2_num_params(cfg), out);
+    FY_TRY(fy_model_create(&gpt2_iface, ctx, name, blocks, L + 2, V, fy_gpt2_num_params(cfg), out));
+    (*out)->head_dim = cfg->channels / cfg->heads;
+    return FY_OK;
 }
 
 fy_status fy_gpt2_named(const char *name, const fy_model_shape *over, fy_model **out) {

@@ -554,8 +554,10 @@ fy_status fy_llama_new(const fy_llama_config *cfg, const char *name, fy_model **
         blk->vocab_chunks = true;
     }
     for (int b = 0; b < L + 2; b++) fy_model_place_tensors(&blocks[b]);
-    return fy_model_create(&llama_iface, ctx, name, blocks, L + 2, V, fy_llama_num_params(cfg),
-                           out);
+    FY_TRY(fy_model_create(&llama_iface, ctx, name, blocks, L + 2, V, fy_llama_num_params(cfg),
+                           out));
+    (*out)->head_dim = hd;
+    return FY_OK;
 }
 
 fy_status fy_llama_named(const char *name, const fy_model_shape *over, fy_model **out) {

@@ -334,6 +334,7 @@ int fy_model_nblocks(const fy_model *m) { return m->nblocks; }
 int fy_model_layers(const fy_model *m) { return m->layers; }
 int fy_model_vocab(const fy_model *m) { return m->vocab; }
 int fy_model_chunk(const fy_model *m) { return m->chunk; }
+int fy_model_head_dim(const fy_model *m) { return m->head_dim; }
 void fy_model_set_chunk(fy_model *m, int positions) {
     FY_ASSERT(positions > 0, "a chunk holds at least one position");
     m->chunk = positions;

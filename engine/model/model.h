@@ -129,6 +129,9 @@ const char *fy_model_family(const fy_model *m);
  * chunks' parameter gradients add up), so every plan of a run uses the same. */
 #define FY_MODEL_CHUNK 4096
 int fy_model_chunk(const fy_model *m);
+/* The channels of its attention's heads (kernels.h: FY_ATTN_MAX_HEAD; the cuda backend's
+ * limit is lower with fp32 storage: fy_attn_max_head); 0 without attention. */
+int fy_model_head_dim(const fy_model *m);
 void fy_model_set_chunk(fy_model *m, int positions);
 /* The name it was created under ("gpt2-124m"), or the family for a free shape. */
 const char *fy_model_name(const fy_model *m);

@@ -57,6 +57,8 @@ struct fy_model {
     int nblocks, layers, vocab;
     int chunk;          /* positions a layer's position-wise work runs on at once
                            (fy_model_chunk) */
+    int head_dim;       /* its attention's widest head (fy_model_head_dim; the family sets
+                           it after fy_model_create) */
     size_t num_params;
     fy_block_spec *blocks;
 };

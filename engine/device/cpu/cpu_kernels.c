@@ -267,8 +267,9 @@ static void att_bwd_row(float *pr, float *dr, int nk, int c0, int c1, float lse,
 #define ATT_T512 __attribute__((target("avx512f")))
 
 static inline __attribute__((always_inline)) ATT_T512 __m512 att_exp16(__m512 x) {
-    /* below -104 expf is 0; the clamp also keeps -inf from making r NaN */
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(88.7f));
+    /* below -104 expf is 0; the clamp also keeps -inf from making r NaN. x is the second
+     * operand of each: min and max return it when it is NaN, so a NaN stays NaN (expf's) */
+    x = _mm512_min_ps(_mm512_set1_ps(88.7f), _mm512_max_ps(_mm512_set1_ps(-104.0f), x));
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     /* ln 2 = 0.693359375 (9 bits: n * it is exact) - 2.12194440e-4 */
