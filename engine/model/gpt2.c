@@ -128,9 +128,6 @@ void fy_gpt2_head_work_bind(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt
 
 /* ---- forward ---------------------------------------------------------------------- */
 
-/* Rows [r, ...) of a row-major tensor of `width` es-byte elements a row. */
-#define ROWS(x, r, width) ((float *)((char *)(x) + (size_t)(r) * (size_t)(width) * es))
-
 void fy_gpt2_embed_fwd(const fy_gpt2_config *cfg, const fy_gpt2_embed_w *w,
                        const int32_t *tokens, const int32_t *docs, float *x0, int B, int T,
                        fy_stream *s) {
@@ -148,17 +145,19 @@ void fy_gpt2_layer_fwd(const fy_gpt2_config *cfg, const fy_gpt2_layer_w *w,
     fy_k_attention_fwd(a->atty, a->lse, a->qkv, B, T, NH, NH, C / NH, &at, s);
     for (int r = 0; r < N; r += Nc) { /* the projections by sequence chunks (wk->proj) */
         const int n = N - r < Nc ? N - r : Nc;
-        fy_k_matmul_fwd(wk->proj, ROWS(a->atty, r, C), w->attprojw, w->attprojb, n, C, C, s);
-        fy_k_residual_fwd(ROWS(a->res2, r, C), ROWS(x_in, r, C), wk->proj, (size_t)n * C, s);
+        fy_k_matmul_fwd(wk->proj, fy_rows(a->atty, r, C, es), w->attprojw, w->attprojb, n, C, C, s);
+        fy_k_residual_fwd(fy_rows(a->res2, r, C, es), fy_rows(x_in, r, C, es), wk->proj,
+                          (size_t)n * C, s);
     }
     fy_k_layernorm_fwd(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2w, w->ln2b, N, C, s);
     fy_k_matmul_fwd(a->fch, a->ln2, w->fcw, w->fcb, N, C, 4 * C, s);
     fy_k_gelu_fwd(a->fch_gelu, a->fch, NC * 4, s);
     for (int r = 0; r < N; r += Nc) {
         const int n = N - r < Nc ? N - r : Nc;
-        fy_k_matmul_fwd(wk->proj, ROWS(a->fch_gelu, r, 4 * C), w->fcprojw, w->fcprojb, n, 4 * C,
-                        C, s);
-        fy_k_residual_fwd(ROWS(a->out, r, C), ROWS(a->res2, r, C), wk->proj, (size_t)n * C, s);
+        fy_k_matmul_fwd(wk->proj, fy_rows(a->fch_gelu, r, 4 * C, es), w->fcprojw, w->fcprojb, n,
+                        4 * C, C, s);
+        fy_k_residual_fwd(fy_rows(a->out, r, C, es), fy_rows(a->res2, r, C, es), wk->proj,
+                          (size_t)n * C, s);
     }
 }
 
@@ -209,13 +208,14 @@ void fy_gpt2_layer_bwd(const fy_gpt2_config *cfg, const fy_gpt2_layer_w *w,
     /* MLP: out = res2 + fcproj(gelu(fc(ln2(res2)))), by sequence chunks, last first */
     for (int r = (N - 1) / Nc * Nc; r >= 0; r -= Nc) {
         const int n = N - r < Nc ? N - r : Nc;
-        fy_k_matmul_bwd(wk->dfch_gelu, g->fcprojw, g->fcprojb, ROWS(dx, r, C),
-                        ROWS(a->fch_gelu, r, 4 * C), w->fcprojw, n, 4 * C, C, s);
-        fy_k_gelu_bwd(wk->dfch, ROWS(a->fch, r, 4 * C), wk->dfch_gelu, (size_t)n * 4 * C, s);
-        fy_k_matmul_bwd(wk->dln, g->fcw, g->fcb, wk->dfch, ROWS(a->ln2, r, C), w->fcw, n, C,
+        fy_k_matmul_bwd(wk->dfch_gelu, g->fcprojw, g->fcprojb, fy_rows(dx, r, C, es),
+                        fy_rows(a->fch_gelu, r, 4 * C, es), w->fcprojw, n, 4 * C, C, s);
+        fy_k_gelu_bwd(wk->dfch, fy_rows(a->fch, r, 4 * C, es), wk->dfch_gelu, (size_t)n * 4 * C, s);
+        fy_k_matmul_bwd(wk->dln, g->fcw, g->fcb, wk->dfch, fy_rows(a->ln2, r, C, es), w->fcw, n, C,
                         4 * C, s);
-        fy_k_layernorm_bwd(ROWS(dx, r, C), g->ln2w, g->ln2b, wk->dln, ROWS(a->res2, r, C),
-                           w->ln2w, a->ln2_mean + r, a->ln2_rstd + r, n, C, s);
+        fy_k_layernorm_bwd(fy_rows(dx, r, C, es), g->ln2w, g->ln2b, wk->dln,
+                           fy_rows(a->res2, r, C, es), w->ln2w, a->ln2_mean + r, a->ln2_rstd + r,
+                           n, C, s);
     }
     /* attention: res2 = x_in + attproj(attn(qkv(ln1(x_in)))) */
     fy_k_matmul_bwd(wk->datty, g->attprojw, g->attprojb, dx, a->atty, w->attprojw,
@@ -224,10 +224,11 @@ void fy_gpt2_layer_bwd(const fy_gpt2_config *cfg, const fy_gpt2_layer_w *w,
                        C / NH, &at, s);
     for (int r = (N - 1) / Nc * Nc; r >= 0; r -= Nc) {
         const int n = N - r < Nc ? N - r : Nc;
-        fy_k_matmul_bwd(wk->dln, g->qkvw, g->qkvb, ROWS(wk->dqkv, r, 3 * C), ROWS(a->ln1, r, C),
-                        w->qkvw, n, C, 3 * C, s);
-        fy_k_layernorm_bwd(ROWS(dx, r, C), g->ln1w, g->ln1b, wk->dln, ROWS(x_in, r, C), w->ln1w,
-                           a->ln1_mean + r, a->ln1_rstd + r, n, C, s);
+        fy_k_matmul_bwd(wk->dln, g->qkvw, g->qkvb, fy_rows(wk->dqkv, r, 3 * C, es),
+                        fy_rows(a->ln1, r, C, es), w->qkvw, n, C, 3 * C, s);
+        fy_k_layernorm_bwd(fy_rows(dx, r, C, es), g->ln1w, g->ln1b, wk->dln,
+                           fy_rows(x_in, r, C, es), w->ln1w, a->ln1_mean + r, a->ln1_rstd + r, n,
+                           C, s);
     }
 }
 

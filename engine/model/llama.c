@@ -226,11 +226,6 @@ static fy_attn attn_of(const fy_llama_config *cfg, const int32_t *docs) {
                      .docs = docs};
 }
 
-/* The rows [r0, r0 + n) of a row-major (N, width) tensor of es-byte elements. */
-static float *rows_at(const float *x, size_t r0, size_t width, size_t es) {
-    return (float *)((const char *)x + r0 * width * es);
-}
-
 /* x_out = x_in + attn(rmsnorm(x_in)); then + mlp(rmsnorm(.)), the attention's output
  * projection and the MLP by chunks of Nc rows. */
 static void layer_fwd(const fy_llama_config *cfg, const layer_w *w, layer_acts *a,
@@ -246,17 +241,17 @@ static void layer_fwd(const fy_llama_config *cfg, const layer_w *w, layer_acts *
     fy_k_attention_fwd(a->atty, a->lse, a->qkv, B, T, NH, NKV, hd, &at, s);
     for (int r = 0; r < N; r += Nc) {
         const int n = N - r < Nc ? N - r : Nc;
-        fy_k_matmul_fwd(wk->proj, rows_at(a->atty, r, Q, es), w->wo, NULL, n, Q, C, s);
-        fy_k_residual_fwd(rows_at(a->res2, r, C, es), rows_at(x_in, r, C, es), wk->proj,
+        fy_k_matmul_fwd(wk->proj, fy_rows(a->atty, r, Q, es), w->wo, NULL, n, Q, C, s);
+        fy_k_residual_fwd(fy_rows(a->res2, r, C, es), fy_rows(x_in, r, C, es), wk->proj,
                           (size_t)n * C, s);
     }
     fy_k_rmsnorm_fwd(a->ln2, a->rstd2, a->res2, w->ln2, N, C, cfg->norm_eps, s);
     fy_k_matmul_fwd(a->gu, a->ln2, w->wgate, NULL, N, C, 2 * F, s); /* gate, up packed */
     for (int r = 0; r < N; r += Nc) {
         const int n = N - r < Nc ? N - r : Nc;
-        fy_k_swiglu_fwd(wk->act, rows_at(a->gu, r, 2 * (size_t)F, es), n, F, s);
+        fy_k_swiglu_fwd(wk->act, fy_rows(a->gu, r, 2 * (size_t)F, es), n, F, s);
         fy_k_matmul_fwd(wk->proj, wk->act, w->wdown, NULL, n, F, C, s);
-        fy_k_residual_fwd(rows_at(x_out, r, C, es), rows_at(a->res2, r, C, es), wk->proj,
+        fy_k_residual_fwd(fy_rows(x_out, r, C, es), fy_rows(a->res2, r, C, es), wk->proj,
                           (size_t)n * C, s);
     }
 }
@@ -272,14 +267,14 @@ static void layer_bwd(const fy_llama_config *cfg, const layer_w *w, layer_w *g,
     const fy_attn at = attn_of(cfg, docs);
     for (int r = (N - 1) / Nc * Nc; r >= 0; r -= Nc) {
         const int n = N - r < Nc ? N - r : Nc;
-        const float *gu = rows_at(a->gu, r, 2 * (size_t)F, es);
-        float *dxr = rows_at(dx, r, C, es);
+        const float *gu = fy_rows(a->gu, r, 2 * (size_t)F, es);
+        float *dxr = fy_rows(dx, r, C, es);
         fy_k_swiglu_fwd(wk->act, gu, n, F, s); /* rebuilt, not kept */
         fy_k_matmul_bwd(wk->dact, g->wdown, NULL, dxr, wk->act, w->wdown, n, F, C, s);
         fy_k_swiglu_bwd(wk->dgu, gu, wk->dact, n, F, s);
-        fy_k_matmul_bwd(wk->dln, g->wgate, NULL, wk->dgu, rows_at(a->ln2, r, C, es), w->wgate, n,
+        fy_k_matmul_bwd(wk->dln, g->wgate, NULL, wk->dgu, fy_rows(a->ln2, r, C, es), w->wgate, n,
                         C, 2 * F, s);
-        fy_k_rmsnorm_bwd(dxr, g->ln2, wk->dln, rows_at(a->res2, r, C, es), w->ln2, a->rstd2 + r,
+        fy_k_rmsnorm_bwd(dxr, g->ln2, wk->dln, fy_rows(a->res2, r, C, es), w->ln2, a->rstd2 + r,
                          n, C, s);
     }
     fy_k_matmul_bwd(wk->datty, g->wo, NULL, dx, a->atty, w->wo, N, Q, C, s);
@@ -288,9 +283,9 @@ static void layer_bwd(const fy_llama_config *cfg, const layer_w *w, layer_w *g,
     fy_k_rope(wk->dqkv, docs, B, T, NH, NKV, hd, true, &cfg->rope, s);
     for (int r = (N - 1) / Nc * Nc; r >= 0; r -= Nc) {
         const int n = N - r < Nc ? N - r : Nc;
-        fy_k_matmul_bwd(wk->dln, g->wq, NULL, rows_at(wk->dqkv, r, W, es),
-                        rows_at(a->ln1, r, C, es), w->wq, n, C, W, s);
-        fy_k_rmsnorm_bwd(rows_at(dx, r, C, es), g->ln1, wk->dln, rows_at(x_in, r, C, es), w->ln1,
+        fy_k_matmul_bwd(wk->dln, g->wq, NULL, fy_rows(wk->dqkv, r, W, es),
+                        fy_rows(a->ln1, r, C, es), w->wq, n, C, W, s);
+        fy_k_rmsnorm_bwd(fy_rows(dx, r, C, es), g->ln1, wk->dln, fy_rows(x_in, r, C, es), w->ln1,
                          a->rstd1 + r, n, C, s);
     }
 }

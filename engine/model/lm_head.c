@@ -2,9 +2,10 @@
 #include "engine/model/lm_head.h"
 
 #include "engine/device/kernels.h"
+#include "engine/model/model_impl.h"
 
-static const float *rows_at(const float *w, int v0, int C, fy_stream *s) {
-    return (const float *)((const char *)w + (size_t)v0 * C * fy_dtype_size(fy_stream_dtype(s)));
+static float *rows_at(const float *w, int v0, int C, fy_stream *s) {
+    return fy_rows(w, (size_t)v0, (size_t)C, fy_dtype_size(fy_stream_dtype(s)));
 }
 
 void fy_lm_head_fwd_chunk(const fy_lm_head_io *io, int k, const float *w_k, fy_stream *s) {
@@ -35,7 +36,7 @@ void fy_lm_head(const fy_lm_head_io *io, const float *w, float *dw, fy_stream *s
     if (io->dloss == 0.0f) return;
     for (int k = K - 1; k >= 0; k--) {
         const int v0 = fy_lm_chunk_v0(io->chunks, k);
-        fy_lm_head_bwd_chunk(io, k, rows_at(w, v0, io->C, s), (float *)rows_at(dw, v0, io->C, s),
+        fy_lm_head_bwd_chunk(io, k, rows_at(w, v0, io->C, s), rows_at(dw, v0, io->C, s),
                              k == K - 1, s);
     }
 }

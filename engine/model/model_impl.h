@@ -88,6 +88,12 @@ void fy_model_view(const fy_block_spec *blk, fy_dtype dt, const void *base, floa
 void fy_model_chunk_view(const fy_block_spec *blk, fy_dtype dt, const void *base, int rows,
                          float **fields, int n);
 
+/* Rows [r0, ...) of a row-major tensor of `width` es-byte elements a row: where a layer's
+ * sequence chunk starts in an activation. */
+static inline float *fy_rows(const void *x, size_t r0, size_t width, size_t es) {
+    return (float *)((const char *)x + r0 * width * es);
+}
+
 /* The (query, key) pairs a sequence of T attends over, causal, with a window of w keys
  * (0: none): the tiled attention's work is about this many score products (the tiles
  * along the mask's edges add a little). Packed documents would make it fewer; the costs

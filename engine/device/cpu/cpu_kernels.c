@@ -227,6 +227,14 @@ static int att_lo(const att_dims *d, int b, int t) {
     return lo;
 }
 
+/* The columns c0..c1 of the key tile j0.. (nk keys) that query t of sequence b sees;
+ * none when c0 > c1. */
+static void att_cols(const att_dims *d, int b, int t, int j0, int nk, int *c0, int *c1) {
+    const int lo = att_lo(d, b, t);
+    *c0 = (lo > j0 ? lo : j0) - j0;
+    *c1 = (t < j0 + nk - 1 ? t : j0 + nk - 1) - j0;
+}
+
 /* ---- one row of a tile: the softmax's exponentials -------------------------------------
  * A row of nk scores, of which the columns c0..c1 are visible (c0 <= c1); the others
  * become 0. Two versions: the scalar one (expf, the reference, any CPU) and a 16-lane
@@ -370,8 +378,8 @@ static void attention_fwd(float *out, float *lse, const float *qkv, att_dims d) 
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, d.scale, q, W,
                             k + (size_t)j0 * W, W, 0.0f, S, ATT_BK);
                 for (int r = 0; r < nq; r++) {
-                    const int t = i0 + r, lo = att_lo(&d, b, t);
-                    const int c0 = (lo > j0 ? lo : j0) - j0, c1 = (t < j0 + nk - 1 ? t : j0 + nk - 1) - j0;
+                    int c0, c1;
+                    att_cols(&d, b, i0 + r, j0, nk, &c0, &c1);
                     float *sr = S + (size_t)r * ATT_BK;
                     if (c0 > c1) { memset(sr, 0, sizeof(float) * nk); continue; }
                     const float alpha = wide ? att_fwd_row_avx512(sr, nk, c0, c1, &m[r], &l[r])
@@ -478,8 +486,9 @@ static void attention_bwd(float *dqkv, float *delta, const float *dout, const fl
                         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nkq, hd, 1.0f, dy, Cq,
                                     v, W, 0.0f, dS, ATT_BK);
                         for (int r = 0; r < nq; r++) {
-                            const int t = i0 + r, lo = att_lo(&d, b, t);
-                            const int c0 = (lo > j0 ? lo : j0) - j0, c1 = (t < j0 + nkq - 1 ? t : j0 + nkq - 1) - j0;
+                            const int t = i0 + r;
+                            int c0, c1;
+                            att_cols(&d, b, t, j0, nkq, &c0, &c1);
                             float *pr = P + (size_t)r * ATT_BK, *sr = dS + (size_t)r * ATT_BK;
                             if (c0 > c1) {
                                 memset(pr, 0, sizeof(float) * nkq);
