@@ -1446,8 +1446,8 @@ static void edit(const char *dir, const char *file, const char *from, const char
  * layer: layer 1's are extra; another MLP width: the shapes disagree. */
 Test(cli, hf_config_edits_refused) {
     static const struct { const char *name, *from, *to, *kw[4]; } cases[] = {
-        {"qwen", "\"model_type\": \"llama\"", "\"model_type\": \"qwen2\"",
-         {"config.json", "model_type", "qwen2", NULL}},
+        {"moe", "\"model_type\": \"llama\"", "\"model_type\": \"qwen2_moe\"",
+         {"config.json", "model_type", "qwen2_moe", NULL}},
         {"yarn", "\"rope_type\": \"llama3\"", "\"rope_type\": \"yarn\"",
          {"config.json", "rope_scaling", "yarn", NULL}},
         {"kv3", "\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3",

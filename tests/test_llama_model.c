@@ -60,15 +60,9 @@ typedef struct ref {
     char name[32];
 } ref;
 
-/* The fixture's config as a Llama model (the fixtures are bare safetensors files). */
-static void ref_open(ref *r, const char *name) {
-    char file[64];
-    snprintf(r->name, sizeof r->name, "%s", name);
-    snprintf(file, sizeof file, "%s_ref.json", name);
-    char *text = test_read_file(fixture(file), NULL);
-    r->json = cJSON_Parse(text);
-    free(text);
-    cr_assert(r->json);
+/* The fixture's config as a Llama model (its JSON's config: the llama_* fixtures are bare
+ * safetensors files). */
+static void ref_model_of_json(ref *r) {
     const cJSON *c = cJSON_GetObjectItem(r->json, "config");
     fy_llama_config lc = {.vocab = (int)jnum(c, "vocab"), .max_seq = (int)jnum(c, "max_seq"),
                           .channels = (int)jnum(c, "channels"), .layers = (int)jnum(c, "layers"),
@@ -87,8 +81,25 @@ static void ref_open(ref *r, const char *name) {
         lc.rope.orig_max_pos = (float)jnum(sc, "original_max_position_embeddings");
     }
     cr_assert_eq(fy_llama_new(&lc, NULL, &r->model), FY_OK);
-    snprintf(file, sizeof file, "%s_init.safetensors", name);
-    cr_assert_eq(fy_weights_open(fixture(file), &r->init), FY_OK);
+}
+
+/* A fixture set: the fam_* ones are Hugging Face directories, the others bare files. */
+static void ref_open(ref *r, const char *name) {
+    char file[64];
+    snprintf(r->name, sizeof r->name, "%s", name);
+    snprintf(file, sizeof file, "%s_ref.json", name);
+    char *text = test_read_file(fixture(file), NULL);
+    r->json = cJSON_Parse(text);
+    free(text);
+    cr_assert(r->json);
+    if (!strncmp(name, "fam_", 4)) { /* a Hugging Face directory, read as a user's is */
+        cr_assert_eq(fy_weights_open(fixture(name), &r->init), FY_OK, "%s", fy_last_error());
+        cr_assert_eq(fy_model_from_weights(r->init, NULL, &r->model), FY_OK, "%s", fy_last_error());
+    } else {
+        ref_model_of_json(r);
+        snprintf(file, sizeof file, "%s_init.safetensors", name);
+        cr_assert_eq(fy_weights_open(fixture(file), &r->init), FY_OK);
+    }
     cr_assert_eq(fy_model_check_weights(r->model, r->init), FY_OK, "%s", fy_last_error());
     r->B = (int)jnum(r->json, "batch");
     r->T = (int)jnum(r->json, "seq");
@@ -399,6 +410,76 @@ Test(llama_model, every_plan_is_bit_identical_fp32) {
     irregular_plan_is_bit_identical(m, FY_F32);
     fy_model_free(m);
 }
+
+/* Each family against its float64 PyTorch reference (tests/ref/gen_family_ref.py, written
+ * from the published modeling code; fixtures tests/fixtures/fam_*): the directory read as a
+ * user's download is, first-step gradients of every tensor within 1e-4 relative (fp32
+ * arithmetic against float64: summation order over B*T = 128 rows and 64 channels gives
+ * 1e-6 typically; the soft-caps' tanh and the longrope's scaled angles stay within it), and
+ * 10 AdamW steps, with and without clipping, losses and norms within 1e-4. */
+#define FAMILY_TESTS(fam)                                                                     \
+    Test(llama_model, fam##_first_step_gradients_match_pytorch) { check_first_step("fam_" #fam, 0); } \
+    Test(llama_model, fam##_ten_steps_match_pytorch) {                                       \
+        check_ten_steps("fam_" #fam, "noclip");                                               \
+        check_ten_steps("fam_" #fam, "clip");                                                 \
+    }
+FAMILY_TESTS(qwen2)
+FAMILY_TESTS(qwen3)
+FAMILY_TESTS(mistral)
+FAMILY_TESTS(gemma2)
+FAMILY_TESTS(gemma3_text)
+FAMILY_TESTS(phi3)
+
+/* plan_llama's shape as each family: every switch of fy_llama_config on in one of them
+ * (biases, q/k norms, head_dim apart from the width, windows on all or some layers, sandwich
+ * norms with (1 + w) gains, GeGLU, a scaled embedding, soft-caps, two ropes, a partial
+ * longrope over a sequence past its original length). */
+static fy_model *plan_family(fy_llama_arch arch) {
+    fy_llama_config c = {.vocab = 256, .max_seq = 32, .channels = 32, .layers = 4, .heads = 4,
+                         .kv_heads = 2, .head_dim = 8, .ffn = 48, .norm_eps = 1e-5f,
+                         .rope = {.type = FY_ROPE_DEFAULT, .theta = 10000.0f}, .arch = arch};
+    switch (arch) {
+    case FY_ARCH_QWEN2: c.qkv_bias = true; c.tied = true; break;
+    case FY_ARCH_QWEN3: c.qk_norm = true; c.head_dim = 12; break;
+    case FY_ARCH_MISTRAL: c.sliding_window = 5; break;
+    case FY_ARCH_GEMMA2:
+    case FY_ARCH_GEMMA3:
+        c.sandwich = true; c.norm_offset = 1.0f; c.act = FY_GLU_GELU_TANH; c.embed_scale = true;
+        c.tied = true; c.sliding_window = 5; c.query_scalar = 6.0f;
+        c.local_pattern = arch == FY_ARCH_GEMMA2 ? 2 : 3;
+        if (arch == FY_ARCH_GEMMA2) { c.attn_softcap = 5.0f; c.final_softcap = 3.0f; }
+        else {
+            c.qk_norm = true;
+            c.rope = (fy_rope){.type = FY_ROPE_LINEAR, .theta = 1000000.0f, .factor = 8.0f};
+            c.rope_local = (fy_rope){.type = FY_ROPE_DEFAULT, .theta = 10000.0f};
+        }
+        break;
+    case FY_ARCH_PHI3:
+        c.sliding_window = 7;
+        c.rope = (fy_rope){.type = FY_ROPE_LONGROPE, .theta = 10000.0f, .orig_max_pos = 8.0f,
+                           .rot_dim = 6, .attn_factor = 1.2f, .ext = {1.0f, 1.5f, 2.0f}};
+        for (int j = 0; j < 3; j++) c.rope_long[j] = 3.0f + (float)j;
+        break;
+    default: break;
+    }
+    fy_model *m;
+    cr_assert_eq(fy_llama_new(&c, NULL, &m), FY_OK, "%s", fy_last_error());
+    return m;
+}
+
+static void family_plans(fy_llama_arch arch, bool bf16) {
+    fy_model *m = plan_family(arch);
+    every_plan_is_bit_identical(m, FY_F32);
+    if (bf16) every_plan_is_bit_identical(m, FY_BF16);
+    fy_model_free(m);
+}
+
+Test(llama_model, every_plan_is_bit_identical_qwen2) { family_plans(FY_ARCH_QWEN2, false); }
+Test(llama_model, every_plan_is_bit_identical_qwen3) { family_plans(FY_ARCH_QWEN3, false); }
+Test(llama_model, every_plan_is_bit_identical_mistral) { family_plans(FY_ARCH_MISTRAL, false); }
+Test(llama_model, every_plan_is_bit_identical_gemma2) { family_plans(FY_ARCH_GEMMA2, true); }
+Test(llama_model, every_plan_is_bit_identical_gemma3) { family_plans(FY_ARCH_GEMMA3, true); }
+Test(llama_model, every_plan_is_bit_identical_phi3) { family_plans(FY_ARCH_PHI3, false); }
 
 Test(llama_model, every_plan_is_bit_identical_bf16) {
     fy_model *m = plan_llama(false);
@@ -954,6 +1035,46 @@ Test(llama_model, named_configs_have_the_published_sizes) {
         cr_expect(fabs(p - want[i].params_b) < 0.001, "%s: %.4fB parameters, published %.3fB",
                   want[i].name, p, want[i].params_b);
         cr_expect_str_eq(fy_model_family(m), "llama");
+        fy_model_free(m);
+    }
+}
+
+/* The other families' named configs: their exact parameter counts, as the model cards and
+ * the safetensors indexes of the published checkpoints give them (Qwen2.5 0.5B 494,032,768,
+ * 7B 7,615,616,512, 14B 14,770,033,664, 32B 32,763,876,352; Qwen3 0.6B 596,049,920 (its
+ * tied head counted once), 8B 8,190,735,360, 14B 14,768,307,200, 32B 32,762,123,264;
+ * Mistral 7B v0.1 7,241,732,096, Nemo 12,247,782,400; Gemma 2 2B 2,614,341,888, 9B
+ * 9,241,705,984, 27B 27,227,128,320; Gemma 3 1B 999,885,952; Phi-3 mini 3,821,079,552,
+ * Phi-4 mini 3,836,021,760). Gemma 3 4B, 12B and 27B are published with a vision tower; the
+ * counts here are of their text models, as transformers' Gemma3ForCausalLM builds them from
+ * the published text_config (3,880,263,168, 11,766,034,176, 27,009,346,304). Each also
+ * counted by transformers 4.57 from the same config on the meta device: equal. */
+Test(llama_model, family_configs_have_the_published_parameter_counts) {
+    static const struct { const char *name, *type; size_t params; } want[] = {
+        {"qwen2.5-0.5b", "qwen2", 494032768}, {"qwen2.5-7b", "qwen2", 7615616512},
+        {"qwen2.5-14b", "qwen2", 14770033664}, {"qwen2.5-32b", "qwen2", 32763876352},
+        {"qwen3-0.6b", "qwen3", 596049920}, {"qwen3-8b", "qwen3", 8190735360},
+        {"qwen3-14b", "qwen3", 14768307200}, {"qwen3-32b", "qwen3", 32762123264},
+        {"mistral-7b", "mistral", 7241732096}, {"mistral-nemo-12b", "mistral", 12247782400},
+        {"gemma2-2b", "gemma2", 2614341888}, {"gemma2-9b", "gemma2", 9241705984},
+        {"gemma2-27b", "gemma2", 27227128320}, {"gemma3-1b", "gemma3_text", 999885952},
+        {"gemma3-4b", "gemma3_text", 3880263168}, {"gemma3-12b", "gemma3_text", 11766034176},
+        {"gemma3-27b", "gemma3_text", 27009346304}, {"phi3-mini", "phi3", 3821079552},
+        {"phi4-mini", "phi3", 3836021760}};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        fy_model *m;
+        cr_assert_eq(fy_model_named(want[i].name, NULL, &m), FY_OK, "%s", want[i].name);
+        cr_expect_eq(fy_model_num_params(m), want[i].params, "%s: %zu parameters, published %zu",
+                     want[i].name, fy_model_num_params(m), want[i].params);
+        cr_expect_str_eq(fy_llama_arch_type(fy_llama_config_of(m)->arch), want[i].type);
+        fy_model_free(m);
+    }
+    /* the tiny shape of each builds */
+    const char *tiny[] = {"qwen2.5-tiny", "qwen3-tiny", "mistral-tiny", "gemma2-tiny",
+                          "gemma3-tiny", "phi3-tiny"};
+    for (size_t i = 0; i < sizeof tiny / sizeof tiny[0]; i++) {
+        fy_model *m;
+        cr_assert_eq(fy_model_named(tiny[i], NULL, &m), FY_OK, "%s", tiny[i]);
         fy_model_free(m);
     }
 }

@@ -79,6 +79,33 @@ fy_status fy_hf_one_of(const cJSON *cfg, const char *path, const char *key,
     return FY_ERR_FORMAT;
 }
 
+fy_status fy_hf_float_array(const cJSON *cfg, const char *path, const char *key, int n,
+                           float *out) {
+    const cJSON *v = field(cfg, key), *e;
+    if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) != n) {
+        fy_log_error("%s: %s must be a list of %d numbers", path, key, n);
+        return FY_ERR_FORMAT;
+    }
+    int i = 0;
+    cJSON_ArrayForEach(e, v) {
+        if (!cJSON_IsNumber(e) || !(e->valuedouble > 0.0 && e->valuedouble <= 1e30)) {
+            fy_log_error("%s: %s[%d] must be a positive number", path, key, i);
+            return FY_ERR_FORMAT;
+        }
+        out[i++] = (float)e->valuedouble;
+    }
+    return FY_OK;
+}
+
+fy_status fy_hf_zero(const cJSON *cfg, const char *path, const char *key, const char *what) {
+    const cJSON *v = field(cfg, key);
+    if (!v || (cJSON_IsNumber(v) && v->valuedouble == 0.0)) return FY_OK;
+    char *text = cJSON_PrintUnformatted(v);
+    fy_log_error("%s: %s %s is not supported (ferry: 0; %s)", path, key, text ? text : "?", what);
+    free(text);
+    return FY_ERR_FORMAT;
+}
+
 static void set(cJSON *cfg, const char *key, cJSON *item) {
     if (!item) return; /* out of memory: the key stays absent, as cJSON itself does */
     if (cJSON_GetObjectItemCaseSensitive(cfg, key)) cJSON_ReplaceItemInObjectCaseSensitive(cfg, key, item);
@@ -91,19 +118,32 @@ void fy_hf_set_int(cJSON *cfg, const char *key, long long v) {
     set(cfg, key, cJSON_CreateRaw(buf));
 }
 
-void fy_hf_set_float(cJSON *cfg, const char *key, float v) {
+/* A float in its shortest form that reads back as the same fp32 value, with a decimal
+ * point, as Python writes it ("1e-05", "500000.0"). */
+static cJSON *float_item(float v) {
     char buf[48];
     if (fabsf(v) < 1e15f && v == (float)(long long)v) { /* integral: 500000.0, not 5e+05 */
         snprintf(buf, sizeof buf, "%.1f", (double)v);
-        set(cfg, key, cJSON_CreateRaw(buf));
-        return;
+        return cJSON_CreateRaw(buf);
     }
     for (int digits = 1; digits <= 9; digits++) { /* the shortest that reads back */
         snprintf(buf, sizeof buf, "%.*g", digits, (double)v);
         if (strtof(buf, NULL) == v) break;
     }
-    if (!strpbrk(buf, ".en")) strcat(buf, ".0"); /* a float, as Python writes it */
-    set(cfg, key, cJSON_CreateRaw(buf));
+    if (!strpbrk(buf, ".en")) strcat(buf, ".0");
+    return cJSON_CreateRaw(buf);
+}
+
+void fy_hf_set_float(cJSON *cfg, const char *key, float v) { set(cfg, key, float_item(v)); }
+
+void fy_hf_set_float_array(cJSON *cfg, const char *key, const float *v, int n) {
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; a && i < n; i++) cJSON_AddItemToArray(a, float_item(v[i]));
+    set(cfg, key, a);
+}
+
+void fy_hf_set_string_array(cJSON *cfg, const char *key, const char *const *v, int n) {
+    set(cfg, key, cJSON_CreateStringArray(v, n));
 }
 
 void fy_hf_set_bool(cJSON *cfg, const char *key, bool v) { set(cfg, key, cJSON_CreateBool(v)); }

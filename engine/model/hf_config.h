@@ -23,10 +23,19 @@ fy_status fy_hf_bool(const cJSON *cfg, const char *path, const char *key, bool d
 fy_status fy_hf_one_of(const cJSON *cfg, const char *path, const char *key,
                        const char *const *allowed);
 
+/* A list of exactly n positive numbers. */
+fy_status fy_hf_float_array(const cJSON *cfg, const char *path, const char *key, int n,
+                           float *out);
+/* A number that must be 0 when present (dropout rates ferry does not apply); what says
+ * why in the error. */
+fy_status fy_hf_zero(const cJSON *cfg, const char *path, const char *key, const char *what);
+
 /* Sets key to a number (replacing it); floats are written in their shortest form that
  * reads back as the same fp32 value, with a decimal point ("1e-05", "500000.0"). */
 void fy_hf_set_int(cJSON *cfg, const char *key, long long v);
 void fy_hf_set_float(cJSON *cfg, const char *key, float v);
+void fy_hf_set_float_array(cJSON *cfg, const char *key, const float *v, int n);
+void fy_hf_set_string_array(cJSON *cfg, const char *key, const char *const *v, int n);
 void fy_hf_set_bool(cJSON *cfg, const char *key, bool v);
 void fy_hf_set_string(cJSON *cfg, const char *key, const char *v);
 /* "architectures": [cls], the transformers class that loads the model. */

@@ -13,20 +13,77 @@
 #include "engine/model/lm_head.h"
 #include "engine/model/model_impl.h"
 
-#define ROPE_NONE(theta) {FY_ROPE_DEFAULT, theta, 0, 0, 0, 0}
-#define ROPE_L3(factor) {FY_ROPE_LLAMA3, 500000.0f, factor, 1.0f, 4.0f, 8192.0f}
+#define ROPE(th) {.type = FY_ROPE_DEFAULT, .theta = th}
+#define ROPE_L3(f) {.type = FY_ROPE_LLAMA3, .theta = 500000.0f, .factor = f, .low_freq_factor = 1.0f, \
+                    .high_freq_factor = 4.0f, .orig_max_pos = 8192.0f}
+#define ROPE_LIN(th, f) {.type = FY_ROPE_LINEAR, .theta = th, .factor = f}
+/* A Llama of shape V, maxT, C, L, NH, NKV, hd, F, eps; the switches follow it. */
+#define SHAPE(V, T, C, L, NH, NKV, hd, F, eps) \
+    .vocab = V, .max_seq = T, .channels = C, .layers = L, .heads = NH, .kv_heads = NKV, \
+    .head_dim = hd, .ffn = F, .norm_eps = eps
+#define QWEN2 .arch = FY_ARCH_QWEN2, .qkv_bias = true, .rope = ROPE(1000000.0f)
+#define QWEN3 .arch = FY_ARCH_QWEN3, .qk_norm = true, .rope = ROPE(1000000.0f)
+#define GEMMA .sandwich = true, .norm_offset = 1.0f, .act = FY_GLU_GELU_TANH, \
+              .embed_scale = true, .tied = true
+#define GEMMA2(qs, w) .arch = FY_ARCH_GEMMA2, GEMMA, .rope = ROPE(10000.0f), .rope_local = ROPE(10000.0f), \
+                      .sliding_window = w, .local_pattern = 2, .query_scalar = qs, \
+                   .attn_softcap = 50.0f, .final_softcap = 30.0f
+#define GEMMA3(qs, w) .arch = FY_ARCH_GEMMA3, GEMMA, .qk_norm = true, .rope_local = ROPE(10000.0f), \
+                      .sliding_window = w, .local_pattern = 6, .query_scalar = qs
 
-/* The published shapes (Hugging Face's config.json of each; Llama 3 8B and 70B as 3.1,
- * whose rope scaling reaches 131072 positions). */
-static const struct { const char *name; fy_llama_config cfg; } named[] = {
-    /* name           V       maxT    C     L   NH  NKV  hd   F      eps   rope              tied */
-    {"llama-tiny",   {256,    1024,   128,  4,  4,  2,   32,  384,   1e-5f, ROPE_NONE(10000.0f), false, 0}},
-    {"llama3.2-1b",  {128256, 131072, 2048, 16, 32, 8,   64,  8192,  1e-5f, ROPE_L3(32.0f), true, 0}},
-    {"llama3.2-3b",  {128256, 131072, 3072, 28, 24, 8,   128, 8192,  1e-5f, ROPE_L3(32.0f), true, 0}},
-    {"llama3-8b",    {128256, 131072, 4096, 32, 32, 8,   128, 14336, 1e-5f, ROPE_L3(8.0f), false, 0}},
-    {"llama2-7b",    {32000,  4096,   4096, 32, 32, 32,  128, 11008, 1e-5f, ROPE_NONE(10000.0f), false, 0}},
-    {"llama2-13b",   {32000,  4096,   5120, 40, 40, 40,  128, 13824, 1e-5f, ROPE_NONE(10000.0f), false, 0}},
-    {"llama3-70b",   {128256, 131072, 8192, 80, 64, 8,   128, 28672, 1e-5f, ROPE_L3(8.0f), false, 0}},
+/* The published shapes: Hugging Face's config.json of each (Llama 3 8B and 70B as 3.1,
+ * whose rope scaling reaches 131072 positions; Qwen2.5 as the base models; Mistral 7B as
+ * v0.1, with its window; Phi-3 mini as the 4k model). Their parameter counts are checked
+ * against the published ones in tests/test_llama_model.c. phi4-mini rotates 96 of its 128
+ * channels as published, but its longrope factors come only with its config.json (--init
+ * DIR): the named shape rotates without them. */
+static const struct { const char *name; bool width; fy_llama_config cfg; } named[] = {
+    {"llama-tiny", false, {SHAPE(256, 1024, 128, 4, 4, 2, 32, 384, 1e-5f), .rope = ROPE(10000.0f)}},
+    {"llama3.2-1b", true, {SHAPE(128256, 131072, 2048, 16, 32, 8, 64, 8192, 1e-5f), .rope = ROPE_L3(32.0f), .tied = true}},
+    {"llama3.2-3b", true, {SHAPE(128256, 131072, 3072, 28, 24, 8, 128, 8192, 1e-5f), .rope = ROPE_L3(32.0f), .tied = true}},
+    {"llama3-8b", true, {SHAPE(128256, 131072, 4096, 32, 32, 8, 128, 14336, 1e-5f), .rope = ROPE_L3(8.0f)}},
+    {"llama2-7b", true, {SHAPE(32000, 4096, 4096, 32, 32, 32, 128, 11008, 1e-5f), .rope = ROPE(10000.0f)}},
+    {"llama2-13b", true, {SHAPE(32000, 4096, 5120, 40, 40, 40, 128, 13824, 1e-5f), .rope = ROPE(10000.0f)}},
+    {"llama3-70b", true, {SHAPE(128256, 131072, 8192, 80, 64, 8, 128, 28672, 1e-5f), .rope = ROPE_L3(8.0f)}},
+    /* tiny shapes of each family, for tests */
+    {"qwen2.5-tiny", false, {SHAPE(256, 1024, 128, 4, 4, 2, 32, 384, 1e-6f), QWEN2, .tied = true}},
+    {"qwen3-tiny", false, {SHAPE(256, 1024, 128, 4, 4, 2, 48, 384, 1e-6f), QWEN3}},
+    {"mistral-tiny", false, {SHAPE(256, 1024, 128, 4, 4, 2, 48, 384, 1e-5f), .arch = FY_ARCH_MISTRAL,
+                             .rope = ROPE(10000.0f), .sliding_window = 64}},
+    {"gemma2-tiny", false, {SHAPE(256, 1024, 128, 4, 4, 2, 32, 384, 1e-6f), GEMMA2(24.0f, 64)}},
+    {"gemma3-tiny", false, {SHAPE(256, 1024, 128, 6, 4, 2, 32, 384, 1e-6f), GEMMA3(32.0f, 64),
+                            .rope = ROPE_LIN(1000000.0f, 8.0f)}},
+    {"phi3-tiny", false, {SHAPE(256, 1024, 128, 4, 4, 2, 32, 384, 1e-5f), .arch = FY_ARCH_PHI3,
+                          .rope = {.type = FY_ROPE_DEFAULT, .theta = 10000.0f, .rot_dim = 24},
+                          .sliding_window = 64}},
+    {"qwen2.5-0.5b", true, {SHAPE(151936, 32768, 896, 24, 14, 2, 64, 4864, 1e-6f), QWEN2, .tied = true}},
+    {"qwen2.5-7b", true, {SHAPE(152064, 131072, 3584, 28, 28, 4, 128, 18944, 1e-6f), QWEN2}},
+    {"qwen2.5-14b", true, {SHAPE(152064, 131072, 5120, 48, 40, 8, 128, 13824, 1e-5f), QWEN2}},
+    {"qwen2.5-32b", true, {SHAPE(152064, 131072, 5120, 64, 40, 8, 128, 27648, 1e-5f), QWEN2}},
+    {"qwen3-0.6b", true, {SHAPE(151936, 40960, 1024, 28, 16, 8, 128, 3072, 1e-6f), QWEN3, .tied = true}},
+    {"qwen3-8b", true, {SHAPE(151936, 40960, 4096, 36, 32, 8, 128, 12288, 1e-6f), QWEN3}},
+    {"qwen3-14b", true, {SHAPE(151936, 40960, 5120, 40, 40, 8, 128, 17408, 1e-6f), QWEN3}},
+    {"qwen3-32b", true, {SHAPE(151936, 40960, 5120, 64, 64, 8, 128, 25600, 1e-6f), QWEN3}},
+    {"mistral-7b", true, {SHAPE(32000, 32768, 4096, 32, 32, 8, 128, 14336, 1e-5f), .arch = FY_ARCH_MISTRAL,
+                          .rope = ROPE(10000.0f), .sliding_window = 4096}},
+    {"mistral-nemo-12b", true, {SHAPE(131072, 1024000, 5120, 40, 32, 8, 128, 14336, 1e-5f),
+                                .arch = FY_ARCH_MISTRAL, .rope = ROPE(1000000.0f)}},
+    {"gemma2-2b", true, {SHAPE(256000, 8192, 2304, 26, 8, 4, 256, 9216, 1e-6f), GEMMA2(256.0f, 4096)}},
+    {"gemma2-9b", true, {SHAPE(256000, 8192, 3584, 42, 16, 8, 256, 14336, 1e-6f), GEMMA2(256.0f, 4096)}},
+    {"gemma2-27b", true, {SHAPE(256000, 8192, 4608, 46, 32, 16, 128, 36864, 1e-6f), GEMMA2(144.0f, 4096)}},
+    {"gemma3-1b", true, {SHAPE(262144, 32768, 1152, 26, 4, 1, 256, 6912, 1e-6f), GEMMA3(256.0f, 512),
+                         .rope = ROPE(1000000.0f)}},
+    {"gemma3-4b", true, {SHAPE(262208, 131072, 2560, 34, 8, 4, 256, 10240, 1e-6f), GEMMA3(256.0f, 1024),
+                         .rope = ROPE_LIN(1000000.0f, 8.0f)}},
+    {"gemma3-12b", true, {SHAPE(262208, 131072, 3840, 48, 16, 8, 256, 15360, 1e-6f), GEMMA3(256.0f, 1024),
+                          .rope = ROPE_LIN(1000000.0f, 8.0f)}},
+    {"gemma3-27b", true, {SHAPE(262208, 131072, 5376, 62, 32, 16, 128, 21504, 1e-6f), GEMMA3(168.0f, 1024),
+                          .rope = ROPE_LIN(1000000.0f, 8.0f)}},
+    {"phi3-mini", true, {SHAPE(32064, 4096, 3072, 32, 32, 32, 96, 8192, 1e-5f), .arch = FY_ARCH_PHI3,
+                         .rope = ROPE(10000.0f), .sliding_window = 2047}},
+    {"phi4-mini", true, {SHAPE(200064, 131072, 3072, 32, 24, 8, 128, 8192, 1e-5f), .arch = FY_ARCH_PHI3,
+                         .rope = {.type = FY_ROPE_DEFAULT, .theta = 10000.0f, .rot_dim = 96},
+                         .sliding_window = 262144, .tied = true}},
 };
 #define NNAMED (int)(sizeof named / sizeof named[0])
 
@@ -36,12 +93,89 @@ fy_status fy_llama_config_named(const char *name, fy_llama_config *out) {
     return FY_ERR_UNSUPPORTED;
 }
 
-const char *fy_llama_config_names(void) {
-    return "llama-tiny, llama3.2-1b, llama3.2-3b, llama3-8b, llama2-7b, llama2-13b, llama3-70b";
+static const char *names_of(bool width_only) {
+    static char all[1024], widths[1024];
+    char *buf = width_only ? widths : all;
+    if (!buf[0]) {
+        size_t n = 0;
+        for (int i = 0; i < NNAMED; i++)
+            if (!width_only || named[i].width)
+                n += (size_t)snprintf(buf + n, 1024 - n, "%s%s", n ? ", " : "", named[i].name);
+    }
+    return buf;
 }
 
-const char *fy_llama_width_names(void) {
-    return "llama3.2-1b, llama3.2-3b, llama3-8b, llama2-7b, llama2-13b, llama3-70b";
+const char *fy_llama_config_names(void) { return names_of(false); }
+const char *fy_llama_width_names(void) { return names_of(true); }
+
+static const struct { const char *type, *cls; } arch_names[] = {
+    [FY_ARCH_LLAMA] = {"llama", "LlamaForCausalLM"},
+    [FY_ARCH_MISTRAL] = {"mistral", "MistralForCausalLM"},
+    [FY_ARCH_QWEN2] = {"qwen2", "Qwen2ForCausalLM"},
+    [FY_ARCH_QWEN3] = {"qwen3", "Qwen3ForCausalLM"},
+    [FY_ARCH_GEMMA2] = {"gemma2", "Gemma2ForCausalLM"},
+    [FY_ARCH_GEMMA3] = {"gemma3_text", "Gemma3ForCausalLM"},
+    [FY_ARCH_PHI3] = {"phi3", "Phi3ForCausalLM"},
+};
+
+const char *fy_llama_arch_type(fy_llama_arch a) { return arch_names[a].type; }
+const char *fy_llama_arch_class(fy_llama_arch a) { return arch_names[a].cls; }
+
+int fy_llama_layer_window(const fy_llama_config *c, int l) {
+    if (c->local_pattern > 0 && (l + 1) % c->local_pattern == 0) return 0;
+    return c->sliding_window;
+}
+
+fy_rope fy_llama_layer_rope(const fy_llama_config *c, int l, int T) {
+    fy_rope r = c->local_pattern > 0 && (l + 1) % c->local_pattern ? c->rope_local : c->rope;
+    if (r.type == FY_ROPE_LONGROPE && (float)T > r.orig_max_pos) /* transformers' choice */
+        memcpy(r.ext, c->rope_long, sizeof r.ext);
+    return r;
+}
+
+/* A rotation's parameters; what names it in messages. */
+static fy_status rope_check(const fy_rope *r, int hd, const float *long_factors, const char *what) {
+    const bool scaled = r->type == FY_ROPE_LINEAR || r->type == FY_ROPE_LLAMA3;
+    if (!(r->theta > 0.0f && r->theta <= 1e30f)) {
+        fy_log_error("%s: rope_theta (%g) must be positive", what, r->theta);
+        return FY_ERR_INVALID;
+    }
+    if (scaled && !(r->factor > 0.0f && r->factor <= 1e6f)) {
+        fy_log_error("%s: implausible rope scaling factor (%g)", what, r->factor);
+        return FY_ERR_INVALID;
+    }
+    if (r->type == FY_ROPE_LLAMA3 && !(r->low_freq_factor > 0.0f && r->high_freq_factor > r->low_freq_factor &&
+                                       r->orig_max_pos > 0.0f && r->orig_max_pos <= (float)(1 << 30))) {
+        fy_log_error("%s: llama3 rope scaling needs 0 < low_freq_factor (%g) < high_freq_factor "
+                     "(%g) and original_max_position_embeddings > 0 (%g)", what,
+                     r->low_freq_factor, r->high_freq_factor, r->orig_max_pos);
+        return FY_ERR_INVALID;
+    }
+    if (r->rot_dim < 0 || r->rot_dim > hd || r->rot_dim % 2) {
+        fy_log_error("%s: %d rotated channels of a %d-channel head (partial_rotary_factor): "
+                     "must be even and at most the head's", what, r->rot_dim, hd);
+        return FY_ERR_INVALID;
+    }
+    if (!(r->attn_factor >= 0.0f && r->attn_factor <= 1e3f)) {
+        fy_log_error("%s: implausible rope attention_factor (%g)", what, r->attn_factor);
+        return FY_ERR_INVALID;
+    }
+    if (r->type == FY_ROPE_LONGROPE) {
+        const int pairs = (r->rot_dim ? r->rot_dim : hd) / 2;
+        if (!(r->orig_max_pos > 0.0f) || pairs > FY_ROPE_MAX_PAIRS) {
+            fy_log_error("%s: longrope needs original_max_position_embeddings > 0 and at most "
+                         "%d rotated pairs (%d)", what, FY_ROPE_MAX_PAIRS, pairs);
+            return FY_ERR_INVALID;
+        }
+        for (int j = 0; j < pairs; j++)
+            if (!(r->ext[j] > 0.0f && r->ext[j] <= 1e6f) ||
+                !(long_factors[j] > 0.0f && long_factors[j] <= 1e6f)) {
+                fy_log_error("%s: longrope factor %d must be positive (short %g, long %g)", what,
+                             j, r->ext[j], long_factors[j]);
+                return FY_ERR_INVALID;
+            }
+    }
+    return FY_OK;
 }
 
 fy_status fy_llama_config_check(const fy_llama_config *c) {
@@ -78,29 +212,27 @@ fy_status fy_llama_config_check(const fy_llama_config *c) {
                      c->channels, c->heads, c->head_dim, c->ffn, c->vocab);
         return FY_ERR_INVALID;
     }
-    if (!(c->norm_eps > 0.0f) || !(c->rope.theta > 0.0f)) {
-        fy_log_error("rms_norm_eps (%g) and rope_theta (%g) must be positive", c->norm_eps,
-                     c->rope.theta);
+    if (!(c->norm_eps > 0.0f)) {
+        fy_log_error("rms_norm_eps (%g) must be positive", c->norm_eps);
         return FY_ERR_INVALID;
     }
-    const fy_rope *r = &c->rope;
-    if ((r->type == FY_ROPE_LINEAR || r->type == FY_ROPE_LLAMA3) && !(r->factor > 0.0f)) {
-        fy_log_error("rope scaling factor (%g) must be positive", r->factor);
+    FY_TRY(rope_check(&c->rope, c->head_dim, c->rope_long, "the rope"));
+    if (c->local_pattern > 0 && c->rope_local.theta != 0.0f) /* 0: the same as rope */
+        FY_TRY(rope_check(&c->rope_local, c->head_dim, c->rope_long, "the local layers' rope"));
+    if (c->sliding_window < 0 || c->local_pattern < 0) {
+        fy_log_error("sliding window (%d) and its layer pattern (%d) must not be negative",
+                     c->sliding_window, c->local_pattern);
         return FY_ERR_INVALID;
     }
-    if (!(r->theta <= 1e30f) || ((r->type == FY_ROPE_LINEAR || r->type == FY_ROPE_LLAMA3) && !(r->factor <= 1e6f))) {
-        fy_log_error("implausible rope_theta (%g) or scaling factor (%g)", r->theta, r->factor);
+    if ((unsigned)c->arch > FY_ARCH_PHI3 || (c->act != FY_GLU_SILU && c->act != FY_GLU_GELU_TANH)) {
+        fy_log_error("unknown model arch (%d) or activation (%d)", (int)c->arch, (int)c->act);
         return FY_ERR_INVALID;
     }
-    if (r->type == FY_ROPE_LLAMA3 && !(r->low_freq_factor > 0.0f && r->high_freq_factor > r->low_freq_factor &&
-                                       r->orig_max_pos > 0.0f && r->orig_max_pos <= (float)(1 << 30))) {
-        fy_log_error("llama3 rope scaling needs 0 < low_freq_factor (%g) < high_freq_factor (%g) "
-                     "and original_max_position_embeddings > 0 (%g)", r->low_freq_factor,
-                     r->high_freq_factor, r->orig_max_pos);
-        return FY_ERR_INVALID;
-    }
-    if (c->sliding_window < 0) {
-        fy_log_error("sliding window (%d) must not be negative", c->sliding_window);
+    if (!(c->norm_offset >= 0.0f && c->norm_offset <= 1.0f) || !(c->query_scalar >= 0.0f && c->query_scalar <= 1e9f) ||
+        !(c->attn_softcap >= 0.0f && c->attn_softcap <= 1e9f) ||
+        !(c->final_softcap >= 0.0f && c->final_softcap <= 1e9f)) {
+        fy_log_error("implausible norm offset (%g), query_pre_attn_scalar (%g) or soft-caps "
+                     "(%g, %g)", c->norm_offset, c->query_scalar, c->attn_softcap, c->final_softcap);
         return FY_ERR_INVALID;
     }
     return FY_OK;
@@ -117,47 +249,85 @@ fy_lm_chunks fy_llama_chunks(const fy_llama_config *c, size_t N, size_t es) {
 size_t fy_llama_num_params(const fy_llama_config *c) {
     const size_t C = (size_t)c->channels, Q = (size_t)c->heads * c->head_dim,
                  KV = (size_t)c->kv_heads * c->head_dim, F = (size_t)c->ffn, V = (size_t)c->vocab;
-    const size_t layer = 2 * C + C * (Q + 2 * KV) + Q * C + 3 * C * F;
+    const size_t layer = 2 * C + C * (Q + 2 * KV) + Q * C + 3 * C * F +
+                         (c->qkv_bias ? Q + 2 * KV : 0) + (c->qk_norm ? 2 * (size_t)c->head_dim : 0) +
+                         (c->sandwich ? 2 * C : 0);
     return V * C + (size_t)c->layers * layer + C + (c->tied ? 0 : V * C);
 }
 
 /* ---- parameters, views, activations ---------------------------------------------------- */
 
-/* X(field, hf_name, rows, cols, weight_decay, packed after the previous) */
-#define LAYER_PARAMS(X)                                              \
-    X(ln1, "input_layernorm.weight", C, 1, 0, 0)                     \
-    X(wq, "self_attn.q_proj.weight", NH * hd, C, 1, 0)               \
-    X(wk, "self_attn.k_proj.weight", NKV * hd, C, 1, 1)              \
-    X(wv, "self_attn.v_proj.weight", NKV * hd, C, 1, 1)              \
-    X(wo, "self_attn.o_proj.weight", C, NH * hd, 1, 0)               \
-    X(ln2, "post_attention_layernorm.weight", C, 1, 0, 0)            \
-    X(wgate, "mlp.gate_proj.weight", F, C, 1, 0)                     \
-    X(wup, "mlp.up_proj.weight", F, C, 1, 1)                         \
-    X(wdown, "mlp.down_proj.weight", C, F, 1, 0)
+/* X(field, present, hf_name, rows, cols, weight_decay, packed after the previous), with
+ * cfg, C, Q = NH hd, KV = NKV hd, W = Q + 2 KV, hd, F and PHI in scope. Phi-3 publishes q, k
+ * and v as one qkv_proj and gate and up as one gate_up_proj (the packed forms); Gemma's
+ * post_attention_layernorm normalises the attention's output, Llama's the MLP's input. */
+#define LAYER_PARAMS(X)                                                                       \
+    X(ln1, 1, "input_layernorm.weight", C, 1, 0, 0)                                           \
+    X(wq, 1, PHI ? "self_attn.qkv_proj.weight" : "self_attn.q_proj.weight", PHI ? W : Q, C, 1, 0) \
+    X(wk, !PHI, "self_attn.k_proj.weight", KV, C, 1, 1)                                       \
+    X(wv, !PHI, "self_attn.v_proj.weight", KV, C, 1, 1)                                       \
+    X(bq, cfg->qkv_bias, "self_attn.q_proj.bias", Q, 1, 0, 0)                                 \
+    X(bk, cfg->qkv_bias, "self_attn.k_proj.bias", KV, 1, 0, 1)                                \
+    X(bv, cfg->qkv_bias, "self_attn.v_proj.bias", KV, 1, 0, 1)                                \
+    X(qn, cfg->qk_norm, "self_attn.q_norm.weight", hd, 1, 0, 0)                               \
+    X(kn, cfg->qk_norm, "self_attn.k_norm.weight", hd, 1, 0, 0)                               \
+    X(wo, 1, "self_attn.o_proj.weight", C, Q, 1, 0)                                           \
+    X(lnpa, cfg->sandwich, "post_attention_layernorm.weight", C, 1, 0, 0)                     \
+    X(ln2, 1, cfg->sandwich ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight", \
+      C, 1, 0, 0)                                                                             \
+    X(wgate, 1, PHI ? "mlp.gate_up_proj.weight" : "mlp.gate_proj.weight", PHI ? 2 * F : F, C, 1, 0) \
+    X(wup, !PHI, "mlp.up_proj.weight", F, C, 1, 1)                                            \
+    X(wdown, 1, "mlp.down_proj.weight", C, F, 1, 0)                                           \
+    X(lnpf, cfg->sandwich, "post_feedforward_layernorm.weight", C, 1, 0, 0)
+#define PARAM_DIMS(cfg)                                                                         \
+    const int C = (cfg)->channels, hd = (cfg)->head_dim, Q = (cfg)->heads * hd,                 \
+              KV = (cfg)->kv_heads * hd, W = Q + 2 * KV, F = (cfg)->ffn;                        \
+    const bool PHI = (cfg)->arch == FY_ARCH_PHI3;                                               \
+    (void)C; (void)Q; (void)KV; (void)W; (void)F; (void)PHI
 #define FIELD(field, ...) float *field;
-typedef struct layer_w { LAYER_PARAMS(FIELD) } layer_w;
+typedef struct layer_w { LAYER_PARAMS(FIELD) } layer_w; /* absent tensors NULL */
 typedef struct head_w { float *norm, *lm_head; } head_w; /* lm_head absent when tied */
 
-/* A layer's saved activations (qkv holds the roped q and k) and workspace; eval needs
- * only the first two work fields (proj, act), training all. The position-wise work runs by
- * sequence chunks of Nc rows (model.h: fy_model_chunk), so its buffers hold a chunk; the
- * attention's gradients (datty, dqkv) hold every row, as attention needs them whole. */
-#define LAYER_ACTS(X)                    \
-    X(ln1, N * C, S)                     \
-    X(rstd1, N, F)                       \
-    X(qkv, N * W, S)                     \
-    X(lse, (size_t)B * NH * T, F)        \
-    X(atty, N * Q, S)                    \
-    X(res2, N * C, S)                    \
-    X(ln2, N * C, S)                     \
-    X(rstd2, N, F)                       \
-    X(gu, N * 2 * Fn, S)
+/* A layer block's buffer (params or grads) as its tensors. */
+static void layer_view(const fy_llama_config *cfg, const fy_block_spec *blk, fy_dtype dt,
+                       const void *base, layer_w *w) {
+    PARAM_DIMS(cfg);
+    float *p[FY_MODEL_MAX_TENSORS];
+    fy_model_view(blk, dt, base, p, blk->ntensors);
+    int i = 0;
+#define VIEW(field, present, ...) w->field = (present) ? p[i++] : NULL;
+    LAYER_PARAMS(VIEW)
+#undef VIEW
+}
+
+/* A layer's saved activations (qkv holds the normed and roped q and k; qkvr the
+ * projections before the q/k norms) and workspace; eval needs only the first two work
+ * fields (proj, act), training all. The position-wise work runs by sequence chunks of Nc
+ * rows (model.h: fy_model_chunk), so its buffers hold a chunk; the attention's gradients
+ * (datty, dqkv) hold every row, as attention needs them whole. */
+#define LAYER_ACTS(X)                                        \
+    X(ln1, N * C, S)                                         \
+    X(rstd1, N, F)                                           \
+    X(qkvr, cfg->qk_norm ? N * W : 0, S)                     \
+    X(rstdqk, cfg->qk_norm ? N * (NH + NKV) : 0, F)          \
+    X(qkv, N * W, S)                                         \
+    X(lse, (size_t)B * NH * T, F)                            \
+    X(atty, N * Q, S)                                        \
+    X(po, cfg->sandwich ? N * C : 0, S)                      \
+    X(rstdpa, cfg->sandwich ? N : 0, F)                      \
+    X(res2, N * C, S)                                        \
+    X(ln2, N * C, S)                                         \
+    X(rstd2, N, F)                                           \
+    X(gu, N * 2 * Fn, S)                                     \
+    X(pd, cfg->sandwich ? N * C : 0, S)                      \
+    X(rstdpf, cfg->sandwich ? N : 0, F)
 #define LAYER_WORK_EVAL(X)               \
     X(proj, Nc * C, S)                   \
     X(act, Nc * Fn, S)
 #define LAYER_WORK(X)                    \
     LAYER_WORK_EVAL(X)                   \
     X(dln, Nc * C, S)                    \
+    X(dpost, cfg->sandwich ? Nc * C : 0, S) \
     X(datty, N * Q, S)                   \
     X(dqkv, N * W, S)                    \
     X(dgu, Nc * 2 * Fn, S)               \
@@ -191,12 +361,12 @@ typedef struct head_work { HEAD_WORK(FY_ACT_FIELD) } head_work;
 
 #define DIMS                                                                                \
     const size_t N = (size_t)B * T, Nc = N < (size_t)chunk ? N : (size_t)chunk,              \
-                 C = (size_t)cfg->channels, NH = (size_t)cfg->heads,     \
-                 hd = (size_t)cfg->head_dim, Q = NH * hd,                                   \
-                 W = (NH + 2 * (size_t)cfg->kv_heads) * hd, Fn = (size_t)cfg->ffn,           \
+                 C = (size_t)cfg->channels, NH = (size_t)cfg->heads,                        \
+                 NKV = (size_t)cfg->kv_heads, hd = (size_t)cfg->head_dim, Q = NH * hd,      \
+                 W = (NH + 2 * NKV) * hd, Fn = (size_t)cfg->ffn,                            \
                  Vp = (size_t)fy_lm_vocab_padded(cfg->vocab),                               \
                  es = fy_dtype_size(dt == FY_DTYPE_NONE ? FY_F32 : dt);                    \
-    (void)N; (void)Nc; (void)C; (void)Q; (void)W; (void)Fn; (void)Vp; (void)es
+    (void)N; (void)Nc; (void)C; (void)NKV; (void)Q; (void)W; (void)Fn; (void)Vp; (void)es
 
 #define SIZE_FN(name, LIST)                                                                 \
     static size_t name(const fy_llama_config *cfg, int B, int T, int chunk, fy_dtype dt) {  \
@@ -221,72 +391,136 @@ BIND_FN(head_work_bind, head_work, HEAD_WORK)
 
 /* ---- the passes ---------------------------------------------------------------------- */
 
-static fy_attn attn_of(const fy_llama_config *cfg, const int32_t *docs) {
-    return (fy_attn){.window = cfg->sliding_window, .scale = 1.0f / sqrtf((float)cfg->head_dim),
-                     .docs = docs};
+/* Layer l's attention: its window, the scores' scale and cap. */
+static fy_attn attn_of(const fy_llama_config *cfg, int l, const int32_t *docs) {
+    const double qs = cfg->query_scalar > 0.0f ? cfg->query_scalar : cfg->head_dim;
+    return (fy_attn){.window = fy_llama_layer_window(cfg, l), .scale = (float)(1.0 / sqrt(qs)),
+                     .softcap = cfg->attn_softcap, .docs = docs};
+}
+
+/* Gemma's embedding factor, sqrt(C) in the storage type as transformers rounds it. */
+static float embed_scale(const fy_llama_config *cfg, fy_dtype dt) {
+    if (!cfg->embed_scale) return 1.0f;
+    const float v = (float)sqrt((double)cfg->channels);
+    return dt == FY_BF16 ? fy_bf16_to_f32(fy_f32_to_bf16(v)) : v;
+}
+
+/* What a layer's passes need besides its buffers. */
+typedef struct layer_ctx {
+    const fy_llama_config *cfg;
+    fy_attn at;
+    fy_rope rope;
+    const int32_t *docs;
+    int B, T, Nc;
+} layer_ctx;
+
+/* The attention's or MLP's output rows [r, r+n) (proj, or a pre-norm copy under sandwich
+ * norms: post, with its rstd) added to res into out. */
+static void add_output(const layer_ctx *c, float *out, const float *res, const float *proj,
+                       const float *post, float *rstd, const float *gain, int r, int n,
+                       float *tmp, fy_stream *s) {
+    const fy_llama_config *cfg = c->cfg;
+    const int C = cfg->channels;
+    const size_t es = fy_dtype_size(fy_stream_dtype(s));
+    if (cfg->sandwich) {
+        fy_k_rmsnorm_fwd(tmp, rstd + r, post, gain, n, C, cfg->norm_eps, cfg->norm_offset, s);
+        proj = tmp;
+    }
+    fy_k_residual_fwd(fy_rows(out, r, C, es), fy_rows(res, r, C, es), proj, (size_t)n * C, s);
 }
 
 /* x_out = x_in + attn(rmsnorm(x_in)); then + mlp(rmsnorm(.)), the attention's output
  * projection and the MLP by chunks of Nc rows. */
-static void layer_fwd(const fy_llama_config *cfg, const layer_w *w, layer_acts *a,
-                      layer_work *wk, const float *x_in, float *x_out, const int32_t *docs,
-                      int B, int T, int Nc, fy_stream *s) {
+static void layer_fwd(const layer_ctx *c, const layer_w *w, layer_acts *a, layer_work *wk,
+                      const float *x_in, float *x_out, fy_stream *s) {
+    const fy_llama_config *cfg = c->cfg;
     const int C = cfg->channels, NH = cfg->heads, NKV = cfg->kv_heads, hd = cfg->head_dim,
-              F = cfg->ffn, N = B * T, W = (NH + 2 * NKV) * hd, Q = NH * hd;
+              F = cfg->ffn, N = c->B * c->T, W = (NH + 2 * NKV) * hd, Q = NH * hd, Nc = c->Nc;
     const size_t es = fy_dtype_size(fy_stream_dtype(s));
-    const fy_attn at = attn_of(cfg, docs);
-    fy_k_rmsnorm_fwd(a->ln1, a->rstd1, x_in, w->ln1, N, C, cfg->norm_eps, s);
-    fy_k_matmul_fwd(a->qkv, a->ln1, w->wq, NULL, N, C, W, s); /* q, k, v packed */
-    fy_k_rope(a->qkv, docs, B, T, NH, NKV, hd, false, &cfg->rope, s);
-    fy_k_attention_fwd(a->atty, a->lse, a->qkv, B, T, NH, NKV, hd, &at, s);
+    const float eps = cfg->norm_eps, off = cfg->norm_offset;
+    fy_k_rmsnorm_fwd(a->ln1, a->rstd1, x_in, w->ln1, N, C, eps, off, s);
+    /* q, k, v packed (and their biases) */
+    fy_k_matmul_fwd(cfg->qk_norm ? a->qkvr : a->qkv, a->ln1, w->wq, w->bq, N, C, W, s);
+    if (cfg->qk_norm)
+        fy_k_qk_norm_fwd(a->qkv, a->rstdqk, a->qkvr, w->qn, w->kn, N, NH, NKV, hd, eps, off, s);
+    fy_k_rope(a->qkv, c->docs, c->B, c->T, NH, NKV, hd, false, &c->rope, s);
+    fy_k_attention_fwd(a->atty, a->lse, a->qkv, c->B, c->T, NH, NKV, hd, &c->at, s);
     for (int r = 0; r < N; r += Nc) {
         const int n = N - r < Nc ? N - r : Nc;
-        fy_k_matmul_fwd(wk->proj, fy_rows(a->atty, r, Q, es), w->wo, NULL, n, Q, C, s);
-        fy_k_residual_fwd(fy_rows(a->res2, r, C, es), fy_rows(x_in, r, C, es), wk->proj,
-                          (size_t)n * C, s);
+        float *po = cfg->sandwich ? fy_rows(a->po, r, C, es) : wk->proj;
+        fy_k_matmul_fwd(po, fy_rows(a->atty, r, Q, es), w->wo, NULL, n, Q, C, s);
+        add_output(c, a->res2, x_in, po, po, a->rstdpa, w->lnpa, r, n, wk->proj, s);
     }
-    fy_k_rmsnorm_fwd(a->ln2, a->rstd2, a->res2, w->ln2, N, C, cfg->norm_eps, s);
+    fy_k_rmsnorm_fwd(a->ln2, a->rstd2, a->res2, w->ln2, N, C, eps, off, s);
     fy_k_matmul_fwd(a->gu, a->ln2, w->wgate, NULL, N, C, 2 * F, s); /* gate, up packed */
     for (int r = 0; r < N; r += Nc) {
         const int n = N - r < Nc ? N - r : Nc;
-        fy_k_swiglu_fwd(wk->act, fy_rows(a->gu, r, 2 * (size_t)F, es), n, F, s);
-        fy_k_matmul_fwd(wk->proj, wk->act, w->wdown, NULL, n, F, C, s);
-        fy_k_residual_fwd(fy_rows(x_out, r, C, es), fy_rows(a->res2, r, C, es), wk->proj,
-                          (size_t)n * C, s);
+        float *pd = cfg->sandwich ? fy_rows(a->pd, r, C, es) : wk->proj;
+        fy_k_glu_fwd(wk->act, fy_rows(a->gu, r, 2 * (size_t)F, es), n, F, cfg->act, s);
+        fy_k_matmul_fwd(pd, wk->act, w->wdown, NULL, n, F, C, s);
+        add_output(c, x_out, a->res2, pd, pd, a->rstdpf, w->lnpf, r, n, wk->proj, s);
     }
+}
+
+/* The gradient reaching an output's projection, rows [r, r+n): dx's rows, or, under
+ * sandwich norms, their backward through the post-norm (into tmp). */
+static const float *output_grad(const layer_ctx *c, const float *dxr, const float *post,
+                                const float *rstd, const float *gain, float *dgain, int r,
+                                int n, float *tmp, fy_stream *s) {
+    const fy_llama_config *cfg = c->cfg;
+    const int C = cfg->channels;
+    if (!cfg->sandwich) return dxr;
+    fy_memset_async(s, tmp, 0, (size_t)n * C * fy_dtype_size(fy_stream_dtype(s)));
+    fy_k_rmsnorm_bwd(tmp, dgain, dxr, post, gain, rstd + r, n, C, cfg->norm_offset, s);
+    return tmp;
 }
 
 /* dx holds d x_out on entry and d x_in on return (the norms' backwards add into it). The
  * MLP and the norms by chunks of Nc rows, last chunk first (the reverse of the forward). */
-static void layer_bwd(const fy_llama_config *cfg, const layer_w *w, layer_w *g,
-                      const layer_acts *a, layer_work *wk, const float *x_in, float *dx,
-                      const int32_t *docs, int B, int T, int Nc, fy_stream *s) {
+static void layer_bwd(const layer_ctx *c, const layer_w *w, layer_w *g, const layer_acts *a,
+                      layer_work *wk, const float *x_in, float *dx, fy_stream *s) {
+    const fy_llama_config *cfg = c->cfg;
     const int C = cfg->channels, NH = cfg->heads, NKV = cfg->kv_heads, hd = cfg->head_dim,
-              F = cfg->ffn, N = B * T, W = (NH + 2 * NKV) * hd, Q = NH * hd;
+              F = cfg->ffn, N = c->B * c->T, W = (NH + 2 * NKV) * hd, Q = NH * hd, Nc = c->Nc;
     const size_t es = fy_dtype_size(fy_stream_dtype(s));
-    const fy_attn at = attn_of(cfg, docs);
+    const float off = cfg->norm_offset;
     for (int r = (N - 1) / Nc * Nc; r >= 0; r -= Nc) {
         const int n = N - r < Nc ? N - r : Nc;
         const float *gu = fy_rows(a->gu, r, 2 * (size_t)F, es);
         float *dxr = fy_rows(dx, r, C, es);
-        fy_k_swiglu_fwd(wk->act, gu, n, F, s); /* rebuilt, not kept */
-        fy_k_matmul_bwd(wk->dact, g->wdown, NULL, dxr, wk->act, w->wdown, n, F, C, s);
-        fy_k_swiglu_bwd(wk->dgu, gu, wk->dact, n, F, s);
+        const float *dout = output_grad(c, dxr, cfg->sandwich ? fy_rows(a->pd, r, C, es) : NULL,
+                                        a->rstdpf, w->lnpf, g->lnpf, r, n, wk->dpost, s);
+        fy_k_glu_fwd(wk->act, gu, n, F, cfg->act, s); /* rebuilt, not kept */
+        fy_k_matmul_bwd(wk->dact, g->wdown, NULL, dout, wk->act, w->wdown, n, F, C, s);
+        fy_k_glu_bwd(wk->dgu, gu, wk->dact, n, F, cfg->act, s);
         fy_k_matmul_bwd(wk->dln, g->wgate, NULL, wk->dgu, fy_rows(a->ln2, r, C, es), w->wgate, n,
                         C, 2 * F, s);
         fy_k_rmsnorm_bwd(dxr, g->ln2, wk->dln, fy_rows(a->res2, r, C, es), w->ln2, a->rstd2 + r,
-                         n, C, s);
+                         n, C, off, s);
     }
-    fy_k_matmul_bwd(wk->datty, g->wo, NULL, dx, a->atty, w->wo, N, Q, C, s);
-    fy_k_attention_bwd(wk->dqkv, wk->delta, wk->datty, a->qkv, a->atty, a->lse, B, T, NH, NKV,
-                       hd, &at, s);
-    fy_k_rope(wk->dqkv, docs, B, T, NH, NKV, hd, true, &cfg->rope, s);
+    if (!cfg->sandwich) {
+        fy_k_matmul_bwd(wk->datty, g->wo, NULL, dx, a->atty, w->wo, N, Q, C, s);
+    } else {
+        for (int r = (N - 1) / Nc * Nc; r >= 0; r -= Nc) {
+            const int n = N - r < Nc ? N - r : Nc;
+            const float *dout = output_grad(c, fy_rows(dx, r, C, es), fy_rows(a->po, r, C, es),
+                                            a->rstdpa, w->lnpa, g->lnpa, r, n, wk->dpost, s);
+            fy_k_matmul_bwd(fy_rows(wk->datty, r, Q, es), g->wo, NULL, dout,
+                            fy_rows(a->atty, r, Q, es), w->wo, n, Q, C, s);
+        }
+    }
+    fy_k_attention_bwd(wk->dqkv, wk->delta, wk->datty, a->qkv, a->atty, a->lse, c->B, c->T, NH,
+                       NKV, hd, &c->at, s);
+    fy_k_rope(wk->dqkv, c->docs, c->B, c->T, NH, NKV, hd, true, &c->rope, s);
+    if (cfg->qk_norm) /* in place: dqkv becomes the projections' gradient */
+        fy_k_qk_norm_bwd(wk->dqkv, g->qn, g->kn, wk->dqkv, a->qkvr, w->qn, w->kn, a->rstdqk, N,
+                         NH, NKV, hd, off, s);
     for (int r = (N - 1) / Nc * Nc; r >= 0; r -= Nc) {
         const int n = N - r < Nc ? N - r : Nc;
-        fy_k_matmul_bwd(wk->dln, g->wq, NULL, fy_rows(wk->dqkv, r, W, es),
+        fy_k_matmul_bwd(wk->dln, g->wq, g->bq, fy_rows(wk->dqkv, r, W, es),
                         fy_rows(a->ln1, r, C, es), w->wq, n, C, W, s);
         fy_k_rmsnorm_bwd(fy_rows(dx, r, C, es), g->ln1, wk->dln, fy_rows(x_in, r, C, es), w->ln1,
-                         a->rstd1 + r, n, C, s);
+                         a->rstd1 + r, n, C, off, s);
     }
 }
 
@@ -299,22 +533,51 @@ const fy_llama_config *fy_llama_config_of(const fy_model *m) {
     return &((const llama *)m->ctx)->cfg;
 }
 
+static int describe_rope(const fy_rope *r, char *buf, size_t cap) {
+    int n;
+    if (r->type == FY_ROPE_LLAMA3)
+        n = snprintf(buf, cap, "rope %g llama3 (factor %g, low %g, high %g, original %g)",
+                     r->theta, r->factor, r->low_freq_factor, r->high_freq_factor, r->orig_max_pos);
+    else if (r->type == FY_ROPE_LINEAR)
+        n = snprintf(buf, cap, "rope %g linear (factor %g)", r->theta, r->factor);
+    else if (r->type == FY_ROPE_LONGROPE)
+        n = snprintf(buf, cap, "rope %g longrope (original %g)", r->theta, r->orig_max_pos);
+    else
+        n = snprintf(buf, cap, "rope %g", r->theta);
+    if (r->rot_dim && n >= 0 && (size_t)n < cap)
+        n += snprintf(buf + n, cap - (size_t)n, " on %d channels", r->rot_dim);
+    return n;
+}
+
 static void describe(const fy_model *m, char *buf, size_t cap) {
     const fy_llama_config *c = fy_llama_config_of(m);
-    const fy_rope *r = &c->rope;
-    char rope[160], window[32] = "";
-    if (r->type == FY_ROPE_LLAMA3)
-        snprintf(rope, sizeof rope, "rope %g llama3 (factor %g, low %g, high %g, original %g)",
-                 r->theta, r->factor, r->low_freq_factor, r->high_freq_factor, r->orig_max_pos);
-    else if (r->type == FY_ROPE_LINEAR)
-        snprintf(rope, sizeof rope, "rope %g linear (factor %g)", r->theta, r->factor);
-    else
-        snprintf(rope, sizeof rope, "rope %g", r->theta);
-    if (c->sliding_window) snprintf(window, sizeof window, ", window %d", c->sliding_window);
-    snprintf(buf, cap, "vocab %d, positions %d, channels %d, layers %d, heads %d, kv heads %d, "
-             "head dim %d, ffn %d, eps %g, %s, %s%s", c->vocab, c->max_seq, c->channels,
-             c->layers, c->heads, c->kv_heads, c->head_dim, c->ffn, c->norm_eps, rope,
-             c->tied ? "tied" : "untied", window);
+    char rope[200], local[200] = "", window[64] = "", sw[160] = "";
+    describe_rope(&c->rope, rope, sizeof rope);
+    if (c->local_pattern > 0) {
+        char lr[160];
+        describe_rope(&c->rope_local, lr, sizeof lr);
+        snprintf(local, sizeof local, ", local layers %s", lr);
+    }
+    if (c->sliding_window) {
+        if (c->local_pattern > 0)
+            snprintf(window, sizeof window, ", window %d on %d of %d layers", c->sliding_window,
+                     c->local_pattern - 1, c->local_pattern);
+        else
+            snprintf(window, sizeof window, ", window %d", c->sliding_window);
+    }
+    snprintf(sw, sizeof sw, "%s%s%s%s%s", c->qkv_bias ? ", qkv biases" : "",
+             c->qk_norm ? ", q/k norms" : "", c->sandwich ? ", sandwich norms" : "",
+             c->act == FY_GLU_GELU_TANH ? ", GeGLU" : "", c->embed_scale ? ", scaled embedding" : "");
+    size_t n = (size_t)snprintf(buf, cap, "%s: vocab %d, positions %d, channels %d, layers %d, "
+             "heads %d, kv heads %d, head dim %d, ffn %d, eps %g, %s%s, %s%s%s",
+             fy_llama_arch_type(c->arch), c->vocab, c->max_seq, c->channels, c->layers, c->heads,
+             c->kv_heads, c->head_dim, c->ffn, c->norm_eps, rope, local,
+             c->tied ? "tied" : "untied", window, sw);
+    if (n < cap && c->query_scalar > 0.0f)
+        n += (size_t)snprintf(buf + n, cap - n, ", query scalar %g", c->query_scalar);
+    if (n < cap && (c->attn_softcap > 0.0f || c->final_softcap > 0.0f))
+        snprintf(buf + n, cap - n, ", soft-caps %g (scores), %g (logits)", c->attn_softcap,
+                 c->final_softcap);
 }
 
 static fy_status check_seq(const fy_model *m, int64_t T) {
@@ -349,22 +612,30 @@ static void acts(const fy_model *m, int b, int B, int T, fy_dtype dt, bool train
     }
 }
 
+static layer_ctx layer_ctx_of(const fy_model *m, int l, const fy_block_io *io) {
+    const fy_llama_config *cfg = fy_llama_config_of(m);
+    return (layer_ctx){.cfg = cfg, .at = attn_of(cfg, l, io->docs),
+                       .rope = fy_llama_layer_rope(cfg, l, io->T), .docs = io->docs, .B = io->B,
+                       .T = io->T, .Nc = m->chunk};
+}
+
 static void forward(const fy_model *m, int b, const fy_block_io *io, fy_stream *s) {
     const fy_llama_config *cfg = fy_llama_config_of(m);
     const fy_block_spec *blk = &m->blocks[b];
     const fy_dtype dt = fy_stream_dtype(s);
     if (blk->kind == FY_BLOCK_EMBED) {
         fy_k_encoder_fwd(io->out, io->tokens, io->params, NULL, NULL, io->B, io->T, cfg->channels,
-                         io->table_rows ? io->table_rows : cfg->vocab, s);
+                         io->table_rows ? io->table_rows : cfg->vocab, embed_scale(cfg, dt), s);
         return;
     }
     layer_w w;
     layer_acts a;
     layer_work wk;
-    fy_model_view(blk, dt, io->params, (float **)&w, sizeof w / sizeof(float *));
+    layer_view(cfg, blk, dt, io->params, &w);
     layer_acts_bind(cfg, io->B, io->T, m->chunk, dt, io->saved, &a);
     layer_work_bind(cfg, io->B, io->T, m->chunk, dt, io->work, &wk);
-    layer_fwd(cfg, &w, &a, &wk, io->in, io->out, io->docs, io->B, io->T, m->chunk, s);
+    const layer_ctx c = layer_ctx_of(m, blk->layer, io);
+    layer_fwd(&c, &w, &a, &wk, io->in, io->out, s);
 }
 
 static void backward(const fy_model *m, int b, const fy_block_io *io, fy_stream *s) {
@@ -373,17 +644,18 @@ static void backward(const fy_model *m, int b, const fy_block_io *io, fy_stream 
     const fy_dtype dt = fy_stream_dtype(s);
     if (blk->kind == FY_BLOCK_EMBED) {
         fy_k_encoder_bwd(io->grads, NULL, io->dx, io->tokens, NULL, io->B, io->T, cfg->channels,
-                         io->table_rows ? io->table_rows : cfg->vocab, s);
+                         io->table_rows ? io->table_rows : cfg->vocab, embed_scale(cfg, dt), s);
         return;
     }
     layer_w w, g;
     layer_acts a;
     layer_work wk;
-    fy_model_view(blk, dt, io->params, (float **)&w, sizeof w / sizeof(float *));
-    fy_model_view(blk, dt, io->grads, (float **)&g, sizeof g / sizeof(float *));
+    layer_view(cfg, blk, dt, io->params, &w);
+    layer_view(cfg, blk, dt, io->grads, &g);
     layer_acts_bind(cfg, io->B, io->T, m->chunk, dt, io->saved, &a);
     layer_work_bind(cfg, io->B, io->T, m->chunk, dt, io->work, &wk);
-    layer_bwd(cfg, &w, &g, &a, &wk, io->in, io->dx, io->docs, io->B, io->T, m->chunk, s);
+    const layer_ctx c = layer_ctx_of(m, blk->layer, io);
+    layer_bwd(&c, &w, &g, &a, &wk, io->in, io->dx, s);
 }
 
 /* The head: the final norm, then the classifier: lm_head, or the embedding (link 0)
@@ -414,9 +686,9 @@ static void loss(const fy_model *m, int b, const fy_block_io *io, fy_stream *s) 
         .N = N, .C = C, .V = cfg->vocab, .chunks = ch, .xn = a.lnf, .logits = wk.logits,
         .max = a.lse_max, .sum = (double *)a.lse_sum, .tlogit = a.tlogit, .losses = a.losses,
         .targets = io->targets, .dloss = io->dloss, .dxn32 = a.dlnf32 ? a.dlnf32 : wk.dlnf32_work,
-        .dxn = wk.dlnf};
+        .dxn = wk.dlnf, .softcap = cfg->final_softcap};
     const bool first = !io->chunked || (io->chunk == 0 && !io->chunk_bwd);
-    if (first) fy_k_rmsnorm_fwd(a.lnf, a.rstdf, io->in, w.norm, N, C, cfg->norm_eps, s);
+    if (first) fy_k_rmsnorm_fwd(a.lnf, a.rstdf, io->in, w.norm, N, C, cfg->norm_eps, cfg->norm_offset, s);
     if (!io->chunked) {
         fy_lm_head(&lio, cfg->tied ? io->link_params[0] : w.lm_head,
                    cfg->tied ? io->link_grads[0] : g.lm_head, s);
@@ -430,22 +702,26 @@ static void loss(const fy_model *m, int b, const fy_block_io *io, fy_stream *s) 
     if (!io->chunked || (!io->chunk_bwd && io->chunk == ch.n - 1)) fy_k_mean(io->loss, a.losses, (size_t)N, s);
     if (io->dloss == 0.0f || (io->chunked && io->chunk > 0)) return;
     fy_memset_async(s, io->dx, 0, (size_t)N * C * fy_dtype_size(dt));
-    fy_k_rmsnorm_bwd(io->dx, g.norm, wk.dlnf ? wk.dlnf : lio.dxn32, io->in, w.norm, a.rstdf, N, C, s);
+    fy_k_rmsnorm_bwd(io->dx, g.norm, wk.dlnf ? wk.dlnf : lio.dxn32, io->in, w.norm, a.rstdf, N, C,
+                     cfg->norm_offset, s);
 }
 
 static fy_lm_chunks head_chunks(const fy_model *m, int B, int T, fy_dtype dt) {
     return fy_llama_chunks(fy_llama_config_of(m), (size_t)B * T, fy_dtype_size(dt));
 }
 
-/* Weights N(0, 0.02) (Hugging Face's initializer_range), norm gains 1. */
+/* Weights N(0, 0.02) (Hugging Face's initializer_range), biases 0, norm gains 1 (Gemma's
+ * w of 1 + w: 0). */
 static void init_block(const fy_model *m, int b, uint64_t seed, float *host) {
     const fy_block_spec *blk = fy_model_block(m, b);
+    const float gain = 1.0f - fy_llama_config_of(m)->norm_offset;
     for (int i = 0; i < blk->ntensors; i++) {
         const fy_tensor_spec *t = &blk->tensors[i];
         float *p = host + t->offset;
         size_t n = (size_t)t->rows * t->cols;
         if (t->cols == 1) {
-            for (size_t j = 0; j < n; j++) p[j] = 1.0f;
+            const float v = fy_str_ends_with(t->name, ".bias") ? 0.0f : gain;
+            for (size_t j = 0; j < n; j++) p[j] = v;
             continue;
         }
         fy_model_fill_normal(p, n, 0.02, seed, b, i);
@@ -461,7 +737,8 @@ static void cost(const fy_model *m, int b, fy_pass pass, int B, int T, double es
     const fy_llama_config *cfg = fy_llama_config_of(m);
     const fy_block_spec *blk = &m->blocks[b];
     const double N = (double)B * T, C = cfg->channels, V = cfg->vocab, P = (double)blk->nelem;
-    const double att = 4.0 * B * cfg->heads * cfg->head_dim * fy_attn_pairs(T, cfg->sliding_window);
+    const int window = blk->kind == FY_BLOCK_LAYER ? fy_llama_layer_window(cfg, blk->layer) : 0;
+    const double att = 4.0 * B * cfg->heads * cfg->head_dim * fy_attn_pairs(T, window);
     const double fwd_flops = 2.0 * N * P + att;
     const double acts_bytes = (double)layer_acts_nbytes(cfg, B, T, m->chunk, es <= 2.0 ? FY_BF16 : FY_F32);
     if (blk->kind == FY_BLOCK_EMBED) {
@@ -513,12 +790,14 @@ static const fy_model_iface llama_iface = {
 fy_status fy_llama_new(const fy_llama_config *cfg, const char *name, fy_model **out) {
     *out = NULL;
     FY_TRY(fy_llama_config_check(cfg));
-    const int V = cfg->vocab, C = cfg->channels, L = cfg->layers, NH = cfg->heads,
-              NKV = cfg->kv_heads, hd = cfg->head_dim, F = cfg->ffn;
+    const int V = cfg->vocab, L = cfg->layers;
+    PARAM_DIMS(cfg);
     llama *ctx = malloc(sizeof *ctx);
     fy_block_spec *blocks = calloc((size_t)L + 2, sizeof *blocks);
     if (!ctx || !blocks) { free(ctx); free(blocks); return FY_ERR_NOMEM; }
     ctx->cfg = *cfg;
+    if (ctx->cfg.local_pattern > 0 && !(ctx->cfg.rope_local.theta > 0.0f)) ctx->cfg.rope_local = cfg->rope;
+    cfg = &ctx->cfg;
     fy_block_spec *blk = &blocks[0];
     blk->kind = FY_BLOCK_EMBED;
     fy_model_add_tensor(blk, "model.embed_tokens.weight", V, C, true, false);
@@ -526,10 +805,12 @@ fy_status fy_llama_new(const fy_llama_config *cfg, const char *name, fy_model **
     blk->gather = !cfg->tied; /* tied, the head reads the whole table anyway */
     blk->rows_fwd = true;      /* its forward reads the tokens' rows, tied or not */
     char tname[64];
-#define ADD(field, hf, rows, cols, decay, packed)                                  \
-    snprintf(tname, sizeof tname, "model.layers.%d.%s", l, hf);                    \
-    fy_model_add_tensor(blk, tname, rows, cols, decay, false);                     \
-    if (packed) fy_model_pack_last(blk);
+#define ADD(field, present, hf, rows, cols, decay, packed)                        \
+    if (present) {                                                                 \
+        snprintf(tname, sizeof tname, "model.layers.%d.%s", l, hf);                \
+        fy_model_add_tensor(blk, tname, rows, cols, decay, false);                 \
+        if (packed) fy_model_pack_last(blk);                                       \
+    }
     for (int l = 0; l < L; l++) {
         blk = &blocks[1 + l];
         blk->kind = FY_BLOCK_LAYER;
@@ -572,7 +853,11 @@ fy_status fy_llama_named(const char *name, const fy_model_shape *over, fy_model 
             fy_log_error("heads (%d) must divide channels (%d)", cfg.heads, cfg.channels);
             return FY_ERR_INVALID;
         }
-        cfg.head_dim = cfg.channels / cfg.heads;
+        const int hd = cfg.channels / cfg.heads;
+        if (cfg.rope.rot_dim) /* the same share of the head rotated, kept even */
+            cfg.rope.rot_dim = cfg.rope_local.rot_dim =
+                (int)((int64_t)cfg.rope.rot_dim * hd / cfg.head_dim) & ~1;
+        cfg.head_dim = hd;
     }
     bool same = !memcmp(&cfg, &base, sizeof cfg);
     return fy_llama_new(&cfg, same ? name : NULL, out);

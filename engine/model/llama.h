@@ -1,25 +1,36 @@
-/* llama.h — the Llama family behind the model interface (model.h): Llama 2 and 3 and the
- * models of their shape (Mistral v0.1's sliding window among them).
+/* llama.h — the Llama family behind the model interface (model.h), and the families that
+ * are Llama with switches: Mistral, Qwen2 and Qwen2.5, Qwen3, Gemma 2, Gemma 3 (its text
+ * model) and Phi-3 (Phi-3.5, Phi-4 mini). One implementation; a config's fields say what
+ * differs (fy_llama_config), its arch only which names and config.json it reads and writes.
  *
- * Semantics are Hugging Face LlamaForCausalLM's: token embeddings without learned
- * positions; pre-norm layers, x += o_proj(attn(rope(q, k), v)) over RMSNorm(x), then
- * x += down_proj(silu(gate_proj(h)) * up_proj(h)) over RMSNorm(x); RMSNorm with the
- * config's eps and a gain, no bias anywhere; rotary embeddings on the queries and keys
- * with rope_theta and rope_scaling (none, linear or llama3), rotate_half pairs (rope.h);
- * grouped-query attention (kv_heads dividing heads; head_dim from the config, else
- * channels / heads), causal (and windowed with a sliding_window), scaled by 1/sqrt(head_dim); a final RMSNorm; the classifier
- * lm_head, or the embedding when tie_word_embeddings (Llama 3.2 1B and 3B); mean
- * cross-entropy over all B*T positions, no dropout.
+ * Semantics are Hugging Face's modeling code for each (LlamaForCausalLM's, and the
+ * others' where they differ): token embeddings without learned positions (Gemma: times
+ * sqrt(hidden_size) in the storage type); pre-norm layers, x += o_proj(attn(rope(q, k), v))
+ * over RMSNorm(x), then x += down_proj(act(gate_proj(h)) * up_proj(h)) over RMSNorm(x)
+ * (act SiLU, or Gemma's tanh GELU); Gemma's sandwich norms also normalise the attention's
+ * and the MLP's outputs before they are added; RMSNorm with the config's eps and a gain w,
+ * or Gemma's 1 + w; biases on q, k and v for Qwen2, none elsewhere; Qwen3's and Gemma 3's
+ * per-head RMSNorm of q and k before the rotation; rotary embeddings with rope_theta and
+ * rope_scaling (none, linear, llama3, Phi-3's longrope; partial rotation), Gemma 3's local
+ * layers with their own base; grouped-query attention (kv_heads dividing heads; head_dim
+ * from the config, else channels / heads), causal, windowed on the layers a pattern marks
+ * local (Mistral and Phi-3: every layer; Gemma 2: every other; Gemma 3: five of six),
+ * scaled by 1/sqrt(head_dim) or Gemma's query_pre_attn_scalar^-1/2, its scores soft-capped
+ * by Gemma 2; a final RMSNorm; the classifier lm_head, or the embedding when tied; Gemma
+ * 2's logits soft-capped; mean cross-entropy over all B*T positions, no dropout.
  *
  * Blocks: the embedding (embed_tokens), the L layers, the head (norm and, untied,
  * lm_head; tied, it links to the embedding). Tensor names are Hugging Face's, in full
  * ("model.layers.{i}.self_attn.q_proj.weight"). In memory q, k and v are packed into one
- * (NH + 2 NKV) hd x C matrix, and gate and up into one 2F x C matrix (model.h's packed
- * tensors), so each is one GEMM.
+ * (NH + 2 NKV) hd x C matrix (and their biases into one vector), and gate and up into one
+ * 2F x C matrix (model.h's packed tensors), so each is one GEMM; Phi-3 publishes them
+ * packed so (qkv_proj, gate_up_proj).
  *
- * Activations: a layer keeps its norms' outputs and rstd, the roped q, k and v, the
- * attention probabilities and output, the residual between its halves, and the gate and
- * up projections; silu(gate) * up is rebuilt in the backward rather than kept. */
+ * Activations: a layer keeps its norms' outputs and rstd, the roped q, k and v (and, with
+ * q/k norms, the projections before them), the attention's output and log-sum-exp, the
+ * residual between its halves, the gate and up projections (and, with sandwich norms, the
+ * attention's and MLP's outputs before their norms); act(gate) * up is rebuilt in the
+ * backward rather than kept. */
 #ifndef FY_LLAMA_H
 #define FY_LLAMA_H
 
@@ -28,6 +39,7 @@
 #include <stdint.h>
 
 #include "engine/core/status.h"
+#include "engine/device/kernels.h"
 #include "engine/device/rope.h"
 #include "engine/model/lm_head.h"
 #include "engine/model/model.h"
@@ -35,6 +47,12 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* Which published family a config is: its tensor names and its config.json. */
+typedef enum fy_llama_arch {
+    FY_ARCH_LLAMA = 0, FY_ARCH_MISTRAL, FY_ARCH_QWEN2, FY_ARCH_QWEN3, FY_ARCH_GEMMA2,
+    FY_ARCH_GEMMA3, FY_ARCH_PHI3
+} fy_llama_arch;
 
 typedef struct fy_llama_config {
     int vocab;          /* V */
@@ -46,10 +64,35 @@ typedef struct fy_llama_config {
     int head_dim;       /* hd; NH * hd need not be C */
     int ffn;            /* F, intermediate_size */
     float norm_eps;     /* rms_norm_eps */
-    fy_rope rope;
+    fy_rope rope;       /* the (global) layers' rotation; longrope: ext holds the short factors */
     bool tied;          /* tie_word_embeddings */
-    int sliding_window; /* Mistral's; 0 for none: query t sees keys t - w < j <= t */
+    int sliding_window; /* 0 for none: on a local layer query t sees keys t - w < j <= t */
+    /* the switches (all zero: Llama) */
+    fy_llama_arch arch;
+    int local_pattern;  /* 0: every layer local (windowed when sliding_window); p: layer l is
+                           global when (l + 1) % p == 0 (Gemma 2: 2, Gemma 3: 6) */
+    fy_rope rope_local; /* a local layer's rotation under a pattern (Gemma 3's
+                           rope_local_base_freq; Gemma 2's is rope) */
+    float rope_long[FY_ROPE_MAX_PAIRS]; /* longrope's long factors, used for sequences
+                                           longer than rope.orig_max_pos */
+    bool qkv_bias;      /* biases on q, k and v (Qwen2) */
+    bool qk_norm;       /* per-head RMSNorm of q and k before the rotation (Qwen3, Gemma 3) */
+    bool sandwich;      /* norms on the attention's and MLP's outputs too (Gemma) */
+    float norm_offset;  /* RMSNorm's gain is w + norm_offset (Gemma: 1) */
+    fy_glu_act act;     /* the MLP's gate activation */
+    bool embed_scale;   /* embeddings times sqrt(C) (Gemma) */
+    float query_scalar; /* scores scaled by query_scalar^-1/2; 0: head_dim (Gemma's
+                           query_pre_attn_scalar) */
+    float attn_softcap; /* scores s become cap tanh(s / cap); 0: none (Gemma 2) */
+    float final_softcap;/* the logits likewise (Gemma 2) */
 } fy_llama_config;
+
+/* The window of layer l (0: none) and its rotation for sequences of T positions. */
+int fy_llama_layer_window(const fy_llama_config *cfg, int l);
+fy_rope fy_llama_layer_rope(const fy_llama_config *cfg, int l, int T);
+/* The arch's model_type and transformers class ("qwen2", "Qwen2ForCausalLM"). */
+const char *fy_llama_arch_type(fy_llama_arch a);
+const char *fy_llama_arch_class(fy_llama_arch a);
 
 /* Named configs (fy_llama_config_names); FY_ERR_UNSUPPORTED, silently, for another name. */
 fy_status fy_llama_config_named(const char *name, fy_llama_config *out);

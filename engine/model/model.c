@@ -32,7 +32,8 @@ typedef struct family {
 } family;
 
 static const char *const gpt2_types[] = {"gpt2", NULL};
-static const char *const llama_types[] = {"llama", "mistral", NULL};
+static const char *const llama_types[] = {"llama", "mistral", "qwen2", "qwen3", "gemma2",
+                                           "gemma3_text", "gemma3", "phi3", NULL};
 
 static const family families[] = {
     {"gpt2", gpt2_types, fy_gpt2_named, fy_gpt2_config_names, NULL, fy_gpt2_recognise,
