@@ -329,14 +329,14 @@ static void check_encoder(fy_dtype dt, bool learned_pos, bool with_docs, double 
     dual wpe = learned_pos ? dput(dt, hrand(maxT * C, -1, 1), maxT * C) : (dual){0};
     dual out = dpoison(dt, B * T * C);
     char what[64];
-    BOTH(fy_k_encoder_fwd(X(out), X(dtok), X(wte), X(wpe), X(docs), B, T, C, V, S));
+    BOTH(fy_k_encoder_fwd(X(out), X(dtok), X(wte), X(wpe), X(docs), B, T, C, V, 1.0f, S));
     snprintf(what, sizeof what, "encoder_fwd out%s%s", learned_pos ? "" : " (no wpe)",
              with_docs ? " docs" : "");
     expect_match(what, &out, tol_fwd);
     dual dout = dput(dt, hrand(B * T * C, -1, 1), B * T * C);
     dual dwte = dput(dt, hrand(V * C, -1, 1), V * C); /* both accumulate */
     dual dwpe = learned_pos ? dput(dt, hrand(maxT * C, -1, 1), maxT * C) : (dual){0};
-    BOTH(fy_k_encoder_bwd(X(dwte), X(dwpe), X(dout), X(dtok), X(docs), B, T, C, V, S));
+    BOTH(fy_k_encoder_bwd(X(dwte), X(dwpe), X(dout), X(dtok), X(docs), B, T, C, V, 1.0f, S));
     snprintf(what, sizeof what, "encoder_bwd dwte%s%s", learned_pos ? "" : " (no dwpe)",
              with_docs ? " docs" : "");
     expect_match(what, &dwte, tol_bwd);
@@ -385,7 +385,7 @@ static void check_rmsnorm(fy_dtype dt, double tol_fwd, double tol_bwd) {
     }
     dual x = dput(dt, inp, N * C), w = dput(dt, hrand(C, 0.5f, 1.5f), C);
     dual out = dpoison(dt, N * C), rstd = dpoison(FY_F32, N);
-    BOTH(fy_k_rmsnorm_fwd(X(out), X(rstd), X(x), X(w), N, C, eps, S));
+    BOTH(fy_k_rmsnorm_fwd(X(out), X(rstd), X(x), X(w), N, C, eps, 0.0f, S));
     expect_match("rmsnorm_fwd out", &out, tol_fwd);
     /* fp32 in every storage type, from the same input values: only the order of the
      * C-term fp32 sum of squares differs (~1e-7) */
@@ -393,7 +393,7 @@ static void check_rmsnorm(fy_dtype dt, double tol_fwd, double tol_bwd) {
     dual dout = dput(dt, hrand(N * C, -1, 1), N * C);
     dual dinp = dput(dt, hrand(N * C, -1, 1), N * C); /* both accumulate */
     dual dw = dput(dt, hrand(C, -1, 1), C);
-    BOTH(fy_k_rmsnorm_bwd(X(dinp), X(dw), X(dout), X(x), X(w), X(rstd), N, C, S));
+    BOTH(fy_k_rmsnorm_bwd(X(dinp), X(dw), X(dout), X(x), X(w), X(rstd), N, C, 0.0f, S));
     expect_match("rmsnorm_bwd dinp", &dinp, tol_bwd);
     expect_match("rmsnorm_bwd dw", &dw, tol_bwd);
 }
@@ -584,11 +584,11 @@ static void check_swiglu(fy_dtype dt, double tol) {
     float *gu = hrand((size_t)N * 2 * F, -6, 6);
     gu[0] = 0.0f; gu[1] = -1.278f; gu[2] = -30.0f; gu[3] = 30.0f; /* silu's minimum, saturated */
     dual in = dput(dt, gu, (size_t)N * 2 * F), out = dpoison(dt, (size_t)N * F);
-    BOTH(fy_k_swiglu_fwd(X(out), X(in), N, F, S));
+    BOTH(fy_k_glu_fwd(X(out), X(in), N, F, FY_GLU_SILU, S));
     expect_match("swiglu_fwd", &out, tol);
     dual dout = dput(dt, hrand((size_t)N * F, -1, 1), (size_t)N * F);
     dual dgu = dpoison(dt, (size_t)N * 2 * F); /* overwritten, gate and up halves */
-    BOTH(fy_k_swiglu_bwd(X(dgu), X(in), X(dout), N, F, S));
+    BOTH(fy_k_glu_bwd(X(dgu), X(in), X(dout), N, F, FY_GLU_SILU, S));
     expect_match("swiglu_bwd", &dgu, tol);
 }
 
@@ -611,7 +611,7 @@ static void check_crossentropy(fy_dtype dt, float dloss, double tol) {
     for (int n = 0; n < N; n++)
         for (int j = V; j < Vp; j++) lg[n * Vp + j] = 50.0f; /* would dominate a softmax */
     dual targets = dput_i32(tgt, N), logits = dput(dt, lg, N * Vp), losses = dpoison(FY_F32, N);
-    BOTH(fy_k_crossentropy(X(losses), X(logits), X(targets), N, V, Vp, dloss, S));
+    BOTH(fy_k_crossentropy(X(losses), X(logits), X(targets), N, V, Vp, dloss, 0.0f, S));
     /* losses are fp32 in every storage type, from the same logit values: expf summed in
      * double against exp in double, another order: ~1e-7 of losses ~9 */
     expect_match(dloss != 0 ? "crossentropy losses" : "crossentropy losses (dloss 0)", &losses, 1e-5);
@@ -1104,13 +1104,13 @@ static void kset_run(fy_stream *s, fy_dtype dt, void *const img[K_COUNT], char *
 #define T_(name) (t[K_##name])
     const fy_attn causal = {.scale = 1.0f / sqrtf((float)(KC / KNH))};
     const fy_attn windowed = {.window = 16, .scale = 1.0f / sqrtf((float)KHD)};
-    fy_k_encoder_fwd(T_(x0), T_(tok), T_(wte), T_(wpe), NULL, KB, KT, KC, KV, s);
+    fy_k_encoder_fwd(T_(x0), T_(tok), T_(wte), T_(wpe), NULL, KB, KT, KC, KV, 1.0f, s);
     fy_k_layernorm_fwd(T_(ln), T_(mean), T_(rstd), T_(x0), T_(ln_w), T_(ln_b), KN, KC, s);
     fy_k_matmul_fwd(T_(qkv), T_(ln), T_(qkv_w), T_(qkv_b), KN, KC, 3 * KC, s);
     fy_k_attention_fwd(T_(y), T_(lse), T_(qkv), KB, KT, KNH, KNH, KC / KNH, &causal, s);
     fy_k_residual_fwd(T_(res), T_(x0), T_(y), KN * KC, s);
     fy_k_matmul_fwd(T_(logits), T_(res), T_(wte), NULL, KN, KC, KV, s);
-    fy_k_crossentropy(T_(losses), T_(logits), T_(tgt), KN, KV, KV, 1.0f / KN, s);
+    fy_k_crossentropy(T_(losses), T_(logits), T_(tgt), KN, KV, KV, 1.0f / KN, 0.0f, s);
     fy_k_mean(T_(loss), T_(losses), KN, s);
     fy_k_matmul_bwd(T_(dres), T_(dwte), NULL, T_(logits), T_(res), T_(wte), KN, KC, KV, s);
     fy_k_gelu_fwd(T_(gelu), T_(qkv), KN * 3 * KC, s);
@@ -1121,25 +1121,25 @@ static void kset_run(fy_stream *s, fy_dtype dt, void *const img[K_COUNT], char *
     fy_k_matmul_bwd(T_(dln), T_(dqkv_w), T_(dqkv_b), T_(dqkv), T_(ln), T_(qkv_w), KN, KC, 3 * KC, s);
     fy_k_layernorm_bwd(T_(dx0), T_(dln_w), T_(dln_b), T_(dln), T_(x0), T_(ln_w), T_(mean),
                        T_(rstd), KN, KC, s);
-    fy_k_encoder_bwd(T_(dwte), T_(dwpe), T_(dx0), T_(tok), NULL, KB, KT, KC, KV, s);
+    fy_k_encoder_bwd(T_(dwte), T_(dwpe), T_(dx0), T_(tok), NULL, KB, KT, KC, KV, 1.0f, s);
     /* Llama's pieces, then AdamW on the RMSNorm gain */
     static const fy_rope rope = {.type = FY_ROPE_LLAMA3, .theta = 500000.0f, .factor = 8.0f,
                                  .low_freq_factor = 1.0f, .high_freq_factor = 4.0f,
                                  .orig_max_pos = 8192.0f};
-    fy_k_encoder_fwd(T_(x1), T_(tok), T_(wte), NULL, NULL, KB, KT, KC, KV, s);
-    fy_k_rmsnorm_fwd(T_(rms), T_(rrstd), T_(x1), T_(rms_w), KN, KC, 1e-5f, s);
+    fy_k_encoder_fwd(T_(x1), T_(tok), T_(wte), NULL, NULL, KB, KT, KC, KV, 1.0f, s);
+    fy_k_rmsnorm_fwd(T_(rms), T_(rrstd), T_(x1), T_(rms_w), KN, KC, 1e-5f, 0.0f, s);
     fy_k_matmul_fwd(T_(gqkv), T_(rms), T_(gqkv_w), NULL, KN, KC, KQ, s);
     fy_k_rope(T_(gqkv), NULL, KB, KT, KNH, KNKV, KHD, false, &rope, s);
     fy_k_attention_fwd(T_(gy), T_(glse), T_(gqkv), KB, KT, KNH, KNKV, KHD, &windowed, s);
-    fy_k_swiglu_fwd(T_(sw), T_(gqkv), KN, KF, s);
-    fy_k_swiglu_bwd(T_(dgu), T_(gqkv), T_(dy), KN, KF, s);
+    fy_k_glu_fwd(T_(sw), T_(gqkv), KN, KF, FY_GLU_SILU, s);
+    fy_k_glu_bwd(T_(dgu), T_(gqkv), T_(dy), KN, KF, FY_GLU_SILU, s);
     fy_k_attention_bwd(T_(dgqkv), T_(gdelta), T_(dy), T_(gqkv), T_(gy), T_(glse), KB, KT, KNH,
                        KNKV, KHD, &windowed, s);
     fy_k_rope(T_(dgqkv), NULL, KB, KT, KNH, KNKV, KHD, true, &rope, s);
     fy_k_matmul_bwd_dx32(T_(drms32), T_(dgqkv_w), T_(dgqkv), T_(rms), T_(gqkv_w), KN, KC, KQ, s);
     fy_k_add_f32(T_(drms), T_(drms32), (size_t)KN * KC, s);
-    fy_k_rmsnorm_bwd(T_(dx1), T_(drms_w), T_(drms), T_(x1), T_(rms_w), T_(rrstd), KN, KC, s);
-    fy_k_encoder_bwd(T_(dwte), NULL, T_(dx1), T_(tok), NULL, KB, KT, KC, KV, s);
+    fy_k_rmsnorm_bwd(T_(dx1), T_(drms_w), T_(drms), T_(x1), T_(rms_w), T_(rrstd), KN, KC, 0.0f, s);
+    fy_k_encoder_bwd(T_(dwte), NULL, T_(dx1), T_(tok), NULL, KB, KT, KC, KV, 1.0f, s);
     fy_adam_hparams hp = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                           .weight_decay = 0.1f, .step = 1, .grad_scale = 1.0f};
     fy_adam_range ar = {.param = T_(adam_p), .m = T_(adam_m), .v = T_(adam_v),

@@ -56,7 +56,7 @@ typedef struct enc_ctx {
 } enc_ctx;
 static double enc_obj(void *p) {
     enc_ctx *c = p;
-    fy_k_encoder_fwd(c->out, c->tok, c->wte, c->wpe, NULL, c->B, c->T, c->C, c->V, g_s);
+    fy_k_encoder_fwd(c->out, c->tok, c->wte, c->wpe, NULL, c->B, c->T, c->C, c->V, 1.0f, g_s);
     return dot_dev(c->out, c->R, c->tmp, (size_t)c->B * c->T * c->C);
 }
 
@@ -120,7 +120,7 @@ typedef struct ce_ctx {
 } ce_ctx;
 static double ce_obj(void *p) {
     ce_ctx *c = p;
-    fy_k_crossentropy(c->losses, c->logits, c->targets, c->N, c->V, c->V, 0.0f, g_s);
+    fy_k_crossentropy(c->losses, c->logits, c->targets, c->N, c->V, c->V, 0.0f, 0.0f, g_s);
     get(c->tmp, c->losses, (size_t)c->N * sizeof(float));
     double L = 0.0;
     for (int n = 0; n < c->N; n++) L += c->tmp[n];
@@ -144,7 +144,7 @@ Test(kernel_grad, encoder_bwd_matches_fd) {
                  .R = R, .tmp = hnewf(B * T * C), .B = B, .T = T, .C = C, .V = V};
     put(c.tok, tok, sizeof tok);
     float *dwte = dnewf(V * C), *dwpe = dnewf(maxT * C);
-    fy_k_encoder_bwd(dwte, dwpe, dputf(R, B * T * C), c.tok, NULL, B, T, C, V, g_s);
+    fy_k_encoder_bwd(dwte, dwpe, dputf(R, B * T * C), c.tok, NULL, B, T, C, V, 1.0f, g_s);
     float *ana_wte = dgetf(dwte, V * C), *ana_wpe = dgetf(dwpe, maxT * C);
     /* Linear in wte and wpe: central differences are exact for any h, leaving only the
      * rounding of out = wte + wpe (u*|out| <= 1.2e-7 for each of <= 12 outputs a
@@ -267,7 +267,7 @@ Test(kernel_grad, crossentropy_dlogits_match_fd) {
                 .tmp = hnewf(N), .N = N, .V = V};
     put(c.targets, tgt, sizeof tgt);
     float *dlogits = dputf(logits, N * V);
-    fy_k_crossentropy(dnewf(N), dlogits, c.targets, N, V, V, 1.0f / N, g_s);
+    fy_k_crossentropy(dnewf(N), dlogits, c.targets, N, V, V, 1.0f / N, 0.0f, g_s);
     /* L = mean loss ~2.4. Rounding: one loss moves, ~3u*2.4/N / 2h ~ 6e-7 of gradients
      * ~(1/V)/N ~ 8e-3: 1e-4; curvature h^2/6 * |lse'''| (<= 0.4) / N ~ 1e-7. tol 2e-3. */
     expect_fd(ce_obj, &c, &(fd_check){"crossentropy dlogits", c.logits, N * V,
@@ -285,7 +285,7 @@ Test(kernel_grad, crossentropy_losses_and_grads_match_host_log_softmax) {
     put(dtgt, tgt, sizeof tgt);
     float *dlog = dputf(logits, N * V), *dloss = dnewf(N);
     const float scale = 1.0f / N;
-    fy_k_crossentropy(dloss, dlog, dtgt, N, V, V, scale, g_s);
+    fy_k_crossentropy(dloss, dlog, dtgt, N, V, V, scale, 0.0f, g_s);
     float *losses = dgetf(dloss, N), *grad = dgetf(dlog, N * V);
     for (int n = 0; n < N; n++) {
         const float *x = logits + n * V;
@@ -321,8 +321,8 @@ Test(kernel_grad, crossentropy_ignores_and_zeroes_row_padding) {
     int32_t *dtgt = dnew(sizeof tgt);
     put(dtgt, tgt, sizeof tgt);
     float *dp = dputf(plain, N * V), *dq = dputf(padded, N * Vp), *lp = dnewf(N), *lq = dnewf(N);
-    fy_k_crossentropy(lp, dp, dtgt, N, V, V, 1.0f / N, g_s);
-    fy_k_crossentropy(lq, dq, dtgt, N, V, Vp, 1.0f / N, g_s);
+    fy_k_crossentropy(lp, dp, dtgt, N, V, V, 1.0f / N, 0.0f, g_s);
+    fy_k_crossentropy(lq, dq, dtgt, N, V, Vp, 1.0f / N, 0.0f, g_s);
     float *gp = dgetf(dp, N * V), *gq = dgetf(dq, N * Vp);
     cr_expect_arr_eq(dgetf(lq, N), dgetf(lp, N), N * sizeof(float), "losses differ with padding");
     for (int n = 0; n < N; n++)
@@ -341,7 +341,7 @@ Test(kernel_grad, crossentropy_with_zero_dloss_leaves_logits) {
     int32_t *dtgt = dnew(sizeof tgt);
     put(dtgt, tgt, sizeof tgt);
     float *dlog = dputf(logits, N * V);
-    fy_k_crossentropy(dnewf(N), dlog, dtgt, N, V, V, 0.0f, g_s);
+    fy_k_crossentropy(dnewf(N), dlog, dtgt, N, V, V, 0.0f, 0.0f, g_s);
     expect_same_bits("logits after dloss = 0", dgetf(dlog, N * V), logits, N * V * sizeof(float));
 }
 
@@ -445,9 +445,9 @@ Test(accumulate, encoder_bwd_adds_into_dwte_dwpe) {
     put(dtok, tok, sizeof tok);
     float *dout = dputf(hrand(&r, B * T * C, -1, 1), B * T * C);
     float *dwte = dnewf(V * C), *dwpe = dnewf(T * C);
-    fy_k_encoder_bwd(dwte, dwpe, dout, dtok, NULL, B, T, C, V, g_s);
+    fy_k_encoder_bwd(dwte, dwpe, dout, dtok, NULL, B, T, C, V, 1.0f, g_s);
     float *wte1 = dgetf(dwte, V * C), *wpe1 = dgetf(dwpe, T * C);
-    fy_k_encoder_bwd(dwte, dwpe, dout, dtok, NULL, B, T, C, V, g_s);
+    fy_k_encoder_bwd(dwte, dwpe, dout, dtok, NULL, B, T, C, V, 1.0f, g_s);
     expect_accumulated("encoder dwte", dgetf(dwte, V * C), wte1, wte1, V * C);
     expect_accumulated("encoder dwpe", dgetf(dwpe, T * C), wpe1, wpe1, T * C);
 }
@@ -581,7 +581,7 @@ Test(kernel_fwd, encoder_and_residual_are_exact_sums) {
     put(dtok, tok, sizeof tok);
     float *wte = hrand(&r, V * C, -1, 1), *wpe = hrand(&r, T * C, -1, 1);
     float *out = dnewf(B * T * C);
-    fy_k_encoder_fwd(out, dtok, dputf(wte, V * C), dputf(wpe, T * C), NULL, B, T, C, V, g_s);
+    fy_k_encoder_fwd(out, dtok, dputf(wte, V * C), dputf(wpe, T * C), NULL, B, T, C, V, 1.0f, g_s);
     float *got = dgetf(out, B * T * C), *want = hnewf(B * T * C);
     for (int bt = 0; bt < B * T; bt++)
         for (int c = 0; c < C; c++) want[bt * C + c] = wte[tok[bt] * C + c] + wpe[(bt % T) * C + c];
@@ -819,8 +819,8 @@ static void kset_run(float *const img[K_COUNT], float *base, size_t off, size_t 
         if (img[k]) fy_copy_async(g_s, t[k], img[k], kset_n[k] * sizeof(float), FY_H2D);
 #define T(name) t[K_##name]
     const int32_t *tok = (const int32_t *)T(tok), *tgt = (const int32_t *)T(targets);
-    fy_k_encoder_fwd(T(enc_out), tok, T(wte), T(wpe), NULL, KB, KT, KC, KV, g_s);
-    fy_k_encoder_bwd(T(dwte), T(dwpe), T(enc_dout), tok, NULL, KB, KT, KC, KV, g_s);
+    fy_k_encoder_fwd(T(enc_out), tok, T(wte), T(wpe), NULL, KB, KT, KC, KV, 1.0f, g_s);
+    fy_k_encoder_bwd(T(dwte), T(dwpe), T(enc_dout), tok, NULL, KB, KT, KC, KV, 1.0f, g_s);
     fy_k_layernorm_fwd(T(ln_out), T(ln_mean), T(ln_rstd), T(ln_inp), T(ln_w), T(ln_b), KN, KC, g_s);
     fy_k_layernorm_bwd(T(ln_dinp), T(ln_dw), T(ln_db), T(ln_dout), T(ln_inp), T(ln_w),
                        T(ln_mean), T(ln_rstd), KN, KC, g_s);
@@ -834,7 +834,7 @@ static void kset_run(float *const img[K_COUNT], float *base, size_t off, size_t 
     fy_k_gelu_fwd(T(gelu_out), T(gelu_inp), KN * 4 * KC, g_s);
     fy_k_gelu_bwd(T(gelu_dinp), T(gelu_inp), T(gelu_dout), KN * 4 * KC, g_s);
     fy_k_residual_fwd(T(res_out), T(att_out), T(ln_out), KN * KC, g_s);
-    fy_k_crossentropy(T(losses), T(logits), tgt, KN, KV, KV, 1.0f / KN, g_s);
+    fy_k_crossentropy(T(losses), T(logits), tgt, KN, KV, KV, 1.0f / KN, 0.0f, g_s);
     fy_k_mean(T(mean_out), T(losses), KN, g_s);
     double *dsq = dnew(sizeof(double));
     fy_k_sumsq(dsq, T(gelu_dinp), KN * 4 * KC, g_s);
@@ -1192,18 +1192,18 @@ Test(bf16_storage, attention_encoder_crossentropy_sumsq_round_the_fp32_results) 
     put(dtok, tok, sizeof tok);
     bpair wte = bpair_new(&r, V * C, -1, 1), wpe = bpair_new(&r, T * C, -1, 1);
     bpair x0 = bpair_new(&r, B * T * C, 0, 0);
-    fy_k_encoder_fwd(x0.d32, dtok, wte.d32, wpe.d32, NULL, B, T, C, V, g_s);
-    fy_k_encoder_fwd(x0.d16, dtok, wte.d16, wpe.d16, NULL, B, T, C, V, g_s16);
+    fy_k_encoder_fwd(x0.d32, dtok, wte.d32, wpe.d32, NULL, B, T, C, V, 1.0f, g_s);
+    fy_k_encoder_fwd(x0.d16, dtok, wte.d16, wpe.d16, NULL, B, T, C, V, 1.0f, g_s16);
     bpair_expect_rounded(&x0, "encoder out");
-    fy_k_encoder_bwd(wte.d32, wpe.d32, dy.d32, dtok, NULL, B, T, C, V, g_s);
-    fy_k_encoder_bwd(wte.d16, wpe.d16, dy.d16, dtok, NULL, B, T, C, V, g_s16);
+    fy_k_encoder_bwd(wte.d32, wpe.d32, dy.d32, dtok, NULL, B, T, C, V, 1.0f, g_s);
+    fy_k_encoder_bwd(wte.d16, wpe.d16, dy.d16, dtok, NULL, B, T, C, V, 1.0f, g_s16);
     bpair_expect_rounded(&wte, "encoder dwte (accumulated)");
     bpair_expect_rounded(&wpe, "encoder dwpe (accumulated)");
 
     bpair logits = bpair_new(&r, B * T * V, -3, 3);
     float *l32 = dnewf(B * T), *l16 = dnewf(B * T);
-    fy_k_crossentropy(l32, logits.d32, dtok, B * T, V, V, 1.0f / (B * T), g_s);
-    fy_k_crossentropy(l16, logits.d16, dtok, B * T, V, V, 1.0f / (B * T), g_s16);
+    fy_k_crossentropy(l32, logits.d32, dtok, B * T, V, V, 1.0f / (B * T), 0.0f, g_s);
+    fy_k_crossentropy(l16, logits.d16, dtok, B * T, V, V, 1.0f / (B * T), 0.0f, g_s16);
     bpair_expect_rounded(&logits, "crossentropy dlogits (in place)");
     cr_expect_arr_eq(dgetf(l16, B * T), dgetf(l32, B * T), B * T * sizeof(float), "losses stay fp32");
 
@@ -1227,8 +1227,9 @@ Test(bf16_storage, attention_encoder_crossentropy_sumsq_round_the_fp32_results) 
 typedef struct op_case { fy_op_kind kind; int64_t i[8]; float f[8]; } op_case;
 
 static const op_case op_cases[] = {
-    {FY_OP_ENCODER_FWD, {2, 5, 8, 11}, {0}},
-    {FY_OP_ENCODER_BWD, {2, 5, 8, 11}, {0}},
+    {FY_OP_ENCODER_FWD, {2, 5, 8, 11}, {1.0f}},
+    {FY_OP_ENCODER_FWD, {2, 5, 8, 11}, {2.75f}}, /* a scaled embedding (Gemma's) */
+    {FY_OP_ENCODER_BWD, {2, 5, 8, 11}, {2.75f}},
     {FY_OP_LAYERNORM_FWD, {10, 8}, {0}},
     {FY_OP_LAYERNORM_BWD, {10, 8}, {0}},
     {FY_OP_MATMUL_FWD, {10, 8, 12}, {0}},
@@ -1236,21 +1237,30 @@ static const op_case op_cases[] = {
     {FY_OP_MATMUL_BWD_DX32, {10, 8, 12}, {0}},
     {FY_OP_CE_CHUNK_FWD, {6, 0, 16, 11}, {0}},  /* the first chunk: starts the sums */
     {FY_OP_CE_CHUNK_FWD, {6, 64, 64, 100}, {0}}, /* a later one, padding past class 99 */
+    {FY_OP_CE_CHUNK_FWD, {6, 64, 64, 100}, {0.5f}}, /* soft-capped */
     {FY_OP_CE_CHUNK_BWD, {6, 64, 64, 100}, {1.0f / 6}},
+    {FY_OP_CE_CHUNK_BWD, {6, 64, 64, 100}, {1.0f / 6, 0.5f}},
     {FY_OP_ADD_F32, {37}, {0}},
     {FY_OP_RMSNORM_FWD, {10, 8}, {1e-5f}},
+    {FY_OP_RMSNORM_FWD, {10, 8}, {1e-5f, 1.0f}}, /* Gemma's (1 + w) */
     {FY_OP_RMSNORM_BWD, {10, 8}, {0}},
+    {FY_OP_RMSNORM_BWD, {10, 8}, {1.0f}},
+    {FY_OP_QK_NORM_FWD, {5, 4, 2, 8}, {1e-6f, 1.0f}}, /* 4 query heads, 2 key and value */
+    {FY_OP_QK_NORM_BWD, {5, 4, 2, 8}, {0}},
     {FY_OP_ATTENTION_FWD, {2, 5, 4, 2, 4, 0}, {0.5f}}, /* grouped: 4 query heads, 2 key/value */
     {FY_OP_ATTENTION_BWD, {2, 5, 4, 2, 4, 0}, {0.5f}},
     {FY_OP_ATTENTION_FWD, {2, 70, 4, 2, 4, 9}, {0.5f}}, /* a window, two query tiles */
     {FY_OP_ATTENTION_BWD, {2, 70, 4, 2, 4, 9}, {0.5f}},
     {FY_OP_ROPE, {2, 5, 4, 2, 4, 0, FY_ROPE_LLAMA3}, {500000.0f, 8.0f, 1.0f, 4.0f, 8.0f}},
-    {FY_OP_SWIGLU_FWD, {10, 6}, {0}},
-    {FY_OP_SWIGLU_BWD, {10, 6}, {0}},
+    {FY_OP_GLU_FWD, {10, 6, FY_GLU_SILU}, {0}},
+    {FY_OP_GLU_BWD, {10, 6, FY_GLU_SILU}, {0}},
+    {FY_OP_GLU_FWD, {10, 6, FY_GLU_GELU_TANH}, {0}},
+    {FY_OP_GLU_BWD, {10, 6, FY_GLU_GELU_TANH}, {0}},
     {FY_OP_GELU_FWD, {37}, {0}},
     {FY_OP_GELU_BWD, {37}, {0}},
     {FY_OP_RESIDUAL_FWD, {37}, {0}},
     {FY_OP_CROSSENTROPY, {6, 11, 16}, {1.0f / 6}},
+    {FY_OP_CROSSENTROPY, {6, 11, 16}, {1.0f / 6, 0.5f}},
     {FY_OP_MEAN, {37}, {0}},
     {FY_OP_SUMSQ, {37}, {0}},
     {FY_OP_SUMSQ_PARTS, {40000}, {0}}, /* a whole chunk, a part of one */

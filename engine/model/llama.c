@@ -235,7 +235,7 @@ static void layer_fwd(const fy_llama_config *cfg, const layer_w *w, layer_acts *
               F = cfg->ffn, N = B * T, W = (NH + 2 * NKV) * hd, Q = NH * hd;
     const size_t es = fy_dtype_size(fy_stream_dtype(s));
     const fy_attn at = attn_of(cfg, docs);
-    fy_k_rmsnorm_fwd(a->ln1, a->rstd1, x_in, w->ln1, N, C, cfg->norm_eps, s);
+    fy_k_rmsnorm_fwd(a->ln1, a->rstd1, x_in, w->ln1, N, C, cfg->norm_eps, 0.0f, s);
     fy_k_matmul_fwd(a->qkv, a->ln1, w->wq, NULL, N, C, W, s); /* q, k, v packed */
     fy_k_rope(a->qkv, docs, B, T, NH, NKV, hd, false, &cfg->rope, s);
     fy_k_attention_fwd(a->atty, a->lse, a->qkv, B, T, NH, NKV, hd, &at, s);
@@ -245,11 +245,11 @@ static void layer_fwd(const fy_llama_config *cfg, const layer_w *w, layer_acts *
         fy_k_residual_fwd(fy_rows(a->res2, r, C, es), fy_rows(x_in, r, C, es), wk->proj,
                           (size_t)n * C, s);
     }
-    fy_k_rmsnorm_fwd(a->ln2, a->rstd2, a->res2, w->ln2, N, C, cfg->norm_eps, s);
+    fy_k_rmsnorm_fwd(a->ln2, a->rstd2, a->res2, w->ln2, N, C, cfg->norm_eps, 0.0f, s);
     fy_k_matmul_fwd(a->gu, a->ln2, w->wgate, NULL, N, C, 2 * F, s); /* gate, up packed */
     for (int r = 0; r < N; r += Nc) {
         const int n = N - r < Nc ? N - r : Nc;
-        fy_k_swiglu_fwd(wk->act, fy_rows(a->gu, r, 2 * (size_t)F, es), n, F, s);
+        fy_k_glu_fwd(wk->act, fy_rows(a->gu, r, 2 * (size_t)F, es), n, F, FY_GLU_SILU, s);
         fy_k_matmul_fwd(wk->proj, wk->act, w->wdown, NULL, n, F, C, s);
         fy_k_residual_fwd(fy_rows(x_out, r, C, es), fy_rows(a->res2, r, C, es), wk->proj,
                           (size_t)n * C, s);
@@ -269,13 +269,13 @@ static void layer_bwd(const fy_llama_config *cfg, const layer_w *w, layer_w *g,
         const int n = N - r < Nc ? N - r : Nc;
         const float *gu = fy_rows(a->gu, r, 2 * (size_t)F, es);
         float *dxr = fy_rows(dx, r, C, es);
-        fy_k_swiglu_fwd(wk->act, gu, n, F, s); /* rebuilt, not kept */
+        fy_k_glu_fwd(wk->act, gu, n, F, FY_GLU_SILU, s); /* rebuilt, not kept */
         fy_k_matmul_bwd(wk->dact, g->wdown, NULL, dxr, wk->act, w->wdown, n, F, C, s);
-        fy_k_swiglu_bwd(wk->dgu, gu, wk->dact, n, F, s);
+        fy_k_glu_bwd(wk->dgu, gu, wk->dact, n, F, FY_GLU_SILU, s);
         fy_k_matmul_bwd(wk->dln, g->wgate, NULL, wk->dgu, fy_rows(a->ln2, r, C, es), w->wgate, n,
                         C, 2 * F, s);
         fy_k_rmsnorm_bwd(dxr, g->ln2, wk->dln, fy_rows(a->res2, r, C, es), w->ln2, a->rstd2 + r,
-                         n, C, s);
+                         n, C, 0.0f, s);
     }
     fy_k_matmul_bwd(wk->datty, g->wo, NULL, dx, a->atty, w->wo, N, Q, C, s);
     fy_k_attention_bwd(wk->dqkv, wk->delta, wk->datty, a->qkv, a->atty, a->lse, B, T, NH, NKV,
@@ -286,7 +286,7 @@ static void layer_bwd(const fy_llama_config *cfg, const layer_w *w, layer_w *g,
         fy_k_matmul_bwd(wk->dln, g->wq, NULL, fy_rows(wk->dqkv, r, W, es),
                         fy_rows(a->ln1, r, C, es), w->wq, n, C, W, s);
         fy_k_rmsnorm_bwd(fy_rows(dx, r, C, es), g->ln1, wk->dln, fy_rows(x_in, r, C, es), w->ln1,
-                         a->rstd1 + r, n, C, s);
+                         a->rstd1 + r, n, C, 0.0f, s);
     }
 }
 
@@ -355,7 +355,7 @@ static void forward(const fy_model *m, int b, const fy_block_io *io, fy_stream *
     const fy_dtype dt = fy_stream_dtype(s);
     if (blk->kind == FY_BLOCK_EMBED) {
         fy_k_encoder_fwd(io->out, io->tokens, io->params, NULL, NULL, io->B, io->T, cfg->channels,
-                         io->table_rows ? io->table_rows : cfg->vocab, s);
+                         io->table_rows ? io->table_rows : cfg->vocab, 1.0f, s);
         return;
     }
     layer_w w;
@@ -373,7 +373,7 @@ static void backward(const fy_model *m, int b, const fy_block_io *io, fy_stream 
     const fy_dtype dt = fy_stream_dtype(s);
     if (blk->kind == FY_BLOCK_EMBED) {
         fy_k_encoder_bwd(io->grads, NULL, io->dx, io->tokens, NULL, io->B, io->T, cfg->channels,
-                         io->table_rows ? io->table_rows : cfg->vocab, s);
+                         io->table_rows ? io->table_rows : cfg->vocab, 1.0f, s);
         return;
     }
     layer_w w, g;
@@ -416,7 +416,7 @@ static void loss(const fy_model *m, int b, const fy_block_io *io, fy_stream *s) 
         .targets = io->targets, .dloss = io->dloss, .dxn32 = a.dlnf32 ? a.dlnf32 : wk.dlnf32_work,
         .dxn = wk.dlnf};
     const bool first = !io->chunked || (io->chunk == 0 && !io->chunk_bwd);
-    if (first) fy_k_rmsnorm_fwd(a.lnf, a.rstdf, io->in, w.norm, N, C, cfg->norm_eps, s);
+    if (first) fy_k_rmsnorm_fwd(a.lnf, a.rstdf, io->in, w.norm, N, C, cfg->norm_eps, 0.0f, s);
     if (!io->chunked) {
         fy_lm_head(&lio, cfg->tied ? io->link_params[0] : w.lm_head,
                    cfg->tied ? io->link_grads[0] : g.lm_head, s);
@@ -430,7 +430,8 @@ static void loss(const fy_model *m, int b, const fy_block_io *io, fy_stream *s) 
     if (!io->chunked || (!io->chunk_bwd && io->chunk == ch.n - 1)) fy_k_mean(io->loss, a.losses, (size_t)N, s);
     if (io->dloss == 0.0f || (io->chunked && io->chunk > 0)) return;
     fy_memset_async(s, io->dx, 0, (size_t)N * C * fy_dtype_size(dt));
-    fy_k_rmsnorm_bwd(io->dx, g.norm, wk.dlnf ? wk.dlnf : lio.dxn32, io->in, w.norm, a.rstdf, N, C, s);
+    fy_k_rmsnorm_bwd(io->dx, g.norm, wk.dlnf ? wk.dlnf : lio.dxn32, io->in, w.norm, a.rstdf, N, C,
+                     0.0f, s);
 }
 
 static fy_lm_chunks head_chunks(const fy_model *m, int B, int T, fy_dtype dt) {
