@@ -117,10 +117,11 @@ typedef struct ce_ctx {
     int32_t *targets;
     float *tmp;
     int N, V;
+    float softcap;
 } ce_ctx;
 static double ce_obj(void *p) {
     ce_ctx *c = p;
-    fy_k_crossentropy(c->losses, c->logits, c->targets, c->N, c->V, c->V, 0.0f, 0.0f, g_s);
+    fy_k_crossentropy(c->losses, c->logits, c->targets, c->N, c->V, c->V, 0.0f, c->softcap, g_s);
     get(c->tmp, c->losses, (size_t)c->N * sizeof(float));
     double L = 0.0;
     for (int n = 0; n < c->N; n++) L += c->tmp[n];
@@ -331,6 +332,97 @@ Test(kernel_grad, crossentropy_ignores_and_zeroes_row_padding) {
             cr_expect(gq[n * Vp + j] == want, "dlogits[%d,%d] = %.9g, want %.9g", n, j,
                       gq[n * Vp + j], want);
         }
+}
+
+/* Gemma 2's final logit soft-capping: the losses and gradients of z = cap tanh(l / cap)
+ * against a host reference in double, the gradient against finite differences of the
+ * capped loss, and the vocabulary-chunked kernels: one chunk of all columns is
+ * crossentropy's arithmetic (the same bits), three chunks the same sums in another
+ * grouping; tlogit is the capped target logit. Logits in [-12, 12] with a cap of 5: the
+ * curved and the saturated parts of tanh, and padded rows. */
+Test(kernel_grad, softcapped_crossentropy_matches_host_double_fd_and_chunks) {
+    enum { N = 6, V = 23, Vp = 32 };
+    const float cap = 5.0f, dloss = 1.0f / N;
+    rng r = {609};
+    int32_t tgt[N];
+    for (int n = 0; n < N; n++) tgt[n] = rng_int(&r, V);
+    float *logits = hrand(&r, N * Vp, -12, 12);
+    int32_t *dtgt = dnew(sizeof tgt);
+    put(dtgt, tgt, sizeof tgt);
+    float *dlog = dputf(logits, N * Vp), *dl = dnewf(N);
+    fy_k_crossentropy(dl, dlog, dtgt, N, V, Vp, dloss, cap, g_s);
+    float *losses = dgetf(dl, N), *grad = dgetf(dlog, N * Vp);
+    for (int n = 0; n < N; n++) {
+        const float *x = logits + n * Vp;
+        double z[V], mx = -INFINITY, sum = 0.0;
+        for (int j = 0; j < V; j++) { z[j] = cap * tanh(x[j] / (double)cap); mx = fmax(mx, z[j]); }
+        for (int j = 0; j < V; j++) sum += exp(z[j] - mx);
+        double lse = mx + log(sum), want = lse - z[tgt[n]];
+        /* each capped logit is off by a few ulps of cap (tanhf, a division, a product:
+         * ~4u * 5), the loss by that and a few ulps of |lse| */
+        double tol = 4 * U_F32 * (fabs(lse) + fabs(want)) + 8 * U_F32 * cap;
+        cr_expect(fabs(losses[n] - want) <= tol, "capped loss[%d] = %.9g, host %.9g", n, losses[n], want);
+        for (int j = 0; j < Vp; j++) {
+            if (j >= V) {
+                cr_expect(grad[n * Vp + j] == 0.0f, "padding [%d,%d] got %g", n, j, grad[n * Vp + j]);
+                continue;
+            }
+            double t = tanh(x[j] / (double)cap);
+            double g = (exp(z[j] - lse) - (j == tgt[n])) * dloss * (1 - t * t);
+            /* crossentropy_losses_and_grads_match_host_log_softmax's bound, the softmax's
+             * arguments off by ~8u cap more (exp's relative error ~8u cap), and 1 - t^2 with
+             * a few ulps of 1 */
+            cr_expect(fabs(grad[n * Vp + j] - g) <= (8 + 16 * cap) * U_F32 * dloss,
+                      "capped dlogits[%d,%d] = %.9g, host %.9g", n, j, grad[n * Vp + j], g);
+        }
+    }
+    /* finite differences of the capped mean loss (the unpadded rows): as
+     * crossentropy_dlogits_match_fd's, the curvature now also the cap's (tanh''' / cap^2 <=
+     * 0.08): tol 2e-3 */
+    float *plain = hnewf(N * V);
+    for (int n = 0; n < N; n++) memcpy(plain + n * V, logits + n * Vp, V * sizeof(float));
+    ce_ctx c = {.losses = dnewf(N), .logits = dputf(plain, N * V), .targets = dtgt, .tmp = hnewf(N),
+                .N = N, .V = V, .softcap = cap};
+    float *dplain = dputf(plain, N * V);
+    fy_k_crossentropy(dnewf(N), dplain, dtgt, N, V, V, dloss, cap, g_s);
+    expect_fd(ce_obj, &c, &(fd_check){"capped crossentropy dlogits", c.logits, N * V,
+                                      dgetf(dplain, N * V), 1e-2f, 1000, 2e-3});
+    /* the chunked kernels: one chunk of Vp columns, and chunks of 8, 8 and 16 */
+    float *mx = dnewf(N), *tl = dnewf(N), *cl = dnewf(N);
+    double *sm = dnew(N * sizeof(double));
+    float *one = dputf(logits, N * Vp);
+    fy_k_ce_chunk_fwd(one, dtgt, mx, sm, tl, cl, N, 0, Vp, V, cap, g_s);
+    expect_same_bits("one chunk's capped losses", dgetf(cl, N), losses, N * sizeof(float));
+    float *htl = dgetf(tl, N);
+    for (int n = 0; n < N; n++) {
+        float want = cap * tanhf(logits[n * Vp + tgt[n]] / cap);
+        cr_expect(htl[n] == want, "tlogit[%d] = %.9g, the capped target logit %.9g", n, htl[n], want);
+    }
+    fy_k_ce_chunk_bwd(one, dtgt, mx, sm, N, 0, Vp, V, dloss, cap, g_s);
+    expect_same_bits("one chunk's capped dlogits", dgetf(one, N * Vp), grad, N * Vp * sizeof(float));
+    static const int v0s[3] = {0, 8, 16}, nvs[3] = {8, 8, 16};
+    float *part[3];
+    for (int k = 0; k < 3; k++) {
+        float *h = hnewf(N * nvs[k]);
+        for (int n = 0; n < N; n++) memcpy(h + n * nvs[k], logits + n * Vp + v0s[k], nvs[k] * sizeof(float));
+        part[k] = dputf(h, N * nvs[k]);
+        fy_k_ce_chunk_fwd(part[k], dtgt, mx, sm, tl, cl, N, v0s[k], nvs[k], V, cap, g_s);
+    }
+    float *chl = dgetf(cl, N);
+    for (int k = 2; k >= 0; k--) {
+        fy_k_ce_chunk_bwd(part[k], dtgt, mx, sm, N, v0s[k], nvs[k], V, dloss, cap, g_s);
+        float *g = dgetf(part[k], N * nvs[k]);
+        for (int n = 0; n < N; n++)
+            for (int j = 0; j < nvs[k]; j++) {
+                /* the same exps, the fp64 sum rescaled between chunks: ~1e-7 of dloss */
+                float want = grad[n * Vp + v0s[k] + j];
+                cr_expect(fabs(g[n * nvs[k] + j] - want) <= 1e-6 * dloss,
+                          "chunk %d dlogits[%d,%d] = %.9g, one pass %.9g", k, n, j, g[n * nvs[k] + j], want);
+            }
+    }
+    for (int n = 0; n < N; n++)
+        cr_expect(fabs(chl[n] - losses[n]) <= 4 * U_F32 * (fabs(losses[n]) + 20),
+                  "chunked capped loss[%d] = %.9g, one pass %.9g", n, chl[n], losses[n]);
 }
 
 Test(kernel_grad, crossentropy_with_zero_dloss_leaves_logits) {
