@@ -145,16 +145,16 @@ Test(attn_docs, learned_positions_restart_per_document) {
     put(dtok, tok, sizeof tok);
     put(ddocs, docs, sizeof tok);
     float *out = dnewf(PB * PT * C), *dwte = dnewf(V * C), *dwpe = dnewf(PT * C);
-    fy_k_encoder_fwd(out, dtok, wte, wpe, ddocs, PB, PT, C, V, g_s);
-    fy_k_encoder_bwd(dwte, dwpe, dputf(dout, PB * PT * C), dtok, ddocs, PB, PT, C, V, g_s);
+    fy_k_encoder_fwd(out, dtok, wte, wpe, ddocs, PB, PT, C, V, 1.0f, g_s);
+    fy_k_encoder_bwd(dwte, dwpe, dputf(dout, PB * PT * C), dtok, ddocs, PB, PT, C, V, 1.0f, g_s);
     float *packed = dgetf(out, PB * PT * C);
     float *one = dnewf(PT * C), *awte = dnewf(V * C), *awpe = dnewf(PT * C);
     for (int b = 0; b < PB; b++)
         for (int i = 0, t0 = 0; pack_lens[b][i]; t0 += pack_lens[b][i++]) {
             const int n = pack_lens[b][i];
-            fy_k_encoder_fwd(one, dtok + b * PT + t0, wte, wpe, NULL, 1, n, C, V, g_s);
+            fy_k_encoder_fwd(one, dtok + b * PT + t0, wte, wpe, NULL, 1, n, C, V, 1.0f, g_s);
             fy_k_encoder_bwd(awte, awpe, dputf(dout + ((size_t)b * PT + t0) * C, n * C),
-                             dtok + b * PT + t0, NULL, 1, n, C, V, g_s);
+                             dtok + b * PT + t0, NULL, 1, n, C, V, 1.0f, g_s);
             char what[64];
             snprintf(what, sizeof what, "embedding rows of sequence %d, document %d", b, i);
             expect_same_bits(what, dgetf(one, n * C), packed + ((size_t)b * PT + t0) * C,

@@ -56,7 +56,7 @@ typedef struct enc_ctx {
 } enc_ctx;
 static double enc_obj(void *p) {
     enc_ctx *c = p;
-    fy_k_encoder_fwd(c->out, c->tok, c->wte, c->wpe, NULL, c->B, c->T, c->C, c->V, g_s);
+    fy_k_encoder_fwd(c->out, c->tok, c->wte, c->wpe, NULL, c->B, c->T, c->C, c->V, 1.0f, g_s);
     return dot_dev(c->out, c->R, c->tmp, (size_t)c->B * c->T * c->C);
 }
 
@@ -117,10 +117,11 @@ typedef struct ce_ctx {
     int32_t *targets;
     float *tmp;
     int N, V;
+    float softcap;
 } ce_ctx;
 static double ce_obj(void *p) {
     ce_ctx *c = p;
-    fy_k_crossentropy(c->losses, c->logits, c->targets, c->N, c->V, c->V, 0.0f, g_s);
+    fy_k_crossentropy(c->losses, c->logits, c->targets, c->N, c->V, c->V, 0.0f, c->softcap, g_s);
     get(c->tmp, c->losses, (size_t)c->N * sizeof(float));
     double L = 0.0;
     for (int n = 0; n < c->N; n++) L += c->tmp[n];
@@ -144,7 +145,7 @@ Test(kernel_grad, encoder_bwd_matches_fd) {
                  .R = R, .tmp = hnewf(B * T * C), .B = B, .T = T, .C = C, .V = V};
     put(c.tok, tok, sizeof tok);
     float *dwte = dnewf(V * C), *dwpe = dnewf(maxT * C);
-    fy_k_encoder_bwd(dwte, dwpe, dputf(R, B * T * C), c.tok, NULL, B, T, C, V, g_s);
+    fy_k_encoder_bwd(dwte, dwpe, dputf(R, B * T * C), c.tok, NULL, B, T, C, V, 1.0f, g_s);
     float *ana_wte = dgetf(dwte, V * C), *ana_wpe = dgetf(dwpe, maxT * C);
     /* Linear in wte and wpe: central differences are exact for any h, leaving only the
      * rounding of out = wte + wpe (u*|out| <= 1.2e-7 for each of <= 12 outputs a
@@ -267,7 +268,7 @@ Test(kernel_grad, crossentropy_dlogits_match_fd) {
                 .tmp = hnewf(N), .N = N, .V = V};
     put(c.targets, tgt, sizeof tgt);
     float *dlogits = dputf(logits, N * V);
-    fy_k_crossentropy(dnewf(N), dlogits, c.targets, N, V, V, 1.0f / N, g_s);
+    fy_k_crossentropy(dnewf(N), dlogits, c.targets, N, V, V, 1.0f / N, 0.0f, g_s);
     /* L = mean loss ~2.4. Rounding: one loss moves, ~3u*2.4/N / 2h ~ 6e-7 of gradients
      * ~(1/V)/N ~ 8e-3: 1e-4; curvature h^2/6 * |lse'''| (<= 0.4) / N ~ 1e-7. tol 2e-3. */
     expect_fd(ce_obj, &c, &(fd_check){"crossentropy dlogits", c.logits, N * V,
@@ -285,7 +286,7 @@ Test(kernel_grad, crossentropy_losses_and_grads_match_host_log_softmax) {
     put(dtgt, tgt, sizeof tgt);
     float *dlog = dputf(logits, N * V), *dloss = dnewf(N);
     const float scale = 1.0f / N;
-    fy_k_crossentropy(dloss, dlog, dtgt, N, V, V, scale, g_s);
+    fy_k_crossentropy(dloss, dlog, dtgt, N, V, V, scale, 0.0f, g_s);
     float *losses = dgetf(dloss, N), *grad = dgetf(dlog, N * V);
     for (int n = 0; n < N; n++) {
         const float *x = logits + n * V;
@@ -321,8 +322,8 @@ Test(kernel_grad, crossentropy_ignores_and_zeroes_row_padding) {
     int32_t *dtgt = dnew(sizeof tgt);
     put(dtgt, tgt, sizeof tgt);
     float *dp = dputf(plain, N * V), *dq = dputf(padded, N * Vp), *lp = dnewf(N), *lq = dnewf(N);
-    fy_k_crossentropy(lp, dp, dtgt, N, V, V, 1.0f / N, g_s);
-    fy_k_crossentropy(lq, dq, dtgt, N, V, Vp, 1.0f / N, g_s);
+    fy_k_crossentropy(lp, dp, dtgt, N, V, V, 1.0f / N, 0.0f, g_s);
+    fy_k_crossentropy(lq, dq, dtgt, N, V, Vp, 1.0f / N, 0.0f, g_s);
     float *gp = dgetf(dp, N * V), *gq = dgetf(dq, N * Vp);
     cr_expect_arr_eq(dgetf(lq, N), dgetf(lp, N), N * sizeof(float), "losses differ with padding");
     for (int n = 0; n < N; n++)
@@ -333,6 +334,97 @@ Test(kernel_grad, crossentropy_ignores_and_zeroes_row_padding) {
         }
 }
 
+/* Gemma 2's final logit soft-capping: the losses and gradients of z = cap tanh(l / cap)
+ * against a host reference in double, the gradient against finite differences of the
+ * capped loss, and the vocabulary-chunked kernels: one chunk of all columns is
+ * crossentropy's arithmetic (the same bits), three chunks the same sums in another
+ * grouping; tlogit is the capped target logit. Logits in [-12, 12] with a cap of 5: the
+ * curved and the saturated parts of tanh, and padded rows. */
+Test(kernel_grad, softcapped_crossentropy_matches_host_double_fd_and_chunks) {
+    enum { N = 6, V = 23, Vp = 32 };
+    const float cap = 5.0f, dloss = 1.0f / N;
+    rng r = {609};
+    int32_t tgt[N];
+    for (int n = 0; n < N; n++) tgt[n] = rng_int(&r, V);
+    float *logits = hrand(&r, N * Vp, -12, 12);
+    int32_t *dtgt = dnew(sizeof tgt);
+    put(dtgt, tgt, sizeof tgt);
+    float *dlog = dputf(logits, N * Vp), *dl = dnewf(N);
+    fy_k_crossentropy(dl, dlog, dtgt, N, V, Vp, dloss, cap, g_s);
+    float *losses = dgetf(dl, N), *grad = dgetf(dlog, N * Vp);
+    for (int n = 0; n < N; n++) {
+        const float *x = logits + n * Vp;
+        double z[V], mx = -INFINITY, sum = 0.0;
+        for (int j = 0; j < V; j++) { z[j] = cap * tanh(x[j] / (double)cap); mx = fmax(mx, z[j]); }
+        for (int j = 0; j < V; j++) sum += exp(z[j] - mx);
+        double lse = mx + log(sum), want = lse - z[tgt[n]];
+        /* each capped logit is off by a few ulps of cap (tanhf, a division, a product:
+         * ~4u * 5), the loss by that and a few ulps of |lse| */
+        double tol = 4 * U_F32 * (fabs(lse) + fabs(want)) + 8 * U_F32 * cap;
+        cr_expect(fabs(losses[n] - want) <= tol, "capped loss[%d] = %.9g, host %.9g", n, losses[n], want);
+        for (int j = 0; j < Vp; j++) {
+            if (j >= V) {
+                cr_expect(grad[n * Vp + j] == 0.0f, "padding [%d,%d] got %g", n, j, grad[n * Vp + j]);
+                continue;
+            }
+            double t = tanh(x[j] / (double)cap);
+            double g = (exp(z[j] - lse) - (j == tgt[n])) * dloss * (1 - t * t);
+            /* crossentropy_losses_and_grads_match_host_log_softmax's bound, the softmax's
+             * arguments off by ~8u cap more (exp's relative error ~8u cap), and 1 - t^2 with
+             * a few ulps of 1 */
+            cr_expect(fabs(grad[n * Vp + j] - g) <= (8 + 16 * cap) * U_F32 * dloss,
+                      "capped dlogits[%d,%d] = %.9g, host %.9g", n, j, grad[n * Vp + j], g);
+        }
+    }
+    /* finite differences of the capped mean loss (the unpadded rows): as
+     * crossentropy_dlogits_match_fd's, the curvature now also the cap's (tanh''' / cap^2 <=
+     * 0.08): tol 2e-3 */
+    float *plain = hnewf(N * V);
+    for (int n = 0; n < N; n++) memcpy(plain + n * V, logits + n * Vp, V * sizeof(float));
+    ce_ctx c = {.losses = dnewf(N), .logits = dputf(plain, N * V), .targets = dtgt, .tmp = hnewf(N),
+                .N = N, .V = V, .softcap = cap};
+    float *dplain = dputf(plain, N * V);
+    fy_k_crossentropy(dnewf(N), dplain, dtgt, N, V, V, dloss, cap, g_s);
+    expect_fd(ce_obj, &c, &(fd_check){"capped crossentropy dlogits", c.logits, N * V,
+                                      dgetf(dplain, N * V), 1e-2f, 1000, 2e-3});
+    /* the chunked kernels: one chunk of Vp columns, and chunks of 8, 8 and 16 */
+    float *mx = dnewf(N), *tl = dnewf(N), *cl = dnewf(N);
+    double *sm = dnew(N * sizeof(double));
+    float *one = dputf(logits, N * Vp);
+    fy_k_ce_chunk_fwd(one, dtgt, mx, sm, tl, cl, N, 0, Vp, V, cap, g_s);
+    expect_same_bits("one chunk's capped losses", dgetf(cl, N), losses, N * sizeof(float));
+    float *htl = dgetf(tl, N);
+    for (int n = 0; n < N; n++) {
+        float want = cap * tanhf(logits[n * Vp + tgt[n]] / cap);
+        cr_expect(htl[n] == want, "tlogit[%d] = %.9g, the capped target logit %.9g", n, htl[n], want);
+    }
+    fy_k_ce_chunk_bwd(one, dtgt, mx, sm, N, 0, Vp, V, dloss, cap, g_s);
+    expect_same_bits("one chunk's capped dlogits", dgetf(one, N * Vp), grad, N * Vp * sizeof(float));
+    static const int v0s[3] = {0, 8, 16}, nvs[3] = {8, 8, 16};
+    float *part[3];
+    for (int k = 0; k < 3; k++) {
+        float *h = hnewf(N * nvs[k]);
+        for (int n = 0; n < N; n++) memcpy(h + n * nvs[k], logits + n * Vp + v0s[k], nvs[k] * sizeof(float));
+        part[k] = dputf(h, N * nvs[k]);
+        fy_k_ce_chunk_fwd(part[k], dtgt, mx, sm, tl, cl, N, v0s[k], nvs[k], V, cap, g_s);
+    }
+    float *chl = dgetf(cl, N);
+    for (int k = 2; k >= 0; k--) {
+        fy_k_ce_chunk_bwd(part[k], dtgt, mx, sm, N, v0s[k], nvs[k], V, dloss, cap, g_s);
+        float *g = dgetf(part[k], N * nvs[k]);
+        for (int n = 0; n < N; n++)
+            for (int j = 0; j < nvs[k]; j++) {
+                /* the same exps, the fp64 sum rescaled between chunks: ~1e-7 of dloss */
+                float want = grad[n * Vp + v0s[k] + j];
+                cr_expect(fabs(g[n * nvs[k] + j] - want) <= 1e-6 * dloss,
+                          "chunk %d dlogits[%d,%d] = %.9g, one pass %.9g", k, n, j, g[n * nvs[k] + j], want);
+            }
+    }
+    for (int n = 0; n < N; n++)
+        cr_expect(fabs(chl[n] - losses[n]) <= 4 * U_F32 * (fabs(losses[n]) + 20),
+                  "chunked capped loss[%d] = %.9g, one pass %.9g", n, chl[n], losses[n]);
+}
+
 Test(kernel_grad, crossentropy_with_zero_dloss_leaves_logits) {
     enum { N = 6, V = 11 };
     rng r = {608};
@@ -341,7 +433,7 @@ Test(kernel_grad, crossentropy_with_zero_dloss_leaves_logits) {
     int32_t *dtgt = dnew(sizeof tgt);
     put(dtgt, tgt, sizeof tgt);
     float *dlog = dputf(logits, N * V);
-    fy_k_crossentropy(dnewf(N), dlog, dtgt, N, V, V, 0.0f, g_s);
+    fy_k_crossentropy(dnewf(N), dlog, dtgt, N, V, V, 0.0f, 0.0f, g_s);
     expect_same_bits("logits after dloss = 0", dgetf(dlog, N * V), logits, N * V * sizeof(float));
 }
 
@@ -445,9 +537,9 @@ Test(accumulate, encoder_bwd_adds_into_dwte_dwpe) {
     put(dtok, tok, sizeof tok);
     float *dout = dputf(hrand(&r, B * T * C, -1, 1), B * T * C);
     float *dwte = dnewf(V * C), *dwpe = dnewf(T * C);
-    fy_k_encoder_bwd(dwte, dwpe, dout, dtok, NULL, B, T, C, V, g_s);
+    fy_k_encoder_bwd(dwte, dwpe, dout, dtok, NULL, B, T, C, V, 1.0f, g_s);
     float *wte1 = dgetf(dwte, V * C), *wpe1 = dgetf(dwpe, T * C);
-    fy_k_encoder_bwd(dwte, dwpe, dout, dtok, NULL, B, T, C, V, g_s);
+    fy_k_encoder_bwd(dwte, dwpe, dout, dtok, NULL, B, T, C, V, 1.0f, g_s);
     expect_accumulated("encoder dwte", dgetf(dwte, V * C), wte1, wte1, V * C);
     expect_accumulated("encoder dwpe", dgetf(dwpe, T * C), wpe1, wpe1, T * C);
 }
@@ -581,7 +673,7 @@ Test(kernel_fwd, encoder_and_residual_are_exact_sums) {
     put(dtok, tok, sizeof tok);
     float *wte = hrand(&r, V * C, -1, 1), *wpe = hrand(&r, T * C, -1, 1);
     float *out = dnewf(B * T * C);
-    fy_k_encoder_fwd(out, dtok, dputf(wte, V * C), dputf(wpe, T * C), NULL, B, T, C, V, g_s);
+    fy_k_encoder_fwd(out, dtok, dputf(wte, V * C), dputf(wpe, T * C), NULL, B, T, C, V, 1.0f, g_s);
     float *got = dgetf(out, B * T * C), *want = hnewf(B * T * C);
     for (int bt = 0; bt < B * T; bt++)
         for (int c = 0; c < C; c++) want[bt * C + c] = wte[tok[bt] * C + c] + wpe[(bt % T) * C + c];
@@ -819,8 +911,8 @@ static void kset_run(float *const img[K_COUNT], float *base, size_t off, size_t 
         if (img[k]) fy_copy_async(g_s, t[k], img[k], kset_n[k] * sizeof(float), FY_H2D);
 #define T(name) t[K_##name]
     const int32_t *tok = (const int32_t *)T(tok), *tgt = (const int32_t *)T(targets);
-    fy_k_encoder_fwd(T(enc_out), tok, T(wte), T(wpe), NULL, KB, KT, KC, KV, g_s);
-    fy_k_encoder_bwd(T(dwte), T(dwpe), T(enc_dout), tok, NULL, KB, KT, KC, KV, g_s);
+    fy_k_encoder_fwd(T(enc_out), tok, T(wte), T(wpe), NULL, KB, KT, KC, KV, 1.0f, g_s);
+    fy_k_encoder_bwd(T(dwte), T(dwpe), T(enc_dout), tok, NULL, KB, KT, KC, KV, 1.0f, g_s);
     fy_k_layernorm_fwd(T(ln_out), T(ln_mean), T(ln_rstd), T(ln_inp), T(ln_w), T(ln_b), KN, KC, g_s);
     fy_k_layernorm_bwd(T(ln_dinp), T(ln_dw), T(ln_db), T(ln_dout), T(ln_inp), T(ln_w),
                        T(ln_mean), T(ln_rstd), KN, KC, g_s);
@@ -834,7 +926,7 @@ static void kset_run(float *const img[K_COUNT], float *base, size_t off, size_t 
     fy_k_gelu_fwd(T(gelu_out), T(gelu_inp), KN * 4 * KC, g_s);
     fy_k_gelu_bwd(T(gelu_dinp), T(gelu_inp), T(gelu_dout), KN * 4 * KC, g_s);
     fy_k_residual_fwd(T(res_out), T(att_out), T(ln_out), KN * KC, g_s);
-    fy_k_crossentropy(T(losses), T(logits), tgt, KN, KV, KV, 1.0f / KN, g_s);
+    fy_k_crossentropy(T(losses), T(logits), tgt, KN, KV, KV, 1.0f / KN, 0.0f, g_s);
     fy_k_mean(T(mean_out), T(losses), KN, g_s);
     double *dsq = dnew(sizeof(double));
     fy_k_sumsq(dsq, T(gelu_dinp), KN * 4 * KC, g_s);
@@ -1192,18 +1284,18 @@ Test(bf16_storage, attention_encoder_crossentropy_sumsq_round_the_fp32_results) 
     put(dtok, tok, sizeof tok);
     bpair wte = bpair_new(&r, V * C, -1, 1), wpe = bpair_new(&r, T * C, -1, 1);
     bpair x0 = bpair_new(&r, B * T * C, 0, 0);
-    fy_k_encoder_fwd(x0.d32, dtok, wte.d32, wpe.d32, NULL, B, T, C, V, g_s);
-    fy_k_encoder_fwd(x0.d16, dtok, wte.d16, wpe.d16, NULL, B, T, C, V, g_s16);
+    fy_k_encoder_fwd(x0.d32, dtok, wte.d32, wpe.d32, NULL, B, T, C, V, 1.0f, g_s);
+    fy_k_encoder_fwd(x0.d16, dtok, wte.d16, wpe.d16, NULL, B, T, C, V, 1.0f, g_s16);
     bpair_expect_rounded(&x0, "encoder out");
-    fy_k_encoder_bwd(wte.d32, wpe.d32, dy.d32, dtok, NULL, B, T, C, V, g_s);
-    fy_k_encoder_bwd(wte.d16, wpe.d16, dy.d16, dtok, NULL, B, T, C, V, g_s16);
+    fy_k_encoder_bwd(wte.d32, wpe.d32, dy.d32, dtok, NULL, B, T, C, V, 1.0f, g_s);
+    fy_k_encoder_bwd(wte.d16, wpe.d16, dy.d16, dtok, NULL, B, T, C, V, 1.0f, g_s16);
     bpair_expect_rounded(&wte, "encoder dwte (accumulated)");
     bpair_expect_rounded(&wpe, "encoder dwpe (accumulated)");
 
     bpair logits = bpair_new(&r, B * T * V, -3, 3);
     float *l32 = dnewf(B * T), *l16 = dnewf(B * T);
-    fy_k_crossentropy(l32, logits.d32, dtok, B * T, V, V, 1.0f / (B * T), g_s);
-    fy_k_crossentropy(l16, logits.d16, dtok, B * T, V, V, 1.0f / (B * T), g_s16);
+    fy_k_crossentropy(l32, logits.d32, dtok, B * T, V, V, 1.0f / (B * T), 0.0f, g_s);
+    fy_k_crossentropy(l16, logits.d16, dtok, B * T, V, V, 1.0f / (B * T), 0.0f, g_s16);
     bpair_expect_rounded(&logits, "crossentropy dlogits (in place)");
     cr_expect_arr_eq(dgetf(l16, B * T), dgetf(l32, B * T), B * T * sizeof(float), "losses stay fp32");
 
@@ -1227,8 +1319,9 @@ Test(bf16_storage, attention_encoder_crossentropy_sumsq_round_the_fp32_results) 
 typedef struct op_case { fy_op_kind kind; int64_t i[8]; float f[8]; } op_case;
 
 static const op_case op_cases[] = {
-    {FY_OP_ENCODER_FWD, {2, 5, 8, 11}, {0}},
-    {FY_OP_ENCODER_BWD, {2, 5, 8, 11}, {0}},
+    {FY_OP_ENCODER_FWD, {2, 5, 8, 11}, {1.0f}},
+    {FY_OP_ENCODER_FWD, {2, 5, 8, 11}, {2.75f}}, /* a scaled embedding (Gemma's) */
+    {FY_OP_ENCODER_BWD, {2, 5, 8, 11}, {2.75f}},
     {FY_OP_LAYERNORM_FWD, {10, 8}, {0}},
     {FY_OP_LAYERNORM_BWD, {10, 8}, {0}},
     {FY_OP_MATMUL_FWD, {10, 8, 12}, {0}},
@@ -1236,21 +1329,30 @@ static const op_case op_cases[] = {
     {FY_OP_MATMUL_BWD_DX32, {10, 8, 12}, {0}},
     {FY_OP_CE_CHUNK_FWD, {6, 0, 16, 11}, {0}},  /* the first chunk: starts the sums */
     {FY_OP_CE_CHUNK_FWD, {6, 64, 64, 100}, {0}}, /* a later one, padding past class 99 */
+    {FY_OP_CE_CHUNK_FWD, {6, 64, 64, 100}, {0.5f}}, /* soft-capped */
     {FY_OP_CE_CHUNK_BWD, {6, 64, 64, 100}, {1.0f / 6}},
+    {FY_OP_CE_CHUNK_BWD, {6, 64, 64, 100}, {1.0f / 6, 0.5f}},
     {FY_OP_ADD_F32, {37}, {0}},
     {FY_OP_RMSNORM_FWD, {10, 8}, {1e-5f}},
+    {FY_OP_RMSNORM_FWD, {10, 8}, {1e-5f, 1.0f}}, /* Gemma's (1 + w) */
     {FY_OP_RMSNORM_BWD, {10, 8}, {0}},
+    {FY_OP_RMSNORM_BWD, {10, 8}, {1.0f}},
+    {FY_OP_QK_NORM_FWD, {5, 4, 2, 8}, {1e-6f, 1.0f}}, /* 4 query heads, 2 key and value */
+    {FY_OP_QK_NORM_BWD, {5, 4, 2, 8}, {0}},
     {FY_OP_ATTENTION_FWD, {2, 5, 4, 2, 4, 0}, {0.5f}}, /* grouped: 4 query heads, 2 key/value */
     {FY_OP_ATTENTION_BWD, {2, 5, 4, 2, 4, 0}, {0.5f}},
     {FY_OP_ATTENTION_FWD, {2, 70, 4, 2, 4, 9}, {0.5f}}, /* a window, two query tiles */
     {FY_OP_ATTENTION_BWD, {2, 70, 4, 2, 4, 9}, {0.5f}},
     {FY_OP_ROPE, {2, 5, 4, 2, 4, 0, FY_ROPE_LLAMA3}, {500000.0f, 8.0f, 1.0f, 4.0f, 8.0f}},
-    {FY_OP_SWIGLU_FWD, {10, 6}, {0}},
-    {FY_OP_SWIGLU_BWD, {10, 6}, {0}},
+    {FY_OP_GLU_FWD, {10, 6, FY_GLU_SILU}, {0}},
+    {FY_OP_GLU_BWD, {10, 6, FY_GLU_SILU}, {0}},
+    {FY_OP_GLU_FWD, {10, 6, FY_GLU_GELU_TANH}, {0}},
+    {FY_OP_GLU_BWD, {10, 6, FY_GLU_GELU_TANH}, {0}},
     {FY_OP_GELU_FWD, {37}, {0}},
     {FY_OP_GELU_BWD, {37}, {0}},
     {FY_OP_RESIDUAL_FWD, {37}, {0}},
     {FY_OP_CROSSENTROPY, {6, 11, 16}, {1.0f / 6}},
+    {FY_OP_CROSSENTROPY, {6, 11, 16}, {1.0f / 6, 0.5f}},
     {FY_OP_MEAN, {37}, {0}},
     {FY_OP_SUMSQ, {37}, {0}},
     {FY_OP_SUMSQ_PARTS, {40000}, {0}}, /* a whole chunk, a part of one */

@@ -27,11 +27,11 @@ typedef struct rms_ctx {
     const float *R;
     float *tmp;
     int N, C;
-    float eps;
+    float eps, offset;
 } rms_ctx;
 static double rms_obj(void *p) {
     rms_ctx *c = p;
-    fy_k_rmsnorm_fwd(c->out, c->rstd, c->inp, c->w, c->N, c->C, c->eps, g_s);
+    fy_k_rmsnorm_fwd(c->out, c->rstd, c->inp, c->w, c->N, c->C, c->eps, c->offset, g_s);
     return dot_dev(c->out, c->R, c->tmp, (size_t)c->N * c->C);
 }
 
@@ -53,7 +53,7 @@ Test(llama_kernels, rmsnorm_bwd_matches_fd) {
                  .C = C, .eps = 1e-5f};
     rms_obj(&c);
     float *dinp = dnewf(N * C), *dw = dnewf(C);
-    fy_k_rmsnorm_bwd(dinp, dw, dputf(R, N * C), c.inp, c.w, c.rstd, N, C, g_s);
+    fy_k_rmsnorm_bwd(dinp, dw, dputf(R, N * C), c.inp, c.w, c.rstd, N, C, 0.0f, g_s);
     /* Nonlinear in inp (rstd <= ~2.5), as layernorm's: h = 5e-3; rounding ~1e-4 of
      * gradients ~1, curvature h^2/6 rstd^3 ~ 6e-5. tol 2e-3. */
     expect_fd(rms_obj, &c, &(fd_check){"rmsnorm dinp", c.inp, N * C, dgetf(dinp, N * C), 5e-3f,
@@ -72,7 +72,7 @@ Test(llama_kernels, rmsnorm_matches_host_double_and_accumulates) {
     put(dx, dinp0, N * C * sizeof(float));
     put(dw, dw0, C * sizeof(float));
     float *dx_ = dputf(x, N * C), *dw_ = dputf(w, C);
-    fy_k_rmsnorm_fwd(out, rstd, dx_, dw_, N, C, eps, g_s);
+    fy_k_rmsnorm_fwd(out, rstd, dx_, dw_, N, C, eps, 0.0f, g_s);
     float *go = dgetf(out, N * C), *gr = dgetf(rstd, N);
     for (int n = 0; n < N; n++) {
         double ss = 0;
@@ -88,11 +88,169 @@ Test(llama_kernels, rmsnorm_matches_host_double_and_accumulates) {
     }
     /* the backward adds into dinp and dw: compare with a run into zeroed buffers */
     float *R = dputf(hrand(&r, N * C, -1, 1), N * C);
-    fy_k_rmsnorm_bwd(dx, dw, R, dx_, dw_, rstd, N, C, g_s);
+    fy_k_rmsnorm_bwd(dx, dw, R, dx_, dw_, rstd, N, C, 0.0f, g_s);
     float *z1 = dnewf(N * C), *z2 = dnewf(C);
-    fy_k_rmsnorm_bwd(z1, z2, R, dx_, dw_, rstd, N, C, g_s);
+    fy_k_rmsnorm_bwd(z1, z2, R, dx_, dw_, rstd, N, C, 0.0f, g_s);
     expect_accumulated("rmsnorm dinp", dgetf(dx, N * C), dinp0, dgetf(z1, N * C), N * C);
     expect_accumulated("rmsnorm dw", dgetf(dw, C), dw0, dgetf(z2, C), C);
+}
+
+/* Gemma's (1 + w) gain: w stored near 0, the offset 1 added in the kernel. The forward
+ * against a host reference in double, the backward against finite differences, and dw is
+ * the offset-free formula: the same bits as with offset 0. */
+Test(llama_kernels, rmsnorm_with_offset_matches_host_double_and_fd) {
+    enum { N = 14, C = 24 };
+    const float eps = 1e-6f, offset = 1.0f;
+    rng r = {1203};
+    float *R = hrand(&r, N * C, -1, 1), *x = rows_with_offsets(&r, N, C);
+    float *w = hrand(&r, C, -0.5f, 0.5f);
+    rms_ctx c = {.out = dnewf(N * C), .rstd = dnewf(N), .inp = dputf(x, N * C), .w = dputf(w, C),
+                 .R = R, .tmp = hnewf(N * C), .N = N, .C = C, .eps = eps, .offset = offset};
+    rms_obj(&c);
+    float *go = dgetf(c.out, N * C);
+    for (int n = 0; n < N; n++) {
+        double ss = 0;
+        for (int k = 0; k < C; k++) ss += (double)x[n * C + k] * x[n * C + k];
+        double rs = 1.0 / sqrt(ss / C + eps);
+        for (int k = 0; k < C; k++) {
+            double want = x[n * C + k] * rs * ((double)w[k] + 1.0);
+            /* rmsnorm_matches_host_double's bound: the gain's sum w + 1 adds one rounding */
+            cr_expect(fabs(go[n * C + k] - want) <= 1e-6 * (1 + fabs(want)),
+                      "out[%d,%d] %.9g vs %.9g", n, k, go[n * C + k], want);
+        }
+    }
+    float *dinp = dnewf(N * C), *dw = dnewf(C), *dinp0 = dnewf(N * C), *dw0 = dnewf(C);
+    float *dR = dputf(R, N * C);
+    fy_k_rmsnorm_bwd(dinp, dw, dR, c.inp, c.w, c.rstd, N, C, offset, g_s);
+    fy_k_rmsnorm_bwd(dinp0, dw0, dR, c.inp, c.w, c.rstd, N, C, 0.0f, g_s);
+    /* the bounds of rmsnorm_bwd_matches_fd: the gains (0.5..1.5) are the same size */
+    expect_fd(rms_obj, &c, &(fd_check){"rmsnorm (1+w) dinp", c.inp, N * C, dgetf(dinp, N * C),
+                                       5e-3f, 128, 2e-3});
+    expect_fd(rms_obj, &c, &(fd_check){"rmsnorm (1+w) dw", c.w, C, dgetf(dw, C), 0.5f, 1000, 1e-4});
+    expect_same_bits("rmsnorm dw with and without the offset", dgetf(dw, C), dgetf(dw0, C),
+                     C * sizeof(float));
+}
+
+/* ---- per-head norms of q and k ------------------------------------------------------------
+ * Packed rows of NH = 4 query, NKV = 2 key and 2 value heads of hd = 24 channels (one full
+ * and one partial column tile of the gains' reduction); each head with its own offset and
+ * scale, so every head's rstd differs. */
+enum { QN = 5, QNH = 4, QNKV = 2, QHD = 24, QW = (QNH + 2 * QNKV) * QHD, QHEADS = QNH + QNKV };
+
+typedef struct qkn_ctx {
+    float *out, *rstd, *inp, *wq, *wk;
+    const float *R;
+    float *tmp;
+    int N;
+    float eps, offset;
+} qkn_ctx;
+static double qkn_obj(void *p) {
+    qkn_ctx *c = p;
+    fy_k_qk_norm_fwd(c->out, c->rstd, c->inp, c->wq, c->wk, c->N, QNH, QNKV, QHD, c->eps,
+                     c->offset, g_s);
+    return dot_dev(c->out, c->R, c->tmp, (size_t)c->N * QW);
+}
+
+static void check_qk_norm(float offset, uint64_t seed) {
+    const int N = QN;
+    const float eps = 1e-6f;
+    rng r = {seed};
+    float *x = rows_with_offsets(&r, N * (QNH + 2 * QNKV), QHD); /* a "row" per head */
+    float *wq = hrand(&r, QHD, 0.5f - offset, 1.5f - offset);
+    float *wk = hrand(&r, QHD, 0.5f - offset, 1.5f - offset);
+    float *R = hrand(&r, (size_t)N * QW, -1, 1);
+    qkn_ctx c = {.out = dnewf(N * QW), .rstd = dnewf(N * QHEADS), .inp = dputf(x, N * QW),
+                 .wq = dputf(wq, QHD), .wk = dputf(wk, QHD), .R = R, .tmp = hnewf(N * QW), .N = N,
+                 .eps = eps, .offset = offset};
+    qkn_obj(&c);
+    float *go = dgetf(c.out, N * QW), *gr = dgetf(c.rstd, N * QHEADS);
+    for (int n = 0; n < N; n++)
+        for (int h = 0; h < QNH + 2 * QNKV; h++) {
+            const float *xh = x + (size_t)n * QW + h * QHD, *oh = go + (size_t)n * QW + h * QHD;
+            if (h >= QHEADS) {
+                cr_expect(!memcmp(oh, xh, QHD * sizeof(float)), "value head %d of row %d not copied", h, n);
+                continue;
+            }
+            const float *w = h < QNH ? wq : wk;
+            double ss = 0;
+            for (int k = 0; k < QHD; k++) ss += (double)xh[k] * xh[k];
+            double rs = 1.0 / sqrt(ss / QHD + eps);
+            /* rmsnorm_matches_host_double's bounds: an fp32 sum of 24 squares, a root */
+            cr_expect(fabs(gr[n * QHEADS + h] - rs) <= 8 * U_F32 * rs, "rstd[%d,%d] %.9g vs %.9g",
+                      n, h, gr[n * QHEADS + h], rs);
+            for (int k = 0; k < QHD; k++) {
+                double want = xh[k] * rs * ((double)w[k] + offset);
+                cr_expect(fabs(oh[k] - want) <= 1e-6 * (1 + fabs(want)), "out[%d, head %d, %d] %.9g vs %.9g",
+                          n, h, k, oh[k], want);
+            }
+        }
+    /* dinp is overwritten (garbage first), dwq and dwk accumulate (random bases) */
+    float *dinp = dputf(hrand(&r, N * QW, -9, 9), N * QW);
+    float *bq = hrand(&r, QHD, -1, 1), *bk = hrand(&r, QHD, -1, 1);
+    float *dwq = dputf(bq, QHD), *dwk = dputf(bk, QHD), *zq = dnewf(QHD), *zk = dnewf(QHD);
+    float *dR = dputf(R, N * QW);
+    fy_k_qk_norm_bwd(dinp, dwq, dwk, dR, c.inp, c.wq, c.wk, c.rstd, N, QNH, QNKV, QHD, offset, g_s);
+    float *zinp = dnewf(N * QW);
+    fy_k_qk_norm_bwd(zinp, zq, zk, dR, c.inp, c.wq, c.wk, c.rstd, N, QNH, QNKV, QHD, offset, g_s);
+    float *gdinp = dgetf(dinp, N * QW);
+    expect_same_bits("qk_norm dinp (overwritten)", gdinp, dgetf(zinp, N * QW), N * QW * sizeof(float));
+    expect_accumulated("qk_norm dwq", dgetf(dwq, QHD), bq, dgetf(zq, QHD), QHD);
+    expect_accumulated("qk_norm dwk", dgetf(dwk, QHD), bk, dgetf(zk, QHD), QHD);
+    for (int n = 0; n < N; n++)
+        cr_expect(!memcmp(gdinp + (size_t)n * QW + QHEADS * QHD, R + (size_t)n * QW + QHEADS * QHD,
+                          QNKV * QHD * sizeof(float)), "row %d: value heads' dinp is not dout", n);
+    /* rmsnorm_bwd_matches_fd's bounds, head by head: nonlinear in inp (rstd <= ~2.5),
+     * h = 5e-3, tol 2e-3; linear in the gains (each sums N * 4 or N * 2 heads), 1e-4 */
+    expect_fd(qkn_obj, &c, &(fd_check){"qk_norm dinp", c.inp, N * QW, gdinp, 5e-3f, 160, 2e-3});
+    expect_fd(qkn_obj, &c, &(fd_check){"qk_norm dwq", c.wq, QHD, dgetf(zq, QHD), 0.5f, 1000, 1e-4});
+    expect_fd(qkn_obj, &c, &(fd_check){"qk_norm dwk", c.wk, QHD, dgetf(zk, QHD), 0.5f, 1000, 1e-4});
+    /* in place: dout's buffer becomes dinp, with the same bits, and the same gains' sums */
+    float *io = dputf(R, N * QW), *iq = dnewf(QHD), *ik = dnewf(QHD);
+    fy_k_qk_norm_bwd(io, iq, ik, io, c.inp, c.wq, c.wk, c.rstd, N, QNH, QNKV, QHD, offset, g_s);
+    expect_same_bits("qk_norm dinp in place", dgetf(io, N * QW), gdinp, N * QW * sizeof(float));
+    expect_same_bits("qk_norm dwq in place", dgetf(iq, QHD), dgetf(zq, QHD), QHD * sizeof(float));
+    expect_same_bits("qk_norm dwk in place", dgetf(ik, QHD), dgetf(zk, QHD), QHD * sizeof(float));
+}
+
+Test(llama_kernels, qk_norm_matches_host_double_and_fd) { check_qk_norm(0.0f, 1301); }
+Test(llama_kernels, qk_norm_with_offset_matches_host_double_and_fd) { check_qk_norm(1.0f, 1302); }
+
+/* The gains' sums run over rows and heads in one order whatever the thread count: 1 and
+ * 2 threads give the same bits (N = 200 rows: every thread has rows and column tiles). */
+Test(llama_kernels, qk_norm_independent_of_thread_count) {
+    enum { N = 200 };
+    rng r = {1303};
+    float *x = rows_with_offsets(&r, N * (QNH + 2 * QNKV), QHD), *R = hrand(&r, N * QW, -1, 1);
+    float *wq = hrand(&r, QHD, 0.5f, 1.5f), *wk = hrand(&r, QHD, 0.5f, 1.5f);
+    float *res[2][4];
+    for (int i = 0; i < 2; i++) {
+        fy_dev *d = i == 0 ? g_dev : open_dev(0, 0, 1);
+        fy_stream *s = g_s;
+        if (i == 1) cr_assert_eq(fy_stream_new(d, "one thread", &s), FY_OK);
+        const size_t nb[8] = {N * QW, N * QW, N * QHEADS, QHD, QHD, QHD, QHD, N * QW};
+        float *t[8];
+        for (int k = 0; k < 8; k++) {
+            void *p;
+            cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, nb[k] * sizeof(float), "t", &p), FY_OK);
+            t[k] = p;
+        }
+        fy_copy_async(s, t[0], x, N * QW * sizeof(float), FY_H2D);
+        fy_copy_async(s, t[3], wq, QHD * sizeof(float), FY_H2D);
+        fy_copy_async(s, t[4], wk, QHD * sizeof(float), FY_H2D);
+        fy_copy_async(s, t[7], R, N * QW * sizeof(float), FY_H2D);
+        fy_k_qk_norm_fwd(t[1], t[2], t[0], t[3], t[4], N, QNH, QNKV, QHD, 1e-6f, 1.0f, s);
+        fy_k_qk_norm_bwd(t[7], t[5], t[6], t[7], t[0], t[3], t[4], t[2], N, QNH, QNKV, QHD, 1.0f, s);
+        const int keep[4] = {1, 7, 5, 6};
+        for (int k = 0; k < 4; k++) {
+            res[i][k] = hnewf(nb[keep[k]]);
+            fy_copy_async(s, res[i][k], t[keep[k]], nb[keep[k]] * sizeof(float), FY_D2H);
+        }
+        fy_stream_sync(s);
+        if (i == 1) { fy_stream_free(s); fy_dev_free(d); }
+    }
+    static const char *const names[4] = {"out", "dinp", "dwq", "dwk"};
+    const size_t n[4] = {N * QW, N * QW, QHD, QHD};
+    for (int k = 0; k < 4; k++) expect_same_bits(names[k], res[0][k], res[1][k], n[k] * sizeof(float));
 }
 
 /* ---- rotary embeddings -------------------------------------------------------------- */
@@ -325,42 +483,92 @@ Test(llama_kernels, grouped_query_attention_is_repeated_kv) {
 
 /* ---- SwiGLU and the embedding --------------------------------------------------------- */
 
-typedef struct swiglu_ctx {
+typedef struct glu_ctx {
     float *out, *gu;
     const float *R;
     float *tmp;
     int N, F;
-} swiglu_ctx;
-static double swiglu_obj(void *p) {
-    swiglu_ctx *c = p;
-    fy_k_swiglu_fwd(c->out, c->gu, c->N, c->F, g_s);
+    fy_glu_act act;
+} glu_ctx;
+static double glu_obj(void *p) {
+    glu_ctx *c = p;
+    fy_k_glu_fwd(c->out, c->gu, c->N, c->F, c->act, g_s);
     return dot_dev(c->out, c->R, c->tmp, (size_t)c->N * c->F);
 }
 
-Test(llama_kernels, swiglu_matches_host_double_and_fd) {
+/* The activations in double: silu, and GELU's tanh approximation (transformers'
+ * gelu_pytorch_tanh). */
+static double host_glu_act(double g, fy_glu_act act) {
+    if (act == FY_GLU_SILU) return g / (1 + exp(-g));
+    return 0.5 * g * (1 + tanh(sqrt(2 / M_PI) * (g + 0.044715 * g * g * g)));
+}
+
+static void check_glu(fy_glu_act act, uint64_t seed) {
     enum { N = 6, F = 20 };
-    rng r = {1501};
+    rng r = {seed};
     float *gu = hrand(&r, N * 2 * F, -4, 4);
-    gu[0] = 0.0f; gu[1] = -1.28f; gu[2] = 6.0f; /* flat, the minimum of silu, saturated */
+    gu[0] = 0.0f; gu[1] = -1.28f; gu[2] = 6.0f; /* flat, silu's minimum (gelu's near -0.75), saturated */
+    gu[3] = -0.75f;
     float *R = hrand(&r, N * F, -1, 1);
-    swiglu_ctx c = {.out = dnewf(N * F), .gu = dputf(gu, N * 2 * F), .R = R, .tmp = hnewf(N * F),
-                    .N = N, .F = F};
-    swiglu_obj(&c);
+    glu_ctx c = {.out = dnewf(N * F), .gu = dputf(gu, N * 2 * F), .R = R, .tmp = hnewf(N * F),
+                 .N = N, .F = F, .act = act};
+    const char *name = act == FY_GLU_SILU ? "swiglu" : "geglu";
+    glu_obj(&c);
     float *out = dgetf(c.out, N * F);
     for (int n = 0; n < N; n++)
         for (int j = 0; j < F; j++) {
             double g = gu[n * 2 * F + j], u = gu[n * 2 * F + F + j];
-            double want = g / (1 + exp(-g)) * u;
-            /* expf, a division and a product: a few ulps of |want| <= 16 */
-            cr_expect(fabs(out[n * F + j] - want) <= 8 * U_F32 * (fabs(want) + 1e-3),
-                      "swiglu[%d,%d] %.9g vs %.9g", n, j, out[n * F + j], want);
+            double want = host_glu_act(g, act) * u;
+            /* expf or tanhf (a few ulps), a handful of products and a sum: a few ulps of
+             * |want| <= 16; GELU's 1 + tanh cancels for negative g, leaving an error of a
+             * few ulps of 1 times 0.5 |g u| */
+            double scale = fabs(want) + 1e-3 + (act == FY_GLU_GELU_TANH ? 0.5 * fabs(g * u) : 0.0);
+            cr_expect(fabs(out[n * F + j] - want) <= 8 * U_F32 * scale,
+                      "%s[%d,%d] %.9g vs %.9g", name, n, j, out[n * F + j], want);
         }
     float *dgu = dnewf(N * 2 * F);
-    fy_k_swiglu_bwd(dgu, c.gu, dputf(R, N * F), N, F, g_s);
+    fy_k_glu_bwd(dgu, c.gu, dputf(R, N * F), N, F, act, g_s);
     /* Elementwise: rounding ~3u|out| (<= 16) over 2h = 1e-2 ~ 1e-5 absolute against
-     * gradients ~1; curvature h^2/6 |silu'''| (<= 0.5) |u| ~ 1e-5. tol 1e-3. */
-    expect_fd(swiglu_obj, &c, &(fd_check){"swiglu dgu", c.gu, N * 2 * F, dgetf(dgu, N * 2 * F),
-                                          5e-3f, 1000, 1e-3});
+     * gradients ~1; curvature h^2/6 |act'''| (silu's <= 0.5, gelu's <= 1.5) |u| (<= 4)
+     * ~ 3e-5. tol 1e-3. */
+    expect_fd(glu_obj, &c, &(fd_check){name, c.gu, N * 2 * F, dgetf(dgu, N * 2 * F), 5e-3f, 1000,
+                                       1e-3});
+}
+
+Test(llama_kernels, swiglu_matches_host_double_and_fd) { check_glu(FY_GLU_SILU, 1501); }
+Test(llama_kernels, geglu_matches_host_double_and_fd) { check_glu(FY_GLU_GELU_TANH, 1502); }
+
+/* GeGLU's activation is fy_k_gelu's: the gate through gelu_fwd, times up, gives the same
+ * bits, and so do the gradients through gelu_bwd. */
+Test(llama_kernels, geglu_is_gelu_times_up) {
+    enum { N = 4, F = 33 };
+    rng r = {1503};
+    float *gu = hrand(&r, N * 2 * F, -5, 5), *d = hrand(&r, N * F, -1, 1);
+    float *dgu = dputf(gu, N * 2 * F), *out = dnewf(N * F), *dd = dputf(d, N * F);
+    float *grad = dnewf(N * 2 * F);
+    fy_k_glu_fwd(out, dgu, N, F, FY_GLU_GELU_TANH, g_s);
+    fy_k_glu_bwd(grad, dgu, dd, N, F, FY_GLU_GELU_TANH, g_s);
+    float *gate = hnewf(N * F), *up = hnewf(N * F), *dup = hnewf(N * F);
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < F; j++) {
+            gate[n * F + j] = gu[n * 2 * F + j];
+            up[n * F + j] = gu[n * 2 * F + F + j];
+            dup[n * F + j] = d[n * F + j] * up[n * F + j]; /* dout * up: gelu_bwd's dout */
+        }
+    float *dg = dputf(gate, N * F), *ge = dnewf(N * F), *dge = dnewf(N * F);
+    fy_k_gelu_fwd(ge, dg, N * F, g_s);
+    fy_k_gelu_bwd(dge, dg, dputf(dup, N * F), N * F, g_s);
+    float *o = dgetf(out, N * F), *g = dgetf(grad, N * 2 * F), *hge = dgetf(ge, N * F);
+    float *hdge = dgetf(dge, N * F);
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < F; j++) {
+            const int k = n * F + j;
+            cr_expect(o[k] == hge[k] * up[k], "out[%d,%d] %.9g, gelu * up %.9g", n, j, o[k], hge[k] * up[k]);
+            cr_expect(g[n * 2 * F + j] == hdge[k], "dgate[%d,%d] %.9g, gelu_bwd %.9g", n, j,
+                      g[n * 2 * F + j], hdge[k]);
+            cr_expect(g[n * 2 * F + F + j] == d[k] * hge[k], "dup[%d,%d] %.9g, dout * gelu %.9g", n, j,
+                      g[n * 2 * F + F + j], d[k] * hge[k]);
+        }
 }
 
 typedef struct emb_ctx {
@@ -369,10 +577,12 @@ typedef struct emb_ctx {
     const float *R;
     float *tmp;
     int B, T, C, V;
+    float scale; /* 0 in the unscaled tests: read as 1 */
 } emb_ctx;
 static double emb_obj(void *p) {
     emb_ctx *c = p;
-    fy_k_encoder_fwd(c->out, c->tok, c->wte, NULL, NULL, c->B, c->T, c->C, c->V, g_s);
+    fy_k_encoder_fwd(c->out, c->tok, c->wte, NULL, NULL, c->B, c->T, c->C, c->V,
+                     c->scale ? c->scale : 1.0f, g_s);
     return dot_dev(c->out, c->R, c->tmp, (size_t)c->B * c->T * c->C);
 }
 
@@ -395,11 +605,62 @@ Test(llama_kernels, embedding_without_positions_is_a_lookup) {
     float *dwte = dnewf(V * C), *base = hrand(&r, V * C, -1, 1);
     put(dwte, base, V * C * sizeof(float));
     float *dR = dputf(R, B * T * C);
-    fy_k_encoder_bwd(dwte, NULL, dR, c.tok, NULL, B, T, C, V, g_s);
+    fy_k_encoder_bwd(dwte, NULL, dR, c.tok, NULL, B, T, C, V, 1.0f, g_s);
     float *zero = dnewf(V * C);
-    fy_k_encoder_bwd(zero, NULL, dR, c.tok, NULL, B, T, C, V, g_s);
+    fy_k_encoder_bwd(zero, NULL, dR, c.tok, NULL, B, T, C, V, 1.0f, g_s);
     expect_accumulated("embedding dwte", dgetf(dwte, V * C), base, dgetf(zero, V * C), V * C);
     /* linear: exact up to the rounding of out over 2h = 1 */
     expect_fd(emb_obj, &c, &(fd_check){"embedding dwte", c.wte, V * C, dgetf(zero, V * C), 0.5f,
+                                       1000, 1e-5});
+}
+
+/* Gemma's scaled embedding: out = wte[tok] * scale (+ wpe[pos]), one rounded product then
+ * one rounded sum, so a host fp32 computation in the same order gives the same bits; the
+ * backward adds each term's rounded product dout * scale in position order (the same
+ * bits again), and dwpe is unscaled. scale 1 is exact: the plain lookup's bits. */
+Test(llama_kernels, scaled_embedding_is_rounded_products) {
+    enum { B = 2, T = 5, C = 12, V = 9 };
+    const float scale = 6.92820323f; /* sqrt(48) rounded to fp32, as the caller does */
+    rng r = {1602};
+    int32_t tok[B * T];
+    for (int i = 0; i < B * T; i++) tok[i] = rng_int(&r, V - 1);
+    float *wte = hrand(&r, V * C, -1, 1), *wpe = hrand(&r, T * C, -1, 1);
+    float *R = hrand(&r, B * T * C, -1, 1);
+    int32_t *dtok = dnew(sizeof tok);
+    put(dtok, tok, sizeof tok);
+    float *dwte_ = dputf(wte, V * C), *dwpe_ = dputf(wpe, T * C), *out = dnewf(B * T * C);
+    for (int pos = 0; pos < 2; pos++) {
+        fy_k_encoder_fwd(out, dtok, dwte_, pos ? dwpe_ : NULL, NULL, B, T, C, V, scale, g_s);
+        float *o = dgetf(out, B * T * C);
+        size_t bad = 0;
+        for (int i = 0; i < B * T; i++)
+            for (int k = 0; k < C; k++) {
+                float p = wte[tok[i] * C + k] * scale;
+                float want = pos ? p + wpe[(i % T) * C + k] : p;
+                bad += memcmp(&o[i * C + k], &want, sizeof want) != 0;
+            }
+        cr_expect(bad == 0, "scaled embedding%s: %zu elements are not the fp32 product%s", pos ? " + wpe" : "",
+                  bad, pos ? " plus wpe" : "");
+    }
+    float *base = hrand(&r, V * C, -1, 1), *pbase = hrand(&r, T * C, -1, 1);
+    float *dwte = dputf(base, V * C), *dwpe = dputf(pbase, T * C);
+    fy_k_encoder_bwd(dwte, dwpe, dputf(R, B * T * C), dtok, NULL, B, T, C, V, scale, g_s);
+    float *want = hnewf(V * C), *pwant = hnewf(T * C);
+    memcpy(want, base, V * C * sizeof(float));
+    memcpy(pwant, pbase, T * C * sizeof(float));
+    for (int i = 0; i < B * T; i++)
+        for (int k = 0; k < C; k++) {
+            want[tok[i] * C + k] += R[i * C + k] * scale;
+            pwant[(i % T) * C + k] += R[i * C + k];
+        }
+    expect_same_bits("scaled dwte", dgetf(dwte, V * C), want, V * C * sizeof(float));
+    expect_same_bits("dwpe (unscaled)", dgetf(dwpe, T * C), pwant, T * C * sizeof(float));
+    /* against finite differences of the scaled forward: linear, exact up to the rounding of
+     * out (|out| <= 7) over 2h = 1 */
+    emb_ctx c = {.out = out, .wte = dwte_, .tok = dtok, .R = R, .tmp = hnewf(B * T * C), .B = B,
+                 .T = T, .C = C, .V = V, .scale = scale};
+    float *g = dnewf(V * C);
+    fy_k_encoder_bwd(g, NULL, dputf(R, B * T * C), dtok, NULL, B, T, C, V, scale, g_s);
+    expect_fd(emb_obj, &c, &(fd_check){"scaled embedding dwte", c.wte, V * C, dgetf(g, V * C), 0.5f,
                                        1000, 1e-5});
 }

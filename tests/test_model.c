@@ -408,7 +408,7 @@ Test(model, gpt2_head_matches_the_kernels_written_out) {
     fy_memset_async(s, rg.lnfb, 0, C * sizeof(float));
     fy_k_layernorm_fwd(lnf, mean, rstd, x, w.lnfw, w.lnfb, N, C, s);
     fy_k_matmul_fwd(logits, lnf, wte, NULL, N, C, V, s);
-    fy_k_crossentropy(losses, logits, y, N, V, V, dloss, s);
+    fy_k_crossentropy(losses, logits, y, N, V, V, dloss, 0.0f, s);
     fy_k_mean(rloss, losses, (size_t)N, s);
     fy_k_matmul_bwd(dlnf, rdwte, NULL, logits, lnf, wte, N, C, V, s);
     fy_k_layernorm_bwd(dx, rg.lnfw, rg.lnfb, dlnf, x, w.lnfw, mean, rstd, N, C, s);
@@ -482,7 +482,7 @@ Test(model, vocabulary_chunks_match_one_pass) {
     float *rdw = dev_upload(d, s, NULL, (size_t)Vp * C), *rdx = dev_upload(d, s, NULL, (size_t)N * C);
     fy_memset_async(s, rdw, 0, (size_t)Vp * C * 4);
     fy_k_matmul_fwd(logits, x, w, NULL, N, C, Vp, s);
-    fy_k_crossentropy(rl, logits, y, N, V, Vp, dloss, s);
+    fy_k_crossentropy(rl, logits, y, N, V, Vp, dloss, 0.0f, s);
     fy_k_matmul_bwd(rdx, rdw, NULL, logits, x, w, N, C, Vp, s);
     const int caps[] = {Vp, 512, 192, 64};
     for (int i = 0; i < 4; i++) {

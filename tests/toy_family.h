@@ -85,7 +85,7 @@ static void toy_forward(const fy_model *m, int b, const fy_block_io *io, fy_stre
     float *w[4];
     toy_view(&m->blocks[b], dt, io->params, w);
     if (m->blocks[b].kind == FY_BLOCK_EMBED) {
-        fy_k_encoder_fwd(io->out, io->tokens, w[0], w[1], io->docs, io->B, io->T, (int)C, (int)V, s);
+        fy_k_encoder_fwd(io->out, io->tokens, w[0], w[1], io->docs, io->B, io->T, (int)C, (int)V, 1.0f, s);
         return;
     }
     toy_layer_saved a;
@@ -105,7 +105,7 @@ static void toy_backward(const fy_model *m, int b, const fy_block_io *io, fy_str
     toy_view(&m->blocks[b], dt, io->params, w);
     toy_view(&m->blocks[b], dt, io->grads, g);
     if (m->blocks[b].kind == FY_BLOCK_EMBED) {
-        fy_k_encoder_bwd(g[0], g[1], io->dx, io->tokens, io->docs, io->B, io->T, (int)C, (int)V, s);
+        fy_k_encoder_bwd(g[0], g[1], io->dx, io->tokens, io->docs, io->B, io->T, (int)C, (int)V, 1.0f, s);
         return;
     }
     toy_layer_saved a;
@@ -137,7 +137,7 @@ static void toy_loss(const fy_model *m, int b, const fy_block_io *io, fy_stream 
         gW = gemb[0];
     }
     fy_k_matmul_fwd(a.logits, io->in, W, bias, (int)N, (int)C, (int)V, s);
-    fy_k_crossentropy(a.losses, a.logits, io->targets, (int)N, (int)V, (int)V, io->dloss, s);
+    fy_k_crossentropy(a.losses, a.logits, io->targets, (int)N, (int)V, (int)V, io->dloss, 0.0f, s);
     fy_k_mean(io->loss, a.losses, N, s);
     if (io->dloss != 0.0f)
         fy_k_matmul_bwd(io->dx, gW, gbias, a.logits, io->in, W, (int)N, (int)C, (int)V, s);

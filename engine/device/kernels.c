@@ -22,15 +22,17 @@ static void launch(fy_stream *s, fy_op_kind kind, void *const *p, int np, const 
 }
 
 void fy_k_encoder_fwd(float *out, const int32_t *tokens, const float *wte, const float *wpe,
-                      const int32_t *docs, int B, int T, int C, int V, fy_stream *s) {
+                      const int32_t *docs, int B, int T, int C, int V, float scale,
+                      fy_stream *s) {
     launch(s, FY_OP_ENCODER_FWD, PTRS(out, P(tokens), P(wte), P(wpe), P(docs)), INTS(B, T, C, V),
-           NO_FLTS);
+           FLTS(scale));
 }
 
 void fy_k_encoder_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
-                      const int32_t *docs, int B, int T, int C, int V, fy_stream *s) {
+                      const int32_t *docs, int B, int T, int C, int V, float scale,
+                      fy_stream *s) {
     launch(s, FY_OP_ENCODER_BWD, PTRS(dwte, dwpe, P(dout), P(tokens), P(docs)), INTS(B, T, C, V),
-           NO_FLTS);
+           FLTS(scale));
 }
 
 void fy_k_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
@@ -46,14 +48,31 @@ void fy_k_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout,
 }
 
 void fy_k_rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w, int N, int C,
-                      float eps, fy_stream *s) {
-    launch(s, FY_OP_RMSNORM_FWD, PTRS(out, rstd, P(inp), P(w)), INTS(N, C), FLTS(eps));
+                      float eps, float offset, fy_stream *s) {
+    launch(s, FY_OP_RMSNORM_FWD, PTRS(out, rstd, P(inp), P(w)), INTS(N, C), FLTS(eps, offset));
 }
 
 void fy_k_rmsnorm_bwd(float *dinp, float *dw, const float *dout, const float *inp,
-                      const float *w, const float *rstd, int N, int C, fy_stream *s) {
+                      const float *w, const float *rstd, int N, int C, float offset,
+                      fy_stream *s) {
     launch(s, FY_OP_RMSNORM_BWD, PTRS(dinp, dw, P(dout), P(inp), P(w), P(rstd)), INTS(N, C),
-           NO_FLTS);
+           FLTS(offset));
+}
+
+void fy_k_qk_norm_fwd(float *out, float *rstd, const float *inp, const float *wq,
+                      const float *wk, int N, int NH, int NKV, int hd, float eps, float offset,
+                      fy_stream *s) {
+    FY_ASSERT(NH > 0 && NKV > 0 && hd > 0, "qk_norm: heads and a head size, all positive");
+    launch(s, FY_OP_QK_NORM_FWD, PTRS(out, rstd, P(inp), P(wq), P(wk)), INTS(N, NH, NKV, hd),
+           FLTS(eps, offset));
+}
+
+void fy_k_qk_norm_bwd(float *dinp, float *dwq, float *dwk, const float *dout, const float *inp,
+                      const float *wq, const float *wk, const float *rstd, int N, int NH,
+                      int NKV, int hd, float offset, fy_stream *s) {
+    FY_ASSERT(NH > 0 && NKV > 0 && hd > 0, "qk_norm: heads and a head size, all positive");
+    launch(s, FY_OP_QK_NORM_BWD, PTRS(dinp, dwq, dwk, P(dout), P(inp), P(wq), P(wk), P(rstd)),
+           INTS(N, NH, NKV, hd), FLTS(offset));
 }
 
 void fy_k_matmul_fwd(float *out, const float *inp, const float *w, const float *bias,
@@ -116,12 +135,19 @@ void fy_k_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n, f
     launch(s, FY_OP_GELU_BWD, PTRS(dinp, P(inp), P(dout)), INTS((int64_t)n), NO_FLTS);
 }
 
-void fy_k_swiglu_fwd(float *out, const float *gu, int N, int F, fy_stream *s) {
-    launch(s, FY_OP_SWIGLU_FWD, PTRS(out, P(gu)), INTS(N, F), NO_FLTS);
+static void glu_check(fy_glu_act act) {
+    FY_ASSERT(act == FY_GLU_SILU || act == FY_GLU_GELU_TANH, "glu: an unknown activation");
 }
 
-void fy_k_swiglu_bwd(float *dgu, const float *gu, const float *dout, int N, int F, fy_stream *s) {
-    launch(s, FY_OP_SWIGLU_BWD, PTRS(dgu, P(gu), P(dout)), INTS(N, F), NO_FLTS);
+void fy_k_glu_fwd(float *out, const float *gu, int N, int F, fy_glu_act act, fy_stream *s) {
+    glu_check(act);
+    launch(s, FY_OP_GLU_FWD, PTRS(out, P(gu)), INTS(N, F, act), NO_FLTS);
+}
+
+void fy_k_glu_bwd(float *dgu, const float *gu, const float *dout, int N, int F, fy_glu_act act,
+                  fy_stream *s) {
+    glu_check(act);
+    launch(s, FY_OP_GLU_BWD, PTRS(dgu, P(gu), P(dout)), INTS(N, F, act), NO_FLTS);
 }
 
 void fy_k_residual_fwd(float *out, const float *a, const float *b, size_t n, fy_stream *s) {
@@ -129,24 +155,29 @@ void fy_k_residual_fwd(float *out, const float *a, const float *b, size_t n, fy_
 }
 
 void fy_k_crossentropy(float *losses, float *logits, const int32_t *targets, int N, int V,
-                       int Vp, float dloss, fy_stream *s) {
+                       int Vp, float dloss, float softcap, fy_stream *s) {
     FY_ASSERT(Vp >= V, "crossentropy: rows shorter than the classes");
-    launch(s, FY_OP_CROSSENTROPY, PTRS(losses, logits, P(targets)), INTS(N, V, Vp), FLTS(dloss));
+    FY_ASSERT(softcap >= 0.0f, "crossentropy: a negative soft cap");
+    launch(s, FY_OP_CROSSENTROPY, PTRS(losses, logits, P(targets)), INTS(N, V, Vp),
+           FLTS(dloss, softcap));
 }
 
 void fy_k_ce_chunk_fwd(const float *logits, const int32_t *targets, float *max, double *sum,
-                       float *tlogit, float *losses, int N, int v0, int nv, int V, fy_stream *s) {
+                       float *tlogit, float *losses, int N, int v0, int nv, int V,
+                       float softcap, fy_stream *s) {
     FY_ASSERT(v0 >= 0 && v0 < V && nv > 0, "ce_chunk_fwd: a chunk outside the classes");
+    FY_ASSERT(softcap >= 0.0f, "ce_chunk_fwd: a negative soft cap");
     launch(s, FY_OP_CE_CHUNK_FWD, PTRS(P(logits), P(targets), max, sum, tlogit, losses),
-           INTS(N, v0, nv, V), NO_FLTS);
+           INTS(N, v0, nv, V), FLTS(softcap));
 }
 
 void fy_k_ce_chunk_bwd(float *logits, const int32_t *targets, const float *max,
                        const double *sum, int N, int v0, int nv, int V, float dloss,
-                       fy_stream *s) {
+                       float softcap, fy_stream *s) {
     FY_ASSERT(v0 >= 0 && v0 < V && nv > 0, "ce_chunk_bwd: a chunk outside the classes");
+    FY_ASSERT(softcap >= 0.0f, "ce_chunk_bwd: a negative soft cap");
     launch(s, FY_OP_CE_CHUNK_BWD, PTRS(logits, P(targets), P(max), P(sum)), INTS(N, v0, nv, V),
-           FLTS(dloss));
+           FLTS(dloss, softcap));
 }
 
 void fy_k_mean(float *out, const float *x, size_t n, fy_stream *s) {

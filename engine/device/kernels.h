@@ -44,17 +44,22 @@ extern "C" {
  * t - docs[b,t], is what learned positions and rotary embeddings see, and attention never
  * looks across a document's start. */
 
-/* out (B,T,C) = wte[tokens] (V,C) + wpe[pos] (maxT,C), pos = t - docs[b,t] (t without
- * docs); wpe may be NULL (no learned positions: Llama's). Tokens must be < V (checked by
- * the data layer, not here). */
+/* out (B,T,C) = wte[tokens] (V,C) * scale + wpe[pos] (maxT,C), pos = t - docs[b,t] (t
+ * without docs); wpe may be NULL (no learned positions: Llama's). scale is the embedding's
+ * multiplier (Gemma's sqrt(hidden size), rounded by the caller; 1 for the others, which
+ * is exact: the products are wte's values). Tokens must be < V (checked by the data
+ * layer, not here). */
 void fy_k_encoder_fwd(float *out, const int32_t *tokens, const float *wte, const float *wpe,
-                      const int32_t *docs, int B, int T, int C, int V, fy_stream *s);
-/* dwte (V,C): dwte[tokens[b,t]] += dout[b,t]; dwpe[pos] += dout[b,t] (dwpe may be NULL,
- * as wpe in the forward). Each row's sum is
- * formed in fp32 before it meets a bf16 dwte (so a frequent token's gradient is not
- * rounded once per position). */
+                      const int32_t *docs, int B, int T, int C, int V, float scale,
+                      fy_stream *s);
+/* dwte (V,C): dwte[tokens[b,t]] += dout[b,t] * scale, the scale applied to each term
+ * (each fp32 product, then the sum in position order; scale 1 adds dout's values);
+ * dwpe[pos] += dout[b,t], unscaled (dwpe may be NULL, as wpe in the forward). Each row's
+ * sum is formed in fp32 before it meets a bf16 dwte (so a frequent token's gradient is
+ * not rounded once per position). */
 void fy_k_encoder_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
-                      const int32_t *docs, int B, int T, int C, int V, fy_stream *s);
+                      const int32_t *docs, int B, int T, int C, int V, float scale,
+                      fy_stream *s);
 
 /* out (N,C) = (inp - mean) * rstd * w + b, eps 1e-5; saves mean, rstd (N). */
 void fy_k_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
@@ -64,13 +69,34 @@ void fy_k_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout,
                         const float *inp, const float *w, const float *mean,
                         const float *rstd, int N, int C, fy_stream *s);
 
-/* RMSNorm: out (N,C) = inp * rstd * w, rstd = 1/sqrt(mean(inp^2) + eps); saves rstd
- * (N). */
+/* RMSNorm: out (N,C) = inp * rstd * (w + offset), rstd = 1/sqrt(mean(inp^2) + eps);
+ * saves rstd (N). offset: 0 for a plain gain (Llama's), 1 for Gemma's (1 + w); the sum
+ * w + offset is formed in fp32 per channel. */
 void fy_k_rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w, int N, int C,
-                      float eps, fy_stream *s);
-/* dinp (N,C) accumulates; dw (C) accumulates. */
+                      float eps, float offset, fy_stream *s);
+/* dinp (N,C) accumulates, with (w + offset) as the gain; dw (C) accumulates (the sum over
+ * rows of dout * inp * rstd: the offset does not enter it). */
 void fy_k_rmsnorm_bwd(float *dinp, float *dw, const float *dout, const float *inp,
-                      const float *w, const float *rstd, int N, int C, fy_stream *s);
+                      const float *w, const float *rstd, int N, int C, float offset,
+                      fy_stream *s);
+
+/* Per-head RMSNorm of the query and key heads (Qwen3's and Gemma 3's q_norm and k_norm,
+ * before the rotary embeddings) on packed rows inp (N,W), W = (NH + 2 NKV) hd, laid out
+ * as attention's qkv (below): each query head's hd channels become x * rstd * (wq +
+ * offset), each key head's x * rstd * (wk + offset), rstd = 1/sqrt(mean over the head's
+ * channels of x^2 + eps); the value heads are copied unchanged. out (N,W) overwritten;
+ * rstd (N, NH+NKV) fp32, the query heads' then the key heads' of each row. wq, wk (hd)
+ * are shared by all query heads, all key heads. */
+void fy_k_qk_norm_fwd(float *out, float *rstd, const float *inp, const float *wq,
+                      const float *wk, int N, int NH, int NKV, int hd, float eps, float offset,
+                      fy_stream *s);
+/* dinp (N,W) overwritten (each head as fy_k_rmsnorm_bwd's dinp with its gain; the value
+ * heads' gradient is dout's); dwq, dwk (hd) accumulate, summed over rows and heads in a
+ * fixed order independent of the thread count. dinp may be dout (in place: the layer's
+ * gradient of the packed rows is turned into its input's where it lies). */
+void fy_k_qk_norm_bwd(float *dinp, float *dwq, float *dwk, const float *dout, const float *inp,
+                      const float *wq, const float *wk, const float *rstd, int N, int NH,
+                      int NKV, int hd, float offset, fy_stream *s);
 
 /* out (N,OC) = inp (N,C) @ w^T (OC,C) + bias (OC, may be NULL). */
 void fy_k_matmul_fwd(float *out, const float *inp, const float *w, const float *bias,
@@ -138,37 +164,53 @@ void fy_k_gelu_fwd(float *out, const float *inp, size_t n, fy_stream *s);
 /* dinp = dout * gelu'(inp), overwritten. */
 void fy_k_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n, fy_stream *s);
 
-/* SwiGLU: gu (N,2F) holds each row's gate (first F) and up (last F) projections;
- * out (N,F) = silu(gate) * up. */
-void fy_k_swiglu_fwd(float *out, const float *gu, int N, int F, fy_stream *s);
-/* dgu (N,2F) overwritten. */
-void fy_k_swiglu_bwd(float *dgu, const float *gu, const float *dout, int N, int F, fy_stream *s);
+/* A gated linear unit's activation: silu(g) = g sigmoid(g) (SwiGLU: Llama's, Qwen's,
+ * Mistral's, Phi-3's) or GELU's tanh approximation as fy_k_gelu_fwd's (GeGLU with
+ * Hugging Face's "gelu_pytorch_tanh": Gemma's). */
+typedef enum fy_glu_act { FY_GLU_SILU = 0, FY_GLU_GELU_TANH = 1 } fy_glu_act;
+
+/* GLU: gu (N,2F) holds each row's gate (first F) and up (last F) projections;
+ * out (N,F) = act(gate) * up. */
+void fy_k_glu_fwd(float *out, const float *gu, int N, int F, fy_glu_act act, fy_stream *s);
+/* dgu (N,2F) overwritten: dgate = dout * up * act'(gate), dup = dout * act(gate). */
+void fy_k_glu_bwd(float *dgu, const float *gu, const float *dout, int N, int F, fy_glu_act act,
+                  fy_stream *s);
 
 /* out = a + b (n). */
 void fy_k_residual_fwd(float *out, const float *a, const float *b, size_t n, fy_stream *s);
 
+/* Final logit soft-capping (Gemma 2's final_logit_softcapping), in every cross-entropy
+ * kernel below: with softcap > 0 each raw logit l is replaced by z = softcap * tanh(l /
+ * softcap), in fp32 in that order (divide, tanh, multiply: transformers' order), before
+ * the softmax and the loss; the gradient written in place of l is then dL/dz * (1 -
+ * tanh^2(l / softcap)). softcap 0: none, the raw logits, the same bits as without it. */
+
 /* Softmax cross-entropy over rows of logits (N,Vp) with targets (N): the first V of each
  * row's Vp columns are the classes (Vp >= V pads rows for aligned GEMMs; the padding is
- * ignored). losses (N) = logsumexp - logit[target]. If dloss != 0 the logits are
- * overwritten in place with their gradient (softmax - onehot) * dloss (for a mean loss,
- * dloss = 1/N), and the padding columns with 0. */
+ * ignored). losses (N) = logsumexp - logit[target] (of the capped logits, see above). If
+ * dloss != 0 the logits are overwritten in place with their gradient (softmax - onehot) *
+ * dloss (for a mean loss, dloss = 1/N; times the cap's derivative), and the padding
+ * columns with 0. */
 void fy_k_crossentropy(float *losses, float *logits, const int32_t *targets, int N, int V,
-                       int Vp, float dloss, fy_stream *s);
+                       int Vp, float dloss, float softcap, fy_stream *s);
 
 /* Softmax cross-entropy by vocabulary chunks (an online log-sum-exp): logits (N,nv) are
  * the columns [v0, v0+nv) of rows whose first V columns are the classes (columns past V
  * are padding, ignored). Per row, fp32 max, fp64 sum of exp(logit - max) and the
  * target's logit run over the chunks in order: the chunk with v0 == 0 starts them, later
  * ones rescale the sum to a new max and add theirs; the chunk holding class V-1 (v0 + nv
- * >= V) writes losses = max + log(sum) - logit[target]. One chunk of all Vp columns
- * gives fy_k_crossentropy's arithmetic. */
+ * >= V) writes losses = max + log(sum) - logit[target]. With softcap > 0 every logit
+ * here is the capped one (tlogit keeps the capped target logit). One chunk of all Vp
+ * columns gives fy_k_crossentropy's arithmetic. softcap must be the same in every chunk
+ * and in the backward. */
 void fy_k_ce_chunk_fwd(const float *logits, const int32_t *targets, float *max, double *sum,
-                       float *tlogit, float *losses, int N, int v0, int nv, int V, fy_stream *s);
-/* After every chunk's forward: logits (N,nv) become (softmax - onehot) * dloss in place,
- * the padding columns 0. */
+                       float *tlogit, float *losses, int N, int v0, int nv, int V,
+                       float softcap, fy_stream *s);
+/* After every chunk's forward: logits (N,nv) become (softmax - onehot) * dloss in place
+ * (times the cap's derivative with softcap > 0), the padding columns 0. */
 void fy_k_ce_chunk_bwd(float *logits, const int32_t *targets, const float *max,
                        const double *sum, int N, int v0, int nv, int V, float dloss,
-                       fy_stream *s);
+                       float softcap, fy_stream *s);
 
 /* out[0] = sum(x) / n, summed in double in a fixed order (the cpu backend: index order).
  * x and out are fp32 whatever the stream's storage type. */

@@ -64,6 +64,9 @@ size_t fy_op_arg_nelem(const fy_op *op, int k) {
     case FY_SZ_QKV: return i0 * i1 * (i2 + 2 * i3) * i4;
     case FY_SZ_BTQ: return i0 * i1 * i2 * i4;
     case FY_SZ_BHT: return i0 * i2 * i1;
+    case FY_SZ_NW: return i0 * (i1 + 2 * i2) * i3;
+    case FY_SZ_NQK: return i0 * (i1 + i2);
+    case FY_SZ_HD: return i3;
     }
     FY_ASSERT(0, "unknown size rule");
     return 0;

@@ -27,15 +27,18 @@
  *   NVP = i0*i2 (N rows of Vp), ONE = 1, NCH = the norm chunks of i0 elements
  *   (core/reduce.h: ceil(i0 / FY_SUMSQ_CHUNK));
  *   attention's, with i = (B, T, NH, NKV, hd): QKV = B*T*(NH+2*NKV)*hd (the packed q, k
- *   and v rows), BTQ = B*T*NH*hd, BHT = B*NH*T (a value per query row) */
+ *   and v rows), BTQ = B*T*NH*hd, BHT = B*NH*T (a value per query row);
+ *   the per-head norms', with i = (N, NH, NKV, hd): NW = N*(NH+2*NKV)*hd (packed rows),
+ *   NQK = N*(NH+NKV) (a value per query and key head), HD = hd */
 #define FY_OP_SIZES(X) X(N0) X(NC) X(C) X(NOC) X(OCC) X(OC) X(N2C) X(BT) X(BTC) X(TC) X(VC) \
-                       X(NVP) X(ONE) X(NCH) X(QKV) X(BTQ) X(BHT)
+                       X(NVP) X(ONE) X(NCH) X(QKV) X(BTQ) X(BHT) \
+                       X(NW) X(NQK) X(HD)
 
 #define FY_KERNEL_OPS(X)                                                                       \
-    X(ENCODER_FWD, 4, 0, /* i: B, T, C, V */                                                   \
+    X(ENCODER_FWD, 4, 1, /* i: B, T, C, V; f: the embedding's scale */                          \
       A(out, OUT, S, BTC) A(tokens, IN, I32, BT) A(wte, IN, S, VC) AO(wpe, IN, S, TC)            \
       AO(docs, IN, I32, BT))                                                                   \
-    X(ENCODER_BWD, 4, 0,                                                                       \
+    X(ENCODER_BWD, 4, 1,                                                                       \
       A(dwte, INOUT, S, VC) AO(dwpe, INOUT, S, TC) A(dout, IN, S, BTC) A(tokens, IN, I32, BT)    \
       AO(docs, IN, I32, BT))                                                                   \
     X(LAYERNORM_FWD, 2, 0, /* i: N, C */                                                       \
@@ -44,11 +47,17 @@
     X(LAYERNORM_BWD, 2, 0,                                                                     \
       A(dinp, INOUT, S, NC) A(dw, INOUT, S, C) A(db, INOUT, S, C) A(dout, IN, S, NC)             \
       A(inp, IN, S, NC) A(w, IN, S, C) A(mean, IN, F32, N0) A(rstd, IN, F32, N0))                \
-    X(RMSNORM_FWD, 2, 1, /* i: N, C; f: eps */                                                 \
+    X(RMSNORM_FWD, 2, 2, /* i: N, C; f: eps, the gain's offset */                              \
       A(out, OUT, S, NC) A(rstd, OUT, F32, N0) A(inp, IN, S, NC) A(w, IN, S, C))                 \
-    X(RMSNORM_BWD, 2, 0,                                                                       \
+    X(RMSNORM_BWD, 2, 1, /* f: the gain's offset */                                            \
       A(dinp, INOUT, S, NC) A(dw, INOUT, S, C) A(dout, IN, S, NC) A(inp, IN, S, NC)              \
       A(w, IN, S, C) A(rstd, IN, F32, N0))                                                     \
+    X(QK_NORM_FWD, 4, 2, /* i: N, NH, NKV, hd; f: eps, the gains' offset */                    \
+      A(out, OUT, S, NW) A(rstd, OUT, F32, NQK) A(inp, IN, S, NW) A(wq, IN, S, HD)               \
+      A(wk, IN, S, HD))                                                                        \
+    X(QK_NORM_BWD, 4, 1, /* f: the gains' offset; dinp may be dout */                          \
+      A(dinp, OUT, S, NW) A(dwq, INOUT, S, HD) A(dwk, INOUT, S, HD) A(dout, IN, S, NW)           \
+      A(inp, IN, S, NW) A(wq, IN, S, HD) A(wk, IN, S, HD) A(rstd, IN, F32, NQK))                 \
     X(MATMUL_FWD, 3, 0, /* i: N, C, OC */                                                      \
       A(out, OUT, S, NOC) A(inp, IN, S, NC) A(w, IN, S, OCC) AO(bias, IN, S, OC))                \
     X(MATMUL_BWD, 3, 0,                                                                        \
@@ -67,16 +76,16 @@
       A(qkv, INOUT, S, QKV) AO(docs, IN, I32, BT))                                             \
     X(GELU_FWD, 1, 0, A(out, OUT, S, N0) A(inp, IN, S, N0))                                    \
     X(GELU_BWD, 1, 0, A(dinp, OUT, S, N0) A(inp, IN, S, N0) A(dout, IN, S, N0))                \
-    X(SWIGLU_FWD, 2, 0, /* i: N, F */                                                          \
+    X(GLU_FWD, 3, 0, /* i: N, F, activation (fy_glu_act) */                                    \
       A(out, OUT, S, NC) A(gu, IN, S, N2C))                                                    \
-    X(SWIGLU_BWD, 2, 0, A(dgu, OUT, S, N2C) A(gu, IN, S, N2C) A(dout, IN, S, NC))              \
+    X(GLU_BWD, 3, 0, A(dgu, OUT, S, N2C) A(gu, IN, S, N2C) A(dout, IN, S, NC))                 \
     X(RESIDUAL_FWD, 1, 0, A(out, OUT, S, N0) A(a, IN, S, N0) A(b, IN, S, N0))                  \
-    X(CROSSENTROPY, 3, 1, /* i: N, V, Vp; f: dloss */                                          \
+    X(CROSSENTROPY, 3, 2, /* i: N, V, Vp; f: dloss, softcap */                                 \
       A(losses, OUT, F32, N0) A(logits, INOUT, S, NVP) A(targets, IN, I32, N0))                  \
-    X(CE_CHUNK_FWD, 4, 0, /* i: N, v0, nv, V */                                                \
+    X(CE_CHUNK_FWD, 4, 1, /* i: N, v0, nv, V; f: softcap */                                    \
       A(logits, IN, S, NOC) A(targets, IN, I32, N0) A(max, INOUT, F32, N0)                       \
       A(sum, INOUT, F64, N0) A(tlogit, INOUT, F32, N0) A(losses, INOUT, F32, N0))                \
-    X(CE_CHUNK_BWD, 4, 1, /* i: N, v0, nv, V; f: dloss */                                      \
+    X(CE_CHUNK_BWD, 4, 2, /* i: N, v0, nv, V; f: dloss, softcap */                             \
       A(logits, INOUT, S, NOC) A(targets, IN, I32, N0) A(max, IN, F32, N0) A(sum, IN, F64, N0))  \
     X(MEAN, 1, 0, A(out, OUT, F32, ONE) A(x, IN, F32, N0))                                     \
     X(SUMSQ, 1, 0, A(out, OUT, F64, ONE) A(x, IN, S, N0))                                      \

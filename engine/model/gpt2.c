@@ -131,7 +131,7 @@ void fy_gpt2_head_work_bind(const fy_gpt2_config *cfg, int B, int T, fy_dtype dt
 void fy_gpt2_embed_fwd(const fy_gpt2_config *cfg, const fy_gpt2_embed_w *w,
                        const int32_t *tokens, const int32_t *docs, float *x0, int B, int T,
                        fy_stream *s) {
-    fy_k_encoder_fwd(x0, tokens, w->wte, w->wpe, docs, B, T, cfg->channels, cfg->vocab, s);
+    fy_k_encoder_fwd(x0, tokens, w->wte, w->wpe, docs, B, T, cfg->channels, cfg->vocab, 1.0f, s);
 }
 
 void fy_gpt2_layer_fwd(const fy_gpt2_config *cfg, const fy_gpt2_layer_w *w,
@@ -234,7 +234,7 @@ void fy_gpt2_layer_bwd(const fy_gpt2_config *cfg, const fy_gpt2_layer_w *w,
 
 void fy_gpt2_embed_bwd(const fy_gpt2_config *cfg, fy_gpt2_embed_w *g, const int32_t *tokens,
                        const int32_t *docs, const float *dx, int B, int T, fy_stream *s) {
-    fy_k_encoder_bwd(g->wte, g->wpe, dx, tokens, docs, B, T, cfg->channels, cfg->vocab, s);
+    fy_k_encoder_bwd(g->wte, g->wpe, dx, tokens, docs, B, T, cfg->channels, cfg->vocab, 1.0f, s);
 }
 
 /* ---- init ------------------------------------------------------------------------- */

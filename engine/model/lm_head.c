@@ -12,7 +12,7 @@ void fy_lm_head_fwd_chunk(const fy_lm_head_io *io, int k, const float *w_k, fy_s
     const int v0 = fy_lm_chunk_v0(io->chunks, k), nv = fy_lm_chunk_nv(io->chunks, k);
     fy_k_matmul_fwd(io->logits, io->xn, w_k, NULL, io->N, io->C, nv, s);
     fy_k_ce_chunk_fwd(io->logits, io->targets, io->max, io->sum, io->tlogit, io->losses, io->N,
-                      v0, nv, io->V, s);
+                      v0, nv, io->V, io->softcap, s);
 }
 
 void fy_lm_head_bwd_chunk(const fy_lm_head_io *io, int k, const float *w_k, float *dw_k,
@@ -20,7 +20,8 @@ void fy_lm_head_bwd_chunk(const fy_lm_head_io *io, int k, const float *w_k, floa
     const int v0 = fy_lm_chunk_v0(io->chunks, k), nv = fy_lm_chunk_nv(io->chunks, k);
     const int N = io->N, C = io->C;
     if (!fresh) fy_k_matmul_fwd(io->logits, io->xn, w_k, NULL, N, C, nv, s);
-    fy_k_ce_chunk_bwd(io->logits, io->targets, io->max, io->sum, N, v0, nv, io->V, io->dloss, s);
+    fy_k_ce_chunk_bwd(io->logits, io->targets, io->max, io->sum, N, v0, nv, io->V, io->dloss,
+                      io->softcap, s);
     if (k == io->chunks.n - 1) fy_memset_async(s, io->dxn32, 0, (size_t)N * C * sizeof(float));
     fy_k_matmul_bwd_dx32(io->dxn32, dw_k, io->logits, io->xn, w_k, N, C, nv, s);
     if (k == 0 && io->dxn) {

@@ -79,6 +79,8 @@ typedef struct fy_lm_head_io {
     float *losses;          /* (N) fp32: per-position losses, after the last chunk */
     const int32_t *targets; /* (N) */
     float dloss;            /* training: the loss's scale */
+    float softcap;          /* final logit soft-capping (kernels.h): z = softcap tanh(l /
+                               softcap) before the softmax; 0: none */
     float *dxn32;           /* training: (N, C) fp32, d xn summed over the chunks */
     float *dxn;             /* training with bf16 storage: (N, C) = dxn32 rounded; with
                                fp32 storage NULL (dxn32 is d xn) */

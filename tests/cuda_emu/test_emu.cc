@@ -30,6 +30,7 @@
 extern "C" {
 #include "engine/core/dtype.h"
 #include "engine/device/device_impl.h"
+#include "engine/device/kernels.h"
 }
 #include "engine/device/cuda/cuda_impl.h"
 #include "tests/cuda_emu/emu_dev.h"
@@ -478,24 +479,37 @@ static void against_cpu(fy_op_kind kind, std::initializer_list<int64_t> ints,
 
 Test(odd_shapes, every_kernel_against_the_cpu_backend) {
     /* encoder: B, T, C, V (C not a multiple of 32; one partition, and many) */
-    against_cpu(FY_OP_ENCODER_FWD, {3, 5, 37, 300}, {}, 300, 0);
-    against_cpu(FY_OP_ENCODER_BWD, {3, 5, 37, 300}, {}, 300, 0);
-    against_cpu(FY_OP_ENCODER_BWD, {1, 1, 5, 7}, {}, 7, 0);
-    against_cpu(FY_OP_ENCODER_BWD, {4, 40, 33, 5000}, {}, 5000, 0);
+    against_cpu(FY_OP_ENCODER_FWD, {3, 5, 37, 300}, {1.0f}, 300, 0);
+    against_cpu(FY_OP_ENCODER_BWD, {3, 5, 37, 300}, {1.0f}, 300, 0);
+    against_cpu(FY_OP_ENCODER_BWD, {1, 1, 5, 7}, {1.0f}, 7, 0);
+    against_cpu(FY_OP_ENCODER_BWD, {4, 40, 33, 5000}, {1.0f}, 5000, 0);
+    /* a scaled embedding (Gemma's): products rounded on their own on both, the same bits */
+    against_cpu(FY_OP_ENCODER_FWD, {3, 5, 37, 300}, {6.92820323f}, 300, 0);
+    against_cpu(FY_OP_ENCODER_BWD, {4, 40, 33, 5000}, {6.92820323f}, 5000, 0);
     for (int64_t rows : {1, 3, 70}) { /* N, C: one row, a few, more than a block's */
         for (int64_t C : {3, 31, 65}) {
             against_cpu(FY_OP_LAYERNORM_FWD, {rows, C}, {}, 1, 1e-5);
             against_cpu(FY_OP_LAYERNORM_BWD, {rows, C}, {}, 1, 2e-5);
             against_cpu(FY_OP_RMSNORM_FWD, {rows, C}, {1e-5f}, 1, 1e-5);
             against_cpu(FY_OP_RMSNORM_BWD, {rows, C}, {}, 1, 2e-5);
+            against_cpu(FY_OP_RMSNORM_FWD, {rows, C}, {1e-5f, 1.0f}, 1, 1e-5); /* (1 + w) */
+            against_cpu(FY_OP_RMSNORM_BWD, {rows, C}, {1.0f}, 1, 2e-5);
         }
     }
+    /* per-head norms: N, NH, NKV, hd (heads narrower and wider than a warp, partial ones) */
+    for (int64_t rows : {1, 3, 70})
+        for (int64_t hd : {3, 31, 65}) {
+            against_cpu(FY_OP_QK_NORM_FWD, {rows, 3, 1, hd}, {1e-6f, 1.0f}, 1, 1e-5);
+            against_cpu(FY_OP_QK_NORM_BWD, {rows, 3, 1, hd}, {1.0f}, 1, 2e-5);
+        }
     for (int64_t n : {1, 33, 1000}) {
         against_cpu(FY_OP_GELU_FWD, {n}, {}, 1, 1e-5);
         against_cpu(FY_OP_GELU_BWD, {n}, {}, 1, 1e-5);
         against_cpu(FY_OP_RESIDUAL_FWD, {n}, {}, 1, 0);
-        against_cpu(FY_OP_SWIGLU_FWD, {n, 3}, {}, 1, 1e-5);
-        against_cpu(FY_OP_SWIGLU_BWD, {n, 3}, {}, 1, 1e-5);
+        for (int64_t act : {(int64_t)FY_GLU_SILU, (int64_t)FY_GLU_GELU_TANH}) {
+            against_cpu(FY_OP_GLU_FWD, {n, 3, act}, {}, 1, 1e-5);
+            against_cpu(FY_OP_GLU_BWD, {n, 3, act}, {}, 1, 1e-5);
+        }
         against_cpu(FY_OP_MEAN, {n}, {}, 1, 1e-6);
         against_cpu(FY_OP_SUMSQ, {n}, {}, 1, 0); /* the cpu's bits (the backend's claim) */
     }
@@ -510,4 +524,8 @@ Test(odd_shapes, every_kernel_against_the_cpu_backend) {
     against_cpu(FY_OP_CE_CHUNK_BWD, {7, 0, 64, 50}, {1.0f / 7}, 50, 1e-5);
     against_cpu(FY_OP_CE_CHUNK_FWD, {40, 1536, 1536, 3000}, {}, 3000, 1e-5);
     against_cpu(FY_OP_CE_CHUNK_BWD, {40, 1536, 1536, 3000}, {1.0f / 40}, 3000, 1e-5);
+    /* soft-capped (a cap of 0.5 on logits in [-1, 1]: tanh's curved part) */
+    against_cpu(FY_OP_CROSSENTROPY, {3, 1500, 1536}, {1.0f / 3, 0.5f}, 1500, 1e-5);
+    against_cpu(FY_OP_CE_CHUNK_FWD, {40, 1536, 1536, 3000}, {0.5f}, 3000, 1e-5);
+    against_cpu(FY_OP_CE_CHUNK_BWD, {40, 1536, 1536, 3000}, {1.0f / 40, 0.5f}, 3000, 1e-5);
 }

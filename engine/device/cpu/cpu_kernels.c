@@ -13,6 +13,7 @@
 
 #include "engine/core/reduce.h"
 #include "engine/device/device_impl.h"
+#include "engine/device/kernels.h"
 #include "engine/device/rope.h"
 #include "optim_cpu/adam.h"
 
@@ -24,20 +25,27 @@
 #define LN_EPS 1e-5f
 #define COLS_PER_TASK 16 /* column tile for column-parallel reductions (one cache line) */
 
+/* out = wte[tok] * scale (+ wpe[pos]): one rounded product, then one rounded sum; with
+ * scale 1 the product is wte's value, so the sums are the unscaled ones. */
 static void encoder_fwd(float *out, const int32_t *tok, const float *wte, const float *wpe,
-                        const int32_t *docs, int B, int T, int C) {
+                        const int32_t *docs, int B, int T, int C, float scale) {
     #pragma omp parallel for schedule(static)
     for (int bt = 0; bt < B * T; bt++) {
         const float *we = wte + (size_t)tok[bt] * C;
         float *o = out + (size_t)bt * C;
-        if (!wpe) { memcpy(o, we, (size_t)C * sizeof(float)); continue; }
+        if (!wpe) {
+            for (int c = 0; c < C; c++) o[c] = we[c] * scale;
+            continue;
+        }
         const float *pe = wpe + (size_t)(bt % T - (docs ? docs[bt] : 0)) * C;
-        for (int c = 0; c < C; c++) o[c] = we[c] + pe[c];
+        for (int c = 0; c < C; c++) o[c] = we[c] * scale + pe[c];
     }
 }
 
+/* dwte[tok] += dout * scale, each term's product rounded before it is added (scale 1:
+ * dout's values); dwpe unscaled. */
 static void encoder_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *tok,
-                        const int32_t *docs, int B, int T, int C) {
+                        const int32_t *docs, int B, int T, int C, float scale) {
     /* parallel over column tiles: every row of dwte/dwpe is summed in bt order */
     int ntiles = (C + COLS_PER_TASK - 1) / COLS_PER_TASK;
     #pragma omp parallel for schedule(static)
@@ -46,7 +54,7 @@ static void encoder_bwd(float *dwte, float *dwpe, const float *dout, const int32
         for (int bt = 0; bt < B * T; bt++) {
             const float *d = dout + (size_t)bt * C;
             float *we = dwte + (size_t)tok[bt] * C;
-            for (int c = c0; c < c1; c++) we[c] += d[c];
+            for (int c = c0; c < c1; c++) we[c] += d[c] * scale;
             if (!dwpe) continue;
             float *pe = dwpe + (size_t)(bt % T - (docs ? docs[bt] : 0)) * C;
             for (int c = c0; c < c1; c++) pe[c] += d[c];
@@ -111,33 +119,48 @@ static void layernorm_bwd(float *dinp, float *dw, float *db, const float *dout,
     }
 }
 
-/* RMSNorm: out = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps). */
-static void rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w, int N, int C,
-                        float eps) {
-    #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        const float *x = inp + (size_t)n * C;
-        float ss = 0.0f;
-        for (int c = 0; c < C; c++) ss += x[c] * x[c];
-        float r = 1.0f / sqrtf(ss / (float)C + eps);
-        float *o = out + (size_t)n * C;
-        for (int c = 0; c < C; c++) o[c] = x[c] * r * w[c];
-        rstd[n] = r;
+/* The norm's gain w + offset (kernels.h); offset 0 keeps w's bits (w + 0 would turn a -0
+ * into +0). */
+static inline float gain(float w, float offset) { return offset != 0.0f ? w + offset : w; }
+
+/* One RMSNorm row of C: o = x * r * (w + offset), r = 1 / sqrt(mean(x^2) + eps); returns r.
+ * RMSNorm's rows and the per-head norms' heads alike. */
+static float rms_row_fwd(float *o, const float *x, const float *w, int C, float eps,
+                         float offset) {
+    float ss = 0.0f;
+    for (int c = 0; c < C; c++) ss += x[c] * x[c];
+    float r = 1.0f / sqrtf(ss / (float)C + eps);
+    for (int c = 0; c < C; c++) o[c] = x[c] * r * gain(w[c], offset);
+    return r;
+}
+
+/* One row's input gradient, g = w + offset: v = r (g d) - x r^3 mean(g d x); di += v with
+ * acc, else di = v. di may be d: each d[c] is read before di[c] is written. */
+static void rms_row_bwd(float *di, const float *d, const float *x, const float *w, float r,
+                        int C, float offset, bool acc) {
+    float dot = 0.0f;
+    for (int c = 0; c < C; c++) dot += gain(w[c], offset) * d[c] * x[c];
+    float k = dot / (float)C * r * r * r;
+    for (int c = 0; c < C; c++) {
+        const float v = gain(w[c], offset) * d[c] * r - x[c] * k;
+        di[c] = acc ? di[c] + v : v;
     }
 }
 
-/* dinp += r (w dout) - x r^3 mean(w dout x); dw += sum over rows of dout x r. */
-static void rmsnorm_bwd(float *dinp, float *dw, const float *dout, const float *inp,
-                        const float *w, const float *rstd, int N, int C) {
+static void rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w, int N, int C,
+                        float eps, float offset) {
     #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        const float *x = inp + (size_t)n * C, *d = dout + (size_t)n * C;
-        float r = rstd[n], dot = 0.0f;
-        for (int c = 0; c < C; c++) dot += w[c] * d[c] * x[c];
-        float k = dot / (float)C * r * r * r;
-        float *di = dinp + (size_t)n * C;
-        for (int c = 0; c < C; c++) di[c] += w[c] * d[c] * r - x[c] * k;
-    }
+    for (int n = 0; n < N; n++)
+        rstd[n] = rms_row_fwd(out + (size_t)n * C, inp + (size_t)n * C, w, C, eps, offset);
+}
+
+/* dinp += rms_row_bwd's; dw += sum over rows of dout x r. */
+static void rmsnorm_bwd(float *dinp, float *dw, const float *dout, const float *inp,
+                        const float *w, const float *rstd, int N, int C, float offset) {
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        rms_row_bwd(dinp + (size_t)n * C, dout + (size_t)n * C, inp + (size_t)n * C, w, rstd[n],
+                    C, offset, true);
     int ntiles = (C + COLS_PER_TASK - 1) / COLS_PER_TASK;
     #pragma omp parallel for schedule(static)
     for (int tile = 0; tile < ntiles; tile++) {
@@ -149,6 +172,64 @@ static void rmsnorm_bwd(float *dinp, float *dw, const float *dout, const float *
             for (int c = c0; c < c1; c++) sw[c - c0] += x[c] * r * d[c];
         }
         for (int c = c0; c < c1; c++) dw[c] += sw[c - c0];
+    }
+}
+
+/* Per-head RMSNorm of packed rows (kernels.h): row n's head h at n W + h hd, the NH query
+ * heads (gain wq), the NKV key heads (wk), then the NKV value heads, copied. rstd (N,
+ * NH+NKV). */
+static void qk_norm_fwd(float *out, float *rstd, const float *inp, const float *wq,
+                        const float *wk, int N, int NH, int NKV, int hd, float eps,
+                        float offset) {
+    const int heads = NH + NKV;
+    const size_t W = (size_t)(NH + 2 * NKV) * hd;
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + n * W;
+        float *o = out + n * W;
+        for (int h = 0; h < heads; h++)
+            rstd[(size_t)n * heads + h] = rms_row_fwd(o + (size_t)h * hd, x + (size_t)h * hd,
+                                                      h < NH ? wq : wk, hd, eps, offset);
+        if (o != x) memcpy(o + (size_t)heads * hd, x + (size_t)heads * hd, sizeof(float) * (size_t)NKV * hd);
+    }
+}
+
+/* dw[c] += sum over rows n, then heads h0..h0+nh-1, of dout x r: parallel over column
+ * tiles, each summed in that order whatever the thread count. */
+static void qk_norm_dw(float *dw, const float *dout, const float *inp, const float *rstd, int N,
+                       int h0, int nh, int heads, size_t W, int hd) {
+    int ntiles = (hd + COLS_PER_TASK - 1) / COLS_PER_TASK;
+    #pragma omp parallel for schedule(static)
+    for (int tile = 0; tile < ntiles; tile++) {
+        int c0 = tile * COLS_PER_TASK, c1 = c0 + COLS_PER_TASK < hd ? c0 + COLS_PER_TASK : hd;
+        float sw[COLS_PER_TASK] = {0};
+        for (int n = 0; n < N; n++)
+            for (int h = h0; h < h0 + nh; h++) {
+                const size_t off = n * W + (size_t)h * hd;
+                const float *x = inp + off, *d = dout + off;
+                float r = rstd[(size_t)n * heads + h];
+                for (int c = c0; c < c1; c++) sw[c - c0] += x[c] * r * d[c];
+            }
+        for (int c = c0; c < c1; c++) dw[c] += sw[c - c0];
+    }
+}
+
+/* The gains' gradients first, then dinp over dout's rows: dinp may be dout. */
+static void qk_norm_bwd(float *dinp, float *dwq, float *dwk, const float *dout, const float *inp,
+                        const float *wq, const float *wk, const float *rstd, int N, int NH,
+                        int NKV, int hd, float offset) {
+    const int heads = NH + NKV;
+    const size_t W = (size_t)(NH + 2 * NKV) * hd;
+    qk_norm_dw(dwq, dout, inp, rstd, N, 0, NH, heads, W, hd);
+    qk_norm_dw(dwk, dout, inp, rstd, N, NH, NKV, heads, W, hd);
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *d = dout + n * W, *x = inp + n * W;
+        float *di = dinp + n * W;
+        for (int h = 0; h < heads; h++)
+            rms_row_bwd(di + (size_t)h * hd, d + (size_t)h * hd, x + (size_t)h * hd,
+                        h < NH ? wq : wk, rstd[(size_t)n * heads + h], hd, offset, false);
+        if (di != d) memcpy(di + (size_t)heads * hd, d + (size_t)heads * hd, sizeof(float) * (size_t)NKV * hd);
     }
 }
 
@@ -565,47 +646,57 @@ static void rope(float *qkv, const int32_t *docs, int B, int T, int NH, int NKV,
 
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 
+/* GELU, tanh approximation, and its derivative: fy_k_gelu's and GeGLU's. */
+static inline float gelu_tanh(float x) {
+    return 0.5f * x * (1.0f + tanhf(GELU_K * (x + 0.044715f * x * x * x)));
+}
+static inline float gelu_tanh_grad(float x) {
+    float u = GELU_K * (x + 0.044715f * x * x * x);
+    float th = tanhf(u);
+    float sech2 = 1.0f - th * th;
+    return 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
 static void gelu_fwd(float *out, const float *inp, size_t n) {
     #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float x = inp[i];
-        out[i] = 0.5f * x * (1.0f + tanhf(GELU_K * (x + 0.044715f * x * x * x)));
-    }
+    for (size_t i = 0; i < n; i++) out[i] = gelu_tanh(inp[i]);
 }
 
 static void gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n) {
     #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float x = inp[i];
-        float u = GELU_K * (x + 0.044715f * x * x * x);
-        float th = tanhf(u);
-        float sech2 = 1.0f - th * th;
-        float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
-        dinp[i] = grad * dout[i];
-    }
+    for (size_t i = 0; i < n; i++) dinp[i] = gelu_tanh_grad(inp[i]) * dout[i];
 }
 
-/* SwiGLU: gu (N, 2F) holds the gate (first F) and up (last F) projections of a row;
- * out (N, F) = silu(gate) * up, silu(g) = g sigmoid(g). */
-static void swiglu_fwd(float *out, const float *gu, size_t N, size_t F) {
+/* GLU: gu (N, 2F) holds the gate (first F) and up (last F) projections of a row;
+ * out (N, F) = act(gate) * up: silu(g) = g sigmoid(g), or gelu_tanh. */
+static void glu_fwd(float *out, const float *gu, size_t N, size_t F, int act) {
     #pragma omp parallel for schedule(static)
     for (size_t n = 0; n < N; n++) {
         const float *g = gu + n * 2 * F, *u = g + F;
         float *o = out + n * F;
-        for (size_t j = 0; j < F; j++) o[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+        if (act == FY_GLU_SILU)
+            for (size_t j = 0; j < F; j++) o[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+        else
+            for (size_t j = 0; j < F; j++) o[j] = gelu_tanh(g[j]) * u[j];
     }
 }
 
-/* dgate = dout up sigmoid(g) (1 + g (1 - sigmoid(g))), dup = dout silu(g); overwritten. */
-static void swiglu_bwd(float *dgu, const float *gu, const float *dout, size_t N, size_t F) {
+/* dgate = dout up act'(g), dup = dout act(g), overwritten; silu'(g) = sigmoid(g) (1 + g (1 -
+ * sigmoid(g))). */
+static void glu_bwd(float *dgu, const float *gu, const float *dout, size_t N, size_t F, int act) {
     #pragma omp parallel for schedule(static)
     for (size_t n = 0; n < N; n++) {
         const float *g = gu + n * 2 * F, *u = g + F, *d = dout + n * F;
         float *dg = dgu + n * 2 * F, *du = dg + F;
         for (size_t j = 0; j < F; j++) {
-            float sg = 1.0f / (1.0f + expf(-g[j]));
-            dg[j] = d[j] * u[j] * sg * (1.0f + g[j] * (1.0f - sg));
-            du[j] = d[j] * g[j] * sg;
+            if (act == FY_GLU_SILU) {
+                float sg = 1.0f / (1.0f + expf(-g[j]));
+                dg[j] = d[j] * u[j] * sg * (1.0f + g[j] * (1.0f - sg));
+                du[j] = d[j] * g[j] * sg;
+            } else {
+                dg[j] = d[j] * u[j] * gelu_tanh_grad(g[j]);
+                du[j] = d[j] * gelu_tanh(g[j]);
+            }
         }
     }
 }
@@ -615,22 +706,39 @@ static void residual_fwd(float *out, const float *a, const float *b, size_t n) {
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
+/* Soft-capping (kernels.h): the logit the softmax sees, z = cap tanh(l / cap), or l itself
+ * with cap 0; and the gradient g of z turned into l's, g (1 - tanh^2(l / cap)). The capped
+ * logits are recomputed where needed, never stored: the kernels' inputs stay the raw
+ * logits. */
+static inline float capped(float l, float cap) { return cap > 0.0f ? cap * tanhf(l / cap) : l; }
+static inline float capped_grad(float g, float l, float cap) {
+    if (!(cap > 0.0f)) return g;
+    const float t = tanhf(l / cap);
+    return g * (1.0f - t * t);
+}
+
 static void crossentropy(float *losses, float *logits, const int32_t *targets, int N, int V,
-                         int Vp, float dloss) {
+                         int Vp, float dloss, float cap) {
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         float *x = logits + (size_t)n * Vp;
         float mx = -INFINITY;
-        for (int j = 0; j < V; j++) mx = x[j] > mx ? x[j] : mx;
+        for (int j = 0; j < V; j++) {
+            const float z = capped(x[j], cap);
+            mx = z > mx ? z : mx;
+        }
         double sum = 0.0;
-        for (int j = 0; j < V; j++) sum += exp((double)(x[j] - mx));
+        for (int j = 0; j < V; j++) sum += exp((double)(capped(x[j], cap) - mx));
         float lse = mx + (float)log(sum);
         int y = targets[n];
-        losses[n] = lse - x[y];
+        losses[n] = lse - capped(x[y], cap);
         if (dloss != 0.0f) {
             float inv = (float)(1.0 / sum);
-            for (int j = 0; j < V; j++) x[j] = expf(x[j] - mx) * inv * dloss;
-            x[y] -= dloss;
+            for (int j = 0; j < V; j++) {
+                float g = expf(capped(x[j], cap) - mx) * inv * dloss;
+                if (j == y) g -= dloss;
+                x[j] = capped_grad(g, x[j], cap);
+            }
             for (int j = V; j < Vp; j++) x[j] = 0.0f;
         }
     }
@@ -639,20 +747,23 @@ static void crossentropy(float *losses, float *logits, const int32_t *targets, i
 /* fy_k_ce_chunk_fwd: per row, the chunk's max, the running max and sum rescaled to it
  * and the chunk's exps added in column order (fp64), as crossentropy's single pass. */
 static void ce_chunk_fwd(const float *logits, const int32_t *targets, float *mx, double *sm,
-                         float *tl, float *losses, int N, int v0, int nv, int V) {
+                         float *tl, float *losses, int N, int v0, int nv, int V, float cap) {
     const int lim = V - v0 < nv ? V - v0 : nv; /* the chunk's classes */
     const bool first = v0 == 0, last = v0 + nv >= V;
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float *x = logits + (size_t)n * nv;
         float cm = -INFINITY;
-        for (int j = 0; j < lim; j++) cm = x[j] > cm ? x[j] : cm;
+        for (int j = 0; j < lim; j++) {
+            const float z = capped(x[j], cap);
+            cm = z > cm ? z : cm;
+        }
         const float m = first || cm > mx[n] ? cm : mx[n];
         double s = first ? 0.0 : sm[n] * exp((double)(mx[n] - m));
-        for (int j = 0; j < lim; j++) s += exp((double)(x[j] - m));
+        for (int j = 0; j < lim; j++) s += exp((double)(capped(x[j], cap) - m));
         const int y = targets[n] - v0;
         if (first) tl[n] = 0.0f;
-        if (y >= 0 && y < lim) tl[n] = x[y];
+        if (y >= 0 && y < lim) tl[n] = capped(x[y], cap);
         mx[n] = m;
         sm[n] = s;
         if (last) losses[n] = m + (float)log(s) - tl[n];
@@ -660,15 +771,18 @@ static void ce_chunk_fwd(const float *logits, const int32_t *targets, float *mx,
 }
 
 static void ce_chunk_bwd(float *logits, const int32_t *targets, const float *mx, const double *sm,
-                         int N, int v0, int nv, int V, float dloss) {
+                         int N, int v0, int nv, int V, float dloss, float cap) {
     const int lim = V - v0 < nv ? V - v0 : nv;
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         float *x = logits + (size_t)n * nv;
         const float m = mx[n], inv = (float)(1.0 / sm[n]);
-        for (int j = 0; j < lim; j++) x[j] = expf(x[j] - m) * inv * dloss;
         const int y = targets[n] - v0;
-        if (y >= 0 && y < lim) x[y] -= dloss;
+        for (int j = 0; j < lim; j++) {
+            float g = expf(capped(x[j], cap) - m) * inv * dloss;
+            if (j == y) g -= dloss;
+            x[j] = capped_grad(g, x[j], cap);
+        }
         for (int j = lim; j < nv; j++) x[j] = 0.0f;
     }
 }
@@ -730,10 +844,10 @@ static void adamw(const fy_op *op) {
 #define OP_I(k) (op->i[k])
 
 static void k_encoder_fwd(const fy_op *op) {
-    encoder_fwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_P(4), OP_I(0), OP_I(1), OP_I(2));
+    encoder_fwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_P(4), OP_I(0), OP_I(1), OP_I(2), op->f[0]);
 }
 static void k_encoder_bwd(const fy_op *op) {
-    encoder_bwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_P(4), OP_I(0), OP_I(1), OP_I(2));
+    encoder_bwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_P(4), OP_I(0), OP_I(1), OP_I(2), op->f[0]);
 }
 static void k_layernorm_fwd(const fy_op *op) {
     layernorm_fwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_P(4), OP_P(5), OP_I(0), OP_I(1));
@@ -742,10 +856,18 @@ static void k_layernorm_bwd(const fy_op *op) {
     layernorm_bwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_P(4), OP_P(5), OP_P(6), OP_P(7), OP_I(0), OP_I(1));
 }
 static void k_rmsnorm_fwd(const fy_op *op) {
-    rmsnorm_fwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_I(0), OP_I(1), op->f[0]);
+    rmsnorm_fwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_I(0), OP_I(1), op->f[0], op->f[1]);
 }
 static void k_rmsnorm_bwd(const fy_op *op) {
-    rmsnorm_bwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_P(4), OP_P(5), OP_I(0), OP_I(1));
+    rmsnorm_bwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_P(4), OP_P(5), OP_I(0), OP_I(1), op->f[0]);
+}
+static void k_qk_norm_fwd(const fy_op *op) {
+    qk_norm_fwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_P(4), OP_I(0), OP_I(1), OP_I(2), OP_I(3),
+                op->f[0], op->f[1]);
+}
+static void k_qk_norm_bwd(const fy_op *op) {
+    qk_norm_bwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_P(4), OP_P(5), OP_P(6), OP_P(7), OP_I(0),
+                OP_I(1), OP_I(2), OP_I(3), op->f[0]);
 }
 static void k_matmul_fwd(const fy_op *op) { matmul_fwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_I(0), OP_I(1), OP_I(2)); }
 static void k_matmul_bwd(const fy_op *op) {
@@ -759,10 +881,12 @@ static void k_matmul_bwd_dx32(const fy_op *op) {
     matmul_bwd(NULL, OP_P(1), NULL, OP_P(2), OP_P(3), OP_P(4), N, C, OC);
 }
 static void k_ce_chunk_fwd(const fy_op *op) {
-    ce_chunk_fwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_P(4), OP_P(5), OP_I(0), OP_I(1), OP_I(2), OP_I(3));
+    ce_chunk_fwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_P(4), OP_P(5), OP_I(0), OP_I(1), OP_I(2), OP_I(3),
+                 op->f[0]);
 }
 static void k_ce_chunk_bwd(const fy_op *op) {
-    ce_chunk_bwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_I(0), OP_I(1), OP_I(2), OP_I(3), op->f[0]);
+    ce_chunk_bwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_I(0), OP_I(1), OP_I(2), OP_I(3), op->f[0],
+                 op->f[1]);
 }
 static void k_add_f32(const fy_op *op) { residual_fwd(OP_P(0), OP_P(0), OP_P(1), (size_t)OP_I(0)); }
 static void k_attention_fwd(const fy_op *op) {
@@ -776,13 +900,15 @@ static void k_rope(const fy_op *op) {
 }
 static void k_gelu_fwd(const fy_op *op) { gelu_fwd(OP_P(0), OP_P(1), (size_t)OP_I(0)); }
 static void k_gelu_bwd(const fy_op *op) { gelu_bwd(OP_P(0), OP_P(1), OP_P(2), (size_t)OP_I(0)); }
-static void k_swiglu_fwd(const fy_op *op) { swiglu_fwd(OP_P(0), OP_P(1), (size_t)OP_I(0), (size_t)OP_I(1)); }
-static void k_swiglu_bwd(const fy_op *op) {
-    swiglu_bwd(OP_P(0), OP_P(1), OP_P(2), (size_t)OP_I(0), (size_t)OP_I(1));
+static void k_glu_fwd(const fy_op *op) {
+    glu_fwd(OP_P(0), OP_P(1), (size_t)OP_I(0), (size_t)OP_I(1), (int)OP_I(2));
+}
+static void k_glu_bwd(const fy_op *op) {
+    glu_bwd(OP_P(0), OP_P(1), OP_P(2), (size_t)OP_I(0), (size_t)OP_I(1), (int)OP_I(2));
 }
 static void k_residual_fwd(const fy_op *op) { residual_fwd(OP_P(0), OP_P(1), OP_P(2), (size_t)OP_I(0)); }
 static void k_crossentropy(const fy_op *op) {
-    crossentropy(OP_P(0), OP_P(1), OP_P(2), OP_I(0), OP_I(1), OP_I(2), op->f[0]);
+    crossentropy(OP_P(0), OP_P(1), OP_P(2), OP_I(0), OP_I(1), OP_I(2), op->f[0], op->f[1]);
 }
 static void k_mean(const fy_op *op) { mean(OP_P(0), OP_P(1), (size_t)OP_I(0)); }
 static void k_sumsq(const fy_op *op) { sumsq(OP_P(0), OP_P(1), (size_t)OP_I(0)); }
@@ -796,6 +922,7 @@ static const cpu_kernel kernels[FY_OP_KERNELS] = {
     [FY_OP_ENCODER_FWD] = k_encoder_fwd, [FY_OP_ENCODER_BWD] = k_encoder_bwd,
     [FY_OP_LAYERNORM_FWD] = k_layernorm_fwd, [FY_OP_LAYERNORM_BWD] = k_layernorm_bwd,
     [FY_OP_RMSNORM_FWD] = k_rmsnorm_fwd, [FY_OP_RMSNORM_BWD] = k_rmsnorm_bwd,
+    [FY_OP_QK_NORM_FWD] = k_qk_norm_fwd, [FY_OP_QK_NORM_BWD] = k_qk_norm_bwd,
     [FY_OP_MATMUL_FWD] = k_matmul_fwd, [FY_OP_MATMUL_BWD] = k_matmul_bwd,
     [FY_OP_ADD_F32] = k_add_f32,
     [FY_OP_MATMUL_BWD_DX32] = k_matmul_bwd_dx32, [FY_OP_CE_CHUNK_FWD] = k_ce_chunk_fwd,
@@ -803,7 +930,7 @@ static const cpu_kernel kernels[FY_OP_KERNELS] = {
     [FY_OP_ATTENTION_FWD] = k_attention_fwd, [FY_OP_ATTENTION_BWD] = k_attention_bwd,
     [FY_OP_ROPE] = k_rope,
     [FY_OP_GELU_FWD] = k_gelu_fwd, [FY_OP_GELU_BWD] = k_gelu_bwd,
-    [FY_OP_SWIGLU_FWD] = k_swiglu_fwd, [FY_OP_SWIGLU_BWD] = k_swiglu_bwd,
+    [FY_OP_GLU_FWD] = k_glu_fwd, [FY_OP_GLU_BWD] = k_glu_bwd,
     [FY_OP_RESIDUAL_FWD] = k_residual_fwd, [FY_OP_CROSSENTROPY] = k_crossentropy,
     [FY_OP_MEAN] = k_mean, [FY_OP_SUMSQ] = k_sumsq,
     [FY_OP_SUMSQ_PARTS] = k_sumsq_parts, [FY_OP_ADAMW] = adamw,

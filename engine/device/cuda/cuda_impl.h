@@ -51,8 +51,8 @@ typedef struct fy_cu_dev {
     void *nccl;               /* the job's ncclComm_t (cuda_nccl.c), or NULL */
 } fy_cu_dev;
 
-/* cuda_kernels.cu: the ops that are not GEMMs (encoder, layernorm, attention, rope, gelu,
- * residual, crossentropy, mean, sumsq, adamw). */
+/* cuda_kernels.cu: the ops that are not GEMMs (encoder, the norms, attention, rope, gelu
+ * and the GLUs, residual, cross-entropy, mean, sumsq, adamw). */
 void fy_cu_exec_kernel(fy_cu_stream *cs, const fy_op *op);
 /* dst (C) += column sums of x (N, C), tensors of type dt, in a fixed order. */
 void fy_cu_colsum_acc(fy_cu_stream *cs, fy_dtype dt, void *dst, const void *x, int N, int C);

@@ -21,6 +21,7 @@
 
 #include "engine/core/reduce.h"
 #include "engine/device/cuda/cuda_impl.h"
+#include "engine/device/kernels.h"
 #include "engine/device/rope.h"
 #include "optim_cpu/adam.h"
 
@@ -68,14 +69,16 @@ __device__ __forceinline__ int position_of(const int32_t *docs, int n, int T_) {
     return n % T_ - (docs ? docs[n] : 0);
 }
 
+/* out = wte[tok] * scale (+ wpe[pos]): the product rounded on its own (__fmul_rn: never
+ * fused with the sum), the cpu backend's arithmetic; scale 1 gives wte's values. */
 template <typename T>
 __global__ void encoder_fwd_k(T *out, const int32_t *tok, const T *wte, const T *wpe,
-                              const int32_t *docs, int N, int T_, int C) {
+                              const int32_t *docs, int N, int T_, int C, float scale) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)N * C) return;
     int n = (int)(idx / C), c = (int)(idx % C);
-    float pe = wpe ? to_f(wpe[(size_t)position_of(docs, n, T_) * C + c]) : 0.0f;
-    out[idx] = wpe ? from_f<T>(to_f(wte[(size_t)tok[n] * C + c]) + pe) : wte[(size_t)tok[n] * C + c];
+    const float we = __fmul_rn(to_f(wte[(size_t)tok[n] * C + c]), scale);
+    out[idx] = from_f<T>(wpe ? we + to_f(wpe[(size_t)position_of(docs, n, T_) * C + c]) : we);
 }
 
 /* dwpe (T, C): one thread per (position p, c) adds, in row order, the rows at place p of
@@ -133,14 +136,14 @@ __device__ __forceinline__ void for_partition(const int32_t *tok, int N, int P, 
  * channel) is summed by one thread in position order. */
 template <typename T>
 __global__ void encoder_bwd_wte_k(T *dwte, const T *dout, const int32_t *tok, int N, int C,
-                                  int P) {
+                                  int P, float scale) {
     int lane = threadIdx.x & 31;
     int c = (blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * 32 + lane;
     if (c - lane >= C) return; /* the whole warp leaves together */
     for_partition(tok, N, P, blockIdx.y, [&](int n, int t) {
         if (c < C) {
             size_t o = (size_t)t * C + c;
-            dwte[o] = from_f<T>(to_f(dwte[o]) + to_f(dout[(size_t)n * C + c]));
+            dwte[o] = from_f<T>(to_f(dwte[o]) + __fmul_rn(to_f(dout[(size_t)n * C + c]), scale));
         }
     });
 }
@@ -153,7 +156,7 @@ __global__ void encoder_bwd_wte_k(T *dwte, const T *dout, const int32_t *tok, in
 #define WTE_ACC_SLOTS 96 /* fp32 sums per lane: 96 x 32 x 4 B = 12 KiB a warp */
 
 __global__ void encoder_bwd_wte_acc_k(bf16 *dwte, const bf16 *dout, const int32_t *tok, int N,
-                                      int C, int V, int P) {
+                                      int C, int V, int P, float scale) {
     __shared__ float acc[WTE_ACC_WARPS][WTE_ACC_SLOTS][32];
     int lane = threadIdx.x & 31, w = threadIdx.x / 32;
     int c = (blockIdx.x * WTE_ACC_WARPS + w) * 32 + lane;
@@ -165,7 +168,7 @@ __global__ void encoder_bwd_wte_acc_k(bf16 *dwte, const bf16 *dout, const int32_
         if (t >= V) return; /* the data layer refuses such tokens; never write past acc */
         int k = t / P;
         seen[k / 32] |= 1u << (k % 32);
-        if (c < C) acc[w][k][lane] += to_f(dout[(size_t)n * C + c]);
+        if (c < C) acc[w][k][lane] += __fmul_rn(to_f(dout[(size_t)n * C + c]), scale);
     });
     if (c >= C) return;
     for (int k = 0; k < nslots; k++) {
@@ -180,7 +183,7 @@ static void encoder_fwd(cudaStream_t st, const fy_op *op) {
     int B = (int)op->i[0], T_ = (int)op->i[1], C = (int)op->i[2];
     size_t n = (size_t)B * T_ * C;
     FY_LAUNCH(grid_for(n, 256), 256, 0, st, encoder_fwd_k<T>)((T *)op->p[0], (const int32_t *)op->p[1],
-        (const T *)op->p[2], (const T *)op->p[3], (const int32_t *)op->p[4], B * T_, T_, C);
+        (const T *)op->p[2], (const T *)op->p[3], (const int32_t *)op->p[4], B * T_, T_, C, op->f[0]);
     LAUNCHED("encoder_fwd");
 }
 
@@ -198,7 +201,7 @@ static void encoder_bwd(cudaStream_t st, const fy_op *op) {
         FY_ASSERT(P >= 1 && P <= 65535, "a vocabulary the bf16 embedding scatter cannot take");
         dim3 grid((unsigned)((C + 32 * WTE_ACC_WARPS - 1) / (32 * WTE_ACC_WARPS)), (unsigned)P);
         FY_LAUNCH(grid, 32 * WTE_ACC_WARPS, 0, st, encoder_bwd_wte_acc_k)((bf16 *)op->p[0],
-            (const bf16 *)op->p[2], (const int32_t *)op->p[3], N, C, V, P);
+            (const bf16 *)op->p[2], (const int32_t *)op->p[3], N, C, V, P, op->f[0]);
         LAUNCHED("encoder_bwd (wte, bf16)");
         return;
     }
@@ -206,7 +209,7 @@ static void encoder_bwd(cudaStream_t st, const fy_op *op) {
     int P = N / 16 < 1 ? 1 : N / 16 > 512 ? 512 : N / 16; /* ~16 positions per warp */
     dim3 grid((unsigned)((C + 255) / 256), (unsigned)P);
     FY_LAUNCH(grid, 256, 0, st, encoder_bwd_wte_k<T>)((T *)op->p[0], (const T *)op->p[2],
-        (const int32_t *)op->p[3], N, C, P);
+        (const int32_t *)op->p[3], N, C, P, op->f[0]);
     LAUNCHED("encoder_bwd (wte)");
 }
 
@@ -328,33 +331,55 @@ static void layernorm_bwd(fy_cu_stream *cs, const fy_op *op) {
 
 /* ---- RMSNorm ------------------------------------------------------------------------ */
 
+/* The norm's gain w + offset (kernels.h); offset 0 keeps w's value. */
+__device__ __forceinline__ float gain(float w, float offset) { return offset != 0.0f ? w + offset : w; }
+
+/* One RMSNorm row of C channels by one warp: o = x * r * (w + offset); returns r (in every
+ * lane). RMSNorm's rows and the per-head norms' heads alike. */
 template <typename T>
-__global__ void rmsnorm_fwd_k(T *out, float *rstd, const T *inp, const T *w, int N, int C,
-                              float eps) {
-    int lane = threadIdx.x & 31, row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
-    if (row >= N) return;
-    const T *x = inp + (size_t)row * C;
+__device__ __forceinline__ float rms_row_fwd(T *o, const T *x, const T *w, int C, float eps,
+                                             float offset) {
+    const int lane = threadIdx.x & 31;
     float ss = 0.0f;
     for (int c = lane; c < C; c += 32) { float v = to_f(x[c]); ss += v * v; }
     float r = 1.0f / sqrtf(warp_sum(ss) / (float)C + eps);
-    T *o = out + (size_t)row * C;
-    for (int c = lane; c < C; c += 32) o[c] = from_f<T>(to_f(x[c]) * r * to_f(w[c]));
+    for (int c = lane; c < C; c += 32) o[c] = from_f<T>(to_f(x[c]) * r * gain(to_f(w[c]), offset));
+    return r;
+}
+
+/* One row's input gradient by one warp, g = w + offset: v = r (g d) - x r^3 mean(g d x);
+ * di += v with acc, else di = v. di may be d: a lane reads d[c] before it writes di[c],
+ * and no other lane touches c. */
+template <typename T>
+__device__ __forceinline__ void rms_row_bwd(T *di, const T *d, const T *x, const T *w, float r,
+                                            int C, float offset, bool acc) {
+    const int lane = threadIdx.x & 31;
+    float dot = 0.0f;
+    for (int c = lane; c < C; c += 32) dot += gain(to_f(w[c]), offset) * to_f(d[c]) * to_f(x[c]);
+    float k = warp_sum(dot) / (float)C * r * r * r;
+    for (int c = lane; c < C; c += 32) {
+        const float v = gain(to_f(w[c]), offset) * to_f(d[c]) * r - to_f(x[c]) * k;
+        di[c] = from_f<T>(acc ? to_f(di[c]) + v : v);
+    }
+}
+
+template <typename T>
+__global__ void rmsnorm_fwd_k(T *out, float *rstd, const T *inp, const T *w, int N, int C,
+                              float eps, float offset) {
+    int lane = threadIdx.x & 31, row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (row >= N) return;
+    float r = rms_row_fwd(out + (size_t)row * C, inp + (size_t)row * C, w, C, eps, offset);
     if (lane == 0) rstd[row] = r;
 }
 
 /* dinp accumulates, row by row (one warp each). */
 template <typename T>
 __global__ void rmsnorm_bwd_dx_k(T *dinp, const T *dout, const T *inp, const T *w,
-                                 const float *rstd, int N, int C) {
-    int lane = threadIdx.x & 31, row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+                                 const float *rstd, int N, int C, float offset) {
+    int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
     if (row >= N) return;
-    const T *x = inp + (size_t)row * C, *d = dout + (size_t)row * C;
-    float r = rstd[row], dot = 0.0f;
-    for (int c = lane; c < C; c += 32) dot += to_f(w[c]) * to_f(d[c]) * to_f(x[c]);
-    float k = warp_sum(dot) / (float)C * r * r * r;
-    T *di = dinp + (size_t)row * C;
-    for (int c = lane; c < C; c += 32)
-        di[c] = from_f<T>(to_f(di[c]) + to_f(w[c]) * to_f(d[c]) * r - to_f(x[c]) * k);
+    rms_row_bwd(dinp + (size_t)row * C, dout + (size_t)row * C, inp + (size_t)row * C, w,
+                rstd[row], C, offset, true);
 }
 
 template <typename T>
@@ -366,7 +391,7 @@ static void rmsnorm_bwd(fy_cu_stream *cs, const fy_op *op) {
     int N = (int)op->i[0], C = (int)op->i[1];
     if (N <= 0 || C <= 0) return;
     FY_LAUNCH(grid_for((size_t)N, ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, 0, st, rmsnorm_bwd_dx_k<T>)(
-        dinp, dout, inp, w, rstd, N, C);
+        dinp, dout, inp, w, rstd, N, C, op->f[0]);
     LAUNCHED("rmsnorm_bwd (dinp)");
     int rows = rows_per_chunk(N, C), R = (N + rows - 1) / rows;
     dim3 grid((unsigned)((C + 31) / 32), (unsigned)R), block(32, 8);
@@ -374,6 +399,102 @@ static void rmsnorm_bwd(fy_cu_stream *cs, const fy_op *op) {
     LAUNCHED("rmsnorm_bwd (partials)");
     FY_LAUNCH(grid_for((size_t)C, 256), 256, 0, st, colsum_finish_k<T>)(dw, cs->part, R, C, C);
     LAUNCHED("rmsnorm_bwd (dw)");
+}
+
+/* ---- per-head RMSNorm of q and k ------------------------------------------------------
+ * Packed rows (N, W), W = (NH + 2 NKV) hd: row n's head h at n W + h hd, the query heads
+ * (gain wq), the key heads (wk), the value heads (copied). One warp per (row, head). */
+
+template <typename T>
+__global__ void qk_norm_fwd_k(T *out, float *rstd, const T *inp, const T *wq, const T *wk, int N,
+                              int NH, int NKV, int hd, float eps, float offset) {
+    const int heads = NH + NKV, all = heads + NKV, lane = threadIdx.x & 31;
+    const size_t unit = (size_t)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (unit >= (size_t)N * all) return;
+    const int n = (int)(unit / all), h = (int)(unit % all);
+    const size_t off = (size_t)n * all * hd + (size_t)h * hd;
+    if (h >= heads) { /* a value head */
+        if (out != inp)
+            for (int c = lane; c < hd; c += 32) out[off + c] = inp[off + c];
+        return;
+    }
+    float r = rms_row_fwd(out + off, inp + off, h < NH ? wq : wk, hd, eps, offset);
+    if (lane == 0) rstd[(size_t)n * heads + h] = r;
+}
+
+/* dinp overwritten; value heads copied from dout (nothing to do in place). */
+template <typename T>
+__global__ void qk_norm_bwd_dx_k(T *dinp, const T *dout, const T *inp, const T *wq, const T *wk,
+                                 const float *rstd, int N, int NH, int NKV, int hd, float offset) {
+    const int heads = NH + NKV, all = heads + NKV, lane = threadIdx.x & 31;
+    const size_t unit = (size_t)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (unit >= (size_t)N * all) return;
+    const int n = (int)(unit / all), h = (int)(unit % all);
+    const size_t off = (size_t)n * all * hd + (size_t)h * hd;
+    if (h >= heads) {
+        if (dinp != dout)
+            for (int c = lane; c < hd; c += 32) dinp[off + c] = dout[off + c];
+        return;
+    }
+    rms_row_bwd(dinp + off, dout + off, inp + off, h < NH ? wq : wk, rstd[(size_t)n * heads + h],
+                hd, offset, false);
+}
+
+/* A gain's partial sums, colsum_part_k's layout (block (32, 8): 32 channels, block y a
+ * chunk of rows_per rows; the 8 row lanes added in lane order) over the R = N nh rows
+ * (n, h0 + j), n-major: part[y * hd + c] = sum of dout * inp * rstd. */
+template <typename T>
+__global__ void qk_norm_dw_part_k(float *part, const T *dout, const T *inp, const float *rstd,
+                                  int R, int nh, int h0, int heads, int W, int hd, int rows_per) {
+    __shared__ float s0[8][33];
+    int tx = threadIdx.x, ty = threadIdx.y, c = blockIdx.x * 32 + tx;
+    int lo = blockIdx.y * rows_per, hi = lo + rows_per < R ? lo + rows_per : R;
+    float a0 = 0.0f;
+    if (c < hd) {
+        for (int q = lo + ty; q < hi; q += 8) {
+            const int n = q / nh, h = h0 + q % nh;
+            const size_t at = (size_t)n * W + (size_t)h * hd + c;
+            a0 += to_f(inp[at]) * rstd[(size_t)n * heads + h] * to_f(dout[at]);
+        }
+    }
+    s0[ty][tx] = a0;
+    __syncthreads();
+    if (ty == 0 && c < hd) {
+        float t0 = 0.0f;
+        for (int k = 0; k < 8; k++) t0 += s0[k][tx];
+        part[(size_t)blockIdx.y * hd + c] = t0;
+    }
+}
+
+/* dw (hd) += the sum over the rows of heads h0..h0+nh-1, in a fixed order. */
+template <typename T>
+static void qk_norm_dw(fy_cu_stream *cs, T *dw, const T *dout, const T *inp, const float *rstd,
+                       int N, int nh, int h0, int heads, int W, int hd) {
+    const int R = N * nh, rows = rows_per_chunk(R, hd), chunks = (R + rows - 1) / rows;
+    dim3 grid((unsigned)((hd + 31) / 32), (unsigned)chunks), block(32, 8);
+    FY_LAUNCH(grid, block, 0, cs->st, qk_norm_dw_part_k<T>)(cs->part, dout, inp, rstd, R, nh, h0,
+                                                           heads, W, hd, rows);
+    LAUNCHED("qk_norm_bwd (partials)");
+    FY_LAUNCH(grid_for((size_t)hd, 256), 256, 0, cs->st, colsum_finish_k<T>)(dw, cs->part, chunks, hd, hd);
+    LAUNCHED("qk_norm_bwd (dw)");
+}
+
+/* The gains' gradients first (they read dout), then dinp, which may be dout. */
+template <typename T>
+static void qk_norm_bwd(fy_cu_stream *cs, const fy_op *op) {
+    T *dinp = (T *)op->p[0], *dwq = (T *)op->p[1], *dwk = (T *)op->p[2];
+    const T *dout = (const T *)op->p[3], *inp = (const T *)op->p[4];
+    const T *wq = (const T *)op->p[5], *wk = (const T *)op->p[6];
+    const float *rstd = (const float *)op->p[7];
+    const int N = (int)op->i[0], NH = (int)op->i[1], NKV = (int)op->i[2], hd = (int)op->i[3];
+    const int W = (NH + 2 * NKV) * hd;
+    if (N <= 0) return;
+    qk_norm_dw<T>(cs, dwq, dout, inp, rstd, N, NH, 0, NH + NKV, W, hd);
+    qk_norm_dw<T>(cs, dwk, dout, inp, rstd, N, NKV, NH, NH + NKV, W, hd);
+    const size_t units = (size_t)N * (NH + 2 * NKV);
+    FY_LAUNCH(grid_for(units, ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, 0, cs->st, qk_norm_bwd_dx_k<T>)(
+        dinp, dout, inp, wq, wk, rstd, N, NH, NKV, hd, op->f[0]);
+    LAUNCHED("qk_norm_bwd (dinp)");
 }
 
 template <typename T>
@@ -408,45 +529,58 @@ extern "C" void fy_cu_bias_fill(fy_cu_stream *cs, fy_dtype dt, void *out, const 
 
 /* ---- pointwise ---------------------------------------------------------------------- */
 
+/* GELU, tanh approximation, and its derivative: fy_k_gelu's and GeGLU's. */
+__device__ __forceinline__ float gelu_tanh(float x) {
+    return 0.5f * x * (1.0f + tanhf(GELU_K * (x + 0.044715f * x * x * x)));
+}
+__device__ __forceinline__ float gelu_tanh_grad(float x) {
+    float th = tanhf(GELU_K * (x + 0.044715f * x * x * x));
+    float sech2 = 1.0f - th * th;
+    return 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
 template <typename T>
 __global__ void gelu_fwd_k(T *out, const T *inp, size_t n) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float x = to_f(inp[i]);
-        out[i] = from_f<T>(0.5f * x * (1.0f + tanhf(GELU_K * (x + 0.044715f * x * x * x))));
-    }
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = from_f<T>(gelu_tanh(to_f(inp[i])));
 }
 
 template <typename T>
 __global__ void gelu_bwd_k(T *dinp, const T *inp, const T *dout, size_t n) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float x = to_f(inp[i]);
-        float th = tanhf(GELU_K * (x + 0.044715f * x * x * x));
-        float sech2 = 1.0f - th * th;
-        float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
-        dinp[i] = from_f<T>(grad * to_f(dout[i]));
-    }
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dinp[i] = from_f<T>(gelu_tanh_grad(to_f(inp[i])) * to_f(dout[i]));
 }
 
-/* SwiGLU over rows gu (N, 2F) = [gate | up]: out (N, F) = silu(gate) * up. */
+/* GLU over rows gu (N, 2F) = [gate | up]: out (N, F) = act(gate) * up, act silu or
+ * gelu_tanh (fy_glu_act). */
 template <typename T>
-__global__ void swiglu_fwd_k(T *out, const T *gu, size_t N, size_t F) {
+__global__ void glu_fwd_k(T *out, const T *gu, size_t N, size_t F, int act) {
     for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < N * F;
          idx += (size_t)gridDim.x * blockDim.x) {
         size_t n = idx / F, j = idx % F;
         float g = to_f(gu[n * 2 * F + j]), u = to_f(gu[n * 2 * F + F + j]);
-        out[idx] = from_f<T>(g / (1.0f + expf(-g)) * u);
+        out[idx] = from_f<T>(act == FY_GLU_SILU ? g / (1.0f + expf(-g)) * u : gelu_tanh(g) * u);
     }
 }
 
+/* dgate = dout up act'(g), dup = dout act(g). */
 template <typename T>
-__global__ void swiglu_bwd_k(T *dgu, const T *gu, const T *dout, size_t N, size_t F) {
+__global__ void glu_bwd_k(T *dgu, const T *gu, const T *dout, size_t N, size_t F, int act) {
     for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < N * F;
          idx += (size_t)gridDim.x * blockDim.x) {
         size_t n = idx / F, j = idx % F;
         float g = to_f(gu[n * 2 * F + j]), u = to_f(gu[n * 2 * F + F + j]), d = to_f(dout[idx]);
-        float sg = 1.0f / (1.0f + expf(-g));
-        dgu[n * 2 * F + j] = from_f<T>(d * u * sg * (1.0f + g * (1.0f - sg)));
-        dgu[n * 2 * F + F + j] = from_f<T>(d * g * sg);
+        float dg, du;
+        if (act == FY_GLU_SILU) {
+            float sg = 1.0f / (1.0f + expf(-g));
+            dg = d * u * sg * (1.0f + g * (1.0f - sg));
+            du = d * g * sg;
+        } else {
+            dg = d * u * gelu_tanh_grad(g);
+            du = d * gelu_tanh(g);
+        }
+        dgu[n * 2 * F + j] = from_f<T>(dg);
+        dgu[n * 2 * F + F + j] = from_f<T>(du);
     }
 }
 
@@ -519,31 +653,45 @@ static __device__ double block_sum_d(double v, double *sh) {
     return r;
 }
 
+/* Soft-capping (kernels.h): the logit the softmax sees, z = cap tanh(l / cap) (divide,
+ * tanh, multiply, each rounded: no fused product), or l with cap 0; and z's gradient g
+ * turned into l's, g (1 - tanh^2(l / cap)). */
+__device__ __forceinline__ float capped(float l, float cap) {
+    return cap > 0.0f ? __fmul_rn(cap, tanhf(__fdiv_rn(l, cap))) : l;
+}
+__device__ __forceinline__ float capped_grad(float g, float l, float cap) {
+    if (!(cap > 0.0f)) return g;
+    const float t = tanhf(__fdiv_rn(l, cap));
+    return g * (1.0f - t * t);
+}
+
 /* One block per row of Vp logits, V of them classes: losses[n] = logsumexp -
- * logit[target]; with dloss != 0 the row becomes (softmax - onehot) * dloss in place,
- * and its padding 0. Only the row's own logits are touched. */
+ * logit[target] over the capped logits; with dloss != 0 the row becomes (softmax -
+ * onehot) * dloss (times the cap's derivative) in place, and its padding 0. Only the
+ * row's own logits are touched. */
 template <typename T>
 __global__ void crossentropy_k(float *losses, T *logits, const int32_t *targets, int V, int Vp,
-                               float dloss) {
+                               float dloss, float cap) {
     __shared__ float shf[CE_THREADS / 32];
     __shared__ double shd[CE_THREADS / 32];
     int n = blockIdx.x;
     T *x = logits + (size_t)n * Vp;
     float mx = -INFINITY;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, to_f(x[j]));
+    for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, capped(to_f(x[j]), cap));
     mx = block_max(mx, shf);
     double s = 0.0;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) s += exp((double)(to_f(x[j]) - mx));
+    for (int j = threadIdx.x; j < V; j += blockDim.x) s += exp((double)(capped(to_f(x[j]), cap) - mx));
     s = block_sum_d(s, shd);
     int y = targets[n];
-    if (threadIdx.x == 0) losses[n] = mx + (float)log(s) - to_f(x[y]);
+    if (threadIdx.x == 0) losses[n] = mx + (float)log(s) - capped(to_f(x[y]), cap);
     if (dloss == 0.0f) return;
     __syncthreads(); /* x[y] is read before any thread writes */
     float inv = (float)(1.0 / s);
     for (int j = threadIdx.x; j < Vp; j += blockDim.x) {
-        float g = j < V ? expf(to_f(x[j]) - mx) * inv * dloss : 0.0f;
+        const float l = j < V ? to_f(x[j]) : 0.0f;
+        float g = j < V ? expf(capped(l, cap) - mx) * inv * dloss : 0.0f;
         if (j == y) g -= dloss;
-        x[j] = from_f<T>(g);
+        x[j] = from_f<T>(j < V ? capped_grad(g, l, cap) : 0.0f);
     }
 }
 
@@ -554,41 +702,43 @@ __global__ void crossentropy_k(float *losses, T *logits, const int32_t *targets,
  * target's logit; the chunk holding class V-1 writes the loss. */
 template <typename T>
 __global__ void ce_chunk_fwd_k(const T *logits, const int32_t *targets, float *mx, double *sm,
-                               float *tl, float *losses, int v0, int nv, int V) {
+                               float *tl, float *losses, int v0, int nv, int V, float cap) {
     __shared__ float shf[CE_THREADS / 32];
     __shared__ double shd[CE_THREADS / 32];
     const int n = blockIdx.x, lim = V - v0 < nv ? V - v0 : nv;
     const bool first = v0 == 0;
     const T *x = logits + (size_t)n * nv;
     float cm = -INFINITY;
-    for (int j = threadIdx.x; j < lim; j += blockDim.x) cm = fmaxf(cm, to_f(x[j]));
+    for (int j = threadIdx.x; j < lim; j += blockDim.x) cm = fmaxf(cm, capped(to_f(x[j]), cap));
     cm = block_max(cm, shf);
     const float m = first ? cm : fmaxf(cm, mx[n]); /* read by all before thread 0 writes */
     double s = 0.0;
-    for (int j = threadIdx.x; j < lim; j += blockDim.x) s += exp((double)(to_f(x[j]) - m));
+    for (int j = threadIdx.x; j < lim; j += blockDim.x) s += exp((double)(capped(to_f(x[j]), cap) - m));
     s = block_sum_d(s, shd);
     if (threadIdx.x != 0) return;
     if (!first) s += sm[n] * exp((double)(mx[n] - m));
     const int y = targets[n] - v0;
     float t = first ? 0.0f : tl[n];
-    if (y >= 0 && y < lim) t = to_f(x[y]);
+    if (y >= 0 && y < lim) t = capped(to_f(x[y]), cap);
     mx[n] = m;
     sm[n] = s;
     tl[n] = t;
     if (v0 + nv >= V) losses[n] = m + (float)log(s) - t;
 }
 
-/* Backward: the chunk's logits become (softmax - onehot) * dloss, the padding 0. */
+/* Backward: the chunk's logits become (softmax - onehot) * dloss (times the cap's
+ * derivative), the padding 0. */
 template <typename T>
 __global__ void ce_chunk_bwd_k(T *logits, const int32_t *targets, const float *mx,
-                               const double *sm, int v0, int nv, int V, float dloss) {
+                               const double *sm, int v0, int nv, int V, float dloss, float cap) {
     const int n = blockIdx.x, lim = V - v0 < nv ? V - v0 : nv, y = targets[n] - v0;
     const float m = mx[n], inv = (float)(1.0 / sm[n]);
     T *x = logits + (size_t)n * nv;
     for (int j = threadIdx.x; j < nv; j += blockDim.x) {
-        float g = j < lim ? expf(to_f(x[j]) - m) * inv * dloss : 0.0f;
+        const float l = j < lim ? to_f(x[j]) : 0.0f;
+        float g = j < lim ? expf(capped(l, cap) - m) * inv * dloss : 0.0f;
         if (j == y) g -= dloss;
-        x[j] = from_f<T>(g);
+        x[j] = from_f<T>(j < lim ? capped_grad(g, l, cap) : 0.0f);
     }
 }
 
@@ -720,11 +870,22 @@ static void exec_typed(fy_cu_stream *cs, const fy_op *op) {
         int N = (int)i[0], C = (int)i[1];
         if (N > 0)
             FY_LAUNCH(grid_for((size_t)N, ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, 0, st, rmsnorm_fwd_k<T>)(
-                (T *)p[0], (float *)p[1], (const T *)p[2], (const T *)p[3], N, C, op->f[0]);
+                (T *)p[0], (float *)p[1], (const T *)p[2], (const T *)p[3], N, C, op->f[0], op->f[1]);
         LAUNCHED("rmsnorm_fwd");
         break;
     }
     case FY_OP_RMSNORM_BWD: rmsnorm_bwd<T>(cs, op); break;
+    case FY_OP_QK_NORM_FWD: {
+        const int N = (int)i[0], NH = (int)i[1], NKV = (int)i[2], hd = (int)i[3];
+        const size_t units = (size_t)N * (NH + 2 * NKV);
+        if (units)
+            FY_LAUNCH(grid_for(units, ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, 0, st, qk_norm_fwd_k<T>)(
+                (T *)p[0], (float *)p[1], (const T *)p[2], (const T *)p[3], (const T *)p[4], N, NH,
+                NKV, hd, op->f[0], op->f[1]);
+        LAUNCHED("qk_norm_fwd");
+        break;
+    }
+    case FY_OP_QK_NORM_BWD: qk_norm_bwd<T>(cs, op); break;
     case FY_OP_ROPE: {
         int B = (int)i[0], T_ = (int)i[1], NH = (int)i[2], NKV = (int)i[3], hd = (int)i[4];
         size_t n = (size_t)B * T_ * (NH + NKV) * (hd / 2);
@@ -736,18 +897,20 @@ static void exec_typed(fy_cu_stream *cs, const fy_op *op) {
         break;
     }
     case FY_OP_ATTENTION_FWD: case FY_OP_ATTENTION_BWD: attention<T>(st, op); break;
-    case FY_OP_SWIGLU_FWD: {
-        size_t N = (size_t)i[0], F = (size_t)i[1];
-        if (N && F) FY_LAUNCH(pointwise_grid(N * F), 256, 0, st, swiglu_fwd_k<T>)((T *)p[0], (const T *)p[1], N, F);
-        LAUNCHED("swiglu_fwd");
-        break;
-    }
-    case FY_OP_SWIGLU_BWD: {
+    case FY_OP_GLU_FWD: {
         size_t N = (size_t)i[0], F = (size_t)i[1];
         if (N && F)
-            FY_LAUNCH(pointwise_grid(N * F), 256, 0, st, swiglu_bwd_k<T>)((T *)p[0], (const T *)p[1],
-                (const T *)p[2], N, F);
-        LAUNCHED("swiglu_bwd");
+            FY_LAUNCH(pointwise_grid(N * F), 256, 0, st, glu_fwd_k<T>)((T *)p[0], (const T *)p[1], N, F,
+                (int)i[2]);
+        LAUNCHED("glu_fwd");
+        break;
+    }
+    case FY_OP_GLU_BWD: {
+        size_t N = (size_t)i[0], F = (size_t)i[1];
+        if (N && F)
+            FY_LAUNCH(pointwise_grid(N * F), 256, 0, st, glu_bwd_k<T>)((T *)p[0], (const T *)p[1],
+                (const T *)p[2], N, F, (int)i[2]);
+        LAUNCHED("glu_bwd");
         break;
     }
     case FY_OP_GELU_FWD:
@@ -768,19 +931,19 @@ static void exec_typed(fy_cu_stream *cs, const fy_op *op) {
         break;
     case FY_OP_CROSSENTROPY:
         if (i[0]) FY_LAUNCH((unsigned)i[0], CE_THREADS, 0, st, crossentropy_k<T>)((float *)p[0], (T *)p[1],
-            (const int32_t *)p[2], (int)i[1], (int)i[2], op->f[0]);
+            (const int32_t *)p[2], (int)i[1], (int)i[2], op->f[0], op->f[1]);
         LAUNCHED("crossentropy");
         break;
     case FY_OP_CE_CHUNK_FWD:
         if (i[0]) FY_LAUNCH((unsigned)i[0], CE_THREADS, 0, st, ce_chunk_fwd_k<T>)((const T *)p[0],
             (const int32_t *)p[1], (float *)p[2], (double *)p[3], (float *)p[4], (float *)p[5],
-            (int)i[1], (int)i[2], (int)i[3]);
+            (int)i[1], (int)i[2], (int)i[3], op->f[0]);
         LAUNCHED("ce_chunk_fwd");
         break;
     case FY_OP_CE_CHUNK_BWD:
         if (i[0]) FY_LAUNCH((unsigned)i[0], CE_THREADS, 0, st, ce_chunk_bwd_k<T>)((T *)p[0],
             (const int32_t *)p[1], (const float *)p[2], (const double *)p[3], (int)i[1], (int)i[2],
-            (int)i[3], op->f[0]);
+            (int)i[3], op->f[0], op->f[1]);
         LAUNCHED("ce_chunk_bwd");
         break;
     case FY_OP_MEAN:
