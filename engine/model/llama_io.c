@@ -82,8 +82,11 @@ static fy_status read_rope(const cJSON *sc, const char *path, const char *key, i
         r->type = FY_ROPE_LONGROPE;
         FY_TRY(fy_hf_float_array(sc, path, "short_factor", pairs, r->ext));
         FY_TRY(fy_hf_float_array(sc, path, "long_factor", pairs, long_factors));
-        FY_TRY(fy_hf_float(sc, path, "attention_factor", -1.0, &v)); /* absent: from the sizes */
-        if (v > 0) r->attn_factor = (float)v;
+        const cJSON *af = cJSON_GetObjectItemCaseSensitive(sc, "attention_factor");
+        if (af && !cJSON_IsNull(af)) { /* absent: from the sizes (read_ropes) */
+            FY_TRY(fy_hf_float(sc, path, "attention_factor", 0, &v));
+            r->attn_factor = (float)v;
+        }
         return FY_OK;
     }
     fy_log_error("%s: %s type \"%s\" is not supported (ferry: default, linear, llama3%s)", path,
