@@ -467,9 +467,9 @@ static void check_matmul(fy_dtype dt, mm_shape sh, double tol) {
 
 /* The mask of an attention check (kernels.h's fy_attn) on the backend BOTH() is running:
  * its documents are that backend's copy. */
-static const fy_attn *attn_on(int window, float scale, const dual *docs) {
+static const fy_attn *attn_on(int window, float scale, float softcap, const dual *docs) {
     static fy_attn a;
-    a = (fy_attn){.window = window, .scale = scale, .docs = docs->p[g_side]};
+    a = (fy_attn){.window = window, .scale = scale, .softcap = softcap, .docs = docs->p[g_side]};
     return &a;
 }
 
@@ -480,11 +480,12 @@ typedef struct att_case {
 
 /* Attention over packed rows of NH query heads and NKV key/value heads of hd channels (NKV
  * = NH: multi-head; NKV < NH: grouped-query, each key/value head shared by NH/NKV query
- * heads whose gradient shares it sums), masked as c says. The forward's out and lse; the
- * backward from the cpu's out and lse on both sides (so it is compared on its own): dqkv,
- * and delta (fp32 whatever the storage type: rowsum(dout * out) from the same inputs). */
-static void check_attention(fy_dtype dt, att_case c, double tol_fwd, double tol_lse,
-                            double tol_bwd) {
+ * heads whose gradient shares it sums), masked as c says, its scores capped at softcap
+ * (0: none). The forward's out and lse; the backward from the cpu's out and lse on both
+ * sides (so it is compared on its own): dqkv, and delta (fp32 whatever the storage type:
+ * rowsum(dout * out) from the same inputs). */
+static void check_attention(fy_dtype dt, att_case c, float softcap, double tol_fwd,
+                            double tol_lse, double tol_bwd) {
     const int B = 2, T = c.T, NH = c.NH, NKV = c.NKV, hd = c.hd;
     const int W = (NH + 2 * NKV) * hd, Cq = NH * hd;
     const size_t nqkv = (size_t)B * T * W, nout = (size_t)B * T * Cq, nrow = (size_t)B * NH * T;
@@ -493,10 +494,11 @@ static void check_attention(fy_dtype dt, att_case c, double tol_fwd, double tol_
     dual docs = c.docs ? dput_i32(make_docs(B, T), (size_t)B * T) : (dual){0};
     dual qkv = dput(dt, hrand(nqkv, -1.5f, 1.5f), nqkv);
     dual out = dpoison(dt, nout), lse = dpoison(FY_F32, nrow);
-    BOTH(fy_k_attention_fwd(X(out), X(lse), X(qkv), B, T, NH, NKV, hd, attn_on(c.window, scale, &docs), S));
-    char what[96], shape[64];
-    snprintf(shape, sizeof shape, "T=%d NH=%d NKV=%d hd=%d w=%d%s", T, NH, NKV, hd, c.window,
-             c.docs ? " docs" : "");
+    BOTH(fy_k_attention_fwd(X(out), X(lse), X(qkv), B, T, NH, NKV, hd,
+                            attn_on(c.window, scale, softcap, &docs), S));
+    char what[112], shape[80];
+    snprintf(shape, sizeof shape, "T=%d NH=%d NKV=%d hd=%d w=%d%s cap %g", T, NH, NKV, hd,
+             c.window, c.docs ? " docs" : "", softcap);
     snprintf(what, sizeof what, "attention_fwd %s out", shape);
     expect_match(what, &out, tol_fwd);
     snprintf(what, sizeof what, "attention_fwd %s lse", shape);
@@ -505,7 +507,7 @@ static void check_attention(fy_dtype dt, att_case c, double tol_fwd, double tol_
     dual dout = dput(dt, hrand(nout, -1, 1), nout);
     dual dqkv = dpoison(dt, nqkv), delta = dpoison(FY_F32, nrow);
     BOTH(fy_k_attention_bwd(X(dqkv), X(delta), X(dout), X(qkv), X(y), X(l), B, T, NH, NKV, hd,
-                            attn_on(c.window, scale, &docs), S));
+                            attn_on(c.window, scale, softcap, &docs), S));
     snprintf(what, sizeof what, "attention_bwd %s dqkv", shape);
     expect_match(what, &dqkv, tol_bwd);
     snprintf(what, sizeof what, "attention_bwd %s delta", shape);
@@ -809,7 +811,7 @@ Test(kernels_fp32, attention) {
      * subtracts nearly equal numbers where P is flat and dQ, dK sum rows of dS that add up
      * to zero, amplifying the products' rounding a few times (measured 2e-7 to 3.5e-7);
      * delta, a sum of hd fp32 products in another order, 1e-5 */
-    for (size_t i = 0; i < NCASES(att_mha); i++) check_attention(FY_F32, att_mha[i], 1e-5, 1e-5, 2e-5);
+    for (size_t i = 0; i < NCASES(att_mha); i++) check_attention(FY_F32, att_mha[i], 0.0f, 1e-5, 1e-5, 2e-5);
 }
 
 Test(kernels_fp32, grouped_query_attention) {
@@ -817,7 +819,21 @@ Test(kernels_fp32, grouped_query_attention) {
     open_pair(FY_MATMUL_FP32, FY_F32);
     /* the bounds above: a key/value head's gradient adds its NH/NKV heads' shares in head
      * order on both backends */
-    for (size_t i = 0; i < NCASES(att_gqa); i++) check_attention(FY_F32, att_gqa[i], 1e-5, 1e-5, 2e-5);
+    for (size_t i = 0; i < NCASES(att_gqa); i++) check_attention(FY_F32, att_gqa[i], 0.0f, 1e-5, 1e-5, 2e-5);
+}
+
+/* Gemma 2's soft cap on the attention scores: the cases of both lists (masks, documents,
+ * groups, head sizes) with a cap of 1.5, which bends the scores of these inputs (q.k /
+ * sqrt(hd) of rms 0.75, the largest ~3.4, where the tanh's slope is 0.04); a cap of 50,
+ * Gemma 2's, would leave them almost straight. */
+Test(kernels_fp32, attention_softcap) {
+    need_kernels();
+    open_pair(FY_MATMUL_FP32, FY_F32);
+    /* the bounds of the uncapped attention: both backends compute cap tanhf(s / cap) (a
+     * few ulps apart) and the derivative 1 - tanh^2 (the cpu from its tanh, the cuda from
+     * the capped score: an ulp apart); measured <= 2.9e-7 (dqkv) */
+    for (size_t i = 0; i < NCASES(att_mha); i++) check_attention(FY_F32, att_mha[i], 1.5f, 1e-5, 1e-5, 2e-5);
+    for (size_t i = 0; i < NCASES(att_gqa); i++) check_attention(FY_F32, att_gqa[i], 1.5f, 1e-5, 1e-5, 2e-5);
 }
 
 Test(kernels_fp32, gelu) {
@@ -934,15 +950,23 @@ Test(kernels_bf16, attention) {
      * out, about sqrt(4) x 1.1e-3 = 2.2e-3 for dqkv, as measured; 1e-2 leaves a factor 4.
      * lse and delta are fp32 from the same bf16 inputs: products exact, sums in another
      * order (measured ~4e-8): 1e-5 as fp32's. */
-    for (size_t i = 0; i < NCASES(att_mha); i++) check_attention(FY_BF16, att_mha[i], BF16_TOL, 1e-5, BF16_TOL);
+    for (size_t i = 0; i < NCASES(att_mha); i++) check_attention(FY_BF16, att_mha[i], 0.0f, BF16_TOL, 1e-5, BF16_TOL);
     /* Gemma's head size (bf16 only: fp32 tiles of 256 channels do not fit) */
-    check_attention(FY_BF16, (att_case){40, 2, 1, 256, 0, true}, BF16_TOL, 1e-5, BF16_TOL);
+    check_attention(FY_BF16, (att_case){40, 2, 1, 256, 0, true}, 0.0f, BF16_TOL, 1e-5, BF16_TOL);
+}
+
+Test(kernels_bf16, attention_softcap) {
+    need_kernels();
+    open_pair(FY_MATMUL_AUTO, FY_BF16);
+    /* the bounds of the uncapped bf16 attention (the cap adds fp32 work only) */
+    for (size_t i = 0; i < NCASES(att_gqa); i++) check_attention(FY_BF16, att_gqa[i], 1.5f, BF16_TOL, 1e-5, BF16_TOL);
+    check_attention(FY_BF16, (att_case){40, 2, 1, 256, 0, true}, 1.5f, BF16_TOL, 1e-5, BF16_TOL);
 }
 
 Test(kernels_bf16, grouped_query_attention) {
     need_kernels();
     open_pair(FY_MATMUL_AUTO, FY_BF16);
-    for (size_t i = 0; i < NCASES(att_gqa); i++) check_attention(FY_BF16, att_gqa[i], BF16_TOL, 1e-5, BF16_TOL);
+    for (size_t i = 0; i < NCASES(att_gqa); i++) check_attention(FY_BF16, att_gqa[i], 0.0f, BF16_TOL, 1e-5, BF16_TOL);
 }
 
 Test(kernels_bf16, gelu_and_residual) {

@@ -3,6 +3,8 @@
  * unpacking side is the backend's (cpu/cpu_kernels.c, cuda/). */
 #include "engine/device/kernels.h"
 
+#include <math.h>
+
 #include "engine/device/device_impl.h"
 
 /* The tensor, integer and float arguments as arrays with their counts. */
@@ -84,13 +86,14 @@ int fy_attn_max_head(fy_dev_kind kind, fy_dtype dt) {
 static void attn_check(int NH, int NKV, int hd, const fy_attn *a) {
     FY_ASSERT(NKV > 0 && NH % NKV == 0, "attention: key/value heads must divide the heads");
     FY_ASSERT(hd > 0 && a->window >= 0, "attention: a positive head size, a window of >= 0");
+    FY_ASSERT(a->softcap >= 0.0f && isfinite(a->softcap), "attention: a soft cap of 0 (none) or more");
 }
 
 void fy_k_attention_fwd(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV,
                         int hd, const fy_attn *a, fy_stream *s) {
     attn_check(NH, NKV, hd, a);
     launch(s, FY_OP_ATTENTION_FWD, PTRS(out, lse, P(qkv), P(a->docs)),
-           INTS(B, T, NH, NKV, hd, a->window), FLTS(a->scale));
+           INTS(B, T, NH, NKV, hd, a->window), FLTS(a->scale, a->softcap));
 }
 
 void fy_k_attention_bwd(float *dqkv, float *delta, const float *dout, const float *qkv,
@@ -98,7 +101,7 @@ void fy_k_attention_bwd(float *dqkv, float *delta, const float *dout, const floa
                         int hd, const fy_attn *a, fy_stream *s) {
     attn_check(NH, NKV, hd, a);
     launch(s, FY_OP_ATTENTION_BWD, PTRS(dqkv, delta, P(dout), P(qkv), P(out), P(lse), P(a->docs)),
-           INTS(B, T, NH, NKV, hd, a->window), FLTS(a->scale));
+           INTS(B, T, NH, NKV, hd, a->window), FLTS(a->scale, a->softcap));
 }
 
 void fy_k_rope(float *qkv, const int32_t *docs, int B, int T, int NH, int NKV, int hd,

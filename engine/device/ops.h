@@ -58,9 +58,9 @@
       A(dinp, INOUT, F32, NC) A(dw, INOUT, S, OCC) A(dout, IN, S, NOC) A(inp, IN, S, NC)         \
       A(w, IN, S, OCC))                                                                        \
     X(ADD_F32, 1, 0, A(dst, INOUT, S, N0) A(src, IN, F32, N0))                                 \
-    X(ATTENTION_FWD, 6, 1, /* i: B, T, NH, NKV, hd, window; f: scale */                        \
+    X(ATTENTION_FWD, 6, 2, /* i: B, T, NH, NKV, hd, window; f: scale, softcap */               \
       A(out, OUT, S, BTQ) A(lse, OUT, F32, BHT) A(qkv, IN, S, QKV) AO(docs, IN, I32, BT))        \
-    X(ATTENTION_BWD, 6, 1,                                                                     \
+    X(ATTENTION_BWD, 6, 2,                                                                     \
       A(dqkv, OUT, S, QKV) A(delta, OUT, F32, BHT) A(dout, IN, S, BTQ) A(qkv, IN, S, QKV)        \
       A(out, IN, S, BTQ) A(lse, IN, F32, BHT) AO(docs, IN, I32, BT))                             \
     X(ROPE, 7, 5, /* i: B, T, NH, NKV, hd, inverse, type; f: rope.h's parameters */            \
