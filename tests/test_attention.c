@@ -171,7 +171,8 @@ Test(attn_docs, learned_positions_restart_per_document) {
  * the forward and the inverse are the document's own, bit for bit. */
 Test(attn_docs, rope_restarts_per_document) {
     enum { NH = 4, NKV = 2, hd = 8, W = (NH + 2 * NKV) * hd };
-    const fy_rope rp = {FY_ROPE_LLAMA3, 500000.0f, 8.0f, 1.0f, 4.0f, 8.0f};
+    const fy_rope rp = {.type = FY_ROPE_LLAMA3, .theta = 500000.0f, .factor = 8.0f,
+                        .low_freq_factor = 1.0f, .high_freq_factor = 4.0f, .orig_max_pos = 8.0f};
     rng r = {0x20be};
     const int32_t *docs = docs_from_lengths(PB, PT, pack_lens);
     float *x = hrand(&r, PB * PT * W, -2, 2);

@@ -517,12 +517,19 @@ static void check_attention(fy_dtype dt, att_case c, float softcap, double tol_f
 /* The rope parameters checked: Llama 2's (none), position interpolation, and Llama 3.1's
  * (theta 500000: with hd = 16 the pairs' wavelengths run from 6 to 6e5 positions, so
  * pairs below high_w = 2048 (kept), between the bounds (blended) and above low_w = 8192
- * (divided by the factor) all occur; with hd = 64 several pairs fall in each range). */
-static const struct { const char *name; fy_rope rope; } ropes[] = {
-    {"default", {.type = FY_ROPE_DEFAULT, .theta = 10000.0f}},
-    {"linear", {.type = FY_ROPE_LINEAR, .theta = 10000.0f, .factor = 4.0f}},
+ * (divided by the factor) all occur; with hd = 64 several pairs fall in each range);
+ * Phi-3's longrope (per-pair factors: check_rope sets ext[j] = 1 + j/4) with its attention
+ * factor, on all channels and (partial) on 3/4 of them as Phi-4-mini, and llama3 on 3/4. */
+static const struct { const char *name; fy_rope rope; bool partial; } ropes[] = {
+    {"default", {.type = FY_ROPE_DEFAULT, .theta = 10000.0f}, false},
+    {"linear", {.type = FY_ROPE_LINEAR, .theta = 10000.0f, .factor = 4.0f}, false},
     {"llama3", {.type = FY_ROPE_LLAMA3, .theta = 500000.0f, .factor = 8.0f,
-                .low_freq_factor = 1.0f, .high_freq_factor = 4.0f, .orig_max_pos = 8192.0f}},
+                .low_freq_factor = 1.0f, .high_freq_factor = 4.0f, .orig_max_pos = 8192.0f}, false},
+    {"llama3 partial", {.type = FY_ROPE_LLAMA3, .theta = 500000.0f, .factor = 8.0f,
+                        .low_freq_factor = 1.0f, .high_freq_factor = 4.0f,
+                        .orig_max_pos = 8192.0f}, true},
+    {"longrope", {.type = FY_ROPE_LONGROPE, .theta = 10000.0f, .attn_factor = 1.19f}, false},
+    {"longrope partial", {.type = FY_ROPE_LONGROPE, .theta = 10000.0f, .attn_factor = 1.19f}, true},
 };
 enum { NROPES = sizeof ropes / sizeof ropes[0] };
 
@@ -530,11 +537,16 @@ enum { NROPES = sizeof ropes / sizeof ropes[0] };
  * parameters ropes[r]. T = 72 positions in each of 2 sequences: the angles t * inv_freq
  * grow to ~70 radians on the fastest pairs, and the position restarts at each sequence
  * (and, with_docs, at each packed document). tol bounds every comparison but the value
- * heads, which must keep their bits. */
+ * heads and the channels past rot_dim, which must keep their bits. */
 static void check_rope(fy_dtype dt, int r, int NH, int NKV, int hd, bool with_docs, double tol) {
     const int B = 2, T = 72, W = (NH + 2 * NKV) * hd, V0 = (NH + NKV) * hd;
     const size_t n = (size_t)B * T * W;
-    const fy_rope *rope = &ropes[r].rope;
+    fy_rope rp = ropes[r].rope;
+    if (ropes[r].partial) rp.rot_dim = hd * 3 / 4;
+    const int d = rp.rot_dim ? rp.rot_dim : hd;
+    for (int j = 0; j < d / 2; j++) rp.ext[j] = 1.0f + 0.25f * (float)j;
+    const fy_rope *rope = &rp;
+    const double f = rp.attn_factor != 0.0f ? rp.attn_factor : 1.0;
     seed(131 + 8 * (uint64_t)r + (uint64_t)NKV);
     dual docs = with_docs ? dput_i32(make_docs(B, T), (size_t)B * T) : (dual){0};
     float *h = hrand(n, -2, 2);
@@ -552,16 +564,20 @@ static void check_rope(fy_dtype dt, int r, int NH, int NKV, int hd, bool with_do
         const float *y = dget(&fwd, side);
         size_t bad = n;
         for (size_t i = 0; i < n && bad == n; i++)
-            if ((int)(i % W) >= V0 && memcmp(&y[i], &h[i], 4)) bad = i;
-        cr_expect(bad == n, "rope %s on %s changed value channel [%zu]: %.9g -> %.9g",
+            if (((int)(i % W) >= V0 || (int)(i % W) % hd >= d) && memcmp(&y[i], &h[i], 4)) bad = i;
+        cr_expect(bad == n, "rope %s on %s changed unrotated channel [%zu]: %.9g -> %.9g",
                   ropes[r].name, side == GPU ? "cuda" : "cpu", bad, bad < n ? h[bad] : 0.0f,
                   bad < n ? y[bad] : 0.0f);
     }
-    /* the inverse undoes the forward (rotations are orthogonal): within fp32 rounding of
-     * the two rotations (~2e-7), or two bf16 roundings of the outputs (~2e-3) */
+    /* the transpose after the forward is f^2 times the input on the rotated channels (the
+     * input elsewhere): within fp32 rounding of the two rotations (~2e-7), or two bf16
+     * roundings of the outputs (~2e-3) */
     BOTH(fy_k_rope(X(fwd), X(docs), B, T, NH, NKV, hd, true, rope, S));
-    double e = rel_err(dget(&fwd, GPU), h, n);
-    cr_expect(e <= tol, "rope %s: cuda's inverse of its forward is %.3g from the input",
+    float *want = hnewf(n);
+    for (size_t i = 0; i < n; i++)
+        want[i] = (int)(i % W) < V0 && (int)(i % W) % hd < d ? (float)(f * f * h[i]) : h[i];
+    double e = rel_err(dget(&fwd, GPU), want, n);
+    cr_expect(e <= tol, "rope %s: cuda's transpose of its forward is %.3g from f^2 x",
               ropes[r].name, e);
 }
 

@@ -132,8 +132,10 @@ void fy_k_attention_bwd(float *dqkv, float *delta, const float *dout, const floa
 
 /* Rotary position embeddings (rope.h) on the query and key heads of packed rows qkv
  * (B,T,W) as fy_k_attention_fwd's, in place, at position t - docs[b,t] (docs may be NULL:
- * t); inverse: the opposite rotation (the backward: rotations are orthogonal). The value
- * heads are left alone. */
+ * t), on the first rope->rot_dim channels of each head (0: all hd; even, at most hd);
+ * inverse: the transpose, the backward (the opposite rotation times the same attention
+ * factor: the inverse only when the factor is 1). The value heads and the channels past
+ * rot_dim are left alone. */
 void fy_k_rope(float *qkv, const int32_t *docs, int B, int T, int NH, int NKV, int hd,
                bool inverse, const fy_rope *rope, fy_stream *s);
 

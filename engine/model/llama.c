@@ -13,8 +13,9 @@
 #include "engine/model/lm_head.h"
 #include "engine/model/model_impl.h"
 
-#define ROPE_NONE(theta) {FY_ROPE_DEFAULT, theta, 0, 0, 0, 0}
-#define ROPE_L3(factor) {FY_ROPE_LLAMA3, 500000.0f, factor, 1.0f, 4.0f, 8192.0f}
+#define ROPE_NONE(base) {.type = FY_ROPE_DEFAULT, .theta = base}
+#define ROPE_L3(scale) {.type = FY_ROPE_LLAMA3, .theta = 500000.0f, .factor = scale, \
+    .low_freq_factor = 1.0f, .high_freq_factor = 4.0f, .orig_max_pos = 8192.0f}
 
 /* The published shapes (Hugging Face's config.json of each; Llama 3 8B and 70B as 3.1,
  * whose rope scaling reaches 131072 positions). */

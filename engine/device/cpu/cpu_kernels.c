@@ -548,20 +548,22 @@ static void attention_bwd(float *dqkv, float *delta, const float *dout, const fl
     free(part);
 }
 
-/* Rotary embeddings on the query and key heads of packed rows (rope.h), in place; the
- * inverse rotation (the transpose: the backward) with inverse != 0, at each row's place in
- * its document (kernels.h). Angles for the T positions are tabulated once per call. */
+/* Rotary embeddings on the query and key heads of packed rows (rope.h), in place, on the
+ * first r->rot_dim channels of each head (resolved: fy_op_rope); the transpose (the
+ * backward) with inverse != 0, at each row's place in its document (kernels.h). The
+ * factors f cos and f sin for the T positions are tabulated once per call. */
 static void rope(float *qkv, const int32_t *docs, int B, int T, int NH, int NKV, int hd,
-                 bool inverse, int type, const float *f) {
-    const int half = hd / 2, W = (NH + 2 * NKV) * hd, heads = NH + NKV;
+                 bool inverse, const fy_rope *r) {
+    const int half = r->rot_dim / 2, W = (NH + 2 * NKV) * hd, heads = NH + NKV;
+    const double af = r->attn_factor;
     float *cs = malloc((size_t)T * half * 2 * sizeof *cs);
-    FY_ASSERT(cs, "out of host memory for rope's angles");
+    FY_ASSERT(cs || T * half == 0, "out of host memory for rope's angles");
     for (int j = 0; j < half; j++) {
-        double inv = fy_rope_inv_freq(j, hd, type, f[0], f[1], f[2], f[3], f[4]);
+        double inv = fy_rope_inv_freq(r, j, r->rot_dim);
         for (int t = 0; t < T; t++) {
             double a = (double)t * inv;
-            cs[((size_t)t * half + j) * 2] = (float)cos(a);
-            cs[((size_t)t * half + j) * 2 + 1] = (float)(inverse ? -sin(a) : sin(a));
+            cs[((size_t)t * half + j) * 2] = (float)(cos(a) * af);
+            cs[((size_t)t * half + j) * 2 + 1] = (float)((inverse ? -sin(a) : sin(a)) * af);
         }
     }
     #pragma omp parallel for schedule(static)
@@ -789,7 +791,8 @@ static void k_attention_bwd(const fy_op *op) {
     attention_bwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_P(4), OP_P(5), att_dims_of(op, 6));
 }
 static void k_rope(const fy_op *op) {
-    rope(OP_P(0), OP_P(1), OP_I(0), OP_I(1), OP_I(2), OP_I(3), OP_I(4), OP_I(5) != 0, OP_I(6), op->f);
+    const fy_rope r = fy_op_rope(op);
+    rope(OP_P(0), OP_P(1), OP_I(0), OP_I(1), OP_I(2), OP_I(3), OP_I(4), OP_I(5) != 0, &r);
 }
 static void k_gelu_fwd(const fy_op *op) { gelu_fwd(OP_P(0), OP_P(1), (size_t)OP_I(0)); }
 static void k_gelu_bwd(const fy_op *op) { gelu_bwd(OP_P(0), OP_P(1), OP_P(2), (size_t)OP_I(0)); }
