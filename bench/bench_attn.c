@@ -318,7 +318,7 @@ static int run_case(fy_dev *dev, fy_stream *s, const bench_case *c, const bench_
                  nout = (size_t)c->B * c->T * c->NH * c->hd, nrow = (size_t)c->B * c->NH * c->T,
                  ntt = nrow * (size_t)c->T;
     run r = {.s = s, .B = c->B, .T = c->T, .NH = c->NH, .NKV = c->NKV, .hd = c->hd,
-             .a = {0, 1.0f / sqrtf((float)c->hd), NULL},
+             .a = {.scale = 1.0f / sqrtf((float)c->hd)},
              .rd = {c->B, c->T, c->NH, c->NKV, c->hd, c->NH / c->NKV, (int)W, 1.0f / sqrtf((float)c->hd)}};
     int rc = 1;
     printf("\n== %s: B=%d T=%d NH=%d NKV=%d hd=%d (%s)\n", c->name, c->B, c->T, c->NH, c->NKV,

@@ -61,8 +61,8 @@ typedef struct attn_res { float *out, *lse, *dqkv; } attn_res;
  * storage type is bf16 when bf16 (then qkv and dout must be bf16 values). docs (B,T) on
  * the host or NULL. Device buffers are released before returning. */
 static attn_res attn_run(fy_dev *d, fy_stream *s, bool bf16, const attn_shape *sh,
-                         int window, float scale, const int32_t *docs, const float *qkv,
-                         const float *dout) {
+                         int window, float scale, float softcap, const int32_t *docs,
+                         const float *qkv, const float *dout) {
     const size_t nq = shape_nqkv(sh), no = shape_nout(sh), nl = shape_nlse(sh);
     const size_t es = bf16 ? 2 : 4, nd = (size_t)sh->B * sh->T;
     void *d_qkv, *d_dout, *d_out, *d_lse, *d_dqkv, *d_delta, *d_docs = NULL;
@@ -86,7 +86,7 @@ static attn_res attn_run(fy_dev *d, fy_stream *s, bool bf16, const attn_shape *s
         cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, nd * 4, "docs", &d_docs), FY_OK);
         fy_copy_async(s, d_docs, docs, nd * 4, FY_H2D);
     }
-    const fy_attn a = {.window = window, .scale = scale, .docs = d_docs};
+    const fy_attn a = {.window = window, .scale = scale, .softcap = softcap, .docs = d_docs};
     fy_k_attention_fwd(d_out, d_lse, d_qkv, sh->B, sh->T, sh->NH, sh->NKV, sh->hd, &a, s);
     fy_k_attention_bwd(d_dqkv, d_delta, d_dout, d_qkv, d_out, d_lse, sh->B, sh->T, sh->NH, sh->NKV,
                        sh->hd, &a, s);
@@ -171,7 +171,8 @@ Test(attn_docs, learned_positions_restart_per_document) {
  * the forward and the inverse are the document's own, bit for bit. */
 Test(attn_docs, rope_restarts_per_document) {
     enum { NH = 4, NKV = 2, hd = 8, W = (NH + 2 * NKV) * hd };
-    const fy_rope rp = {FY_ROPE_LLAMA3, 500000.0f, 8.0f, 1.0f, 4.0f, 8.0f};
+    const fy_rope rp = {.type = FY_ROPE_LLAMA3, .theta = 500000.0f, .factor = 8.0f,
+                        .low_freq_factor = 1.0f, .high_freq_factor = 4.0f, .orig_max_pos = 8.0f};
     rng r = {0x20be};
     const int32_t *docs = docs_from_lengths(PB, PT, pack_lens);
     float *x = hrand(&r, PB * PT * W, -2, 2);
@@ -220,14 +221,14 @@ Test(attn_docs, attention_over_packed_documents_is_each_document_alone) {
     rng r = {0xa77d};
     const int32_t *docs = docs_from_lengths(sh.B, sh.T, lens);
     float *qkv = hrand(&r, shape_nqkv(&sh), -2, 2), *dout = hrand(&r, shape_nout(&sh), -1, 1);
-    attn_res p = attn_run(g_dev, g_s, false, &sh, 0, scale, docs, qkv, dout);
+    attn_res p = attn_run(g_dev, g_s, false, &sh, 0, scale, 0, docs, qkv, dout);
     double worst_out = 0, worst_lse = 0, worst_g = 0;
     for (int b = 0; b < sh.B; b++)
         for (int i = 0, t0 = 0; lens[b][i]; t0 += lens[b][i++]) {
             const int n = lens[b][i];
             const attn_shape one = {1, n, sh.NH, sh.NKV, sh.hd};
             const float *qkv1 = rows_of(qkv, sh.T, W, b, t0, n);
-            attn_res a = attn_run(g_dev, g_s, false, &one, 0, scale, NULL, qkv1,
+            attn_res a = attn_run(g_dev, g_s, false, &one, 0, scale, 0, NULL, qkv1,
                                   rows_of(dout, sh.T, Cq, b, t0, n));
             worst_out = fmax(worst_out, max_diff(a.out, p.out + ((size_t)b * sh.T + t0) * Cq,
                                                  (size_t)n * Cq));
@@ -298,7 +299,7 @@ static void check_window_host(int window, const int lens[][8], uint64_t seed) {
     rng r = {seed};
     const int32_t *docs = lens ? docs_from_lengths(sh.B, sh.T, lens) : NULL;
     float *qkv = hrand(&r, shape_nqkv(&sh), -1.5f, 1.5f), *dout = hrand(&r, shape_nout(&sh), -1, 1);
-    attn_res g = attn_run(g_dev, g_s, false, &sh, window, scale, docs, qkv, dout);
+    attn_res g = attn_run(g_dev, g_s, false, &sh, window, scale, 0, docs, qkv, dout);
     double *out = malloc(sizeof(double) * shape_nout(&sh));
     double *lse = malloc(sizeof(double) * shape_nlse(&sh));
     cr_assert(out && lse);
@@ -336,10 +337,10 @@ Test(attn_docs, window_of_T_or_more_is_no_window_bit_for_bit) {
     float *qkv = hrand(&r, shape_nqkv(&sh), -2, 2), *dout = hrand(&r, shape_nout(&sh), -1, 1);
     for (int with_docs = 0; with_docs < 2; with_docs++) {
         const int32_t *docs = with_docs ? docs_from_lengths(sh.B, sh.T, lens) : NULL;
-        attn_res none = attn_run(g_dev, g_s, false, &sh, 0, 0.25f, docs, qkv, dout);
+        attn_res none = attn_run(g_dev, g_s, false, &sh, 0, 0.25f, 0, docs, qkv, dout);
         const int windows[] = {sh.T, sh.T + 1, 1 << 20};
         for (int i = 0; i < 3; i++) {
-            attn_res w = attn_run(g_dev, g_s, false, &sh, windows[i], 0.25f, docs, qkv, dout);
+            attn_res w = attn_run(g_dev, g_s, false, &sh, windows[i], 0.25f, 0, docs, qkv, dout);
             char what[80];
             snprintf(what, sizeof what, "window %d%s: out", windows[i], with_docs ? ", docs" : "");
             expect_same_bits(what, w.out, none.out, shape_nout(&sh) * sizeof(float));
@@ -365,16 +366,18 @@ Test(attn_docs, same_bits_with_one_and_two_threads) {
     fy_dev *d1 = open_dev(0, 0, 1);
     fy_stream *s1;
     cr_assert_eq(fy_stream_new(d1, "one thread", &s1), FY_OK);
-    const int windows[] = {0, 100};
-    for (int i = 0; i < 2; i++) {
-        attn_res two = attn_run(g_dev, g_s, false, &sh, windows[i], 0.25f, docs, qkv, dout);
-        attn_res one = attn_run(d1, s1, false, &sh, windows[i], 0.25f, docs, qkv, dout);
+    /* the last with a soft cap: scores up to 16 * 2^2 / 4 = 16 bent by a cap of 2 */
+    const int windows[] = {0, 100, 100};
+    const float caps[] = {0.0f, 0.0f, 2.0f};
+    for (int i = 0; i < 3; i++) {
+        attn_res two = attn_run(g_dev, g_s, false, &sh, windows[i], 0.25f, caps[i], docs, qkv, dout);
+        attn_res one = attn_run(d1, s1, false, &sh, windows[i], 0.25f, caps[i], docs, qkv, dout);
         char what[64];
-        snprintf(what, sizeof what, "window %d: out, 1 vs 2 threads", windows[i]);
+        snprintf(what, sizeof what, "window %d cap %g: out, 1 vs 2 threads", windows[i], caps[i]);
         expect_same_bits(what, one.out, two.out, shape_nout(&sh) * sizeof(float));
-        snprintf(what, sizeof what, "window %d: lse, 1 vs 2 threads", windows[i]);
+        snprintf(what, sizeof what, "window %d cap %g: lse, 1 vs 2 threads", windows[i], caps[i]);
         expect_same_bits(what, one.lse, two.lse, shape_nlse(&sh) * sizeof(float));
-        snprintf(what, sizeof what, "window %d: dqkv, 1 vs 2 threads", windows[i]);
+        snprintf(what, sizeof what, "window %d cap %g: dqkv, 1 vs 2 threads", windows[i], caps[i]);
         expect_same_bits(what, one.dqkv, two.dqkv, shape_nqkv(&sh) * sizeof(float));
     }
     fy_stream_free(s1);
@@ -384,7 +387,8 @@ Test(attn_docs, same_bits_with_one_and_two_threads) {
 /* ---- against the float64 PyTorch reference (tests/ref/gen_attn_ref.py) ------------------ */
 
 /* The script's cases (its CASES, in the same words): document lengths per sequence,
- * 0-terminated, none for one document a sequence. */
+ * 0-terminated, none for one document a sequence; the scale is 1/sqrt(hd) times scale_mul,
+ * and softcap 0 is none. */
 typedef struct attn_case {
     const char *name;
     attn_shape sh;
@@ -392,18 +396,20 @@ typedef struct attn_case {
     int lens[2][8];
     bool bf16;
     uint32_t seed;
+    float scale_mul, softcap;
 } attn_case;
 
 static const attn_case attn_cases[] = {
-    {"causal_4096", {1, 4096, 4, 2, 32}, 0, {{0}}, false, 4096},
-    {"window", {2, 1000, 8, 2, 32}, 300, {{0}}, false, 300},
+    {"causal_4096", {1, 4096, 4, 2, 32}, 0, {{0}}, false, 4096, 1, 0},
+    {"window", {2, 1000, 8, 2, 32}, 300, {{0}}, false, 300, 1, 0},
     {"docs", {2, 1024, 4, 2, 64}, 0, {{1, 200, 64, 128, 77, 300, 254}, {500, 1, 1, 130, 392}},
-     false, 1024},
+     false, 1024, 1, 0},
     {"window_docs_4096", {2, 4096, 4, 2, 32}, 512,
-     {{700, 1, 1500, 63, 129, 1703}, {128, 3000, 968}}, false, 512},
+     {{700, 1, 1500, 63, 129, 1703}, {128, 3000, 968}}, false, 512, 1, 0},
     {"window_docs_4096_bf16", {2, 4096, 4, 2, 32}, 512,
-     {{700, 1, 1500, 63, 129, 1703}, {128, 3000, 968}}, true, 513},
-    {"causal_mqa_bf16", {2, 777, 4, 1, 32}, 0, {{0}}, true, 777},
+     {{700, 1, 1500, 63, 129, 1703}, {128, 3000, 968}}, true, 513, 1, 0},
+    {"causal_mqa_bf16", {2, 777, 4, 1, 32}, 0, {{0}}, true, 777, 1, 0},
+    {"softcap", {2, 1000, 8, 2, 32}, 300, {{0}}, false, 50, 16.0f, 50.0f},
 };
 
 #define ATTN_MAGIC 0x54415946u /* "FYAT" */
@@ -453,9 +459,19 @@ typedef struct attn_tol { double norm, rel, abs_rms, abs; } attn_tol;
  * not the element itself (a sum that cancels to ~0 keeps its terms' rounding), hence a
  * part in units of the tensor's rms: measured <= 7.4e-6 rms past 1e-5 |ref|; 5e-5 rms.
  * lse = max + log of an fp32 sum of <= 4096 terms <= 1 (the sum's relative error becomes
- * lse's absolute one): measured <= 1e-6 absolute; 1e-5. */
+ * lse's absolute one): measured <= 1e-6 absolute; 1e-5.
+ * With Gemma 2's soft cap of 50 (the softcap case: scale 16 / sqrt(hd), raw scores of rms
+ * 21 up to 98, a quarter past 25 and 2% past the cap) the capped scores near 50 carry
+ * absolute errors of a few of their ulps (3.8e-6) from tanhf and the products, which the
+ * exponentials turn into relative errors of the probabilities, and dS is scaled by the
+ * tanh's slope (down to 0.07) from scores of that error: measured norm-wise 9.4e-7 (out),
+ * 1.4e-6 to 2e-6 (dq, dk, dv), per element <= 1.3e-5 rms: fp32's bounds. lse, now ~50
+ * (an ulp 3.8e-6), is off by up to 7.5e-6, two ulps: bound 1e-5 plus 4 ulps, 5e-7 |lse|. */
 static const attn_tol tol_f32[5] = {
     {1e-5, 1e-5, 5e-5, 0}, {1e-5, 0, 0, 1e-5}, {1e-5, 1e-5, 5e-5, 0}, {1e-5, 1e-5, 5e-5, 0},
+    {1e-5, 1e-5, 5e-5, 0}};
+static const attn_tol tol_cap[5] = {
+    {1e-5, 1e-5, 5e-5, 0}, {1e-5, 5e-7, 0, 1e-5}, {1e-5, 1e-5, 5e-5, 0}, {1e-5, 1e-5, 5e-5, 0},
     {1e-5, 1e-5, 5e-5, 0}};
 /* bf16 storage: the inputs are exact bf16 values, the arithmetic fp32, each output
  * rounded once. out and dv: their fp32 result rounded, so within U_BF16 of it per element
@@ -516,20 +532,21 @@ static void check_case(const attn_case *c) {
     const attn_shape *sh = &c->sh;
     const int T = sh->T, W = (sh->NH + 2 * sh->NKV) * sh->hd, Cq = sh->NH * sh->hd;
     const int Ck = sh->NKV * sh->hd;
-    const float scale = 1.0f / sqrtf((float)sh->hd);
+    const float scale = 1.0f / sqrtf((float)sh->hd) * c->scale_mul;
     const int32_t *docs = c->lens[0][0] ? docs_from_lengths(sh->B, T, c->lens) : NULL;
     size_t nbytes;
     const void *file = read_fixture(c->name, &nbytes);
     const uint32_t *hdr = file; /* little-endian, as the machines we run on */
     cr_assert_geq(nbytes, 64, "attn_%s.bin: %zu bytes, no header", c->name, nbytes);
     const uint64_t h = docs_hash(docs, (size_t)sh->B * T);
-    uint32_t scale_bits;
+    uint32_t scale_bits, cap_bits;
     memcpy(&scale_bits, &scale, 4);
-    const uint32_t want[14] = {ATTN_MAGIC, 1, (uint32_t)sh->B, (uint32_t)T, (uint32_t)sh->NH,
+    memcpy(&cap_bits, &c->softcap, 4);
+    const uint32_t want[15] = {ATTN_MAGIC, 1, (uint32_t)sh->B, (uint32_t)T, (uint32_t)sh->NH,
                                (uint32_t)sh->NKV, (uint32_t)sh->hd, (uint32_t)c->window,
                                c->bf16, c->seed, hdr[10], scale_bits, (uint32_t)h,
-                               (uint32_t)(h >> 32)};
-    for (int i = 0; i < 14; i++)
+                               (uint32_t)(h >> 32), cap_bits};
+    for (int i = 0; i < 15; i++)
         cr_assert_eq(hdr[i], want[i], "attn_%s.bin: header word %d is %u, this test's case "
                      "has %u (regenerate with tests/ref/gen_attn_ref.py, or align the cases)",
                      c->name, i, hdr[i], want[i]);
@@ -557,7 +574,7 @@ static void check_case(const attn_case *c) {
         cr_assert_eq(fy_stream_new(g_dev, "bf16", &s), FY_OK);
         cr_assert_eq(fy_stream_set_dtype(s, FY_BF16), FY_OK);
     }
-    attn_res g = attn_run(g_dev, s, c->bf16, sh, c->window, scale, docs, qkv, dout);
+    attn_res g = attn_run(g_dev, s, c->bf16, sh, c->window, scale, c->softcap, docs, qkv, dout);
     if (c->bf16) fy_stream_free(s);
     /* the kernel's results at the stored rows, in the file's layout */
     float *got = hnewf(nrows * (2 * Cq + sh->NH + 2 * Ck));
@@ -578,7 +595,7 @@ static void check_case(const attn_case *c) {
         {"dv", g_dv, r_dv, nrows * Ck}};
     for (int i = 0; i < 5; i++)
         expect_close(c->name, t[i].name, t[i].got, t[i].ref, t[i].n,
-                     c->bf16 ? &tol_bf16[i] : &tol_f32[i]);
+                     c->bf16 ? &tol_bf16[i] : c->softcap > 0 ? &tol_cap[i] : &tol_f32[i]);
 }
 
 TestSuite(attn_torch, .init = setup, .fini = teardown, .timeout = 120);
@@ -589,3 +606,4 @@ Test(attn_torch, docs) { check_case(&attn_cases[2]); }
 Test(attn_torch, window_docs_4096) { check_case(&attn_cases[3]); }
 Test(attn_torch, window_docs_4096_bf16) { check_case(&attn_cases[4]); }
 Test(attn_torch, causal_mqa_bf16) { check_case(&attn_cases[5]); }
+Test(attn_torch, softcap) { check_case(&attn_cases[6]); }

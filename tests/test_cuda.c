@@ -498,9 +498,9 @@ static void check_matmul(fy_dtype dt, mm_shape sh, double tol) {
 
 /* The mask of an attention check (kernels.h's fy_attn) on the backend BOTH() is running:
  * its documents are that backend's copy. */
-static const fy_attn *attn_on(int window, float scale, const dual *docs) {
+static const fy_attn *attn_on(int window, float scale, float softcap, const dual *docs) {
     static fy_attn a;
-    a = (fy_attn){.window = window, .scale = scale, .docs = docs->p[g_side]};
+    a = (fy_attn){.window = window, .scale = scale, .softcap = softcap, .docs = docs->p[g_side]};
     return &a;
 }
 
@@ -511,11 +511,12 @@ typedef struct att_case {
 
 /* Attention over packed rows of NH query heads and NKV key/value heads of hd channels (NKV
  * = NH: multi-head; NKV < NH: grouped-query, each key/value head shared by NH/NKV query
- * heads whose gradient shares it sums), masked as c says. The forward's out and lse; the
- * backward from the cpu's out and lse on both sides (so it is compared on its own): dqkv,
- * and delta (fp32 whatever the storage type: rowsum(dout * out) from the same inputs). */
-static void check_attention(fy_dtype dt, att_case c, double tol_fwd, double tol_lse,
-                            double tol_bwd) {
+ * heads whose gradient shares it sums), masked as c says, its scores capped at softcap
+ * (0: none). The forward's out and lse; the backward from the cpu's out and lse on both
+ * sides (so it is compared on its own): dqkv, and delta (fp32 whatever the storage type:
+ * rowsum(dout * out) from the same inputs). */
+static void check_attention(fy_dtype dt, att_case c, float softcap, double tol_fwd,
+                            double tol_lse, double tol_bwd) {
     const int B = 2, T = c.T, NH = c.NH, NKV = c.NKV, hd = c.hd;
     const int W = (NH + 2 * NKV) * hd, Cq = NH * hd;
     const size_t nqkv = (size_t)B * T * W, nout = (size_t)B * T * Cq, nrow = (size_t)B * NH * T;
@@ -524,10 +525,11 @@ static void check_attention(fy_dtype dt, att_case c, double tol_fwd, double tol_
     dual docs = c.docs ? dput_i32(make_docs(B, T), (size_t)B * T) : (dual){0};
     dual qkv = dput(dt, hrand(nqkv, -1.5f, 1.5f), nqkv);
     dual out = dpoison(dt, nout), lse = dpoison(FY_F32, nrow);
-    BOTH(fy_k_attention_fwd(X(out), X(lse), X(qkv), B, T, NH, NKV, hd, attn_on(c.window, scale, &docs), S));
-    char what[96], shape[64];
-    snprintf(shape, sizeof shape, "T=%d NH=%d NKV=%d hd=%d w=%d%s", T, NH, NKV, hd, c.window,
-             c.docs ? " docs" : "");
+    BOTH(fy_k_attention_fwd(X(out), X(lse), X(qkv), B, T, NH, NKV, hd,
+                            attn_on(c.window, scale, softcap, &docs), S));
+    char what[112], shape[80];
+    snprintf(shape, sizeof shape, "T=%d NH=%d NKV=%d hd=%d w=%d%s cap %g", T, NH, NKV, hd,
+             c.window, c.docs ? " docs" : "", softcap);
     snprintf(what, sizeof what, "attention_fwd %s out", shape);
     expect_match(what, &out, tol_fwd);
     snprintf(what, sizeof what, "attention_fwd %s lse", shape);
@@ -536,7 +538,7 @@ static void check_attention(fy_dtype dt, att_case c, double tol_fwd, double tol_
     dual dout = dput(dt, hrand(nout, -1, 1), nout);
     dual dqkv = dpoison(dt, nqkv), delta = dpoison(FY_F32, nrow);
     BOTH(fy_k_attention_bwd(X(dqkv), X(delta), X(dout), X(qkv), X(y), X(l), B, T, NH, NKV, hd,
-                            attn_on(c.window, scale, &docs), S));
+                            attn_on(c.window, scale, softcap, &docs), S));
     snprintf(what, sizeof what, "attention_bwd %s dqkv", shape);
     expect_match(what, &dqkv, tol_bwd);
     snprintf(what, sizeof what, "attention_bwd %s delta", shape);
@@ -546,12 +548,19 @@ static void check_attention(fy_dtype dt, att_case c, double tol_fwd, double tol_
 /* The rope parameters checked: Llama 2's (none), position interpolation, and Llama 3.1's
  * (theta 500000: with hd = 16 the pairs' wavelengths run from 6 to 6e5 positions, so
  * pairs below high_w = 2048 (kept), between the bounds (blended) and above low_w = 8192
- * (divided by the factor) all occur; with hd = 64 several pairs fall in each range). */
-static const struct { const char *name; fy_rope rope; } ropes[] = {
-    {"default", {.type = FY_ROPE_DEFAULT, .theta = 10000.0f}},
-    {"linear", {.type = FY_ROPE_LINEAR, .theta = 10000.0f, .factor = 4.0f}},
+ * (divided by the factor) all occur; with hd = 64 several pairs fall in each range);
+ * Phi-3's longrope (per-pair factors: check_rope sets ext[j] = 1 + j/4) with its attention
+ * factor, on all channels and (partial) on 3/4 of them as Phi-4-mini, and llama3 on 3/4. */
+static const struct { const char *name; fy_rope rope; bool partial; } ropes[] = {
+    {"default", {.type = FY_ROPE_DEFAULT, .theta = 10000.0f}, false},
+    {"linear", {.type = FY_ROPE_LINEAR, .theta = 10000.0f, .factor = 4.0f}, false},
     {"llama3", {.type = FY_ROPE_LLAMA3, .theta = 500000.0f, .factor = 8.0f,
-                .low_freq_factor = 1.0f, .high_freq_factor = 4.0f, .orig_max_pos = 8192.0f}},
+                .low_freq_factor = 1.0f, .high_freq_factor = 4.0f, .orig_max_pos = 8192.0f}, false},
+    {"llama3 partial", {.type = FY_ROPE_LLAMA3, .theta = 500000.0f, .factor = 8.0f,
+                        .low_freq_factor = 1.0f, .high_freq_factor = 4.0f,
+                        .orig_max_pos = 8192.0f}, true},
+    {"longrope", {.type = FY_ROPE_LONGROPE, .theta = 10000.0f, .attn_factor = 1.19f}, false},
+    {"longrope partial", {.type = FY_ROPE_LONGROPE, .theta = 10000.0f, .attn_factor = 1.19f}, true},
 };
 enum { NROPES = sizeof ropes / sizeof ropes[0] };
 
@@ -559,11 +568,16 @@ enum { NROPES = sizeof ropes / sizeof ropes[0] };
  * parameters ropes[r]. T = 72 positions in each of 2 sequences: the angles t * inv_freq
  * grow to ~70 radians on the fastest pairs, and the position restarts at each sequence
  * (and, with_docs, at each packed document). tol bounds every comparison but the value
- * heads, which must keep their bits. */
+ * heads and the channels past rot_dim, which must keep their bits. */
 static void check_rope(fy_dtype dt, int r, int NH, int NKV, int hd, bool with_docs, double tol) {
     const int B = 2, T = 72, W = (NH + 2 * NKV) * hd, V0 = (NH + NKV) * hd;
     const size_t n = (size_t)B * T * W;
-    const fy_rope *rope = &ropes[r].rope;
+    fy_rope rp = ropes[r].rope;
+    if (ropes[r].partial) rp.rot_dim = hd * 3 / 4;
+    const int d = rp.rot_dim ? rp.rot_dim : hd;
+    for (int j = 0; j < d / 2; j++) rp.ext[j] = 1.0f + 0.25f * (float)j;
+    const fy_rope *rope = &rp;
+    const double f = rp.attn_factor != 0.0f ? rp.attn_factor : 1.0;
     seed(131 + 8 * (uint64_t)r + (uint64_t)NKV);
     dual docs = with_docs ? dput_i32(make_docs(B, T), (size_t)B * T) : (dual){0};
     float *h = hrand(n, -2, 2);
@@ -581,16 +595,20 @@ static void check_rope(fy_dtype dt, int r, int NH, int NKV, int hd, bool with_do
         const float *y = dget(&fwd, side);
         size_t bad = n;
         for (size_t i = 0; i < n && bad == n; i++)
-            if ((int)(i % W) >= V0 && memcmp(&y[i], &h[i], 4)) bad = i;
-        cr_expect(bad == n, "rope %s on %s changed value channel [%zu]: %.9g -> %.9g",
+            if (((int)(i % W) >= V0 || (int)(i % W) % hd >= d) && memcmp(&y[i], &h[i], 4)) bad = i;
+        cr_expect(bad == n, "rope %s on %s changed unrotated channel [%zu]: %.9g -> %.9g",
                   ropes[r].name, side == GPU ? "cuda" : "cpu", bad, bad < n ? h[bad] : 0.0f,
                   bad < n ? y[bad] : 0.0f);
     }
-    /* the inverse undoes the forward (rotations are orthogonal): within fp32 rounding of
-     * the two rotations (~2e-7), or two bf16 roundings of the outputs (~2e-3) */
+    /* the transpose after the forward is f^2 times the input on the rotated channels (the
+     * input elsewhere): within fp32 rounding of the two rotations (~2e-7), or two bf16
+     * roundings of the outputs (~2e-3) */
     BOTH(fy_k_rope(X(fwd), X(docs), B, T, NH, NKV, hd, true, rope, S));
-    double e = rel_err(dget(&fwd, GPU), h, n);
-    cr_expect(e <= tol, "rope %s: cuda's inverse of its forward is %.3g from the input",
+    float *want = hnewf(n);
+    for (size_t i = 0; i < n; i++)
+        want[i] = (int)(i % W) < V0 && (int)(i % W) % hd < d ? (float)(f * f * h[i]) : h[i];
+    double e = rel_err(dget(&fwd, GPU), want, n);
+    cr_expect(e <= tol, "rope %s: cuda's transpose of its forward is %.3g from f^2 x",
               ropes[r].name, e);
 }
 
@@ -855,7 +873,7 @@ Test(kernels_fp32, attention) {
      * subtracts nearly equal numbers where P is flat and dQ, dK sum rows of dS that add up
      * to zero, amplifying the products' rounding a few times (measured 2e-7 to 3.5e-7);
      * delta, a sum of hd fp32 products in another order, 1e-5 */
-    for (size_t i = 0; i < NCASES(att_mha); i++) check_attention(FY_F32, att_mha[i], 1e-5, 1e-5, 2e-5);
+    for (size_t i = 0; i < NCASES(att_mha); i++) check_attention(FY_F32, att_mha[i], 0.0f, 1e-5, 1e-5, 2e-5);
 }
 
 Test(kernels_fp32, grouped_query_attention) {
@@ -863,7 +881,21 @@ Test(kernels_fp32, grouped_query_attention) {
     open_pair(FY_MATMUL_FP32, FY_F32);
     /* the bounds above: a key/value head's gradient adds its NH/NKV heads' shares in head
      * order on both backends */
-    for (size_t i = 0; i < NCASES(att_gqa); i++) check_attention(FY_F32, att_gqa[i], 1e-5, 1e-5, 2e-5);
+    for (size_t i = 0; i < NCASES(att_gqa); i++) check_attention(FY_F32, att_gqa[i], 0.0f, 1e-5, 1e-5, 2e-5);
+}
+
+/* Gemma 2's soft cap on the attention scores: the cases of both lists (masks, documents,
+ * groups, head sizes) with a cap of 1.5, which bends the scores of these inputs (q.k /
+ * sqrt(hd) of rms 0.75, the largest ~3.4, where the tanh's slope is 0.04); a cap of 50,
+ * Gemma 2's, would leave them almost straight. */
+Test(kernels_fp32, attention_softcap) {
+    need_kernels();
+    open_pair(FY_MATMUL_FP32, FY_F32);
+    /* the bounds of the uncapped attention: both backends compute cap tanhf(s / cap) (a
+     * few ulps apart) and the derivative 1 - tanh^2 (the cpu from its tanh, the cuda from
+     * the capped score: an ulp apart); measured <= 2.9e-7 (dqkv) */
+    for (size_t i = 0; i < NCASES(att_mha); i++) check_attention(FY_F32, att_mha[i], 1.5f, 1e-5, 1e-5, 2e-5);
+    for (size_t i = 0; i < NCASES(att_gqa); i++) check_attention(FY_F32, att_gqa[i], 1.5f, 1e-5, 1e-5, 2e-5);
 }
 
 Test(kernels_fp32, gelu) {
@@ -995,15 +1027,23 @@ Test(kernels_bf16, attention) {
      * out, about sqrt(4) x 1.1e-3 = 2.2e-3 for dqkv, as measured; 1e-2 leaves a factor 4.
      * lse and delta are fp32 from the same bf16 inputs: products exact, sums in another
      * order (measured ~4e-8): 1e-5 as fp32's. */
-    for (size_t i = 0; i < NCASES(att_mha); i++) check_attention(FY_BF16, att_mha[i], BF16_TOL, 1e-5, BF16_TOL);
+    for (size_t i = 0; i < NCASES(att_mha); i++) check_attention(FY_BF16, att_mha[i], 0.0f, BF16_TOL, 1e-5, BF16_TOL);
     /* Gemma's head size (bf16 only: fp32 tiles of 256 channels do not fit) */
-    check_attention(FY_BF16, (att_case){40, 2, 1, 256, 0, true}, BF16_TOL, 1e-5, BF16_TOL);
+    check_attention(FY_BF16, (att_case){40, 2, 1, 256, 0, true}, 0.0f, BF16_TOL, 1e-5, BF16_TOL);
+}
+
+Test(kernels_bf16, attention_softcap) {
+    need_kernels();
+    open_pair(FY_MATMUL_AUTO, FY_BF16);
+    /* the bounds of the uncapped bf16 attention (the cap adds fp32 work only) */
+    for (size_t i = 0; i < NCASES(att_gqa); i++) check_attention(FY_BF16, att_gqa[i], 1.5f, BF16_TOL, 1e-5, BF16_TOL);
+    check_attention(FY_BF16, (att_case){40, 2, 1, 256, 0, true}, 1.5f, BF16_TOL, 1e-5, BF16_TOL);
 }
 
 Test(kernels_bf16, grouped_query_attention) {
     need_kernels();
     open_pair(FY_MATMUL_AUTO, FY_BF16);
-    for (size_t i = 0; i < NCASES(att_gqa); i++) check_attention(FY_BF16, att_gqa[i], BF16_TOL, 1e-5, BF16_TOL);
+    for (size_t i = 0; i < NCASES(att_gqa); i++) check_attention(FY_BF16, att_gqa[i], 0.0f, BF16_TOL, 1e-5, BF16_TOL);
 }
 
 Test(kernels_bf16, gelu_and_residual) {

@@ -188,11 +188,13 @@ Test(family, interface_gradients_match_finite_differences, .timeout = 120) {
      * rope scaling; and tied, multi-head, plain rope */
     fy_llama_config lc = {.vocab = 64, .max_seq = 16, .channels = 16, .layers = 2, .heads = 4,
                           .kv_heads = 2, .head_dim = 6, .ffn = 24, .norm_eps = 1e-5f,
-                          .rope = {FY_ROPE_LLAMA3, 500000.0f, 8.0f, 0.125f, 1.0f, 8.0f}};
+                          .rope = {.type = FY_ROPE_LLAMA3, .theta = 500000.0f, .factor = 8.0f,
+                                   .low_freq_factor = 0.125f, .high_freq_factor = 1.0f,
+                                   .orig_max_pos = 8.0f}};
     cr_assert_eq(fy_llama_new(&lc, NULL, &l1), FY_OK);
     lc = (fy_llama_config){.vocab = 64, .max_seq = 16, .channels = 16, .layers = 2, .heads = 2,
                            .kv_heads = 2, .head_dim = 8, .ffn = 40, .norm_eps = 1e-6f,
-                           .rope = {FY_ROPE_DEFAULT, 10000.0f, 0, 0, 0, 0}, .tied = true};
+                           .rope = {.type = FY_ROPE_DEFAULT, .theta = 10000.0f}, .tied = true};
     cr_assert_eq(fy_llama_new(&lc, NULL, &l2), FY_OK);
     interface_gradients_match_fd(a);
     interface_gradients_match_fd(b);

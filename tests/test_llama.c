@@ -255,16 +255,19 @@ Test(llama_kernels, qk_norm_independent_of_thread_count) {
 
 /* ---- rotary embeddings -------------------------------------------------------------- */
 
-/* The frequencies as Hugging Face's _compute_llama3_parameters writes them: the whole
- * vector of base frequencies, then the three bands by wavelength. */
-static void host_inv_freq(int hd, const fy_rope *rp, double *inv) {
-    for (int j = 0; j < hd / 2; j++) inv[j] = 1.0 / pow(rp->theta, (2.0 * j) / hd);
+/* The frequencies as Hugging Face's _compute_*_parameters write them for a rotation of d
+ * channels: the whole vector of base frequencies, then the three llama3 bands by
+ * wavelength; longrope's 1 / (ext * theta^(2j/d)). */
+static void host_inv_freq(int d, const fy_rope *rp, double *inv) {
+    for (int j = 0; j < d / 2; j++) inv[j] = 1.0 / pow(rp->theta, (2.0 * j) / d);
+    if (rp->type == FY_ROPE_LONGROPE)
+        for (int j = 0; j < d / 2; j++) inv[j] = 1.0 / (rp->ext[j] * pow(rp->theta, (2.0 * j) / d));
     if (rp->type == FY_ROPE_LINEAR)
-        for (int j = 0; j < hd / 2; j++) inv[j] /= rp->factor;
+        for (int j = 0; j < d / 2; j++) inv[j] /= rp->factor;
     if (rp->type != FY_ROPE_LLAMA3) return;
     double low_wl = rp->orig_max_pos / rp->low_freq_factor;
     double high_wl = rp->orig_max_pos / rp->high_freq_factor;
-    for (int j = 0; j < hd / 2; j++) {
+    for (int j = 0; j < d / 2; j++) {
         double wl = 2 * M_PI / inv[j];
         double scaled = wl > low_wl ? inv[j] / rp->factor : inv[j];
         bool medium = !(wl < high_wl) && !(wl > low_wl);
@@ -277,48 +280,69 @@ static void host_inv_freq(int hd, const fy_rope *rp, double *inv) {
     }
 }
 
-/* rotate_half: q' = q cos + rotate_half(q) sin, rotate_half(x) = cat(-x2, x1). */
+/* Phi-3's apply_rotary_pos_emb: the first d channels (rot_dim, or hd) rotated by
+ * rotate_half and scaled by the attention factor f (cos and sin are f times theirs),
+ * q' = f (q cos + rotate_half(q) sin), rotate_half(x) = cat(-x2, x1); the channels past d
+ * passed through. In double, each result rounded once. */
 static void host_rope(float *qkv, int B, int T, int NH, int NKV, int hd, const fy_rope *rp) {
-    double inv[64];
-    host_inv_freq(hd, rp, inv);
-    const int W = (NH + 2 * NKV) * hd, half = hd / 2;
+    const int d = rp->rot_dim ? rp->rot_dim : hd, half = d / 2, W = (NH + 2 * NKV) * hd;
+    const double f = rp->attn_factor != 0.0f ? rp->attn_factor : 1.0;
+    double inv[FY_ROPE_MAX_PAIRS];
+    host_inv_freq(d, rp, inv);
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++)
             for (int h = 0; h < NH + NKV; h++) {
                 float *x = qkv + ((size_t)b * T + t) * W + (size_t)h * hd;
-                double y[64];
-                for (int d = 0; d < hd; d++) {
-                    double a = t * inv[d % half];
-                    double rot = d < half ? -x[d + half] : x[d - half];
-                    y[d] = x[d] * cos(a) + rot * sin(a);
+                double y[2 * FY_ROPE_MAX_PAIRS];
+                for (int c = 0; c < d; c++) {
+                    double a = t * inv[c % half];
+                    double rot = c < half ? -x[c + half] : x[c - half];
+                    y[c] = f * cos(a) * x[c] + f * sin(a) * rot;
                 }
-                for (int d = 0; d < hd; d++) x[d] = (float)y[d];
+                for (int c = 0; c < d; c++) x[c] = (float)y[c];
             }
 }
 
-static const fy_rope rope_llama3 = {FY_ROPE_LLAMA3, 500000.0f, 8.0f, 1.0f, 4.0f, 8.0f};
-static const fy_rope rope_plain = {FY_ROPE_DEFAULT, 10000.0f, 0, 0, 0, 0};
-static const fy_rope rope_linear = {FY_ROPE_LINEAR, 10000.0f, 4.0f, 0, 0, 0};
+static const fy_rope rope_llama3 = {.type = FY_ROPE_LLAMA3, .theta = 500000.0f, .factor = 8.0f,
+                                    .low_freq_factor = 1.0f, .high_freq_factor = 4.0f,
+                                    .orig_max_pos = 8.0f};
+static const fy_rope rope_plain = {.type = FY_ROPE_DEFAULT, .theta = 10000.0f};
+static const fy_rope rope_linear = {.type = FY_ROPE_LINEAR, .theta = 10000.0f, .factor = 4.0f};
+
+/* Phi-3's longrope on a rotation of d channels (0: all) with attention factor f:
+ * distinct per-pair factors from 1 to ~8.5 (Phi-3's lists grow from 1 to tens). */
+static fy_rope rope_longrope(int d, int hd, float f) {
+    fy_rope rp = {.type = FY_ROPE_LONGROPE, .theta = 10000.0f, .rot_dim = d, .attn_factor = f};
+    const int half = (d ? d : hd) / 2;
+    for (int j = 0; j < half; j++) rp.ext[j] = 1.0f + 7.5f * (float)(j * j) / (float)(half * half);
+    return rp;
+}
+
+/* hd 32; rot_dim 24 is Phi-4-mini's share (3/4 of the head). f = sqrt(1 + ln 32 / ln 4096),
+ * Phi-3's attention factor for 32x its original length, rounded. */
+#define PHI_F 1.19023807f
 
 static void check_rope_host(const fy_rope *rp, const char *what) {
-    enum { B = 2, T = 40, NH = 4, NKV = 2, hd = 16, W = (NH + 2 * NKV) * hd };
+    enum { B = 2, T = 40, NH = 4, NKV = 2, hd = 32, W = (NH + 2 * NKV) * hd };
+    const int d = rp->rot_dim ? rp->rot_dim : hd;
+    const double f = rp->attn_factor != 0.0f ? rp->attn_factor : 1.0;
     rng r = {1301};
     float *x = hrand(&r, B * T * W, -2, 2), *want = hnewf(B * T * W);
     memcpy(want, x, sizeof(float) * B * T * W);
     host_rope(want, B, T, NH, NKV, hd, rp);
-    float *d = dputf(x, B * T * W);
-    fy_k_rope(d, NULL, B, T, NH, NKV, hd, false, rp, g_s);
-    float *got = dgetf(d, B * T * W);
+    float *dx = dputf(x, B * T * W);
+    fy_k_rope(dx, NULL, B, T, NH, NKV, hd, false, rp, g_s);
+    float *got = dgetf(dx, B * T * W);
     size_t bad = 0, first = 0;
     for (size_t i = 0; i < (size_t)B * T * W; i++) {
-        int h = (int)(i % W) / hd;
-        if (h >= NH + NKV) { /* value heads: untouched */
+        const int h = (int)(i % W) / hd, c = (int)(i % W) % hd;
+        if (h >= NH + NKV || c >= d) { /* value heads, channels past d: untouched */
             if (memcmp(&got[i], &x[i], 4)) { if (!bad++) first = i; }
             continue;
         }
-        /* two products of inputs <= 2 by fp32 cos and sin (each within an ulp of the
-         * double ones) and their sum: ~4 ulps of 4 */
-        if (!(fabs(got[i] - want[i]) <= 16 * U_F32 * 4)) { if (!bad++) first = i; }
+        /* two products of inputs <= 2 by fp32 f cos and f sin (each within an ulp of the
+         * double ones) and their sum: ~4 ulps of 4 f */
+        if (!(fabs(got[i] - want[i]) <= 16 * U_F32 * 4 * f)) { if (!bad++) first = i; }
     }
     cr_expect_eq(bad, 0, "rope %s: %zu elements differ from Hugging Face's rotate_half in "
                  "double; first [%zu] = %.9g, want %.9g", what, bad, first, got[first], want[first]);
@@ -328,63 +352,137 @@ Test(llama_kernels, rope_matches_rotate_half_in_double) {
     check_rope_host(&rope_llama3, "llama3");
     check_rope_host(&rope_plain, "default");
     check_rope_host(&rope_linear, "linear");
+    const fy_rope partial = {.type = FY_ROPE_DEFAULT, .theta = 10000.0f, .rot_dim = 24};
+    check_rope_host(&partial, "default, 24 of 32 channels");
+    const fy_rope scaled = {.type = FY_ROPE_LINEAR, .theta = 10000.0f, .factor = 4.0f,
+                            .attn_factor = PHI_F};
+    check_rope_host(&scaled, "linear, attention factor");
+    fy_rope lr = rope_longrope(0, 32, PHI_F);
+    check_rope_host(&lr, "longrope, attention factor");
+    lr = rope_longrope(24, 32, PHI_F);
+    check_rope_host(&lr, "longrope, 24 of 32 channels, attention factor");
+    lr = rope_longrope(24, 32, 0.0f);
+    check_rope_host(&lr, "longrope, 24 of 32 channels, no attention factor");
 }
 
 /* The llama3 bands: with theta 5e5, hd 128 and Llama 3.1's scaling (8, 1, 4, 8192), the
  * first pair keeps its frequency (wavelength 2 pi < 2048), the last is divided by 8
  * (wavelength > 8192), and one between is blended. */
 Test(llama_kernels, rope_llama3_frequency_bands) {
-    const fy_rope rp = {FY_ROPE_LLAMA3, 500000.0f, 8.0f, 1.0f, 4.0f, 8192.0f};
+    const fy_rope rp = {.type = FY_ROPE_LLAMA3, .theta = 500000.0f, .factor = 8.0f,
+                        .low_freq_factor = 1.0f, .high_freq_factor = 4.0f, .orig_max_pos = 8192.0f};
     double host[64];
     host_inv_freq(128, &rp, host);
     int blended = 0;
     for (int j = 0; j < 64; j++) {
-        double got = fy_rope_inv_freq(j, 128, rp.type, rp.theta, rp.factor, rp.low_freq_factor,
-                                      rp.high_freq_factor, rp.orig_max_pos);
+        double got = fy_rope_inv_freq(&rp, j, 128);
         double base = pow(500000.0, -2.0 * j / 128);
         cr_expect(fabs(got - host[j]) <= 1e-15 * base, "inv_freq[%d] %.17g vs %.17g", j, got, host[j]);
         blended += got < base * 0.999 && got > base / 8 * 1.001;
     }
-    cr_expect_eq(fy_rope_inv_freq(0, 128, rp.type, 5e5, 8, 1, 4, 8192), 1.0);
+    cr_expect_eq(fy_rope_inv_freq(&rp, 0, 128), 1.0);
     double last = pow(500000.0, -126.0 / 128);
-    cr_expect(fabs(fy_rope_inv_freq(63, 128, rp.type, 5e5, 8, 1, 4, 8192) - last / 8) <= 1e-18);
+    cr_expect(fabs(fy_rope_inv_freq(&rp, 63, 128) - last / 8) <= 1e-18);
     cr_expect_gt(blended, 0, "no pair in the blended band");
 }
 
+/* Partial rotary: the frequencies of a rotation of d channels are theta^(-2j/d), over d
+ * and not over the head (Hugging Face's dim = head_dim * partial_rotary_factor); longrope
+ * divides pair j's by ext[j]. */
+Test(llama_kernels, rope_frequencies_over_the_rotated_channels) {
+    const fy_rope partial = {.type = FY_ROPE_DEFAULT, .theta = 10000.0f, .rot_dim = 96};
+    const fy_rope lr = rope_longrope(96, 128, PHI_F);
+    for (int j = 0; j < 48; j++) {
+        const double want = pow(10000.0, -2.0 * j / 96);
+        cr_expect(fabs(fy_rope_inv_freq(&partial, j, 96) - want) <= 1e-15 * want,
+                  "inv_freq[%d] of 96 channels", j);
+        cr_expect(fabs(fy_rope_inv_freq(&lr, j, 96) * lr.ext[j] - want) <= 1e-15 * want,
+                  "longrope inv_freq[%d] times ext[%d]", j, j);
+    }
+}
+
+/* rope (forward) and its transpose (inverse) with parameters rp, device buffers. */
 typedef struct rope_ctx {
     float *x, *y;
     const float *R;
     float *tmp;
     int B, T, NH, NKV, hd;
     size_t n;
+    const fy_rope *rp;
 } rope_ctx;
 static double rope_obj(void *p) {
     rope_ctx *c = p;
     fy_copy_async(g_s, c->y, c->x, c->n * sizeof(float), FY_D2D);
-    fy_k_rope(c->y, NULL, c->B, c->T, c->NH, c->NKV, c->hd, false, &rope_llama3, g_s);
+    fy_k_rope(c->y, NULL, c->B, c->T, c->NH, c->NKV, c->hd, false, c->rp, g_s);
     return dot_dev(c->y, c->R, c->tmp, c->n);
 }
 
-/* The inverse rotation is the backward: the gradient of sum(rope(x) R) is rope^-1(R). */
-Test(llama_kernels, rope_inverse_is_the_backward_and_undoes_the_forward) {
-    enum { B = 2, T = 9, NH = 4, NKV = 1, hd = 8, W = (NH + 2 * NKV) * hd, n = B * T * W };
+/* The transpose is the backward: the gradient of sum(rope(x) R) is rope^T(R), which is f
+ * times the inverse rotation (f^-1 times the inverse would be wrong by f^2), so rope^T
+ * after rope gives f^2 x on the rotated channels and x elsewhere. */
+static void check_rope_backward(const fy_rope *rp, const char *what) {
+    enum { B = 2, T = 9, NH = 4, NKV = 1, hd = 16, W = (NH + 2 * NKV) * hd, n = B * T * W };
+    const int d = rp->rot_dim ? rp->rot_dim : hd;
+    const double f = rp->attn_factor != 0.0f ? rp->attn_factor : 1.0;
     rng r = {1302};
     float *R = hrand(&r, n, -1, 1), *x = hrand(&r, n, -1, 1);
     rope_ctx c = {.x = dputf(x, n), .y = dnewf(n), .R = R, .tmp = hnewf(n), .B = B, .T = T,
-                  .NH = NH, .NKV = NKV, .hd = hd, .n = n};
+                  .NH = NH, .NKV = NKV, .hd = hd, .n = n, .rp = rp};
     float *g = dputf(R, n);
-    fy_k_rope(g, NULL, B, T, NH, NKV, hd, true, &rope_llama3, g_s);
+    fy_k_rope(g, NULL, B, T, NH, NKV, hd, true, rp, g_s);
     /* Linear in x: exact for any h up to the rounding of the outputs (~u each, two per
      * coordinate) over 2h = 1. */
-    expect_fd(rope_obj, &c, &(fd_check){"rope dx", c.x, n, dgetf(g, n), 0.5f, 1000, 1e-5});
+    char name[96];
+    snprintf(name, sizeof name, "rope dx, %s", what);
+    expect_fd(rope_obj, &c, &(fd_check){name, c.x, n, dgetf(g, n), 0.5f, 1000, 1e-5});
     float *y = dputf(x, n);
-    fy_k_rope(y, NULL, B, T, NH, NKV, hd, false, &rope_llama3, g_s);
-    fy_k_rope(y, NULL, B, T, NH, NKV, hd, true, &rope_llama3, g_s);
+    fy_k_rope(y, NULL, B, T, NH, NKV, hd, false, rp, g_s);
+    fy_k_rope(y, NULL, B, T, NH, NKV, hd, true, rp, g_s);
     float *back = dgetf(y, n);
     double worst = 0;
-    for (int i = 0; i < n; i++) worst = fmax(worst, fabs(back[i] - x[i]));
-    /* two rotations of values <= 1: a few ulps */
-    cr_expect(worst <= 1e-6, "rope then its inverse is off by %.3g", worst);
+    for (int i = 0; i < n; i++) {
+        const int h = i % W / hd, ch = i % W % hd;
+        const double want = h < NH + NKV && ch < d ? f * f * x[i] : x[i];
+        worst = fmax(worst, fabs(back[i] - want));
+    }
+    /* two rotations of values <= 1 scaled by f: a few ulps of f^2 */
+    cr_expect(worst <= 1e-6 * f * f, "rope %s: its transpose after it is off f^2 x by %.3g",
+              what, worst);
+}
+
+/* <A x, y> = <x, A^T y> for the rope A and its transpose, in double over the fp32 results:
+ * each of those is within ~2 ulps of the exact one, so the two sums agree to ~4 u of the
+ * sums of |terms|. */
+static void check_rope_adjoint(const fy_rope *rp, const char *what) {
+    enum { B = 2, T = 33, NH = 4, NKV = 2, hd = 32, W = (NH + 2 * NKV) * hd, n = B * T * W };
+    rng r = {1303};
+    float *x = hrand(&r, n, -1, 1), *y = hrand(&r, n, -1, 1);
+    float *dx = dputf(x, n), *dy = dputf(y, n);
+    fy_k_rope(dx, NULL, B, T, NH, NKV, hd, false, rp, g_s);
+    fy_k_rope(dy, NULL, B, T, NH, NKV, hd, true, rp, g_s);
+    const float *ax = dgetf(dx, n), *aty = dgetf(dy, n);
+    double l = 0, rr = 0, mag = 0;
+    for (int i = 0; i < n; i++) {
+        l += (double)ax[i] * y[i];
+        rr += (double)x[i] * aty[i];
+        mag += fabs((double)ax[i] * y[i]) + fabs((double)x[i] * aty[i]);
+    }
+    cr_log_info("rope %s: <A x, y> %.9g, <x, A^T y> %.9g, |diff| / sum|terms| %.2e", what, l,
+                rr, fabs(l - rr) / mag);
+    cr_expect(fabs(l - rr) <= 8 * U_F32 * mag, "rope %s: <A x, y> = %.9g but <x, A^T y> = %.9g",
+              what, l, rr);
+}
+
+Test(llama_kernels, rope_inverse_is_the_backward_and_the_adjoint) {
+    const fy_rope partial = {.type = FY_ROPE_LLAMA3, .theta = 500000.0f, .factor = 8.0f,
+                             .low_freq_factor = 1.0f, .high_freq_factor = 4.0f,
+                             .orig_max_pos = 8.0f, .rot_dim = 12, .attn_factor = PHI_F};
+    const fy_rope lr16 = rope_longrope(12, 16, PHI_F), lr32 = rope_longrope(24, 32, PHI_F);
+    check_rope_backward(&rope_llama3, "llama3");
+    check_rope_backward(&partial, "llama3, 12 of 16 channels, attention factor");
+    check_rope_backward(&lr16, "longrope, 12 of 16 channels, attention factor");
+    check_rope_adjoint(&rope_llama3, "llama3");
+    check_rope_adjoint(&lr32, "longrope, 24 of 32 channels, attention factor");
 }
 
 /* ---- grouped-query attention -------------------------------------------------------- */

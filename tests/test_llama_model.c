@@ -398,7 +398,9 @@ Test(llama_model, a_tied_table_crosses_once_a_step) {
 static fy_model *plan_llama(bool tied) {
     fy_llama_config c = {.vocab = 256, .max_seq = 32, .channels = 32, .layers = 4, .heads = 4,
                          .kv_heads = 2, .head_dim = 8, .ffn = 48, .norm_eps = 1e-5f,
-                         .rope = {FY_ROPE_LLAMA3, 500000.0f, 8.0f, 1.0f, 4.0f, 8.0f}, .tied = tied};
+                         .rope = {.type = FY_ROPE_LLAMA3, .theta = 500000.0f, .factor = 8.0f,
+                                  .low_freq_factor = 1.0f, .high_freq_factor = 4.0f,
+                                  .orig_max_pos = 8.0f}, .tied = tied};
     fy_model *m;
     cr_assert_eq(fy_llama_new(&c, NULL, &m), FY_OK);
     return m;
@@ -494,7 +496,9 @@ Test(llama_model, every_plan_is_bit_identical_bf16) {
 Test(llama_model, every_plan_is_bit_identical_with_windows_documents_and_chunks) {
     fy_llama_config c = {.vocab = 256, .max_seq = 32, .channels = 32, .layers = 4, .heads = 4,
                          .kv_heads = 2, .head_dim = 8, .ffn = 48, .norm_eps = 1e-5f,
-                         .rope = {FY_ROPE_LLAMA3, 500000.0f, 8.0f, 1.0f, 4.0f, 8.0f},
+                         .rope = {.type = FY_ROPE_LLAMA3, .theta = 500000.0f, .factor = 8.0f,
+                                  .low_freq_factor = 1.0f, .high_freq_factor = 4.0f,
+                                  .orig_max_pos = 8.0f},
                          .sliding_window = 6};
     fy_model *m;
     cr_assert_eq(fy_llama_new(&c, NULL, &m), FY_OK);
@@ -567,7 +571,8 @@ static void packed_equals_one_by_one(const fy_model *m) {
 Test(llama_model, a_packed_sequence_evaluates_to_its_documents_one_by_one) {
     fy_llama_config c = {.vocab = 256, .max_seq = 64, .channels = 32, .layers = 2, .heads = 4,
                          .kv_heads = 2, .head_dim = 8, .ffn = 48, .norm_eps = 1e-5f,
-                         .rope = {FY_ROPE_DEFAULT, 10000.0f, 0, 0, 0, 0}, .sliding_window = 12};
+                         .rope = {.type = FY_ROPE_DEFAULT, .theta = 10000.0f},
+                         .sliding_window = 12};
     fy_model *m;
     cr_assert_eq(fy_llama_new(&c, NULL, &m), FY_OK);
     packed_equals_one_by_one(m);
@@ -724,7 +729,9 @@ Test(llama_model, a_chunked_head_evaluates_the_same_bits) {
 Test(llama_model, a_large_vocabulary_gathered_and_chunked) {
     fy_llama_config c = {.vocab = 2048, .max_seq = 32, .channels = 32, .layers = 2, .heads = 4,
                          .kv_heads = 2, .head_dim = 8, .ffn = 48, .norm_eps = 1e-5f,
-                         .rope = {FY_ROPE_DEFAULT, 10000.0f, 1.0f, 1.0f, 1.0f, 1.0f}};
+                         .rope = {.type = FY_ROPE_DEFAULT, .theta = 10000.0f, .factor = 1.0f,
+                                  .low_freq_factor = 1.0f, .high_freq_factor = 1.0f,
+                                  .orig_max_pos = 1.0f}};
     fy_model *m;
     cr_assert_eq(fy_llama_new(&c, NULL, &m), FY_OK);
     fy_tokens *tok = test_corpus();

@@ -9,6 +9,7 @@
 #define FY_DEVICE_IMPL_H
 
 #include <pthread.h>
+#include <string.h>
 
 #include "engine/device/device.h"
 
@@ -17,8 +18,8 @@
 typedef struct fy_op {
     fy_op_kind kind;
     void *p[8];    /* pointers, outputs first, in launcher order (ops.h) */
-    int64_t i[8];  /* sizes and flags, in launcher order */
-    float f[8];    /* scalars */
+    int64_t i[FY_OP_MAX_INT]; /* sizes and flags, in launcher order */
+    float f[FY_OP_MAX_FLT];   /* scalars */
     fy_dtype dt;   /* kernels: the storage type of their tensors (NONE means F32) */
 } fy_op;
 
@@ -30,6 +31,23 @@ void fy_op_pack(fy_op *op, fy_op_kind kind, void *const *p, int np, const int64_
  * for int32 and double arguments). */
 size_t fy_op_arg_nelem(const fy_op *op, int k);
 fy_dtype fy_op_arg_dtype(const fy_op *op, int k);
+
+/* The ROPE op's parameters (ops.h's row) as a fy_rope: rot_dim is the rotated channels d
+ * and attn_factor the factor itself, as the launcher resolves them (never 0). */
+static inline fy_rope fy_op_rope(const fy_op *op) {
+    fy_rope r;
+    memset(&r, 0, sizeof r);
+    r.type = (fy_rope_type)op->i[6];
+    r.theta = op->f[0];
+    r.factor = op->f[1];
+    r.low_freq_factor = op->f[2];
+    r.high_freq_factor = op->f[3];
+    r.orig_max_pos = op->f[4];
+    r.rot_dim = (int)op->i[7];
+    r.attn_factor = op->f[5];
+    memcpy(r.ext, op->f + 6, sizeof r.ext);
+    return r;
+}
 
 typedef struct fy_dev_iface {
     const char *name;

@@ -3,6 +3,9 @@
  * unpacking side is the backend's (cpu/cpu_kernels.c, cuda/). */
 #include "engine/device/kernels.h"
 
+#include <math.h>
+#include <string.h>
+
 #include "engine/device/device_impl.h"
 
 /* The tensor, integer and float arguments as arrays with their counts. */
@@ -103,13 +106,14 @@ int fy_attn_max_head(fy_dev_kind kind, fy_dtype dt) {
 static void attn_check(int NH, int NKV, int hd, const fy_attn *a) {
     FY_ASSERT(NKV > 0 && NH % NKV == 0, "attention: key/value heads must divide the heads");
     FY_ASSERT(hd > 0 && a->window >= 0, "attention: a positive head size, a window of >= 0");
+    FY_ASSERT(a->softcap >= 0.0f && isfinite(a->softcap), "attention: a soft cap of 0 (none) or more");
 }
 
 void fy_k_attention_fwd(float *out, float *lse, const float *qkv, int B, int T, int NH, int NKV,
                         int hd, const fy_attn *a, fy_stream *s) {
     attn_check(NH, NKV, hd, a);
     launch(s, FY_OP_ATTENTION_FWD, PTRS(out, lse, P(qkv), P(a->docs)),
-           INTS(B, T, NH, NKV, hd, a->window), FLTS(a->scale));
+           INTS(B, T, NH, NKV, hd, a->window), FLTS(a->scale, a->softcap));
 }
 
 void fy_k_attention_bwd(float *dqkv, float *delta, const float *dout, const float *qkv,
@@ -117,14 +121,27 @@ void fy_k_attention_bwd(float *dqkv, float *delta, const float *dout, const floa
                         int hd, const fy_attn *a, fy_stream *s) {
     attn_check(NH, NKV, hd, a);
     launch(s, FY_OP_ATTENTION_BWD, PTRS(dqkv, delta, P(dout), P(qkv), P(out), P(lse), P(a->docs)),
-           INTS(B, T, NH, NKV, hd, a->window), FLTS(a->scale));
+           INTS(B, T, NH, NKV, hd, a->window), FLTS(a->scale, a->softcap));
 }
 
+/* rot_dim 0 and attn_factor 0 are resolved here (all hd channels, 1), so the backends
+ * read the values they use (device_impl.h's fy_op_rope). */
 void fy_k_rope(float *qkv, const int32_t *docs, int B, int T, int NH, int NKV, int hd,
                bool inverse, const fy_rope *r, fy_stream *s) {
-    FY_ASSERT(hd % 2 == 0, "rope: the head dimension must be even");
-    launch(s, FY_OP_ROPE, PTRS(qkv, P(docs)), INTS(B, T, NH, NKV, hd, inverse, r->type),
-           FLTS(r->theta, r->factor, r->low_freq_factor, r->high_freq_factor, r->orig_max_pos));
+    const int d = r->rot_dim ? r->rot_dim : hd;
+    const float af = r->attn_factor != 0.0f ? r->attn_factor : 1.0f;
+    FY_ASSERT(d > 0 && d % 2 == 0 && d <= hd, "rope: rotated channels even, at most hd");
+    FY_ASSERT(af > 0.0f && isfinite(af), "rope: the attention factor must be positive");
+    if (r->type == FY_ROPE_LONGROPE) {
+        FY_ASSERT(d / 2 <= FY_ROPE_MAX_PAIRS, "longrope: at most FY_ROPE_MAX_PAIRS pairs");
+        for (int j = 0; j < d / 2; j++)
+            FY_ASSERT(r->ext[j] > 0.0f && isfinite(r->ext[j]), "longrope: positive pair factors");
+    }
+    float f[6 + FY_ROPE_MAX_PAIRS] = {r->theta, r->factor, r->low_freq_factor,
+                                      r->high_freq_factor, r->orig_max_pos, af};
+    memcpy(f + 6, r->ext, sizeof r->ext);
+    launch(s, FY_OP_ROPE, PTRS(qkv, P(docs)), INTS(B, T, NH, NKV, hd, inverse, r->type, d), f,
+           6 + FY_ROPE_MAX_PAIRS);
 }
 
 void fy_k_gelu_fwd(float *out, const float *inp, size_t n, fy_stream *s) {

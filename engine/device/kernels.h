@@ -122,11 +122,14 @@ void fy_k_add_f32(float *dst, const float *src, size_t n, fy_stream *s);
  *
  * The mask: query t sees key j when j <= t, j >= docs[b,t] (docs may be NULL: see the
  * top) and, with a window w > 0, t - j < w (w keys, itself among them: Hugging Face's
- * sliding_window). Scores are q.k * scale (1/sqrt(hd) for the families so far).
+ * sliding_window). Scores are q.k * scale (1/sqrt(hd), or the family's own), then, with a
+ * soft cap c > 0 (Gemma 2's attn_logit_softcapping), c tanh(score / c), before the mask and
+ * the softmax; the backward multiplies the capped scores' gradient by 1 - (score / c)^2
+ * of the capped score, the tanh's derivative.
  *
  * Tiled (FlashAttention's algorithm): nothing of size T x T is ever stored. The forward
  * keeps, per query row, a running max and sum of the softmax in fp32 over key tiles, and
- * saves the row's log-sum-exp of the scaled scores, lse (B,NH,T) fp32, for the backward,
+ * saves the row's log-sum-exp of the scores (capped, with a cap), lse (B,NH,T) fp32, for the backward,
  * which rebuilds the probabilities tile by tile from it. Tiles the mask hides entirely
  * (above the diagonal, before the window or the document) are skipped.
  *
@@ -139,6 +142,7 @@ int fy_attn_max_head(fy_dev_kind kind, fy_dtype dt);
 typedef struct fy_attn {
     int window;           /* 0: none */
     float scale;          /* the scores' factor */
+    float softcap;        /* 0: none; > 0: scores become softcap tanh(score / softcap) */
     const int32_t *docs;  /* (B,T) or NULL */
 } fy_attn;
 
@@ -154,8 +158,10 @@ void fy_k_attention_bwd(float *dqkv, float *delta, const float *dout, const floa
 
 /* Rotary position embeddings (rope.h) on the query and key heads of packed rows qkv
  * (B,T,W) as fy_k_attention_fwd's, in place, at position t - docs[b,t] (docs may be NULL:
- * t); inverse: the opposite rotation (the backward: rotations are orthogonal). The value
- * heads are left alone. */
+ * t), on the first rope->rot_dim channels of each head (0: all hd; even, at most hd);
+ * inverse: the transpose, the backward (the opposite rotation times the same attention
+ * factor: the inverse only when the factor is 1). The value heads and the channels past
+ * rot_dim are left alone. */
 void fy_k_rope(float *qkv, const int32_t *docs, int B, int T, int NH, int NKV, int hd,
                bool inverse, const fy_rope *rope, fy_stream *s);
 

@@ -15,6 +15,12 @@ static const int nptrs[FY_OP_KERNELS] = {FY_KERNEL_OPS(NPTR)};
 #undef AO
 #undef NPTR
 
+/* Every op's scalars fit a fy_op. */
+#define FITS(kind, ni, nf, args) \
+    _Static_assert((ni) <= FY_OP_MAX_INT && (nf) <= FY_OP_MAX_FLT, #kind "'s scalars fit a fy_op");
+FY_KERNEL_OPS(FITS)
+#undef FITS
+
 /* ... and described. */
 #define A(nm, role, type, size) {#nm, FY_ARG_##role, FY_ARG_##type, FY_SZ_##size, 0},
 #define AO(nm, role, type, size) {#nm, FY_ARG_##role, FY_ARG_##type, FY_SZ_##size, 1},

@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "engine/core/dtype.h"
+#include "engine/device/rope.h"
 
 /* Sizes in elements, from the integer arguments i[]:
  *   N0 = i0, NC = i0*i1, C = i1, NOC = i0*i2, OCC = i2*i1, OC = i2, N2C = 2*i0*i1,
@@ -67,12 +68,14 @@
       A(dinp, INOUT, F32, NC) A(dw, INOUT, S, OCC) A(dout, IN, S, NOC) A(inp, IN, S, NC)         \
       A(w, IN, S, OCC))                                                                        \
     X(ADD_F32, 1, 0, A(dst, INOUT, S, N0) A(src, IN, F32, N0))                                 \
-    X(ATTENTION_FWD, 6, 1, /* i: B, T, NH, NKV, hd, window; f: scale */                        \
+    X(ATTENTION_FWD, 6, 2, /* i: B, T, NH, NKV, hd, window; f: scale, softcap */               \
       A(out, OUT, S, BTQ) A(lse, OUT, F32, BHT) A(qkv, IN, S, QKV) AO(docs, IN, I32, BT))        \
-    X(ATTENTION_BWD, 6, 1,                                                                     \
+    X(ATTENTION_BWD, 6, 2,                                                                     \
       A(dqkv, OUT, S, QKV) A(delta, OUT, F32, BHT) A(dout, IN, S, BTQ) A(qkv, IN, S, QKV)        \
       A(out, IN, S, BTQ) A(lse, IN, F32, BHT) AO(docs, IN, I32, BT))                             \
-    X(ROPE, 7, 5, /* i: B, T, NH, NKV, hd, inverse, type; f: rope.h's parameters */            \
+    X(ROPE, 8, 6 + FY_ROPE_MAX_PAIRS, /* i: B, T, NH, NKV, hd, inverse, type, d (rotated      \
+      channels); f: theta, factor, low, high, orig, attn_factor, ext[FY_ROPE_MAX_PAIRS]    \
+      (fy_op_rope) */                                                                      \
       A(qkv, INOUT, S, QKV) AO(docs, IN, I32, BT))                                             \
     X(GELU_FWD, 1, 0, A(out, OUT, S, N0) A(inp, IN, S, N0))                                    \
     X(GELU_BWD, 1, 0, A(dinp, OUT, S, N0) A(inp, IN, S, N0) A(dout, IN, S, N0))                \
@@ -121,6 +124,8 @@ typedef enum fy_arg_type {
 } fy_arg_type;
 
 #define FY_OP_MAX_ARGS 8
+#define FY_OP_MAX_INT 8
+#define FY_OP_MAX_FLT (8 + FY_ROPE_MAX_PAIRS) /* the rope's per-pair factors */
 
 typedef struct fy_op_arg {
     const char *name;

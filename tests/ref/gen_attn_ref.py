@@ -3,7 +3,7 @@
 
 Writes tests/fixtures/attn_<case>.bin: for each case of CASES (grouped-query attention
 of up to T = 4096 positions, causal, with a sliding window, over packed documents, or
-both; fp32 or bf16 inputs), the expected outputs of ferry's fy_k_attention_fwd/bwd:
+both; fp32 or bf16 inputs; with Gemma 2's logit soft cap or without), the expected outputs of ferry's fy_k_attention_fwd/bwd:
 out, lse (the log-sum-exp of each query row's scaled scores) and the gradients dq, dk,
 dv of sum(out * dout), at a fixed subset of rows. tests/test_attention.c compares the
 cpu backend with them.
@@ -17,26 +17,31 @@ regenerates the same bits:
 qkv's values have a = 2 and seed `seed`, dout's a = 1 and seed `seed + 1`, in row-major
 order of qkv (B, T, (NH + 2 NKV) hd) and dout (B, T, NH hd).
 
-The attention is written out: scores = (q k^T) * scale in float64, masked with -inf
+The attention is written out: scores = (q k^T) * scale in float64, with a soft cap c
+(Hugging Face's Gemma 2 eager attention) c * tanh(scores / c), then masked with -inf
 where key j is hidden from query t (j > t, j < the start of t's document, or with a
 window w > 0, t - j >= w), torch.softmax in float64, out = P v, lse = logsumexp of the
 masked scores; the gradients come from autograd of sum(out * dout). No fused kernels.
-scale is 1/sqrt(hd) rounded to fp32, the value the C test passes.
+scale is 1/sqrt(hd) rounded to fp32 times the case's scale_mul (a power of two: exact),
+the value the C test passes; a larger one makes scores of ~100, where a cap of 50 bends
+them strongly.
 
 Rows stored (identical rule in the C test): for each sequence b, positions t with
 t % 61 == 0, or t >= T - 64 (the last query tile of the cpu kernel), or t the first or
 the last position of a document. The file (little-endian):
     int32 header[16]: magic 0x54415946 ("FYAT"), version 1, B, T, NH, NKV, hd, window,
         dtype (0 fp32, 1 bf16), seed, nrows, scale's fp32 bits, FNV-1a 64 of the docs
-        array (B*T int32 little-endian; 0 without documents) low and high words, 0, 0
+        array (B*T int32 little-endian; 0 without documents) low and high words, the soft
+        cap's fp32 bits (0: none), 0
     int32 rows[nrows]: b * T + t
     float32 out[nrows][NH*hd], lse[nrows][NH], dq[nrows][NH*hd], dk[nrows][NKV*hd],
         dv[nrows][NKV*hd]   (the float64 results rounded to float32)
 
 Before writing, the script checks itself on small shapes: the masked softmax attention
-against a scalar loop in float64, and autograd's gradients with torch.autograd.gradcheck.
+against a scalar loop in float64, and autograd's gradients with torch.autograd.gradcheck,
+with and without a soft cap.
 
-Usage: /usr/bin/python3 tests/ref/gen_attn_ref.py [--out DIR] [--skip-checks]
+Usage: /usr/bin/python3 tests/ref/gen_attn_ref.py [--out DIR] [--skip-checks] [--cases A,B]
 """
 
 import argparse
@@ -51,7 +56,8 @@ import torch
 DT = torch.float64
 
 # name: B, T, NH, NKV, hd, window, documents (per sequence, their lengths; None: one
-# document a sequence), dtype, seed. Mirrored by attn_cases in tests/test_attention.c.
+# document a sequence), dtype, seed; optional scale_mul (1) and softcap (0: none).
+# Mirrored by attn_cases in tests/test_attention.c.
 CASES = {
     "causal_4096": dict(B=1, T=4096, NH=4, NKV=2, hd=32, window=0, docs=None,
                         dtype="fp32", seed=4096),
@@ -68,6 +74,8 @@ CASES = {
                                   dtype="bf16", seed=513),
     "causal_mqa_bf16": dict(B=2, T=777, NH=4, NKV=1, hd=32, window=0, docs=None,
                             dtype="bf16", seed=777),
+    "softcap": dict(B=2, T=1000, NH=8, NKV=2, hd=32, window=300, docs=None,
+                    dtype="fp32", seed=50, scale_mul=16.0, softcap=50.0),
 }
 
 MAGIC = 0x54415946
@@ -118,8 +126,12 @@ def docs_hash(c):
     return h
 
 
-def scale_of(hd):
-    return struct.unpack("<f", struct.pack("<f", 1.0 / math.sqrt(hd)))[0]
+def f32(x):
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def scale_of(c):
+    return f32(1.0 / math.sqrt(c["hd"])) * c.get("scale_mul", 1.0)
 
 
 def rows_of(c):
@@ -147,9 +159,11 @@ def visible(T, window, starts):
     return m
 
 
-def attend(q, k, v, scale, mask):
+def attend(q, k, v, scale, mask, softcap=0.0):
     """q (G, T, hd), k, v (T, hd), mask (T, T): out (G, T, hd), lse (G, T)."""
     s = torch.matmul(q, k.transpose(0, 1)) * scale
+    if softcap > 0:
+        s = torch.tanh(s / softcap) * softcap
     s = s.masked_fill(~mask, float("-inf"))
     p = torch.softmax(s, dim=-1)
     return torch.matmul(p, v), torch.logsumexp(s, dim=-1)
@@ -162,7 +176,7 @@ def reference(c):
     G, W = NH // NKV, (NH + 2 * NKV) * hd
     qkv = uniform_exact(c["seed"], B * T * W, 2.0, c["dtype"]).view(B, T, W)
     dout = uniform_exact(c["seed"] + 1, B * T * NH * hd, 1.0, c["dtype"]).view(B, T, NH, hd)
-    scale, starts = scale_of(hd), doc_starts(c)
+    scale, starts, cap = scale_of(c), doc_starts(c), f32(c.get("softcap", 0.0))
     out = torch.empty(B, T, NH, hd, dtype=DT)
     lse = torch.empty(B, NH, T, dtype=DT)
     dq = torch.empty_like(out)
@@ -175,7 +189,7 @@ def reference(c):
             k = qkv[b, :, (NH + kh) * hd:(NH + kh + 1) * hd].clone().requires_grad_()
             v = qkv[b, :, (NH + NKV + kh) * hd:(NH + NKV + kh + 1) * hd].clone().requires_grad_()
             for g, h in enumerate(heads):  # one query head at a time: T x T scores each
-                o, l = attend(q[g:g + 1], k, v, scale, mask)
+                o, l = attend(q[g:g + 1], k, v, scale, mask, cap)
                 (o[0] * dout[b, :, h, :]).sum().backward()
                 out[b, :, h, :] = o[0].detach()
                 lse[b, h, :] = l[0].detach()
@@ -194,8 +208,9 @@ def write_case(path, name, c):
     ti = torch.tensor([r % T for r in rows])
     h = docs_hash(c)
     header = [MAGIC, 1, B, T, NH, NKV, hd, c["window"], 0 if c["dtype"] == "fp32" else 1,
-              c["seed"], len(rows), struct.unpack("<I", struct.pack("<f", scale_of(hd)))[0],
-              h & 0xFFFFFFFF, h >> 32, 0, 0]
+              c["seed"], len(rows), struct.unpack("<I", struct.pack("<f", scale_of(c)))[0],
+              h & 0xFFFFFFFF, h >> 32,
+              struct.unpack("<I", struct.pack("<f", c.get("softcap", 0.0)))[0], 0]
     parts = [out[bi, ti].reshape(len(rows), NH * hd), lse[bi, :, ti].reshape(len(rows), NH),
              dq[bi, ti].reshape(len(rows), NH * hd), dk[bi, ti].reshape(len(rows), NKV * hd),
              dv[bi, ti].reshape(len(rows), NKV * hd)]
@@ -212,16 +227,19 @@ def write_case(path, name, c):
 # ---------------------------------------------------------------- self-checks
 
 
-def check_against_loop():
-    """attend and visible against scalar loops in float64 (softmax written out)."""
+def check_against_loop(cap):
+    """attend and visible against scalar loops in float64 (softmax written out), with the
+    soft cap cap (0: none)."""
     T, hd, w = 11, 4, 4
     starts = torch.tensor([0, 0, 0, 3, 3, 3, 3, 3, 8, 8, 10])
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, T, hd, dtype=DT, generator=g) for _ in range(3))
-    o, l = attend(q, k[0], v[0], 0.5, visible(T, w, starts))
+    o, l = attend(q, k[0], v[0], 0.5, visible(T, w, starts), cap)
     for t in range(T):
         js = [j for j in range(T) if starts[t] <= j <= t and t - j < w]
         s = [0.5 * sum(q[0, t, d].item() * k[0, j, d].item() for d in range(hd)) for j in js]
+        if cap > 0:
+            s = [cap * math.tanh(x / cap) for x in s]
         mx = max(s)
         e = [math.exp(x - mx) for x in s]
         lse = mx + math.log(sum(e))
@@ -231,7 +249,9 @@ def check_against_loop():
             assert abs(o[0, t, d].item() - y) < 1e-13, (t, d)
 
 
-def check_gradcheck():
+def check_gradcheck(cap, scale):
+    """autograd's gradients against finite differences; scale large enough with a cap
+    that the scores reach the tanh's bend."""
     T, hd = 9, 3
     starts = torch.tensor([0, 0, 0, 0, 4, 4, 4, 7, 7])
     g = torch.Generator().manual_seed(2)
@@ -239,7 +259,7 @@ def check_gradcheck():
           torch.randn(T, hd, dtype=DT, generator=g).requires_grad_(),
           torch.randn(T, hd, dtype=DT, generator=g).requires_grad_()]
     mask = visible(T, 3, starts)
-    assert torch.autograd.gradcheck(lambda q, k, v: attend(q, k, v, 0.7, mask), ts)
+    assert torch.autograd.gradcheck(lambda q, k, v: attend(q, k, v, scale, mask, cap), ts)
 
 
 def check_inputs():
@@ -257,15 +277,22 @@ def main():
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                   "..", "fixtures"))
     ap.add_argument("--skip-checks", action="store_true")
+    ap.add_argument("--cases", help="comma-separated names of CASES to write [all]")
     args = ap.parse_args()
+    names = args.cases.split(",") if args.cases else list(CASES)
+    for name in names:
+        if name not in CASES:
+            ap.error("no case %r (CASES: %s)" % (name, ", ".join(CASES)))
     torch.set_num_threads(1)
     if not args.skip_checks:
         check_inputs()
-        check_against_loop()
-        check_gradcheck()
+        check_against_loop(0.0)
+        check_against_loop(1.5)
+        check_gradcheck(0.0, 0.7)
+        check_gradcheck(2.0, 3.0)
         print("self-checks passed")
-    for name, c in CASES.items():
-        write_case(os.path.join(args.out, "attn_%s.bin" % name), name, c)
+    for name in names:
+        write_case(os.path.join(args.out, "attn_%s.bin" % name), name, CASES[name])
     return 0
 
 

@@ -291,14 +291,14 @@ static void matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout,
 
 typedef struct att_dims {
     int B, T, NH, NKV, hd, G, W, window;
-    float scale;
+    float scale, softcap; /* softcap 0: none */
     const int32_t *docs;
 } att_dims;
 
 static att_dims att_dims_of(const fy_op *op, int docs_arg) {
     const int NH = (int)op->i[2], NKV = (int)op->i[3], hd = (int)op->i[4];
     return (att_dims){(int)op->i[0], (int)op->i[1], NH, NKV, hd, NH / NKV, (NH + 2 * NKV) * hd,
-                      (int)op->i[5], op->f[0], op->p[docs_arg]};
+                      (int)op->i[5], op->f[0], op->f[1], op->p[docs_arg]};
 }
 
 /* The first key query t of sequence b sees (the last is t). */
@@ -341,6 +341,17 @@ static float att_fwd_row(float *sr, int nk, int c0, int c1, float *m, float *l) 
     *l = *l * alpha + sum;
     *m = mx;
     return alpha;
+}
+
+/* The soft cap (kernels.h) on the visible columns c0..c1 of a row of scores: each becomes
+ * cap tanh(score / cap); th (may be NULL) keeps the tanh, whose derivative the backward
+ * needs. A pass of its own, run only with a cap, so rows without one cost nothing more. */
+static void att_cap_row(float *sr, int c0, int c1, float cap, float *th) {
+    for (int c = c0; c <= c1; c++) {
+        const float t = tanhf(sr[c] / cap);
+        sr[c] = cap * t;
+        if (th) th[c] = t;
+    }
 }
 
 /* Backward: pr (scores) becomes P = exp(score - lse), dr (dP) becomes P (dP - delta). */
@@ -463,6 +474,7 @@ static void attention_fwd(float *out, float *lse, const float *qkv, att_dims d) 
                     att_cols(&d, b, i0 + r, j0, nk, &c0, &c1);
                     float *sr = S + (size_t)r * ATT_BK;
                     if (c0 > c1) { memset(sr, 0, sizeof(float) * nk); continue; }
+                    if (d.softcap > 0.0f) att_cap_row(sr, c0, c1, d.softcap, NULL);
                     const float alpha = wide ? att_fwd_row_avx512(sr, nk, c0, c1, &m[r], &l[r])
                                              : att_fwd_row(sr, nk, c0, c1, &m[r], &l[r]);
                     float *ar = acc + (size_t)r * hd;
@@ -509,7 +521,9 @@ static int att_bwd_chunks(const att_dims *d, int first[ATT_BWD_TASKS + 1]) {
 }
 
 /* dV = P^T dY, dP = dY V^T, dS = P * (dP - delta), delta = rowsum(dY * Y); dQ = scale dS K,
- * dK = scale dS^T Q, P rebuilt tile by tile from lse. */
+ * dK = scale dS^T Q, P rebuilt tile by tile from lse. With a soft cap, P is rebuilt from
+ * the capped scores and dS, their gradient, becomes the raw scores' by the factor
+ * 1 - tanh^2. */
 static void attention_bwd(float *dqkv, float *delta, const float *dout, const float *qkv,
                           const float *out, const float *lse, att_dims d) {
     const int T = d.T, hd = d.hd, W = d.W, Cq = d.NH * hd;
@@ -533,6 +547,7 @@ static void attention_bwd(float *dqkv, float *delta, const float *dout, const fl
     {
         float *P = malloc(sizeof(float) * ATT_BQ * ATT_BK), *dS = malloc(sizeof(float) * ATT_BQ * ATT_BK);
         float *dk = malloc(sizeof(float) * ATT_BK * (size_t)hd), *dv = malloc(sizeof(float) * ATT_BK * (size_t)hd);
+        float th[ATT_BK]; /* a row's tanh of the scores over the cap */
         FY_ASSERT(P && dS && dk && dv, "out of host memory for attention's tiles");
         #pragma omp for schedule(dynamic, 1)
         for (int task = 0; task < d.B * d.NKV * nch; task++) {
@@ -574,11 +589,13 @@ static void attention_bwd(float *dqkv, float *delta, const float *dout, const fl
                             if (c0 > c1) {
                                 memset(pr, 0, sizeof(float) * nkq);
                                 memset(sr, 0, sizeof(float) * nkq);
-                            } else if (wide) {
-                                att_bwd_row_avx512(pr, sr, nkq, c0, c1, ls[t], dl[t]);
-                            } else {
-                                att_bwd_row(pr, sr, nkq, c0, c1, ls[t], dl[t]);
+                                continue;
                             }
+                            if (d.softcap > 0.0f) att_cap_row(pr, c0, c1, d.softcap, th);
+                            if (wide) att_bwd_row_avx512(pr, sr, nkq, c0, c1, ls[t], dl[t]);
+                            else att_bwd_row(pr, sr, nkq, c0, c1, ls[t], dl[t]);
+                            if (d.softcap > 0.0f)
+                                for (int c = c0; c <= c1; c++) sr[c] *= 1.0f - th[c] * th[c];
                         }
                         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nkq, hd, nq, 1.0f, P, ATT_BK,
                                     dy, Cq, 1.0f, dv, hd);
@@ -612,20 +629,22 @@ static void attention_bwd(float *dqkv, float *delta, const float *dout, const fl
     free(part);
 }
 
-/* Rotary embeddings on the query and key heads of packed rows (rope.h), in place; the
- * inverse rotation (the transpose: the backward) with inverse != 0, at each row's place in
- * its document (kernels.h). Angles for the T positions are tabulated once per call. */
+/* Rotary embeddings on the query and key heads of packed rows (rope.h), in place, on the
+ * first r->rot_dim channels of each head (resolved: fy_op_rope); the transpose (the
+ * backward) with inverse != 0, at each row's place in its document (kernels.h). The
+ * factors f cos and f sin for the T positions are tabulated once per call. */
 static void rope(float *qkv, const int32_t *docs, int B, int T, int NH, int NKV, int hd,
-                 bool inverse, int type, const float *f) {
-    const int half = hd / 2, W = (NH + 2 * NKV) * hd, heads = NH + NKV;
+                 bool inverse, const fy_rope *r) {
+    const int half = r->rot_dim / 2, W = (NH + 2 * NKV) * hd, heads = NH + NKV;
+    const double af = r->attn_factor;
     float *cs = malloc((size_t)T * half * 2 * sizeof *cs);
-    FY_ASSERT(cs, "out of host memory for rope's angles");
+    FY_ASSERT(cs || T * half == 0, "out of host memory for rope's angles");
     for (int j = 0; j < half; j++) {
-        double inv = fy_rope_inv_freq(j, hd, type, f[0], f[1], f[2], f[3], f[4]);
+        double inv = fy_rope_inv_freq(r, j, r->rot_dim);
         for (int t = 0; t < T; t++) {
             double a = (double)t * inv;
-            cs[((size_t)t * half + j) * 2] = (float)cos(a);
-            cs[((size_t)t * half + j) * 2 + 1] = (float)(inverse ? -sin(a) : sin(a));
+            cs[((size_t)t * half + j) * 2] = (float)(cos(a) * af);
+            cs[((size_t)t * half + j) * 2 + 1] = (float)((inverse ? -sin(a) : sin(a)) * af);
         }
     }
     #pragma omp parallel for schedule(static)
@@ -896,7 +915,8 @@ static void k_attention_bwd(const fy_op *op) {
     attention_bwd(OP_P(0), OP_P(1), OP_P(2), OP_P(3), OP_P(4), OP_P(5), att_dims_of(op, 6));
 }
 static void k_rope(const fy_op *op) {
-    rope(OP_P(0), OP_P(1), OP_I(0), OP_I(1), OP_I(2), OP_I(3), OP_I(4), OP_I(5) != 0, OP_I(6), op->f);
+    const fy_rope r = fy_op_rope(op);
+    rope(OP_P(0), OP_P(1), OP_I(0), OP_I(1), OP_I(2), OP_I(3), OP_I(4), OP_I(5) != 0, &r);
 }
 static void k_gelu_fwd(const fy_op *op) { gelu_fwd(OP_P(0), OP_P(1), (size_t)OP_I(0)); }
 static void k_gelu_bwd(const fy_op *op) { gelu_bwd(OP_P(0), OP_P(1), OP_P(2), (size_t)OP_I(0)); }

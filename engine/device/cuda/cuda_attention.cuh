@@ -26,6 +26,10 @@
  * the storage type there (bf16 only as mma inputs); the row statistics (running max, sum,
  * lse, delta) stay fp32 in registers.
  *
+ * Scores: q.k * scale, then with a soft cap c, c tanh(score / c) (att_scores); the backward
+ * rebuilds P from the capped scores and multiplies dS by the tanh's derivative, 1 - (capped
+ * score / c)^2 (att_dcap), before its products.
+ *
  * Masks: query t sees key j iff lo(t) <= j <= t (kernels.h); lo is nondecreasing in t, so
  * a query tile needs the keys from lo(first query) to its last query, and a key tile the
  * queries from its first key to the last t with lo(t) <= its last key (a binary search).
@@ -182,7 +186,7 @@ typedef struct att_args {
     int B, T, NH, NKV, G, W, window; /* G = NH / NKV; W = (NH + 2 NKV) hd, a packed row */
     int hd;                          /* the head size: at most the kernel's HD (a tile's row
                                         width; the columns past hd are zeros) */
-    float scale;
+    float scale, softcap;            /* softcap 0: none */
     const int32_t *docs;             /* (B,T) or NULL */
 } att_args;
 
@@ -219,6 +223,27 @@ __device__ __forceinline__ float quad_sum(float v) {
     return v + __shfl_xor_sync(FULL_MASK, v, 2);
 }
 
+/* A warp's block of products q.k becomes the scores: times scale, then capped when the
+ * cap is set (a branch uniform over the grid, taken once a tile, not per element). */
+template <int N>
+__device__ __forceinline__ void att_scores(float (&s)[N][4], const att_args &a) {
+    if (a.softcap > 0.0f) {
+        for (int n = 0; n < N; n++)
+            for (int i = 0; i < 4; i++) s[n][i] = a.softcap * tanhf(s[n][i] * a.scale / a.softcap);
+    } else {
+        for (int n = 0; n < N; n++)
+            for (int i = 0; i < 4; i++) s[n][i] *= a.scale;
+    }
+}
+
+/* The factor from a capped score's gradient to the raw score's: the tanh's derivative
+ * 1 - (x / c)^2 at the capped score x; 1 without a cap. */
+__device__ __forceinline__ float att_dcap(float x, const att_args &a) {
+    if (a.softcap <= 0.0f) return 1.0f;
+    const float th = x / a.softcap;
+    return 1.0f - th * th;
+}
+
 /* ---- forward ------------------------------------------------------------------------------ */
 
 /* Block (query tile x, head y, sequence z): out and lse of its R queries. */
@@ -249,11 +274,12 @@ __global__ void attention_fwd_k(T *out, float *lse, const T *qkv, att_args a) {
         for (int n = 0; n < C / 8; n++)
             for (int i = 0; i < 4; i++) s[n][i] = 0.0f;
         warp_gemm<T, C / 8, HD>(s, q_s + w * 16 * HD, HD, 1, k_s, 1, HD);
+        att_scores(s, a);
         float mx[2] = {m[0], m[1]};
         for (int n = 0; n < C / 8; n++)
             for (int i = 0; i < 4; i++) {
                 const int r = i >> 1, j = j0 + frag_col(n, i);
-                s[n][i] = j >= lo[r] && j <= t[r] ? s[n][i] * a.scale : -INFINITY;
+                s[n][i] = j >= lo[r] && j <= t[r] ? s[n][i] : -INFINITY;
                 mx[r] = fmaxf(mx[r], s[n][i]);
             }
         float alpha[2], sum[2] = {0.0f, 0.0f};
@@ -352,13 +378,14 @@ __global__ void attention_bwd_dkv_k(T *dqkv, const T *dout, const T *qkv, const 
                 for (int i = 0; i < 4; i++) st[n][i] = dpt[n][i] = 0.0f;
             warp_gemm<T, C / 8, HD>(st, k_s + w * 16 * HD, HD, 1, q_s, 1, HD);
             warp_gemm<T, C / 8, HD>(dpt, v_s + w * 16 * HD, HD, 1, do_s, 1, HD);
+            att_scores(st, a);
             for (int n = 0; n < C / 8; n++)
                 for (int i = 0; i < 4; i++) {
                     const int c = frag_col(n, i), t = i0 + c, jj = j[i >> 1];
-                    const float p = jj >= lo_s[c] && jj <= t ? expf(st[n][i] * a.scale - lse_s[c]) : 0.0f;
+                    const float p = jj >= lo_s[c] && jj <= t ? expf(st[n][i] - lse_s[c]) : 0.0f;
                     const int at = (w * 16 + frag_row(i)) * C + c;
                     pt_s[at] = from_f<T>(p);
-                    dst_s[at] = from_f<T>(p * (dpt[n][i] - delta_s[c]));
+                    dst_s[at] = from_f<T>(p * (dpt[n][i] - delta_s[c]) * att_dcap(st[n][i], a));
                 }
             __syncthreads();
             warp_gemm<T, HD / 8, C>(dv, pt_s + w * 16 * C, C, 1, do_s, HD, 1);
@@ -411,11 +438,13 @@ __global__ void attention_bwd_dq_k(T *dqkv, const T *dout, const T *qkv, const f
             for (int i = 0; i < 4; i++) s[n][i] = dp[n][i] = 0.0f;
         warp_gemm<T, C / 8, HD>(s, q_s + w * 16 * HD, HD, 1, k_s, 1, HD);
         warp_gemm<T, C / 8, HD>(dp, do_s + w * 16 * HD, HD, 1, v_s, 1, HD);
+        att_scores(s, a);
         for (int n = 0; n < C / 8; n++)
             for (int i = 0; i < 4; i++) {
                 const int r = i >> 1, jj = j0 + frag_col(n, i);
-                const float p = jj >= lo[r] && jj <= t[r] ? expf(s[n][i] * a.scale - ls[r]) : 0.0f;
-                ds_s[(w * 16 + frag_row(i)) * C + frag_col(n, i)] = from_f<T>(p * (dp[n][i] - dl[r]));
+                const float p = jj >= lo[r] && jj <= t[r] ? expf(s[n][i] - ls[r]) : 0.0f;
+                ds_s[(w * 16 + frag_row(i)) * C + frag_col(n, i)] =
+                    from_f<T>(p * (dp[n][i] - dl[r]) * att_dcap(s[n][i], a));
             }
         __syncthreads();
         warp_gemm<T, HD / 8, C>(dq, ds_s + w * 16 * C, C, 1, k_s, HD, 1);
@@ -434,7 +463,7 @@ __global__ void attention_bwd_dq_k(T *dqkv, const T *dout, const T *qkv, const f
 static att_args att_args_of(const fy_op *op, int docs_arg) {
     const int NH = (int)op->i[2], NKV = (int)op->i[3], hd = (int)op->i[4];
     return att_args{(int)op->i[0], (int)op->i[1], NH, NKV, NH / NKV, (NH + 2 * NKV) * hd,
-                    (int)op->i[5], hd, op->f[0], (const int32_t *)op->p[docs_arg]};
+                    (int)op->i[5], hd, op->f[0], op->f[1], (const int32_t *)op->p[docs_arg]};
 }
 
 template <typename T, int HD>

@@ -585,22 +585,25 @@ __global__ void glu_bwd_k(T *dgu, const T *gu, const T *dout, size_t N, size_t F
 }
 
 /* Rotary embeddings (rope.h) on the query and key heads of packed rows: one thread per
- * (row, head, pair), at the row's place in its document; the angle in double, its cosine
- * and sine rounded to fp32, as the cpu backend does. */
+ * (row, head, pair of the first r.rot_dim channels), at the row's place in its document;
+ * the angle in double, its cosine and sine times the attention factor rounded to fp32, as
+ * the cpu backend does. r (by value: ~0.5 KiB of the 4 KiB of parameters) as fy_op_rope
+ * resolves it. */
 template <typename T>
-__global__ void rope_k(T *qkv, const int32_t *docs, int N, int T_, int heads, int W, int hd, bool inverse,
-                       int type, float theta, float factor, float low, float high, float orig) {
-    const int half = hd / 2;
+__global__ void rope_k(T *qkv, const int32_t *docs, int N, int T_, int heads, int W, int hd,
+                       bool inverse, fy_rope r) {
+    const int half = r.rot_dim / 2;
     const size_t total = (size_t)N * heads * half;
     for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (size_t)gridDim.x * blockDim.x) {
         int j = (int)(idx % half);
         size_t nh = idx / half;
         int h = (int)(nh % heads), n = (int)(nh / heads);
-        double a = (double)position_of(docs, n, T_) * fy_rope_inv_freq(j, hd, type, theta, factor, low, high, orig);
+        double a = (double)position_of(docs, n, T_) * fy_rope_inv_freq(&r, j, r.rot_dim);
         double sd, cd;
         sincos(a, &sd, &cd);
-        float c = (float)cd, sn = inverse ? -(float)sd : (float)sd;
+        float c = (float)(cd * r.attn_factor), sn = (float)(sd * r.attn_factor);
+        if (inverse) sn = -sn;
         T *x = qkv + (size_t)n * W + (size_t)h * hd;
         float x1 = to_f(x[j]), x2 = to_f(x[j + half]);
         x[j] = from_f<T>(x1 * c - x2 * sn);
@@ -888,11 +891,11 @@ static void exec_typed(fy_cu_stream *cs, const fy_op *op) {
     case FY_OP_QK_NORM_BWD: qk_norm_bwd<T>(cs, op); break;
     case FY_OP_ROPE: {
         int B = (int)i[0], T_ = (int)i[1], NH = (int)i[2], NKV = (int)i[3], hd = (int)i[4];
-        size_t n = (size_t)B * T_ * (NH + NKV) * (hd / 2);
+        const fy_rope r = fy_op_rope(op);
+        size_t n = (size_t)B * T_ * (NH + NKV) * (r.rot_dim / 2);
         if (n)
             FY_LAUNCH(pointwise_grid(n), 256, 0, st, rope_k<T>)((T *)p[0], (const int32_t *)p[1], B * T_, T_, NH + NKV,
-                (NH + 2 * NKV) * hd, hd, i[5] != 0, (int)i[6], op->f[0], op->f[1], op->f[2],
-                op->f[3], op->f[4]);
+                (NH + 2 * NKV) * hd, hd, i[5] != 0, r);
         LAUNCHED("rope");
         break;
     }
