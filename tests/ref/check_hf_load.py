@@ -13,9 +13,10 @@ where L is the mean cross-entropy over all B*T positions of the first batch of a
 llm.c token shard (x = tokens[0:B*T] as (B, T), y = tokens[1:B*T+1]).
 
 --dtype float64 runs transformers in float64. Stock transformers still rounds RMSNorm,
-the RoPE tables, the attention softmax and the logits through float32 (upcasts meant
-for half precision); --exact (Llama only) removes those casts so the whole forward is
-float64. gen_llama_ref.py and gen_llama_hf.py use it for their cross-checks.
+the RoPE tables and the attention softmax through float32 (upcasts meant for half
+precision); --exact turns every float32 request into float64 while the model loads and
+runs (set_exact), so the whole forward is float64, for any family. gen_llama_ref.py,
+gen_llama_hf.py, gen_family_ref.py and hf_family_check.py use it for their cross-checks.
 
 Usage: /tmp/tfenv/bin/python tests/ref/check_hf_load.py DIR [--tokens FILE]
            [--batch 4] [--seq 32] [--dtype float32|float64|bfloat16] [--exact]
@@ -39,73 +40,46 @@ _EXACT = {"on": False, "installed": False}
 
 
 def set_exact(on):
-    """Turn the float64 precision patches on or off (installs them on first use).
-    They change nothing for float32 / bfloat16 tensors."""
+    """Turn the float64 promotion on or off (installs it on first use). While on, every
+    request for float32 that transformers' code makes (the RMSNorm and RoPE upcasts, the
+    RoPE inverse frequencies and longrope factors, the eager attention's softmax) gets
+    float64 instead, so a float64 model computes in float64 throughout, whatever its
+    family. Only for runs where everything is float64: it would promote a float32
+    model's upcasts too, so the caller turns it on only with --dtype float64."""
     install_exact_patches()
     _EXACT["on"] = bool(on)
+
+
+def _f64(dt):
+    return torch.float64 if (_EXACT["on"] and dt is torch.float32) else dt
 
 
 def install_exact_patches():
     if _EXACT["installed"]:
         return
-    from transformers import modeling_rope_utils as mru
-    from transformers.models.llama import modeling_llama as ml
-
-    orig_default = mru._compute_default_rope_parameters
-
-    def default64(config=None, device=None, seq_len=None, **kw):
-        inv, att = orig_default(config, device, seq_len, **kw)
-        if not _EXACT["on"]:
-            return inv, att
-        if kw:
-            base, dim = kw["base"], kw["dim"]
-        else:
-            base = config.rope_theta
-            prf = getattr(config, "partial_rotary_factor", 1.0)
-            dim = int(getattr(config, "head_dim", config.hidden_size // config.num_attention_heads) * prf)
-        inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-        return inv, att
-
-    # _compute_llama3_parameters looks the default function up as a module global
-    mru._compute_default_rope_parameters = default64
-
-    orig_rot_fwd = ml.LlamaRotaryEmbedding.forward
-
-    @torch.no_grad()
-    def rot_fwd(self, x, position_ids):
-        if not (_EXACT["on"] and x.dtype == torch.float64):
-            return orig_rot_fwd(self, x, position_ids)
-        if self.rope_type == "default":
-            inv, _ = mru._compute_default_rope_parameters(self.config, x.device, **self.rope_kwargs)
-        elif self.rope_type == "llama3":
-            inv, _ = mru._compute_llama3_parameters(self.config, x.device, **self.rope_kwargs)
-        else:
-            raise SystemExit("--exact: rope type %r not supported" % self.rope_type)
-        assert inv.dtype == torch.float64
-        freqs = position_ids[:, :, None].to(torch.float64) * inv[None, None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
-
-    ml.LlamaRotaryEmbedding.forward = rot_fwd
-
-    orig_norm_fwd = ml.LlamaRMSNorm.forward
-
-    def norm_fwd(self, h):
-        if not (_EXACT["on"] and h.dtype == torch.float64):
-            return orig_norm_fwd(self, h)
-        var = h.pow(2).mean(-1, keepdim=True)
-        return self.weight * (h * torch.rsqrt(var + self.variance_epsilon))
-
-    ml.LlamaRMSNorm.forward = norm_fwd
-
-    # the eager attention calls nn.functional.softmax(..., dtype=torch.float32)
+    T = torch.Tensor
+    orig_float, orig_to, orig_tensor = T.float, T.to, torch.tensor
     orig_softmax = torch.nn.functional.softmax
 
-    def softmax(input, dim=None, _stacklevel=3, dtype=None):
-        if _EXACT["on"] and input.dtype == torch.float64:
-            dtype = None
-        return orig_softmax(input, dim=dim, _stacklevel=_stacklevel, dtype=dtype)
+    def float_(self, *a, **k):
+        return orig_to(self, torch.float64) if _EXACT["on"] else orig_float(self, *a, **k)
 
+    def to_(self, *a, **k):
+        if _EXACT["on"]:
+            a = tuple(_f64(x) if isinstance(x, torch.dtype) else x for x in a)
+            if "dtype" in k:
+                k["dtype"] = _f64(k["dtype"])
+        return orig_to(self, *a, **k)
+
+    def tensor_(*a, **k):
+        if "dtype" in k:
+            k["dtype"] = _f64(k["dtype"])
+        return orig_tensor(*a, **k)
+
+    def softmax(input, dim=None, _stacklevel=3, dtype=None):
+        return orig_softmax(input, dim=dim, _stacklevel=_stacklevel, dtype=_f64(dtype))
+
+    T.float, T.to, torch.tensor = float_, to_, tensor_
     torch.nn.functional.softmax = softmax
     _EXACT["installed"] = True
 
@@ -130,11 +104,10 @@ def get_batch(tokens, step, B, T):
 
 
 def causal_lm_loss(model, x, y):
-    """Mean cross-entropy over all positions. The logits come from the base model and
-    the output embedding directly (LlamaForCausalLM.forward would round them to float32
-    and drop the last position)."""
-    hidden = model.base_model(input_ids=x)[0]
-    logits = model.get_output_embeddings()(hidden)
+    """Mean cross-entropy over all positions: the model's own logits (with, e.g.,
+    Gemma's final soft-cap) for every position, no labels passed (transformers would
+    shift them and drop the last position)."""
+    logits = model(input_ids=x, use_cache=False).logits
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
@@ -166,7 +139,7 @@ def main():
     ap.add_argument("--seq", type=int, default=32)
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     ap.add_argument("--exact", action="store_true",
-                    help="with --dtype float64: remove transformers' float32 upcasts (Llama)")
+                    help="with --dtype float64: remove transformers' float32 upcasts")
     args = ap.parse_args()
 
     import transformers
@@ -180,8 +153,6 @@ def main():
     try:
         model, info = load_strict(args.dir, DTYPES[args.dtype])
         x, y = get_batch(read_shard(args.tokens), 0, args.batch, args.seq)
-        if args.exact and model.config.model_type != "llama":
-            raise ValueError("--exact supports model_type llama only")
         with torch.no_grad():
             loss = causal_lm_loss(model, x, y).item()
     except Exception as e:  # one line, whatever went wrong
