@@ -111,11 +111,13 @@ INIT_SEEDS = {"qwen2": 5101, "qwen3": 5102, "mistral": 5103, "gemma2": 5104,
 # init standard deviations of the matrices: q/k large enough for position-dependent
 # attention (and, in gemma2, scores past the soft-cap); gemma2's embedding large enough
 # for logits past the final soft-cap; qwen3's q/k large so that its q/k norms matter,
-# phi3's so that its longrope factors do (check_features_matter asserts each)
+# phi3's so that its longrope factors do (check_features_matter asserts each), and no
+# larger: at 0.3 its 10-step trajectory amplifies fp32 rounding (a float32 run of this
+# reference drifts 4e-4 from the float64 one by step 8), past the C tests' 1e-4
 INIT_STD = {"embed": 0.1, "qk": 0.15, "other": 0.1}
 INIT_STD_FAMILY = {"gemma2": {"embed": 0.3, "qk": 0.25, "other": 0.1},
                    "qwen3": {"embed": 0.1, "qk": 0.4, "other": 0.1},
-                   "phi3": {"embed": 0.1, "qk": 0.3, "other": 0.1}}
+                   "phi3": {"embed": 0.1, "qk": 0.2, "other": 0.1}}
 
 
 def write_hf_config(family, path):
