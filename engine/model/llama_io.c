@@ -175,6 +175,13 @@ static fy_status read_window(const cJSON *j, const char *path, fy_llama_config *
     return FY_OK;
 }
 
+/* longrope's attention factor when the config gives none (transformers'
+ * _compute_longrope_parameters: from the ratio of the positions to the original ones). */
+static float longrope_attn_factor(int max_seq, int orig) {
+    const double factor = (double)max_seq / orig;
+    return factor <= 1.0 ? 1.0f : (float)sqrt(1.0 + log(factor) / log((double)orig));
+}
+
 /* The rotation: rope_parameters (newer transformers) or rope_theta and rope_scaling;
  * Phi-3's partial rotation and longrope's attention factor; Gemma 3's local layers' base. */
 static fy_status read_ropes(const cJSON *j, const char *path, fy_llama_config *c) {
@@ -226,10 +233,7 @@ static fy_status read_ropes(const cJSON *j, const char *path, fy_llama_config *c
         int orig;
         FY_TRY(fy_hf_int(j, path, "original_max_position_embeddings", c->max_seq, 1, 1 << 30, &orig));
         c->rope.orig_max_pos = (float)orig;
-        if (!(c->rope.attn_factor > 0.0f)) {
-            const double factor = (double)c->max_seq / orig;
-            c->rope.attn_factor = factor <= 1.0 ? 1.0f : (float)sqrt(1.0 + log(factor) / log((double)orig));
-        }
+        if (!(c->rope.attn_factor > 0.0f)) c->rope.attn_factor = longrope_attn_factor(c->max_seq, orig);
     }
     if (rp_local) { /* the sliding layers' own */
         FY_TRY(fy_hf_float(rp_local, path, "rope_theta", 10000.0, &theta));
@@ -356,10 +360,13 @@ fy_status fy_llama_from_weights(const fy_weights *w, const fy_model_shape *hint,
     return fy_llama_new(&c, NULL, out);
 }
 
-static void write_rope(cJSON *o, const fy_rope *r, const float *long_factors, int pairs) {
+/* A rotation's scaling into o; longrope as Phi-3's configs give it (transformers' Phi3Config
+ * takes exactly type, short_factor and long_factor: the attention factor only when it is
+ * not the one the sizes give). */
+static void write_rope(cJSON *o, const fy_llama_config *c, const fy_rope *r, int pairs) {
     static const char *const types[] = {[FY_ROPE_DEFAULT] = "default", [FY_ROPE_LINEAR] = "linear",
                                         [FY_ROPE_LLAMA3] = "llama3", [FY_ROPE_LONGROPE] = "longrope"};
-    fy_hf_set_string(o, "rope_type", types[r->type]);
+    fy_hf_set_string(o, r->type == FY_ROPE_LONGROPE ? "type" : "rope_type", types[r->type]);
     if (r->type == FY_ROPE_LINEAR || r->type == FY_ROPE_LLAMA3) fy_hf_set_float(o, "factor", r->factor);
     if (r->type == FY_ROPE_LLAMA3) {
         fy_hf_set_float(o, "low_freq_factor", r->low_freq_factor);
@@ -368,8 +375,9 @@ static void write_rope(cJSON *o, const fy_rope *r, const float *long_factors, in
     }
     if (r->type == FY_ROPE_LONGROPE) {
         fy_hf_set_float_array(o, "short_factor", r->ext, pairs);
-        fy_hf_set_float_array(o, "long_factor", long_factors, pairs);
-        fy_hf_set_float(o, "attention_factor", r->attn_factor);
+        fy_hf_set_float_array(o, "long_factor", c->rope_long, pairs);
+        if (r->attn_factor != longrope_attn_factor(c->max_seq, (int)r->orig_max_pos))
+            fy_hf_set_float(o, "attention_factor", r->attn_factor);
     }
 }
 
@@ -396,18 +404,18 @@ void fy_llama_hf_config(const fy_model *m, cJSON *j) {
     if (!cJSON_GetObjectItemCaseSensitive(j, "initializer_range")) fy_hf_set_float(j, "initializer_range", 0.02f);
     fy_hf_set_float(j, "rope_theta", c->rope.theta);
     if (c->rope.type == FY_ROPE_DEFAULT) fy_hf_set_null(j, "rope_scaling");
-    else write_rope(fy_hf_set_object(j, "rope_scaling"), &c->rope, c->rope_long, pairs);
+    else write_rope(fy_hf_set_object(j, "rope_scaling"), c, &c->rope, pairs);
     const cJSON *old_rp = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
     if (cJSON_IsObject(old_rp)) { /* the newer form, kept in step */
         const bool per_kind = cJSON_GetObjectItemCaseSensitive(old_rp, "full_attention") != NULL;
         cJSON *rp = fy_hf_set_object(j, "rope_parameters");
         cJSON *full = per_kind ? fy_hf_set_object(rp, "full_attention") : rp;
         fy_hf_set_float(full, "rope_theta", c->rope.theta);
-        write_rope(full, &c->rope, c->rope_long, pairs);
+        write_rope(full, c, &c->rope, pairs);
         if (per_kind) {
             cJSON *local = fy_hf_set_object(rp, "sliding_attention");
             fy_hf_set_float(local, "rope_theta", c->rope_local.theta);
-            write_rope(local, &c->rope_local, c->rope_long, pairs);
+            write_rope(local, c, &c->rope_local, pairs);
         }
     }
     if (c->rope.rot_dim) fy_hf_set_float(j, "partial_rotary_factor", (float)c->rope.rot_dim / (float)c->head_dim);
