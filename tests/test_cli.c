@@ -1473,6 +1473,48 @@ Test(cli, hf_config_edits_refused) {
     }
 }
 
+/* The families' fields ferry cannot honour, each refused before any memory is allocated
+ * with one error line naming config.json and the field (the directories transformers
+ * wrote: tests/fixtures/fam_*). */
+Test(cli, hf_family_fields_refused) {
+    static const struct { const char *fam, *from, *to, *kw[3]; } cases[] = {
+        {"qwen2", "\"use_sliding_window\": false", "\"use_sliding_window\": true", {"use_sliding_window", "true"}},
+        {"qwen2", "\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"", {"hidden_act", "gelu"}},
+        {"qwen2", "\"model_type\": \"qwen2\"", "\"model_type\": \"qwen2\", \"num_experts\": 8", {"num_experts", "experts"}},
+        {"qwen2", "\"model_type\": \"qwen2\"", "\"model_type\": \"qwen2\", \"partial_rotary_factor\": 0.5",
+         {"partial_rotary_factor", "qwen2"}},
+        {"qwen3", "\"attention_bias\": false", "\"attention_bias\": true", {"attention_bias", "true"}},
+        {"qwen3", "\"model_type\": \"qwen3\"", "\"model_type\": \"qwen3_moe\"", {"model_type", "qwen3_moe"}},
+        {"gemma2", "\"hidden_activation\": \"gelu_pytorch_tanh\"", "\"hidden_activation\": \"gelu\"",
+         {"hidden_activation", "gelu"}},
+        {"gemma2", "\"sliding_attention\"", "\"full_attention\"", {"layer_types", "full one"}},
+        {"gemma2", "\"model_type\": \"gemma2\"", "\"model_type\": \"gemma2\", \"attention_dropout\": 0.1",
+         {"attention_dropout", "dropout"}},
+        {"gemma3_text", "\"use_bidirectional_attention\": false", "\"use_bidirectional_attention\": true",
+         {"use_bidirectional_attention", "causal"}},
+        {"gemma3_text", "\"rope_type\": \"linear\"", "\"rope_type\": \"yarn\"", {"rope_scaling", "yarn"}},
+        {"gemma3_text", "\"model_type\": \"gemma3_text\"", "\"model_type\": \"gemma3\"", {"gemma3_text", "text model"}},
+        {"phi3", "\"type\": \"longrope\"", "\"type\": \"dynamic\"", {"rope_scaling", "dynamic"}},
+        {"phi3", "\"short_factor\": [", "\"short_factor\": [3.0, ", {"short_factor", "12 numbers"}},
+        {"phi3", "\"partial_rotary_factor\": 0.75", "\"partial_rotary_factor\": 0.71875",
+         {"partial_rotary_factor", "23"}},
+        {"phi3", "\"resid_pdrop\": 0.0", "\"resid_pdrop\": 0.1", {"resid_pdrop", "dropout"}},
+        {"mistral", "\"sliding_window\": 12", "\"sliding_window\": -3", {"sliding_window", "-3"}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char src[64], name[64];
+        snprintf(src, sizeof src, "fam_%s", cases[i].fam);
+        snprintf(name, sizeof name, "refused%zu", i);
+        const char *d = copy_hf(src, name);
+        edit(d, "config.json", cases[i].from, cases[i].to);
+        run_result r;
+        FERRY(&r, "train", HF_ARGS, "--init", d);
+        const char *kw[4] = {"config.json", cases[i].kw[0], cases[i].kw[1], NULL};
+        test_expect_error_kw(&r, 1, kw);
+        cr_expect(!strstr(r.out, "plan"), "case %zu: a plan was printed before the error", i);
+    }
+}
+
 Test(cli, hf_config_not_json) {
     const char *d = copy_hf("llama_hf_tiny_bf16", "notjson");
     write_bytes(P("notjson/config.json"), "{\"model_type\": ", 15);
