@@ -467,7 +467,7 @@ static int capacity(const fy_opts *o) {
            tc.batch, tc.seq, fy_dtype_name(tc.dtype == FY_BF16 ? FY_BF16 : FY_F32));
     best named = {0}, shape = {0};
     capacity_table(&p, &tc, o, 0, &named);
-    printf("free shapes: a Llama's width with as many layers as fit\n");
+    printf("free shapes: a named model's width (each Llama-like family's) with as many layers as fit\n");
     capacity_table(&p, &tc, o, 1, &shape);
     if (named.params)
         printf("largest named model: %s (%.2fB parameters, %.1f ms/step)\n", named.label,
