@@ -511,6 +511,30 @@ Test(llama_model, every_plan_is_bit_identical_with_windows_documents_and_chunks)
     fy_model_free(m);
 }
 
+/* Every family's switches with documents and sequence chunks (5 positions: chunks that
+ * split the windows, the documents and the sandwich norms' rows): every plan gives the
+ * all-resident plan's bits and the memory model its measured peak (bf16 where the family
+ * has one of the two storage types' own roundings: Gemma's scaled embedding and gains). */
+static void family_plans_docs_chunks(fy_llama_arch arch, bool bf16) {
+    fy_model *m = plan_family(arch);
+    fy_model_set_chunk(m, 5);
+    g_docs = (fy_doc_mask){FY_DOCS_EOT, '\n'};
+    every_plan_is_bit_identical(m, bf16 ? FY_BF16 : FY_F32);
+    g_docs = (fy_doc_mask){FY_DOCS_NONE, 0};
+    fy_model_free(m);
+}
+
+#define FAMILY_PLANS_DOCS_CHUNKS(fam, arch, bf16)                                              \
+    Test(llama_model, every_plan_is_bit_identical_##fam##_documents_and_chunks) {            \
+        family_plans_docs_chunks(arch, bf16);                                                 \
+    }
+FAMILY_PLANS_DOCS_CHUNKS(qwen2, FY_ARCH_QWEN2, false)
+FAMILY_PLANS_DOCS_CHUNKS(qwen3, FY_ARCH_QWEN3, false)
+FAMILY_PLANS_DOCS_CHUNKS(mistral, FY_ARCH_MISTRAL, false)
+FAMILY_PLANS_DOCS_CHUNKS(gemma2, FY_ARCH_GEMMA2, true)
+FAMILY_PLANS_DOCS_CHUNKS(gemma3, FY_ARCH_GEMMA3, true)
+FAMILY_PLANS_DOCS_CHUNKS(phi3, FY_ARCH_PHI3, false)
+
 /* Sum of the per-position losses of x (n positions, targets y) as one sequence of n. */
 static double seq_loss_sum(const fy_model *m, const fy_weights *w, const int32_t *x,
                            const int32_t *y, int n, const fy_doc_mask *docs) {
