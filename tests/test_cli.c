@@ -1584,6 +1584,49 @@ Test(cli, hf_mistral_window_shorter_than_the_sequence) {
     cr_expect(fabs(eval_loss(&r) - windowed) > 1e-6, "the window changed nothing: %.9g", windowed);
 }
 
+/* A field left out of config.json takes the default of transformers' config class for the
+ * family (4.57), not a value derived from the other fields: Qwen3Config's head_dim 128 and
+ * Gemma2Config's 256 (the weights then disagree: head_dim * heads rows are needed), Gemma
+ * 3's soft-caps none, Phi3Config's original_max_position_embeddings 4096 (longrope's
+ * attention factor, from max_position_embeddings / it). */
+Test(cli, hf_family_absent_fields_take_transformers_defaults) {
+    static const struct { const char *fam, *from, *to, *needs; } shapes[] = {
+        {"qwen3", "\"head_dim\": 24,", "", "(256,64)"},
+        {"gemma2", "\"head_dim\": 16,", "", "(1024,64)"},
+    };
+    run_result r;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        char src[64], name[64];
+        snprintf(src, sizeof src, "fam_%s", shapes[i].fam);
+        snprintf(name, sizeof name, "default%zu", i);
+        const char *d = copy_hf(src, name);
+        edit(d, "config.json", shapes[i].from, shapes[i].to);
+        FERRY(&r, "train", HF_ARGS, "--init", d);
+        EXPECT_ERROR(&r, 1, "q_proj", shapes[i].needs);
+    }
+    const char *d = copy_hf("fam_gemma3_text", "nocaps");
+    edit(d, "config.json", "\"attn_logit_softcapping\": null,", "");
+    edit(d, "config.json", "\"final_logit_softcapping\": null,", "");
+    FERRY(&r, "train", HF_ARGS, "--init", d);
+    test_expect_ok(&r);
+    const char *ev[] = {"eval", "--data", test_fixture("gpt2_tiny_tokens.bin"), "--batch", "2",
+                        "--seq", "16", "--device", "cpu", "--batches", "1", "--init"};
+#define EV ev[0], ev[1], ev[2], ev[3], ev[4], ev[5], ev[6], ev[7], ev[8], ev[9], ev[10], ev[11]
+    /* phi3: 8192 positions over the default 4096 scale the rotation by 1.04 */
+    const char *given = copy_hf("fam_phi3", "orig_given"), *absent = copy_hf("fam_phi3", "orig_absent");
+    edit(given, "config.json", "\"original_max_position_embeddings\": 16", "\"original_max_position_embeddings\": 4096");
+    edit(absent, "config.json", "\"original_max_position_embeddings\": 16,", "");
+    edit(given, "config.json", "\"max_position_embeddings\": 64", "\"max_position_embeddings\": 8192");
+    edit(absent, "config.json", "\"max_position_embeddings\": 64", "\"max_position_embeddings\": 8192");
+    FERRY(&r, EV, given);
+    test_expect_ok(&r);
+    const double want = eval_loss(&r);
+    FERRY(&r, EV, absent);
+    test_expect_ok(&r);
+    cr_expect_eq(eval_loss(&r), want, "absent %.9g, 4096 given %.9g", eval_loss(&r), want);
+#undef EV
+}
+
 #define LTINY "--model", "llama-tiny", "--steps", "2", "--seq", "32", "--batch", "2", "--device", \
               "cpu", "--threads", "1"
 /* --doc-mask: each wrong value is one error line; a token the vocabulary does not name by

@@ -436,8 +436,8 @@ FAMILY_TESTS(phi3)
  * (biases, q/k norms, head_dim apart from the width, windows on all or some layers, sandwich
  * norms with (1 + w) gains, GeGLU, a scaled embedding, soft-caps, two ropes, a partial
  * longrope over a sequence past its original length). */
-static fy_model *plan_family(fy_llama_arch arch) {
-    fy_llama_config c = {.vocab = 256, .max_seq = 32, .channels = 32, .layers = 4, .heads = 4,
+static fy_model *plan_family_seq(fy_llama_arch arch, int max_seq) {
+    fy_llama_config c = {.vocab = 256, .max_seq = max_seq, .channels = 32, .layers = 4, .heads = 4,
                          .kv_heads = 2, .head_dim = 8, .ffn = 48, .norm_eps = 1e-5f,
                          .rope = {.type = FY_ROPE_DEFAULT, .theta = 10000.0f}, .arch = arch};
     switch (arch) {
@@ -468,6 +468,8 @@ static fy_model *plan_family(fy_llama_arch arch) {
     cr_assert_eq(fy_llama_new(&c, NULL, &m), FY_OK, "%s", fy_last_error());
     return m;
 }
+
+static fy_model *plan_family(fy_llama_arch arch) { return plan_family_seq(arch, 32); }
 
 static void family_plans(fy_llama_arch arch, bool bf16) {
     fy_model *m = plan_family(arch);
@@ -508,6 +510,30 @@ Test(llama_model, every_plan_is_bit_identical_with_windows_documents_and_chunks)
     g_docs = (fy_doc_mask){FY_DOCS_NONE, 0};
     fy_model_free(m);
 }
+
+/* Every family's switches with documents and sequence chunks (5 positions: chunks that
+ * split the windows, the documents and the sandwich norms' rows): every plan gives the
+ * all-resident plan's bits and the memory model its measured peak (bf16 where the family
+ * has one of the two storage types' own roundings: Gemma's scaled embedding and gains). */
+static void family_plans_docs_chunks(fy_llama_arch arch, bool bf16) {
+    fy_model *m = plan_family(arch);
+    fy_model_set_chunk(m, 5);
+    g_docs = (fy_doc_mask){FY_DOCS_EOT, '\n'};
+    every_plan_is_bit_identical(m, bf16 ? FY_BF16 : FY_F32);
+    g_docs = (fy_doc_mask){FY_DOCS_NONE, 0};
+    fy_model_free(m);
+}
+
+#define FAMILY_PLANS_DOCS_CHUNKS(fam, arch, bf16)                                              \
+    Test(llama_model, every_plan_is_bit_identical_##fam##_documents_and_chunks) {            \
+        family_plans_docs_chunks(arch, bf16);                                                 \
+    }
+FAMILY_PLANS_DOCS_CHUNKS(qwen2, FY_ARCH_QWEN2, false)
+FAMILY_PLANS_DOCS_CHUNKS(qwen3, FY_ARCH_QWEN3, false)
+FAMILY_PLANS_DOCS_CHUNKS(mistral, FY_ARCH_MISTRAL, false)
+FAMILY_PLANS_DOCS_CHUNKS(gemma2, FY_ARCH_GEMMA2, true)
+FAMILY_PLANS_DOCS_CHUNKS(gemma3, FY_ARCH_GEMMA3, true)
+FAMILY_PLANS_DOCS_CHUNKS(phi3, FY_ARCH_PHI3, false)
 
 /* Sum of the per-position losses of x (n positions, targets y) as one sequence of n. */
 static double seq_loss_sum(const fy_model *m, const fy_weights *w, const int32_t *x,
@@ -581,6 +607,18 @@ Test(llama_model, a_packed_sequence_evaluates_to_its_documents_one_by_one) {
     cr_assert_eq(fy_model_named("gpt2-tiny", &over, &m), FY_OK, "%s", fy_last_error());
     packed_equals_one_by_one(m);
     fy_model_free(m);
+}
+
+/* The same for every family's switches (plan_family's shapes over 64 positions): biases,
+ * q/k norms, sandwich norms, soft-caps, per-layer windows and ropes, partial longrope (its
+ * documents of 9, 23 and 31 positions are all past its original 8, so each alone takes
+ * the long factors as the packed sequence does). */
+Test(llama_model, a_packed_sequence_evaluates_to_its_documents_one_by_one_families) {
+    for (int a = FY_ARCH_QWEN2; a <= FY_ARCH_PHI3; a++) {
+        fy_model *m = plan_family_seq((fy_llama_arch)a, 64);
+        packed_equals_one_by_one(m);
+        fy_model_free(m);
+    }
 }
 
 /* An untied embedding streamed and optimised on the CPU gets only its micro-batch's rows

@@ -23,15 +23,18 @@ static const struct arch_info {
     int max_pos;        /* max_position_embeddings */
     double eps, theta;  /* rms_norm_eps, rope_theta */
     bool tied;          /* tie_word_embeddings */
+    int head_dim;       /* head_dim; 0: hidden_size / num_attention_heads */
 } arch_info[] = {
-    [FY_ARCH_LLAMA] = {2048, 1e-6, 10000.0, false},
-    [FY_ARCH_MISTRAL] = {131072, 1e-6, 10000.0, false},
-    [FY_ARCH_QWEN2] = {32768, 1e-6, 10000.0, false},
-    [FY_ARCH_QWEN3] = {32768, 1e-6, 10000.0, false},
-    [FY_ARCH_GEMMA2] = {8192, 1e-6, 10000.0, true},
-    [FY_ARCH_GEMMA3] = {131072, 1e-6, 1000000.0, true},
-    [FY_ARCH_PHI3] = {4096, 1e-5, 10000.0, false},
+    [FY_ARCH_LLAMA] = {2048, 1e-6, 10000.0, false, 0},
+    [FY_ARCH_MISTRAL] = {131072, 1e-6, 10000.0, false, 0},
+    [FY_ARCH_QWEN2] = {32768, 1e-6, 10000.0, false, 0},
+    [FY_ARCH_QWEN3] = {32768, 1e-6, 10000.0, false, 128},
+    [FY_ARCH_GEMMA2] = {8192, 1e-6, 10000.0, true, 256},
+    [FY_ARCH_GEMMA3] = {131072, 1e-6, 1000000.0, true, 256},
+    [FY_ARCH_PHI3] = {4096, 1e-5, 10000.0, false, 0},
 };
+/* Phi3Config's original_max_position_embeddings (longrope's). */
+#define PHI3_ORIG_MAX_POS 4096
 
 static bool arch_of(const char *type, fy_llama_arch *out) {
     for (int a = FY_ARCH_LLAMA; a <= FY_ARCH_PHI3; a++)
@@ -231,7 +234,8 @@ static fy_status read_ropes(const cJSON *j, const char *path, fy_llama_config *c
     c->rope.theta = (float)theta;
     if (c->rope.type == FY_ROPE_LONGROPE) { /* transformers' _compute_longrope_parameters */
         int orig;
-        FY_TRY(fy_hf_int(j, path, "original_max_position_embeddings", c->max_seq, 1, 1 << 30, &orig));
+        FY_TRY(fy_hf_int(j, path, "original_max_position_embeddings", PHI3_ORIG_MAX_POS, 1,
+                         1 << 30, &orig));
         c->rope.orig_max_pos = (float)orig;
         if (!(c->rope.attn_factor > 0.0f)) c->rope.attn_factor = longrope_attn_factor(c->max_seq, orig);
     }
@@ -263,15 +267,15 @@ static fy_status read_gemma(const cJSON *j, const char *path, fy_llama_config *c
     c->qk_norm = !g2;
     FY_TRY(fy_hf_float(j, path, "query_pre_attn_scalar", 256.0, &v));
     c->query_scalar = (float)v;
-    const struct { const char *key; double def; float *out; } caps[] = {
-        {"attn_logit_softcapping", g2 ? 50.0 : -1.0, &c->attn_softcap},
-        {"final_logit_softcapping", g2 ? 30.0 : -1.0, &c->final_softcap},
+    const struct { const char *key; double def; float *out; } caps[] = { /* def 0: none */
+        {"attn_logit_softcapping", g2 ? 50.0 : 0.0, &c->attn_softcap},
+        {"final_logit_softcapping", g2 ? 30.0 : 0.0, &c->final_softcap},
     };
     for (int i = 0; i < 2; i++) {
         const cJSON *f = cJSON_GetObjectItemCaseSensitive(j, caps[i].key);
-        if (f && cJSON_IsNull(f)) continue; /* none */
+        if (cJSON_IsNull(f) || (!f && caps[i].def == 0.0)) continue; /* none */
         FY_TRY(fy_hf_float(j, path, caps[i].key, caps[i].def, &v));
-        if (v > 0) *caps[i].out = (float)v;
+        *caps[i].out = (float)v;
     }
     bool bidir;
     FY_TRY(fy_hf_bool(j, path, "use_bidirectional_attention", false, &bidir));
@@ -312,12 +316,13 @@ fy_status fy_llama_from_weights(const fy_weights *w, const fy_model_shape *hint,
         return FY_ERR_FORMAT;
     }
     const cJSON *hd = cJSON_GetObjectItemCaseSensitive(j, "head_dim");
-    if ((!hd || cJSON_IsNull(hd)) && c.channels % c.heads) {
+    if ((!hd || cJSON_IsNull(hd)) && !ai->head_dim && c.channels % c.heads) {
         fy_log_error("%s: num_attention_heads %d does not divide hidden_size %d (and no head_dim "
                      "is given)", path, c.heads, c.channels);
         return FY_ERR_FORMAT;
     }
-    FY_TRY(fy_hf_int(j, path, "head_dim", c.channels / c.heads, 2, 1 << 16, &c.head_dim));
+    FY_TRY(fy_hf_int(j, path, "head_dim", ai->head_dim ? ai->head_dim : c.channels / c.heads, 2,
+                     1 << 16, &c.head_dim));
     FY_TRY(fy_hf_int(j, path, "max_position_embeddings", ai->max_pos, 1, 1 << 30, &c.max_seq));
     FY_TRY(fy_hf_float(j, path, "rms_norm_eps", ai->eps, &eps));
     c.norm_eps = (float)eps;
