@@ -37,6 +37,9 @@
  * against the published ones in tests/test_llama_model.c. phi4-mini rotates 96 of its 128
  * channels as published, but its longrope factors come only with its config.json (--init
  * DIR): the named shape rotates without them. */
+/* width: a capacity table fills the model's width with as many layers as fit; not for the
+ * widths under 1.5K channels, whose hundreds of thin layers are no model anyone trains
+ * (and take the tuner long to search). */
 static const struct { const char *name; bool width; fy_llama_config cfg; } named[] = {
     {"llama-tiny", false, {SHAPE(256, 1024, 128, 4, 4, 2, 32, 384, 1e-5f), .rope = ROPE(10000.0f)}},
     {"llama3.2-1b", true, {SHAPE(128256, 131072, 2048, 16, 32, 8, 64, 8192, 1e-5f), .rope = ROPE_L3(32.0f), .tied = true}},
@@ -56,11 +59,11 @@ static const struct { const char *name; bool width; fy_llama_config cfg; } named
     {"phi3-tiny", false, {SHAPE(256, 1024, 128, 4, 4, 2, 32, 384, 1e-5f), .arch = FY_ARCH_PHI3,
                           .rope = {.type = FY_ROPE_DEFAULT, .theta = 10000.0f, .rot_dim = 24},
                           .sliding_window = 64}},
-    {"qwen2.5-0.5b", true, {SHAPE(151936, 32768, 896, 24, 14, 2, 64, 4864, 1e-6f), QWEN2, .tied = true}},
+    {"qwen2.5-0.5b", false, {SHAPE(151936, 32768, 896, 24, 14, 2, 64, 4864, 1e-6f), QWEN2, .tied = true}},
     {"qwen2.5-7b", true, {SHAPE(152064, 131072, 3584, 28, 28, 4, 128, 18944, 1e-6f), QWEN2}},
     {"qwen2.5-14b", true, {SHAPE(152064, 131072, 5120, 48, 40, 8, 128, 13824, 1e-5f), QWEN2}},
     {"qwen2.5-32b", true, {SHAPE(152064, 131072, 5120, 64, 40, 8, 128, 27648, 1e-5f), QWEN2}},
-    {"qwen3-0.6b", true, {SHAPE(151936, 40960, 1024, 28, 16, 8, 128, 3072, 1e-6f), QWEN3, .tied = true}},
+    {"qwen3-0.6b", false, {SHAPE(151936, 40960, 1024, 28, 16, 8, 128, 3072, 1e-6f), QWEN3, .tied = true}},
     {"qwen3-8b", true, {SHAPE(151936, 40960, 4096, 36, 32, 8, 128, 12288, 1e-6f), QWEN3}},
     {"qwen3-14b", true, {SHAPE(151936, 40960, 5120, 40, 40, 8, 128, 17408, 1e-6f), QWEN3}},
     {"qwen3-32b", true, {SHAPE(151936, 40960, 5120, 64, 64, 8, 128, 25600, 1e-6f), QWEN3}},
@@ -71,7 +74,7 @@ static const struct { const char *name; bool width; fy_llama_config cfg; } named
     {"gemma2-2b", true, {SHAPE(256000, 8192, 2304, 26, 8, 4, 256, 9216, 1e-6f), GEMMA2(256.0f, 4096)}},
     {"gemma2-9b", true, {SHAPE(256000, 8192, 3584, 42, 16, 8, 256, 14336, 1e-6f), GEMMA2(256.0f, 4096)}},
     {"gemma2-27b", true, {SHAPE(256000, 8192, 4608, 46, 32, 16, 128, 36864, 1e-6f), GEMMA2(144.0f, 4096)}},
-    {"gemma3-1b", true, {SHAPE(262144, 32768, 1152, 26, 4, 1, 256, 6912, 1e-6f), GEMMA3(256.0f, 512),
+    {"gemma3-1b", false, {SHAPE(262144, 32768, 1152, 26, 4, 1, 256, 6912, 1e-6f), GEMMA3(256.0f, 512),
                          .rope = ROPE(1000000.0f)}},
     {"gemma3-4b", true, {SHAPE(262208, 131072, 2560, 34, 8, 4, 256, 10240, 1e-6f), GEMMA3(256.0f, 1024),
                          .rope = ROPE_LIN(1000000.0f, 8.0f)}},
