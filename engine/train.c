@@ -253,7 +253,7 @@ static void progress(int64_t step, int64_t first, int64_t steps, double elapsed_
 
 static void print_header(const run *r) {
     const fy_train_cfg *c = r->cfg;
-    char shape[256];
+    char shape[FY_MODEL_SIGNATURE_MAX];
     fy_model_describe(c->model, shape, sizeof shape);
     const char *from = r->start > 0 || r->saved_path ? r->saved_path
                        : c->init ? fy_weights_path(c->init) : fy_model_name(c->model);
@@ -294,7 +294,7 @@ static fy_status data_fingerprint(const run *r, char hex[16]) {
 /* The run's configuration as checkpoints record it. */
 static fy_status build_config(run *r) {
     const fy_train_cfg *c = r->cfg;
-    char sig[512], fp[16];
+    char sig[FY_MODEL_SIGNATURE_MAX], fp[16];
     FY_TRY(data_fingerprint(r, fp));
     fy_model_signature(c->model, sig, sizeof sig);
     cJSON *o = cJSON_CreateObject(), *d = o ? cJSON_AddObjectToObject(o, "data") : NULL;

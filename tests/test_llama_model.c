@@ -910,7 +910,7 @@ static void round_trip(const fy_model *m, float **h, const char *path, const fy_
     fy_model *back;
     cr_assert_eq(fy_weights_open(path, &w), FY_OK, "%s", fy_last_error());
     cr_assert_eq(fy_model_from_weights(w, NULL, &back), FY_OK, "%s", fy_last_error());
-    char a[320], b[320];
+    char a[FY_MODEL_SIGNATURE_MAX], b[FY_MODEL_SIGNATURE_MAX];
     fy_model_signature(m, a, sizeof a);
     fy_model_signature(back, b, sizeof b);
     cr_expect_str_eq(a, b, "the config written rebuilds the model");

@@ -122,7 +122,7 @@ static fy_status resolve_model(const fy_opts *o, bool model_given, fy_weights **
         bool same = fy_model_same(named, *out);
         fy_model_free(named);
         if (!same) {
-            char shape[256];
+            char shape[FY_MODEL_SIGNATURE_MAX];
             fy_model_describe(*out, shape, sizeof shape);
             fy_log_error("--model %s does not match the weights in %s (%s: %s)", o->model,
                          o->init, fy_model_family(*out), shape);

@@ -144,7 +144,7 @@ static fy_status known_profile(const fy_opts *o, const fy_model *m, int ranks, f
                                bool *found) {
     *found = true;
     if (o->profile) return fy_profile_open(o->profile, p);
-    char path[4096], sig[256];
+    char path[4096], sig[FY_MODEL_SIGNATURE_MAX];
     FY_TRY(cache_path(path, sizeof path));
     fy_model_signature(m, sig, sizeof sig);
     /* a cache that does not load is probed again, with a note, not an error */

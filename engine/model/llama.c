@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/core/crc32c.h"
 #include "engine/core/util.h"
 #include "engine/device/kernels.h"
 #include "engine/model/lm_head.h"
@@ -536,7 +537,9 @@ const fy_llama_config *fy_llama_config_of(const fy_model *m) {
     return &((const llama *)m->ctx)->cfg;
 }
 
-static int describe_rope(const fy_rope *r, char *buf, size_t cap) {
+/* A rotation in words; longrope's factor lists by their checksum (two models with other
+ * factors must not describe alike: a checkpoint's model is its description). */
+static int describe_rope(const fy_llama_config *c, const fy_rope *r, char *buf, size_t cap) {
     int n;
     if (r->type == FY_ROPE_LLAMA3)
         n = snprintf(buf, cap, "rope %g llama3 (factor %g, low %g, high %g, original %g)",
@@ -544,7 +547,10 @@ static int describe_rope(const fy_rope *r, char *buf, size_t cap) {
     else if (r->type == FY_ROPE_LINEAR)
         n = snprintf(buf, cap, "rope %g linear (factor %g)", r->theta, r->factor);
     else if (r->type == FY_ROPE_LONGROPE)
-        n = snprintf(buf, cap, "rope %g longrope (original %g)", r->theta, r->orig_max_pos);
+        n = snprintf(buf, cap, "rope %g longrope (original %g, attention %g, factors %08x)",
+                     r->theta, r->orig_max_pos, r->attn_factor,
+                     fy_crc32c(c->rope_long, sizeof c->rope_long,
+                               fy_crc32c(r->ext, sizeof r->ext, 0)));
     else
         n = snprintf(buf, cap, "rope %g", r->theta);
     if (r->rot_dim && n >= 0 && (size_t)n < cap)
@@ -554,11 +560,11 @@ static int describe_rope(const fy_rope *r, char *buf, size_t cap) {
 
 static void describe(const fy_model *m, char *buf, size_t cap) {
     const fy_llama_config *c = fy_llama_config_of(m);
-    char rope[200], local[200] = "", window[64] = "", sw[160] = "";
-    describe_rope(&c->rope, rope, sizeof rope);
+    char rope[224], local[240] = "", window[64] = "", sw[160] = "";
+    describe_rope(c, &c->rope, rope, sizeof rope);
     if (c->local_pattern > 0) {
-        char lr[160];
-        describe_rope(&c->rope_local, lr, sizeof lr);
+        char lr[200];
+        describe_rope(c, &c->rope_local, lr, sizeof lr);
         snprintf(local, sizeof local, ", local layers %s", lr);
     }
     if (c->sliding_window) {
@@ -571,9 +577,13 @@ static void describe(const fy_model *m, char *buf, size_t cap) {
     snprintf(sw, sizeof sw, "%s%s%s%s%s", c->qkv_bias ? ", qkv biases" : "",
              c->qk_norm ? ", q/k norms" : "", c->sandwich ? ", sandwich norms" : "",
              c->act == FY_GLU_GELU_TANH ? ", GeGLU" : "", c->embed_scale ? ", scaled embedding" : "");
-    size_t n = (size_t)snprintf(buf, cap, "%s: vocab %d, positions %d, channels %d, layers %d, "
+    /* Llama's and Mistral's words as before the other families (checkpoints compare them) */
+    char arch[32] = "";
+    if (c->arch != FY_ARCH_LLAMA && c->arch != FY_ARCH_MISTRAL)
+        snprintf(arch, sizeof arch, "%s: ", fy_llama_arch_type(c->arch));
+    size_t n = (size_t)snprintf(buf, cap, "%svocab %d, positions %d, channels %d, layers %d, "
              "heads %d, kv heads %d, head dim %d, ffn %d, eps %g, %s%s, %s%s%s",
-             fy_llama_arch_type(c->arch), c->vocab, c->max_seq, c->channels, c->layers, c->heads,
+             arch, c->vocab, c->max_seq, c->channels, c->layers, c->heads,
              c->kv_heads, c->head_dim, c->ffn, c->norm_eps, rope, local,
              c->tied ? "tied" : "untied", window, sw);
     if (n < cap && c->query_scalar > 0.0f)
@@ -857,9 +867,10 @@ fy_status fy_llama_named(const char *name, const fy_model_shape *over, fy_model 
             return FY_ERR_INVALID;
         }
         const int hd = cfg.channels / cfg.heads;
-        if (cfg.rope.rot_dim) /* the same share of the head rotated, kept even */
-            cfg.rope.rot_dim = cfg.rope_local.rot_dim =
-                (int)((int64_t)cfg.rope.rot_dim * hd / cfg.head_dim) & ~1;
+        if (cfg.rope.rot_dim) { /* the same share of the head rotated, even, at least a pair */
+            const int rot = (int)((int64_t)cfg.rope.rot_dim * hd / cfg.head_dim) & ~1;
+            cfg.rope.rot_dim = cfg.rope_local.rot_dim = rot < 2 ? 2 : rot;
+        }
         cfg.head_dim = hd;
     }
     bool same = !memcmp(&cfg, &base, sizeof cfg);

@@ -319,13 +319,13 @@ const char *fy_model_name(const fy_model *m) { return m->name; }
 void fy_model_describe(const fy_model *m, char *buf, size_t cap) { m->iface->describe(m, buf, cap); }
 
 void fy_model_signature(const fy_model *m, char *buf, size_t cap) {
-    char d[256];
+    char d[FY_MODEL_SIGNATURE_MAX - 16];
     m->iface->describe(m, d, sizeof d);
     snprintf(buf, cap, "%s: %s", m->iface->family, d);
 }
 
 bool fy_model_same(const fy_model *a, const fy_model *b) {
-    char sa[320], sb[320];
+    char sa[FY_MODEL_SIGNATURE_MAX], sb[FY_MODEL_SIGNATURE_MAX];
     fy_model_signature(a, sa, sizeof sa);
     fy_model_signature(b, sb, sizeof sb);
     return !strcmp(sa, sb);

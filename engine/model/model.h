@@ -138,7 +138,9 @@ const char *fy_model_name(const fy_model *m);
 /* "vocab 50257, positions 1024, channels 768, layers 12, heads 12" */
 void fy_model_describe(const fy_model *m, char *buf, size_t cap);
 /* A string equal for equal models and different otherwise ("gpt2: vocab 50257, ..."):
- * what profiles record their measured block costs for. */
+ * what profiles record their measured block costs for, and checkpoints their model; at
+ * most FY_MODEL_SIGNATURE_MAX bytes with the NUL. */
+#define FY_MODEL_SIGNATURE_MAX 640
 void fy_model_signature(const fy_model *m, char *buf, size_t cap);
 bool fy_model_same(const fy_model *a, const fy_model *b);
 

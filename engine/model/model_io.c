@@ -105,7 +105,7 @@ fy_status fy_model_check_weights(const fy_model *m, const fy_weights *w) {
         if (bsearch(&name, sorted, (size_t)n, sizeof *sorted, cmp_str)) continue;
         if (m->iface->ignored && m->iface->ignored(m, name)) continue;
         if (m->iface->tied_to && m->iface->tied_to(m, name)) continue; /* fy_model_warn_tied */
-        char shape[256];
+        char shape[FY_MODEL_SIGNATURE_MAX];
         fy_model_describe(m, shape, sizeof shape);
         fy_log_error("%s: tensor %s is not a parameter of the model (%s: %s)", fy_st_path(f), name,
                      m->iface->family, shape);
