@@ -38,12 +38,11 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gen_gpt2_ref import batch, global_norm, read_safetensors, write_safetensors  # noqa: E402
-from gen_llama_ref import read_shard  # noqa: E402
+from gen_gpt2_ref import batch, read_safetensors, write_safetensors  # noqa: E402
+from gen_llama_ref import (BATCH, BETA1, BETA2, EPS, LR, SEQ, STEPS, WD,  # noqa: E402
+                           adamw_run, read_shard)
 
 DT = torch.float64
-BATCH, SEQ, STEPS = 4, 32, 10
-LR, BETA1, BETA2, EPS, WD = 1e-3, 0.9, 0.95, 1e-8, 0.1
 TOKENS_FILE = "gpt2_tiny_tokens.bin"
 TFENV_PYTHON = "/tmp/tfenv/bin/python"
 
@@ -391,35 +390,8 @@ def loss_fn(P, idx, tgt, c):
 
 def train(init, tokens, c, clip, steps=STEPS, want_grads=False):
     """AdamW as gen_llama_ref.py: decay 0.1 on the 2-D tensors, none on biases and norms."""
-    P = {k: v.clone().requires_grad_(True) for k, v in init.items()}
-    shapes = param_shapes(c)
-    names = [n for n, _, _ in shapes]
-    decay = [P[n] for n, _, k in shapes if decays(k)]
-    no_decay = [P[n] for n, _, k in shapes if not decays(k)]
-    assert all(p.dim() == 2 for p in decay) and all(p.dim() == 1 for p in no_decay)
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": WD},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=LR, betas=(BETA1, BETA2), eps=EPS)
-    plist = [P[n] for n in names]
-    losses, norms, lrs, first_grads = [], [], [], None
-    for s in range(steps):
-        x, y = batch(tokens, s, BATCH, SEQ)
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(P, x, y, c)
-        loss.backward()
-        if want_grads and s == 0:
-            first_grads = {n: P[n].grad.detach().clone() for n in names}
-        if clip > 0:
-            norm = torch.nn.utils.clip_grad_norm_(plist, clip).item()
-            assert norm > clip, "clip %g not active at step %d (norm %r)" % (clip, s, norm)
-        else:
-            norm = global_norm(plist)
-        opt.step()
-        losses.append(loss.item())
-        norms.append(norm)
-        lrs.append(LR)
-    final = {n: P[n].detach().clone() for n in names}
-    return {"losses": losses, "grad_norms": norms, "lrs": lrs}, final, first_grads
+    return adamw_run(init, tokens, param_shapes(c), lambda P, x, y: loss_fn(P, x, y, c), decays,
+                     clip, steps, want_grads)
 
 
 # ---------------------------------------------------------------- self-checks

@@ -244,12 +244,16 @@ def hf_config_json(cfg):
 # ---------------------------------------------------------------- training
 
 
-def train(init, tokens, cfg, clip, steps=STEPS, want_grads=False):
+def adamw_run(init, tokens, shapes, loss, decayed, clip, steps=STEPS, want_grads=False):
+    """AdamW over `steps` batches: init's tensors (named by shapes, (name, shape, kind)
+    triples), loss(P, x, y) the model's, weight decay WD on the tensors whose kind
+    decayed() accepts (2-D ones), none on the rest; clip > 0 clips the global norm (and
+    asserts it is active). Returns the run's per-step losses, norms before clipping and
+    lrs, the final tensors, and (want_grads) the first step's gradients."""
     P = {k: v.clone().requires_grad_(True) for k, v in init.items()}
-    names = [n for n, _, _ in param_shapes(cfg)]
-    kinds = {n: k for n, _, k in param_shapes(cfg)}
-    decay = [P[n] for n in names if kinds[n] == "matrix"]
-    no_decay = [P[n] for n in names if kinds[n] != "matrix"]
+    names = [n for n, _, _ in shapes]
+    decay = [P[n] for n, _, k in shapes if decayed(k)]
+    no_decay = [P[n] for n, _, k in shapes if not decayed(k)]
     assert all(p.dim() == 2 for p in decay) and all(p.dim() == 1 for p in no_decay)
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": WD},
                              {"params": no_decay, "weight_decay": 0.0}],
@@ -259,8 +263,8 @@ def train(init, tokens, cfg, clip, steps=STEPS, want_grads=False):
     for s in range(steps):
         x, y = batch(tokens, s, BATCH, SEQ)
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(P, x, y, cfg)
-        loss.backward()
+        lv = loss(P, x, y)
+        lv.backward()
         if want_grads and s == 0:
             first_grads = {n: P[n].grad.detach().clone() for n in names}
         if clip > 0:
@@ -268,14 +272,17 @@ def train(init, tokens, cfg, clip, steps=STEPS, want_grads=False):
             assert norm > clip, "clip %g not active at step %d (norm %r)" % (clip, s, norm)
         else:
             norm = global_norm(plist)
-        for gr in opt.param_groups:
-            gr["lr"] = LR
         opt.step()
-        losses.append(loss.item())
+        losses.append(lv.item())
         norms.append(norm)
         lrs.append(LR)
     final = {n: P[n].detach().clone() for n in names}
     return {"losses": losses, "grad_norms": norms, "lrs": lrs}, final, first_grads
+
+
+def train(init, tokens, cfg, clip, steps=STEPS, want_grads=False):
+    return adamw_run(init, tokens, param_shapes(cfg), lambda P, x, y: loss_fn(P, x, y, cfg),
+                     lambda kind: kind == "matrix", clip, steps, want_grads)
 
 
 # ---------------------------------------------------------------- self-checks
