@@ -418,19 +418,18 @@ typedef struct layer_ctx {
     int B, T, Nc;
 } layer_ctx;
 
-/* The attention's or MLP's output rows [r, r+n) (proj, or a pre-norm copy under sandwich
- * norms: post, with its rstd) added to res into out. */
-static void add_output(const layer_ctx *c, float *out, const float *res, const float *proj,
-                       const float *post, float *rstd, const float *gain, int r, int n,
-                       float *tmp, fy_stream *s) {
+/* The attention's or MLP's output rows [r, r+n), y (n,C), added to res into out; under
+ * sandwich norms y is normalised first (into tmp, its rstd saved at rstd + r). */
+static void add_output(const layer_ctx *c, float *out, const float *res, const float *y,
+                       float *rstd, const float *gain, int r, int n, float *tmp, fy_stream *s) {
     const fy_llama_config *cfg = c->cfg;
     const int C = cfg->channels;
     const size_t es = fy_dtype_size(fy_stream_dtype(s));
     if (cfg->sandwich) {
-        fy_k_rmsnorm_fwd(tmp, rstd + r, post, gain, n, C, cfg->norm_eps, cfg->norm_offset, s);
-        proj = tmp;
+        fy_k_rmsnorm_fwd(tmp, rstd + r, y, gain, n, C, cfg->norm_eps, cfg->norm_offset, s);
+        y = tmp;
     }
-    fy_k_residual_fwd(fy_rows(out, r, C, es), fy_rows(res, r, C, es), proj, (size_t)n * C, s);
+    fy_k_residual_fwd(fy_rows(out, r, C, es), fy_rows(res, r, C, es), y, (size_t)n * C, s);
 }
 
 /* x_out = x_in + attn(rmsnorm(x_in)); then + mlp(rmsnorm(.)), the attention's output
@@ -453,7 +452,7 @@ static void layer_fwd(const layer_ctx *c, const layer_w *w, layer_acts *a, layer
         const int n = N - r < Nc ? N - r : Nc;
         float *po = cfg->sandwich ? fy_rows(a->po, r, C, es) : wk->proj;
         fy_k_matmul_fwd(po, fy_rows(a->atty, r, Q, es), w->wo, NULL, n, Q, C, s);
-        add_output(c, a->res2, x_in, po, po, a->rstdpa, w->lnpa, r, n, wk->proj, s);
+        add_output(c, a->res2, x_in, po, a->rstdpa, w->lnpa, r, n, wk->proj, s);
     }
     fy_k_rmsnorm_fwd(a->ln2, a->rstd2, a->res2, w->ln2, N, C, eps, off, s);
     fy_k_matmul_fwd(a->gu, a->ln2, w->wgate, NULL, N, C, 2 * F, s); /* gate, up packed */
@@ -462,7 +461,7 @@ static void layer_fwd(const layer_ctx *c, const layer_w *w, layer_acts *a, layer
         float *pd = cfg->sandwich ? fy_rows(a->pd, r, C, es) : wk->proj;
         fy_k_glu_fwd(wk->act, fy_rows(a->gu, r, 2 * (size_t)F, es), n, F, cfg->act, s);
         fy_k_matmul_fwd(pd, wk->act, w->wdown, NULL, n, F, C, s);
-        add_output(c, x_out, a->res2, pd, pd, a->rstdpf, w->lnpf, r, n, wk->proj, s);
+        add_output(c, x_out, a->res2, pd, a->rstdpf, w->lnpf, r, n, wk->proj, s);
     }
 }
 
