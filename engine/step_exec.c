@@ -341,6 +341,21 @@ static fy_status priced_train(fy_trainer *tr, int nsteps, bool norm_barrier, fy_
     return FY_OK;
 }
 
+/* The targets each step of the window counts, over all its micro-batches (every rank's:
+ * the step's global numbers, fy_exec_abs_micro's). */
+static void count_targets(const fy_trainer *tr, const fy_window *w, int64_t *out) {
+    const int64_t first = tr->micro_base / tr->L->accum;
+    for (int i = 0; i < w->nsteps; i++) {
+        if (!w->targets) {
+            out[i] = (int64_t)tr->L->B * tr->L->T * tr->micro_total;
+            continue;
+        }
+        out[i] = 0;
+        for (int64_t j = 0; j < tr->micro_total; j++)
+            out[i] += w->targets(w->batch_ctx, (first + i) * tr->micro_total + j);
+    }
+}
+
 fy_status fy_trainer_run(fy_trainer *tr, fy_window *w) {
     w->completed = 0;
     if (w->nsteps <= 0) return FY_OK;
@@ -350,10 +365,15 @@ fy_status fy_trainer_run(fy_trainer *tr, fy_window *w) {
     FY_TRY(priced_train(tr, w->nsteps, true, &sg));
     fy_exec *ex = &tr->ex;
     ex->adam_step = calloc((size_t)w->nsteps, sizeof *ex->adam_step);
-    if (!ex->adam_step) {
+    ex->step_targets = calloc((size_t)w->nsteps, sizeof *ex->step_targets);
+    if (!ex->adam_step || !ex->step_targets) {
+        free(ex->adam_step);
+        free(ex->step_targets);
+        ex->adam_step = ex->step_targets = NULL;
         fy_step_graph_free(&sg);
         return FY_ERR_NOMEM;
     }
+    count_targets(tr, w, ex->step_targets);
     ex->lrs = w->lrs;
     ex->stats = w->stats;
     ex->next_batch = w->next_batch;
@@ -367,7 +387,8 @@ fy_status fy_trainer_run(fy_trainer *tr, fy_window *w) {
     fy_status st = fy_exec_run(tr, &sg, &res);
     w->completed = window_end(tr, w, &sg, &res, st, steps_before);
     free(ex->adam_step);
-    ex->adam_step = NULL;
+    free(ex->step_targets);
+    ex->adam_step = ex->step_targets = NULL;
     if (w->trace && w->graph && st == FY_OK) {
         *w->trace = res;
         *w->graph = sg.g;
@@ -394,8 +415,13 @@ fy_status fy_trainer_predict(fy_trainer *tr, int nsteps, fy_sched_mode mode, boo
 #define EVAL_WINDOW 32
 
 fy_status fy_trainer_eval_run(fy_trainer *tr, int nbatches, fy_batch_fn next_batch, void *ctx,
-                              float *losses) {
+                              float *losses, int64_t *counts) {
     FY_TRY(usable(tr));
+    int64_t *own = NULL;
+    if (!counts && !(counts = own = calloc((size_t)(nbatches > 0 ? nbatches : 1), sizeof *counts))) {
+        fy_log_error("out of host memory");
+        return FY_ERR_NOMEM;
+    }
     fy_exec *ex = &tr->ex;
     ex->next_batch = next_batch;
     ex->batch_ctx = ctx;
@@ -405,6 +431,7 @@ fy_status fy_trainer_eval_run(fy_trainer *tr, int nbatches, fy_batch_fn next_bat
         const int n = nbatches - b0 < EVAL_WINDOW ? nbatches - b0 : EVAL_WINDOW;
         ex->eval_base = b0;
         ex->eval_losses = losses + b0;
+        ex->eval_counts = counts + b0;
         fy_step_graph sg;
         fy_sched_result res = {0};
         st = fy_step_build_eval(tr->L, n, &sg);
@@ -415,17 +442,28 @@ fy_status fy_trainer_eval_run(fy_trainer *tr, int nbatches, fy_batch_fn next_bat
     }
     ex->eval = false;
     ex->eval_losses = NULL;
+    ex->eval_counts = NULL;
+    free(own);
     return st;
 }
 
 typedef struct arrays { const int32_t *x, *y; size_t N; int64_t base; } arrays;
 
-static fy_status from_arrays(void *ctx, int64_t micro, int32_t *x, int32_t *y) {
+static fy_status from_arrays(void *ctx, int64_t micro, int32_t *x, int32_t *y, int32_t *docs) {
+    FY_ASSERT(!docs, "a trainer whose documents come from its data runs windows");
     const arrays *a = ctx;
     size_t off = (size_t)(micro - a->base) * a->N;
     memcpy(x, a->x + off, a->N * sizeof(int32_t));
     memcpy(y, a->y + off, a->N * sizeof(int32_t));
     return FY_OK;
+}
+
+static int64_t arrays_targets(void *ctx, int64_t micro) {
+    const arrays *a = ctx;
+    const int32_t *y = a->y + (size_t)(micro - a->base) * a->N;
+    int64_t n = 0;
+    for (size_t i = 0; i < a->N; i++) n += y[i] >= 0;
+    return n;
 }
 
 fy_status fy_trainer_step(fy_trainer *tr, const int32_t *x, const int32_t *y, float lr,
@@ -435,8 +473,8 @@ fy_status fy_trainer_step(fy_trainer *tr, const int32_t *x, const int32_t *y, fl
         return FY_ERR_UNSUPPORTED;
     }
     arrays a = {x, y, (size_t)tr->L->B * tr->L->T, tr->micro_base};
-    fy_window w = {.nsteps = 1, .lrs = &lr, .next_batch = from_arrays, .batch_ctx = &a,
-                   .stats = out};
+    fy_window w = {.nsteps = 1, .lrs = &lr, .next_batch = from_arrays,
+                   .targets = arrays_targets, .batch_ctx = &a, .stats = out};
     fy_status st = fy_trainer_run(tr, &w);
     if (st == FY_OK && out->skipped)
         fy_log_warn("step %lld: gradient norm is %g; update skipped",
@@ -446,7 +484,7 @@ fy_status fy_trainer_step(fy_trainer *tr, const int32_t *x, const int32_t *y, fl
 
 fy_status fy_trainer_eval(fy_trainer *tr, const int32_t *x, const int32_t *y, float *loss) {
     arrays a = {x, y, (size_t)tr->L->B * tr->L->T, 0};
-    return fy_trainer_eval_run(tr, 1, from_arrays, &a, loss);
+    return fy_trainer_eval_run(tr, 1, from_arrays, &a, loss, NULL);
 }
 
 void fy_trainer_inject_failure(fy_trainer *tr, fy_task_kind kind, int block, int64_t micro,

@@ -126,10 +126,16 @@ static void bind_grads(fy_trainer *tr, int b, const fy_step_task *p, int self, f
         io->link_grads[k] = grad_for_write(tr, blk->links[k], a, p->u.pass.link_grad[k], self);
 }
 
-/* The scale of a training step's mean loss: 1/(B*T x the step's micro-batches, over all
- * ranks). */
-static float loss_scale(const fy_trainer *tr) {
-    return (float)(1.0 / ((double)tokens_n(tr) * (double)tr->micro_total));
+/* The divisor of a pass's losses (model.h: loss_div): training, the targets its step
+ * counts over every micro-batch and rank (1 when it counts none: the losses are all 0 and
+ * the step is skipped), so the micro-batches' shares add up to the step's mean loss;
+ * evaluation, its own batch's. And a training step's loss scale, 1 / that. */
+static int64_t loss_div(const fy_trainer *tr, const fy_step_task *p) {
+    const int64_t n = tr->ex.eval ? tr->ex.eval_counts[p->micro] : tr->ex.step_targets[step_of(tr, p)];
+    return n > 0 ? n : 1;
+}
+static float loss_scale(const fy_trainer *tr, const fy_step_task *p) {
+    return (float)(1.0 / (double)loss_div(tr, p));
 }
 
 /* ---- forward and backward ------------------------------------------------------------- */
@@ -179,10 +185,17 @@ static fy_status run_load(fy_trainer *tr, int id, const fy_task *t, const fy_ste
     const size_t N = tokens_n(tr), parts = (size_t)tr->L->tok_parts;
     int32_t *h = bufs(tr)->tok_host + (size_t)(p->micro % 2) * parts * N;
     if (p->u.load.reuse >= 0) fy_event_sync(tr->ex.ev_end[p->u.load.reuse]); /* its copy is done */
-    FY_TRY(tr->ex.next_batch(tr->ex.batch_ctx, fy_exec_abs_micro(tr, p), h, h + N));
-    if (tr->L->rows_block >= 0) FY_TRY(gather_rows(tr, p->micro % 2, h, h + 2 * N, N));
     const bool docs = tr->cfg.docs.kind != FY_DOCS_NONE; /* the last part, else unused */
-    if (docs) fy_doc_starts(&tr->cfg.docs, h, tr->L->B, tr->L->T, h + (size_t)tr->L->docs_part * N);
+    int32_t *dh = h + (size_t)tr->L->docs_part * N;
+    FY_TRY(tr->ex.next_batch(tr->ex.batch_ctx, fy_exec_abs_micro(tr, p), h, h + N,
+                             tr->cfg.docs.kind == FY_DOCS_DATA ? dh : NULL));
+    if (tr->ex.eval) { /* its loss's divisor (the head follows the load) */
+        int64_t n = 0;
+        for (size_t i = 0; i < N; i++) n += h[N + i] >= 0;
+        tr->ex.eval_counts[p->micro] = n;
+    }
+    if (tr->L->rows_block >= 0) FY_TRY(gather_rows(tr, p->micro % 2, h, h + 2 * N, N));
+    if (docs && tr->cfg.docs.kind != FY_DOCS_DATA) fy_doc_starts(&tr->cfg.docs, h, tr->L->B, tr->L->T, dh);
     fy_copy_async(tr->s_h2d, tokens_dev(tr, p->micro), h, (docs ? parts : parts - 1) * N * sizeof(int32_t),
                   FY_H2D);
     return FY_OK;
@@ -260,12 +273,13 @@ static fy_status run_head(fy_trainer *tr, int id, const fy_task *t, const fy_ste
     const int slot = p->micro % accum(tr); /* training: its micro-batch; evaluation: one
                                               loss slot per batch in flight */
     io.loss = bufs(tr)->loss_dev + slot;
+    io.loss_div = loss_div(tr, p);
     if (!p->u.pass.train) {
         fy_model_loss(tr->model, b, &io, tr->s);
         if (last) fy_copy_async(tr->s, bufs(tr)->loss_host + slot, bufs(tr)->loss_dev + slot, sizeof(float), FY_D2H);
         return FY_OK;
     }
-    io.dloss = loss_scale(tr);
+    io.dloss = loss_scale(tr, p);
     if (last) bind_grads(tr, b, p, id, &io);
     fy_model_loss(tr->model, b, &io, tr->s);
     if (!last) return FY_OK;
@@ -280,7 +294,8 @@ static fy_status run_bwd(fy_trainer *tr, int id, const fy_task *t, const fy_step
     if (p->chunk >= 0) { /* a chunked head's backward of chunk k (its forward ran) */
         io.chunked = io.chunk_bwd = true;
         io.chunk = p->chunk;
-        io.dloss = loss_scale(tr);
+        io.dloss = loss_scale(tr, p);
+        io.loss_div = loss_div(tr, p);
         bind_grads(tr, b, p, id, &io);
         fy_model_loss(tr->model, b, &io, tr->s);
         return FY_OK;
@@ -491,10 +506,11 @@ static fy_status run_norm(fy_trainer *tr, int id, const fy_task *t, const fy_ste
     float norm = (float)sqrt(ss);
     if (tr->cfg.test_nan_step > 0 && tr->micro_base / accum(tr) + step + 1 == tr->cfg.test_nan_step)
         norm = NAN; /* the test hook (trainer.h) */
-    out->loss = (float)(loss / (double)tr->micro_total);
+    out->loss = (float)loss; /* each micro-batch's loss was its share of the step's mean */
+    out->targets = tr->ex.step_targets[step];
     out->grad_norm = norm;
     out->clip_coef = 1.0f;
-    out->skipped = !isfinite(norm);
+    out->skipped = !isfinite(norm) || out->targets == 0;
     if (!out->skipped && tr->cfg.clip > 0.0f) {
         float coef = tr->cfg.clip / (norm + 1e-6f);
         if (coef < 1.0f) out->clip_coef = coef;
@@ -691,7 +707,8 @@ static fy_status run_h2d_update(fy_trainer *tr, int id, const fy_task *t, const 
 
 /* collect: an evaluated batch's loss, from the host copy its head made. */
 static fy_status run_collect(fy_trainer *tr, int id, const fy_task *t, const fy_step_task *p) {
-    tr->ex.eval_losses[p->micro] = bufs(tr)->loss_host[p->micro % accum(tr)];
+    const int64_t n = tr->ex.eval_counts[p->micro];
+    tr->ex.eval_losses[p->micro] = n > 0 ? bufs(tr)->loss_host[p->micro % accum(tr)] : 0.0f;
     return FY_OK;
 }
 

@@ -70,9 +70,9 @@ static fy_status corpus_tokens(size_t nbytes, uint64_t seed, const char *label, 
 
 /* Batch number `micro` of a loader: llm.c's sequential order, wrapping after a pass, read
  * by position so a batch can be asked for again. */
-static fy_status batch_from(void *ctx, int64_t micro, int32_t *x, int32_t *y) {
+static fy_status batch_from(void *ctx, int64_t micro, int32_t *x, int32_t *y, int32_t *docs) {
     FY_TRY(fy_loader_seek_batch(ctx, micro));
-    fy_loader_next(ctx, x, y);
+    fy_loader_next(ctx, x, y, docs);
     return FY_OK;
 }
 
@@ -86,15 +86,25 @@ typedef struct train_batches {
     bool alone;                    /* one process: a signal may stop it within a window */
 } train_batches;
 
-static fy_status train_batch(void *ctx, int64_t micro, int32_t *x, int32_t *y) {
+/* The loader's batch of training micro-batch `micro`. */
+static int64_t train_batch_of(const train_batches *tb, int64_t micro) {
+    const int64_t step = micro / tb->accum, j = micro % tb->accum;
+    return (step % tb->steps_per_pass) * tb->accum + j;
+}
+
+static fy_status train_batch(void *ctx, int64_t micro, int32_t *x, int32_t *y, int32_t *docs) {
     const train_batches *tb = ctx;
     /* this step applies nothing; a data-parallel job's ranks decide together, in the
      * step's norm (trainer.h: stop) */
     if (tb->alone && atomic_load(&fy_train_stop_signal)) return FY_INTERRUPTED;
-    const int64_t step = micro / tb->accum, j = micro % tb->accum;
-    FY_TRY(fy_loader_seek_batch(tb->ld, (step % tb->steps_per_pass) * tb->accum + j));
-    fy_loader_next(tb->ld, x, y);
+    FY_TRY(fy_loader_seek_batch(tb->ld, train_batch_of(tb, micro)));
+    fy_loader_next(tb->ld, x, y, docs);
     return FY_OK;
+}
+
+static int64_t train_targets(void *ctx, int64_t micro) {
+    const train_batches *tb = ctx;
+    return fy_loader_batch_targets(tb->ld, train_batch_of(tb, micro));
 }
 
 static int world_of(const fy_train_cfg *c) { return c->comm ? fy_comm_size(c->comm) : 1; }
@@ -134,9 +144,12 @@ typedef struct run {
     double *ms_all;           /* every step's time after the first, for the median */
     float loss, val_loss;
     int64_t skipped_run;
-    float *val_losses;
+    float *val_losses;        /* per validation batch, twice the batches (validate) */
+    int64_t *val_counts;      /* their targets counted, as many */
+    double *val_sums;         /* a job's: the counts summed over the ranks */
     train_batches batches;
     size_t train_end;         /* the training range's end in train_tok */
+    fy_doc_mask docs;         /* the run's documents (--doc-mask, or the data's) */
     /* checkpoints */
     fy_ckpt_dir *ckpt;
     cJSON *config;            /* what checkpoints record of the run and resuming checks */
@@ -165,6 +178,29 @@ static void run_free(run *r) {
     fy_trace_buf_free(&r->trace);
     free(r->ms_all);
     free(r->val_losses);
+    free(r->val_counts);
+    free(r->val_sums);
+}
+
+/* The documents of data t (a training or validation set): with loss masks, the data's
+ * own (tokens.h), whose packed sequences must fit whole in --seq T, and --doc-mask must not
+ * say another way; else what --doc-mask says. *out is updated: DATA once any set has masks. */
+static fy_status data_docs(const fy_tokens *t, const fy_doc_mask *asked, int T, fy_doc_mask *out) {
+    if (!t || !fy_tokens_has_masks(t)) return FY_OK;
+    if (asked->kind != FY_DOCS_NONE) {
+        fy_log_error("--doc-mask: %s has its documents in its loss-mask files (.mask): drop "
+                     "--doc-mask", fy_tokens_label(t));
+        return FY_ERR_INVALID;
+    }
+    const int S = fy_tokens_packed_seq(t);
+    if (S > 0 && T % S != 0) {
+        fy_log_error("--seq %d: %s was packed into sequences of %d tokens (tokenize.py --seq %d); "
+                     "--seq must be a multiple of %d, or a sequence would cut its examples", T,
+                     fy_tokens_label(t), S, S, S);
+        return FY_ERR_INVALID;
+    }
+    *out = (fy_doc_mask){FY_DOCS_DATA, 0};
+    return FY_OK;
 }
 
 /* Training and validation token ranges. */
@@ -181,12 +217,21 @@ static fy_status open_data(run *r) {
                                  &r->val_tok));
     }
     FY_TRY(fy_tokens_check_vocab(r->train_tok, V));
-    size_t n = fy_tokens_count(r->train_tok), train_end = n;
+    size_t n = fy_tokens_count(r->train_tok), train_end = n, val_begin = n;
+    const size_t S = (size_t)fy_tokens_packed_seq(r->train_tok);
     if (c->val_data) {
         FY_TRY(fy_tokens_open(c->val_data, &r->val_tok));
     } else if (c->val_split > 0 && c->data) {
-        train_end = n - (size_t)((double)n * c->val_split);
+        train_end = val_begin = n - (size_t)((double)n * c->val_split);
+        if (S > 0 && val_begin < n) { /* at a packed sequence's start; training reads its
+                                         first token only as a target, which never counts */
+            val_begin = val_begin / S * S;
+            train_end = val_begin + 1;
+        }
     }
+    r->docs = c->docs;
+    FY_TRY(data_docs(r->train_tok, &c->docs, T, &r->docs));
+    FY_TRY(data_docs(r->val_tok, &c->docs, T, &r->docs));
     FY_TRY(fy_loader_new(r->train_tok, 0, train_end, B, T, &r->train));
     const int64_t A = step_micros(c);
     r->train_end = train_end;
@@ -201,8 +246,8 @@ static fy_status open_data(run *r) {
     if (r->val_tok) {
         FY_TRY(fy_tokens_check_vocab(r->val_tok, V));
         FY_TRY(fy_loader_new(r->val_tok, 0, fy_tokens_count(r->val_tok), B, T, &r->val));
-    } else if (train_end < n) {
-        FY_TRY(fy_loader_new(r->train_tok, train_end, n, B, T, &r->val));
+    } else if (val_begin < n) {
+        FY_TRY(fy_loader_new(r->train_tok, val_begin, n, B, T, &r->val));
     }
     return FY_OK;
 }
@@ -211,33 +256,54 @@ static fy_status open_data(run *r) {
 /* A job's rank's share of the validation batches: its i-th is batch first + i * stride. */
 typedef struct val_share { fy_loader *ld; int64_t first, stride; } val_share;
 
-static fy_status share_batch(void *ctx, int64_t i, int32_t *x, int32_t *y) {
+static fy_status share_batch(void *ctx, int64_t i, int32_t *x, int32_t *y, int32_t *docs) {
     const val_share *v = ctx;
-    return batch_from(v->ld, v->first + i * v->stride, x, y);
+    return batch_from(v->ld, v->first + i * v->stride, x, y, docs);
 }
 
-/* The mean validation loss over nbatches, in batch order. A job's ranks (every one holds
- * the same weights) evaluate every N-th batch each, and the losses meet in their places
- * (a sum whose other terms are zeros: the same bits), so the mean is one process's. */
+/* The mean loss over every target counted in n batches, from each batch's mean and count,
+ * in batch order (0 when none counts). */
+static float pooled_loss(const float *losses, const int64_t *counts, int64_t n) {
+    double sum = 0.0;
+    int64_t total = 0;
+    for (int64_t i = 0; i < n; i++) {
+        sum += (double)losses[i] * (double)counts[i];
+        total += counts[i];
+    }
+    return total ? (float)(sum / (double)total) : 0.0f;
+}
+
+/* The validation loss over nbatches: the mean over their counted targets. A job's ranks
+ * (every one holds the same weights) evaluate every N-th batch each, and the losses and
+ * counts meet in their places (sums whose other terms are zeros: the same bits), so the
+ * mean is one process's. */
 static fy_status validate(run *r, int64_t nbatches, float *loss) {
     int64_t avail = (int64_t)fy_loader_batches(r->val);
     if (nbatches > avail) nbatches = avail;
     const int W = world_of(r->cfg);
+    float *losses = r->val_losses;
+    int64_t *counts = r->val_counts;
     if (W == 1) {
-        FY_TRY(fy_trainer_eval_run(r->tr, (int)nbatches, batch_from, r->val, r->val_losses));
+        FY_TRY(fy_trainer_eval_run(r->tr, (int)nbatches, batch_from, r->val, losses, counts));
     } else {
         const int rank = fy_comm_rank(r->cfg->comm);
         val_share v = {r->val, rank, W};
         const int64_t mine = nbatches > rank ? (nbatches - rank + W - 1) / W : 0;
-        float *tmp = r->val_losses + nbatches; /* the buffer holds twice the batches */
-        if (mine) FY_TRY(fy_trainer_eval_run(r->tr, (int)mine, share_batch, &v, tmp));
-        memset(r->val_losses, 0, (size_t)nbatches * sizeof *r->val_losses);
-        for (int64_t i = 0; i < mine; i++) r->val_losses[rank + i * W] = tmp[i];
-        FY_TRY(fy_comm_sum(r->cfg->comm, r->val_losses, (size_t)nbatches, FY_F32));
+        float *tmp = losses + nbatches; /* the buffers hold twice the batches */
+        int64_t *tmpc = counts + nbatches;
+        if (mine) FY_TRY(fy_trainer_eval_run(r->tr, (int)mine, share_batch, &v, tmp, tmpc));
+        double *c = r->val_sums; /* the counts as doubles (exact below 2^53) */
+        memset(losses, 0, (size_t)nbatches * sizeof *losses);
+        memset(c, 0, (size_t)nbatches * sizeof *c);
+        for (int64_t i = 0; i < mine; i++) {
+            losses[rank + i * W] = tmp[i];
+            c[rank + i * W] = (double)tmpc[i];
+        }
+        FY_TRY(fy_comm_sum(r->cfg->comm, losses, (size_t)nbatches, FY_F32));
+        FY_TRY(fy_comm_sum(r->cfg->comm, c, (size_t)nbatches, FY_COMM_F64));
+        for (int64_t i = 0; i < nbatches; i++) counts[i] = (int64_t)c[i];
     }
-    double sum = 0.0;
-    for (int64_t i = 0; i < nbatches; i++) sum += r->val_losses[i];
-    *loss = (float)(sum / (double)nbatches);
+    *loss = pooled_loss(losses, counts, nbatches);
     return FY_OK;
 }
 
@@ -260,8 +326,13 @@ static void print_header(const run *r) {
     printf("model   %s (%s): %.2fM parameters (%s)\n", from, fy_model_family(c->model),
            (double)fy_model_num_params(c->model) / 1e6, shape);
     printf("device  %s\n", fy_dev_name(r->dev));
-    printf("data    %s: %zu tokens; batch %d x %d", fy_tokens_label(r->train_tok),
-           fy_tokens_count(r->train_tok), c->plan->micro_batch, c->seq);
+    printf("data    %s: %zu tokens", fy_tokens_label(r->train_tok), fy_tokens_count(r->train_tok));
+    if (fy_tokens_has_masks(r->train_tok)) {
+        const int S = fy_tokens_packed_seq(r->train_tok);
+        printf(" with loss masks and documents");
+        if (S > 0) printf(" (packed into %d-token sequences)", S);
+    }
+    printf("; batch %d x %d", c->plan->micro_batch, c->seq);
     if (c->plan->grad_accum > 1) printf(" x %d accumulated", c->plan->grad_accum);
     printf("; validation: %s\n", r->val ? (r->val_tok ? fy_tokens_label(r->val_tok)
                                                       : "held-out tail") : "none");
@@ -273,8 +344,9 @@ static void print_header(const run *r) {
 
 /* ---- checkpoints ---------------------------------------------------------------------- */
 
-/* A CRC of the training range's first and last FINGERPRINT_TOKENS tokens: with the
- * label and the count, what tells a resumed run's data from the checkpoint's. */
+/* A CRC of the training range's first and last FINGERPRINT_TOKENS tokens (and of their
+ * loss masks and document starts, where the data has them): with the label and the
+ * count, what tells a resumed run's data from the checkpoint's. */
 static fy_status data_fingerprint(const run *r, char hex[16]) {
     const size_t n = r->train_end, k = n < FINGERPRINT_TOKENS ? n : FINGERPRINT_TOKENS;
     int32_t *buf = malloc(k * sizeof *buf);
@@ -287,6 +359,8 @@ static fy_status data_fingerprint(const run *r, char hex[16]) {
     fy_tokens_read(r->train_tok, n - k, k, buf);
     crc = fy_crc32c(buf, k * sizeof *buf, crc);
     free(buf);
+    crc = fy_tokens_masks_crc(r->train_tok, 0, k, crc);
+    crc = fy_tokens_masks_crc(r->train_tok, n - k, k, crc);
     snprintf(hex, 16, "%08x", crc);
     return FY_OK;
 }
@@ -313,9 +387,11 @@ static fy_status build_config(run *r) {
     const int64_t N = (int64_t)c->plan->micro_batch * c->seq; /* a chunk past it is all of it */
     cJSON_AddNumberToObject(o, "chunk_tokens", (double)(fy_model_chunk(c->model) < N ? fy_model_chunk(c->model) : N));
     char docs[32] = "none";
-    if (c->docs.kind != FY_DOCS_NONE)
-        snprintf(docs, sizeof docs, "%s=%d", c->docs.kind == FY_DOCS_EOT ? "eot" : "bos",
-                 (int)c->docs.token);
+    if (r->docs.kind == FY_DOCS_DATA)
+        snprintf(docs, sizeof docs, "data");
+    else if (r->docs.kind != FY_DOCS_NONE)
+        snprintf(docs, sizeof docs, "%s=%d", r->docs.kind == FY_DOCS_EOT ? "eot" : "bos",
+                 (int)r->docs.token);
     cJSON_AddStringToObject(o, "doc_mask", docs);
     cJSON_AddStringToObject(d, "source", fy_tokens_label(r->train_tok));
     cJSON_AddNumberToObject(d, "tokens", (double)r->train_end);
@@ -607,9 +683,15 @@ static fy_status setup_run(run *r, const fy_ckpt *ck) {
         fy_log_error("cannot open metrics file %s", c->metrics);
         return FY_ERR_IO;
     }
-    if (r->val && !(r->val_losses = malloc(2 * fy_loader_batches(r->val) * sizeof(float)))) {
-        fy_log_error("out of host memory for the validation losses");
-        return FY_ERR_NOMEM;
+    if (r->val) {
+        const size_t nb = fy_loader_batches(r->val);
+        r->val_losses = malloc(2 * nb * sizeof *r->val_losses);
+        r->val_counts = malloc(2 * nb * sizeof *r->val_counts);
+        r->val_sums = malloc(nb * sizeof *r->val_sums);
+        if (!r->val_losses || !r->val_counts || !r->val_sums) {
+            fy_log_error("out of host memory for the validation losses");
+            return FY_ERR_NOMEM;
+        }
     }
     FY_TRY(fy_dev_new(&c->dev, &r->dev));
     fy_trainer_cfg tc = {.model = c->model, .T = c->seq, .plan = c->plan, .beta1 = c->beta1,
@@ -619,7 +701,7 @@ static fy_status setup_run(run *r, const fy_ckpt *ck) {
                          .schedule = c->schedule, .adam_threads = c->adam_threads,
                          .comm = c->comm, .micro_first = c->micro_first,
                          .micro_total = c->micro_total, .stop = &fy_train_stop_signal,
-                         .docs = c->docs,
+                         .docs = r->docs,
                          .test_nan_step = c->test_nan_step};
     FY_TRY(fy_trainer_new(r->dev, &tc, &r->tr));
     if (ck) FY_TRY(resume_from(r, ck));
@@ -647,9 +729,11 @@ static fy_status log_step(run *r, int64_t s, const fy_step_stats *ss, double wal
     if (r->metrics) {
         char v[5][32];
         fprintf(r->metrics, "{\"step\":%lld,\"loss\":%s,\"lr\":%s,\"grad_norm\":%s,"
-                "\"clip_coef\":%s,\"step_ms\":%.6f,\"step_wall_ms\":%.6f,\"tokens_per_s\":%.3f",
+                "\"clip_coef\":%s,\"step_ms\":%.6f,\"step_wall_ms\":%.6f,\"tokens_per_s\":%.3f,"
+                "\"loss_tokens\":%lld",
                 (long long)s + 1, json_num(ss->loss, v[0]), json_num(lr, v[1]),
-                json_num(ss->grad_norm, v[2]), json_num(ss->clip_coef, v[3]), ms, wall_ms, tok_s);
+                json_num(ss->grad_norm, v[2]), json_num(ss->clip_coef, v[3]), ms, wall_ms, tok_s,
+                (long long)ss->targets);
         if (ss->skipped) fprintf(r->metrics, ",\"skipped\":true");
         if (ss->speculated)
             fprintf(r->metrics, ",\"speculated\":%d,\"kept\":%d", ss->speculated, ss->kept);
@@ -660,7 +744,10 @@ static fy_status log_step(run *r, int64_t s, const fy_step_stats *ss, double wal
             return FY_ERR_IO;
         }
     }
-    if (ss->skipped) {
+    if (ss->skipped && ss->targets == 0) { /* nothing to learn from: not a divergence */
+        fy_log_warn("step %lld: no token of its batch counts in the loss (its masks); update "
+                    "skipped", (long long)s + 1);
+    } else if (ss->skipped) {
         fy_log_warn("step %lld: gradient norm is %g; update skipped", (long long)s + 1,
                     ss->grad_norm);
         if (++r->skipped_run >= MAX_SKIPPED_RUN) {
@@ -687,6 +774,7 @@ static fy_status log_step(run *r, int64_t s, const fy_step_stats *ss, double wal
         printf("step %6lld/%lld | loss %.4f | norm %.4f | lr %.2e | %7.1f ms | %8.0f tok/s",
                (long long)s + 1, (long long)c->steps, ss->loss, ss->grad_norm, lr, ms, tok_s);
         if (validated) printf(" | val %.4f", r->val_loss);
+        if (fy_tokens_has_masks(r->train_tok)) printf(" | %lld loss tokens", (long long)ss->targets);
         printf("\n");
     } else if (tty) {
         progress(s + 1, r->start, c->steps, fy_now_ms() - r->t_start, ss->loss);
@@ -708,8 +796,9 @@ static fy_status run_window(run *r, int64_t s0, int n, int *done) {
         lrs[i] = (float)fy_lr_at(s0 + i, c->steps, c->lr, min_lr, c->warmup, c->cosine);
     fy_sched_result res = {0};
     fy_graph g;
-    fy_window w = {.nsteps = n, .lrs = lrs, .next_batch = train_batch, .batch_ctx = &r->batches,
-                   .stats = stats, .trace = c->trace ? &res : NULL, .graph = c->trace ? &g : NULL};
+    fy_window w = {.nsteps = n, .lrs = lrs, .next_batch = train_batch,
+                   .targets = fy_tokens_has_masks(r->train_tok) ? train_targets : NULL,
+                   .batch_ctx = &r->batches, .stats = stats, .trace = c->trace ? &res : NULL, .graph = c->trace ? &g : NULL};
     const double t_win = fy_now_ms() - r->t_start;
     fy_status st = fy_trainer_run(r->tr, &w);
     if (st == FY_OK && c->trace) {
@@ -988,15 +1077,19 @@ fy_status fy_eval(const fy_eval_cfg *cfg, fy_eval_result *out) {
     fy_dev *dev = NULL;
     fy_trainer *tr = NULL;
     float *losses = NULL;
+    int64_t *counts = NULL;
     fy_plan plan = {0};
+    fy_doc_mask docs = cfg->docs;
     fy_status st;
     if ((st = fy_tokens_open(cfg->data, &tok)) != FY_OK ||
         (st = fy_tokens_check_vocab(tok, fy_model_vocab(cfg->model))) != FY_OK ||
+        (st = data_docs(tok, &cfg->docs, cfg->seq, &docs)) != FY_OK ||
         (st = fy_loader_new(tok, 0, fy_tokens_count(tok), cfg->batch, cfg->seq, &ld)) != FY_OK)
         goto done;
     int64_t avail = (int64_t)fy_loader_batches(ld);
     int64_t nb = cfg->batches && cfg->batches < avail ? cfg->batches : avail;
-    if (!(losses = malloc((size_t)nb * sizeof *losses))) {
+    if (!(losses = malloc((size_t)nb * sizeof *losses)) ||
+        !(counts = malloc((size_t)nb * sizeof *counts))) {
         fy_log_error("out of host memory for %lld losses", (long long)nb);
         st = FY_ERR_NOMEM;
         goto done;
@@ -1006,13 +1099,14 @@ fy_status fy_eval(const fy_eval_cfg *cfg, fy_eval_result *out) {
         goto done;
     plan.dtype = cfg->dtype;
     fy_trainer_cfg tc = {.model = cfg->model, .T = cfg->seq, .eval_only = true, .plan = &plan,
-                         .weights = cfg->weights, .docs = cfg->docs};
+                         .weights = cfg->weights, .docs = docs};
     if ((st = fy_trainer_new(dev, &tc, &tr)) != FY_OK ||
-        (st = fy_trainer_eval_run(tr, (int)nb, batch_from, ld, losses)) != FY_OK)
+        (st = fy_trainer_eval_run(tr, (int)nb, batch_from, ld, losses, counts)) != FY_OK)
         goto done;
-    double sum = 0.0;
-    for (int64_t i = 0; i < nb; i++) sum += losses[i];
-    *out = (fy_eval_result){(float)(sum / (double)nb), nb, nb * cfg->batch * cfg->seq};
+    int64_t targets = 0;
+    for (int64_t i = 0; i < nb; i++) targets += counts[i];
+    *out = (fy_eval_result){pooled_loss(losses, counts, nb), nb, nb * cfg->batch * cfg->seq,
+                            targets, fy_tokens_has_masks(tok)};
 done:
     fy_trainer_free(tr);
     fy_plan_free(&plan);
@@ -1020,5 +1114,6 @@ done:
     fy_loader_free(ld);
     fy_tokens_free(tok);
     free(losses);
+    free(counts);
     return st;
 }

@@ -5,7 +5,8 @@
  * and a trainer, then runs the optimizer steps in windows (a window is one task graph;
  * it ends at a validation point), with the learning-rate schedule; prints a line per step
  * (or a progress display on long runs), appends JSON Lines metrics, evaluates, saves the
- * weights and the trace, and reports. fy_eval: the mean loss of weights over a data file.
+ * weights and the trace, and reports. fy_eval: the mean loss of weights over a data file
+ * (over the targets its loss masks count, where it has them: tokens.h).
  * Both log their errors once and return a status. */
 #ifndef FY_TRAIN_H
 #define FY_TRAIN_H
@@ -106,7 +107,12 @@ typedef struct fy_eval_cfg {
     fy_dev_cfg dev;
 } fy_eval_cfg;
 
-typedef struct fy_eval_result { float loss; int64_t batches, tokens; } fy_eval_result;
+typedef struct fy_eval_result {
+    float loss;        /* the mean over every counted target evaluated */
+    int64_t batches, tokens;
+    int64_t targets;   /* the targets counted (tokens, without loss masks) */
+    bool masked;       /* the data has loss masks */
+} fy_eval_result;
 
 fy_status fy_eval(const fy_eval_cfg *cfg, fy_eval_result *out);
 

@@ -53,9 +53,11 @@ extern "C" {
 
 /* Packed documents in the token stream (kernels.h: docs): none, or a document ends at each
  * `token` (FY_DOCS_EOT: the next position starts the next one), or starts at each `token`
- * (FY_DOCS_BOS). The trainer finds each micro-batch's document starts from its inputs;
- * attention never crosses them and positions restart at them. */
-typedef enum fy_docs_kind { FY_DOCS_NONE = 0, FY_DOCS_EOT, FY_DOCS_BOS } fy_docs_kind;
+ * (FY_DOCS_BOS), or the data says where each starts (FY_DOCS_DATA: the batch function
+ * gives them, from the files' document starts, io/tokens.h). The trainer finds each
+ * micro-batch's document starts from its inputs (or takes the data's); attention never
+ * crosses them and positions restart at them. */
+typedef enum fy_docs_kind { FY_DOCS_NONE = 0, FY_DOCS_EOT, FY_DOCS_BOS, FY_DOCS_DATA } fy_docs_kind;
 typedef struct fy_doc_mask { fy_docs_kind kind; int32_t token; } fy_doc_mask;
 
 /* The document starts of n rows of T inputs (docs[b*T + t], kernels.h) under mask m. */
@@ -98,10 +100,13 @@ typedef struct fy_trainer_cfg {
 } fy_trainer_cfg;
 
 typedef struct fy_step_stats {
-    float loss;        /* mean over the step's micro-batches */
+    float loss;        /* mean over the step's counted targets (every micro-batch's, every
+                          rank's) */
+    int64_t targets;   /* the targets counted (B*T x the micro-batches without a loss
+                          mask); none: the step applies nothing (skipped) */
     float grad_norm;   /* before clipping */
     float clip_coef;   /* applied scale (1 when not clipped) */
-    bool skipped;      /* non-finite gradients: no update */
+    bool skipped;      /* non-finite gradients, or no target counted: no update */
     int speculated;    /* blocks whose update ran before the norm (plan.h: speculate) */
     int kept;          /* of them, those whose speculation was the update (the others were
                           redone, or undone when skipped) */
@@ -112,9 +117,17 @@ typedef struct fy_step_stats {
 
 /* Fills x and y (B*T tokens each, host memory) with micro-batch number `micro`: training
  * counts micro-batches from the trainer's first step (a retried window asks for the same
- * numbers again), evaluation from 0 in each call. Called from the transfer lane's thread,
- * in order. A failure (logged) ends the window. */
-typedef fy_status (*fy_batch_fn)(void *ctx, int64_t micro, int32_t *x, int32_t *y);
+ * numbers again), evaluation from 0 in each call. A target the loss does not count is
+ * negative (the data's loss mask: kernels.h). docs is NULL, or with FY_DOCS_DATA (B*T)
+ * to fill with each position's document start (kernels.h). Called from the transfer
+ * lane's thread, in order. A failure (logged) ends the window. */
+typedef fy_status (*fy_batch_fn)(void *ctx, int64_t micro, int32_t *x, int32_t *y,
+                                 int32_t *docs);
+/* The targets micro-batch `micro` (numbered as fy_batch_fn's) counts: its y's that are not
+ * negative. Any micro-batch of a step may be asked for, from any thread, before its batch
+ * is read: a step's mean loss divides by the count over all its micro-batches, on every
+ * rank, before their gradients exist. */
+typedef int64_t (*fy_targets_fn)(void *ctx, int64_t micro);
 
 typedef struct fy_trainer fy_trainer;
 
@@ -145,6 +158,8 @@ typedef struct fy_window {
     int nsteps;
     const float *lrs;          /* nsteps learning rates */
     fy_batch_fn next_batch;
+    fy_targets_fn targets;     /* with batch_ctx; NULL: every target counts (no y is
+                                  negative) */
     void *batch_ctx;
     fy_step_stats *stats;      /* out: nsteps (on failure, the first `completed`) */
     int completed;             /* out: steps applied (nsteps, unless a task failed) */
@@ -168,10 +183,11 @@ fy_status fy_trainer_predict(fy_trainer *tr, int nsteps, fy_sched_mode mode, boo
  * grad_accum*B*T tokens each (host memory), micro-batch after micro-batch. */
 fy_status fy_trainer_step(fy_trainer *tr, const int32_t *x, const int32_t *y, float lr,
                           fy_step_stats *out);
-/* The mean loss of each of nbatches B x T batches (from next_batch, numbered from 0), no
- * gradients, into losses[nbatches]. */
+/* The mean loss of each of nbatches B x T batches (from next_batch, numbered from 0) over
+ * its counted targets (0 for a batch with none), no gradients, into losses[nbatches], and
+ * the targets counted into counts[nbatches] (may be NULL). */
 fy_status fy_trainer_eval_run(fy_trainer *tr, int nbatches, fy_batch_fn next_batch, void *ctx,
-                              float *losses);
+                              float *losses, int64_t *counts);
 /* Mean loss of one B x T batch, no gradients. */
 fy_status fy_trainer_eval(fy_trainer *tr, const int32_t *x, const int32_t *y, float *loss);
 

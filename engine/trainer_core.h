@@ -25,7 +25,10 @@ typedef struct fy_exec {
     const float *lrs;
     fy_step_stats *stats;
     int64_t *adam_step;      /* per step of the window: the update's step number */
+    int64_t *step_targets;   /* per step of the window: the targets it counts (over the
+                                job), its mean loss's divisor */
     float *eval_losses;      /* evaluation: per batch */
+    int64_t *eval_counts;    /* evaluation: per batch, its targets counted (at its load) */
     bool eval;               /* the window evaluates (batches number from eval_base) */
     int64_t eval_base;
     const fy_step_graph *sg; /* the window's graph */

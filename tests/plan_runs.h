@@ -109,7 +109,7 @@ static fy_status plan_train(const fy_model *m, const fy_plan *plan, size_t cap,
     cr_assert_eq(fy_loader_new(tok, 0, fy_tokens_count(tok), B, T_SEQ, &ld), FY_OK);
     int32_t *x = malloc(N * A * 4), *y = malloc(N * A * 4);
     for (int s = 0; s < STEPS; s++) {
-        for (int a = 0; a < A; a++) fy_loader_next(ld, x + a * N, y + a * N);
+        for (int a = 0; a < A; a++) fy_loader_next(ld, x + a * N, y + a * N, NULL);
         planted pl[4];
         int npl = s == nan_at ? plant_nan(tr, fy_model_nblocks(m) - 1, pl) : 0;
         fy_step_stats ss;

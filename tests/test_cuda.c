@@ -683,7 +683,7 @@ static void check_mean(void) {
     const size_t n = 100003;
     seed(99);
     dual x = dput(FY_F32, hrand(n, 0, 10), n), out = dpoison(FY_F32, 1);
-    BOTH(fy_k_mean(X(out), X(x), n, S));
+    BOTH(fy_k_mean(X(out), X(x), n, (int64_t)n, S));
     /* both sum in double, in different orders (cuda: by threads, then warps): the double
      * sums agree to ~1e-12, and rounding them to fp32 may land one ulp (<= 1.2e-7) apart */
     expect_match("mean", &out, 2.5e-7);
@@ -1214,7 +1214,7 @@ static void kset_run(fy_stream *s, fy_dtype dt, void *const img[K_COUNT], char *
     fy_k_residual_fwd(T_(res), T_(x0), T_(y), KN * KC, s);
     fy_k_matmul_fwd(T_(logits), T_(res), T_(wte), NULL, KN, KC, KV, s);
     fy_k_crossentropy(T_(losses), T_(logits), T_(tgt), KN, KV, KV, 1.0f / KN, 0.0f, s);
-    fy_k_mean(T_(loss), T_(losses), KN, s);
+    fy_k_mean(T_(loss), T_(losses), KN, KN, s);
     fy_k_matmul_bwd(T_(dres), T_(dwte), NULL, T_(logits), T_(res), T_(wte), KN, KC, KV, s);
     fy_k_gelu_fwd(T_(gelu), T_(qkv), KN * 3 * KC, s);
     fy_k_gelu_bwd(T_(dgelu), T_(qkv), T_(gelu), KN * 3 * KC, s);
@@ -1398,7 +1398,7 @@ static void train(fy_dev_kind kind, fy_matmul_math math, const fy_gpt2_config *c
     cr_assert_eq(fy_loader_new(tok, 0, fy_tokens_count(tok), B, T, &ld), FY_OK);
     int32_t *x = malloc(N * A * 4), *y = malloc(N * A * 4);
     for (int s = 0; s < STEPS; s++) {
-        for (int a = 0; a < A; a++) fy_loader_next(ld, x + a * N, y + a * N);
+        for (int a = 0; a < A; a++) fy_loader_next(ld, x + a * N, y + a * N, NULL);
         fy_step_stats ss;
         cr_assert_eq(fy_trainer_step(tr, x, y, 1e-3f, &ss), FY_OK, "%s", fy_last_error());
         out->loss[s] = ss.loss;

@@ -800,7 +800,7 @@ Test(kernel_fwd, mean_and_sumsq_match_host_double) {
     float *x = hrand(&r, n, -3, 3);
     float *dx = dputf(x, n), *dmean = dnewf(1);
     double *dsq = dnew(sizeof(double));
-    fy_k_mean(dmean, dx, n, g_s);
+    fy_k_mean(dmean, dx, n, (int64_t)n, g_s);
     fy_k_sumsq(dsq, dx, n, g_s);
     float mean;
     double sq;
@@ -927,7 +927,7 @@ static void kset_run(float *const img[K_COUNT], float *base, size_t off, size_t 
     fy_k_gelu_bwd(T(gelu_dinp), T(gelu_inp), T(gelu_dout), KN * 4 * KC, g_s);
     fy_k_residual_fwd(T(res_out), T(att_out), T(ln_out), KN * KC, g_s);
     fy_k_crossentropy(T(losses), T(logits), tgt, KN, KV, KV, 1.0f / KN, 0.0f, g_s);
-    fy_k_mean(T(mean_out), T(losses), KN, g_s);
+    fy_k_mean(T(mean_out), T(losses), KN, KN, g_s);
     double *dsq = dnew(sizeof(double));
     fy_k_sumsq(dsq, T(gelu_dinp), KN * 4 * KC, g_s);
 #undef T
@@ -1017,7 +1017,7 @@ Test(determinism, sumsq_and_mean_independent_of_thread_count) {
         cr_assert_eq(fy_dev_alloc(d, FY_MEM_DEVICE, sizeof(float), "mean", &dm), FY_OK);
         fy_copy_async(s, dx, x, n * sizeof(float), FY_H2D);
         fy_k_sumsq(dsq, dx, n, s);
-        fy_k_mean(dm, dx, n, s);
+        fy_k_mean(dm, dx, n, (int64_t)n, s);
         fy_copy_async(s, &sq[i], dsq, sizeof(double), FY_D2H);
         fy_copy_async(s, &mean[i], dm, sizeof(float), FY_D2H);
         fy_stream_sync(s);

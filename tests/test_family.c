@@ -261,7 +261,7 @@ Test(family, trains_evaluates_saves_and_loads, .timeout = 120) {
     int32_t *x = malloc(N * 4), *y = malloc(N * 4);
     float first = 0, last = 0;
     for (int s = 0; s < 60; s++) {
-        fy_loader_next(ld, x, y);
+        fy_loader_next(ld, x, y, NULL);
         float eval;
         cr_assert_eq(fy_trainer_eval(tr, x, y, &eval), FY_OK);
         fy_step_stats ss;

@@ -774,7 +774,7 @@ Test(tokens, glob_of_v1_and_v7_shards_reads_across_boundaries) {
     size_t bt = 2200, nb = (n - 1) / bt;
     int32_t *x = malloc(bt * sizeof *x), *y = malloc(bt * sizeof *y);
     for (size_t s = 0; s < nb + 3; s++) {
-        fy_loader_next(l, x, y);
+        fy_loader_next(l, x, y, NULL);
         size_t at = (s % nb) * bt;
         for (size_t i = 0; i < bt; i++) {
             cr_assert_eq((uint32_t)x[i], want[at + i], "step %zu x[%zu]", s, i);
@@ -840,7 +840,7 @@ Test(tokens, large_shard_is_mapped_not_copied) {
     cr_assert_eq(fy_loader_new(t, 0, NTOK, 4, 1024, &l), FY_OK);
     static int32_t x[4096], y[4096];
     for (int s = 0; s < 8; s++) {
-        fy_loader_next(l, x, y);
+        fy_loader_next(l, x, y, NULL);
         for (size_t i = 0; i < 4096; i++)
             cr_assert_eq(x[i], (int32_t)((size_t)s * 4096 + i) % 50000, "step %d x[%zu]", s, i);
     }
@@ -929,7 +929,7 @@ static fy_tokens *iota(size_t n) {
 
 static void expect_batch(fy_loader *l, int bt, int32_t first) {
     int32_t x[64], y[64];
-    fy_loader_next(l, x, y);
+    fy_loader_next(l, x, y, NULL);
     for (int i = 0; i < bt; i++) {
         cr_assert_eq(x[i], first + i, "x[%d] = %d, want %d", i, x[i], first + i);
         cr_assert_eq(y[i], first + i + 1, "y[%d] = %d, want %d", i, y[i], first + i + 1);
@@ -978,7 +978,7 @@ Test(loader, many_steps_follow_the_closed_form) {
         cr_assert_eq(fy_loader_batches(l), nb);
         int32_t *x = malloc(bt * 4), *y = malloc(bt * 4);
         for (size_t s = 0; s < 3 * nb + 2; s++) {
-            fy_loader_next(l, x, y);
+            fy_loader_next(l, x, y, NULL);
             size_t at = (size_t)begin + (s % nb) * bt;
             for (size_t i = 0; i < bt; i++) {
                 cr_assert_eq((size_t)x[i], at + i, "shape %zu step %zu x[%zu]", k, s, i);
@@ -1008,13 +1008,13 @@ Test(loader, set_pos_reset_and_resume) {
     cr_assert_eq(fy_loader_new(t, 0, 100, 2, 5, &a), FY_OK);
     cr_assert_eq(fy_loader_new(t, 0, 100, 2, 5, &b), FY_OK);
     int32_t x[10], y[10], x2[10], y2[10];
-    for (int s = 0; s < 4; s++) fy_loader_next(a, x, y);
+    for (int s = 0; s < 4; s++) fy_loader_next(a, x, y, NULL);
     cr_assert_eq(fy_loader_pos(a), 40);
     /* a checkpoint: b resumes where a stands and both continue identically */
     cr_assert_eq(fy_loader_set_pos(b, fy_loader_pos(a)), FY_OK);
     for (int s = 0; s < 12; s++) {
-        fy_loader_next(a, x, y);
-        fy_loader_next(b, x2, y2);
+        fy_loader_next(a, x, y, NULL);
+        fy_loader_next(b, x2, y2, NULL);
         cr_assert(!memcmp(x, x2, sizeof x) && !memcmp(y, y2, sizeof y), "step %d differs", s);
     }
     cr_assert_eq(fy_loader_set_pos(a, 3), FY_OK);
@@ -1061,8 +1061,8 @@ Test(loader, mapped_text_file_gives_the_same_batches_as_a_copy) {
         int32_t *xa = malloc(bt * 4), *ya = malloc(bt * 4), *xb = malloc(bt * 4),
                 *yb = malloc(bt * 4);
         for (size_t s = 0; s < steps; s++) {
-            fy_loader_next(a, xa, ya);
-            fy_loader_next(b, xb, yb);
+            fy_loader_next(a, xa, ya, NULL);
+            fy_loader_next(b, xb, yb, NULL);
             cr_assert(!memcmp(xa, xb, bt * 4) && !memcmp(ya, yb, bt * 4),
                       "shape %zu step %zu differs", k, s);
             size_t at = begin + (s % nb) * bt;

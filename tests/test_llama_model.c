@@ -188,7 +188,7 @@ static void check_first_step(const char *name, int chunk) {
     int32_t *x = malloc(N * 4), *y = malloc(N * 4);
     fy_loader *ld;
     cr_assert_eq(fy_loader_new(r.tok, 0, fy_tokens_count(r.tok), r.B, r.T, &ld), FY_OK);
-    fy_loader_next(ld, x, y);
+    fy_loader_next(ld, x, y, NULL);
     fy_step_stats ss;
     cr_assert_eq(fy_trainer_step(tr, x, y, 0.0f, &ss), FY_OK); /* lr 0: the weights stay */
     const cJSON *run = cJSON_GetObjectItem(cJSON_GetObjectItem(r.json, "runs"), "noclip");
@@ -218,7 +218,7 @@ static void check_ten_steps(const char *name, const char *run_name) {
     fy_loader *ld;
     cr_assert_eq(fy_loader_new(r.tok, 0, fy_tokens_count(r.tok), r.B, r.T, &ld), FY_OK);
     for (int s = 0; s < steps; s++) {
-        fy_loader_next(ld, x, y);
+        fy_loader_next(ld, x, y, NULL);
         fy_step_stats ss;
         cr_assert_eq(fy_trainer_step(tr, x, y, (float)lr, &ss), FY_OK);
         double wl = cJSON_GetArrayItem(cJSON_GetObjectItem(run, "losses"), s)->valuedouble;
@@ -316,8 +316,8 @@ Test(llama_model, a_transformers_directory_trains_to_the_same_step) {
     fy_loader *ld;
     cr_assert_eq(fy_loader_new(tok, 0, fy_tokens_count(tok), 4, 32, &ld), FY_OK);
     int32_t x[2][128], y[2][128];
-    fy_loader_next(ld, x[0], y[0]);
-    fy_loader_next(ld, x[1], y[1]);
+    fy_loader_next(ld, x[0], y[0], NULL);
+    fy_loader_next(ld, x[1], y[1], NULL);
     float before, after;
     cr_assert_eq(fy_trainer_eval(tr, x[1], y[1], &before), FY_OK);
     fy_step_stats ss;
@@ -732,7 +732,7 @@ Test(llama_model, a_chunked_head_evaluates_the_same_bits) {
     fy_loader *ld;
     cr_assert_eq(fy_loader_new(tok, 0, fy_tokens_count(tok), 2, T_SEQ, &ld), FY_OK);
     int32_t x[2 * T_SEQ], y[2 * T_SEQ];
-    fy_loader_next(ld, x, y);
+    fy_loader_next(ld, x, y, NULL);
     for (int d = 0; d < 2; d++) {
         const fy_dtype dt = d ? FY_BF16 : FY_F32;
         float loss[3];
@@ -778,7 +778,7 @@ Test(llama_model, a_large_vocabulary_gathered_and_chunked) {
     int32_t *x = malloc(NST * A * N * 4), *y = malloc(NST * A * N * 4);
     fy_loader *ld;
     cr_assert_eq(fy_loader_new(tok, 0, fy_tokens_count(tok), 2, T_SEQ, &ld), FY_OK);
-    for (int i = 0; i < NST * A; i++) fy_loader_next(ld, x + i * N, y + i * N);
+    for (int i = 0; i < NST * A; i++) fy_loader_next(ld, x + i * N, y + i * N, NULL);
     for (int d = 0; d < 2; d++) {
         const fy_dtype dt = d ? FY_BF16 : FY_F32;
         for (int acc = 1; acc <= A; acc += A - 1) { /* one micro-batch a step, and three */

@@ -137,7 +137,7 @@ Test(model, first_step_gradients_match_pytorch) {
     int32_t *x = malloc(N * 4), *y = malloc(N * 4);
     fy_loader *ld;
     cr_assert_eq(fy_loader_new(c.tok, 0, fy_tokens_count(c.tok), c.B, c.T, &ld), FY_OK);
-    fy_loader_next(ld, x, y);
+    fy_loader_next(ld, x, y, NULL);
     fy_step_stats ss;
     cr_assert_eq(fy_trainer_step(tr, x, y, 0.0f, &ss), FY_OK); /* lr 0: weights stay */
     const cJSON *run = cJSON_GetObjectItem(cJSON_GetObjectItem(c.ref, "runs"), "noclip");
@@ -192,7 +192,7 @@ static void check_run(const char *name, bool check_final) {
         double want_lr = cJSON_GetArrayItem(cJSON_GetObjectItem(run, "lrs"), s)->valuedouble;
         cr_expect(fabs(lr_s - want_lr) <= 1e-12 * want_lr, "%s step %d lr %.17g vs %.17g",
                   name, s, lr_s, want_lr);
-        fy_loader_next(ld, x, y);
+        fy_loader_next(ld, x, y, NULL);
         fy_step_stats ss;
         cr_assert_eq(fy_trainer_step(tr, x, y, (float)lr_s, &ss), FY_OK);
         double wl = cJSON_GetArrayItem(cJSON_GetObjectItem(run, "losses"), s)->valuedouble;
@@ -242,7 +242,7 @@ Test(model, training_is_deterministic) {
         fy_loader *ld;
         cr_assert_eq(fy_loader_new(c.tok, 0, fy_tokens_count(c.tok), c.B, c.T, &ld), FY_OK);
         for (int s = 0; s < 5; s++) {
-            fy_loader_next(ld, x, y);
+            fy_loader_next(ld, x, y, NULL);
             fy_step_stats ss;
             cr_assert_eq(fy_trainer_step(tr, x, y, 1e-3f, &ss), FY_OK);
             losses[r][s] = ss.loss;
@@ -309,8 +309,8 @@ Test(model, gradient_accumulation_matches_larger_batch) {
     int32_t *x = malloc(2 * N * 4), *y = malloc(2 * N * 4);
     fy_loader *ld;
     cr_assert_eq(fy_loader_new(c.tok, 0, fy_tokens_count(c.tok), c.B, c.T, &ld), FY_OK);
-    fy_loader_next(ld, x, y);
-    fy_loader_next(ld, x + N, y + N);
+    fy_loader_next(ld, x, y, NULL);
+    fy_loader_next(ld, x + N, y + N, NULL);
     fy_trainer *tr = new_trainer_accum(&c, 0.0f, 2);
     fy_step_stats s2;
     cr_assert_eq(fy_trainer_step(tr, x, y, 0.0f, &s2), FY_OK);
@@ -394,7 +394,7 @@ Test(model, gpt2_head_matches_the_kernels_written_out) {
     fy_memset_async(s, dwte, 0, VpC * sizeof(float));
     float *dxL = dev_upload(d, s, NULL, (size_t)N * C);
     const float dloss = 1.0f / N;
-    fy_gpt2_head_step(&cfg, &w, &g, wte, dwte, x, &a, &wk, y, dloss, loss, dxL, B, T, s);
+    fy_gpt2_head_step(&cfg, &w, &g, wte, dwte, x, &a, &wk, y, dloss, loss, N, dxL, B, T, s);
 
     float *lnf = dev_upload(d, s, NULL, (size_t)N * C), *mean = dev_upload(d, s, NULL, N);
     float *rstd = dev_upload(d, s, NULL, N), *logits = dev_upload(d, s, NULL, (size_t)N * V);
@@ -409,7 +409,7 @@ Test(model, gpt2_head_matches_the_kernels_written_out) {
     fy_k_layernorm_fwd(lnf, mean, rstd, x, w.lnfw, w.lnfb, N, C, s);
     fy_k_matmul_fwd(logits, lnf, wte, NULL, N, C, V, s);
     fy_k_crossentropy(losses, logits, y, N, V, V, dloss, 0.0f, s);
-    fy_k_mean(rloss, losses, (size_t)N, s);
+    fy_k_mean(rloss, losses, (size_t)N, N, s);
     fy_k_matmul_bwd(dlnf, rdwte, NULL, logits, lnf, wte, N, C, V, s);
     fy_k_layernorm_bwd(dx, rg.lnfw, rg.lnfb, dlnf, x, w.lnfw, mean, rstd, N, C, s);
     fy_stream_sync(s);

@@ -611,9 +611,9 @@ typedef struct failing_run {
     fy_loader *ld;
 } failing_run;
 
-static fy_status batch_at(void *ctx, int64_t micro, int32_t *x, int32_t *y) {
+static fy_status batch_at(void *ctx, int64_t micro, int32_t *x, int32_t *y, int32_t *docs) {
     FY_TRY(fy_loader_seek_batch(ctx, micro));
-    fy_loader_next(ctx, x, y);
+    fy_loader_next(ctx, x, y, docs);
     return FY_OK;
 }
 
@@ -831,7 +831,7 @@ Test(eval, streamed_plans_evaluate_the_same_bits_as_training, .timeout = 60) {
         failing_run f;
         failing_open(&f, &plan);
         float losses[6];
-        cr_assert_eq(fy_trainer_eval_run(f.tr, 6, batch_at, f.ld, losses), FY_OK);
+        cr_assert_eq(fy_trainer_eval_run(f.tr, 6, batch_at, f.ld, losses, NULL), FY_OK);
         if (i == 0) first = losses[0];
         cr_expect(losses[0] == first, "plan %d: eval loss %.9g vs all-resident %.9g", i,
                   losses[0], first);

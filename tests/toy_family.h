@@ -138,7 +138,7 @@ static void toy_loss(const fy_model *m, int b, const fy_block_io *io, fy_stream 
     }
     fy_k_matmul_fwd(a.logits, io->in, W, bias, (int)N, (int)C, (int)V, s);
     fy_k_crossentropy(a.losses, a.logits, io->targets, (int)N, (int)V, (int)V, io->dloss, 0.0f, s);
-    fy_k_mean(io->loss, a.losses, N, s);
+    fy_k_mean(io->loss, a.losses, N, fy_block_loss_div(io), s);
     if (io->dloss != 0.0f)
         fy_k_matmul_bwd(io->dx, gW, gbias, a.logits, io->in, W, (int)N, (int)C, (int)V, s);
 }

@@ -120,9 +120,9 @@ static fy_status probe_adam(int max_threads, fy_profile *p) {
 }
 
 /* A fixed batch of valid token ids. */
-static fy_status zero_batch(void *ctx, int64_t micro, int32_t *x, int32_t *y) {
+static fy_status zero_batch(void *ctx, int64_t micro, int32_t *x, int32_t *y, int32_t *docs) {
     const size_t *n = ctx; /* [0] tokens, [1] vocabulary */
-    (void)micro;
+    (void)micro, (void)docs;
     for (size_t i = 0; i < n[0]; i++) x[i] = y[i] = (int32_t)(i % 200 % n[1]);
     return FY_OK;
 }

@@ -86,9 +86,9 @@ static fy_status parse_grid(const char *grid, int L, axis ax[AX_COUNT]) {
     return FY_OK;
 }
 
-static fy_status next_batch(void *ctx, int64_t micro, int32_t *x, int32_t *y) {
+static fy_status next_batch(void *ctx, int64_t micro, int32_t *x, int32_t *y, int32_t *docs) {
     FY_TRY(fy_loader_seek_batch(ctx, micro));
-    fy_loader_next(ctx, x, y);
+    fy_loader_next(ctx, x, y, docs);
     return FY_OK;
 }
 

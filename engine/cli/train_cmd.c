@@ -610,8 +610,8 @@ int fy_eval_main(const fy_opts *o) {
     if (st == FY_OK) {
         char loss[32] = "null"; /* JSON has no NaN or Infinity */
         if (isfinite(r.loss)) snprintf(loss, sizeof loss, "%.9g", r.loss);
-        printf("{\"loss\":%s,\"batches\":%lld,\"tokens\":%lld}\n", loss, (long long)r.batches,
-               (long long)r.tokens);
+        printf("{\"loss\":%s,\"batches\":%lld,\"tokens\":%lld,\"loss_tokens\":%lld}\n", loss,
+               (long long)r.batches, (long long)r.tokens, (long long)r.targets);
     }
     fy_model_free(m);
     fy_weights_close(init);

@@ -197,8 +197,9 @@ void fy_k_ce_chunk_bwd(float *logits, const int32_t *targets, const float *max,
            FLTS(dloss, softcap));
 }
 
-void fy_k_mean(float *out, const float *x, size_t n, fy_stream *s) {
-    launch(s, FY_OP_MEAN, PTRS(out, P(x)), INTS((int64_t)n), NO_FLTS);
+void fy_k_mean(float *out, const float *x, size_t n, int64_t div, fy_stream *s) {
+    FY_ASSERT(div > 0, "mean: a divisor that is not positive");
+    launch(s, FY_OP_MEAN, PTRS(out, P(x)), INTS((int64_t)n, div), NO_FLTS);
 }
 
 void fy_k_sumsq(double *out, const float *x, size_t n, fy_stream *s) {

@@ -191,7 +191,11 @@ void fy_k_residual_fwd(float *out, const float *a, const float *b, size_t n, fy_
  * the softmax and the loss; the gradient written in place of l is then dL/dz * (1 -
  * tanh^2(l / softcap)). softcap 0: none, the raw logits, the same bits as without it. */
 
-/* Softmax cross-entropy over rows of logits (N,Vp) with targets (N): the first V of each
+/* Targets the loss does not count: in every cross-entropy kernel below a negative target
+ * (the data's loss mask, as torch's ignore_index) gives the row a loss of 0 and, in the
+ * backward, a gradient row of 0; its logits are not read.
+ *
+ * Softmax cross-entropy over rows of logits (N,Vp) with targets (N): the first V of each
  * row's Vp columns are the classes (Vp >= V pads rows for aligned GEMMs; the padding is
  * ignored). losses (N) = logsumexp - logit[target] (of the capped logits, see above). If
  * dloss != 0 the logits are overwritten in place with their gradient (softmax - onehot) *
@@ -218,9 +222,10 @@ void fy_k_ce_chunk_bwd(float *logits, const int32_t *targets, const float *max,
                        const double *sum, int N, int v0, int nv, int V, float dloss,
                        float softcap, fy_stream *s);
 
-/* out[0] = sum(x) / n, summed in double in a fixed order (the cpu backend: index order).
- * x and out are fp32 whatever the stream's storage type. */
-void fy_k_mean(float *out, const float *x, size_t n, fy_stream *s);
+/* out[0] = sum(x) / div (div > 0: n for the mean; a masked loss's count of targets, or a
+ * step's), summed in double in a fixed order (the cpu backend: index order). x and out
+ * are fp32 whatever the stream's storage type. */
+void fy_k_mean(float *out, const float *x, size_t n, int64_t div, fy_stream *s);
 /* out[0] = sum(x*x) in double, in a fixed order independent of the thread count. */
 void fy_k_sumsq(double *out, const float *x, size_t n, fy_stream *s);
 /* Its chunk sums (core/reduce.h): out[c] for each chunk c of x, ceil(n / FY_SUMSQ_CHUNK)

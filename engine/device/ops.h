@@ -90,7 +90,8 @@
       A(sum, INOUT, F64, N0) A(tlogit, INOUT, F32, N0) A(losses, INOUT, F32, N0))                \
     X(CE_CHUNK_BWD, 4, 2, /* i: N, v0, nv, V; f: dloss, softcap */                             \
       A(logits, INOUT, S, NOC) A(targets, IN, I32, N0) A(max, IN, F32, N0) A(sum, IN, F64, N0))  \
-    X(MEAN, 1, 0, A(out, OUT, F32, ONE) A(x, IN, F32, N0))                                     \
+    X(MEAN, 2, 0, /* i: n, the divisor */                                                      \
+      A(out, OUT, F32, ONE) A(x, IN, F32, N0))                                     \
     X(SUMSQ, 1, 0, A(out, OUT, F64, ONE) A(x, IN, S, N0))                                      \
     X(SUMSQ_PARTS, 1, 0, A(out, OUT, F64, NCH) A(x, IN, S, N0))                                \
     X(ADAMW, 5, 6, /* i: n, grad type, out type, decay, step; f: lr, b1, b2, eps, wd, scale */ \

@@ -16,6 +16,9 @@
  * drops the pages of each chunk it has scanned, so opening and checking a dataset does
  * not fill the resident set with it.
  *
+ * A shard's companion of loss and start bits (tokens.h) is checked likewise (its header
+ * against the shard's, its exact size) and mapped whole beside it.
+ *
  * The loader is a cursor over [begin, end) of a token stream: it owns nothing, and
  * keeps llm.c's order (read B*T+1 at pos, advance by B*T, wrap to 0 when the next read
  * would not fit). */
@@ -31,6 +34,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "engine/core/crc32c.h"
 #include "engine/core/util.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -48,6 +52,9 @@ typedef struct tok_file {
     const uint8_t *toks; /* the first token: inside map, or fy_tokens.copy */
     void *map;           /* the whole file's mapping; NULL for a copy */
     size_t map_nbytes;
+    const uint8_t *loss, *start; /* its companion's bits (tokens.h), or NULL */
+    void *mask_map;      /* the companion's mapping */
+    size_t mask_nbytes;
 } tok_file;
 
 struct fy_tokens {
@@ -56,12 +63,15 @@ struct fy_tokens {
     tok_file *files; /* (nfiles) in stream order */
     int nfiles;
     uint8_t *copy;   /* fy_tokens_from_bytes's bytes; NULL for files */
+    bool masks;      /* every file has a companion */
+    int packed;      /* their packing length */
 };
 
 struct fy_loader {
     const fy_tokens *t;
     size_t begin, n; /* the range is [begin, begin + n) */
     size_t bt;       /* B*T */
+    size_t B;
     size_t pos;      /* offset from begin of the next batch */
 };
 
@@ -186,6 +196,116 @@ static fy_status load_glob(fy_tokens *t, const char *pattern) {
     return st;
 }
 
+/* ---- companions: loss and start bits ------------------------------------------------- */
+
+static size_t bits_nbytes(size_t count) { return (count + 7) / 8; }
+static bool bit_at(const uint8_t *bits, size_t i) { return (bits[i >> 3] >> (i & 7)) & 1; }
+
+/* The companion's name for a shard's path (X.bin -> X.mask), or NULL when it has none by
+ * its kind (text, or a name without .bin). */
+static char *companion_path(const tok_file *f) {
+    if (f->tok_nbytes == 1 || !fy_str_ends_with(f->path, ".bin")) return NULL;
+    const size_t n = strlen(f->path) - 4;
+    char *p = malloc(n + 6);
+    if (p) {
+        memcpy(p, f->path, n);
+        memcpy(p + n, ".mask", 6);
+    }
+    return p;
+}
+
+/* Checks and maps companion `path` of file f (its S into *packed). */
+static fy_status load_companion(tok_file *f, const char *path, int *packed) {
+    char why[256] = "";
+    fy_status st = FY_ERR_IO;
+    struct stat sb;
+    const size_t want = SHARD_HEADER_NBYTES + 2 * bits_nbytes(f->count);
+    int fd = fy_open_read(path);
+    if (fd < 0 || fstat(fd, &sb) != 0) {
+        snprintf(why, sizeof why, "cannot open: %s", strerror(errno));
+        goto fail;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        snprintf(why, sizeof why, "not a regular file");
+        goto fail;
+    }
+    int32_t hdr[4] = {0};
+    const size_t size = (size_t)sb.st_size;
+    ssize_t r = size >= sizeof hdr ? pread(fd, hdr, sizeof hdr, 0) : 0;
+    st = FY_ERR_FORMAT;
+    if (r < 0) {
+        st = FY_ERR_IO;
+        snprintf(why, sizeof why, "cannot read: %s", strerror(errno));
+    } else if (size < sizeof hdr || hdr[0] != FY_MASK_MAGIC) {
+        snprintf(why, sizeof why, "bad magic: not a loss-mask file (expected %d)", FY_MASK_MAGIC);
+    } else if (hdr[1] != FY_MASK_VERSION) {
+        snprintf(why, sizeof why, "mask file version %d (this ferry reads %d)", hdr[1], FY_MASK_VERSION);
+    } else if (hdr[2] < 0 || (size_t)hdr[2] != f->count) {
+        snprintf(why, sizeof why, "its header says %d tokens, its shard %s holds %zu: they are "
+                 "not from the same run", hdr[2], f->path, f->count);
+    } else if (hdr[3] < 0) {
+        snprintf(why, sizeof why, "absurd packing length %d in its header", hdr[3]);
+    } else if (size != want) {
+        snprintf(why, sizeof why, "%zu bytes where %zu tokens' masks take %zu", size, f->count, want);
+    } else {
+        st = FY_OK;
+    }
+    if (st != FY_OK) goto fail;
+    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (map == MAP_FAILED) {
+        st = errno == ENOMEM ? FY_ERR_NOMEM : FY_ERR_IO;
+        snprintf(why, sizeof why, "cannot map %zu bytes: %s", size, strerror(errno));
+        goto fail;
+    }
+    (void)madvise(map, size, MADV_SEQUENTIAL);
+    f->mask_map = map;
+    f->mask_nbytes = size;
+    f->loss = (const uint8_t *)map + SHARD_HEADER_NBYTES;
+    f->start = f->loss + bits_nbytes(f->count);
+    *packed = hdr[3];
+    close(fd);
+    return FY_OK;
+fail:
+    if (fd >= 0) close(fd);
+    fy_log_error("%s: %s", path, why);
+    return st;
+}
+
+/* Finds and maps the files' companions: all or none (tokens.h). */
+static fy_status attach_masks(fy_tokens *t) {
+    int with = -1, without = -1, packed = -1;
+    fy_status st = FY_OK;
+    for (int i = 0; i < t->nfiles && st == FY_OK; i++) {
+        char *path = companion_path(&t->files[i]);
+        struct stat sb;
+        if (path && lstat(path, &sb) == 0) {
+            int s = 0;
+            st = load_companion(&t->files[i], path, &s);
+            if (st == FY_OK && packed >= 0 && s != packed) {
+                fy_log_error("%s: packed into sequences of %d tokens where %s's were of %d: "
+                             "tokenize them in one run", path, s, t->files[with].path, packed);
+                st = FY_ERR_FORMAT;
+            }
+            packed = s;
+            with = i;
+        } else if (path && errno != ENOENT) {
+            fy_log_error("%s: cannot open: %s", path, strerror(errno));
+            st = FY_ERR_IO;
+        } else {
+            without = i;
+        }
+        free(path);
+    }
+    if (st == FY_OK && with >= 0 && without >= 0) {
+        fy_log_error("%s has no loss mask (.mask) beside it, while %s has one: give data whose "
+                     "shards all have masks, or none", t->files[without].path, t->files[with].path);
+        st = FY_ERR_FORMAT;
+    }
+    t->masks = st == FY_OK && with >= 0;
+    t->packed = t->masks ? packed : 0;
+    return st;
+}
+
 static fy_status tokens_alloc(const char *label, fy_tokens **out) {
     fy_tokens *t = calloc(1, sizeof *t);
     if (!t || !(t->label = strdup(label))) {
@@ -202,6 +322,7 @@ fy_status fy_tokens_open(const char *path, fy_tokens **out) {
     fy_tokens *t;
     FY_TRY(tokens_alloc(path, &t));
     fy_status st = fy_tokens_is_glob(path) ? load_glob(t, path) : load_file(t, path);
+    if (st == FY_OK) st = attach_masks(t);
     if (st != FY_OK) {
         fy_tokens_free(t);
         return st;
@@ -241,6 +362,7 @@ void fy_tokens_free(fy_tokens *t) {
     for (int i = 0; i < t->nfiles; i++) {
         free(t->files[i].path);
         if (t->files[i].map) munmap(t->files[i].map, t->files[i].map_nbytes);
+        if (t->files[i].mask_map) munmap(t->files[i].mask_map, t->files[i].mask_nbytes);
     }
     free(t->files);
     free(t->copy);
@@ -250,6 +372,8 @@ void fy_tokens_free(fy_tokens *t) {
 
 size_t fy_tokens_count(const fy_tokens *t) { return t->n; }
 const char *fy_tokens_label(const fy_tokens *t) { return t->label; }
+bool fy_tokens_has_masks(const fy_tokens *t) { return t->masks; }
+int fy_tokens_packed_seq(const fy_tokens *t) { return t->packed; }
 
 /* The file holding stream position i (i <= n; n gives the last file). */
 static int file_of(const fy_tokens *t, size_t i) {
@@ -287,6 +411,49 @@ static void file_read(const tok_file *f, size_t off, size_t k, int32_t *dst) {
     } else {
         memcpy(dst, (const uint32_t *)(const void *)f->toks + off, k * sizeof *dst);
     }
+}
+
+bool fy_tokens_target_counts(const fy_tokens *t, size_t i) {
+    FY_ASSERT(i < t->n, "token index past the end of the data");
+    if (!t->masks) return true;
+    const tok_file *f = &t->files[file_of(t, i)];
+    i -= f->begin;
+    return bit_at(f->loss, i) && !bit_at(f->start, i);
+}
+
+bool fy_tokens_doc_starts(const fy_tokens *t, size_t i) {
+    FY_ASSERT(i < t->n, "token index past the end of the data");
+    if (!t->masks) return false;
+    const tok_file *f = &t->files[file_of(t, i)];
+    return bit_at(f->start, i - f->begin);
+}
+
+/* BODY for each file's run of tokens [begin, begin + n), in order: the file f, the run's
+ * first token in it (off) and its length (k). */
+#define FOR_RUNS(tk_, begin_, n_, ...)                                                       \
+    do {                                                                                     \
+        size_t b_ = (begin_), r_ = (n_);                                                     \
+        for (int fi_ = file_of((tk_), b_); r_ > 0; fi_++) {                                  \
+            const tok_file *f = &(tk_)->files[fi_];                                          \
+            const size_t off = b_ - f->begin, k = f->count - off < r_ ? f->count - off : r_; \
+            __VA_ARGS__;                                                                     \
+            b_ += k;                                                                         \
+            r_ -= k;                                                                         \
+        }                                                                                    \
+    } while (0)
+
+uint32_t fy_tokens_masks_crc(const fy_tokens *t, size_t begin, size_t n, uint32_t crc) {
+    FY_ASSERT(begin <= t->n && n <= t->n - begin, "token range outside the data");
+    if (!t->masks) return crc;
+    uint8_t buf[256];
+    size_t used = 0;
+    FOR_RUNS(t, begin, n, {
+        for (size_t i = 0; i < k; i++) {
+            buf[used++] = (uint8_t)(bit_at(f->loss, off + i) | bit_at(f->start, off + i) << 1);
+            if (used == sizeof buf) crc = fy_crc32c(buf, used, crc), used = 0;
+        }
+    });
+    return fy_crc32c(buf, used, crc);
 }
 
 void fy_tokens_read(const fy_tokens *t, size_t begin, size_t n, int32_t *dst) {
@@ -376,20 +543,50 @@ fy_status fy_loader_new(const fy_tokens *t, size_t begin, size_t end, int B, int
         fy_log_error("%s: out of memory", t->label);
         return FY_ERR_NOMEM;
     }
-    *l = (fy_loader){.t = t, .begin = begin, .n = end - begin, .bt = bt, .pos = 0};
+    *l = (fy_loader){.t = t, .begin = begin, .n = end - begin, .bt = bt, .B = (size_t)B, .pos = 0};
     *out = l;
     return FY_OK;
 }
 
 void fy_loader_free(fy_loader *l) { free(l); }
 
-void fy_loader_next(fy_loader *l, int32_t *x, int32_t *y) {
+void fy_loader_next(fy_loader *l, int32_t *x, int32_t *y, int32_t *docs) {
     size_t at = l->begin + l->pos;
     fy_tokens_read(l->t, at, l->bt, x);
     memcpy(y, x + 1, (l->bt - 1) * sizeof *y);
     fy_tokens_read(l->t, at + l->bt, 1, y + l->bt - 1);
+    if (l->t->masks) { /* targets y[i] are tokens at + 1 + i */
+        int32_t *yy = y;
+        FOR_RUNS(l->t, at + 1, l->bt, {
+            for (size_t i = 0; i < k; i++)
+                if (!bit_at(f->loss, off + i) || bit_at(f->start, off + i)) yy[i] = -1;
+            yy += k;
+        });
+    }
+    if (docs) {
+        const size_t T = l->bt / l->B;
+        size_t i = 0;
+        int32_t start = 0;
+        FOR_RUNS(l->t, at, l->bt, {
+            for (size_t j = 0; j < k; j++, i++) {
+                const int32_t t = (int32_t)(i % T);
+                if (t == 0 || (l->t->masks && bit_at(f->start, off + j))) start = t;
+                docs[i] = start;
+            }
+        });
+    }
     l->pos += l->bt;
     if (l->pos + l->bt + 1 > l->n) l->pos = 0;
+}
+
+int64_t fy_loader_batch_targets(const fy_loader *l, int64_t k_batch) {
+    if (!l->t->masks) return (int64_t)l->bt;
+    const size_t at = l->begin + (size_t)(k_batch % (int64_t)fy_loader_batches(l)) * l->bt;
+    int64_t n = 0;
+    FOR_RUNS(l->t, at + 1, l->bt, {
+        for (size_t i = 0; i < k; i++) n += bit_at(f->loss, off + i) && !bit_at(f->start, off + i);
+    });
+    return n;
 }
 
 void fy_loader_reset(fy_loader *l) { l->pos = 0; }

@@ -1,4 +1,5 @@
-/* tokens.h — token data: llm.c shards, plain text files, and the batch loader.
+/* tokens.h — token data: llm.c shards, plain text files, their loss masks and documents,
+ * and the batch loader.
  *
  * Files:
  *  - llm.c shards: int32 header[256] with header[0] = magic, header[1] = version,
@@ -42,7 +43,23 @@ extern "C" {
 
 typedef struct fy_tokens fy_tokens; /* all tokens of a file (or glob), mapped in place */
 
-/* Opens and maps a file or a glob of them (see above). Every malformed file fails with
+/* Loss masks and documents (scripts/tokenize.py --chat writes them): a shard X.bin may have
+ * a companion X.mask beside it:
+ *   int32 header[256]: header[0] = FY_MASK_MAGIC, header[1] = version 1, header[2] = the
+ *   shard's token count, header[3] = the packing length S (the sequences the examples
+ *   were packed into; 0: not packed), the rest 0;
+ *   then the loss bits, ceil(count/8) bytes (bit i is byte i/8's bit i%8, the least
+ *   significant first): 1 where token i is a target the loss counts;
+ *   then the start bits, as many bytes: 1 where a document starts at token i.
+ * The size must be exactly 1024 + 2 * ceil(count/8). Either every shard of the data has
+ * one or none does (else an error names a shard without); every companion's S is the
+ * same. A companion is read in place through its mapping, like the tokens.
+ * With masks, a target counts when its token's loss bit is set and its start bit is not
+ * (a document's first token has nothing before it in its document). */
+#define FY_MASK_MAGIC 20261203
+#define FY_MASK_VERSION 1
+
+/* Opens and maps a file or a glob of them (see above), with their companions. Every malformed file fails with
  * one logged error naming it: FY_ERR_IO (missing, unreadable, not mappable, no glob
  * match), FY_ERR_FORMAT (empty, bad magic, bad version, bad count, wrong size) or
  * FY_ERR_NOMEM. On failure *out is NULL. */
@@ -63,6 +80,16 @@ uint32_t fy_tokens_at(const fy_tokens *t, size_t i);
  * otherwise: a bug). */
 void fy_tokens_read(const fy_tokens *t, size_t begin, size_t n, int32_t *dst);
 const char *fy_tokens_label(const fy_tokens *t); /* path or label, for messages */
+bool fy_tokens_has_masks(const fy_tokens *t);
+int fy_tokens_packed_seq(const fy_tokens *t);     /* the masks' S (0: none, or not packed) */
+/* Whether target position i (the token predicted at i - 1) counts: every one without
+ * masks; else its loss bit set and its start bit not (above). i < count. */
+bool fy_tokens_target_counts(const fy_tokens *t, size_t i);
+/* Whether a document starts at token i (false without masks). */
+bool fy_tokens_doc_starts(const fy_tokens *t, size_t i);
+/* A CRC-32C of the loss and start bits of tokens [begin, begin + n) (0 without masks),
+ * continuing crc: what tells two runs' masks apart. */
+uint32_t fy_tokens_masks_crc(const fy_tokens *t, size_t begin, size_t n, uint32_t crc);
 /* FY_ERR_INVALID (logged: first offending token id, its position, the file) if any
  * token is >= vocab. Scans the mappings in chunks and drops each chunk's pages from
  * the process once scanned (they stay in the page cache), so a scan of a large dataset
@@ -76,9 +103,15 @@ typedef struct fy_loader fy_loader; /* a view: does not own the tokens */
 fy_status fy_loader_new(const fy_tokens *t, size_t begin, size_t end, int B, int T,
                         fy_loader **out);
 void fy_loader_free(fy_loader *l);
-/* Fills x and y (B*T int32 each) and advances. Pages it reads stay mapped: they are
+/* Fills x and y (B*T int32 each) and advances. With masks, a target that does not count
+ * is -1 in y, and docs (B*T, may be NULL) gets each position's document start in its
+ * row (kernels.h: a row starts a document, and so does every token with its start bit);
+ * without masks docs gets 0s (one document a row). Pages it reads stay mapped: they are
  * clean file pages, which the kernel reclaims first (the mapping is MADV_SEQUENTIAL). */
-void fy_loader_next(fy_loader *l, int32_t *x, int32_t *y);
+void fy_loader_next(fy_loader *l, int32_t *x, int32_t *y, int32_t *docs);
+/* The targets batch k (fy_loader_seek_batch's numbering) counts: B*T without masks. Reads
+ * the masks only; does not move the cursor (any thread may ask while another reads). */
+int64_t fy_loader_batch_targets(const fy_loader *l, int64_t k);
 void fy_loader_reset(fy_loader *l);
 size_t fy_loader_pos(const fy_loader *l);        /* offset from begin, for checkpoints */
 /* Moves to pos (an offset from begin, as fy_loader_pos gives). FY_ERR_INVALID (logged)

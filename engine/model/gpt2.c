@@ -167,7 +167,8 @@ static fy_lm_chunks head_chunks(const fy_gpt2_config *cfg, int N, fy_stream *s) 
 
 void fy_gpt2_head_fwd(const fy_gpt2_config *cfg, const fy_gpt2_head_w *w, const float *wte,
                       const float *xL, fy_gpt2_head_acts *a, fy_gpt2_head_work *wk,
-                      const int32_t *targets, float *loss_out, int B, int T, fy_stream *s) {
+                      const int32_t *targets, float *loss_out, int64_t loss_div, int B, int T,
+                      fy_stream *s) {
     const int C = cfg->channels, N = B * T;
     fy_k_layernorm_fwd(a->lnf, a->lnf_mean, a->lnf_rstd, xL, w->lnfw, w->lnfb, N, C, s);
     fy_lm_head(&(fy_lm_head_io){.N = N, .C = C, .V = cfg->vocab, .chunks = head_chunks(cfg, N, s),
@@ -175,7 +176,7 @@ void fy_gpt2_head_fwd(const fy_gpt2_config *cfg, const fy_gpt2_head_w *w, const 
                                 .sum = (double *)a->lse_sum, .tlogit = a->tlogit,
                                 .losses = a->losses, .targets = targets},
                wte, NULL, s);
-    fy_k_mean(loss_out, a->losses, (size_t)N, s);
+    fy_k_mean(loss_out, a->losses, (size_t)N, loss_div, s);
 }
 
 /* ---- backward --------------------------------------------------------------------- */
@@ -183,7 +184,8 @@ void fy_gpt2_head_fwd(const fy_gpt2_config *cfg, const fy_gpt2_head_w *w, const 
 void fy_gpt2_head_step(const fy_gpt2_config *cfg, const fy_gpt2_head_w *w,
                        fy_gpt2_head_w *g, const float *wte, float *dwte, const float *xL,
                        fy_gpt2_head_acts *a, fy_gpt2_head_work *wk, const int32_t *targets,
-                       float dloss, float *loss_out, float *dx, int B, int T, fy_stream *s) {
+                       float dloss, float *loss_out, int64_t loss_div, float *dx, int B, int T,
+                       fy_stream *s) {
     const int C = cfg->channels, N = B * T;
     fy_k_layernorm_fwd(a->lnf, a->lnf_mean, a->lnf_rstd, xL, w->lnfw, w->lnfb, N, C, s);
     fy_lm_head(&(fy_lm_head_io){.N = N, .C = C, .V = cfg->vocab, .chunks = head_chunks(cfg, N, s),
@@ -192,7 +194,7 @@ void fy_gpt2_head_step(const fy_gpt2_config *cfg, const fy_gpt2_head_w *w,
                                 .losses = a->losses, .targets = targets, .dloss = dloss,
                                 .dxn32 = wk->dlnf32, .dxn = wk->dlnf},
                wte, dwte, s);
-    fy_k_mean(loss_out, a->losses, (size_t)N, s);
+    fy_k_mean(loss_out, a->losses, (size_t)N, loss_div, s);
     fy_memset_async(s, dx, 0, (size_t)N * C * fy_dtype_size(fy_stream_dtype(s)));
     fy_k_layernorm_bwd(dx, g->lnfw, g->lnfb, wk->dlnf ? wk->dlnf : wk->dlnf32, xL, w->lnfw,
                        a->lnf_mean, a->lnf_rstd, N, C, s);
@@ -353,13 +355,14 @@ static void loss(const fy_model *m, int b, const fy_block_io *io, fy_stream *s) 
     fy_gpt2_head_work wk; /* evaluation's workspace holds the logits alone */
     fy_gpt2_head_work_bind(cfg, io->B, io->T, dt, io->work, &wk);
     if (io->dloss == 0.0f) {
-        fy_gpt2_head_fwd(cfg, &w, ew.wte, io->in, &a, &wk, io->targets, io->loss, io->B, io->T, s);
+        fy_gpt2_head_fwd(cfg, &w, ew.wte, io->in, &a, &wk, io->targets, io->loss,
+                         fy_block_loss_div(io), io->B, io->T, s);
         return;
     }
     fy_gpt2_head_view(blk, dt, io->grads, &g);
     fy_gpt2_embed_view(emb, dt, io->link_grads[0], &eg);
     fy_gpt2_head_step(cfg, &w, &g, ew.wte, eg.wte, io->in, &a, &wk, io->targets, io->dloss,
-                      io->loss, io->dx, io->B, io->T, s);
+                      io->loss, fy_block_loss_div(io), io->dx, io->B, io->T, s);
 }
 
 /* Matmul FLOPs at the effective throughput plus memory traffic: a layer's forward is

@@ -204,17 +204,20 @@ void fy_gpt2_embed_fwd(const fy_gpt2_config *cfg, const fy_gpt2_embed_w *w,
 void fy_gpt2_layer_fwd(const fy_gpt2_config *cfg, const fy_gpt2_layer_w *w,
                        fy_gpt2_layer_acts *a, const float *x_in, fy_gpt2_layer_work *wk,
                        const int32_t *docs, int B, int T, fy_stream *s);
-/* Evaluation: per-position losses and loss_out[0] = their mean. */
+/* Evaluation: per-position losses and loss_out[0] = their sum / loss_div (the targets
+ * counted: their mean; kernels.h: a negative target is not counted). */
 void fy_gpt2_head_fwd(const fy_gpt2_config *cfg, const fy_gpt2_head_w *w, const float *wte,
                       const float *xL, fy_gpt2_head_acts *a, fy_gpt2_head_work *wk,
-                      const int32_t *targets, float *loss_out, int B, int T, fy_stream *s);
+                      const int32_t *targets, float *loss_out, int64_t loss_div, int B, int T,
+                      fy_stream *s);
 /* A training step's head, forward and backward fused chunk by chunk: losses and
- * loss_out[0] as fy_gpt2_head_fwd, the loss scaled by dloss (1/(B*T*accum) for a mean
- * loss) differentiated: dwte += the classifier's part, g accumulates, dx = d xL. */
+ * loss_out[0] as fy_gpt2_head_fwd, the loss scaled by dloss (1 / the step's targets for a
+ * mean loss) differentiated: dwte += the classifier's part, g accumulates, dx = d xL. */
 void fy_gpt2_head_step(const fy_gpt2_config *cfg, const fy_gpt2_head_w *w,
                        fy_gpt2_head_w *g, const float *wte, float *dwte, const float *xL,
                        fy_gpt2_head_acts *a, fy_gpt2_head_work *wk, const int32_t *targets,
-                       float dloss, float *loss_out, float *dx, int B, int T, fy_stream *s);
+                       float dloss, float *loss_out, int64_t loss_div, float *dx, int B, int T,
+                       fy_stream *s);
 /* dx holds d x_out on entry and d x_in on return. */
 void fy_gpt2_layer_bwd(const fy_gpt2_config *cfg, const fy_gpt2_layer_w *w,
                        fy_gpt2_layer_w *g, const fy_gpt2_layer_acts *a, const float *x_in,

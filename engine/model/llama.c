@@ -711,7 +711,7 @@ static void loss(const fy_model *m, int b, const fy_block_io *io, fy_stream *s) 
     } else {
         fy_lm_head_bwd_chunk(&lio, io->chunk, w.lm_head, g.lm_head, false, s);
     }
-    if (!io->chunked || (!io->chunk_bwd && io->chunk == ch.n - 1)) fy_k_mean(io->loss, a.losses, (size_t)N, s);
+    if (!io->chunked || (!io->chunk_bwd && io->chunk == ch.n - 1)) fy_k_mean(io->loss, a.losses, (size_t)N, fy_block_loss_div(io), s);
     if (io->dloss == 0.0f || (io->chunked && io->chunk > 0)) return;
     fy_memset_async(s, io->dx, 0, (size_t)N * C * fy_dtype_size(dt));
     fy_k_rmsnorm_bwd(io->dx, g.norm, wk.dlnf ? wk.dlnf : lio.dxn32, io->in, w.norm, a.rstdf, N, C,

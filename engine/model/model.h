@@ -185,16 +185,27 @@ typedef struct fy_block_io {
                                                      the rows params and grads hold (the
                                                      tokens are renumbered into them);
                                                      0: the whole table */
-    const int32_t *targets;                       /* (B, T): head */
+    const int32_t *targets;                       /* (B, T): head; a negative one is not
+                                                     counted (kernels.h: the loss mask) */
     float dloss;                                  /* loss: 0 evaluates; else the loss's
-                                                     scale (1/(B*T*accum) for a mean), and
-                                                     the backward runs too */
-    float *loss;                                  /* loss: device fp32, the mean loss */
+                                                     scale (1 / the step's targets for a
+                                                     mean), and the backward runs too */
+    float *loss;                                  /* loss: device fp32, the sum of the
+                                                     losses / loss_div */
+    int64_t loss_div;                             /* loss: the targets counted (evaluation:
+                                                     the batch's; training: the step's, so
+                                                     the micro-batches' losses add up to
+                                                     the step's mean); 0: B*T */
     bool chunked;                                 /* loss of a vocab_chunks head: one
                                                      chunk (below), not the whole pass */
     int chunk;                                    /* chunked: the chunk, k */
     bool chunk_bwd;                               /* chunked: its backward */
 } fy_block_io;
+
+/* The loss's divisor (loss_div, its default B*T). */
+static inline int64_t fy_block_loss_div(const fy_block_io *io) {
+    return io->loss_div > 0 ? io->loss_div : (int64_t)io->B * io->T;
+}
 
 /* A vocab_chunks head's loss, chunk by chunk (lm_head.h's order), with K chunks:
  *   chunk k forward (chunked, chunk_bwd false), k = 0..K-1: k = 0 first runs what precedes the

@@ -420,6 +420,8 @@ Test(gemm_helpers, column_sums_accumulate_and_bias_fills) {
  * within tol (relative norm; 0: the same bits). Token and target arguments hold ids
  * below `ids`; optional int32 arguments (documents) are absent. Shapes the kernel tests of test_cuda.c do not take: one row, rows and
  * channels that are not multiples of 32, vocabularies of one or many partitions. */
+static bool g_ignored; /* against_cpu: every third id is -1 (a target the loss does not count) */
+
 static void against_cpu(fy_op_kind kind, std::initializer_list<int64_t> ints,
                         std::initializer_list<float> flts, int64_t ids, double tol) {
     fy_op a, b;
@@ -448,7 +450,8 @@ static void against_cpu(fy_op_kind kind, std::initializer_list<int64_t> ints,
         a.p[j] = malloc(nb[j] ? nb[j] : 1);
         b.p[j] = malloc(nb[j] ? nb[j] : 1);
         for (size_t e = 0; e < ne; e++) {
-            if (d->args[j].type == FY_ARG_I32) ((int32_t *)a.p[j])[e] = (int32_t)((s = s * 1103515245u + 12345u) >> 8) % (int32_t)ids;
+            if (d->args[j].type == FY_ARG_I32) ((int32_t *)a.p[j])[e] = g_ignored && e % 3 == 1 ? -1
+                                                  : (int32_t)((s = s * 1103515245u + 12345u) >> 8) % (int32_t)ids;
             else if (d->args[j].type == FY_ARG_F64) /* inputs: positive sums */
                 ((double *)a.p[j])[e] = d->args[j].role == FY_ARG_OUT ? NAN : 1.5 + frand(&s);
             else ((float *)a.p[j])[e] = d->args[j].role == FY_ARG_OUT ? NAN : frand(&s);
@@ -510,7 +513,8 @@ Test(odd_shapes, every_kernel_against_the_cpu_backend) {
             against_cpu(FY_OP_GLU_FWD, {n, 3, act}, {}, 1, 1e-5);
             against_cpu(FY_OP_GLU_BWD, {n, 3, act}, {}, 1, 1e-5);
         }
-        against_cpu(FY_OP_MEAN, {n}, {}, 1, 1e-6);
+        against_cpu(FY_OP_MEAN, {n, n}, {}, 1, 1e-6);
+        against_cpu(FY_OP_MEAN, {n, 7}, {}, 1, 1e-6); /* a masked loss's divisor */
         against_cpu(FY_OP_SUMSQ, {n}, {}, 1, 0); /* the cpu's bits (the backend's claim) */
     }
     for (int64_t n : {1, 16384, 40000}) /* one chunk, a whole one, a partial third */
@@ -528,4 +532,11 @@ Test(odd_shapes, every_kernel_against_the_cpu_backend) {
     against_cpu(FY_OP_CROSSENTROPY, {3, 1500, 1536}, {1.0f / 3, 0.5f}, 1500, 1e-5);
     against_cpu(FY_OP_CE_CHUNK_FWD, {40, 1536, 1536, 3000}, {0.5f}, 3000, 1e-5);
     against_cpu(FY_OP_CE_CHUNK_BWD, {40, 1536, 1536, 3000}, {1.0f / 40, 0.5f}, 3000, 1e-5);
+    /* targets the loss does not count (-1): losses and gradient rows 0 */
+    g_ignored = true;
+    against_cpu(FY_OP_CROSSENTROPY, {7, 5, 8}, {1.0f / 7, 0.0f}, 5, 1e-5);
+    against_cpu(FY_OP_CE_CHUNK_FWD, {40, 0, 1536, 3000}, {}, 3000, 1e-5);
+    against_cpu(FY_OP_CE_CHUNK_BWD, {40, 0, 1536, 3000}, {1.0f / 40}, 3000, 1e-5);
+    against_cpu(FY_OP_CE_CHUNK_FWD, {40, 1536, 1536, 3000}, {0.5f}, 3000, 1e-5);
+    g_ignored = false;
 }

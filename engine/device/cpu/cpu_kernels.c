@@ -741,6 +741,12 @@ static void crossentropy(float *losses, float *logits, const int32_t *targets, i
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         float *x = logits + (size_t)n * Vp;
+        const int y = targets[n];
+        if (y < 0) { /* a target the loss does not count (kernels.h): no loss, no gradient */
+            losses[n] = 0.0f;
+            if (dloss != 0.0f) memset(x, 0, (size_t)Vp * sizeof *x);
+            continue;
+        }
         float mx = -INFINITY;
         for (int j = 0; j < V; j++) {
             const float z = capped(x[j], cap);
@@ -749,7 +755,6 @@ static void crossentropy(float *losses, float *logits, const int32_t *targets, i
         double sum = 0.0;
         for (int j = 0; j < V; j++) sum += exp((double)(capped(x[j], cap) - mx));
         float lse = mx + (float)log(sum);
-        int y = targets[n];
         losses[n] = lse - capped(x[y], cap);
         if (dloss != 0.0f) {
             float inv = (float)(1.0 / sum);
@@ -771,6 +776,11 @@ static void ce_chunk_fwd(const float *logits, const int32_t *targets, float *mx,
     const bool first = v0 == 0, last = v0 + nv >= V;
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
+        if (targets[n] < 0) { /* not counted: its running values stay neutral */
+            if (first) mx[n] = 0.0f, sm[n] = 1.0, tl[n] = 0.0f;
+            if (last) losses[n] = 0.0f;
+            continue;
+        }
         const float *x = logits + (size_t)n * nv;
         float cm = -INFINITY;
         for (int j = 0; j < lim; j++) {
@@ -795,6 +805,10 @@ static void ce_chunk_bwd(float *logits, const int32_t *targets, const float *mx,
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         float *x = logits + (size_t)n * nv;
+        if (targets[n] < 0) { /* not counted: no gradient */
+            memset(x, 0, (size_t)nv * sizeof *x);
+            continue;
+        }
         const float m = mx[n], inv = (float)(1.0 / sm[n]);
         const int y = targets[n] - v0;
         for (int j = 0; j < lim; j++) {
@@ -806,10 +820,10 @@ static void ce_chunk_bwd(float *logits, const int32_t *targets, const float *mx,
     }
 }
 
-static void mean(float *out, const float *x, size_t n) {
+static void mean(float *out, const float *x, size_t n, int64_t div) {
     double s = 0.0;
     for (size_t i = 0; i < n; i++) s += x[i];
-    out[0] = (float)(s / (double)n);
+    out[0] = (float)(s / (double)div);
 }
 
 /* part[c]: chunk c's sum of squares (reduce.h), the chunks in parallel. */
@@ -930,7 +944,7 @@ static void k_residual_fwd(const fy_op *op) { residual_fwd(OP_P(0), OP_P(1), OP_
 static void k_crossentropy(const fy_op *op) {
     crossentropy(OP_P(0), OP_P(1), OP_P(2), OP_I(0), OP_I(1), OP_I(2), op->f[0], op->f[1]);
 }
-static void k_mean(const fy_op *op) { mean(OP_P(0), OP_P(1), (size_t)OP_I(0)); }
+static void k_mean(const fy_op *op) { mean(OP_P(0), OP_P(1), (size_t)OP_I(0), OP_I(1)); }
 static void k_sumsq(const fy_op *op) { sumsq(OP_P(0), OP_P(1), (size_t)OP_I(0)); }
 static void k_sumsq_parts(const fy_op *op) { sumsq_parts(OP_P(0), OP_P(1), (size_t)OP_I(0)); }
 

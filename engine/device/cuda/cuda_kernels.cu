@@ -679,13 +679,19 @@ __global__ void crossentropy_k(float *losses, T *logits, const int32_t *targets,
     __shared__ double shd[CE_THREADS / 32];
     int n = blockIdx.x;
     T *x = logits + (size_t)n * Vp;
+    const int y = targets[n];
+    if (y < 0) { /* a target the loss does not count (kernels.h): no loss, no gradient */
+        if (threadIdx.x == 0) losses[n] = 0.0f;
+        if (dloss != 0.0f)
+            for (int j = threadIdx.x; j < Vp; j += blockDim.x) x[j] = from_f<T>(0.0f);
+        return;
+    }
     float mx = -INFINITY;
     for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, capped(to_f(x[j]), cap));
     mx = block_max(mx, shf);
     double s = 0.0;
     for (int j = threadIdx.x; j < V; j += blockDim.x) s += exp((double)(capped(to_f(x[j]), cap) - mx));
     s = block_sum_d(s, shd);
-    int y = targets[n];
     if (threadIdx.x == 0) losses[n] = mx + (float)log(s) - capped(to_f(x[y]), cap);
     if (dloss == 0.0f) return;
     __syncthreads(); /* x[y] is read before any thread writes */
@@ -710,6 +716,12 @@ __global__ void ce_chunk_fwd_k(const T *logits, const int32_t *targets, float *m
     __shared__ double shd[CE_THREADS / 32];
     const int n = blockIdx.x, lim = V - v0 < nv ? V - v0 : nv;
     const bool first = v0 == 0;
+    if (targets[n] < 0) { /* not counted: its running values stay neutral */
+        if (threadIdx.x != 0) return;
+        if (first) mx[n] = 0.0f, sm[n] = 1.0, tl[n] = 0.0f;
+        if (v0 + nv >= V) losses[n] = 0.0f;
+        return;
+    }
     const T *x = logits + (size_t)n * nv;
     float cm = -INFINITY;
     for (int j = threadIdx.x; j < lim; j += blockDim.x) cm = fmaxf(cm, capped(to_f(x[j]), cap));
@@ -735,8 +747,12 @@ template <typename T>
 __global__ void ce_chunk_bwd_k(T *logits, const int32_t *targets, const float *mx,
                                const double *sm, int v0, int nv, int V, float dloss, float cap) {
     const int n = blockIdx.x, lim = V - v0 < nv ? V - v0 : nv, y = targets[n] - v0;
-    const float m = mx[n], inv = (float)(1.0 / sm[n]);
     T *x = logits + (size_t)n * nv;
+    if (targets[n] < 0) { /* not counted: no gradient */
+        for (int j = threadIdx.x; j < nv; j += blockDim.x) x[j] = from_f<T>(0.0f);
+        return;
+    }
+    const float m = mx[n], inv = (float)(1.0 / sm[n]);
     for (int j = threadIdx.x; j < nv; j += blockDim.x) {
         const float l = j < lim ? to_f(x[j]) : 0.0f;
         float g = j < lim ? expf(capped(l, cap) - m) * inv * dloss : 0.0f;
@@ -747,15 +763,15 @@ __global__ void ce_chunk_bwd_k(T *logits, const int32_t *targets, const float *m
 
 /* ---- sums ------------------------------------------------------------------------------- */
 
-/* out[0] = sum(x) / n over fp32 x (the losses), in double, one block, in a fixed order
+/* out[0] = sum(x) / div over fp32 x (the losses), in double, one block, in a fixed order
  * (strided per thread, then a fixed tree): not the cpu's index order, so the mean may
  * differ from it in the last bits. */
-__global__ void mean_k(float *out, const float *x, size_t n) {
+__global__ void mean_k(float *out, const float *x, size_t n, int64_t div) {
     __shared__ double sh[32];
     double s = 0.0;
     for (size_t i = threadIdx.x; i < n; i += blockDim.x) s += x[i];
     s = block_sum_d(s, sh);
-    if (threadIdx.x == 0) out[0] = (float)(s / (double)n);
+    if (threadIdx.x == 0) out[0] = (float)(s / (double)div);
 }
 
 /* reduce.h's order: each chunk of FY_SUMSQ_CHUNK elements summed in double in index
@@ -950,7 +966,7 @@ static void exec_typed(fy_cu_stream *cs, const fy_op *op) {
         LAUNCHED("ce_chunk_bwd");
         break;
     case FY_OP_MEAN:
-        FY_LAUNCH(1, 1024, 0, st, mean_k)((float *)p[0], (const float *)p[1], (size_t)i[0]);
+        FY_LAUNCH(1, 1024, 0, st, mean_k)((float *)p[0], (const float *)p[1], (size_t)i[0], i[1]);
         LAUNCHED("mean");
         break;
     case FY_OP_SUMSQ: sumsq<T>(cs, op); break;
