@@ -180,7 +180,8 @@ fy_status fy_trainer_predict(fy_trainer *tr, int nsteps, fy_sched_mode mode, boo
                              fy_sched_result *out);
 
 /* One optimizer step over the plan's grad_accum micro-batches: x and y hold
- * grad_accum*B*T tokens each (host memory), micro-batch after micro-batch. */
+ * grad_accum*B*T tokens each (host memory), micro-batch after micro-batch; a negative y
+ * is a target the loss does not count. */
 fy_status fy_trainer_step(fy_trainer *tr, const int32_t *x, const int32_t *y, float lr,
                           fy_step_stats *out);
 /* The mean loss of each of nbatches B x T batches (from next_batch, numbered from 0) over
