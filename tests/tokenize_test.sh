@@ -335,6 +335,30 @@ if python3 -c 'import jinja2' 2>/dev/null; then
         check "plain over chat" "$DIR/bpe/tokenizer.json" "$DIR/c" "$DIR/text.txt" --shard 37 &&
         ! ls "$DIR"/c_*.mask > /dev/null 2>&1 || fail "plain over chat: masks left: $(ls "$DIR"/c_*.mask)"
 
+    # the template from chat_template.jinja over the config's, or the config's "default" of
+    # several: the same files as the llama3 directory gives
+    python3 "$SCRIPT" --tokenizer "$CHAT/llama3" --chat --seq 128 --out "$DIR/ref" "$DIR/conv.jsonl" > /dev/null 2>&1 ||
+        fail "llama3 reference run: exit $?"
+    mkdir -p "$DIR/jinja" "$DIR/named"
+    cp "$CHAT/llama3/tokenizer.json" "$DIR/jinja/" && cp "$CHAT/llama3/tokenizer.json" "$DIR/named/"
+    python3 - "$CHAT/llama3/tokenizer_config.json" "$DIR" <<'EOF'
+import json, sys
+cfg = json.load(open(sys.argv[1]))
+template = cfg["chat_template"]
+open(f"{sys.argv[2]}/jinja/chat_template.jinja", "w").write(template)
+cfg["chat_template"] = "{{ raise_exception('the config template is not the one to use') }}"
+json.dump(cfg, open(f"{sys.argv[2]}/jinja/tokenizer_config.json", "w"))
+cfg["chat_template"] = [{"name": "tool_use", "template": "{{ raise_exception('not this one') }}"},
+                        {"name": "default", "template": template}]
+json.dump(cfg, open(f"{sys.argv[2]}/named/tokenizer_config.json", "w"))
+EOF
+    for d in jinja named; do
+        python3 "$SCRIPT" --tokenizer "$DIR/$d" --chat --seq 128 --out "$DIR/$d" "$DIR/conv.jsonl" > /dev/null 2> "$DIR/err" &&
+            cmp -s "$DIR/${d}_train_000000.bin" "$DIR/ref_train_000000.bin" &&
+            cmp -s "$DIR/${d}_train_000000.mask" "$DIR/ref_train_000000.mask" ||
+            fail "template from $d: not the llama3 directory's output: $(cat "$DIR/err")"
+    done
+
     # bad lines
     : > "$DIR/allbad.jsonl"
     chat_bad "not json" '{"messages": [' "not JSON"
