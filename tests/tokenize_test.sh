@@ -8,6 +8,15 @@
 # documented, and ferry must train a step on them. Bad input must fail with exit 1, one
 # `tokenize: error:` line and no file left behind.
 #
+# --chat runs on the published chat templates of tests/fixtures/chat_templates (Llama 3,
+# Llama 3.1, Qwen 2.5, Gemma 2, each with a small BPE of its own): every shard token and
+# .mask bit must equal what the spec makes of transformers' apply_chat_template ids and
+# masks (expected.json, from tests/ref/gen_chat_templates.py), for the three --loss-on
+# modes, packed first-fit as the spec says (checked by a packer of the test's own); then
+# --overlong, --skip-bad counts, stale shards and masks, each bad line (one error naming
+# FILE:LINE, nothing written), a template that is not prefix-stable, a missing jinja2.
+# Those checks are skipped, with a line saying so, when python3 lacks `jinja2`.
+#
 # Exit 0 passes, 1 fails, 77 skips (meson's code) when python3 lacks `tokenizers`.
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -179,6 +188,243 @@ sum=$(cksum < "$DIR/in3.txt")
 run_ok "a link at a temporary name" --tokenizer "$DIR/bpe" --out "$DIR/y" "$DIR/in3.txt" &&
     check "a link at a temporary name" "$DIR/bpe/tokenizer.json" "$DIR/y" "$DIR/text.txt"
 [ "$(cksum < "$DIR/in3.txt")" = "$sum" ] || fail "a link at a temporary name: the input changed"
+# ---- conversations (--chat): the published templates of tests/fixtures/chat_templates ----
+# The expected tokens and loss masks there come from transformers (tests/ref/gen_chat_templates.py);
+# check_chat.py packs them by the spec on its own and compares every shard token and .mask bit.
+CHAT=$ROOT/tests/fixtures/chat_templates
+cat > "$DIR/check_chat.py" <<'EOF'
+import argparse, glob, json, os, re, struct
+from tokenizers import Tokenizer
+p = argparse.ArgumentParser()
+p.add_argument("template"); p.add_argument("mode"); p.add_argument("seq", type=int)
+p.add_argument("prefix"); p.add_argument("summary")
+p.add_argument("--val", type=float, default=0); p.add_argument("--shard", type=int, default=10**8)
+p.add_argument("--overlong", default="truncate")
+a = p.parse_args()
+chat, S = os.environ["CHAT"], a.seq
+cfg = json.load(open(f"{chat}/{a.template}/tokenizer_config.json"))
+tok = Tokenizer.from_file(f"{chat}/{a.template}/tokenizer.json")
+pad = tok.token_to_id(cfg.get("pad_token") or cfg["eos_token"])
+kept, why = [], {"too long": 0, "bad line": 0, "no loss token": 0}
+for ex in json.load(open(f"{chat}/expected.json"))[a.template][a.mode]:
+    if "error" in ex:
+        why["bad line"] += 1
+        continue
+    ids, loss = ex["ids"], list(ex["loss"])
+    if len(ids) > S:
+        if a.overlong == "drop":
+            why["too long"] += 1
+            continue
+        ids, loss = ids[:S], loss[:S]
+    loss[0] = 0
+    if not any(loss):
+        why["no loss token"] += 1
+        continue
+    kept.append((ids, loss))
+nval = round(len(kept) * a.val)
+splits = {"train": kept[:len(kept) - nval]}
+if a.val:
+    splits["val"] = kept[len(kept) - nval:]
+backfill = False
+for split, examples in splits.items():
+    bins = []  # first fit, in the spec's words: the first bin in creation order with room
+    for ids, loss in examples:
+        b = next((k for k, bn in enumerate(bins) if len(bn[0]) + len(ids) <= S), None)
+        if b is None:
+            bins.append(([], [], []))
+            b = len(bins) - 1
+        backfill |= b < len(bins) - 1
+        bins[b][0].extend(ids); bins[b][1].extend(loss); bins[b][2].extend([1] + [0] * (len(ids) - 1))
+    toks, loss, start = [], [], []
+    for t, l, s in bins:
+        room = S - len(t)
+        toks += t + [pad] * room; loss += l + [0] * room; start += s + ([1] + [0] * (room - 1) if room else [])
+    toks.append(pad); loss.append(0); start.append(1)
+    K = min(a.shard, 2**31 - 2) // S * S
+    paths = sorted(glob.glob(f"{a.prefix}_{split}_*.bin"))
+    assert paths == [f"{a.prefix}_{split}_{i:06d}.bin" for i in range(len(paths))], paths
+    masks = sorted(glob.glob(f"{a.prefix}_{split}_*.mask"))
+    assert masks == [q[:-4] + ".mask" for q in paths], (paths, masks)
+    at = 0
+    for k, path in enumerate(paths):
+        b = open(path, "rb").read()
+        hdr = struct.unpack("<256i", b[:1024])
+        n = hdr[2]
+        assert hdr[:2] == (20240520, 1) and len(b) == 1024 + 2 * n, (path, hdr[:3], len(b))
+        last = k == len(paths) - 1
+        assert (n == K) if not last else (n % S == 1 and n <= K + 1), (path, n, K)
+        assert list(struct.unpack(f"<{n}H", b[1024:])) == toks[at:at + n], (path, "tokens")
+        m = open(path[:-4] + ".mask", "rb").read()
+        mh = struct.unpack("<256i", m[:1024])
+        nb = (n + 7) // 8
+        assert mh[:4] == (20261203, 1, n, S) and not any(mh[4:]), (path, mh[:5])
+        assert len(m) == 1024 + 2 * nb, (path, len(m))
+        for field, want in ((m[1024:1024 + nb], loss[at:at + n]), (m[1024 + nb:], start[at:at + n])):
+            got = [(field[i >> 3] >> (i & 7)) & 1 for i in range(8 * nb)]
+            assert got == want + [0] * (8 * nb - n), (path, "bits", [i for i in range(n) if got[i] != want[i]][:10])
+        at += n
+    assert at == len(toks), (split, at, len(toks))
+assert not glob.glob(f"{a.prefix}*.tmp"), "a temporary file is left"
+out = open(a.summary).read()
+m = re.search(r"examples: (\d+) read, (\d+) kept, (\d+) dropped "
+              r"\(too long (\d+), bad line (\d+), no loss token (\d+)\)", out)
+total = len(kept) + sum(why.values())
+want = (total, len(kept), total - len(kept), why["too long"], why["bad line"], why["no loss token"])
+assert m and tuple(map(int, m.groups())) == want, (out, want)
+print(" ".join(f"{k.replace(' ', '_')}={v}" for k, v in why.items()) + (" backfill" if backfill else ""))
+EOF
+# chat_ok NAME TEMPLATE MODE SEQ [OPTIONS... [-- CHECK_OPTIONS...]]: tokenize.py --chat
+# --skip-bad on conv.jsonl with the options, then check_chat.py with its own; GOT = its counts
+chat_ok() {
+    local name=$1 t=$2 mode=$3 seq=$4 opts=()
+    shift 4
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do opts+=("$1"); shift; done
+    [ $# -gt 0 ] && shift
+    rm -f "$DIR"/c_*
+    python3 "$SCRIPT" --tokenizer "$CHAT/$t" --chat --loss-on "$mode" --seq "$seq" --skip-bad \
+        --out "$DIR/c" "${opts[@]}" "$DIR/conv.jsonl" > "$DIR/out" 2> "$DIR/err" ||
+        { fail "$name: exit $? ($(cat "$DIR/err"))"; return 1; }
+    GOT=$(CHAT=$CHAT python3 "$DIR/check_chat.py" "$t" "$mode" "$seq" "$DIR/c" "$DIR/out" "$@" 2>&1) ||
+        { fail "$name: $GOT"; return 1; }
+}
+# chat_bad NAME LINE WANT [TEMPLATE [OPTIONS...]]: LINE as the input's third line (after a
+# blank one) fails the run with one error naming in.jsonl:3 and saying WANT, nothing written;
+# the input is kept in allbad.jsonl for the --skip-bad count
+chat_bad() {
+    local name=$1 line=$2 want=$3 t=${4:-llama3}
+    shift 3; [ $# -gt 0 ] && shift
+    { head -n 1 "$CHAT/conversations.jsonl"; echo; printf '%s\n' "$line"; tail -n 1 "$CHAT/conversations.jsonl"; } > "$DIR/in.jsonl"
+    rm -f "$DIR"/x_*
+    python3 "$SCRIPT" --tokenizer "$CHAT/$t" --chat --seq 128 --out "$DIR/x" "$@" "$DIR/in.jsonl" > /dev/null 2> "$DIR/err"
+    local rc=$?
+    [ "$rc" = 1 ] && [ "$(wc -l < "$DIR/err")" = 1 ] && grep -qF "tokenize: error: $DIR/in.jsonl:3: " "$DIR/err" &&
+        grep -qF -- "$want" "$DIR/err" ||
+        fail "$name: exit $rc, want 1 and one error at in.jsonl:3 saying '$want': $(cat "$DIR/err")"
+    ! ls "$DIR"/x_* > /dev/null 2>&1 || fail "$name: left $(ls "$DIR"/x_*)"
+    [ "$t" = llama3 ] && cat "$DIR/in.jsonl" >> "$DIR/allbad.jsonl"
+}
+if python3 -c 'import jinja2' 2>/dev/null; then
+    # the conversations with CRLF line ends and blank lines (skipped) between them
+    awk '{ printf "%s\r\n\n", $0 } NR == 2 { print "   " }' "$CHAT/conversations.jsonl" > "$DIR/conv.jsonl"
+    BACKFILL=0
+    for t in llama3 llama3.1 qwen2.5 gemma2; do
+        chat_ok "$t assistant" "$t" assistant 128 --val-fraction 0.3 --shard-tokens 300 -- --val 0.3 --shard 300 &&
+            case $GOT in *backfill*) BACKFILL=1 ;; esac
+        chat_ok "$t last" "$t" last 128
+        chat_ok "$t all, drop" "$t" all 128 --overlong drop -- --overlong drop
+    done
+    [ "$BACKFILL" = 1 ] || fail "chat: no run put an example back into an earlier bin (first fit untested)"
+    grep -q '^bad lines skipped: template error 2$' "$DIR/out" ||
+        fail "gemma2: the two system prompts are not counted as skipped: $(cat "$DIR/out")"
+    grep -q '^vocabulary: ' "$DIR/out" || fail "chat: no vocabulary line: $(cat "$DIR/out")"
+    chat_ok "too long" llama3.1 all 100 --overlong drop -- --overlong drop &&
+        case $GOT in *too_long=0*) fail "too long: nothing was ($GOT)" ;; esac
+    chat_ok "no loss token" qwen2.5 assistant 60 &&
+        case $GOT in *no_loss_token=0*) fail "no loss token: none dropped ($GOT)" ;; esac
+
+    # a rerun with one shard removes the earlier run's further shards and masks; a plain run
+    # over them removes every mask
+    chat_ok "many shards" llama3 assistant 64 --shard-tokens 64 -- --shard 64
+    [ -e "$DIR/c_train_000003.mask" ] || fail "many shards: fewer than 4 shards"
+    python3 "$SCRIPT" --tokenizer "$CHAT/llama3" --chat --seq 64 --skip-bad --out "$DIR/c" "$DIR/conv.jsonl" > "$DIR/out" 2>&1 &&
+        CHAT=$CHAT python3 "$DIR/check_chat.py" llama3 assistant 64 "$DIR/c" "$DIR/out" > "$DIR/err" 2>&1 ||
+        fail "chat rerun: $(cat "$DIR/out" "$DIR/err")"
+    [ ! -e "$DIR/c_train_000001.bin" ] && [ ! -e "$DIR/c_train_000001.mask" ] || fail "chat rerun: stale shards left"
+    touch "$DIR/c_train_000009.mask"
+    python3 "$SCRIPT" --tokenizer "$DIR/bpe" --out "$DIR/c" --shard-tokens 37 "$DIR/text.txt" > /dev/null 2>&1 &&
+        check "plain over chat" "$DIR/bpe/tokenizer.json" "$DIR/c" "$DIR/text.txt" --shard 37 &&
+        ! ls "$DIR"/c_*.mask > /dev/null 2>&1 || fail "plain over chat: masks left: $(ls "$DIR"/c_*.mask)"
+
+    # the template from chat_template.jinja over the config's, or the config's "default" of
+    # several: the same files as the llama3 directory gives
+    python3 "$SCRIPT" --tokenizer "$CHAT/llama3" --chat --seq 128 --out "$DIR/ref" "$DIR/conv.jsonl" > /dev/null 2>&1 ||
+        fail "llama3 reference run: exit $?"
+    mkdir -p "$DIR/jinja" "$DIR/named"
+    cp "$CHAT/llama3/tokenizer.json" "$DIR/jinja/" && cp "$CHAT/llama3/tokenizer.json" "$DIR/named/"
+    python3 - "$CHAT/llama3/tokenizer_config.json" "$DIR" <<'EOF'
+import json, sys
+cfg = json.load(open(sys.argv[1]))
+template = cfg["chat_template"]
+open(f"{sys.argv[2]}/jinja/chat_template.jinja", "w").write(template)
+cfg["chat_template"] = "{{ raise_exception('the config template is not the one to use') }}"
+json.dump(cfg, open(f"{sys.argv[2]}/jinja/tokenizer_config.json", "w"))
+cfg["chat_template"] = [{"name": "tool_use", "template": "{{ raise_exception('not this one') }}"},
+                        {"name": "default", "template": template}]
+json.dump(cfg, open(f"{sys.argv[2]}/named/tokenizer_config.json", "w"))
+EOF
+    for d in jinja named; do
+        python3 "$SCRIPT" --tokenizer "$DIR/$d" --chat --seq 128 --out "$DIR/$d" "$DIR/conv.jsonl" > /dev/null 2> "$DIR/err" &&
+            cmp -s "$DIR/${d}_train_000000.bin" "$DIR/ref_train_000000.bin" &&
+            cmp -s "$DIR/${d}_train_000000.mask" "$DIR/ref_train_000000.mask" ||
+            fail "template from $d: not the llama3 directory's output: $(cat "$DIR/err")"
+    done
+
+    # bad lines
+    : > "$DIR/allbad.jsonl"
+    chat_bad "not json" '{"messages": [' "not JSON"
+    chat_bad "not an object" '[1, 2]' "not a JSON object"
+    chat_bad "no role" '{"messages": [{"content": "hi"}, {"role": "assistant", "content": "x"}]}' "message 1 has no 'role'"
+    chat_bad "no content" '{"messages": [{"role": "user"}, {"role": "assistant", "content": "x"}]}' "message 1 has no 'content'"
+    chat_bad "unknown role" '{"messages": [{"role": "user", "content": "a"}, {"role": "tool", "content": "x"}]}' "unknown role 'tool'"
+    chat_bad "content not a string" '{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": 5}]}' \
+        "message 2: 'content' is not a string"
+    chat_bad "null content" '{"messages": [{"role": "user", "content": null}, {"role": "assistant", "content": "x"}]}' \
+        "message 1: 'content' is not a string"
+    chat_bad "messages not a list" '{"messages": "hi"}' "'messages' is not a list"
+    chat_bad "empty conversation" '{"messages": []}' "'messages' is empty"
+    chat_bad "no assistant" '{"messages": [{"role": "user", "content": "a"}]}' "no assistant message"
+    chat_bad "no assistant, last" '{"messages": [{"role": "user", "content": "a"}]}' "no assistant message" llama3 --loss-on last
+    chat_bad "nothing to learn from" '{"input": "a", "output": "b"}' "neither 'messages'"
+    chat_bad "prompt alone" '{"prompt": "a"}' "'prompt' without 'completion'"
+    chat_bad "two kinds" '{"prompt": "a", "completion": "b", "text": "c"}' "more than one of"
+    chat_bad "not utf-8" "$(printf '{"text": "\xff"}')" "not UTF-8"
+    chat_bad "template raises" '{"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "a"}, {"role": "assistant", "content": "x"}]}' \
+        "the chat template raised: System role not supported" gemma2
+    # the same lines together, skipped and counted by reason (two no-assistant lines)
+    python3 "$SCRIPT" --tokenizer "$CHAT/llama3" --chat --seq 128 --skip-bad --out "$DIR/x" "$DIR/allbad.jsonl" > "$DIR/out" 2> "$DIR/err" &&
+        grep -qx 'examples: 45 read, 30 kept, 15 dropped (too long 0, bad line 15, no loss token 0)' "$DIR/out" &&
+        grep -qx "bad lines skipped: content not a string 2, empty conversation 1, messages not a list 1, missing content 1, missing role 1, more than one kind 1, no assistant turn 2, no messages, prompt/completion or text 1, not JSON 1, not UTF-8 1, not an object 1, prompt without completion 1, unknown role 1" "$DIR/out" ||
+        fail "--skip-bad: $(cat "$DIR/out" "$DIR/err")"
+    rm -f "$DIR"/x_*
+    # a user-only conversation is learnt whole with --loss-on all
+    printf '{"messages": [{"role": "user", "content": "only a question"}]}\n' > "$DIR/user.jsonl"
+    python3 "$SCRIPT" --tokenizer "$CHAT/llama3" --chat --seq 64 --loss-on all --out "$DIR/x" "$DIR/user.jsonl" > /dev/null 2> "$DIR/err" ||
+        fail "user only, --loss-on all: $(cat "$DIR/err")"
+    rm -f "$DIR"/x_*
+
+    # a template that is not prefix-stable (it counts the messages first): refused, unless --loss-on all
+    mkdir -p "$DIR/unstable"
+    cp "$CHAT/llama3/tokenizer.json" "$DIR/unstable/"
+    printf '%s\n' '{"eos_token": "<|eot_id|>", "chat_template": "{{ messages|length }}{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>{{ m.content }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>{% endif %}"}' \
+        > "$DIR/unstable/tokenizer_config.json"
+    python3 "$SCRIPT" --tokenizer "$DIR/unstable" --chat --seq 64 --out "$DIR/x" "$CHAT/conversations.jsonl" > /dev/null 2> "$DIR/err"
+    rc=$?
+    [ "$rc" = 1 ] && [ "$(wc -l < "$DIR/err")" = 1 ] &&
+        grep -qF "conversations.jsonl:1: the chat template of $DIR/unstable/tokenizer_config.json is not prefix-stable" "$DIR/err" &&
+        grep -qF -- "--loss-on all" "$DIR/err" || fail "unstable template: exit $rc: $(cat "$DIR/err")"
+    ! ls "$DIR"/x_* > /dev/null 2>&1 || fail "unstable template: left $(ls "$DIR"/x_*)"
+    python3 "$SCRIPT" --tokenizer "$DIR/unstable" --chat --seq 64 --loss-on all --out "$DIR/x" "$CHAT/conversations.jsonl" > /dev/null 2> "$DIR/err" ||
+        fail "unstable template, --loss-on all: $(cat "$DIR/err")"
+
+    # options
+    bad "chat without seq" --tokenizer "$CHAT/llama3" --out "$DIR/x" --chat "$DIR/conv.jsonl"
+    bad "seq 1" --tokenizer "$CHAT/llama3" --out "$DIR/x" --chat --seq 1 "$DIR/conv.jsonl"
+    bad "loss-on without chat" --tokenizer "$DIR/bpe" --out "$DIR/x" --loss-on all "$DIR/text.txt"
+    bad "overlong without chat" --tokenizer "$DIR/bpe" --out "$DIR/x" --overlong drop "$DIR/text.txt"
+    bad "skip-bad without chat" --tokenizer "$DIR/bpe" --out "$DIR/x" --skip-bad "$DIR/text.txt"
+    bad "shards smaller than a bin" --tokenizer "$CHAT/llama3" --out "$DIR/x" --chat --seq 64 --shard-tokens 63 "$DIR/conv.jsonl"
+    bad "no chat template" --tokenizer "$DIR/bpe" --out "$DIR/x" --chat --seq 64 "$DIR/conv.jsonl"
+    bad "chat, val too small" --tokenizer "$CHAT/llama3" --out "$DIR/x" --chat --seq 128 --val-fraction 0.01 "$DIR/conv.jsonl"
+    # without jinja2: one line saying how to install it
+    mkdir -p "$DIR/nojinja/jinja2"
+    echo 'raise ImportError("hidden by the test")' > "$DIR/nojinja/jinja2/__init__.py"
+    PYTHONPATH=$DIR/nojinja python3 "$SCRIPT" --tokenizer "$CHAT/llama3" --out "$DIR/x" --chat --seq 64 "$DIR/conv.jsonl" > /dev/null 2> "$DIR/err"
+    rc=$?
+    [ "$rc" = 1 ] && [ "$(wc -l < "$DIR/err")" = 1 ] && grep -qF 'python3 -m pip install jinja2' "$DIR/err" ||
+        fail "no jinja2: exit $rc: $(cat "$DIR/err")"
+else
+    echo "skipped the --chat checks: python3 cannot import jinja2 (python3 -m pip install jinja2)"
+fi
 python3 "$SCRIPT" --help > "$DIR/help" 2>&1 && grep -q -- '--shard-tokens' "$DIR/help" ||
     fail "--help: $(cat "$DIR/help")"
 
