@@ -2608,3 +2608,275 @@ Test(cli, a_diverged_run_keeps_its_last_checkpoint) {
     struct stat sb;
     cr_expect(stat(path, &sb) == 0 && S_ISDIR(sb.st_mode), "%s named, not there", path);
 }
+
+/* ---- loss masks and data-given documents ---------------------------------------------- */
+
+/* tests/fixtures/masked (tests/ref/gen_masked_data.py): two shards of a packed stream
+ * (S = 32, tokens below 256) with their .mask companions, and expected.json, the targets
+ * each batch of 2 x 32 counts, computed from the bits by the generator. */
+#define MASKED_DATA test_fixture("masked/chat_train_*.bin")
+#define MTINY "--model", "llama-tiny", "--vocab", "256", "--seq", "32", "--device", "cpu", \
+              "--threads", "1"
+
+/* expected.json's batch_targets (n of them). */
+static int64_t *masked_batch_targets(int *n) {
+    char *text = slurp(test_fixture("masked/expected.json"), NULL);
+    cr_assert_not_null(text, "no masked/expected.json");
+    cJSON *j = cJSON_Parse(text);
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "batch_targets");
+    cr_assert(cJSON_IsArray(a), "expected.json: no batch_targets");
+    *n = cJSON_GetArraySize(a);
+    int64_t *v = malloc((size_t)*n * sizeof *v);
+    for (int i = 0; i < *n; i++) v[i] = (int64_t)cJSON_GetArrayItem(a, i)->valuedouble;
+    cJSON_Delete(j);
+    free(text);
+    return v;
+}
+
+/* Field `key` of every metrics line as printed ("-" where absent), one line each. */
+static char *metrics_field(const char *path, const char *key) {
+    char *m = slurp(path, NULL), *save = NULL;
+    cr_assert_not_null(m, "no metrics file %s", path);
+    size_t cap = strlen(m) + 64, len = 0;
+    char *out = calloc(1, cap), pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    for (char *line = strtok_r(m, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        const char *p = strstr(line, pat);
+        if (p) p += strlen(pat);
+        len += (size_t)snprintf(out + len, cap - len, "%.*s\n", p ? (int)strcspn(p, ",}") : 1,
+                                p ? p : "-");
+    }
+    free(m);
+    return out;
+}
+
+/* The n-th line (from 0) of a metrics_field list, as a number. */
+static double field_at(const char *list, int n) {
+    for (int i = 0; i < n && list; i++) list = strchr(list, '\n') + 1;
+    cr_assert(list && *list, "no line %d", n);
+    return strtod(list, NULL);
+}
+
+/* The trained weights of two runs, byte for byte, and their metrics' losses, gradient
+ * norms, counted targets and validation losses, as printed. */
+static void expect_same_training(const char *wa, const char *ma, const char *wb, const char *mb,
+                                 const char *what) {
+    size_t na, nb;
+    char *a = slurp(wa, &na), *b = slurp(wb, &nb);
+    cr_assert(a && b, "%s: no weights", what);
+    cr_expect(na == nb && !memcmp(a, b, na), "%s: the saved weights differ", what);
+    free(a);
+    free(b);
+    static const char *const keys[] = {"loss", "grad_norm", "loss_tokens", "val_loss"};
+    for (int k = 0; k < 4; k++) {
+        char *fa = metrics_field(ma, keys[k]), *fb = metrics_field(mb, keys[k]);
+        cr_expect_str_eq(fb, fa, "%s: %s per step", what, keys[k]);
+        free(fa);
+        free(fb);
+    }
+}
+
+/* Training on masked data says so, and each step's loss divides by the targets its
+ * sequences count: loss_tokens in the metrics and on the step line, the generator's. */
+Test(cli, masked_data_trains_on_the_targets_its_masks_count) {
+    int nb;
+    int64_t *want = masked_batch_targets(&nb);
+    const char *m = P("m.jsonl");
+    run_result r;
+    FERRY(&r, "train", MTINY, "--batch", "2", "--steps", "5", "--data", MASKED_DATA, "--metrics", m);
+    test_expect_ok(&r);
+    cr_expect(strstr(r.out, "2049 tokens with loss masks and documents (packed into 32-token"),
+              "the data line:\n%s", r.out);
+    char line[64];
+    snprintf(line, sizeof line, "| %lld loss tokens\n", (long long)want[0]);
+    cr_expect(strstr(r.out, line), "no '%s' on the step lines:\n%s", line, r.out);
+    char *tokens = metrics_field(m, "loss_tokens"), *loss = metrics_field(m, "loss");
+    for (int s = 0; s < 5; s++) {
+        cr_expect_eq(field_at(tokens, s), (double)want[s], "step %d: loss_tokens %g, the masks count %lld",
+                     s + 1, field_at(tokens, s), (long long)want[s]);
+        const double l = field_at(loss, s);
+        cr_expect(isfinite(l) && l > 3 && l < 8, "step %d: loss %g (random tokens of 256: ~5.5)", s + 1, l);
+    }
+    free(tokens);
+    free(loss);
+    free(want);
+}
+
+/* Plans do not change the bits on masked data (the cpu backend, one thread): all resident
+ * against everything streamed, updated on the CPU and recomputed, each at 2 x 1 and at 1 x 2
+ * accumulated, with a validation every 2 steps on the held-out quarter (split at a packed
+ * sequence). 2 x 1 against 1 x 2 reads the same sequences each step: the same counted
+ * targets, and losses that differ only by the order of the sums (a batch of 64 rows, or
+ * two of 32 added): within 1e-5. */
+Test(cli, masked_plans_and_accumulation_give_the_same_training) {
+    const char *off[] = {"--offload-params", "1", "--offload-optim", "1", "--ckpt-layers", "1"};
+#define MRUN(w, m, ...) FERRY(&r, "train", MTINY, "--steps", "4", "--data", MASKED_DATA, \
+                              "--val-split", "0.25", "--val-every", "2", "--save", P(w), \
+                              "--metrics", P(m), __VA_ARGS__); test_expect_ok(&r)
+    run_result r;
+    MRUN("r.safetensors", "r.jsonl", "--batch", "2", "--val-batches", "3");
+    cr_expect(strstr(r.out, "validation: held-out tail"), "%s", r.out);
+    MRUN("o.safetensors", "o.jsonl", "--batch", "2", "--val-batches", "3", off[0], off[1], off[2],
+         off[3], off[4], off[5]);
+    expect_same_training(P("r.safetensors"), P("r.jsonl"), P("o.safetensors"), P("o.jsonl"),
+                         "2 x 1: all resident against offloaded");
+    MRUN("a.safetensors", "a.jsonl", "--batch", "1", "--grad-accum", "2", "--val-batches", "6");
+    MRUN("ao.safetensors", "ao.jsonl", "--batch", "1", "--grad-accum", "2", "--val-batches", "6",
+         off[0], off[1], off[2], off[3], off[4], off[5]);
+    expect_same_training(P("a.safetensors"), P("a.jsonl"), P("ao.safetensors"), P("ao.jsonl"),
+                         "1 x 2: all resident against offloaded");
+#undef MRUN
+    int nb;
+    int64_t *want = masked_batch_targets(&nb);
+    static const char *const keys[] = {"loss", "grad_norm", "val_loss"};
+    char *ta = metrics_field(P("a.jsonl"), "loss_tokens"), *tr = metrics_field(P("r.jsonl"), "loss_tokens");
+    cr_expect_str_eq(ta, tr, "1 x 2 against 2 x 1: loss_tokens");
+    for (int s = 0; s < 4; s++) cr_expect_eq(field_at(tr, s), (double)want[s], "step %d", s + 1);
+    free(ta);
+    free(tr);
+    for (int k = 0; k < 3; k++) {
+        char *fa = metrics_field(P("a.jsonl"), keys[k]), *fr = metrics_field(P("r.jsonl"), keys[k]);
+        for (int s = 0; s < 4; s++) {
+            if (k == 2 && s % 2 == 0) continue; /* validated at steps 2 and 4 */
+            const double x = field_at(fr, s), y = field_at(fa, s);
+            cr_expect(isfinite(x) && fabs(x - y) <= 1e-5 * fabs(x), "step %d %s: 2 x 1 %.9g, 1 x 2 %.9g",
+                      s + 1, keys[k], x, y);
+        }
+        free(fa);
+        free(fr);
+    }
+    free(want);
+}
+
+/* What masked data cannot be trained with: one error line each. */
+Test(cli, masked_data_refuses_doc_mask_a_cut_sequence_and_a_shard_without_its_mask) {
+    run_result r;
+    FERRY(&r, "train", MTINY, "--batch", "2", "--steps", "1", "--data", MASKED_DATA, "--doc-mask",
+          "eot=10");
+    EXPECT_ERROR(&r, 1, "--doc-mask", "masked/chat_train_*.bin", ".mask");
+    FERRY(&r, "train", MTINY, "--batch", "2", "--steps", "1", "--data", MASKED_DATA, "--seq", "48");
+    EXPECT_ERROR(&r, 1, "--seq 48", "multiple of 32");
+    FERRY(&r, "eval", "--init", test_fixture("llama_hf_tiny"), "--data", MASKED_DATA, "--batch", "1",
+          "--seq", "16", "--device", "cpu", "--threads", "1");
+    EXPECT_ERROR(&r, 1, "--seq 16", "multiple of 32");
+    /* as validation data, beside plain training data */
+    write_good_shard(P("plain.bin"), 20240520, 1, 400);
+    FERRY(&r, "train", MTINY, "--batch", "2", "--steps", "1", "--data", P("plain.bin"), "--val-data",
+          MASKED_DATA, "--seq", "48");
+    EXPECT_ERROR(&r, 1, "--seq 48", "multiple of 32");
+    test_copy_dir(test_fixture("masked"), P("m"));
+    cr_assert_eq(unlink(P("m/chat_train_000001.mask")), 0);
+    FERRY(&r, "train", MTINY, "--batch", "2", "--steps", "1", "--data", P("m/chat_train_*.bin"));
+    EXPECT_ERROR(&r, 1, "chat_train_000001.bin", "no loss mask", "chat_train_000000.bin");
+}
+
+/* ferry eval on masked data: the mean over the counted targets, their count in its JSON;
+ * one batch's is the training's first step's loss on the same weights. */
+Test(cli, masked_eval_counts_the_targets_and_matches_the_training_loss) {
+    int nb;
+    int64_t *want = masked_batch_targets(&nb);
+    const char *w = P("w.safetensors"), *m = P("m.jsonl");
+    run_result r;
+    FERRY(&r, "train", MTINY, "--batch", "2", "--steps", "1", "--data", MASKED_DATA, "--save", w);
+    test_expect_ok(&r);
+    FERRY(&r, "train", "--init", w, "--seq", "32", "--device", "cpu", "--threads", "1", "--batch", "2",
+          "--steps", "1", "--data", MASKED_DATA, "--metrics", m);
+    test_expect_ok(&r);
+    char *train_loss = metrics_field(m, "loss");
+    static const int counts[] = {3, 0}; /* 0: every batch of the data */
+    for (int c = 0; c < 2; c++) {
+        const int batches = counts[c];
+        char nbs[16];
+        snprintf(nbs, sizeof nbs, "%d", batches ? batches : 1000000);
+        FERRY(&r, "eval", "--init", w, "--data", MASKED_DATA, "--batch", "2", "--seq", "32",
+              "--device", "cpu", "--threads", "1", "--batches", nbs);
+        test_expect_ok(&r);
+        char last[1024];
+        last_line(r.out, last, sizeof last);
+        cJSON *j = cJSON_Parse(last);
+        cr_assert_not_null(j, "eval's last line is not JSON: %s", last);
+        const cJSON *loss = cJSON_GetObjectItemCaseSensitive(j, "loss"),
+                    *lt = cJSON_GetObjectItemCaseSensitive(j, "loss_tokens");
+        cr_assert(cJSON_IsNumber(loss) && isfinite(loss->valuedouble), "%s", last);
+        int64_t sum = 0;
+        for (int b = 0; b < (batches ? batches : nb); b++) sum += want[b];
+        cr_expect(cJSON_IsNumber(lt) && lt->valuedouble == (double)sum, "%d batches: %s, the masks "
+                  "count %lld", batches, last, (long long)sum);
+        cJSON_Delete(j);
+    }
+    FERRY(&r, "eval", "--init", w, "--data", MASKED_DATA, "--batch", "2", "--seq", "32", "--device",
+          "cpu", "--threads", "1", "--batches", "1");
+    test_expect_ok(&r);
+    char last[1024], want1[64];
+    last_line(r.out, last, sizeof last);
+    snprintf(want1, sizeof want1, "{\"loss\":%.*s,", (int)strcspn(train_loss, "\n"), train_loss);
+    cr_expect(!strncmp(last, want1, strlen(want1)), "eval of batch 0: %s; training's loss on it: %s",
+              last, train_loss);
+    free(train_loss);
+    free(want);
+}
+
+/* Masked data of nb bins of 32 tokens (and the trailing one), tokens i*7 mod 256, a
+ * document at each bin, every target counted but those of the first `none` sequences. */
+static void write_masked(const char *prefix, int nbins, int none) {
+    const size_t n = (size_t)nbins * 32 + 1, nbytes = (n + 7) / 8;
+    uint32_t *tok = malloc(n * sizeof *tok);
+    uint8_t *b = calloc(1, 1024 + 2 * nbytes);
+    int32_t hdr[256] = {20261203, 1, (int32_t)n, 32};
+    memcpy(b, hdr, sizeof hdr);
+    for (size_t i = 0; i < n; i++) {
+        tok[i] = (uint32_t)(i * 7 % 256);
+        if (i % 32 == 0) b[1024 + nbytes + i / 8] |= (uint8_t)(1u << (i % 8));
+        else if (i > (size_t)none * 32) b[1024 + i / 8] |= (uint8_t)(1u << (i % 8));
+    }
+    char path[600];
+    snprintf(path, sizeof path, "%s.mask", prefix);
+    write_bytes(path, b, 1024 + 2 * nbytes);
+    snprintf(path, sizeof path, "%s.bin", prefix);
+    write_shard(path, 20240520, 1, (int32_t)n, 2, tok, n);
+    free(tok);
+    free(b);
+}
+
+/* A step whose sequences count no target has nothing to learn from: a warning, "skipped"
+ * and loss_tokens 0 in its metrics, the weights untouched (saved byte for byte as loaded),
+ * and not a divergence: a run of only such steps, longer than the 5 non-finite steps that
+ * end a run, completes. The next step trains on its own targets. */
+Test(cli, a_step_counting_no_target_is_skipped_and_changes_nothing) {
+    write_masked(P("skip_000000"), 5, 2);
+    write_masked(P("none_000000"), 2, 2);
+    const char *w0 = P("w0.safetensors"), *w1 = P("w1.safetensors"), *m = P("m.jsonl");
+    run_result r;
+    FERRY(&r, "train", MTINY, "--batch", "2", "--steps", "1", "--data", MASKED_DATA, "--save", w0);
+    test_expect_ok(&r);
+#define FROM_W0 "train", "--init", w0, "--seq", "32", "--device", "cpu", "--threads", "1", "--batch", "2"
+    FERRY(&r, FROM_W0, "--steps", "1", "--data", P("skip_*.bin"), "--save", w1, "--metrics", m);
+    test_expect_ok(&r);
+    cr_expect(strstr(r.err, "ferry: warning: step 1: no token of its batch counts"), "%s", r.err);
+    char *jl = slurp(m, NULL);
+    cr_expect(jl && strstr(jl, "\"loss_tokens\":0,\"skipped\":true"), "%s", jl);
+    free(jl);
+    size_t n0, n1;
+    char *a = slurp(w0, &n0), *b = slurp(w1, &n1);
+    cr_expect(a && b && n0 == n1 && !memcmp(a, b, n0), "a skipped step changed the weights");
+    free(a);
+    free(b);
+    unlink(m);
+    FERRY(&r, FROM_W0, "--steps", "2", "--data", P("skip_*.bin"), "--metrics", m);
+    test_expect_ok(&r);
+    char *tokens = metrics_field(m, "loss_tokens"), *skipped = metrics_field(m, "skipped"),
+         *norm = metrics_field(m, "grad_norm");
+    cr_expect_str_eq(tokens, "0\n62\n"); /* 2 sequences of 31 targets after their starts */
+    cr_expect_str_eq(skipped, "true\n-\n");
+    cr_expect(field_at(norm, 1) > 0, "the second step did not train: %s", norm);
+    free(tokens);
+    free(skipped);
+    free(norm);
+    FERRY(&r, FROM_W0, "--steps", "7", "--data", P("none_*.bin"));
+    test_expect_ok(&r);
+    int warnings = 0;
+    for (const char *p = r.err; (p = strstr(p, "no token of its batch counts")); p++) warnings++;
+    cr_expect_eq(warnings, 7, "%s", r.err);
+    cr_expect(!strstr(r.err, "diverged"), "%s", r.err);
+#undef FROM_W0
+}

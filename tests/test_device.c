@@ -437,6 +437,119 @@ Test(kernel_grad, crossentropy_with_zero_dloss_leaves_logits) {
     expect_same_bits("logits after dloss = 0", dgetf(dlog, N * V), logits, N * V * sizeof(float));
 }
 
+/* Negative targets (the data's loss mask, kernels.h): such a row's loss is 0 and its
+ * gradient row 0, its padding included, whatever its logits (NaN here: not read); every
+ * other row has the bits of the same kernel run on those rows alone (rows are
+ * independent), plain and soft-capped. */
+enum { MN = 9, MV = 23, MVP = 32 };
+static const int32_t mask_tgt[MN] = {4, -1, 22, 0, -1, 17, 9, 3, -1};
+
+/* The rows of mask_tgt's counted targets, compacted (rows of width w): their count. */
+static int compact_rows(float *dst, int32_t *tdst, const float *src, int w) {
+    int k = 0;
+    for (int n = 0; n < MN; n++) {
+        if (mask_tgt[n] < 0) continue;
+        memcpy(dst + (size_t)k * w, src + (size_t)n * w, (size_t)w * sizeof(float));
+        tdst[k++] = mask_tgt[n];
+    }
+    return k;
+}
+
+/* The losses (MN) and gradient (MN x w) of rows with uncounted targets against the
+ * compacted run's (lc, gc: k rows). */
+static void expect_masked_rows(const char *what, const float *l, const float *g, const float *lc,
+                               const float *gc, int w) {
+    int k = 0;
+    for (int n = 0; n < MN; n++) {
+        if (mask_tgt[n] < 0) {
+            cr_expect(l[n] == 0.0f, "%s: row %d's loss is %g, not 0", what, n, l[n]);
+            for (int j = 0; j < w; j++)
+                cr_expect(g[n * w + j] == 0.0f, "%s: row %d's gradient [%d] is %g, not 0", what, n,
+                          j, g[n * w + j]);
+            continue;
+        }
+        cr_expect(!memcmp(&l[n], &lc[k], sizeof(float)), "%s: row %d's loss %.9g, alone %.9g", what,
+                  n, l[n], lc[k]);
+        cr_expect(!memcmp(g + n * w, gc + k * w, (size_t)w * sizeof(float)),
+                  "%s: row %d's gradient differs from the row's alone", what, n);
+        k++;
+    }
+}
+
+Test(kernel_grad, crossentropy_negative_targets_give_zero_rows_and_leave_the_others) {
+    for (int capped = 0; capped < 2; capped++) {
+        const float cap = capped ? 5.0f : 0.0f, dloss = 1.0f / 6;
+        rng r = {619 + (uint64_t)capped};
+        float *logits = hrand(&r, MN * MVP, -6, 6);
+        for (int n = 0; n < MN; n++)
+            if (mask_tgt[n] < 0)
+                for (int j = 0; j < MVP; j++) logits[n * MVP + j] = NAN;
+        float *clog = hnewf(MN * MVP);
+        int32_t ctgt[MN];
+        const int k = compact_rows(clog, ctgt, logits, MVP);
+        int32_t *dt = dnew(sizeof mask_tgt), *dct = dnew(sizeof ctgt);
+        put(dt, mask_tgt, sizeof mask_tgt);
+        put(dct, ctgt, (size_t)k * sizeof(int32_t));
+        float *dl = dputf(logits, MN * MVP), *dcl = dputf(clog, (size_t)k * MVP);
+        float *loss = dnewf(MN), *closs = dnewf(MN);
+        fy_k_crossentropy(loss, dl, dt, MN, MV, MVP, dloss, cap, g_s);
+        fy_k_crossentropy(closs, dcl, dct, k, MV, MVP, dloss, cap, g_s);
+        const char *what = capped ? "capped crossentropy" : "crossentropy";
+        expect_masked_rows(what, dgetf(loss, MN), dgetf(dl, MN * MVP), dgetf(closs, k),
+                           dgetf(dcl, (size_t)k * MVP), MVP);
+        /* the forward alone (dloss 0) gives the same losses */
+        float *dl0 = dputf(logits, MN * MVP), *loss0 = dnewf(MN);
+        fy_k_crossentropy(loss0, dl0, dt, MN, MV, MVP, 0.0f, cap, g_s);
+        expect_same_bits("losses without the backward", dgetf(loss0, MN), dgetf(loss, MN),
+                         MN * sizeof(float));
+    }
+}
+
+/* The vocabulary-chunked kernels (chunks of 8, 8 and 16 columns of 23 classes padded to
+ * 32): the same, each chunk's gradient rows of uncounted targets 0, the other rows the
+ * chunked run's on those rows alone. */
+Test(kernel_grad, chunked_crossentropy_negative_targets_give_zero_rows_and_leave_the_others) {
+    static const int v0s[3] = {0, 8, 16}, nvs[3] = {8, 8, 16};
+    for (int capped = 0; capped < 2; capped++) {
+        const float cap = capped ? 5.0f : 0.0f, dloss = 1.0f / 6;
+        rng r = {629 + (uint64_t)capped};
+        float *logits = hrand(&r, MN * MVP, -6, 6);
+        for (int n = 0; n < MN; n++)
+            if (mask_tgt[n] < 0)
+                for (int j = 0; j < MVP; j++) logits[n * MVP + j] = NAN;
+        float *clog = hnewf(MN * MVP);
+        int32_t ctgt[MN];
+        const int k = compact_rows(clog, ctgt, logits, MVP);
+        int32_t *dt = dnew(sizeof mask_tgt), *dct = dnew(sizeof ctgt);
+        put(dt, mask_tgt, sizeof mask_tgt);
+        put(dct, ctgt, (size_t)k * sizeof(int32_t));
+        float *mx = dnewf(MN), *tl = dnewf(MN), *loss = dnewf(MN);
+        float *cmx = dnewf(MN), *ctl = dnewf(MN), *closs = dnewf(MN);
+        double *sm = dnew(MN * sizeof(double)), *csm = dnew(MN * sizeof(double));
+        float *part[3], *cpart[3];
+        for (int c = 0; c < 3; c++) {
+            float *h = hnewf(MN * nvs[c]), *hc = hnewf(MN * nvs[c]);
+            for (int n = 0; n < MN; n++)
+                memcpy(h + n * nvs[c], logits + n * MVP + v0s[c], nvs[c] * sizeof(float));
+            for (int n = 0; n < k; n++)
+                memcpy(hc + n * nvs[c], clog + n * MVP + v0s[c], nvs[c] * sizeof(float));
+            part[c] = dputf(h, MN * nvs[c]);
+            cpart[c] = dputf(hc, (size_t)k * nvs[c]);
+            fy_k_ce_chunk_fwd(part[c], dt, mx, sm, tl, loss, MN, v0s[c], nvs[c], MV, cap, g_s);
+            fy_k_ce_chunk_fwd(cpart[c], dct, cmx, csm, ctl, closs, k, v0s[c], nvs[c], MV, cap, g_s);
+        }
+        const float *hl = dgetf(loss, MN), *hcl = dgetf(closs, k);
+        for (int c = 2; c >= 0; c--) {
+            fy_k_ce_chunk_bwd(part[c], dt, mx, sm, MN, v0s[c], nvs[c], MV, dloss, cap, g_s);
+            fy_k_ce_chunk_bwd(cpart[c], dct, cmx, csm, k, v0s[c], nvs[c], MV, dloss, cap, g_s);
+            char what[64];
+            snprintf(what, sizeof what, "%schunk %d", capped ? "capped " : "", c);
+            expect_masked_rows(what, hl, dgetf(part[c], MN * nvs[c]), hcl,
+                               dgetf(cpart[c], (size_t)k * nvs[c]), nvs[c]);
+        }
+    }
+}
+
 /* ---- finite differences: the GPT-2 layer ------------------------------------------- */
 
 typedef struct layer_fix {
@@ -812,6 +925,33 @@ Test(kernel_fwd, mean_and_sumsq_match_host_double) {
     cr_expect(mean == (float)(s / n), "mean %.9g vs %.9g", mean, (float)(s / n));
     /* double sums of 1e5 positive terms in another order: ~1e5 * 1.1e-16 relative */
     cr_expect(fabs(sq - s2) <= 1e-10 * s2, "sumsq %.17g vs %.17g", sq, s2);
+}
+
+/* A given divisor (a masked loss's count of targets): the same index-order double sum,
+ * divided by it, whatever n; a divisor of n is the mean. */
+Test(kernel_fwd, mean_divides_by_the_given_divisor) {
+    enum { n = 1003 };
+    rng r = {172};
+    float *x = hrand(&r, n, -3, 3);
+    float *dx = dputf(x, n), *dout = dnewf(1);
+    double s = 0;
+    for (int i = 0; i < n; i++) s += x[i];
+    static const int64_t divs[] = {1, 37, n, 4 * n + 1, (int64_t)1 << 40};
+    for (size_t k = 0; k < sizeof divs / sizeof divs[0]; k++) {
+        fy_k_mean(dout, dx, n, divs[k], g_s);
+        float got;
+        get(&got, dout, sizeof got);
+        const float want = (float)(s / (double)divs[k]);
+        cr_expect(!memcmp(&got, &want, sizeof got), "sum / %lld: %.9g, want %.9g",
+                  (long long)divs[k], got, want);
+    }
+    /* the first 10 of them, by 4 (a micro-batch's losses over the step's count) */
+    fy_k_mean(dout, dx, 10, 4, g_s);
+    float got;
+    get(&got, dout, sizeof got);
+    double s10 = 0;
+    for (int i = 0; i < 10; i++) s10 += x[i];
+    cr_expect(got == (float)(s10 / 4), "sum of 10 / 4: %.9g, want %.9g", got, (float)(s10 / 4));
 }
 
 Test(kernel_fwd, adamw_kernel_bit_identical_to_fy_adam_step) {

@@ -495,3 +495,69 @@ Test(dp, a_failed_or_stalled_rank_ends_the_job) {
     cr_expect_neq(r.code, 0);
     cr_expect(strstr(r.err, "ferry: error: rank 0: a collective has waited 2 s"), "%s", r.err);
 }
+
+/* ---- loss masks ---- */
+
+/* The generator's count of each 64-token batch's targets (tests/fixtures/masked/
+ * expected.json: tests/ref/gen_masked_data.py), the first n. */
+static void masked_batch_targets(long *out, int n) {
+    const char *fx = getenv("FERRY_FIXTURES");
+    cr_assert(fx, "FERRY_FIXTURES");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/masked/expected.json", fx);
+    char *text = slurp(path);
+    const char *p = strstr(text, "\"batch_targets\"");
+    cr_assert(p && (p = strchr(p, '[')), "%s: no batch_targets", path);
+    for (int i = 0; i < n; i++) {
+        char *end;
+        out[i] = strtol(p + 1, &end, 10);
+        cr_assert(end != p + 1, "%s: fewer than %d batch_targets", path, n);
+        p = end;
+    }
+    free(text);
+}
+
+/* The loss_tokens of every metrics line, in order. */
+static void loss_tokens_of(const char *path, long *out, int n) {
+    char *m = slurp(path);
+    const char *p = m;
+    for (int i = 0; i < n; i++) {
+        p = strstr(p, "\"loss_tokens\":");
+        cr_assert(p, "%s: fewer than %d lines with loss_tokens", path, n);
+        p += strlen("\"loss_tokens\":");
+        out[i] = strtol(p, NULL, 10);
+    }
+    free(m);
+}
+
+/* Packed, loss-masked data (tests/fixtures/masked): a step's loss divides by the targets its
+ * micro-batches count on every rank, so 2 ranks give one process accumulating 2, bit for
+ * bit, with the validation (5 batches split over the ranks, on the held-out quarter cut at a
+ * packed sequence) pooled over the counted targets; all resident and a mixed plan. Each
+ * step's loss_tokens is the masks' count over its 4 sequences. */
+Test(dp, masked_data_two_ranks_match_one_rank_accumulating_two) {
+    char data[1024];
+    snprintf(data, sizeof data, "%s/masked/chat_train_*.bin", getenv("FERRY_FIXTURES"));
+#define MASKED "--model", "llama-tiny", "--vocab", "256", "--data", data, "--val-split", "0.25", \
+        "--val-every", "2"
+    long bt[10];
+    masked_batch_targets(bt, 10);
+    for (int plan = 0; plan < 2; plan++) {
+        if (plan) expect_same_run(2, EXTRA(MASKED, "--offload-params", "0.5", "--offload-optim", "0.5",
+                                           "--ckpt-layers", "1"), "masked data, mixed plan");
+        else expect_same_run(2, EXTRA(MASKED), "masked data, all resident");
+        char *m = slurp(path_in("many.jsonl"));
+        cr_expect(strstr(m, "\"val_loss\":"), "no validation in the metrics:\n%s", m);
+        free(m);
+        long one[5], many[5];
+        loss_tokens_of(path_in("one.jsonl"), one, 5);
+        loss_tokens_of(path_in("many.jsonl"), many, 5);
+        for (int s = 0; s < 5; s++) {
+            cr_expect_eq(one[s], bt[2 * s] + bt[2 * s + 1], "plan %d step %d: one process's loss_tokens",
+                         plan, s + 1);
+            cr_expect_eq(many[s], bt[2 * s] + bt[2 * s + 1], "plan %d step %d: the job's loss_tokens",
+                         plan, s + 1);
+        }
+    }
+#undef MASKED
+}

@@ -1102,6 +1102,273 @@ Test(loader, bad_ranges_and_sizes) {
     fy_tokens_free(t);
 }
 
+/* ---- loss masks and documents (companion .mask files) ---- */
+
+TestSuite(masks, .init = make_dir, .fini = remove_dir);
+
+/* A companion: header {magic, version, count, S}, then the loss and start bits of n
+ * tokens (bit i of byte i/8, least significant first), then `extra` more bytes (negative:
+ * that many fewer). */
+static void write_mask_raw(const char *path, int32_t magic, int32_t version, int32_t count,
+                           int32_t S, const uint8_t *loss, const uint8_t *start, size_t n,
+                           long extra) {
+    const size_t nb = (n + 7) / 8, size = 1024 + 2 * nb;
+    uint8_t *b = calloc(1, size + (extra > 0 ? (size_t)extra : 0));
+    int32_t hdr[256] = {magic, version, count, S};
+    memcpy(b, hdr, sizeof hdr);
+    for (size_t i = 0; i < n; i++) {
+        if (loss[i]) b[1024 + (i >> 3)] |= (uint8_t)(1u << (i & 7));
+        if (start[i]) b[1024 + nb + (i >> 3)] |= (uint8_t)(1u << (i & 7));
+    }
+    write_file(path, b, (size_t)((long)size + extra));
+    free(b);
+}
+
+static void write_mask(const char *path, int32_t S, const uint8_t *loss, const uint8_t *start,
+                       size_t n) {
+    write_mask_raw(path, FY_MASK_MAGIC, FY_MASK_VERSION, (int32_t)n, S, loss, start, n, 0);
+}
+
+/* The masked stream of the tests below: tokens whose value is their position (v7), loss
+ * bits at random (about half), documents starting at random (about 1 in 5) and at each
+ * multiple of S, a few tokens with both bits (a document's first token never counts). */
+typedef struct masked_data {
+    size_t n;
+    uint32_t *tok;
+    uint8_t *loss, *start;
+} masked_data;
+
+static masked_data masked_stream(size_t n, size_t S, uint64_t seed) {
+    masked_data d = {n, malloc(n * 4), malloc(n), malloc(n)};
+    uint64_t s = seed;
+    for (size_t i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        const unsigned r = (unsigned)(s >> 33);
+        d.tok[i] = (uint32_t)i;
+        d.loss[i] = (uint8_t)(r & 1);
+        d.start[i] = (uint8_t)(i % S == 0 || (r >> 1) % 5 == 0);
+    }
+    return d;
+}
+
+static void masked_free(masked_data *d) { free(d->tok); free(d->loss); free(d->start); }
+
+/* Shards of d cut at cuts[0..ncut) (d_000.bin, ...), each with its companion of S. */
+static void write_masked_shards(const masked_data *d, const size_t *cuts, int ncut, int32_t S) {
+    size_t b = 0;
+    for (int f = 0; f <= ncut; f++) {
+        const size_t e = f < ncut ? cuts[f] : d->n;
+        write_v7(P("d_%03d.bin", f), d->tok + b, e - b);
+        write_mask(P("d_%03d.mask", f), S, d->loss + b, d->start + b, e - b);
+        b = e;
+    }
+}
+
+static bool counts_at(const masked_data *d, size_t i) { return d->loss[i] && !d->start[i]; }
+
+/* Every batch of B x T from the loader (its order wraps: 2 passes) against the bits:
+ * x the tokens, y the next token or -1 where it does not count, docs each position's
+ * document start in its row (0 at a row's start), batch_targets the y >= 0. */
+static void expect_masked_batches(const fy_tokens *t, const masked_data *d, size_t begin,
+                                  size_t end, int B, int T) {
+    fy_loader *l;
+    cr_assert_eq(fy_loader_new(t, begin, end, B, T, &l), FY_OK);
+    const size_t bt = (size_t)B * T, nb = fy_loader_batches(l);
+    int32_t *x = malloc(bt * 4), *y = malloc(bt * 4), *docs = malloc(bt * 4);
+    for (size_t s = 0; s < 2 * nb; s++) {
+        const size_t at = begin + (s % nb) * bt;
+        fy_loader_next(l, x, y, docs);
+        int64_t counted = 0;
+        for (size_t i = 0; i < bt; i++) {
+            const size_t row = i / (size_t)T, col = i % (size_t)T;
+            cr_assert_eq((size_t)x[i], at + i, "B %d T %d batch %zu x[%zu]", B, T, s, i);
+            const int32_t want = counts_at(d, at + i + 1) ? (int32_t)(at + i + 1) : -1;
+            cr_assert_eq(y[i], want, "B %d T %d batch %zu y[%zu] = %d, want %d", B, T, s, i, y[i], want);
+            counted += y[i] >= 0;
+            size_t ds = col;
+            while (ds > 0 && !d->start[at + row * (size_t)T + ds]) ds--;
+            cr_assert_eq((size_t)docs[i], ds, "B %d T %d batch %zu docs[%zu] = %d, want %zu", B, T,
+                         s, i, docs[i], ds);
+        }
+        cr_assert_eq(fy_loader_batch_targets(l, (int64_t)(s % nb)), counted,
+                     "B %d T %d batch %zu: batch_targets", B, T, s);
+        cr_assert_eq(fy_loader_batch_targets(l, (int64_t)s), counted, "k past a pass wraps");
+    }
+    free(x); free(y); free(docs);
+    fy_loader_free(l);
+}
+
+/* Three shards (the cuts inside batches and rows), read as one masked stream: the bits
+ * through fy_tokens_target_counts and fy_tokens_doc_starts, and the loader's y, docs and
+ * counts over every batch of several shapes, whole range and a sub-range. */
+Test(masks, loader_gives_uncounted_targets_as_minus_one_and_the_data_documents) {
+    masked_data d = masked_stream(1000, 8, 11);
+    const size_t cuts[] = {203, 517};
+    write_masked_shards(&d, cuts, 2, 8);
+    fy_tokens *t;
+    cr_assert_eq(fy_tokens_open(P("d_*.bin"), &t), FY_OK);
+    expect_tokens(t, d.tok, d.n);
+    cr_assert(fy_tokens_has_masks(t));
+    cr_assert_eq(fy_tokens_packed_seq(t), 8);
+    for (size_t i = 0; i < d.n; i++) {
+        cr_assert_eq(fy_tokens_target_counts(t, i), counts_at(&d, i), "target %zu", i);
+        cr_assert_eq(fy_tokens_doc_starts(t, i), d.start[i] != 0, "start %zu", i);
+    }
+    expect_masked_batches(t, &d, 0, d.n, 2, 8);
+    expect_masked_batches(t, &d, 0, d.n, 3, 16);
+    expect_masked_batches(t, &d, 0, d.n, 1, 64);
+    expect_masked_batches(t, &d, 150, 700, 4, 8); /* across both cuts */
+    fy_tokens_free(t);
+    masked_free(&d);
+}
+
+/* A start bit makes the token's target uncounted even with its loss bit set; a document
+ * restarts at each row whatever the bits. */
+Test(masks, a_start_bit_wins_over_the_loss_bit_and_rows_restart_documents) {
+    enum { N = 17 };
+    uint32_t tok[N];
+    uint8_t loss[N], start[N];
+    for (int i = 0; i < N; i++) tok[i] = (uint32_t)(100 + i), loss[i] = 1, start[i] = 0;
+    start[0] = start[3] = start[6] = 1; /* documents at 0, 3 and 6; none at 8 */
+    write_v7(P("s.bin"), tok, N);
+    write_mask(P("s.mask"), 0, loss, start, N);
+    fy_tokens *t;
+    cr_assert_eq(fy_tokens_open(P("s.bin"), &t), FY_OK);
+    cr_assert_eq(fy_tokens_packed_seq(t), 0);
+    fy_loader *l;
+    cr_assert_eq(fy_loader_new(t, 0, N, 2, 8, &l), FY_OK);
+    int32_t x[16], y[16], docs[16];
+    fy_loader_next(l, x, y, docs);
+    /* targets are tokens 1..16: 3 and 6 do not count */
+    const int32_t wy[16] = {101, 102, -1, 104, 105, -1, 107, 108,
+                            109, 110, 111, 112, 113, 114, 115, 116};
+    const int32_t wd[16] = {0, 0, 0, 3, 3, 3, 6, 6, 0, 0, 0, 0, 0, 0, 0, 0};
+    cr_assert_arr_eq(y, wy, sizeof y);
+    cr_assert_arr_eq(docs, wd, sizeof docs);
+    cr_assert_eq(fy_loader_batch_targets(l, 0), 14);
+    fy_loader_free(l);
+    fy_tokens_free(t);
+}
+
+/* Plain shards (no companion) read as before: no masks, y the next tokens, one document a
+ * row, every target counted, no CRC of bits. */
+Test(masks, shards_without_companions_read_as_before) {
+    masked_data d = masked_stream(300, 8, 5);
+    write_v7(P("p_000.bin"), d.tok, 120);
+    write_v1(P("p_001.bin"), d.tok + 120, 180);
+    fy_tokens *t;
+    cr_assert_eq(fy_tokens_open(P("p_*.bin"), &t), FY_OK);
+    cr_assert(!fy_tokens_has_masks(t));
+    cr_assert_eq(fy_tokens_packed_seq(t), 0);
+    cr_assert_eq(fy_tokens_masks_crc(t, 0, 300, 0x1234u), 0x1234u);
+    for (size_t i = 0; i < 300; i++) {
+        cr_assert(fy_tokens_target_counts(t, i));
+        cr_assert(!fy_tokens_doc_starts(t, i));
+    }
+    fy_loader *l;
+    cr_assert_eq(fy_loader_new(t, 0, 300, 3, 10, &l), FY_OK);
+    int32_t x[30], y[30], docs[30];
+    for (size_t s = 0; s < fy_loader_batches(l); s++) {
+        memset(docs, 0x55, sizeof docs);
+        fy_loader_next(l, x, y, docs);
+        for (int i = 0; i < 30; i++) {
+            cr_assert_eq(x[i], (int32_t)(s * 30 + (size_t)i));
+            cr_assert_eq(y[i], (int32_t)(s * 30 + (size_t)i + 1));
+            cr_assert_eq(docs[i], 0, "batch %zu docs[%d] = %d", s, i, docs[i]);
+        }
+        cr_assert_eq(fy_loader_batch_targets(l, (int64_t)s), 30);
+    }
+    fy_loader_free(l);
+    fy_tokens_free(t);
+    masked_free(&d);
+}
+
+/* The CRC of the bits tells two stream's masks apart by a single bit, loss or start, and
+ * only over a range that holds it. */
+Test(masks, masks_crc_changes_with_one_bit) {
+    masked_data d = masked_stream(400, 8, 3);
+    const size_t cuts[] = {150};
+    write_masked_shards(&d, cuts, 1, 8);
+    fy_tokens *t;
+    cr_assert_eq(fy_tokens_open(P("d_*.bin"), &t), FY_OK);
+    const uint32_t whole = fy_tokens_masks_crc(t, 0, 400, 0), head = fy_tokens_masks_crc(t, 0, 200, 0);
+    cr_assert_eq(fy_tokens_masks_crc(t, 0, 400, 0), whole, "not deterministic");
+    cr_assert_eq(fy_tokens_masks_crc(t, 200, 200, head), whole, "does not continue");
+    fy_tokens_free(t);
+    for (int which = 0; which < 2; which++) {
+        uint8_t *bits = which ? d.start : d.loss;
+        bits[300] ^= 1;
+        write_masked_shards(&d, cuts, 1, 8);
+        cr_assert_eq(fy_tokens_open(P("d_*.bin"), &t), FY_OK);
+        cr_expect_neq(fy_tokens_masks_crc(t, 0, 400, 0), whole, "%s bit 300 flipped: the same CRC",
+                      which ? "start" : "loss");
+        cr_expect_eq(fy_tokens_masks_crc(t, 0, 200, 0), head, "a range without the bit changed");
+        fy_tokens_free(t);
+        bits[300] ^= 1;
+    }
+    masked_free(&d);
+}
+
+/* Every malformed companion is refused with one error naming the .mask file. */
+Test(masks, bad_companions_are_refused_naming_the_mask_file) {
+    masked_data d = masked_stream(100, 8, 7);
+    write_v7(P("b.bin"), d.tok, 100);
+    const char *bin = P("b.bin"), *mask = P("b.mask");
+    write_mask_raw(mask, 20261204, 1, 100, 8, d.loss, d.start, 100, 0);
+    expect_tokens_fail(bin, FY_ERR_FORMAT, "bad magic", mask);
+    write_file(mask, "\x33\x2b", 2); /* shorter than a header's first ints */
+    expect_tokens_fail(bin, FY_ERR_FORMAT, "bad magic", mask);
+    write_mask_raw(mask, FY_MASK_MAGIC, 2, 100, 8, d.loss, d.start, 100, 0);
+    expect_tokens_fail(bin, FY_ERR_FORMAT, "version 2", mask);
+    write_mask_raw(mask, FY_MASK_MAGIC, 1, 99, 8, d.loss, d.start, 99, 0);
+    expect_tokens_fail(bin, FY_ERR_FORMAT, "99 tokens", mask);
+    write_mask_raw(mask, FY_MASK_MAGIC, 1, -5, 8, d.loss, d.start, 100, 0);
+    expect_tokens_fail(bin, FY_ERR_FORMAT, "-5 tokens", mask);
+    write_mask_raw(mask, FY_MASK_MAGIC, 1, 100, -32, d.loss, d.start, 100, 0);
+    expect_tokens_fail(bin, FY_ERR_FORMAT, "packing length -32", mask);
+    write_mask_raw(mask, FY_MASK_MAGIC, 1, 100, 8, d.loss, d.start, 100, -1);
+    expect_tokens_fail(bin, FY_ERR_FORMAT, "bytes where", mask);
+    write_mask_raw(mask, FY_MASK_MAGIC, 1, 100, 8, d.loss, d.start, 100, -26); /* the start bits */
+    expect_tokens_fail(bin, FY_ERR_FORMAT, "bytes where", mask);
+    write_mask_raw(mask, FY_MASK_MAGIC, 1, 100, 8, d.loss, d.start, 100, 1);
+    expect_tokens_fail(bin, FY_ERR_FORMAT, "bytes where", mask);
+    write_mask_raw(mask, FY_MASK_MAGIC, 1, 100, 8, d.loss, d.start, 100, 0);
+    chmod(mask, 0);
+    if (access(mask, R_OK) != 0) /* root reads it anyway */
+        expect_tokens_fail(bin, FY_ERR_IO, "cannot open", mask);
+    chmod(mask, 0644);
+    cr_assert_eq(unlink(mask), 0);
+    cr_assert_eq(mkdir(mask, 0755), 0);
+    expect_tokens_fail(bin, FY_ERR_IO, "not a regular file", mask);
+    rmdir(mask);
+    /* the control: the same, well formed */
+    write_mask_raw(mask, FY_MASK_MAGIC, 1, 100, 8, d.loss, d.start, 100, 0);
+    fy_tokens *t;
+    cr_assert_eq(fy_tokens_open(bin, &t), FY_OK);
+    cr_assert(fy_tokens_has_masks(t));
+    fy_tokens_free(t);
+    masked_free(&d);
+}
+
+/* A glob's shards have companions all or none, of one packing length: the error names
+ * the shard without one, or the companion of another length. */
+Test(masks, a_glob_mixing_companions_or_packings_is_refused) {
+    masked_data d = masked_stream(300, 8, 9);
+    const size_t cuts[] = {100, 200};
+    write_masked_shards(&d, cuts, 2, 8);
+    unlink(P("d_001.mask"));
+    expect_tokens_fail(P("d_*.bin"), FY_ERR_FORMAT, "no loss mask", P("d_001.bin"));
+    write_masked_shards(&d, cuts, 2, 8);
+    unlink(P("d_000.mask"));
+    expect_tokens_fail(P("d_*.bin"), FY_ERR_FORMAT, "no loss mask", P("d_000.bin"));
+    write_masked_shards(&d, cuts, 2, 8);
+    write_mask(P("d_001.mask"), 16, d.loss + 100, d.start + 100, 100);
+    expect_tokens_fail(P("d_*.bin"), FY_ERR_FORMAT, "packed into sequences of 16", P("d_001.mask"));
+    write_mask(P("d_001.mask"), 0, d.loss + 100, d.start + 100, 100);
+    expect_tokens_fail(P("d_*.bin"), FY_ERR_FORMAT, "packed into sequences of 0", P("d_001.mask"));
+    masked_free(&d);
+}
+
 /* ---- corpus ---- */
 
 static uint8_t *corpus(size_t n, uint64_t seed) {
