@@ -344,10 +344,10 @@ static void print_header(const run *r) {
 
 /* ---- checkpoints ---------------------------------------------------------------------- */
 
-/* A CRC of the training range's first and last FINGERPRINT_TOKENS tokens (and of their
- * loss masks and document starts, where the data has them): with the label and the
- * count, what tells a resumed run's data from the checkpoint's. */
-static fy_status data_fingerprint(const run *r, char hex[16]) {
+/* A CRC of the training range's first and last FINGERPRINT_TOKENS tokens, and one of
+ * their loss masks and document starts (where the data has them: else masks[0] = 0):
+ * with the label and the count, what tells a resumed run's data from the checkpoint's. */
+static fy_status data_fingerprint(const run *r, char hex[16], char masks[16]) {
     const size_t n = r->train_end, k = n < FINGERPRINT_TOKENS ? n : FINGERPRINT_TOKENS;
     int32_t *buf = malloc(k * sizeof *buf);
     if (!buf) {
@@ -359,17 +359,20 @@ static fy_status data_fingerprint(const run *r, char hex[16]) {
     fy_tokens_read(r->train_tok, n - k, k, buf);
     crc = fy_crc32c(buf, k * sizeof *buf, crc);
     free(buf);
-    crc = fy_tokens_masks_crc(r->train_tok, 0, k, crc);
-    crc = fy_tokens_masks_crc(r->train_tok, n - k, k, crc);
     snprintf(hex, 16, "%08x", crc);
+    masks[0] = 0;
+    if (fy_tokens_has_masks(r->train_tok)) {
+        crc = fy_tokens_masks_crc(r->train_tok, 0, k, 0);
+        snprintf(masks, 16, "%08x", fy_tokens_masks_crc(r->train_tok, n - k, k, crc));
+    }
     return FY_OK;
 }
 
 /* The run's configuration as checkpoints record it. */
 static fy_status build_config(run *r) {
     const fy_train_cfg *c = r->cfg;
-    char sig[FY_MODEL_SIGNATURE_MAX], fp[16];
-    FY_TRY(data_fingerprint(r, fp));
+    char sig[FY_MODEL_SIGNATURE_MAX], fp[16], mfp[16];
+    FY_TRY(data_fingerprint(r, fp, mfp));
     fy_model_signature(c->model, sig, sizeof sig);
     cJSON *o = cJSON_CreateObject(), *d = o ? cJSON_AddObjectToObject(o, "data") : NULL;
     if (!d) {
@@ -396,6 +399,7 @@ static fy_status build_config(run *r) {
     cJSON_AddStringToObject(d, "source", fy_tokens_label(r->train_tok));
     cJSON_AddNumberToObject(d, "tokens", (double)r->train_end);
     cJSON_AddStringToObject(d, "fingerprint", fp);
+    if (mfp[0]) cJSON_AddStringToObject(d, "masks", mfp);
     cJSON_AddNumberToObject(o, "steps", (double)c->steps);
     cJSON_AddNumberToObject(o, "lr", c->lr);
     cJSON_AddNumberToObject(o, "min_lr", c->min_lr);
@@ -452,6 +456,16 @@ static fy_status check_config(const run *r, const fy_ckpt *ck) {
                      "(%s tokens)", path, field_text(dw, "source", a, sizeof a),
                      field_text(dw, "tokens", n1, sizeof n1), field_text(dn, "source", b, sizeof b),
                      field_text(dn, "tokens", n2, sizeof n2));
+        return FY_ERR_INVALID;
+    }
+    if (!same_field(dw, dn, "masks")) {
+        const bool had = cJSON_GetObjectItemCaseSensitive(dw, "masks") != NULL;
+        const bool has = cJSON_GetObjectItemCaseSensitive(dn, "masks") != NULL;
+        fy_log_error("checkpoint %s was trained on the same tokens with %s: %s %s", path,
+                     had && has ? "other loss masks or documents" : had ? "loss masks" : "no loss masks",
+                     field_text(dn, "source", b, sizeof b),
+                     had && has ? "has other .mask files (tokenized with another --loss-on or --seq?)"
+                     : has ? "now has .mask files" : "has no .mask files now");
         return FY_ERR_INVALID;
     }
     static const struct { const char *key, *flag; } soft[] = {

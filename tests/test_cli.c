@@ -2770,6 +2770,31 @@ Test(cli, masked_data_refuses_doc_mask_a_cut_sequence_and_a_shard_without_its_ma
     EXPECT_ERROR(&r, 1, "chat_train_000001.bin", "no loss mask", "chat_train_000000.bin");
 }
 
+/* Resuming on the same tokens with other masks (or none) is refused, saying so. */
+Test(cli, masked_resume_refuses_other_masks_naming_them) {
+    run_result r;
+    test_copy_dir(test_fixture("masked"), P("m"));
+    const char *ck = P("ck");
+    FERRY(&r, "train", MTINY, "--batch", "2", "--steps", "2", "--data", P("m/chat_train_*.bin"),
+          "--checkpoint-dir", ck, "--quiet");
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    FILE *f = fopen(P("m/chat_train_000000.mask"), "r+b"); /* one loss byte flipped */
+    cr_assert_not_null(f);
+    cr_assert_eq(fseek(f, 1027, SEEK_SET), 0);
+    const int c = fgetc(f);
+    cr_assert_eq(fseek(f, 1027, SEEK_SET), 0);
+    fputc(c ^ 0xff, f);
+    fclose(f);
+    FERRY(&r, "train", MTINY, "--batch", "2", "--steps", "3", "--data", P("m/chat_train_*.bin"),
+          "--checkpoint-dir", ck, "--resume");
+    EXPECT_ERROR(&r, 1, "same tokens with other loss masks", "chat_train_*.bin");
+    cr_assert_eq(unlink(P("m/chat_train_000000.mask")), 0);
+    cr_assert_eq(unlink(P("m/chat_train_000001.mask")), 0);
+    FERRY(&r, "train", MTINY, "--batch", "2", "--steps", "3", "--data", P("m/chat_train_*.bin"),
+          "--checkpoint-dir", ck, "--resume");
+    EXPECT_ERROR(&r, 1, "same tokens with loss masks", "no .mask files");
+}
+
 /* ferry eval on masked data: the mean over the counted targets, their count in its JSON;
  * one batch's is the training's first step's loss on the same weights. */
 Test(cli, masked_eval_counts_the_targets_and_matches_the_training_loss) {
