@@ -232,6 +232,11 @@ static fy_status open_data(run *r) {
     r->docs = c->docs;
     FY_TRY(data_docs(r->train_tok, &c->docs, T, &r->docs));
     FY_TRY(data_docs(r->val_tok, &c->docs, T, &r->docs));
+    if (r->val_tok && c->val_data && fy_tokens_has_masks(r->val_tok) != fy_tokens_has_masks(r->train_tok))
+        fy_log_warn("%s has %sloss masks and %s %s: the validation loss counts %s the training "
+                    "loss does", fy_tokens_label(r->val_tok), fy_tokens_has_masks(r->val_tok) ? "" : "no ",
+                    fy_tokens_label(r->train_tok), fy_tokens_has_masks(r->train_tok) ? "has" : "has none",
+                    fy_tokens_has_masks(r->val_tok) ? "fewer targets than" : "every target, not only those");
     FY_TRY(fy_loader_new(r->train_tok, 0, train_end, B, T, &r->train));
     const int64_t A = step_micros(c);
     r->train_end = train_end;
@@ -262,7 +267,7 @@ static fy_status share_batch(void *ctx, int64_t i, int32_t *x, int32_t *y, int32
 }
 
 /* The mean loss over every target counted in n batches, from each batch's mean and count,
- * in batch order (0 when none counts). */
+ * in batch order (NaN when none counts: no loss to report, not a perfect one). */
 static float pooled_loss(const float *losses, const int64_t *counts, int64_t n) {
     double sum = 0.0;
     int64_t total = 0;
@@ -270,7 +275,7 @@ static float pooled_loss(const float *losses, const int64_t *counts, int64_t n) 
         sum += (double)losses[i] * (double)counts[i];
         total += counts[i];
     }
-    return total ? (float)(sum / (double)total) : 0.0f;
+    return total ? (float)(sum / (double)total) : NAN;
 }
 
 /* The validation loss over nbatches: the mean over their counted targets. A job's ranks
@@ -304,6 +309,9 @@ static fy_status validate(run *r, int64_t nbatches, float *loss) {
         for (int64_t i = 0; i < nbatches; i++) counts[i] = (int64_t)c[i];
     }
     *loss = pooled_loss(losses, counts, nbatches);
+    if (isnan(*loss))
+        fy_log_warn("validation: no target of its %lld batches counts in the loss (their masks): "
+                    "no validation loss", (long long)nbatches);
     return FY_OK;
 }
 

@@ -124,8 +124,21 @@ class Template:
             import datetime
             return datetime.datetime.now().strftime(fmt)
 
+        class Generation(jinja2.ext.Extension):
+            """{% generation %}...{% endgeneration %}, which transformers' templates for
+            assistant masks use: rendered as its body (the masks come from prefix renders)."""
+            tags = {"generation"}
+
+            def parse(self, parser):
+                lineno = next(parser.stream).lineno
+                body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+                return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+            def _body(self, caller):
+                return caller()
+
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=[jinja2.ext.loopcontrols])
+                                            extensions=[jinja2.ext.loopcontrols, Generation])
         env.filters["tojson"] = tojson
         env.globals["raise_exception"] = raise_exception
         env.globals["strftime_now"] = strftime_now
@@ -310,16 +323,19 @@ class FirstFit:
 def trim(example, size, overlong):
     """The example as it is packed, or the reason it is dropped: longer than size tokens, it
     keeps its first size tokens (overlong "truncate") or is dropped ("drop", "too long"); its
-    first token's loss is cleared; with no loss token left it is dropped ("no loss token")."""
+    first token's loss is cleared; with no loss token left it is dropped ("no loss token").
+    A kept example that was cut says so ("truncated")."""
+    cut = None
     if len(example.ids) > size:
         if overlong == "drop":
             return None, "too long"
         example = Example(example.ids[:size], example.loss[:size])
+        cut = "truncated"
     if example.loss:
         example.loss[0] = 0
     if not any(example.loss):
         return None, "no loss token"
-    return example, None
+    return example, cut
 
 
 def pack(examples, size, pad):

@@ -32,9 +32,10 @@ split's stream ends with one more pad token, and shards hold a multiple of --seq
 (the last one the extra token too). With --val-fraction F the last round(F * examples)
 kept examples go to the val split. Beside each shard NAME.bin a companion NAME.mask
 (written first, the same way) says which tokens the loss counts and where documents start:
-int32 header[256] (magic 20261203, version 1, token count, --seq), then one bit per token
-of LOSS, then one of START, least significant bit first. A plain run removes the .mask
-companions of the shards it writes or removes. Nothing is written before all the input
+int32 header[256] (magic 20261203, version 1, token count, --seq, the CRC-32 (zlib's) of
+its shard's token bytes), then one bit per token of LOSS, then one of START, least
+significant bit first. A plain run removes the .mask companions of the shards it writes or
+removes; a run without --val-fraction removes an earlier run's val split. Nothing is written before all the input
 has been read: a bad line (not JSON, not an object, a message without a role or content,
 an unknown role, content not a string, no messages, no assistant message unless --loss-on
 all, a template that raises) is one error naming FILE:LINE, or with --skip-bad is skipped
@@ -59,6 +60,7 @@ import json  # noqa: E402
 import re  # noqa: E402
 import struct  # noqa: E402
 import time  # noqa: E402
+import zlib  # noqa: E402
 
 # chat_data.py, beside this file, at the end of the path: the standard library comes first
 sys.path.append(os.path.dirname(os.path.abspath(__file__)))
@@ -233,9 +235,19 @@ def pack_bits(flags):
     return int(flags.translate(BITS)[::-1], 2).to_bytes((len(flags) + 7) // 8, "little")
 
 
-def write_mask(path, loss, start, size):
-    """The .mask companion of a shard: header, LOSS bits, START bits (one flag a token each)."""
-    header = [MASK_MAGIC, MASK_VERSION, len(loss), size] + [0] * (HEADER_INTS - 4)
+def shard_crc(toks, wide):
+    """The CRC-32 (zlib's) of the token bytes a shard of toks stores, as an int32."""
+    data = array.array("I" if wide else "H", toks)
+    if sys.byteorder != "little":
+        data.byteswap()
+    crc = zlib.crc32(data.tobytes())
+    return crc - (1 << 32) if crc >= 1 << 31 else crc
+
+
+def write_mask(path, loss, start, size, crc):
+    """The .mask companion of a shard: header (with its shard's token CRC), LOSS bits, START
+    bits (one flag a token each)."""
+    header = [MASK_MAGIC, MASK_VERSION, len(loss), size, crc] + [0] * (HEADER_INTS - 5)
     write_atomic(path, [struct.pack(f"<{HEADER_INTS}i", *header), pack_bits(loss), pack_bits(start)])
 
 
@@ -302,7 +314,7 @@ def write_chat_split(prefix, split, bins, size, pad, shard_tokens, wide):
             loss.append(0)
             start.append(1)
         path = f"{prefix}_{split}_{written:06d}"
-        write_mask(path + ".mask", loss, start, size)
+        write_mask(path + ".mask", loss, start, size, shard_crc(toks, wide))
         write_shard(path + ".bin", toks, wide)
         print(f"{path}.bin: {len(toks)} tokens ({'uint32' if wide else 'uint16'}), "
               f"{sum(loss)} in the loss; {os.path.basename(path)}.mask")
@@ -363,6 +375,8 @@ def run_plain(args, tok, tok_path, wide):
     train.close()
     if val:
         val.close()
+    else:  # an earlier run's val split would hold text this run trains on
+        remove_from(args.out, "val", 0)
 
 
 class Progress:
@@ -398,7 +412,7 @@ def read_examples(args, tok, tok_path):
         except OSError as e:
             raise Failure(f"cannot read {path}: {e.strerror or e}") from None
     progress = Progress(sum(1 for _, lines in data for line in lines if line.strip()))
-    kept, dropped, bad = [], collections.Counter(), collections.Counter()
+    kept, dropped, bad, truncated = [], collections.Counter(), collections.Counter(), 0
     for path, lines in data:
         for n, line in enumerate(lines, 1):
             if not line.strip():
@@ -422,11 +436,12 @@ def read_examples(args, tok, tok_path):
                 raise Failure(f"{path}:{n}: {e}") from None
             if example:
                 kept.append(example)
+                truncated += reason == "truncated"
             else:
                 dropped[reason] += 1
             progress.tick()
     progress.close()
-    return kept, dropped, bad, progress.total
+    return kept, dropped, bad, truncated, progress.total
 
 
 def run_chat(args, tok, tok_path, wide):
@@ -435,7 +450,7 @@ def run_chat(args, tok, tok_path, wide):
         raise Failure(f"--shard-tokens {args.shard_tokens} is less than --seq {size}: "
                       "a shard holds whole bins")
     pad = pad_id(tok, tok_path)
-    kept, dropped, bad, total = read_examples(args, tok, tok_path)
+    kept, dropped, bad, truncated, total = read_examples(args, tok, tok_path)
     nval = round(len(kept) * args.val_fraction)
     splits = [("train", kept[: len(kept) - nval])] + ([("val", kept[len(kept) - nval:])] if args.val_fraction else [])
     for split, examples in splits:
@@ -446,11 +461,14 @@ def run_chat(args, tok, tok_path, wide):
         bins = chat_data.pack(examples, size, pad)
         nbins[split] = len(bins)
         write_chat_split(args.out, split, bins, size, pad, args.shard_tokens, wide)
+    if not args.val_fraction:  # an earlier run's val split would hold these training examples
+        remove_from(args.out, "val", 0)
     ntok = sum(len(e.ids) for e in kept)
     nloss = sum(sum(e.loss) for e in kept)
     slots = size * sum(nbins.values())
     reasons = ", ".join(f"{r} {dropped[r]}" for r in ("too long", "bad line", "no loss token"))
-    print(f"examples: {total} read, {len(kept)} kept, {total - len(kept)} dropped ({reasons})")
+    print(f"examples: {total} read, {len(kept)} kept ({truncated} truncated to --seq {size}), "
+          f"{total - len(kept)} dropped ({reasons})")
     if bad:
         print("bad lines skipped: " + ", ".join(f"{r} {c}" for r, c in sorted(bad.items())))
     print(f"tokens: {ntok} in the kept examples, {nloss} in the loss "

@@ -77,7 +77,7 @@ if ! "$PY" scripts/tokenize.py --tokenizer "$FIX" --chat --seq "$SEQ" --out "$DI
     exit 1
 fi
 "$PY" - "$DIR/chat" "$REF" <<'EOF' && echo "ok: tokenize.py --chat writes the reference's tokens, LOSS and START bits" || FAILED=1
-import glob, hashlib, json, struct, sys
+import glob, hashlib, json, struct, sys, zlib
 prefix, ref = sys.argv[1], json.load(open(sys.argv[2]))
 want = ref["stream"]
 paths = sorted(glob.glob(prefix + "_train_*.bin"))
@@ -97,7 +97,9 @@ for path in paths:
         bad.append("%s: %s" % (mpath, e.strerror))
         continue
     mh, nb = struct.unpack("<256i", m[:1024]), (n + 7) // 8
-    if mh[:4] != (20261203, 1, n, ref["seq"]) or any(mh[4:]) or len(m) != 1024 + 2 * nb:
+    crc = zlib.crc32(raw[1024:])  # the mask's record of its shard's token bytes
+    if mh[:4] != (20261203, 1, n, ref["seq"]) or mh[4] % (1 << 32) != crc or any(mh[5:]) \
+            or len(m) != 1024 + 2 * nb:
         bad.append("%s: header %s, %d bytes (want 20261203 1 %d %d, %d bytes)"
                    % (mpath, mh[:4], len(m), n, ref["seq"], 1024 + 2 * nb))
         continue

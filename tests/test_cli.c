@@ -35,6 +35,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "engine/io/safetensors.h"
 #include "tests/test_util.h"
@@ -2854,6 +2855,11 @@ static void write_masked(const char *prefix, int nbins, int none) {
         if (i % 32 == 0) b[1024 + nbytes + i / 8] |= (uint8_t)(1u << (i % 8));
         else if (i > (size_t)none * 32) b[1024 + i / 8] |= (uint8_t)(1u << (i % 8));
     }
+    uint16_t *t16 = malloc(n * sizeof *t16); /* the mask records the CRC of the shard's tokens */
+    for (size_t i = 0; i < n; i++) t16[i] = (uint16_t)tok[i];
+    hdr[4] = (int32_t)crc32(0L, (const Bytef *)t16, (uInt)(n * sizeof *t16));
+    memcpy(b, hdr, sizeof hdr);
+    free(t16);
     char path[600];
     snprintf(path, sizeof path, "%s.mask", prefix);
     write_bytes(path, b, 1024 + 2 * nbytes);

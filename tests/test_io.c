@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "engine/checkpoint.h"
 #include "engine/core/crc32c.h"
@@ -1198,18 +1199,19 @@ static void expect_masked_batches(const fy_tokens *t, const masked_data *d, size
     fy_loader_free(l);
 }
 
-/* Three shards (the cuts inside batches and rows), read as one masked stream: the bits
- * through fy_tokens_target_counts and fy_tokens_doc_starts, and the loader's y, docs and
- * counts over every batch of several shapes, whole range and a sub-range. */
+/* Three shards (the cuts inside batches and rows: masks of unpacked data, S = 0), read as
+ * one masked stream: the bits through fy_tokens_target_counts and fy_tokens_doc_starts, and
+ * the loader's y, docs and counts over every batch of several shapes, whole range and a
+ * sub-range. */
 Test(masks, loader_gives_uncounted_targets_as_minus_one_and_the_data_documents) {
     masked_data d = masked_stream(1000, 8, 11);
     const size_t cuts[] = {203, 517};
-    write_masked_shards(&d, cuts, 2, 8);
+    write_masked_shards(&d, cuts, 2, 0);
     fy_tokens *t;
     cr_assert_eq(fy_tokens_open(P("d_*.bin"), &t), FY_OK);
     expect_tokens(t, d.tok, d.n);
     cr_assert(fy_tokens_has_masks(t));
-    cr_assert_eq(fy_tokens_packed_seq(t), 8);
+    cr_assert_eq(fy_tokens_packed_seq(t), 0);
     for (size_t i = 0; i < d.n; i++) {
         cr_assert_eq(fy_tokens_target_counts(t, i), counts_at(&d, i), "target %zu", i);
         cr_assert_eq(fy_tokens_doc_starts(t, i), d.start[i] != 0, "start %zu", i);
@@ -1288,7 +1290,7 @@ Test(masks, shards_without_companions_read_as_before) {
 Test(masks, masks_crc_changes_with_one_bit) {
     masked_data d = masked_stream(400, 8, 3);
     const size_t cuts[] = {150};
-    write_masked_shards(&d, cuts, 1, 8);
+    write_masked_shards(&d, cuts, 1, 0);
     fy_tokens *t;
     cr_assert_eq(fy_tokens_open(P("d_*.bin"), &t), FY_OK);
     const uint32_t whole = fy_tokens_masks_crc(t, 0, 400, 0), head = fy_tokens_masks_crc(t, 0, 200, 0);
@@ -1298,7 +1300,7 @@ Test(masks, masks_crc_changes_with_one_bit) {
     for (int which = 0; which < 2; which++) {
         uint8_t *bits = which ? d.start : d.loss;
         bits[300] ^= 1;
-        write_masked_shards(&d, cuts, 1, 8);
+        write_masked_shards(&d, cuts, 1, 0);
         cr_assert_eq(fy_tokens_open(P("d_*.bin"), &t), FY_OK);
         cr_expect_neq(fy_tokens_masks_crc(t, 0, 400, 0), whole, "%s bit 300 flipped: the same CRC",
                       which ? "start" : "loss");
@@ -1366,7 +1368,46 @@ Test(masks, a_glob_mixing_companions_or_packings_is_refused) {
     expect_tokens_fail(P("d_*.bin"), FY_ERR_FORMAT, "packed into sequences of 16", P("d_001.mask"));
     write_mask(P("d_001.mask"), 0, d.loss + 100, d.start + 100, 100);
     expect_tokens_fail(P("d_*.bin"), FY_ERR_FORMAT, "packed into sequences of 0", P("d_001.mask"));
+    /* packed: a shard but the last holding part of a sequence (the streams of two runs) */
+    write_masked_shards(&d, cuts, 2, 8);
+    expect_tokens_fail(P("d_*.bin"), FY_ERR_FORMAT, P("d_000.bin"), "not whole sequences of 8");
+    const size_t whole[] = {96, 200};
+    write_masked_shards(&d, whole, 2, 8);
+    fy_tokens *t;
+    cr_assert_eq(fy_tokens_open(P("d_*.bin"), &t), FY_OK);
+    cr_assert_eq(fy_tokens_packed_seq(t), 8);
+    fy_tokens_free(t);
     masked_free(&d);
+}
+
+/* The mask's record of its shard's token CRC (tokens.h: header[4]): the data check passes
+ * with the right one and refuses another shard's mask of the same length, naming both. */
+Test(masks, a_mask_of_another_shard_is_refused_by_its_token_crc) {
+    uint32_t a[64], b[64];
+    uint8_t loss[64] = {0}, start[64] = {1};
+    for (int i = 0; i < 64; i++) a[i] = (uint32_t)i, b[i] = (uint32_t)(63 - i), loss[i] = i % 2;
+    write_v1(P("a.bin"), a, 64);
+    write_mask(P("a.mask"), 0, loss, start, 64);
+    uint16_t a16[64], b16[64];
+    for (int i = 0; i < 64; i++) a16[i] = (uint16_t)a[i], b16[i] = (uint16_t)b[i];
+    const uint32_t crc_a = (uint32_t)crc32(0L, (const Bytef *)a16, sizeof a16);
+    const uint32_t crc_b = (uint32_t)crc32(0L, (const Bytef *)b16, sizeof b16);
+    int fd = open(P("a.mask"), O_WRONLY);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(pwrite(fd, &crc_a, 4, 16), 4);
+    fy_tokens *t;
+    cr_assert_eq(fy_tokens_open(P("a.bin"), &t), FY_OK);
+    cr_assert_eq(fy_tokens_check_vocab(t, 256), FY_OK);
+    fy_tokens_free(t);
+    cr_assert_eq(pwrite(fd, &crc_b, 4, 16), 4); /* now the mask of b's tokens */
+    close(fd);
+    cr_assert_eq(fy_tokens_open(P("a.bin"), &t), FY_OK);
+    capture_begin();
+    fy_status st = fy_tokens_check_vocab(t, 256);
+    const char *log = capture_end();
+    cr_assert_eq(st, FY_ERR_FORMAT);
+    assert_one_error(log, P("a.bin"), P("a.mask"), "CRC", NULL);
+    fy_tokens_free(t);
 }
 
 /* ---- corpus ---- */

@@ -193,7 +193,7 @@ run_ok "a link at a temporary name" --tokenizer "$DIR/bpe" --out "$DIR/y" "$DIR/
 # check_chat.py packs them by the spec on its own and compares every shard token and .mask bit.
 CHAT=$ROOT/tests/fixtures/chat_templates
 cat > "$DIR/check_chat.py" <<'EOF'
-import argparse, glob, json, os, re, struct
+import argparse, glob, json, os, re, struct, zlib
 from tokenizers import Tokenizer
 p = argparse.ArgumentParser()
 p.add_argument("template"); p.add_argument("mode"); p.add_argument("seq", type=int)
@@ -205,7 +205,7 @@ chat, S = os.environ["CHAT"], a.seq
 cfg = json.load(open(f"{chat}/{a.template}/tokenizer_config.json"))
 tok = Tokenizer.from_file(f"{chat}/{a.template}/tokenizer.json")
 pad = tok.token_to_id(cfg.get("pad_token") or cfg["eos_token"])
-kept, why = [], {"too long": 0, "bad line": 0, "no loss token": 0}
+kept, why, truncated = [], {"too long": 0, "bad line": 0, "no loss token": 0}, 0
 for ex in json.load(open(f"{chat}/expected.json"))[a.template][a.mode]:
     if "error" in ex:
         why["bad line"] += 1
@@ -216,11 +216,15 @@ for ex in json.load(open(f"{chat}/expected.json"))[a.template][a.mode]:
             why["too long"] += 1
             continue
         ids, loss = ids[:S], loss[:S]
+        cut = True
+    else:
+        cut = False
     loss[0] = 0
     if not any(loss):
         why["no loss token"] += 1
         continue
     kept.append((ids, loss))
+    truncated += cut
 nval = round(len(kept) * a.val)
 splits = {"train": kept[:len(kept) - nval]}
 if a.val:
@@ -257,7 +261,8 @@ for split, examples in splits.items():
         m = open(path[:-4] + ".mask", "rb").read()
         mh = struct.unpack("<256i", m[:1024])
         nb = (n + 7) // 8
-        assert mh[:4] == (20261203, 1, n, S) and not any(mh[4:]), (path, mh[:5])
+        crc = zlib.crc32(b[1024:])  # the mask's record of its shard's token bytes
+        assert mh[:4] == (20261203, 1, n, S) and mh[4] % (1 << 32) == crc and not any(mh[5:]), (path, mh[:5])
         assert len(m) == 1024 + 2 * nb, (path, len(m))
         for field, want in ((m[1024:1024 + nb], loss[at:at + n]), (m[1024 + nb:], start[at:at + n])):
             got = [(field[i >> 3] >> (i & 7)) & 1 for i in range(8 * nb)]
@@ -266,10 +271,10 @@ for split, examples in splits.items():
     assert at == len(toks), (split, at, len(toks))
 assert not glob.glob(f"{a.prefix}*.tmp"), "a temporary file is left"
 out = open(a.summary).read()
-m = re.search(r"examples: (\d+) read, (\d+) kept, (\d+) dropped "
+m = re.search(r"examples: (\d+) read, (\d+) kept \((\d+) truncated to --seq \d+\), (\d+) dropped "
               r"\(too long (\d+), bad line (\d+), no loss token (\d+)\)", out)
 total = len(kept) + sum(why.values())
-want = (total, len(kept), total - len(kept), why["too long"], why["bad line"], why["no loss token"])
+want = (total, len(kept), truncated, total - len(kept), why["too long"], why["bad line"], why["no loss token"])
 assert m and tuple(map(int, m.groups())) == want, (out, want)
 print(" ".join(f"{k.replace(' ', '_')}={v}" for k, v in why.items()) + (" backfill" if backfill else ""))
 EOF
@@ -382,9 +387,38 @@ EOF
         "the chat template raised: System role not supported" gemma2
     # the same lines together, skipped and counted by reason (two no-assistant lines)
     python3 "$SCRIPT" --tokenizer "$CHAT/llama3" --chat --seq 128 --skip-bad --out "$DIR/x" "$DIR/allbad.jsonl" > "$DIR/out" 2> "$DIR/err" &&
-        grep -qx 'examples: 45 read, 30 kept, 15 dropped (too long 0, bad line 15, no loss token 0)' "$DIR/out" &&
+        grep -qx 'examples: 45 read, 30 kept (0 truncated to --seq 128), 15 dropped (too long 0, bad line 15, no loss token 0)' "$DIR/out" &&
         grep -qx "bad lines skipped: content not a string 2, empty conversation 1, messages not a list 1, missing content 1, missing role 1, more than one kind 1, no assistant turn 2, no messages, prompt/completion or text 1, not JSON 1, not UTF-8 1, not an object 1, prompt without completion 1, unknown role 1" "$DIR/out" ||
         fail "--skip-bad: $(cat "$DIR/out" "$DIR/err")"
+    rm -f "$DIR"/x_*
+    # {% generation %} blocks (transformers' assistant-mask templates) render as their body:
+    # the same shards as the template without them
+    mkdir -p "$DIR/gen" && cp "$CHAT/llama3/tokenizer.json" "$DIR/gen/" &&
+    python3 - "$CHAT/llama3/tokenizer_config.json" "$DIR/gen/tokenizer_config.json" <<'PYEOF'
+import json, sys
+c = json.load(open(sys.argv[1]))
+t = c["chat_template"]
+old = "{{ content }}"
+assert old in t
+c["chat_template"] = t.replace(old, "{% if message['role'] == 'assistant' %}{% generation %}{{ content }}"
+                                    "{% endgeneration %}{% else %}{{ content }}{% endif %}")
+json.dump(c, open(sys.argv[2], "w"))
+PYEOF
+    python3 "$SCRIPT" --tokenizer "$CHAT/llama3" --chat --seq 128 --out "$DIR/x" "$CHAT/conversations.jsonl" > /dev/null 2>&1 &&
+    python3 "$SCRIPT" --tokenizer "$DIR/gen" --chat --seq 128 --out "$DIR/g" "$CHAT/conversations.jsonl" > /dev/null 2> "$DIR/err" &&
+        cmp -s "$DIR/x_train_000000.bin" "$DIR/g_train_000000.bin" && cmp -s "$DIR/x_train_000000.mask" "$DIR/g_train_000000.mask" ||
+        fail "{% generation %} template: $(cat "$DIR/err")"
+    rm -rf "$DIR"/x_* "$DIR"/g_* "$DIR/gen"
+    # a run without --val-fraction removes an earlier run's val split (those examples are
+    # training ones now), in --chat mode and plain mode alike
+    python3 "$SCRIPT" --tokenizer "$CHAT/llama3" --chat --seq 128 --val-fraction 0.3 --out "$DIR/x" "$CHAT/conversations.jsonl" > /dev/null 2>&1 &&
+        [ -e "$DIR/x_val_000000.mask" ] &&
+        python3 "$SCRIPT" --tokenizer "$CHAT/llama3" --chat --seq 128 --out "$DIR/x" "$CHAT/conversations.jsonl" > /dev/null 2>&1 &&
+        ! ls "$DIR"/x_val_* > /dev/null 2>&1 || fail "--chat: an earlier run's val split is left"
+    python3 "$SCRIPT" --tokenizer "$CHAT/llama3" --val-fraction 0.3 --out "$DIR/x" "$DIR/text.txt" > /dev/null 2>&1 &&
+        [ -e "$DIR/x_val_000000.bin" ] &&
+        python3 "$SCRIPT" --tokenizer "$CHAT/llama3" --out "$DIR/x" "$DIR/text.txt" > /dev/null 2>&1 &&
+        ! ls "$DIR"/x_val_* > /dev/null 2>&1 || fail "plain: an earlier run's val split is left"
     rm -f "$DIR"/x_*
     # a user-only conversation is learnt whole with --loss-on all
     printf '{"messages": [{"role": "user", "content": "only a question"}]}\n' > "$DIR/user.jsonl"

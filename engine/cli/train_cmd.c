@@ -605,7 +605,10 @@ int fy_eval_main(const fy_opts *o) {
         st = check_heads(m, ec.dev.kind, ec.dtype == FY_BF16 ? FY_BF16 : FY_F32);
         if (st == FY_OK) st = fy_eval(&ec, &r);
     }
-    if (st == FY_OK && !isfinite(r.loss))
+    if (st == FY_OK && r.targets == 0)
+        fy_log_warn("no target of the %lld batches evaluated counts in the loss (the data's masks): "
+                    "no loss to report", (long long)r.batches);
+    else if (st == FY_OK && !isfinite(r.loss))
         fy_log_warn("the loss is not finite: these weights give NaN or infinite logits");
     if (st == FY_OK) {
         char loss[32] = "null"; /* JSON has no NaN or Infinity */

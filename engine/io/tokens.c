@@ -34,6 +34,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <zlib.h>
+
 #include "engine/core/crc32c.h"
 #include "engine/core/util.h"
 
@@ -55,6 +57,8 @@ typedef struct tok_file {
     const uint8_t *loss, *start; /* its companion's bits (tokens.h), or NULL */
     void *mask_map;      /* the companion's mapping */
     size_t mask_nbytes;
+    char *mask_path;
+    uint32_t mask_crc;   /* the companion's record of the file's token bytes' CRC-32 */
 } tok_file;
 
 struct fy_tokens {
@@ -229,7 +233,7 @@ static fy_status load_companion(tok_file *f, const char *path, int *packed) {
         snprintf(why, sizeof why, "not a regular file");
         goto fail;
     }
-    int32_t hdr[4] = {0};
+    int32_t hdr[5] = {0};
     const size_t size = (size_t)sb.st_size;
     ssize_t r = size >= sizeof hdr ? pread(fd, hdr, sizeof hdr, 0) : 0;
     st = FY_ERR_FORMAT;
@@ -263,7 +267,13 @@ static fy_status load_companion(tok_file *f, const char *path, int *packed) {
     f->loss = (const uint8_t *)map + SHARD_HEADER_NBYTES;
     f->start = f->loss + bits_nbytes(f->count);
     *packed = hdr[3];
+    f->mask_crc = (uint32_t)hdr[4];
+    f->mask_path = strdup(path);
     close(fd);
+    if (!f->mask_path) {
+        fy_log_error("%s: out of memory", path);
+        return FY_ERR_NOMEM;
+    }
     return FY_OK;
 fail:
     if (fd >= 0) close(fd);
@@ -303,6 +313,16 @@ static fy_status attach_masks(fy_tokens *t) {
     }
     t->masks = st == FY_OK && with >= 0;
     t->packed = t->masks ? packed : 0;
+    /* packed sequences start at multiples of S in the stream: every shard but the last
+     * holds whole ones (the last also the stream's one extra token) */
+    for (int i = 0; t->masks && t->packed > 0 && i < t->nfiles - 1; i++)
+        if (t->files[i].count % (size_t)t->packed) {
+            fy_log_error("%s holds %zu tokens, not whole sequences of %d, and is not the data's last "
+                         "shard: the sequences after it would be cut (shards of several tokenize "
+                         "runs? tokenize them in one)", t->files[i].path, t->files[i].count, t->packed);
+            t->masks = false;
+            return FY_ERR_FORMAT;
+        }
     return st;
 }
 
@@ -363,6 +383,7 @@ void fy_tokens_free(fy_tokens *t) {
         free(t->files[i].path);
         if (t->files[i].map) munmap(t->files[i].map, t->files[i].map_nbytes);
         if (t->files[i].mask_map) munmap(t->files[i].mask_map, t->files[i].mask_nbytes);
+        free(t->files[i].mask_path);
     }
     free(t->files);
     free(t->copy);
@@ -516,6 +537,7 @@ fy_status fy_tokens_check_vocab(const fy_tokens *t, int vocab) {
     for (int f = 0; f < t->nfiles; f++) {
         const tok_file *fl = &t->files[f];
         size_t chunk = SCAN_NBYTES / (size_t)fl->tok_nbytes;
+        uLong crc = crc32(0L, Z_NULL, 0);
         for (size_t off = 0; off < fl->count; off += chunk) {
             size_t k = fl->count - off < chunk ? fl->count - off : chunk;
             if (file_max(fl, off, k) >= (uint32_t)vocab) {
@@ -525,7 +547,15 @@ fy_status fy_tokens_check_vocab(const fy_tokens *t, int vocab) {
                              "size %d", fl->path, file_at(fl, i), i, vocab);
                 return FY_ERR_INVALID;
             }
+            if (fl->mask_map)
+                crc = crc32(crc, fl->toks + off * (size_t)fl->tok_nbytes, (uInt)(k * (size_t)fl->tok_nbytes));
             file_drop(fl, off, k);
+        }
+        if (fl->mask_map && (uint32_t)crc != fl->mask_crc) {
+            fy_log_error("%s: its tokens' CRC-32 is %08x where its loss mask %s records %08x: the "
+                         "mask is another shard's (tokenize them again)", fl->path, (unsigned)crc,
+                         fl->mask_path, (unsigned)fl->mask_crc);
+            return FY_ERR_FORMAT;
         }
     }
     return FY_OK;

@@ -47,7 +47,9 @@ typedef struct fy_tokens fy_tokens; /* all tokens of a file (or glob), mapped in
  * a companion X.mask beside it:
  *   int32 header[256]: header[0] = FY_MASK_MAGIC, header[1] = version 1, header[2] = the
  *   shard's token count, header[3] = the packing length S (the sequences the examples
- *   were packed into; 0: not packed), the rest 0;
+ *   were packed into; 0: not packed), header[4] = the CRC-32 (zlib's) of the shard's
+ *   token bytes as stored (what ties the mask to its shard: fy_tokens_check_vocab checks
+ *   it, in its pass over every token), the rest 0;
  *   then the loss bits, ceil(count/8) bytes (bit i is byte i/8's bit i%8, the least
  *   significant first): 1 where token i is a target the loss counts;
  *   then the start bits, as many bytes: 1 where a document starts at token i.
@@ -91,7 +93,8 @@ bool fy_tokens_doc_starts(const fy_tokens *t, size_t i);
  * continuing crc: what tells two runs' masks apart. */
 uint32_t fy_tokens_masks_crc(const fy_tokens *t, size_t begin, size_t n, uint32_t crc);
 /* FY_ERR_INVALID (logged: first offending token id, its position, the file) if any
- * token is >= vocab. Scans the mappings in chunks and drops each chunk's pages from
+ * token is >= vocab; FY_ERR_FORMAT (logged, naming both) if a shard's tokens do not have
+ * the CRC its loss mask records. Scans the mappings in chunks and drops each chunk's pages from
  * the process once scanned (they stay in the page cache), so a scan of a large dataset
  * leaves the resident set as it found it. */
 fy_status fy_tokens_check_vocab(const fy_tokens *t, int vocab);

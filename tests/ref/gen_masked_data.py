@@ -20,6 +20,7 @@ import os
 import random
 import struct
 import sys
+import zlib
 
 SEED = 20261203
 S = 32                 # the packing length
@@ -83,10 +84,12 @@ def write(path, data):
 
 def write_shard(prefix, toks, loss, start):
     n = len(toks)
-    mask_hdr = [MASK_MAGIC, 1, n, S] + [0] * 252
+    data = struct.pack("<%dH" % n, *toks)
+    crc = zlib.crc32(data)  # the mask's record of its shard's token bytes
+    mask_hdr = [MASK_MAGIC, 1, n, S, crc - (1 << 32) if crc >= 1 << 31 else crc] + [0] * 251
     write(prefix + ".mask", struct.pack("<256i", *mask_hdr) + bits(loss) + bits(start))
     shard_hdr = [MAGIC_V1, 1, n] + [0] * 253
-    write(prefix + ".bin", struct.pack("<256i", *shard_hdr) + struct.pack("<%dH" % n, *toks))
+    write(prefix + ".bin", struct.pack("<256i", *shard_hdr) + data)
 
 
 def main():
