@@ -472,7 +472,7 @@ def run_chat(args, tok, tok_path, wide):
     if bad:
         print("bad lines skipped: " + ", ".join(f"{r} {c}" for r, c in sorted(bad.items())))
     print(f"tokens: {ntok} in the kept examples, {nloss} in the loss "
-          f"(masked share {100 * nloss / ntok:.1f}%)")
+          f"({100 * nloss / ntok:.1f}%; masked out {100 - 100 * nloss / ntok:.1f}%)")
     print(f"bins: {sum(nbins.values())} of {size} tokens ("
           + ", ".join(f"{s} {c}" for s, c in nbins.items())
           + f"), padding {100 * (slots - ntok) / slots:.1f}% of their tokens")
