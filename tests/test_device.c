@@ -476,20 +476,33 @@ static void expect_masked_rows(const char *what, const float *l, const float *g,
     }
 }
 
+/* The rows of the masked-target tests: random logits (NaN in the rows whose target does
+ * not count: they must not be read), the counted rows alone (clog, k of them), and both
+ * target lists on the device (dt: mask_tgt; dct: the counted ones). */
+typedef struct masked_rows { float *logits, *clog; int k; int32_t *dt, *dct; } masked_rows;
+
+static masked_rows masked_rows_new(uint64_t seed) {
+    rng r = {seed};
+    masked_rows m = {.logits = hrand(&r, MN * MVP, -6, 6), .clog = hnewf(MN * MVP)};
+    for (int n = 0; n < MN; n++)
+        if (mask_tgt[n] < 0)
+            for (int j = 0; j < MVP; j++) m.logits[n * MVP + j] = NAN;
+    int32_t ctgt[MN];
+    m.k = compact_rows(m.clog, ctgt, m.logits, MVP);
+    m.dt = dnew(sizeof mask_tgt);
+    m.dct = dnew(sizeof ctgt);
+    put(m.dt, mask_tgt, sizeof mask_tgt);
+    put(m.dct, ctgt, (size_t)m.k * sizeof(int32_t));
+    return m;
+}
+
 Test(kernel_grad, crossentropy_negative_targets_give_zero_rows_and_leave_the_others) {
     for (int capped = 0; capped < 2; capped++) {
         const float cap = capped ? 5.0f : 0.0f, dloss = 1.0f / 6;
-        rng r = {619 + (uint64_t)capped};
-        float *logits = hrand(&r, MN * MVP, -6, 6);
-        for (int n = 0; n < MN; n++)
-            if (mask_tgt[n] < 0)
-                for (int j = 0; j < MVP; j++) logits[n * MVP + j] = NAN;
-        float *clog = hnewf(MN * MVP);
-        int32_t ctgt[MN];
-        const int k = compact_rows(clog, ctgt, logits, MVP);
-        int32_t *dt = dnew(sizeof mask_tgt), *dct = dnew(sizeof ctgt);
-        put(dt, mask_tgt, sizeof mask_tgt);
-        put(dct, ctgt, (size_t)k * sizeof(int32_t));
+        const masked_rows m = masked_rows_new(619 + (uint64_t)capped);
+        float *logits = m.logits, *clog = m.clog;
+        const int k = m.k;
+        int32_t *dt = m.dt, *dct = m.dct;
         float *dl = dputf(logits, MN * MVP), *dcl = dputf(clog, (size_t)k * MVP);
         float *loss = dnewf(MN), *closs = dnewf(MN);
         fy_k_crossentropy(loss, dl, dt, MN, MV, MVP, dloss, cap, g_s);
@@ -512,17 +525,10 @@ Test(kernel_grad, chunked_crossentropy_negative_targets_give_zero_rows_and_leave
     static const int v0s[3] = {0, 8, 16}, nvs[3] = {8, 8, 16};
     for (int capped = 0; capped < 2; capped++) {
         const float cap = capped ? 5.0f : 0.0f, dloss = 1.0f / 6;
-        rng r = {629 + (uint64_t)capped};
-        float *logits = hrand(&r, MN * MVP, -6, 6);
-        for (int n = 0; n < MN; n++)
-            if (mask_tgt[n] < 0)
-                for (int j = 0; j < MVP; j++) logits[n * MVP + j] = NAN;
-        float *clog = hnewf(MN * MVP);
-        int32_t ctgt[MN];
-        const int k = compact_rows(clog, ctgt, logits, MVP);
-        int32_t *dt = dnew(sizeof mask_tgt), *dct = dnew(sizeof ctgt);
-        put(dt, mask_tgt, sizeof mask_tgt);
-        put(dct, ctgt, (size_t)k * sizeof(int32_t));
+        const masked_rows m = masked_rows_new(629 + (uint64_t)capped);
+        float *logits = m.logits, *clog = m.clog;
+        const int k = m.k;
+        int32_t *dt = m.dt, *dct = m.dct;
         float *mx = dnewf(MN), *tl = dnewf(MN), *loss = dnewf(MN);
         float *cmx = dnewf(MN), *ctl = dnewf(MN), *closs = dnewf(MN);
         double *sm = dnew(MN * sizeof(double)), *csm = dnew(MN * sizeof(double));

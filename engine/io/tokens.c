@@ -127,23 +127,31 @@ static fy_status classify(const char *path, int fd, size_t size, int *tok_nbytes
     return FY_OK;
 }
 
+/* Opens a regular file for reading: its descriptor and size, or -1 with the reason in why
+ * (the descriptor closed). */
+static int open_regular(const char *path, size_t *size, char *why, size_t cap) {
+    struct stat sb;
+    int fd = fy_open_read(path);
+    if (fd < 0 || fstat(fd, &sb) != 0) {
+        snprintf(why, cap, "cannot open: %s", strerror(errno));
+    } else if (!S_ISREG(sb.st_mode)) {
+        snprintf(why, cap, "not a regular file");
+    } else {
+        *size = (size_t)sb.st_size;
+        return fd;
+    }
+    if (fd >= 0) close(fd);
+    return -1;
+}
+
 /* Maps one file and appends it to t. */
 static fy_status load_file(fy_tokens *t, const char *path) {
     char why[256] = "";
     fy_status st = FY_ERR_IO;
     void *map = MAP_FAILED;
     size_t size = 0;
-    struct stat sb;
-    int fd = fy_open_read(path);
-    if (fd < 0 || fstat(fd, &sb) != 0) {
-        snprintf(why, sizeof why, "cannot open: %s", strerror(errno));
-        goto fail;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        snprintf(why, sizeof why, "not a regular file");
-        goto fail;
-    }
-    size = (size_t)sb.st_size;
+    int fd = open_regular(path, &size, why, sizeof why);
+    if (fd < 0) goto fail;
     int tok_nbytes;
     size_t count;
     off_t data_off;
@@ -222,19 +230,11 @@ static char *companion_path(const tok_file *f) {
 static fy_status load_companion(tok_file *f, const char *path, int *packed) {
     char why[256] = "";
     fy_status st = FY_ERR_IO;
-    struct stat sb;
     const size_t want = SHARD_HEADER_NBYTES + 2 * bits_nbytes(f->count);
-    int fd = fy_open_read(path);
-    if (fd < 0 || fstat(fd, &sb) != 0) {
-        snprintf(why, sizeof why, "cannot open: %s", strerror(errno));
-        goto fail;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        snprintf(why, sizeof why, "not a regular file");
-        goto fail;
-    }
+    size_t size = 0;
+    int fd = open_regular(path, &size, why, sizeof why);
+    if (fd < 0) goto fail;
     int32_t hdr[5] = {0};
-    const size_t size = (size_t)sb.st_size;
     ssize_t r = size >= sizeof hdr ? pread(fd, hdr, sizeof hdr, 0) : 0;
     st = FY_ERR_FORMAT;
     if (r < 0) {
