@@ -118,7 +118,8 @@ def parse_args(argv):
     p.add_argument("--tokenizer", required=True, metavar="DIR",
                    help="a Hugging Face model directory holding tokenizer.json (or the file)")
     p.add_argument("--out", required=True, metavar="PREFIX",
-                   help="shards are written to PREFIX_train_NNNNNN.bin (and PREFIX_val_...)")
+                   help="shards are written to PREFIX_train_NNNNNN.bin (and PREFIX_val_...); "
+                        "PREFIX's directory is created when missing")
     p.add_argument("--shard-tokens", type=count_arg, default=100_000_000, metavar="N",
                    help="tokens per shard (default 100M); the last shard holds the rest")
     p.add_argument("--val-fraction", type=fraction_arg, default=0.0, metavar="F",
@@ -352,8 +353,19 @@ def check_inputs(args, tok_path):
                           "give --out another prefix")
 
 
+def make_out_dir(prefix):
+    """The directory of --out PREFIX, created (with its parents) when it is missing."""
+    d = os.path.dirname(prefix)
+    if d and not os.path.isdir(d):
+        try:
+            os.makedirs(d, exist_ok=True)
+        except OSError as e:
+            raise Failure(f"cannot create the directory of --out {prefix}: {e.strerror or e}") from None
+
+
 def run_plain(args, tok, tok_path, wide):
     eos = eos_id(tok, tok_path) if args.append_eos else None
+    make_out_dir(args.out)
     train = ShardWriter(args.out, "train", args.shard_tokens, wide)
     val = ShardWriter(args.out, "val", args.shard_tokens, wide) if args.val_fraction else None
     for path in args.files:
@@ -456,6 +468,7 @@ def run_chat(args, tok, tok_path, wide):
     for split, examples in splits:
         if not examples:
             raise Failure(f"no {split} examples: {len(kept)} of {total} kept, too few for the split")
+    make_out_dir(args.out)  # after the input is read: a bad line leaves nothing behind
     nbins = {}
     for split, examples in splits:
         bins = chat_data.pack(examples, size, pad)

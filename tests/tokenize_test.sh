@@ -157,7 +157,7 @@ bad "bad count" --tokenizer "$DIR/bpe" --out "$DIR/x" --shard-tokens 12x "$DIR/t
 bad "zero count" --tokenizer "$DIR/bpe" --out "$DIR/x" --shard-tokens 0 "$DIR/text.txt"
 bad "bad fraction" --tokenizer "$DIR/bpe" --out "$DIR/x" --val-fraction 1.5 "$DIR/text.txt"
 bad "no files" --tokenizer "$DIR/bpe" --out "$DIR/x"
-bad "unwritable output" --tokenizer "$DIR/bpe" --out "$DIR/no/such/dir/x" "$DIR/text.txt"
+bad "unwritable output" --tokenizer "$DIR/bpe" --out "$DIR/text.txt/sub/x" "$DIR/text.txt"  # a file where its directory would be
 : > "$DIR/blank.txt"
 bad "no tokens" --tokenizer "$DIR/bpe" --out "$DIR/x" "$DIR/blank.txt"
 bad "no eos" --tokenizer "$DIR/wide" --out "$DIR/x" --append-eos "$DIR/words.txt"
@@ -420,6 +420,13 @@ PYEOF
         python3 "$SCRIPT" --tokenizer "$CHAT/llama3" --out "$DIR/x" "$DIR/text.txt" > /dev/null 2>&1 &&
         ! ls "$DIR"/x_val_* > /dev/null 2>&1 || fail "plain: an earlier run's val split is left"
     rm -f "$DIR"/x_*
+    # --out's directory is created when missing (after the input is read: a bad line leaves none)
+    python3 "$SCRIPT" --tokenizer "$CHAT/llama3" --chat --seq 128 --out "$DIR/new/sub/x" "$CHAT/conversations.jsonl" > /dev/null 2>&1 &&
+        [ -e "$DIR/new/sub/x_train_000000.mask" ] || fail "--chat: --out's directory not created"
+    printf 'not json\n' > "$DIR/bad1.jsonl"
+    python3 "$SCRIPT" --tokenizer "$CHAT/llama3" --chat --seq 128 --out "$DIR/none/x" "$DIR/bad1.jsonl" > /dev/null 2>&1
+    [ ! -e "$DIR/none" ] || fail "--chat: a bad input created --out's directory"
+    rm -rf "$DIR/new" "$DIR/bad1.jsonl"
     # a user-only conversation is learnt whole with --loss-on all
     printf '{"messages": [{"role": "user", "content": "only a question"}]}\n' > "$DIR/user.jsonl"
     python3 "$SCRIPT" --tokenizer "$CHAT/llama3" --chat --seq 64 --loss-on all --out "$DIR/x" "$DIR/user.jsonl" > /dev/null 2> "$DIR/err" ||
