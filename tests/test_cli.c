@@ -2346,11 +2346,13 @@ Test(cli, killed_and_resumed_runs_match_a_run_never_stopped, .timeout = 300) {
         cr_assert_lt(launches, 12, "seed %u: the run never finished", seed);
         const char *const *pl = plans[launches % 3];
         int sig = launches == 2 ? SIGTERM : launches < 5 ? SIGKILL : 0;
-        /* the kill lands a random number of steps into what is left, and a random few
+        /* the kill lands a random number of steps into the first half of what is left (the
+         * rest gives the poll time to land it before the run ends: near the end it could
+         * finish first, and fewer than two kills would land), and a random few
          * milliseconds past that step's line: inside a step or inside a save */
         const int have = count_lines(m), left = 60 - have;
-        kill_point kp = {m, have + 1 + (left > 2 ? rand() % (left - 2) : 0), rand() % 3000, 0};
-        if (left <= 1) sig = 0;
+        kill_point kp = {m, have + 1 + (left > 4 ? rand() % (left / 2) : 0), rand() % 3000, 0};
+        if (left <= 4) sig = 0;
         test_run_ferry_when(&r, g_dir, RUN_TIMEOUT_S,
                            (const char *const[]){CKPT_RUN, "--checkpoint-dir", P("ckpt"),
                                                  "--metrics", m, "--save", w, "--resume",
