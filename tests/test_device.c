@@ -500,19 +500,16 @@ Test(kernel_grad, crossentropy_negative_targets_give_zero_rows_and_leave_the_oth
     for (int capped = 0; capped < 2; capped++) {
         const float cap = capped ? 5.0f : 0.0f, dloss = 1.0f / 6;
         const masked_rows m = masked_rows_new(619 + (uint64_t)capped);
-        float *logits = m.logits, *clog = m.clog;
-        const int k = m.k;
-        int32_t *dt = m.dt, *dct = m.dct;
-        float *dl = dputf(logits, MN * MVP), *dcl = dputf(clog, (size_t)k * MVP);
+        float *dl = dputf(m.logits, MN * MVP), *dcl = dputf(m.clog, (size_t)m.k * MVP);
         float *loss = dnewf(MN), *closs = dnewf(MN);
-        fy_k_crossentropy(loss, dl, dt, MN, MV, MVP, dloss, cap, g_s);
-        fy_k_crossentropy(closs, dcl, dct, k, MV, MVP, dloss, cap, g_s);
+        fy_k_crossentropy(loss, dl, m.dt, MN, MV, MVP, dloss, cap, g_s);
+        fy_k_crossentropy(closs, dcl, m.dct, m.k, MV, MVP, dloss, cap, g_s);
         const char *what = capped ? "capped crossentropy" : "crossentropy";
-        expect_masked_rows(what, dgetf(loss, MN), dgetf(dl, MN * MVP), dgetf(closs, k),
-                           dgetf(dcl, (size_t)k * MVP), MVP);
+        expect_masked_rows(what, dgetf(loss, MN), dgetf(dl, MN * MVP), dgetf(closs, m.k),
+                           dgetf(dcl, (size_t)m.k * MVP), MVP);
         /* the forward alone (dloss 0) gives the same losses */
-        float *dl0 = dputf(logits, MN * MVP), *loss0 = dnewf(MN);
-        fy_k_crossentropy(loss0, dl0, dt, MN, MV, MVP, 0.0f, cap, g_s);
+        float *dl0 = dputf(m.logits, MN * MVP), *loss0 = dnewf(MN);
+        fy_k_crossentropy(loss0, dl0, m.dt, MN, MV, MVP, 0.0f, cap, g_s);
         expect_same_bits("losses without the backward", dgetf(loss0, MN), dgetf(loss, MN),
                          MN * sizeof(float));
     }
@@ -526,9 +523,6 @@ Test(kernel_grad, chunked_crossentropy_negative_targets_give_zero_rows_and_leave
     for (int capped = 0; capped < 2; capped++) {
         const float cap = capped ? 5.0f : 0.0f, dloss = 1.0f / 6;
         const masked_rows m = masked_rows_new(629 + (uint64_t)capped);
-        float *logits = m.logits, *clog = m.clog;
-        const int k = m.k;
-        int32_t *dt = m.dt, *dct = m.dct;
         float *mx = dnewf(MN), *tl = dnewf(MN), *loss = dnewf(MN);
         float *cmx = dnewf(MN), *ctl = dnewf(MN), *closs = dnewf(MN);
         double *sm = dnew(MN * sizeof(double)), *csm = dnew(MN * sizeof(double));
@@ -536,22 +530,22 @@ Test(kernel_grad, chunked_crossentropy_negative_targets_give_zero_rows_and_leave
         for (int c = 0; c < 3; c++) {
             float *h = hnewf(MN * nvs[c]), *hc = hnewf(MN * nvs[c]);
             for (int n = 0; n < MN; n++)
-                memcpy(h + n * nvs[c], logits + n * MVP + v0s[c], nvs[c] * sizeof(float));
-            for (int n = 0; n < k; n++)
-                memcpy(hc + n * nvs[c], clog + n * MVP + v0s[c], nvs[c] * sizeof(float));
+                memcpy(h + n * nvs[c], m.logits + n * MVP + v0s[c], nvs[c] * sizeof(float));
+            for (int n = 0; n < m.k; n++)
+                memcpy(hc + n * nvs[c], m.clog + n * MVP + v0s[c], nvs[c] * sizeof(float));
             part[c] = dputf(h, MN * nvs[c]);
-            cpart[c] = dputf(hc, (size_t)k * nvs[c]);
-            fy_k_ce_chunk_fwd(part[c], dt, mx, sm, tl, loss, MN, v0s[c], nvs[c], MV, cap, g_s);
-            fy_k_ce_chunk_fwd(cpart[c], dct, cmx, csm, ctl, closs, k, v0s[c], nvs[c], MV, cap, g_s);
+            cpart[c] = dputf(hc, (size_t)m.k * nvs[c]);
+            fy_k_ce_chunk_fwd(part[c], m.dt, mx, sm, tl, loss, MN, v0s[c], nvs[c], MV, cap, g_s);
+            fy_k_ce_chunk_fwd(cpart[c], m.dct, cmx, csm, ctl, closs, m.k, v0s[c], nvs[c], MV, cap, g_s);
         }
-        const float *hl = dgetf(loss, MN), *hcl = dgetf(closs, k);
+        const float *hl = dgetf(loss, MN), *hcl = dgetf(closs, m.k);
         for (int c = 2; c >= 0; c--) {
-            fy_k_ce_chunk_bwd(part[c], dt, mx, sm, MN, v0s[c], nvs[c], MV, dloss, cap, g_s);
-            fy_k_ce_chunk_bwd(cpart[c], dct, cmx, csm, k, v0s[c], nvs[c], MV, dloss, cap, g_s);
+            fy_k_ce_chunk_bwd(part[c], m.dt, mx, sm, MN, v0s[c], nvs[c], MV, dloss, cap, g_s);
+            fy_k_ce_chunk_bwd(cpart[c], m.dct, cmx, csm, m.k, v0s[c], nvs[c], MV, dloss, cap, g_s);
             char what[64];
             snprintf(what, sizeof what, "%schunk %d", capped ? "capped " : "", c);
             expect_masked_rows(what, hl, dgetf(part[c], MN * nvs[c]), hcl,
-                               dgetf(cpart[c], (size_t)k * nvs[c]), nvs[c]);
+                               dgetf(cpart[c], (size_t)m.k * nvs[c]), nvs[c]);
         }
     }
 }

@@ -57,7 +57,6 @@ typedef struct tok_file {
     const uint8_t *loss, *start; /* its companion's bits (tokens.h), or NULL */
     void *mask_map;      /* the companion's mapping */
     size_t mask_nbytes;
-    char *mask_path;
     uint32_t mask_crc;   /* the companion's record of the file's token bytes' CRC-32 */
 } tok_file;
 
@@ -268,12 +267,7 @@ static fy_status load_companion(tok_file *f, const char *path, int *packed) {
     f->start = f->loss + bits_nbytes(f->count);
     *packed = hdr[3];
     f->mask_crc = (uint32_t)hdr[4];
-    f->mask_path = strdup(path);
     close(fd);
-    if (!f->mask_path) {
-        fy_log_error("%s: out of memory", path);
-        return FY_ERR_NOMEM;
-    }
     return FY_OK;
 fail:
     if (fd >= 0) close(fd);
@@ -383,7 +377,6 @@ void fy_tokens_free(fy_tokens *t) {
         free(t->files[i].path);
         if (t->files[i].map) munmap(t->files[i].map, t->files[i].map_nbytes);
         if (t->files[i].mask_map) munmap(t->files[i].mask_map, t->files[i].mask_nbytes);
-        free(t->files[i].mask_path);
     }
     free(t->files);
     free(t->copy);
@@ -552,9 +545,11 @@ fy_status fy_tokens_check_vocab(const fy_tokens *t, int vocab) {
             file_drop(fl, off, k);
         }
         if (fl->mask_map && (uint32_t)crc != fl->mask_crc) {
+            char *mask = companion_path(fl);
             fy_log_error("%s: its tokens' CRC-32 is %08x where its loss mask %s records %08x: the "
                          "mask is another shard's (tokenize them again)", fl->path, (unsigned)crc,
-                         fl->mask_path, (unsigned)fl->mask_crc);
+                         mask ? mask : "(.mask)", (unsigned)fl->mask_crc);
+            free(mask);
             return FY_ERR_FORMAT;
         }
     }

@@ -60,6 +60,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import check_hf_load as chk  # noqa: E402
+from gen_masked_data import bits  # noqa: E402 (the .mask bit planes, packed as the spec says)
 
 DT = torch.float64
 NAME = "chat_llama3"
@@ -361,15 +362,6 @@ def stream(examples, bins, pad_id):
     assert len(toks) == len(bins) * SEQ + 1
     assert not any(lb and st for lb, st in zip(loss, start))
     return toks, loss, start, pos
-
-
-def bits(flags):
-    """The spec's bit array: bit i in byte i >> 3 at bit i & 7, least significant first."""
-    out = bytearray((len(flags) + 7) // 8)
-    for i, f in enumerate(flags):
-        if f:
-            out[i >> 3] |= 1 << (i & 7)
-    return bytes(out)
 
 
 def sha256(b):

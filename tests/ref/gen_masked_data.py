@@ -69,6 +69,8 @@ def stream(bins):
 
 
 def bits(flags):
+    """A .mask bit plane: bit i in byte i >> 3 at bit i & 7, least significant first (also
+    gen_chat_ref.py's)."""
     out = bytearray((len(flags) + 7) // 8)
     for i, f in enumerate(flags):
         if f:
