@@ -13,8 +13,8 @@
  * copy rates (below the link's nominal rate), compute is an effective ~60% of the
  * datasheet's dense bf16 peak, CPU AdamW is memory-bound at ~28 bytes per parameter.
  * Device memory is what the cuda backend would give a run, as a probe measures it: the
- * card's total as nvidia-smi reports it (H200 143771 MiB, H100 PCIe 81559, A100 40GB
- * 40960, RTX 4090 24564) less ~0.5 GiB for the CUDA context and the backend's 768 MiB
+ * card's total as nvidia-smi reports it (H200 143771 MiB, H100 PCIe 81559, A100 80GB
+ * 81920, A100 40GB 40960, RTX 4090 24564) less ~0.5 GiB for the CUDA context and the backend's 768 MiB
  * workspace reserve (cuda_backend.c). The collectives between the GPUs of a node (a
  * data-parallel job's reduce-scatter and all-gather, as NCCL's bus bandwidth) are
  * estimates from the links: NVLink where the card has it, else PCIe peer copies, at
@@ -39,6 +39,12 @@ static const struct {
      24, 24, 20, 38.7, 512, 190, 1400, 0.6, 5.0, 64,
      20, "PCIe 4.0 x16 peer copies between the node's A100 PCIe cards (32 GB/s nominal one "
      "way; no NVLink bridge assumed)"},
+    {"a100-80gb-pcie4", "NVIDIA A100 80GB PCIe (PCIe 4.0 x16), AMD EPYC host",
+     "NVIDIA A100 datasheet (80GB PCIe: 312 TFLOPS dense bf16, 1935 GB/s HBM2e); PCIe 4.0 x16 "
+     "32 GB/s nominal, ~24 GB/s typical pinned copies; EPYC 7742 8-channel DDR4-3200 ~150 GB/s",
+     24, 24, 20, 78.7, 512, 190, 1740, 0.6, 5.0, 64,
+     20, "PCIe 4.0 x16 peer copies between the node's A100 PCIe cards (32 GB/s nominal one "
+     "way; no NVLink bridge assumed)"},
     {"rtx4090-pcie4", "NVIDIA RTX 4090 24GB (PCIe 4.0 x16), desktop host",
      "NVIDIA Ada datasheet (165 TFLOPS dense bf16 with fp32 accumulate, 1008 GB/s GDDR6X); "
      "PCIe 4.0 x16 ~24 GB/s typical; dual-channel DDR5 ~60 GB/s",
@@ -59,7 +65,9 @@ static const struct {
      "HGX H200 through NVSwitch, H200 NVL through its bridge)"},
 };
 
-const char *fy_profile_names(void) { return "a100-40gb-pcie4, rtx4090-pcie4, h100-80gb-pcie5, h200-141gb"; }
+const char *fy_profile_names(void) {
+    return "a100-40gb-pcie4, a100-80gb-pcie4, rtx4090-pcie4, h100-80gb-pcie5, h200-141gb";
+}
 
 fy_status fy_profile_named(const char *name, fy_profile *out) {
     for (size_t i = 0; i < sizeof named / sizeof named[0]; i++) {
@@ -93,6 +101,22 @@ fy_status fy_profile_named(const char *name, fy_profile *out) {
     }
     fy_log_error("unknown profile '%s' (a file, or one of: %s)", name, fy_profile_names());
     return FY_ERR_INVALID;
+}
+
+void fy_profile_slow(fy_profile *p, double s) {
+    if (!(s > 1.0)) return;
+    for (int k = 0; k < FY_T_COUNT; k++) {
+        if (fy_task_kind_lane((fy_task_kind)k) != FY_LANE_COMPUTE) continue;
+        for (int c = 0; c < FY_BLOCK_KINDS; c++) {
+            p->block_a[k][c] *= s;
+            p->block_b[k][c] *= s;
+        }
+    }
+    p->compute_tflops /= s;
+    p->device_mem_gbps /= s;
+    char was[sizeof p->name];
+    snprintf(was, sizeof was, "%s", p->name);
+    snprintf(p->name, sizeof p->name, "%.40s, %gx slower", was, s);
 }
 
 double fy_profile_adam_gparams(const fy_profile *p, int threads) {

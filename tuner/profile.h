@@ -60,7 +60,8 @@ typedef struct fy_profile {
     double block_a[FY_T_COUNT][FY_BLOCK_KINDS], block_b[FY_T_COUNT][FY_BLOCK_KINDS];
 } fy_profile;
 
-/* Named profiles: "a100-40gb-pcie4", "rtx4090-pcie4", "h100-80gb-pcie5", "h200-141gb".
+/* Named profiles: "a100-40gb-pcie4", "a100-80gb-pcie4", "rtx4090-pcie4", "h100-80gb-pcie5",
+ * "h200-141gb".
  * FY_ERR_INVALID (logged, listing the names) if unknown. */
 fy_status fy_profile_named(const char *name, fy_profile *out);
 const char *fy_profile_names(void);
@@ -69,6 +70,11 @@ fy_status fy_profile_save(const char *path, const fy_profile *p);
 fy_status fy_profile_load(const char *path, fy_profile *out);
 /* A profile from a file path or a name. */
 fy_status fy_profile_open(const char *path_or_name, fy_profile *out);
+
+/* The profile of the same machine with its device's work s times slower (the cpu
+ * backend's --sim-slowdown: every compute-lane task, measured or analytic; transfers,
+ * collectives and CPU AdamW as they were). s <= 1 leaves it as it is. */
+void fy_profile_slow(fy_profile *p, double s);
 
 /* CPU AdamW throughput with t threads (nearest measured count at or below t). */
 double fy_profile_adam_gparams(const fy_profile *p, int threads);

@@ -376,7 +376,7 @@ static fy_status frontier(const fy_tune_cfg *cfg, bool any, fy_layout *lay, cand
     for (int pass = 0; pass < 2; pass++)
         for (int micro = 1; micro <= cfg->batch; micro++) {
             const bool ends = micro == 1 || micro == cfg->batch;
-            if (cfg->batch % micro || ends != (pass == 0)) continue;
+            if (cfg->batch % micro || ends != (pass == 0) || (cfg->micro && micro != cfg->micro)) continue;
             FY_TRY(frontier_micro(cfg, micro, any, lay, out));
             if (any && out->n) return FY_OK;
         }
@@ -439,11 +439,11 @@ static fy_status no_plan_fits(const fy_tune_cfg *cfg, fy_layout *lay) {
     fy_mem_model mm;
     size_t host_floor = SIZE_MAX, host_fit = SIZE_MAX;
     for (int micro = 1; micro <= cfg->batch; micro++) {
-        if (cfg->batch % micro) continue;
+        if (cfg->batch % micro || (cfg->micro && micro != cfg->micro)) continue;
         FY_TRY(point_mem(cfg, &(cand){micro, 0, 0, 0, 0, 0, 0}, lay, &mm));
         if (mm.host_total < host_floor) host_floor = mm.host_total;
     }
-    FY_TRY(point_mem(cfg, &(cand){1, L, L, L, 0, 0, 0}, lay, &mm));
+    FY_TRY(point_mem(cfg, &(cand){cfg->micro ? cfg->micro : 1, L, L, L, 0, 0, 0}, lay, &mm));
     const size_t dev_floor = mm.device_total;
     if (cfg->host_budget && host_floor > cfg->host_budget) {
         fy_log_error("no plan fits the host budget: the smallest needs %s of host memory, the "
@@ -458,7 +458,7 @@ static fy_status no_plan_fits(const fy_tune_cfg *cfg, fy_layout *lay) {
         return FY_ERR_INVALID;
     }
     for (int micro = 1; micro <= cfg->batch; micro++) {
-        if (cfg->batch % micro) continue;
+        if (cfg->batch % micro || (cfg->micro && micro != cfg->micro)) continue;
         for (int k3 = 0; k3 <= L; k3++)
             for (int k2 = 0; k2 <= L; k2++) {
                 FY_TRY(point_mem(cfg, &(cand){micro, L, k2, k3, 0, 0, 0}, lay, &mm));

@@ -48,6 +48,8 @@ void fy_tune_costs(const fy_profile *p, const fy_layout *L, int adam_threads, fy
 typedef struct fy_tune_cfg {
     const fy_model *model;
     int batch;             /* tokens per step = batch * seq (micro-batch * accumulation) */
+    int micro;             /* the micro-batch size, fixed (it divides batch); 0: searched,
+                              every divisor of batch */
     int seq;
     size_t device_budget;  /* bytes */
     size_t host_budget;    /* bytes; 0 = no limit */
