@@ -8,8 +8,10 @@
 #include "engine/core/status.h"
 #include "engine/core/util.h"
 
-typedef enum { T_INT, T_FLOAT, T_STR, T_SIZE, T_BOOL, T_OPTSTR } opt_type; /* T_OPTSTR: a
-    string that may be left out ("" then): --resume, --resume PATH, --resume=PATH */
+typedef enum { T_INT, T_FLOAT, T_STR, T_SIZE, T_BOOL, T_OPTSTR, T_SIZES } opt_type; /* T_OPTSTR:
+    a string that may be left out ("" then): --resume, --resume PATH, --resume=PATH;
+    T_SIZES: a size, or a job's sizes one per rank (S0,S1,...): the first into the field,
+    the whole list into fy_opts.gpu_mem_list (--gpu-mem is the one such option) */
 typedef enum { R_ANY, R_POS, R_NONNEG, R_UNIT, R_RATIO } opt_range; /* R_UNIT: [0, 1), R_RATIO: [0, 1] */
 
 typedef struct opt {
@@ -41,8 +43,9 @@ static const opt table[] = {
     {"matmul", T_STR, O(matmul), TR | EV | PR, "auto", R_ANY, "auto|fp32|tf32|bf16", "MATH",
      "cuda: fp32 GEMMs on bf16 or tf32 tensor cores (fp32 accumulation) or exact fp32; "
      "auto = bf16 on cuda (the cpu backend is fp32 only)", 0},
-    {"gpu-mem", T_SIZE, O(gpu_mem), TR | EV | PR | TU | SW, "0", R_NONNEG, NULL, "SIZE",
-     "device memory budget, e.g. 512MiB, 16GiB (0 = all of it)", 0},
+    {"gpu-mem", T_SIZES, O(gpu_mem), TR | EV | PR | TU | SW, "0", R_NONNEG, NULL, "SIZE",
+     "device memory budget, e.g. 512MiB, 16GiB (0 = all of it); a job's (train under "
+     "mpirun, tune --ranks) may give one per rank: 24GiB,80GiB", 0},
     {"sim-pcie-gbps", T_FLOAT, O(sim_pcie_gbps), TR | EV | PR | TU | SW, "0", R_NONNEG, NULL, "X",
      "cpu backend: throttle host<->device copies to X GB/s (0 = off)", 0},
     {"sim-slowdown", T_STR, O(sim_slowdown), TR, NULL, R_ANY, NULL, "S0,S1,...",
@@ -134,7 +137,9 @@ static const opt table[] = {
      "after training, simulate every schedule with the task times measured in this run", 0},
     {"profile", T_STR, O(profile), TU | TR | SW, NULL, R_ANY, NULL, "FILE|NAME",
      "machine profile for tuning: a file from ferry probe, or a named one (a100-40gb-pcie4, "
-     "rtx4090-pcie4, h100-80gb-pcie5, h200-141gb); default: this machine's cached probe", 0},
+     "a100-80gb-pcie4, rtx4090-pcie4, h100-80gb-pcie5, h200-141gb); a job's ranks may each "
+     "have one: P0,P1,... (tune: a job of that many ranks); default: this machine's cached "
+     "probe", 0},
     {"host-mem", T_SIZE, O(host_mem), TU | TR | SW, "0", R_NONNEG, NULL, "SIZE",
      "host memory budget: binds training and tuning (0 = no limit)", 0},
     {"pinned-mem", T_SIZE, O(pinned_mem), TR | EV, "0", R_NONNEG, NULL, "SIZE",
@@ -260,6 +265,27 @@ static int set_value(fy_opts *o, const opt *op, const char *v, bool from_user) {
         *(size_t *)base = x;
         return 0;
     }
+    case T_SIZES: {
+        size_t first = 0;
+        for (const char *p = v;;) {
+            const char *comma = strchr(p, ',');
+            const size_t len = comma ? (size_t)(comma - p) : strlen(p);
+            char item[64];
+            size_t x;
+            snprintf(item, sizeof item, "%.*s", (int)(len < sizeof item ? len : sizeof item - 1), p);
+            if (len == 0 || len >= sizeof item || fy_parse_size(item, &x)) {
+                fy_log_error("--%s: '%s' is not a size (examples: 512MiB, 16GiB, 1.5GB; a job's, one "
+                             "per rank: 8GiB,2GiB)", op->name, len ? item : v);
+                return -1;
+            }
+            if (p == v) first = x;
+            if (!comma) break;
+            p = comma + 1;
+        }
+        *(size_t *)base = first;
+        o->gpu_mem_list = strchr(v, ',') ? v : NULL;
+        return 0;
+    }
     }
     (void)from_user;
     return -1;
@@ -308,6 +334,14 @@ int fy_opts_parse(fy_opts *o, unsigned cmd, int argc, char **argv, int first) {
         }
         if (set_value(o, &table[k], val, true)) return -1;
         o->set_mask[k / 32] |= 1u << (k % 32);
+    }
+    /* a value per rank is a job's: train under a launcher, tune of several ranks */
+    const char *listed = o->gpu_mem_list && !(cmd & (FY_CMD_TRAIN | FY_CMD_TUNE)) ? "gpu-mem"
+                       : o->profile && strchr(o->profile, ',') && cmd == FY_CMD_SWEEP ? "profile" : NULL;
+    if (listed) {
+        fy_log_error("--%s: one value per rank is a job's (train under mpirun, or tune); this "
+                     "command takes one", listed);
+        return -1;
     }
     return 0;
 }
@@ -387,6 +421,33 @@ const char *fy_opts_str(const fy_opts *o, const char *name) {
 bool fy_opts_takes(unsigned cmd, const char *name) {
     const opt *op = find(name);
     return op && (op->cmds & cmd);
+}
+
+int fy_opts_list_count(const char *value) {
+    int n = 1;
+    for (const char *p = value; (p = strchr(p, ',')); p++) n++;
+    return n;
+}
+
+fy_status fy_opts_rank_item(const char *flag, const char *value, int world, int rank, char *out,
+                            size_t cap) {
+    const int n = fy_opts_list_count(value);
+    if (n != 1 && n != world) {
+        fy_log_error("--%s: '%s' gives %d values; give one (every rank's) or one per rank (%d)",
+                     flag, value, n, world);
+        return FY_ERR_USAGE;
+    }
+    const char *p = value;
+    for (int i = 0; n > 1 && i < rank; i++) p = strchr(p, ',') + 1;
+    const char *comma = strchr(p, ',');
+    const size_t len = comma ? (size_t)(comma - p) : strlen(p);
+    if (len == 0 || len >= cap) {
+        fy_log_error("--%s: '%s': rank %d's value is %s", flag, value, rank, len ? "too long" : "empty");
+        return FY_ERR_USAGE;
+    }
+    memcpy(out, p, len);
+    out[len] = '\0';
+    return FY_OK;
 }
 
 int fy_opts_count(void) { return NOPTS; }

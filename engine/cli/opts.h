@@ -26,7 +26,8 @@ typedef struct fy_opts {
     const char *device;
     const char *matmul;
     const char *dtype;
-    size_t gpu_mem;
+    size_t gpu_mem;            /* this process's (train in a job: its rank's entry) */
+    const char *gpu_mem_list;  /* --gpu-mem S0,S1,...: a job's, one per rank; NULL: one value */
     double sim_pcie_gbps;
     const char *sim_slowdown;  /* per rank, comma-separated */
     int64_t threads;
@@ -103,6 +104,13 @@ void fy_opts_help(unsigned cmd, const char *usage);
 const char *fy_opts_str(const fy_opts *o, const char *name);
 /* Whether command cmd (FY_CMD_*) takes option `name`. */
 bool fy_opts_takes(unsigned cmd, const char *name);
+/* A per-rank flag's value (--gpu-mem, --profile): how many comma-separated values it
+ * gives, and rank `rank`'s of a job of `world` (the one value when it gives one, else
+ * its rank-th), into out; one error line naming the flag when it gives neither one nor
+ * world values, or rank's is empty or longer than cap - 1. */
+int fy_opts_list_count(const char *value);
+fy_status fy_opts_rank_item(const char *flag, const char *value, int world, int rank, char *out,
+                            size_t cap);
 /* The table, for tests: how many options, and option i's name, metavar (NULL for a switch)
  * and the commands that take it. */
 int fy_opts_count(void);

@@ -16,6 +16,7 @@
 
 #include "engine/checkpoint.h"
 #include "engine/device/kernels.h"
+#include "engine/cli/job_cmd.h"
 #include "engine/cli/tune_cmd.h"
 #include "engine/core/util.h"
 #include "engine/train.h"
@@ -135,7 +136,7 @@ static fy_status resolve_model(const fy_opts *o, bool model_given, fy_weights **
 /* The placement plan: a file, the tuner's (--plan auto), or the shorthands over the
  * all-resident plan. */
 static fy_status resolve_plan(const fy_opts *o, const fy_model *m, fy_dev_kind kind,
-                              fy_comm *comm, fy_plan *plan) {
+                              fy_comm *comm, const double *slowdown, fy_plan *plan) {
     bool shorthands = fy_opts_given(o, "offload-params") || fy_opts_given(o, "offload-optim") ||
                       fy_opts_given(o, "ckpt-layers") || fy_opts_given(o, "speculate");
     if (o->profile && !(o->plan && !strcmp(o->plan, "auto"))) {
@@ -149,7 +150,12 @@ static fy_status resolve_plan(const fy_opts *o, const fy_model *m, fy_dev_kind k
                          "--speculate or --ckpt-layers");
             return FY_ERR_USAGE;
         }
-        FY_TRY(fy_tune_auto_plan(o, m, comm, plan));
+        if (fy_comm_size(comm) > 1) { /* each rank its own, and with auto its share */
+            FY_TRY(fy_plan_new(m, (int)o->batch, (int)o->grad_accum, plan));
+            FY_TRY(fy_job_plans(o, m, comm, slowdown, true, !strcmp(o->batch_shares, "auto"), plan));
+        } else {
+            FY_TRY(fy_tune_auto_plan(o, m, plan));
+        }
     } else if (o->plan) {
         if (shorthands) {
             fy_log_error("--plan cannot be combined with --offload-params, --offload-optim, "
@@ -263,115 +269,69 @@ static fy_status per_rank_list(const char *flag, const char *s, int n, double lo
     return FY_OK;
 }
 
-/* The rank's speed for --batch-shares auto: a fixed GEMM workload timed on its device
- * (with --sim-slowdown's slowdown), as micro-batches of work per second would rank it. */
-static fy_status measure_speed(const fy_dev_cfg *dc, double *out) {
-    fy_dev *dev = NULL;
-    fy_stream *s = NULL;
-    float *a = NULL, *b = NULL, *c = NULL;
-    const int n = 256, reps = 12;
-    fy_status st = fy_dev_new(dc, &dev);
-    if (st == FY_OK) st = fy_stream_new(dev, "speed", &s);
-    if (st == FY_OK) st = fy_dev_alloc(dev, FY_MEM_DEVICE, (size_t)n * n * 4, "speed", (void **)&a);
-    if (st == FY_OK) st = fy_dev_alloc(dev, FY_MEM_DEVICE, (size_t)n * n * 4, "speed", (void **)&b);
-    if (st == FY_OK) st = fy_dev_alloc(dev, FY_MEM_DEVICE, (size_t)n * n * 4, "speed", (void **)&c);
-    if (st == FY_OK) {
-        fy_memset_async(s, a, 0, (size_t)n * n * 4);
-        fy_memset_async(s, b, 0, (size_t)n * n * 4);
-        fy_k_matmul_fwd(c, a, b, NULL, n, n, n, s); /* warm */
-        fy_stream_sync(s);
-        /* the best of 5 rounds of at least 40 ms: what another process on the machine
-         * takes from a round is not this device's speed */
-        double best = 0.0;
-        for (int round = 0; round < 5; round++) {
-            const double t0 = fy_now_ms();
-            int done = 0;
-            do {
-                for (int i = 0; i < reps; i++) fy_k_matmul_fwd(c, a, b, NULL, n, n, n, s);
-                fy_stream_sync(s);
-                done += reps;
-            } while (fy_now_ms() - t0 < 40.0);
-            const double ms = fy_now_ms() - t0, v = done / (ms > 1e-3 ? ms : 1e-3);
-            if (v > best) best = v;
+/* --batch-shares n0,n1,...: this rank's micro-batches a step (the plan's grad_accum
+ * becomes its count). equal: --grad-accum each; auto: by the job's predictions
+ * (fy_job_plans), with --plan auto the search's. */
+static fy_status batch_shares(const fy_opts *o, const fy_model *m, fy_comm *comm,
+                              const double *slowdown, fy_plan *plan) {
+    const int world = fy_comm_size(comm), rank = fy_comm_rank(comm);
+    if (!strcmp(o->batch_shares, "equal") || world == 1) return FY_OK;
+    if (!strcmp(o->batch_shares, "auto"))
+        return o->plan && !strcmp(o->plan, "auto") ? FY_OK /* the search shared them */
+                                                   : fy_job_plans(o, m, comm, slowdown, false, true, plan);
+    double *w = calloc((size_t)world, sizeof *w);
+    if (!w) return FY_ERR_NOMEM;
+    fy_status st = per_rank_list("batch-shares", o->batch_shares, world, 1, FY_PLAN_MAX_ACCUM, w);
+    for (int r = 0; r < world && st == FY_OK; r++)
+        if (w[r] != (double)(int64_t)w[r]) {
+            fy_log_error("--batch-shares: %g is not a whole number of micro-batches", w[r]);
+            st = FY_ERR_USAGE;
         }
-        *out = best;
+    if (st == FY_OK && rank == 0 && !o->quiet) {
+        printf("shares  micro-batches of %d x %lld by rank:", plan->micro_batch, (long long)o->seq);
+        for (int r = 0; r < world; r++) printf(" %lld", (long long)w[r]);
+        printf("\n");
     }
-    if (a) fy_dev_release(dev, a);
-    if (b) fy_dev_release(dev, b);
-    if (c) fy_dev_release(dev, c);
-    fy_stream_free(s);
-    fy_dev_free(dev);
+    if (st == FY_OK) plan->grad_accum = (int)w[rank];
+    free(w);
     return st;
 }
 
-/* --batch-shares: this rank's micro-batches a step and where they start among the step's
- * (tc->micro_first, tc->micro_total; the plan's grad_accum becomes this rank's count).
- * equal: --grad-accum each (nothing to set); n0,n1,...: as given; auto: the total of
- * equal shares, in proportion to each rank's speed (1/--sim-slowdown when given, else
- * measured), at least one each, by largest remainders. */
-static fy_status batch_shares(const fy_opts *o, fy_comm *comm, const double *slowdown,
-                              fy_train_cfg *tc, fy_plan *plan) {
+/* Where this rank's micro-batches sit among the job's each step (tc->micro_first,
+ * micro_total), from every rank's count; refused, with one error line from rank 0, when
+ * the ranks' micro-batches are not one size (then no one process accumulating them is
+ * the same computation) or their sequences differ. */
+static fy_status place_micro_batches(fy_comm *comm, const fy_plan *plan, int seq, fy_train_cfg *tc) {
     const int world = fy_comm_size(comm), rank = fy_comm_rank(comm);
-    if (!strcmp(o->batch_shares, "equal") || world == 1) return FY_OK;
-    double *w = calloc((size_t)world, sizeof *w);
-    int64_t *n = calloc((size_t)world, sizeof *n);
-    if (!w || !n) { free(w); free(n); return FY_ERR_NOMEM; }
-    fy_status st = FY_OK;
-    int64_t total = 0;
-    if (strcmp(o->batch_shares, "auto")) { /* explicit counts */
-        st = per_rank_list("batch-shares", o->batch_shares, world, 1, FY_PLAN_MAX_ACCUM, w);
-        for (int r = 0; r < world && st == FY_OK; r++) {
-            if (w[r] != (double)(int64_t)w[r]) {
-                fy_log_error("--batch-shares: %g is not a whole number of micro-batches", w[r]);
-                st = FY_ERR_USAGE;
-            }
-            n[r] = (int64_t)w[r];
-            total += n[r];
-        }
-    } else {
-        total = (int64_t)world * plan->grad_accum;
-        double mine = 0.0;
-        if (slowdown) mine = 1.0 / slowdown[rank];
-        else st = measure_speed(&tc->dev, &mine);
-        w[rank] = mine;
-        if (st == FY_OK) st = fy_comm_sum(comm, w, (size_t)world, FY_COMM_F64); /* every rank's */
-        double sum = 0.0;
-        for (int r = 0; r < world; r++) sum += w[r];
-        int64_t given = 0;
-        for (int r = 0; r < world && st == FY_OK; r++) {
-            n[r] = (int64_t)((double)total * w[r] / sum);
-            if (n[r] < 1) n[r] = 1;
-            given += n[r];
-        }
-        while (st == FY_OK && given != total) { /* the largest remainder gets one more (or
-                                                   the largest count one fewer) */
-            int best = -1;
-            double bestv = 0.0;
-            for (int r = 0; r < world; r++) {
-                const double rem = (double)total * w[r] / sum - (double)n[r];
-                const double v = given < total ? rem : (n[r] > 1 ? -rem : -1e300);
-                if (best < 0 || v > bestv) { best = r; bestv = v; }
-            }
-            n[best] += given < total ? 1 : -1;
-            given += given < total ? 1 : -1;
-        }
+    if (world == 1) return FY_OK;
+    int32_t *v = calloc((size_t)world * 3, sizeof *v);
+    size_t *off = calloc((size_t)world + 1, sizeof *off);
+    fy_status st = fy_comm_agree(comm, v && off ? FY_OK : FY_ERR_NOMEM);
+    for (int r = 0; st == FY_OK && r <= world; r++) off[r] = (size_t)r * 3 * sizeof *v;
+    if (st == FY_OK) {
+        v[3 * rank] = plan->micro_batch;
+        v[3 * rank + 1] = plan->grad_accum;
+        v[3 * rank + 2] = seq;
+        st = fy_comm_allgather(comm, v, off, 1);
     }
-    if (st == FY_OK && rank == 0 && !o->quiet) {
-        printf("shares  micro-batches of %lld x %lld by rank:", (long long)o->batch, (long long)o->seq);
-        for (int r = 0; r < world; r++) printf(" %lld", (long long)n[r]);
-        if (!strcmp(o->batch_shares, "auto"))
-            for (int r = 0; r < world; r++) printf("%s%.3g", r ? " " : " (auto, relative speeds ", w[r] / w[0]);
-        printf("%s\n", !strcmp(o->batch_shares, "auto") ? ")" : "");
+    int64_t first = 0, total = 0;
+    for (int r = 0; st == FY_OK && r < world; r++) {
+        if (v[3 * r] != v[0] || v[3 * r + 2] != v[2]) {
+            if (rank == 0)
+                fy_log_error("the ranks' micro-batches differ: rank 0's are %d x %d tokens, rank "
+                             "%d's %d x %d (a job's micro-batches are one size: give every rank "
+                             "the same --batch and --seq)", v[0], v[2], r, v[3 * r], v[3 * r + 2]);
+            st = FY_ERR_USAGE;
+        }
+        if (r < rank) first += v[3 * r + 1];
+        total += v[3 * r + 1];
     }
     if (st == FY_OK) {
-        int64_t first = 0;
-        for (int r = 0; r < rank; r++) first += n[r];
         tc->micro_first = (int)first;
         tc->micro_total = (int)total;
-        plan->grad_accum = (int)n[rank];
     }
-    free(w);
-    free(n);
+    free(v);
+    free(off);
     return st;
 }
 
@@ -499,7 +459,25 @@ static fy_status rank_memory(const fy_model *m, const fy_plan *plan, int seq, in
     return FY_OK;
 }
 
-int fy_train_main(const fy_opts *o) {
+/* This rank's --gpu-mem from a list of one per rank (rank 0 says what is wrong with it). */
+static fy_status rank_gpu_mem(fy_comm *comm, fy_opts *o) {
+    if (!o->gpu_mem_list) return FY_OK;
+    const int world = fy_comm_size(comm), rank = fy_comm_rank(comm);
+    const int n = fy_opts_list_count(o->gpu_mem_list);
+    char item[64];
+    if (n != world && rank != 0) return FY_ERR_USAGE;
+    if (n != world) {
+        fy_log_error("--gpu-mem: '%s' gives %d budgets for %d rank%s (one per rank, or one for "
+                     "every rank)", o->gpu_mem_list, n, world, world == 1 ? " (a process alone)" : "s");
+        return FY_ERR_USAGE;
+    }
+    FY_TRY(fy_opts_rank_item("gpu-mem", o->gpu_mem_list, world, rank, item, sizeof item));
+    return fy_parse_size(item, &o->gpu_mem) ? FY_ERR_USAGE : FY_OK; /* the parser checked it */
+}
+
+int fy_train_main(const fy_opts *given) {
+    fy_opts own = *given; /* with this rank's entries of the per-rank flags */
+    const fy_opts *o = &own;
     if (o->quiet) fy_log_set_level(FY_LOG_WARN);
     /* a launcher's job (mpirun, srun): every line names the rank; rank 0 alone prints the
      * run and writes outputs; a rank that fails ends the job */
@@ -523,7 +501,8 @@ int fy_train_main(const fy_opts *o) {
     fy_model *m = NULL;
     fy_plan plan = {0};
     fy_train_cfg tc = {0};
-    st = check_tokens(o->batch, o->seq, "--batch");
+    st = rank_gpu_mem(comm, &own);
+    if (st == FY_OK) st = check_tokens(o->batch, o->seq, "--batch");
     /* test hooks (tests/test_dp.c): a rank that fails at once, or stalls */
     int64_t fail = -1, stall = -1;
     if (getenv("FERRY_TEST_FAIL_RANK") && fy_parse_i64(getenv("FERRY_TEST_FAIL_RANK"), &fail)) fail = -1;
@@ -557,10 +536,11 @@ int fy_train_main(const fy_opts *o) {
             tc.dev.sim_slowdown = slowdown[g_rank];
         }
     }
-    if (st == FY_OK) st = resolve_plan(o, m, tc.dev.kind, comm, &plan);
+    if (st == FY_OK) st = resolve_plan(o, m, tc.dev.kind, comm, slowdown, &plan);
     if (st == FY_OK && world == 1 && strcmp(o->batch_shares, "equal"))
         fy_log_warn("--batch-shares: one process takes every micro-batch (--grad-accum)");
-    if (st == FY_OK && !o->dry_run) st = batch_shares(o, comm, slowdown, &tc, &plan);
+    if (st == FY_OK) st = batch_shares(o, m, comm, slowdown, &plan);
+    if (st == FY_OK) st = place_micro_batches(comm, &plan, (int)o->seq, &tc);
     free(slowdown);
     fy_mem_model mm = {0};
     if (st == FY_OK) st = check_heads(m, tc.dev.kind, plan.dtype == FY_BF16 ? FY_BF16 : FY_F32);

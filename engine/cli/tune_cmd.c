@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "engine/cli/job_cmd.h"
 #include "engine/core/util.h"
 #include "tuner/probe.h"
 #include "tuner/tune.h"
@@ -29,7 +30,10 @@ fy_status fy_opts_model(const fy_opts *o, fy_model **out) {
     return st;
 }
 
-fy_status fy_tune_cache_path(char *buf, size_t cap) {
+/* The cache of the machine's device `slot`: 0 (the cpu backend, or GPU 0) is
+ * profile-<host>.json, GPU k profile-<host>-gpu<k>.json (unlike GPUs of one node each
+ * keep their own). */
+static fy_status slot_cache_path(int slot, char *buf, size_t cap) {
     const char *base = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
     char dir[3072];
     if (base && *base) snprintf(dir, sizeof dir, "%s/ferry", base);
@@ -37,14 +41,18 @@ fy_status fy_tune_cache_path(char *buf, size_t cap) {
     else snprintf(dir, sizeof dir, "/tmp/ferry-cache");
     char host[256] = "host";
     gethostname(host, sizeof host - 1);
-    if ((size_t)snprintf(buf, cap, "%s/profile-%s.json", dir, host) < cap) return FY_OK;
+    char gpu[32] = "";
+    if (slot > 0) snprintf(gpu, sizeof gpu, "-gpu%d", slot);
+    if ((size_t)snprintf(buf, cap, "%s/profile-%s%s.json", dir, host, gpu) < cap) return FY_OK;
     fy_log_error("the profile cache's path is too long (XDG_CACHE_HOME or HOME)");
     return FY_ERR_INVALID;
 }
 
-/* The cache's path, its directories created. */
-static fy_status cache_path(char *buf, size_t cap) {
-    FY_TRY(fy_tune_cache_path(buf, cap));
+fy_status fy_tune_cache_path(char *buf, size_t cap) { return slot_cache_path(0, buf, cap); }
+
+/* The cache's path for device `slot`, its directories created. */
+static fy_status cache_path(int slot, char *buf, size_t cap) {
+    FY_TRY(slot_cache_path(slot, buf, cap));
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", buf);
     *strrchr(dir, '/') = 0;
@@ -119,7 +127,7 @@ int fy_probe_main(const fy_opts *o) {
     fy_status st = lead ? fy_opts_check_paths(o, FY_CMD_PROBE) : FY_OK;
     if (st == FY_OK) st = fy_opts_model(o, &m);
     if (st == FY_OK && o->out) snprintf(path, sizeof path, "%s", o->out);
-    else if (st == FY_OK && lead) st = cache_path(path, sizeof path);
+    else if (st == FY_OK && lead) st = cache_path(0, path, sizeof path);
     if (st == FY_OK && lead) st = fy_check_output(path, "--out", false);
     if (st == FY_ERR_USAGE) rc = 2;
     if (fy_comm_agree(comm, st) != FY_OK) goto done; /* the failing rank said why */
@@ -137,15 +145,15 @@ done:
     return rc;
 }
 
-/* The profile without probing: --profile (file or name), else the cache if it measured
- * this model and sequence length (and, for a job of `ranks`, the collectives of that
- * many); *found false: none. */
-static fy_status known_profile(const fy_opts *o, const fy_model *m, int ranks, fy_profile *p,
-                               bool *found) {
+/* The profile without probing: --profile (file or name), else device slot's cache if it
+ * measured this model and sequence length (and, for a job of `ranks`, the collectives of
+ * that many); *found false: none. */
+static fy_status known_profile(const fy_opts *o, const fy_model *m, int ranks, int slot,
+                               fy_profile *p, bool *found) {
     *found = true;
     if (o->profile) return fy_profile_open(o->profile, p);
     char path[4096], sig[FY_MODEL_SIGNATURE_MAX];
-    FY_TRY(cache_path(path, sizeof path));
+    FY_TRY(cache_path(slot, path, sizeof path));
     fy_model_signature(m, sig, sizeof sig);
     /* a cache that does not load is probed again, with a note, not an error */
     bool loaded = false;
@@ -164,12 +172,20 @@ static fy_status known_profile(const fy_opts *o, const fy_model *m, int ranks, f
     return FY_OK;
 }
 
-/* A probe now (every rank of a job), cached by rank 0. */
+/* This process's device slot of the machine's cache: its GPU (the local rank's in a
+ * job), 0 on the cpu backend. */
+static int device_slot(const fy_opts *o, fy_comm *comm) {
+    return comm && fy_comm_size(comm) > 1 && fy_opts_dev_kind(o) == FY_DEV_CUDA ? fy_comm_local_rank(comm) : 0;
+}
+
+/* A probe now (every rank of a job), cached: each GPU's by its rank, the cpu backend's
+ * (every rank of a node alike) by the node's first. */
 static fy_status probe_and_cache(const fy_opts *o, const fy_model *m, fy_comm *comm, fy_profile *p) {
     FY_TRY(probe(o, m, comm, p));
-    if (comm && fy_comm_rank(comm) != 0) return FY_OK;
+    const int slot = device_slot(o, comm);
+    if (comm && slot == 0 && fy_comm_local_rank(comm) != 0) return FY_OK;
     char path[4096];
-    FY_TRY(cache_path(path, sizeof path));
+    FY_TRY(cache_path(slot, path, sizeof path));
     fy_status st = fy_profile_save(path, p);
     if (st == FY_OK && !o->quiet) fy_log_info("profile cached in %s", path);
     return st;
@@ -177,7 +193,7 @@ static fy_status probe_and_cache(const fy_opts *o, const fy_model *m, fy_comm *c
 
 fy_status fy_tune_auto_profile(const fy_opts *o, const fy_model *m, fy_profile *p) {
     bool found;
-    FY_TRY(known_profile(o, m, (int)o->ranks, p, &found));
+    FY_TRY(known_profile(o, m, (int)o->ranks, 0, p, &found));
     if (!found && o->ranks > 1) { /* a probe of this process alone measures no collectives */
         fy_log_error("--ranks %lld needs a profile with the collectives of %lld ranks: probe under "
                      "the launcher (mpirun -np %lld ferry probe ...) or give --profile (a file or "
@@ -188,11 +204,9 @@ fy_status fy_tune_auto_profile(const fy_opts *o, const fy_model *m, fy_profile *
     return found ? FY_OK : probe_and_cache(o, m, NULL, p);
 }
 
-/* The device budget is --gpu-mem, else the profile's device memory (what the backend
- * gives a run: the card less the context and the backend's workspace). */
-static fy_tune_cfg tune_cfg(const fy_opts *o, const fy_model *m, const fy_profile *p) {
+fy_tune_cfg fy_tune_cfg_of(const fy_opts *o, const fy_model *m, const fy_profile *p) {
     size_t budget = o->gpu_mem ? o->gpu_mem : (size_t)(p->device_mem_gib * 1073741824.0);
-    return (fy_tune_cfg){.model = m, .batch = (int)o->batch, .seq = (int)o->seq,
+    return (fy_tune_cfg){.model = m, .batch = (int)(o->batch * o->grad_accum), .seq = (int)o->seq,
                          .device_budget = budget, .host_budget = o->host_mem,
                          .dtype = fy_opts_dtype(o, fy_opts_dev_kind(o)),
                          .adam_threads = o->adam_threads > 0 ? (int)o->adam_threads
@@ -258,7 +272,7 @@ static void on_progress(void *ctx, int done, int total, double best_ms) {
  * everything). */
 static fy_status search(const fy_opts *o, const fy_model *m, const fy_profile *p, int ranks,
                         bool here, fy_tune_result *top, int ntop, int *nfound) {
-    fy_tune_cfg tc = tune_cfg(o, m, p);
+    fy_tune_cfg tc = fy_tune_cfg_of(o, m, p);
     tc.ranks = ranks;
     if (here) tc.spec_host_cap = (size_t)(p->host_mem_gib * 1073741824.0);
     progress pg = {.tty = !o->quiet && isatty(STDERR_FILENO)};
@@ -270,7 +284,7 @@ static fy_status search(const fy_opts *o, const fy_model *m, const fy_profile *p
     if (!o->quiet) {
         printf("tune    %d plans on the memory frontier fit the budgets (batch %lld x seq %lld), %d "
                "simulated, the rest bounded out, in %.1f s; rank 1 is the pick: the least offload "
-               "within %.0f%% of the fastest prediction\n", pg.total, (long long)o->batch,
+               "within %.0f%% of the fastest prediction\n", pg.total, (long long)tc.batch,
                (long long)o->seq, nevaluated, (fy_now_ms() - t0) / 1e3, 100.0 * tc.tie_margin);
         print_top(&tc, top, *nfound);
     }
@@ -459,7 +473,7 @@ static int capacity(const fy_opts *o) {
     }
     fy_profile p;
     if (fy_profile_open(o->profile, &p) != FY_OK) return 1;
-    fy_tune_cfg tc = tune_cfg(o, NULL, &p);
+    fy_tune_cfg tc = fy_tune_cfg_of(o, NULL, &p);
     if (!tc.host_budget) tc.host_budget = (size_t)(p.host_mem_gib * 1073741824.0);
     char d[32], h[32];
     printf("capacity %s: device %s, host %s, batch %d x seq %d, %s storage\n", p.name,
@@ -485,7 +499,18 @@ int fy_tune_main(const fy_opts *o) {
     if (o->quiet) fy_log_set_level(FY_LOG_WARN);
     fy_status st = fy_opts_check_paths(o, FY_CMD_TUNE);
     if (st != FY_OK) return st == FY_ERR_USAGE ? 2 : 1;
+    if (o->capacity && fy_tune_is_job(o)) {
+        fy_log_error("tune --capacity fills one machine: give one --profile and one --gpu-mem");
+        return 2;
+    }
     if (o->capacity) return capacity(o);
+    if (fy_tune_is_job(o)) {
+        fy_model *jm;
+        if (fy_opts_model(o, &jm) != FY_OK) return 1;
+        const int rc = fy_tune_job_main(o, jm);
+        fy_model_free(jm);
+        return rc;
+    }
     /* the default output is never replaced unasked: --out may name any file, this one too */
     if (!o->out && access("plan.json", F_OK) == 0) {
         fy_log_error("./plan.json exists and tune does not replace a file it was not given: name "
@@ -503,7 +528,7 @@ int fy_tune_main(const fy_opts *o) {
         rc = save_tuned(out, &top[0]) == FY_OK ? 0 : 1;
         if (!rc) printf("saved   %s (predicted %.1f ms/step)\n", out, top[0].step_ms);
         if (!rc && o->trace) {
-            fy_tune_cfg tc = tune_cfg(o, m, &p);
+            fy_tune_cfg tc = fy_tune_cfg_of(o, m, &p);
             tc.ranks = (int)o->ranks;
             rc = fy_tune_trace(&p, &tc, &top[0].plan, o->trace) == FY_OK ? 0 : 1;
             if (!rc) printf("trace   %s (the pick's simulated steps)\n", o->trace);
@@ -514,39 +539,47 @@ int fy_tune_main(const fy_opts *o) {
     return rc;
 }
 
-/* A job's plan: rank 0's, to every rank (one binary: the block table's bytes). */
-static fy_status share_plan(fy_comm *comm, const fy_model *m, fy_plan *p) {
-    int32_t hdr[4] = {p->micro_batch, p->grad_accum, p->prefetch, (int32_t)p->dtype};
-    FY_TRY(fy_comm_bcast(comm, hdr, sizeof hdr));
-    if (fy_comm_rank(comm) != 0) {
-        FY_TRY(fy_plan_new(m, hdr[0], hdr[1], p));
-        p->prefetch = hdr[2];
-        p->dtype = (fy_dtype)hdr[3];
-    }
-    return fy_comm_bcast(comm, p->blocks, (size_t)p->nblocks * sizeof *p->blocks);
-}
-
-fy_status fy_tune_auto_plan(const fy_opts *o, const fy_model *m, fy_comm *comm, fy_plan *out) {
-    const int world = comm ? fy_comm_size(comm) : 1;
-    const bool lead = !comm || fy_comm_rank(comm) == 0;
+fy_status fy_tune_auto_plan(const fy_opts *o, const fy_model *m, fy_plan *out) {
     fy_profile p;
     bool found = false;
-    FY_TRY(fy_comm_agree(comm, lead ? known_profile(o, m, world, &p, &found) : FY_OK));
-    int32_t need = lead && !found; /* rank 0's decision, for every rank */
-    if (world > 1) FY_TRY(fy_comm_max_i32(comm, &need));
-    if (need) FY_TRY(fy_comm_agree(comm, probe_and_cache(o, m, comm, &p)));
-    fy_status st = FY_OK;
+    FY_TRY(known_profile(o, m, 1, 0, &p, &found));
+    if (!found) FY_TRY(probe_and_cache(o, m, NULL, &p));
     fy_tune_result top[5];
     int n = 0;
-    if (lead) {
-        st = search(o, m, &p, world, true, top, 5, &n);
-        if (st == FY_OK) st = fy_plan_copy(&top[0].plan, out);
-        for (int i = 0; i < n; i++) fy_plan_free(&top[i].plan);
+    fy_status st = search(o, m, &p, 1, true, top, 5, &n);
+    if (st == FY_OK) st = fy_plan_copy(&top[0].plan, out);
+    for (int i = 0; i < n; i++) fy_plan_free(&top[i].plan);
+    return st;
+}
+
+fy_status fy_tune_rank_profile(const fy_opts *o, const fy_model *m, fy_comm *comm, fy_profile *p) {
+    const int world = fy_comm_size(comm), rank = fy_comm_rank(comm);
+    bool found = true;
+    fy_status st = FY_OK;
+    if (o->profile) {
+        const int n = fy_opts_list_count(o->profile);
+        char item[4096];
+        if (n != 1 && n != world) { /* every rank's mistake: rank 0 says it */
+            if (rank == 0) st = fy_opts_rank_item("profile", o->profile, world, rank, item, sizeof item);
+            else st = FY_ERR_USAGE;
+        } else {
+            st = fy_opts_rank_item("profile", o->profile, world, rank, item, sizeof item);
+            if (st == FY_OK) st = fy_profile_open(item, p);
+        }
+    } else {
+        st = known_profile(o, m, world, device_slot(o, comm), p, &found);
     }
-    if (world == 1) return st;
-    fy_comm_patient(comm, !lead); /* the others wait for rank 0's search */
-    fy_status fs = fy_comm_agree(comm, st);
-    fy_comm_patient(comm, false);
-    FY_TRY(fs);
-    return share_plan(comm, m, out);
+    FY_TRY(fy_comm_agree(comm, st));
+    int32_t need = !found; /* any rank's: the probe measures the collectives of them all */
+    FY_TRY(fy_comm_max_i32(comm, &need));
+    if (need) FY_TRY(fy_comm_agree(comm, probe_and_cache(o, m, comm, p)));
+    /* a profile probed alone knows no collectives: the first rank with one says so */
+    int32_t lacking = p->coll_gbps > 0 ? 0 : world - rank;
+    FY_TRY(fy_comm_max_i32(comm, &lacking));
+    if (!lacking) return FY_OK;
+    if (world - rank == lacking)
+        fy_log_error("profile %s has no figure for the collectives between a job's ranks: probe "
+                     "under the launcher (mpirun -np %d ferry probe), or use a named profile",
+                     p->name, world);
+    return FY_ERR_INVALID;
 }

@@ -7,6 +7,7 @@
 #include "engine/model/model.h"
 #include "offload/plan.h"
 #include "tuner/profile.h"
+#include "tuner/tune.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -14,11 +15,19 @@ extern "C" {
 
 int fy_probe_main(const fy_opts *o);
 int fy_tune_main(const fy_opts *o);
-/* --plan auto: the profile (given, cached, or probed now and cached), then the search. In
- * a job (comm of several processes) rank 0 finds the profile, every rank probes if it
- * must (the collectives between them too), rank 0 searches for a rank's plan of the job
- * and every rank gets it. */
-fy_status fy_tune_auto_plan(const fy_opts *o, const fy_model *m, fy_comm *comm, fy_plan *out);
+/* --plan auto in one process: the profile (given, cached, or probed now and cached),
+ * then the search. (A job's plans: job_cmd.h.) */
+fy_status fy_tune_auto_plan(const fy_opts *o, const fy_model *m, fy_plan *out);
+/* A job's rank's profile, collectively over comm: its --profile entry (one for every
+ * rank, or one per rank), else its device's cached probe of this model and job, else a
+ * probe now by every rank (the collectives between them too), cached. Refused with one
+ * error line, from one rank, when a rank's profile knows no collectives. */
+fy_status fy_tune_rank_profile(const fy_opts *o, const fy_model *m, fy_comm *comm, fy_profile *p);
+/* The search's configuration for this process's options under profile p: a batch of
+ * --batch x --grad-accum sequences, the device budget --gpu-mem or else the profile's
+ * device memory (what the backend gives a run), the CPU optimizer's threads
+ * --adam-threads, --threads or the profile's cores. */
+fy_tune_cfg fy_tune_cfg_of(const fy_opts *o, const fy_model *m, const fy_profile *p);
 /* The profile: --profile (file or name), else this machine's cached probe if it measured
  * this model and sequence length, else a probe now (then cached). */
 fy_status fy_tune_auto_profile(const fy_opts *o, const fy_model *m, fy_profile *p);
