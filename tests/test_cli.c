@@ -2029,6 +2029,95 @@ Test(cli, tune_plans_a_rank_of_a_job) {
     EXPECT_ERROR(&r, 2, "--ranks");
 }
 
+/* A job of unlike ranks planned ahead: a profile and a device budget per rank (an
+ * A100 80GB held to 16 GiB beside an RTX 4090 held to 4 GiB). Each rank's plan stays
+ * within its own budget, the pick is no slower than equal shares or one plan for every
+ * rank, and the one-plan job's plan fits the least budget on both. */
+Test(cli, tune_plans_a_job_of_unlike_ranks) {
+    run_result r;
+#define JOB "tune", "--model", "llama3.2-1b", "--batch", "4", "--seq", "1024", "--dtype", "bf16"
+    FERRY(&r, JOB, "--profile", "a100-80gb-pcie4,rtx4090-pcie4", "--gpu-mem", "16GiB,4GiB");
+    test_expect_ok(&r);
+    static const char *const labels[] = {
+        "each rank its own plan, shares balanced (the pick): ", "each rank its own plan, equal shares: ",
+        "one plan for every rank, shares balanced: ",
+        "one plan for every rank (the best within the least budget), equal shares: "};
+    double ms[4];
+    for (int j = 0; j < 4; j++) {
+        const char *at = strstr(r.out, labels[j]);
+        cr_assert_not_null(at, "no '%s' in:\n%s", labels[j], r.out);
+        ms[j] = atof(at + strlen(labels[j]));
+        cr_expect(ms[j] > 0 && ms[j] >= ms[0] * (1 - 1e-9), "%s%.1f ms against the pick's %.1f",
+                  labels[j], ms[j], ms[0]);
+        /* its two rows: rank, machine, budget, ..., device memory within the budget */
+        const char *row = strstr(at, "\n0    a100-80gb-pcie4");
+        const char *row1 = row ? strstr(row, "\n1    rtx4090-pcie4") : NULL;
+        cr_assert(row && row1, "the rows of '%s':\n%s", labels[j], at);
+        double dev0, dev1;
+        char unit0[8], unit1[8];
+        cr_assert_eq(sscanf(row + 1, "%*d %*s %*s %*s %*d %*d %*d %*s %*f %lf %7s", &dev0, unit0), 2, "%s", row);
+        cr_assert_eq(sscanf(row1 + 1, "%*d %*s %*s %*s %*d %*d %*d %*s %*f %lf %7s", &dev1, unit1), 2, "%s", row1);
+        cr_expect(!strcmp(unit0, "GiB") && dev0 <= 16.0, "rank 0's %.2f %s past its 16 GiB", dev0, unit0);
+        cr_expect((!strcmp(unit1, "GiB") && dev1 <= 4.0) || !strcmp(unit1, "MiB"),
+                  "rank 1's %.2f %s past its 4 GiB", dev1, unit1);
+        if (j >= 2) cr_expect(!strcmp(unit0, unit1) && dev0 == dev1, "one plan, one memory: %s", at);
+    }
+    /* one profile for every rank, a budget each: a job of 2 */
+    FERRY(&r, JOB, "--profile", "h100-80gb-pcie5", "--gpu-mem", "16GiB,4GiB");
+    test_expect_ok(&r);
+    cr_expect(strstr(r.out, "a job of 2 ranks"), "%s", r.out);
+    /* what a job's tune refuses, each with one error line */
+    FERRY(&r, JOB, "--profile", "a100-80gb-pcie4,rtx4090-pcie4", "--gpu-mem", "16GiB,4GiB,2GiB");
+    EXPECT_ERROR(&r, 2, "--profile gives 2 ranks and --gpu-mem 3");
+    FERRY(&r, JOB, "--profile", "a100-80gb-pcie4,rtx4090-pcie4", "--ranks", "3");
+    EXPECT_ERROR(&r, 2, "--ranks 3", "gives 2 ranks");
+    FERRY(&r, JOB, "--profile", "a100-80gb-pcie4,rtx4090-pcie4", "--out", P("job.json"));
+    EXPECT_ERROR(&r, 2, "--out", "writes no file");
+    cr_expect(access(P("job.json"), F_OK) != 0, "a job's tune wrote %s", P("job.json"));
+    FERRY(&r, JOB, "--profile", "a100-80gb-pcie4,nope");
+    EXPECT_ERROR(&r, 1, "unknown profile 'nope'");
+    FERRY(&r, JOB, "--profile", "a100-80gb-pcie4,rtx4090-pcie4", "--gpu-mem", "16GiB,1MiB");
+    EXPECT_ERROR(&r, 1, "rank 1", "device budget");
+    FERRY(&r, JOB, "--profile", "a100-80gb-pcie4,,rtx4090-pcie4");
+    EXPECT_ERROR(&r, 2, "--profile", "empty");
+    FERRY(&r, "tune", "--capacity", "--profile", "a100-80gb-pcie4,rtx4090-pcie4");
+    EXPECT_ERROR(&r, 2, "--capacity", "one --profile");
+    const char *prof = P("alone.json");
+    FERRY(&r, "probe", "--model", "gpt2-tiny", "--batch", "2", "--seq", "16", "--threads", "1",
+          "--device", "cpu", "--out", prof);
+    test_expect_ok(&r);
+    FERRY(&r, "tune", "--model", "gpt2-tiny", "--seq", "16", "--profile", prof, "--gpu-mem", "4MiB,1MiB");
+    EXPECT_ERROR(&r, 1, "no figure for the collectives", "mpirun -np 2 ferry probe");
+#undef JOB
+}
+
+/* A budget per rank is a job's: one process, eval, probe and sweep take one (and a list
+ * whose entry is no size is a size error naming it). */
+Test(cli, per_rank_values_are_a_jobs) {
+    run_result r;
+    FERRY(&r, "train", TINY, "--gpu-mem", "8MiB,2MiB");
+    EXPECT_ERROR(&r, 2, "--gpu-mem", "2 values for 1 rank");
+    FERRY(&r, "train", TINY, "--gpu-mem", "8MiB,2XB");
+    EXPECT_ERROR(&r, 2, "--gpu-mem", "'2XB' is not a size");
+    FERRY(&r, "train", TINY, "--gpu-mem", "8MiB,");
+    EXPECT_ERROR(&r, 2, "--gpu-mem", "is not a size");
+    FERRY(&r, "train", TINY, "--plan", "auto", "--profile", "h200-141gb,rtx4090-pcie4");
+    EXPECT_ERROR(&r, 2, "--profile", "2 values for 1 rank");
+    FERRY(&r, "eval", "--init", P("w.safetensors"), "--data", P("x.txt"), "--gpu-mem", "1GiB,2GiB");
+    EXPECT_ERROR(&r, 2, "--gpu-mem", "one value per rank is a job's");
+    FERRY(&r, "probe", "--model", "gpt2-tiny", "--gpu-mem", "1GiB,2GiB", "--out", P("p.json"));
+    EXPECT_ERROR(&r, 2, "--gpu-mem", "one value per rank is a job's");
+    FERRY(&r, "sweep", "--model", "gpt2-tiny", "--simulate", "--profile", "h200-141gb,rtx4090-pcie4",
+          "--out", P("sweep"));
+    EXPECT_ERROR(&r, 2, "--profile", "one value per rank is a job's");
+    /* one value is every rank's, as it was */
+    FERRY(&r, "train", TINY, "--gpu-mem", "64MiB", "--dry-run");
+    test_expect_ok(&r);
+    char line[4096];
+    last_line(r.out, line, sizeof line);
+    cr_expect(strstr(line, "\"device_budget\":67108864"), "%s", line);
+}
+
 /* --pinned-mem caps the page-locked memory: the dry run's pinned bytes stay under it, a
  * run under a tiny cap trains with one warning, and a bad size is a command-line error. */
 Test(cli, pinned_mem_caps_pinned_memory) {

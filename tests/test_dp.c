@@ -13,6 +13,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "tests/test_util.h"
 
 static char g_dir[64];
@@ -449,13 +451,11 @@ Test(dp, unequal_shares_read_the_same_micro_batches) {
 #undef RUN_ARGS
 }
 
-/* What a job cannot do yet is refused with one error line naming the rank. */
 /* --plan auto in a job: `ferry probe` under the launcher measures the collectives between
- * the ranks (every rank probing, rank 0 writing); rank 0 searches for a rank's plan (its
- * shards, its collectives) and every rank runs that one: under a device budget that the
- * all-resident plan exceeds on each rank. A profile without collectives is refused with
- * one error, from rank 0. */
-Test(dp, auto_plans_are_rank_zeros_for_every_rank) {
+ * the ranks (every rank probing, rank 0 writing); each rank's plan is searched for its own
+ * budget and shard (here alike: each offloads, under a budget the all-resident plan
+ * exceeds). A profile without collectives is refused with one error, from one rank. */
+Test(dp, auto_plans_in_a_job) {
 #define ARGS "--model", "gpt2-tiny", "--device", "cpu", "--threads", "1", "--seq", "64"
     test_proc r;
     const char *job = path_in("job-profile.json"), *alone = path_in("alone-profile.json");
@@ -473,7 +473,163 @@ Test(dp, auto_plans_are_rank_zeros_for_every_rank) {
     cr_assert_eq(r.code, 0, "%s", r.err);
     FERRY(&r, 2, "train", ARGS, "--batch", "4", "--steps", "2", "--plan", "auto", "--profile", alone);
     cr_expect_neq(r.code, 0);
-    cr_expect(strstr(r.err, "ferry: error: rank 0: profile") && strstr(r.err, "mpirun -np 2 ferry probe"),
+    cr_expect(strstr(r.err, "ferry: error: rank 0: profile") && strstr(r.err, "mpirun -np 2 ferry probe") &&
+              !strstr(r.err, "rank 1: profile"), "%s", r.err);
+#undef ARGS
+}
+
+/* ---- unlike ranks: a plan and a share each ---- */
+
+/* Each rank's `--dry-run` memory line (JSON): its rank, budget and device bytes. */
+typedef struct rank_mem { int rank; double budget, device, micro_batches; } rank_mem;
+static int rank_mems(const char *out, rank_mem *v, int cap) {
+    int n = 0;
+    for (const char *p = out; n < cap && (p = strstr(p, "{\"rank\":")); p++) {
+        const char *e = strchr(p, '\n');
+        char line[4096];
+        snprintf(line, sizeof line, "%.*s", e ? (int)(e - p) : (int)strlen(p), p);
+        cJSON *j = cJSON_Parse(line);
+        cr_assert_not_null(j, "%s", line);
+        v[n++] = (rank_mem){(int)cJSON_GetObjectItem(j, "rank")->valuedouble,
+                            cJSON_GetObjectItem(j, "device_budget")->valuedouble,
+                            cJSON_GetObjectItem(j, "device_bytes")->valuedouble,
+                            cJSON_GetObjectItem(j, "micro_batches")->valuedouble};
+        cJSON_Delete(j);
+    }
+    return n;
+}
+
+/* The saved weights of two runs, byte for byte, and their losses and norms. */
+static void expect_same_training(const char *m1, const char *w1, const char *m2, const char *w2,
+                                 const char *what) {
+    char l1[4096], l2[4096];
+    losses_of(m1, l1, sizeof l1);
+    losses_of(m2, l2, sizeof l2);
+    cr_expect_str_eq(l2, l1, "%s: the losses and norms", what);
+    size_t s1, s2;
+    char *b1 = test_read_file(w1, &s1), *b2 = test_read_file(w2, &s2);
+    cr_expect(b1 && b2 && s1 == s2 && !memcmp(b1, b2, s1), "%s: the saved weights differ", what);
+    free(b1);
+    free(b2);
+}
+
+/* The issue's bar: budgets 4x apart (24 MiB and 6 MiB, where gpt2-mini's all-resident plan
+ * needs more than 6): each rank's dry run shows its own plan within its own budget, and 5
+ * steps with one micro-batch a rank are bit-identical to one process accumulating the
+ * job's 2. Then unlike speeds too (--sim-slowdown 1,2), shares by the predictions: the
+ * fast, large rank takes 3 of 4 micro-batches (so the job's rank-order sum is one
+ * process's accumulation, bit for bit). */
+Test(dp, per_rank_budgets_give_each_rank_its_own_plan) {
+#define ARGS "train", "--model", "gpt2-mini", "--device", "cpu", "--threads", "1", "--seq", "64", \
+        "--batch", "1", "--val-batches", "2"
+    test_proc r;
+    setenv("XDG_CACHE_HOME", path_in("cache"), 1); /* the job's probe, cached */
+    FERRY(&r, 0, ARGS, "--gpu-mem", "6MiB", "--dry-run");
+    cr_assert(strstr(r.out, "\"device_bytes\":"), "%s", r.err);
+    const double all_resident = atof(strstr(r.out, "\"device_bytes\":") + 15);
+    cr_assert_gt(all_resident, 6 << 20, "gpt2-mini all-resident: %.0f bytes", all_resident);
+    FERRY(&r, 2, ARGS, "--plan", "auto", "--gpu-mem", "24MiB,6MiB", "--dry-run");
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    rank_mem v[2];
+    cr_assert_eq(rank_mems(r.out, v, 2), 2, "%s", r.out);
+    for (int i = 0; i < 2; i++) {
+        const double want = v[i].rank == 0 ? 24 << 20 : 6 << 20;
+        cr_expect_eq(v[i].budget, want, "rank %d's budget", v[i].rank);
+        cr_expect(v[i].device <= v[i].budget, "rank %d: %.0f device bytes over %.0f", v[i].rank,
+                  v[i].device, v[i].budget);
+        cr_expect_eq(v[i].micro_batches, 1, "rank %d", v[i].rank);
+        if (v[i].rank == 0)
+            cr_expect_gt(v[i].device, 6 << 20, "rank 0 plans for its own budget, not rank 1's");
+    }
+    const char *p0 = strstr(r.out, "\nplan    "), *p1 = p0 ? strstr(p0 + 1, "\nplan    ") : NULL;
+    cr_assert(p0 && p1, "two plans:\n%s", r.out);
+    cr_expect(strncmp(p0, p1, strcspn(p0 + 1, "\n") + 1), "the ranks' plans are one:\n%s", r.out);
+    const char *m1 = path_in("one.jsonl"), *w1 = path_in("one.safetensors");
+    const char *m2 = path_in("job.jsonl"), *w2 = path_in("job.safetensors");
+    FERRY(&r, 2, ARGS, "--plan", "auto", "--gpu-mem", "24MiB,6MiB", "--steps", "5", "--metrics", m2,
+          "--save", w2);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    FERRY(&r, 0, ARGS, "--grad-accum", "2", "--steps", "5", "--metrics", m1, "--save", w1);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    expect_same_training(m1, w1, m2, w2, "own plans, a micro-batch each");
+    unlink(m1); unlink(w1); unlink(m2); unlink(w2);
+    FERRY(&r, 2, ARGS, "--plan", "auto", "--gpu-mem", "24MiB,6MiB", "--sim-slowdown", "1,2",
+          "--grad-accum", "2", "--batch-shares", "auto", "--steps", "5", "--metrics", m2, "--save", w2);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    cr_expect(strstr(r.out, "by rank: 3 1 (auto") && strstr(r.out, "\n1    measured, 2x slower"),
+              "the job:\n%s", r.out);
+    FERRY(&r, 0, ARGS, "--grad-accum", "4", "--steps", "5", "--metrics", m1, "--save", w1);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    expect_same_training(m1, w1, m2, w2, "own plans and shares (3, 1)");
+    unsetenv("XDG_CACHE_HOME");
+#undef ARGS
+}
+
+/* Ranks started with plans of their own (Open MPI's `A : B`): rank 0 all-resident, rank 1
+ * fully offloaded and recomputing, under budgets of their own: bit-identical to one
+ * process. Micro-batches of another size on one rank are refused, as are --batch-shares
+ * auto over plans accumulating unlike counts; budgets and profiles per rank are checked
+ * with one error line, from rank 0. */
+static void run_mpmd(test_proc *r, const char *const *a0, const char *const *a1) {
+    const char *bin = getenv("FERRY_BIN"), *mpirun = getenv("MPIRUN");
+    cr_assert(bin && mpirun, "FERRY_BIN and MPIRUN");
+    const char *a[96];
+    int n = 0;
+    a[n++] = "--oversubscribe";
+    for (int side = 0; side < 2; side++) {
+        if (side) a[n++] = ":";
+        a[n++] = "-np";
+        a[n++] = "1";
+        a[n++] = bin;
+        for (const char *const *p = side ? a1 : a0; *p; p++) {
+            cr_assert_lt(n, 94);
+            a[n++] = *p;
+        }
+    }
+    a[n] = NULL;
+    char *saved = strdup(bin);
+    setenv("FERRY_BIN", mpirun, 1);
+    test_run_ferry(r, g_dir, 240, a);
+    setenv("FERRY_BIN", saved, 1);
+    free(saved);
+}
+
+#define LIST(...) (const char *const[]){__VA_ARGS__, NULL}
+
+Test(dp, ranks_with_plans_of_their_own) {
+#define ARGS "train", "--model", "gpt2-mini", "--device", "cpu", "--threads", "1", "--seq", "64", \
+        "--val-batches", "2", "--steps", "5", "--batch", "2"
+    test_proc r;
+    const char *m1 = path_in("one.jsonl"), *w1 = path_in("one.safetensors");
+    const char *m2 = path_in("job.jsonl"), *w2 = path_in("job.safetensors");
+    run_mpmd(&r, LIST(ARGS, "--gpu-mem", "24MiB", "--metrics", m2, "--save", w2),
+             LIST(ARGS, "--gpu-mem", "8MiB", "--offload-params", "1", "--offload-optim", "1",
+                  "--ckpt-layers", "4"));
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    FERRY(&r, 0, ARGS, "--grad-accum", "2", "--metrics", m1, "--save", w1);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    expect_same_training(m1, w1, m2, w2, "rank 0 all-resident, rank 1 offloaded");
+    run_mpmd(&r, LIST(ARGS), LIST(ARGS, "--batch", "1"));
+    cr_expect_neq(r.code, 0);
+    cr_expect(strstr(r.err, "ferry: error: rank 0: the ranks' micro-batches differ") &&
+              !strstr(r.err, "rank 1: the ranks'"), "%s", r.err);
+    run_mpmd(&r, LIST(ARGS, "--batch-shares", "auto"), LIST(ARGS, "--batch-shares", "auto", "--grad-accum", "2"));
+    cr_expect_neq(r.code, 0);
+    cr_expect(strstr(r.err, "ferry: error: rank 0: --batch-shares auto") && strstr(r.err, "--grad-accum"),
+              "%s", r.err);
+#undef ARGS
+#define ARGS "train", "--model", "gpt2-mini", "--device", "cpu", "--threads", "1", "--seq", "64", "--steps", "2"
+    FERRY(&r, 2, ARGS, "--gpu-mem", "24MiB,6MiB,1MiB");
+    cr_expect_neq(r.code, 0);
+    cr_expect(strstr(r.err, "ferry: error: rank 0: --gpu-mem") && strstr(r.err, "3 values for 2 ranks") &&
+              !strstr(r.err, "rank 1: --gpu-mem"), "%s", r.err);
+    FERRY(&r, 2, ARGS, "--plan", "auto", "--profile", "h200-141gb,rtx4090-pcie4,h200-141gb");
+    cr_expect_neq(r.code, 0);
+    cr_expect(strstr(r.err, "ferry: error: rank 0: --profile") && !strstr(r.err, "rank 1: --profile"),
+              "%s", r.err);
+    FERRY(&r, 2, ARGS, "--plan", "auto", "--profile", "h200-141gb,rtx4090-pcie4", "--gpu-mem", "24MiB,4KiB");
+    cr_expect_neq(r.code, 0);
+    cr_expect(strstr(r.err, "ferry: error: rank 0: no plan of the job fits: rank 1 (device budget 4.00 KiB"),
               "%s", r.err);
 #undef ARGS
 }

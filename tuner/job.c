@@ -166,11 +166,6 @@ static fy_status job_at(search *s, int micro, int *best_n, double *ms) {
             if (st == FY_OK && e->ok && e->r.step_ms > job) job = e->r.step_ms;
         }
         if (st != FY_OK || !fits) break;
-        if (getenv("FERRY_JOB_DEBUG")) {
-            fprintf(stderr, "job micro %d round %d:", micro, round);
-            for (int r = 0; r < N; r++) fprintf(stderr, " %d", n[r]);
-            fprintf(stderr, " -> %.1f\n", job);
-        }
         if (job < *ms) {
             *ms = job;
             memcpy(best_n, n, (size_t)N * sizeof *n);

@@ -336,17 +336,20 @@ static fy_status place_micro_batches(fy_comm *comm, const fy_plan *plan, int seq
 }
 
 /* The dry run's last line, for scripts: the model's parameters and the plan's bytes, in
- * total and by category, and the pinned part of the host's under the pinned cap. */
+ * total and by category, and the pinned part of the host's under the pinned cap; the
+ * device budget (--gpu-mem, this rank's; 0: none given); in a job, this rank's
+ * micro-batches a step. */
 static void print_memory_json(const fy_model *m, const fy_mem_model *mm, const fy_comm *comm,
-                              const char *placed) {
+                              const char *placed, size_t budget, const fy_plan *plan) {
     static const char *const cats[FY_CAT_COUNT] = {"parameters", "gradients", "optimizer",
                                                    "activations", "staging", "workspace"};
     printf("{");
     if (fy_comm_size(comm) > 1) /* every rank prints its own, and where it runs */
-        printf("\"rank\":%d,\"ranks\":%d,\"placed\":\"%s\",", fy_comm_rank(comm),
-               fy_comm_size(comm), placed);
-    printf("\"params\":%zu,\"device_bytes\":%zu,\"host_bytes\":%zu,\"pinned_bytes\":%zu",
-           fy_model_num_params(m), mm->device_total, mm->host_total, mm->host_pinned);
+        printf("\"rank\":%d,\"ranks\":%d,\"placed\":\"%s\",\"micro_batches\":%d,",
+               fy_comm_rank(comm), fy_comm_size(comm), placed, plan->grad_accum);
+    printf("\"params\":%zu,\"device_budget\":%zu,\"device_bytes\":%zu,\"host_bytes\":%zu,"
+           "\"pinned_bytes\":%zu", fy_model_num_params(m), budget, mm->device_total, mm->host_total,
+           mm->host_pinned);
     for (int side = 0; side < 2; side++) {
         printf(",\"%s\":{", side ? "host" : "device");
         for (int c = 0; c < FY_CAT_COUNT; c++)
@@ -459,18 +462,25 @@ static fy_status rank_memory(const fy_model *m, const fy_plan *plan, int seq, in
     return FY_OK;
 }
 
-/* This rank's --gpu-mem from a list of one per rank (rank 0 says what is wrong with it). */
-static fy_status rank_gpu_mem(fy_comm *comm, fy_opts *o) {
-    if (!o->gpu_mem_list) return FY_OK;
+/* The per-rank flags: this rank's --gpu-mem from a list of one per rank, and --profile's
+ * count checked (each rank opens its own when it plans); rank 0 says what is wrong. */
+static fy_status rank_values(fy_comm *comm, fy_opts *o) {
     const int world = fy_comm_size(comm), rank = fy_comm_rank(comm);
-    const int n = fy_opts_list_count(o->gpu_mem_list);
-    char item[64];
-    if (n != world && rank != 0) return FY_ERR_USAGE;
-    if (n != world) {
-        fy_log_error("--gpu-mem: '%s' gives %d budgets for %d rank%s (one per rank, or one for "
-                     "every rank)", o->gpu_mem_list, n, world, world == 1 ? " (a process alone)" : "s");
-        return FY_ERR_USAGE;
+    const char *flag = NULL, *list = NULL;
+    if (o->gpu_mem_list && fy_opts_list_count(o->gpu_mem_list) != world) {
+        flag = "gpu-mem";
+        list = o->gpu_mem_list;
+    } else if (o->profile && fy_opts_list_count(o->profile) != 1 && fy_opts_list_count(o->profile) != world) {
+        flag = "profile";
+        list = o->profile;
     }
+    if (flag && rank == 0)
+        fy_log_error("--%s: '%s' gives %d values for %d rank%s (one per rank, or one for every "
+                     "rank)", flag, list, fy_opts_list_count(list), world,
+                     world == 1 ? " (a process alone)" : "s");
+    if (flag) return FY_ERR_USAGE;
+    if (!o->gpu_mem_list) return FY_OK;
+    char item[64];
     FY_TRY(fy_opts_rank_item("gpu-mem", o->gpu_mem_list, world, rank, item, sizeof item));
     return fy_parse_size(item, &o->gpu_mem) ? FY_ERR_USAGE : FY_OK; /* the parser checked it */
 }
@@ -501,7 +511,7 @@ int fy_train_main(const fy_opts *given) {
     fy_model *m = NULL;
     fy_plan plan = {0};
     fy_train_cfg tc = {0};
-    st = rank_gpu_mem(comm, &own);
+    st = rank_values(comm, &own);
     if (st == FY_OK) st = check_tokens(o->batch, o->seq, "--batch");
     /* test hooks (tests/test_dp.c): a rank that fails at once, or stalls */
     int64_t fail = -1, stall = -1;
@@ -546,7 +556,7 @@ int fy_train_main(const fy_opts *given) {
     if (st == FY_OK) st = check_heads(m, tc.dev.kind, plan.dtype == FY_BF16 ? FY_BF16 : FY_F32);
     if (st == FY_OK) st = rank_memory(m, &plan, (int)o->seq, world, &tc.dev, &mm);
     if (st == FY_OK && ((lead && !o->quiet) || o->dry_run)) fy_train_print_plan(&plan, &mm, stdout);
-    if (st == FY_OK && o->dry_run) print_memory_json(m, &mm, comm, placed);
+    if (st == FY_OK && o->dry_run) print_memory_json(m, &mm, comm, placed, o->gpu_mem, &plan);
     if (st == FY_OK && !o->dry_run) st = check_budgets(o, &mm, &tc.dev);
     if (st == FY_OK && !o->dry_run) {
         fill_train_cfg(o, m, &plan, init, comm, lead, quiet, &tc);

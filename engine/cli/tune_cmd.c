@@ -556,16 +556,10 @@ fy_status fy_tune_rank_profile(const fy_opts *o, const fy_model *m, fy_comm *com
     const int world = fy_comm_size(comm), rank = fy_comm_rank(comm);
     bool found = true;
     fy_status st = FY_OK;
-    if (o->profile) {
-        const int n = fy_opts_list_count(o->profile);
+    if (o->profile) { /* its count is checked (train_cmd.c) */
         char item[4096];
-        if (n != 1 && n != world) { /* every rank's mistake: rank 0 says it */
-            if (rank == 0) st = fy_opts_rank_item("profile", o->profile, world, rank, item, sizeof item);
-            else st = FY_ERR_USAGE;
-        } else {
-            st = fy_opts_rank_item("profile", o->profile, world, rank, item, sizeof item);
-            if (st == FY_OK) st = fy_profile_open(item, p);
-        }
+        st = fy_opts_rank_item("profile", o->profile, world, rank, item, sizeof item);
+        if (st == FY_OK) st = fy_profile_open(item, p);
     } else {
         st = known_profile(o, m, world, device_slot(o, comm), p, &found);
     }

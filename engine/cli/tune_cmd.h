@@ -19,7 +19,7 @@ int fy_tune_main(const fy_opts *o);
  * then the search. (A job's plans: job_cmd.h.) */
 fy_status fy_tune_auto_plan(const fy_opts *o, const fy_model *m, fy_plan *out);
 /* A job's rank's profile, collectively over comm: its --profile entry (one for every
- * rank, or one per rank), else its device's cached probe of this model and job, else a
+ * rank, or one per rank: the caller checked the count), else its device's cached probe of this model and job, else a
  * probe now by every rank (the collectives between them too), cached. Refused with one
  * error line, from one rank, when a rank's profile knows no collectives. */
 fy_status fy_tune_rank_profile(const fy_opts *o, const fy_model *m, fy_comm *comm, fy_profile *p);
