@@ -2055,8 +2055,10 @@ Test(cli, tune_plans_a_job_of_unlike_ranks) {
         cr_assert(row && row1, "the rows of '%s':\n%s", labels[j], at);
         double dev0, dev1;
         char unit0[8], unit1[8];
-        cr_assert_eq(sscanf(row + 1, "%*d %*s %*s %*s %*d %*d %*d %*s %*f %lf %7s", &dev0, unit0), 2, "%s", row);
-        cr_assert_eq(sscanf(row1 + 1, "%*d %*s %*s %*s %*d %*d %*d %*s %*f %lf %7s", &dev1, unit1), 2, "%s", row1);
+#define COLS "%*d %*s %*s %*s %*d %*d %*d %*s %*f %lf %7s" /* to the device memory */
+        cr_assert_eq(sscanf(row + 1, COLS, &dev0, unit0), 2, "%s", row);
+        cr_assert_eq(sscanf(row1 + 1, COLS, &dev1, unit1), 2, "%s", row1);
+#undef COLS
         cr_expect(!strcmp(unit0, "GiB") && dev0 <= 16.0, "rank 0's %.2f %s past its 16 GiB", dev0, unit0);
         cr_expect((!strcmp(unit1, "GiB") && dev1 <= 4.0) || !strcmp(unit1, "MiB"),
                   "rank 1's %.2f %s past its 4 GiB", dev1, unit1);

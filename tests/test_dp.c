@@ -613,12 +613,14 @@ Test(dp, ranks_with_plans_of_their_own) {
     cr_expect_neq(r.code, 0);
     cr_expect(strstr(r.err, "ferry: error: rank 0: the ranks' micro-batches differ") &&
               !strstr(r.err, "rank 1: the ranks'"), "%s", r.err);
-    run_mpmd(&r, LIST(ARGS, "--batch-shares", "auto"), LIST(ARGS, "--batch-shares", "auto", "--grad-accum", "2"));
+    run_mpmd(&r, LIST(ARGS, "--batch-shares", "auto"),
+             LIST(ARGS, "--batch-shares", "auto", "--grad-accum", "2"));
     cr_expect_neq(r.code, 0);
     cr_expect(strstr(r.err, "ferry: error: rank 0: --batch-shares auto") && strstr(r.err, "--grad-accum"),
               "%s", r.err);
 #undef ARGS
-#define ARGS "train", "--model", "gpt2-mini", "--device", "cpu", "--threads", "1", "--seq", "64", "--steps", "2"
+#define ARGS "train", "--model", "gpt2-mini", "--device", "cpu", "--threads", "1", "--seq", "64", \
+        "--steps", "2"
     FERRY(&r, 2, ARGS, "--gpu-mem", "24MiB,6MiB,1MiB");
     cr_expect_neq(r.code, 0);
     cr_expect(strstr(r.err, "ferry: error: rank 0: --gpu-mem") && strstr(r.err, "3 values for 2 ranks") &&

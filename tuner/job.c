@@ -244,7 +244,9 @@ static fy_status best_job(search *s, int fixed_micro, int *micro, int *n, double
     fy_status st = FY_OK;
     *ms = INFINITY;
     for (int m = 1; st == FY_OK && m <= cfg->rank_batch; m++) {
-        if (cfg->rank_batch % m || (fixed_micro && m != fixed_micro)) continue;
+        if (cfg->rank_batch % m || (fixed_micro && m != fixed_micro) ||
+            cfg->rank_batch / m > FY_PLAN_MAX_ACCUM)
+            continue;
         double t;
         st = job_at(s, m, cand_n, &t);
         if (st == FY_OK && t < *ms) {
@@ -271,7 +273,7 @@ static fy_status one_plan_job(search *s, int *micro, int *n, double *ms, fy_tune
     *ms = INFINITY;
     int ncand = 0;
     for (int m = 1; st == FY_OK && m <= cfg->rank_batch; m++) {
-        if (cfg->rank_batch % m) continue;
+        if (cfg->rank_batch % m || cfg->rank_batch / m > FY_PLAN_MAX_ACCUM) continue;
         for (int r = 0; st == FY_OK && r < N; r++) {
             if (s->cls[r] != r) continue;
             fy_tune_cfg tc = rank_cfg(cfg, r, m, cfg->rank_batch / m);

@@ -376,7 +376,8 @@ static fy_status frontier(const fy_tune_cfg *cfg, bool any, fy_layout *lay, cand
     for (int pass = 0; pass < 2; pass++)
         for (int micro = 1; micro <= cfg->batch; micro++) {
             const bool ends = micro == 1 || micro == cfg->batch;
-            if (cfg->batch % micro || ends != (pass == 0) || (cfg->micro && micro != cfg->micro)) continue;
+            if (cfg->batch % micro || ends != (pass == 0) || (cfg->micro && micro != cfg->micro))
+                continue;
             FY_TRY(frontier_micro(cfg, micro, any, lay, out));
             if (any && out->n) return FY_OK;
         }

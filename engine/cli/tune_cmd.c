@@ -175,7 +175,8 @@ static fy_status known_profile(const fy_opts *o, const fy_model *m, int ranks, i
 /* This process's device slot of the machine's cache: its GPU (the local rank's in a
  * job), 0 on the cpu backend. */
 static int device_slot(const fy_opts *o, fy_comm *comm) {
-    return comm && fy_comm_size(comm) > 1 && fy_opts_dev_kind(o) == FY_DEV_CUDA ? fy_comm_local_rank(comm) : 0;
+    const bool gpus = comm && fy_comm_size(comm) > 1 && fy_opts_dev_kind(o) == FY_DEV_CUDA;
+    return gpus ? fy_comm_local_rank(comm) : 0;
 }
 
 /* A probe now (every rank of a job), cached: each GPU's by its rank, the cpu backend's
