@@ -34,14 +34,23 @@ static const char *path_in(const char *name) {
     return p;
 }
 
+/* mpirun with args (its own, then ferry's). */
+static void run_mpirun(test_proc *r, const char *const *args) {
+    const char *bin = getenv("FERRY_BIN"), *mpirun = getenv("MPIRUN");
+    cr_assert(bin && mpirun, "FERRY_BIN and MPIRUN");
+    char *saved = strdup(bin);
+    setenv("FERRY_BIN", mpirun, 1);
+    test_run_ferry(r, g_dir, 240, args);
+    setenv("FERRY_BIN", saved, 1);
+    free(saved);
+}
+
 /* ferry with args, alone (np 0) or as np processes under mpirun. */
 static void run(test_proc *r, int np, const char *const *args) {
     if (np == 0) {
         test_run_ferry(r, g_dir, 240, args);
         return;
     }
-    const char *bin = getenv("FERRY_BIN"), *mpirun = getenv("MPIRUN");
-    cr_assert(bin && mpirun, "FERRY_BIN and MPIRUN");
     const char *a[64];
     char nps[16];
     snprintf(nps, sizeof nps, "%d", np);
@@ -49,17 +58,13 @@ static void run(test_proc *r, int np, const char *const *args) {
     a[n++] = "-np";
     a[n++] = nps;
     a[n++] = "--oversubscribe"; /* more ranks than this machine's cores */
-    a[n++] = bin;
+    a[n++] = getenv("FERRY_BIN");
     for (int i = 0; args[i]; i++) {
         cr_assert_lt(n, 62);
         a[n++] = args[i];
     }
     a[n] = NULL;
-    char *saved = strdup(bin);
-    setenv("FERRY_BIN", mpirun, 1);
-    test_run_ferry(r, g_dir, 240, a);
-    setenv("FERRY_BIN", saved, 1);
-    free(saved);
+    run_mpirun(r, a);
 }
 #define FERRY(r, np, ...) run((r), (np), (const char *const[]){__VA_ARGS__, NULL})
 
@@ -571,8 +576,6 @@ Test(dp, per_rank_budgets_give_each_rank_its_own_plan) {
  * auto over plans accumulating unlike counts; budgets and profiles per rank are checked
  * with one error line, from rank 0. */
 static void run_mpmd(test_proc *r, const char *const *a0, const char *const *a1) {
-    const char *bin = getenv("FERRY_BIN"), *mpirun = getenv("MPIRUN");
-    cr_assert(bin && mpirun, "FERRY_BIN and MPIRUN");
     const char *a[96];
     int n = 0;
     a[n++] = "--oversubscribe";
@@ -580,18 +583,14 @@ static void run_mpmd(test_proc *r, const char *const *a0, const char *const *a1)
         if (side) a[n++] = ":";
         a[n++] = "-np";
         a[n++] = "1";
-        a[n++] = bin;
+        a[n++] = getenv("FERRY_BIN");
         for (const char *const *p = side ? a1 : a0; *p; p++) {
             cr_assert_lt(n, 94);
             a[n++] = *p;
         }
     }
     a[n] = NULL;
-    char *saved = strdup(bin);
-    setenv("FERRY_BIN", mpirun, 1);
-    test_run_ferry(r, g_dir, 240, a);
-    setenv("FERRY_BIN", saved, 1);
-    free(saved);
+    run_mpirun(r, a);
 }
 
 #define LIST(...) (const char *const[]){__VA_ARGS__, NULL}

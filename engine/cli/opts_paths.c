@@ -59,7 +59,8 @@ static fy_status plan_file(const expand_ctx *x) {
 /* Whether the command reads (and may probe into) this machine's cached profile. */
 static bool uses_cache(const fy_opts *o, unsigned cmd) {
     if (o->profile) return false;
-    if (cmd == FY_CMD_TRAIN) return o->plan && !strcmp(o->plan, "auto");
+    if (cmd == FY_CMD_TRAIN) /* a job's shares by prediction need the profile too */
+        return (o->plan && !strcmp(o->plan, "auto")) || !strcmp(o->batch_shares, "auto");
     if (cmd == FY_CMD_TUNE) return !o->capacity;
     return cmd == FY_CMD_SWEEP;
 }
@@ -70,11 +71,19 @@ static fy_status cache(const expand_ctx *x, bool reads) {
     return fy_paths_write(x->p, CACHE_LABEL, path, FY_PATH_FILE, "", NULL, reads);
 }
 
-/* --profile: a file (a name that is no file is a named profile), or the cache. */
+/* --profile: a file (a name that is no file is a named profile), or one per rank, or
+ * the cache. */
 static fy_status profile_files(const expand_ctx *x) {
-    struct stat sb;
-    if (x->value) return stat(x->value, &sb) == 0 ? fy_paths_read(x->p, x->label, x->value) : FY_OK;
-    return uses_cache(x->o, x->cmd) ? cache(x, true) : FY_OK;
+    if (!x->value) return uses_cache(x->o, x->cmd) ? cache(x, true) : FY_OK;
+    const int n = fy_opts_list_count(x->value);
+    for (int i = 0; i < n; i++) {
+        char item[4096];
+        struct stat sb;
+        if (fy_opts_rank_item(x->label + 2, x->value, n, i, item, sizeof item) != FY_OK)
+            return FY_ERR_USAGE;
+        if (stat(item, &sb) == 0) FY_TRY(fy_paths_read(x->p, x->label, item));
+    }
+    return FY_OK;
 }
 
 /* --resume PATH: the checkpoint's files (without a PATH: the newest in --checkpoint-dir,
