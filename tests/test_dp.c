@@ -412,8 +412,20 @@ Test(dp, a_signalled_job_stops_together_and_resumes_exactly) {
 #undef RUN_ARGS
 }
 
+/* A cpu profile of 2 ranks probed once (tests/fixtures/dp/profile-cpu-2ranks.json:
+ * gpt2-mini's blocks at 64 tokens, analytic for other shapes), so that the shares and
+ * plans the job's search predicts do not depend on this machine's load or a sanitizer. */
+static const char *job_profile(void) {
+    static char path[1024];
+    const char *fx = getenv("FERRY_FIXTURES");
+    cr_assert(fx, "FERRY_FIXTURES");
+    snprintf(path, sizeof path, "%s/dp/profile-cpu-2ranks.json", fx);
+    return path;
+}
+
 /* Unlike ranks: a step of 4 micro-batches split by speed (--sim-slowdown 1,2 makes rank
- * 1's kernels twice as slow; auto gives it 1 of 4) or by explicit counts reads the same
+ * 1's kernels twice as slow; auto, on the predictions of the fixture's profile slowed so,
+ * gives it 1 of 4) or by explicit counts reads the same
  * micro-batches as one process accumulating 4: auto's split (3, 1) sums them in one
  * process's order, bit for bit; 1,3 in another, within 1e-5 relative. (The step time
  * of auto against equal shares is a benchmark: bench/RESULTS.md.) */
@@ -425,7 +437,7 @@ Test(dp, unequal_shares_read_the_same_micro_batches) {
     FERRY(&r, 0, RUN_ARGS, "--grad-accum", "4", "--metrics", m1);
     cr_assert_eq(r.code, 0, "%s", r.err);
     FERRY(&r, 2, RUN_ARGS, "--grad-accum", "2", "--sim-slowdown", "1,2", "--batch-shares", "auto",
-          "--metrics", ma);
+          "--profile", job_profile(), "--metrics", ma);
     cr_assert_eq(r.code, 0, "%s", r.err);
     cr_expect(strstr(r.out, "by rank: 3 1 (auto"), "the shares line:\n%s", r.out);
     FERRY(&r, 2, RUN_ARGS, "--batch-shares", "1,3", "--metrics", me);
@@ -528,12 +540,12 @@ Test(dp, per_rank_budgets_give_each_rank_its_own_plan) {
 #define ARGS "train", "--model", "gpt2-mini", "--device", "cpu", "--threads", "1", "--seq", "64", \
         "--batch", "1", "--val-batches", "2"
     test_proc r;
-    setenv("XDG_CACHE_HOME", path_in("cache"), 1); /* the job's probe, cached */
     FERRY(&r, 0, ARGS, "--gpu-mem", "6MiB", "--dry-run");
     cr_assert(strstr(r.out, "\"device_bytes\":"), "%s", r.err);
     const double all_resident = atof(strstr(r.out, "\"device_bytes\":") + 15);
     cr_assert_gt(all_resident, 6 << 20, "gpt2-mini all-resident: %.0f bytes", all_resident);
-    FERRY(&r, 2, ARGS, "--plan", "auto", "--gpu-mem", "24MiB,6MiB", "--dry-run");
+    FERRY(&r, 2, ARGS, "--plan", "auto", "--profile", job_profile(), "--gpu-mem", "24MiB,6MiB",
+          "--dry-run");
     cr_assert_eq(r.code, 0, "%s", r.err);
     rank_mem v[2];
     cr_assert_eq(rank_mems(r.out, v, 2), 2, "%s", r.out);
@@ -551,22 +563,22 @@ Test(dp, per_rank_budgets_give_each_rank_its_own_plan) {
     cr_expect(strncmp(p0, p1, strcspn(p0 + 1, "\n") + 1), "the ranks' plans are one:\n%s", r.out);
     const char *m1 = path_in("one.jsonl"), *w1 = path_in("one.safetensors");
     const char *m2 = path_in("job.jsonl"), *w2 = path_in("job.safetensors");
-    FERRY(&r, 2, ARGS, "--plan", "auto", "--gpu-mem", "24MiB,6MiB", "--steps", "5", "--metrics", m2,
-          "--save", w2);
+    FERRY(&r, 2, ARGS, "--plan", "auto", "--profile", job_profile(), "--gpu-mem", "24MiB,6MiB",
+          "--steps", "5", "--metrics", m2, "--save", w2);
     cr_assert_eq(r.code, 0, "%s", r.err);
     FERRY(&r, 0, ARGS, "--grad-accum", "2", "--steps", "5", "--metrics", m1, "--save", w1);
     cr_assert_eq(r.code, 0, "%s", r.err);
     expect_same_training(m1, w1, m2, w2, "own plans, a micro-batch each");
     unlink(m1); unlink(w1); unlink(m2); unlink(w2);
-    FERRY(&r, 2, ARGS, "--plan", "auto", "--gpu-mem", "24MiB,6MiB", "--sim-slowdown", "1,2",
-          "--grad-accum", "2", "--batch-shares", "auto", "--steps", "5", "--metrics", m2, "--save", w2);
+    FERRY(&r, 2, ARGS, "--plan", "auto", "--profile", job_profile(), "--gpu-mem", "24MiB,6MiB",
+          "--sim-slowdown", "1,2", "--grad-accum", "2", "--batch-shares", "auto", "--steps", "5",
+          "--metrics", m2, "--save", w2);
     cr_assert_eq(r.code, 0, "%s", r.err);
     cr_expect(strstr(r.out, "by rank: 3 1 (auto") && strstr(r.out, "\n1    measured, 2x slower"),
               "the job:\n%s", r.out);
     FERRY(&r, 0, ARGS, "--grad-accum", "4", "--steps", "5", "--metrics", m1, "--save", w1);
     cr_assert_eq(r.code, 0, "%s", r.err);
     expect_same_training(m1, w1, m2, w2, "own plans and shares (3, 1)");
-    unsetenv("XDG_CACHE_HOME");
 #undef ARGS
 }
 

@@ -139,9 +139,10 @@ static fy_status resolve_plan(const fy_opts *o, const fy_model *m, fy_dev_kind k
                               fy_comm *comm, const double *slowdown, fy_plan *plan) {
     bool shorthands = fy_opts_given(o, "offload-params") || fy_opts_given(o, "offload-optim") ||
                       fy_opts_given(o, "ckpt-layers") || fy_opts_given(o, "speculate");
-    if (o->profile && !(o->plan && !strcmp(o->plan, "auto"))) {
-        fy_log_error("--profile is the machine --plan auto plans for; without --plan auto it "
-                     "would be ignored");
+    if (o->profile && !(o->plan && !strcmp(o->plan, "auto")) &&
+        (strcmp(o->batch_shares, "auto") || fy_comm_size(comm) == 1)) {
+        fy_log_error("--profile is the machine --plan auto (or a job's --batch-shares auto) plans "
+                     "for; without either it would be ignored");
         return FY_ERR_USAGE;
     }
     if (o->plan && !strcmp(o->plan, "auto")) {
