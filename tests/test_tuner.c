@@ -1,14 +1,18 @@
 /* test_tuner.c — profiles (files, named estimates), and the plan search: on synthetic
  * profiles whose optimum is known by construction it finds it, and it never returns a
- * plan over the device or host budget. */
+ * plan over the device or host budget. A job of unlike ranks (job.h): its shares are the
+ * minimax counts an enumeration finds, its step the least over every micro-batch size and
+ * count vector, each rank's plan within its own budget. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "engine/model/gpt2.h"
+#include "tuner/job.h"
 #include "tuner/profile.h"
 #include "tuner/tune.h"
 
@@ -461,4 +465,504 @@ Test(tune, a_job_shards_the_state_and_pays_for_its_collectives) {
     fy_plan_free(&c.plan);
     fy_plan_free(&plan);
     fy_model_free(m);
+}
+
+/* ---- a job of unlike ranks (job.h) ---------------------------------------------------- */
+
+/* xorshift64: the random cases are the same on every libc */
+static double unit_rand(uint64_t *s) {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return (double)(*s >> 11) * 0x1.0p-53;
+}
+
+/* The least max_r (a[r] + b[r] n[r]) over every count vector of ranks r.. (each at least
+ * 1, summing to left), the ranks before r at `worst`: an enumeration. */
+static double balance_brute(const double *a, const double *b, int r, int nranks, int left, double worst) {
+    if (r == nranks - 1) return left >= 1 ? fmax(worst, a[r] + b[r] * left) : INFINITY;
+    double best = INFINITY;
+    for (int n = 1; n <= left - (nranks - 1 - r); n++)
+        best = fmin(best, balance_brute(a, b, r + 1, nranks, left - n, fmax(worst, a[r] + b[r] * n)));
+    return best;
+}
+
+/* On random affine steps (some ranks with no cost per micro-batch), the counts are whole
+ * shares of the total and their job is the enumeration's least; ties go to the lower rank. */
+Test(job, balance_is_the_minimax_of_every_count_vector) {
+    uint64_t seed = 0x9e3779b97f4a7c15u;
+    int cases = 0;
+    for (int nranks = 1; nranks <= 4; nranks++)
+        for (int trial = 0; trial < 25; trial++) {
+            double a[4], b[4];
+            for (int r = 0; r < nranks; r++) {
+                a[r] = 10.0 * unit_rand(&seed);
+                b[r] = unit_rand(&seed) < 0.15 ? 0.0 : 3.0 * unit_rand(&seed);
+            }
+            for (int total = nranks; total <= nranks + 8; total++) {
+                int n[4] = {0}, sum = 0;
+                cr_assert_eq(fy_job_balance(a, b, nranks, total, n), FY_OK);
+                double job = -INFINITY;
+                for (int r = 0; r < nranks; r++) {
+                    cr_expect(n[r] >= 1, "%d ranks, total %d: rank %d has %d", nranks, total, r, n[r]);
+                    sum += n[r];
+                    job = fmax(job, a[r] + b[r] * n[r]);
+                }
+                cr_expect_eq(sum, total, "%d ranks: counts sum to %d of %d", nranks, sum, total);
+                const double least = balance_brute(a, b, 0, nranks, total, -INFINITY);
+                cr_expect(fabs(job - least) <= 1e-12 * fmax(1.0, least),
+                          "%d ranks, trial %d, total %d: job %.17g, the least %.17g", nranks, trial,
+                          total, job, least);
+                cases++;
+            }
+        }
+    cr_expect_eq(cases, 4 * 25 * 9);
+    const double a[2] = {1, 1}, b[2] = {2, 2};
+    int n[2];
+    cr_assert_eq(fy_job_balance(a, b, 2, 3, n), FY_OK);
+    cr_expect(n[0] == 2 && n[1] == 1, "alike ranks, 3 micro-batches: %d %d", n[0], n[1]);
+}
+
+/* A rank's count is capped at FY_PLAN_MAX_ACCUM (a rank whose micro-batches cost nothing
+ * takes no more), and a total no counts of 1 to FY_PLAN_MAX_ACCUM make is refused. */
+Test(job, balance_keeps_counts_in_range) {
+    const double a[3] = {0, 0, 0}, b[3] = {0, 1, 1};
+    int n[3];
+    cr_assert_eq(fy_job_balance(a, b, 2, FY_PLAN_MAX_ACCUM + 6, n), FY_OK);
+    cr_expect(n[0] == FY_PLAN_MAX_ACCUM && n[1] == 6, "%d %d", n[0], n[1]);
+    cr_assert_eq(fy_job_balance(a, b, 3, 3 * FY_PLAN_MAX_ACCUM, n), FY_OK);
+    for (int r = 0; r < 3; r++) cr_expect_eq(n[r], FY_PLAN_MAX_ACCUM);
+    cr_assert_eq(fy_job_balance(a, b, 3, 3, n), FY_OK);
+    for (int r = 0; r < 3; r++) cr_expect_eq(n[r], 1);
+    cr_expect_eq(fy_job_balance(a, b, 3, 2, n), FY_ERR_INVALID);
+    cr_expect(strstr(fy_last_error(), "cannot be shared by 3 ranks") != NULL, "%s", fy_last_error());
+    cr_expect_eq(fy_job_balance(a, b, 3, 3 * FY_PLAN_MAX_ACCUM + 1, n), FY_ERR_INVALID);
+    cr_expect_eq(fy_job_balance(a, b, 0, 1, n), FY_ERR_INVALID);
+}
+
+/* The collectives run at the slowest link: the least bandwidths, the largest latencies. */
+Test(job, share_links_takes_the_slowest_link) {
+    fy_profile x = base_profile(), y = base_profile();
+    x.coll_gbps = 100; x.coll_latency_ms = 0.01; x.coll_host_gbps = 5; x.coll_host_latency_ms = 0.3;
+    y.coll_gbps = 20;  y.coll_latency_ms = 0.05; y.coll_host_gbps = 9; y.coll_host_latency_ms = 0.1;
+    fy_profile *both[2] = {&x, &y};
+    fy_job_share_links(both, 2);
+    for (int r = 0; r < 2; r++) {
+        cr_expect(both[r]->coll_gbps == 20 && both[r]->coll_latency_ms == 0.05, "rank %d", r);
+        cr_expect(both[r]->coll_host_gbps == 5 && both[r]->coll_host_latency_ms == 0.3, "rank %d", r);
+    }
+    cr_expect(x.h2d_gbps == 10 && x.compute_tflops == 0.05, "the rest as it was");
+}
+
+enum { JOB_SEQ = 64, JOB_MAX_RANKS = 3, JOB_MAX_COUNT = 3 * 8 };
+static fy_model *job_model; /* gpt2-mini: 4 layers of 128 channels */
+
+static void open_job_model(void) { cr_assert_eq(fy_model_named("gpt2-mini", NULL, &job_model), FY_OK); }
+static void close_job_model(void) { fy_model_free(job_model); job_model = NULL; }
+TestSuite(job, .init = open_job_model, .fini = close_job_model);
+
+static fy_profile named_profile(const char *name) {
+    fy_profile p;
+    cr_assert_eq(fy_profile_named(name, &p), FY_OK, "%s", name);
+    return p;
+}
+
+static fy_job_rank job_rank(const fy_profile *p, size_t budget) {
+    return (fy_job_rank){.profile = p, .device_budget = budget, .adam_threads = p->adam_threads_max};
+}
+
+/* tie_margin 0: each rank's plan is its fastest, so the enumerations below ask fy_tune for
+ * the same thing the job does */
+static fy_job_cfg job_cfg(const fy_job_rank *ranks, int nranks, int rank_batch, fy_job_shares shares) {
+    return (fy_job_cfg){.model = job_model, .seq = JOB_SEQ, .rank_batch = rank_batch, .nranks = nranks,
+                        .ranks = ranks, .shares = shares, .window = 4};
+}
+
+/* Rank r's step with `count` micro-batches of `micro`, as the job's rank (its profile,
+ * budget, the job's size): under its given plan (INFINITY for another micro-batch size),
+ * else under its best plan (INFINITY when none fits). */
+static double rank_step(const fy_job_cfg *c, int r, int micro, int count) {
+    const fy_job_rank *rk = &c->ranks[r];
+    const fy_tune_cfg tc = {.model = c->model, .batch = micro * count, .micro = micro, .seq = c->seq,
+                            .device_budget = rk->device_budget, .host_budget = c->host_budget,
+                            .adam_threads = rk->adam_threads, .window = c->window, .dtype = c->dtype,
+                            .ranks = c->nranks, .tie_margin = c->tie_margin};
+    fy_tune_result top;
+    if (rk->plan) {
+        if (rk->plan->micro_batch != micro) return INFINITY;
+        fy_plan q;
+        cr_assert_eq(fy_plan_copy(rk->plan, &q), FY_OK);
+        q.grad_accum = count;
+        cr_assert_eq(fy_tune_predict(rk->profile, &tc, &q, &top), FY_OK);
+        fy_plan_free(&q);
+        fy_plan_free(&top.plan);
+        return top.step_ms;
+    }
+    int n = 0, ne = 0;
+    const fy_log_level lvl = fy_log_get_level();
+    fy_log_set_level(FY_LOG_QUIET);
+    const fy_status st = fy_tune(rk->profile, &tc, &top, 1, &n, &ne);
+    fy_log_set_level(lvl);
+    if (st != FY_OK || n < 1) return INFINITY;
+    fy_plan_free(&top.plan);
+    return top.step_ms;
+}
+
+/* The least job step over every count vector of ranks r.. summing to left (t[r][n]: rank
+ * r's step with n micro-batches). */
+static double job_brute(double t[][JOB_MAX_COUNT + 1], int r, int nranks, int left, double worst) {
+    if (r >= JOB_MAX_RANKS || left > JOB_MAX_COUNT) return INFINITY; /* never: bounds for the compiler */
+    if (r == nranks - 1) return left >= 1 ? fmax(worst, t[r][left]) : INFINITY;
+    double best = INFINITY;
+    for (int n = 1; n <= left - (nranks - 1 - r); n++)
+        best = fmin(best, job_brute(t, r + 1, nranks, left - n, fmax(worst, t[r][n])));
+    return best;
+}
+
+/* The least step of job c over every micro-batch size, and with balanced shares every count
+ * vector (equal shares: rank_batch / micro each), each rank under its given or best plan. */
+static double job_enumerated(const fy_job_cfg *c) {
+    const int N = c->nranks;
+    cr_assert(N <= JOB_MAX_RANKS && N * c->rank_batch <= JOB_MAX_COUNT);
+    double best = INFINITY;
+    for (int m = 1; m <= c->rank_batch; m++) {
+        if (c->rank_batch % m) continue;
+        const int total = N * (c->rank_batch / m);
+        static double t[JOB_MAX_RANKS][JOB_MAX_COUNT + 1];
+        double equal = 0.0;
+        for (int r = 0; r < N; r++) {
+            for (int n = 1; n <= total - (N - 1); n++)
+                t[r][n] = c->shares == FY_JOB_BALANCED || n == total / N ? rank_step(c, r, m, n) : NAN;
+            equal = fmax(equal, t[r][total / N]);
+        }
+        best = fmin(best, c->shares == FY_JOB_BALANCED ? job_brute(t, 0, N, total, -INFINITY) : equal);
+    }
+    return best;
+}
+
+/* What every job returns: one micro-batch size, every rank's count its plan's grad_accum
+ * summing to the step's micro-batches, the step the slowest rank's. */
+static void expect_whole_job(const fy_job_cfg *c, const fy_job_result *res) {
+    cr_assert_eq(res->nranks, c->nranks);
+    cr_assert(res->micro >= 1 && c->rank_batch % res->micro == 0, "micro %d", res->micro);
+    int sum = 0;
+    double slowest = 0.0;
+    for (int r = 0; r < c->nranks; r++) {
+        const fy_plan *p = &res->rank[r].plan;
+        cr_expect_eq(p->micro_batch, res->micro, "rank %d: micro-batch %d of the job's %d", r,
+                     p->micro_batch, res->micro);
+        cr_expect(p->grad_accum >= 1, "rank %d: %d micro-batches", r, p->grad_accum);
+        cr_expect_eq(fy_plan_check(p, c->model), FY_OK, "rank %d", r);
+        sum += p->grad_accum;
+        slowest = fmax(slowest, res->rank[r].step_ms);
+    }
+    cr_expect_eq(sum, c->nranks * (c->rank_batch / res->micro), "the counts sum to %d", sum);
+    cr_expect_eq(res->step_ms, slowest);
+    cr_expect(res->evaluated >= 1);
+}
+
+/* Two ranks alike (one named profile, one budget): equal shares of one plan, whichever the
+ * shares asked for, and the job's step each rank's, which is the rank's own search's. */
+Test(job, alike_ranks_get_equal_shares_of_one_plan) {
+    const fy_profile p = named_profile("a100-40gb-pcie4");
+    const fy_job_rank ranks[2] = {job_rank(&p, (size_t)32 << 20), job_rank(&p, (size_t)32 << 20)};
+    for (int s = 0; s < 2; s++) {
+        const fy_job_cfg c = job_cfg(ranks, 2, 4, s ? FY_JOB_BALANCED : FY_JOB_EQUAL);
+        fy_job_result res;
+        cr_assert_eq(fy_tune_job(&c, &res), FY_OK);
+        expect_whole_job(&c, &res);
+        const int each = c.rank_batch / res.micro;
+        for (int r = 0; r < 2; r++) {
+            cr_expect_eq(res.rank[r].plan.grad_accum, each, "shares %d rank %d: %d of %d", s, r,
+                         res.rank[r].plan.grad_accum, each);
+            cr_expect_eq(res.rank[r].step_ms, res.step_ms);
+        }
+        cr_expect(fy_plan_equal(&res.rank[0].plan, &res.rank[1].plan), "shares %d", s);
+        cr_expect_eq(res.step_ms, rank_step(&c, 0, res.micro, each));
+        cr_expect(res.step_ms <= job_enumerated(&c) * (1 + 1e-9), "shares %d: %.6f ms, the "
+                  "enumeration's %.6f", s, res.step_ms, job_enumerated(&c));
+        fy_job_result_free(&res);
+    }
+}
+
+/* Ranks of unlike speeds (an A100, its twin twice as slow, an RTX 4090, their collectives at
+ * the slowest link): the slow rank takes fewer micro-batches than its fast twin, the
+ * balanced job is the least over every micro-batch size and count vector, and faster than
+ * equal shares, which are in turn the least over the micro-batch sizes. */
+Test(job, slow_ranks_take_fewer_micro_batches) {
+    fy_profile ps[3] = {named_profile("a100-40gb-pcie4"), named_profile("a100-40gb-pcie4"),
+                        named_profile("rtx4090-pcie4")};
+    /* devices 50x slower than their datasheets (the twin 100x): the micro-batches' compute,
+     * not the collectives' latencies, is the step of so small a model */
+    for (int r = 0; r < 3; r++) fy_profile_slow(&ps[r], r == 1 ? 100 : 50);
+    fy_profile *links[3] = {&ps[0], &ps[1], &ps[2]};
+    fy_job_share_links(links, 3);
+    const fy_job_rank ranks[3] = {job_rank(&ps[0], (size_t)64 << 20), job_rank(&ps[1], (size_t)64 << 20),
+                                  job_rank(&ps[2], (size_t)64 << 20)};
+    for (int nranks = 2; nranks <= 3; nranks++) {
+        fy_job_cfg c = job_cfg(ranks, nranks, 8, FY_JOB_BALANCED);
+        c.seq = 256;
+        fy_job_result bal, eq;
+        cr_assert_eq(fy_tune_job(&c, &bal), FY_OK);
+        expect_whole_job(&c, &bal);
+        cr_expect(bal.rank[1].plan.grad_accum < bal.rank[0].plan.grad_accum, "%d ranks: the slow rank "
+                  "%d micro-batches, the fast %d", nranks, bal.rank[1].plan.grad_accum,
+                  bal.rank[0].plan.grad_accum);
+        const double least = job_enumerated(&c);
+        cr_expect(bal.step_ms <= least * (1 + 1e-9), "%d ranks: balanced %.6f ms, the enumeration's "
+                  "least %.6f", nranks, bal.step_ms, least);
+        c.shares = FY_JOB_EQUAL;
+        cr_assert_eq(fy_tune_job(&c, &eq), FY_OK);
+        expect_whole_job(&c, &eq);
+        for (int r = 0; r < nranks; r++) cr_expect_eq(eq.rank[r].plan.grad_accum, c.rank_batch / eq.micro);
+        cr_expect(bal.step_ms <= eq.step_ms, "%d ranks: balanced %.6f ms, equal %.6f", nranks,
+                  bal.step_ms, eq.step_ms);
+        cr_expect(bal.step_ms < 0.9 * eq.step_ms, "%d ranks: balancing a rank twice as slow gains "
+                  "(%.6f ms, equal %.6f)", nranks, bal.step_ms, eq.step_ms);
+        const double least_eq = job_enumerated(&c);
+        cr_expect(eq.step_ms <= least_eq * (1 + 1e-9), "%d ranks: equal %.6f ms, the enumeration's "
+                  "%.6f", nranks, eq.step_ms, least_eq);
+        fy_job_result_free(&bal);
+        fy_job_result_free(&eq);
+    }
+}
+
+/* A rank ten times slower than the other, both given plans of micro-batches of 1: its
+ * best share (2 of 24) lies further from equal shares (12 each) than the single moves that
+ * end the search reach (4 a rank, 8 in all), so the rounds' balance of the ranks' fitted
+ * lines must find it. */
+Test(job, a_much_slower_rank_is_balanced_far_from_equal_shares) {
+    fy_profile ps[2] = {named_profile("a100-40gb-pcie4"), named_profile("a100-40gb-pcie4")};
+    fy_profile_slow(&ps[0], 50);
+    fy_profile_slow(&ps[1], 500);
+    fy_plan resident;
+    cr_assert_eq(fy_plan_new(job_model, 1, 12, &resident), FY_OK);
+    fy_job_rank ranks[2] = {job_rank(&ps[0], (size_t)64 << 20), job_rank(&ps[1], (size_t)64 << 20)};
+    ranks[0].plan = ranks[1].plan = &resident;
+    fy_job_cfg c = job_cfg(ranks, 2, 12, FY_JOB_BALANCED);
+    c.seq = 256;
+    fy_job_result res;
+    cr_assert_eq(fy_tune_job(&c, &res), FY_OK);
+    expect_whole_job(&c, &res);
+    const double least = job_enumerated(&c);
+    cr_expect(res.step_ms <= least * (1 + 1e-9), "%.6f ms (counts %d %d), the enumeration's %.6f",
+              res.step_ms, res.rank[0].plan.grad_accum, res.rank[1].plan.grad_accum, least);
+    cr_expect(res.rank[1].plan.grad_accum < 12 - 8, "the slow rank's share %d: over 8 moves from 12",
+              res.rank[1].plan.grad_accum);
+    fy_job_result_free(&res);
+    fy_plan_free(&resident);
+}
+
+/* Offloaded layers of a plan: recomputed, streamed, cpu-optimised. */
+static int moved_layers(const fy_plan *p) {
+    int k = 0;
+    for (int b = 0; b < p->nblocks; b++)
+        k += (p->blocks[b].acts == FY_ACTS_RECOMPUTE) + (p->blocks[b].weights == FY_ON_HOST) +
+             (p->blocks[b].update == FY_UPDATE_CPU);
+    return k;
+}
+
+/* Device budgets 4x apart on one machine, the small one below the large rank's plan: each
+ * rank's plan fits its own budget, the small rank's moving more off the device. The one
+ * plan baseline runs one plan on every rank, within the least budget, never faster than
+ * each rank its own (1%: the pruned search's misses, test tune above). */
+Test(job, each_rank_plans_within_its_own_budget) {
+    const fy_profile p = named_profile("a100-40gb-pcie4");
+    const size_t big = (size_t)32 << 20, small_budget = (size_t)8 << 20;
+    const fy_job_rank ranks[2] = {job_rank(&p, big), job_rank(&p, small_budget)};
+    for (int s = 0; s < 2; s++) {
+        fy_job_cfg c = job_cfg(ranks, 2, 4, s ? FY_JOB_BALANCED : FY_JOB_EQUAL);
+        fy_job_result own, one;
+        cr_assert_eq(fy_tune_job(&c, &own), FY_OK);
+        expect_whole_job(&c, &own);
+        for (int r = 0; r < 2; r++)
+            cr_expect(own.rank[r].mem.device_total <= ranks[r].device_budget, "shares %d rank %d: %zu "
+                      "bytes of %zu", s, r, own.rank[r].mem.device_total, ranks[r].device_budget);
+        cr_expect(own.rank[0].mem.device_total > small_budget, "shares %d: the large rank's plan (%zu "
+                  "bytes) would not fit the small budget", s, own.rank[0].mem.device_total);
+        cr_expect(own.rank[1].k2 + own.rank[1].k3 > own.rank[0].k2 + own.rank[0].k3,
+                  "shares %d: small rank streams %d, cpu-optimises %d; large %d, %d", s, own.rank[1].k2,
+                  own.rank[1].k3, own.rank[0].k2, own.rank[0].k3);
+        cr_expect(moved_layers(&own.rank[1].plan) > moved_layers(&own.rank[0].plan), "shares %d", s);
+        cr_expect(own.rank[1].mem.host_total > own.rank[0].mem.host_total, "shares %d", s);
+        cr_expect(own.step_ms <= job_enumerated(&c) * (1 + 1e-9), "shares %d", s);
+
+        c.one_plan = true;
+        cr_assert_eq(fy_tune_job(&c, &one), FY_OK);
+        expect_whole_job(&c, &one);
+        for (int r = 0; r < 2; r++) {
+            fy_plan q;
+            cr_assert_eq(fy_plan_copy(&one.rank[r].plan, &q), FY_OK);
+            q.grad_accum = one.rank[0].plan.grad_accum; /* balanced shares may differ */
+            cr_expect(fy_plan_equal(&q, &one.rank[0].plan), "shares %d: rank %d's plan is rank 0's", s, r);
+            fy_plan_free(&q);
+            cr_expect(one.rank[r].mem.device_total <= small_budget, "shares %d rank %d: %zu bytes", s, r,
+                      one.rank[r].mem.device_total);
+        }
+        if (!s)
+            cr_expect(fy_plan_equal(&one.rank[0].plan, &one.rank[1].plan), "equal shares: one plan");
+        cr_expect(own.step_ms <= one.step_ms * 1.01, "shares %d: own plans %.6f ms, one plan %.6f "
+                  "(1%%: the pruned search's ties)", s, own.step_ms, one.step_ms);
+        fy_job_result_free(&own);
+        fy_job_result_free(&one);
+    }
+}
+
+/* Plans given to the ranks: they must agree on the micro-batch size (and it must divide a
+ * rank's batch); the job keeps every block as given and only shares the micro-batches,
+ * balanced to the least step over every count vector. */
+Test(job, given_plans_are_kept_and_shared) {
+    fy_profile ps[2] = {named_profile("h100-80gb-pcie5"), named_profile("h100-80gb-pcie5")};
+    fy_profile_slow(&ps[0], 50); /* compute-bound, as above */
+    fy_profile_slow(&ps[1], 100);
+    fy_plan streamed, cpu_opt, other_micro;
+    cr_assert_eq(fy_plan_new(job_model, 2, 2, &streamed), FY_OK);
+    cr_assert_eq(fy_plan_shorthands(&streamed, 0.5, 0, 1), FY_OK);
+    cr_assert_eq(fy_plan_new(job_model, 2, 2, &cpu_opt), FY_OK);
+    cr_assert_eq(fy_plan_shorthands(&cpu_opt, 0, 0.5, 0), FY_OK);
+    cr_assert_eq(fy_plan_new(job_model, 1, 4, &other_micro), FY_OK);
+    fy_job_rank ranks[2] = {job_rank(&ps[0], (size_t)64 << 20), job_rank(&ps[1], (size_t)64 << 20)};
+    ranks[0].plan = &streamed;
+    ranks[1].plan = &other_micro;
+    fy_job_cfg c = job_cfg(ranks, 2, 4, FY_JOB_BALANCED);
+    c.seq = 256;
+    fy_job_result res;
+    cr_expect_eq(fy_tune_job(&c, &res), FY_ERR_INVALID, "micro-batches of 2 and 1");
+    cr_expect(strstr(fy_last_error(), "micro-batches of 2 and 1") != NULL, "%s", fy_last_error());
+    ranks[1].plan = &cpu_opt;
+    c.rank_batch = 3;
+    cr_expect_eq(fy_tune_job(&c, &res), FY_ERR_INVALID, "a batch of 3 in micro-batches of 2");
+    c.rank_batch = 8;
+    for (int s = 0; s < 2; s++) {
+        c.shares = s ? FY_JOB_BALANCED : FY_JOB_EQUAL;
+        cr_assert_eq(fy_tune_job(&c, &res), FY_OK);
+        expect_whole_job(&c, &res);
+        cr_expect_eq(res.micro, 2);
+        const double least = job_enumerated(&c);
+        cr_expect(res.step_ms <= least * (1 + 1e-9), "shares %d: %.6f ms, the enumeration's %.6f", s,
+                  res.step_ms, least);
+        for (int r = 0; r < 2; r++) {
+            fy_plan q;
+            cr_assert_eq(fy_plan_copy(ranks[r].plan, &q), FY_OK);
+            q.grad_accum = res.rank[r].plan.grad_accum;
+            cr_expect(fy_plan_equal(&q, &res.rank[r].plan), "shares %d rank %d: the given plan", s, r);
+            fy_plan_free(&q);
+        }
+        if (s)
+            cr_expect(res.rank[1].plan.grad_accum < res.rank[0].plan.grad_accum, "slow rank %d, fast %d",
+                      res.rank[1].plan.grad_accum, res.rank[0].plan.grad_accum);
+        else
+            cr_expect(res.rank[0].plan.grad_accum == 4 && res.rank[1].plan.grad_accum == 4);
+        fy_job_result_free(&res);
+    }
+    fy_plan_free(&streamed);
+    fy_plan_free(&cpu_opt);
+    fy_plan_free(&other_micro);
+}
+
+/* A rank whose budget fits no plan fails the job, the error naming that rank; so does a
+ * least budget no one plan fits. */
+Test(job, a_rank_no_plan_fits_is_named) {
+    const fy_profile p = named_profile("a100-40gb-pcie4");
+    const size_t mib = (size_t)1 << 20;
+    for (int bad = 0; bad < 2; bad++)
+        for (int one = 0; one < 2; one++) {
+            fy_job_rank ranks[2] = {job_rank(&p, 64 * mib), job_rank(&p, 64 * mib)};
+            ranks[bad].device_budget = mib;
+            fy_job_cfg c = job_cfg(ranks, 2, 4, FY_JOB_BALANCED);
+            c.one_plan = one;
+            fy_job_result res;
+            cr_expect_eq(fy_tune_job(&c, &res), FY_ERR_INVALID, "rank %d, one plan %d", bad, one);
+            char want[32];
+            snprintf(want, sizeof want, one ? "one plan for every rank" : "rank %d", bad);
+            cr_expect(strstr(fy_last_error(), want) != NULL, "rank %d, one plan %d: %s", bad, one,
+                      fy_last_error());
+            if (!one) {
+                snprintf(want, sizeof want, "rank %d", !bad);
+                cr_expect(strstr(fy_last_error(), want) == NULL, "names rank %d: %s", !bad, fy_last_error());
+            }
+            cr_expect(res.rank == NULL, "nothing left to free");
+        }
+}
+
+/* Random jobs (2 or 3 ranks of the named profiles, each slowed 1x to 150x, budgets from
+ * tight to ample, fp32 or bf16, the tie margin or none, own plans or one plan): every rank
+ * within its budget (one plan: the least), balanced shares never slower than equal ones,
+ * and with each rank its own plan both the least the enumeration finds. */
+Test(job, random_jobs_are_the_least_the_enumeration_finds, .timeout = 120) {
+    static const char *const names[] = {"a100-40gb-pcie4", "a100-80gb-pcie4", "rtx4090-pcie4",
+                                        "h100-80gb-pcie5", "h200-141gb"};
+    static const double slows[] = {1, 30, 50, 75, 100, 150};
+    static const size_t budget_mib[2][4] = {{6, 8, 12, 32}, {8, 12, 20, 64}}; /* seq 64, 256 */
+    static const int rank_batches[] = {4, 6, 8};
+    uint64_t seed = 12345;
+    int enumerated = 0, one_plans = 0, refused = 0;
+    for (int trial = 0; trial < 48; trial++) {
+        const int N = 2 + (unit_rand(&seed) < 0.5), big = unit_rand(&seed) < 0.5;
+        fy_profile ps[3];
+        fy_profile *links[3];
+        fy_job_rank ranks[3];
+        size_t least = SIZE_MAX;
+        for (int r = 0; r < N; r++) {
+            ps[r] = named_profile(names[(int)(unit_rand(&seed) * 5)]);
+            fy_profile_slow(&ps[r], slows[(int)(unit_rand(&seed) * 6)]);
+            links[r] = &ps[r];
+        }
+        fy_job_share_links(links, N);
+        for (int r = 0; r < N; r++) {
+            ranks[r] = job_rank(&ps[r], budget_mib[big][(int)(unit_rand(&seed) * 4)] << 20);
+            least = ranks[r].device_budget < least ? ranks[r].device_budget : least;
+        }
+        fy_job_cfg c = job_cfg(ranks, N, rank_batches[(int)(unit_rand(&seed) * 3)], FY_JOB_BALANCED);
+        c.seq = big ? 256 : 64;
+        c.tie_margin = unit_rand(&seed) < 0.5 ? 0 : FY_TUNE_TIE_MARGIN;
+        c.one_plan = unit_rand(&seed) < 0.3;
+        c.dtype = unit_rand(&seed) < 0.5 ? FY_BF16 : FY_F32;
+        fy_job_result bal, eq;
+        const fy_log_level lvl = fy_log_get_level();
+        fy_log_set_level(FY_LOG_QUIET); /* 8 MiB fits no plan at seq 256 */
+        const fy_status st = fy_tune_job(&c, &bal);
+        fy_log_set_level(lvl);
+        if (st != FY_OK) {
+            cr_expect_eq(st, FY_ERR_INVALID);
+            cr_expect(strstr(fy_last_error(), "no plan of the job fits") != NULL, "trial %d: %s", trial,
+                      fy_last_error());
+            fy_job_rank at_least[3];
+            for (int r = 0; r < N; r++) {
+                at_least[r] = ranks[r];
+                if (c.one_plan) at_least[r].device_budget = least;
+            }
+            fy_job_cfg e = c;
+            e.ranks = at_least;
+            e.shares = FY_JOB_EQUAL;
+            cr_expect(isinf(job_enumerated(&e)), "trial %d: refused, yet each rank has a plan", trial);
+            refused++;
+            continue;
+        }
+        expect_whole_job(&c, &bal);
+        for (int r = 0; r < N; r++)
+            cr_expect(bal.rank[r].mem.device_total <= (c.one_plan ? least : ranks[r].device_budget),
+                      "trial %d rank %d: %zu bytes", trial, r, bal.rank[r].mem.device_total);
+        c.shares = FY_JOB_EQUAL;
+        cr_assert_eq(fy_tune_job(&c, &eq), FY_OK, "trial %d: balanced shares fit, equal do not", trial);
+        expect_whole_job(&c, &eq);
+        cr_expect(bal.step_ms <= eq.step_ms, "trial %d: balanced %.6f ms, equal %.6f", trial, bal.step_ms,
+                  eq.step_ms);
+        if (c.one_plan) {
+            one_plans++;
+        } else {
+            const double least_eq = job_enumerated(&c);
+            c.shares = FY_JOB_BALANCED;
+            const double least_bal = job_enumerated(&c);
+            cr_expect(bal.step_ms <= least_bal * (1 + 1e-9), "trial %d: balanced %.6f ms, the "
+                      "enumeration's %.6f", trial, bal.step_ms, least_bal);
+            cr_expect(eq.step_ms <= least_eq * (1 + 1e-9), "trial %d: equal %.6f ms, the enumeration's "
+                      "%.6f", trial, eq.step_ms, least_eq);
+            enumerated++;
+        }
+        fy_job_result_free(&bal);
+        fy_job_result_free(&eq);
+    }
+    cr_expect(enumerated >= 20 && one_plans >= 8 && refused >= 2, "%d jobs enumerated, %d of one plan, %d "
+              "refused", enumerated, one_plans, refused);
 }
