@@ -50,7 +50,7 @@ static const opt table[] = {
      "cpu backend: throttle host<->device copies to X GB/s (0 = off)", 0},
     {"sim-slowdown", T_STR, O(sim_slowdown), TR, NULL, R_ANY, NULL, "S0,S1,...",
      "cpu backend, a job of several processes: rank i's kernels run S_i times slower "
-     "(unlike devices)", 0},
+     "(unlike devices; its profile's compute is slowed as much for the job's search)", 0},
     {"threads", T_INT, O(threads), TR | EV | PR | TU | SW, "0", R_NONNEG, NULL, "N",
      "cpu backend: kernel threads (0 = all cores)", 1024},
     {"model", T_STR, O(model), TR | PR | TU | SW, "gpt2-mini", R_ANY, NULL, "NAME",
@@ -80,7 +80,8 @@ static const opt table[] = {
      "without --val-data: hold out the last fraction F of --data for validation", 0},
     {"ranks", T_INT, O(ranks), TU, "1", R_POS, NULL, "N",
      "plan each rank of a data-parallel job of N processes (ZeRO-sharded optimizer state; "
-     "the collectives costed from the profile's, probed under mpirun or named)", 1024},
+     "the collectives costed from the profile's, probed under mpirun or named); a --profile "
+     "or --gpu-mem per rank plans a job of unlike ranks", 1024},
     {"batch", T_INT, O(batch), TR | EV | PR | TU | SW, "8", R_POS, NULL, "B", "micro-batch size", 65536},
     {"seq", T_INT, O(seq), TR | EV | PR | TU | SW, "128", R_POS, NULL, "T", "sequence length", 1 << 20},
     {"chunk-tokens", T_INT, O(chunk_tokens), TR | EV | PR | TU | SW, "4096", R_POS, NULL, "N",
@@ -93,8 +94,9 @@ static const opt table[] = {
     {"grad-accum", T_INT, O(grad_accum), TR, "1", R_POS, NULL, "N",
      "micro-batches per optimizer step (in a job: per rank)", 1024},
     {"batch-shares", T_STR, O(batch_shares), TR, "equal", R_ANY, NULL, "HOW",
-     "a job's micro-batches by rank: equal (--grad-accum each), auto (the same total in "
-     "proportion to each rank's measured speed), or n0,n1,... per rank", 0},
+     "a job's micro-batches by rank: equal (--grad-accum each), auto (the same total, "
+     "balancing the ranks' predicted steps under their own plans and profiles), or "
+     "n0,n1,... per rank", 0},
     {"steps", T_INT, O(steps), TR | SW, "300", R_POS, NULL, "N", "optimizer steps", (int64_t)1 << 40},
     {"lr", T_FLOAT, O(lr), TR, "2e-3", R_POS, NULL, "X", "peak learning rate", 0},
     {"lr-schedule", T_STR, O(lr_schedule), TR, "cosine", R_ANY, "const|cosine", "S",
