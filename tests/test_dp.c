@@ -629,9 +629,37 @@ Test(dp, ranks_with_plans_of_their_own) {
     cr_expect_neq(r.code, 0);
     cr_expect(strstr(r.err, "ferry: error: rank 0: --batch-shares auto") && strstr(r.err, "--grad-accum"),
               "%s", r.err);
+    /* ranks that must agree and do not: one error, from rank 0, naming the rank and flag,
+     * before any collective of planning (each of these once stalled the job or ended it
+     * mid-run) */
+    static const char *const differ[][3] = {
+        {"--plan auto", "--plan", "auto"},
+        {"--batch-shares", "--batch-shares", "auto"},
+        {"--dtype", "--dtype", "bf16"},
+        {"--steps", "--steps", "6"},
+    };
+    for (size_t i = 0; i < sizeof differ / sizeof differ[0]; i++) {
+        run_mpmd(&r, LIST(ARGS), LIST(ARGS, differ[i][1], differ[i][2]));
+        cr_expect_neq(r.code, 0, "%s", differ[i][0]);
+        char want[128];
+        snprintf(want, sizeof want, "ferry: error: rank 0: rank 1's %s differs", differ[i][0]);
+        cr_expect(strstr(r.err, want) && !strstr(r.err, "rank 1: rank"), "%s:\n%s", want, r.err);
+    }
+    run_mpmd(&r, LIST(ARGS), LIST(ARGS, "--offload-optim", "1", "--speculate", "1"));
+    cr_expect_neq(r.code, 0);
+    cr_expect(strstr(r.err, "ferry: error: rank 1: --speculate: a speculative update runs in one process") &&
+              !strstr(r.err, "rank 0: --speculate"), "%s", r.err);
 #undef ARGS
 #define ARGS "train", "--model", "gpt2-mini", "--device", "cpu", "--threads", "1", "--seq", "64", \
         "--steps", "2"
+    FERRY(&r, 2, ARGS, "--plan", "auto", "--profile", "nope");
+    cr_expect_neq(r.code, 0);
+    cr_expect(strstr(r.err, "ferry: error: rank 0: unknown profile 'nope'") &&
+              !strstr(r.err, "rank 1: unknown profile"), "%s", r.err);
+    FERRY(&r, 2, ARGS, "--plan", "auto", "--profile", job_profile(), "--batch-shares", "3,1");
+    cr_expect_neq(r.code, 0);
+    cr_expect(strstr(r.err, "ferry: error: rank 0: --batch-shares 3,1 counts micro-batches of --batch") &&
+              !strstr(r.err, "rank 1: --batch-shares"), "%s", r.err);
     FERRY(&r, 2, ARGS, "--gpu-mem", "24MiB,6MiB,1MiB");
     cr_expect_neq(r.code, 0);
     cr_expect(strstr(r.err, "ferry: error: rank 0: --gpu-mem") && strstr(r.err, "3 values for 2 ranks") &&

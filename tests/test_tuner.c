@@ -625,9 +625,10 @@ static double job_enumerated(const fy_job_cfg *c) {
     const int N = c->nranks;
     cr_assert(N <= JOB_MAX_RANKS && N * c->rank_batch <= JOB_MAX_COUNT);
     double best = INFINITY;
-    for (int m = 1; m <= c->rank_batch; m++) {
-        if (c->rank_batch % m) continue;
-        const int total = N * (c->rank_batch / m);
+    for (int m = 1; m <= N * c->rank_batch; m++) { /* sizes the ranks can share (job.h) */
+        const int total = N * c->rank_batch / m;
+        if ((N * c->rank_batch) % m || total < N || (c->shares == FY_JOB_EQUAL && c->rank_batch % m))
+            continue;
         static double t[JOB_MAX_RANKS][JOB_MAX_COUNT + 1];
         double equal = 0.0;
         for (int r = 0; r < N; r++) {
@@ -644,7 +645,7 @@ static double job_enumerated(const fy_job_cfg *c) {
  * summing to the step's micro-batches, the step the slowest rank's. */
 static void expect_whole_job(const fy_job_cfg *c, const fy_job_result *res) {
     cr_assert_eq(res->nranks, c->nranks);
-    cr_assert(res->micro >= 1 && c->rank_batch % res->micro == 0, "micro %d", res->micro);
+    cr_assert(res->micro >= 1 && (c->nranks * c->rank_batch) % res->micro == 0, "micro %d", res->micro);
     int sum = 0;
     double slowest = 0.0;
     for (int r = 0; r < c->nranks; r++) {
@@ -656,7 +657,7 @@ static void expect_whole_job(const fy_job_cfg *c, const fy_job_result *res) {
         sum += p->grad_accum;
         slowest = fmax(slowest, res->rank[r].step_ms);
     }
-    cr_expect_eq(sum, c->nranks * (c->rank_batch / res->micro), "the counts sum to %d", sum);
+    cr_expect_eq(sum, c->nranks * c->rank_batch / res->micro, "the counts sum to %d", sum);
     cr_expect_eq(res->step_ms, slowest);
     cr_expect(res->evaluated >= 1);
 }
@@ -830,8 +831,13 @@ Test(job, given_plans_are_kept_and_shared) {
     cr_expect_eq(fy_tune_job(&c, &res), FY_ERR_INVALID, "micro-batches of 2 and 1");
     cr_expect(strstr(fy_last_error(), "micro-batches of 2 and 1") != NULL, "%s", fy_last_error());
     ranks[1].plan = &cpu_opt;
-    c.rank_batch = 3;
-    cr_expect_eq(fy_tune_job(&c, &res), FY_ERR_INVALID, "a batch of 3 in micro-batches of 2");
+    c.rank_batch = 3; /* 6 sequences: 3 micro-batches of 2, shared unequally but not equally */
+    c.shares = FY_JOB_EQUAL;
+    cr_expect_eq(fy_tune_job(&c, &res), FY_ERR_INVALID, "equal shares of a batch of 3 in micro-batches of 2");
+    c.shares = FY_JOB_BALANCED;
+    cr_assert_eq(fy_tune_job(&c, &res), FY_OK, "3 micro-batches of 2 over 2 ranks");
+    expect_whole_job(&c, &res);
+    fy_job_result_free(&res);
     c.rank_batch = 8;
     for (int s = 0; s < 2; s++) {
         c.shares = s ? FY_JOB_BALANCED : FY_JOB_EQUAL;
@@ -862,6 +868,37 @@ Test(job, given_plans_are_kept_and_shared) {
 
 /* A rank whose budget fits no plan fails the job, the error naming that rank; so does a
  * least budget no one plan fits. */
+/* At the accumulation limit: ranks whose given plans accumulate FY_PLAN_MAX_ACCUM each,
+ * the slower with the fewer, and no prediction of a count past the limit (the balance's
+ * lines were once fitted at count + 1, past the step graph's arrays). */
+Test(job, counts_at_the_accumulation_limit) {
+    fy_profile ps[2] = {named_profile("h100-80gb-pcie5"), named_profile("h100-80gb-pcie5")};
+    fy_profile_slow(&ps[0], 1000); /* compute-bound at this size, the second rank 3x slower */
+    fy_profile_slow(&ps[1], 3000);
+    fy_model *m;
+    cr_assert_eq(fy_model_named("gpt2-tiny", NULL, &m), FY_OK);
+    fy_plan p;
+    cr_assert_eq(fy_plan_new(m, 1, FY_PLAN_MAX_ACCUM, &p), FY_OK);
+    fy_job_rank ranks[2] = {job_rank(&ps[0], (size_t)1 << 30), job_rank(&ps[1], (size_t)1 << 30)};
+    ranks[0].plan = ranks[1].plan = &p;
+    fy_job_cfg c = job_cfg(ranks, 2, FY_PLAN_MAX_ACCUM, FY_JOB_BALANCED);
+    c.model = m;
+    c.seq = 16;
+    c.window = 1;
+    fy_job_result res;
+    cr_assert_eq(fy_tune_job(&c, &res), FY_OK, "%s", fy_last_error());
+    cr_expect_eq(res.rank[0].plan.grad_accum, FY_PLAN_MAX_ACCUM, "the full rank at the limit");
+    cr_expect_eq(res.rank[1].plan.grad_accum, FY_PLAN_MAX_ACCUM);
+    fy_job_result_free(&res);
+    c.rank_batch = FY_PLAN_MAX_ACCUM / 2; /* room to move: the slower rank takes fewer */
+    cr_assert_eq(fy_tune_job(&c, &res), FY_OK, "%s", fy_last_error());
+    expect_whole_job(&c, &res);
+    cr_expect_lt(res.rank[1].plan.grad_accum, res.rank[0].plan.grad_accum);
+    fy_job_result_free(&res);
+    fy_plan_free(&p);
+    fy_model_free(m);
+}
+
 Test(job, a_rank_no_plan_fits_is_named) {
     const fy_profile p = named_profile("a100-40gb-pcie4");
     const size_t mib = (size_t)1 << 20;

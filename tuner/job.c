@@ -85,7 +85,8 @@ static fy_tune_cfg rank_cfg(const fy_job_cfg *cfg, int r, int micro, int count) 
                          .ranks = cfg->nranks, .tie_margin = cfg->tie_margin};
 }
 
-/* Rank r's plan predicted at its count: the plan it is given, else its best. */
+/* Rank r's plan predicted at its count, with the search's counts of the plan's layers
+ * (recomputed, streamed, cpu-updated, speculative), as the tuner reports a point. */
 static fy_status predict_plan(search *s, int r, const fy_plan *plan, int micro, int count,
                               fy_tune_result *out) {
     fy_plan p;
@@ -95,6 +96,14 @@ static fy_status predict_plan(search *s, int r, const fy_plan *plan, int micro, 
     fy_status st = fy_tune_predict(s->cfg->ranks[r].profile, &tc, &p, out);
     fy_plan_free(&p);
     s->evaluated++;
+    for (int b = 0; st == FY_OK && b < plan->nblocks; b++) {
+        const fy_block_plan *bp = &plan->blocks[b];
+        if (bp->layer < 0) continue;
+        out->k1 += bp->acts == FY_ACTS_RECOMPUTE;
+        out->k2 += bp->weights == FY_ON_HOST;
+        out->k3 += bp->update == FY_UPDATE_CPU;
+        out->k4 += bp->speculate;
+    }
     return st;
 }
 
@@ -145,16 +154,32 @@ static fy_status rank_at(search *s, int r, int micro, int count, const entry **o
     return FY_OK;
 }
 
+/* Whether the job's step (nranks x rank_batch sequences) is whole micro-batches of m
+ * that the ranks can share: each at least one and at most FY_PLAN_MAX_ACCUM, and with
+ * equal shares the same count each. */
+static bool size_fits(const fy_job_cfg *cfg, int m) {
+    const int64_t seqs = (int64_t)cfg->nranks * cfg->rank_batch, total = seqs / m;
+    if (seqs % m || total < cfg->nranks || total > (int64_t)cfg->nranks * FY_PLAN_MAX_ACCUM) return false;
+    return cfg->shares != FY_JOB_EQUAL || cfg->rank_batch % m == 0;
+}
+
+/* The first counts at micro-batch size m: as equal as whole micro-batches allow, the
+ * remainder one each to the first ranks. */
+static void first_counts(const fy_job_cfg *cfg, int m, int *n) {
+    const int total = cfg->nranks * cfg->rank_batch / m;
+    for (int r = 0; r < cfg->nranks; r++) n[r] = total / cfg->nranks + (r < total % cfg->nranks);
+}
+
 /* The job at one micro-batch size: the counts n (and *ms, the slowest rank's step) of
  * the best job the rounds found; *ms INFINITY when a rank has no plan at this size. */
 static fy_status job_at(search *s, int micro, int *best_n, double *ms) {
     const fy_job_cfg *cfg = s->cfg;
-    const int N = cfg->nranks, total = N * (cfg->rank_batch / micro);
+    const int N = cfg->nranks, total = N * cfg->rank_batch / micro;
     *ms = INFINITY;
     int *n = calloc((size_t)N, sizeof *n), *seen = calloc((size_t)JOB_ROUNDS * N, sizeof *seen);
     double *a = calloc((size_t)N, sizeof *a), *b = calloc((size_t)N, sizeof *b);
     fy_status st = n && seen && a && b ? FY_OK : FY_ERR_NOMEM;
-    for (int r = 0; st == FY_OK && r < N; r++) n[r] = cfg->rank_batch / micro;
+    if (st == FY_OK) first_counts(cfg, micro, n);
     for (int round = 0; st == FY_OK && round < JOB_ROUNDS; round++) {
         memcpy(&seen[round * N], n, (size_t)N * sizeof *n);
         double job = 0.0;
@@ -171,15 +196,18 @@ static fy_status job_at(search *s, int micro, int *best_n, double *ms) {
             memcpy(best_n, n, (size_t)N * sizeof *n);
         }
         if (cfg->shares == FY_JOB_EQUAL) break;
-        /* each rank's step as a + b n under the plan it has now, from one more micro-batch */
+        /* each rank's step as a + b n under the plan it has now, from one more
+         * micro-batch (one fewer at the accumulation limit) */
         for (int r = 0; st == FY_OK && r < N; r++) {
             const entry *e;
-            fy_tune_result more;
+            fy_tune_result near;
+            const int other = n[r] < FY_PLAN_MAX_ACCUM ? n[r] + 1 : n[r] - 1;
             st = rank_at(s, r, micro, n[r], &e);
-            if (st == FY_OK) st = predict_plan(s, r, &e->r.plan, micro, n[r] + 1, &more);
+            if (st == FY_OK) st = predict_plan(s, r, &e->r.plan, micro, other, &near);
             if (st != FY_OK) break;
-            fy_plan_free(&more.plan);
-            b[r] = more.step_ms - e->r.step_ms > 1e-9 ? more.step_ms - e->r.step_ms : 1e-9;
+            fy_plan_free(&near.plan);
+            const double slope = (near.step_ms - e->r.step_ms) / (other - n[r]);
+            b[r] = slope > 1e-9 ? slope : 1e-9;
             a[r] = e->r.step_ms - b[r] * n[r];
         }
         if (st == FY_OK) st = fy_job_balance(a, b, N, total, n);
@@ -243,10 +271,8 @@ static fy_status best_job(search *s, int fixed_micro, int *micro, int *n, double
     if (!cand_n) return FY_ERR_NOMEM;
     fy_status st = FY_OK;
     *ms = INFINITY;
-    for (int m = 1; st == FY_OK && m <= cfg->rank_batch; m++) {
-        if (cfg->rank_batch % m || (fixed_micro && m != fixed_micro) ||
-            cfg->rank_batch / m > FY_PLAN_MAX_ACCUM)
-            continue;
+    for (int m = 1; st == FY_OK && m <= cfg->rank_batch * cfg->nranks; m++) {
+        if (!size_fits(cfg, m) || (fixed_micro && m != fixed_micro)) continue;
         double t;
         st = job_at(s, m, cand_n, &t);
         if (st == FY_OK && t < *ms) {
@@ -267,16 +293,16 @@ static fy_status one_plan_job(search *s, int *micro, int *n, double *ms, fy_tune
     size_t least = SIZE_MAX;
     for (int r = 0; r < N; r++)
         if (cfg->ranks[r].device_budget < least) least = cfg->ranks[r].device_budget;
-    int *cn = calloc((size_t)N, sizeof *cn);
-    if (!cn) return FY_ERR_NOMEM;
-    fy_status st = FY_OK;
+    int *cn = calloc((size_t)N, sizeof *cn), *first = calloc((size_t)N, sizeof *first);
+    fy_status st = cn && first ? FY_OK : FY_ERR_NOMEM;
     *ms = INFINITY;
     int ncand = 0;
-    for (int m = 1; st == FY_OK && m <= cfg->rank_batch; m++) {
-        if (cfg->rank_batch % m || cfg->rank_batch / m > FY_PLAN_MAX_ACCUM) continue;
+    for (int m = 1; st == FY_OK && m <= cfg->rank_batch * N; m++) {
+        if (!size_fits(cfg, m)) continue;
+        first_counts(cfg, m, first);
         for (int r = 0; st == FY_OK && r < N; r++) {
             if (s->cls[r] != r) continue;
-            fy_tune_cfg tc = rank_cfg(cfg, r, m, cfg->rank_batch / m);
+            fy_tune_cfg tc = rank_cfg(cfg, r, m, first[r]);
             tc.device_budget = least;
             fy_tune_result top;
             int nf = 0, ne = 0;
@@ -310,6 +336,7 @@ static fy_status one_plan_job(search *s, int *micro, int *n, double *ms, fy_tune
         }
     }
     free(cn);
+    free(first);
     return st;
 }
 
@@ -329,9 +356,9 @@ fy_status fy_tune_job(const fy_job_cfg *cfg, fy_job_result *out) {
         }
         fixed_micro = p->micro_batch;
     }
-    if (fixed_micro && cfg->rank_batch % fixed_micro) {
-        fy_log_error("a rank's batch of %d sequences is not a whole number of the plans' "
-                     "micro-batches of %d", cfg->rank_batch, fixed_micro);
+    if (fixed_micro && !size_fits(cfg, fixed_micro)) {
+        fy_log_error("a job of %d ranks of %d sequences is not a whole number of the plans' "
+                     "micro-batches of %d, at least one a rank", N, cfg->rank_batch, fixed_micro);
         return FY_ERR_INVALID;
     }
     search s = {.cfg = cfg, .cand = -1};
@@ -359,10 +386,6 @@ fy_status fy_tune_job(const fy_job_cfg *cfg, fy_job_result *out) {
         const entry *e;
         if (cfg->one_plan) {
             st = predict_plan(&s, r, &one.plan, micro, n[r], &out->rank[r]);
-            out->rank[r].k1 = one.k1;
-            out->rank[r].k2 = one.k2;
-            out->rank[r].k3 = one.k3;
-            out->rank[r].k4 = one.k4;
             continue;
         }
         st = rank_at(&s, r, micro, n[r], &e);

@@ -6,7 +6,8 @@
  * Every rank's micro-batches have one size: a job is exact (bit-identical to one process
  * accumulating the same micro-batches in the same order) only when they do, since a
  * micro-batch of 2 sums its weight gradients in one GEMM where two of 1 sum them in two.
- * So the search is over that size (each divisor of a rank's batch), then per rank over its
+ * So the search is over that size (each that cuts the job's step into whole micro-batches,
+ * at least one a rank; with equal shares, each divisor of a rank's batch), then per rank over its
  * plans (tune.h: its own profile, budget, and the job's sharded state and collectives) and
  * over the ranks' counts: rank r's step takes T_r(n) for n micro-batches, about a_r + b_r n
  * under one plan; the counts that minimise max_r T_r(n_r) with sum n_r fixed are found by

@@ -62,8 +62,18 @@ static fy_status tune_rank(const fy_opts *o, const fy_model *m, int n, int r, fy
     if (o->profile) {
         FY_TRY(fy_opts_rank_item("profile", o->profile, n, r, item, sizeof item));
         FY_TRY(fy_profile_open(item, p));
-    } else {
-        FY_TRY(fy_tune_auto_profile(&ro, m, p));
+    } else { /* this machine's probe of a job of n */
+        const fy_log_level lvl = fy_log_get_level();
+        fy_log_set_level(FY_LOG_QUIET);
+        const fy_status st = fy_tune_auto_profile(&ro, m, p);
+        fy_log_set_level(lvl);
+        if (st != FY_OK) {
+            fy_log_error("a job's tune takes each rank's machine from --profile P0,P1,... (files "
+                         "or names: %s), or one for every rank, or this machine's probe of %d "
+                         "ranks (mpirun -np %d ferry probe), which is not cached", fy_profile_names(),
+                         n, n);
+            return FY_ERR_USAGE;
+        }
     }
     if (!(p->coll_gbps > 0)) {
         fy_log_error("profile %s has no figure for the collectives between a job's ranks: probe "

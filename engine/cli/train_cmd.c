@@ -152,6 +152,13 @@ static fy_status resolve_plan(const fy_opts *o, const fy_model *m, fy_dev_kind k
             return FY_ERR_USAGE;
         }
         if (fy_comm_size(comm) > 1) { /* each rank its own, and with auto its share */
+            if (strcmp(o->batch_shares, "equal") && strcmp(o->batch_shares, "auto")) {
+                if (fy_comm_rank(comm) == 0) /* every rank's mistake (the ranks agree on it) */
+                    fy_log_error("--batch-shares %s counts micro-batches of --batch, and --plan "
+                                 "auto chooses the micro-batch size: give auto or equal",
+                                 o->batch_shares);
+                return FY_ERR_USAGE;
+            }
             FY_TRY(fy_plan_new(m, (int)o->batch, (int)o->grad_accum, plan));
             FY_TRY(fy_job_plans(o, m, comm, slowdown, true, !strcmp(o->batch_shares, "auto"), plan));
         } else {
@@ -187,19 +194,21 @@ static fy_status resolve_plan(const fy_opts *o, const fy_model *m, fy_dev_kind k
             return FY_ERR_USAGE;
         }
     }
-    for (int b = 0; b < plan->nblocks && comm && fy_comm_size(comm) > 1; b++)
-        if (plan->blocks[b].speculate) { /* every rank stops here; the first says why */
-            if (fy_comm_rank(comm) == 0)
-                fy_log_error("%s: a speculative update runs in one process (a job's norm is known "
-                             "only after its reduces)", o->plan ? o->plan : "--speculate");
-            return FY_ERR_USAGE;
-        }
+    if (comm && fy_comm_size(comm) > 1) { /* every rank stops; the first that speculates says why */
+        int32_t first = 0;
+        for (int b = 0; b < plan->nblocks; b++)
+            if (plan->blocks[b].speculate) first = fy_comm_size(comm) - fy_comm_rank(comm);
+        FY_TRY(fy_comm_max_i32(comm, &first));
+        if (first && fy_comm_size(comm) - fy_comm_rank(comm) == first)
+            fy_log_error("%s: a speculative update runs in one process (a job's norm is known "
+                         "only after its reduces)", o->plan ? o->plan : "--speculate");
+        if (first) return FY_ERR_USAGE;
+    }
     FY_TRY(check_tokens(plan->micro_batch, o->seq, "micro-batch"));
     /* a plan file keeps the storage type it names unless --dtype says otherwise */
     if (!o->plan || !strcmp(o->plan, "auto") || fy_opts_given(o, "dtype") ||
         plan->dtype == FY_DTYPE_NONE)
         plan->dtype = fy_opts_dtype(o, kind);
-    if (o->save_plan && g_rank == 0) FY_TRY(fy_plan_save(o->save_plan, plan));
     return FY_OK;
 }
 
@@ -463,6 +472,55 @@ static fy_status rank_memory(const fy_model *m, const fy_plan *plan, int seq, in
     return FY_OK;
 }
 
+/* A job's ranks run one training: what must be the same on every rank (--plan auto and
+ * --batch-shares decide the collectives of planning; the rest the step's data and math)
+ * is compared, and rank 0 names the first flag that differs. Budgets, profiles, plans
+ * and --sim-slowdown may differ, and with them a job started as `A : B`. */
+static fy_status agree_on_run(fy_comm *comm, const fy_opts *o) {
+    const int world = fy_comm_size(comm), rank = fy_comm_rank(comm);
+    if (world == 1) return FY_OK;
+    const bool autoplan = o->plan && !strcmp(o->plan, "auto");
+    const struct { const char *flag; int64_t v; bool number; } mine[] = {
+        {"--plan auto", autoplan, false},
+        {"--batch-shares", !strcmp(o->batch_shares, "equal") ? 0 : !strcmp(o->batch_shares, "auto") ? 1 : 2,
+         false},
+        {"--dtype", fy_opts_dtype(o, fy_opts_dev_kind(o)), false},
+        {"--seq", o->seq, true},
+        {"--batch (with --plan auto)", autoplan ? o->batch : 0, true},
+        {"--grad-accum (with --plan auto)", autoplan ? o->grad_accum : 0, true},
+        {"--steps", o->steps, true},
+        {"--seed", o->seed, true},
+        {"--val-every", o->val_every, true},
+        {"--val-batches", o->val_batches, true},
+        {"--checkpoint-every", o->ckpt_every, true},
+        {"--checkpoint-dir", o->ckpt_dir != NULL, false},
+    };
+    enum { K = sizeof mine / sizeof mine[0] };
+    int64_t *v = calloc((size_t)world * K, sizeof *v);
+    size_t *off = calloc((size_t)world + 1, sizeof *off);
+    fy_status st = fy_comm_agree(comm, v && off ? FY_OK : FY_ERR_NOMEM);
+    for (int r = 0; st == FY_OK && r <= world; r++) off[r] = (size_t)r * K * sizeof *v;
+    for (int k = 0; st == FY_OK && k < K; k++) v[(size_t)rank * K + k] = mine[k].v;
+    if (st == FY_OK) st = fy_comm_allgather(comm, v, off, 1);
+    for (int r = 1; st == FY_OK && r < world; r++)
+        for (int k = 0; k < K; k++) {
+            if (v[(size_t)r * K + k] == v[k]) continue;
+            char vals[64] = "";
+            if (mine[k].number)
+                snprintf(vals, sizeof vals, " (%lld against %lld)", (long long)v[(size_t)r * K + k],
+                         (long long)v[k]);
+            if (rank == 0)
+                fy_log_error("rank %d's %s differs from rank 0's%s: a job's ranks run one "
+                             "training (budgets, profiles, plans and --sim-slowdown may differ)",
+                             r, mine[k].flag, vals);
+            st = FY_ERR_USAGE;
+            break;
+        }
+    free(v);
+    free(off);
+    return st;
+}
+
 /* The per-rank flags: this rank's --gpu-mem from a list of one per rank, and --profile's
  * count checked (each rank opens its own when it plans); rank 0 says what is wrong. */
 static fy_status rank_values(fy_comm *comm, fy_opts *o) {
@@ -513,6 +571,7 @@ int fy_train_main(const fy_opts *given) {
     fy_plan plan = {0};
     fy_train_cfg tc = {0};
     st = rank_values(comm, &own);
+    if (st == FY_OK) st = agree_on_run(comm, o);
     if (st == FY_OK) st = check_tokens(o->batch, o->seq, "--batch");
     /* test hooks (tests/test_dp.c): a rank that fails at once, or stalls */
     int64_t fail = -1, stall = -1;
@@ -552,6 +611,13 @@ int fy_train_main(const fy_opts *given) {
         fy_log_warn("--batch-shares: one process takes every micro-batch (--grad-accum)");
     if (st == FY_OK) st = batch_shares(o, m, comm, slowdown, &plan);
     if (st == FY_OK) st = place_micro_batches(comm, &plan, (int)o->seq, &tc);
+    if (st == FY_OK && o->save_plan && lead) { /* with its count of micro-batches */
+        st = fy_plan_save(o->save_plan, &plan);
+        if (st == FY_OK && world > 1 && ((o->plan && !strcmp(o->plan, "auto")) ||
+                                         strcmp(o->batch_shares, "equal")))
+            fy_log_warn("--save-plan: %s is rank 0's plan and share (%d micro-batches a step); "
+                        "this job's ranks each have their own", o->save_plan, plan.grad_accum);
+    }
     free(slowdown);
     fy_mem_model mm = {0};
     if (st == FY_OK) st = check_heads(m, tc.dev.kind, plan.dtype == FY_BF16 ? FY_BF16 : FY_F32);

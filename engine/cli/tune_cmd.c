@@ -182,7 +182,9 @@ static int device_slot(const fy_opts *o, fy_comm *comm) {
 /* A probe now (every rank of a job), cached: each GPU's by its rank, the cpu backend's
  * (every rank of a node alike) by the node's first. */
 static fy_status probe_and_cache(const fy_opts *o, const fy_model *m, fy_comm *comm, fy_profile *p) {
-    FY_TRY(probe(o, m, comm, p));
+    fy_opts whole = *o; /* the device's memory, not this run's budget of it */
+    whole.gpu_mem = 0;
+    FY_TRY(probe(&whole, m, comm, p));
     const int slot = device_slot(o, comm);
     if (comm && slot == 0 && fy_comm_local_rank(comm) != 0) return FY_OK;
     char path[4096];
@@ -559,8 +561,13 @@ fy_status fy_tune_rank_profile(const fy_opts *o, const fy_model *m, fy_comm *com
     fy_status st = FY_OK;
     if (o->profile) { /* its count is checked (train_cmd.c) */
         char item[4096];
+        /* one profile for every rank: rank 0 says what is wrong with it */
+        const bool shared = fy_opts_list_count(o->profile) == 1, quiet = shared && rank != 0;
+        const fy_log_level lvl = fy_log_get_level();
+        if (quiet) fy_log_set_level(FY_LOG_QUIET);
         st = fy_opts_rank_item("profile", o->profile, world, rank, item, sizeof item);
         if (st == FY_OK) st = fy_profile_open(item, p);
+        fy_log_set_level(lvl);
     } else {
         st = known_profile(o, m, world, device_slot(o, comm), p, &found);
     }
