@@ -280,11 +280,15 @@ fy_status fy_probe(const fy_probe_cfg *cfg, fy_profile *out) {
     if (tmax > FY_PROFILE_MAX_THREADS) tmax = FY_PROFILE_MAX_THREADS;
     if (st == FY_OK) st = probe_adam(tmax, out);
     double c1[FY_T_COUNT][FY_BLOCK_KINDS] = {{0}}, c2[FY_T_COUNT][FY_BLOCK_KINDS] = {{0}};
-    int B1 = cfg->batch, B2 = 2 * cfg->batch;
+    /* the ends of the search's micro-batches, 1 and --batch (the tuner's are its
+     * divisors): the fit interpolates where plans are chosen (1 and 2 for a batch of 1) */
+    const int B1 = 1, B2 = cfg->batch > 1 ? cfg->batch : 2;
+    bool two = true;
     if (st == FY_OK) st = block_costs(dev, cfg, B1, c1);
     if (st == FY_OK && block_costs(dev, cfg, B2, c2) != FY_OK) {
         /* a second size that does not fit: costs taken as independent of the batch */
         memcpy(c2, c1, sizeof c2);
+        two = false;
         fy_log_warn("probe: micro-batch %d does not fit; block costs measured at %d only", B2, B1);
     }
     if (st == FY_OK) {
@@ -307,12 +311,14 @@ fy_status fy_probe(const fy_probe_cfg *cfg, fy_profile *out) {
             if (fy_model_block(cfg->model, b)->kind == FY_BLOCK_LAYER) layer = b;
         fy_cost fc = {0};
         double P = 0.0;
+        const int Bf = two ? B2 : B1; /* the larger size measured: nearer the throughput */
         if (layer >= 0) {
-            fy_model_cost(cfg->model, layer, FY_PASS_FWD, B1, cfg->seq,
+            fy_model_cost(cfg->model, layer, FY_PASS_FWD, Bf, cfg->seq,
                           (double)fy_dtype_size(out->block_dtype), &fc);
             P = (double)fy_model_block(cfg->model, layer)->nelem;
         }
-        double fwd = c1[FY_T_FWD][FY_BLOCK_LAYER], adam = c1[FY_T_ADAM_GPU][FY_BLOCK_LAYER];
+        const double(*cf)[FY_BLOCK_KINDS] = two ? c2 : c1;
+        double fwd = cf[FY_T_FWD][FY_BLOCK_LAYER], adam = cf[FY_T_ADAM_GPU][FY_BLOCK_LAYER];
         out->compute_tflops = fwd > 0 && fc.flops > 0 ? fc.flops / (fwd * 1e-3) / 1e12 : 0.1;
         out->device_mem_gbps = adam > 0 && P > 0 ? 28.0 * P / (adam * 1e-3) / 1e9 : 10.0;
     }

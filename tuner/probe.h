@@ -4,7 +4,9 @@
  * alone and both at once, over transfer sizes) and the per-transfer latency; device and
  * host memory, cores and NUMA nodes; optim_cpu's AdamW throughput per thread count; and
  * the model's block costs: the engine itself trains a few steps serially (all resident,
- * every layer recomputed, so every compute task kind runs) at two micro-batch sizes, and
+ * every layer recomputed, so every compute task kind runs) at two micro-batch sizes (1
+ * and the batch, the ends of the sizes the tuner chooses among; 1 and 2 for a batch of
+ * 1), and
  * the measured task times are fitted as a + b * micro-batch per task kind and block
  * kind. On the cpu backend with --sim-pcie-gbps the bandwidths are the emulated link's.
  * Under a launcher (cfg->comm of several processes: every rank probes at once, as they
