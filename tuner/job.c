@@ -263,7 +263,7 @@ static fy_status job_at(search *s, int micro, int *best_n, double *ms) {
     return st;
 }
 
-/* Over the micro-batch sizes (every divisor of a rank's batch, or the given plans' one),
+/* Over the micro-batch sizes (every size the ranks can share, or the given plans' one),
  * the best job: its size and counts into *micro and n, *ms INFINITY when none fits. */
 static fy_status best_job(search *s, int fixed_micro, int *micro, int *n, double *ms) {
     const fy_job_cfg *cfg = s->cfg;
@@ -378,8 +378,8 @@ fy_status fy_tune_job(const fy_job_cfg *cfg, fy_job_result *out) {
     if (st == FY_OK && cfg->one_plan) st = one_plan_job(&s, &micro, n, &ms, &one);
     else if (st == FY_OK) st = best_job(&s, fixed_micro, &micro, n, &ms);
     if (st == FY_OK && isinf(ms)) {
-        fy_log_error("no plan of the job fits: %s", s.why[0] ? s.why : "no micro-batch size divides "
-                     "a rank's batch");
+        fy_log_error("no plan of the job fits: %s", s.why[0] ? s.why : "no micro-batch size cuts "
+                     "its step into whole micro-batches, at least one a rank");
         st = FY_ERR_INVALID;
     }
     for (int r = 0; st == FY_OK && r < N; r++) {
