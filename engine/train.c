@@ -394,6 +394,7 @@ static fy_status build_config(run *r) {
                             (double)c->plan->micro_batch * (double)step_micros(c));
     cJSON_AddNumberToObject(o, "micro_batch", c->plan->micro_batch);
     cJSON_AddNumberToObject(o, "grad_accum", c->plan->grad_accum);
+    cJSON_AddStringToObject(o, "summed", c->sum_groups[0] ? c->sum_groups : "in order");
     cJSON_AddStringToObject(o, "dtype", fy_dtype_name(c->plan->dtype));
     const int64_t N = (int64_t)c->plan->micro_batch * c->seq; /* a chunk past it is all of it */
     cJSON_AddNumberToObject(o, "chunk_tokens", (double)(fy_model_chunk(c->model) < N ? fy_model_chunk(c->model) : N));
@@ -483,6 +484,8 @@ static fy_status check_config(const run *r, const fy_ckpt *ck) {
         {"eps", "--eps"}, {"clip", "--clip"}, {"dtype", "--dtype"},
         {"chunk_tokens", "--chunk-tokens"}, {"doc_mask", "--doc-mask"},
     };
+    /* the differences allowed are every rank's: rank 0 says them */
+    if (r->cfg->comm && fy_comm_rank(r->cfg->comm) != 0) return FY_OK;
     const cJSON *sched = cJSON_GetObjectItemCaseSensitive(now, "lr_schedule");
     const bool cosine = cJSON_IsString(sched) && !strcmp(sched->valuestring, "cosine");
     for (size_t i = 0; i < sizeof soft / sizeof soft[0]; i++)
@@ -499,6 +502,14 @@ static fy_status check_config(const run *r, const fy_ckpt *ck) {
                     "so the result differs from a run never stopped in rounding",
                     field_text(now, "micro_batch", b, sizeof b), field_text(now, "grad_accum", b2, sizeof b2),
                     field_text(was, "micro_batch", a, sizeof a), field_text(was, "grad_accum", a2, sizeof a2));
+    } else if (cJSON_GetObjectItemCaseSensitive(was, "summed") && !same_field(was, now, "summed")) {
+        field_text(now, "summed", b, sizeof b); /* "in order", or a job's counts by rank */
+        field_text(was, "summed", a, sizeof a);
+        const bool now_ranks = strcmp(b, "in order") != 0, was_ranks = strcmp(a, "in order") != 0;
+        fy_log_warn("resuming with the step's gradient summed %s%s where the checkpoint's run "
+                    "summed it %s%s: each step reads the same data, but its sum is in another "
+                    "order, so the result differs from a run never stopped in rounding",
+                    now_ranks ? "by rank: " : "", b, was_ranks ? "by rank: " : "", a);
     }
     return FY_OK;
 }

@@ -42,6 +42,10 @@ typedef struct fy_train_cfg {
                                    serve it their shards of the optimizer state) and tells
                                    the others which to resume */
     int micro_first, micro_total;
+    char sum_groups[96];        /* how the step's gradient is summed, for checkpoints: ""
+                                   in micro-batch order (one process, or a job whose ranks
+                                   after the first take one micro-batch each), else each
+                                   rank's count ("2,2"): its micro-batches summed first */
     int64_t test_nan_step;      /* test hook (trainer.h): this step's norm is not finite */
     /* data: text or token shards; NULL data: the embedded corpus (with its own
      * validation text unless val_data is given) */

@@ -495,6 +495,29 @@ Test(dp, auto_plans_in_a_job) {
 #undef ARGS
 }
 
+/* A checkpoint records how its step's gradient was summed: in micro-batch order (one
+ * process; a job whose later ranks take one micro-batch each) or by rank. Resuming in
+ * another order is allowed with one warning; in the same order, none. */
+Test(dp, resuming_in_another_summing_order_says_so) {
+#define RUN_ARGS "train", "--model", "gpt2-tiny", "--device", "cpu", "--threads", "1", "--seq", \
+        "32", "--batch", "2", "--val-batches", "1", "--lr-schedule", "const"
+    test_proc r;
+    const char *by_rank = path_in("by-rank"), *in_order = path_in("in-order");
+    FERRY(&r, 2, RUN_ARGS, "--batch-shares", "2,2", "--steps", "2", "--checkpoint-dir", by_rank);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    FERRY(&r, 2, RUN_ARGS, "--batch-shares", "3,1", "--steps", "3", "--checkpoint-dir", by_rank, "--resume");
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    cr_expect(strstr(r.err, "ferry: warning: rank 0: resuming with the step's gradient summed in order "
+                            "where the checkpoint's run summed it by rank: 2,2") &&
+              !strstr(r.err, "rank 1: resuming"), "%s", r.err);
+    FERRY(&r, 2, RUN_ARGS, "--batch-shares", "3,1", "--steps", "2", "--checkpoint-dir", in_order);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    FERRY(&r, 0, RUN_ARGS, "--grad-accum", "4", "--steps", "3", "--checkpoint-dir", in_order, "--resume");
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    cr_expect(!strstr(r.err, "summed"), "(3, 1) is one process's order:\n%s", r.err);
+#undef RUN_ARGS
+}
+
 /* ---- unlike ranks: a plan and a share each ---- */
 
 /* Each rank's `--dry-run` memory line (JSON): its rank, budget and device bytes. */

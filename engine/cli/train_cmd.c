@@ -339,6 +339,13 @@ static fy_status place_micro_batches(fy_comm *comm, const fy_plan *plan, int seq
     if (st == FY_OK) {
         tc->micro_first = (int)first;
         tc->micro_total = (int)total;
+        /* in micro-batch order unless a rank after the first sums several itself */
+        bool grouped = false;
+        for (int r = 1; r < world; r++) grouped |= v[3 * r + 1] > 1;
+        size_t len = 0;
+        for (int r = 0; grouped && r < world && len < sizeof tc->sum_groups; r++)
+            len += (size_t)snprintf(tc->sum_groups + len, sizeof tc->sum_groups - len, "%s%d",
+                                    r ? "," : "", v[3 * r + 1]);
     }
     free(v);
     free(off);
