@@ -361,21 +361,33 @@ fy_status fy_tune_job(const fy_job_cfg *cfg, fy_job_result *out) {
                      "micro-batches of %d, at least one a rank", N, cfg->rank_batch, fixed_micro);
         return FY_ERR_INVALID;
     }
-    search s = {.cfg = cfg, .cand = -1};
+    /* the ranks' profiles with the job's collectives: its slowest link's */
+    fy_profile *profs = calloc((size_t)N, sizeof *profs), **links = calloc((size_t)N, sizeof *links);
+    fy_job_rank *ranks = calloc((size_t)N, sizeof *ranks);
+    fy_job_cfg job = *cfg;
+    job.ranks = ranks;
+    search s = {.cfg = &job, .cand = -1};
     int *n = calloc((size_t)N, sizeof *n);
     s.cls = calloc((size_t)N, sizeof *s.cls);
     out->rank = calloc((size_t)N, sizeof *out->rank);
-    fy_status st = n && s.cls && out->rank ? FY_OK : FY_ERR_NOMEM;
+    fy_status st = profs && links && ranks && n && s.cls && out->rank ? FY_OK : FY_ERR_NOMEM;
+    for (int r = 0; st == FY_OK && r < N; r++) {
+        profs[r] = *cfg->ranks[r].profile;
+        links[r] = &profs[r];
+        ranks[r] = cfg->ranks[r];
+        ranks[r].profile = &profs[r];
+    }
+    if (st == FY_OK) fy_job_share_links(links, N);
     for (int r = 0; st == FY_OK && r < N; r++) {
         s.cls[r] = r;
         for (int q = 0; q < r; q++)
-            if (alike(&cfg->ranks[q], &cfg->ranks[r])) { s.cls[r] = q; break; }
+            if (alike(&ranks[q], &ranks[r])) { s.cls[r] = q; break; }
     }
     out->nranks = N;
     double ms = INFINITY;
     int micro = 0;
     fy_tune_result one = {0};
-    if (st == FY_OK && cfg->one_plan) st = one_plan_job(&s, &micro, n, &ms, &one);
+    if (st == FY_OK && job.one_plan) st = one_plan_job(&s, &micro, n, &ms, &one);
     else if (st == FY_OK) st = best_job(&s, fixed_micro, &micro, n, &ms);
     if (st == FY_OK && isinf(ms)) {
         fy_log_error("no plan of the job fits: %s", s.why[0] ? s.why : "no micro-batch size cuts "
@@ -384,7 +396,7 @@ fy_status fy_tune_job(const fy_job_cfg *cfg, fy_job_result *out) {
     }
     for (int r = 0; st == FY_OK && r < N; r++) {
         const entry *e;
-        if (cfg->one_plan) {
+        if (job.one_plan) {
             st = predict_plan(&s, r, &one.plan, micro, n[r], &out->rank[r]);
             continue;
         }
@@ -405,6 +417,9 @@ fy_status fy_tune_job(const fy_job_cfg *cfg, fy_job_result *out) {
     free(s.memo);
     free(s.cls);
     free(n);
+    free(profs);
+    free(links);
+    free(ranks);
     fy_plan_free(&one.plan);
     if (st != FY_OK) fy_job_result_free(out);
     return st;

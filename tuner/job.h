@@ -69,7 +69,7 @@ typedef struct fy_job_result {
 
 /* The collectives of a job run at its slowest link: every profile's collective
  * bandwidths (device and host memory) become the least of them and their latencies the
- * largest. */
+ * largest (fy_tune_job prices its ranks so, on copies of their profiles). */
 void fy_job_share_links(fy_profile *const *profiles, int n);
 
 /* Searches the job: out filled (fy_job_result_free). FY_ERR_INVALID with one error line

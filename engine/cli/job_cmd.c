@@ -2,7 +2,6 @@
  * plans and shares (job_cmd.h). */
 #include "engine/cli/job_cmd.h"
 
-#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,11 +101,6 @@ int fy_tune_job_main(const fy_opts *o, const fy_model *m) {
     fy_job_rank *ranks = calloc((size_t)n, sizeof *ranks);
     fy_status st = profs && ranks ? FY_OK : FY_ERR_NOMEM;
     for (int r = 0; st == FY_OK && r < n; r++) st = tune_rank(o, m, n, r, &profs[r], &ranks[r]);
-    fy_profile **links = calloc((size_t)n, sizeof *links);
-    if (st == FY_OK && !links) st = FY_ERR_NOMEM;
-    for (int r = 0; st == FY_OK && r < n; r++) links[r] = &profs[r];
-    if (st == FY_OK) fy_job_share_links(links, n);
-    free(links);
     fy_job_cfg cfg = {.model = m, .seq = (int)o->seq, .rank_batch = (int)o->batch, .nranks = n,
                       .ranks = ranks, .host_budget = o->host_mem,
                       .dtype = fy_opts_dtype(o, fy_opts_dev_kind(o)), .window = 20,
@@ -170,17 +164,13 @@ static fy_status plan_from(const fy_model *m, int micro, int accum, int prefetch
 
 /* Rank 0's part: the search over every rank's info (and, when the plans are given, their
  * block tables), printed; counts[r] and, searched, plans[r] for every rank. */
-static fy_status search_job(const fy_opts *o, const fy_model *m, int world, rank_info *all,
+static fy_status search_job(const fy_opts *o, const fy_model *m, int world, const rank_info *all,
                             const fy_block_plan *tables, bool search, bool balance, int32_t *counts,
                             fy_job_result *res) {
     const int nb = fy_model_nblocks(m);
     fy_job_rank *ranks = calloc((size_t)world, sizeof *ranks);
     fy_plan *given = calloc((size_t)world, sizeof *given);
-    fy_profile **links = calloc((size_t)world, sizeof *links);
-    fy_status st = ranks && given && links ? FY_OK : FY_ERR_NOMEM;
-    for (int r = 0; st == FY_OK && r < world; r++) links[r] = &all[r].profile;
-    if (st == FY_OK) fy_job_share_links(links, world);
-    free(links);
+    fy_status st = ranks && given ? FY_OK : FY_ERR_NOMEM;
     for (int r = 0; st == FY_OK && r < world; r++) {
         ranks[r] = (fy_job_rank){.profile = &all[r].profile, .device_budget = all[r].device_budget,
                                  .adam_threads = all[r].adam_threads};
@@ -242,21 +232,16 @@ fy_status fy_job_plans(const fy_opts *o, const fy_model *m, fy_comm *comm, const
                        bool search, bool balance, fy_plan *plan) {
     const int world = fy_comm_size(comm), rank = fy_comm_rank(comm), nb = fy_model_nblocks(m);
     rank_info *all = calloc((size_t)world, sizeof *all);
-    size_t *off = calloc((size_t)world + 1, sizeof *off), *boff = calloc((size_t)world + 1, sizeof *boff);
     fy_block_plan *tables = calloc((size_t)world * nb, sizeof *tables);
     /* rank 0's answer: the micro-batch size, each rank's count, then each rank's prefetch
      * and storage type */
     const size_t nmsg = (size_t)world * 3 + 1;
     int32_t *msg = calloc(nmsg, sizeof *msg);
-    fy_status st = fy_comm_agree(comm, all && off && boff && tables && msg ? FY_OK : FY_ERR_NOMEM);
+    fy_status st = fy_comm_agree(comm, all && tables && msg ? FY_OK : FY_ERR_NOMEM);
     if (st == FY_OK)
         st = rank_info_of(o, m, comm, slowdown, plan, &all[rank], &tables[(size_t)rank * nb]);
-    for (int r = 0; st == FY_OK && r <= world; r++) {
-        off[r] = (size_t)r * sizeof *all;
-        boff[r] = (size_t)r * nb * sizeof *tables;
-    }
-    if (st == FY_OK) st = fy_comm_allgather(comm, all, off, 1);
-    if (st == FY_OK && !search) st = fy_comm_allgather(comm, tables, boff, 1);
+    if (st == FY_OK) st = fy_comm_allgather_records(comm, all, sizeof *all);
+    if (st == FY_OK && !search) st = fy_comm_allgather_records(comm, tables, (size_t)nb * sizeof *tables);
     if (st == FY_OK) {
         fy_status found = FY_OK;
         if (rank == 0) {
@@ -284,8 +269,6 @@ fy_status fy_job_plans(const fy_opts *o, const fy_model *m, fy_comm *comm, const
         plan->grad_accum = msg[1 + rank];
     }
     free(all);
-    free(off);
-    free(boff);
     free(tables);
     free(msg);
     return st;

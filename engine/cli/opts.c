@@ -193,6 +193,18 @@ static const opt table[] = {
 #define NOPTS (int)(sizeof table / sizeof table[0])
 _Static_assert(sizeof table / sizeof table[0] <= 128, "set_mask holds 128 options");
 
+/* Item i of a comma-separated list into out (cut to cap - 1 bytes); its whole length. */
+static size_t list_item(const char *value, int i, char *out, size_t cap) {
+    const char *p = value;
+    for (int k = 0; k < i && p; k++)
+        if ((p = strchr(p, ','))) p++;
+    if (!p) p = "";
+    const char *comma = strchr(p, ',');
+    const size_t len = comma ? (size_t)(comma - p) : strlen(p);
+    snprintf(out, cap, "%.*s", (int)(len < cap ? len : cap - 1), p);
+    return len;
+}
+
 static int set_value(fy_opts *o, const opt *op, const char *v, bool from_user) {
     char *base = (char *)o + op->offset;
     switch (op->type) {
@@ -269,20 +281,16 @@ static int set_value(fy_opts *o, const opt *op, const char *v, bool from_user) {
     }
     case T_SIZES: {
         size_t first = 0;
-        for (const char *p = v;;) {
-            const char *comma = strchr(p, ',');
-            const size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        for (int i = 0, n = fy_opts_list_count(v); i < n; i++) {
             char item[64];
             size_t x;
-            snprintf(item, sizeof item, "%.*s", (int)(len < sizeof item ? len : sizeof item - 1), p);
+            const size_t len = list_item(v, i, item, sizeof item);
             if (len == 0 || len >= sizeof item || fy_parse_size(item, &x)) {
                 fy_log_error("--%s: '%s' is not a size (examples: 512MiB, 16GiB, 1.5GB; a job's, one "
                              "per rank: 8GiB,2GiB)", op->name, len ? item : v);
                 return -1;
             }
-            if (p == v) first = x;
-            if (!comma) break;
-            p = comma + 1;
+            if (i == 0) first = x;
         }
         *(size_t *)base = first;
         o->gpu_mem_list = strchr(v, ',') ? v : NULL;
@@ -439,16 +447,11 @@ fy_status fy_opts_rank_item(const char *flag, const char *value, int world, int 
                      flag, value, n, world);
         return FY_ERR_USAGE;
     }
-    const char *p = value;
-    for (int i = 0; n > 1 && i < rank; i++) p = strchr(p, ',') + 1;
-    const char *comma = strchr(p, ',');
-    const size_t len = comma ? (size_t)(comma - p) : strlen(p);
+    const size_t len = list_item(value, n > 1 ? rank : 0, out, cap);
     if (len == 0 || len >= cap) {
         fy_log_error("--%s: '%s': rank %d's value is %s", flag, value, rank, len ? "too long" : "empty");
         return FY_ERR_USAGE;
     }
-    memcpy(out, p, len);
-    out[len] = '\0';
     return FY_OK;
 }
 

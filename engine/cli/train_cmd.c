@@ -310,45 +310,41 @@ static fy_status batch_shares(const fy_opts *o, const fy_model *m, fy_comm *comm
 /* Where this rank's micro-batches sit among the job's each step (tc->micro_first,
  * micro_total), from every rank's count; refused, with one error line from rank 0, when
  * the ranks' micro-batches are not one size (then no one process accumulating them is
- * the same computation) or their sequences differ. */
-static fy_status place_micro_batches(fy_comm *comm, const fy_plan *plan, int seq, fy_train_cfg *tc) {
+ * the same computation; their --seq the ranks agreed on before). */
+static fy_status place_micro_batches(fy_comm *comm, const fy_plan *plan, fy_train_cfg *tc) {
     const int world = fy_comm_size(comm), rank = fy_comm_rank(comm);
     if (world == 1) return FY_OK;
-    int32_t *v = calloc((size_t)world * 3, sizeof *v);
-    size_t *off = calloc((size_t)world + 1, sizeof *off);
-    fy_status st = fy_comm_agree(comm, v && off ? FY_OK : FY_ERR_NOMEM);
-    for (int r = 0; st == FY_OK && r <= world; r++) off[r] = (size_t)r * 3 * sizeof *v;
+    int32_t *v = calloc((size_t)world * 2, sizeof *v);
+    fy_status st = fy_comm_agree(comm, v ? FY_OK : FY_ERR_NOMEM);
     if (st == FY_OK) {
-        v[3 * rank] = plan->micro_batch;
-        v[3 * rank + 1] = plan->grad_accum;
-        v[3 * rank + 2] = seq;
-        st = fy_comm_allgather(comm, v, off, 1);
+        v[2 * rank] = plan->micro_batch;
+        v[2 * rank + 1] = plan->grad_accum;
+        st = fy_comm_allgather_records(comm, v, 2 * sizeof *v);
     }
     int64_t first = 0, total = 0;
     for (int r = 0; st == FY_OK && r < world; r++) {
-        if (v[3 * r] != v[0] || v[3 * r + 2] != v[2]) {
+        if (v[2 * r] != v[0]) {
             if (rank == 0)
-                fy_log_error("the ranks' micro-batches differ: rank 0's are %d x %d tokens, rank "
-                             "%d's %d x %d (a job's micro-batches are one size: give every rank "
-                             "the same --batch and --seq)", v[0], v[2], r, v[3 * r], v[3 * r + 2]);
+                fy_log_error("the ranks' micro-batches differ: rank 0's are %d sequences, rank %d's "
+                             "%d (a job's micro-batches are one size: give every rank the same "
+                             "--batch)", v[0], r, v[2 * r]);
             st = FY_ERR_USAGE;
         }
-        if (r < rank) first += v[3 * r + 1];
-        total += v[3 * r + 1];
+        if (r < rank) first += v[2 * r + 1];
+        total += v[2 * r + 1];
     }
     if (st == FY_OK) {
         tc->micro_first = (int)first;
         tc->micro_total = (int)total;
         /* in micro-batch order unless a rank after the first sums several itself */
         bool grouped = false;
-        for (int r = 1; r < world; r++) grouped |= v[3 * r + 1] > 1;
+        for (int r = 1; r < world; r++) grouped |= v[2 * r + 1] > 1;
         size_t len = 0;
         for (int r = 0; grouped && r < world && len < sizeof tc->sum_groups; r++)
             len += (size_t)snprintf(tc->sum_groups + len, sizeof tc->sum_groups - len, "%s%d",
-                                    r ? "," : "", v[3 * r + 1]);
+                                    r ? "," : "", v[2 * r + 1]);
     }
     free(v);
-    free(off);
     return st;
 }
 
@@ -504,11 +500,9 @@ static fy_status agree_on_run(fy_comm *comm, const fy_opts *o) {
     };
     enum { K = sizeof mine / sizeof mine[0] };
     int64_t *v = calloc((size_t)world * K, sizeof *v);
-    size_t *off = calloc((size_t)world + 1, sizeof *off);
-    fy_status st = fy_comm_agree(comm, v && off ? FY_OK : FY_ERR_NOMEM);
-    for (int r = 0; st == FY_OK && r <= world; r++) off[r] = (size_t)r * K * sizeof *v;
+    fy_status st = fy_comm_agree(comm, v ? FY_OK : FY_ERR_NOMEM);
     for (int k = 0; st == FY_OK && k < K; k++) v[(size_t)rank * K + k] = mine[k].v;
-    if (st == FY_OK) st = fy_comm_allgather(comm, v, off, 1);
+    if (st == FY_OK) st = fy_comm_allgather_records(comm, v, K * sizeof *v);
     for (int r = 1; st == FY_OK && r < world; r++)
         for (int k = 0; k < K; k++) {
             if (v[(size_t)r * K + k] == v[k]) continue;
@@ -524,7 +518,6 @@ static fy_status agree_on_run(fy_comm *comm, const fy_opts *o) {
             break;
         }
     free(v);
-    free(off);
     return st;
 }
 
@@ -617,7 +610,7 @@ int fy_train_main(const fy_opts *given) {
     if (st == FY_OK && world == 1 && strcmp(o->batch_shares, "equal"))
         fy_log_warn("--batch-shares: one process takes every micro-batch (--grad-accum)");
     if (st == FY_OK) st = batch_shares(o, m, comm, slowdown, &plan);
-    if (st == FY_OK) st = place_micro_batches(comm, &plan, (int)o->seq, &tc);
+    if (st == FY_OK) st = place_micro_batches(comm, &plan, &tc);
     if (st == FY_OK && o->save_plan && lead) { /* with its count of micro-batches */
         st = fy_plan_save(o->save_plan, &plan);
         if (st == FY_OK && world > 1 && ((o->plan && !strcmp(o->plan, "auto")) ||

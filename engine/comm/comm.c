@@ -475,6 +475,16 @@ fy_status fy_comm_allgather(fy_comm *c, void *buf, const size_t *off, size_t es)
 #endif
 }
 
+fy_status fy_comm_allgather_records(fy_comm *c, void *buf, size_t each) {
+    if (c->size == 1) return FY_OK;
+    size_t *off = malloc(((size_t)c->size + 1) * sizeof *off);
+    if (!off) return FY_ERR_NOMEM;
+    for (int r = 0; r <= c->size; r++) off[r] = (size_t)r * each;
+    const fy_status st = fy_comm_allgather(c, buf, off, 1);
+    free(off);
+    return st;
+}
+
 fy_status fy_comm_gather(fy_comm *c, void *whole, const void *mine, const size_t *off, size_t es) {
     const size_t own = (off[c->rank + 1] - off[c->rank]) * es;
     if (c->rank == 0 && own && (char *)whole + off[0] * es != (const char *)mine)

@@ -74,6 +74,8 @@ fy_status fy_comm_sum(fy_comm *c, void *buf, size_t n, fy_dtype dt);
  * every rank's shard, each sent from `mine` (its shard's elements; rank 0's too). */
 fy_status fy_comm_reduce_scatter(fy_comm *c, void *buf, const size_t *off, fy_dtype dt);
 fy_status fy_comm_allgather(fy_comm *c, void *buf, const size_t *off, size_t es);
+/* allgather of one record of `each` bytes a rank: rank r's at buf + r * each. */
+fy_status fy_comm_allgather_records(fy_comm *c, void *buf, size_t each);
 fy_status fy_comm_gather(fy_comm *c, void *whole, const void *mine, const size_t *off, size_t es);
 
 /* A job's sharded collectives on a buffer, as {iface, ctx}: two backends, MPI over host
