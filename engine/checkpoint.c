@@ -485,9 +485,9 @@ static fy_status block_of(void *ctx, int b, float *host) {
         const size_t n = fy_model_block(sn->m, b)->nelem;
         memcpy(host, sn->buf + sn->off[b] + (size_t)s->which * n, n * sizeof(float));
     } else if (s->which == 0) {
-        fy_trainer_get_params(s->tr, b, host);
+        return fy_trainer_get_params(s->tr, b, host);
     } else {
-        fy_trainer_get_moments(s->tr, b, s->which == 1 ? host : NULL, s->which == 2 ? host : NULL);
+        return fy_trainer_get_moments(s->tr, b, s->which == 1 ? host : NULL, s->which == 2 ? host : NULL);
     }
     return FY_OK;
 }
@@ -694,8 +694,8 @@ fy_status fy_ckpt_save_async(fy_ckpt_dir *d, fy_trainer *tr, fy_ckpt_snapshot *s
     for (int b = 0; b < fy_model_nblocks(m); b++) { /* the state as of now */
         const size_t n = fy_model_block(m, b)->nelem;
         float *base = snap->buf + snap->off[b];
-        fy_trainer_get_params(tr, b, base);
-        fy_trainer_get_moments(tr, b, base + n, base + 2 * n);
+        FY_TRY(fy_trainer_get_params(tr, b, base));
+        FY_TRY(fy_trainer_get_moments(tr, b, base + n, base + 2 * n));
     }
     save_job *j = calloc(1, sizeof *j);
     if (!j || !(j->plan = fy_plan_json(fy_trainer_plan(tr))) ||
@@ -894,7 +894,7 @@ fy_status fy_ckpt_restore(const fy_ckpt *c, fy_trainer *tr, int grad_accum) {
     for (int b = 0; b < fy_model_nblocks(m) && st == FY_OK; b++) {
         st = fy_model_load_block(m, w[0], b, buf[0]);
         if (st == FY_OK) st = fy_model_load_block(m, w[1], b, buf[1]);
-        if (st == FY_OK) fy_trainer_set_moments(tr, b, buf[0], buf[1]);
+        if (st == FY_OK) st = fy_trainer_set_moments(tr, b, buf[0], buf[1]);
     }
     if (st == FY_OK)
         fy_trainer_set_progress(tr, c->state.info.updates, c->state.info.step * grad_accum);

@@ -35,6 +35,9 @@ typedef struct builder {
     fy_step_graph *sg;
     fy_graph *g;
     int ppool[FY_RINGS], gpool[FY_RINGS]; /* the rings' pools */
+    int dpool;              /* the disk ring's pool */
+    int *disk_base;         /* per block: its first chunk's index in disk_write */
+    int *disk_write;        /* per disk chunk: its last disk_write (-1 none yet) */
     int64_t pos;            /* next program position of a compute task */
     int epoch;              /* the step being built */
     bool barrier;           /* updates wait for the norm */
@@ -511,6 +514,39 @@ static int build_speculative(builder *bd, int b, int last, int nm) {
     return c;
 }
 
+/* A disk block's update (layout.h: FY_TIER_DISK), chunk by chunk: each chunk's master
+ * and moments read into a disk slot (after the chunk's last write: the same bytes of the
+ * file), updated there by adam_cpu (after the norm, as any update) and written back,
+ * which gives the slot back. The chunks' updates are chained (the cpu lane runs one task
+ * at a time anyway), so the last one says the block's weights are current. Returns it. */
+static int build_disk_update(builder *bd, int b, int last, int barrier) {
+    const fy_block_layout *bl = blk_of(bd, b);
+    int prev = -1;
+    for (int c = 0; c < bl->disk_chunks && bd->st == FY_OK; c++) {
+        size_t lo, hi;
+        fy_layout_disk_range(bd->L, b, c, &lo, &hi);
+        const double bytes = FY_DISK_STATES * (double)(hi - lo) * sizeof(float);
+        int *written = &bd->disk_write[bd->disk_base[b] + c];
+        int r = add(bd, FY_T_DISK_READ, b, last), ad = add(bd, FY_T_ADAM_CPU, b, last),
+            w = add(bd, FY_T_DISK_WRITE, b, last);
+        if (r < 0 || ad < 0 || w < 0) return -1;
+        bd->g->tasks[r].acquire_pool = bd->dpool;
+        bd->g->tasks[r].bytes = bd->g->tasks[w].bytes = bytes;
+        payload(bd, r)->chunk = payload(bd, ad)->chunk = payload(bd, w)->chunk = c;
+        payload(bd, ad)->u.update.fetch = payload(bd, w)->u.update.fetch = r;
+        dep(bd, *written, r);
+        dep(bd, r, ad);
+        dep(bd, barrier, ad);
+        dep(bd, bd->last_d2h[b], ad);
+        dep(bd, prev, ad);
+        dep(bd, ad, w);
+        releases(bd, w, r);
+        *written = w;
+        prev = ad;
+    }
+    return prev;
+}
+
 /* Every block's update after the norm (a speculative block's before it, committed
  * after), created in the order gradients complete (head, layers down, embedding): fifo
  * runs them so; priority reorders them by next use (block 0 first). They are not
@@ -525,6 +561,8 @@ static void build_update(builder *bd, int last, int nm) {
         int ad;
         if (blk_of(bd, b)->speculate) {
             ad = build_speculative(bd, b, last, nm);
+        } else if (blk_of(bd, b)->disk_chunks) {
+            ad = build_disk_update(bd, b, last, barrier);
         } else {
             ad = add(bd, FY_T_ADAM_CPU, b, last);
             dep(bd, barrier, ad);
@@ -545,6 +583,8 @@ static void builder_end(builder *bd) {
     free(bd->last_d2h);
     free(bd->grad);
     free(bd->started);
+    free(bd->disk_base);
+    free(bd->disk_write);
 }
 
 /* The builder's end: its status, then the priorities; the graph is freed on failure. */
@@ -571,14 +611,24 @@ static fy_status builder_init(builder *bd, const fy_layout *L, fy_step_graph *sg
         bd->ppool[r] = fy_graph_pool(bd->g, L->param_ring[r].n);
         bd->gpool[r] = fy_graph_pool(bd->g, L->grad_ring[r].n);
     }
+    bd->dpool = fy_graph_pool(bd->g, L->disk_ring.n);
     const size_t n = (size_t)bd->nb;
+    size_t nchunks = 0;
+    bd->disk_base = malloc(n * sizeof *bd->disk_base);
+    for (size_t b = 0; bd->disk_base && b < n; b++) {
+        bd->disk_base[b] = (int)nchunks;
+        nchunks += (size_t)L->blocks[b].disk_chunks;
+    }
+    bd->disk_write = malloc((nchunks ? nchunks : 1) * sizeof *bd->disk_write);
+    for (size_t c = 0; bd->disk_write && c < nchunks; c++) bd->disk_write[c] = -1;
     bd->ready = malloc(n * sizeof *bd->ready);
     bd->last_bwd = malloc(n * sizeof *bd->last_bwd);
     bd->final_grad = malloc(n * sizeof *bd->final_grad);
     bd->last_d2h = malloc(n * sizeof *bd->last_d2h);
     bd->grad = malloc(n * sizeof *bd->grad);
     bd->started = malloc(n * sizeof *bd->started);
-    if (!bd->ready || !bd->last_bwd || !bd->final_grad || !bd->last_d2h || !bd->grad || !bd->started)
+    if (!bd->ready || !bd->last_bwd || !bd->final_grad || !bd->last_d2h || !bd->grad || !bd->started ||
+        !bd->disk_base || !bd->disk_write)
         return finish(bd, FY_ERR_NOMEM);
     for (size_t b = 0; b < n; b++) bd->ready[b] = bd->last_bwd[b] = bd->last_d2h[b] = -1;
     bd->shared_user = bd->prev_load = bd->prev_norm = bd->prev_comm = bd->spec_after = -1;
@@ -692,8 +742,16 @@ void fy_step_graph_price(fy_step_graph *sg, const fy_layout *L, const fy_cost_ta
 
 double fy_step_copy_scale(const fy_step_graph *sg, const fy_layout *L, int i) {
     const fy_task *t = &sg->g.tasks[i];
+    const fy_block_layout *bl = t->block >= 0 ? &L->blocks[t->block] : NULL;
+    const int chunk = sg->task[i].chunk;
+    if ((t->kind == FY_T_DISK_READ || t->kind == FY_T_DISK_WRITE || t->kind == FY_T_ADAM_CPU) &&
+        bl && bl->disk_chunks && chunk >= 0) { /* a disk chunk's share of its shard */
+        size_t lo, hi;
+        fy_layout_disk_range(L, t->block, chunk, &lo, &hi);
+        return (double)(hi - lo) / (double)(bl->hi - bl->lo);
+    }
     if (t->kind != FY_T_H2D_PARAM && t->kind != FY_T_D2H_GRAD) return 1.0;
-    return t->bytes / ((double)L->blocks[t->block].stage_nelem * (double)L->es);
+    return t->bytes / ((double)bl->stage_nelem * (double)L->es);
 }
 
 void fy_step_graph_busy(const fy_step_graph *sg, double busy_ms[FY_LANE_COUNT]) {

@@ -19,6 +19,9 @@
  * and once per step: reduce(b) (data parallel), norm, adam_gpu(b) (with h2d_param and
  * d2h_param around it when streamed) or adam_cpu(b) (and commit(b) when speculative),
  * allgather(b) (data parallel), h2d_update(b) for resident blocks updated on the CPU.
+ * A disk block's update is per chunk of its shard (layout.h): disk_read(b, c) into a
+ * disk slot, adam_cpu(b, c), disk_write(b, c); reads run ahead as far as the disk ring's
+ * slots allow, from the previous step's write of the same chunk on.
  * Evaluation: forward, head, and collect(m).
  *
  * Each byte crosses once where it can: a recomputed layer's fetch serves its recompute
@@ -120,9 +123,10 @@ double fy_cost_mean(const fy_cost_table *c, fy_task_kind kind, int block); /* -1
  * default, fy_task_make); a fetch's and a gradient copy's by its bytes over the block's
  * staged copy's (a master for a device update, a fwd_rows block's rows, a split table's
  * parts): their costs are kept per staged copy (fy_step_copy_scale: a measured copy is
- * divided by it before it is added). */
+ * divided by it before it is added); a disk chunk's tasks by its share of the shard
+ * (costs are kept per whole shard). */
 void fy_step_graph_price(fy_step_graph *sg, const fy_layout *L, const fy_cost_table *c);
-/* That scale of a task (1 but for fetches and gradient copies). */
+/* That scale of a task (1 but for fetches, gradient copies and disk chunks' tasks). */
 double fy_step_copy_scale(const fy_step_graph *sg, const fy_layout *L, int task);
 /* A step graph's work per lane (the sum of its tasks' costs). */
 void fy_step_graph_busy(const fy_step_graph *sg, double busy_ms[FY_LANE_COUNT]);

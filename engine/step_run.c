@@ -23,6 +23,7 @@
 #include "engine/core/util.h"
 #include "engine/device/kernels.h"
 #include "engine/trainer_core.h"
+#include "offload/disk.h"
 
 /* ---- helpers -------------------------------------------------------------------------- */
 
@@ -588,6 +589,90 @@ static fy_status run_d2h_param(fy_trainer *tr, int id, const fy_task *t, const f
     return FY_OK;
 }
 
+/* ---- the disk tier ------------------------------------------------------------------ */
+
+/* A disk slot holds a chunk's master, m and v (fy_disk_states), each in a part of
+ * disk_part bytes (storage.h). */
+static size_t disk_part(const fy_trainer *tr) { return tr->st->disk_ring.nbytes / FY_DISK_STATES; }
+static char *disk_slot(const fy_trainer *tr, int read_task) {
+    return tr->st->disk_ring.slots[tr->ex.sg->g.tasks[read_task].unit];
+}
+
+/* Chunk p->chunk of disk block t->block: its master and moments between the file and the
+ * slot disk_read task `read` took (whole 4 KiB pieces: the regions are padded). */
+static fy_status disk_chunk_io(fy_trainer *tr, const fy_task *t, const fy_step_task *p, int read, bool write) {
+    size_t lo, hi;
+    fy_layout_disk_range(tr->L, t->block, p->chunk, &lo, &hi);
+    char *slot = disk_slot(tr, read);
+    const size_t nbytes = fy_disk_align_up((hi - lo) * sizeof(float));
+    for (int k = 0; k < FY_DISK_STATES; k++) {
+        const size_t off = fy_storage_disk_off(tr->st, t->block, fy_disk_states[k], lo);
+        char *part = slot + (size_t)k * disk_part(tr);
+        FY_TRY(write ? fy_disk_write(tr->st->disk, off, part, nbytes) : fy_disk_read(tr->st->disk, off, part, nbytes));
+    }
+    return FY_OK;
+}
+
+static fy_status run_disk_read(fy_trainer *tr, int id, const fy_task *t, const fy_step_task *p) {
+    return disk_chunk_io(tr, t, p, id, false);
+}
+
+/* A skipped step changed nothing: the file holds the chunk already. */
+static fy_status run_disk_write(fy_trainer *tr, int id, const fy_task *t, const fy_step_task *p) {
+    if (tr->ex.stats[step_of(tr, p)].skipped) return FY_OK;
+    return disk_chunk_io(tr, t, p, p->u.update.fetch, true);
+}
+
+/* A disk block's update of chunk p->chunk (elements lo..hi of its shard) in the slot its
+ * read took: AdamW on the master and moments there, writing the host weights (over the
+ * gradient when they share a buffer, as host_adam); a skipped step's host weights made
+ * weights again from the slot's master. */
+static void disk_adam(fy_trainer *tr, int b, const fy_step_task *p) {
+    size_t lo, hi;
+    fy_layout_disk_range(tr->L, b, p->chunk, &lo, &hi);
+    float *master = (float *)disk_slot(tr, p->u.update.fetch);
+    const size_t part = disk_part(tr) / sizeof(float);
+    const int step = step_of(tr, p);
+    if (tr->ex.stats[step].skipped) {
+        if (!fy_layout_grad_in_weights(tr->L, b)) return;
+        void *w = fy_tr_at(tr, b, FY_STATE_HOST_WEIGHTS, lo);
+        if (lp(tr)) fy_f32_to_bf16_n(w, master, hi - lo);
+        else memcpy(w, master, (hi - lo) * sizeof(float));
+        return;
+    }
+    const fy_adam_hparams hp = hparams(tr, step);
+    size_t off[2], len[2];
+    adam_ranges(tr, b, off, len);
+    for (int k = 0; k < 2; k++) {
+        const size_t a = off[k] > lo ? off[k] : lo, e = off[k] + len[k] < hi ? off[k] + len[k] : hi;
+        if (e <= a) continue;
+        fy_adam_range r = {.param = master + (a - lo), .m = master + part + (a - lo),
+                           .v = master + 2 * part + (a - lo),
+                           .grad = fy_tr_at(tr, b, FY_STATE_GRAD, a), .grad_dtype = fy_tr_dt(tr),
+                           .param_out = fy_tr_at(tr, b, FY_STATE_HOST_WEIGHTS, a),
+                           .out_dtype = fy_tr_dt(tr), .n = e - a, .decay = k == 0};
+        fy_status s = fy_adam_pool_step(tr->pool, &hp, &r);
+        FY_ASSERT(s == FY_OK, "a cpu AdamW step without check_finite cannot fail");
+    }
+}
+
+/* Between windows (a failed one's end): block b's host weights from its master on disk,
+ * a slot's part at a time through the first disk slot. */
+static fy_status restore_from_disk(fy_trainer *tr, int b) {
+    const fy_block_layout *bl = fy_tr_blk(tr, b);
+    const size_t part = disk_part(tr) / sizeof(float);
+    float *bounce = tr->st->disk_ring.slots[0];
+    for (size_t lo = bl->lo; lo < bl->hi; lo += part) {
+        const size_t n = bl->hi - lo < part ? bl->hi - lo : part;
+        FY_TRY(fy_disk_read(tr->st->disk, fy_storage_disk_off(tr->st, b, FY_STATE_MASTER, lo), bounce,
+                            fy_disk_align_up(n * sizeof(float))));
+        void *w = fy_tr_at(tr, b, FY_STATE_HOST_WEIGHTS, lo);
+        if (lp(tr)) fy_f32_to_bf16_n(w, bounce, n);
+        else memcpy(w, bounce, n * sizeof(float));
+    }
+    return FY_OK;
+}
+
 /* A block whose gradient landed in its host weights (layout.h: GRAD same as
  * HOST_WEIGHTS) and was not updated over it (a skipped step, a failed one) gets its
  * shard of them back from its master (a job's allgather brings the others'). */
@@ -597,6 +682,10 @@ void fy_run_restore_weights(fy_trainer *tr, int b) {
     if (!fy_layout_grad_in_weights(tr->L, b) && !(spec && fy_layout_owns(tr->L, b, FY_STATE_MASTER)))
         return;
     const fy_block_layout *bl = fy_tr_blk(tr, b);
+    if (bl->disk_chunks) {
+        if (restore_from_disk(tr, b) != FY_OK) tr->broken = true;
+        return;
+    }
     void *w = fy_tr_at(tr, b, FY_STATE_HOST_WEIGHTS, bl->lo);
     const float *master = fy_tr_at(tr, b, FY_STATE_MASTER, bl->lo);
     if (lp(tr)) fy_f32_to_bf16_n(w, master, bl->hi - bl->lo);
@@ -667,6 +756,10 @@ static bool speculate(fy_trainer *tr, int b, int step) {
 
 static fy_status run_adam_cpu(fy_trainer *tr, int id, const fy_task *t, const fy_step_task *p) {
     const int b = t->block;
+    if (fy_tr_blk(tr, b)->disk_chunks) {
+        disk_adam(tr, b, p);
+        return FY_OK;
+    }
     if (fy_tr_blk(tr, b)->speculate) {
         speculate(tr, b, step_of(tr, p)); /* else its commit updates it */
         return FY_OK;
@@ -709,6 +802,15 @@ static fy_status run_h2d_update(fy_trainer *tr, int id, const fy_task *t, const 
 static fy_status run_collect(fy_trainer *tr, int id, const fy_task *t, const fy_step_task *p) {
     const int64_t n = tr->ex.eval_counts[p->micro];
     tr->ex.eval_losses[p->micro] = n > 0 ? bufs(tr)->loss_host[p->micro % accum(tr)] : 0.0f;
+    return FY_OK;
+}
+
+static fy_status run_d2h_act(fy_trainer *tr, int id, const fy_task *t, const fy_step_task *p) {
+    FY_ASSERT(0, "activation offload: not built yet");
+    return FY_OK;
+}
+static fy_status run_h2d_act(fy_trainer *tr, int id, const fy_task *t, const fy_step_task *p) {
+    FY_ASSERT(0, "activation offload: not built yet");
     return FY_OK;
 }
 

@@ -29,7 +29,13 @@
  *   h2d_update  h2d      a cpu-updated resident block's weights back to the device
  *   collect     cpu      an evaluated batch's loss
  *   reduce      comm     data parallel: a block's gradient summed into each shard's owner
- *   allgather   comm     data parallel: each shard's updated weights from its owner */
+ *   allgather   comm     data parallel: each shard's updated weights from its owner
+ *   disk_read   disk     a disk block's chunk of master and moments into a host slot
+ *                        (adam_cpu then updates that chunk: one task per chunk)
+ *   disk_write  disk     the chunk's updated master and moments back to the file
+ *   d2h_act     d2h      an offloaded layer's input to pinned host memory, after its
+ *                        forward
+ *   h2d_act     h2d      that input back into a device slot, before its recompute */
 #ifndef FY_TASKS_H
 #define FY_TASKS_H
 
@@ -56,7 +62,11 @@ extern "C" {
     X(COMMIT, commit, FY_LANE_CPU, fixed)                  \
     X(COLLECT, collect, FY_LANE_CPU, fixed)                \
     X(REDUCE, reduce, FY_LANE_COMM, collective)            \
-    X(ALLGATHER, allgather, FY_LANE_COMM, collective)
+    X(ALLGATHER, allgather, FY_LANE_COMM, collective)      \
+    X(DISK_READ, disk_read, FY_LANE_DISK, disk_in)         \
+    X(DISK_WRITE, disk_write, FY_LANE_DISK, disk_out)      \
+    X(D2H_ACT, d2h_act, FY_LANE_D2H, act_copy)             \
+    X(H2D_ACT, h2d_act, FY_LANE_H2D, act_copy)
 
 typedef enum fy_task_kind {
 #define FY_X_ENUM(id, name, lane, cost) FY_T_##id,

@@ -727,7 +727,7 @@ static fy_status setup_run(run *r, const fy_ckpt *ck) {
         }
     }
     FY_TRY(fy_dev_new(&c->dev, &r->dev));
-    fy_trainer_cfg tc = {.model = c->model, .T = c->seq, .plan = c->plan, .beta1 = c->beta1,
+    fy_trainer_cfg tc = {.model = c->model, .T = c->seq, .plan = c->plan, .disk_dir = c->disk_dir, .beta1 = c->beta1,
                          .beta2 = c->beta2, .eps = c->eps, .weight_decay = c->weight_decay,
                          .clip = c->clip, .seed = c->seed,
                          .weights = ck ? fy_ckpt_weights(ck) : c->init,

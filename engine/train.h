@@ -32,6 +32,7 @@ typedef struct fy_train_cfg {
     /* what is trained */
     const fy_model *model;
     const fy_plan *plan;        /* micro-batch, accumulation, placement, storage type */
+    const char *disk_dir;       /* the disk tier's directory (the plan keeps state on disk) */
     int seq;                    /* T */
     const fy_weights *init;     /* weights to start from, or NULL: initialised from seed */
     fy_comm *comm;              /* data parallel: the job's processes (NULL: alone); a step

@@ -45,6 +45,7 @@ static fy_status fill_state(fy_trainer *tr, int b, fy_state s, const float *host
     void *dst = fy_tr_ptr(tr, b, s);
     if (!nbytes) return FY_OK;
     const float *src = host + p->lo;
+    if (p->tier == FY_TIER_DISK) return fy_trainer_disk_state(tr, b, s, (float *)host, true);
     if (p->dtype == FY_F32 && p->tier != FY_TIER_DEVICE) {
         memcpy(dst, src, nbytes);
         return FY_OK;
@@ -151,7 +152,7 @@ fy_status fy_trainer_new(fy_dev *dev, const fy_trainer_cfg *cfg, fy_trainer **ou
     fy_layout L = {0};
     fy_status st = setup(tr, cfg, &L);
     if (st == FY_OK) st = new_streams(tr);
-    if (st == FY_OK) st = fy_storage_new(dev, &L, &tr->st);
+    if (st == FY_OK) st = fy_storage_new(dev, &L, cfg->disk_dir, &tr->st);
     fy_layout_free(&L);
     if (st != FY_OK) goto fail;
     tr->L = &tr->st->layout;
@@ -204,8 +205,7 @@ fy_status fy_trainer_load(fy_trainer *tr, const fy_weights *w) {
 }
 
 static fy_status params_of(void *ctx, int b, float *host) {
-    fy_trainer_get_params(ctx, b, host);
-    return FY_OK;
+    return fy_trainer_get_params(ctx, b, host);
 }
 
 fy_status fy_trainer_save(fy_trainer *tr, const char *path, const fy_save_opts *o) {

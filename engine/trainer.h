@@ -68,6 +68,8 @@ typedef struct fy_trainer_cfg {
     int B, T;          /* micro-batch (B is taken from the plan when one is given) */
     int grad_accum;    /* micro-batches per step (0 = 1; taken from the plan if given) */
     const fy_plan *plan; /* NULL: everything resident on the device */
+    const char *disk_dir; /* the disk tier's scratch directory (offload/disk.h); needed
+                             when the plan keeps state on disk */
     float beta1, beta2, eps, weight_decay;
     float clip;        /* global-norm clipping threshold; 0 = off */
     uint64_t seed;     /* initialisation when no weights are given */
@@ -199,13 +201,14 @@ fy_status fy_trainer_eval(fy_trainer *tr, const int32_t *x, const int32_t *y, fl
  * and every run's moments are gathered on rank 0 from their owners, which meanwhile run
  * fy_trainer_serve, until rank 0's fy_trainer_serve_end (other ranks may not call these
  * getters for them); a gradient outside this rank's shard is its own micro-batches'. */
-void fy_trainer_get_params(fy_trainer *tr, int b, float *host);
+fy_status fy_trainer_get_params(fy_trainer *tr, int b, float *host);
 bool fy_trainer_get_grads(fy_trainer *tr, int b, float *host);
 /* Block b's AdamW moments (fp32, nelem each) into host m and v (either may be NULL), or
  * replaced from them (a sharded job's rank keeps its shard): what a checkpoint stores and
- * restores, wherever the plan keeps them. */
-void fy_trainer_get_moments(fy_trainer *tr, int b, float *m, float *v);
-void fy_trainer_set_moments(fy_trainer *tr, int b, const float *m, const float *v);
+ * restores, wherever the plan keeps them. These and fy_trainer_get_params fail
+ * (FY_ERR_IO, logged) only when the state is on disk and the scratch file does. */
+fy_status fy_trainer_get_moments(fy_trainer *tr, int b, float *m, float *v);
+fy_status fy_trainer_set_moments(fy_trainer *tr, int b, const float *m, const float *v);
 /* A sharded job's ranks but 0: sends this rank's shards as rank 0's getters ask, until
  * rank 0 ends (FY_ERR_IO when it says its save failed). FY_OK at once elsewhere. */
 fy_status fy_trainer_serve(fy_trainer *tr);

@@ -110,9 +110,13 @@ static inline bool fy_tr_on_device(const fy_trainer *tr, int b, fy_state s) {
 }
 
 /* State s of block b, fp32 values of its range at host + lo (trainer_state.c): read back
- * (widened from its dtype), or written (fp32 states of their own). */
-void fy_trainer_read_state(fy_trainer *tr, int b, fy_state s, float *host);
-void fy_trainer_write_state(fy_trainer *tr, int b, fy_state s, const float *host);
+ * (widened from its dtype), or written (fp32 states of their own). FY_ERR_IO (logged)
+ * when it is on disk and the scratch file fails. */
+fy_status fy_trainer_read_state(fy_trainer *tr, int b, fy_state s, float *host);
+fy_status fy_trainer_write_state(fy_trainer *tr, int b, fy_state s, const float *host);
+/* A disk state's range (its place's lo..hi) read into, or written from, host + lo, through
+ * the first disk slot: only between windows. */
+fy_status fy_trainer_disk_state(fy_trainer *tr, int b, fy_state s, float *host, bool write);
 
 /* A sharded job's rank: where each rank's norm chunk sums go (part_region, part_base;
  * trainer_state.c). */

@@ -12,18 +12,42 @@
 #include <string.h>
 
 #include "engine/trainer_core.h"
+#include "offload/disk.h"
+
+/* Disk state s of block b (fp32, its range) from or into host + lo, a disk slot's part
+ * at a time through the first slot (between windows, no task uses it). FY_ERR_IO
+ * (logged by the disk) on an I/O error. */
+fy_status fy_trainer_disk_state(fy_trainer *tr, int b, fy_state s, float *host, bool write) {
+    const fy_place *p = fy_layout_state(tr->L, b, s);
+    const size_t part = tr->st->disk_ring.nbytes / FY_DISK_STATES / sizeof(float);
+    char *bounce = tr->st->disk_ring.slots[0];
+    for (size_t lo = p->lo; lo < p->hi; lo += part) {
+        const size_t n = p->hi - lo < part ? p->hi - lo : part, nbytes = fy_disk_align_up(n * sizeof(float));
+        const size_t off = fy_storage_disk_off(tr->st, b, s, lo);
+        if (write) {
+            memcpy(bounce, host + lo, n * sizeof(float));
+            memset(bounce + n * sizeof(float), 0, nbytes - n * sizeof(float));
+            FY_TRY(fy_disk_write(tr->st->disk, off, bounce, nbytes));
+        } else {
+            FY_TRY(fy_disk_read(tr->st->disk, off, bounce, nbytes));
+            memcpy(host + lo, bounce, n * sizeof(float));
+        }
+    }
+    return FY_OK;
+}
 
 /* State s of block b (its range, in its dtype, on the device or the host) into fp32 host
  * memory at host + lo. bf16 lands in the back half and is widened in place: host holds
  * the floats, the bf16 copy half their bytes, and host[i] (bytes 4i..4i+3) never
  * overtakes the copy's element i (2n + 2i). */
-void fy_trainer_read_state(fy_trainer *tr, int b, fy_state s, float *host) {
+fy_status fy_trainer_read_state(fy_trainer *tr, int b, fy_state s, float *host) {
     const fy_place *p = fy_layout_state(tr->L, b, s);
     const size_t n = p->hi - p->lo, nbytes = n * fy_dtype_size(p->dtype);
     float *out = host + p->lo;
     void *dst = p->dtype != FY_F32 ? (void *)((uint16_t *)out + n) : (void *)out;
     fy_stream_sync(tr->s);
-    if (!nbytes) return;
+    if (!nbytes) return FY_OK;
+    if (p->tier == FY_TIER_DISK) return fy_trainer_disk_state(tr, b, s, host, false);
     if (p->tier == FY_TIER_DEVICE) {
         fy_copy_async(tr->s, dst, fy_tr_ptr(tr, b, s), nbytes, FY_D2H);
         fy_stream_sync(tr->s);
@@ -31,28 +55,30 @@ void fy_trainer_read_state(fy_trainer *tr, int b, fy_state s, float *host) {
         memcpy(dst, fy_tr_ptr(tr, b, s), nbytes);
     }
     if (p->dtype != FY_F32) fy_bf16_to_f32_n(out, dst, n);
+    return FY_OK;
 }
 
 /* State s of block b (fp32, its range) from host + lo. */
-void fy_trainer_write_state(fy_trainer *tr, int b, fy_state s, const float *host) {
+fy_status fy_trainer_write_state(fy_trainer *tr, int b, fy_state s, const float *host) {
     const fy_place *p = fy_layout_state(tr->L, b, s);
     const size_t nbytes = fy_place_nbytes(p);
     FY_ASSERT(p->dtype == FY_F32 && p->same_as < 0, "fp32 state of its own is written back");
-    if (!nbytes) return; /* an empty shard */
+    if (!nbytes) return FY_OK; /* an empty shard */
     fy_stream_sync(tr->s);
+    if (p->tier == FY_TIER_DISK) return fy_trainer_disk_state(tr, b, s, (float *)host, true);
     if (p->tier == FY_TIER_DEVICE) {
         fy_copy_async(tr->s, fy_tr_ptr(tr, b, s), host + p->lo, nbytes, FY_H2D);
         fy_stream_sync(tr->s);
     } else {
         memcpy(fy_tr_ptr(tr, b, s), host + p->lo, nbytes);
     }
+    return FY_OK;
 }
 
 bool fy_trainer_get_grads(fy_trainer *tr, int b, float *host) {
     FY_ASSERT(!tr->cfg.eval_only, "an evaluation-only trainer has no gradients");
     if (fy_layout_grad_in_weights(tr->L, b)) return false;
-    fy_trainer_read_state(tr, b, FY_STATE_GRAD, host);
-    return true;
+    return fy_trainer_read_state(tr, b, FY_STATE_GRAD, host) == FY_OK;
 }
 
 /* Where each rank's norm chunk sums go (trainer_core.h: part_region, part_base). */
@@ -83,6 +109,14 @@ static const float *shard_on_host(fy_trainer *tr, int b, fy_state s, float **tmp
     const float *src = fy_tr_ptr(tr, b, s);
     const size_t nbytes = (p->hi - p->lo) * sizeof(float);
     fy_stream_sync(tr->s);
+    if (p->tier == FY_TIER_DISK && nbytes) { /* read into *tmp, indexed from the shard's lo */
+        float *t = realloc(*tmp, nbytes);
+        FY_ASSERT(t, "out of host memory gathering a block's shards");
+        *tmp = t;
+        FY_ASSERT(fy_trainer_disk_state(tr, b, s, t - p->lo, false) == FY_OK,
+                  "the scratch file could not be read (said above)");
+        return t;
+    }
     if (p->tier != FY_TIER_DEVICE || !nbytes) return src;
     float *t = realloc(*tmp, nbytes);
     FY_ASSERT(t, "out of host memory gathering a block's shards");
@@ -141,25 +175,29 @@ fy_status fy_trainer_serve_end(fy_trainer *tr, bool failed) {
     return fy_comm_bcast(tr->comm, req, sizeof req);
 }
 
-void fy_trainer_get_params(fy_trainer *tr, int b, float *host) {
-    if (fy_layout_master_sharded(tr->L, b)) gather_shards(tr, b, FY_STATE_MASTER, host);
-    else fy_trainer_read_state(tr, b, FY_STATE_MASTER, host);
+fy_status fy_trainer_get_params(fy_trainer *tr, int b, float *host) {
+    if (fy_layout_master_sharded(tr->L, b)) {
+        gather_shards(tr, b, FY_STATE_MASTER, host);
+        return FY_OK;
+    }
+    return fy_trainer_read_state(tr, b, FY_STATE_MASTER, host);
 }
 
-void fy_trainer_get_moments(fy_trainer *tr, int b, float *m, float *v) {
+fy_status fy_trainer_get_moments(fy_trainer *tr, int b, float *m, float *v) {
     FY_ASSERT(!tr->cfg.eval_only, "an evaluation-only trainer has no moments");
     const fy_state s[2] = {FY_STATE_M, FY_STATE_V};
     float *out[2] = {m, v};
     for (int k = 0; k < 2; k++) {
         if (!out[k]) continue;
         if (fy_layout_sharded(tr->L)) gather_shards(tr, b, s[k], out[k]);
-        else fy_trainer_read_state(tr, b, s[k], out[k]);
+        else FY_TRY(fy_trainer_read_state(tr, b, s[k], out[k]));
     }
+    return FY_OK;
 }
 
 /* Whole moments in: this rank keeps its shard. */
-void fy_trainer_set_moments(fy_trainer *tr, int b, const float *m, const float *v) {
+fy_status fy_trainer_set_moments(fy_trainer *tr, int b, const float *m, const float *v) {
     FY_ASSERT(!tr->cfg.eval_only, "an evaluation-only trainer has no moments");
-    fy_trainer_write_state(tr, b, FY_STATE_M, m);
-    fy_trainer_write_state(tr, b, FY_STATE_V, v);
+    FY_TRY(fy_trainer_write_state(tr, b, FY_STATE_M, m));
+    return fy_trainer_write_state(tr, b, FY_STATE_V, v);
 }

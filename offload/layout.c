@@ -16,11 +16,13 @@
 
 static const char *state_names[FY_STATES] = {"weights", "master", "host weights", "gradient",
                                              "adam m", "adam v", "spare master", "spare adam m",
-                                             "spare adam v", "saved activations"};
-static const char *tier_names[] = {"none", "device", "pinned host", "host"};
+                                             "spare adam v", "saved activations",
+                                             "activations on the host"};
+static const char *tier_names[] = {"none", "device", "pinned host", "host", "disk"};
+const fy_state fy_disk_states[FY_DISK_STATES] = {FY_STATE_MASTER, FY_STATE_M, FY_STATE_V};
 
 const char *fy_state_name(fy_state s) { return s < FY_STATES ? state_names[s] : "?"; }
-const char *fy_tier_name(fy_tier t) { return t <= FY_TIER_HOST ? tier_names[t] : "?"; }
+const char *fy_tier_name(fy_tier t) { return t <= FY_TIER_DISK ? tier_names[t] : "?"; }
 
 /* Shard r of `shards` takes chunks [nch r / shards, nch (r + 1) / shards). */
 static size_t first_chunk(size_t nch, int shards, int r) { return nch * (size_t)r / (size_t)shards; }
@@ -148,10 +150,12 @@ static void place_states(fy_layout *L, fy_block_layout *bl, const fy_block_plan 
      * lands in its host weights (its shard's master then has its own: 4 + 12/N host bytes
      * a parameter, not 4 + 4 + 8/N); pinned only when a device update of a streamed block
      * fetches it */
-    const bool own_master = lp || (training && cpu && L->world > 1 && L->accum == 1);
+    const bool own_master = lp || (training && cpu && L->world > 1 && L->accum == 1) || bl->disk;
     const fy_where master = training ? fy_plan_where(bp, FY_PLAN_MASTER) : bp->weights;
     fy_place *mp = &pl[FY_STATE_MASTER];
-    if (master == FY_ON_DEVICE && lp && training)
+    if (master == FY_ON_DISK)
+        shard(mp, FY_TIER_DISK, bl, L, FY_CAT_PARAMS);
+    else if (master == FY_ON_DEVICE && lp && training)
         shard(mp, FY_TIER_DEVICE, bl, L, FY_CAT_OPTIM);
     else if (master == FY_ON_DEVICE)
         alias(mp, FY_STATE_WEIGHTS, &pl[FY_STATE_WEIGHTS]);
@@ -167,9 +171,10 @@ static void place_states(fy_layout *L, fy_block_layout *bl, const fy_block_plan 
         alias(gp, FY_STATE_HOST_WEIGHTS, &pl[FY_STATE_HOST_WEIGHTS]);
     else
         whole(gp, FY_TIER_PINNED, L->dtype, bl->nelem, FY_CAT_GRADS);
-    const bool m_dev = fy_plan_where(bp, FY_PLAN_MOMENTS) == FY_ON_DEVICE;
-    shard(&pl[FY_STATE_M], m_dev ? FY_TIER_DEVICE : FY_TIER_HOST, bl, L, FY_CAT_OPTIM);
-    shard(&pl[FY_STATE_V], m_dev ? FY_TIER_DEVICE : FY_TIER_HOST, bl, L, FY_CAT_OPTIM);
+    static const fy_tier moments_tier[FY_WHERES] = {FY_TIER_DEVICE, FY_TIER_HOST, FY_TIER_DISK};
+    const fy_tier mt = moments_tier[fy_plan_where(bp, FY_PLAN_MOMENTS)];
+    shard(&pl[FY_STATE_M], mt, bl, L, FY_CAT_OPTIM);
+    shard(&pl[FY_STATE_V], mt, bl, L, FY_CAT_OPTIM);
     if (!bl->speculate) return;
     const fy_place *owner = &pl[fy_layout_buffer_of(L, (int)(bl - L->blocks), FY_STATE_MASTER)];
     fy_place *sp = &pl[FY_STATE_SPARE_MASTER];
@@ -188,6 +193,8 @@ static void place_block(fy_layout *L, int b, const fy_block_plan *bp, size_t lay
     bl->update = bp->update;
     bl->speculate = bp->speculate && L->training;
     shard_of(bl, L);
+    bl->disk = bp->disk && L->training;
+    if (bl->disk) bl->disk_chunks = (int)((bl->hi - bl->lo + L->disk_chunk - 1) / L->disk_chunk);
     place_staging(L, b, bp, layer_max);
     place_states(L, bl, bp);
 }
@@ -237,6 +244,15 @@ static fy_status size_rings(fy_layout *L, int prefetch) {
     for (int r = 0; r < FY_RINGS; r++) {
         L->param_ring[r].n = np[r];
         L->grad_ring[r].n = ng[r];
+    }
+    /* disk: a chunk read ahead, one updated, one written back (with prefetch 1) */
+    for (int b = 0; b < L->nblocks; b++) {
+        const fy_block_layout *bl = &L->blocks[b];
+        if (!bl->disk_chunks) continue;
+        const size_t k = bl->hi - bl->lo < L->disk_chunk ? bl->hi - bl->lo : L->disk_chunk;
+        const size_t nbytes = FY_DISK_STATES * fy_round_up(k * sizeof(float), 4096);
+        L->disk_ring.n = 2 + prefetch;
+        if (nbytes > L->disk_ring.nbytes) L->disk_ring.nbytes = nbytes;
     }
     for (int b = 0; b < L->nblocks; b++) {
         const fy_block_layout *bl = &L->blocks[b];
@@ -306,6 +322,7 @@ fy_status fy_layout_renew(const fy_model *m, const fy_plan *plan, int T, bool tr
     L->dtype = plan->dtype == FY_BF16 ? FY_BF16 : FY_F32;
     L->es = fy_dtype_size(L->dtype);
     L->rows_block = -1;
+    L->disk_chunk = plan->disk_chunk ? plan->disk_chunk : FY_DISK_CHUNK;
     if (L->cap < L->nblocks) {
         free(L->blocks);
         L->cap = 0;

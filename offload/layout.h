@@ -38,10 +38,25 @@
  *                 model's (its range is bytes, its dtype none), a kept block's own, a
  *                 recomputed block's the one area every recomputed block shares (storage
  *                 allocates it once; same_as does not say it)
+ *   HOST_ACTS     the block's output in pinned host memory (bytes, like SAVED), when the
+ *                 next block offloads its input (below); its device copy is then a slot
+ *                 of the activation ring, not a buffer of its own
  * Tiers: FY_TIER_PINNED is host memory the device copies to or from (pinned up to the
- * run's cap, storage.c); FY_TIER_HOST is host memory only the CPU touches. There is no
- * disk tier yet: it would be one more tier here, a place per state, and a mover lane in
- * the step graph.
+ * run's cap, storage.c); FY_TIER_HOST is host memory only the CPU touches; FY_TIER_DISK
+ * is the run's scratch file (offload/disk.h), which only the disk lane's tasks read and
+ * write. A disk block (plan.h: disk) keeps its shard's MASTER, M and V there, each a
+ * region of the file; its update runs a chunk at a time (disk_chunk elements of its
+ * shard, fy_layout_disk_range): the chunk's master and moments are read into a host slot
+ * of the disk ring, updated there (the gradient and the host weights are in host memory
+ * as for any cpu-updated block) and written back. Its master is always a buffer of its
+ * own, so with one micro-batch a step its gradient lands in its host weights.
+ *
+ * Offloaded activations (plan.h: acts offload): a layer that recomputes keeps only its
+ * input, the previous block's output; when it offloads, that output lives in pinned
+ * host memory (HOST_ACTS below, per block whose output it is) and on the device only in
+ * a slot of the activation ring: written there by the forward, sent to the host after
+ * the layer's forward has read it, fetched into a slot before the layer's recompute and
+ * given back after its backward.
  *
  * Data parallel (ZeRO): with world > 1 in training, each block's elements are cut into
  * `world` contiguous shards in whole norm chunks (FY_SUMSQ_CHUNK, core/reduce.h; each
@@ -70,10 +85,11 @@ extern "C" {
 
 typedef enum fy_state {
     FY_STATE_WEIGHTS = 0, FY_STATE_MASTER, FY_STATE_HOST_WEIGHTS, FY_STATE_GRAD, FY_STATE_M,
-    FY_STATE_V, FY_STATE_SPARE_MASTER, FY_STATE_SPARE_M, FY_STATE_SPARE_V, FY_STATE_SAVED, FY_STATES
+    FY_STATE_V, FY_STATE_SPARE_MASTER, FY_STATE_SPARE_M, FY_STATE_SPARE_V, FY_STATE_SAVED,
+    FY_STATE_HOST_ACTS, FY_STATES
 } fy_state;
 
-typedef enum fy_tier { FY_TIER_NONE = 0, FY_TIER_DEVICE, FY_TIER_PINNED, FY_TIER_HOST } fy_tier;
+typedef enum fy_tier { FY_TIER_NONE = 0, FY_TIER_DEVICE, FY_TIER_PINNED, FY_TIER_HOST, FY_TIER_DISK } fy_tier;
 
 /* What the memory model sums a buffer under. */
 typedef enum fy_mem_cat {
@@ -130,6 +146,10 @@ typedef struct fy_block_layout {
     bool streamed;             /* fetched into staging slots for each use */
     bool recompute;            /* its forward runs again before its backward */
     bool speculate;            /* its CPU update may start before the norm (SPARE_*) */
+    bool disk;                 /* its master and moments are on disk (above) */
+    int disk_chunks;           /* disk: the chunks of its shard (0: an empty shard) */
+    bool offload_in;           /* its input (the previous block's output) is offloaded */
+    bool out_offloaded;        /* its output is the next block's offloaded input */
     bool grad_staged;          /* each micro-batch's gradient is computed into a staging
                                   slot (updated on the CPU, or accumulated) */
     fy_staging staging;
@@ -160,6 +180,10 @@ typedef struct fy_layout {
     fy_block_layout *blocks;
     int cap;                   /* blocks' allocated entries (fy_layout_renew reuses them) */
     struct { int n; size_t nbytes; } param_ring[FY_RINGS], grad_ring[FY_RINGS];
+    struct { int n; size_t nbytes; } disk_ring; /* host slots of a disk chunk's master and
+                                  moments (3 x disk_chunk fp32, or the largest shard's) */
+    struct { int n; size_t nbytes; } act_ring;  /* device slots of offloaded inputs */
+    size_t disk_chunk;         /* elements of a disk chunk (plan.h) */
     size_t landing_nbytes;     /* the host landing slot: a micro-batch's gradient the host
                                   adds (accumulation) or scatters (rows) into GRAD */
     int rows_block;            /* the block whose fetches may be rows (FY_STAGE_ROWS, or
@@ -224,6 +248,15 @@ static inline bool fy_layout_master_sharded(const fy_layout *L, int b) {
 static inline size_t fy_place_nbytes(const fy_place *p) {
     return p->tier == FY_TIER_NONE || p->same_as >= 0 ? 0 : (p->hi - p->lo) * fy_dtype_size(p->dtype);
 }
+/* Chunk c of disk block b's shard: its elements [*lo, *hi). */
+static inline void fy_layout_disk_range(const fy_layout *L, int b, int c, size_t *lo, size_t *hi) {
+    const fy_block_layout *bl = &L->blocks[b];
+    *lo = bl->lo + (size_t)c * L->disk_chunk;
+    *hi = *lo + L->disk_chunk < bl->hi ? *lo + L->disk_chunk : bl->hi;
+}
+/* The disk states, in the order a disk slot holds their chunks. */
+#define FY_DISK_STATES 3
+extern const fy_state fy_disk_states[FY_DISK_STATES]; /* MASTER, M, V */
 const char *fy_state_name(fy_state s);
 const char *fy_tier_name(fy_tier t);
 

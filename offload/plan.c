@@ -8,13 +8,13 @@
 #include <string.h>
 
 static const char *params_names[] = {"resident", "streamed"}; /* version 1's weights */
-static const char *where_names[FY_WHERES] = {"device", "host"};
+static const char *where_names[FY_WHERES] = {"device", "host", "disk"};
 static const char *update_names[] = {"gpu", "cpu"};
-static const char *acts_names[] = {"keep", "recompute"};
+static const char *acts_names[] = {"keep", "recompute", "offload"};
 static const char *state_keys[FY_PLAN_STATES] = {"master", "grad", "moments"};
 
 fy_where fy_plan_where(const fy_block_plan *bp, fy_plan_state s) {
-    if (bp->update == FY_UPDATE_CPU) return FY_ON_HOST;
+    if (bp->update == FY_UPDATE_CPU) return bp->disk && s != FY_PLAN_GRAD ? FY_ON_DISK : FY_ON_HOST;
     return s == FY_PLAN_MASTER ? bp->weights : FY_ON_DEVICE;
 }
 
@@ -57,12 +57,14 @@ fy_status fy_plan_copy(const fy_plan *src, fy_plan *dst) {
     dst->layers = src->layers;
     dst->prefetch = src->prefetch;
     dst->dtype = src->dtype;
+    dst->disk_chunk = src->disk_chunk;
     return FY_OK;
 }
 
 bool fy_plan_equal(const fy_plan *a, const fy_plan *b) {
     return a->nblocks == b->nblocks && a->micro_batch == b->micro_batch &&
            a->grad_accum == b->grad_accum && a->prefetch == b->prefetch && a->dtype == b->dtype &&
+           a->disk_chunk == b->disk_chunk &&
            !memcmp(a->blocks, b->blocks, (size_t)a->nblocks * sizeof *a->blocks);
 }
 
@@ -87,11 +89,13 @@ fy_status fy_plan_shorthands(fy_plan *p, double params_ratio, double optim_ratio
             bp->update = l >= L - ko ? FY_UPDATE_CPU : FY_UPDATE_DEVICE;
             bp->acts = l < ckpt_layers ? FY_ACTS_RECOMPUTE : FY_ACTS_KEEP;
             bp->speculate = false; /* fy_plan_speculate, after */
+            bp->disk = false;      /* fy_plan_disk, after */
         } else { /* the embedding and the head move only with a ratio of 1 */
             bp->weights = params_ratio >= 1 ? FY_ON_HOST : FY_ON_DEVICE;
             bp->update = optim_ratio >= 1 ? FY_UPDATE_CPU : FY_UPDATE_DEVICE;
             bp->acts = FY_ACTS_KEEP;
             bp->speculate = false;
+            bp->disk = false;
         }
     }
     return FY_OK;
@@ -110,6 +114,44 @@ fy_status fy_plan_speculate(fy_plan *p, double ratio) {
         bp->speculate = chosen && bp->update == FY_UPDATE_CPU;
     }
     return FY_OK;
+}
+
+fy_status fy_plan_disk(fy_plan *p, double ratio) {
+    const int L = p->layers;
+    if (!(ratio >= 0 && ratio <= 1)) {
+        fy_log_error("--disk-optim takes a ratio in [0, 1]");
+        return FY_ERR_INVALID;
+    }
+    const int k = (int)ceil(ratio * L - 1e-9);
+    for (int b = 0; b < p->nblocks; b++) {
+        fy_block_plan *bp = &p->blocks[b];
+        const bool chosen = bp->kind == FY_BLOCK_LAYER ? bp->layer >= L - k : ratio >= 1;
+        bp->disk = chosen && bp->update == FY_UPDATE_CPU;
+        if (bp->disk && bp->speculate) {
+            fy_log_error("--disk-optim with --speculate: a speculative update keeps its spare "
+                         "state in host memory; put the speculative blocks' state on disk "
+                         "or speculate, not both");
+            return FY_ERR_INVALID;
+        }
+    }
+    return FY_OK;
+}
+
+fy_status fy_plan_offload_acts(fy_plan *p, double ratio) {
+    if (!(ratio >= 0 && ratio <= 1)) {
+        fy_log_error("--offload-acts takes a ratio in [0, 1]");
+        return FY_ERR_INVALID;
+    }
+    const int k = (int)ceil(ratio * p->layers - 1e-9);
+    for (int b = 0; b < p->nblocks; b++)
+        if (p->blocks[b].kind == FY_BLOCK_LAYER && p->blocks[b].layer < k) p->blocks[b].acts = FY_ACTS_OFFLOAD;
+    return FY_OK;
+}
+
+bool fy_plan_uses_disk(const fy_plan *p) {
+    for (int b = 0; b < p->nblocks; b++)
+        if (p->blocks[b].disk) return true;
+    return false;
 }
 
 static void block_name(const fy_block_plan *bp, char *buf, size_t cap) {
@@ -131,14 +173,25 @@ fy_status fy_plan_check(const fy_plan *p, const fy_model *m) {
             fy_log_error("plan block %d is %s, the model's is %s", b, name, blk->name);
             return FY_ERR_INVALID;
         }
-        if (bp->acts == FY_ACTS_RECOMPUTE && bp->kind != FY_BLOCK_LAYER) {
-            fy_log_error("plan block %s: only layers can recompute", blk->name);
+        if (bp->acts != FY_ACTS_KEEP && bp->kind != FY_BLOCK_LAYER) {
+            fy_log_error("plan block %s: only layers can recompute or offload activations", blk->name);
             return FY_ERR_INVALID;
         }
-        if (bp->speculate && bp->update != FY_UPDATE_CPU) {
-            fy_log_error("plan block %s: only an update on the CPU can speculate", blk->name);
+        if ((bp->speculate || bp->disk) && bp->update != FY_UPDATE_CPU) {
+            fy_log_error("plan block %s: only an update on the CPU can %s", blk->name,
+                         bp->speculate ? "speculate" : "keep its state on disk");
             return FY_ERR_INVALID;
         }
+        if (bp->speculate && bp->disk) {
+            fy_log_error("plan block %s: a speculative update keeps its state in host memory, "
+                         "not on disk", blk->name);
+            return FY_ERR_INVALID;
+        }
+    }
+    if (p->disk_chunk % FY_DISK_CHUNK_ALIGN || p->disk_chunk > ((size_t)1 << 40)) {
+        fy_log_error("plan: disk_chunk %zu is not a multiple of %zu elements", p->disk_chunk,
+                     FY_DISK_CHUNK_ALIGN);
+        return FY_ERR_INVALID;
     }
     return FY_OK;
 }
@@ -164,6 +217,7 @@ cJSON *fy_plan_json(const fy_plan *p) {
     cJSON_AddNumberToObject(root, "prefetch", p->prefetch);
     if (p->dtype == FY_F32 || p->dtype == FY_BF16)
         cJSON_AddStringToObject(root, "dtype", fy_dtype_name(p->dtype));
+    if (p->disk_chunk) cJSON_AddNumberToObject(root, "disk_chunk", (double)p->disk_chunk);
     for (int b = 0; b < p->nblocks; b++) {
         const fy_block_plan *bp = &p->blocks[b];
         char name[32];
@@ -207,16 +261,16 @@ static bool parse_block(const cJSON *o, int b, const char *name, int version, fy
 #define KEY(k) cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, k))
     const int pw = version == 1 ? pick(KEY("params"), params_names, 2) : pick(KEY("weights"), where_names, FY_WHERES);
     const int pu = pick(KEY(version == 1 ? "optim" : "update"), update_names, 2);
-    const int pa = pick(KEY("acts"), acts_names, 2);
-    if (pw < 0 || pu < 0 || pa < 0) {
+    const int pa = pick(KEY("acts"), acts_names, version == 1 ? 2 : 3);
+    if (pw < 0 || pw == FY_ON_DISK || pu < 0 || pa < 0) {
         const bool v2_keys = version == 1 && KEY("weights");
         snprintf(why, cap, version == 1 ? "block %s: params resident|streamed, optim gpu|cpu, acts keep|recompute%s"
-                                        : "block %s: weights device|host, update gpu|cpu, acts keep|recompute", name,
+                                        : "block %s: weights device|host, update gpu|cpu, acts keep|recompute|offload", name,
                  v2_keys ? " (a version 2 file says \"version\": 2)" : "");
         return false;
     }
-    if (pa == FY_ACTS_RECOMPUTE && bp->kind != FY_BLOCK_LAYER) {
-        snprintf(why, cap, "block %s: only layers can recompute", name);
+    if (pa != FY_ACTS_KEEP && bp->kind != FY_BLOCK_LAYER) {
+        snprintf(why, cap, "block %s: only layers can recompute or offload activations", name);
         return false;
     }
     const cJSON *js = cJSON_GetObjectItemCaseSensitive(o, "speculate");
@@ -228,6 +282,13 @@ static bool parse_block(const cJSON *o, int b, const char *name, int version, fy
     bp->update = (fy_update_at)pu;
     bp->acts = (fy_acts_policy)pa;
     bp->speculate = cJSON_IsTrue(js);
+    /* "disk" for the master or the moments puts both there */
+    bp->disk = version == 2 && ((KEY("master") && !strcmp(KEY("master"), "disk")) ||
+                                (KEY("moments") && !strcmp(KEY("moments"), "disk")));
+    if (bp->disk && (bp->update != FY_UPDATE_CPU || bp->speculate)) {
+        snprintf(why, cap, "block %s: master and moments on disk need update cpu and no speculate", name);
+        return false;
+    }
     for (int k = 0; k < FY_PLAN_STATES && version == 2; k++) {
         const char *said = KEY(state_keys[k]);
         const fy_where w = fy_plan_where(bp, (fy_plan_state)k);
@@ -298,6 +359,16 @@ fy_status fy_plan_load(const char *path, const fy_model *m, fy_plan *out) {
     if ((st = fy_plan_new(m, (int)jb->valuedouble, (int)ja->valuedouble, out)) != FY_OK)
         goto done;
     if (jp) out->prefetch = (int)jp->valuedouble;
+    const cJSON *jc = cJSON_GetObjectItemCaseSensitive(root, "disk_chunk");
+    if (jc && (!cJSON_IsNumber(jc) || jc->valuedouble < FY_DISK_CHUNK_ALIGN || jc->valuedouble > 1e12 ||
+               fmod(jc->valuedouble, (double)FY_DISK_CHUNK_ALIGN) != 0)) {
+        snprintf(whybuf, sizeof whybuf, "disk_chunk must be a positive multiple of %zu elements",
+                 FY_DISK_CHUNK_ALIGN);
+        why = whybuf;
+        st = FY_ERR_FORMAT;
+        goto done;
+    }
+    if (jc) out->disk_chunk = (size_t)jc->valuedouble;
     out->dtype = dtype;
     st = FY_ERR_FORMAT;
     for (int b = 0; b < nb; b++) {
@@ -321,7 +392,7 @@ done:
 
 static int field_of(const fy_block_plan *bp, int field) {
     return field == 0 ? (int)bp->weights : field == 1 ? (int)bp->update
-         : field == 2 ? (int)bp->acts : (int)bp->speculate;
+         : field == 2 ? (int)bp->acts : field == 3 ? (int)bp->speculate : (int)bp->disk;
 }
 
 /* Appends "what: layers a-b, c, embed" for the blocks whose field has value: runs of
@@ -363,6 +434,16 @@ void fy_plan_describe(const fy_plan *p, char *buf, size_t cap) {
     describe_set(p, "params streamed", 0, FY_ON_HOST, buf, cap);
     describe_set(p, "optim on cpu", 1, FY_UPDATE_CPU, buf, cap);
     describe_set(p, "recompute", 2, FY_ACTS_RECOMPUTE, buf, cap);
+    for (int b = 0; b < p->nblocks; b++)
+        if (p->blocks[b].acts == FY_ACTS_OFFLOAD) {
+            describe_set(p, "recompute, input on host", 2, FY_ACTS_OFFLOAD, buf, cap);
+            break;
+        }
+    for (int b = 0; b < p->nblocks; b++)
+        if (p->blocks[b].disk) {
+            describe_set(p, "optim state on disk", 4, 1, buf, cap);
+            break;
+        }
     for (int b = 0; b < p->nblocks; b++)
         if (p->blocks[b].speculate) { /* said only when some block does */
             describe_set(p, "speculative", 3, 1, buf, cap);

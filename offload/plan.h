@@ -13,7 +13,9 @@
  *   grad      the step's gradient: where the update runs
  *   moments   AdamW's m and v: where the update runs
  *   acts      keep: the layer's activations stay until its backward; recompute: only
- *             its output is kept and backward reruns its forward (layers only)
+ *             its input is kept and backward reruns its forward (layers only); offload:
+ *             recompute, with that input in pinned host memory, sent after its forward
+ *             and fetched before its recompute (layers only)
  *   speculate with the update on the CPU: it may start as soon as the block's gradient
  *             is on the host, before the step's norm is known, writing its new master
  *             and moments beside the ones it keeps until the norm says the unclipped,
@@ -21,6 +23,12 @@
  *             parameter more (14 with bf16 storage, whose gradient then has a buffer
  *             apart from the host weights). One process only: a job's norm is known
  *             only after its reduces
+ *   disk      with the update on the CPU: the fp32 master and AdamW's moments live in
+ *             the run's scratch file under --disk-dir (offload/disk.h), read a chunk at
+ *             a time (disk_chunk elements) into a host slot ahead of the update and
+ *             written back after it; the master is then always a buffer of its own (with
+ *             fp32 storage too: the host weights are a copy), so the gradient lands in
+ *             the host weights with one micro-batch a step. Not with speculate
  * The plan chooses weights, update and acts; master, grad and moments follow from them
  * (fy_plan_where) and plan files state them, so a plan says per block where everything
  * lives. Exactly how (pinned or pageable host memory, shards, which buffers are shared)
@@ -37,10 +45,14 @@
  *    "prefetch": 1, "dtype": "fp32",
  *    "blocks": [{"block": "embed", "weights": "device", "update": "gpu", "master": "device",
  *                "grad": "device", "moments": "device", "acts": "keep"},
+ *               {"block": "layer.9", "weights": "host", "update": "cpu", "master": "disk",
+ *                "grad": "host", "moments": "disk", "acts": "offload"},
  *               {"block": "layer.5", "weights": "host", "update": "cpu", ..., "speculate": true},
  *               {"block": "layer.0", ...}, ..., {"block": "head", ...}]}
  * master, grad and moments may be left out (they follow); given, they must be where they
- * follow; "speculate" is said when true (cpu updates only). Version 1 files ("params": "resident"|"streamed", "optim": "gpu"|"cpu") load
+ * follow, but "disk" for the master and moments of a cpu update puts them on disk (both
+ * say it, or the one said does); "speculate" is said when true (cpu updates only);
+ * "disk_chunk" (elements) when not the default. Version 1 files ("params": "resident"|"streamed", "optim": "gpu"|"cpu") load
  * as they always did. */
 #ifndef FY_PLAN_H
 #define FY_PLAN_H
@@ -56,11 +68,11 @@
 extern "C" {
 #endif
 
-/* Where a state lives, as a plan says it (room for disk). */
-typedef enum fy_where { FY_ON_DEVICE = 0, FY_ON_HOST, FY_WHERES } fy_where;
+/* Where a state lives, as a plan says it. */
+typedef enum fy_where { FY_ON_DEVICE = 0, FY_ON_HOST, FY_ON_DISK, FY_WHERES } fy_where;
 /* Where a block's update runs. */
 typedef enum fy_update_at { FY_UPDATE_DEVICE = 0, FY_UPDATE_CPU } fy_update_at;
-typedef enum fy_acts_policy { FY_ACTS_KEEP = 0, FY_ACTS_RECOMPUTE } fy_acts_policy;
+typedef enum fy_acts_policy { FY_ACTS_KEEP = 0, FY_ACTS_RECOMPUTE, FY_ACTS_OFFLOAD } fy_acts_policy;
 /* The states a plan file names beside the weights (fy_plan_where). */
 typedef enum fy_plan_state { FY_PLAN_MASTER = 0, FY_PLAN_GRAD, FY_PLAN_MOMENTS, FY_PLAN_STATES } fy_plan_state;
 
@@ -73,6 +85,7 @@ typedef struct fy_block_plan {
     fy_update_at update;
     fy_acts_policy acts;
     bool speculate;        /* update cpu: starts before the norm is known (above) */
+    bool disk;             /* update cpu: its fp32 master and moments on disk (above) */
 } fy_block_plan;
 
 typedef struct fy_plan {
@@ -86,7 +99,13 @@ typedef struct fy_plan {
     fy_dtype dtype;        /* device storage: FY_F32 (default) or FY_BF16; FY_DTYPE_NONE
                               (a plan file without "dtype") means the run's default, and
                               is stored as fp32 */
+    size_t disk_chunk;     /* elements of a disk block's shard read, updated and written
+                              back at once (a multiple of 1024; 0: FY_DISK_CHUNK) */
 } fy_plan;
+
+/* The default disk chunk: 32M elements, 384 MiB of master and moments in a host slot. */
+#define FY_DISK_CHUNK ((size_t)32 << 20)
+#define FY_DISK_CHUNK_ALIGN ((size_t)1024) /* elements: 4 KiB of fp32, direct I/O's unit */
 
 /* The all-resident plan for model m: everything on the device, nothing recomputed. */
 fy_status fy_plan_new(const fy_model *m, int micro_batch, int grad_accum, fy_plan *out);
@@ -113,11 +132,23 @@ fy_status fy_plan_save(const char *path, const fy_plan *p);
 /* The plan file's JSON object (NULL when out of memory; free with cJSON_Delete). */
 struct cJSON *fy_plan_json(const fy_plan *p);
 
+/* The master and moments of a fraction of the cpu-updated blocks on disk: those among
+ * the last ceil(ratio*L) layers (whose gradients reach the host first and whose weights
+ * the next forward needs last), and with a ratio of 1 the embedding and the head too.
+ * ratio in [0, 1]; FY_ERR_INVALID (logged) otherwise, or when a chosen block speculates. */
+fy_status fy_plan_disk(fy_plan *p, double ratio);
+/* The inputs of the first ceil(ratio*L) layers offloaded to the host (acts offload: they
+ * recompute). ratio in [0, 1]; FY_ERR_INVALID (logged) otherwise. */
+fy_status fy_plan_offload_acts(fy_plan *p, double ratio);
+/* Whether any block keeps its optimizer state on disk. */
+bool fy_plan_uses_disk(const fy_plan *p);
+
 /* FY_ERR_INVALID (logged) unless plan p fits model m (its blocks, recompute on layers
  * only, sizes in range). */
 fy_status fy_plan_check(const fy_plan *p, const fy_model *m);
 /* Where block plan bp keeps state s (the master, the gradient, the moments): where its
- * update runs, but a streamed block updated on the device keeps its master on the host. */
+ * update runs, but a streamed block updated on the device keeps its master on the host,
+ * and a disk block (update cpu) its master and moments on disk. */
 fy_where fy_plan_where(const fy_block_plan *bp, fy_plan_state s);
 
 /* "params streamed: layers 0-5 | optim cpu: layers 6-11, embed, head | recompute: none" */

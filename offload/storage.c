@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "engine/core/util.h"
+#include "offload/disk.h"
 
 #define HOST_ALIGN 64
 
@@ -25,6 +26,7 @@ typedef struct walk {
     char *cur[2];          /* real walk: the next free byte of the pageable [0] and the
                               pinned [1] arena */
     char what[80];         /* the buffer's name, for the allocation's errors */
+    size_t disk_cur;       /* the scratch file's next free byte */
     void *scratch;         /* a dry walk's out parameter */
 } walk;
 
@@ -85,7 +87,13 @@ static fy_status walk_block(walk *w, const fy_layout *L, int b) {
         const fy_place *p = fy_layout_state(L, b, (fy_state)s);
         if (!fy_layout_owns(L, b, (fy_state)s)) continue;
         void **out = ptr ? &ptr[s] : &w->scratch;
-        if (p->tier == FY_TIER_DEVICE) {
+        if (p->tier == FY_TIER_DISK) { /* a region of the file; no pointer */
+            const size_t n = fy_disk_align_up(fy_place_nbytes(p));
+            if (w->st) w->st->disk_off[(size_t)b * FY_STATES + s] = w->disk_cur;
+            w->disk_cur += n;
+            w->m->disk[p->cat] += n;
+            w->m->disk_total += n;
+        } else if (p->tier == FY_TIER_DEVICE) {
             NAME("%s %s", bname, fy_state_name((fy_state)s));
             FY_TRY(take(w, p->cat, fy_place_nbytes(p), out));
         } else {
@@ -128,6 +136,11 @@ static fy_status walk_staging(walk *w, const fy_layout *L) {
         }
     }
     if (L->landing_nbytes) carve(w, FY_CAT_STAGING, L->landing_nbytes, true, OUT(win.landing));
+    for (int i = 0; i < L->disk_ring.n; i++) { /* direct I/O's alignment inside each */
+        char *raw = NULL;
+        carve(w, FY_CAT_STAGING, L->disk_ring.nbytes + FY_DISK_ALIGN, false, &raw);
+        if (w->st) w->st->disk_ring.slots[i] = (void *)fy_round_up((uintptr_t)raw, FY_DISK_ALIGN);
+    }
     if (L->rows_block >= 0) {
         const fy_block_spec *gb = fy_model_block(L->model, L->rows_block);
         const size_t N = (size_t)L->B * L->T;
@@ -230,7 +243,11 @@ static fy_status storage_tables(const fy_layout *L, fy_storage *st) {
     st->layout.blocks = malloc(nb * sizeof *L->blocks);
     st->state = calloc(nb * FY_STATES, sizeof *st->state);
     st->acts = calloc(nb, sizeof *st->acts);
-    if (!st->layout.blocks || !st->state || !st->acts) return FY_ERR_NOMEM;
+    st->disk_off = calloc(nb * FY_STATES, sizeof *st->disk_off);
+    st->disk_ring = (fy_ring){.n = L->disk_ring.n, .nbytes = L->disk_ring.nbytes,
+                              .slots = calloc((size_t)(L->disk_ring.n ? L->disk_ring.n : 1), sizeof(void *))};
+    if (!st->layout.blocks || !st->state || !st->acts || !st->disk_off || !st->disk_ring.slots)
+        return FY_ERR_NOMEM;
     memcpy(st->layout.blocks, L->blocks, nb * sizeof *L->blocks);
     st->layout.cap = L->nblocks;
     for (int r = 0; r < FY_RINGS; r++) {
@@ -269,7 +286,7 @@ static fy_status new_arenas(fy_storage *st, const fy_mem_model *dry, size_t cap)
     return FY_OK;
 }
 
-fy_status fy_storage_new(fy_dev *dev, const fy_layout *L, fy_storage **out) {
+fy_status fy_storage_new(fy_dev *dev, const fy_layout *L, const char *disk_dir, fy_storage **out) {
     *out = NULL;
     fy_storage *st = calloc(1, sizeof *st);
     if (!st) return FY_ERR_NOMEM;
@@ -282,6 +299,11 @@ fy_status fy_storage_new(fy_dev *dev, const fy_layout *L, fy_storage **out) {
     if (s == FY_OK) s = new_arenas(st, &dry, cap);
     walk w = {.st = st, .m = &st->mem, .pinned_cap = cap, .cur = {st->arena[0], st->arena[1]}};
     if (s == FY_OK) s = walk_all(&w, L);
+    if (s == FY_OK && dry.disk_total && !disk_dir) {
+        fy_log_error("the plan keeps optimizer state on disk: give --disk-dir DIR");
+        s = FY_ERR_INVALID;
+    }
+    if (s == FY_OK && dry.disk_total) s = fy_disk_open(disk_dir, L->rank, dry.disk_total, 0, &st->disk);
     if (s != FY_OK) {
         fy_storage_free(st);
         return s;
@@ -302,6 +324,9 @@ void fy_storage_free(fy_storage *st) {
         fy_dev_release(st->dev, st->arena[1]);
     }
     free(st->allocs);
+    fy_disk_close(st->disk);
+    free(st->disk_off);
+    free(st->disk_ring.slots);
     for (int r = 0; r < FY_RINGS; r++) {
         free(st->param_ring[r].slots);
         free(st->grad_ring[r].slots);
@@ -313,11 +338,17 @@ void fy_storage_free(fy_storage *st) {
 }
 
 void fy_mem_model_print(const fy_mem_model *m, FILE *f) {
-    char a[32], b[32];
-    fprintf(f, "memory  %-12s %12s %12s\n", "", "device", "host");
-    for (int c = 0; c < FY_CAT_COUNT; c++)
-        fprintf(f, "        %-12s %12s %12s\n", cat_names[c], fy_fmt_size(m->device[c], a, sizeof a),
+    char a[32], b[32], d[32];
+    const bool disk = m->disk_total > 0;
+    fprintf(f, "memory  %-12s %12s %12s%s\n", "", "device", "host", disk ? "         disk" : "");
+    for (int c = 0; c < FY_CAT_COUNT; c++) {
+        fprintf(f, "        %-12s %12s %12s", cat_names[c], fy_fmt_size(m->device[c], a, sizeof a),
                 fy_fmt_size(m->host[c], b, sizeof b));
-    fprintf(f, "        %-12s %12s %12s\n", "total", fy_fmt_size(m->device_total, a, sizeof a),
+        if (disk) fprintf(f, " %12s", fy_fmt_size(m->disk[c], d, sizeof d));
+        fputc('\n', f);
+    }
+    fprintf(f, "        %-12s %12s %12s", "total", fy_fmt_size(m->device_total, a, sizeof a),
             fy_fmt_size(m->host_total, b, sizeof b));
+    if (disk) fprintf(f, " %12s", fy_fmt_size(m->disk_total, d, sizeof d));
+    fputc('\n', f);
 }

@@ -17,6 +17,11 @@
  *    allocates them): double-buffered tokens, a loss slot per micro-batch, a norm slot
  *    per block (and a sharded job's chunk sums), the host landing slot, a row-staged
  *    block's rows.
+ * State on disk (layout.h: FY_TIER_DISK) is a region of one scratch file per process,
+ * each rounded to 4 KiB so direct I/O of any chunk is aligned; its pointer is NULL and
+ * fy_storage_disk_off says where it is. Its chunks pass through the disk ring's host
+ * slots (the step graph's disk tasks) and, between windows, the first slot serves as the
+ * bounce buffer of whole-state reads and writes (engine/trainer_state.c).
  * Host state comes from two arenas: what the device copies to or from (pinned tier:
  * weights and gradients of the storage type, a streamed device-updated block's master,
  * tokens) from a pinned one up to the device's pinned cap (--pinned-mem; the buffers past
@@ -49,6 +54,8 @@ typedef struct fy_mem_model {
     size_t device_total, host_total;
     size_t host_pinned;       /* of host_total, in the pinned arena */
     size_t pinned_over;       /* buffers the device copies that the pinned cap left pageable */
+    size_t disk[FY_CAT_COUNT]; /* the scratch file's regions (each rounded to 4 KiB) */
+    size_t disk_total;        /* the scratch file's size */
 } fy_mem_model;
 
 typedef struct fy_ring {
@@ -87,6 +94,9 @@ typedef struct fy_storage {
     void **state;             /* nblocks x FY_STATES: each state's buffer (an alias's is
                                  its owner's); NULL where the block has none */
     fy_ring param_ring[FY_RINGS], grad_ring[FY_RINGS];
+    fy_ring disk_ring;        /* host slots of disk chunks (4 KiB aligned) */
+    struct fy_disk *disk;     /* the scratch file (NULL: nothing on disk) */
+    size_t *disk_off;         /* nblocks x FY_STATES: a disk state's region in the file */
     fy_block_acts *acts;      /* nblocks */
     void *work;               /* the blocks' shared workspace */
     void *dx;                 /* the activation gradient between blocks */
@@ -99,8 +109,10 @@ typedef struct fy_storage {
     fy_mem_model mem;         /* the memory model: what this storage allocated */
 } fy_storage;
 
-/* Allocates everything layout L lists on dev (L is copied). */
-fy_status fy_storage_new(fy_dev *dev, const fy_layout *L, fy_storage **out);
+/* Allocates everything layout L lists on dev (L is copied), and the scratch file under
+ * disk_dir (offload/disk.h) when it keeps state on disk: FY_ERR_INVALID (logged) if it
+ * does and disk_dir is NULL; the file's errors as fy_disk_open's. */
+fy_status fy_storage_new(fy_dev *dev, const fy_layout *L, const char *disk_dir, fy_storage **out);
 void fy_storage_free(fy_storage *st);
 
 /* Block b's state s: its buffer (NULL: none), or element i of the block in it (i within
@@ -111,6 +123,12 @@ static inline void *fy_storage_ptr(const fy_storage *st, int b, fy_state s) {
 static inline void *fy_storage_at(const fy_storage *st, int b, fy_state s, size_t i) {
     const fy_place *p = fy_layout_state(&st->layout, b, s);
     return (char *)fy_storage_ptr(st, b, s) + (i - p->lo) * fy_dtype_size(p->dtype);
+}
+
+/* The byte offset in the scratch file of element i of block b's disk state s. */
+static inline size_t fy_storage_disk_off(const fy_storage *st, int b, fy_state s, size_t i) {
+    const fy_place *p = fy_layout_state(&st->layout, b, s);
+    return st->disk_off[(size_t)b * FY_STATES + s] + (i - p->lo) * sizeof(float);
 }
 
 /* A speculative block's two sides swap (layout.h: SPARE_*): the master's buffer (and the

@@ -17,7 +17,7 @@
 
 #include "engine/core/util.h"
 
-static const char *lane_names[FY_LANE_COUNT] = {"compute", "h2d", "d2h", "cpu", "comm"};
+static const char *lane_names[FY_LANE_COUNT] = {"compute", "h2d", "d2h", "cpu", "comm", "disk"};
 const char *fy_lane_name(fy_lane l) { return l < FY_LANE_COUNT ? lane_names[l] : "?"; }
 
 static const char *mode_names[] = {"priority", "fifo", "serial"};

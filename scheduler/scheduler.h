@@ -1,6 +1,6 @@
 /* scheduler.h — task graphs run on lanes by next-use priority: executor, simulator, trace.
  *
- * A task runs on one lane (compute, h2d, d2h, cpu, comm). Lanes run concurrently; each lane
+ * A task runs on one lane (compute, h2d, d2h, cpu, comm, disk). Lanes run concurrently; each lane
  * runs one task at a time, chosen among its ready tasks (all predecessors done) by the
  * mode:
  *   priority  the smallest priority value first (next use, below)
@@ -56,6 +56,7 @@ extern "C" {
 typedef enum fy_lane {
     FY_LANE_COMPUTE = 0, FY_LANE_H2D, FY_LANE_D2H, FY_LANE_CPU,
     FY_LANE_COMM, /* collectives between the processes of a data-parallel job */
+    FY_LANE_DISK, /* the disk tier's reads and writes */
     FY_LANE_COUNT
 } fy_lane;
 typedef enum fy_sched_mode { FY_SCHED_PRIORITY = 0, FY_SCHED_FIFO, FY_SCHED_SERIAL } fy_sched_mode;

@@ -48,6 +48,9 @@ typedef struct fy_profile {
     double coll_gbps, coll_latency_ms;           /* device memory */
     double coll_host_gbps, coll_host_latency_ms; /* host memory, MPI */
     char coll_source[256];
+    double disk_read_gbps, disk_write_gbps;
+    int disk_qdepth;
+    char disk_source[256];
     /* analytic compute model */
     double compute_tflops;     /* effective matmul throughput */
     double device_mem_gbps;    /* memory-bound device work */

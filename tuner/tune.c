@@ -160,6 +160,24 @@ static double cost_collective(const costing *c, fy_task_kind k, int b) {
     return weights_host ? host_ms : dev_ms;
 }
 
+/* The disk tier: a disk block's shard of master and moments read and written once a
+ * step at the profile's sequential rates (costs are per shard; each chunk's task takes
+ * its share, step_build.h); not known (not probed): prohibitive. */
+static double disk_ms(const costing *c, int b, double gbps) {
+    if (b < 0 || !c->L->blocks[b].disk_chunks) return NAN;
+    const double bytes = FY_DISK_STATES * own_of(c, b) * sizeof(float);
+    return gbps > 0 ? xfer_ms(bytes, gbps, 0.0) : 1e9;
+}
+static double cost_disk_in(const costing *c, fy_task_kind k, int b) { return disk_ms(c, b, c->p->disk_read_gbps); }
+static double cost_disk_out(const costing *c, fy_task_kind k, int b) { return disk_ms(c, b, c->p->disk_write_gbps); }
+
+/* An offloaded layer's input (the previous block's output) to the host and back. */
+static double cost_act_copy(const costing *c, fy_task_kind k, int b) {
+    if (b <= 0 || !c->L->blocks[b].offload_in) return NAN;
+    const double nbytes = (double)c->L->blocks[b - 1].out_nbytes;
+    return xfer_ms(nbytes, k == FY_T_D2H_ACT ? c->p->d2h_gbps : c->p->h2d_gbps, c->p->latency_ms);
+}
+
 typedef double (*cost_rule)(const costing *c, fy_task_kind k, int b);
 #define X_RULE(id, name, lane, cost) [FY_T_##id] = cost_##cost,
 static const cost_rule rules[FY_T_COUNT] = {FY_TASK_KINDS(X_RULE)};

@@ -126,6 +126,16 @@ static const opt table[] = {
      "redoes them); 12 host bytes a parameter more", 0},
     {"ckpt-layers", T_INT, O(ckpt_layers), TR, "0", R_NONNEG, NULL, "K",
      "recompute the activations of the first K layers in backward", 0},
+    {"offload-acts", T_FLOAT, O(offload_acts), TR, "0", R_RATIO, NULL, "R",
+     "keep the inputs of the first ceil(R*L) layers in pinned host memory (they recompute; "
+     "sent after their forward, fetched before their recompute)", 0},
+    {"disk-optim", T_FLOAT, O(disk_optim), TR, "0", R_RATIO, NULL, "R",
+     "keep the fp32 master and moments of the CPU-updated blocks among the last ceil(R*L) "
+     "layers (R=1: all of them) in a scratch file under --disk-dir", 0},
+    {"disk-dir", T_STR, O(disk_dir), TR, NULL, R_ANY, NULL, "DIR",
+     "an empty directory for the disk tier's scratch file (created and removed by the run)", 0},
+    {"disk-mem", T_SIZE, O(disk_mem), TR, "0", R_NONNEG, NULL, "SIZE",
+     "disk budget of the disk tier (0 = the filesystem's free space)", 0},
     {"dry-run", T_BOOL, O(dry_run), TR, "0", R_ANY, NULL, NULL,
      "print the plan and its memory model, then exit", 0},
     {"schedule", T_STR, O(schedule), TR, "priority", R_ANY, "priority|fifo|serial", "S",

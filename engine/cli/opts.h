@@ -54,7 +54,9 @@ typedef struct fy_opts {
     /* placement plan */
     const char *plan;
     const char *save_plan;
-    double offload_params, offload_optim, speculate;
+    double offload_params, offload_optim, speculate, disk_optim, offload_acts;
+    const char *disk_dir;      /* the disk tier's scratch directory */
+    size_t disk_mem;           /* its budget (0: the filesystem's free space) */
     int64_t ckpt_layers;
     bool dry_run;
     /* scheduling */

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -20,6 +21,7 @@
 #include "engine/cli/tune_cmd.h"
 #include "engine/core/util.h"
 #include "engine/train.h"
+#include "offload/disk.h"
 
 /* This process's rank in a data-parallel job (0 alone): only rank 0 writes outputs. */
 static int g_rank;
@@ -138,7 +140,8 @@ static fy_status resolve_model(const fy_opts *o, bool model_given, fy_weights **
 static fy_status resolve_plan(const fy_opts *o, const fy_model *m, fy_dev_kind kind,
                               fy_comm *comm, const double *slowdown, fy_plan *plan) {
     bool shorthands = fy_opts_given(o, "offload-params") || fy_opts_given(o, "offload-optim") ||
-                      fy_opts_given(o, "ckpt-layers") || fy_opts_given(o, "speculate");
+                      fy_opts_given(o, "ckpt-layers") || fy_opts_given(o, "speculate") ||
+                      fy_opts_given(o, "disk-optim") || fy_opts_given(o, "offload-acts");
     if (o->profile && !(o->plan && !strcmp(o->plan, "auto")) &&
         (strcmp(o->batch_shares, "auto") || fy_comm_size(comm) == 1)) {
         fy_log_error("--profile is the machine --plan auto (or a job's --batch-shares auto) plans "
@@ -148,7 +151,7 @@ static fy_status resolve_plan(const fy_opts *o, const fy_model *m, fy_dev_kind k
     if (o->plan && !strcmp(o->plan, "auto")) {
         if (shorthands) {
             fy_log_error("--plan auto cannot be combined with --offload-params, --offload-optim, "
-                         "--speculate or --ckpt-layers");
+                         "--speculate, --ckpt-layers, --offload-acts or --disk-optim");
             return FY_ERR_USAGE;
         }
         if (fy_comm_size(comm) > 1) { /* each rank its own, and with auto its share */
@@ -167,7 +170,7 @@ static fy_status resolve_plan(const fy_opts *o, const fy_model *m, fy_dev_kind k
     } else if (o->plan) {
         if (shorthands) {
             fy_log_error("--plan cannot be combined with --offload-params, --offload-optim, "
-                         "--speculate or --ckpt-layers");
+                         "--speculate, --ckpt-layers, --offload-acts or --disk-optim");
             return FY_ERR_USAGE;
         }
         FY_TRY(fy_plan_load(o->plan, m, plan));
@@ -193,6 +196,23 @@ static fy_status resolve_plan(const fy_opts *o, const fy_model *m, fy_dev_kind k
                          "(--offload-optim chooses which are)", o->speculate);
             return FY_ERR_USAGE;
         }
+        FY_TRY(fy_plan_offload_acts(plan, o->offload_acts));
+        FY_TRY(fy_plan_disk(plan, o->disk_optim));
+        if (o->disk_optim > 0 && !fy_plan_uses_disk(plan)) {
+            fy_log_error("--disk-optim %g: none of those layers is updated on the CPU "
+                         "(--offload-optim chooses which are)", o->disk_optim);
+            return FY_ERR_USAGE;
+        }
+    }
+    if (fy_plan_uses_disk(plan) && !o->disk_dir && !o->dry_run) {
+        fy_log_error("the plan keeps optimizer state on disk: give --disk-dir DIR (an empty "
+                     "directory on a fast disk)");
+        return FY_ERR_USAGE;
+    }
+    if (o->disk_dir && !fy_plan_uses_disk(plan)) {
+        fy_log_error("--disk-dir %s: the plan keeps nothing on disk (--disk-optim, or a plan "
+                     "file with master and moments on disk)", o->disk_dir);
+        return FY_ERR_USAGE;
     }
     if (comm && fy_comm_size(comm) > 1) { /* every rank stops; the first that speculates says why */
         int32_t first = 0;
@@ -225,6 +245,20 @@ static fy_status check_budgets(const fy_opts *o, const fy_mem_model *plan_mm, fy
                      fy_fmt_size(o->host_mem, have, sizeof have),
                      fy_fmt_size(mm.host_total - o->host_mem, short_by, sizeof short_by));
         return FY_ERR_INVALID;
+    }
+    if (mm.disk_total) { /* the scratch file is preallocated whole: it must fit */
+        struct statvfs fs;
+        const size_t avail = o->disk_dir && statvfs(o->disk_dir, &fs) == 0
+                                 ? (size_t)fs.f_bavail * (size_t)fs.f_frsize : SIZE_MAX;
+        const size_t budget = o->disk_mem ? o->disk_mem : avail;
+        if (mm.disk_total > budget) {
+            fy_log_error("disk: the plan needs %s on disk; %s %s, short by %s",
+                         fy_fmt_size(mm.disk_total, need, sizeof need),
+                         o->disk_mem ? "the budget (--disk-mem) is" : "--disk-dir's filesystem has free",
+                         fy_fmt_size(budget, have, sizeof have),
+                         fy_fmt_size(mm.disk_total - budget, short_by, sizeof short_by));
+            return FY_ERR_INVALID;
+        }
     }
     size_t cap = o->gpu_mem;
     const bool derived = !cap && dev->kind == FY_DEV_CPU;
@@ -361,12 +395,13 @@ static void print_memory_json(const fy_model *m, const fy_mem_model *mm, const f
         printf("\"rank\":%d,\"ranks\":%d,\"placed\":\"%s\",\"micro_batches\":%d,",
                fy_comm_rank(comm), fy_comm_size(comm), placed, plan->grad_accum);
     printf("\"params\":%zu,\"device_budget\":%zu,\"device_bytes\":%zu,\"host_bytes\":%zu,"
-           "\"pinned_bytes\":%zu", fy_model_num_params(m), budget, mm->device_total, mm->host_total,
-           mm->host_pinned);
-    for (int side = 0; side < 2; side++) {
-        printf(",\"%s\":{", side ? "host" : "device");
-        for (int c = 0; c < FY_CAT_COUNT; c++)
-            printf("%s\"%s\":%zu", c ? "," : "", cats[c], side ? mm->host[c] : mm->device[c]);
+           "\"pinned_bytes\":%zu,\"disk_bytes\":%zu", fy_model_num_params(m), budget, mm->device_total,
+           mm->host_total, mm->host_pinned, mm->disk_total);
+    static const char *const sides[3] = {"device", "host", "disk"};
+    const size_t *by_side[3] = {mm->device, mm->host, mm->disk};
+    for (int side = 0; side < 3; side++) {
+        printf(",\"%s\":{", sides[side]);
+        for (int c = 0; c < FY_CAT_COUNT; c++) printf("%s\"%s\":%zu", c ? "," : "", cats[c], by_side[side][c]);
         printf("}");
     }
     printf("}\n");
@@ -446,6 +481,7 @@ static void fill_train_cfg(const fy_opts *o, fy_model *m, fy_plan *plan, fy_weig
     tc->val_batches = o->val_batches;
     tc->log_every = o->log_every;
     tc->comm = comm;
+    tc->disk_dir = o->disk_dir;
     /* test hook (tests/test_dp.c): a step whose norm is not finite */
     int64_t nan_step = 0;
     if (getenv("FERRY_TEST_NAN_STEP") && fy_parse_i64(getenv("FERRY_TEST_NAN_STEP"), &nan_step)) nan_step = 0;
@@ -589,6 +625,7 @@ int fy_train_main(const fy_opts *given) {
     if (st == FY_OK && lead && o->trace) st = fy_check_output(o->trace, "--trace", false);
     if (st == FY_OK && lead && o->save_plan) st = fy_check_output(o->save_plan, "--save-plan", false);
     if (st == FY_OK) st = check_ckpt_flags(o);
+    if (st == FY_OK && o->disk_dir && !o->dry_run) st = fy_disk_check_dir(o->disk_dir);
     if (st == FY_OK) st = fy_opts_dev_cfg(o, !o->dry_run, &tc.dev);
     if (st == FY_OK) st = resolve_model(o, fy_opts_given(o, "model"), &init, &m);
     fy_doc_mask docs = {FY_DOCS_NONE, 0};
