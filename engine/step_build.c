@@ -36,6 +36,11 @@ typedef struct builder {
     fy_graph *g;
     int ppool[FY_RINGS], gpool[FY_RINGS]; /* the rings' pools */
     int dpool;              /* the disk ring's pool */
+    int apool;              /* the act ring's pool */
+    int *out_unit;          /* per block, this micro-batch: the task whose act unit holds its
+                               output (offloaded outputs), -1 */
+    int *d2h_act;           /* per block: its input's last d2h_act */
+    int prev_act_in;        /* the last h2d_act */
     int *disk_base;         /* per block: its first chunk's index in disk_write */
     int *disk_write;        /* per disk chunk: its last disk_write (-1 none yet) */
     int64_t pos;            /* next program position of a compute task */
@@ -175,6 +180,7 @@ static int pass_with(builder *bd, fy_task_kind kind, int b, int micro, int fetch
     if (id < 0) return -1;
     if (kind != FY_T_HEAD) bd->g->tasks[id].flops = pass_flops(bd, kind, b, -1, true);
     payload(bd, id)->u.pass.fetch = f;
+    payload(bd, id)->u.pass.in_unit = payload(bd, id)->u.pass.out_unit = -1;
     dep(bd, f, id);
     dep(bd, bd->ready[b], id);
     if (!keep) releases(bd, id, f);
@@ -215,21 +221,58 @@ static int build_load(builder *bd, int m) {
     return load;
 }
 
-/* Forward through every block before the head; returns the last task. */
+/* An offloaded input of block b, in the act unit of task `unit`, to the host after
+ * `after` (its forward read it), giving the unit back. */
+static void act_out(builder *bd, int b, int m, int unit, int after) {
+    int d = add(bd, FY_T_D2H_ACT, b, m);
+    if (d < 0) return;
+    payload(bd, d)->u.act.unit_task = unit;
+    bd->g->tasks[d].bytes = (double)blk_of(bd, b - 1)->out_nbytes;
+    dep(bd, after, d);
+    releases(bd, d, unit);
+    bd->d2h_act[b] = d;
+}
+
+/* Forward through every block before the head; returns the last task. An offloaded
+ * output goes into an act unit its forward takes. */
 static int build_forward(builder *bd, int m, int load) {
     int prev = load;
     for (int b = 0; b < bd->nb; b++) {
         if (spec(bd, b)->kind == FY_BLOCK_HEAD) continue;
         int x = pass_task(bd, FY_T_FWD, b, m);
+        if (x < 0) return -1;
         dep(bd, prev, x); /* the first: after the load */
         dep(bd, bd->last_bwd[b], x); /* its activations are reused */
         if (blk_of(bd, b)->recompute) {
             dep(bd, bd->shared_user, x);
             bd->shared_user = x;
         }
+        if (blk_of(bd, b)->out_offloaded) {
+            bd->g->tasks[x].acquire_pool = bd->apool;
+            payload(bd, x)->u.pass.out_unit = bd->out_unit[b] = x;
+        }
+        if (blk_of(bd, b)->offload_in) {
+            payload(bd, x)->u.pass.in_unit = bd->out_unit[b - 1];
+            act_out(bd, b, m, bd->out_unit[b - 1], x);
+        }
         prev = x;
     }
     return prev;
+}
+
+/* Block b's offloaded input back into an act unit before its recompute, after it left
+ * (and after the previous h2d_act: they run in the backward's order, as far ahead as
+ * the ring's units allow). */
+static int act_in(builder *bd, int b, int m) {
+    int h = add(bd, FY_T_H2D_ACT, b, m);
+    if (h < 0) return -1;
+    payload(bd, h)->u.act.unit_task = h;
+    bd->g->tasks[h].acquire_pool = bd->apool;
+    bd->g->tasks[h].bytes = (double)blk_of(bd, b - 1)->out_nbytes;
+    dep(bd, bd->d2h_act[b], h);
+    dep(bd, bd->prev_act_in, h);
+    bd->prev_act_in = bd->out_unit[b - 1] = h;
+    return h;
 }
 
 /* Before the backward pass of block b (after `prev`): a grad_zero for every staged block
@@ -268,6 +311,7 @@ static int chunk_task(builder *bd, fy_task_kind kind, int h, int m, int k, int p
     fy_step_task *p = payload(bd, t);
     p->chunk = k;
     p->u.pass.fetch = f;
+    p->u.pass.in_unit = p->u.pass.out_unit = -1;
     dep(bd, f, t);
     dep(bd, bd->ready[h], t);
     dep(bd, prev, t);
@@ -389,17 +433,31 @@ static void build_backward(builder *bd, int m, int head) {
     if (chunked(bd, bd->nb - 1)) prev = build_head_backward(bd, m, head);
     else grad_done(bd, bd->nb - 1, m, head);
     for (int b = bd->nb - 2; b >= 0; b--) {
-        int rc = -1, kept = -1;
+        int rc = -1, kept = -1, in = -1;
+        const bool off_in = blk_of(bd, b)->offload_in, off_out = blk_of(bd, b)->out_offloaded;
+        if (off_in) in = act_in(bd, b, m);
         if (blk_of(bd, b)->recompute) { /* its weights stay for its backward: one fetch */
             rc = pass_with(bd, FY_T_RECOMPUTE, b, m, -1, true);
             if (rc < 0) return;
             kept = payload(bd, rc)->u.pass.fetch;
             dep(bd, prev, rc);
             dep(bd, bd->shared_user, rc);
+            dep(bd, in, rc);
+            payload(bd, rc)->u.pass.in_unit = in;
+            if (off_out) { /* it writes its output again where the next block's input was */
+                payload(bd, rc)->u.pass.out_unit = bd->out_unit[b];
+                releases(bd, rc, bd->out_unit[b]);
+            }
         }
         prev = zero_link_grads(bd, b, m, prev);
         int gt = pass_with(bd, FY_T_BWD, b, m, kept, false);
         if (gt < 0) return;
+        payload(bd, gt)->u.pass.in_unit = in;
+        dep(bd, in, gt);
+        /* its input's unit: the previous block's recompute rewrites it, else it is done */
+        if (off_in && !(blk_of(bd, b - 1)->recompute && spec(bd, b - 1)->kind == FY_BLOCK_LAYER))
+            releases(bd, gt, in);
+
         bind_pass_grads(bd, b, gt);
         dep(bd, rc, gt);
         dep(bd, prev, gt);
@@ -585,6 +643,8 @@ static void builder_end(builder *bd) {
     free(bd->started);
     free(bd->disk_base);
     free(bd->disk_write);
+    free(bd->out_unit);
+    free(bd->d2h_act);
 }
 
 /* The builder's end: its status, then the priorities; the graph is freed on failure. */
@@ -612,6 +672,7 @@ static fy_status builder_init(builder *bd, const fy_layout *L, fy_step_graph *sg
         bd->gpool[r] = fy_graph_pool(bd->g, L->grad_ring[r].n);
     }
     bd->dpool = fy_graph_pool(bd->g, L->disk_ring.n);
+    bd->apool = fy_graph_pool(bd->g, L->act_ring.n);
     const size_t n = (size_t)bd->nb;
     size_t nchunks = 0;
     bd->disk_base = malloc(n * sizeof *bd->disk_base);
@@ -621,6 +682,8 @@ static fy_status builder_init(builder *bd, const fy_layout *L, fy_step_graph *sg
     }
     bd->disk_write = malloc((nchunks ? nchunks : 1) * sizeof *bd->disk_write);
     for (size_t c = 0; bd->disk_write && c < nchunks; c++) bd->disk_write[c] = -1;
+    bd->out_unit = malloc(n * sizeof *bd->out_unit);
+    bd->d2h_act = malloc(n * sizeof *bd->d2h_act);
     bd->ready = malloc(n * sizeof *bd->ready);
     bd->last_bwd = malloc(n * sizeof *bd->last_bwd);
     bd->final_grad = malloc(n * sizeof *bd->final_grad);
@@ -628,11 +691,12 @@ static fy_status builder_init(builder *bd, const fy_layout *L, fy_step_graph *sg
     bd->grad = malloc(n * sizeof *bd->grad);
     bd->started = malloc(n * sizeof *bd->started);
     if (!bd->ready || !bd->last_bwd || !bd->final_grad || !bd->last_d2h || !bd->grad || !bd->started ||
-        !bd->disk_base || !bd->disk_write)
+        !bd->disk_base || !bd->disk_write || !bd->out_unit || !bd->d2h_act)
         return finish(bd, FY_ERR_NOMEM);
-    for (size_t b = 0; b < n; b++) bd->ready[b] = bd->last_bwd[b] = bd->last_d2h[b] = -1;
+    for (size_t b = 0; b < n; b++)
+        bd->ready[b] = bd->last_bwd[b] = bd->last_d2h[b] = bd->out_unit[b] = bd->d2h_act[b] = -1;
     bd->shared_user = bd->prev_load = bd->prev_norm = bd->prev_comm = bd->spec_after = -1;
-    bd->prev_fetch = -1;
+    bd->prev_fetch = bd->prev_act_in = -1;
     bd->load_war[0] = bd->load_war[1] = bd->load_buf[0] = bd->load_buf[1] = -1;
     return FY_OK;
 }

@@ -22,6 +22,11 @@
  * A disk block's update is per chunk of its shard (layout.h): disk_read(b, c) into a
  * disk slot, adam_cpu(b, c), disk_write(b, c); reads run ahead as far as the disk ring's
  * slots allow, from the previous step's write of the same chunk on.
+ * An offloaded input (layout.h: offload_in) lives in an act-ring slot: the previous
+ * block's forward takes one for its output, d2h_act(b) sends it to the host after
+ * fwd(b) and gives it back; in backward h2d_act(b) fetches it into a slot before
+ * recompute(b), which bwd(b) gives back, or, when the previous block recomputes too,
+ * that block's recompute (it writes its output there again: the same bits).
  * Evaluation: forward, head, and collect(m).
  *
  * Each byte crosses once where it can: a recomputed layer's fetch serves its recompute
@@ -83,7 +88,12 @@ typedef struct fy_step_task {
             fy_grad_at grad;                    /* head, bwd: the block's gradient */
             fy_grad_at link_grad[FY_PASS_LINKS];/* head, bwd: the linked blocks' */
             bool train;                         /* head: training (else evaluation) */
+            int in_unit, out_unit;              /* the tasks whose act-ring units hold its
+                                                   input and output (offloaded; -1: the
+                                                   block's own buffers) */
         } pass;
+        struct { int unit_task; } act;          /* d2h_act, h2d_act: the task whose act-ring
+                                                   unit holds the input copied */
         struct {                                /* d2h_grad */
             int unit_task;                      /* the task whose unit holds the gradient */
             int part;                           /* a split tied table's (layout.h:

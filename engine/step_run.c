@@ -56,6 +56,10 @@ static void *grad_unit(const fy_trainer *tr, int id) {
     const fy_task *t = &tr->ex.sg->g.tasks[id];
     return tr->st->grad_ring[fy_tr_blk(tr, t->block)->ring].slots[t->unit];
 }
+/* The act-ring slot task `id` took (an offloaded output's forward, an h2d_act). */
+static void *act_unit(const fy_trainer *tr, int id) {
+    return tr->st->act_ring.slots[tr->ex.sg->g.tasks[id].unit];
+}
 
 /* Block b's weights for a pass: the slot of fetch task `fetch`, or the device copy. */
 static const void *weights_for(const fy_trainer *tr, int b, int fetch) {
@@ -106,7 +110,9 @@ static fy_block_io pass_io(const fy_trainer *tr, int b, const fy_step_task *p) {
     const bool by_rows = rows_staged(tr, b) || (f >= 0 && tr->ex.sg->task[f].u.fetch.rows);
     fy_block_io io = {.B = tr->L->B, .T = tr->L->T,
                       .params = weights_for(tr, b, p->u.pass.fetch),
-                      .in = b > 0 ? st->acts[b - 1].out : NULL, .out = st->acts[b].out,
+                      .in = p->u.pass.in_unit >= 0 ? act_unit(tr, p->u.pass.in_unit)
+                            : b > 0 ? st->acts[b - 1].out : NULL,
+                      .out = p->u.pass.out_unit >= 0 ? act_unit(tr, p->u.pass.out_unit) : st->acts[b].out,
                       .saved = st->acts[b].saved, .work = st->work, .dx = st->dx,
                       .tokens = tokens_dev(tr, p->micro) + (by_rows ? 2 * tokens_n(tr) : 0),
                       .docs = tr->cfg.docs.kind == FY_DOCS_NONE ? NULL
@@ -805,12 +811,18 @@ static fy_status run_collect(fy_trainer *tr, int id, const fy_task *t, const fy_
     return FY_OK;
 }
 
+/* d2h_act, h2d_act: an offloaded input (the previous block's output) between its act
+ * unit and its host copy (layout.h: HOST_ACTS). */
 static fy_status run_d2h_act(fy_trainer *tr, int id, const fy_task *t, const fy_step_task *p) {
-    FY_ASSERT(0, "activation offload: not built yet");
+    const int b = t->block;
+    fy_copy_async(tr->s_d2h, fy_tr_ptr(tr, b - 1, FY_STATE_HOST_ACTS), act_unit(tr, p->u.act.unit_task),
+                  fy_tr_blk(tr, b - 1)->out_nbytes, FY_D2H);
     return FY_OK;
 }
 static fy_status run_h2d_act(fy_trainer *tr, int id, const fy_task *t, const fy_step_task *p) {
-    FY_ASSERT(0, "activation offload: not built yet");
+    const int b = t->block;
+    fy_copy_async(tr->s_h2d, act_unit(tr, id), fy_tr_ptr(tr, b - 1, FY_STATE_HOST_ACTS),
+                  fy_tr_blk(tr, b - 1)->out_nbytes, FY_H2D);
     return FY_OK;
 }
 

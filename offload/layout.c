@@ -189,7 +189,9 @@ static void place_block(fy_layout *L, int b, const fy_block_plan *bp, size_t lay
     fy_block_layout *bl = &L->blocks[b];
     bl->nelem = fy_model_block(L->model, b)->nelem;
     bl->streamed = bp->weights == FY_ON_HOST;
-    bl->recompute = bp->acts == FY_ACTS_RECOMPUTE;
+    bl->recompute = bp->acts != FY_ACTS_KEEP;
+    bl->offload_in = L->training && bp->acts == FY_ACTS_OFFLOAD && b > 0;
+    if (bl->offload_in) L->blocks[b - 1].out_offloaded = true;
     bl->update = bp->update;
     bl->speculate = bp->speculate && L->training;
     shard_of(bl, L);
@@ -282,6 +284,10 @@ static void size_acts(fy_layout *L) {
         if (a.out > L->dx_nbytes) L->dx_nbytes = a.out;
         whole(&bl->place[FY_STATE_SAVED], a.saved ? FY_TIER_DEVICE : FY_TIER_NONE, FY_DTYPE_NONE,
               a.saved, FY_CAT_ACTS);
+        if (bl->out_offloaded) { /* the host copy; on the device a slot of the ring */
+            whole(&bl->place[FY_STATE_HOST_ACTS], FY_TIER_PINNED, FY_DTYPE_NONE, a.out, FY_CAT_ACTS);
+            if (a.out > L->act_ring.nbytes) L->act_ring.nbytes = a.out;
+        }
     }
     if (!L->training) L->dx_nbytes = 0;
 }
@@ -340,6 +346,10 @@ fy_status fy_layout_renew(const fy_model *m, const fy_plan *plan, int T, bool tr
     fy_status st = size_rings(L, plan->prefetch);
     if (st != FY_OK) { fy_layout_free(L); return st; }
     size_acts(L);
+    /* offloaded inputs: the forward holds two (a layer's input until its copy leaves, and
+     * its output), the backward two (a layer's input, and its output until its recompute
+     * rewrites it), and the plan's prefetch depth more */
+    if (L->act_ring.nbytes) L->act_ring.n = 2 + plan->prefetch;
     L->tok_parts = L->rows_block >= 0 ? 4 : 3;
     L->docs_part = L->tok_parts - 1;
     if (fy_layout_sharded(L))

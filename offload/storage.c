@@ -167,14 +167,22 @@ static fy_status walk_acts(walk *w, const fy_layout *L) {
             NAME("%s activations", bname);
             FY_TRY(take(w, FY_CAT_ACTS, bl->saved_nbytes, &ba.saved));
         }
-        if (bl->out_nbytes) {
+        void *host_acts = NULL;
+        if (bl->out_offloaded) {
+            carve(w, FY_CAT_ACTS, bl->out_nbytes, true, &host_acts);
+        } else if (bl->out_nbytes) {
             NAME("%s output", bname);
             FY_TRY(take(w, FY_CAT_ACTS, bl->out_nbytes, &ba.out));
         }
         if (w->st) {
             w->st->acts[b] = ba;
             w->st->state[(size_t)b * FY_STATES + FY_STATE_SAVED] = ba.saved;
+            w->st->state[(size_t)b * FY_STATES + FY_STATE_HOST_ACTS] = host_acts;
         }
+    }
+    for (int i = 0; i < L->act_ring.n; i++) {
+        NAME("offloaded activation slot %d", i);
+        FY_TRY(take(w, FY_CAT_ACTS, L->act_ring.nbytes, w->st ? &w->st->act_ring.slots[i] : &w->scratch));
     }
     NAME("workspace");
     if (L->work_nbytes) FY_TRY(take(w, FY_CAT_WORKSPACE, L->work_nbytes, OUT(work)));
@@ -246,7 +254,10 @@ static fy_status storage_tables(const fy_layout *L, fy_storage *st) {
     st->disk_off = calloc(nb * FY_STATES, sizeof *st->disk_off);
     st->disk_ring = (fy_ring){.n = L->disk_ring.n, .nbytes = L->disk_ring.nbytes,
                               .slots = calloc((size_t)(L->disk_ring.n ? L->disk_ring.n : 1), sizeof(void *))};
-    if (!st->layout.blocks || !st->state || !st->acts || !st->disk_off || !st->disk_ring.slots)
+    st->act_ring = (fy_ring){.n = L->act_ring.n, .nbytes = L->act_ring.nbytes,
+                             .slots = calloc((size_t)(L->act_ring.n ? L->act_ring.n : 1), sizeof(void *))};
+    if (!st->layout.blocks || !st->state || !st->acts || !st->disk_off || !st->disk_ring.slots ||
+        !st->act_ring.slots)
         return FY_ERR_NOMEM;
     memcpy(st->layout.blocks, L->blocks, nb * sizeof *L->blocks);
     st->layout.cap = L->nblocks;
@@ -327,6 +338,7 @@ void fy_storage_free(fy_storage *st) {
     fy_disk_close(st->disk);
     free(st->disk_off);
     free(st->disk_ring.slots);
+    free(st->act_ring.slots);
     for (int r = 0; r < FY_RINGS; r++) {
         free(st->param_ring[r].slots);
         free(st->grad_ring[r].slots);

@@ -66,7 +66,7 @@ typedef struct fy_ring {
 
 /* A block's activations on the device (model.h: out and saved). */
 typedef struct fy_block_acts {
-    void *out;
+    void *out;                /* NULL when it is offloaded: a slot of the act ring */
     void *saved;              /* own, or the area recomputed blocks share */
 } fy_block_acts;
 
@@ -95,6 +95,7 @@ typedef struct fy_storage {
                                  its owner's); NULL where the block has none */
     fy_ring param_ring[FY_RINGS], grad_ring[FY_RINGS];
     fy_ring disk_ring;        /* host slots of disk chunks (4 KiB aligned) */
+    fy_ring act_ring;         /* device slots of offloaded inputs (layout.h) */
     struct fy_disk *disk;     /* the scratch file (NULL: nothing on disk) */
     size_t *disk_off;         /* nblocks x FY_STATES: a disk state's region in the file */
     fy_block_acts *acts;      /* nblocks */

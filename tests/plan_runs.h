@@ -6,15 +6,18 @@
 #ifndef FY_PLAN_RUNS_H
 #define FY_PLAN_RUNS_H
 
+#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/core/dtype.h"
 #include "engine/model/model.h"
 #include "engine/trainer.h"
 #include "engine/trainer_core.h" /* white box: the copies of a block, to plant a NaN */
+#include "offload/disk.h"
 #include "offload/plan.h"
 #include "offload/storage.h"
 #include "tests/test_util.h"
@@ -32,6 +35,7 @@ typedef struct result {
     float **w;       /* final parameters per block */
     size_t peak, model, staging;
     size_t pinned, pinned_model;  /* measured pinned peak; the model's, under g_pinned_cap */
+    size_t disk, disk_model;      /* the scratch file's size; the model's disk bytes */
     int gathered;    /* the block whose passes got only the micro-batch's rows, or -1 */
     int head_chunks; /* the chunks a chunked head's passes took, or 0 */
 } result;
@@ -44,6 +48,8 @@ static float g_clip = 1.0f;
 static int g_nan_norm_step;
 /* plan_train's packed documents (trainer.h; default none). */
 static fy_doc_mask g_docs;
+/* plan_train's disk tier directory (a plan with state on disk needs one). */
+static const char *g_disk_dir;
 
 /* Planting a NaN in every copy of one weight of block b (the layout's weights, host
  * weights and master: fp32 masters and the storage type's copies), and taking it out
@@ -95,6 +101,7 @@ static fy_status plan_train(const fy_model *m, const fy_plan *plan, size_t cap,
     fy_trainer_cfg tc = {.model = m, .T = T_SEQ, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                          .weight_decay = 0.1f, .clip = g_clip, .seed = 11, .plan = plan,
                          .schedule = mode, .test_nan_step = g_nan_norm_step, .docs = g_docs,
+                         .disk_dir = g_disk_dir,
                          .test_speculate_first = true}; /* speculation, whatever the timing */
     fy_trainer *tr;
     fy_status st = fy_trainer_new(dev, &tc, &tr);
@@ -139,6 +146,8 @@ static fy_status plan_train(const fy_model *m, const fy_plan *plan, size_t cap,
     fy_mem_model mm;
     fy_storage_model(m, plan, T_SEQ, &mm);
     res->model = mm.device_total;
+    res->disk = fy_trainer_storage(tr)->disk ? fy_disk_nbytes(fy_trainer_storage(tr)->disk) : 0;
+    res->disk_model = mm.disk_total;
     res->staging = mm.device[FY_CAT_STAGING];
     res->pinned = ms.peak_nbytes[FY_MEM_PINNED];
     fy_storage_model_pinned(m, plan, T_SEQ, true, fy_dev_cfg_pinned_cap(&dc), &mm);
@@ -257,6 +266,83 @@ static void accumulated_plans_are_bit_identical(const fy_model *m, fy_dtype dt, 
         fy_plan_free(&p);
     }
     fy_plan_free(&acc);
+}
+
+/* A directory the test owns, empty, for the disk tier (removed by dir_done). */
+static char *disk_dir_new(void) {
+    char *d = strdup("/tmp/ferry-test-disk-XXXXXX");
+    cr_assert(d && mkdtemp(d));
+    return d;
+}
+/* The run left its directory as it found it (the scratch file is gone); removed. */
+static void disk_dir_done(char *d) {
+    DIR *dir = opendir(d);
+    cr_assert(dir);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(dir));) n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(dir);
+    cr_expect_eq(n, 0, "the disk tier left %d entries in %s", n, d);
+    rmdir(d);
+    free(d);
+}
+
+/* The tiers past device and host memory (plan.h: disk, acts offload) with storage type
+ * dt: optimizer state on disk (in chunks of 1024 elements, so every block is several;
+ * all of it, half of it), offloaded layer inputs (every layer, the first half, every
+ * other one between kept layers), with one and two micro-batches a step, a step whose
+ * norm is NaN (skipped: the disk chunks restore the host weights) and clipped steps: each
+ * bit-identical to all-resident; the device peak equals the memory model, the scratch
+ * file is the model's disk bytes, and the directory is empty after. */
+static void tiered_plans_are_bit_identical(const fy_model *m, fy_dtype dt) {
+    const int L = fy_model_layers(m);
+    char *dir = disk_dir_new();
+    g_disk_dir = dir;
+    struct { double p, o, disk, acts; int ckpt, accum; bool alternate; const char *what; } cases[] = {
+        {1, 1, 1, 1, 0, 1, false, "everything offloaded, state on disk"},
+        {1, 1, 1, 1, 0, 2, false, "the same, accumulated"},
+        {0.5, 1, 0.5, 0.5, L / 2, 1, false, "half on disk, half offloaded"},
+        {0, 1, 1, 0, 0, 2, false, "resident weights, state on disk, accumulated"},
+        {1, 0.5, 0, 1, 0, 1, true, "every other layer's input offloaded"},
+    };
+    /* each case as it is, then some with clipped steps (clip 0.05) or a skipped one */
+    const struct { int i; float clip; int nan; } runs[] = {
+        {0, 1.0f, 0}, {1, 1.0f, 0}, {2, 1.0f, 0}, {3, 1.0f, 0}, {4, 1.0f, 0},
+        {0, 0.05f, 0}, {0, 1.0f, 2}, {3, 1.0f, 2}, {2, 0.05f, 0}};
+    for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
+        const int i = runs[k].i, A = cases[i].accum, nan = runs[k].nan;
+        g_clip = runs[k].clip;
+        g_nan_norm_step = nan;
+        fy_plan base = plan_of(m, 2, A, 0, 0, 0, dt);
+        result ref, r;
+        cr_assert_eq(plan_train(m, &base, 0, FY_SCHED_PRIORITY, -1, &ref), FY_OK);
+        fy_plan p = plan_of(m, 2, A, cases[i].p, cases[i].o, cases[i].ckpt, dt);
+        cr_assert_eq(fy_plan_offload_acts(&p, cases[i].acts), FY_OK);
+        cr_assert_eq(fy_plan_disk(&p, cases[i].disk), FY_OK);
+        for (int b = 0; b < p.nblocks && cases[i].alternate; b++)
+            if (p.blocks[b].kind == FY_BLOCK_LAYER && p.blocks[b].layer % 2)
+                p.blocks[b].acts = FY_ACTS_KEEP;
+        p.disk_chunk = FY_DISK_CHUNK_ALIGN;
+        char what[192];
+        snprintf(what, sizeof what, "%s %s %s, clip %g%s", fy_model_family(m), fy_dtype_name(dt),
+                 cases[i].what, (double)g_clip, nan ? ", step 2 NaN" : "");
+        cr_assert_eq(plan_train(m, &p, 0, FY_SCHED_PRIORITY, -1, &r), FY_OK, "%s", what);
+        expect_identical(&ref, &r, what);
+        for (int s = 0; s < STEPS; s++)
+            cr_expect_eq(r.skipped[s], nan && s == nan - 1, "%s: step %d skipped?", what, s + 1);
+        cr_expect(g_clip == 1.0f || r.clip_coef[0] < 1.0f, "%s: the step clipped", what);
+        cr_expect(r.peak == r.model, "%s: device peak %zu, model %zu", what, r.peak, r.model);
+        cr_expect(r.disk == r.disk_model, "%s: scratch file %zu bytes, model %zu", what, r.disk,
+                  r.disk_model);
+        cr_expect_eq(r.disk > 0, cases[i].disk > 0, "%s", what);
+        result_free(&r);
+        result_free(&ref);
+        fy_plan_free(&p);
+        fy_plan_free(&base);
+    }
+    g_clip = 1.0f;
+    g_nan_norm_step = 0;
+    g_disk_dir = NULL;
+    disk_dir_done(dir);
 }
 
 #endif

@@ -216,6 +216,12 @@ Test(family, every_plan_is_bit_identical_to_all_resident, .timeout = 300) {
     fy_model_free(m);
 }
 
+Test(family, disk_and_offloaded_activations_are_bit_identical, .timeout = 300) {
+    fy_model *m = toy(&tied);
+    tiered_plans_are_bit_identical(m, FY_BF16);
+    fy_model_free(m);
+}
+
 Test(family, tied_plans_bit_identical_in_fp32_and_bf16, .timeout = 300) {
     fy_model *m = toy(&tied);
     every_plan_is_bit_identical(m, FY_BF16);

@@ -406,6 +406,13 @@ static fy_model *plan_llama(bool tied) {
     return m;
 }
 
+Test(llama_model, disk_and_offloaded_activations_are_bit_identical, .timeout = 300) {
+    fy_model *m = plan_llama(false);
+    tiered_plans_are_bit_identical(m, FY_F32);
+    tiered_plans_are_bit_identical(m, FY_BF16);
+    fy_model_free(m);
+}
+
 Test(llama_model, every_plan_is_bit_identical_fp32) {
     fy_model *m = plan_llama(false);
     every_plan_is_bit_identical(m, FY_F32);

@@ -56,6 +56,11 @@ Test(offload, every_plan_is_bit_identical_to_all_resident, .timeout = 300) {
     ON_SMALL(every_plan_is_bit_identical(m, FY_F32));
 }
 
+Test(offload, disk_and_offloaded_activations_are_bit_identical, .timeout = 300) {
+    ON_SMALL(tiered_plans_are_bit_identical(m, FY_F32));
+    ON_SMALL(tiered_plans_are_bit_identical(m, FY_BF16));
+}
+
 /* A vocabulary larger than a layer (2048 x 32 against 12.6K a layer): the embedding
  * streams through a ring of its own, sized for it, the layers' ring is sized for a layer
  * (and gets the prefetch slot), and every plan is still bit-identical to all-resident,
