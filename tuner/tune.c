@@ -285,7 +285,7 @@ int fy_tune_pick(const fy_tune_result *r, int n, double margin) {
  * cpu-optimised (k3) layers, and of the cpu updates those among the last k4 layers
  * speculative (k4 = L: the embedding's and head's too); lb: its busiest lane's work in a
  * step (ms), which bounds its step time from below; ntasks: its step graph's tasks. */
-typedef struct cand { int micro, k1, k2, k3, k4; double lb; int ntasks; } cand;
+typedef struct cand { int micro, k1, k2, k3, k4, k5, k6; double lb; int ntasks; } cand;
 
 #define FY_TUNE_MAX_PREFETCH 3
 
@@ -295,6 +295,8 @@ static fy_status point_plan(const fy_tune_cfg *cfg, const cand *c, fy_plan *out)
     out->dtype = cfg->dtype == FY_BF16 ? FY_BF16 : FY_F32;
     fy_status st = fy_plan_shorthands(out, L ? (double)c->k2 / L : 0, L ? (double)c->k3 / L : 0, c->k1);
     if (st == FY_OK) st = fy_plan_speculate(out, L ? (double)c->k4 / L : 0);
+    if (st == FY_OK && c->k6) st = fy_plan_offload_acts(out, L ? (double)c->k6 / L : 0);
+    if (st == FY_OK && c->k5) st = fy_plan_disk(out, L ? (double)c->k5 / L : 0);
     if (st != FY_OK) fy_plan_free(out);
     return st;
 }
@@ -333,6 +335,31 @@ static fy_status push(cands *cs, cand c) {
  * models. With `any`, only whether a point fits: it stops at the first, trying first
  * micro-batch 1 (the least device memory) and the whole batch (no accumulation: the least
  * host memory with bf16 storage, whose gradients then share the weights' buffers). */
+/* The least count a point's field *k in [0, hi] takes for its memory to fit
+ * (fits(mm) true); the memory shrinks as it grows. false: not even hi fits. */
+static fy_status least_fitting(const fy_tune_cfg *cfg, fy_layout *lay, cand *c, int *k, int hi,
+                               bool (*fits)(const fy_tune_cfg *, const fy_mem_model *), bool *ok) {
+    fy_mem_model mm;
+    *k = hi;
+    FY_TRY(point_mem(cfg, c, lay, &mm));
+    if (!(*ok = fits(cfg, &mm))) return FY_OK;
+    int lo = 0;
+    while (lo < hi) {
+        *k = lo + (hi - lo) / 2;
+        FY_TRY(point_mem(cfg, c, lay, &mm));
+        if (fits(cfg, &mm)) hi = *k;
+        else lo = *k + 1;
+    }
+    *k = hi;
+    return FY_OK;
+}
+static bool host_fits(const fy_tune_cfg *cfg, const fy_mem_model *mm) {
+    return (!cfg->host_budget || mm->host_total <= cfg->host_budget) && mm->disk_total <= cfg->disk_budget;
+}
+static bool device_fits(const fy_tune_cfg *cfg, const fy_mem_model *mm) {
+    return mm->device_total <= cfg->device_budget && host_fits(cfg, mm);
+}
+
 static fy_status frontier_micro(const fy_tune_cfg *cfg, int micro, bool any, fy_layout *lay,
                                 cands *out) {
     const int L = fy_model_layers(cfg->model);
@@ -341,13 +368,20 @@ static fy_status frontier_micro(const fy_tune_cfg *cfg, int micro, bool any, fy_
         int k1 = L, last_k1 = L + 1;
         for (int k2 = 0; k2 <= L; k2++) {
             fy_mem_model mm;
-            cand c = {micro, k1, k2, k3, 0, 0, 0};
+            cand c = {micro, k1, k2, k3, 0, 0, 0, 0, 0};
             FY_TRY(point_mem(cfg, &c, lay, &mm));
-            if (mm.host_total > host) {
+            bool ok = mm.host_total <= host;
+            if (!ok && cfg->disk_budget && k3) /* the fewest cpu-updated layers on disk */
+                FY_TRY(least_fitting(cfg, lay, &c, &c.k5, k3, host_fits, &ok));
+            if (!ok) {
                 if (k2 == 0) return FY_OK; /* more cpu optimizer: more host memory */
                 break;                     /* more streaming: more host memory */
             }
-            if (mm.device_total > dev) continue;
+            FY_TRY(point_mem(cfg, &c, lay, &mm));
+            if (mm.device_total > dev && k2 == L) /* the fewest layers' inputs on the host */
+                FY_TRY(least_fitting(cfg, lay, &c, &c.k6, L, device_fits, &ok));
+            else ok = mm.device_total <= dev;
+            if (!ok) continue;
             for (; c.k1 > 0; c.k1--) { /* the least recomputation that still fits */
                 cand d = c;
                 d.k1--;
@@ -375,7 +409,7 @@ static fy_status most_speculation(const fy_tune_cfg *cfg, fy_layout *lay, cand *
     size_t host = cfg->host_budget ? cfg->host_budget : SIZE_MAX;
     if (cfg->spec_host_cap && cfg->spec_host_cap < host) host = cfg->spec_host_cap;
     c->k4 = 0;
-    if (cfg->ranks > 1 || c->k3 == 0) return FY_OK;
+    if (cfg->ranks > 1 || c->k3 == 0 || c->k5) return FY_OK; /* disk: host memory is short */
     int lo = 0, hi = c->k3; /* the cpu-updated layers are the last k3 */
     while (lo < hi) {
         cand d = *c;
@@ -459,10 +493,10 @@ static fy_status no_plan_fits(const fy_tune_cfg *cfg, fy_layout *lay) {
     size_t host_floor = SIZE_MAX, host_fit = SIZE_MAX;
     for (int micro = 1; micro <= cfg->batch; micro++) {
         if (cfg->batch % micro || (cfg->micro && micro != cfg->micro)) continue;
-        FY_TRY(point_mem(cfg, &(cand){micro, 0, 0, 0, 0, 0, 0}, lay, &mm));
+        FY_TRY(point_mem(cfg, &(cand){.micro = micro}, lay, &mm));
         if (mm.host_total < host_floor) host_floor = mm.host_total;
     }
-    FY_TRY(point_mem(cfg, &(cand){cfg->micro ? cfg->micro : 1, L, L, L, 0, 0, 0}, lay, &mm));
+    FY_TRY(point_mem(cfg, &(cand){.micro = cfg->micro ? cfg->micro : 1, .k1 = L, .k2 = L, .k3 = L}, lay, &mm));
     const size_t dev_floor = mm.device_total;
     if (cfg->host_budget && host_floor > cfg->host_budget) {
         fy_log_error("no plan fits the host budget: the smallest needs %s of host memory, the "
@@ -480,7 +514,7 @@ static fy_status no_plan_fits(const fy_tune_cfg *cfg, fy_layout *lay) {
         if (cfg->batch % micro || (cfg->micro && micro != cfg->micro)) continue;
         for (int k3 = 0; k3 <= L; k3++)
             for (int k2 = 0; k2 <= L; k2++) {
-                FY_TRY(point_mem(cfg, &(cand){micro, L, k2, k3, 0, 0, 0}, lay, &mm));
+                FY_TRY(point_mem(cfg, &(cand){.micro = micro, .k1 = L, .k2 = k2, .k3 = k3}, lay, &mm));
                 if (mm.device_total > cfg->device_budget) continue;
                 if (mm.host_total < host_fit) host_fit = mm.host_total;
                 break;
@@ -560,6 +594,8 @@ static fy_status search_all(const fy_profile *p, const fy_tune_cfg *cfg, fy_tune
         r.k2 = c->k2;
         r.k3 = c->k3;
         r.k4 = c->k4;
+        r.k5 = c->k5;
+        r.k6 = c->k6;
         if (r.step_ms < best) best = r.step_ms;
         keep_top(cfg, top, ntop, nfound, &r);
         if (cfg->progress && fy_now_ms() - last_report > 500) {

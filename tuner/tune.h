@@ -19,7 +19,14 @@
  * training runs) until the bound passes the fastest prediction by more than the tie
  * margin. Predictions within that margin of the fastest (the model's error) are ties,
  * settled for the plan that moves the least work off the compute lane. It never returns
- * a plan that does not fit. */
+ * a plan that does not fit.
+ * The tiers past host memory extend the space only where it runs out: a point whose
+ * host memory is over the budget keeps the master and moments of as few of its last
+ * cpu-updated layers on disk as bring it within (k5, when a disk budget is given; no
+ * speculation then), and when even every layer streamed and recomputed is over the
+ * device budget, the inputs of as few of the first layers as bring it within are
+ * offloaded to the host (k6). Both are costed: the disk lane at the profile's disk
+ * rates, the activations' copies on the transfer lanes. */
 #ifndef FY_TUNE_H
 #define FY_TUNE_H
 
@@ -53,6 +60,7 @@ typedef struct fy_tune_cfg {
     int seq;
     size_t device_budget;  /* bytes */
     size_t host_budget;    /* bytes; 0 = no limit */
+    size_t disk_budget;    /* bytes of the disk tier (plan.h: disk); 0 = no disk tier */
     size_t spec_host_cap;  /* bytes: speculation (plan.h) never takes a plan's host memory
                               past this (0 = only the host budget binds): a run on this
                               machine gets no more than it has */
@@ -80,6 +88,8 @@ typedef struct fy_tune_result {
     fy_mem_model mem;
     int k1, k2, k3;
     int k4;                    /* of the cpu updates, those of the last k4 layers speculate */
+    int k5;                    /* of the cpu updates, the last k5 layers' state on disk */
+    int k6;                    /* the first k6 layers' inputs offloaded to the host */
 } fy_tune_result;
 
 /* Searches and returns the best `ntop` plans in top[] (fastest first; the caller frees

@@ -134,8 +134,9 @@ static const opt table[] = {
      "layers (R=1: all of them) in a scratch file under --disk-dir", 0},
     {"disk-dir", T_STR, O(disk_dir), TR, NULL, R_ANY, NULL, "DIR",
      "an empty directory for the disk tier's scratch file (created and removed by the run)", 0},
-    {"disk-mem", T_SIZE, O(disk_mem), TR, "0", R_NONNEG, NULL, "SIZE",
-     "disk budget of the disk tier (0 = the filesystem's free space)", 0},
+    {"disk-mem", T_SIZE, O(disk_mem), TR | TU, "0", R_NONNEG, NULL, "SIZE",
+     "disk budget of the disk tier (train: 0 = the filesystem's free space; tune: 0 = no "
+     "disk tier, else plans may keep optimizer state on disk)", 0},
     {"dry-run", T_BOOL, O(dry_run), TR, "0", R_ANY, NULL, NULL,
      "print the plan and its memory model, then exit", 0},
     {"schedule", T_STR, O(schedule), TR, "priority", R_ANY, "priority|fifo|serial", "S",

@@ -210,7 +210,7 @@ fy_status fy_tune_auto_profile(const fy_opts *o, const fy_model *m, fy_profile *
 fy_tune_cfg fy_tune_cfg_of(const fy_opts *o, const fy_model *m, const fy_profile *p) {
     size_t budget = o->gpu_mem ? o->gpu_mem : (size_t)(p->device_mem_gib * 1073741824.0);
     return (fy_tune_cfg){.model = m, .batch = (int)(o->batch * o->grad_accum), .seq = (int)o->seq,
-                         .device_budget = budget, .host_budget = o->host_mem,
+                         .device_budget = budget, .host_budget = o->host_mem, .disk_budget = o->disk_mem,
                          .dtype = fy_opts_dtype(o, fy_opts_dev_kind(o)),
                          .adam_threads = o->adam_threads > 0 ? (int)o->adam_threads
                                                              : (o->threads > 0 ? (int)o->threads : p->cores),
@@ -297,8 +297,9 @@ static fy_status search(const fy_opts *o, const fy_model *m, const fy_profile *p
 /* ---- capacity: what fits a machine ------------------------------------------------- */
 
 static void capacity_head(void) {
-    printf("%-26s %8s %4s %5s %6s %7s %-7s %9s %8s %11s %11s\n", "model", "params", "fits", "ckpt",
-           "stream", "cpu-opt", "micro", "ms/step", "tok/s", "device", "host");
+    printf("%-26s %8s %4s %5s %6s %7s %-7s %9s %8s %11s %11s %5s %5s %11s\n", "model", "params", "fits",
+           "ckpt", "stream", "cpu-opt", "micro", "ms/step", "tok/s", "device", "host", "disk", "acts",
+           "on disk");
 }
 
 /* One row: the model's best plan under the budgets (r), or none. */
@@ -310,10 +311,12 @@ static void capacity_row(const char *label, const fy_model *m, const fy_tune_cfg
         printf("%-26s %8s %4s\n", label, params, "no");
         return;
     }
-    printf("%-26s %8s %4s %5d %6d %7d %3dx%-3d %9.1f %8.0f %11s %11s\n", label, params, "yes",
+    char k[32];
+    printf("%-26s %8s %4s %5d %6d %7d %3dx%-3d %9.1f %8.0f %11s %11s %5d %5d %11s\n", label, params, "yes",
            r->k1, r->k2, r->k3, r->plan.micro_batch, r->plan.grad_accum, r->step_ms,
            (double)tc->batch * tc->seq / (r->step_ms / 1e3),
-           fy_fmt_size(r->mem.device_total, d, sizeof d), fy_fmt_size(r->mem.host_total, h, sizeof h));
+           fy_fmt_size(r->mem.device_total, d, sizeof d), fy_fmt_size(r->mem.host_total, h, sizeof h),
+           r->k5, r->k6, fy_fmt_size(r->mem.disk_total, k, sizeof k));
 }
 
 /* Tunes m under tc when a plan fits (r filled; the caller frees r->plan); false if none
@@ -478,9 +481,10 @@ static int capacity(const fy_opts *o) {
     if (fy_profile_open(o->profile, &p) != FY_OK) return 1;
     fy_tune_cfg tc = fy_tune_cfg_of(o, NULL, &p);
     if (!tc.host_budget) tc.host_budget = (size_t)(p.host_mem_gib * 1073741824.0);
-    char d[32], h[32];
-    printf("capacity %s: device %s, host %s, batch %d x seq %d, %s storage\n", p.name,
+    char d[32], h[32], k[32];
+    printf("capacity %s: device %s, host %s, disk %s, batch %d x seq %d, %s storage\n", p.name,
            fy_fmt_size(tc.device_budget, d, sizeof d), fy_fmt_size(tc.host_budget, h, sizeof h),
+           tc.disk_budget ? fy_fmt_size(tc.disk_budget, k, sizeof k) : "none (--disk-mem)",
            tc.batch, tc.seq, fy_dtype_name(tc.dtype == FY_BF16 ? FY_BF16 : FY_F32));
     best named = {0}, shape = {0};
     capacity_table(&p, &tc, o, 0, &named);
