@@ -166,6 +166,13 @@ fy_status fy_profile_save(const char *path, const fy_profile *p) {
         cJSON_AddNumberToObject(cl, "host_latency_ms", p->coll_host_latency_ms);
         cJSON_AddStringToObject(cl, "source", p->coll_source);
     }
+    if (p->disk_read_gbps > 0 && p->disk_write_gbps > 0) { /* both, or not known */
+        cJSON *dk = cJSON_AddObjectToObject(r, "disk");
+        cJSON_AddNumberToObject(dk, "read_gbps", p->disk_read_gbps);
+        cJSON_AddNumberToObject(dk, "write_gbps", p->disk_write_gbps);
+        cJSON_AddNumberToObject(dk, "qdepth", p->disk_qdepth);
+        cJSON_AddStringToObject(dk, "source", p->disk_source);
+    }
     if (p->has_blocks) {
         cJSON *b = cJSON_AddObjectToObject(r, "blocks");
         cJSON_AddStringToObject(b, "model", p->block_model);
@@ -251,6 +258,18 @@ fy_status fy_profile_load(const char *path, fy_profile *out) {
         }
         if ((s = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(cl, "source"))))
             snprintf(out->coll_source, sizeof out->coll_source, "%s", s);
+    }
+    /* profiles from before the disk tier have none: 0, not known */
+    const cJSON *dk = cJSON_GetObjectItemCaseSensitive(r, "disk");
+    if (dk) {
+        if (!num(dk, "read_gbps", 1e-6, 1e5, &out->disk_read_gbps) ||
+            !num(dk, "write_gbps", 1e-6, 1e5, &out->disk_write_gbps)) {
+            why = "disk needs read_gbps and write_gbps (positive, GB/s)";
+            goto done;
+        }
+        out->disk_qdepth = num(dk, "qdepth", 0, 1e4, &v) ? (int)v : 0;
+        if ((s = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(dk, "source"))))
+            snprintf(out->disk_source, sizeof out->disk_source, "%s", s);
     }
     const cJSON *b = cJSON_GetObjectItemCaseSensitive(r, "blocks");
     const cJSON *bm = b ? cJSON_GetObjectItemCaseSensitive(b, "model") : NULL;
