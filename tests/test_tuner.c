@@ -120,8 +120,9 @@ Test(profile, an_old_file_loads_without_a_disk) {
 }
 
 Test(profile, named_profiles_are_estimates_with_sources) {
-    const char *names[] = {"a100-40gb-pcie4", "rtx4090-pcie4", "h100-80gb-pcie5", "h200-141gb"};
-    for (int i = 0; i < 4; i++) {
+    const char *names[] = {"a100-40gb-pcie4", "a100-80gb-pcie4", "rtx4090-pcie4", "h100-80gb-pcie5",
+                           "h200-141gb"};
+    for (int i = 0; i < 5; i++) {
         fy_profile p;
         cr_assert_eq(fy_profile_named(names[i], &p), FY_OK, "%s", names[i]);
         cr_expect(p.estimate);
@@ -129,6 +130,10 @@ Test(profile, named_profiles_are_estimates_with_sources) {
         cr_expect(p.h2d_gbps > 0 && p.compute_tflops > 0 && p.device_mem_gib > 0);
         cr_expect(p.coll_gbps > 0 && strstr(p.coll_source, "estimate") && strlen(p.coll_source) > 40,
                   "%s: the collectives between its GPUs, with a source", names[i]);
+        cr_expect(p.disk_read_gbps > 0 && p.disk_write_gbps > 0 && strstr(p.disk_source, "estimate") &&
+                  strstr(p.disk_source, "MB/s") && strstr(p.disk_source, "peak"),
+                  "%s: the disk's figures, with a source saying they are peaks: %s", names[i],
+                  p.disk_source);
     }
     fy_profile p;
     cr_expect_eq(fy_profile_named("tpu-v9", &p), FY_ERR_INVALID);
