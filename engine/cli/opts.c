@@ -276,6 +276,10 @@ static int set_value(fy_opts *o, const opt *op, const char *v, bool from_user) {
             fy_log_error("--%s: '%s' is not a size (examples: 512MiB, 16GiB, 1.5GB)", op->name, v);
             return -1;
         }
+        if (op->range == R_POS && x == 0) {
+            fy_log_error("--%s: must be positive, got %s", op->name, v);
+            return -1;
+        }
         *(size_t *)base = x;
         return 0;
     }
