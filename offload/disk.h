@@ -55,7 +55,8 @@ fy_status fy_disk_check_dir(const char *dir);
 /* Creates the scratch file for rank `rank` (0 alone) under dir, nbytes (rounded up to
  * FY_DISK_ALIGN) preallocated, unlinked; qdepth threads (0: FY_DISK_QDEPTH).
  * FY_ERR_IO (logged once, naming the file and the bytes: a full disk, no permission)
- * or FY_ERR_NOMEM. nbytes 0 is refused (FY_ERR_INVALID: a bug). */
+ * or FY_ERR_NOMEM. nbytes 0, a negative rank or a qdepth outside 0..256 is refused
+ * (FY_ERR_INVALID: a bug). */
 fy_status fy_disk_open(const char *dir, int rank, size_t nbytes, int qdepth, fy_disk **out);
 /* Closes the file (its space is returned) and stops the pool. NULL is a no-op. */
 void fy_disk_close(fy_disk *d);

@@ -2291,6 +2291,54 @@ Test(cli, outputs_are_checked_before_the_work) {
     }
 }
 
+/* ferry probe --disk-dir: each bad directory is one error and exit 1 before any probing
+ * (missing; a file; one that holds something, named and left as it was); an output inside
+ * it is a collision of paths and a size of 0 a bad flag (exit 2). An empty one gives the
+ * profile the disk's figures, printed, and is empty again after; without the flag the
+ * figures are 0 and the summary says the disk was not probed. */
+Test(cli, probe_measures_the_disk_under_disk_dir) {
+#define PROBE "probe", "--model", "gpt2-tiny", "--batch", "2", "--seq", "16", "--threads", "1", \
+        "--device", "cpu"
+    run_result r;
+    FERRY(&r, PROBE, "--disk-dir", "/nonexistent", "--out", P("p.json"));
+    EXPECT_ERROR(&r, 1, "--disk-dir /nonexistent", "no such directory");
+    cr_expect_null(strstr(r.err, "probing"), "it probed first:\n%s", r.err);
+    const char *full = P("full"), *empty = P("empty");
+    cr_assert_eq(mkdir(full, 0755), 0);
+    cr_assert_eq(mkdir(empty, 0755), 0);
+    write_text(P("full/keep.txt"), 10);
+    FERRY(&r, PROBE, "--disk-dir", full, "--out", P("p.json"));
+    EXPECT_ERROR(&r, 1, "--disk-dir", "holds keep.txt", "must be empty");
+    struct stat sb;
+    cr_expect(stat(P("full/keep.txt"), &sb) == 0 && sb.st_size == 10, "the entry was touched");
+    FERRY(&r, PROBE, "--disk-dir", P("full/keep.txt"), "--out", P("p.json"));
+    EXPECT_ERROR(&r, 1, "--disk-dir", "not a directory");
+    FERRY(&r, PROBE, "--disk-dir", empty, "--out", P("empty/p.json"));
+    EXPECT_ERROR(&r, 2, "--out", "--disk-dir");
+    FERRY(&r, PROBE, "--disk-dir", empty, "--disk-probe-size", "0", "--out", P("p.json"));
+    EXPECT_ERROR(&r, 2, "--disk-probe-size");
+    const char *prof = P("p.json");
+    FERRY(&r, PROBE, "--disk-dir", empty, "--disk-probe-size", "16MiB", "--out", prof);
+    test_expect_ok(&r);
+    cr_expect_not_null(strstr(r.out, "disk: read "), "no disk in the summary:\n%s", r.out);
+    fy_profile p;
+    cr_assert_eq(fy_profile_load(prof, &p), FY_OK, "%s", fy_last_error());
+    cr_expect(p.disk_read_gbps > 0 && p.disk_write_gbps > 0 && p.disk_qdepth > 0 &&
+              strstr(p.disk_source, "16.00 MiB"), "disk %g/%g GB/s, depth %d, %s", p.disk_read_gbps,
+              p.disk_write_gbps, p.disk_qdepth, p.disk_source);
+    DIR *d = opendir(empty);
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d));) n += e->d_name[0] != '.';
+    if (d) closedir(d);
+    cr_expect_eq(n, 0, "the probe left %d entries under --disk-dir", n);
+    FERRY(&r, PROBE, "--out", prof);
+    test_expect_ok(&r);
+    cr_expect_not_null(strstr(r.out, "disk: not probed"), "%s", r.out);
+    cr_assert_eq(fy_profile_load(prof, &p), FY_OK, "%s", fy_last_error());
+    cr_expect(p.disk_read_gbps == 0 && p.disk_write_gbps == 0 && p.disk_qdepth == 0);
+#undef PROBE
+}
+
 /* A file's strings are echoed escaped: a tensor name holding a newline and a terminal
  * escape (JSON \\n and \\u001b in the header) gives one error line, with \\n and \\x1b
  * in it, not two lines and a colour change (the audit of issue 16). */

@@ -85,12 +85,44 @@ Test(profile, json_round_trip) {
     cr_expect(q.coll_ranks == 4 && q.coll_gbps == 120 && q.coll_latency_ms == 0.03 &&
               q.coll_host_gbps == 9 && q.coll_host_latency_ms == 0.01 &&
               !strcmp(q.coll_source, p.coll_source));
+    cr_expect(q.disk_read_gbps == 0 && q.disk_write_gbps == 0 && q.disk_qdepth == 0 &&
+              !q.disk_source[0], "a profile without a disk figure gains one");
+    p.disk_read_gbps = 2.5;
+    p.disk_write_gbps = 1.25;
+    p.disk_qdepth = 4;
+    snprintf(p.disk_source, sizeof p.disk_source, "ferry probe: /scratch, 1.00 GiB, direct I/O");
+    cr_assert_eq(fy_profile_save(path, &p), FY_OK);
+    cr_assert_eq(fy_profile_load(path, &q), FY_OK);
+    cr_expect(q.disk_read_gbps == 2.5 && q.disk_write_gbps == 1.25 && q.disk_qdepth == 4 &&
+              !strcmp(q.disk_source, p.disk_source), "the disk's figures do not round-trip");
+    unlink(path);
+}
+
+/* A profile written before the disk tier (no "disk" object) loads with the disk unknown:
+ * its figures 0. */
+Test(profile, an_old_file_loads_without_a_disk) {
+    static const char old[] =
+        "{\"format\":\"ferry-profile\",\"version\":1,\"name\":\"measured\",\"h2d_gbps\":1,"
+        "\"d2h_gbps\":1,\"duplex_h2d_gbps\":1,\"duplex_d2h_gbps\":1,\"latency_ms\":0.01,"
+        "\"device_mem_gib\":1,\"host_mem_gib\":4,\"cores\":2,\"numa_nodes\":1,"
+        "\"adam_gparams_by_threads\":[1,2],\"compute_tflops\":0.1,\"device_mem_gbps\":10}";
+    char *path = tmp_path();
+    FILE *f = fopen(path, "w");
+    fputs(old, f);
+    fclose(f);
+    fy_profile q;
+    memset(&q, 0x5a, sizeof q); /* what load leaves unset would show */
+    cr_assert_eq(fy_profile_load(path, &q), FY_OK, "%s", fy_last_error());
+    cr_expect(q.disk_read_gbps == 0 && q.disk_write_gbps == 0 && q.disk_qdepth == 0 &&
+              !q.disk_source[0]);
+    cr_expect_eq(q.h2d_gbps, 1);
     unlink(path);
 }
 
 Test(profile, named_profiles_are_estimates_with_sources) {
-    const char *names[] = {"a100-40gb-pcie4", "rtx4090-pcie4", "h100-80gb-pcie5", "h200-141gb"};
-    for (int i = 0; i < 4; i++) {
+    const char *names[] = {"a100-40gb-pcie4", "a100-80gb-pcie4", "rtx4090-pcie4", "h100-80gb-pcie5",
+                           "h200-141gb"};
+    for (int i = 0; i < 5; i++) {
         fy_profile p;
         cr_assert_eq(fy_profile_named(names[i], &p), FY_OK, "%s", names[i]);
         cr_expect(p.estimate);
@@ -98,6 +130,10 @@ Test(profile, named_profiles_are_estimates_with_sources) {
         cr_expect(p.h2d_gbps > 0 && p.compute_tflops > 0 && p.device_mem_gib > 0);
         cr_expect(p.coll_gbps > 0 && strstr(p.coll_source, "estimate") && strlen(p.coll_source) > 40,
                   "%s: the collectives between its GPUs, with a source", names[i]);
+        cr_expect(p.disk_read_gbps > 0 && p.disk_write_gbps > 0 && strstr(p.disk_source, "estimate") &&
+                  strstr(p.disk_source, "MB/s") && strstr(p.disk_source, "peak"),
+                  "%s: the disk's figures, with a source saying they are peaks: %s", names[i],
+                  p.disk_source);
     }
     fy_profile p;
     cr_expect_eq(fy_profile_named("tpu-v9", &p), FY_ERR_INVALID);
@@ -128,6 +164,11 @@ Test(profile, bad_files_are_refused) {
         "\"duplex_d2h_gbps\":1,\"latency_ms\":0,\"device_mem_gib\":1,\"host_mem_gib\":1,\"cores\":1,"
         "\"adam_gparams_by_threads\":[1],\"compute_tflops\":1,\"device_mem_gbps\":1,"
         "\"collectives\":{\"ranks\":2,\"gbps\":0,\"latency_ms\":0}}",
+        /* a disk with no read rate */
+        "{\"format\":\"ferry-profile\",\"h2d_gbps\":1,\"d2h_gbps\":1,\"duplex_h2d_gbps\":1,"
+        "\"duplex_d2h_gbps\":1,\"latency_ms\":0,\"device_mem_gib\":1,\"host_mem_gib\":1,\"cores\":1,"
+        "\"adam_gparams_by_threads\":[1],\"compute_tflops\":1,\"device_mem_gbps\":1,"
+        "\"disk\":{\"read_gbps\":0,\"write_gbps\":1,\"qdepth\":4}}",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char *path = tmp_path();

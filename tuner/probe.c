@@ -10,6 +10,7 @@
 #include "engine/core/util.h"
 #include "engine/device/kernels.h"
 #include "engine/trainer.h"
+#include "offload/disk.h"
 #include "optim_cpu/adam_pool.h"
 
 #define XFER_BYTES ((size_t)64 << 20)
@@ -254,6 +255,18 @@ static fy_status probe_collectives(fy_dev *dev, fy_comm *comm, fy_profile *p) {
     return st;
 }
 
+/* The disk tier's drive: fy_disk_bench in cfg->disk_dir at the queue depth runs use. */
+static fy_status probe_disk(const fy_probe_cfg *cfg, fy_profile *p) {
+    const size_t nbytes = cfg->disk_nbytes ? cfg->disk_nbytes : (size_t)1 << 30;
+    FY_TRY(fy_disk_bench(cfg->disk_dir, nbytes, FY_DISK_QDEPTH, &p->disk_write_gbps,
+                         &p->disk_read_gbps));
+    p->disk_qdepth = FY_DISK_QDEPTH;
+    char sz[32];
+    snprintf(p->disk_source, sizeof p->disk_source, "ferry probe: a %s scratch file in %.160s",
+             fy_fmt_size(fy_disk_align_up(nbytes), sz, sizeof sz), cfg->disk_dir);
+    return FY_OK;
+}
+
 fy_status fy_probe(const fy_probe_cfg *cfg, fy_profile *out) {
     memset(out, 0, sizeof *out);
     /* the device without a cap: the probe measures, the budget is the tuner's business */
@@ -322,6 +335,7 @@ fy_status fy_probe(const fy_probe_cfg *cfg, fy_profile *out) {
         out->compute_tflops = fwd > 0 && fc.flops > 0 ? fc.flops / (fwd * 1e-3) / 1e12 : 0.1;
         out->device_mem_gbps = adam > 0 && P > 0 ? 28.0 * P / (adam * 1e-3) / 1e9 : 10.0;
     }
+    if (st == FY_OK && cfg->disk_dir) st = probe_disk(cfg, out);
     fy_dev_free(dev);
     return st;
 }

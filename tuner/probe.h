@@ -12,7 +12,9 @@
  * Under a launcher (cfg->comm of several processes: every rank probes at once, as they
  * train) also the collectives between the ranks: reduce-scatters and all-gathers of two
  * sizes, on device memory as a data-parallel job's blocks (NCCL on GPUs, MPI on the cpu
- * backend), fitted as latency + bytes (N - 1) / N / bandwidth. */
+ * backend), fitted as latency + bytes (N - 1) / N / bandwidth. With a disk directory, last,
+ * the disk tier's drive: fy_disk_bench's sequential write (synced) and read of a scratch
+ * file there at FY_DISK_QDEPTH (the caller has checked the directory: fy_disk_check_dir). */
 #ifndef FY_PROBE_H
 #define FY_PROBE_H
 
@@ -32,6 +34,8 @@ typedef struct fy_probe_cfg {
     fy_dtype dtype;        /* the storage type the block costs are measured in */
     bool quiet;
     fy_comm *comm;         /* the job's processes (NULL or one: no collectives) */
+    const char *disk_dir;  /* the disk tier's directory; NULL: the disk is not probed */
+    size_t disk_nbytes;    /* its scratch file's size (0: 1 GiB) */
 } fy_probe_cfg;
 
 fy_status fy_probe(const fy_probe_cfg *cfg, fy_profile *out);

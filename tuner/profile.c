@@ -23,13 +23,20 @@
  * (InfiniBand NDR 400 Gb/s: ~45 GB/s a NIC; HDR 200 Gb/s: ~22): give --profile a file
  * with coll_gbps set to it. Host memory over MPI (the CPU optimizer's blocks) is taken as
  * ~8 GB/s between a node's processes (Open MPI's shared-memory transport copies through
- * a shared buffer, about half a DRAM copy's rate). */
+ * a shared buffer, about half a DRAM copy's rate). The disk tier's scratch file is taken to
+ * sit on one NVMe drive of the host's PCIe generation: a data-centre drive in the servers,
+ * a consumer one in the desktop. Its figures are the maker's sequential peaks (datasheet
+ * figures as published; no queue depth is stated with them); sustained writes, once a
+ * drive's cache is full or it is hot, are lower, and `ferry probe --disk-dir` measures
+ * the drive a run has. */
 static const struct {
     const char *name, *device, *source;
     double h2d, d2h, duplex, mem_gib, host_gib, tflops, mem_gbps, adam_per_thread, adam_max;
     int cores;
     double coll_gbps;
     const char *coll_source;
+    double disk_read, disk_write; /* GB/s: the drive's figures, MB/s / 1000 */
+    const char *disk_source;
 } named[] = {
     /* each: host memory over MPI between the node's processes (Open MPI's shared-memory
      * transport) at ~8 GB/s, a DRAM copy through a shared buffer */
@@ -38,31 +45,46 @@ static const struct {
      "nominal, ~24 GB/s typical pinned copies; EPYC 7742 8-channel DDR4-3200 ~150 GB/s",
      24, 24, 20, 38.7, 512, 190, 1400, 0.6, 5.0, 64,
      20, "PCIe 4.0 x16 peer copies between the node's A100 PCIe cards (32 GB/s nominal one "
-     "way; no NVLink bridge assumed)"},
+     "way; no NVLink bridge assumed)",
+     7.0, 7.0, "Micron 9400 (PCIe 4.0 x4 U.3 data-centre NVMe): 7000/7000 MB/s sequential "
+     "read/write at every capacity, the maker's peaks (computerbase.de, 2023-01); sustained "
+     "rates may be lower"},
     {"a100-80gb-pcie4", "NVIDIA A100 80GB PCIe (PCIe 4.0 x16), AMD EPYC host",
      "NVIDIA A100 datasheet (80GB PCIe: 312 TFLOPS dense bf16, 1935 GB/s HBM2e); PCIe 4.0 x16 "
      "32 GB/s nominal, ~24 GB/s typical pinned copies; EPYC 7742 8-channel DDR4-3200 ~150 GB/s",
      24, 24, 20, 78.7, 512, 190, 1740, 0.6, 5.0, 64,
      20, "PCIe 4.0 x16 peer copies between the node's A100 PCIe cards (32 GB/s nominal one "
-     "way; no NVLink bridge assumed)"},
+     "way; no NVLink bridge assumed)",
+     7.0, 7.0, "Micron 9400 (PCIe 4.0 x4 U.3 data-centre NVMe): 7000/7000 MB/s sequential "
+     "read/write at every capacity, the maker's peaks (computerbase.de, 2023-01); sustained "
+     "rates may be lower"},
     {"rtx4090-pcie4", "NVIDIA RTX 4090 24GB (PCIe 4.0 x16), desktop host",
      "NVIDIA Ada datasheet (165 TFLOPS dense bf16 with fp32 accumulate, 1008 GB/s GDDR6X); "
      "PCIe 4.0 x16 ~24 GB/s typical; dual-channel DDR5 ~60 GB/s",
      24, 24, 20, 22.7, 128, 100, 900, 0.6, 2.0, 16,
      10, "GeForce RTX 40 cards have no peer-to-peer copies or NVLink: NCCL stages through "
-     "host memory, about half a PCIe 4.0 x16 link's rate"},
+     "host memory, about half a PCIe 4.0 x16 link's rate",
+     7.45, 6.9, "Samsung 990 PRO 2TB (PCIe 4.0 x4 M.2, MZ-V9P2T0BW): 7450/6900 MB/s "
+     "sequential read/write, the maker's peaks (slashcam.com, 2022-08-28; digitec.ch); "
+     "writes past its SLC cache are slower"},
     {"h100-80gb-pcie5", "NVIDIA H100 80GB PCIe (PCIe 5.0 x16), dual-socket host",
      "NVIDIA H100 PCIe datasheet (756 TFLOPS dense bf16, 2000 GB/s HBM2e); PCIe 5.0 x16 64 "
      "GB/s nominal, ~50 GB/s typical pinned copies; 2x 8-channel DDR5 ~400 GB/s",
      50, 50, 40, 78.4, 1024, 450, 1800, 0.7, 12.0, 64,
      45, "PCIe 5.0 x16 peer copies between the node's H100 PCIe cards (64 GB/s nominal one "
-     "way; no NVLink bridge assumed)"},
+     "way; no NVLink bridge assumed)",
+     13.0, 6.6, "Samsung PM1743 (PCIe 5.0 x4 data-centre NVMe): 13000/6600 MB/s sequential "
+     "read/write, the maker's announced peaks (clubic.com, 2021-12); sustained rates may be "
+     "lower"},
     {"h200-141gb", "NVIDIA H200 141GB (PCIe 5.0 x16 host link)",
      "NVIDIA H200 datasheet (989 TFLOPS dense bf16 SXM, ~790 measured on a lent H200, "
      "4800 GB/s HBM3e); PCIe 5.0 x16 ~50 GB/s typical; 16-32 core DDR5 host",
      50, 50, 40, 139.1, 128, 500, 4000, 0.7, 8.0, 16,
      340, "NVLink 4 between the node's H200s (900 GB/s per GPU both ways, 450 one way; "
-     "HGX H200 through NVSwitch, H200 NVL through its bridge)"},
+     "HGX H200 through NVSwitch, H200 NVL through its bridge)",
+     13.0, 6.6, "Samsung PM1743 (PCIe 5.0 x4 data-centre NVMe): 13000/6600 MB/s sequential "
+     "read/write, the maker's announced peaks (clubic.com, 2021-12); sustained rates may be "
+     "lower"},
 };
 
 const char *fy_profile_names(void) {
@@ -97,6 +119,10 @@ fy_status fy_profile_named(const char *name, fy_profile *out) {
         out->coll_host_gbps = 8;
         out->coll_host_latency_ms = 0.01;
         snprintf(out->coll_source, sizeof out->coll_source, "estimate: %s", named[i].coll_source);
+        out->disk_read_gbps = named[i].disk_read;
+        out->disk_write_gbps = named[i].disk_write;
+        out->disk_qdepth = 0; /* not stated with the figures */
+        snprintf(out->disk_source, sizeof out->disk_source, "estimate: %s", named[i].disk_source);
         return FY_OK;
     }
     fy_log_error("unknown profile '%s' (a file, or one of: %s)", name, fy_profile_names());
@@ -165,6 +191,13 @@ fy_status fy_profile_save(const char *path, const fy_profile *p) {
         cJSON_AddNumberToObject(cl, "host_gbps", p->coll_host_gbps);
         cJSON_AddNumberToObject(cl, "host_latency_ms", p->coll_host_latency_ms);
         cJSON_AddStringToObject(cl, "source", p->coll_source);
+    }
+    if (p->disk_read_gbps > 0 && p->disk_write_gbps > 0) { /* both, or not known */
+        cJSON *dk = cJSON_AddObjectToObject(r, "disk");
+        cJSON_AddNumberToObject(dk, "read_gbps", p->disk_read_gbps);
+        cJSON_AddNumberToObject(dk, "write_gbps", p->disk_write_gbps);
+        cJSON_AddNumberToObject(dk, "qdepth", p->disk_qdepth);
+        cJSON_AddStringToObject(dk, "source", p->disk_source);
     }
     if (p->has_blocks) {
         cJSON *b = cJSON_AddObjectToObject(r, "blocks");
@@ -251,6 +284,18 @@ fy_status fy_profile_load(const char *path, fy_profile *out) {
         }
         if ((s = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(cl, "source"))))
             snprintf(out->coll_source, sizeof out->coll_source, "%s", s);
+    }
+    /* profiles from before the disk tier have none: 0, not known */
+    const cJSON *dk = cJSON_GetObjectItemCaseSensitive(r, "disk");
+    if (dk) {
+        if (!num(dk, "read_gbps", 1e-6, 1e5, &out->disk_read_gbps) ||
+            !num(dk, "write_gbps", 1e-6, 1e5, &out->disk_write_gbps)) {
+            why = "disk needs read_gbps and write_gbps (positive, GB/s)";
+            goto done;
+        }
+        out->disk_qdepth = num(dk, "qdepth", 0, 1e4, &v) ? (int)v : 0;
+        if ((s = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(dk, "source"))))
+            snprintf(out->disk_source, sizeof out->disk_source, "%s", s);
     }
     const cJSON *b = cJSON_GetObjectItemCaseSensitive(r, "blocks");
     const cJSON *bm = b ? cJSON_GetObjectItemCaseSensitive(b, "model") : NULL;

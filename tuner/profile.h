@@ -48,6 +48,10 @@ typedef struct fy_profile {
     double coll_gbps, coll_latency_ms;           /* device memory */
     double coll_host_gbps, coll_host_latency_ms; /* host memory, MPI */
     char coll_source[256];
+    /* the disk tier (offload/disk.h): sequential GB/s (1e9 bytes) of its scratch file, as
+     * fy_disk_bench measures them (written and fdatasynced, then read back) at queue depth
+     * disk_qdepth; a named profile's are a datasheet's peaks (disk_qdepth 0: not stated).
+     * 0: not known (probe --disk-dir measures them) */
     double disk_read_gbps, disk_write_gbps;
     int disk_qdepth;
     char disk_source[256];
@@ -76,7 +80,7 @@ fy_status fy_profile_open(const char *path_or_name, fy_profile *out);
 
 /* The profile of the same machine with its device's work s times slower (the cpu
  * backend's --sim-slowdown: every compute-lane task, measured or analytic; transfers,
- * collectives and CPU AdamW as they were). s <= 1 leaves it as it is. */
+ * collectives, the disk and CPU AdamW as they were). s <= 1 leaves it as it is. */
 void fy_profile_slow(fy_profile *p, double s);
 
 /* CPU AdamW throughput with t threads (nearest measured count at or below t). */

@@ -118,8 +118,9 @@ int main(int argc, char **argv) {
     }
     if (rc == 1 && (c == FY_CMD_PROBE || c == FY_CMD_TUNE)) {
         fy_opts_help(c, c == FY_CMD_PROBE
-            ? "usage: ferry probe [--model M] [--batch B] [--seq T] [--out FILE]\n\nmeasures "
-              "transfers, CPU AdamW and the model's block costs into a profile (JSON)"
+            ? "usage: ferry probe [--model M] [--batch B] [--seq T] [--disk-dir DIR] [--out "
+              "FILE]\n\nmeasures transfers, CPU AdamW, the model's block costs and (with "
+              "--disk-dir) the disk into a profile (JSON)"
             : "usage: ferry tune --model M [--profile FILE|NAME] [--gpu-mem SIZE] [--host-mem "
               "SIZE] [--batch B] [--seq T] [--out plan.json]\n\nsearches the offload plans that "
               "fit the budgets and writes the fastest");

@@ -7,6 +7,10 @@
 
 #include "engine/core/status.h"
 #include "engine/core/util.h"
+#include "offload/disk.h"
+
+#define STR_(x) #x
+#define STR(x) STR_(x) /* a macro's value as a string literal */
 
 typedef enum { T_INT, T_FLOAT, T_STR, T_SIZE, T_BOOL, T_OPTSTR, T_SIZES } opt_type; /* T_OPTSTR:
     a string that may be left out ("" then): --resume, --resume PATH, --resume=PATH;
@@ -158,6 +162,13 @@ static const opt table[] = {
     {"pinned-mem", T_SIZE, O(pinned_mem), TR | EV, "0", R_NONNEG, NULL, "SIZE",
      "page-locked host memory for the buffers the device copies (0 = half the machine's); "
      "past it they are pageable (slower copies)", 0},
+    {"disk-dir", T_STR, O(disk_dir), PR, NULL, R_ANY, NULL, "DIR",
+     "also measure the disk tier's drive: a scratch file in DIR (an existing, empty "
+     "directory; the file is unlinked at once) written, synced and read back, at queue depth "
+     STR(FY_DISK_QDEPTH) "; without it the disk is not probed", 0},
+    {"disk-probe-size", T_SIZE, O(disk_probe_size), PR, "1GiB", R_POS, NULL, "SIZE",
+     "with --disk-dir: the scratch file's size (past the drive's write cache, it measures "
+     "the sustained rate)", 0},
     {"out", T_STR, O(out), PR | TU | SW, NULL, R_ANY, NULL, "FILE",
      "where to write the profile (probe; default the per-machine cache) or the plan (tune)", 0},
     {"grid", T_STR, O(grid), SW, NULL, R_ANY, NULL, "SPEC",
@@ -285,6 +296,10 @@ static int set_value(fy_opts *o, const opt *op, const char *v, bool from_user) {
         size_t x;
         if (fy_parse_size(v, &x)) {
             fy_log_error("--%s: '%s' is not a size (examples: 512MiB, 16GiB, 1.5GB)", op->name, v);
+            return -1;
+        }
+        if (op->range == R_POS && x == 0) {
+            fy_log_error("--%s: must be positive, got %s", op->name, v);
             return -1;
         }
         *(size_t *)base = x;

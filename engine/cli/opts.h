@@ -73,6 +73,8 @@ typedef struct fy_opts {
     const char *grid;
     bool simulate;
     bool capacity;
+    const char *disk_dir;      /* probe: the disk tier's directory to measure; NULL: none */
+    size_t disk_probe_size;
     /* evaluation and output */
     int64_t val_every, val_batches, batches, log_every;
     const char *save;

@@ -129,6 +129,14 @@ static fy_status ckpt_dir(const expand_ctx *x) {
                           "removes", fy_ckpt_dir_owns, false);
 }
 
+/* --disk-dir: a directory the command creates and removes its scratch files in, which
+ * must hold nothing else: anything another flag writes there is refused. */
+static fy_status disk_dir(const expand_ctx *x) {
+    return x->value ? fy_paths_write(x->p, x->label, x->value, FY_PATH_DIR,
+                                     "the disk tier's directory, which must stay empty", NULL, false)
+                    : FY_OK;
+}
+
 /* --out: probe's profile (default the cache), tune's plan (default ./plan.json), sweep's
  * directory (default ./sweep). */
 static fy_status out_of_command(const expand_ctx *x) {
@@ -169,6 +177,7 @@ static const struct path_flag {
     {"trace", "--trace", out_file},
     {"metrics", "--metrics", metrics_stream},
     {"checkpoint-dir", "--checkpoint-dir", ckpt_dir},
+    {"disk-dir", "--disk-dir", disk_dir},
     {"out", "--out", out_of_command},
 };
 #define NPATH_FLAGS (int)(sizeof path_flags / sizeof path_flags[0])

@@ -12,6 +12,7 @@
 
 #include "engine/cli/job_cmd.h"
 #include "engine/core/util.h"
+#include "offload/disk.h"
 #include "tuner/probe.h"
 #include "tuner/tune.h"
 
@@ -68,20 +69,23 @@ static fy_status cache_path(int slot, char *buf, size_t cap) {
 }
 
 /* A probe of this machine; in a job (comm of several processes) every rank probes at
- * once, and the collectives between them are measured too. */
+ * once, and the collectives between them are measured too. The disk (--disk-dir, checked
+ * by the caller) is rank 0's alone: its profile is the one written. */
 static fy_status probe(const fy_opts *o, const fy_model *m, fy_comm *comm, fy_profile *p) {
     const bool lead = !comm || fy_comm_rank(comm) == 0;
     fy_probe_cfg pc = {.model = m, .batch = (int)o->batch, .seq = (int)o->seq,
                        .adam_threads_max = (int)o->adam_threads, .quiet = o->quiet || !lead,
-                       .comm = comm};
+                       .comm = comm, .disk_dir = lead ? o->disk_dir : NULL,
+                       .disk_nbytes = o->disk_probe_size};
     FY_TRY(fy_opts_dev_cfg(o, true, &pc.dev));
     /* one GPU per process, as training takes them: the local rank's */
     if (comm && fy_comm_size(comm) > 1 && pc.dev.kind == FY_DEV_CUDA)
         pc.dev.ordinal = fy_comm_local_rank(comm);
     pc.dtype = fy_opts_dtype(o, pc.dev.kind);
     if (!pc.quiet)
-        fy_log_info("probing this machine (transfers, %sCPU AdamW, the model's blocks)...",
-                    comm && fy_comm_size(comm) > 1 ? "the collectives between the ranks, " : "");
+        fy_log_info("probing this machine (transfers, %sCPU AdamW, the model's blocks%s%s)...",
+                    comm && fy_comm_size(comm) > 1 ? "the collectives between the ranks, " : "",
+                    pc.disk_dir ? ", the disk under " : "", pc.disk_dir ? pc.disk_dir : "");
     return fy_probe(&pc, p);
 }
 
@@ -101,6 +105,14 @@ static void print_profile(const fy_profile *p) {
         printf("        collectives: device memory %.2f GB/s bus bandwidth, latency %.3f ms; host "
                "memory over MPI %.2f GB/s, %.3f ms (%s)\n", p->coll_gbps, p->coll_latency_ms,
                p->coll_host_gbps, p->coll_host_latency_ms, p->coll_source);
+    if (p->disk_read_gbps > 0) {
+        char qd[32] = "queue depth not stated";
+        if (p->disk_qdepth > 0) snprintf(qd, sizeof qd, "queue depth %d", p->disk_qdepth);
+        printf("        disk: read %.2f GB/s, write %.2f GB/s, sequential at %s (%s)\n",
+               p->disk_read_gbps, p->disk_write_gbps, qd, p->disk_source);
+    } else {
+        printf("        disk: not probed (--disk-dir DIR measures the disk tier's drive)\n");
+    }
     if (p->has_blocks) {
         int L = FY_BLOCK_LAYER;
         printf("        layer fwd %.2f + %.2f*B ms, bwd %.2f + %.2f*B ms, head %.2f + %.2f*B ms "
@@ -125,6 +137,7 @@ int fy_probe_main(const fy_opts *o) {
     fy_profile p;
     int rc = 1;
     fy_status st = lead ? fy_opts_check_paths(o, FY_CMD_PROBE) : FY_OK;
+    if (st == FY_OK && lead && o->disk_dir) st = fy_disk_check_dir(o->disk_dir);
     if (st == FY_OK) st = fy_opts_model(o, &m);
     if (st == FY_OK && o->out) snprintf(path, sizeof path, "%s", o->out);
     else if (st == FY_OK && lead) st = cache_path(0, path, sizeof path);
