@@ -3052,3 +3052,99 @@ Test(cli, a_step_counting_no_target_is_skipped_and_changes_nothing) {
     cr_expect(!strstr(r.err, "diverged"), "%s", r.err);
 #undef FROM_W0
 }
+
+/* ---- the disk tier and offloaded activations ----------------------------------------- */
+
+#define DISK_PLAN "--offload-params", "1", "--offload-optim", "1", "--disk-optim", "1"
+#define DISK_RUN "train", "--model", "gpt2-tiny", "--device", "cpu", "--threads", "1", "--batch", "2", \
+                 "--seq", "32", "--dtype", "bf16", "--val-batches", "1", "--quiet"
+
+static int entries_in(const char *dir) {
+    DIR *d = opendir(dir);
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d));) n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    if (d) closedir(d);
+    return d ? n : -1;
+}
+
+/* Every wrong flag of the tiers is one error line and a non-zero exit, and nothing the
+ * user had is touched. */
+Test(cli, disk_tier_refuses_bad_input) {
+    run_result r;
+    char *scratch = strdup(P("scratch")), *full = strdup(P("full")), *mine = strdup(P("full/mine"));
+    cr_assert_eq(mkdir(scratch, 0755), 0);
+    cr_assert_eq(mkdir(full, 0755), 0);
+    write_bytes(mine, "keep", 4);
+    FERRY(&r, "train", TINY, DISK_PLAN);
+    EXPECT_ERROR(&r, 2, "--disk-dir");
+    FERRY(&r, "train", TINY, DISK_PLAN, "--disk-dir", P("missing"));
+    EXPECT_ERROR(&r, 0, "--disk-dir", "missing");
+    FERRY(&r, "train", TINY, DISK_PLAN, "--disk-dir", full);
+    EXPECT_ERROR(&r, 0, "--disk-dir", "mine");
+    cr_expect_eq(entries_in(full), 1, "the directory's file is left alone");
+    FERRY(&r, "train", TINY, "--disk-dir", scratch);
+    EXPECT_ERROR(&r, 2, "--disk-dir", "nothing on disk");
+    FERRY(&r, "train", TINY, "--disk-optim", "1", "--disk-dir", scratch);
+    EXPECT_ERROR(&r, 2, "--disk-optim", "CPU");
+    FERRY(&r, "train", TINY, "--offload-optim", "1", "--disk-optim", "2", "--disk-dir", scratch);
+    EXPECT_ERROR(&r, 2, "--disk-optim");
+    FERRY(&r, "train", TINY, "--offload-acts", "-1");
+    EXPECT_ERROR(&r, 2, "--offload-acts");
+    FERRY(&r, "train", TINY, DISK_PLAN, "--speculate", "1", "--disk-dir", scratch);
+    EXPECT_ERROR(&r, 0, "--speculate");
+    FERRY(&r, "train", TINY, DISK_PLAN, "--disk-dir", scratch, "--disk-mem", "4KiB");
+    EXPECT_ERROR(&r, 0, "disk", "--disk-mem");
+    FERRY(&r, "probe", "--disk-dir", full);
+    EXPECT_ERROR(&r, 0, "--disk-dir", "mine");
+    cr_expect_eq(entries_in(scratch), 0);
+    free(scratch);
+    free(full);
+    free(mine);
+}
+
+/* A fully offloaded run with its state on disk and offloaded activations: the same
+ * losses and weights as all-resident, the directory empty after; a checkpoint it writes
+ * resumes under the all-resident plan (the state changes tier) to the same end. */
+Test(cli, disk_tier_trains_checkpoints_and_resumes_elsewhere, .timeout = 300) {
+    run_result r;
+    char *scratch = strdup(P("scratch"));
+    cr_assert_eq(mkdir(scratch, 0755), 0);
+    FERRY(&r, DISK_RUN, "--steps", "4", "--save", P("ref.safetensors"));
+    test_expect_ok(&r);
+    FERRY(&r, DISK_RUN, "--steps", "4", DISK_PLAN, "--offload-acts", "1", "--disk-dir", scratch,
+          "--save", P("disk.safetensors"), "--checkpoint-dir", P("ckpt"), "--checkpoint-every", "2");
+    test_expect_ok(&r);
+    expect_same_file(P("ref.safetensors"), P("disk.safetensors"));
+    cr_expect_eq(entries_in(scratch), 0, "the scratch file is gone");
+    FERRY(&r, DISK_RUN, "--steps", "4", "--resume", P("ckpt/step-00000002"),
+          "--save", P("resumed.safetensors"));
+    test_expect_ok(&r);
+    expect_same_file(P("ref.safetensors"), P("resumed.safetensors"));
+    FERRY(&r, DISK_RUN, "--steps", "4", DISK_PLAN, "--disk-dir", scratch, "--resume",
+          P("ckpt/step-00000002"), "--save", P("resumed2.safetensors"));
+    test_expect_ok(&r);
+    expect_same_file(P("ref.safetensors"), P("resumed2.safetensors"));
+    free(scratch);
+}
+
+/* An I/O error of the scratch file ends the run with one error naming it; the last
+ * checkpoint stays whole and resumes, and the directory is empty. */
+Test(cli, disk_io_error_is_one_line_and_keeps_the_checkpoint, .timeout = 300) {
+    run_result r;
+    char *scratch = strdup(P("scratch"));
+    cr_assert_eq(mkdir(scratch, 0755), 0);
+    /* the run's 120th read or write of the file (the count is the same every run): the
+     * checkpoint of step 4 reading its state, after the one of step 2 */
+    setenv("FERRY_TEST_DISK_FAIL_AT", "120", 1);
+    FERRY(&r, DISK_RUN, "--steps", "8", DISK_PLAN, "--disk-dir", scratch, "--checkpoint-dir",
+          P("ckpt"), "--checkpoint-every", "2");
+    unsetenv("FERRY_TEST_DISK_FAIL_AT");
+    EXPECT_ERROR(&r, 0, "ferry-scratch");
+    cr_expect_eq(entries_in(scratch), 0);
+    char target[64] = "";
+    cr_assert_gt(readlink(P("ckpt/latest"), target, sizeof target - 1), 0);
+    cr_expect_str_eq(target, "step-00000002");
+    FERRY(&r, DISK_RUN, "--steps", "8", "--checkpoint-dir", P("ckpt"), "--resume");
+    test_expect_ok(&r);
+    free(scratch);
+}

@@ -136,8 +136,6 @@ static const opt table[] = {
     {"disk-optim", T_FLOAT, O(disk_optim), TR, "0", R_RATIO, NULL, "R",
      "keep the fp32 master and moments of the CPU-updated blocks among the last ceil(R*L) "
      "layers (R=1: all of them) in a scratch file under --disk-dir", 0},
-    {"disk-dir", T_STR, O(disk_dir), TR, NULL, R_ANY, NULL, "DIR",
-     "an empty directory for the disk tier's scratch file (created and removed by the run)", 0},
     {"disk-mem", T_SIZE, O(disk_mem), TR | TU, "0", R_NONNEG, NULL, "SIZE",
      "disk budget of the disk tier (train: 0 = the filesystem's free space; tune: 0 = no "
      "disk tier, else plans may keep optimizer state on disk)", 0},
@@ -162,10 +160,11 @@ static const opt table[] = {
     {"pinned-mem", T_SIZE, O(pinned_mem), TR | EV, "0", R_NONNEG, NULL, "SIZE",
      "page-locked host memory for the buffers the device copies (0 = half the machine's); "
      "past it they are pageable (slower copies)", 0},
-    {"disk-dir", T_STR, O(disk_dir), PR, NULL, R_ANY, NULL, "DIR",
-     "also measure the disk tier's drive: a scratch file in DIR (an existing, empty "
-     "directory; the file is unlinked at once) written, synced and read back, at queue depth "
-     STR(FY_DISK_QDEPTH) "; without it the disk is not probed", 0},
+    {"disk-dir", T_STR, O(disk_dir), TR | PR, NULL, R_ANY, NULL, "DIR",
+     "an existing, empty directory for the disk tier's scratch file (created and unlinked at "
+     "once, so nothing is left behind); train: where the plan's state on disk lives; probe: "
+     "also measure the drive there, written, synced and read back at queue depth "
+     STR(FY_DISK_QDEPTH) " (without it the disk is not probed)", 0},
     {"disk-probe-size", T_SIZE, O(disk_probe_size), PR, "1GiB", R_POS, NULL, "SIZE",
      "with --disk-dir: the scratch file's size (past the drive's write cache, it measures "
      "the sustained rate)", 0},

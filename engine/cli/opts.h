@@ -55,7 +55,7 @@ typedef struct fy_opts {
     const char *plan;
     const char *save_plan;
     double offload_params, offload_optim, speculate, disk_optim, offload_acts;
-    const char *disk_dir;      /* the disk tier's scratch directory */
+    const char *disk_dir;      /* the disk tier's scratch directory (train; probe: to measure) */
     size_t disk_mem;           /* its budget (0: the filesystem's free space) */
     int64_t ckpt_layers;
     bool dry_run;
@@ -73,7 +73,6 @@ typedef struct fy_opts {
     const char *grid;
     bool simulate;
     bool capacity;
-    const char *disk_dir;      /* probe: the disk tier's directory to measure; NULL: none */
     size_t disk_probe_size;
     /* evaluation and output */
     int64_t val_every, val_batches, batches, log_every;
