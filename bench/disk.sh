@@ -19,7 +19,7 @@ mkdir "$tmp/scratch" "$tmp/probe"
 median() { sort -n | awk '{a[NR]=$1} END {print (NR % 2 ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2)}'; }
 ms_of() { grep '^done' | sed -E 's/.* ([0-9.]+) ms\/step.*/\1/'; }
 
-run=(train --model gpt2-124m --device cpu --dtype "${DTYPE:-fp32}" --seq 64 --batch 1 --steps 8
+run=(train --model gpt2-124m --device cpu --dtype "${DTYPE:-fp32}" --seq "${SEQ:-64}" --batch 1 --steps 8
      --val-batches 1 --offload-params 1 --offload-optim 1)
 "$bin" probe --disk-dir "$tmp/probe" --out "$tmp/profile.json" >"$tmp/probe.log" 2>&1 || { cat "$tmp/probe.log"; exit 1; }
 grep -i disk "$tmp/probe.log" | sed 's/^/probe: /'
@@ -46,7 +46,7 @@ print(f"{span / (busy['disk'] / 1e3 / steps):.3f} {span:.1f} {busy['disk'] / 1e3
 PY
 done
 d=$(median <"$tmp/disk"); h=$(median <"$tmp/host")
-echo "gpt2-124m ${DTYPE:-fp32}, fully offloaded, seq 64 x batch 1: state on disk $d ms/step, in host memory $h ms/step, disk/host $(awk -v a="$d" -v b="$h" 'BEGIN {printf "%.3f", a / b}')"
+echo "gpt2-124m ${DTYPE:-fp32}, fully offloaded, seq ${SEQ:-64} x batch 1: state on disk $d ms/step, in host memory $h ms/step, disk/host $(awk -v a="$d" -v b="$h" 'BEGIN {printf "%.3f", a / b}')"
 echo "traced (steady steps of each disk run: step ms over disk-lane busy ms, step ms, disk busy ms, every lane's busy ms a step):"
 sed 's/^/  /' "$tmp/ratio"
 echo "median step / disk-lane busy: $(cut -d' ' -f1 "$tmp/ratio" | median)"
