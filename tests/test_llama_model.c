@@ -1075,6 +1075,37 @@ Test(llama_model, saving_replaces_only_a_model_directory) {
     free(dir);
 }
 
+/* A chunked sequence's MLP recomputes its gate and up projections (gu, N x 2F) in the
+ * backward instead of keeping them (llama.c: gu_recomputed): a layer's saved area is
+ * smaller by gu, its workspace holds a chunk's gu instead (eval's too: the forward computes
+ * it there), and its backward costs that GEMM's 2 N C 2F FLOPs more; one chunk keeps gu.
+ * (That the recomputation gives the forward's bits: the plan and fixture tests in chunks.) */
+Test(llama_model, a_chunked_sequence_recomputes_the_mlp_projections) {
+    fy_model *m;
+    cr_assert_eq(fy_model_named("llama-tiny", NULL, &m), FY_OK);
+    const fy_llama_config *c = fy_llama_config_of(m);
+    const int B = 2, T = 64, N = B * T, Nc = 32, lay = 1;
+    const size_t gu = (size_t)N * 2 * c->ffn * 4, gu_chunk = (size_t)Nc * 2 * c->ffn * 4;
+    fy_act_sizes kept, rec, kept_eval, rec_eval;
+    fy_cost kept_bwd, rec_bwd, kept_fwd, rec_fwd;
+    fy_model_set_chunk(m, N); /* one chunk */
+    fy_model_acts(m, lay, B, T, FY_F32, true, &kept);
+    fy_model_acts(m, lay, 1, Nc, FY_F32, false, &kept_eval); /* Nc positions, one chunk */
+    fy_model_cost(m, lay, FY_PASS_FWD, B, T, 4, &kept_fwd);
+    fy_model_cost(m, lay, FY_PASS_BWD, B, T, 4, &kept_bwd);
+    fy_model_set_chunk(m, Nc);
+    fy_model_acts(m, lay, B, T, FY_F32, true, &rec);
+    fy_model_acts(m, lay, B, T, FY_F32, false, &rec_eval);
+    fy_model_cost(m, lay, FY_PASS_FWD, B, T, 4, &rec_fwd);
+    fy_model_cost(m, lay, FY_PASS_BWD, B, T, 4, &rec_bwd);
+    cr_expect_eq(kept.saved - rec.saved, gu, "saved %zu, kept %zu", rec.saved, kept.saved);
+    cr_expect_eq(rec_eval.work - kept_eval.work, gu_chunk, "eval work %zu, %zu without gu",
+                 rec_eval.work, kept_eval.work);
+    cr_expect_eq(rec_fwd.flops, kept_fwd.flops);
+    cr_expect_eq(rec_bwd.flops - kept_bwd.flops, 4.0 * N * c->channels * c->ffn);
+    fy_model_free(m);
+}
+
 /* Every named config builds and fits the interface; the published sizes. */
 Test(llama_model, named_configs_have_the_published_sizes) {
     static const struct { const char *name; double params_b; } want[] = {

@@ -304,11 +304,26 @@ static void layer_view(const fy_llama_config *cfg, const fy_block_spec *blk, fy_
 #undef VIEW
 }
 
+/* Whether a layer's MLP recomputes its gate and up projections (gu, N x 2F) in the
+ * backward, chunk by chunk from the saved ln2 rows, rather than keeping them from the
+ * forward: when the sequence is chunked (N > Nc), whose saved area gu would otherwise
+ * dominate (7 GiB of Llama 3 8B's at 128K positions, in bf16), and which nothing else
+ * bounds (a recomputed layer still holds its saved area whole). Within one chunk (N <=
+ * Nc) gu is kept: it is at most a chunk's, layer checkpointing already trades compute for
+ * memory at that scale, and recomputing would add a third to the MLP's backward FLOPs
+ * (4 N C F of 12 N C F) for every short-sequence run. Forward and recomputation run the
+ * same GEMM (the chunk's rows into the same workspace), so they compute the same bits on
+ * any deterministic backend; the forward does not take gu from one GEMM over all N rows,
+ * whose row blocks need not have a chunk's bits (OpenBLAS's do not). N, chunk: positions
+ * of the micro-batch and of a chunk. */
+static bool gu_recomputed(size_t N, size_t chunk) { return N > chunk; }
+
 /* A layer's saved activations (qkv holds the normed and roped q and k; qkvr the
- * projections before the q/k norms) and workspace; eval needs only the first two work
- * fields (proj, act), training all. The position-wise work runs by sequence chunks of Nc
- * rows (model.h: fy_model_chunk), so its buffers hold a chunk; the attention's gradients
- * (datty, dqkv) hold every row, as attention needs them whole. */
+ * projections before the q/k norms; gu absent when recomputed) and workspace; eval needs
+ * only the first three work fields (proj, act and a recomputed layer's gu), training all.
+ * The position-wise work runs by sequence chunks of Nc rows (model.h: fy_model_chunk), so
+ * its buffers hold a chunk; the attention's gradients (datty, dqkv) hold every row, as
+ * attention needs them whole. */
 #define LAYER_ACTS(X)                                        \
     X(ln1, N * C, S)                                         \
     X(rstd1, N, F)                                           \
@@ -322,12 +337,13 @@ static void layer_view(const fy_llama_config *cfg, const fy_block_spec *blk, fy_
     X(res2, N * C, S)                                        \
     X(ln2, N * C, S)                                         \
     X(rstd2, N, F)                                           \
-    X(gu, N * 2 * Fn, S)                                     \
+    X(gu, gu_recomputed(N, chunk) ? 0 : N * 2 * Fn, S)       \
     X(pd, cfg->sandwich ? N * C : 0, S)                      \
     X(rstdpf, cfg->sandwich ? N : 0, F)
 #define LAYER_WORK_EVAL(X)               \
     X(proj, Nc * C, S)                   \
-    X(act, Nc * Fn, S)
+    X(act, Nc * Fn, S)                   \
+    X(gu, gu_recomputed(N, chunk) ? Nc * 2 * Fn : 0, S)
 #define LAYER_WORK(X)                    \
     LAYER_WORK_EVAL(X)                   \
     X(dln, Nc * C, S)                    \
@@ -455,11 +471,13 @@ static void layer_fwd(const layer_ctx *c, const layer_w *w, layer_acts *a, layer
         add_output(c, a->res2, x_in, po, a->rstdpa, w->lnpa, r, n, wk->proj, s);
     }
     fy_k_rmsnorm_fwd(a->ln2, a->rstd2, a->res2, w->ln2, N, C, eps, off, s);
-    fy_k_matmul_fwd(a->gu, a->ln2, w->wgate, NULL, N, C, 2 * F, s); /* gate, up packed */
+    const bool regu = gu_recomputed((size_t)N, (size_t)Nc);
     for (int r = 0; r < N; r += Nc) {
         const int n = N - r < Nc ? N - r : Nc;
         float *pd = cfg->sandwich ? fy_rows(a->pd, r, C, es) : wk->proj;
-        fy_k_glu_fwd(wk->act, fy_rows(a->gu, r, 2 * (size_t)F, es), n, F, cfg->act, s);
+        float *gu = regu ? wk->gu : fy_rows(a->gu, r, 2 * (size_t)F, es); /* gate, up packed */
+        fy_k_matmul_fwd(gu, fy_rows(a->ln2, r, C, es), w->wgate, NULL, n, C, 2 * F, s);
+        fy_k_glu_fwd(wk->act, gu, n, F, cfg->act, s);
         fy_k_matmul_fwd(pd, wk->act, w->wdown, NULL, n, F, C, s);
         add_output(c, x_out, a->res2, pd, a->rstdpf, w->lnpf, r, n, wk->proj, s);
     }
@@ -479,7 +497,8 @@ static const float *output_grad(const layer_ctx *c, const float *dxr, const floa
 }
 
 /* dx holds d x_out on entry and d x_in on return (the norms' backwards add into it). The
- * MLP and the norms by chunks of Nc rows, last chunk first (the reverse of the forward). */
+ * MLP and the norms by chunks of Nc rows, last chunk first (the reverse of the forward),
+ * each chunk's gu computed again first when not kept (gu_recomputed). */
 static void layer_bwd(const layer_ctx *c, const layer_w *w, layer_w *g, const layer_acts *a,
                       layer_work *wk, const float *x_in, float *dx, fy_stream *s) {
     const fy_llama_config *cfg = c->cfg;
@@ -487,17 +506,19 @@ static void layer_bwd(const layer_ctx *c, const layer_w *w, layer_w *g, const la
               F = cfg->ffn, N = c->B * c->T, W = (NH + 2 * NKV) * hd, Q = NH * hd, Nc = c->Nc;
     const size_t es = fy_dtype_size(fy_stream_dtype(s));
     const float off = cfg->norm_offset;
+    const bool regu = gu_recomputed((size_t)N, (size_t)Nc);
     for (int r = (N - 1) / Nc * Nc; r >= 0; r -= Nc) {
         const int n = N - r < Nc ? N - r : Nc;
-        const float *gu = fy_rows(a->gu, r, 2 * (size_t)F, es);
+        const float *ln2 = fy_rows(a->ln2, r, C, es);
+        const float *gu = regu ? wk->gu : fy_rows(a->gu, r, 2 * (size_t)F, es);
+        if (regu) fy_k_matmul_fwd(wk->gu, ln2, w->wgate, NULL, n, C, 2 * F, s); /* the forward's */
         float *dxr = fy_rows(dx, r, C, es);
         const float *dout = output_grad(c, dxr, cfg->sandwich ? fy_rows(a->pd, r, C, es) : NULL,
                                         a->rstdpf, w->lnpf, g->lnpf, r, n, wk->dpost, s);
         fy_k_glu_fwd(wk->act, gu, n, F, cfg->act, s); /* rebuilt, not kept */
         fy_k_matmul_bwd(wk->dact, g->wdown, NULL, dout, wk->act, w->wdown, n, F, C, s);
         fy_k_glu_bwd(wk->dgu, gu, wk->dact, n, F, cfg->act, s);
-        fy_k_matmul_bwd(wk->dln, g->wgate, NULL, wk->dgu, fy_rows(a->ln2, r, C, es), w->wgate, n,
-                        C, 2 * F, s);
+        fy_k_matmul_bwd(wk->dln, g->wgate, NULL, wk->dgu, ln2, w->wgate, n, C, 2 * F, s);
         fy_k_rmsnorm_bwd(dxr, g->ln2, wk->dln, fy_rows(a->res2, r, C, es), w->ln2, a->rstd2 + r,
                          n, C, off, s);
     }
@@ -744,7 +765,9 @@ static void init_block(const fy_model *m, int b, uint64_t seed, float *host) {
  * attended (query, key) pair (windowed: fewer) and moves its parameters once and its saved
  * activations about twice; backward twice the weights' FLOPs and 3.5 times the
  * attention's (as GPT-2's), six passes over the parameters and twice the traffic; the
- * head's classifier 6*N*C*V FLOPs over 4 passes of the logits. */
+ * head's classifier 6*N*C*V FLOPs over 4 passes of the logits. A recomputed gu
+ * (gu_recomputed) adds its GEMM, 4*N*C*F, to the backward, and its rows still count as
+ * activations moved (written and read as when kept). */
 static void cost(const fy_model *m, int b, fy_pass pass, int B, int T, double es, fy_cost *out) {
     const fy_llama_config *cfg = fy_llama_config_of(m);
     const fy_block_spec *blk = &m->blocks[b];
@@ -752,14 +775,17 @@ static void cost(const fy_model *m, int b, fy_pass pass, int B, int T, double es
     const int window = blk->kind == FY_BLOCK_LAYER ? fy_llama_layer_window(cfg, blk->layer) : 0;
     const double att = 4.0 * B * cfg->heads * cfg->head_dim * fy_attn_pairs(T, window);
     const double fwd_flops = 2.0 * N * P + att;
-    const double acts_bytes = (double)layer_acts_nbytes(cfg, B, T, m->chunk, es <= 2.0 ? FY_BF16 : FY_F32);
+    const bool regu = gu_recomputed((size_t)N, (size_t)m->chunk);
+    const double gu_flops = regu ? 4.0 * N * C * cfg->ffn : 0.0;
+    const double acts_bytes = (double)layer_acts_nbytes(cfg, B, T, m->chunk, es <= 2.0 ? FY_BF16 : FY_F32) +
+                              (regu ? N * 2.0 * cfg->ffn * es : 0.0);
     if (blk->kind == FY_BLOCK_EMBED) {
         out->bytes = 3.0 * N * C * es;
     } else if (blk->kind == FY_BLOCK_HEAD) {
         out->flops = 6.0 * N * C * V;
         out->bytes = 4.0 * N * V * es;
     } else if (pass == FY_PASS_BWD) {
-        out->flops = 2.0 * (fwd_flops - att) + 3.5 * att;
+        out->flops = 2.0 * (fwd_flops - att) + 3.5 * att + gu_flops;
         out->bytes = 6.0 * es * P + 4.0 * acts_bytes;
     } else {
         out->flops = fwd_flops;
