@@ -103,7 +103,9 @@ fy_status fy_trainer_setup_parts(fy_trainer *tr) {
 enum { SERVE_END = -1 };
 
 /* This rank's shard of block b's state s (fp32, its range) in host memory: the host
- * buffer itself, or a device one's copy in *tmp. */
+ * buffer itself, or a device or disk one's copy in *tmp. The scratch file failing here
+ * (logged by it) ends the job: the other ranks wait in the gather, and the checkpoint
+ * being written is never published. */
 static const float *shard_on_host(fy_trainer *tr, int b, fy_state s, float **tmp) {
     const fy_place *p = fy_layout_state(tr->L, b, s);
     const float *src = fy_tr_ptr(tr, b, s);
@@ -113,8 +115,7 @@ static const float *shard_on_host(fy_trainer *tr, int b, fy_state s, float **tmp
         float *t = realloc(*tmp, nbytes);
         FY_ASSERT(t, "out of host memory gathering a block's shards");
         *tmp = t;
-        FY_ASSERT(fy_trainer_disk_state(tr, b, s, t - p->lo, false) == FY_OK,
-                  "the scratch file could not be read (said above)");
+        if (fy_trainer_disk_state(tr, b, s, t - p->lo, false) != FY_OK) fy_comm_abort(tr->comm, 1);
         return t;
     }
     if (p->tier != FY_TIER_DEVICE || !nbytes) return src;

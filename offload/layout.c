@@ -348,8 +348,11 @@ fy_status fy_layout_renew(const fy_model *m, const fy_plan *plan, int T, bool tr
     size_acts(L);
     /* offloaded inputs: the forward holds two (a layer's input until its copy leaves, and
      * its output), the backward two (a layer's input, and its output until its recompute
-     * rewrites it), and the plan's prefetch depth more */
-    if (L->act_ring.nbytes) L->act_ring.n = 2 + plan->prefetch;
+     * rewrites it), and the plan's prefetch depth more; never more than there are inputs
+     * offloaded (so offloading one layer's saves its buffer, not adds two) */
+    int offloaded = 0; /* at most one unit each is ever held */
+    for (int b = 0; b < L->nblocks; b++) offloaded += L->blocks[b].out_offloaded;
+    if (L->act_ring.nbytes) L->act_ring.n = 2 + plan->prefetch < offloaded ? 2 + plan->prefetch : offloaded;
     L->tok_parts = L->rows_block >= 0 ? 4 : 3;
     L->docs_part = L->tok_parts - 1;
     if (fy_layout_sharded(L))

@@ -315,6 +315,9 @@ fy_status fy_storage_new(fy_dev *dev, const fy_layout *L, const char *disk_dir, 
         s = FY_ERR_INVALID;
     }
     if (s == FY_OK && dry.disk_total) s = fy_disk_open(disk_dir, L->rank, dry.disk_total, 0, &st->disk);
+    if (s == FY_OK && st->disk && !fy_disk_direct(st->disk) && L->rank <= 0)
+        fy_log_warn("--disk-dir %s: its filesystem refuses direct I/O, so the disk tier's scratch "
+                    "file goes through the page cache (host memory the plan does not count)", disk_dir);
     if (s != FY_OK) {
         fy_storage_free(st);
         return s;

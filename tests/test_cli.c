@@ -3096,6 +3096,13 @@ Test(cli, disk_tier_refuses_bad_input) {
     EXPECT_ERROR(&r, 0, "disk", "--disk-mem");
     FERRY(&r, "probe", "--disk-dir", full);
     EXPECT_ERROR(&r, 0, "--disk-dir", "mine");
+    /* a disk budget to plan with needs the disk's rates; auto needs the directory */
+    const char *cpu_profile = test_fixture("dp/profile-cpu-2ranks.json");
+    FERRY(&r, "tune", "--model", "gpt2-tiny", "--profile", cpu_profile, "--disk-mem", "1GiB",
+          "--out", P("plan.json"));
+    EXPECT_ERROR(&r, 0, "disk", "ferry probe --disk-dir");
+    FERRY(&r, "train", TINY, "--plan", "auto", "--profile", cpu_profile, "--disk-mem", "1GiB");
+    EXPECT_ERROR(&r, 2, "--disk-mem", "--disk-dir");
     cr_expect_eq(entries_in(scratch), 0);
     free(scratch);
     free(full);
@@ -3124,6 +3131,20 @@ Test(cli, disk_tier_trains_checkpoints_and_resumes_elsewhere, .timeout = 300) {
           P("ckpt/step-00000002"), "--save", P("resumed2.safetensors"));
     test_expect_ok(&r);
     expect_same_file(P("ref.safetensors"), P("resumed2.safetensors"));
+    free(scratch);
+}
+
+/* --plan auto with --disk-dir: the disk may be used if needed (its rates measured there
+ * when the profile has none), and a plan that fits without it trains without a word. */
+Test(cli, plan_auto_may_use_the_disk) {
+    run_result r;
+    char *scratch = strdup(P("scratch"));
+    cr_assert_eq(mkdir(scratch, 0755), 0);
+    FERRY(&r, "train", TINY, "--plan", "auto", "--profile", test_fixture("dp/profile-cpu-2ranks.json"),
+          "--disk-dir", scratch);
+    test_expect_ok(&r);
+    cr_expect(strstr(r.err, "GB/s") != NULL, "the disk was measured:\n%s", r.err);
+    cr_expect_eq(entries_in(scratch), 0);
     free(scratch);
 }
 

@@ -1044,3 +1044,59 @@ Test(job, random_jobs_are_the_least_the_enumeration_finds, .timeout = 120) {
     cr_expect(enumerated >= 20 && one_plans >= 8 && refused >= 2, "%d jobs enumerated, %d of one plan, %d "
               "refused", enumerated, one_plans, refused);
 }
+
+/* The tiers past host memory enter the search only where memory runs out: a host budget
+ * below the fully offloaded plan's is met by keeping the fewest layers' state on disk
+ * (within the disk budget, costed at the profile's disk rates: the disk lane is busy),
+ * and nothing fits without a disk budget; a device budget below the all-streamed,
+ * all-recomputed plan's is met by offloading the fewest layers' inputs. */
+Test(tune, the_tiers_take_over_where_memory_runs_out, .timeout = 120) {
+    /* many layers and a small vocabulary: state on disk saves more host memory than the
+     * disk slots (three times a layer's master and moments) take */
+    const fy_gpt2_config deep_cfg = {.vocab = 64, .max_seq = 32, .channels = 32, .layers = 12, .heads = 4};
+    fy_model *deep;
+    cr_assert_eq(fy_gpt2_new(&deep_cfg, NULL, &deep), FY_OK);
+    fy_profile p = base_profile();
+    p.disk_read_gbps = p.disk_write_gbps = 1;
+    const int L = deep_cfg.layers;
+    fy_mem_model full, ondisk, acts;
+    fy_plan q = point(deep, 4, 4, L, L, L, FY_BF16, &full);
+    cr_assert_eq(fy_plan_disk(&q, 1.0), FY_OK);
+    fy_storage_model(deep, &q, 16, &ondisk);
+    fy_plan_free(&q);
+    cr_assert_lt(ondisk.host_total, full.host_total);
+    fy_tune_cfg c = base_cfg(full.device_total);
+    c.model = deep;
+    c.dtype = FY_BF16;
+    c.micro = 4;
+    c.host_budget = (ondisk.host_total + full.host_total) / 2;
+    fy_tune_result top[3];
+    int n, ne;
+    cr_expect_eq(fy_tune(&p, &c, top, 3, &n, &ne), FY_ERR_INVALID, "no disk: nothing fits");
+    c.disk_budget = (size_t)1 << 30;
+    cr_assert_eq(fy_tune(&p, &c, top, 3, &n, &ne), FY_OK);
+    for (int i = 0; i < n; i++) {
+        cr_expect_gt(top[i].k5, 0, "plan %d keeps state on disk", i);
+        cr_expect(top[i].mem.host_total <= c.host_budget && top[i].mem.disk_total > 0 &&
+                  top[i].mem.disk_total <= c.disk_budget, "plan %d within the budgets", i);
+        cr_expect_gt(top[i].busy_ms[FY_LANE_DISK], 0.0, "the disk lane is costed");
+        cr_expect(fy_plan_uses_disk(&top[i].plan));
+    }
+    free_top(top, n);
+    /* the device: below the all-streamed, all-recomputed floor, inputs go to the host */
+    q = point(deep, 4, 1, L, L, L, FY_F32, &full);
+    cr_assert_eq(fy_plan_offload_acts(&q, 1.0), FY_OK);
+    fy_storage_model(deep, &q, 16, &acts);
+    fy_plan_free(&q);
+    cr_assert_lt(acts.device_total, full.device_total, "offloading every input saves device memory");
+    c = base_cfg(full.device_total - 1);
+    c.model = deep;
+    c.micro = 1;
+    cr_assert_eq(fy_tune(&p, &c, top, 3, &n, &ne), FY_OK);
+    for (int i = 0; i < n; i++) {
+        cr_expect_gt(top[i].k6, 0, "plan %d offloads inputs", i);
+        cr_expect_leq(top[i].mem.device_total, c.device_budget);
+    }
+    free_top(top, n);
+    fy_model_free(deep);
+}

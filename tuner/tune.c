@@ -325,16 +325,6 @@ static fy_status push(cands *cs, cand c) {
     return FY_OK;
 }
 
-/* The memory frontier. The memory model is monotone in the counts: device memory falls
- * as k1, k2 or k3 grows, host memory grows with k2 and k3 and does not depend on k1. A
- * point that offloads at least as much as another in every count is not faster (more
- * recomputation, more transfers), so for each micro-batch and k3 (the cpu optimizer can
- * hide under compute, so k3 has no such order) only the staircase of fitting points
- * where more streaming buys less recomputation is kept: walking k2 up, the least k1 that
- * fits, kept when it is less than the last kept one. Each (micro, k3) costs O(L) memory
- * models. With `any`, only whether a point fits: it stops at the first, trying first
- * micro-batch 1 (the least device memory) and the whole batch (no accumulation: the least
- * host memory with bf16 storage, whose gradients then share the weights' buffers). */
 /* The least count a point's field *k in [0, hi] takes for its memory to fit
  * (fits(mm) true); the memory shrinks as it grows. false: not even hi fits. */
 static fy_status least_fitting(const fy_tune_cfg *cfg, fy_layout *lay, cand *c, int *k, int hi,
@@ -360,6 +350,19 @@ static bool device_fits(const fy_tune_cfg *cfg, const fy_mem_model *mm) {
     return mm->device_total <= cfg->device_budget && host_fits(cfg, mm);
 }
 
+/* The memory frontier. The memory model is monotone in the counts: device memory falls
+ * as k1, k2 or k3 grows, host memory grows with k2 and k3 and does not depend on k1. A
+ * point that offloads at least as much as another in every count is not faster (more
+ * recomputation, more transfers), so for each micro-batch and k3 (the cpu optimizer can
+ * hide under compute, so k3 has no such order) only the staircase of fitting points
+ * where more streaming buys less recomputation is kept: walking k2 up, the least k1 that
+ * fits, kept when it is less than the last kept one. Each (micro, k3) costs O(L) memory
+ * models. With `any`, only whether a point fits: it stops at the first, trying first
+ * micro-batch 1 (the least device memory) and the whole batch (no accumulation: the least
+ * host memory with bf16 storage, whose gradients then share the weights' buffers). With
+ * a disk budget, a point over the host budget keeps the fewest of its cpu-updated
+ * layers' state on disk that fits (k5); the all-streamed point over the device budget
+ * offloads the fewest layers' inputs that fit (k6; they then recompute whatever k1 says). */
 static fy_status frontier_micro(const fy_tune_cfg *cfg, int micro, bool any, fy_layout *lay,
                                 cands *out) {
     const int L = fy_model_layers(cfg->model);
@@ -382,6 +385,7 @@ static fy_status frontier_micro(const fy_tune_cfg *cfg, int micro, bool any, fy_
                 FY_TRY(least_fitting(cfg, lay, &c, &c.k6, L, device_fits, &ok));
             else ok = mm.device_total <= dev;
             if (!ok) continue;
+            if (any) return push(out, c); /* whether one fits: this one does */
             for (; c.k1 > 0; c.k1--) { /* the least recomputation that still fits */
                 cand d = c;
                 d.k1--;

@@ -137,8 +137,9 @@ static const opt table[] = {
      "keep the fp32 master and moments of the CPU-updated blocks among the last ceil(R*L) "
      "layers (R=1: all of them) in a scratch file under --disk-dir", 0},
     {"disk-mem", T_SIZE, O(disk_mem), TR | TU, "0", R_NONNEG, NULL, "SIZE",
-     "disk budget of the disk tier (train: 0 = the filesystem's free space; tune: 0 = no "
-     "disk tier, else plans may keep optimizer state on disk)", 0},
+     "disk budget of the disk tier: train, the scratch file's limit (0: --disk-dir's free "
+     "space, which also binds when smaller); train --plan auto, the search's (with "
+     "--disk-dir); tune, the search's (0: no disk tier)", 0},
     {"dry-run", T_BOOL, O(dry_run), TR, "0", R_ANY, NULL, NULL,
      "print the plan and its memory model, then exit", 0},
     {"schedule", T_STR, O(schedule), TR, "priority", R_ANY, "priority|fifo|serial", "S",

@@ -149,6 +149,12 @@ static fy_status resolve_plan(const fy_opts *o, const fy_model *m, fy_dev_kind k
         return FY_ERR_USAGE;
     }
     if (o->plan && !strcmp(o->plan, "auto")) {
+        if (o->disk_mem && !o->disk_dir) {
+            fy_log_error("--disk-mem with --plan auto: give --disk-dir DIR too, where the plan "
+                         "may keep optimizer state (its free space, or --disk-mem if less, is "
+                         "the disk budget)");
+            return FY_ERR_USAGE;
+        }
         if (shorthands) {
             fy_log_error("--plan auto cannot be combined with --offload-params, --offload-optim, "
                          "--speculate, --ckpt-layers, --offload-acts or --disk-optim");
@@ -204,12 +210,13 @@ static fy_status resolve_plan(const fy_opts *o, const fy_model *m, fy_dev_kind k
             return FY_ERR_USAGE;
         }
     }
+    const bool autoplan = o->plan && !strcmp(o->plan, "auto");
     if (fy_plan_uses_disk(plan) && !o->disk_dir && !o->dry_run) {
         fy_log_error("the plan keeps optimizer state on disk: give --disk-dir DIR (an empty "
                      "directory on a fast disk)");
         return FY_ERR_USAGE;
     }
-    if (o->disk_dir && !fy_plan_uses_disk(plan)) {
+    if (o->disk_dir && !fy_plan_uses_disk(plan) && !autoplan) { /* auto: if needed */
         fy_log_error("--disk-dir %s: the plan keeps nothing on disk (--disk-optim, or a plan "
                      "file with master and moments on disk)", o->disk_dir);
         return FY_ERR_USAGE;
@@ -250,11 +257,12 @@ static fy_status check_budgets(const fy_opts *o, const fy_mem_model *plan_mm, fy
         struct statvfs fs;
         const size_t avail = o->disk_dir && statvfs(o->disk_dir, &fs) == 0
                                  ? (size_t)fs.f_bavail * (size_t)fs.f_frsize : SIZE_MAX;
-        const size_t budget = o->disk_mem ? o->disk_mem : avail;
+        const bool by_flag = o->disk_mem && o->disk_mem < avail;
+        const size_t budget = by_flag ? o->disk_mem : avail;
         if (mm.disk_total > budget) {
             fy_log_error("disk: the plan needs %s on disk; %s %s, short by %s",
                          fy_fmt_size(mm.disk_total, need, sizeof need),
-                         o->disk_mem ? "the budget (--disk-mem) is" : "--disk-dir's filesystem has free",
+                         by_flag ? "the budget (--disk-mem) is" : "--disk-dir's filesystem has free",
                          fy_fmt_size(budget, have, sizeof have),
                          fy_fmt_size(mm.disk_total - budget, short_by, sizeof short_by));
             return FY_ERR_INVALID;

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -220,10 +221,20 @@ fy_status fy_tune_auto_profile(const fy_opts *o, const fy_model *m, fy_profile *
     return found ? FY_OK : probe_and_cache(o, m, NULL, p);
 }
 
+/* The disk tier's budget for a search: tune's --disk-mem (0: no disk tier); a run's
+ * (train --plan auto) the free space under --disk-dir, or --disk-mem if less (no
+ * --disk-dir: none). */
+static size_t disk_budget(const fy_opts *o) {
+    if (!o->disk_dir) return o->disk_mem;
+    struct statvfs fs;
+    const size_t avail = statvfs(o->disk_dir, &fs) == 0 ? (size_t)fs.f_bavail * (size_t)fs.f_frsize : 0;
+    return o->disk_mem && o->disk_mem < avail ? o->disk_mem : avail;
+}
+
 fy_tune_cfg fy_tune_cfg_of(const fy_opts *o, const fy_model *m, const fy_profile *p) {
     size_t budget = o->gpu_mem ? o->gpu_mem : (size_t)(p->device_mem_gib * 1073741824.0);
     return (fy_tune_cfg){.model = m, .batch = (int)(o->batch * o->grad_accum), .seq = (int)o->seq,
-                         .device_budget = budget, .host_budget = o->host_mem, .disk_budget = o->disk_mem,
+                         .device_budget = budget, .host_budget = o->host_mem, .disk_budget = disk_budget(o),
                          .dtype = fy_opts_dtype(o, fy_opts_dev_kind(o)),
                          .adam_threads = o->adam_threads > 0 ? (int)o->adam_threads
                                                              : (o->threads > 0 ? (int)o->threads : p->cores),
@@ -238,12 +249,16 @@ static void print_top(const fy_tune_cfg *tc, const fy_tune_result *top, int n) {
         char d[32], h[32];
         int bl = 0;
         for (int l = 1; l < FY_LANE_COUNT; l++) if (r->busy_ms[l] > r->busy_ms[bl]) bl = l;
-        printf("%-4d %-6d %-7d %-7d %-5d %dx%-6d %-3d %11.1f %10.0f %11s %11s %s %.1f ms\n", i + 1,
+        printf("%-4d %-6d %-7d %-7d %-5d %dx%-6d %-3d %11.1f %10.0f %11s %11s %s %.1f ms", i + 1,
                r->k1, r->k2, r->k3, r->k4, r->plan.micro_batch, r->plan.grad_accum, r->plan.prefetch,
                r->step_ms,
                (double)tc->batch * tc->seq / (r->step_ms / 1e3),
                fy_fmt_size(r->mem.device_total, d, sizeof d), fy_fmt_size(r->mem.host_total, h, sizeof h),
                fy_lane_name((fy_lane)bl), r->busy_ms[bl]);
+        if (r->k5 || r->k6) /* the tiers past host memory, said where a plan uses them */
+            printf(" | state on disk: last %d layers (%s) | inputs on host: first %d layers", r->k5,
+                   fy_fmt_size(r->mem.disk_total, h, sizeof h), r->k6);
+        putchar('\n');
     }
 }
 
@@ -291,6 +306,7 @@ static fy_status search(const fy_opts *o, const fy_model *m, const fy_profile *p
     fy_tune_cfg tc = fy_tune_cfg_of(o, m, p);
     tc.ranks = ranks;
     if (here) tc.spec_host_cap = (size_t)(p->host_mem_gib * 1073741824.0);
+    FY_TRY(fy_tune_check_disk(&tc, p));
     progress pg = {.tty = !o->quiet && isatty(STDERR_FILENO)};
     tc.progress = on_progress;
     tc.progress_ctx = &pg;
@@ -494,6 +510,7 @@ static int capacity(const fy_opts *o) {
     if (fy_profile_open(o->profile, &p) != FY_OK) return 1;
     fy_tune_cfg tc = fy_tune_cfg_of(o, NULL, &p);
     if (!tc.host_budget) tc.host_budget = (size_t)(p.host_mem_gib * 1073741824.0);
+    if (fy_tune_check_disk(&tc, &p) != FY_OK) return 2;
     char d[32], h[32], k[32];
     printf("capacity %s: device %s, host %s, disk %s, batch %d x seq %d, %s storage\n", p.name,
            fy_fmt_size(tc.device_budget, d, sizeof d), fy_fmt_size(tc.host_budget, h, sizeof h),
@@ -559,11 +576,27 @@ int fy_tune_main(const fy_opts *o) {
     return rc;
 }
 
+fy_status fy_tune_check_disk(const fy_tune_cfg *tc, const fy_profile *p) {
+    if (!tc->disk_budget || (p->disk_read_gbps > 0 && p->disk_write_gbps > 0)) return FY_OK;
+    fy_log_error("a disk budget needs the disk's rates, and profile %s has none: probe with "
+                 "ferry probe --disk-dir DIR, or plan for a named profile (%s)", p->name,
+                 fy_profile_names());
+    return FY_ERR_USAGE;
+}
+
 fy_status fy_tune_auto_plan(const fy_opts *o, const fy_model *m, fy_plan *out) {
     fy_profile p;
     bool found = false;
     FY_TRY(known_profile(o, m, 1, 0, &p, &found));
     if (!found) FY_TRY(probe_and_cache(o, m, NULL, &p));
+    if (o->disk_dir && !(p.disk_read_gbps > 0 && p.disk_write_gbps > 0)) {
+        /* the run's own disk, measured where its scratch file will be */
+        FY_TRY(fy_disk_bench(o->disk_dir, (size_t)256 << 20, FY_DISK_QDEPTH, &p.disk_write_gbps,
+                             &p.disk_read_gbps));
+        p.disk_qdepth = FY_DISK_QDEPTH;
+        fy_log_info("disk    %s: read %.2f GB/s, write %.2f GB/s (256 MiB, for --plan auto)",
+                    o->disk_dir, p.disk_read_gbps, p.disk_write_gbps);
+    }
     fy_tune_result top[5];
     int n = 0;
     fy_status st = search(o, m, &p, 1, true, top, 5, &n);

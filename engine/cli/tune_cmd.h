@@ -28,6 +28,8 @@ fy_status fy_tune_rank_profile(const fy_opts *o, const fy_model *m, fy_comm *com
  * device memory (what the backend gives a run), the CPU optimizer's threads
  * --adam-threads, --threads or the profile's cores. */
 fy_tune_cfg fy_tune_cfg_of(const fy_opts *o, const fy_model *m, const fy_profile *p);
+/* FY_ERR_USAGE (logged) when tc has a disk budget and profile p no disk rates to cost it. */
+fy_status fy_tune_check_disk(const fy_tune_cfg *tc, const fy_profile *p);
 /* The profile: --profile (file or name), else this machine's cached probe if it measured
  * this model and sequence length, else a probe now (then cached). */
 fy_status fy_tune_auto_profile(const fy_opts *o, const fy_model *m, fy_profile *p);
