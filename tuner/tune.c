@@ -369,7 +369,17 @@ static fy_status frontier_micro(const fy_tune_cfg *cfg, int micro, bool any, fy_
     const size_t dev = cfg->device_budget, host = cfg->host_budget ? cfg->host_budget : SIZE_MAX;
     for (int k3 = 0; k3 <= L; k3++) {
         int k1 = L, last_k1 = L + 1;
-        for (int k2 = 0; k2 <= L; k2++) {
+        /* the least device memory this k3 allows, every layer recomputed and its input
+         * offloaded, streaming all (or none: the staging ring can outweigh a small model's
+         * resident layers): over the budget, no point of it fits (with a disk budget many
+         * k3 are, and each would cost L points) */
+        fy_mem_model all, none;
+        FY_TRY(point_mem(cfg, &(cand){.micro = micro, .k1 = L, .k2 = L, .k3 = k3, .k6 = L}, lay, &all));
+        FY_TRY(point_mem(cfg, &(cand){.micro = micro, .k1 = L, .k2 = 0, .k3 = k3, .k6 = L}, lay, &none));
+        if (all.device_total > dev && none.device_total > dev) continue;
+        /* k2 up from 0; with `any`, k2 = L (the least device memory) first */
+        for (int i = any ? -1 : 0; i <= L; i++) {
+            const int k2 = i < 0 ? L : i;
             fy_mem_model mm;
             cand c = {micro, k1, k2, k3, 0, 0, 0, 0, 0};
             FY_TRY(point_mem(cfg, &c, lay, &mm));
@@ -377,7 +387,9 @@ static fy_status frontier_micro(const fy_tune_cfg *cfg, int micro, bool any, fy_
             if (!ok && cfg->disk_budget && k3) /* the fewest cpu-updated layers on disk */
                 FY_TRY(least_fitting(cfg, lay, &c, &c.k5, k3, host_fits, &ok));
             if (!ok) {
-                if (k2 == 0) return FY_OK; /* more cpu optimizer: more host memory */
+                if (i < 0) continue;
+                /* more cpu optimizer: more host memory, unless more of it can go to disk */
+                if (k2 == 0 && !cfg->disk_budget) return FY_OK;
                 break;                     /* more streaming: more host memory */
             }
             FY_TRY(point_mem(cfg, &c, lay, &mm));
