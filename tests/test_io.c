@@ -4,7 +4,9 @@
  * writes the files it reads, byte by byte where the point is the format, so nothing here
  * depends on a committed fixture. Error cases check the status, that nothing was handed
  * out, and that exactly one line was logged naming the file and the problem (stderr is
- * captured through a file for that). Also here: CRC-32C and the checkpoint state parser. */
+ * captured through a file for that). Also here: CRC-32C, the checkpoint state parser, the
+ * outfile (every path it writes by), and the model writer's bytes pinned across its
+ * rewrites. */
 #include <criterion/criterion.h>
 
 #include <errno.h>
@@ -27,6 +29,7 @@
 #include "engine/core/dtype.h"
 #include "engine/core/status.h"
 #include "engine/io/corpus.h"
+#include "engine/io/outfile.h"
 #include "engine/io/safetensors.h"
 #include "engine/io/tokens.h"
 #include "tests/test_util.h"
@@ -1721,4 +1724,124 @@ Test(model_save, bytes_are_those_of_the_previous_writer) {
                      cases[k].crc);
         fy_model_free(m);
     }
+}
+
+/* ---- outfile ---- */
+
+TestSuite(outfile, .init = make_dir, .fini = remove_dir);
+
+static uint64_t g_rand = 88172645463325252u;
+static uint64_t rand64(void) {
+    g_rand ^= g_rand << 13;
+    g_rand ^= g_rand >> 7;
+    g_rand ^= g_rand << 17;
+    return g_rand;
+}
+
+/* n random bytes appended to a new file through cfg, in pieces of random sizes, copied in
+ * or written in place by turns; the file, the count and the CRC are those bytes'. */
+static void outfile_round_trip(const char *path, size_t n, uint64_t hint, const fy_outfile_cfg *cfg) {
+    uint8_t *want = malloc(n + 1);
+    for (size_t i = 0; i < n; i++) want[i] = (uint8_t)rand64();
+    fy_outfile *f;
+    cr_assert_eq(fy_outfile_open(path, hint, cfg, &f), FY_OK, "%s", fy_last_error());
+    for (size_t at = 0; at < n;) {
+        size_t k = (size_t)(rand64() % 9000) + 1;
+        if (k > n - at) k = n - at;
+        if (rand64() & 1) {
+            cr_assert_eq(fy_outfile_write(f, want + at, k), FY_OK);
+        } else {
+            void *p;
+            size_t avail;
+            cr_assert_eq(fy_outfile_span(f, &p, &avail), FY_OK);
+            cr_assert_geq(avail, 1);
+            if (k > avail) k = avail;
+            memcpy(p, want + at, k);
+            cr_assert_eq(fy_outfile_commit(f, k), FY_OK);
+        }
+        at += k;
+    }
+    uint64_t nbytes = 0;
+    uint32_t crc = 0;
+    cr_assert_eq(fy_outfile_close(f, &nbytes, &crc), FY_OK, "%s", fy_last_error());
+    size_t got_n;
+    uint8_t *got = (uint8_t *)test_read_file(path, &got_n);
+    cr_assert_eq(got_n, n, "%s: %zu bytes, %zu written", path, got_n, n);
+    cr_assert(!memcmp(got, want, n), "%s: the bytes differ", path);
+    cr_assert_eq(nbytes, n);
+    cr_assert_eq(crc, fy_crc32c_portable(want, n, 0), "%s: the CRC", path);
+    free(got);
+    free(want);
+}
+
+/* Every path gives the file the bytes appended: one small buffer (the count under the
+ * hint, at it, past it), rings of two and three buffers direct (lengths ending on a 4 KiB
+ * block, inside one, on a buffer) and through the page cache. */
+Test(outfile, every_path_writes_the_bytes_appended) {
+    const fy_outfile_cfg direct2 = {.chunk_nbytes = 8192, .nchunks = 2};
+    const fy_outfile_cfg direct3 = {.chunk_nbytes = 12288, .nchunks = 3};
+    const fy_outfile_cfg buffered = {.chunk_nbytes = 12288, .nchunks = 3, .buffered = true};
+    const struct { size_t n; uint64_t hint; const fy_outfile_cfg *cfg; } cases[] = {
+        {0, 0, NULL}, {1, 1, NULL}, {5000, 100000, NULL}, {100000, 100000, NULL},
+        {300000, 100000, NULL},
+        {0, 1 << 20, &direct2}, {4096, 1 << 20, &direct2}, {8192, 1 << 20, &direct2},
+        {200000, 1 << 20, &direct2}, {200000 + 4096 * 3, 1 << 20, &direct2},
+        {262144 + 77, 1 << 20, &direct3}, {12288 * 20, 1 << 20, &direct3},
+        {262144 + 77, 1 << 20, &buffered}, {5, 1 << 20, &buffered},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        outfile_round_trip(P("f%zu", k), cases[k].n, cases[k].hint, cases[k].cfg);
+}
+
+/* A write the system refuses midway (a file size limit: EFBIG on a direct write of the
+ * ring) fails the file with one logged line naming it; the calls after it return it. */
+Test(outfile, a_failed_write_is_logged_once_and_sticks) {
+    signal(SIGXFSZ, SIG_IGN);
+    struct rlimit rl = {.rlim_cur = 65536, .rlim_max = RLIM_INFINITY};
+    cr_assert_eq(setrlimit(RLIMIT_FSIZE, &rl), 0);
+    const fy_outfile_cfg cfg = {.chunk_nbytes = 16384, .nchunks = 2};
+    static uint8_t data[1 << 20];
+    const char *path = P("big");
+    fy_outfile *f;
+    cr_assert_eq(fy_outfile_open(path, sizeof data, &cfg, &f), FY_OK);
+    capture_begin();
+    fy_status st = FY_OK;
+    for (size_t at = 0; at < sizeof data && st == FY_OK; at += 4096)
+        st = fy_outfile_write(f, data + at, 4096);
+    const fy_status closed = fy_outfile_close(f, NULL, NULL);
+    const char *log = capture_end();
+    cr_assert_eq(closed, FY_ERR_IO);
+    assert_one_error(log, path, "cannot write", NULL);
+}
+
+/* The file must be new; one that exists is left as it was. */
+Test(outfile, an_existing_file_is_not_replaced) {
+    const char *path = P("old");
+    write_file(path, "keep", 4);
+    fy_outfile *f = (fy_outfile *)(uintptr_t)1;
+    capture_begin();
+    fy_status st = fy_outfile_open(path, 1 << 24, NULL, &f);
+    const char *log = capture_end();
+    cr_assert_eq(st, FY_ERR_IO);
+    cr_assert_null(f);
+    assert_one_error(log, path, "cannot create", NULL);
+    size_t n;
+    char *b = test_read_file(path, &n);
+    cr_assert(n == 4 && !memcmp(b, "keep", 4));
+    free(b);
+}
+
+/* Abandoned with buffers queued and one half filled: the writer thread stops, nothing is
+ * logged (the caller removes the file). */
+Test(outfile, abandoned_midway) {
+    const fy_outfile_cfg cfg = {.chunk_nbytes = 8192, .nchunks = 3};
+    static uint8_t data[100000];
+    fy_outfile *f;
+    cr_assert_eq(fy_outfile_open(P("gone"), 1 << 20, &cfg, &f), FY_OK);
+    capture_begin();
+    cr_assert_eq(fy_outfile_write(f, data, sizeof data), FY_OK);
+    fy_outfile_abandon(f);
+    fy_outfile_abandon(NULL);
+    const char *log = capture_end();
+    cr_assert_str_empty(log);
 }
