@@ -9,6 +9,7 @@
  * rewrites. */
 #include <criterion/criterion.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -1860,4 +1861,58 @@ Test(outfile, abandoned_midway) {
     fy_outfile_abandon(NULL);
     const char *log = capture_end();
     cr_assert_str_empty(log);
+}
+
+/* A block source that fails at block `fail_at` (logging, as a source does). */
+typedef struct failing_src { const fy_model *m; int fail_at, calls; } failing_src;
+
+static fy_status failing_block(void *ctx, int b, float *host) {
+    failing_src *s = ctx;
+    s->calls++;
+    if (b == s->fail_at) {
+        fy_log_error("block %d cannot be had", b);
+        return FY_ERR_DEVICE;
+    }
+    return pattern_block((void *)s->m, b, host);
+}
+
+/* The save fetches blocks on the caller's thread while its own thread writes: a source
+ * that fails (first block, midway, last) fails the save with its status and its one line,
+ * leaves no file or temporary behind, and is not called again after; a writer that fails
+ * (a file size limit, 1 MiB into a 17 MB file) stops the fetching. Single files and
+ * directories. */
+Test(model_save, a_failing_source_or_writer_stops_both_sides) {
+    fy_model *m;
+    const fy_model_shape shape = {4099, 67, 256, 4, 4, 0, 0};
+    cr_assert_eq(fy_model_named("gpt2-tiny", &shape, &m), FY_OK);
+    const int nb = fy_model_nblocks(m);
+    const int fail_at[] = {0, 2, nb - 1};
+    for (size_t k = 0; k < 3; k++)
+        for (int dir = 0; dir < 2; dir++) {
+            failing_src s = {m, fail_at[k], 0};
+            const char *path = dir ? P("d%zu", k) : P("f%zu.safetensors", k);
+            capture_begin();
+            fy_status st = fy_model_save(m, path, NULL, failing_block, &s);
+            const char *log = capture_end();
+            cr_assert_eq(st, FY_ERR_DEVICE, "%s: %s", path, fy_status_str(st));
+            assert_one_error(log, "cannot be had", NULL);
+            cr_assert_eq(s.calls, fail_at[k] + 1, "%s: the source was called %d times", path, s.calls);
+            cr_assert(!exists(path), "%s was written", path);
+        }
+    DIR *d = opendir(g_dir);
+    for (struct dirent *e; (e = readdir(d));)
+        cr_assert(e->d_name[0] == '.', "%s left behind", e->d_name);
+    closedir(d);
+    signal(SIGXFSZ, SIG_IGN);
+    struct rlimit rl = {.rlim_cur = 1 << 20, .rlim_max = RLIM_INFINITY};
+    cr_assert_eq(setrlimit(RLIMIT_FSIZE, &rl), 0);
+    setenv("FERRY_TEST_OUTFILE_CHUNK", "65536", 1); /* a ring far smaller than the file */
+    failing_src s = {m, -1, 0};
+    capture_begin();
+    fy_status st = fy_model_save(m, P("big.safetensors"), NULL, failing_block, &s);
+    const char *log = capture_end();
+    cr_assert_eq(st, FY_ERR_IO);
+    assert_one_error(log, "big.safetensors", "cannot write", NULL);
+    cr_assert_lt(s.calls, nb, "the source was called for every block after the writer failed");
+    fy_model_free(m);
 }

@@ -8,6 +8,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -236,7 +237,11 @@ typedef struct saver {
     out_tensor *ts;
     int n;
     int cached;             /* the block in buf, or -1 */
-    float *buf;             /* one block (the largest) */
+    float *buf;             /* it: one of the slots */
+    float *slot[2];         /* two blocks (the largest), block b in slot[b % 2]; slot[1]
+                               NULL: fetched one at a time into slot[0] */
+    bool own_slots;         /* allocated here (else fy_save_opts.block_buf) */
+    struct ahead *ah;       /* fetching ahead: the fetcher's state (else NULL) */
     float *tbuf;            /* bf16: one transposed tensor, fp32 */
     const out_tensor *in_tbuf; /* the one it holds, or NULL */
     out_tensor *shard;      /* the shard being written: its first tensor */
@@ -260,9 +265,12 @@ static fy_status saver_init(saver *sv, const fy_model *m, const fy_save_opts *o,
         }
     }
     sv->ts = calloc((size_t)sv->n, sizeof *sv->ts);
-    sv->buf = malloc(fy_model_max_block_nelem(m) * sizeof(float));
+    const size_t nblock = fy_model_max_block_nelem(m);
+    sv->own_slots = !(o && o->block_buf);
+    sv->slot[0] = sv->own_slots ? malloc(nblock * sizeof(float)) : o->block_buf;
+    sv->slot[1] = sv->own_slots ? malloc(nblock * sizeof(float)) : o->block_buf + nblock;
     sv->tbuf = maxt ? malloc(maxt * sizeof(float)) : NULL;
-    if (!sv->ts || !sv->buf || (maxt && !sv->tbuf)) {
+    if (!sv->ts || !sv->slot[0] || (maxt && !sv->tbuf)) {
         fy_log_error("out of host memory to save the model");
         return FY_ERR_NOMEM;
     }
@@ -289,8 +297,101 @@ static fy_status saver_init(saver *sv, const fy_model *m, const fy_save_opts *o,
 
 static void saver_free(saver *sv) {
     free(sv->ts);
-    free(sv->buf);
+    if (sv->own_slots) free(sv->slot[0]);
+    if (sv->own_slots) free(sv->slot[1]);
     free(sv->tbuf);
+}
+
+size_t fy_model_save_buf_nelem(const fy_model *m) { return 2 * fy_model_max_block_nelem(m); }
+
+/* ---- saving: blocks fetched ahead ---------------------------------------------------- */
+
+/* The file (or directory) is written on a thread of the save's own while the caller's
+ * thread, the one a trainer is driven from (get runs there), fetches the blocks in order,
+ * block b into slot[b % 2]: fetching block b + 1 overlaps writing block b. The writer
+ * takes block b when its first tensor's turn comes, giving back the slot of every earlier
+ * block (a block without tensors is skipped so too); the fetcher waits for a slot to be
+ * given back. Either side stops the other: a failed get (logged by it) fails the writer's
+ * next take, a writer that finished or failed ends the fetching. */
+typedef struct ahead {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int in_slot[2];         /* the block each slot holds (-1: free) */
+    fy_status got;          /* get's failure */
+    bool done;              /* the writer has finished (or failed) */
+    fy_status (*body)(void *);
+    void *arg;
+    fy_status st;           /* body's */
+} ahead;
+
+/* Block b into sv->buf: fetched here, or taken from the fetcher. */
+static fy_status take_block(saver *sv, int b) {
+    sv->cached = -1;
+    sv->in_tbuf = NULL;
+    ahead *ah = sv->ah;
+    if (!ah) {
+        FY_TRY(sv->get(sv->ctx, b, sv->slot[0]));
+        sv->buf = sv->slot[0];
+        sv->cached = b;
+        return FY_OK;
+    }
+    pthread_mutex_lock(&ah->mu);
+    for (int k = 0; k < 2; k++)
+        if (ah->in_slot[k] >= 0 && ah->in_slot[k] < b) ah->in_slot[k] = -1;
+    pthread_cond_broadcast(&ah->cv);
+    while (ah->in_slot[b % 2] != b && ah->got == FY_OK) pthread_cond_wait(&ah->cv, &ah->mu);
+    const fy_status st = ah->in_slot[b % 2] == b ? FY_OK : ah->got;
+    pthread_mutex_unlock(&ah->mu);
+    FY_TRY(st);
+    sv->buf = sv->slot[b % 2];
+    sv->cached = b;
+    return FY_OK;
+}
+
+static void *ahead_writer(void *arg) {
+    ahead *ah = arg;
+    const fy_status st = ah->body(ah->arg);
+    pthread_mutex_lock(&ah->mu);
+    ah->st = st;
+    ah->done = true;
+    pthread_cond_broadcast(&ah->cv);
+    pthread_mutex_unlock(&ah->mu);
+    return NULL;
+}
+
+/* body(arg), which writes through fill, on a thread while this one fetches the blocks
+ * (see above); body's status, or get's failure. With one slot, or no thread to be had,
+ * body runs here and fill fetches as it goes. */
+static fy_status run_ahead(saver *sv, fy_status (*body)(void *), void *arg) {
+    ahead ah = {.in_slot = {-1, -1}, .body = body, .arg = arg};
+    pthread_t writer;
+    pthread_mutex_init(&ah.mu, NULL);
+    pthread_cond_init(&ah.cv, NULL);
+    sv->ah = &ah;
+    if (!sv->slot[1] || pthread_create(&writer, NULL, ahead_writer, &ah) != 0) {
+        sv->ah = NULL;
+        ah.st = body(arg);
+    } else {
+        for (int b = 0; b < sv->m->nblocks; b++) {
+            pthread_mutex_lock(&ah.mu);
+            while (ah.in_slot[b % 2] >= 0 && !ah.done) pthread_cond_wait(&ah.cv, &ah.mu);
+            const bool stop = ah.done;
+            pthread_mutex_unlock(&ah.mu);
+            if (stop) break;
+            const fy_status st = sv->get(sv->ctx, b, sv->slot[b % 2]);
+            pthread_mutex_lock(&ah.mu);
+            if (st == FY_OK) ah.in_slot[b % 2] = b;
+            else ah.got = st;
+            pthread_cond_broadcast(&ah.cv);
+            pthread_mutex_unlock(&ah.mu);
+            if (st != FY_OK) break;
+        }
+        pthread_join(writer, NULL);
+        sv->ah = NULL;
+    }
+    pthread_mutex_destroy(&ah.mu);
+    pthread_cond_destroy(&ah.cv);
+    return ah.got != FY_OK ? ah.got : ah.st;
 }
 
 static size_t out_nbytes(const out_tensor *t) {
@@ -304,12 +405,7 @@ static size_t out_nbytes(const out_tensor *t) {
 static fy_status fill(void *ctx, int i, size_t first, size_t n, void *dst) {
     saver *sv = ctx;
     const out_tensor *t = &sv->shard[i];
-    if (sv->cached != t->block) {
-        sv->cached = -1;
-        sv->in_tbuf = NULL;
-        FY_TRY(sv->get(sv->ctx, t->block, sv->buf));
-        sv->cached = t->block;
-    }
+    if (sv->cached != t->block) FY_TRY(take_block(sv, t->block));
     const fy_tensor_spec *ts = &sv->m->blocks[t->block].tensors[t->index];
     const float *src = sv->buf + ts->offset;
     if (ts->transposed && sv->dtype == FY_F32) { /* ours (out, in) -> file (in, out) */
@@ -340,6 +436,19 @@ static cJSON *model_config(const fy_model *m, const fy_save_opts *o, fy_dtype dt
 
 /* ---- saving one file ------------------------------------------------------------------ */
 
+typedef struct file_job {
+    saver *sv;
+    const char *path;
+    const fy_st_entry *es;
+    const char *const *meta;
+    uint32_t *crc;
+} file_job;
+
+static fy_status write_file(void *arg) {
+    const file_job *j = arg;
+    return fy_st_write_fill_crc(j->path, j->es, j->sv->n, j->meta, fill, j->sv, j->crc);
+}
+
 static fy_status save_file(const fy_model *m, const char *path, const fy_save_opts *o,
                            fy_block_source get, void *ctx) {
     saver sv;
@@ -359,7 +468,8 @@ static fy_status save_file(const fy_model *m, const char *path, const fy_save_op
             for (int i = 0; i < sv.n; i++) es[i] = sv.ts[i].e;
             const char *meta[] = {"format", "pt", cfg_text ? "ferry.config" : NULL, cfg_text, NULL};
             sv.shard = sv.ts;
-            st = fy_st_write_fill_crc(path, es, sv.n, meta, fill, &sv, o ? o->crc32c : NULL);
+            file_job job = {&sv, path, es, meta, o ? o->crc32c : NULL};
+            st = run_ahead(&sv, write_file, &job);
             free(es);
         }
     }
@@ -629,6 +739,17 @@ static fy_status write_dir(saver *sv, const char *dir, const fy_save_opts *o) {
     return st;
 }
 
+typedef struct dir_job {
+    saver *sv;
+    const char *dir;
+    const fy_save_opts *o;
+} dir_job;
+
+static fy_status write_dir_job(void *arg) {
+    const dir_job *j = arg;
+    return write_dir(j->sv, j->dir, j->o);
+}
+
 /* The written directory tmp in place of target: renamed if target is new, else
  * exchanged with it atomically (or, where the filesystem cannot, the old one moved to
  * `old` first), and the old one removed. */
@@ -692,7 +813,8 @@ static fy_status save_dir(const fy_model *m, const char *path, const fy_save_opt
     saver sv;
     if (st == FY_OK) {
         st = saver_init(&sv, m, o, get, ctx, m->iface->dir_prefix ? m->iface->dir_prefix : "");
-        if (st == FY_OK) st = write_dir(&sv, tmp, o);
+        dir_job job = {&sv, tmp, o};
+        if (st == FY_OK) st = run_ahead(&sv, write_dir_job, &job);
         saver_free(&sv);
         if (st == FY_OK) st = fy_fsync_dir(tmp);
         if (st != FY_OK) remove_ours(tmp);
