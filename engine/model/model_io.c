@@ -177,6 +177,12 @@ fy_status fy_model_load_block(const fy_model *m, const fy_weights *w, int b, flo
             fy_st_release(f, t);
             continue;
         }
+        if (t->dtype == FY_F32 && (uintptr_t)t->data % _Alignof(float) == 0) {
+            /* fp32 at a float's alignment (a ferry file's always): transposed from the map */
+            transpose(dst, t->data, ts->cols, ts->rows);
+            fy_st_release(f, t);
+            continue;
+        }
         if (tmpcap < t->nelem) {
             free(tmp);
             tmp = malloc(t->nelem * sizeof(float));
