@@ -11,7 +11,7 @@
 #      fetched block by block, the files written, fsynced, renamed), the files' bytes are
 #      counted here;
 #   3. the disk's sequential read: the three files, evicted from the page cache first, read
-#      with dd (8 MiB, O_DIRECT);
+#      with dd (8 MiB, O_DIRECT), then (evicted again) through the page cache (readahead);
 #   4. resuming from it (files evicted again): the "resume" line gives the seconds to open
 #      and verify the checkpoint (every file's CRC-32C) and to restore the moments.
 # Medians over the rounds; ratios are checkpoint GB/s over the disk's GB/s of the same run.
@@ -41,7 +41,8 @@ gbps() { awk -v b="$1" -v s="$2" 'BEGIN {printf "%.3f", b / s / 1e9}'; }
 train=(train --model gpt2-124m --steps 1 --batch 1 --seq 64 --val-batches 1 --log-every 1
        --checkpoint-sync)
 files=(model.safetensors optimizer.exp_avg.safetensors optimizer.exp_avg_sq.safetensors)
-: >"$tmp/direct"; : >"$tmp/buffered"; : >"$tmp/ckpt"; : >"$tmp/read"; : >"$tmp/verify"
+: >"$tmp/direct"; : >"$tmp/buffered"; : >"$tmp/ckpt"; : >"$tmp/read"; : >"$tmp/readbuf"
+: >"$tmp/verify"
 : >"$tmp/restore"
 nbytes=""
 for ((i = 0; i < rounds; i++)); do
@@ -70,6 +71,12 @@ for ((i = 0; i < rounds; i++)); do
     done
     echo "$t" >>"$tmp/read"
     evict "${paths[@]}"
+    t=0
+    for f in "${paths[@]}"; do
+        t=$(awk -v a="$t" -v b="$(dd_s if="$f" of=/dev/null bs=8M)" 'BEGIN {print a + b}')
+    done
+    echo "$t" >>"$tmp/readbuf"
+    evict "${paths[@]}"
     "$bin" "${train[@]}" --checkpoint-dir "$ck" --resume >"$tmp/resume.out" 2>&1 ||
         { cat "$tmp/resume.out" >&2; exit 1; }
     rl=$(grep '^resume' "$tmp/resume.out" | tail -1)
@@ -77,10 +84,10 @@ for ((i = 0; i < rounds; i++)); do
     r=$(sed -nE 's/.*restored in ([0-9.]+) s.*/\1/p' <<<"$rl")
     echo "${v:-nan}" >>"$tmp/verify"
     echo "${r:-nan}" >>"$tmp/restore"
-    echo "round $((i + 1)): dd direct $(tail -1 "$tmp/direct") s, dd buffered $(tail -1 "$tmp/buffered") s, checkpoint $s s, read direct $t s, resume verify ${v:-?} s restore ${r:-?} s" >&2
+    echo "round $((i + 1)): dd direct $(tail -1 "$tmp/direct") s, dd buffered $(tail -1 "$tmp/buffered") s, checkpoint $s s, read direct $(tail -1 "$tmp/read") s, read buffered $t s, resume verify ${v:-?} s restore ${r:-?} s" >&2
 done
 dd_direct=$(median <"$tmp/direct"); dd_buf=$(median <"$tmp/buffered"); ck_s=$(median <"$tmp/ckpt")
-rd=$(median <"$tmp/read"); ver=$(grep -v nan "$tmp/verify" | median || true)
+rd=$(median <"$tmp/read"); rdb=$(median <"$tmp/readbuf"); ver=$(grep -v nan "$tmp/verify" | median || true)
 res=$(grep -v nan "$tmp/restore" | median || true)
 ddb=$(( ${nbytes} / 8388608 * 8388608 ))
 {
@@ -91,8 +98,9 @@ ddb=$(( ${nbytes} / 8388608 * 8388608 ))
     echo "  ratio to O_DIRECT write:             $(awk -v a="$dd_direct" -v b="$ck_s" -v x="$nbytes" -v y="$ddb" 'BEGIN {printf "%.2f", (x / b) / (y / a)}')"
     echo "  ratio to page-cache write:           $(awk -v a="$dd_buf" -v b="$ck_s" -v x="$nbytes" -v y="$ddb" 'BEGIN {printf "%.2f", (x / b) / (y / a)}')"
     echo "disk read, O_DIRECT 8 MiB (the files): $(gbps "$nbytes" "$rd") GB/s ($rd s)"
+    echo "disk read, page cache 8 MiB:           $(gbps "$nbytes" "$rdb") GB/s ($rdb s)"
     if [ -n "$ver" ]; then
-        echo "resume: open + verify (CRC-32C):      $(gbps "$nbytes" "$ver") GB/s ($ver s), ratio to the read $(awk -v a="$rd" -v b="$ver" 'BEGIN {printf "%.2f", a / b}')"
+        echo "resume: open + verify (CRC-32C):      $(gbps "$nbytes" "$ver") GB/s ($ver s), ratio to the O_DIRECT read $(awk -v a="$rd" -v b="$ver" 'BEGIN {printf "%.2f", a / b}'), to the page-cache read $(awk -v a="$rdb" -v b="$ver" 'BEGIN {printf "%.2f", a / b}')"
         echo "resume: moments restored (2 files):   $(gbps "$((nbytes * 2 / 3))" "$res") GB/s ($res s)"
     else
         echo "resume: this binary does not time its resume"

@@ -1,11 +1,11 @@
 /* outfile.c — a file written through a ring of aligned buffers by a thread of its own,
  * O_DIRECT where the filesystem allows (outfile.h).
  *
- * The ring: the caller fills buffer `cur`; a full one is handed to the writer (queued + 1)
- * when the next byte needs room, and the caller moves on to the next buffer once fewer than
- * nbuf are queued. The writer takes them in order from `head`, adds each to the CRC and
- * writes it at `written`, a multiple of the buffer size, so every O_DIRECT write is aligned
- * in memory, in offset and in length. The last, partial buffer is written by the caller
+ * The ring: the caller fills buffer `cur`; a full one is added to the CRC and handed to the
+ * writer (queued + 1) when the next byte needs room, and the caller moves on to the next
+ * buffer once fewer than nbuf are queued. The writer takes them in order from `head` and
+ * writes each at `written`, a multiple of the buffer size, so every O_DIRECT write is
+ * aligned in memory, in offset and in length. The last, partial buffer is written by the caller
  * after the writer has stopped: its aligned part direct, the rest (under 4 KiB) through the
  * page cache (O_DIRECT cleared: an unaligned length would be refused), so the file is never
  * longer than what was appended and needs no truncation. A file smaller than one buffer has
@@ -39,10 +39,10 @@ struct fy_outfile {
     int cur;                  /* the buffer being filled */
     size_t used;              /* its bytes */
     uint64_t nbytes;          /* bytes appended */
+    uint32_t crc;             /* of the buffers handed off */
     /* the writer's: its thread's while it runs, the caller's otherwise */
     int head;                 /* the next buffer to write */
     uint64_t written;         /* where it goes */
-    uint32_t crc;
     bool direct;              /* O_DIRECT set on fd */
     /* shared, under mu */
     bool threaded;
@@ -106,11 +106,10 @@ static void clear_direct(fy_outfile *f) {
     f->direct = false;
 }
 
-/* Buffer bytes p[0, n) at `written` (p at a buffer's start): added to the CRC, written
- * (the aligned part direct while O_DIRECT holds; a filesystem that refuses it turns it
- * off for good), the writeback of plain writes started. 0 or the errno. */
+/* Buffer bytes p[0, n) at `written` (p at a buffer's start): written (the aligned part
+ * direct while O_DIRECT holds; a filesystem that refuses it turns it off for good), the
+ * writeback of plain writes started. 0 or the errno. */
 static int put(fy_outfile *f, const uint8_t *p, size_t n) {
-    f->crc = fy_crc32c(p, n, f->crc);
     size_t done = 0;
     if (f->direct) {
         const size_t a = n / FY_OUTFILE_ALIGN * FY_OUTFILE_ALIGN;
@@ -204,8 +203,11 @@ fy_status fy_outfile_open(const char *path, uint64_t nbytes_hint, const fy_outfi
     return FY_OK;
 }
 
-/* Buffer cur (full) to the writer, and the next buffer free to fill. */
+/* Buffer cur (full) to the writer, and the next buffer free to fill. Its CRC is taken
+ * here, by the caller, whose bytes are still in the cache and who has time to spare while
+ * the disk is the bottleneck (on the writer thread it held up every write by as long). */
 static fy_status handoff(fy_outfile *f) {
+    f->crc = fy_crc32c(buf(f, f->cur), f->used, f->crc);
     if (!f->threaded) {
         const int e = put(f, buf(f, f->cur), f->used);
         f->used = 0;
@@ -280,8 +282,10 @@ fy_status fy_outfile_close(fy_outfile *f, uint64_t *nbytes, uint32_t *crc) {
     stop_writer(f, false);
     if (f->err && f->st == FY_OK) fail(f, f->err, f->err_what);
     int e = 0;
-    if (f->st == FY_OK && f->used && (e = put(f, buf(f, f->cur), f->used)) != 0)
-        fail(f, e, "cannot write");
+    if (f->st == FY_OK && f->used) {
+        f->crc = fy_crc32c(buf(f, f->cur), f->used, f->crc);
+        if ((e = put(f, buf(f, f->cur), f->used)) != 0) fail(f, e, "cannot write");
+    }
     if (f->st == FY_OK && fsync(f->fd) != 0) fail(f, errno, "cannot fsync");
     if (f->st == FY_OK) {
         const int rc = close(f->fd);

@@ -2,9 +2,9 @@
  * the way.
  *
  * The caller fills a ring of aligned buffers (copying in with fy_outfile_write, or writing
- * in place through fy_outfile_span and fy_outfile_commit) while a thread writes the full
- * ones, in order, each at its offset (a multiple of the buffer size), and takes the CRC of
- * each before writing it. A file of at least one buffer is written with O_DIRECT: the
+ * in place through fy_outfile_span and fy_outfile_commit), taking the CRC of each as it
+ * hands it over, while a thread writes the full ones, in order, each at its offset (a
+ * multiple of the buffer size). A file of at least one buffer is written with O_DIRECT: the
  * bytes go from the buffers to the disk, not through the page cache (whose first touch of
  * fresh pages, and writeback, run slower than the disk on the machines measured:
  * bench/RESULTS.md); its last bytes (less than one 4 KiB block) go through the page cache.
