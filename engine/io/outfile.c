@@ -5,11 +5,11 @@
  * writer (queued + 1) when the next byte needs room, and the caller moves on to the next
  * buffer once fewer than nbuf are queued. The writer takes them in order from `head` and
  * writes each at `written`, a multiple of the buffer size, so every O_DIRECT write is
- * aligned in memory, in offset and in length. The last, partial buffer is written by the caller
- * after the writer has stopped: its aligned part direct, the rest (under 4 KiB) through the
- * page cache (O_DIRECT cleared: an unaligned length would be refused), so the file is never
- * longer than what was appended and needs no truncation. A file smaller than one buffer has
- * one buffer of its size, no thread, and plain writes.
+ * aligned in memory, in offset and in length. The last, partial buffer is written by the
+ * caller after the writer has stopped: its aligned part direct, the rest (under 4 KiB)
+ * through the page cache (O_DIRECT cleared: an unaligned length would be refused), so the
+ * file is never longer than what was appended and needs no truncation. A file smaller than
+ * one buffer has one buffer of its size, no thread, and plain writes.
  *
  * Invariants: the bytes reach the file in the order appended, each once; the CRC is of
  * those bytes in that order; after the first error nothing more is written and every call
@@ -57,11 +57,10 @@ struct fy_outfile {
 
 static uint8_t *buf(const fy_outfile *f, int i) { return f->mem + (size_t)i * f->chunk; }
 
-/* The rings' memory: mapped (page-aligned, huge pages asked for), and the last one freed
- * kept for the next outfile of its size. Fresh pages cost more to touch than the disk
- * takes to write them on the machines measured (0.8 GB/s; bench/RESULTS.md), and a
- * checkpoint writes three files in a row; one ring stays mapped once a large file has
- * been written. */
+/* The rings' memory: mapped (page-aligned), and the last one freed kept for the next
+ * outfile of its size. Fresh pages cost more to touch than the disk takes to write them on
+ * the machines measured (0.7-1.7 GB/s; bench/RESULTS.md), and a checkpoint writes three
+ * files in a row; one ring stays mapped once a large file has been written. */
 static pthread_mutex_t g_ring_mu = PTHREAD_MUTEX_INITIALIZER;
 static uint8_t *g_ring;
 static size_t g_ring_nbytes;
