@@ -493,23 +493,33 @@ static fy_status block_of(void *ctx, int b, float *host) {
 }
 
 /* The data files into dir from src (its `which` set per file), their sizes and CRCs (taken
- * as they are written, so nothing is read back) into nbytes[] and crc[]. */
+ * as they are written, so nothing is read back) into nbytes[] and crc[]. The three files
+ * fetch their blocks into the same two block buffers, touched once: fresh pages cost about
+ * as much as the disk's writes on the machines measured (bench/RESULTS.md). */
 static fy_status write_files(const char *dir, const fy_model *m, state_src src,
                              uint64_t nbytes[NDATA], uint32_t crc[NDATA]) {
     char path[PATH_CAP];
-    for (int i = 0; i < NDATA; i++) {
-        const fy_save_opts o = {.dtype = FY_F32, .crc32c = &crc[i]};
-        if (!join(path, sizeof path, dir, data_files[i])) return FY_ERR_IO;
-        src.which = i;
-        FY_TRY(fy_model_save(m, path, &o, block_of, &src));
-        struct stat sb;
-        if (stat(path, &sb) != 0) {
-            fy_log_error("cannot stat %s: %s", path, strerror(errno));
-            return FY_ERR_IO;
-        }
-        nbytes[i] = (uint64_t)sb.st_size;
+    const size_t buf_nbytes = fy_model_save_buf_nelem(m) * sizeof(float);
+    float *buf = mmap(NULL, buf_nbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (buf == MAP_FAILED) {
+        fy_log_error("out of host memory writing a checkpoint");
+        return FY_ERR_NOMEM;
     }
-    return FY_OK;
+    fy_status st = FY_OK;
+    for (int i = 0; i < NDATA && st == FY_OK; i++) {
+        const fy_save_opts o = {.dtype = FY_F32, .crc32c = &crc[i], .block_buf = buf};
+        if (!join(path, sizeof path, dir, data_files[i])) st = FY_ERR_IO;
+        src.which = i;
+        if (st == FY_OK) st = fy_model_save(m, path, &o, block_of, &src);
+        struct stat sb;
+        if (st == FY_OK && stat(path, &sb) != 0) {
+            fy_log_error("cannot stat %s: %s", path, strerror(errno));
+            st = FY_ERR_IO;
+        }
+        if (st == FY_OK) nbytes[i] = (uint64_t)sb.st_size;
+    }
+    munmap(buf, buf_nbytes);
+    return st;
 }
 
 /* `latest` pointing to name, replaced by a rename so it is never missing or half made. */

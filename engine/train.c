@@ -158,6 +158,8 @@ typedef struct run {
     char *saved_path;         /* the newest complete one's */
     fy_ckpt_snapshot *snap;   /* saves in the background from it (NULL: before going on) */
     double pending_t0, pending_wait_ms;
+    double verify_ms, restore_ms; /* the checkpoint resumed from: opened and verified, its
+                                     moments restored */
 } run;
 
 static fy_status setup_snapshot(run *r);
@@ -533,7 +535,9 @@ static fy_status find_resume(run *r, fy_ckpt **out) {
             fy_log_warn("%s/latest is missing (a run was stopped before it moved): resuming from "
                         "the newest checkpoint, %s", c->ckpt_dir, path);
     }
+    const double t0 = fy_now_ms();
     fy_status st = fy_ckpt_open(path, out);
+    r->verify_ms = fy_now_ms() - t0;
     if (st != FY_OK && !*c->resume) {
         const char *slash = strrchr(path, '/');
         int64_t s;
@@ -690,7 +694,9 @@ static fy_status resume_from(run *r, const fy_ckpt *ck) {
     if (r->cfg->init)
         fy_log_info("--init %s: the weights come from checkpoint %s (it has the same shape)",
                     fy_weights_path(r->cfg->init), fy_ckpt_path(ck));
+    const double t0 = fy_now_ms();
     FY_TRY(fy_ckpt_restore(ck, r->tr, r->cfg->plan->grad_accum));
+    r->restore_ms = fy_now_ms() - t0;
     r->start = r->saved = in->step;
     r->skipped_run = in->skipped_run;
     r->loss = (float)in->loss;
@@ -939,17 +945,20 @@ static fy_status report(run *r) {
 
 /* A checkpoint of the state after step `step` (steps are 1-based here: step steps done). */
 /* The "ckpt" line of a checkpoint written: its size, the time training waited for it,
- * and for one written in the background the time the writing took. */
+ * and for one written in the background the time the writing took; the speed is of the
+ * state's bytes (the files' headers aside). */
 static void print_ckpt(const run *r, const char *path, double wait_ms, double bg_ms) {
     if (r->cfg->quiet) return;
     if (isatty(STDOUT_FILENO)) printf("\r%*s\r", 78, "");
     char size[32];
-    fy_fmt_size(fy_ckpt_snapshot_nbytes(r->cfg->model), size, sizeof size);
+    const size_t nbytes = fy_ckpt_snapshot_nbytes(r->cfg->model);
+    fy_fmt_size(nbytes, size, sizeof size);
+    const double ms = bg_ms > 0 ? bg_ms : wait_ms, gbps = ms > 0 ? nbytes / ms / 1e6 : 0;
     if (bg_ms > 0)
         printf("ckpt    %s (%s: training waited %.2f s for the snapshot; written in the "
-               "background in %.1f s)\n", path, size, wait_ms / 1e3, bg_ms / 1e3);
+               "background in %.2f s, %.2f GB/s)\n", path, size, wait_ms / 1e3, bg_ms / 1e3, gbps);
     else
-        printf("ckpt    %s (%s in %.1f s)\n", path, size, wait_ms / 1e3);
+        printf("ckpt    %s (%s in %.2f s, %.2f GB/s)\n", path, size, wait_ms / 1e3, gbps);
     fflush(stdout);
 }
 
@@ -1044,8 +1053,9 @@ fy_status fy_train(const fy_train_cfg *cfg) {
     fy_status st = setup(&r);
     if (st == FY_OK && !cfg->quiet) print_header(&r);
     if (st == FY_OK && r.start > 0 && !cfg->quiet)
-        printf("resume  %s: step %lld of %lld\n", r.saved_path, (long long)r.start,
-               (long long)cfg->steps);
+        printf("resume  %s: step %lld of %lld (verified in %.2f s, moments restored in %.2f s)\n",
+               r.saved_path, (long long)r.start, (long long)cfg->steps, r.verify_ms / 1e3,
+               r.restore_ms / 1e3);
     r.t_start = r.last_done = fy_now_ms();
     if (cfg->steps > r.start + 1) r.ms_all = malloc((size_t)(cfg->steps - r.start) * sizeof *r.ms_all);
     int64_t s0 = r.start;

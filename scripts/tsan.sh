@@ -14,7 +14,10 @@
 #      'llama_model/a_gathered*', 'a_chunked*', 'a_tied_table*'): the load, fetch and
 #      gradient-copy lanes share the gathered rows; the chunk tasks share the head's slots;
 #      and test_offload's speculative updates ('speculate/exact_in_fp32'): a commit swaps
-#      a block's buffers on the cpu lane while the other lanes run;
+#      a block's buffers on the cpu lane while the other lanes run; test_io's outfile
+#      ('outfile/*': the ring between the caller and the writer thread) and model saves
+#      ('model_save/*': blocks fetched on the caller's thread while the save's thread
+#      writes, failures on either side);
 #   4. the ferry binary training with checkpoints written in the background (a writer
 #      thread beside the lanes, stream workers and the Adam pool), stopped by SIGTERM
 #      and resumed (also skipped with FERRY_TSAN_SCHED_ONLY=1).
@@ -48,7 +51,7 @@ if ! "${setup[@]}" >"$build/tsan-setup.log" 2>&1; then
     exit 1
 fi
 targets=(test_scheduler)
-[ "${FERRY_TSAN_SCHED_ONLY:-0}" = 1 ] || targets+=(test_offload test_llama_model ferry)
+[ "${FERRY_TSAN_SCHED_ONLY:-0}" = 1 ] || targets+=(test_offload test_llama_model test_io ferry)
 if ! meson compile -C "$build" -j "$jobs" "${targets[@]}" >"$build/tsan-build.log" 2>&1; then
     tail -n 40 "$build/tsan-build.log" >&2
     echo "tsan.sh: build failed (full log: $build/tsan-build.log)" >&2
@@ -115,6 +118,8 @@ if [ "${FERRY_TSAN_SCHED_ONLY:-0}" != 1 ]; then
     run speculate timeout 600 "$build/tests/test_offload" --jobs 1 --filter 'speculate/exact_in_fp32'
     run llama-tied timeout 600 "$build/tests/test_llama_model" --jobs 1 \
         --filter 'llama_model/a_tied_table*'
+    run outfile timeout 600 "$build/tests/test_io" --jobs 1 --filter 'outfile/*'
+    run model-save timeout 600 "$build/tests/test_io" --jobs 1 --filter 'model_save/*'
 fi
 
 # a command that is not a Criterion suite: its exit status alone

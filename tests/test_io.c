@@ -4,9 +4,12 @@
  * writes the files it reads, byte by byte where the point is the format, so nothing here
  * depends on a committed fixture. Error cases check the status, that nothing was handed
  * out, and that exactly one line was logged naming the file and the problem (stderr is
- * captured through a file for that). Also here: CRC-32C and the checkpoint state parser. */
+ * captured through a file for that). Also here: CRC-32C, the checkpoint state parser, the
+ * outfile (every path it writes by), and the model writer's bytes pinned across its
+ * rewrites. */
 #include <criterion/criterion.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -27,6 +30,7 @@
 #include "engine/core/dtype.h"
 #include "engine/core/status.h"
 #include "engine/io/corpus.h"
+#include "engine/io/outfile.h"
 #include "engine/io/safetensors.h"
 #include "engine/io/tokens.h"
 #include "tests/test_util.h"
@@ -1644,4 +1648,327 @@ Test(checkpoint, state_parser_reads_a_state_and_refuses_bad_ones) {
     cr_expect_not_null(strstr(why, "state_crc32c"), "%s", why);
     cr_expect_eq(fy_ckpt_state_parse("[1", 2, &s, why, sizeof why), FY_ERR_FORMAT);
     cr_expect_eq(fy_ckpt_state_parse("", 0, &s, why, sizeof why), FY_ERR_FORMAT);
+}
+
+/* ---- the model writer's bytes ---- */
+
+TestSuite(model_save, .init = make_dir, .fini = remove_dir);
+
+/* Block b's element i: an exact function of (b, i) (a 24-bit integer scaled by a power of
+ * two, minus one: every step exact), so the bytes written depend on no machine. */
+static fy_status pattern_block(void *ctx, int b, float *host) {
+    const fy_model *m = ctx;
+    const size_t n = fy_model_block(m, b)->nelem;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t h = (uint32_t)(i * 2654435761u) ^ (uint32_t)(b * 40503u + 17u);
+        h ^= h >> 15;
+        host[i] = ldexpf((float)(h & 0xffffff), -23) - 1.0f;
+    }
+    return FY_OK;
+}
+
+/* The size and CRC-32C of a file. */
+static void file_sum(const char *path, size_t *n, uint32_t *crc) {
+    char *b = test_read_file(path, n);
+    cr_assert_not_null(b, "cannot read %s", path);
+    *crc = fy_crc32c(b, *n, 0);
+    free(b);
+}
+
+static void check_pinned_saves(int path_kind);
+
+/* What fy_model_save writes (single files in fp32 and bf16, with the CRC it reports, and
+ * a directory of shards) is byte for byte what the writer wrote before it streamed through
+ * aligned buffers on a thread (sizes and CRC-32Cs taken from files written by commit
+ * 2fd90db). The models are large enough for several of the writer's buffers and have
+ * tensors of odd sizes; a GPT-2's Conv1D tensors are transposed on the way out. */
+Test(model_save, bytes_are_those_of_the_previous_writer) {
+    /* the default buffers, and 12 KiB ones (seams inside most tensors, transposed ones
+     * too) direct and through the page cache (outfile.h's test hooks) */
+    static const char *const chunk[] = {NULL, "12288", "12288"};
+    for (int path = 0; path < 3; path++) {
+        if (chunk[path]) setenv("FERRY_TEST_OUTFILE_CHUNK", chunk[path], 1);
+        if (path == 2) setenv("FERRY_TEST_OUTFILE_BUFFERED", "1", 1);
+        check_pinned_saves(path);
+    }
+    unsetenv("FERRY_TEST_OUTFILE_CHUNK");
+    unsetenv("FERRY_TEST_OUTFILE_BUFFERED");
+}
+
+static void check_pinned_saves(int path_kind) {
+    static const struct {
+        const char *model, *file;
+        fy_model_shape shape;
+        fy_dtype dtype;
+        size_t shard;
+        size_t nbytes;
+        uint32_t crc;
+    } cases[] = {
+        {"gpt2-tiny", "g32.safetensors", {4099, 67, 256, 4, 4, 0, 0}, FY_F32, 0, 16909064,
+         0xdcbff85au},
+        {"gpt2-tiny", "g16.safetensors", {4099, 67, 256, 4, 4, 0, 0}, FY_BF16, 0, 8456968,
+         0x9399dc92u},
+        {"gpt2-tiny", "gdir/model-00002-of-00004.safetensors", {4099, 67, 256, 4, 4, 0, 0},
+         FY_F32, 6000000, 5265152, 0xb46d5ad6u},
+        {"llama-tiny", "l32.safetensors", {3001, 64, 320, 3, 5, 1, 867}, FY_F32, 0, 20632176,
+         0xa399d870u},
+        {"llama-tiny", "l16.safetensors", {3001, 64, 320, 3, 5, 1, 867}, FY_BF16, 0, 10317944,
+         0x9fc72461u},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        fy_model *m;
+        cr_assert_eq(fy_model_named(cases[k].model, &cases[k].shape, &m), FY_OK, "%s",
+                     fy_last_error());
+        uint32_t reported = 0;
+        const char *file = P("%d-%s", path_kind, cases[k].file), *path = file;
+        char dir[256];
+        if (cases[k].shard) {
+            snprintf(dir, sizeof dir, "%s", file);
+            *strrchr(dir, '/') = 0;
+            path = dir;
+        }
+        const fy_save_opts o = {.dtype = cases[k].dtype, .shard_nbytes = cases[k].shard,
+                                .crc32c = cases[k].shard ? NULL : &reported};
+        cr_assert_eq(fy_model_save(m, path, &o, pattern_block, m), FY_OK, "%s", fy_last_error());
+        size_t n;
+        uint32_t crc;
+        file_sum(file, &n, &crc);
+        if (!cases[k].shard)
+            cr_expect_eq(reported, crc, "%s (writer %d): the CRC reported", cases[k].file, path_kind);
+        cr_expect_eq(n, cases[k].nbytes, "%s (writer %d): %zu bytes, were %zu", cases[k].file,
+                     path_kind, n, cases[k].nbytes);
+        cr_expect_eq(crc, cases[k].crc, "%s (writer %d): CRC-32C %08x, was %08x", cases[k].file,
+                     path_kind, crc, cases[k].crc);
+        fy_model_free(m);
+    }
+}
+
+/* ---- outfile ---- */
+
+TestSuite(outfile, .init = make_dir, .fini = remove_dir);
+
+static uint64_t g_rand = 88172645463325252u;
+static uint64_t rand64(void) {
+    g_rand ^= g_rand << 13;
+    g_rand ^= g_rand >> 7;
+    g_rand ^= g_rand << 17;
+    return g_rand;
+}
+
+/* n random bytes appended to a new file through cfg, in pieces of random sizes, copied in
+ * or written in place by turns; the file, the count and the CRC are those bytes'. */
+static void outfile_round_trip(const char *path, size_t n, uint64_t hint, const fy_outfile_cfg *cfg) {
+    uint8_t *want = malloc(n + 1);
+    for (size_t i = 0; i < n; i++) want[i] = (uint8_t)rand64();
+    fy_outfile *f;
+    cr_assert_eq(fy_outfile_open(path, hint, cfg, &f), FY_OK, "%s", fy_last_error());
+    for (size_t at = 0; at < n;) {
+        size_t k = (size_t)(rand64() % 9000) + 1;
+        if (k > n - at) k = n - at;
+        if (rand64() & 1) {
+            cr_assert_eq(fy_outfile_write(f, want + at, k), FY_OK);
+        } else {
+            void *p;
+            size_t avail;
+            cr_assert_eq(fy_outfile_span(f, &p, &avail), FY_OK);
+            cr_assert_geq(avail, 1);
+            if (k > avail) k = avail;
+            memcpy(p, want + at, k);
+            cr_assert_eq(fy_outfile_commit(f, k), FY_OK);
+        }
+        at += k;
+    }
+    uint64_t nbytes = 0;
+    uint32_t crc = 0;
+    cr_assert_eq(fy_outfile_close(f, &nbytes, &crc), FY_OK, "%s", fy_last_error());
+    size_t got_n;
+    uint8_t *got = (uint8_t *)test_read_file(path, &got_n);
+    cr_assert_eq(got_n, n, "%s: %zu bytes, %zu written", path, got_n, n);
+    cr_assert(!memcmp(got, want, n), "%s: the bytes differ", path);
+    cr_assert_eq(nbytes, n);
+    cr_assert_eq(crc, fy_crc32c_portable(want, n, 0), "%s: the CRC", path);
+    free(got);
+    free(want);
+}
+
+/* Every path gives the file the bytes appended: one small buffer (the count under the
+ * hint, at it, past it), rings of two and three buffers direct (lengths ending on a 4 KiB
+ * block, inside one, on a buffer) and through the page cache. */
+Test(outfile, every_path_writes_the_bytes_appended) {
+    const fy_outfile_cfg direct2 = {.chunk_nbytes = 8192, .nchunks = 2};
+    const fy_outfile_cfg direct3 = {.chunk_nbytes = 12288, .nchunks = 3};
+    const fy_outfile_cfg buffered = {.chunk_nbytes = 12288, .nchunks = 3, .buffered = true};
+    const struct { size_t n; uint64_t hint; const fy_outfile_cfg *cfg; } cases[] = {
+        {0, 0, NULL}, {1, 1, NULL}, {5000, 100000, NULL}, {100000, 100000, NULL},
+        {300000, 100000, NULL},
+        {0, 1 << 20, &direct2}, {4096, 1 << 20, &direct2}, {8192, 1 << 20, &direct2},
+        {200000, 1 << 20, &direct2}, {200000 + 4096 * 3, 1 << 20, &direct2},
+        {262144 + 77, 1 << 20, &direct3}, {12288 * 20, 1 << 20, &direct3},
+        {262144 + 77, 1 << 20, &buffered}, {5, 1 << 20, &buffered},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        outfile_round_trip(P("f%zu", k), cases[k].n, cases[k].hint, cases[k].cfg);
+}
+
+/* A write the system refuses midway (a file size limit: EFBIG on a direct write of the
+ * ring) fails the file with one logged line naming it; the calls after it return it. */
+Test(outfile, a_failed_write_is_logged_once_and_sticks) {
+    signal(SIGXFSZ, SIG_IGN);
+    struct rlimit rl = {.rlim_cur = 65536, .rlim_max = RLIM_INFINITY};
+    cr_assert_eq(setrlimit(RLIMIT_FSIZE, &rl), 0);
+    const fy_outfile_cfg cfg = {.chunk_nbytes = 16384, .nchunks = 2};
+    static uint8_t data[1 << 20];
+    const char *path = P("big");
+    fy_outfile *f;
+    cr_assert_eq(fy_outfile_open(path, sizeof data, &cfg, &f), FY_OK);
+    capture_begin();
+    fy_status st = FY_OK;
+    for (size_t at = 0; at < sizeof data && st == FY_OK; at += 4096)
+        st = fy_outfile_write(f, data + at, 4096);
+    const fy_status closed = fy_outfile_close(f, NULL, NULL);
+    const char *log = capture_end();
+    cr_assert_eq(closed, FY_ERR_IO);
+    assert_one_error(log, path, "cannot write", NULL);
+}
+
+/* The file must be new; one that exists is left as it was. */
+Test(outfile, an_existing_file_is_not_replaced) {
+    const char *path = P("old");
+    write_file(path, "keep", 4);
+    fy_outfile *f = (fy_outfile *)(uintptr_t)1;
+    capture_begin();
+    fy_status st = fy_outfile_open(path, 1 << 24, NULL, &f);
+    const char *log = capture_end();
+    cr_assert_eq(st, FY_ERR_IO);
+    cr_assert_null(f);
+    assert_one_error(log, path, "cannot create", NULL);
+    size_t n;
+    char *b = test_read_file(path, &n);
+    cr_assert(n == 4 && !memcmp(b, "keep", 4));
+    free(b);
+}
+
+/* Abandoned with buffers queued and one half filled: the writer thread stops, nothing is
+ * logged (the caller removes the file). */
+Test(outfile, abandoned_midway) {
+    const fy_outfile_cfg cfg = {.chunk_nbytes = 8192, .nchunks = 3};
+    static uint8_t data[100000];
+    fy_outfile *f;
+    cr_assert_eq(fy_outfile_open(P("gone"), 1 << 20, &cfg, &f), FY_OK);
+    capture_begin();
+    cr_assert_eq(fy_outfile_write(f, data, sizeof data), FY_OK);
+    fy_outfile_abandon(f);
+    fy_outfile_abandon(NULL);
+    const char *log = capture_end();
+    cr_assert_str_empty(log);
+}
+
+/* A block source that fails at block `fail_at` (logging, as a source does). */
+typedef struct failing_src { const fy_model *m; int fail_at, calls; } failing_src;
+
+static fy_status failing_block(void *ctx, int b, float *host) {
+    failing_src *s = ctx;
+    s->calls++;
+    if (b == s->fail_at) {
+        fy_log_error("block %d cannot be had", b);
+        return FY_ERR_DEVICE;
+    }
+    return pattern_block((void *)s->m, b, host);
+}
+
+/* The save fetches blocks on the caller's thread while its own thread writes: a source
+ * that fails (first block, midway, last) fails the save with its status and its one line,
+ * leaves no file or temporary behind, and is not called again after; a writer that fails
+ * (a file size limit, 1 MiB into a 17 MB file) stops the fetching. Single files and
+ * directories. */
+Test(model_save, a_failing_source_or_writer_stops_both_sides) {
+    fy_model *m;
+    const fy_model_shape shape = {4099, 67, 256, 4, 4, 0, 0};
+    cr_assert_eq(fy_model_named("gpt2-tiny", &shape, &m), FY_OK);
+    const int nb = fy_model_nblocks(m);
+    const int fail_at[] = {0, 2, nb - 1};
+    for (size_t k = 0; k < 3; k++)
+        for (int dir = 0; dir < 2; dir++) {
+            failing_src s = {m, fail_at[k], 0};
+            const char *path = dir ? P("d%zu", k) : P("f%zu.safetensors", k);
+            capture_begin();
+            fy_status st = fy_model_save(m, path, NULL, failing_block, &s);
+            const char *log = capture_end();
+            cr_assert_eq(st, FY_ERR_DEVICE, "%s: %s", path, fy_status_str(st));
+            assert_one_error(log, "cannot be had", NULL);
+            cr_assert_eq(s.calls, fail_at[k] + 1, "%s: the source was called %d times", path, s.calls);
+            cr_assert(!exists(path), "%s was written", path);
+        }
+    DIR *d = opendir(g_dir);
+    for (struct dirent *e; (e = readdir(d));)
+        cr_assert(e->d_name[0] == '.', "%s left behind", e->d_name);
+    closedir(d);
+    signal(SIGXFSZ, SIG_IGN);
+    struct rlimit rl = {.rlim_cur = 1 << 20, .rlim_max = RLIM_INFINITY};
+    cr_assert_eq(setrlimit(RLIMIT_FSIZE, &rl), 0);
+    setenv("FERRY_TEST_OUTFILE_CHUNK", "65536", 1); /* a ring far smaller than the file */
+    failing_src s = {m, -1, 0};
+    capture_begin();
+    fy_status st = fy_model_save(m, P("big.safetensors"), NULL, failing_block, &s);
+    const char *log = capture_end();
+    cr_assert_eq(st, FY_ERR_IO);
+    assert_one_error(log, "big.safetensors", "cannot write", NULL);
+    cr_assert_lt(s.calls, nb, "the source was called for every block after the writer failed");
+    fy_model_free(m);
+}
+
+/* Loading reads back what saving wrote, block for block: a GPT-2 (Conv1D tensors
+ * transposed on the way in, straight from the map when at a float's alignment) from the
+ * writer's file, and from a hand-built file whose tensors all sit 2 bytes off a float's
+ * alignment (a one-element BF16 tensor first: read through a copy). */
+Test(model_save, load_reads_back_what_was_saved_aligned_or_not) {
+    fy_model *m;
+    const fy_model_shape shape = {1031, 35, 96, 2, 3, 0, 0};
+    cr_assert_eq(fy_model_named("gpt2-tiny", &shape, &m), FY_OK);
+    const int nb = fy_model_nblocks(m);
+    const size_t maxn = fy_model_max_block_nelem(m);
+    float *want = malloc(maxn * sizeof(float)), *got = malloc(maxn * sizeof(float));
+    cr_assert_eq(fy_model_save(m, P("a.safetensors"), NULL, pattern_block, m), FY_OK);
+    /* the same tensors behind a 2-byte one */
+    fy_weights *w;
+    cr_assert_eq(fy_weights_open(P("a.safetensors"), &w), FY_OK);
+    const int n = fy_weights_count(w);
+    fy_st_entry *es = calloc((size_t)n + 1, sizeof *es);
+    const uint16_t one = 0x3f80;
+    es[0] = (fy_st_entry){.name = "zz.pad", .dtype = FY_BF16, .ndim = 1, .shape = {1}, .data = &one};
+    for (int i = 0; i < n; i++) {
+        const fy_st_file *f;
+        const fy_st_tensor *t = fy_weights_at(w, i, &f);
+        es[i + 1] = (fy_st_entry){.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .data = t->data};
+        memcpy(es[i + 1].shape, t->shape, sizeof t->shape[0] * (size_t)t->ndim);
+    }
+    cr_assert_eq(fy_st_write(P("b.safetensors"), es, n + 1, NULL), FY_OK);
+    free(es);
+    for (int k = 0; k < 2; k++) {
+        fy_weights *r = w;
+        if (k == 1) cr_assert_eq(fy_weights_open(P("b.safetensors"), &r), FY_OK);
+        bool off = false;
+        for (int i = 0; i < fy_weights_count(r); i++) {
+            const fy_st_file *f;
+            const fy_st_tensor *t = fy_weights_at(r, i, &f);
+            off |= t->dtype == FY_F32 && (uintptr_t)t->data % 4 != 0;
+        }
+        cr_assert_eq(off, k == 1, "file %d: its fp32 tensors %s aligned", k, off ? "are not" : "are");
+        for (int b = 0; b < nb; b++) {
+            const fy_block_spec *blk = fy_model_block(m, b);
+            pattern_block(m, b, want);
+            cr_assert_eq(fy_model_load_block(m, r, b, got), FY_OK, "%s", fy_last_error());
+            for (int t = 0; t < blk->ntensors; t++) { /* (the padding between reads as 0) */
+                const fy_tensor_spec *ts = &blk->tensors[t];
+                const size_t o = ts->offset, n = (size_t)ts->rows * ts->cols;
+                cr_assert(!memcmp(got + o, want + o, n * sizeof(float)), "file %d: %s differs", k,
+                          ts->name);
+            }
+        }
+        if (k == 1) fy_weights_close(r);
+    }
+    fy_weights_close(w);
+    free(want);
+    free(got);
+    fy_model_free(m);
 }

@@ -12,10 +12,12 @@
  * Writer: "__metadata__" first, then the tensors in the caller's order at contiguous
  * offsets; the header is padded with spaces to a multiple of 8 so the data region
  * starts 8-aligned. The bytes go to "<path>.tmp.<pid>" (created exclusively: two
- * writers never share it), which is fsynced, renamed over <path>, and the directory
- * fsynced; on any failure the tmp file is removed and <path> is left as it was. What a
- * killed writer left ("<path>.tmp.<pid>" of a process no longer running) is removed by
- * the next write of <path>. Assumes a little-endian host (checked at compile time). */
+ * writers never share it) through an outfile (outfile.h; tensors the caller fills are
+ * produced in place in its buffers, range by range), which is fsynced, renamed over
+ * <path>, and the directory fsynced; on any failure the tmp file is removed and <path> is
+ * left as it was. What a killed writer left ("<path>.tmp.<pid>" of a process no longer
+ * running) is removed by the next write of <path>. Assumes a little-endian host (checked
+ * at compile time). */
 #include "engine/io/safetensors.h"
 
 #include "engine/core/crc32c.h"
@@ -35,6 +37,7 @@
 
 #include "engine/core/util.h"
 #include "engine/io/json_file.h"
+#include "engine/io/outfile.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors.c assumes a little-endian host"
@@ -454,18 +457,6 @@ done:
     return json;
 }
 
-static int write_all(int fd, const void *buf, size_t n) {
-    const uint8_t *p = buf;
-    while (n > 0) {
-        ssize_t w = write(fd, p, n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return -1;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 /* The 8-byte length and the header JSON padded with spaces to a multiple of 8, in one
  * malloc'd buffer of *nbytes; NULL when out of memory. */
 static uint8_t *padded_header(const fy_st_entry *es, int n, const char *const *meta,
@@ -485,52 +476,51 @@ static uint8_t *padded_header(const fy_st_entry *es, int n, const char *const *m
     return b;
 }
 
-/* Creates tmp and writes header and data to it, fsynced and closed; a tensor without
- * data is filled by fill into one scratch buffer of the largest such tensor. On failure
- * sets *what (or, when fill failed, *filled to its status), removes whatever was created
- * and returns -1 with errno set. */
-static int write_tmp(const char *tmp, const uint8_t *header, size_t header_nbytes,
-                     const fy_st_entry *es, int n, fy_st_fill_fn fill, void *ctx,
-                     const char **what, fy_status *filled, uint32_t *crc) {
-    size_t scratch_nbytes = 0;
-    for (int i = 0; i < n; i++)
-        if (!es[i].data && entry_nbytes(&es[i]) > scratch_nbytes) scratch_nbytes = entry_nbytes(&es[i]);
-    void *scratch = NULL;
-    if (scratch_nbytes && !(scratch = malloc(scratch_nbytes))) {
-        fy_log_error("%s: out of host memory for a tensor of %zu bytes", tmp, scratch_nbytes);
-        *filled = FY_ERR_NOMEM;
-        return -1;
-    }
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0) { free(scratch); return *what = "cannot create", -1; }
-    *what = "cannot write";
-    if (write_all(fd, header, header_nbytes) != 0) goto fail;
-    if (crc) *crc = fy_crc32c(header, header_nbytes, 0);
-    for (int i = 0; i < n; i++) {
-        const void *data = es[i].data;
-        if (!data && entry_nbytes(&es[i]) > 0) {
-            if ((*filled = fill(ctx, i, scratch)) != FY_OK) { errno = 0; goto fail; }
-            data = scratch;
+/* Tensor i's bytes, produced by fill straight into the outfile's buffers (a range of whole
+ * elements at a time; an element that straddles two buffers through a small bounce). */
+static fy_status fill_tensor(fy_outfile *of, const fy_st_entry *e, int i, fy_st_fill_fn fill,
+                             void *ctx) {
+    const size_t esz = fy_dtype_size(e->dtype), nelem = entry_nbytes(e) / esz;
+    for (size_t at = 0; at < nelem;) {
+        void *p;
+        size_t avail;
+        FY_TRY(fy_outfile_span(of, &p, &avail));
+        size_t k = avail / esz < nelem - at ? avail / esz : nelem - at;
+        if (k == 0) {
+            uint8_t one[8];
+            FY_TRY(fill(ctx, i, at, 1, one));
+            FY_TRY(fy_outfile_write(of, one, esz));
+            at++;
+            continue;
         }
-        if (write_all(fd, data, entry_nbytes(&es[i])) != 0) goto fail;
-        if (crc) *crc = fy_crc32c(data, entry_nbytes(&es[i]), *crc);
+        FY_TRY(fill(ctx, i, at, k, p));
+        FY_TRY(fy_outfile_commit(of, k * esz));
+        at += k;
     }
-    free(scratch);
-    scratch = NULL;
-    *what = "cannot fsync";
-    if (fsync(fd) != 0) goto fail;
-    *what = "cannot close";
-    int rc = close(fd);
-    fd = -1;
-    if (rc != 0) goto fail;
-    return 0;
-fail:;
-    int err = errno ? errno : EIO;
-    free(scratch);
-    if (fd >= 0) close(fd);
-    unlink(tmp);
-    errno = err;
-    return -1;
+    return FY_OK;
+}
+
+/* Creates tmp and writes header and data to it, fsynced and closed (outfile.h: the data
+ * written as it is produced, through aligned buffers, its CRC-32C into *crc when crc is
+ * not NULL). On failure (logged: by fill for its own) tmp is removed. */
+static fy_status write_tmp(const char *tmp, const uint8_t *header, size_t header_nbytes,
+                           const fy_st_entry *es, int n, fy_st_fill_fn fill, void *ctx,
+                           uint32_t *crc) {
+    uint64_t total = header_nbytes;
+    for (int i = 0; i < n; i++) total += entry_nbytes(&es[i]);
+    fy_outfile *of;
+    FY_TRY(fy_outfile_open(tmp, total, NULL, &of));
+    fy_status st = fy_outfile_write(of, header, header_nbytes);
+    for (int i = 0; i < n && st == FY_OK; i++) {
+        if (es[i].data || entry_nbytes(&es[i]) == 0)
+            st = fy_outfile_write(of, es[i].data, entry_nbytes(&es[i]));
+        else
+            st = fill_tensor(of, &es[i], i, fill, ctx);
+    }
+    if (st == FY_OK) st = fy_outfile_close(of, NULL, crc);
+    else fy_outfile_abandon(of);
+    if (st != FY_OK) unlink(tmp);
+    return st;
 }
 
 fy_status fy_st_write(const char *path, const fy_st_entry *entries, int n,
@@ -561,7 +551,6 @@ fy_status fy_st_write_fill_crc(const char *path, const fy_st_entry *entries, int
         return FY_ERR_INVALID;
     }
     if (check_entries(path, entries, n, meta, fill) != 0) return FY_ERR_INVALID;
-    fy_status filled = FY_OK;
     fy_status st = FY_ERR_NOMEM;
     const char *what = "out of memory", *who = path;
     int dirfd = -1;
@@ -577,13 +566,9 @@ fy_status fy_st_write_fill_crc(const char *path, const fy_st_entry *entries, int
     else *slash = '\0';
     remove_stale_tmps(path, dir);
 
+    if ((st = write_tmp(tmp, header, header_nbytes, entries, n, fill, ctx, crc)) != FY_OK)
+        goto done; /* logged */
     st = FY_ERR_IO;
-    who = tmp;
-    errno = 0;
-    if (write_tmp(tmp, header, header_nbytes, entries, n, fill, ctx, &what, &filled, crc) != 0) {
-        if (filled != FY_OK) { st = filled; goto done; } /* fill logged its error */
-        goto fail;
-    }
     what = "cannot open the directory";
     who = dir;
     dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);

@@ -10,8 +10,9 @@
  * bytes).
  * Any violation is FY_ERR_FORMAT with one logged line naming the file and the problem.
  *
- * The writer writes to "<path>.tmp", fsyncs, and renames over <path>, so an existing
- * file is never left half-written. */
+ * The writer writes to "<path>.tmp.<pid>" (through outfile.h: aligned buffers, O_DIRECT
+ * where the filesystem allows, the CRC taken on the way), fsyncs, and renames over
+ * <path>, so an existing file is never left half-written. */
 #ifndef FY_SAFETENSORS_H
 #define FY_SAFETENSORS_H
 
@@ -76,11 +77,13 @@ fy_status fy_st_write(const char *path, const fy_st_entry *entries, int n,
                       const char *const *meta);
 
 /* As fy_st_write, but an entry whose data is NULL is produced when its turn comes: fill
- * writes tensor i's bytes (its dtype, shape product x element size) into dst, a buffer
- * the writer owns, so a file of many large tensors is written holding one at a time.
+ * writes elements [first, first + nelem) of tensor i (row-major, in its dtype) into dst,
+ * the writer's own buffer (no alignment beyond the dtype's size promised), called for
+ * each such tensor over consecutive ranges from its first element to its last, tensor
+ * after tensor; a file of many large tensors is so written without holding one whole.
  * A status other than FY_OK from fill (which logs its own error) abandons the file,
  * <path> left as it was, and is returned. */
-typedef fy_status (*fy_st_fill_fn)(void *ctx, int i, void *dst);
+typedef fy_status (*fy_st_fill_fn)(void *ctx, int i, size_t first, size_t nelem, void *dst);
 fy_status fy_st_write_fill(const char *path, const fy_st_entry *entries, int n,
                            const char *const *meta, fy_st_fill_fn fill, void *ctx);
 /* The same, and the CRC-32C of every byte written into *crc (checkpoints record it, so

@@ -283,11 +283,20 @@ typedef struct fy_save_opts {
                                 ids, ...) and gets copies of their tokenizer files */
     uint32_t *crc32c;        /* a single .safetensors file: if not NULL, gets the CRC-32C of
                                 the file written */
+    float *block_buf;        /* fy_model_save_buf_nelem floats that blocks are fetched into,
+                                the caller's (one saving several files passes the same:
+                                fresh pages cost more to touch than to fill), or NULL: the
+                                save allocates its own */
 } fy_save_opts;
 
-/* Writes the model's parameters, fetched block by block from get. A path ending in
- * .safetensors is one file (its config in metadata "ferry.config"); any other path is a
- * Hugging Face directory: config.json (with torch_dtype), model.safetensors or shards
+/* The floats of fy_save_opts.block_buf: two of the largest block (a save fetches the next
+ * block while it writes one). */
+size_t fy_model_save_buf_nelem(const fy_model *m);
+
+/* Writes the model's parameters, fetched block by block from get, in order, on the calling
+ * thread (a thread of the save's own writes meanwhile; get must not wait for it). A path
+ * ending in .safetensors is one file (its config in metadata "ferry.config"); any other
+ * path is a Hugging Face directory: config.json (with torch_dtype), model.safetensors or shards
  * model-0000i-of-0000n.safetensors of at most o->shard_nbytes with
  * model.safetensors.index.json, that transformers' from_pretrained loads with no key
  * missing or unexpected. Atomic: a directory is written beside the path, fsynced and
