@@ -457,7 +457,6 @@ static void build_backward(builder *bd, int m, int head) {
         /* its input's unit: the previous block's recompute rewrites it, else it is done */
         if (off_in && !(blk_of(bd, b - 1)->recompute && spec(bd, b - 1)->kind == FY_BLOCK_LAYER))
             releases(bd, gt, in);
-
         bind_pass_grads(bd, b, gt);
         dep(bd, rc, gt);
         dep(bd, prev, gt);
