@@ -595,11 +595,17 @@ static fy_status run_d2h_param(fy_trainer *tr, int id, const fy_task *t, const f
     return FY_OK;
 }
 
+/* Host weights w (n elements, the storage type) made from fp32 master values: a
+ * skipped or failed step's gradient in them replaced. */
+static void weights_from_master(const fy_trainer *tr, void *w, const float *master, size_t n) {
+    if (lp(tr)) fy_f32_to_bf16_n(w, master, n);
+    else memcpy(w, master, n * sizeof(float));
+}
+
 /* ---- the disk tier ------------------------------------------------------------------ */
 
 /* A disk slot holds a chunk's master, m and v (fy_disk_states), each in a part of
- * disk_part bytes (storage.h). */
-static size_t disk_part(const fy_trainer *tr) { return tr->st->disk_ring.nbytes / FY_DISK_STATES; }
+ * fy_tr_disk_piece elements (storage.h). */
 static char *disk_slot(const fy_trainer *tr, int read_task) {
     return tr->st->disk_ring.slots[tr->ex.sg->g.tasks[read_task].unit];
 }
@@ -613,7 +619,7 @@ static fy_status disk_chunk_io(fy_trainer *tr, const fy_task *t, const fy_step_t
     const size_t nbytes = fy_disk_align_up((hi - lo) * sizeof(float));
     for (int k = 0; k < FY_DISK_STATES; k++) {
         const size_t off = fy_storage_disk_off(tr->st, t->block, fy_disk_states[k], lo);
-        char *part = slot + (size_t)k * disk_part(tr);
+        char *part = slot + (size_t)k * fy_tr_disk_piece(tr) * sizeof(float);
         FY_TRY(write ? fy_disk_write(tr->st->disk, off, part, nbytes) : fy_disk_read(tr->st->disk, off, part, nbytes));
     }
     return FY_OK;
@@ -637,13 +643,11 @@ static void disk_adam(fy_trainer *tr, int b, const fy_step_task *p) {
     size_t lo, hi;
     fy_layout_disk_range(tr->L, b, p->chunk, &lo, &hi);
     float *master = (float *)disk_slot(tr, p->u.update.fetch);
-    const size_t part = disk_part(tr) / sizeof(float);
+    const size_t part = fy_tr_disk_piece(tr);
     const int step = step_of(tr, p);
     if (tr->ex.stats[step].skipped) {
-        if (!fy_layout_grad_in_weights(tr->L, b)) return;
-        void *w = fy_tr_at(tr, b, FY_STATE_HOST_WEIGHTS, lo);
-        if (lp(tr)) fy_f32_to_bf16_n(w, master, hi - lo);
-        else memcpy(w, master, (hi - lo) * sizeof(float));
+        if (fy_layout_grad_in_weights(tr->L, b))
+            weights_from_master(tr, fy_tr_at(tr, b, FY_STATE_HOST_WEIGHTS, lo), master, hi - lo);
         return;
     }
     const fy_adam_hparams hp = hparams(tr, step);
@@ -666,15 +670,11 @@ static void disk_adam(fy_trainer *tr, int b, const fy_step_task *p) {
  * a slot's part at a time through the first disk slot. */
 static fy_status restore_from_disk(fy_trainer *tr, int b) {
     const fy_block_layout *bl = fy_tr_blk(tr, b);
-    const size_t part = disk_part(tr) / sizeof(float);
-    float *bounce = tr->st->disk_ring.slots[0];
+    const size_t part = fy_tr_disk_piece(tr);
     for (size_t lo = bl->lo; lo < bl->hi; lo += part) {
         const size_t n = bl->hi - lo < part ? bl->hi - lo : part;
-        FY_TRY(fy_disk_read(tr->st->disk, fy_storage_disk_off(tr->st, b, FY_STATE_MASTER, lo), bounce,
-                            fy_disk_align_up(n * sizeof(float))));
-        void *w = fy_tr_at(tr, b, FY_STATE_HOST_WEIGHTS, lo);
-        if (lp(tr)) fy_f32_to_bf16_n(w, bounce, n);
-        else memcpy(w, bounce, n * sizeof(float));
+        FY_TRY(fy_trainer_disk_piece(tr, b, FY_STATE_MASTER, lo, n, false));
+        weights_from_master(tr, fy_tr_at(tr, b, FY_STATE_HOST_WEIGHTS, lo), tr->st->disk_ring.slots[0], n);
     }
     return FY_OK;
 }
@@ -692,10 +692,8 @@ void fy_run_restore_weights(fy_trainer *tr, int b) {
         if (restore_from_disk(tr, b) != FY_OK) tr->broken = true;
         return;
     }
-    void *w = fy_tr_at(tr, b, FY_STATE_HOST_WEIGHTS, bl->lo);
-    const float *master = fy_tr_at(tr, b, FY_STATE_MASTER, bl->lo);
-    if (lp(tr)) fy_f32_to_bf16_n(w, master, bl->hi - bl->lo);
-    else memcpy(w, master, (bl->hi - bl->lo) * sizeof(float));
+    weights_from_master(tr, fy_tr_at(tr, b, FY_STATE_HOST_WEIGHTS, bl->lo),
+                        fy_tr_at(tr, b, FY_STATE_MASTER, bl->lo), bl->hi - bl->lo);
 }
 
 /* Block b's AdamW on the host under hp: the fp32 master, m and v, in place, or (spare)

@@ -114,8 +114,17 @@ static inline bool fy_tr_on_device(const fy_trainer *tr, int b, fy_state s) {
  * when it is on disk and the scratch file fails. */
 fy_status fy_trainer_read_state(fy_trainer *tr, int b, fy_state s, float *host);
 fy_status fy_trainer_write_state(fy_trainer *tr, int b, fy_state s, const float *host);
-/* A disk state's range (its place's lo..hi) read into, or written from, host + lo, through
- * the first disk slot: only between windows. */
+/* The elements of one disk state a disk slot holds (its part: storage.h). */
+static inline size_t fy_tr_disk_piece(const fy_trainer *tr) {
+    return tr->st->disk_ring.nbytes / FY_DISK_STATES / sizeof(float);
+}
+/* Elements [lo, lo + n) of block b's disk state s (n at most fy_tr_disk_piece) between
+ * the scratch file and the first disk slot (written from it, padded with zeros to the
+ * file's 4 KiB; or read into it): only between windows, when no task uses that slot.
+ * FY_ERR_IO (logged by the disk). */
+fy_status fy_trainer_disk_piece(fy_trainer *tr, int b, fy_state s, size_t lo, size_t n, bool write);
+/* A disk state's range (its place's lo..hi) read into, or written from, host + lo, a
+ * piece at a time (fy_trainer_disk_piece). */
 fy_status fy_trainer_disk_state(fy_trainer *tr, int b, fy_state s, float *host, bool write);
 
 /* A sharded job's rank: where each rank's norm chunk sums go (part_region, part_base;

@@ -14,24 +14,24 @@
 #include "engine/trainer_core.h"
 #include "offload/disk.h"
 
-/* Disk state s of block b (fp32, its range) from or into host + lo, a disk slot's part
- * at a time through the first slot (between windows, no task uses it). FY_ERR_IO
- * (logged by the disk) on an I/O error. */
+fy_status fy_trainer_disk_piece(fy_trainer *tr, int b, fy_state s, size_t lo, size_t n, bool write) {
+    char *bounce = tr->st->disk_ring.slots[0];
+    const size_t nbytes = fy_disk_align_up(n * sizeof(float)), off = fy_storage_disk_off(tr->st, b, s, lo);
+    FY_ASSERT(n <= fy_tr_disk_piece(tr), "a piece fits the first disk slot's part");
+    if (!write) return fy_disk_read(tr->st->disk, off, bounce, nbytes);
+    memset(bounce + n * sizeof(float), 0, nbytes - n * sizeof(float));
+    return fy_disk_write(tr->st->disk, off, bounce, nbytes);
+}
+
 fy_status fy_trainer_disk_state(fy_trainer *tr, int b, fy_state s, float *host, bool write) {
     const fy_place *p = fy_layout_state(tr->L, b, s);
-    const size_t part = tr->st->disk_ring.nbytes / FY_DISK_STATES / sizeof(float);
-    char *bounce = tr->st->disk_ring.slots[0];
+    const size_t part = fy_tr_disk_piece(tr);
+    float *bounce = tr->st->disk_ring.slots[0];
     for (size_t lo = p->lo; lo < p->hi; lo += part) {
-        const size_t n = p->hi - lo < part ? p->hi - lo : part, nbytes = fy_disk_align_up(n * sizeof(float));
-        const size_t off = fy_storage_disk_off(tr->st, b, s, lo);
-        if (write) {
-            memcpy(bounce, host + lo, n * sizeof(float));
-            memset(bounce + n * sizeof(float), 0, nbytes - n * sizeof(float));
-            FY_TRY(fy_disk_write(tr->st->disk, off, bounce, nbytes));
-        } else {
-            FY_TRY(fy_disk_read(tr->st->disk, off, bounce, nbytes));
-            memcpy(host + lo, bounce, n * sizeof(float));
-        }
+        const size_t n = p->hi - lo < part ? p->hi - lo : part;
+        if (write) memcpy(bounce, host + lo, n * sizeof(float));
+        FY_TRY(fy_trainer_disk_piece(tr, b, s, lo, n, write));
+        if (!write) memcpy(host + lo, bounce, n * sizeof(float));
     }
     return FY_OK;
 }

@@ -13,6 +13,7 @@
 
 #include "engine/core/reduce.h"
 #include "engine/core/util.h"
+#include "offload/disk.h"
 
 static const char *state_names[FY_STATES] = {"weights", "master", "host weights", "gradient",
                                              "adam m", "adam v", "spare master", "spare adam m",
@@ -252,7 +253,7 @@ static fy_status size_rings(fy_layout *L, int prefetch) {
         const fy_block_layout *bl = &L->blocks[b];
         if (!bl->disk_chunks) continue;
         const size_t k = bl->hi - bl->lo < L->disk_chunk ? bl->hi - bl->lo : L->disk_chunk;
-        const size_t nbytes = FY_DISK_STATES * fy_round_up(k * sizeof(float), 4096);
+        const size_t nbytes = FY_DISK_STATES * fy_disk_align_up(k * sizeof(float));
         L->disk_ring.n = 2 + prefetch;
         if (nbytes > L->disk_ring.nbytes) L->disk_ring.nbytes = nbytes;
     }

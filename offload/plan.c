@@ -101,32 +101,34 @@ fy_status fy_plan_shorthands(fy_plan *p, double params_ratio, double optim_ratio
     return FY_OK;
 }
 
+/* Whether a shorthand of ratio chooses block bp: one of the last ceil(ratio*L) layers,
+ * or with ratio 1 any block (the embedding and the head too). */
+static bool among_last(const fy_plan *p, const fy_block_plan *bp, double ratio) {
+    const int L = p->layers, k = (int)ceil(ratio * L - 1e-9);
+    return bp->kind == FY_BLOCK_LAYER ? bp->layer >= L - k : ratio >= 1;
+}
+
+/* FY_ERR_INVALID (logged, naming flag) unless ratio is in [0, 1]. */
+static fy_status check_ratio(double ratio, const char *flag) {
+    if (ratio >= 0 && ratio <= 1) return FY_OK;
+    fy_log_error("%s takes a ratio in [0, 1]", flag);
+    return FY_ERR_INVALID;
+}
+
 fy_status fy_plan_speculate(fy_plan *p, double ratio) {
-    const int L = p->layers;
-    if (!(ratio >= 0 && ratio <= 1)) {
-        fy_log_error("--speculate takes a ratio in [0, 1]");
-        return FY_ERR_INVALID;
-    }
-    const int k = (int)ceil(ratio * L - 1e-9);
+    FY_TRY(check_ratio(ratio, "--speculate"));
     for (int b = 0; b < p->nblocks; b++) {
         fy_block_plan *bp = &p->blocks[b];
-        const bool chosen = bp->kind == FY_BLOCK_LAYER ? bp->layer >= L - k : ratio >= 1;
-        bp->speculate = chosen && bp->update == FY_UPDATE_CPU;
+        bp->speculate = among_last(p, bp, ratio) && bp->update == FY_UPDATE_CPU;
     }
     return FY_OK;
 }
 
 fy_status fy_plan_disk(fy_plan *p, double ratio) {
-    const int L = p->layers;
-    if (!(ratio >= 0 && ratio <= 1)) {
-        fy_log_error("--disk-optim takes a ratio in [0, 1]");
-        return FY_ERR_INVALID;
-    }
-    const int k = (int)ceil(ratio * L - 1e-9);
+    FY_TRY(check_ratio(ratio, "--disk-optim"));
     for (int b = 0; b < p->nblocks; b++) {
         fy_block_plan *bp = &p->blocks[b];
-        const bool chosen = bp->kind == FY_BLOCK_LAYER ? bp->layer >= L - k : ratio >= 1;
-        bp->disk = chosen && bp->update == FY_UPDATE_CPU;
+        bp->disk = among_last(p, bp, ratio) && bp->update == FY_UPDATE_CPU;
         if (bp->disk && bp->speculate) {
             fy_log_error("--disk-optim with --speculate: a speculative update keeps its spare "
                          "state in host memory; put the speculative blocks' state on disk "
@@ -138,10 +140,7 @@ fy_status fy_plan_disk(fy_plan *p, double ratio) {
 }
 
 fy_status fy_plan_offload_acts(fy_plan *p, double ratio) {
-    if (!(ratio >= 0 && ratio <= 1)) {
-        fy_log_error("--offload-acts takes a ratio in [0, 1]");
-        return FY_ERR_INVALID;
-    }
+    FY_TRY(check_ratio(ratio, "--offload-acts"));
     const int k = (int)ceil(ratio * p->layers - 1e-9);
     for (int b = 0; b < p->nblocks; b++)
         if (p->blocks[b].kind == FY_BLOCK_LAYER && p->blocks[b].layer < k) p->blocks[b].acts = FY_ACTS_OFFLOAD;

@@ -392,7 +392,7 @@ static fy_status frontier_micro(const fy_tune_cfg *cfg, int micro, bool any, fy_
                 if (k2 == 0 && !cfg->disk_budget) return FY_OK;
                 break;                     /* more streaming: more host memory */
             }
-            FY_TRY(point_mem(cfg, &c, lay, &mm));
+            if (c.k5) FY_TRY(point_mem(cfg, &c, lay, &mm)); /* with its state on disk */
             if (mm.device_total > dev && k2 == L) /* the fewest layers' inputs on the host */
                 FY_TRY(least_fitting(cfg, lay, &c, &c.k6, L, device_fits, &ok));
             else ok = mm.device_total <= dev;
