@@ -37,6 +37,16 @@ median() { sort -n | awk '{a[NR]=$1} END {print (NR % 2 ? a[(NR+1)/2] : (a[NR/2]
 dd_s() { dd "$@" 2>&1 | sed -nE 's/.* copied, ([0-9.e+-]+) s,.*/\1/p'; }
 evict() { for f in "$@"; do dd if="$f" iflag=nocache count=0 status=none; done; }
 gbps() { awk -v b="$1" -v s="$2" 'BEGIN {printf "%.3f", b / s / 1e9}'; }
+# seconds to read every file of "$@" with dd, given dd's extra flags first (then --)
+read_s() {
+    local flags=() t=0 f
+    while [ "$1" != -- ]; do flags+=("$1"); shift; done
+    shift
+    for f in "$@"; do
+        t=$(awk -v a="$t" -v b="$(dd_s if="$f" of=/dev/null bs=8M "${flags[@]}")" 'BEGIN {print a + b}')
+    done
+    echo "$t"
+}
 
 train=(train --model gpt2-124m --steps 1 --batch 1 --seq 64 --val-batches 1 --log-every 1
        --checkpoint-sync)
@@ -65,17 +75,9 @@ for ((i = 0; i < rounds; i++)); do
     nbytes=$(stat -c %s "${paths[@]}" | awk '{n += $1} END {print n}')
     echo "$s" >>"$tmp/ckpt"
     evict "${paths[@]}"
-    t=0
-    for f in "${paths[@]}"; do
-        t=$(awk -v a="$t" -v b="$(dd_s if="$f" of=/dev/null bs=8M iflag=direct)" 'BEGIN {print a + b}')
-    done
-    echo "$t" >>"$tmp/read"
+    read_s iflag=direct -- "${paths[@]}" >>"$tmp/read"
     evict "${paths[@]}"
-    t=0
-    for f in "${paths[@]}"; do
-        t=$(awk -v a="$t" -v b="$(dd_s if="$f" of=/dev/null bs=8M)" 'BEGIN {print a + b}')
-    done
-    echo "$t" >>"$tmp/readbuf"
+    read_s -- "${paths[@]}" >>"$tmp/readbuf"
     evict "${paths[@]}"
     "$bin" "${train[@]}" --checkpoint-dir "$ck" --resume >"$tmp/resume.out" 2>&1 ||
         { cat "$tmp/resume.out" >&2; exit 1; }

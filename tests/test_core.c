@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "engine/core/crc32c.h"
+#include "tests/test_util.h"
 
 /* The check value of the CRC-32C catalogue entry and the iSCSI test vectors of RFC 3720
  * (B.4), on both paths. */
@@ -29,12 +30,7 @@ Test(crc32c, known_values_on_both_paths) {
 }
 
 static uint64_t g_rng = 0x9E3779B97F4A7C15u;
-static uint64_t next(void) {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return g_rng;
-}
+static uint64_t next(void) { return test_xorshift64(&g_rng); }
 
 /* Random data at every alignment and at lengths around the paths' seams (the blocks of
  * three 8192- and 256-byte stretches, the 8-byte words, the byte tail), continued from

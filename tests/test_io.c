@@ -1748,12 +1748,7 @@ static void check_pinned_saves(int path_kind) {
 TestSuite(outfile, .init = make_dir, .fini = remove_dir);
 
 static uint64_t g_rand = 88172645463325252u;
-static uint64_t rand64(void) {
-    g_rand ^= g_rand << 13;
-    g_rand ^= g_rand >> 7;
-    g_rand ^= g_rand << 17;
-    return g_rand;
-}
+static uint64_t rand64(void) { return test_xorshift64(&g_rand); }
 
 /* n random bytes appended to a new file through cfg, in pieces of random sizes, copied in
  * or written in place by turns; the file, the count and the CRC are those bytes'. */

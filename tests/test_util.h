@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,14 @@ static int test_rm_entry(const char *p, const struct stat *sb, int flag, struct 
     return remove(p);
 }
 /* Removes dir and everything under it (a test's temporary directory). */
+/* xorshift64: the next of a test's reproducible pseudo-random words (*state nonzero). */
+static inline uint64_t test_xorshift64(uint64_t *state) {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    return *state;
+}
+
 static inline void test_remove_tree(const char *dir) {
     nftw(dir, test_rm_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
