@@ -221,7 +221,10 @@ build() {
     if [ -n "${FERRY_CHECK_BUILD:-}" ]; then
         [ -f "$BUILD/build.ninja" ] || { echo "FERRY_CHECK_BUILD=$BUILD is not a configured build"; return 1; }
     elif [ "$EMU" = 1 ]; then
-        [ -f "$BUILD/build.ninja" ] || cut meson setup "$BUILD" -Dcuda=emulated || return 1
+        if [ ! -f "$BUILD/build.ninja" ]; then # reused when configured; a failed setup's remains go
+            rm -rf "$BUILD"
+            cut meson setup "$BUILD" -Dcuda=emulated || return 1
+        fi
     else
         rm -rf "$BUILD"
         cut meson setup "$BUILD" -Dcuda=enabled -Dgpu_arch=90 || return 1
