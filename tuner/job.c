@@ -82,7 +82,7 @@ static fy_tune_cfg rank_cfg(const fy_job_cfg *cfg, int r, int micro, int count) 
     return (fy_tune_cfg){.model = cfg->model, .batch = micro * count, .micro = micro, .seq = cfg->seq,
                          .device_budget = rk->device_budget, .host_budget = cfg->host_budget,
                          .adam_threads = rk->adam_threads, .window = cfg->window, .dtype = cfg->dtype,
-                         .ranks = cfg->nranks, .tie_margin = cfg->tie_margin};
+                         .ranks = cfg->nranks, .schedule = cfg->schedule, .tie_margin = cfg->tie_margin};
 }
 
 /* Rank r's plan predicted at its count, with the search's counts of the plan's layers

@@ -55,6 +55,7 @@ typedef struct fy_job_cfg {
     bool one_plan;         /* every rank runs one plan: the best that fits the smallest
                               budget (the job ferry ran before per-rank plans; a baseline) */
     int window;            /* steps simulated per prediction (tune.h) */
+    fy_sched_mode schedule; /* the simulator's task order (tune.h) */
     double tie_margin;
 } fy_job_cfg;
 

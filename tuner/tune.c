@@ -229,7 +229,7 @@ static fy_status simulate(const fy_profile *p, const fy_tune_cfg *cfg, const fy_
     fy_sched_result r;
     fy_status st = priced_graph(p, cfg, &L, w, &sg);
     if (st == FY_OK) {
-        st = fy_sched_simulate(&sg.g, FY_SCHED_PRIORITY, &r);
+        st = fy_sched_simulate(&sg.g, cfg->schedule, &r);
         if (st == FY_OK && trace &&
             (st = fy_sched_write_trace(&sg.g, &r, trace, "ferry tune (simulated)")) != FY_OK)
             fy_sched_result_free(&r);

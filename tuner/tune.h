@@ -15,11 +15,11 @@
  * frontier (tune.c: for each micro-batch and k3, the fitting points where more streaming
  * buys less recomputation; the memory model is monotone in the counts), bounds each
  * point's step time from below by its busiest lane's work, and predicts the points in
- * the order of their bounds on the scheduler's simulator (the same graph and policy
- * training runs) until the bound passes the fastest prediction by more than the tie
- * margin. Predictions within that margin of the fastest (the model's error) are ties,
- * settled for the plan that moves the least work off the compute lane. It never returns
- * a plan that does not fit.
+ * the order of their bounds on the scheduler's simulator (the same graph, under the
+ * schedule training runs: cfg->schedule) until the bound passes the fastest prediction
+ * by more than the tie margin. Predictions within that margin of the fastest (the
+ * model's error) are ties, settled for the plan that moves the least work off the
+ * compute lane. It never returns a plan that does not fit.
  * The tiers past host memory extend the space only where it runs out: a point whose
  * host memory is over the budget keeps the master and moments of as few of its last
  * cpu-updated layers on disk as bring it within (k5, when a disk budget is given; no
@@ -72,6 +72,8 @@ typedef struct fy_tune_cfg {
                               optimizer state is sharded (a rank's largest shards are
                               budgeted) and the reduce-scatters and all-gathers are costed
                               from the profile's collectives */
+    fy_sched_mode schedule; /* the simulator's task order (zero: priority, training's
+                              default) */
     double tie_margin;     /* plans predicted within this fraction of the fastest count as
                               ties, settled for the one that moves the least work off the
                               compute lane (0: the fastest prediction wins) */

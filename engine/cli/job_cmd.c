@@ -104,7 +104,7 @@ int fy_tune_job_main(const fy_opts *o, const fy_model *m) {
     fy_job_cfg cfg = {.model = m, .seq = (int)o->seq, .rank_batch = (int)o->batch, .nranks = n,
                       .ranks = ranks, .host_budget = o->host_mem,
                       .dtype = fy_opts_dtype(o, fy_opts_dev_kind(o)), .window = 20,
-                      .tie_margin = FY_TUNE_TIE_MARGIN};
+                      .schedule = fy_opts_schedule(o), .tie_margin = FY_TUNE_TIE_MARGIN};
     /* the pick, then the jobs it is held against */
     static const struct { bool one; fy_job_shares shares; const char *label; } jobs[] = {
         {false, FY_JOB_BALANCED, "each rank its own plan, shares balanced (the pick)"},
@@ -191,7 +191,7 @@ static fy_status search_job(const fy_opts *o, const fy_model *m, int world, cons
                                                  : all[0].micro * all[0].accum,
                             .host_budget = o->host_mem, .dtype = fy_opts_dtype(o, fy_opts_dev_kind(o)),
                             .shares = balance ? FY_JOB_BALANCED : FY_JOB_EQUAL, .window = 20,
-                            .tie_margin = FY_TUNE_TIE_MARGIN};
+                            .schedule = fy_opts_schedule(o), .tie_margin = FY_TUNE_TIE_MARGIN};
     if (st == FY_OK) st = fy_tune_job(&cfg, res);
     for (int r = 0; st == FY_OK && r < world; r++) counts[r] = res->rank[r].plan.grad_accum;
     if (st == FY_OK && !o->quiet) {

@@ -142,8 +142,9 @@ static const opt table[] = {
      "--disk-dir); tune, the search's (0: no disk tier)", 0},
     {"dry-run", T_BOOL, O(dry_run), TR, "0", R_ANY, NULL, NULL,
      "print the plan and its memory model, then exit", 0},
-    {"schedule", T_STR, O(schedule), TR, "priority", R_ANY, "priority|fifo|serial", "S",
-     "task order: by next use, by readiness, or one task at a time", 0},
+    {"schedule", T_STR, O(schedule), TR | TU | SW, "priority", R_ANY, "priority|fifo|serial", "S",
+     "task order: by next use, by readiness, or one task at a time (tune, sweep: the one "
+     "the simulator predicts)", 0},
     {"trace", T_STR, O(trace), TR | TU, NULL, R_ANY, NULL, "FILE",
      "write a Chrome trace (JSON) of every task, one row per lane (tune: the pick's "
      "simulated steps)", 0},
@@ -428,6 +429,12 @@ fy_dtype fy_opts_dtype(const fy_opts *o, fy_dev_kind kind) {
     if (!strcmp(d, "fp32")) return FY_F32;
     if (!strcmp(d, "bf16")) return FY_BF16;
     return kind == FY_DEV_CUDA ? FY_BF16 : FY_F32;
+}
+
+fy_sched_mode fy_opts_schedule(const fy_opts *o) {
+    fy_sched_mode m = FY_SCHED_PRIORITY;
+    if (o->schedule) fy_sched_mode_parse(o->schedule, &m);
+    return m;
 }
 
 fy_dev_kind fy_opts_dev_kind(const fy_opts *o) {

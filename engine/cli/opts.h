@@ -13,6 +13,7 @@
 
 #include "engine/core/status.h"
 #include "engine/device/device.h"
+#include "scheduler/scheduler.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -100,6 +101,9 @@ bool fy_opts_given(const fy_opts *o, const char *name);
 fy_status fy_opts_dev_cfg(const fy_opts *o, bool need_gpu, fy_dev_cfg *out);
 /* --dtype: fp32, bf16, or auto = bf16 on kind cuda, fp32 on cpu. */
 fy_dtype fy_opts_dtype(const fy_opts *o, fy_dev_kind kind);
+/* --schedule: the task order a run uses (train) and the simulator predicts (tune, sweep,
+ * train --plan auto); priority when unset. The option table checked the name. */
+fy_sched_mode fy_opts_schedule(const fy_opts *o);
 /* The kind --device names, auto resolved by looking for a GPU (no notice, no error). */
 fy_dev_kind fy_opts_dev_kind(const fy_opts *o);
 void fy_opts_help(unsigned cmd, const char *usage);

@@ -102,7 +102,8 @@ static fy_status measure(const fy_opts *o, const fy_model *model, const fy_plan 
     FY_TRY(fy_dev_new(&dc, &dev));
     fy_trainer_cfg tc = {.model = model, .T = (int)o->seq, .beta1 = 0.9f, .beta2 = 0.95f,
                          .eps = 1e-8f, .weight_decay = 0.1f, .clip = 1.0f, .seed = 1,
-                         .plan = plan, .adam_threads = (int)o->adam_threads};
+                         .plan = plan, .adam_threads = (int)o->adam_threads,
+                         .schedule = fy_opts_schedule(o)};
     fy_trainer *tr = NULL;
     fy_loader *ld = NULL;
     float *lrs = calloc((size_t)steps, sizeof *lrs);
@@ -257,7 +258,7 @@ static int sweep(const fy_opts *o, const fy_model *m) {
                       .dtype = fy_opts_dtype(o, fy_opts_dev_kind(o)),
                       .device_budget = o->gpu_mem ? o->gpu_mem : SIZE_MAX, .host_budget = o->host_mem,
                       .adam_threads = o->adam_threads > 0 ? (int)o->adam_threads : (o->threads > 0 ? (int)o->threads : prof.cores),
-                      .window = o->steps < 20 ? (int)o->steps : 20};
+                      .window = o->steps < 20 ? (int)o->steps : 20, .schedule = fy_opts_schedule(o)};
     double errs[4096];
     int nerr = 0, nconf = 0, best = -1;
     double best_ms = 1e30;

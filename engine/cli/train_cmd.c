@@ -483,7 +483,7 @@ static void fill_train_cfg(const fy_opts *o, fy_model *m, fy_plan *plan, fy_weig
     tc->eps = (float)o->eps;
     tc->clip = (float)o->clip;
     tc->seed = (uint64_t)o->seed;
-    fy_sched_mode_parse(o->schedule, &tc->schedule); /* the option table checked the name */
+    tc->schedule = fy_opts_schedule(o);
     tc->adam_threads = (int)o->adam_threads;
     tc->val_every = o->val_every;
     tc->val_batches = o->val_batches;

@@ -238,7 +238,7 @@ fy_tune_cfg fy_tune_cfg_of(const fy_opts *o, const fy_model *m, const fy_profile
                          .dtype = fy_opts_dtype(o, fy_opts_dev_kind(o)),
                          .adam_threads = o->adam_threads > 0 ? (int)o->adam_threads
                                                              : (o->threads > 0 ? (int)o->threads : p->cores),
-                         .window = 20, .tie_margin = FY_TUNE_TIE_MARGIN};
+                         .window = 20, .schedule = fy_opts_schedule(o), .tie_margin = FY_TUNE_TIE_MARGIN};
 }
 
 static void print_top(const fy_tune_cfg *tc, const fy_tune_result *top, int n) {
