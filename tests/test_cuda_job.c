@@ -178,24 +178,27 @@ Test(cuda_job, checkpoint_written_on_cpu_resumes_on_cuda) { expect_checkpoint_mo
 /* ---- a job of two ranks: the device collectives are NCCL's ---- */
 
 /* Two processes under mpirun, a micro-batch each, against one process accumulating two
- * (both on cuda, fp32 with exact GEMMs), the optimizer state sharded on the host: every
- * step's loss within 1e-5 relative. Two ranks' sum is a + b in any order, but one process
- * adds its second micro-batch's gradients inside the GEMM (beta 1), where the job adds two
- * rounded products: a few ulps a step. */
+ * (both on cuda, fp32 with exact GEMMs), the optimizer on the device, so the gradients
+ * are reduced and the updated weights gathered by NCCL: every step's loss within 1e-5
+ * relative. Two ranks' sum is a + b in any order, but one process adds its second
+ * micro-batch's gradients inside the GEMM (beta 1), where the job adds two rounded
+ * products: a few ulps a step. Each rank takes the GPU of its local rank: the emulation is
+ * asked for two (FERRY_EMU_GPUS, passed to the ranks by mpirun's -x; a GPU machine
+ * ignores it). */
 Test(cuda_job, two_ranks_over_nccl_match_one_process_accumulating_two) {
     need_cuda();
     const char *mpirun = getenv("MPIRUN"), *bin = getenv("FERRY_BIN");
     if (!mpirun) cr_skip_test("no mpirun in this build");
+    setenv("FERRY_EMU_GPUS", "2", 1);
     const char *m1 = path_in("one.jsonl"), *m2 = path_in("two.jsonl");
     train("one process accumulating two", m1,
           ARGS("--device", "cuda", "--matmul", "fp32", "--model", "gpt2-tiny", "--steps", "5",
-               "--offload-optim", "1", "--grad-accum", "2"));
+               "--grad-accum", "2"));
     /* test_run_ferry runs $FERRY_BIN: mpirun, here, which starts two ferry processes */
     char *saved = strdup(bin);
     setenv("FERRY_BIN", mpirun, 1);
-    train_by("two ranks", m2, ARGS("-np", "2", "--oversubscribe", saved),
-             ARGS("--device", "cuda", "--matmul", "fp32", "--model", "gpt2-tiny", "--steps", "5",
-                  "--offload-optim", "1"));
+    train_by("two ranks", m2, ARGS("-np", "2", "--oversubscribe", "-x", "FERRY_EMU_GPUS", saved),
+             ARGS("--device", "cuda", "--matmul", "fp32", "--model", "gpt2-tiny", "--steps", "5"));
     setenv("FERRY_BIN", saved, 1);
     free(saved);
     double l1[MAX_STEPS], l2[MAX_STEPS];
