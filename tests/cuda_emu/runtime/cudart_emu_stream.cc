@@ -22,8 +22,9 @@
  * (FERRY_EMU_STRICT, default) cudaErrorIllegalState.
  *
  * Handles are checked against the live ones: a destroyed stream or event is
- * cudaErrorInvalidResourceHandle. A destroyed stream's queued work still runs; the
- * structures live while anything (a queued wait, an event's record) refers to them. */
+ * cudaErrorInvalidResourceHandle. A destroyed stream's queued work still runs (and
+ * cudaDeviceSynchronize waits for it); the structures live while anything (a queued
+ * wait, an event's record) refers to them. */
 #include "tests/cuda_emu/runtime/cudart_emu.h"
 
 #include <errno.h>
@@ -205,7 +206,7 @@ static void *worker(void *p) {
             if (!st->head) st->tail = NULL;
         }
         pthread_mutex_unlock(&st->mu);
-        if (!it) break; /* destroyed, and its work done */
+        if (!it) break; /* destroyed, and its work done: off the device's list */
         cudaError_t e = run_item(st, it);
         pthread_mutex_lock(&st->mu);
         if (e != cudaSuccess && st->error == cudaSuccess) st->error = e;
@@ -214,6 +215,14 @@ static void *worker(void *p) {
         pthread_mutex_unlock(&st->mu);
         item_free(it);
     }
+    emu_gpu *g = &g_emu.gpu[st->dev];
+    pthread_mutex_lock(&g->mu);
+    for (emu_stream **pp = &g->streams; *pp; pp = &(*pp)->next)
+        if (*pp == st) {
+            *pp = st->next;
+            break;
+        }
+    pthread_mutex_unlock(&g->mu);
     close(st->fd);
     if (st->stage) emu_pinned_internal_free(st->stage);
     emu_stream_put(st);
@@ -442,14 +451,6 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
                       (void *)stream);
         return emu_ret(cudaErrorInvalidResourceHandle);
     }
-    emu_gpu *g = &g_emu.gpu[st->dev];
-    pthread_mutex_lock(&g->mu);
-    for (emu_stream **pp = &g->streams; *pp; pp = &(*pp)->next)
-        if (*pp == st) {
-            *pp = st->next;
-            break;
-        }
-    pthread_mutex_unlock(&g->mu);
     pthread_mutex_lock(&st->mu);
     st->destroyed = true; /* its worker ends once the queued work is done */
     pthread_cond_broadcast(&st->cv);
