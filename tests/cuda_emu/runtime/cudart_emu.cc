@@ -38,6 +38,10 @@ cudaError_t emu_enter(bool ctx, int *dev) {
     *dev = 0;
     cudaError_t e = emu_init();
     if (e != cudaSuccess) return e;
+    if (fy_emu_on_device()) {
+        fy_emu_report("a CUDA runtime call inside device work: not permitted");
+        return cudaErrorNotPermitted;
+    }
     if (emu_in_host_fn) {
         fy_emu_report("a CUDA call from a host function (cudaLaunchHostFunc): not permitted");
         return cudaErrorNotPermitted;

@@ -46,6 +46,7 @@ typedef struct emu_alloc {
     uintptr_t slot;
     size_t slot_nbytes;
     int internal;                      /* the runtime's own (a stream's staging buffer) */
+    int dev;                           /* its device (pinned: the one current at the call) */
 } emu_alloc;
 
 typedef struct emu_table {
@@ -151,7 +152,8 @@ cudaError_t emu_ctx(int d);
 /* Charges nbytes of device d's memory: cudaErrorMemoryAllocation if it does not fit. */
 cudaError_t emu_charge(int d, size_t nbytes);
 void emu_uncharge(int d, size_t nbytes);
-/* Where [p, p + nbytes) lies, and for device memory, which device (-1 otherwise). */
+/* Where [p, p + nbytes) lies, and for device and pinned memory, the allocation's device
+ * (-1 otherwise). */
 fy_emu_mem emu_mem_find(const void *p, size_t nbytes, int *dev);
 /* Runtime-internal pinned memory (a stream's staging buffer): NULL if the arena is full. */
 void *emu_pinned_internal(size_t nbytes);

@@ -75,11 +75,12 @@ static bool table_remove(emu_table *t, uintptr_t p, int internal, emu_alloc *out
 }
 
 /* Where [p, p + nbytes) lies in one table's range [lo, hi): 0 outside, 1 inside one
- * live non-internal allocation, -1 otherwise. */
-static int classify(const emu_table *t, uintptr_t lo, uintptr_t hi, uintptr_t p, uintptr_t end) {
+ * live non-internal allocation (its device in *dev), -1 otherwise. */
+static int classify(const emu_table *t, uintptr_t lo, uintptr_t hi, uintptr_t p, uintptr_t end, int *dev) {
     if (end <= lo || p >= hi) return 0;
     int i = find_le(t, p);
     if (i < 0 || t->a[i].internal || end > t->a[i].base + t->a[i].nbytes) return -1;
+    *dev = t->a[i].dev;
     return 1;
 }
 
@@ -90,13 +91,12 @@ fy_emu_mem emu_mem_find(const void *ptr, size_t nbytes, int *dev) {
     fy_emu_mem kind = FY_EMU_PAGEABLE;
     emu_lock();
     for (int d = 0; d < g_emu.ngpus && kind == FY_EMU_PAGEABLE; d++) {
-        int c = classify(&g_emu.sh->gpu[d].allocs, g_emu.gpu[d].lo, g_emu.gpu[d].hi, p, end);
+        int c = classify(&g_emu.sh->gpu[d].allocs, g_emu.gpu[d].lo, g_emu.gpu[d].hi, p, end, dev);
         if (c) kind = c > 0 ? FY_EMU_DEVICE : FY_EMU_INVALID;
-        if (c > 0) *dev = d;
     }
     if (kind == FY_EMU_PAGEABLE) {
         const uintptr_t lo = (uintptr_t)g_emu.pinned;
-        int c = classify(&g_emu.sh->pinned, lo, lo + g_emu.pinned_nbytes, p, end);
+        int c = classify(&g_emu.sh->pinned, lo, lo + g_emu.pinned_nbytes, p, end, dev);
         if (c) kind = c > 0 ? FY_EMU_PINNED : FY_EMU_INVALID;
     }
     emu_unlock();
@@ -185,6 +185,7 @@ cudaError_t cudaMalloc(void **devPtr, size_t size) {
         a.slot_nbytes = rounded + EMU_GRANULE;
         a.base = a.slot + rounded - round_up(size, 256);
         a.nbytes = size;
+        a.dev = d;
         if (!a.slot || !table_insert(&g->allocs, &a)) {
             fy_emu_report("GPU %d: %s", d, a.slot ? "more live allocations than the emulation keeps"
                                                   : "its address range is too fragmented");
@@ -243,7 +244,7 @@ cudaError_t cudaMemGetInfo(size_t *free, size_t *total) {
 
 /* ---- pinned memory ---------------------------------------------------------------------------- */
 
-static void *pinned_alloc(size_t nbytes, int internal) {
+static void *pinned_alloc(size_t nbytes, int internal, int dev) {
     const size_t span = round_up(nbytes, EMU_PAGE);
     emu_alloc a;
     memset(&a, 0, sizeof a);
@@ -255,6 +256,7 @@ static void *pinned_alloc(size_t nbytes, int internal) {
     a.base = a.slot;
     a.nbytes = nbytes;
     a.internal = internal;
+    a.dev = dev;
     bool ok = a.slot && table_insert(t, &a);
     emu_unlock();
     return ok ? (void *)a.base : NULL;
@@ -270,17 +272,16 @@ static bool pinned_free(void *p, int internal) {
     return found;
 }
 
-void *emu_pinned_internal(size_t nbytes) { return pinned_alloc(nbytes, 1); }
+void *emu_pinned_internal(size_t nbytes) { return pinned_alloc(nbytes, 1, -1); }
 void emu_pinned_internal_free(void *p) { pinned_free(p, 1); }
 
 cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags) {
     EMU_ENTER(true, d);
-    (void)d;
     if (!pHost || (flags & ~(unsigned)(cudaHostAllocPortable | cudaHostAllocMapped | cudaHostAllocWriteCombined)))
         return emu_ret(cudaErrorInvalidValue);
     *pHost = NULL;
     if (size == 0) return cudaSuccess;
-    *pHost = pinned_alloc(size, 0);
+    *pHost = pinned_alloc(size, 0, d);
     return *pHost ? cudaSuccess : emu_ret(cudaErrorMemoryAllocation);
 }
 
@@ -303,4 +304,35 @@ cudaError_t cudaFreeHost(void *ptr) {
         return emu_ret(cudaErrorInvalidValue);
     }
     return cudaSuccess;
+}
+
+/* ---- pointer attributes ------------------------------------------------------------------------ */
+
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes, const void *ptr) {
+    EMU_ENTER(true, cur);
+    (void)cur;
+    if (!attributes) return emu_ret(cudaErrorInvalidValue);
+    memset(attributes, 0, sizeof *attributes);
+    int d;
+    switch (emu_mem_find(ptr, 1, &d)) {
+    case FY_EMU_DEVICE:
+        attributes->type = cudaMemoryTypeDevice;
+        attributes->device = d;
+        attributes->devicePointer = (void *)ptr;
+        return cudaSuccess;
+    case FY_EMU_PINNED: /* mapped: the same address on the device (unified addressing) */
+        attributes->type = cudaMemoryTypeHost;
+        attributes->device = d;
+        attributes->devicePointer = attributes->hostPointer = (void *)ptr;
+        return cudaSuccess;
+    case FY_EMU_PAGEABLE: /* CUDA 11 and later: success, unregistered */
+        attributes->type = cudaMemoryTypeUnregistered;
+        attributes->device = -2;
+        attributes->hostPointer = (void *)ptr;
+        return cudaSuccess;
+    default:
+        fy_emu_report("cudaPointerGetAttributes(%p): in device or pinned memory, but no live "
+                      "allocation's", ptr);
+        return emu_ret(cudaErrorInvalidValue);
+    }
 }

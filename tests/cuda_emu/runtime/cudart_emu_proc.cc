@@ -462,6 +462,7 @@ static void init(void) {
 }
 
 cudaError_t emu_init(void) {
+    if (on_device) return cudaSuccess; /* started: the host did it before the fork */
     pthread_once(&init_once, init);
     if (init_error == cudaSuccess && getpid() != g_emu.pid) {
         fy_emu_report("a CUDA call in a child of the process that started CUDA (fork): not supported");

@@ -317,7 +317,7 @@ cudaError_t emu_stream_dev_work(emu_stream *st, fy_emu_dev_fn fn, const void *ar
         it->msg.fn = fn;
         it->msg.nbytes = (uint32_t)nbytes;
         snprintf(it->msg.what, sizeof it->msg.what, "%s", what);
-        memcpy(it + 1, args, nbytes);
+        if (nbytes) memcpy(it + 1, args, nbytes);
     }
     return push(st, it, NULL);
 }

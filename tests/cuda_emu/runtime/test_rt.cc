@@ -10,12 +10,14 @@
  * pointer it did not give are cudaErrorInvalidValue.
  * Order: a slow op on stream A, an event, a wait on stream B: B's copy sees A's result;
  * host functions run in stream order and may not call CUDA; copies with a pageable side
- * are done when the call returns. Events: a wait on an event never recorded is caught
+ * are done when the call returns; the legacy stream orders blocking streams, not the
+ * others. Events: a wait on an event never recorded is caught
  * (cudaErrorIllegalState; a warning with FERRY_EMU_STRICT=0); elapsed times need timing
  * and completion; an event synchronised without cudaEventBlockingSync spins (CPU time
  * about its wall time), with it sleeps. Launches: a bad configuration is the launch's
  * cudaGetLastError; FERRY_EMU_RACECHECK=1 passes a kernel without races and stops the
- * device on one with. A crash of the device's process is an error, not a hang.
+ * device on one with. A crash of the device's process is an error, not a hang. Pointer
+ * kinds are the same seen from both processes; device work may not call the runtime.
  *
  * Every test initialises CUDA in its own process (Criterion forks one per test): the
  * settings (FERRY_EMU_*) are set before the first call. */
@@ -306,6 +308,25 @@ Test(order, a_destroyed_stream_finishes_its_work_and_is_gone) {
     cr_expect_eq(*h, 9, "its queued work ran");
 }
 
+Test(order, the_legacy_stream_orders_blocking_streams_only) {
+    cudaStream_t b, nb = new_stream();
+    OK(cudaStreamCreate(&b)); /* blocking */
+    int *d, *h;
+    OK(cudaMalloc((void **)&d, sizeof(int)));
+    OK(cudaMallocHost((void **)&h, 3 * sizeof(int)));
+    enqueue_slow_fill(b, d, 3, 1, 200);
+    OK(cudaMemcpyAsync(h, d, sizeof(int), cudaMemcpyDefault, 0));
+    OK(cudaStreamSynchronize(0));
+    cr_expect_eq(h[0], 3, "the legacy stream waited for the blocking stream's work");
+    enqueue_slow_fill(0, d, 4, 1, 400);
+    OK(cudaMemcpyAsync(h + 1, d, sizeof(int), cudaMemcpyDefault, nb));
+    OK(cudaMemcpyAsync(h + 2, d, sizeof(int), cudaMemcpyDefault, b));
+    OK(cudaStreamSynchronize(nb));
+    cr_expect_eq(h[1], 3, "a non-blocking stream does not wait for the legacy stream");
+    OK(cudaStreamSynchronize(b));
+    cr_expect_eq(h[2], 4, "a blocking stream does");
+}
+
 /* ---- events ------------------------------------------------------------------------------------ */
 
 Test(events, a_wait_on_an_event_never_recorded_is_caught) {
@@ -411,6 +432,53 @@ Test(launch, a_crash_of_the_device_process_is_an_error) {
     cr_expect_eq(cudaStreamSynchronize(s), cudaErrorLaunchFailure);
     void *p;
     cr_expect_eq(cudaMalloc(&p, 16), cudaErrorLaunchFailure);
+}
+
+typedef struct probe {
+    void *dev, *pinned, *pageable;
+    int *out; /* pinned: what the device process saw */
+} probe;
+
+static cudaError_t probe_fn(void *a) {
+    const probe *p = (const probe *)a;
+    void *q;
+    p->out[0] = fy_emu_mem_of(p->dev, 16);
+    p->out[1] = fy_emu_mem_of(p->pinned, 16);
+    p->out[2] = fy_emu_mem_of(p->pageable, 16);
+    p->out[3] = fy_emu_on_device();
+    p->out[4] = cudaMalloc(&q, 16);
+    return cudaSuccess;
+}
+
+Test(launch, pointers_are_classified_in_both_processes) {
+    cudaStream_t s = new_stream();
+    char *d, *pin, page[64];
+    int *out;
+    OK(cudaMalloc((void **)&d, 4096));
+    OK(cudaHostAlloc((void **)&pin, 4096, cudaHostAllocPortable));
+    OK(cudaMallocHost((void **)&out, 8 * sizeof(int)));
+    cr_expect_eq(fy_emu_mem_of(d, 4096), FY_EMU_DEVICE);
+    cr_expect_eq(fy_emu_mem_of(d + 4000, 97), FY_EMU_INVALID, "past the end");
+    cr_expect_eq(fy_emu_mem_of(pin + 10, 100), FY_EMU_PINNED);
+    cr_expect_eq(fy_emu_mem_of(page, sizeof page), FY_EMU_PAGEABLE);
+    cr_expect_not(fy_emu_on_device());
+    probe p = {d, pin, page, out};
+    OK(fy_emu_enqueue(s, probe_fn, &p, sizeof p, "probe"));
+    OK(cudaStreamSynchronize(s));
+    cr_expect_eq(out[0], FY_EMU_DEVICE);
+    cr_expect_eq(out[1], FY_EMU_PINNED);
+    cr_expect_eq(out[2], FY_EMU_PAGEABLE);
+    cr_expect_eq(out[3], 1, "the work ran in the device process");
+    cr_expect_eq(out[4], cudaErrorNotPermitted, "no runtime calls inside device work");
+    struct cudaPointerAttributes at;
+    OK(cudaPointerGetAttributes(&at, d + 8));
+    cr_expect(at.type == cudaMemoryTypeDevice && at.device == 0 && at.devicePointer == d + 8);
+    OK(cudaPointerGetAttributes(&at, pin));
+    cr_expect(at.type == cudaMemoryTypeHost && at.hostPointer == pin);
+    OK(cudaPointerGetAttributes(&at, page));
+    cr_expect_eq(at.type, cudaMemoryTypeUnregistered);
+    OK(cudaFreeHost(pin));
+    cr_expect_eq(cudaPointerGetAttributes(&at, pin), cudaErrorInvalidValue, "freed");
 }
 
 Test(launch, the_device_looks_like_one) {
