@@ -8,7 +8,8 @@
  *                         the device's sticky error;
  *   cudart_emu_mem.cc     allocations and their accounting (contexts, modules, libraries),
  *                         the pointer kinds (fy_emu_mem_of);
- *   cudart_emu_stream.cc  streams (a host worker each), events, host functions, waits;
+ *   cudart_emu_stream.cc  streams (a host worker each), host functions, waits;
+ *   cudart_emu_event.cc   events;
  *   cudart_emu_copy.cc    copies and memsets;
  *   cudart_emu_launch.cc  kernel launches (cuda_emu.h's FY_LAUNCH), the race check;
  *   cudart_emu.cc         devices, versions, properties, errors.
@@ -166,8 +167,23 @@ int emu_dev_allocs(int d, emu_alloc *out, int cap);
 /* The stream behind a handle (NULL: the legacy stream of device `dev`), with a reference
  * the caller drops with emu_stream_put; NULL for an unknown or destroyed handle. */
 emu_stream *emu_stream_get(cudaStream_t s, int dev);
+/* The same, or the error for the handle (reported, naming `call`: a destroyed or unknown
+ * handle is a bug a GPU would not always catch). */
+cudaError_t emu_stream_lookup(cudaStream_t s, int dev, const char *call, emu_stream **out);
+void emu_stream_ref(emu_stream *st);
 void emu_stream_put(emu_stream *st);
 int emu_stream_dev(const emu_stream *st);
+/* Queues a marker on st: mark(arg) runs on its worker when the earlier work is done
+ * (after a device error too), release(arg) when the marker is dropped (release also when
+ * it cannot be queued). Its number in *seq. */
+cudaError_t emu_stream_mark(emu_stream *st, void (*mark)(void *arg), void (*release)(void *arg), void *arg,
+                            uint64_t *seq);
+/* Queues on st a wait for stream `on` to have done its item seq (taking the caller's
+ * reference to on). */
+cudaError_t emu_stream_wait_for(emu_stream *st, emu_stream *on, uint64_t seq);
+/* Whether st has done its item seq; waiting for it (spinning: a busy loop, or blocking). */
+bool emu_stream_done(emu_stream *st, uint64_t seq);
+void emu_stream_wait_done(emu_stream *st, uint64_t seq, bool spin);
 /* Queues device work (a copy of args) on st. */
 cudaError_t emu_stream_dev_work(emu_stream *st, fy_emu_dev_fn fn, const void *args, size_t nbytes,
                                 const char *what);

@@ -1,5 +1,5 @@
-/* cudart_emu_stream.cc — streams, events and host functions of the emulated runtime
- * (cudart_emu.h).
+/* cudart_emu_stream.cc — streams and host functions of the emulated runtime
+ * (cudart_emu.h); events are cudart_emu_event.cc's, on the markers this file queues.
  *
  * A stream is an in-order queue with a worker thread in the host process: the worker
  * sends each device work item to its device's process over the stream's own channel (a
@@ -7,24 +7,23 @@
  * answer, runs host functions itself, and waits for other streams where an event wait
  * says so. Items are numbered as queued (submitted); `completed` is the number of the
  * last one done. So everything is a pair (stream, number): an event's record is the
- * number of its marker item on the stream it was recorded on, a wait waits for that
- * number, a synchronisation for the stream's submitted count at the call.
+ * number of its marker on the stream it was recorded on, a wait waits for that number,
+ * a synchronisation for the stream's submitted count at the call.
  *
  * The legacy default stream (NULL) is made at a device's first use of it and follows
  * CUDA's rules: its work waits for the work queued before on the device's blocking
  * streams, and their work waits for its. Non-blocking streams (what ferry makes) are
  * independent of it.
  *
- * Waiting: cudaEventSynchronize spins (a busy loop) unless the event was made with
- * cudaEventBlockingSync, stream and device synchronisation spin unless the device's flags
- * say cudaDeviceScheduleBlockingSync: the CPU time CUDA's waits cost. A wait for an event
- * never recorded orders nothing (CUDA returns at once): reported, and in strict mode
- * (FERRY_EMU_STRICT, default) cudaErrorIllegalState.
+ * Stream and device synchronisation spin unless the device's flags say
+ * cudaDeviceScheduleBlockingSync (the CPU time CUDA's waits cost). Host functions do not
+ * run after a device error (cudaLaunchHostFunc's, unlike callbacks), and may not call
+ * the runtime (cudaErrorNotPermitted).
  *
- * Handles are checked against the live ones: a destroyed stream or event is
+ * Handles are checked against the live ones: a destroyed stream is
  * cudaErrorInvalidResourceHandle. A destroyed stream's queued work still runs (and
- * cudaDeviceSynchronize waits for it); the structures live while anything (a queued
- * wait, an event's record) refers to them. */
+ * cudaDeviceSynchronize waits for it); the structure lives while anything (a queued
+ * wait, an event's record) refers to it. */
 #include "tests/cuda_emu/runtime/cudart_emu.h"
 
 #include <errno.h>
@@ -32,27 +31,23 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <unordered_set>
 
-typedef struct emu_event emu_event;
-
-enum { ITEM_DEV, ITEM_HOST_FN, ITEM_RECORD, ITEM_WAIT, ITEM_SYNC_FN };
+enum { ITEM_DEV, ITEM_HOST_FN, ITEM_MARK, ITEM_WAIT, ITEM_SYNC_FN };
 
 typedef struct emu_item {
     struct emu_item *next;
     int kind;
     uint64_t seq;
     emu_msg msg;                       /* ITEM_DEV: the header; its arguments follow the item */
-    cudaHostFn_t host_fn;              /* ITEM_HOST_FN */
+    cudaHostFn_t host_fn;              /* ITEM_HOST_FN, ITEM_MARK (the marker's), ITEM_SYNC_FN */
     void *arg;
-    emu_event *ev;                     /* ITEM_RECORD (a reference), and which record */
-    uint64_t gen;
+    void (*release)(void *arg);        /* ITEM_MARK: when the item is freed */
     emu_stream *on;                    /* ITEM_WAIT: (a reference) until on's number on_seq */
     uint64_t on_seq;
-    cudaError_t (*sync_fn)(emu_stream *, void *); /* ITEM_SYNC_FN (arg), its result */
+    cudaError_t (*sync_fn)(emu_stream *, void *); /* ITEM_SYNC_FN, its result */
     cudaError_t *result;
 } emu_item;
 
@@ -73,26 +68,9 @@ struct emu_stream {
     emu_stream *next;                  /* the device's list */
 };
 
-struct emu_event {
-    unsigned flags;
-    pthread_mutex_t mu;
-    emu_stream *st;                    /* the latest record's stream (a reference); NULL: never */
-    uint64_t seq;                      /* its marker's number there */
-    uint64_t gen;                      /* records so far */
-    double t_ms;                       /* when the marker of record t_gen ran */
-    uint64_t t_gen;
-    std::atomic<int> refs;
-};
-
 /* The live handles. */
 static pthread_mutex_t handles_mu = PTHREAD_MUTEX_INITIALIZER;
-static std::unordered_set<const void *> *live_streams, *live_events;
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
+static std::unordered_set<const void *> *live_streams;
 
 static void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -109,15 +87,10 @@ void emu_stream_put(emu_stream *st) {
     delete st;
 }
 
-static void event_put(emu_event *ev) {
-    if (!ev || ev->refs.fetch_sub(1) != 1) return;
-    emu_stream_put(ev->st);
-    pthread_mutex_destroy(&ev->mu);
-    delete ev;
-}
+void emu_stream_ref(emu_stream *st) { st->refs++; }
 
 static void item_free(emu_item *it) {
-    if (it->kind == ITEM_RECORD) event_put(it->ev);
+    if (it->kind == ITEM_MARK && it->release) it->release(it->arg);
     if (it->kind == ITEM_WAIT) emu_stream_put(it->on);
     free(it);
 }
@@ -156,7 +129,11 @@ cudaError_t emu_worker_dev_work(emu_stream *st, fy_emu_dev_fn fn, const void *ar
     return emu_sticky(st->dev);
 }
 
-static void wait_done(emu_stream *st, uint64_t seq, bool spin) {
+bool emu_stream_done(emu_stream *st, uint64_t seq) {
+    return st->completed.load(std::memory_order_acquire) >= seq;
+}
+
+void emu_stream_wait_done(emu_stream *st, uint64_t seq, bool spin) {
     if (spin) {
         while (st->completed.load(std::memory_order_acquire) < seq) cpu_relax();
         return;
@@ -177,16 +154,11 @@ static cudaError_t run_item(emu_stream *st, emu_item *it) {
         it->host_fn(it->arg);
         emu_in_host_fn = false;
         return cudaSuccess;
-    case ITEM_RECORD:
-        pthread_mutex_lock(&it->ev->mu);
-        if (it->ev->gen == it->gen) {
-            it->ev->t_ms = now_ms();
-            it->ev->t_gen = it->gen;
-        }
-        pthread_mutex_unlock(&it->ev->mu);
+    case ITEM_MARK:
+        it->host_fn(it->arg);
         return cudaSuccess;
     case ITEM_WAIT:
-        wait_done(it->on, it->on_seq, false);
+        emu_stream_wait_done(it->on, it->on_seq, false);
         return cudaSuccess;
     case ITEM_SYNC_FN:
         *it->result = it->sync_fn(st, it->arg);
@@ -322,6 +294,30 @@ cudaError_t emu_stream_dev_work(emu_stream *st, fy_emu_dev_fn fn, const void *ar
     return push(st, it, NULL);
 }
 
+cudaError_t emu_stream_mark(emu_stream *st, void (*mark)(void *arg), void (*release)(void *arg), void *arg,
+                            uint64_t *seq) {
+    emu_item *it = item_new(ITEM_MARK, 0);
+    if (it) {
+        it->host_fn = mark;
+        it->release = release;
+        it->arg = arg;
+    } else if (release) {
+        release(arg);
+    }
+    return push(st, it, seq);
+}
+
+cudaError_t emu_stream_wait_for(emu_stream *st, emu_stream *on, uint64_t seq) {
+    emu_item *it = item_new(ITEM_WAIT, 0);
+    if (it) {
+        it->on = on;
+        it->on_seq = seq;
+    } else {
+        emu_stream_put(on);
+    }
+    return push(st, it, NULL);
+}
+
 cudaError_t emu_stream_run_sync(emu_stream *st, cudaError_t (*fn)(emu_stream *st, void *arg), void *arg) {
     cudaError_t result = cudaSuccess;
     emu_item *it = item_new(ITEM_SYNC_FN, 0);
@@ -333,7 +329,7 @@ cudaError_t emu_stream_run_sync(emu_stream *st, cudaError_t (*fn)(emu_stream *st
     uint64_t seq;
     cudaError_t e = push(st, it, &seq);
     if (e != cudaSuccess) return e;
-    wait_done(st, seq, false);
+    emu_stream_wait_done(st, seq, false);
     return result;
 }
 
@@ -410,9 +406,7 @@ emu_stream *emu_stream_get(cudaStream_t s, int dev) {
     return st;
 }
 
-/* The stream behind a handle, or the error for it (reported: a destroyed or unknown
- * handle is a bug the GPU would not always catch). */
-static cudaError_t get_stream(cudaStream_t s, int dev, const char *call, emu_stream **out) {
+cudaError_t emu_stream_lookup(cudaStream_t s, int dev, const char *call, emu_stream **out) {
     *out = emu_stream_get(s, dev);
     if (*out) return cudaSuccess;
     if (s && s != cudaStreamLegacy)
@@ -465,7 +459,7 @@ static cudaError_t stream_wait(emu_stream *st, bool spin) {
     pthread_mutex_lock(&st->mu);
     const uint64_t target = st->submitted;
     pthread_mutex_unlock(&st->mu);
-    wait_done(st, target, spin);
+    emu_stream_wait_done(st, target, spin);
     cudaError_t e = emu_sticky(st->dev);
     pthread_mutex_lock(&st->mu);
     if (e == cudaSuccess) e = st->error;
@@ -477,7 +471,7 @@ static cudaError_t stream_wait(emu_stream *st, bool spin) {
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     EMU_ENTER(true, d);
     emu_stream *st;
-    cudaError_t e = get_stream(stream, d, "cudaStreamSynchronize", &st);
+    cudaError_t e = emu_stream_lookup(stream, d, "cudaStreamSynchronize", &st);
     if (e != cudaSuccess) return emu_ret(e);
     e = stream_wait(st, emu_dev_spins(st->dev));
     emu_stream_put(st);
@@ -487,7 +481,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
     EMU_ENTER(true, d);
     emu_stream *st;
-    cudaError_t e = get_stream(stream, d, "cudaStreamQuery", &st);
+    cudaError_t e = emu_stream_lookup(stream, d, "cudaStreamQuery", &st);
     if (e != cudaSuccess) return emu_ret(e);
     pthread_mutex_lock(&st->mu);
     e = st->completed.load() < st->submitted ? cudaErrorNotReady : cudaSuccess;
@@ -526,7 +520,7 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void *userD
     EMU_ENTER(true, d);
     if (!fn) return emu_ret(cudaErrorInvalidValue);
     emu_stream *st;
-    cudaError_t e = get_stream(stream, d, "cudaLaunchHostFunc", &st);
+    cudaError_t e = emu_stream_lookup(stream, d, "cudaLaunchHostFunc", &st);
     if (e != cudaSuccess) return emu_ret(e);
     emu_item *it = item_new(ITEM_HOST_FN, 0);
     if (it) {
@@ -552,211 +546,9 @@ cudaError_t fy_emu_enqueue(cudaStream_t s, fy_emu_dev_fn fn, const void *args, s
         return emu_ret(cudaErrorInvalidDeviceFunction);
     }
     emu_stream *st;
-    cudaError_t e = get_stream(s, d, what, &st);
+    cudaError_t e = emu_stream_lookup(s, d, what, &st);
     if (e != cudaSuccess) return emu_ret(e);
     e = emu_stream_dev_work(st, fn, args, nbytes, what);
     emu_stream_put(st);
-    return emu_ret(e);
-}
-
-/* ---- events ----------------------------------------------------------------------------------- */
-
-static emu_event *event_get(cudaEvent_t e) {
-    emu_event *ev = NULL;
-    pthread_mutex_lock(&handles_mu);
-    if (e && live_events && live_events->count(e)) {
-        ev = (emu_event *)e;
-        ev->refs++;
-    }
-    pthread_mutex_unlock(&handles_mu);
-    return ev;
-}
-
-static cudaError_t get_event(cudaEvent_t e, const char *call, emu_event **out) {
-    *out = event_get(e);
-    if (*out) return cudaSuccess;
-    fy_emu_report("%s: event %p is not a live event (destroyed, or never made)", call, (void *)e);
-    return cudaErrorInvalidResourceHandle;
-}
-
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags) {
-    EMU_ENTER(true, d);
-    (void)d;
-    if (!event || (flags & ~(unsigned)(cudaEventBlockingSync | cudaEventDisableTiming)))
-        return emu_ret(cudaErrorInvalidValue);
-    emu_event *ev = new emu_event();
-    ev->flags = flags;
-    pthread_mutex_init(&ev->mu, NULL);
-    ev->refs.store(1);
-    pthread_mutex_lock(&handles_mu);
-    if (!live_events) live_events = new std::unordered_set<const void *>();
-    live_events->insert(ev);
-    pthread_mutex_unlock(&handles_mu);
-    *event = (cudaEvent_t)ev;
-    return cudaSuccess;
-}
-
-cudaError_t cudaEventCreate(cudaEvent_t *event) { return cudaEventCreateWithFlags(event, cudaEventDefault); }
-
-cudaError_t cudaEventDestroy(cudaEvent_t event) {
-    EMU_ENTER(false, d);
-    (void)d;
-    emu_event *ev = NULL;
-    pthread_mutex_lock(&handles_mu);
-    if (event && live_events && live_events->erase(event)) ev = (emu_event *)event;
-    pthread_mutex_unlock(&handles_mu);
-    if (!ev) {
-        fy_emu_report("cudaEventDestroy: event %p is not a live event (destroyed, or never made)",
-                      (void *)event);
-        return emu_ret(cudaErrorInvalidResourceHandle);
-    }
-    event_put(ev); /* a record still queued keeps it */
-    return cudaSuccess;
-}
-
-cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
-    EMU_ENTER(true, d);
-    emu_event *ev;
-    cudaError_t e = get_event(event, "cudaEventRecord", &ev);
-    if (e != cudaSuccess) return emu_ret(e);
-    emu_stream *st;
-    e = get_stream(stream, d, "cudaEventRecord", &st);
-    if (e != cudaSuccess) {
-        event_put(ev);
-        return emu_ret(e);
-    }
-    emu_item *it = item_new(ITEM_RECORD, 0);
-    uint64_t seq;
-    pthread_mutex_lock(&ev->mu);
-    if (it) {
-        ev->refs++;
-        it->ev = ev;
-        it->gen = ev->gen + 1;
-    }
-    e = push(st, it, &seq);
-    if (e == cudaSuccess) {
-        ev->gen++;
-        emu_stream *old = ev->st;
-        st->refs++;
-        ev->st = st;
-        ev->seq = seq;
-        pthread_mutex_unlock(&ev->mu);
-        emu_stream_put(old);
-    } else {
-        pthread_mutex_unlock(&ev->mu);
-    }
-    emu_stream_put(st);
-    event_put(ev);
-    return emu_ret(e);
-}
-
-/* The latest record of ev: its stream (a reference; NULL if never recorded) and number. */
-static emu_stream *event_target(emu_event *ev, uint64_t *seq) {
-    pthread_mutex_lock(&ev->mu);
-    emu_stream *st = ev->st;
-    *seq = ev->seq;
-    if (st) st->refs++;
-    pthread_mutex_unlock(&ev->mu);
-    return st;
-}
-
-/* A wait for an event never recorded: reported; cudaErrorIllegalState in strict mode. */
-static cudaError_t never_recorded(const char *call, const void *event) {
-    fy_emu_report("%s on event %p, which was never recorded: a wait that orders nothing%s", call,
-                  event, g_emu.strict ? "" : " (a warning: FERRY_EMU_STRICT=0)");
-    return g_emu.strict ? cudaErrorIllegalState : cudaSuccess;
-}
-
-cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
-    EMU_ENTER(true, d);
-    if (flags != cudaEventWaitDefault) return emu_ret(cudaErrorInvalidValue);
-    emu_event *ev;
-    cudaError_t e = get_event(event, "cudaStreamWaitEvent", &ev);
-    if (e != cudaSuccess) return emu_ret(e);
-    emu_stream *st;
-    e = get_stream(stream, d, "cudaStreamWaitEvent", &st);
-    if (e == cudaSuccess) {
-        uint64_t seq;
-        emu_stream *on = event_target(ev, &seq);
-        if (!on) {
-            e = never_recorded("cudaStreamWaitEvent", event);
-        } else {
-            emu_item *it = item_new(ITEM_WAIT, 0);
-            if (it) {
-                it->on = on;
-                it->on_seq = seq;
-            } else {
-                emu_stream_put(on);
-            }
-            e = push(st, it, NULL);
-        }
-        emu_stream_put(st);
-    }
-    event_put(ev);
-    return emu_ret(e);
-}
-
-cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-    EMU_ENTER(true, d);
-    (void)d;
-    emu_event *ev;
-    cudaError_t e = get_event(event, "cudaEventSynchronize", &ev);
-    if (e != cudaSuccess) return emu_ret(e);
-    uint64_t seq;
-    emu_stream *on = event_target(ev, &seq);
-    if (!on) {
-        e = never_recorded("cudaEventSynchronize", event);
-    } else {
-        wait_done(on, seq, !(ev->flags & cudaEventBlockingSync));
-        e = emu_sticky(on->dev);
-        emu_stream_put(on);
-    }
-    event_put(ev);
-    return emu_ret(e);
-}
-
-cudaError_t cudaEventQuery(cudaEvent_t event) {
-    EMU_ENTER(true, d);
-    (void)d;
-    emu_event *ev;
-    cudaError_t e = get_event(event, "cudaEventQuery", &ev);
-    if (e != cudaSuccess) return emu_ret(e);
-    uint64_t seq;
-    emu_stream *on = event_target(ev, &seq);
-    if (on) {
-        e = on->completed.load() < seq ? cudaErrorNotReady : cudaSuccess;
-        if (emu_sticky(on->dev) != cudaSuccess) e = emu_sticky(on->dev);
-        emu_stream_put(on);
-    }
-    event_put(ev);
-    return e == cudaErrorNotReady ? e : emu_ret(e);
-}
-
-cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
-    EMU_ENTER(true, d);
-    (void)d;
-    if (!ms) return emu_ret(cudaErrorInvalidValue);
-    emu_event *ev[2];
-    cudaError_t e = get_event(start, "cudaEventElapsedTime", &ev[0]);
-    if (e != cudaSuccess) return emu_ret(e);
-    e = get_event(end, "cudaEventElapsedTime", &ev[1]);
-    if (e != cudaSuccess) {
-        event_put(ev[0]);
-        return emu_ret(e);
-    }
-    double t[2];
-    for (int i = 0; i < 2 && e == cudaSuccess; i++) {
-        uint64_t seq;
-        emu_stream *on = event_target(ev[i], &seq);
-        if ((ev[i]->flags & cudaEventDisableTiming) || !on) e = cudaErrorInvalidResourceHandle;
-        else if (on->completed.load() < seq) e = cudaErrorNotReady;
-        emu_stream_put(on);
-        pthread_mutex_lock(&ev[i]->mu);
-        t[i] = ev[i]->t_ms;
-        pthread_mutex_unlock(&ev[i]->mu);
-    }
-    if (e == cudaSuccess) *ms = (float)(t[1] - t[0]);
-    event_put(ev[0]);
-    event_put(ev[1]);
     return emu_ret(e);
 }
