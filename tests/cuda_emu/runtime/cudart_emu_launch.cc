@@ -12,8 +12,9 @@
  * On the device, the grid runs once, or with FERRY_EMU_RACECHECK=1 three times, its
  * threads and blocks in forward, reverse and shuffled order, each from the device
  * memory as it was before the first (every live allocation of the device is compared:
- * fy_emu_check_orders); a difference is a race, which ends the device process (the
- * device's sticky error is then cudaErrorLaunchFailure). */
+ * fy_emu_check_orders) while no other work of the device runs (cudart_emu_proc.cc); a
+ * difference is a race, which ends the device process (the device's sticky error is
+ * then cudaErrorLaunchFailure). */
 #include "tests/cuda_emu/cuda_emu.h"
 #include "tests/cuda_emu/runtime/cudart_emu.h"
 

@@ -150,6 +150,11 @@ static void alt_stack(void) {
     sigaltstack(&ss, NULL);
 }
 
+/* With the race check (FERRY_EMU_RACECHECK), device work runs one item at a time: a
+ * kernel runs three times from the device memory as it was before, which work of other
+ * streams running meanwhile would change (and be undone by). */
+static pthread_mutex_t racecheck_mu = PTHREAD_MUTEX_INITIALIZER;
+
 static void *serve_stream(void *arg) {
     const int fd = (int)(intptr_t)arg;
     alt_stack();
@@ -161,9 +166,11 @@ static void *serve_stream(void *arg) {
         const emu_msg *m = (const emu_msg *)buf;
         cudaError_t r = emu_sticky(device_index);
         if (r == cudaSuccess) {
+            if (g_emu.racecheck) pthread_mutex_lock(&racecheck_mu);
             tl_work = m->what;
             r = m->fn(buf + sizeof(emu_msg));
             tl_work = NULL;
+            if (g_emu.racecheck) pthread_mutex_unlock(&racecheck_mu);
             if (is_sticky(r)) {
                 char why[sizeof m->what + 64];
                 snprintf(why, sizeof why, "%.63s failed on the device: error %d", m->what, (int)r);
