@@ -4,7 +4,8 @@
  * capability 9.0 with 132 SMs (an H100 SXM's), FERRY_EMU_GPU_MEM each. The current device
  * is per thread; a thread that never set one uses device 0, and the first call that needs
  * a context on a device creates it, as CUDA's runtime does (cudaSetDevice creates it
- * since CUDA 12; its memory is charged: cudart_emu_mem.cc).
+ * since CUDA 12; its memory is charged: cudart_emu_mem.cc). A thread that never set a
+ * device creating GPU 0's context while another GPU has one is reported.
  *
  * Versions: cudaRuntimeGetVersion is the toolkit's CUDART_VERSION; cudaDriverGetVersion
  * is FERRY_EMU_DRIVER_VERSION if set, else the same. A driver of an older major version
@@ -34,6 +35,18 @@ cudaError_t emu_ret(cudaError_t e) {
 
 static int current(void) { return tl_dev < 0 ? 0 : tl_dev; }
 
+/* A thread that never set a device is about to create GPU 0's context: reported when the
+ * process works on another GPU (a context there it never meant to have, and its memory:
+ * on a machine whose GPU 0 is another process's, that one's memory). */
+static void stray_context(void) {
+    for (int d = 1; d < g_emu.ngpus; d++)
+        if (g_emu.gpu[d].ctx.load()) {
+            fy_emu_report("a thread that never called cudaSetDevice uses GPU 0 (CUDA's default) and "
+                          "creates its context, while the process works on GPU %d", d);
+            return;
+        }
+}
+
 cudaError_t emu_enter(bool ctx, int *dev) {
     *dev = 0;
     cudaError_t e = emu_init();
@@ -49,6 +62,7 @@ cudaError_t emu_enter(bool ctx, int *dev) {
     *dev = current();
     if (!ctx) return cudaSuccess;
     if ((e = emu_sticky(*dev)) != cudaSuccess) return e;
+    if (tl_dev < 0 && !g_emu.gpu[0].ctx.load()) stray_context();
     return emu_ctx(*dev);
 }
 

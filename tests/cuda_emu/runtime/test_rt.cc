@@ -17,12 +17,14 @@
  * about its wall time), with it sleeps. Launches: a bad configuration is the launch's
  * cudaGetLastError; FERRY_EMU_RACECHECK=1 passes a kernel without races and stops the
  * device on one with. A crash of the device's process is an error, not a hang. Pointer
- * kinds are the same seen from both processes; device work may not call the runtime.
+ * kinds are the same seen from both processes; device work may not call the runtime; a
+ * thread that never set a device opens GPU 0, reported when the process works on another.
  *
  * Every test initialises CUDA in its own process (Criterion forks one per test): the
  * settings (FERRY_EMU_*) are set before the first call. */
 #include <criterion/criterion.h>
 
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -503,6 +505,37 @@ Test(launch, the_device_looks_like_one) {
     cr_expect_eq(f0, f1, "each device has its context");
     cr_expect_str_eq(cudaGetErrorName(cudaErrorIllegalAddress), "cudaErrorIllegalAddress");
     cr_expect_str_eq(cudaGetErrorString(cudaErrorIllegalAddress), "an illegal memory access was encountered");
+}
+
+static cudaStream_t lane_stream;
+static cudaError_t lane_result;
+static void *lane(void *arg) {
+    lane_result = cudaStreamQuery(lane_stream); /* never called cudaSetDevice */
+    return NULL;
+}
+
+Test(launch, a_thread_without_a_device_opens_gpu_0) {
+    setenv("FERRY_EMU_GPUS", "2", 1);
+    char path[] = "/tmp/fy_test_rt_XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    unlink(path);
+    dup2(fd, 2); /* the emulation's reports */
+    OK(cudaSetDevice(1));
+    lane_stream = new_stream();
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, lane, NULL), 0);
+    pthread_join(t, NULL);
+    OK(lane_result);
+    size_t f0, f1, total;
+    OK(cudaMemGetInfo(&f1, &total));
+    OK(cudaSetDevice(0));
+    OK(cudaMemGetInfo(&f0, &total));
+    cr_expect_eq(f0, f1, "GPU 0 has a context too, and its memory is taken");
+    char buf[1024] = "";
+    ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+    buf[n > 0 ? n : 0] = 0;
+    cr_expect(strstr(buf, "never called cudaSetDevice uses GPU 0") != NULL, "reported:\n%s", buf);
 }
 
 Test(launch, an_old_driver_is_insufficient) {
