@@ -11,7 +11,8 @@
  * returns at once): reported, and in strict mode (FERRY_EMU_STRICT, the default)
  * cudaErrorIllegalState, because in ferry it means a dependency that orders nothing.
  * Elapsed times need timing on both events (else cudaErrorInvalidResourceHandle) and
- * both records done (else cudaErrorNotReady). A destroyed event is
+ * both records done (else cudaErrorNotReady). An event is recorded on streams of the
+ * device current at its creation only (one context, as CUDA's). A destroyed event is
  * cudaErrorInvalidResourceHandle; a record still queued keeps its structure alive. */
 #include "tests/cuda_emu/runtime/cudart_emu.h"
 
@@ -22,6 +23,7 @@
 
 typedef struct emu_event {
     unsigned flags;
+    int dev;                           /* the device current at its creation */
     pthread_mutex_t mu;
     emu_stream *st;                    /* the latest record's stream (a reference); NULL: never */
     uint64_t seq;                      /* its marker's number there */
@@ -68,11 +70,11 @@ static cudaError_t get_event(cudaEvent_t e, const char *call, emu_event **out) {
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags) {
     EMU_ENTER(true, d);
-    (void)d;
     if (!event || (flags & ~(unsigned)(cudaEventBlockingSync | cudaEventDisableTiming)))
         return emu_ret(cudaErrorInvalidValue);
     emu_event *ev = new emu_event();
     ev->flags = flags;
+    ev->dev = d;
     pthread_mutex_init(&ev->mu, NULL);
     ev->refs.store(1);
     pthread_mutex_lock(&handles_mu);
@@ -130,6 +132,12 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     if (e != cudaSuccess) return emu_ret(e);
     emu_stream *st;
     e = emu_stream_lookup(stream, d, "cudaEventRecord", &st);
+    if (e == cudaSuccess && emu_stream_dev(st) != ev->dev) { /* one context, as CUDA's */
+        fy_emu_report("cudaEventRecord: an event of GPU %d on a stream of GPU %d", ev->dev,
+                      emu_stream_dev(st));
+        emu_stream_put(st);
+        e = cudaErrorInvalidResourceHandle;
+    }
     if (e != cudaSuccess) {
         event_put(ev);
         return emu_ret(e);

@@ -5,7 +5,8 @@
  *
  * At the launch, on the host: the configuration is checked as CUDA checks it (a bad one
  * is cudaErrorInvalidConfiguration, the calling thread's next cudaGetLastError, and
- * nothing runs); the device's first launch loads the kernels' module, whose memory is
+ * nothing runs), and the stream must be of the calling thread's device
+ * (cudaErrorInvalidResourceHandle, reported); the device's first launch loads the kernels' module, whose memory is
  * charged (EMU_MODULE_NBYTES; cudaErrorMemoryAllocation if it does not fit, reported);
  * then the call is queued on the stream.
  *
@@ -100,7 +101,13 @@ extern "C" void fy_emu_launch(cudaStream_t s, dim3 grid, dim3 block, size_t shme
         emu_ret(cudaErrorInvalidResourceHandle);
         return;
     }
-    e = load_module(emu_stream_dev(st));
+    if (emu_stream_dev(st) != d) { /* CUDA launches into the current device's streams only */
+        fy_emu_report("kernel %s launched on a stream of GPU %d by a thread whose device is GPU %d",
+                      name, emu_stream_dev(st), d);
+        e = cudaErrorInvalidResourceHandle;
+    } else {
+        e = load_module(d);
+    }
     if (e == cudaSuccess) {
         kernel_args ka;
         ka.run = run;

@@ -18,7 +18,8 @@
  * cudaGetLastError; FERRY_EMU_RACECHECK=1 passes a kernel without races and stops the
  * device on one with. A crash of the device's process is an error, not a hang. Pointer
  * kinds are the same seen from both processes; device work may not call the runtime; a
- * thread that never set a device opens GPU 0, reported when the process works on another.
+ * thread that never set a device opens GPU 0, reported when the process works on another;
+ * kernels and event records go to streams of their own device only.
  *
  * Every test initialises CUDA in its own process (Criterion forks one per test): the
  * settings (FERRY_EMU_*) are set before the first call. */
@@ -514,7 +515,7 @@ static void *lane(void *arg) {
     return NULL;
 }
 
-Test(launch, a_thread_without_a_device_opens_gpu_0) {
+Test(launch, devices_are_per_thread_and_their_handles_theirs) {
     setenv("FERRY_EMU_GPUS", "2", 1);
     char path[] = "/tmp/fy_test_rt_XXXXXX";
     int fd = mkstemp(path);
@@ -532,6 +533,13 @@ Test(launch, a_thread_without_a_device_opens_gpu_0) {
     OK(cudaSetDevice(0));
     OK(cudaMemGetInfo(&f0, &total));
     cr_expect_eq(f0, f1, "GPU 0 has a context too, and its memory is taken");
+    float *p;
+    OK(cudaMalloc((void **)&p, 64));
+    FY_LAUNCH(1, 32, 0, lane_stream, fill_k)(p, 1.0f, 16);
+    cr_expect_eq(cudaGetLastError(), cudaErrorInvalidResourceHandle, "a launch on GPU 1's stream from GPU 0");
+    cudaEvent_t e;
+    OK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    cr_expect_eq(cudaEventRecord(e, lane_stream), cudaErrorInvalidResourceHandle, "GPU 0's event, GPU 1's stream");
     char buf[1024] = "";
     ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
     buf[n > 0 ? n : 0] = 0;
