@@ -128,9 +128,11 @@ struct dim3 {
 /* The runtime's launch (tests/cuda_emu/runtime/cudart_emu_launch.cc): checks the
  * configuration (a bad one is the calling thread's next cudaGetLastError, as CUDA's),
  * charges the kernels' module at a device's first launch, and queues run on the stream
- * with a copy of args[0, nbytes). */
+ * with a copy of args[0, nbytes). ptrs[0, nptrs) are the kernel's pointer arguments (NULL
+ * for the others), checked for pageable host memory, which the device cannot read. */
 extern "C" void fy_emu_launch(cudaStream_t s, dim3 grid, dim3 block, size_t shmem, const char *name,
-                              cudaError_t (*run)(void *args), const void *args, size_t nbytes);
+                              cudaError_t (*run)(void *args), const void *args, size_t nbytes,
+                              const void *const *ptrs, int nptrs);
 #endif
 
 /* ---- bf16 and fp16 ------------------------------------------------------------------ */
@@ -262,6 +264,12 @@ static inline void apply_args(K k, const arg_pack<H, R...> &p, Done... d) {
     apply_args(k, p.rest, d..., p.head);
 }
 
+/* An argument if it is a pointer, else NULL. */
+template <typename T> static inline const void *pointer_arg(T v) {
+    if constexpr (std::is_pointer<T>::value) return (const void *)v;
+    else return nullptr;
+}
+
 /* FY_LAUNCH's object: launch(...)(args) queues kernel(args) on the stream. The queued
  * call lives in the program that has the kernel (this template is instantiated there),
  * which the device's process, a fork of it, has too. (Not named launcher: a test program
@@ -292,7 +300,8 @@ template <typename... P> struct queued_launcher {
         static_assert((std::is_trivially_copyable<P>::value && ...),
                       "a kernel's arguments are copied to the device: trivially copyable");
         call c{kernel, grid, block, name, &__start_fy_emu_shared, &__stop_fy_emu_shared, pack_args(a...)};
-        fy_emu_launch(stream, grid, block, shmem, name, &call::run, &c, sizeof c);
+        const void *ptrs[sizeof...(P) + 1] = {pointer_arg(a)..., nullptr};
+        fy_emu_launch(stream, grid, block, shmem, name, &call::run, &c, sizeof c, ptrs, (int)sizeof...(P));
     }
 };
 template <typename... P>

@@ -10,6 +10,10 @@
  * charged (EMU_MODULE_NBYTES; cudaErrorMemoryAllocation if it does not fit, reported);
  * then the call is queued on the stream.
  *
+ * A pointer argument to pageable host memory is what a GPU faults on when the kernel
+ * reads it: the launch goes, and its work fails there with cudaErrorIllegalAddress (the
+ * device process, a fork, could read a stale copy of memory older than itself).
+ *
  * On the device, the grid runs once, or with FERRY_EMU_RACECHECK=1 three times, its
  * threads and blocks in forward, reverse and shuffled order, each from the device
  * memory as it was before the first (every live allocation of the device is compared:
@@ -30,7 +34,8 @@
 
 typedef struct kernel_args {
     cudaError_t (*run)(void *args);
-    char name[64];
+    const void *pageable;              /* a pointer argument to pageable memory, or NULL */
+    char name[56];
     alignas(16) char payload[FY_EMU_ARGS_MAX - 80];
 } kernel_args;
 #define KERNEL_HEAD offsetof(kernel_args, payload)
@@ -43,6 +48,13 @@ static void run_once(void *k) {
 /* The device's half: the grid once, or the race check over the device's memory. */
 static cudaError_t run_kernel(void *k) {
     kernel_args *ka = (kernel_args *)k;
+    if (ka->pageable) { /* what a GPU does with it: a fault */
+        char why[160];
+        snprintf(why, sizeof why, "an illegal memory access by %s at %p (pageable host memory, "
+                 "passed as its argument)", ka->name, ka->pageable);
+        emu_fail(emu_device_index(), cudaErrorIllegalAddress, why);
+        return cudaErrorIllegalAddress;
+    }
     if (!g_emu.racecheck) return ka->run(ka->payload);
     emu_alloc *allocs = (emu_alloc *)malloc(EMU_MAX_ALLOCS * sizeof *allocs);
     fy_emu_buf *bufs = (fy_emu_buf *)malloc(EMU_MAX_ALLOCS * sizeof *bufs);
@@ -76,7 +88,8 @@ static cudaError_t load_module(int d) {
 }
 
 extern "C" void fy_emu_launch(cudaStream_t s, dim3 grid, dim3 block, size_t shmem, const char *name,
-                              cudaError_t (*run)(void *args), const void *args, size_t nbytes) {
+                              cudaError_t (*run)(void *args), const void *args, size_t nbytes,
+                              const void *const *ptrs, int nptrs) {
     int d;
     cudaError_t e = emu_enter(true, &d);
     if (e != cudaSuccess) {
@@ -111,6 +124,11 @@ extern "C" void fy_emu_launch(cudaStream_t s, dim3 grid, dim3 block, size_t shme
     if (e == cudaSuccess) {
         kernel_args ka;
         ka.run = run;
+        ka.pageable = NULL;
+        for (int i = 0; i < nptrs && !ka.pageable; i++) {
+            int pd;
+            if (ptrs[i] && emu_mem_find(ptrs[i], 1, &pd) == FY_EMU_PAGEABLE) ka.pageable = ptrs[i];
+        }
         snprintf(ka.name, sizeof ka.name, "%s", name);
         memcpy(ka.payload, args, nbytes);
         e = emu_stream_dev_work(st, run_kernel, &ka, KERNEL_HEAD + nbytes, name);

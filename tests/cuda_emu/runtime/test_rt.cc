@@ -122,6 +122,16 @@ Test(memory, a_kernel_past_its_allocation_is_a_sticky_illegal_address) {
     cr_expect_eq(cudaGetLastError(), cudaErrorIllegalAddress, "and it is never cleared");
 }
 
+Test(memory, a_kernel_given_pageable_memory_is_an_illegal_address) {
+    float *h = (float *)calloc(64, sizeof(float)); /* older than the device process */
+    cudaStream_t s = new_stream();
+    FY_LAUNCH(1, 32, 0, s, fill_k)(h, 1.0f, 16);
+    cr_expect_eq(cudaGetLastError(), cudaSuccess, "the launch itself succeeds");
+    cr_expect_eq(cudaStreamSynchronize(s), cudaErrorIllegalAddress);
+    cr_expect_eq(h[0], 0.0f);
+    free(h);
+}
+
 Test(memory, a_kernel_inside_its_allocation_runs) {
     cudaStream_t s = new_stream();
     float *p, *h;
