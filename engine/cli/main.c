@@ -58,6 +58,9 @@ static int cmd_info(void) {
                "(CUDA %s, cuBLASLt loaded at run time)\n", fy_dev_cuda_version());
     else
         printf("build     C11, OpenMP, OpenBLAS (cpu GEMMs), cJSON; cuda backend: not compiled in\n");
+    if (fy_dev_cuda_emulated())
+        printf("          the cuda backend runs on an emulated GPU: the CUDA runtime, cuBLASLt "
+               "and NCCL emulated on the CPU (-Dcuda=emulated, for tests)\n");
     printf("cpu       %ld cores, %.1f GiB memory, features: %s\n", ncpu,
            (double)pages * (double)psz / 1073741824.0, feats);
     fy_gpu_info gpus[8];

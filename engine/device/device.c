@@ -29,6 +29,14 @@ int fy_dev_gpus(fy_gpu_info *out, int max, char *why, size_t whylen) {
 #endif
 }
 
+bool fy_dev_cuda_emulated(void) {
+#ifdef FY_CUDA_EMULATED
+    return true;
+#else
+    return false;
+#endif
+}
+
 const char *fy_dev_cuda_version(void) {
 #ifdef FY_CUDA_VERSION
     return FY_CUDA_VERSION;

@@ -173,6 +173,9 @@ typedef struct fy_gpu_info {
 int fy_dev_gpus(fy_gpu_info *out, int max, char *why, size_t whylen);
 /* The CUDA runtime version this build was compiled against ("13.0"), or "". */
 const char *fy_dev_cuda_version(void);
+/* Whether the cuda backend runs on the emulated CUDA runtime (-Dcuda=emulated: the CPU
+ * plays the GPU, cuBLASLt and NCCL; for tests). */
+bool fy_dev_cuda_emulated(void);
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,7 @@
 /* cuda_emu.cc — the emulation's runtime (cuda_emu.h): a block's threads as fibers, the
  * scheduler that runs them between barriers in the order asked for, the warp exchange,
- * the launch errors. One OS thread runs a grid; several OS threads may each run their
- * own (the state is thread_local). */
+ * the launch errors, the race check over the three orders. One OS thread runs a grid;
+ * several OS threads may each run their own (the state is thread_local). */
 #include "tests/cuda_emu/cuda_emu.h"
 
 #include <stdio.h>
@@ -15,11 +15,6 @@
 #include <sanitizer/common_interface_defs.h>
 #define EMU_ASAN 1
 #endif
-
-/* The shared-memory section's bounds (the linker's); weak: a program with no __shared__
- * variable has no section. */
-extern "C" char __start_fy_emu_shared __attribute__((weak));
-extern "C" char __stop_fy_emu_shared __attribute__((weak));
 
 /* Switching fibers. On x86-64, a switch saves the callee-saved registers on the current
  * stack, stores the stack pointer and loads the other's: no signal mask, so no system
@@ -94,6 +89,7 @@ struct block_run {
     void (*fn)(void *);
     void *ctx;
     const char *name;
+    char *shared_lo, *shared_hi; /* the __shared__ section */
     uint64_t released[MAX_THREADS / 32][32]; /* per warp: the last exchange's deposits */
 #ifdef EMU_ASAN
     void *sched_fake;          /* the scheduler's, while a fiber runs */
@@ -104,7 +100,9 @@ struct block_run {
 
 static thread_local block_run *g_run;
 static thread_local int g_order;
+#ifndef FY_CUDA_EMU_RT
 static thread_local cudaError_t g_last_error = cudaSuccess;
+#endif
 /* MAX_THREADS stacks and thread states, made once per OS thread, freed with it */
 struct fibers {
     char *stacks = nullptr;
@@ -197,8 +195,7 @@ __attribute__((noinline)) static void make_fiber(thread_state *t, int i) {
 
 static void run_block(block_run *r, uint64_t seed) {
     static thread_local int ord[MAX_THREADS];
-    if (&__stop_fy_emu_shared > &__start_fy_emu_shared)
-        memset(&__start_fy_emu_shared, 0xff, (size_t)(&__stop_fy_emu_shared - &__start_fy_emu_shared));
+    if (r->shared_hi > r->shared_lo) memset(r->shared_lo, 0xff, (size_t)(r->shared_hi - r->shared_lo));
     for (int i = 0; i < r->n; i++) make_fiber(&r->th[i], i);
     uint64_t rng = seed * 0x9e3779b97f4a7c15ull + 1;
     for (int done = 0; done < r->n;) {
@@ -273,12 +270,22 @@ static uint64_t shuffle_stride(uint64_t n, uint64_t *rng) {
     return s;
 }
 
-void run_grid(dim3 grid, dim3 block, size_t shmem, const char *name, void (*fn)(void *), void *ctx) {
+bool launch_config_ok(dim3 grid, dim3 block, size_t shmem) {
     const size_t nthreads = (size_t)block.x * block.y * block.z;
-    if (nthreads == 0 || nthreads > MAX_THREADS || block.z > 64 || grid.x == 0 || grid.y == 0 ||
-        grid.z == 0 || grid.y > 65535 || grid.z > 65535 || shmem != 0) {
+    return nthreads > 0 && nthreads <= MAX_THREADS && block.z <= 64 && grid.x > 0 && grid.y > 0 &&
+           grid.z > 0 && grid.y <= 65535 && grid.z <= 65535 && shmem == 0;
+}
+
+void run_grid(dim3 grid, dim3 block, size_t shmem, const char *name, void (*fn)(void *), void *ctx,
+              char *shared_lo, char *shared_hi) {
+    const size_t nthreads = (size_t)block.x * block.y * block.z;
+    if (!launch_config_ok(grid, block, shmem)) {
+#ifdef FY_CUDA_EMU_RT
+        fail("a launch configuration the runtime should have refused");
+#else
         g_last_error = cudaErrorInvalidConfiguration;
         return;
+#endif
     }
     std::lock_guard<std::mutex> one_at_a_time(g_launch_mu); /* the shared section is global */
     if (!g_stacks) {
@@ -297,6 +304,8 @@ void run_grid(dim3 grid, dim3 block, size_t shmem, const char *name, void (*fn)(
     r->fn = fn;
     r->ctx = ctx;
     r->name = name;
+    r->shared_lo = shared_lo;
+    r->shared_hi = shared_hi;
     block_run *outer = g_run;
     g_run = r;
     cur_block_dim = block;
@@ -365,6 +374,7 @@ void fy_mma_16816_bf16(float d[4], const uint32_t a[4], const uint32_t b[2], con
     fy_emu::mma_16816_bf16(d, a, b, c);
 }
 
+#ifndef FY_CUDA_EMU_RT
 cudaError_t cudaGetLastError(void) {
     cudaError_t e = fy_emu::g_last_error;
     fy_emu::g_last_error = cudaSuccess;
@@ -376,5 +386,41 @@ const char *cudaGetErrorString(cudaError_t e) {
                                                ? "invalid launch configuration (emulation)"
                                                : "launch failure (emulation)";
 }
+#endif
 
 extern "C" void fy_emu_set_order(int order) { fy_emu::g_order = order; }
+
+extern "C" void fy_emu_check_orders(const char *what, void (*run)(void *ctx), void *ctx,
+                                    const fy_emu_buf *bufs, int nbufs) {
+    static const char *const orders[3] = {"forward", "reverse", "shuffled"};
+    void **before = (void **)calloc((size_t)nbufs + 1, sizeof(void *));
+    void **first = (void **)calloc((size_t)nbufs + 1, sizeof(void *));
+    if (!before || !first) abort();
+    for (int k = 0; k < nbufs; k++) {
+        before[k] = malloc(bufs[k].nbytes ? bufs[k].nbytes : 1);
+        first[k] = malloc(bufs[k].nbytes ? bufs[k].nbytes : 1);
+        if (!before[k] || !first[k]) abort();
+        memcpy(before[k], bufs[k].p, bufs[k].nbytes);
+    }
+    for (int o = 0; o < 3; o++) {
+        for (int k = 0; k < nbufs && o > 0; k++) memcpy(bufs[k].p, before[k], bufs[k].nbytes);
+        fy_emu_set_order(o);
+        run(ctx);
+        for (int k = 0; k < nbufs; k++) {
+            if (o == 0) {
+                memcpy(first[k], bufs[k].p, bufs[k].nbytes);
+            } else if (memcmp(first[k], bufs[k].p, bufs[k].nbytes)) {
+                fprintf(stderr, "cuda emulation: %s: its output %s differs when its threads run in "
+                        "%s order: a race\n", what, bufs[k].name, orders[o]);
+                abort();
+            }
+        }
+    }
+    fy_emu_set_order(0);
+    for (int k = 0; k < nbufs; k++) {
+        free(before[k]);
+        free(first[k]);
+    }
+    free(before);
+    free(first);
+}

@@ -46,6 +46,15 @@
  * Anything else a kernel could use (atomics, other intrinsics, textures, cooperative
  * groups) is not declared here, so it fails to compile rather than run wrongly.
  *
+ * Two builds use it. The kernel tests' (FY_CUDA_EMU alone): the types above are this
+ * file's, a launch runs the grid there and then on the calling thread, and the cuda
+ * backend's entry points are renamed (below). The emulated CUDA runtime's (also
+ * FY_CUDA_EMU_RT, -Dcuda=emulated; tests/cuda_emu/runtime): the types are the toolkit's
+ * (include/cuda_runtime_api.h passes the real header through), cudaGetLastError is the
+ * runtime's, and a launch checks its configuration, copies its arguments (trivially
+ * copyable) and queues the grid on the stream (fy_emu_launch), which the emulated
+ * device's process runs in stream order.
+ *
  * What it cannot see: a thread runs from one barrier or warp operation to the next
  * without interruption, so a read-modify-write race whose result is the same in every
  * order (every thread adding 1 to one shared counter) passes, where a GPU loses updates;
@@ -67,25 +76,43 @@
 #include <string.h>
 
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
-/* Kernels get internal linkage, and the backend's entry points other names: a build with
- * the real cuda backend links both objects into the emulation's tests, and neither may
- * stand in for the other. */
+#ifdef FY_CUDA_EMU_RT
+#include <cuda_runtime_api.h>
+#undef __global__
+#undef __device__
+#undef __host__
+#undef __forceinline__
+#undef __shared__
+#endif
+
+/* Kernels get internal linkage. In the kernel tests' build the backend's entry points get
+ * other names too: a build with the real cuda backend links both objects into the
+ * emulation's tests, and neither may stand in for the other. */
 #define __global__ static
 #define __device__
 #define __host__
 #define __forceinline__ inline
+#ifndef FY_CUDA_EMU_RT
 #define fy_cu_exec_kernel fy_emu_cu_exec_kernel
 #define fy_cu_colsum_acc fy_emu_cu_colsum_acc
 #define fy_cu_bias_fill fy_emu_cu_bias_fill
+#endif
 /* Shared memory: one section of static variables, poisoned (every byte 0xff: NaN, -1)
  * before each block, so a read before the block's own write shows; emulated launches are
  * serialised across OS threads (the section is the process's). */
 #define __shared__ __attribute__((section("fy_emu_shared"))) static
 
+/* The shared-memory section's bounds (the linker's), taken where the kernels are; weak:
+ * a program with no __shared__ variable has no section. */
+extern "C" char __start_fy_emu_shared __attribute__((weak));
+extern "C" char __stop_fy_emu_shared __attribute__((weak));
+
 /* ---- the runtime's types ---------------------------------------------------------- */
 
+#ifndef FY_CUDA_EMU_RT
 typedef struct CUstream_st *cudaStream_t;
 typedef enum cudaError { cudaSuccess = 0, cudaErrorInvalidConfiguration = 9,
                          cudaErrorLaunchFailure = 4 } cudaError_t;
@@ -97,6 +124,16 @@ struct dim3 {
     unsigned x, y, z;
     dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
+#else
+/* The runtime's launch (tests/cuda_emu/runtime/cudart_emu_launch.cc): checks the
+ * configuration (a bad one is the calling thread's next cudaGetLastError, as CUDA's),
+ * charges the kernels' module at a device's first launch, and queues run on the stream
+ * with a copy of args[0, nbytes). ptrs[0, nptrs) are the kernel's pointer arguments (NULL
+ * for the others), checked for pageable host memory, which the device cannot read. */
+extern "C" void fy_emu_launch(cudaStream_t s, dim3 grid, dim3 block, size_t shmem, const char *name,
+                              cudaError_t (*run)(void *args), const void *args, size_t nbytes,
+                              const void *const *ptrs, int nptrs);
+#endif
 
 /* ---- bf16 and fp16 ------------------------------------------------------------------ */
 
@@ -157,8 +194,16 @@ void syncthreads();
 void warp_exchange(uint64_t value, uint64_t out[32], int kind);
 int lane_of_caller();
 
-/* Runs fn(ctx) as every thread of every block of the grid (see the top). */
-void run_grid(dim3 grid, dim3 block, size_t shmem, const char *name, void (*fn)(void *), void *ctx);
+/* Whether CUDA launches a grid of this shape: at most 1024 threads a block, block.z at
+ * most 64, grid.y and grid.z at most 65535, nothing empty, no dynamic shared memory (not
+ * emulated). */
+bool launch_config_ok(dim3 grid, dim3 block, size_t shmem);
+/* Runs fn(ctx) as every thread of every block of the grid (see the top); [shared_lo,
+ * shared_hi) is the __shared__ section of the program the kernel is in. A configuration
+ * launch_config_ok refuses is the launch's error (kernel tests) or a bug (the runtime
+ * checked it before queueing). */
+void run_grid(dim3 grid, dim3 block, size_t shmem, const char *name, void (*fn)(void *), void *ctx,
+              char *shared_lo, char *shared_hi);
 
 template <typename T> static inline uint64_t to_bits(T v) {
     static_assert(sizeof(T) <= 8, "warp values of at most 8 bytes");
@@ -173,6 +218,7 @@ template <typename T> static inline T from_bits(uint64_t u) {
 }
 void check_full_mask(unsigned mask);
 
+#ifndef FY_CUDA_EMU_RT
 /* FY_LAUNCH's object: launch(...)(args) runs kernel(args) on the grid. */
 template <typename... P> struct launcher {
     dim3 grid, block;
@@ -189,13 +235,81 @@ template <typename... P> struct launcher {
                 std::apply(self->k, *self->args);
             }
         } c{kernel, &args};
-        run_grid(grid, block, shmem, name, &call::run, &c);
+        run_grid(grid, block, shmem, name, &call::run, &c, &__start_fy_emu_shared,
+                 &__stop_fy_emu_shared);
     }
 };
 template <typename... P>
 launcher<P...> launch(dim3 grid, dim3 block, size_t shmem, const char *name, void (*k)(P...)) {
     return launcher<P...>{grid, block, shmem, name, k};
 }
+#else
+/* A kernel's arguments as one trivially copyable aggregate, copied to the device as
+ * bytes: head, then the rest. */
+template <typename... P> struct arg_pack {};
+template <typename H, typename... R> struct arg_pack<H, R...> {
+    H head;
+    arg_pack<R...> rest;
+};
+static inline arg_pack<> pack_args() { return arg_pack<>{}; }
+template <typename H, typename... R> static inline arg_pack<H, R...> pack_args(H h, R... r) {
+    return arg_pack<H, R...>{h, pack_args(r...)};
+}
+/* k(the pack's values in order) */
+template <typename K, typename... Done> static inline void apply_args(K k, const arg_pack<> &, Done... d) {
+    k(d...);
+}
+template <typename K, typename H, typename... R, typename... Done>
+static inline void apply_args(K k, const arg_pack<H, R...> &p, Done... d) {
+    apply_args(k, p.rest, d..., p.head);
+}
+
+/* An argument if it is a pointer, else NULL. */
+template <typename T> static inline const void *pointer_arg(T v) {
+    if constexpr (std::is_pointer<T>::value) return (const void *)v;
+    else return nullptr;
+}
+
+/* FY_LAUNCH's object: launch(...)(args) queues kernel(args) on the stream. The queued
+ * call lives in the program that has the kernel (this template is instantiated there),
+ * which the device's process, a fork of it, has too. (Not named launcher: a test program
+ * may hold both builds' templates.) */
+template <typename... P> struct queued_launcher {
+    dim3 grid, block;
+    size_t shmem;
+    cudaStream_t stream;
+    const char *name;
+    void (*kernel)(P...);
+    struct call {
+        void (*k)(P...);
+        dim3 grid, block;
+        const char *name;
+        char *shared_lo, *shared_hi;
+        arg_pack<P...> args;
+        static void body(void *c) {
+            const call *self = static_cast<const call *>(c);
+            apply_args(self->k, self->args);
+        }
+        static cudaError_t run(void *c) {
+            call *self = static_cast<call *>(c);
+            run_grid(self->grid, self->block, 0, self->name, &body, c, self->shared_lo, self->shared_hi);
+            return cudaSuccess;
+        }
+    };
+    void operator()(P... a) const { /* converted at the call, as a kernel's arguments are */
+        static_assert((std::is_trivially_copyable<P>::value && ...),
+                      "a kernel's arguments are copied to the device: trivially copyable");
+        call c{kernel, grid, block, name, &__start_fy_emu_shared, &__stop_fy_emu_shared, pack_args(a...)};
+        const void *ptrs[sizeof...(P) + 1] = {pointer_arg(a)..., nullptr};
+        fy_emu_launch(stream, grid, block, shmem, name, &call::run, &c, sizeof c, ptrs, (int)sizeof...(P));
+    }
+};
+template <typename... P>
+queued_launcher<P...> launch(dim3 grid, dim3 block, size_t shmem, cudaStream_t stream, const char *name,
+                             void (*k)(P...)) {
+    return queued_launcher<P...>{grid, block, shmem, stream, name, k};
+}
+#endif
 
 } /* namespace fy_emu */
 
@@ -235,11 +349,25 @@ static inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
  * top); d may be c. */
 void fy_mma_16816_bf16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]);
 
+#ifndef FY_CUDA_EMU_RT
 #define FY_LAUNCH(grid, block, shmem, stream, ...) \
     (void)(stream), fy_emu::launch(dim3(grid), dim3(block), (shmem), #__VA_ARGS__, __VA_ARGS__)
+#else
+#define FY_LAUNCH(grid, block, shmem, stream, ...) \
+    fy_emu::launch(dim3(grid), dim3(block), (shmem), (stream), #__VA_ARGS__, __VA_ARGS__)
+#endif
 
 /* The order runnable threads take between barriers: 0 forward, 1 reverse, 2 shuffled
  * (seeded per launch). Per OS thread. */
 extern "C" void fy_emu_set_order(int order);
+
+/* The race check: run(ctx) three times, the threads in forward, reverse and shuffled
+ * order, each from the contents bufs had before the first; outputs that differ abort
+ * with one line naming `what`, the buffer and the order. */
+extern "C" {
+typedef struct fy_emu_buf { void *p; size_t nbytes; const char *name; } fy_emu_buf;
+void fy_emu_check_orders(const char *what, void (*run)(void *ctx), void *ctx,
+                         const fy_emu_buf *bufs, int nbufs);
+}
 
 #endif

@@ -55,41 +55,6 @@ static size_t arg_nbytes(const fy_op *op, int k) {
     return fy_op_arg_nelem(op, k) * es;
 }
 
-extern "C" void fy_emu_check_orders(const char *what, void (*run)(void *ctx), void *ctx,
-                                    const fy_emu_buf *bufs, int nbufs) {
-    static const char *const orders[3] = {"forward", "reverse", "shuffled"};
-    void **before = (void **)calloc((size_t)nbufs + 1, sizeof(void *));
-    void **first = (void **)calloc((size_t)nbufs + 1, sizeof(void *));
-    if (!before || !first) abort();
-    for (int k = 0; k < nbufs; k++) {
-        before[k] = malloc(bufs[k].nbytes ? bufs[k].nbytes : 1);
-        first[k] = malloc(bufs[k].nbytes ? bufs[k].nbytes : 1);
-        if (!before[k] || !first[k]) abort();
-        memcpy(before[k], bufs[k].p, bufs[k].nbytes);
-    }
-    for (int o = 0; o < 3; o++) {
-        for (int k = 0; k < nbufs && o > 0; k++) memcpy(bufs[k].p, before[k], bufs[k].nbytes);
-        fy_emu_set_order(o);
-        run(ctx);
-        for (int k = 0; k < nbufs; k++) {
-            if (o == 0) {
-                memcpy(first[k], bufs[k].p, bufs[k].nbytes);
-            } else if (memcmp(first[k], bufs[k].p, bufs[k].nbytes)) {
-                fprintf(stderr, "cuda emulation: %s: its output %s differs when its threads run in "
-                        "%s order: a race\n", what, bufs[k].name, orders[o]);
-                abort();
-            }
-        }
-    }
-    fy_emu_set_order(0);
-    for (int k = 0; k < nbufs; k++) {
-        free(before[k]);
-        free(first[k]);
-    }
-    free(before);
-    free(first);
-}
-
 static void run_op(void *op) { exec_once((const fy_op *)op); }
 
 /* The op three times from the same inputs (see emu_dev.h). */

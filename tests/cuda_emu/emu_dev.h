@@ -18,12 +18,7 @@ fy_status fy_emu_dev_new(const fy_dev_cfg *cfg, fy_dev **out);
 /* Whether kernel op `kind` runs emulated on that device (false: the cpu backend's). */
 bool fy_emu_dev_emulates(int kind);
 
-/* The race check: run(ctx) three times, the threads in forward, reverse and shuffled
- * order, each from the contents bufs had before the first; outputs that differ abort
- * with one line naming `what`, the buffer and the order. */
-typedef struct fy_emu_buf { void *p; size_t nbytes; const char *name; } fy_emu_buf;
-void fy_emu_check_orders(const char *what, void (*run)(void *ctx), void *ctx,
-                         const fy_emu_buf *bufs, int nbufs);
+/* The race check, fy_emu_check_orders, is cuda_emu.h's. */
 
 #ifdef __cplusplus
 }
