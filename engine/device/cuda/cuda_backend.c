@@ -26,14 +26,17 @@
 #include "engine/core/util.h"
 #include "engine/device/cuda/cuda_impl.h"
 
+/* The toolkit's directory first: its libraries are the ones this build was compiled and
+ * tested against (an older one of the same major on the library path, from a distribution
+ * or a Python wheel, may lack what the headers promised). Then the library path, for a
+ * binary run where its toolkit is not installed. */
 void *fy_cu_dlopen(const char *soname, const char *what, char *err, size_t cap) {
-    void *h = dlopen(soname, RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        char path[512];
-        snprintf(path, sizeof path, "%s/%s", FY_CUDA_LIBDIR, soname);
-        h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    }
-    if (!h) snprintf(err, cap, "cannot load %s (%s): %s", what, soname, dlerror());
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", FY_CUDA_LIBDIR, soname);
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) h = dlopen(soname, RTLD_NOW | RTLD_LOCAL);
+    if (!h) snprintf(err, cap, "cannot load %s (%s, neither from %s nor the library path): %s",
+                     what, soname, FY_CUDA_LIBDIR, dlerror());
     return h;
 }
 
@@ -65,6 +68,15 @@ static const char *why_none(cudaError_t e) {
 }
 
 int fy_cuda_gpus(fy_gpu_info *out, int max, char *why, size_t whylen) {
+    /* A runtime runs on drivers of its major version and later (CUDA's minor version
+     * compatibility): 13.x needs a driver for 13.0 or newer. */
+    const int need = CUDART_VERSION / 1000 * 1000;
+    int drv = 0;
+    if (cudaDriverGetVersion(&drv) == cudaSuccess && drv > 0 && drv < need) {
+        snprintf(why, whylen, "the NVIDIA driver supports CUDA %d.%d, this build needs %d.0: "
+                 "update the driver", drv / 1000, drv % 1000 / 10, need / 1000);
+        return 0;
+    }
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0) {

@@ -58,8 +58,9 @@ void fy_cu_exec_kernel(fy_cu_stream *cs, const fy_op *op);
 void fy_cu_colsum_acc(fy_cu_stream *cs, fy_dtype dt, void *dst, const void *x, int N, int C);
 /* out (N, C) = bias broadcast over rows. */
 void fy_cu_bias_fill(fy_cu_stream *cs, fy_dtype dt, void *out, const void *bias, int N, int C);
-/* A library of the toolkit loaded with dlopen, by its soname, else from the toolkit's
- * directory; NULL, with "cannot load <what> (<soname>): <why>" in err, if neither loads.
+/* A library of the toolkit loaded with dlopen, from the toolkit's directory, else by its
+ * soname on the library path; NULL, with "cannot load <what> (<soname>): <why>" in err, if
+ * neither loads.
  * FY_CU_SYM then loads one of its functions into a table of pointers typed like them,
  * or says "<what> lacks <name>" in err and returns from the (void) loader. */
 void *fy_cu_dlopen(const char *soname, const char *what, char *err, size_t cap);

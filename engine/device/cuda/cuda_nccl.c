@@ -7,14 +7,39 @@
  * ncclReduce (ncclSum) to each shard's owner, an allgather an ncclBroadcast from each
  * owner, so shards may differ in size (ncclReduceScatter's may not). NCCL adds in an
  * order of its own: two ranks give a + b, the same bits as one process accumulating;
- * more ranks agree to float rounding (unlike the cpu backend's rank-order sums). */
+ * more ranks agree to float rounding (unlike the cpu backend's rank-order sums).
+ *
+ * A build whose toolkit has no nccl.h (FY_NO_NCCL, engine/device/meson.build) has the
+ * cuda backend without collectives: a job that asks for them gets one error line saying
+ * so. */
 #include <dlfcn.h>
-#include <nccl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "engine/device/cuda/cuda_impl.h"
+
+#ifdef FY_NO_NCCL
+
+static fy_status no_nccl(void) {
+    fy_log_error("this build has no NCCL (its CUDA toolkit had no nccl.h): data parallel on "
+                 "GPUs needs it");
+    return FY_ERR_UNSUPPORTED;
+}
+
+fy_status fy_cu_nccl_id(void *id, size_t cap, size_t *len) { return no_nccl(); }
+fy_status fy_cu_nccl_init(fy_cu_dev *cd, const void *id, size_t len, int rank, int size) {
+    return no_nccl();
+}
+void fy_cu_nccl_free(fy_cu_dev *cd) {}
+void fy_cu_nccl_shards(fy_cu_dev *cd, fy_cu_stream *cs, void *buf, const size_t *off, int nranks,
+                       fy_dtype dt, bool gather) {
+    FY_ASSERT(0, "a device collective in a build without NCCL");
+}
+
+#else
+
+#include <nccl.h>
 
 #define NCCL_FUNCS(X)                                                                    \
     X(ncclGetUniqueId) X(ncclCommInitRank) X(ncclReduce) X(ncclBroadcast) X(ncclGroupStart) \
@@ -99,3 +124,5 @@ void fy_cu_nccl_shards(fy_cu_dev *cd, fy_cu_stream *cs, void *buf, const size_t 
     if (st == FY_OK) st = nc_check(nc.ncclGroupEnd(), "ncclGroupEnd");
     FY_ASSERT(st == FY_OK, "an NCCL collective cannot be undone: the job's ranks disagree now");
 }
+
+#endif /* FY_NO_NCCL */
