@@ -45,9 +45,12 @@ static pthread_once_t lt_once = PTHREAD_ONCE_INIT;
 static fy_status lt_status = FY_ERR_UNSUPPORTED;
 static char lt_error[256];
 
+#define LT_STR(x) #x
+#define LT_SONAME(major) "libcublasLt.so." LT_STR(major)
+
 static void lt_load(void) {
     /* the major version this file was compiled against, and no other */
-    void *h = fy_cu_dlopen("libcublasLt.so.13", "cuBLASLt", lt_error, sizeof lt_error);
+    void *h = fy_cu_dlopen(LT_SONAME(CUBLAS_VER_MAJOR), "cuBLASLt", lt_error, sizeof lt_error);
     if (!h) return;
 #define LT_SYM(f) FY_CU_SYM(h, lt, f, "cuBLASLt", lt_error)
     LT_FUNCS(LT_SYM)

@@ -11,6 +11,10 @@
  * the inputs and shapes only. Where the cpu backend's order is as simple (the embedding
  * gradients, the sum of squares, AdamW), the fp32 results are its exact bits.
  *
+ * Speed: kernels over rows of a tensor run on 2D grids (columns along x, rows along y,
+ * striding past 65535), so no thread divides an index; the warp-per-row kernels (the
+ * norms) move a row in 16-byte pieces (load_piece, store_piece).
+ *
  * Every launch is checked at once; a failure aborts naming the kernel. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -62,6 +66,58 @@ static unsigned grid_for(size_t n, unsigned threads) {
     return (unsigned)(g < 1 ? 1 : g > 0x7fffffff ? 0x7fffffff : g);
 }
 
+/* A 2D launch over N rows of C columns: ROW_THREADS threads a block along the columns,
+ * one block row per row of the tensor up to 65535 (the kernels stride past it). */
+#define ROW_THREADS 256
+static dim3 rows_grid(size_t N, size_t C) {
+    return dim3(grid_for(C, ROW_THREADS), (unsigned)(N < 1 ? 1 : N > 65535 ? 65535 : N));
+}
+
+/* ---- rows in 16-byte pieces ----------------------------------------------------------
+ * A warp walks a row of C channels in pieces of V = 16 / sizeof(T) (8 bf16, 4 floats):
+ * lane l takes channels [V l, V l + V), then the same 32 V further on. A piece is one
+ * 16-byte load or store where the row starts 16-byte aligned (every row does when the
+ * tensor is and C is a multiple of V, as the model's widths are), else V scalar ones;
+ * channels past C are skipped (the scalar tail). Which channels a lane takes, and in
+ * what order it adds them, depend on C alone, never on the alignment, so the bits do not
+ * depend on where a buffer lives. */
+struct alignas(16) bytes16 { uint32_t w[4]; };
+
+template <typename T> struct piece { static constexpr int V = 16 / sizeof(T); };
+
+template <typename T> __device__ __forceinline__ bool aligned16(const T *p) {
+    return ((uintptr_t)p & 15u) == 0;
+}
+
+/* f = x[c, c + V) widened to fp32; 0 past C. */
+template <typename T>
+__device__ __forceinline__ void load_piece(float (&f)[piece<T>::V], const T *x, int c, int C, bool vec) {
+    constexpr int V = piece<T>::V;
+    if (vec && c + V <= C) {
+        const bytes16 b = *(const bytes16 *)(x + c);
+        T t[V];
+        memcpy(t, &b, sizeof b);
+        for (int k = 0; k < V; k++) f[k] = to_f(t[k]);
+    } else {
+        for (int k = 0; k < V; k++) f[k] = c + k < C ? to_f(x[c + k]) : 0.0f;
+    }
+}
+
+/* o[c, min(c + V, C)) = f rounded to T. */
+template <typename T>
+__device__ __forceinline__ void store_piece(T *o, const float (&f)[piece<T>::V], int c, int C, bool vec) {
+    constexpr int V = piece<T>::V;
+    if (vec && c + V <= C) {
+        T t[V];
+        for (int k = 0; k < V; k++) t[k] = from_f<T>(f[k]);
+        bytes16 b;
+        memcpy(&b, t, sizeof b);
+        *(bytes16 *)(o + c) = b;
+    } else {
+        for (int k = 0; k < V && c + k < C; k++) o[c + k] = from_f<T>(f[k]);
+    }
+}
+
 /* ---- encoder ---------------------------------------------------------------------- */
 
 /* A row's place in its document (kernels.h): t, or t - docs[n] with documents. */
@@ -74,11 +130,13 @@ __device__ __forceinline__ int position_of(const int32_t *docs, int n, int T_) {
 template <typename T>
 __global__ void encoder_fwd_k(T *out, const int32_t *tok, const T *wte, const T *wpe,
                               const int32_t *docs, int N, int T_, int C, float scale) {
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)N * C) return;
-    int n = (int)(idx / C), c = (int)(idx % C);
-    const float we = __fmul_rn(to_f(wte[(size_t)tok[n] * C + c]), scale);
-    out[idx] = from_f<T>(wpe ? we + to_f(wpe[(size_t)position_of(docs, n, T_) * C + c]) : we);
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    for (int n = blockIdx.y; n < N; n += gridDim.y) {
+        const float we = __fmul_rn(to_f(wte[(size_t)tok[n] * C + c]), scale);
+        out[(size_t)n * C + c] =
+            from_f<T>(wpe ? we + to_f(wpe[(size_t)position_of(docs, n, T_) * C + c]) : we);
+    }
 }
 
 /* dwpe (T, C): one thread per (position p, c) adds, in row order, the rows at place p of
@@ -88,29 +146,31 @@ __global__ void encoder_fwd_k(T *out, const int32_t *tok, const T *wte, const T 
  * binary search. The cpu backend's order, so fp32 gives its bits. */
 template <typename T>
 __global__ void encoder_bwd_wpe_k(T *dwpe, const T *dout, const int32_t *docs, int B, int T_, int C) {
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)T_ * C) return;
-    const int p = (int)(idx / C), c = (int)(idx % C);
-    float acc = to_f(dwpe[idx]);
-    for (int b = 0; b < B; b++) {
-        const T *d = dout + (size_t)b * T_ * C;
-        if (!docs) { acc += to_f(d[idx]); continue; }
-        const int32_t *doc = docs + (size_t)b * T_;
-        for (int s = 0; s + p < T_;) {
-            int lo = s + 1, hi = T_;
-            if (doc[s + p] == s) {
-                acc += to_f(d[(size_t)(s + p) * C + c]);
-                lo = s + p + 1; /* this document runs past s + p */
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    for (int p = blockIdx.y; p < T_; p += gridDim.y) {
+        const size_t idx = (size_t)p * C + c;
+        float acc = to_f(dwpe[idx]);
+        for (int b = 0; b < B; b++) {
+            const T *d = dout + (size_t)b * T_ * C;
+            if (!docs) { acc += to_f(d[idx]); continue; }
+            const int32_t *doc = docs + (size_t)b * T_;
+            for (int s = 0; s + p < T_;) {
+                int lo = s + 1, hi = T_;
+                if (doc[s + p] == s) {
+                    acc += to_f(d[(size_t)(s + p) * C + c]);
+                    lo = s + p + 1; /* this document runs past s + p */
+                }
+                while (lo < hi) {
+                    const int mid = (lo + hi) / 2;
+                    if (doc[mid] > s) hi = mid;
+                    else lo = mid + 1;
+                }
+                s = lo;
             }
-            while (lo < hi) {
-                const int mid = (lo + hi) / 2;
-                if (doc[mid] > s) hi = mid;
-                else lo = mid + 1;
-            }
-            s = lo;
         }
+        dwpe[idx] = from_f<T>(acc);
     }
-    dwpe[idx] = from_f<T>(acc);
 }
 
 /* The embedding scatter's partitions: calls f(n, t) for every position n, in order, whose
@@ -181,8 +241,7 @@ __global__ void encoder_bwd_wte_acc_k(bf16 *dwte, const bf16 *dout, const int32_
 template <typename T>
 static void encoder_fwd(cudaStream_t st, const fy_op *op) {
     int B = (int)op->i[0], T_ = (int)op->i[1], C = (int)op->i[2];
-    size_t n = (size_t)B * T_ * C;
-    FY_LAUNCH(grid_for(n, 256), 256, 0, st, encoder_fwd_k<T>)((T *)op->p[0], (const int32_t *)op->p[1],
+    FY_LAUNCH(rows_grid((size_t)B * T_, C), ROW_THREADS, 0, st, encoder_fwd_k<T>)((T *)op->p[0], (const int32_t *)op->p[1],
         (const T *)op->p[2], (const T *)op->p[3], (const int32_t *)op->p[4], B * T_, T_, C, op->f[0]);
     LAUNCHED("encoder_fwd");
 }
@@ -191,7 +250,7 @@ template <typename T>
 static void encoder_bwd(cudaStream_t st, const fy_op *op) {
     int B = (int)op->i[0], T_ = (int)op->i[1], C = (int)op->i[2], V = (int)op->i[3], N = B * T_;
     if (op->p[1]) { /* learned positions */
-        FY_LAUNCH(grid_for((size_t)T_ * C, 256), 256, 0, st, encoder_bwd_wpe_k<T>)((T *)op->p[1],
+        FY_LAUNCH(rows_grid(T_, C), ROW_THREADS, 0, st, encoder_bwd_wpe_k<T>)((T *)op->p[1],
             (const T *)op->p[2], (const int32_t *)op->p[4], B, T_, C);
         LAUNCHED("encoder_bwd (wpe)");
     }
@@ -218,18 +277,33 @@ static void encoder_bwd(cudaStream_t st, const fy_op *op) {
 template <typename T>
 __global__ void layernorm_fwd_k(T *out, float *mean, float *rstd, const T *inp, const T *w,
                                 const T *b, int N, int C) {
+    constexpr int V = piece<T>::V;
     int lane = threadIdx.x & 31, row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
     if (row >= N) return;
     const T *x = inp + (size_t)row * C;
+    T *o = out + (size_t)row * C;
+    const bool vx = aligned16(x), vw = aligned16(w), vb = aligned16(b), vo = aligned16(o);
+    float xs[V], ws[V], bs[V];
     float s = 0.0f;
-    for (int c = lane; c < C; c += 32) s += to_f(x[c]);
+    for (int c = lane * V; c < C; c += 32 * V) {
+        load_piece(xs, x, c, C, vx);
+        for (int k = 0; k < V; k++) s += xs[k]; /* 0 past C */
+    }
     float m = warp_sum(s) / (float)C;
     float v = 0.0f;
-    for (int c = lane; c < C; c += 32) { float d = to_f(x[c]) - m; v += d * d; }
+    for (int c = lane * V; c < C; c += 32 * V) {
+        load_piece(xs, x, c, C, vx);
+        for (int k = 0; k < V && c + k < C; k++) { float d = xs[k] - m; v += d * d; }
+    }
     v = warp_sum(v) / (float)C;
     float r = 1.0f / sqrtf(v + LN_EPS);
-    T *o = out + (size_t)row * C;
-    for (int c = lane; c < C; c += 32) o[c] = from_f<T>((to_f(x[c]) - m) * r * to_f(w[c]) + to_f(b[c]));
+    for (int c = lane * V; c < C; c += 32 * V) {
+        load_piece(xs, x, c, C, vx);
+        load_piece(ws, w, c, C, vw);
+        load_piece(bs, b, c, C, vb);
+        for (int k = 0; k < V; k++) xs[k] = (xs[k] - m) * r * ws[k] + bs[k];
+        store_piece(o, xs, c, C, vo);
+    }
     if (lane == 0) { mean[row] = m; rstd[row] = r; }
 }
 
@@ -237,21 +311,36 @@ __global__ void layernorm_fwd_k(T *out, float *mean, float *rstd, const T *inp, 
 template <typename T>
 __global__ void layernorm_bwd_dx_k(T *dinp, const T *dout, const T *inp, const T *w,
                                    const float *mean, const float *rstd, int N, int C) {
+    constexpr int V = piece<T>::V;
     int lane = threadIdx.x & 31, row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
     if (row >= N) return;
     const T *x = inp + (size_t)row * C, *d = dout + (size_t)row * C;
+    T *di = dinp + (size_t)row * C;
+    const bool vx = aligned16(x), vd = aligned16(d), vw = aligned16(w), vi = aligned16(di);
+    float xs[V], ds[V], ws[V], is[V];
     float m = mean[row], r = rstd[row], dm = 0.0f, dnm = 0.0f;
-    for (int c = lane; c < C; c += 32) {
-        float norm = (to_f(x[c]) - m) * r, dnorm = to_f(w[c]) * to_f(d[c]);
-        dm += dnorm;
-        dnm += dnorm * norm;
+    for (int c = lane * V; c < C; c += 32 * V) {
+        load_piece(xs, x, c, C, vx);
+        load_piece(ds, d, c, C, vd);
+        load_piece(ws, w, c, C, vw);
+        for (int k = 0; k < V && c + k < C; k++) {
+            float norm = (xs[k] - m) * r, dnorm = ws[k] * ds[k];
+            dm += dnorm;
+            dnm += dnorm * norm;
+        }
     }
     dm = warp_sum(dm) / (float)C;
     dnm = warp_sum(dnm) / (float)C;
-    T *di = dinp + (size_t)row * C;
-    for (int c = lane; c < C; c += 32) {
-        float norm = (to_f(x[c]) - m) * r, dnorm = to_f(w[c]) * to_f(d[c]);
-        di[c] = from_f<T>(to_f(di[c]) + (dnorm - dm - norm * dnm) * r);
+    for (int c = lane * V; c < C; c += 32 * V) {
+        load_piece(xs, x, c, C, vx);
+        load_piece(ds, d, c, C, vd);
+        load_piece(ws, w, c, C, vw);
+        load_piece(is, di, c, C, vi);
+        for (int k = 0; k < V; k++) {
+            float norm = (xs[k] - m) * r, dnorm = ws[k] * ds[k];
+            is[k] += (dnorm - dm - norm * dnm) * r;
+        }
+        store_piece(di, is, c, C, vi);
     }
 }
 
@@ -339,27 +428,53 @@ __device__ __forceinline__ float gain(float w, float offset) { return offset != 
 template <typename T>
 __device__ __forceinline__ float rms_row_fwd(T *o, const T *x, const T *w, int C, float eps,
                                              float offset) {
+    constexpr int V = piece<T>::V;
     const int lane = threadIdx.x & 31;
+    const bool vx = aligned16(x), vw = aligned16(w), vo = aligned16(o);
+    float xs[V], ws[V];
     float ss = 0.0f;
-    for (int c = lane; c < C; c += 32) { float v = to_f(x[c]); ss += v * v; }
+    for (int c = lane * V; c < C; c += 32 * V) {
+        load_piece(xs, x, c, C, vx);
+        for (int k = 0; k < V; k++) ss += xs[k] * xs[k]; /* 0 past C */
+    }
     float r = 1.0f / sqrtf(warp_sum(ss) / (float)C + eps);
-    for (int c = lane; c < C; c += 32) o[c] = from_f<T>(to_f(x[c]) * r * gain(to_f(w[c]), offset));
+    for (int c = lane * V; c < C; c += 32 * V) {
+        load_piece(xs, x, c, C, vx);
+        load_piece(ws, w, c, C, vw);
+        for (int k = 0; k < V; k++) xs[k] = xs[k] * r * gain(ws[k], offset);
+        store_piece(o, xs, c, C, vo);
+    }
     return r;
 }
 
 /* One row's input gradient by one warp, g = w + offset: v = r (g d) - x r^3 mean(g d x);
- * di += v with acc, else di = v. di may be d: a lane reads d[c] before it writes di[c],
- * and no other lane touches c. */
+ * di += v with acc, else di = v. di may be d: a lane reads a piece of d before it writes
+ * that piece of di, and no other lane touches its channels. */
 template <typename T>
 __device__ __forceinline__ void rms_row_bwd(T *di, const T *d, const T *x, const T *w, float r,
                                             int C, float offset, bool acc) {
+    constexpr int V = piece<T>::V;
     const int lane = threadIdx.x & 31;
+    const bool vd = aligned16(d), vx = aligned16(x), vw = aligned16(w), vi = aligned16(di);
+    float ds[V], xs[V], ws[V], is[V];
     float dot = 0.0f;
-    for (int c = lane; c < C; c += 32) dot += gain(to_f(w[c]), offset) * to_f(d[c]) * to_f(x[c]);
+    for (int c = lane * V; c < C; c += 32 * V) {
+        load_piece(ds, d, c, C, vd);
+        load_piece(xs, x, c, C, vx);
+        load_piece(ws, w, c, C, vw);
+        for (int j = 0; j < V && c + j < C; j++) dot += gain(ws[j], offset) * ds[j] * xs[j];
+    }
     float k = warp_sum(dot) / (float)C * r * r * r;
-    for (int c = lane; c < C; c += 32) {
-        const float v = gain(to_f(w[c]), offset) * to_f(d[c]) * r - to_f(x[c]) * k;
-        di[c] = from_f<T>(acc ? to_f(di[c]) + v : v);
+    for (int c = lane * V; c < C; c += 32 * V) {
+        load_piece(ds, d, c, C, vd);
+        load_piece(xs, x, c, C, vx);
+        load_piece(ws, w, c, C, vw);
+        if (acc) load_piece(is, di, c, C, vi);
+        for (int j = 0; j < V; j++) {
+            const float v = gain(ws[j], offset) * ds[j] * r - xs[j] * k;
+            is[j] = acc ? is[j] + v : v;
+        }
+        store_piece(di, is, c, C, vi);
     }
 }
 
@@ -403,23 +518,30 @@ static void rmsnorm_bwd(fy_cu_stream *cs, const fy_op *op) {
 
 /* ---- per-head RMSNorm of q and k ------------------------------------------------------
  * Packed rows (N, W), W = (NH + 2 NKV) hd: row n's head h at n W + h hd, the query heads
- * (gain wq), the key heads (wk), the value heads (copied). One warp per (row, head). */
+ * (gain wq), the key heads (wk), the value heads (copied). One warp per (row, head): a
+ * block's warps take ROWS_PER_BLOCK heads (x) of rows along y (qk_grid). */
+
+static dim3 qk_grid(int N, int NH, int NKV) {
+    return dim3((unsigned)((NH + 2 * NKV + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK),
+                (unsigned)(N < 1 ? 1 : N > 65535 ? 65535 : N));
+}
 
 template <typename T>
 __global__ void qk_norm_fwd_k(T *out, float *rstd, const T *inp, const T *wq, const T *wk, int N,
                               int NH, int NKV, int hd, float eps, float offset) {
     const int heads = NH + NKV, all = heads + NKV, lane = threadIdx.x & 31;
-    const size_t unit = (size_t)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
-    if (unit >= (size_t)N * all) return;
-    const int n = (int)(unit / all), h = (int)(unit % all);
-    const size_t off = (size_t)n * all * hd + (size_t)h * hd;
-    if (h >= heads) { /* a value head */
-        if (out != inp)
-            for (int c = lane; c < hd; c += 32) out[off + c] = inp[off + c];
-        return;
+    const int h = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (h >= all) return; /* whole warps */
+    for (int n = blockIdx.y; n < N; n += gridDim.y) {
+        const size_t off = (size_t)n * all * hd + (size_t)h * hd;
+        if (h >= heads) { /* a value head */
+            if (out != inp)
+                for (int c = lane; c < hd; c += 32) out[off + c] = inp[off + c];
+            continue;
+        }
+        float r = rms_row_fwd(out + off, inp + off, h < NH ? wq : wk, hd, eps, offset);
+        if (lane == 0) rstd[(size_t)n * heads + h] = r;
     }
-    float r = rms_row_fwd(out + off, inp + off, h < NH ? wq : wk, hd, eps, offset);
-    if (lane == 0) rstd[(size_t)n * heads + h] = r;
 }
 
 /* dinp overwritten; value heads copied from dout (nothing to do in place). */
@@ -427,17 +549,18 @@ template <typename T>
 __global__ void qk_norm_bwd_dx_k(T *dinp, const T *dout, const T *inp, const T *wq, const T *wk,
                                  const float *rstd, int N, int NH, int NKV, int hd, float offset) {
     const int heads = NH + NKV, all = heads + NKV, lane = threadIdx.x & 31;
-    const size_t unit = (size_t)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
-    if (unit >= (size_t)N * all) return;
-    const int n = (int)(unit / all), h = (int)(unit % all);
-    const size_t off = (size_t)n * all * hd + (size_t)h * hd;
-    if (h >= heads) {
-        if (dinp != dout)
-            for (int c = lane; c < hd; c += 32) dinp[off + c] = dout[off + c];
-        return;
+    const int h = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (h >= all) return; /* whole warps */
+    for (int n = blockIdx.y; n < N; n += gridDim.y) {
+        const size_t off = (size_t)n * all * hd + (size_t)h * hd;
+        if (h >= heads) {
+            if (dinp != dout)
+                for (int c = lane; c < hd; c += 32) dinp[off + c] = dout[off + c];
+            continue;
+        }
+        rms_row_bwd(dinp + off, dout + off, inp + off, h < NH ? wq : wk,
+                    rstd[(size_t)n * heads + h], hd, offset, false);
     }
-    rms_row_bwd(dinp + off, dout + off, inp + off, h < NH ? wq : wk, rstd[(size_t)n * heads + h],
-                hd, offset, false);
 }
 
 /* A gain's partial sums, colsum_part_k's layout (block (32, 8): 32 channels, block y a
@@ -491,8 +614,7 @@ static void qk_norm_bwd(fy_cu_stream *cs, const fy_op *op) {
     if (N <= 0) return;
     qk_norm_dw<T>(cs, dwq, dout, inp, rstd, N, NH, 0, NH + NKV, W, hd);
     qk_norm_dw<T>(cs, dwk, dout, inp, rstd, N, NKV, NH, NH + NKV, W, hd);
-    const size_t units = (size_t)N * (NH + 2 * NKV);
-    FY_LAUNCH(grid_for(units, ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, 0, cs->st, qk_norm_bwd_dx_k<T>)(
+    FY_LAUNCH(qk_grid(N, NH, NKV), 32 * ROWS_PER_BLOCK, 0, cs->st, qk_norm_bwd_dx_k<T>)(
         dinp, dout, inp, wq, wk, rstd, N, NH, NKV, hd, op->f[0]);
     LAUNCHED("qk_norm_bwd (dinp)");
 }
@@ -516,14 +638,17 @@ extern "C" void fy_cu_colsum_acc(fy_cu_stream *cs, fy_dtype dt, void *dst, const
 
 template <typename T>
 __global__ void bias_fill_k(T *out, const T *bias, int N, int C) {
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx < (size_t)N * C) out[idx] = bias[idx % C];
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    const T b = bias[c];
+    for (int n = blockIdx.y; n < N; n += gridDim.y) out[(size_t)n * C + c] = b;
 }
 
+/* (N = 0 launches an empty grid's one block: cuda_backend.c's warm-up.) */
 extern "C" void fy_cu_bias_fill(fy_cu_stream *cs, fy_dtype dt, void *out, const void *bias, int N, int C) {
-    unsigned g = grid_for((size_t)N * C, 256);
-    if (dt == FY_BF16) FY_LAUNCH(g, 256, 0, cs->st, bias_fill_k<bf16>)((bf16 *)out, (const bf16 *)bias, N, C);
-    else FY_LAUNCH(g, 256, 0, cs->st, bias_fill_k<float>)((float *)out, (const float *)bias, N, C);
+    const dim3 g = rows_grid(N, C);
+    if (dt == FY_BF16) FY_LAUNCH(g, ROW_THREADS, 0, cs->st, bias_fill_k<bf16>)((bf16 *)out, (const bf16 *)bias, N, C);
+    else FY_LAUNCH(g, ROW_THREADS, 0, cs->st, bias_fill_k<float>)((float *)out, (const float *)bias, N, C);
     LAUNCHED("matmul bias");
 }
 
@@ -552,24 +677,27 @@ __global__ void gelu_bwd_k(T *dinp, const T *inp, const T *dout, size_t n) {
 }
 
 /* GLU over rows gu (N, 2F) = [gate | up]: out (N, F) = act(gate) * up, act silu or
- * gelu_tanh (fy_glu_act). */
+ * gelu_tanh (fy_glu_act). 2D: channel j along x, rows along y. */
 template <typename T>
-__global__ void glu_fwd_k(T *out, const T *gu, size_t N, size_t F, int act) {
-    for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < N * F;
-         idx += (size_t)gridDim.x * blockDim.x) {
-        size_t n = idx / F, j = idx % F;
-        float g = to_f(gu[n * 2 * F + j]), u = to_f(gu[n * 2 * F + F + j]);
-        out[idx] = from_f<T>(act == FY_GLU_SILU ? g / (1.0f + expf(-g)) * u : gelu_tanh(g) * u);
+__global__ void glu_fwd_k(T *out, const T *gu, int N, int F, int act) {
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= F) return;
+    for (int n = blockIdx.y; n < N; n += gridDim.y) {
+        const T *r = gu + (size_t)n * 2 * F;
+        float g = to_f(r[j]), u = to_f(r[F + j]);
+        out[(size_t)n * F + j] = from_f<T>(act == FY_GLU_SILU ? g / (1.0f + expf(-g)) * u : gelu_tanh(g) * u);
     }
 }
 
 /* dgate = dout up act'(g), dup = dout act(g). */
 template <typename T>
-__global__ void glu_bwd_k(T *dgu, const T *gu, const T *dout, size_t N, size_t F, int act) {
-    for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < N * F;
-         idx += (size_t)gridDim.x * blockDim.x) {
-        size_t n = idx / F, j = idx % F;
-        float g = to_f(gu[n * 2 * F + j]), u = to_f(gu[n * 2 * F + F + j]), d = to_f(dout[idx]);
+__global__ void glu_bwd_k(T *dgu, const T *gu, const T *dout, int N, int F, int act) {
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= F) return;
+    for (int n = blockIdx.y; n < N; n += gridDim.y) {
+        const T *r = gu + (size_t)n * 2 * F;
+        T *dr = dgu + (size_t)n * 2 * F;
+        float g = to_f(r[j]), u = to_f(r[F + j]), d = to_f(dout[(size_t)n * F + j]);
         float dg, du;
         if (act == FY_GLU_SILU) {
             float sg = 1.0f / (1.0f + expf(-g));
@@ -579,37 +707,47 @@ __global__ void glu_bwd_k(T *dgu, const T *gu, const T *dout, size_t N, size_t F
             dg = d * u * gelu_tanh_grad(g);
             du = d * gelu_tanh(g);
         }
-        dgu[n * 2 * F + j] = from_f<T>(dg);
-        dgu[n * 2 * F + F + j] = from_f<T>(du);
+        dr[j] = from_f<T>(dg);
+        dr[F + j] = from_f<T>(du);
     }
 }
 
-/* Rotary embeddings (rope.h) on the query and key heads of packed rows: one thread per
- * (row, head, pair of the first r.rot_dim channels), at the row's place in its document;
- * the angle in double, its cosine and sine times the attention factor rounded to fp32, as
- * the cpu backend does. r (by value: ~0.5 KiB of the 4 KiB of parameters) as fy_op_rope
- * resolves it. */
+/* Each pair's inverse frequency (rope.h), computed once per launch on the host, as the
+ * cpu backend computes it; with the attention factor. By value: 1 KiB of a kernel's
+ * 4 KiB of parameters. */
+typedef struct rope_freqs {
+    double inv[FY_ROPE_MAX_PAIRS];
+    double attn_factor;
+    int half;  /* pairs: rot_dim / 2 */
+} rope_freqs;
+
+/* Rotary embeddings (rope.h) on the query and key heads of packed rows, at each row's
+ * place in its document. A thread per (row, pair): pairs along x, rows along y; it turns
+ * its pair in every head by one angle, computed in double (its cosine and sine times the
+ * attention factor rounded to fp32, as the cpu backend does) once for all the heads. */
+#define ROPE_ROWS 8 /* rows a block, a warp each (the pairs along its lanes) */
+
 template <typename T>
 __global__ void rope_k(T *qkv, const int32_t *docs, int N, int T_, int heads, int W, int hd,
-                       bool inverse, fy_rope r) {
-    const int half = r.rot_dim / 2;
-    const size_t total = (size_t)N * heads * half;
-    for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
-         idx += (size_t)gridDim.x * blockDim.x) {
-        int j = (int)(idx % half);
-        size_t nh = idx / half;
-        int h = (int)(nh % heads), n = (int)(nh / heads);
-        double a = (double)position_of(docs, n, T_) * fy_rope_inv_freq(&r, j, r.rot_dim);
-        double sd, cd;
-        sincos(a, &sd, &cd);
-        float c = (float)(cd * r.attn_factor), sn = (float)(sd * r.attn_factor);
-        if (inverse) sn = -sn;
-        T *x = qkv + (size_t)n * W + (size_t)h * hd;
-        float x1 = to_f(x[j]), x2 = to_f(x[j + half]);
-        x[j] = from_f<T>(x1 * c - x2 * sn);
-        x[j + half] = from_f<T>(x2 * c + x1 * sn);
+                       bool inverse, rope_freqs f) {
+    const int half = f.half;
+    for (int n = blockIdx.y * blockDim.y + threadIdx.y; n < N; n += gridDim.y * blockDim.y) {
+        const double pos = (double)position_of(docs, n, T_);
+        for (int j = threadIdx.x; j < half; j += blockDim.x) {
+            double sd, cd;
+            sincos(pos * f.inv[j], &sd, &cd);
+            const float c = (float)(cd * f.attn_factor);
+            const float sn = inverse ? -(float)(sd * f.attn_factor) : (float)(sd * f.attn_factor);
+            T *x = qkv + (size_t)n * W + j;
+            for (int h = 0; h < heads; h++, x += hd) {
+                const float x1 = to_f(x[0]), x2 = to_f(x[half]);
+                x[0] = from_f<T>(x1 * c - x2 * sn);
+                x[half] = from_f<T>(x2 * c + x1 * sn);
+            }
+        }
     }
 }
+
 
 template <typename T>
 __global__ void residual_fwd_k(T *out, const T *a, const T *b, size_t n) {
@@ -775,7 +913,7 @@ __global__ void mean_k(float *out, const float *x, size_t n, int64_t div) {
 }
 
 /* reduce.h's order: each chunk of FY_SUMSQ_CHUNK elements summed in double in index
- * order, then the chunk sums in chunk order by one thread. For fp32 these are
+ * order, then the chunk sums added in chunk order (sumsq_total_k). For fp32 these are
  * fy_sumsq()'s bits, so a gradient norm does not depend on where the gradient is.
  * One warp per chunk: the lanes load 32 consecutive squares (coalesced) and every lane
  * adds them in index order (the same sum in each lane; adding the zeros past the end
@@ -795,10 +933,27 @@ __global__ void sumsq_chunks_k(double *part, const T *x, size_t n, size_t nchunk
     if (lane == 0) part[c] = s;
 }
 
+/* out[0] = the chunk sums added from 0.0 in chunk order: reduce.h's order, which no tree
+ * keeps (a tree adds in another order, so other bits), so one thread adds; what runs in
+ * parallel is the reading. The block loads SUMSQ_TILE sums at a time into shared memory,
+ * all loads in flight at once, while thread 0 adds the previous tile's from shared
+ * memory: the sum runs at the rate of dependent additions, not of one thread's global
+ * loads one after another. */
+#define SUMSQ_TILE 256
 __global__ void sumsq_total_k(double *out, const double *part, size_t nchunks) {
+    __shared__ double tile[2][SUMSQ_TILE];
+    const size_t ntiles = (nchunks + SUMSQ_TILE - 1) / SUMSQ_TILE;
     double s = 0.0;
-    for (size_t c = 0; c < nchunks; c++) s = __dadd_rn(s, part[c]);
-    out[0] = s;
+    for (size_t t = 0; t <= ntiles; t++) {
+        const size_t c = t * SUMSQ_TILE + threadIdx.x;
+        if (t < ntiles && c < nchunks) tile[t % 2][threadIdx.x] = part[c];
+        if (threadIdx.x == 0 && t > 0) { /* tile t - 1, loaded before the last barrier */
+            const size_t c0 = (t - 1) * SUMSQ_TILE, n = nchunks - c0 < SUMSQ_TILE ? nchunks - c0 : SUMSQ_TILE;
+            for (size_t k = 0; k < n; k++) s = __dadd_rn(s, tile[(t - 1) % 2][k]);
+        }
+        __syncthreads(); /* tile t is loaded; tile t - 1 is added and may be overwritten */
+    }
+    if (threadIdx.x == 0) out[0] = s;
 }
 
 template <typename T>
@@ -808,7 +963,7 @@ static void sumsq(fy_cu_stream *cs, const fy_op *op) {
     double *part = (double *)cs->part;
     if (nchunks)
         FY_LAUNCH(grid_for(nchunks * 32, 128), 128, 0, cs->st, sumsq_chunks_k<T>)(part, (const T *)op->p[1], n, nchunks);
-    FY_LAUNCH(1, 1, 0, cs->st, sumsq_total_k)((double *)op->p[0], part, nchunks);
+    FY_LAUNCH(1, SUMSQ_TILE, 0, cs->st, sumsq_total_k)((double *)op->p[0], part, nchunks);
     LAUNCHED("sumsq");
 }
 
@@ -896,9 +1051,8 @@ static void exec_typed(fy_cu_stream *cs, const fy_op *op) {
     case FY_OP_RMSNORM_BWD: rmsnorm_bwd<T>(cs, op); break;
     case FY_OP_QK_NORM_FWD: {
         const int N = (int)i[0], NH = (int)i[1], NKV = (int)i[2], hd = (int)i[3];
-        const size_t units = (size_t)N * (NH + 2 * NKV);
-        if (units)
-            FY_LAUNCH(grid_for(units, ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, 0, st, qk_norm_fwd_k<T>)(
+        if (N > 0 && NH + 2 * NKV > 0)
+            FY_LAUNCH(qk_grid(N, NH, NKV), 32 * ROWS_PER_BLOCK, 0, st, qk_norm_fwd_k<T>)(
                 (T *)p[0], (float *)p[1], (const T *)p[2], (const T *)p[3], (const T *)p[4], N, NH,
                 NKV, hd, op->f[0], op->f[1]);
         LAUNCHED("qk_norm_fwd");
@@ -908,26 +1062,34 @@ static void exec_typed(fy_cu_stream *cs, const fy_op *op) {
     case FY_OP_ROPE: {
         int B = (int)i[0], T_ = (int)i[1], NH = (int)i[2], NKV = (int)i[3], hd = (int)i[4];
         const fy_rope r = fy_op_rope(op);
-        size_t n = (size_t)B * T_ * (NH + NKV) * (r.rot_dim / 2);
-        if (n)
-            FY_LAUNCH(pointwise_grid(n), 256, 0, st, rope_k<T>)((T *)p[0], (const int32_t *)p[1], B * T_, T_, NH + NKV,
-                (NH + 2 * NKV) * hd, hd, i[5] != 0, r);
+        rope_freqs f;
+        memset(&f, 0, sizeof f);
+        f.half = r.rot_dim / 2;
+        f.attn_factor = r.attn_factor;
+        FY_ASSERT(f.half <= FY_ROPE_MAX_PAIRS, "a rotation of more pairs than rope.h allows");
+        for (int j = 0; j < f.half; j++) f.inv[j] = fy_rope_inv_freq(&r, j, r.rot_dim);
+        const int N = B * T_;
+        const unsigned rows = (unsigned)((N + ROPE_ROWS - 1) / ROPE_ROWS);
+        if (N > 0 && f.half > 0 && NH + NKV > 0)
+            FY_LAUNCH(dim3(1, rows > 65535 ? 65535 : rows), dim3(32, ROPE_ROWS), 0, st, rope_k<T>)(
+                (T *)p[0], (const int32_t *)p[1], N, T_, NH + NKV, (NH + 2 * NKV) * hd, hd,
+                i[5] != 0, f);
         LAUNCHED("rope");
         break;
     }
     case FY_OP_ATTENTION_FWD: case FY_OP_ATTENTION_BWD: attention<T>(st, op); break;
     case FY_OP_GLU_FWD: {
-        size_t N = (size_t)i[0], F = (size_t)i[1];
-        if (N && F)
-            FY_LAUNCH(pointwise_grid(N * F), 256, 0, st, glu_fwd_k<T>)((T *)p[0], (const T *)p[1], N, F,
+        const int N = (int)i[0], F = (int)i[1];
+        if (N > 0 && F > 0)
+            FY_LAUNCH(rows_grid(N, F), ROW_THREADS, 0, st, glu_fwd_k<T>)((T *)p[0], (const T *)p[1], N, F,
                 (int)i[2]);
         LAUNCHED("glu_fwd");
         break;
     }
     case FY_OP_GLU_BWD: {
-        size_t N = (size_t)i[0], F = (size_t)i[1];
-        if (N && F)
-            FY_LAUNCH(pointwise_grid(N * F), 256, 0, st, glu_bwd_k<T>)((T *)p[0], (const T *)p[1],
+        const int N = (int)i[0], F = (int)i[1];
+        if (N > 0 && F > 0)
+            FY_LAUNCH(rows_grid(N, F), ROW_THREADS, 0, st, glu_bwd_k<T>)((T *)p[0], (const T *)p[1],
                 (const T *)p[2], N, F, (int)i[2]);
         LAUNCHED("glu_bwd");
         break;

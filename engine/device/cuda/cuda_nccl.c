@@ -7,18 +7,48 @@
  * ncclReduce (ncclSum) to each shard's owner, an allgather an ncclBroadcast from each
  * owner, so shards may differ in size (ncclReduceScatter's may not). NCCL adds in an
  * order of its own: two ranks give a + b, the same bits as one process accumulating;
- * more ranks agree to float rounding (unlike the cpu backend's rank-order sums). */
+ * more ranks agree to float rounding (unlike the cpu backend's rank-order sums).
+ *
+ * A build whose toolkit has no nccl.h (FY_NO_NCCL, engine/device/meson.build) has the
+ * cuda backend without collectives: a job that asks for them gets one error line saying
+ * so. */
 #include <dlfcn.h>
-#include <nccl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/device/cuda/cuda_impl.h"
 
+#ifdef FY_NO_NCCL
+
+static fy_status no_nccl(void) {
+    fy_log_error("this build has no NCCL (its CUDA toolkit had no nccl.h): data parallel on "
+                 "GPUs needs it");
+    return FY_ERR_UNSUPPORTED;
+}
+
+fy_status fy_cu_nccl_id(void *id, size_t cap, size_t *len) { return no_nccl(); }
+fy_status fy_cu_nccl_init(fy_cu_dev *cd, const void *id, size_t len, int rank, int size) {
+    return no_nccl();
+}
+void fy_cu_nccl_free(fy_cu_dev *cd) {}
+void fy_cu_nccl_poll(fy_cu_dev *cd) {}
+void fy_cu_nccl_shards(fy_cu_dev *cd, fy_cu_stream *cs, void *buf, const size_t *off, int nranks,
+                       fy_dtype dt, bool gather) {
+    FY_ASSERT(0, "a device collective in a build without NCCL");
+}
+
+#else
+
+#include <nccl.h>
+
 #define NCCL_FUNCS(X)                                                                    \
     X(ncclGetUniqueId) X(ncclCommInitRank) X(ncclReduce) X(ncclBroadcast) X(ncclGroupStart) \
-    X(ncclGroupEnd) X(ncclCommDestroy) X(ncclGetErrorString)
+    X(ncclGroupEnd) X(ncclCommDestroy) X(ncclGetErrorString) X(ncclCommGetAsyncError)     \
+    X(ncclCommAbort)
 
 static struct {
 #define NCCL_FIELD(f) __typeof__(&f) f;
@@ -36,6 +66,11 @@ static void nc_load(void) {
 #define NCCL_SYM(f) FY_CU_SYM(h, nc, f, "NCCL", nc_error)
     NCCL_FUNCS(NCCL_SYM)
 #undef NCCL_SYM
+    /* NCCL 2.22+ connects peers at a collective's first use, taking device memory then;
+     * connected at init, its buffers exist when the backend measures them (unless the
+     * user chose otherwise). Set before any thread reads the environment concurrently:
+     * a job attaches its communicator during setup. */
+    setenv("NCCL_RUNTIME_CONNECT", "0", 0);
     nc_status = FY_OK;
 }
 
@@ -74,12 +109,36 @@ fy_status fy_cu_nccl_init(fy_cu_dev *cd, const void *id, size_t len, int rank, i
     ncclComm_t comm;
     FY_TRY(nc_check(nc.ncclCommInitRank(&comm, size, u, rank), "ncclCommInitRank"));
     cd->nccl = comm;
+    cd->rank = rank;
     return FY_OK;
 }
 
 void fy_cu_nccl_free(fy_cu_dev *cd) {
     if (cd->nccl) nc.ncclCommDestroy((ncclComm_t)cd->nccl);
     cd->nccl = NULL;
+}
+
+void fy_cu_nccl_poll(fy_cu_dev *cd) {
+    const ncclComm_t comm = (ncclComm_t)cd->nccl;
+    ncclResult_t err = ncclSuccess;
+    const ncclResult_t r = nc.ncclCommGetAsyncError(comm, &err);
+    if (r != ncclSuccess) err = r;
+    if (err == ncclSuccess || err == ncclInProgress) return;
+    static atomic_flag ending = ATOMIC_FLAG_INIT;
+    if (atomic_flag_test_and_set(&ending)) /* another thread saw it and ends the process */
+        for (;;) pause();
+    if (err == ncclRemoteError)
+        fy_log_error("NCCL: a peer of rank %d failed (%s): ending the job", cd->rank,
+                     nc.ncclGetErrorString(err));
+    else
+        fy_log_error("NCCL: the collectives of rank %d failed (%s): ending the job", cd->rank,
+                     nc.ncclGetErrorString(err));
+    /* the abort ends this rank's NCCL kernels and proxy threads; the exit ends the job
+     * (the launcher stops the other ranks), as the MPI watchdog of engine/comm does: the
+     * streams cannot be waited for, so nothing can be unwound */
+    nc.ncclCommAbort(comm);
+    fflush(stderr);
+    _exit(1);
 }
 
 void fy_cu_nccl_shards(fy_cu_dev *cd, fy_cu_stream *cs, void *buf, const size_t *off, int nranks,
@@ -99,3 +158,5 @@ void fy_cu_nccl_shards(fy_cu_dev *cd, fy_cu_stream *cs, void *buf, const size_t 
     if (st == FY_OK) st = nc_check(nc.ncclGroupEnd(), "ncclGroupEnd");
     FY_ASSERT(st == FY_OK, "an NCCL collective cannot be undone: the job's ranks disagree now");
 }
+
+#endif /* FY_NO_NCCL */
