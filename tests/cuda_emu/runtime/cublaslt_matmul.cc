@@ -183,7 +183,8 @@ static cublasStatus_t problem_check(const char *who, const lt_desc *d, const lt_
  * `need`: the claim lowered to what the leading dimension and batch stride allowed when
  * the heuristic ran (it sees them), which they must still allow; `bias`: the bias
  * pointer's alignment when the heuristic ran (cublasLt.h: the heuristic reads it), at
- * most 16 bytes (a vector load), 16 for none. */
+ * most 16 bytes (a vector load), 16 for none. The reference never splits k (reduction
+ * scheme NONE), which every REDUCTION_SCHEME_MASK allows, so the mask is not recorded. */
 struct algo_rec {
     uint64_t magic;
     int32_t compute, scale;

@@ -513,6 +513,19 @@ Test(cublaslt_misuse, default_alignment_promise_is_256) {
     cr_assert(stderr_has("MIN_ALIGNMENT_C_BYTES 256"));
 }
 
+Test(cublaslt_misuse, no_algo_means_the_default_preferences) {
+    fix f;
+    fix_init(&f, CUDA_R_32F, CUBLAS_COMPUTE_32F);
+    /* no workspace, 256-byte alignment */
+    cr_assert_eq(cublasLtMatmul(f.h, f.desc, &f.alpha, f.A, f.la, f.B, f.lb, &f.beta, f.D, f.lc, f.D, f.ld, NULL, NULL,
+                                0, 0),
+                 CUBLAS_STATUS_SUCCESS);
+    cr_assert_eq(cublasLtMatmul(f.h, f.desc, &f.alpha, f.A + 4, f.la, f.B, f.lb, &f.beta, f.D, f.lc, f.D, f.ld, NULL,
+                                NULL, 0, 0),
+                 CUBLAS_STATUS_INVALID_VALUE);
+    cr_assert(stderr_has("MIN_ALIGNMENT_A_BYTES 256"));
+}
+
 Test(cublaslt_misuse, extent_past_the_allocation) {
     fix f;
     fix_init(&f, CUDA_R_32F, CUBLAS_COMPUTE_32F);
