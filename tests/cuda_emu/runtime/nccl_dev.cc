@@ -98,15 +98,15 @@ extern "C" fy_nccl_met fy_nccl_wait(fy_nccl_seg *s, int self, size_t field, uint
         uint32_t seen = __atomic_load_n(&s->bell, __ATOMIC_SEQ_CST);
         int late = -1;
         for (int q = 0; q < s->nranks && late < 0; q++)
-            if (!reached(&s->slot[q], field, target)) late = q;
+            if (!reached(fy_nccl_slot_of(s, q), field, target)) late = q;
         if (late < 0) return FY_NCCL_MET;
-        if (__atomic_load_n(&s->slot[self].state, __ATOMIC_SEQ_CST) > FY_NCCL_IN)
+        if (__atomic_load_n(&fy_nccl_slot_of(s, self)->state, __ATOMIC_SEQ_CST) > FY_NCCL_IN)
             return FY_NCCL_STOPPED;
         double now = fy_nccl_now();
         if (now >= look) {
             look = now + 0.1;
             for (int q = 0; q < s->nranks; q++) {
-                fy_nccl_met m = q == self ? FY_NCCL_MET : why_late(&s->slot[q], field, target);
+                fy_nccl_met m = q == self ? FY_NCCL_MET : why_late(fy_nccl_slot_of(s, q), field, target);
                 if (m != FY_NCCL_MET) {
                     *who = q;
                     return m;
@@ -175,7 +175,7 @@ static cudaError_t join(const fy_nccl_args *a) {
         return cudaErrorLaunchFailure;
     }
     fy_nccl_seg *s = (fy_nccl_seg *)p;
-    fy_nccl_slot *me = &s->slot[a->rank];
+    fy_nccl_slot *me = fy_nccl_slot_of(s, a->rank);
     __atomic_store_n(&me->dev_pid, (int32_t)getpid(), __ATOMIC_SEQ_CST);
     __atomic_store_n(&me->dev_in, 1u, __ATOMIC_SEQ_CST);
     fy_nccl_ring(s);
@@ -271,7 +271,7 @@ static bool barrier(coll *c, cudaError_t *ret) {
 static bool calls_agree(coll *c) {
     const fy_nccl_call *mine = &c->a->call;
     for (int q = 0; q < c->s->nranks; q++) {
-        const fy_nccl_call *o = &c->s->slot[q].call;
+        const fy_nccl_call *o = &fy_nccl_slot_of(c->s, q)->call;
         if (o->seq == mine->seq && o->kind == mine->kind && o->count == mine->count &&
             o->dtype == mine->dtype && o->op == mine->op && o->root == mine->root)
             continue;
@@ -373,7 +373,7 @@ static cudaError_t collective(const fy_nccl_args *a) {
         if (m->left) return cudaSuccess;
         m->users++;
     }
-    coll c = {m->seg, a, &m->seg->slot[a->rank], {0}};
+    coll c = {m->seg, a, fy_nccl_slot_of(m->seg, a->rank), {0}};
     describe(&a->call, c.what, sizeof c.what);
     cudaError_t ret = run(&c);
     std::lock_guard<std::mutex> g(maps_mu);
@@ -387,6 +387,7 @@ extern "C" cudaError_t fy_emu_nccl_dev(void *args) {
     switch (a->kind) {
     case FY_NCCL_JOIN: return join(a);
     case FY_NCCL_LEAVE: return leave(a);
+    case FY_NCCL_PROBE: return cudaSuccess;
     default: return collective(a);
     }
 }

@@ -40,6 +40,7 @@ typedef enum fy_nccl_kind {
     FY_NCCL_LEAVE,     /* unmap it there (ncclCommDestroy, ncclCommAbort) */
     FY_NCCL_REDUCE,    /* ncclReduce */
     FY_NCCL_BROADCAST, /* ncclBroadcast */
+    FY_NCCL_PROBE,     /* nothing: its fy_emu_enqueue says whether the device still works */
 } fy_nccl_kind;
 
 /* A slot's state. */
@@ -62,26 +63,29 @@ typedef struct fy_nccl_call {
 } fy_nccl_call;
 
 /* One rank's part of the segment. The host process writes host_pid, host_in and state
- * (join, destroy, abort); the device process writes the rest. */
+ * (join, destroy, abort); the device process the rest, and state FY_NCCL_FAILED. */
 typedef struct fy_nccl_slot {
     int32_t host_pid, dev_pid;
     uint32_t host_in, dev_in; /* 1 once that process mapped the segment */
     int32_t state;            /* fy_nccl_state */
     int32_t err;              /* ncclResult_t: the asynchronous error its device met */
     fy_nccl_call call;        /* the collective its device is in (or was in last) */
-    uint32_t step;            /* barriers passed (fy_nccl_barrier) */
-    uint32_t pad;
+    uint32_t step;            /* barriers its device passed */
+    uint32_t pad;             /* done's alignment, written by nobody */
     uint64_t done;            /* seq of the last collective its device completed */
 } fy_nccl_slot;
 
+/* The segment's header; nranks slots follow it, then the staging buffers. */
 typedef struct fy_nccl_seg {
     uint64_t magic;  /* FY_NCCL_SEG_MAGIC, written last by the rank that created it */
     int32_t nranks;
     uint32_t bell;   /* the futex every waiter sleeps on */
-    fy_nccl_slot slot[]; /* nranks; the staging buffers follow at fy_nccl_stage */
 } fy_nccl_seg;
 
-/* Bytes of a segment of nranks, and rank r's staging buffer in it (page-aligned). */
+/* Rank r's slot; the bytes of a segment of nranks; rank r's staging buffer (page-aligned). */
+static inline fy_nccl_slot *fy_nccl_slot_of(fy_nccl_seg *s, int r) {
+    return (fy_nccl_slot *)(s + 1) + r;
+}
 static inline size_t fy_nccl_stage_off(int nranks) {
     size_t head = sizeof(fy_nccl_seg) + (size_t)nranks * sizeof(fy_nccl_slot);
     return (head + 4095) & ~(size_t)4095;

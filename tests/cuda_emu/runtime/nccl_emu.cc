@@ -194,7 +194,7 @@ static cudaError_t enqueue(ncclComm_t comm, fy_nccl_kind kind, const fy_nccl_cal
  * collectives on it returned; nothing of it stays (the name too, if init failed before
  * unlinking it). */
 static void comm_leave(ncclComm_t comm, fy_nccl_state state, bool device_joined) {
-    fy_nccl_slot *me = &comm->seg->slot[comm->rank];
+    fy_nccl_slot *me = fy_nccl_slot_of(comm->seg, comm->rank);
     __atomic_store_n(&me->state, (int32_t)state, __ATOMIC_SEQ_CST);
     fy_nccl_ring(comm->seg);
     if (device_joined) enqueue(comm, FY_NCCL_LEAVE, NULL, NULL, NULL, NULL, "ncclCommDestroy");
@@ -218,7 +218,7 @@ static void comm_end(ncclComm_t comm, fy_nccl_state state) {
 /* Takes rank c->rank's slot in c's segment and waits until every rank's host, then every
  * rank's device, joined; on failure leaves, undoing all but c's allocation. */
 static ncclResult_t meet(ncclComm_t c, double deadline, double t) {
-    fy_nccl_slot *me = &c->seg->slot[c->rank];
+    fy_nccl_slot *me = fy_nccl_slot_of(c->seg, c->rank);
     uint32_t none = 0;
     if (!__atomic_compare_exchange_n(&me->host_in, &none, 1u, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
         fy_emu_report("ncclCommInitRank: two processes joined as rank %d", c->rank);
@@ -312,7 +312,8 @@ static ncclResult_t comm_check(ncclComm_t comm, const char *fn) {
 }
 
 static ncclResult_t async_error(ncclComm_t comm) {
-    return (ncclResult_t)__atomic_load_n(&comm->seg->slot[comm->rank].err, __ATOMIC_SEQ_CST);
+    const fy_nccl_slot *me = fy_nccl_slot_of(comm->seg, comm->rank);
+    return (ncclResult_t)__atomic_load_n(&me->err, __ATOMIC_SEQ_CST);
 }
 
 extern "C" ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError) {
@@ -330,13 +331,21 @@ extern "C" ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     if (!comm) return ncclSuccess;
     ncclResult_t r = comm_check(comm, "ncclCommDestroy");
     if (r != ncclSuccess) return r;
-    /* NCCL completes what was issued first; a collective that met an error never does */
+    /* NCCL completes what was issued first; a collective that met an error never does, nor
+     * one queued on a device that failed (fy_emu_enqueue then returns its sticky error) */
     fy_nccl_seg *s = comm->seg;
-    fy_nccl_slot *me = &s->slot[comm->rank];
+    fy_nccl_slot *me = fy_nccl_slot_of(s, comm->rank);
     for (;;) {
         uint32_t seen = __atomic_load_n(&s->bell, __ATOMIC_SEQ_CST);
         if ((r = async_error(comm)) != ncclSuccess) break;
         if (__atomic_load_n(&me->done, __ATOMIC_SEQ_CST) >= comm->issued) break;
+        cudaError_t e = enqueue(comm, FY_NCCL_PROBE, NULL, NULL, NULL, NULL, "ncclCommDestroy");
+        if (e != cudaSuccess) {
+            fy_emu_report("ncclCommDestroy on rank %d: the device failed (cudaError_t %d) "
+                          "before its collectives ran", comm->rank, (int)e);
+            comm_end(comm, FY_NCCL_ABORTED);
+            return ncclUnhandledCudaError;
+        }
         fy_nccl_sleep(s, seen, 1.0);
     }
     if (r != ncclSuccess) {

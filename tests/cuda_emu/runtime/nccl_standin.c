@@ -67,8 +67,9 @@ static void *worker(void *unused) {
         while (!head) pthread_cond_wait(&cv, &mu);
         work *w = head;
         busy = true;
+        bool dead = first_error != cudaSuccess; /* a failed device runs nothing more */
         pthread_mutex_unlock(&mu);
-        cudaError_t e = w->fn(w->args);
+        cudaError_t e = dead ? cudaSuccess : w->fn(w->args);
         pthread_mutex_lock(&mu);
         if (e != cudaSuccess && first_error == cudaSuccess) first_error = e;
         head = w->next;

@@ -15,7 +15,8 @@ void *standin_dev_alloc(size_t nbytes);
 void standin_dev_free(void *p);
 
 /* Waits until the worker ran everything queued so far; returns the first error a
- * function returned (the stand-in's errors are all sticky). */
+ * function returned. Every error is sticky: the worker runs nothing after it, and
+ * fy_emu_enqueue returns it. */
 cudaError_t standin_sync(void);
 
 /* Device bytes fy_emu_take holds now; its capacity is 80 GiB. */

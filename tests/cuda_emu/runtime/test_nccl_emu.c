@@ -445,6 +445,24 @@ Test(nccl_emu, a_buffer_freed_before_its_collective_runs_faults) {
     cr_expect_eq(ncclCommAbort(comm), ncclSuccess);
 }
 
+static cudaError_t fault(void *args) {
+    (void)args;
+    return cudaErrorIllegalAddress;
+}
+
+Test(nccl_emu, destroy_after_the_device_failed_returns) {
+    ncclComm_t comm = one_rank();
+    float *d = standin_dev_alloc(64 * sizeof(float));
+    char unused = 0;
+    cr_assert_eq(fy_emu_enqueue(NULL, hold, &unused, 1, "hold"), cudaSuccess);
+    cr_assert_eq(fy_emu_enqueue(NULL, fault, &unused, 1, "fault"), cudaSuccess);
+    cr_assert_eq(ncclReduce(d, d, 64, ncclFloat32, ncclSum, 0, comm, NULL), ncclSuccess);
+    released = 1;
+    cr_expect_eq(standin_sync(), cudaErrorIllegalAddress);
+    cr_expect_eq(ncclCommDestroy(comm), ncclUnhandledCudaError, "the reduce never ran");
+    cr_expect_eq(standin_taken(), 0);
+}
+
 Test(nccl_emu, error_strings_and_version_are_nccls) {
     static const char *const want[ncclNumResults] = {
         "no error",
