@@ -319,15 +319,15 @@ static cudaError_t run(coll *c) {
     const fy_nccl_call *call = &c->a->call;
     const int self = c->a->rank, root = call->root;
     const bool reduce = call->kind == FY_NCCL_REDUCE;
-    const size_t nbytes = call->count * fy_nccl_dtype_size(call->dtype);
-    const size_t es = fy_nccl_dtype_size(call->dtype);
+    const size_t es = fy_nccl_dtype_size(call->dtype), nbytes = call->count * es;
     const char *send = (const char *)c->a->sendbuff;
     char *recv = (char *)c->a->recvbuff;
     /* this rank's earlier collectives first (they may be queued on other streams) */
-    while (__atomic_load_n(&c->me->done, __ATOMIC_SEQ_CST) + 1 < call->seq) {
+    for (;;) {
         uint32_t seen = __atomic_load_n(&c->s->bell, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&c->me->done, __ATOMIC_SEQ_CST) + 1 >= call->seq) break;
         if (__atomic_load_n(&c->me->state, __ATOMIC_SEQ_CST) > FY_NCCL_IN) return cudaSuccess;
-        if (__atomic_load_n(&c->me->done, __ATOMIC_SEQ_CST) + 1 < call->seq) fy_nccl_sleep(c->s, seen, 1.0);
+        fy_nccl_sleep(c->s, seen, 1.0);
     }
     if (__atomic_load_n(&c->me->state, __ATOMIC_SEQ_CST) > FY_NCCL_IN) return cudaSuccess;
     const bool sends = reduce || self == root, receives = !reduce || self == root;
