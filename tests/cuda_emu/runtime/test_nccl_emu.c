@@ -10,7 +10,8 @@
  * as both ranks' asynchronous error, one line naming both calls), a peer killed
  * (ncclRemoteError within seconds), ranks disagreeing on their number, a lone rank
  * (ncclCommInitRank fails after its timeout), bad arguments, a buffer freed before its
- * collective ran, calls on a destroyed communicator. Nothing stays in /dev/shm. */
+ * collective ran, calls on a destroyed communicator, ncclCommDestroy on a failed device
+ * (an error, not a wait for ever). Nothing stays in /dev/shm. */
 #include <criterion/criterion.h>
 
 #include <dirent.h>
