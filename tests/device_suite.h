@@ -260,8 +260,12 @@ Test(device_semantics, event_done_and_sync) {
     fy_event *e, *never;
     cr_assert_eq(fy_event_new(sd_dev, &e), FY_OK);
     cr_assert_eq(fy_event_new(sd_dev, &never), FY_OK);
-    cr_expect(fy_event_done(never), "an event never recorded counts as complete");
-    fy_event_sync(never); /* returns at once */
+    /* CUDA's events do so, but the emulated runtime refuses to wait on one in its strict
+     * mode (a wait that orders nothing is a bug in ferry: tests/cuda_emu/runtime) */
+    if (!(fy_dev_get_kind(sd_dev) == FY_DEV_CUDA && fy_dev_cuda_emulated())) {
+        cr_expect(fy_event_done(never), "an event never recorded counts as complete");
+        fy_event_sync(never); /* returns at once */
+    }
     for (int round = 0; round < 2; round++) { /* a re-recorded event is pending again */
         sd_gate *g = sd_hnew(sizeof *g);
         fy_stream_host_fn(sd_s, sd_gate_wait, g);

@@ -72,7 +72,7 @@ static int cmd_info(void) {
                gpus[i].name, gpus[i].major, gpus[i].minor, gpus[i].sm_count,
                (double)gpus[i].total_nbytes / 1073741824.0);
     if (ngpu == 0) printf("          no GPU: %s\n", why);
-    printf("default   --device %s\n", ngpu > 0 ? "cuda" : "cpu");
+    printf("default   --device %s\n", ngpu > 0 && !fy_dev_cuda_emulated() ? "cuda" : "cpu");
     printf("models    families and their named configs (--model NAME; --init reads a Hugging "
            "Face directory of these model types):\n");
     fy_model_print_families(stdout);

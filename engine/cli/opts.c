@@ -384,11 +384,13 @@ int fy_opts_parse(fy_opts *o, unsigned cmd, int argc, char **argv, int first) {
 }
 
 /* The kind --device names: auto is cuda when a GPU is present and --sim-pcie-gbps (a cpu
- * backend option) is not set; why says why there is no GPU when auto looked for one. */
+ * backend option) is not set; why says why there is no GPU when auto looked for one. An
+ * emulated GPU (-Dcuda=emulated) is for testing the cuda backend and slower than the cpu
+ * backend: auto never picks it. */
 static fy_dev_kind kind_of(const fy_opts *o, char *why, size_t whylen) {
     why[0] = 0;
     if (!strcmp(o->device, "cuda")) return FY_DEV_CUDA;
-    if (!strcmp(o->device, "cpu") || o->sim_pcie_gbps > 0) return FY_DEV_CPU;
+    if (!strcmp(o->device, "cpu") || o->sim_pcie_gbps > 0 || fy_dev_cuda_emulated()) return FY_DEV_CPU;
     fy_gpu_info gpu;
     return fy_dev_gpus(&gpu, 1, why, whylen) > 0 ? FY_DEV_CUDA : FY_DEV_CPU;
 }
