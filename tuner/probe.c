@@ -280,15 +280,17 @@ fy_status fy_probe(const fy_probe_cfg *cfg, fy_profile *out) {
     out->cores = fy_cpus_allowed(); /* a job's rank: its share (comm.h: fy_comm_place) */
     out->numa_nodes = count_numa_nodes();
     out->host_mem_gib = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGE_SIZE) / 1073741824.0;
-    /* the budget asked for; else what the backend can give (a GPU's free memory less
-     * its workspace reserve); the cpu backend has no cap: the host's memory */
-    fy_dev_mem_stats ms;
-    fy_dev_mem_stats_get(dev, &ms);
-    size_t cap = cfg->dev.mem_cap_nbytes ? cfg->dev.mem_cap_nbytes : ms.cap_nbytes;
-    out->device_mem_gib = cap ? (double)cap / 1073741824.0 : out->host_mem_gib;
     fy_status st = probe_transfers(dev, out);
     if (st == FY_OK && cfg->comm && fy_comm_size(cfg->comm) > 1)
         st = probe_collectives(dev, cfg->comm, out);
+    /* the budget asked for; else what the backend can give (a GPU's free memory less its
+     * workspace reserve and, in a job, NCCL's buffers, which the collectives' probe has
+     * just attached: read after it); the cpu backend has no cap: the host's memory */
+    fy_dev_mem_stats ms;
+    fy_dev_mem_stats_get(dev, &ms);
+    size_t cap = cfg->dev.mem_cap_nbytes ? cfg->dev.mem_cap_nbytes : ms.cap_nbytes;
+    if (ms.cap_nbytes && ms.cap_nbytes < cap) cap = ms.cap_nbytes;
+    out->device_mem_gib = cap ? (double)cap / 1073741824.0 : out->host_mem_gib;
     int tmax = cfg->adam_threads_max > 0 ? cfg->adam_threads_max : out->cores;
     if (tmax > FY_PROFILE_MAX_THREADS) tmax = FY_PROFILE_MAX_THREADS;
     if (st == FY_OK) st = probe_adam(tmax, out);

@@ -272,8 +272,9 @@ static uint64_t shuffle_stride(uint64_t n, uint64_t *rng) {
 
 bool launch_config_ok(dim3 grid, dim3 block, size_t shmem) {
     const size_t nthreads = (size_t)block.x * block.y * block.z;
+    /* CUDA's limits (compute capability 3.0 and later): grid.x up to 2^31 - 1 */
     return nthreads > 0 && nthreads <= MAX_THREADS && block.z <= 64 && grid.x > 0 && grid.y > 0 &&
-           grid.z > 0 && grid.y <= 65535 && grid.z <= 65535 && shmem == 0;
+           grid.z > 0 && grid.x <= 2147483647u && grid.y <= 65535 && grid.z <= 65535 && shmem == 0;
 }
 
 void run_grid(dim3 grid, dim3 block, size_t shmem, const char *name, void (*fn)(void *), void *ctx,

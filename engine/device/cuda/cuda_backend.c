@@ -21,8 +21,10 @@
  * error is a bug, not a condition to recover from). An error of earlier work surfaces
  * at a later call: FERRY_CUDA_SYNC=1 (read at open) makes every launch wait for its
  * stream, so the failing kernel is the one named. Where the device has a communicator,
- * waits poll NCCL's asynchronous errors, so a dead peer ends the job instead of hanging
- * it.
+ * waits poll NCCL's asynchronous errors, so a failure NCCL reports (a peer lost over the
+ * network, a communicator's error) ends the job instead of hanging it; a peer that hangs
+ * inside one node may not be reported by NCCL at all (its kernels spin), and a rank
+ * that dies under mpirun ends the job through mpirun.
  *
  * Threads: CUDA's current device is per thread, so every entry point first makes this
  * device current on the calling thread (a thread-local cache makes that free). */
@@ -522,7 +524,13 @@ static fy_status cu_coll_init(fy_dev *dev, const void *id, size_t len, int rank,
 static void cu_coll_shards(fy_stream *s, void *buf, const size_t *off, int nranks, fy_dtype dt,
                            bool gather) {
     make_current(s->dev);
-    fy_cu_nccl_shards(s->dev->ctx, s->ctx, buf, off, nranks, dt, gather);
+    fy_cu_dev *cd = s->dev->ctx;
+    fy_cu_nccl_shards(cd, s->ctx, buf, off, nranks, dt, gather);
+    if (cd->sync_each) {
+        char what[96];
+        snprintf(what, sizeof what, "NCCL %s on stream %s", gather ? "gather" : "reduce", s->name);
+        FY_CUDA_CHECK(wait_for(cd, ((fy_cu_stream *)s->ctx)->st, NULL), what);
+    }
 }
 
 static const fy_dev_iface cuda_iface = {

@@ -187,8 +187,11 @@ static void *serve_stream(void *arg) {
 static int32_t serve_ctl(int ctl, const ctl_req *q, int fd) {
     switch (q->op) {
     case CTL_MAP:
-        return mprotect((void *)q->lo, q->nbytes, PROT_READ | PROT_WRITE) ? cudaErrorMemoryAllocation
-                                                                          : cudaSuccess;
+        if (mprotect((void *)q->lo, q->nbytes, PROT_READ | PROT_WRITE)) return cudaErrorMemoryAllocation;
+        /* a GPU's new allocation holds whatever was there before (fresh pages here would
+         * be zeros, and hide a missing memset): every byte 0xff, NaN in fp32 and bf16 */
+        memset((void *)q->lo, 0xff, q->nbytes);
+        return cudaSuccess;
     case CTL_UNMAP:
         madvise((void *)q->lo, q->nbytes, MADV_DONTNEED);
         return mprotect((void *)q->lo, q->nbytes, PROT_NONE) ? cudaErrorInvalidValue : cudaSuccess;

@@ -220,8 +220,9 @@ static int legacy_waits(emu_stream *st, emu_stream **w, uint64_t *seq, int cap) 
     if (!st->legacy && (st->flags & cudaStreamNonBlocking)) return 0;
     emu_gpu *g = &g_emu.gpu[st->dev];
     int n = 0;
+    emu_stream *o;
     pthread_mutex_lock(&g->mu);
-    for (emu_stream *o = g->streams; o && n < cap; o = o->next) {
+    for (o = g->streams; o && n < cap; o = o->next) {
         if (o == st || (!o->legacy && (o->flags & cudaStreamNonBlocking))) continue;
         if (!st->legacy && !o->legacy) continue; /* blocking streams wait for the legacy one only */
         pthread_mutex_lock(&o->mu);
@@ -232,7 +233,12 @@ static int legacy_waits(emu_stream *st, emu_stream **w, uint64_t *seq, int cap) 
         }
         pthread_mutex_unlock(&o->mu);
     }
+    const bool more = n == cap && o;
     pthread_mutex_unlock(&g->mu);
+    if (more) { /* never a weaker order than CUDA's: stop */
+        fy_emu_report("more than %d streams for the legacy default stream to wait for", cap);
+        abort();
+    }
     return n;
 }
 
@@ -484,7 +490,9 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
     cudaError_t e = emu_stream_lookup(stream, d, "cudaStreamQuery", &st);
     if (e != cudaSuccess) return emu_ret(e);
     pthread_mutex_lock(&st->mu);
-    e = st->completed.load() < st->submitted ? cudaErrorNotReady : cudaSuccess;
+    /* done: the error its work met, as a synchronize reports it (and clears it) */
+    e = st->completed.load() < st->submitted ? cudaErrorNotReady : st->error;
+    if (e != cudaErrorNotReady) st->error = cudaSuccess;
     pthread_mutex_unlock(&st->mu);
     if (emu_sticky(st->dev) != cudaSuccess) e = emu_sticky(st->dev);
     emu_stream_put(st);
@@ -496,11 +504,16 @@ cudaError_t emu_device_sync(int d, bool spin) {
     emu_stream *all[256];
     int n = 0;
     pthread_mutex_lock(&g->mu);
-    for (emu_stream *o = g->streams; o && n < 256; o = o->next) {
+    emu_stream *o;
+    for (o = g->streams; o && n < 256; o = o->next) {
         o->refs++;
         all[n++] = o;
     }
     pthread_mutex_unlock(&g->mu);
+    if (o) { /* never a weaker synchronisation than CUDA's: stop */
+        fy_emu_report("cudaDeviceSynchronize: more than 256 streams on GPU %d", d);
+        abort();
+    }
     cudaError_t first = cudaSuccess;
     for (int i = 0; i < n; i++) {
         cudaError_t e = stream_wait(all[i], spin);

@@ -7,7 +7,10 @@
  * (broadcast) fills its buffer; then the root sums the buffers into its recvbuff, or every
  * other rank copies the root's out. A barrier that does not come (a peer gone, or one that
  * destroyed its communicator) or calls that differ set the rank's asynchronous error, and
- * the collective waits for ncclCommAbort, as a hung NCCL kernel would.
+ * the collective waits for ncclCommAbort, as a hung NCCL kernel would. A peer gone is
+ * found here on one machine, where NCCL reports it only over a network (inside a node
+ * its kernels spin, NVIDIA/nccl#279): the emulation is kinder there, so that the
+ * backend's polling of the asynchronous error has something to find.
  *
  * The sum is NCCL's ring order: from the rank after the root around to the root, in the
  * data type, each addition rounded (a bf16 partial sum is bf16 on the wire, added in fp32

@@ -398,14 +398,17 @@ static double cpu_of_event_sync(unsigned flags) {
     return thread_cpu_s() - c0;
 }
 
+/* The bounds leave room for a loaded machine (meson runs suites side by side on two
+ * cores): a spinning thread then gets a share of a core, still 30 ms or more in 300 ms,
+ * where a sleeping one takes a few hundred microseconds. */
 Test(events, a_sync_without_blocking_sync_spins) {
     double cpu = cpu_of_event_sync(cudaEventDefault);
-    cr_expect_gt(cpu, 0.1, "%.3f s of CPU in a 300 ms wait: a busy wait burns CPU", cpu);
+    cr_expect_gt(cpu, 0.03, "%.3f s of CPU in a 300 ms wait: a busy wait burns CPU", cpu);
 }
 
 Test(events, a_sync_with_blocking_sync_sleeps) {
     double cpu = cpu_of_event_sync(cudaEventBlockingSync);
-    cr_expect_lt(cpu, 0.05, "%.3f s of CPU in a 300 ms wait: a blocking wait sleeps", cpu);
+    cr_expect_lt(cpu, 0.02, "%.3f s of CPU in a 300 ms wait: a blocking wait sleeps", cpu);
 }
 
 /* ---- launches and the device process ----------------------------------------------------------- */
