@@ -17,7 +17,16 @@
  * Errors: every entry point returns CUDA's code and leaves a failure as the calling
  * thread's last error (emu_ret); a device's sticky error (a fault, a dead device process)
  * lives in the control memory, so both processes see it, and every later call that
- * touches the device returns it. */
+ * touches the device returns it.
+ *
+ * What it cannot see: kernels never run at the same time as each other (the kernel
+ * emulator runs one grid at a time, cuda_emu.cc), so two kernels on streams that miss an
+ * event between them run in some order instead of overlapping, and only a wrong result
+ * shows it; the race check (FERRY_EMU_RACECHECK=1) restores device allocations between a
+ * kernel's three runs, not pinned memory, so a kernel that updates pinned memory in
+ * place is not checked for races there; a kernel that reads pageable host memory through
+ * a pointer it was not given as an argument (one stored in device memory) reads a copy as
+ * old as the device process, where a GPU faults. */
 #ifndef FY_CUDART_EMU_H
 #define FY_CUDART_EMU_H
 

@@ -141,13 +141,24 @@ static void on_fault(int sig, siginfo_t *si, void *uc) {
     _exit(3);
 }
 
-static void alt_stack(void) {
+/* The calling thread's signal stack (a fault's handler runs on it); returns it, for
+ * alt_stack_free when the thread ends. */
+static void *alt_stack(void) {
     stack_t ss;
     ss.ss_sp = mmap(NULL, EMU_ALTSTACK_NBYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (ss.ss_sp == MAP_FAILED) _exit(4);
     ss.ss_size = EMU_ALTSTACK_NBYTES;
     ss.ss_flags = 0;
     sigaltstack(&ss, NULL);
+    return ss.ss_sp;
+}
+
+static void alt_stack_free(void *sp) {
+    stack_t off;
+    memset(&off, 0, sizeof off);
+    off.ss_flags = SS_DISABLE;
+    sigaltstack(&off, NULL);
+    munmap(sp, EMU_ALTSTACK_NBYTES);
 }
 
 /* With the race check (FERRY_EMU_RACECHECK), device work runs one item at a time: a
@@ -157,7 +168,7 @@ static pthread_mutex_t racecheck_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static void *serve_stream(void *arg) {
     const int fd = (int)(intptr_t)arg;
-    alt_stack();
+    void *sp = alt_stack();
     alignas(16) static thread_local char buf[sizeof(emu_msg) + FY_EMU_ARGS_MAX];
     for (;;) {
         ssize_t n = recv(fd, buf, sizeof buf, 0);
@@ -181,6 +192,7 @@ static void *serve_stream(void *arg) {
         if (send(fd, &reply, sizeof reply, MSG_NOSIGNAL) != sizeof reply) break;
     }
     close(fd);
+    alt_stack_free(sp);
     return NULL;
 }
 
@@ -221,7 +233,7 @@ static int32_t serve_ctl(int ctl, const ctl_req *q, int fd) {
     sigemptyset(&sa.sa_mask);
     const int sigs[] = {SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL};
     for (int s : sigs) sigaction(s, &sa, NULL);
-    alt_stack();
+    (void)alt_stack(); /* the serving thread's, for the process's life */
     for (;;) {
         ctl_req q;
         char cbuf[CMSG_SPACE(sizeof(int))];

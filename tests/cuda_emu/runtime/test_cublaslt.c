@@ -151,6 +151,12 @@ static void mat_make(mat *x, cudaDataType_t t, int rows, int cols, int batch, in
     x->dev = dev_from(x->host, x->nelem * x->es);
 }
 
+static void mat_free(mat *x) {
+    free(x->val);
+    free(x->host);
+    cudaFree(x->dev);
+}
+
 static float mat_at(const mat *x, bool t, int b, int i, int j) { /* op(x)(i, j) of item b */
     return t ? x->val[b * x->stride + j + (int64_t)i * x->ld] : x->val[b * x->stride + i + (int64_t)j * x->ld];
 }
@@ -242,6 +248,10 @@ static void check_case(const gemm_case *c) {
                           got, ref, tol);
             }
     free(out);
+    mat_free(&A);
+    mat_free(&B);
+    mat_free(&D);
+    mat_free(&bias);
 }
 
 Test(cublaslt_gemm, forward_bias_fp32) { /* out^T = w^T' inp^T + bias: ta, m = OC, n = N, k = C */
@@ -314,6 +324,8 @@ Test(cublaslt_gemm, deterministic_across_blocks_and_addresses) {
     free(first);
     free(second);
     cudaFree(pad);
+    mat *all[] = {&A, &B, &D, &bias, &A2, &B2, &D2, &bias2};
+    for (int i = 0; i < 8; i++) mat_free(all[i]);
 }
 
 /* One element: D = a * b (k = 1) or a0 * b0 + a1 * b1 (k = 2), as stored bits. */
@@ -328,6 +340,9 @@ static uint32_t tiny(cublasComputeType_t ct, cudaDataType_t ab, cudaDataType_t c
     void *out = run_case(&c, &A, &B, &D, NULL);
     uint32_t bits = cd == CUDA_R_16BF ? *(uint16_t *)out : *(uint32_t *)out;
     free(out);
+    mat_free(&D);
+    cudaFree(A.dev);
+    cudaFree(B.dev);
     return bits;
 }
 
