@@ -205,20 +205,23 @@ static size_t esize(const dual *x, int side) { return side == GPU && x->dt == FY
 #define X(t) ((t).p[g_side])
 #define S (g_st[g_side])
 
-/* An output: allocated on both backends, every byte 0xff. */
-static dual dpoison(fy_dtype dt, size_t n) {
+/* An output: allocated on both backends, `off` elements into its allocation (as
+ * dput_at), every byte 0xff. */
+static dual dpoison_at(fy_dtype dt, size_t n, size_t off) {
     dual x = {.n = n, .dt = dt};
     for (int k = 0; k < 2; k++) {
-        x.p[k] = dnew_on(k, n * esize(&x, k));
+        x.p[k] = (char *)dnew_on(k, (n + off) * esize(&x, k)) + off * esize(&x, k);
         fy_memset_async(g_st[k], x.p[k], 0xff, n * esize(&x, k));
         fy_stream_sync(g_st[k]);
     }
     return x;
 }
+static dual dpoison(fy_dtype dt, size_t n) { return dpoison_at(dt, n, 0); }
 
-/* An input from host floats h: the GPU copy in dt, the CPU copy in fp32. For bf16, h is
- * rounded in place first, so both backends (and the caller) see the same values. */
-static dual dput(fy_dtype dt, float *h, size_t n) {
+/* An input from host floats h, `off` elements into a fresh allocation on each side (off 0:
+ * at its start, 256-byte aligned): the GPU copy in dt, the CPU copy in fp32. For bf16, h
+ * is rounded in place first, so both backends (and the caller) see the same values. */
+static dual dput_at(fy_dtype dt, float *h, size_t n, size_t off) {
     dual x = {.n = n, .dt = dt};
     if (dt == FY_BF16) {
         uint16_t *b = hnew(n * 2);
@@ -226,16 +229,17 @@ static dual dput(fy_dtype dt, float *h, size_t n) {
             b[i] = fy_f32_to_bf16(h[i]);
             h[i] = fy_bf16_to_f32(b[i]);
         }
-        x.p[GPU] = dnew_on(GPU, n * 2);
+        x.p[GPU] = (char *)dnew_on(GPU, (n + off) * 2) + off * 2;
         put_on(GPU, x.p[GPU], b, n * 2);
     } else {
-        x.p[GPU] = dnew_on(GPU, n * 4);
+        x.p[GPU] = (char *)dnew_on(GPU, (n + off) * 4) + off * 4;
         put_on(GPU, x.p[GPU], h, n * 4);
     }
-    x.p[CPU] = dnew_on(CPU, n * 4);
+    x.p[CPU] = (char *)dnew_on(CPU, (n + off) * 4) + off * 4;
     put_on(CPU, x.p[CPU], h, n * 4);
     return x;
 }
+static dual dput(fy_dtype dt, float *h, size_t n) { return dput_at(dt, h, n, 0); }
 
 static dual dput_i32(const int32_t *h, size_t n) {
     dual x = {.n = n, .dt = FY_DTYPE_NONE};
@@ -346,59 +350,142 @@ static void check_encoder(fy_dtype dt, bool learned_pos, bool with_docs, float s
     if (learned_pos) expect_match(what, &dwpe, tol_bwd);
 }
 
-static void check_layernorm(fy_dtype dt, double tol_fwd, double tol_bwd) {
-    /* N = 150: three row chunks in the column sums, the last one partial; C = 80: rows
-     * end in a partial warp */
-    enum { N = 150, C = 80 };
+/* The shape and placement of a norm check: N rows of C channels, every tensor `off`
+ * elements into its allocation (dput_at). */
+typedef struct norm_case { int N, C, off; } norm_case;
+
+/* N = 150: three row chunks in the column sums, the last one partial; C = 80: rows end in
+ * a partial warp, every row 16-byte aligned (the model's widths are multiples of 8) */
+#define NORM_MODEL ((norm_case){150, 80, 0})
+
+/* The cuda outputs of a norm check, kept to compare two placements bit for bit. */
+typedef struct norm_bits {
+    int n;
+    const char *name[6];
+    float *v[6];
+    size_t len[6];
+} norm_bits;
+
+/* what, with the shape and placement when they are not the model's (a rotating buffer). */
+static const char *nc_name(const char *what, norm_case nc) {
+    static char bufs[8][96];
+    static int k;
+    char *b = bufs[k++ % 8];
+    if (nc.N == NORM_MODEL.N && nc.C == NORM_MODEL.C && nc.off == NORM_MODEL.off) return what;
+    snprintf(b, sizeof bufs[0], "%s (N=%d C=%d, %d element%s in)", what, nc.N, nc.C, nc.off,
+             nc.off == 1 ? "" : "s");
+    return b;
+}
+
+static void keep_bits(norm_bits *k, const char *name, const dual *x) {
+    if (!k) return;
+    k->name[k->n] = name;
+    k->v[k->n] = dget(x, GPU);
+    k->len[k->n++] = x->n;
+}
+
+static void expect_same_bits(const char *what, const norm_bits *a, const norm_bits *b) {
+    for (int i = 0; i < a->n; i++) {
+        size_t at = first_diff(a->v[i], b->v[i], a->len[i], 4);
+        cr_expect(at == a->len[i], "%s: %s differs bitwise between the placements, first at [%zu]",
+                  what, a->name[i], at);
+    }
+}
+
+/* Layernorm on rows of nc.N x nc.C; bits (if not NULL) gets the cuda outputs. */
+static void check_layernorm(fy_dtype dt, norm_case nc, double tol_fwd, double tol_bwd, norm_bits *bits) {
+    const int N = nc.N, C = nc.C;
+    const size_t o = (size_t)nc.off, NC = (size_t)N * C;
     seed(22);
-    float *inp = hnewf(N * C);
+    float *inp = hnewf(NC);
     for (int n = 0; n < N; n++) {
         float off = rng_unif(-2, 2), scale = rng_unif(0.5f, 2);
-        for (int c = 0; c < C; c++) inp[n * C + c] = off + scale * rng_unif(-1, 1);
+        for (int c = 0; c < C; c++) inp[(size_t)n * C + c] = off + scale * rng_unif(-1, 1);
     }
-    dual x = dput(dt, inp, N * C), w = dput(dt, hrand(C, 0.5f, 1.5f), C);
-    dual b = dput(dt, hrand(C, -0.5f, 0.5f), C);
-    dual out = dpoison(dt, N * C), mean = dpoison(FY_F32, N), rstd = dpoison(FY_F32, N);
+    dual x = dput_at(dt, inp, NC, o), w = dput_at(dt, hrand(C, 0.5f, 1.5f), C, o);
+    dual b = dput_at(dt, hrand(C, -0.5f, 0.5f), C, o);
+    dual out = dpoison_at(dt, NC, o), mean = dpoison_at(FY_F32, N, o), rstd = dpoison_at(FY_F32, N, o);
     BOTH(fy_k_layernorm_fwd(X(out), X(mean), X(rstd), X(x), X(w), X(b), N, C, S));
-    expect_match("layernorm_fwd out", &out, tol_fwd);
+    expect_match(nc_name("layernorm_fwd out", nc), &out, tol_fwd);
     /* fp32 in every storage type, from the same input values: only the order of the
      * C-term fp32 sums differs (~1e-7) */
-    expect_match("layernorm_fwd mean", &mean, 1e-5);
-    expect_match("layernorm_fwd rstd", &rstd, 1e-5);
-    dual dout = dput(dt, hrand(N * C, -1, 1), N * C);
-    dual dinp = dput(dt, hrand(N * C, -1, 1), N * C); /* all three accumulate */
-    dual dw = dput(dt, hrand(C, -1, 1), C), db = dput(dt, hrand(C, -1, 1), C);
+    expect_match(nc_name("layernorm_fwd mean", nc), &mean, 1e-5);
+    expect_match(nc_name("layernorm_fwd rstd", nc), &rstd, 1e-5);
+    dual dout = dput_at(dt, hrand(NC, -1, 1), NC, o);
+    dual dinp = dput_at(dt, hrand(NC, -1, 1), NC, o); /* all three accumulate */
+    dual dw = dput_at(dt, hrand(C, -1, 1), C, o), db = dput_at(dt, hrand(C, -1, 1), C, o);
     BOTH(fy_k_layernorm_bwd(X(dinp), X(dw), X(db), X(dout), X(x), X(w), X(mean), X(rstd), N, C, S));
-    expect_match("layernorm_bwd dinp", &dinp, tol_bwd);
-    expect_match("layernorm_bwd dw", &dw, tol_bwd);
-    expect_match("layernorm_bwd db", &db, tol_bwd);
+    expect_match(nc_name("layernorm_bwd dinp", nc), &dinp, tol_bwd);
+    expect_match(nc_name("layernorm_bwd dw", nc), &dw, tol_bwd);
+    expect_match(nc_name("layernorm_bwd db", nc), &db, tol_bwd);
+    keep_bits(bits, "layernorm_fwd out", &out);
+    keep_bits(bits, "layernorm_fwd mean", &mean);
+    keep_bits(bits, "layernorm_fwd rstd", &rstd);
+    keep_bits(bits, "layernorm_bwd dinp", &dinp);
+    keep_bits(bits, "layernorm_bwd dw", &dw);
+    keep_bits(bits, "layernorm_bwd db", &db);
 }
 
 /* RMSNorm: layernorm's shapes, rows of varied offset and scale (no mean is removed, so the
  * offset shows in rstd). */
-static void check_rmsnorm(fy_dtype dt, float offset, double tol_fwd, double tol_bwd) {
-    enum { N = 150, C = 80 };
+static void check_rmsnorm(fy_dtype dt, float offset, norm_case nc, double tol_fwd, double tol_bwd,
+                          norm_bits *bits) {
+    const int N = nc.N, C = nc.C;
+    const size_t o = (size_t)nc.off, NC = (size_t)N * C;
     const float eps = 1e-5f;
     seed(23);
-    float *inp = hnewf(N * C);
+    float *inp = hnewf(NC);
     for (int n = 0; n < N; n++) {
         float off = rng_unif(-1, 1), scale = rng_unif(0.1f, 2);
-        for (int c = 0; c < C; c++) inp[n * C + c] = off + scale * rng_unif(-1, 1);
+        for (int c = 0; c < C; c++) inp[(size_t)n * C + c] = off + scale * rng_unif(-1, 1);
     }
     /* gains 0.5..1.5 whatever the offset: w stored near 0 for Gemma's (1 + w) */
-    dual x = dput(dt, inp, N * C), w = dput(dt, hrand(C, 0.5f - offset, 1.5f - offset), C);
-    dual out = dpoison(dt, N * C), rstd = dpoison(FY_F32, N);
+    dual x = dput_at(dt, inp, NC, o), w = dput_at(dt, hrand(C, 0.5f - offset, 1.5f - offset), C, o);
+    dual out = dpoison_at(dt, NC, o), rstd = dpoison_at(FY_F32, N, o);
     BOTH(fy_k_rmsnorm_fwd(X(out), X(rstd), X(x), X(w), N, C, eps, offset, S));
-    expect_match("rmsnorm_fwd out", &out, tol_fwd);
+    expect_match(nc_name("rmsnorm_fwd out", nc), &out, tol_fwd);
     /* fp32 in every storage type, from the same input values: only the order of the
      * C-term fp32 sum of squares differs (~1e-7) */
-    expect_match("rmsnorm_fwd rstd", &rstd, 1e-5);
-    dual dout = dput(dt, hrand(N * C, -1, 1), N * C);
-    dual dinp = dput(dt, hrand(N * C, -1, 1), N * C); /* both accumulate */
-    dual dw = dput(dt, hrand(C, -1, 1), C);
+    expect_match(nc_name("rmsnorm_fwd rstd", nc), &rstd, 1e-5);
+    dual dout = dput_at(dt, hrand(NC, -1, 1), NC, o);
+    dual dinp = dput_at(dt, hrand(NC, -1, 1), NC, o); /* both accumulate */
+    dual dw = dput_at(dt, hrand(C, -1, 1), C, o);
     BOTH(fy_k_rmsnorm_bwd(X(dinp), X(dw), X(dout), X(x), X(w), X(rstd), N, C, offset, S));
-    expect_match("rmsnorm_bwd dinp", &dinp, tol_bwd);
-    expect_match("rmsnorm_bwd dw", &dw, tol_bwd);
+    expect_match(nc_name("rmsnorm_bwd dinp", nc), &dinp, tol_bwd);
+    expect_match(nc_name("rmsnorm_bwd dw", nc), &dw, tol_bwd);
+    keep_bits(bits, "rmsnorm_fwd out", &out);
+    keep_bits(bits, "rmsnorm_fwd rstd", &rstd);
+    keep_bits(bits, "rmsnorm_bwd dinp", &dinp);
+    keep_bits(bits, "rmsnorm_bwd dw", &dw);
+}
+
+/* The norms off the model's shapes (b35a475: a warp moves a row in 16-byte pieces, 4
+ * floats or 8 bf16 a lane, one vector load or store where the row starts 16-byte aligned,
+ * else scalar ones; channels past C skipped): C = 77 (a multiple of neither 4 nor 8: rows
+ * start at every alignment, each ends inside a piece, lanes past the tail idle), C = 300
+ * (more than a warp's 32 pieces of bf16 or fp32: a second round; bf16 rows alternately
+ * aligned) and C = 80 and 300 one element into their allocations (no row aligned: every
+ * piece scalar). Each against the cpu within tol_fwd and tol_bwd, and each shape at both
+ * placements bit for bit: which channels a lane adds, and in which order, depend on C
+ * alone, never on where a buffer lives (kernels.h's determinism).
+ * The kernels before b35a475 (scalar, a lane per channel) passed these too: the checks
+ * guard its new paths, not a defect of the old kernels (breaking the vector test, the
+ * scalar tail's bound or the second round fails them). */
+static void check_norm_shapes(fy_dtype dt, double tol_fwd, double tol_bwd) {
+    static const int widths[] = {77, 300, 80};
+    for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++) {
+        norm_bits at0 = {0}, at1 = {0};
+        char what[64];
+        snprintf(what, sizeof what, "layernorm C=%d", widths[i]);
+        check_layernorm(dt, (norm_case){37, widths[i], 0}, tol_fwd, tol_bwd, &at0);
+        check_layernorm(dt, (norm_case){37, widths[i], 1}, tol_fwd, tol_bwd, &at1);
+        expect_same_bits(what, &at0, &at1);
+        at0 = at1 = (norm_bits){0};
+        snprintf(what, sizeof what, "rmsnorm C=%d", widths[i]);
+        check_rmsnorm(dt, 1.0f, (norm_case){37, widths[i], 0}, tol_fwd, tol_bwd, &at0);
+        check_rmsnorm(dt, 1.0f, (norm_case){37, widths[i], 1}, tol_fwd, tol_bwd, &at1);
+        expect_same_bits(what, &at0, &at1);
+    }
 }
 
 /* Per-head q/k norms on packed rows: 70 rows of 4 query, 2 key and 2 value heads of hd
@@ -689,11 +776,10 @@ static void check_mean(void) {
     expect_match("mean", &out, 2.5e-7);
 }
 
-/* sumsq: x in the storage type, the result a double. */
-static void check_sumsq(fy_dtype dt) {
-    static const size_t sizes[] = {0, 1, FY_SUMSQ_CHUNK + 1, 100003}; /* ragged chunks */
+/* sumsq of x of each of the nsizes sizes: x in the storage type, the result a double. */
+static void check_sumsq_sizes(fy_dtype dt, const size_t *sizes, size_t nsizes) {
     seed(111);
-    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+    for (size_t k = 0; k < nsizes; k++) {
         const size_t n = sizes[k];
         float *x = hrand(n ? n : 1, -3, 3);
         dual dx = dput(dt, x, n ? n : 1);
@@ -719,6 +805,11 @@ static void check_sumsq(fy_dtype dt) {
                       n, got[GPU], want);
         }
     }
+}
+
+static void check_sumsq(fy_dtype dt) {
+    static const size_t sizes[] = {0, 1, FY_SUMSQ_CHUNK + 1, 100003}; /* ragged chunks */
+    check_sumsq_sizes(dt, sizes, sizeof sizes / sizeof sizes[0]);
 }
 
 /* fy_k_adamw on the GPU against fy_adam_step on the host: every byte of the weights,
@@ -797,7 +888,7 @@ Test(kernels_fp32, layernorm) {
     /* fwd 1e-5 (see the top); bwd 2e-5: dinp subtracts the row means of dnorm and
      * dnorm*norm, each summed in another order, and is scaled by rstd (up to 3.4 here);
      * dw and db add 150 rows in chunks instead of one by one */
-    check_layernorm(FY_F32, 1e-5, 2e-5);
+    check_layernorm(FY_F32, NORM_MODEL, 1e-5, 2e-5, NULL);
 }
 
 Test(kernels_fp32, rmsnorm) {
@@ -807,8 +898,8 @@ Test(kernels_fp32, rmsnorm) {
      * 2e-5, as layernorm's: dinp subtracts x times a row dot product summed in another
      * order and is scaled by rstd (up to 17 for the narrowest rows here); dw adds 150
      * rows in chunks */
-    check_rmsnorm(FY_F32, 0.0f, 1e-5, 2e-5);
-    check_rmsnorm(FY_F32, 1.0f, 1e-5, 2e-5); /* (1 + w): the same gains, one more rounding */
+    check_rmsnorm(FY_F32, 0.0f, NORM_MODEL, 1e-5, 2e-5, NULL);
+    check_rmsnorm(FY_F32, 1.0f, NORM_MODEL, 1e-5, 2e-5, NULL); /* (1 + w): the same gains, one more rounding */
 }
 
 Test(kernels_fp32, qk_norm) {
@@ -942,6 +1033,31 @@ Test(kernels_fp32, sumsq_has_fy_sumsq_bits) {
     check_sumsq(FY_F32);
 }
 
+/* sumsq_total_k (b35a475) adds the chunk sums in chunk order from tiles of 256 sums loaded
+ * into shared memory while thread 0 adds the previous tile (two buffers): 257 chunks, the
+ * last one short, make a second tile of one sum, which must still give fy_sumsq's bits.
+ * (A third tile, back in the first buffer, would take 513 chunks, 8.4M elements: ~13 s on
+ * the emulated GPU.) The kernel before b35a475 (one thread adding from global memory)
+ * passed this too: it guards the tiles (a tile's bound or buffer wrong fails it), not a
+ * defect of the old kernel. */
+Test(kernels_fp32, sumsq_of_more_chunks_than_a_tile) {
+    need_kernels();
+#ifdef FY_TEST_CUDA_EMU
+    /* two tiles share no buffer at once, so the three thread orders add nothing here */
+    cr_skip_test("4.2M elements in three thread orders take ~50 s; the emulated runtime's "
+                 "build (-Dcuda=emulated) runs this once, in ~8 s");
+#endif
+    open_pair(FY_MATMUL_FP32, FY_F32);
+    static const size_t sizes[] = {257 * (size_t)FY_SUMSQ_CHUNK - 5};
+    check_sumsq_sizes(FY_F32, sizes, 1);
+}
+
+Test(kernels_fp32, norms_at_any_width_and_alignment) {
+    need_kernels();
+    open_pair(FY_MATMUL_FP32, FY_F32);
+    check_norm_shapes(FY_F32, 1e-5, 2e-5); /* the bounds of kernels_fp32/layernorm and rmsnorm */
+}
+
 Test(kernels_fp32, adamw_has_fy_adam_step_bits) {
     need_kernels();
     open_gpu(FY_MATMUL_FP32, FY_F32);
@@ -978,14 +1094,20 @@ Test(kernels_bf16, encoder) {
 Test(kernels_bf16, layernorm) {
     need_kernels();
     open_pair(FY_MATMUL_AUTO, FY_BF16);
-    check_layernorm(FY_BF16, BF16_TOL, BF16_TOL);
+    check_layernorm(FY_BF16, NORM_MODEL, BF16_TOL, BF16_TOL, NULL);
 }
 
 Test(kernels_bf16, rmsnorm) {
     need_kernels();
     open_pair(FY_MATMUL_AUTO, FY_BF16);
-    check_rmsnorm(FY_BF16, 0.0f, BF16_TOL, BF16_TOL); /* rstd: the fp32 bound, inside */
-    check_rmsnorm(FY_BF16, 1.0f, BF16_TOL, BF16_TOL);
+    check_rmsnorm(FY_BF16, 0.0f, NORM_MODEL, BF16_TOL, BF16_TOL, NULL); /* rstd: the fp32 bound, inside */
+    check_rmsnorm(FY_BF16, 1.0f, NORM_MODEL, BF16_TOL, BF16_TOL, NULL);
+}
+
+Test(kernels_bf16, norms_at_any_width_and_alignment) {
+    need_kernels();
+    open_pair(FY_MATMUL_AUTO, FY_BF16);
+    check_norm_shapes(FY_BF16, BF16_TOL, BF16_TOL);
 }
 
 Test(kernels_bf16, qk_norm) {
