@@ -1749,6 +1749,11 @@ static proc ferry(const char *const *args) {
 }
 #define FERRY(...) ferry((const char *const[]){__VA_ARGS__, NULL})
 
+static void proc_free(proc *r) {
+    free(r->out);
+    free(r->err);
+}
+
 /* Asserts a clean failure with status 1: no signal, every stderr line ferry's own, exactly
  * one of them "ferry: error:"; returns that line (without its newline). */
 static char *expect_one_error(const proc *r) {
@@ -1791,6 +1796,7 @@ Test(no_gpu, train_on_cuda_without_a_gpu_is_one_error_line) {
         cr_expect(strcasestr(line, "no cuda backend") != NULL, "the error does not say the build "
                   "has no cuda backend: %s", line);
     }
+    proc_free(&r);
 }
 
 Test(no_gpu, info_says_whether_the_cuda_backend_is_compiled_in) {
@@ -1817,6 +1823,7 @@ Test(no_gpu, info_says_whether_the_cuda_backend_is_compiled_in) {
         cr_expect(strstr(r.out, want_default) != NULL, "with a GPU the default is cuda, with an "
                   "emulated one cpu:\n%s", r.out);
     }
+    proc_free(&r);
 }
 
 Test(no_gpu, tensor_core_math_on_the_cpu_is_one_error_line) {
@@ -1828,9 +1835,11 @@ Test(no_gpu, tensor_core_math_on_the_cpu_is_one_error_line) {
         snprintf(flag, sizeof flag, "--matmul %s", maths[i]);
         cr_expect(strstr(line, flag) && strstr(line, "fp32 only"), "the error should name %s and "
                   "say the cpu computes in fp32 only: %s", flag, line);
+        proc_free(&r);
     }
     proc ok = FERRY(TINY, "--device", "cpu", "--matmul", "fp32"); /* what the cpu does do */
     cr_expect_eq(ok.code, 0, "`%s`: status %d\n%s", ok.cmd, ok.code, ok.err);
+    proc_free(&ok);
 }
 
 Test(no_gpu, cpu_device_refuses_tensor_core_math) {
@@ -1910,6 +1919,7 @@ Test(backend, an_old_driver_is_named_with_the_version_the_build_needs) {
     proc r = FERRY(TINY, "--device", "cuda");
     snprintf(line, sizeof line, "ferry: error: --device cuda: %s", want);
     cr_expect_str_eq(expect_one_error(&r), line);
+    proc_free(&r);
 }
 
 /* Defect 1 (4415662): cuBLASLt is loaded by the soname of the major version the build was
@@ -1928,6 +1938,7 @@ Test(backend, a_cublaslt_of_another_major_version_is_one_error_at_open) {
         const char *line = expect_one_error(&r);
         snprintf(want, sizeof want, "cuBLASLt %s is not the major version %d this build needs", v, cuda_major());
         cr_expect(strstr(line, want) != NULL, "cuBLASLt %s: the error should say '%s': %s", v, want, line);
+        proc_free(&r);
     }
 }
 
@@ -2306,4 +2317,5 @@ Test(backend, cuda_sync_of_another_value_is_one_error_at_open) {
     proc r = FERRY(TINY, "--device", "cuda");
     const char *line = expect_one_error(&r);
     cr_expect(strstr(line, "FERRY_CUDA_SYNC=yes") != NULL, "the error does not name the setting: %s", line);
+    proc_free(&r);
 }
