@@ -211,7 +211,9 @@ static bool take_pages(fy_dev *dev, size_t nbytes) {
     fy_cu_dev *cd = dev->ctx;
     const size_t cost = fy_round_up(nbytes, FY_CU_PAGE_NBYTES);
     pthread_mutex_lock(&dev->mu);
-    const bool fits = held(cd) + cost <= cd->limit_nbytes;
+    /* the reserved streams not made yet keep their workspace's room */
+    const int unmade = cd->nstreams < FY_CU_STREAMS_RESERVED ? FY_CU_STREAMS_RESERVED - cd->nstreams : 0;
+    const bool fits = held(cd) + cost + (size_t)unmade * FY_CU_STREAM_WS_NBYTES <= cd->limit_nbytes;
     if (fits) cd->pages_nbytes += cost;
     /* the buffers' sizes, this one's included: the wrapper counted it already */
     const size_t pages = cd->pages_nbytes + (fits ? 0 : cost), used = dev->mem.used_nbytes[FY_MEM_DEVICE];
