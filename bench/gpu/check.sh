@@ -3,7 +3,8 @@
 # end to end on the emulated CUDA runtime (FERRY_CHECK_EMULATED=1 or --emulated; CI runs
 # it so). Phases, in order of what a first GPU run most needs:
 #   machine    nvidia-smi: the GPU, its power limit and memory, its dense bf16 peak
-#   build      ferry and the CUDA tests (sm_90 only; emulated: -Dcuda=emulated)
+#   build      ferry and the CUDA tests (sm_90 only; emulated: -Dcuda=emulated, and the
+#              emulated cuBLASLt and NCCL, which nothing links)
 #   tests      test_cuda (kernels against the cpu backend, tiny models, the offload
 #              invariance) and test_cuda_job (whole runs against cpu) where the build has it
 #   bench      GPT-2 124M, B=8, T=1024, all-resident, bf16 storage (fp32 storage if bf16
@@ -24,8 +25,9 @@
 # few steps) and nothing is judged on time: the point is that the script itself ran.
 #
 # One deadline for the whole check (FERRY_CHECK_DEADLINE seconds: 480 on a GPU, which
-# fits one H200 lease with room to rerun; 900 emulated): each phase gets at most its own
-# cap and never more than what is left, cut by `timeout`. $OUT/check.json is rewritten
+# fits one H200 lease with room to rerun; 600 emulated, twice what it takes on 2 cores,
+# build included): each phase gets at most its own cap and never more than what is left,
+# cut by `timeout`. $OUT/check.json is rewritten
 # at the start and end of every phase (a phase cut off reads "running"), so a run killed
 # from outside still returns what it found; $OUT/logs.tar.gz (every log, metrics file and
 # trace) is refreshed with it. The device tool brings back at most 8 files: $OUT holds
@@ -54,8 +56,11 @@ WORK=$(mktemp -d /tmp/ferry-check-work.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 FIG=$WORK/figures.tsv
 DEV=${FERRY_CHECK_DEVICE:-cuda}
-if [ "$EMU" = 1 ]; then DEADLINE=${FERRY_CHECK_DEADLINE:-900}; BUILD=${FERRY_CHECK_BUILD:-build-emu}
+if [ "$EMU" = 1 ]; then DEADLINE=${FERRY_CHECK_DEADLINE:-600}; BUILD=${FERRY_CHECK_BUILD:-build-emu}
 else DEADLINE=${FERRY_CHECK_DEADLINE:-480}; BUILD=${FERRY_CHECK_BUILD:-build-gpu}; fi
+case $BUILD in /*) ;; *) BUILD=$SRC/$BUILD ;; esac
+# python3 writes check.json: without it nothing would come back
+command -v python3 >/dev/null || { echo "check: python3 is needed (it writes check.json)"; exit 1; }
 UTIL="python3 $SRC/bench/gpu/check_util.py"
 T0=$(date +%s)
 RESERVE=8 # seconds kept for the last check.json and the logs' archive
@@ -193,8 +198,8 @@ sanitizer() {
 # ---- build -----------------------------------------------------------------------------
 RUN_ENV=()
 deps() { # the carried libraries, when the machine lacks them
-    pkg-config --exists libcjson criterion 2>/dev/null && return 0
-    [ -d .gpu-deps ] || { echo "missing cJSON/Criterion and no .gpu-deps carried (run bench/gpu/fetch-deps.sh here)"; return 1; }
+    pkg-config --exists libcjson criterion zlib 2>/dev/null && return 0
+    [ -d .gpu-deps ] || { echo "missing cJSON, Criterion or zlib and no .gpu-deps carried (run bench/gpu/fetch-deps.sh here)"; return 1; }
     local root=/tmp/ferry-root lib
     rm -rf "$root" && mkdir -p "$root"
     for f in .gpu-deps/*.deb; do dpkg -x "$f" "$root"; done
@@ -216,8 +221,13 @@ deps() { # the carried libraries, when the machine lacks them
 FERRY="" TARGETS=()
 build() {
     deps || return 1
-    command -v meson >/dev/null || python3 -m pip install -q --no-index meson 2>/dev/null
+    # meson and ninja installed by pip (the device image's Python has both) may sit in
+    # its scripts folder, off the PATH
+    local scripts
+    scripts=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))' 2>/dev/null)
+    [ -n "$scripts" ] && PATH=$PATH:$scripts
     command -v meson >/dev/null || { echo "meson not found"; return 1; }
+    command -v ninja >/dev/null || { echo "ninja not found"; return 1; }
     if [ -n "${FERRY_CHECK_BUILD:-}" ]; then
         [ -f "$BUILD/build.ninja" ] || { echo "FERRY_CHECK_BUILD=$BUILD is not a configured build"; return 1; }
     elif [ "$EMU" = 1 ]; then
@@ -234,8 +244,12 @@ build() {
     for t in test_cuda test_cuda_job; do
         grep -q "^build tests/$t:" "$BUILD/build.ninja" && TARGETS+=("$t")
     done
+    # an emulated build's cuBLASLt and NCCL: nothing links them (the backend loads them
+    # with dlopen), so building ferry alone leaves them out and dlopen finds the toolkit's
+    # real ones, which fail without a GPU
+    grep -q "^build tests/cuda_emu/runtime/libcublasLt.so" "$BUILD/build.ninja" && TARGETS+=(cublasLt nccl)
     cut meson compile -C "$BUILD" "${TARGETS[@]}" || return 1
-    FERRY=$SRC/$BUILD/ferry
+    FERRY=$BUILD/ferry
     "${RUN_ENV[@]}" "$FERRY" info | tee "$WORK/info.txt"
     fig build dir "\"$BUILD\""
     fig build targets "\"${TARGETS[*]}\""
@@ -268,7 +282,8 @@ tests() {
     cp "$BUILD/meson-logs/testlog.txt" "$WORK/testlog.txt" 2>/dev/null
     synthesis tests "$WORK/testlog.txt"
     fig tests suites "\"${suites[*]}\""
-    ran_clean tests && return $rc
+    ran_clean tests || return 1
+    return $rc
 }
 
 # ---- the benchmark ---------------------------------------------------------------------
@@ -353,7 +368,7 @@ offload() {
 kernel_suites() { # [wrapper...]: test_cuda's kernel suites, one test process at a time
     cut "${RUN_ENV[@]}" env FERRY_BIN="$FERRY" FERRY_FIXTURES="$SRC/tests/fixtures" \
         FERRY_SHARED="$SRC/../shared" OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive \
-        "$@" "$SRC/$BUILD/tests/test_cuda" --jobs 1 --filter 'kernels_*/*'
+        "$@" "$BUILD/tests/test_cuda" --jobs 1 --filter 'kernels_*/*'
 }
 sanitize() { # tool
     local cs
@@ -361,6 +376,11 @@ sanitize() { # tool
     [ -n "$cs" ] || { skip "no compute-sanitizer on this machine"; return 0; }
     kernel_suites "$cs" --tool "$1" --target-processes all --error-exitcode 86 --print-limit 20
     local rc=$?
+    # a machine whose GPU runtime the sanitizer does not support (gVisor's: "Device not
+    # supported", then error 999 at the first allocation) has nothing to say about ferry
+    local refused
+    refused=$(grep -m1 "Device not supported" "$WORK/$1.log" | tr -d '"\\')
+    if [ -n "$refused" ]; then skip "compute-sanitizer refuses this machine's GPU: ${refused#*= }"; return 0; fi
     synthesis "$1" "$WORK/$1.log"
     # every process the sanitizer saw prints a summary: its errors (racecheck: hazards)
     local n errors
@@ -386,7 +406,8 @@ racecheck() {
         kernel_suites env FERRY_EMU_RACECHECK=1
         local rc=$?
         synthesis racecheck "$WORK/racecheck.log"
-        ran_clean racecheck && return $rc
+        ran_clean racecheck || return 1
+        return $rc
     fi
     sanitize racecheck
 }
