@@ -251,7 +251,7 @@ build() {
     cut meson compile -C "$BUILD" "${TARGETS[@]}" || return 1
     FERRY=$BUILD/ferry
     "${RUN_ENV[@]}" "$FERRY" info | tee "$WORK/info.txt"
-    fig build dir "\"$BUILD\""
+    fig build dir "\"${BUILD#"$SRC"/}\""
     fig build targets "\"${TARGETS[*]}\""
 }
 ferry_run() { cut "${RUN_ENV[@]}" "$FERRY" "$@"; }
@@ -361,7 +361,12 @@ offload() {
         || { tail -20 "$WORK/offload-run.log"; return 1; }
     $UTIL steps "$WORK/offload.jsonl" $skip | figs offload
     $UTIL overlap "$WORK/offload-trace.json" | figs offload
-    [ "$(get offload finite)" = true ]
+    [ "$(get offload finite)" = true ] || return 1
+    # half the parameters streamed: the copy lanes must have worked
+    awk -v ms="$(get offload copy_busy_ms)" 'BEGIN { exit !(ms + 0 > 0) }' && return 0
+    PHASE_STATUS=failed
+    fig offload reason '"the trace shows no copies: nothing was streamed"'
+    return 1
 }
 
 # ---- compute-sanitizer, or the emulator's thread orders ----------------------------------
