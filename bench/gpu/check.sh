@@ -251,7 +251,7 @@ build() {
     cut meson compile -C "$BUILD" "${TARGETS[@]}" || return 1
     FERRY=$BUILD/ferry
     "${RUN_ENV[@]}" "$FERRY" info | tee "$WORK/info.txt"
-    fig build dir "\"$BUILD\""
+    fig build dir "\"${BUILD#"$SRC"/}\""
     fig build targets "\"${TARGETS[*]}\""
 }
 ferry_run() { cut "${RUN_ENV[@]}" "$FERRY" "$@"; }
@@ -275,7 +275,13 @@ ran_clean() {
 }
 tests() {
     local suites=() t
-    for t in "${TARGETS[@]}"; do case $t in test_*) suites+=("${t#test_}") ;; esac; done
+    # (test_cuda is four meson tests, by suite: tests/meson.build)
+    for t in "${TARGETS[@]}"; do
+        case $t in
+        test_cuda) suites+=(cuda_kernels cuda_training cuda_offload cuda_device) ;;
+        test_*) suites+=("${t#test_}") ;;
+        esac
+    done
     [ ${#suites[@]} -gt 0 ] || { echo "the build has no CUDA tests"; return 1; }
     cut "${RUN_ENV[@]}" meson test -C "$BUILD" --no-rebuild --print-errorlogs "${suites[@]}"
     local rc=$?
@@ -361,7 +367,12 @@ offload() {
         || { tail -20 "$WORK/offload-run.log"; return 1; }
     $UTIL steps "$WORK/offload.jsonl" $skip | figs offload
     $UTIL overlap "$WORK/offload-trace.json" | figs offload
-    [ "$(get offload finite)" = true ]
+    [ "$(get offload finite)" = true ] || return 1
+    # half the parameters streamed: the copy lanes must have worked
+    awk -v ms="$(get offload copy_busy_ms)" 'BEGIN { exit !(ms + 0 > 0) }' && return 0
+    PHASE_STATUS=failed
+    fig offload reason '"the trace shows no copies: nothing was streamed"'
+    return 1
 }
 
 # ---- compute-sanitizer, or the emulator's thread orders ----------------------------------
