@@ -93,11 +93,14 @@ static bool from_earlier_work(cudaError_t e) {
     }
 }
 
+/* FERRY_CUDA_SYNC=1: every op waits for its stream (read and checked at a device's open,
+ * read_sync_env; the environment is the process's, so one flag serves every device). */
+static bool g_sync_each;
+
 void fy_cuda_fail(cudaError_t err, const char *what, const char *file, int line) {
-    const char *sync = getenv("FERRY_CUDA_SYNC"); /* validated at open */
     char hint[512];
     snprintf(hint, sizeof hint, "cuda: %s: %s (%s)%s", what, cudaGetErrorString(err), cudaGetErrorName(err),
-             from_earlier_work(err) && !(sync && !strcmp(sync, "1"))
+             from_earlier_work(err) && !g_sync_each
                  ? "; the failing work may be any queued before this call: FERRY_CUDA_SYNC=1 "
                    "waits after each launch and names the one that failed"
                  : "");
@@ -368,21 +371,27 @@ static void cu_stream_free(fy_stream *s) {
     stream_release(s->ctx);
 }
 
-/* FERRY_CUDA_SYNC=1: waits for the op just queued, naming it if its stream failed. */
+/* FERRY_CUDA_SYNC=1: waits for the work just queued on s, naming it (`what`, then "on
+ * stream <name>") if its stream failed. */
+static void check_queued(fy_stream *s, const char *what) {
+    char full[128];
+    snprintf(full, sizeof full, "%s on stream %s", what, s->name);
+    FY_CUDA_CHECK(wait_for(s->dev->ctx, ((fy_cu_stream *)s->ctx)->st, NULL), full);
+}
+
+/* check_queued for an op: "kernel layernorm_fwd", "operation copy". */
 static void check_op(fy_stream *s, const fy_op *op) {
-    char name[32], what[96];
+    char name[32], what[64];
     const char *n = fy_op_name(op->kind);
     size_t k = 0;
     for (; n[k] && k < sizeof name - 1; k++) name[k] = (char)tolower((unsigned char)n[k]);
     name[k] = 0;
-    snprintf(what, sizeof what, "%s %s on stream %s", op->kind < FY_OP_KERNELS ? "kernel" : "operation",
-             name, s->name);
-    FY_CUDA_CHECK(wait_for(s->dev->ctx, ((fy_cu_stream *)s->ctx)->st, NULL), what);
+    snprintf(what, sizeof what, "%s %s", op->kind < FY_OP_KERNELS ? "kernel" : "operation", name);
+    check_queued(s, what);
 }
 
 static void cu_launch(fy_stream *s, const fy_op *op) {
     fy_cu_stream *cs = s->ctx;
-    const fy_cu_dev *cd = s->dev->ctx;
     make_current(s->dev);
     switch (op->kind) {
     case FY_OP_COPY:
@@ -420,7 +429,7 @@ static void cu_launch(fy_stream *s, const fy_op *op) {
     default:
         fy_cu_exec_kernel(cs, op);
     }
-    if (cd->sync_each) check_op(s, op);
+    if (g_sync_each) check_op(s, op);
 }
 
 /* ---- events ---------------------------------------------------------------------- */
@@ -526,13 +535,8 @@ static fy_status cu_coll_init(fy_dev *dev, const void *id, size_t len, int rank,
 static void cu_coll_shards(fy_stream *s, void *buf, const size_t *off, int nranks, fy_dtype dt,
                            bool gather) {
     make_current(s->dev);
-    fy_cu_dev *cd = s->dev->ctx;
-    fy_cu_nccl_shards(cd, s->ctx, buf, off, nranks, dt, gather);
-    if (cd->sync_each) {
-        char what[96];
-        snprintf(what, sizeof what, "NCCL %s on stream %s", gather ? "gather" : "reduce", s->name);
-        FY_CUDA_CHECK(wait_for(cd, ((fy_cu_stream *)s->ctx)->st, NULL), what);
-    }
+    fy_cu_nccl_shards(s->dev->ctx, s->ctx, buf, off, nranks, dt, gather);
+    if (g_sync_each) check_queued(s, gather ? "NCCL gather" : "NCCL reduce");
 }
 
 static const fy_dev_iface cuda_iface = {
@@ -557,10 +561,10 @@ static const fy_dev_iface cuda_iface = {
     .coll_shards = cu_coll_shards,
 };
 
-/* FERRY_CUDA_SYNC: unset or 0, or 1 to wait after every launch. */
-static fy_status read_sync_env(bool *out) {
+/* FERRY_CUDA_SYNC: unset or 0, or 1 to wait after every launch (g_sync_each). */
+static fy_status read_sync_env(void) {
     const char *v = getenv("FERRY_CUDA_SYNC");
-    *out = v && !strcmp(v, "1");
+    g_sync_each = v && !strcmp(v, "1");
     if (v && *v && strcmp(v, "0") && strcmp(v, "1")) {
         fy_log_error("FERRY_CUDA_SYNC=%s: 1 waits after every launch and names a failing "
                      "kernel, 0 (or unset) does not", v);
@@ -593,8 +597,7 @@ fy_status fy_cuda_dev_init(fy_dev *dev) {
         fy_log_error("--device cuda: GPU %d does not exist (this machine has %d)", ord, n);
         return FY_ERR_UNSUPPORTED;
     }
-    bool sync_each;
-    FY_TRY(read_sync_env(&sync_each));
+    FY_TRY(read_sync_env());
     FY_TRY(fy_cu_blas_load());
     /* Waiting threads sleep instead of spinning: the scheduler's lanes wait on streams
      * while the CPU optimizer wants every core. A failure costs only spinning. */
@@ -611,7 +614,6 @@ fy_status fy_cuda_dev_init(fy_dev *dev) {
     cd->ordinal = ord;
     cd->sm_count = gpus[ord].sm_count;
     cd->math = dev->cfg.matmul == FY_MATMUL_AUTO ? FY_MATMUL_BF16 : dev->cfg.matmul;
-    cd->sync_each = sync_each;
     FY_CUDA_CHECK(cudaStreamCreateWithFlags(&cd->zero_st, cudaStreamNonBlocking), "cudaStreamCreate");
     warm_up(cd);
     const size_t free_b = device_free();
@@ -636,7 +638,7 @@ fy_status fy_cuda_dev_init(fy_dev *dev) {
                     fy_fmt_size(dev->mem.cap_nbytes, c, sizeof c));
     if (dev->cfg.sim_pcie_gbps > 0)
         fy_log_warn("--sim-pcie-gbps applies to the cpu backend only; the GPU's link is real");
-    if (sync_each)
+    if (g_sync_each)
         fy_log_warn("FERRY_CUDA_SYNC=1: every launch waits for its stream (slow; for finding "
                     "a failing kernel)");
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);

@@ -49,7 +49,6 @@ typedef struct fy_cu_dev {
     int ordinal;
     int sm_count;
     fy_matmul_math math;      /* resolved: never FY_MATMUL_AUTO */
-    bool sync_each;           /* FERRY_CUDA_SYNC=1: every launch waits for its stream */
     cudaStream_t zero_st;     /* zeroes fresh allocations */
     void *nccl;               /* the job's ncclComm_t (cuda_nccl.c), or NULL */
     int rank;                 /* this process's rank in the communicator, if any */
