@@ -66,11 +66,15 @@ static unsigned grid_for(size_t n, unsigned threads) {
     return (unsigned)(g < 1 ? 1 : g > 0x7fffffff ? 0x7fffffff : g);
 }
 
+/* Blocks along y for n rows: at least one, at most CUDA's 65535 (the kernels stride past
+ * it). */
+static unsigned grid_rows(size_t n) { return (unsigned)(n < 1 ? 1 : n > 65535 ? 65535 : n); }
+
 /* A 2D launch over N rows of C columns: ROW_THREADS threads a block along the columns,
  * one block row per row of the tensor up to 65535 (the kernels stride past it). */
 #define ROW_THREADS 256
 static dim3 rows_grid(size_t N, size_t C) {
-    return dim3(grid_for(C, ROW_THREADS), (unsigned)(N < 1 ? 1 : N > 65535 ? 65535 : N));
+    return dim3(grid_for(C, ROW_THREADS), grid_rows(N));
 }
 
 /* ---- rows in 16-byte pieces ----------------------------------------------------------
@@ -523,7 +527,7 @@ static void rmsnorm_bwd(fy_cu_stream *cs, const fy_op *op) {
 
 static dim3 qk_grid(int N, int NH, int NKV) {
     return dim3((unsigned)((NH + 2 * NKV + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK),
-                (unsigned)(N < 1 ? 1 : N > 65535 ? 65535 : N));
+                grid_rows((size_t)N));
 }
 
 template <typename T>
@@ -1071,7 +1075,7 @@ static void exec_typed(fy_cu_stream *cs, const fy_op *op) {
         const int N = B * T_;
         const unsigned rows = (unsigned)((N + ROPE_ROWS - 1) / ROPE_ROWS);
         if (N > 0 && f.half > 0 && NH + NKV > 0)
-            FY_LAUNCH(dim3(1, rows > 65535 ? 65535 : rows), dim3(32, ROPE_ROWS), 0, st, rope_k<T>)(
+            FY_LAUNCH(dim3(1, grid_rows(rows)), dim3(32, ROPE_ROWS), 0, st, rope_k<T>)(
                 (T *)p[0], (const int32_t *)p[1], N, T_, NH + NKV, (NH + 2 * NKV) * hd, hd,
                 i[5] != 0, f);
         LAUNCHED("rope");
