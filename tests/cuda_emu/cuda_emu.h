@@ -195,8 +195,8 @@ void warp_exchange(uint64_t value, uint64_t out[32], int kind);
 int lane_of_caller();
 
 /* Whether CUDA launches a grid of this shape: at most 1024 threads a block, block.z at
- * most 64, grid.y and grid.z at most 65535, nothing empty, no dynamic shared memory (not
- * emulated). */
+ * most 64, grid.x at most 2^31 - 1, grid.y and grid.z at most 65535, nothing empty, no
+ * dynamic shared memory (not emulated). */
 bool launch_config_ok(dim3 grid, dim3 block, size_t shmem);
 /* Runs fn(ctx) as every thread of every block of the grid (see the top); [shared_lo,
  * shared_hi) is the __shared__ section of the program the kernel is in. A configuration
