@@ -38,6 +38,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <unordered_set>
 
 #include "tests/cuda_emu/runtime/emu_rt.h"
 
@@ -107,6 +108,35 @@ typedef struct emu_state {
 } emu_state;
 
 extern emu_state g_emu;
+
+/* The live handles of one kind (streams, events; T has an atomic `refs`): a handle is live
+ * from its create to its destroy. get takes a reference under the lock, so a destroy that
+ * runs meanwhile cannot free what get hands out; a dead or unknown handle is NULL. */
+template <typename T> struct emu_handles {
+    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    std::unordered_set<const void *> *live = nullptr;
+
+    void add(T *h) {
+        pthread_mutex_lock(&mu);
+        if (!live) live = new std::unordered_set<const void *>();
+        live->insert(h);
+        pthread_mutex_unlock(&mu);
+    }
+    T *get(const void *h) {
+        pthread_mutex_lock(&mu);
+        T *t = h && live && live->count(h) ? (T *)h : NULL;
+        if (t) t->refs++;
+        pthread_mutex_unlock(&mu);
+        return t;
+    }
+    /* No longer live: the handle, whose reference the caller now holds, or NULL. */
+    T *remove(const void *h) {
+        pthread_mutex_lock(&mu);
+        T *t = h && live && live->erase(h) ? (T *)h : NULL;
+        pthread_mutex_unlock(&mu);
+        return t;
+    }
+};
 
 /* ---- cudart_emu_proc.cc ---------------------------------------------------------------- */
 

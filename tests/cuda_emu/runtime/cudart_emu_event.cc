@@ -19,7 +19,6 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include <unordered_set>
 
 typedef struct emu_event {
     unsigned flags;
@@ -33,9 +32,7 @@ typedef struct emu_event {
     std::atomic<int> refs;
 } emu_event;
 
-/* The live handles. */
-static pthread_mutex_t handles_mu = PTHREAD_MUTEX_INITIALIZER;
-static std::unordered_set<const void *> *live_events;
+static emu_handles<emu_event> live_events;
 
 static double now_ms(void) {
     struct timespec ts;
@@ -50,19 +47,8 @@ static void event_put(emu_event *ev) {
     delete ev;
 }
 
-static emu_event *event_get(cudaEvent_t e) {
-    emu_event *ev = NULL;
-    pthread_mutex_lock(&handles_mu);
-    if (e && live_events && live_events->count(e)) {
-        ev = (emu_event *)e;
-        ev->refs++;
-    }
-    pthread_mutex_unlock(&handles_mu);
-    return ev;
-}
-
 static cudaError_t get_event(cudaEvent_t e, const char *call, emu_event **out) {
-    *out = event_get(e);
+    *out = live_events.get(e);
     if (*out) return cudaSuccess;
     fy_emu_report("%s: event %p is not a live event (destroyed, or never made)", call, (void *)e);
     return cudaErrorInvalidResourceHandle;
@@ -77,10 +63,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags) {
     ev->dev = d;
     pthread_mutex_init(&ev->mu, NULL);
     ev->refs.store(1);
-    pthread_mutex_lock(&handles_mu);
-    if (!live_events) live_events = new std::unordered_set<const void *>();
-    live_events->insert(ev);
-    pthread_mutex_unlock(&handles_mu);
+    live_events.add(ev);
     *event = (cudaEvent_t)ev;
     return cudaSuccess;
 }
@@ -90,10 +73,7 @@ cudaError_t cudaEventCreate(cudaEvent_t *event) { return cudaEventCreateWithFlag
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
     EMU_ENTER(false, d);
     (void)d;
-    emu_event *ev = NULL;
-    pthread_mutex_lock(&handles_mu);
-    if (event && live_events && live_events->erase(event)) ev = (emu_event *)event;
-    pthread_mutex_unlock(&handles_mu);
+    emu_event *ev = live_events.remove(event);
     if (!ev) {
         fy_emu_report("cudaEventDestroy: event %p is not a live event (destroyed, or never made)",
                       (void *)event);

@@ -33,7 +33,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <unordered_set>
 
 enum { ITEM_DEV, ITEM_HOST_FN, ITEM_MARK, ITEM_WAIT, ITEM_SYNC_FN };
 
@@ -68,9 +67,7 @@ struct emu_stream {
     emu_stream *next;                  /* the device's list */
 };
 
-/* The live handles. */
-static pthread_mutex_t handles_mu = PTHREAD_MUTEX_INITIALIZER;
-static std::unordered_set<const void *> *live_streams;
+static emu_handles<emu_stream> live_streams;
 
 static void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -402,14 +399,7 @@ emu_stream *emu_stream_get(cudaStream_t s, int dev) {
         fy_emu_report("cudaStreamPerThread is not emulated");
         return NULL;
     }
-    emu_stream *st = NULL;
-    pthread_mutex_lock(&handles_mu);
-    if (live_streams && live_streams->count(s)) {
-        st = (emu_stream *)s;
-        st->refs++;
-    }
-    pthread_mutex_unlock(&handles_mu);
-    return st;
+    return live_streams.get(s);
 }
 
 cudaError_t emu_stream_lookup(cudaStream_t s, int dev, const char *call, emu_stream **out) {
@@ -427,10 +417,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags)
     cudaError_t e;
     emu_stream *st = stream_new(d, flags, false, &e);
     if (!st) return emu_ret(e);
-    pthread_mutex_lock(&handles_mu);
-    if (!live_streams) live_streams = new std::unordered_set<const void *>();
-    live_streams->insert(st);
-    pthread_mutex_unlock(&handles_mu);
+    live_streams.add(st);
     *pStream = (cudaStream_t)st;
     return cudaSuccess;
 }
@@ -442,10 +429,7 @@ cudaError_t cudaStreamCreate(cudaStream_t *pStream) {
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
     EMU_ENTER(false, d);
     (void)d;
-    emu_stream *st = NULL;
-    pthread_mutex_lock(&handles_mu);
-    if (stream && live_streams && live_streams->erase(stream)) st = (emu_stream *)stream;
-    pthread_mutex_unlock(&handles_mu);
+    emu_stream *st = live_streams.remove(stream);
     if (!st) {
         fy_emu_report("cudaStreamDestroy: stream %p is not a live stream (destroyed, or never made)",
                       (void *)stream);
